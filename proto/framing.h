@@ -1,0 +1,68 @@
+// Framing for every pswitch byte stream: a 4-byte little-endian payload length, then one
+// FlatBuffer. Lengths of zero or above the connection's maximum are protocol errors, and every
+// payload is run through the FlatBuffers verifier before any field is read.
+#ifndef PSWITCH_PROTO_FRAMING_H_
+#define PSWITCH_PROTO_FRAMING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "flatbuffers/flatbuffers.h"
+
+namespace pswitch::proto {
+
+inline constexpr size_t kFrameHeaderBytes = 4;
+// Large enough for a batch of inputs; a server may configure less, never more.
+inline constexpr uint32_t kDefaultMaxFrameBytes = 64u << 20;
+inline constexpr uint32_t kMaxFrameBytesLimit = 1u << 30;
+
+// Returns header + payload, or InvalidArgument if the payload is empty or over the limit.
+absl::StatusOr<std::vector<uint8_t>> EncodeFrame(std::span<const uint8_t> payload,
+                                                 uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
+// Encodes the finished contents of `builder`.
+absl::StatusOr<std::vector<uint8_t>> EncodeFrame(const flatbuffers::FlatBufferBuilder& builder,
+                                                 uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
+
+// Splits a byte stream into frame payloads. Not thread-safe.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(uint32_t max_frame_bytes = kDefaultMaxFrameBytes)
+      : max_frame_bytes_(max_frame_bytes) {}
+
+  void Append(std::span<const uint8_t> bytes);
+  // The next complete payload; std::nullopt when more bytes are needed; InvalidArgument (and the
+  // decoder stays failed) when the length prefix is zero or too large.
+  absl::StatusOr<std::optional<std::vector<uint8_t>>> Next();
+  // Bytes of the next frame still missing (header first), to size the next read.
+  size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+
+ private:
+  const uint32_t max_frame_bytes_;
+  std::vector<uint8_t> buffer_;
+  size_t consumed_ = 0;
+  absl::Status error_;
+};
+
+// Verifies `payload` as a root `T` and returns it; InvalidArgument naming `what` otherwise.
+// The returned pointer borrows `payload`, which must outlive its use.
+template <typename T>
+absl::StatusOr<const T*> VerifyPayload(std::span<const uint8_t> payload, absl::string_view what) {
+  // Depth and table limits bound the verifier's own work on hostile input.
+  flatbuffers::Verifier verifier(payload.data(), payload.size(), /*max_depth=*/32,
+                                 /*max_tables=*/1u << 20);
+  if (payload.size() < sizeof(flatbuffers::uoffset_t) || !verifier.VerifyBuffer<T>(nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed ", what, " frame (", payload.size(), " bytes) failed verification"));
+  }
+  return flatbuffers::GetRoot<T>(payload.data());
+}
+
+}  // namespace pswitch::proto
+
+#endif  // PSWITCH_PROTO_FRAMING_H_

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds everything (tests included) and runs the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+jobs=$(nproc)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${PSWITCH_CMAKE_ARGS:-}
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs" ${PSWITCH_CTEST_ARGS:-}
