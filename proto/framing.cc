@@ -51,6 +51,13 @@ void FrameDecoder::Append(std::span<const uint8_t> bytes) {
   buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
 }
 
+size_t FrameDecoder::BytesNeeded() const {
+  size_t available = buffer_.size() - consumed_;
+  if (available < kFrameHeaderBytes) return kFrameHeaderBytes - available;
+  size_t total = kFrameHeaderBytes + GetLe32(buffer_.data() + consumed_);
+  return total > available ? total - available : 1;
+}
+
 absl::StatusOr<std::optional<std::vector<uint8_t>>> FrameDecoder::Next() {
   if (!error_.ok()) return error_;
   size_t available = buffer_.size() - consumed_;

@@ -39,8 +39,9 @@ class FrameDecoder {
   // The next complete payload; std::nullopt when more bytes are needed; InvalidArgument (and the
   // decoder stays failed) when the length prefix is zero or too large.
   absl::StatusOr<std::optional<std::vector<uint8_t>>> Next();
-  // Bytes of the next frame still missing (header first), to size the next read.
-  size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+  // Bytes still missing to complete the next frame's header, or its payload once the header is
+  // in (at least 1). Readers that must not read past a frame boundary size their reads by it.
+  size_t BytesNeeded() const;
 
  private:
   const uint32_t max_frame_bytes_;

@@ -1,0 +1,152 @@
+#include "proto/frame_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+
+namespace pswitch::proto {
+
+absl::Status SendAllWithFd(int socket_fd, std::span<const uint8_t> bytes, int fd_to_pass) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    iovec iov{const_cast<uint8_t*>(bytes.data() + sent), bytes.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (fd_to_pass >= 0 && sent == 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cmsg), &fd_to_pass, sizeof(int));
+    }
+    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd pfd{socket_fd, POLLOUT, 0};
+        ::poll(&pfd, 1, -1);
+        continue;
+      }
+      return ErrnoStatus("sendmsg");
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+FrameChannel::FrameChannel(UniqueFd socket, uint32_t max_frame_bytes)
+    : socket_(std::move(socket)), decoder_(max_frame_bytes) {}
+
+absl::StatusOr<std::unique_ptr<FrameChannel>> FrameChannel::Connect(absl::string_view path,
+                                                                    uint32_t max_frame_bytes) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad Unix socket path '", path, "'"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus("socket(AF_UNIX)");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoStatus(absl::StrCat("connect to '", path, "'"));
+  }
+  return std::make_unique<FrameChannel>(std::move(fd), max_frame_bytes);
+}
+
+absl::Status FrameChannel::Send(std::span<const uint8_t> payload, int fd_to_pass) {
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, EncodeFrame(payload));
+  return SendAllWithFd(socket_.get(), frame, fd_to_pass);
+}
+
+absl::Status FrameChannel::Send(const flatbuffers::FlatBufferBuilder& builder, int fd_to_pass) {
+  return Send(std::span<const uint8_t>(builder.GetBufferPointer(), builder.GetSize()),
+              fd_to_pass);
+}
+
+absl::Status FrameChannel::ReadSome(absl::Time deadline, UniqueFd* passed_fd) {
+  while (true) {
+    int timeout_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError("timed out waiting for a frame");
+      }
+      timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+    }
+    pollfd pfd{socket_.get(), POLLIN, 0};
+    int ready = ::poll(&pfd, 1, timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("poll");
+    }
+    if (ready == 0) continue;  // re-checks the deadline
+
+    // Never read past the current frame: Linux delivers an fd with whatever read first touches
+    // its segment, so reading frame by frame is what ties each fd to its own frame.
+    uint8_t buffer[64 * 1024];
+    iovec iov{buffer, std::min(sizeof(buffer), decoder_.BytesNeeded())};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(socket_.get(), &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoStatus("recvmsg");
+    }
+    // Take ownership of every passed fd first so none leaks, whatever happens next.
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        UniqueFd owned(fd);
+        if (!passed_fd->valid()) *passed_fd = std::move(owned);
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      return absl::InvalidArgumentError("peer passed more file descriptors than expected");
+    }
+    if (n == 0) return absl::UnavailableError("peer closed the connection");
+    decoder_.Append(std::span<const uint8_t>(buffer, static_cast<size_t>(n)));
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<ReceivedFrame> FrameChannel::Receive(absl::Duration timeout) {
+  absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                                             : absl::Now() + timeout;
+  while (true) {
+    PSWITCH_ASSIGN_OR_RETURN(std::optional<std::vector<uint8_t>> payload, decoder_.Next());
+    if (payload.has_value()) {
+      ReceivedFrame frame;
+      frame.payload = std::move(*payload);
+      frame.fd = std::move(pending_fd_);
+      return frame;
+    }
+    UniqueFd passed;
+    PSWITCH_RETURN_IF_ERROR(ReadSome(deadline, &passed));
+    if (passed.valid()) {
+      if (pending_fd_.valid()) {
+        return absl::InvalidArgumentError("peer passed a second fd before the first was claimed");
+      }
+      pending_fd_ = std::move(passed);
+    }
+  }
+}
+
+}  // namespace pswitch::proto

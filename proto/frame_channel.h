@@ -1,0 +1,60 @@
+// A blocking, framed message channel over a connected Unix stream socket, able to pass one file
+// descriptor with a frame (SCM_RIGHTS). Used by processes that talk to one peer from one thread:
+// a worker to its memdaemon and controller.
+#ifndef PSWITCH_PROTO_FRAME_CHANNEL_H_
+#define PSWITCH_PROTO_FRAME_CHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/framing.h"
+#include "proto/unique_fd.h"
+
+namespace pswitch::proto {
+
+struct ReceivedFrame {
+  std::vector<uint8_t> payload;
+  UniqueFd fd;  // valid only when the peer attached one
+};
+
+// Not thread-safe: one sender and one receiver thread at most, or external locking.
+class FrameChannel {
+ public:
+  // Takes a connected SOCK_STREAM Unix socket.
+  explicit FrameChannel(UniqueFd socket, uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
+  FrameChannel(const FrameChannel&) = delete;
+  FrameChannel& operator=(const FrameChannel&) = delete;
+
+  // Connects to the Unix socket at `path`.
+  static absl::StatusOr<std::unique_ptr<FrameChannel>> Connect(
+      absl::string_view path, uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
+
+  // Sends one frame; `fd_to_pass` (if >= 0) travels with its first byte. The caller keeps
+  // ownership of `fd_to_pass`.
+  absl::Status Send(std::span<const uint8_t> payload, int fd_to_pass = -1);
+  absl::Status Send(const flatbuffers::FlatBufferBuilder& builder, int fd_to_pass = -1);
+  // Receives one frame. Unavailable when the peer closed, DeadlineExceeded on timeout,
+  // InvalidArgument for a bad length prefix.
+  absl::StatusOr<ReceivedFrame> Receive(absl::Duration timeout = absl::InfiniteDuration());
+
+  int fd() const { return socket_.get(); }
+
+ private:
+  absl::Status ReadSome(absl::Time deadline, UniqueFd* passed_fd);
+
+  UniqueFd socket_;
+  FrameDecoder decoder_;
+  UniqueFd pending_fd_;  // an fd that arrived with bytes of a frame not yet complete
+};
+
+// Sends `frame` bytes with optional ancillary fd on a stream socket, looping on partial writes.
+absl::Status SendAllWithFd(int socket_fd, std::span<const uint8_t> bytes, int fd_to_pass);
+
+}  // namespace pswitch::proto
+
+#endif  // PSWITCH_PROTO_FRAME_CHANNEL_H_

@@ -1,0 +1,149 @@
+#include "proto/framed_connection.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "proto/frame_channel.h"
+#include "proto/memdaemon_generated.h"
+#include "proto/wire_status.h"
+
+namespace pswitch::proto {
+namespace {
+
+std::vector<uint8_t> Finish(flatbuffers::FlatBufferBuilder& b) {
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+std::vector<uint8_t> ErrorReply(const absl::Status& status) {
+  flatbuffers::FlatBufferBuilder b;
+  auto error = CreateWireError(b, status);
+  b.Finish(CreateMemReply(b, 0, MemReplyBody::Error, error.Union()));
+  return Finish(b);
+}
+
+// A tiny lease server: answers RequestLease with LeaseGranted{offset = bytes}.
+class LeaseServer {
+ public:
+  LeaseServer()
+      : dir_(std::filesystem::temp_directory_path() /
+             ("pswitch-fc-" + std::to_string(::getpid()))),
+        acceptor_(io_) {
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "s.sock").string();
+    asio::local::stream_protocol::endpoint endpoint(path_);
+    acceptor_.open(endpoint.protocol());
+    acceptor_.bind(endpoint);
+    acceptor_.listen();
+    Accept();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~LeaseServer() {
+    io_.stop();
+    thread_.join();
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& path() const { return path_; }
+  int closed_with_error() const { return closed_with_error_.load(); }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept([this](const asio::error_code& ec,
+                                  asio::local::stream_protocol::socket socket) {
+      if (ec) return;
+      FramedConnection::Socket generic(io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM),
+                                       socket.release());
+      auto conn = FramedConnection::Create(
+          std::move(generic), /*max_frame_bytes=*/4096,
+          [](FramedConnection& c, std::vector<uint8_t> payload) {
+            auto request = VerifyPayload<MemRequest>(payload, "memdaemon request");
+            if (!request.ok()) {
+              c.Reject(ErrorReply(request.status()));
+              return;
+            }
+            flatbuffers::FlatBufferBuilder b;
+            auto lease = (*request)->body_as_RequestLease();
+            uint64_t bytes = lease != nullptr ? lease->bytes() : 0;
+            auto granted = CreateLeaseGranted(b, bytes, bytes);
+            b.Finish(CreateMemReply(b, (*request)->request_id(), MemReplyBody::LeaseGranted,
+                                    granted.Union()));
+            c.Send(Finish(b));
+          },
+          ErrorReply,
+          [this](FramedConnection&, const absl::Status& why) {
+            if (!why.ok()) closed_with_error_++;
+          });
+      conn->Start();
+      Accept();
+    });
+  }
+
+  std::filesystem::path dir_;
+  std::string path_;
+  asio::io_context io_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  std::thread thread_;
+  std::atomic<int> closed_with_error_{0};
+};
+
+absl::StatusOr<const MemReply*> Ask(FrameChannel& channel, uint64_t bytes, ReceivedFrame* frame) {
+  flatbuffers::FlatBufferBuilder b;
+  auto lease = CreateRequestLease(b, b.CreateString("t"), bytes);
+  b.Finish(CreateMemRequest(b, bytes, MemRequestBody::RequestLease, lease.Union()));
+  if (auto s = channel.Send(b); !s.ok()) return s;
+  auto received = channel.Receive(absl::Seconds(10));
+  if (!received.ok()) return received.status();
+  *frame = std::move(*received);
+  return VerifyPayload<MemReply>(frame->payload, "memdaemon reply");
+}
+
+TEST(FramedConnectionTest, BadFrameGetsErrorReplyAndClosesOnlyThatConnection) {
+  LeaseServer server;
+  auto good = FrameChannel::Connect(server.path());
+  auto bad = FrameChannel::Connect(server.path());
+  ASSERT_TRUE(good.ok() && bad.ok());
+
+  ReceivedFrame frame;
+  auto reply = Ask(**good, 4096, &frame);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ((*reply)->body_as_LeaseGranted()->bytes(), 4096u);
+
+  // A well-framed payload that is not a FlatBuffer.
+  const uint8_t junk[] = {0xde, 0xad, 0xbe, 0xef, 0x01, 0x02, 0x03, 0x04};
+  ASSERT_TRUE((*bad)->Send(junk).ok());
+  auto error_frame = (*bad)->Receive(absl::Seconds(10));
+  ASSERT_TRUE(error_frame.ok()) << error_frame.status();
+  auto error = VerifyPayload<MemReply>(error_frame->payload, "memdaemon reply");
+  ASSERT_TRUE(error.ok());
+  ASSERT_EQ((*error)->body_type(), MemReplyBody::Error);
+  EXPECT_EQ(FromWireError((*error)->body_as_Error()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*bad)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+
+  // The other connection is untouched.
+  auto again = Ask(**good, 128, &frame);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->body_as_LeaseGranted()->bytes(), 128u);
+  EXPECT_EQ(server.closed_with_error(), 1);
+}
+
+TEST(FramedConnectionTest, OversizeLengthPrefixGetsErrorReply) {
+  LeaseServer server;
+  auto raw = FrameChannel::Connect(server.path());
+  ASSERT_TRUE(raw.ok());
+  const uint8_t header[4] = {0xff, 0xff, 0xff, 0x0f};
+  ASSERT_EQ(::write((*raw)->fd(), header, 4), 4);
+  auto error_frame = (*raw)->Receive(absl::Seconds(10));
+  ASSERT_TRUE(error_frame.ok()) << error_frame.status();
+  auto error = VerifyPayload<MemReply>(error_frame->payload, "memdaemon reply");
+  ASSERT_TRUE(error.ok());
+  auto status = FromWireError((*error)->body_as_Error());
+  EXPECT_NE(status.message().find("exceeds the maximum"), absl::string_view::npos) << status;
+  EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pswitch::proto
