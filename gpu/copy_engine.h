@@ -1,0 +1,77 @@
+// The copy engine: streams groups of host ranges into the arena, in order, and publishes group
+// k's ready flag (with the job's epoch) as soon as group k's bytes are in place, so consumers
+// compute on early groups while later ones are still in flight.
+#ifndef PSWITCH_GPU_COPY_ENGINE_H_
+#define PSWITCH_GPU_COPY_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpu/flags.h"
+
+namespace pswitch::gpu {
+
+// Nanoseconds on CLOCK_MONOTONIC: comparable across processes on one machine.
+int64_t MonotonicNowNs();
+
+struct CopySpan {
+  const std::byte* host = nullptr;  // pinned memory, live until the job finishes
+  uint64_t arena_offset = 0;
+  uint64_t bytes = 0;
+};
+
+struct CopyGroup {
+  std::vector<CopySpan> spans;
+};
+
+struct CopyJob {
+  uint32_t epoch = 0;
+  std::vector<CopyGroup> groups;
+  // Group k publishes `epoch` to ready_flags[ready_flag_base + k].
+  FlagArray* ready_flags = nullptr;
+  uint32_t ready_flag_base = 0;
+  // Optional: before writing any byte, wait until drain_flags[drain_index] reaches drain_value
+  // (the previous tenant has nothing in flight). Fails with DeadlineExceeded after drain_timeout.
+  FlagArray* drain_flags = nullptr;
+  uint32_t drain_index = 0;
+  uint32_t drain_value = 0;
+  absl::Duration drain_timeout = absl::Seconds(10);
+};
+
+// Per-group record for traces and benchmarks (CLOCK_MONOTONIC ns).
+struct GroupTiming {
+  int64_t copy_start_ns = 0;
+  int64_t ready_ns = 0;  // flag published
+  uint64_t bytes = 0;
+};
+
+// The handle of one submitted job. Thread-safe.
+class CopyTicket {
+ public:
+  virtual ~CopyTicket() = default;
+  // Stops the job at the next chunk or group boundary; groups already published stay published.
+  virtual void Cancel() = 0;
+  // Blocks until the job finished: its per-group timings, Cancelled, or the failure.
+  virtual absl::StatusOr<std::vector<GroupTiming>> Wait() = 0;
+  // Groups whose flag is published so far.
+  virtual size_t groups_done() const = 0;
+};
+
+// Thread-safe. Jobs run one at a time, in submission order.
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  // Validates `job` (flags present, spans inside the arena) and queues it.
+  virtual absl::StatusOr<std::shared_ptr<CopyTicket>> Submit(CopyJob job) = 0;
+};
+
+// Checks a job against an arena of `arena_bytes` before it is queued.
+absl::Status ValidateCopyJob(const CopyJob& job, uint64_t arena_bytes);
+
+}  // namespace pswitch::gpu
+
+#endif  // PSWITCH_GPU_COPY_ENGINE_H_

@@ -1,0 +1,86 @@
+// CUDA-backend memory objects: the IPC-shareable arena, its flag words, pinned buffers and
+// streams. Internal to gpu/cuda.
+#ifndef PSWITCH_GPU_CUDA_CUDA_MEMORY_H_
+#define PSWITCH_GPU_CUDA_CUDA_MEMORY_H_
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "gpu/cuda/driver_api.h"
+#include "gpu/device.h"
+
+namespace pswitch::gpu::cuda {
+
+// A non-blocking stream, destroyed with the object.
+class CudaStream : public Stream {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaStream>> Create(const DriverApi* api);
+  ~CudaStream() override;
+  absl::Status WaitFlag(const FlagArray& flags, uint32_t index, uint32_t epoch,
+                        absl::Duration timeout) override;
+  absl::Status WriteFlag(FlagArray& flags, uint32_t index, uint32_t value) override;
+  absl::Status Synchronize() override;
+  void* native_handle() const override { return stream_; }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  CudaStream(cudaStream_t stream, const DriverApi* api) : stream_(stream), api_(api) {}
+  cudaStream_t const stream_;
+  const DriverApi* const api_;
+};
+
+// Either cudaMalloc'd here (owner) or opened from an IPC handle (one open per process).
+class CudaArena : public Arena {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaArena>> Create(int device, uint64_t bytes,
+                                                           const DriverApi* api);
+  static absl::StatusOr<std::unique_ptr<CudaArena>> Import(int device, const ArenaHandle& handle,
+                                                           const DriverApi* api);
+  ~CudaArena() override;
+
+  uint64_t size_bytes() const override { return size_bytes_; }
+  std::byte* base() const override { return base_; }
+  bool owner() const override { return owner_; }
+  absl::StatusOr<ArenaHandle> Export() const override;
+  absl::Status Fill(uint64_t offset, uint64_t bytes, uint8_t value) override;
+  absl::Status CopyToHost(uint64_t offset, std::span<std::byte> out) override;
+  absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) override;
+  absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) override;
+
+  absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;
+
+ private:
+  CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
+            std::unique_ptr<CudaStream> side_stream)
+      : device_(device), base_(base), size_bytes_(bytes), owner_(owner),
+        side_stream_(std::move(side_stream)) {}
+
+  const int device_;
+  std::byte* const base_;
+  const uint64_t size_bytes_;
+  const bool owner_;
+  // Synchronous host-side operations (fills, flag loads/stores, checkpoints) run here so they
+  // never serialise with the copy or compute streams.
+  std::unique_ptr<CudaStream> side_stream_;
+};
+
+class CudaHostBuffer : public HostBuffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaHostBuffer>> Allocate(uint64_t bytes);
+  ~CudaHostBuffer() override;
+  std::byte* data() const override { return data_; }
+  uint64_t size_bytes() const override { return size_bytes_; }
+
+ private:
+  CudaHostBuffer(std::byte* data, uint64_t bytes) : data_(data), size_bytes_(bytes) {}
+  std::byte* const data_;
+  const uint64_t size_bytes_;
+};
+
+// Device address of flag word `index`; the flag array must come from a CudaArena.
+absl::StatusOr<CUdeviceptr> FlagAddress(const FlagArray& flags, uint32_t index);
+
+}  // namespace pswitch::gpu::cuda
+
+#endif  // PSWITCH_GPU_CUDA_CUDA_MEMORY_H_

@@ -1,0 +1,110 @@
+#include "gpu/device.h"
+
+#include <time.h>
+
+#include "absl/strings/str_cat.h"
+#include "gpu/host/host_device.h"
+#include "gpu/internal/job_ticket.h"
+#ifdef PSWITCH_WITH_CUDA
+#include "gpu/cuda/cuda_device.h"
+#endif
+
+namespace pswitch::gpu {
+
+absl::string_view BackendName(Backend backend) {
+  return backend == Backend::kCuda ? "cuda" : "host";
+}
+
+absl::StatusOr<Backend> ParseBackend(absl::string_view name) {
+  if (name == "host") return Backend::kHost;
+  if (name == "cuda") return Backend::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend '", name, "' (expected 'host' or 'cuda')"));
+}
+
+bool CudaBackendBuilt() {
+#ifdef PSWITCH_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceOptions& options) {
+  if (options.backend == Backend::kHost) return OpenHostDevice(options);
+#ifdef PSWITCH_WITH_CUDA
+  return OpenCudaDevice(options);
+#else
+  return absl::FailedPreconditionError(
+      "this pswitch build has no CUDA backend (configure with -DPSWITCH_CUDA=ON)");
+#endif
+}
+
+int64_t MonotonicNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+absl::Status FlagArray::WaitReady(uint32_t index, uint32_t epoch, absl::Duration timeout) const {
+  absl::StatusOr<uint32_t> seen = WaitAtLeast(index, epoch, timeout);
+  if (!seen.ok()) return seen.status();
+  if (*seen != epoch) {
+    return absl::AbortedError(absl::StrCat("flag ", index, ": switch epoch ", epoch,
+                                           " was superseded by epoch ", *seen));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCopyJob(const CopyJob& job, uint64_t arena_bytes) {
+  if (job.ready_flags == nullptr) return absl::InvalidArgumentError("copy job without ready flags");
+  if (job.epoch == 0) return absl::InvalidArgumentError("copy job epoch 0 is reserved");
+  if (job.groups.size() > job.ready_flags->size() ||
+      job.ready_flag_base > job.ready_flags->size() - job.groups.size()) {
+    return absl::OutOfRangeError(absl::StrCat("copy job needs ready flags [", job.ready_flag_base,
+                                              ", ", job.ready_flag_base + job.groups.size(),
+                                              ") but the array has ", job.ready_flags->size()));
+  }
+  if (job.drain_flags != nullptr && job.drain_index >= job.drain_flags->size()) {
+    return absl::OutOfRangeError(absl::StrCat("drain flag ", job.drain_index, " out of range"));
+  }
+  for (size_t g = 0; g < job.groups.size(); ++g) {
+    for (const CopySpan& span : job.groups[g].spans) {
+      if (span.bytes > 0 && span.host == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("group ", g, ": null host pointer"));
+      }
+      if (span.arena_offset > arena_bytes || span.bytes > arena_bytes - span.arena_offset) {
+        return absl::OutOfRangeError(absl::StrCat("group ", g, ": span [", span.arena_offset,
+                                                  ", +", span.bytes, ") outside the ",
+                                                  arena_bytes, "-byte arena"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace internal {
+
+absl::StatusOr<std::vector<GroupTiming>> JobTicket::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&finished_));
+  if (!status_.ok()) return status_;
+  return timings_;
+}
+
+void JobTicket::RecordGroup(size_t group, const GroupTiming& timing) {
+  {
+    absl::MutexLock lock(&mu_);
+    timings_[group] = timing;
+  }
+  groups_done_.store(group + 1, std::memory_order_release);
+}
+
+void JobTicket::Finish(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  status_ = std::move(status);
+  finished_ = true;
+}
+
+}  // namespace internal
+}  // namespace pswitch::gpu

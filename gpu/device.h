@@ -1,0 +1,123 @@
+// The device interface: everything above gpu/ reaches the accelerator only through these types,
+// as LevelDB reaches the OS through Env. Two backends implement it: gpu/cuda (a real GPU) and
+// gpu/host (shared host memory standing in for device memory, used by CI and GPU-less nodes).
+//
+// Objects and their lifetimes:
+//   Device      opened once per process; creates everything below.
+//   Arena       one contiguous device allocation, made once by the memdaemon and imported once
+//               by each worker (host: memfd; cuda: cudaMalloc + IPC handle).
+//   FlagArray   32-bit words inside an arena (ready and drain flags); borrowed from the arena.
+//   HostBuffer  pinned host memory (the weight store).
+//   Stream      an ordered queue of device work; can wait on and write flags without the CPU.
+//   CopyEngine  copies groups of host ranges into the arena in order, publishing one ready flag
+//               per group.
+// Borrowed pointers (Arena*, FlagArray*) must outlive every object or job that holds them.
+#ifndef PSWITCH_GPU_DEVICE_H_
+#define PSWITCH_GPU_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "gpu/copy_engine.h"
+#include "gpu/flags.h"
+#include "proto/unique_fd.h"
+
+namespace pswitch::gpu {
+
+enum class Backend { kHost, kCuda };
+absl::string_view BackendName(Backend backend);
+absl::StatusOr<Backend> ParseBackend(absl::string_view name);
+// True when this build contains the CUDA backend.
+bool CudaBackendBuilt();
+
+struct DeviceOptions {
+  Backend backend = Backend::kHost;
+  int device_ordinal = 0;
+  // Host backend: lock pinned buffers with mlock (fails clearly when RLIMIT_MEMLOCK is too low).
+  bool lock_host_memory = true;
+  // Host backend: copy engine pacing in bytes/s to model a PCIe link; 0 = as fast as memcpy.
+  double copy_bandwidth_bytes_per_s = 0;
+};
+
+// What another process needs to import an arena. Host: `fd` (a memfd) travels by SCM_RIGHTS.
+// CUDA: `ipc_handle` holds the cudaIpcMemHandle_t bytes.
+struct ArenaHandle {
+  Backend backend = Backend::kHost;
+  int device_ordinal = 0;
+  uint64_t size_bytes = 0;
+  std::string ipc_handle;
+  UniqueFd fd;
+};
+
+// Device memory shared between processes. Thread-safe.
+class Arena {
+ public:
+  virtual ~Arena() = default;
+  virtual uint64_t size_bytes() const = 0;
+  // Device address of byte 0 (host backend: the process's mapping).
+  virtual std::byte* base() const = 0;
+  // True in the process that allocated it; only the owner can export.
+  virtual bool owner() const = 0;
+  virtual absl::StatusOr<ArenaHandle> Export() const = 0;
+  // Sets [offset, offset + bytes) to `value` and waits for completion (scrub before handover).
+  virtual absl::Status Fill(uint64_t offset, uint64_t bytes, uint8_t value) = 0;
+  // Synchronous copies for checkpoints and verification (not the switch path).
+  virtual absl::Status CopyToHost(uint64_t offset, std::span<std::byte> out) = 0;
+  virtual absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) = 0;
+  // `count` flag words at `offset` (4-byte aligned, in range). The array borrows the arena.
+  virtual absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) = 0;
+};
+
+// Pinned (page-locked) host memory, DMA-able by the copy engine. Not thread-safe.
+class HostBuffer {
+ public:
+  virtual ~HostBuffer() = default;
+  virtual std::byte* data() const = 0;
+  virtual uint64_t size_bytes() const = 0;
+};
+
+// An ordered queue of device work (host backend: runs inline on the calling thread).
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // Work enqueued after this waits until flags[index] reaches `epoch` (cyclic >=). Host: blocks
+  // the caller up to `timeout`; CUDA: a device-side wait (the timeout is enforced by the CPU
+  // side, which can force the flag forward).
+  virtual absl::Status WaitFlag(const FlagArray& flags, uint32_t index, uint32_t epoch,
+                                absl::Duration timeout) = 0;
+  // Writes `value` to flags[index] once all work enqueued before it has finished.
+  virtual absl::Status WriteFlag(FlagArray& flags, uint32_t index, uint32_t value) = 0;
+  virtual absl::Status Synchronize() = 0;
+  // cudaStream_t for the CUDA backend, nullptr for host.
+  virtual void* native_handle() const = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // Opens the backend named in `options`; FailedPrecondition when it is not built or no device.
+  static absl::StatusOr<std::unique_ptr<Device>> Open(const DeviceOptions& options);
+
+  virtual Backend backend() const = 0;
+  virtual std::string description() const = 0;
+  // Device memory currently free (host backend: available physical memory).
+  virtual absl::StatusOr<uint64_t> FreeMemoryBytes() = 0;
+  // A zeroed arena of `bytes`, exportable to other processes.
+  virtual absl::StatusOr<std::unique_ptr<Arena>> CreateArena(uint64_t bytes) = 0;
+  // Maps an exported arena; call once per process lifetime (IPC opens are expensive).
+  virtual absl::StatusOr<std::unique_ptr<Arena>> ImportArena(ArenaHandle handle) = 0;
+  virtual absl::StatusOr<std::unique_ptr<HostBuffer>> AllocatePinned(uint64_t bytes) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
+  // A copy engine writing into `arena`, which must outlive it.
+  virtual absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCopyEngine(Arena& arena) = 0;
+};
+
+}  // namespace pswitch::gpu
+
+#endif  // PSWITCH_GPU_DEVICE_H_

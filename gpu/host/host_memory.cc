@@ -1,0 +1,186 @@
+#include "gpu/host/host_memory.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+
+namespace pswitch::gpu::host {
+namespace {
+
+// Flag words live in a MAP_SHARED mapping, so the futex must be the shared (non-private) kind:
+// waiter and waker are usually different processes.
+long Futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
+}
+
+class HostFlagArray : public FlagArray {
+ public:
+  HostFlagArray(uint32_t* words, uint32_t count, uint64_t offset)
+      : words_(words), count_(count), offset_(offset) {}
+
+  uint32_t size() const override { return count_; }
+  uint64_t arena_offset() const override { return offset_; }
+
+  absl::StatusOr<uint32_t> Load(uint32_t index) const override {
+    PSWITCH_RETURN_IF_ERROR(Check(index));
+    return Word(index).load(std::memory_order_acquire);
+  }
+
+  absl::Status Store(uint32_t index, uint32_t value) override {
+    PSWITCH_RETURN_IF_ERROR(Check(index));
+    // Release pairs with the waiter's acquire: bytes copied before the store are visible.
+    Word(index).store(value, std::memory_order_release);
+    Futex(&words_[index], FUTEX_WAKE, INT_MAX, nullptr);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint32_t> WaitAtLeast(uint32_t index, uint32_t target,
+                                       absl::Duration timeout) const override {
+    PSWITCH_RETURN_IF_ERROR(Check(index));
+    absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      uint32_t seen = Word(index).load(std::memory_order_acquire);
+      if (EpochReached(seen, target)) return seen;
+      absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat("flag ", index, " still at ", seen,
+                                                        " waiting for ", target, " after ",
+                                                        absl::FormatDuration(timeout)));
+      }
+      timespec ts = absl::ToTimespec(left);
+      // Sleeps only while the word still holds `seen`; a store in between returns EAGAIN.
+      if (Futex(&words_[index], FUTEX_WAIT, seen, &ts) != 0 && errno != EAGAIN &&
+          errno != EINTR && errno != ETIMEDOUT) {
+        return ErrnoStatus("futex wait");
+      }
+    }
+  }
+
+ private:
+  absl::Status Check(uint32_t index) const {
+    if (index >= count_) {
+      return absl::OutOfRangeError(absl::StrCat("flag index ", index, " >= ", count_));
+    }
+    return absl::OkStatus();
+  }
+  std::atomic_ref<uint32_t> Word(uint32_t index) const {
+    return std::atomic_ref<uint32_t>(words_[index]);
+  }
+
+  uint32_t* const words_;
+  const uint32_t count_;
+  const uint64_t offset_;
+};
+
+absl::StatusOr<std::byte*> MapShared(int fd, uint64_t bytes) {
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap arena of ", bytes, " bytes"));
+  return static_cast<std::byte*>(base);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(uint64_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("arena size must be positive");
+  UniqueFd fd(::memfd_create("pswitch-arena", MFD_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoStatus(absl::StrCat("ftruncate arena to ", bytes, " bytes"));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::byte * base, MapShared(fd.get(), bytes));
+  return std::unique_ptr<HostArena>(new HostArena(std::move(fd), base, bytes, /*owner=*/true));
+}
+
+absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Import(ArenaHandle handle) {
+  if (handle.backend != Backend::kHost) {
+    return absl::InvalidArgumentError("host backend cannot import a CUDA arena handle");
+  }
+  if (!handle.fd.valid()) return absl::InvalidArgumentError("host arena handle carries no fd");
+  struct stat st;
+  if (::fstat(handle.fd.get(), &st) != 0) return ErrnoStatus("fstat arena fd");
+  if (static_cast<uint64_t>(st.st_size) != handle.size_bytes || handle.size_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("arena fd holds ", st.st_size,
+                                                   " bytes, handle says ", handle.size_bytes));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::byte * base, MapShared(handle.fd.get(), handle.size_bytes));
+  return std::unique_ptr<HostArena>(
+      new HostArena(std::move(handle.fd), base, handle.size_bytes, /*owner=*/false));
+}
+
+HostArena::~HostArena() { ::munmap(base_, size_bytes_); }
+
+absl::StatusOr<ArenaHandle> HostArena::Export() const {
+  if (!owner_) return absl::FailedPreconditionError("only the arena's creator can export it");
+  ArenaHandle handle;
+  handle.backend = Backend::kHost;
+  handle.size_bytes = size_bytes_;
+  handle.fd.Reset(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!handle.fd.valid()) return ErrnoStatus("dup arena fd");
+  return handle;
+}
+
+absl::Status HostArena::CheckRange(uint64_t offset, uint64_t bytes) const {
+  if (offset > size_bytes_ || bytes > size_bytes_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", bytes, ") outside the ",
+                                              size_bytes_, "-byte arena"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostArena::Fill(uint64_t offset, uint64_t bytes, uint8_t value) {
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, bytes));
+  std::memset(base_ + offset, value, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status HostArena::CopyToHost(uint64_t offset, std::span<std::byte> out) {
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, out.size()));
+  std::memcpy(out.data(), base_ + offset, out.size());
+  return absl::OkStatus();
+}
+
+absl::Status HostArena::CopyFromHost(uint64_t offset, std::span<const std::byte> in) {
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, in.size()));
+  std::memcpy(base_ + offset, in.data(), in.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<FlagArray>> HostArena::Flags(uint64_t offset, uint32_t count) {
+  if (offset % alignof(uint32_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("flag offset ", offset, " not 4-aligned"));
+  }
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, uint64_t{count} * sizeof(uint32_t)));
+  return std::make_unique<HostFlagArray>(reinterpret_cast<uint32_t*>(base_ + offset), count,
+                                         offset);
+}
+
+absl::StatusOr<std::unique_ptr<PinnedHostBuffer>> PinnedHostBuffer::Allocate(uint64_t bytes,
+                                                                              bool lock) {
+  if (bytes == 0) return absl::InvalidArgumentError("pinned buffer size must be positive");
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap ", bytes, " pinned bytes"));
+  if (lock && ::mlock(data, bytes) != 0) {
+    int err = errno;
+    ::munmap(data, bytes);
+    return ErrnoStatus(absl::StrCat("mlock ", bytes, " bytes (raise RLIMIT_MEMLOCK, e.g. "
+                                    "`ulimit -l unlimited`, or run without host memory locking)"),
+                       err);
+  }
+  return std::unique_ptr<PinnedHostBuffer>(
+      new PinnedHostBuffer(static_cast<std::byte*>(data), bytes));
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() { ::munmap(data_, size_bytes_); }
+
+}  // namespace pswitch::gpu::host

@@ -1,0 +1,40 @@
+// The CopyTicket both backends hand out: completion state shared by a copy thread (producer)
+// and any number of waiters.
+#ifndef PSWITCH_GPU_INTERNAL_JOB_TICKET_H_
+#define PSWITCH_GPU_INTERNAL_JOB_TICKET_H_
+
+#include <atomic>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gpu/copy_engine.h"
+
+namespace pswitch::gpu::internal {
+
+// Thread-safe.
+class JobTicket : public CopyTicket {
+ public:
+  explicit JobTicket(size_t groups) : timings_(groups) {}
+
+  void Cancel() override { cancelled_.store(true, std::memory_order_relaxed); }
+  absl::StatusOr<std::vector<GroupTiming>> Wait() override;
+  size_t groups_done() const override { return groups_done_.load(std::memory_order_acquire); }
+
+  // Producer side.
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  void RecordGroup(size_t group, const GroupTiming& timing);
+  // Marks the job finished with `status` (OK = all groups published).
+  void Finish(absl::Status status);
+
+ private:
+  std::atomic<bool> cancelled_{false};
+  std::atomic<size_t> groups_done_{0};
+  absl::Mutex mu_;
+  std::vector<GroupTiming> timings_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pswitch::gpu::internal
+
+#endif  // PSWITCH_GPU_INTERNAL_JOB_TICKET_H_
