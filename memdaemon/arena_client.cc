@@ -1,0 +1,111 @@
+#include "memdaemon/arena_client.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/memdaemon_generated.h"
+#include "proto/status.h"
+#include "proto/wire_status.h"
+
+namespace pswitch::memdaemon {
+namespace {
+
+constexpr absl::Duration kReplyTimeout = absl::Seconds(30);
+
+absl::StatusOr<const proto::MemReply*> ParseReply(const proto::ReceivedFrame& frame,
+                                                  uint64_t request_id,
+                                                  proto::MemReplyBody expected) {
+  PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
+                           proto::VerifyPayload<proto::MemReply>(frame.payload, "memdaemon reply"));
+  if (reply->body_type() == proto::MemReplyBody::Error) {
+    return proto::FromWireError(reply->body_as_Error());
+  }
+  if (reply->request_id() != request_id || reply->body_type() != expected) {
+    return absl::InternalError(absl::StrCat("memdaemon answered request ", reply->request_id(),
+                                            " with ", proto::EnumNameMemReplyBody(
+                                                          reply->body_type()),
+                                            "; expected ", request_id));
+  }
+  return reply;
+}
+
+}  // namespace
+
+template <typename Fn>
+absl::StatusOr<proto::ReceivedFrame> ArenaClient::Call(Fn build_request) {
+  flatbuffers::FlatBufferBuilder b;
+  build_request(b, next_request_id_);
+  PSWITCH_RETURN_IF_ERROR(channel_->Send(b));
+  ++next_request_id_;
+  return channel_->Receive(kReplyTimeout);
+}
+
+absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::string& socket_path,
+                                                                 gpu::Device* device,
+                                                                 uint32_t worker_id) {
+  std::unique_ptr<ArenaClient> client(new ArenaClient());
+  PSWITCH_ASSIGN_OR_RETURN(client->channel_, proto::FrameChannel::Connect(socket_path));
+  uint64_t id = client->next_request_id_;
+  PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
+                           client->Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+                             auto attach = proto::CreateAttachArena(b, worker_id, ::getpid());
+                             b.Finish(proto::CreateMemRequest(
+                                 b, rid, proto::MemRequestBody::AttachArena, attach.Union()));
+                           }));
+  PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
+                           ParseReply(frame, id, proto::MemReplyBody::ArenaGrant));
+  const proto::ArenaGrant* grant = reply->body_as_ArenaGrant();
+  gpu::ArenaHandle handle;
+  handle.backend = grant->backend() == proto::Backend::Cuda ? gpu::Backend::kCuda
+                                                            : gpu::Backend::kHost;
+  if (handle.backend != device->backend()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "memdaemon runs the ", gpu::BackendName(handle.backend), " backend, this worker ",
+        gpu::BackendName(device->backend())));
+  }
+  handle.device_ordinal = grant->device_ordinal();
+  handle.size_bytes = grant->size_bytes();
+  if (grant->ipc_handle() != nullptr) {
+    handle.ipc_handle.assign(reinterpret_cast<const char*>(grant->ipc_handle()->data()),
+                             grant->ipc_handle()->size());
+  }
+  handle.fd = std::move(frame.fd);
+  uint64_t flags_offset = grant->flags_offset();
+  uint32_t ready_count = grant->ready_flags();
+  uint32_t drain_count = grant->drain_flags();
+  client->alignment_ = grant->alignment();
+  PSWITCH_ASSIGN_OR_RETURN(client->arena_, device->ImportArena(std::move(handle)));
+  PSWITCH_ASSIGN_OR_RETURN(client->ready_flags_,
+                           client->arena_->Flags(flags_offset, ready_count));
+  PSWITCH_ASSIGN_OR_RETURN(
+      client->drain_flags_,
+      client->arena_->Flags(flags_offset + uint64_t{ready_count} * 4, drain_count));
+  return client;
+}
+
+absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64_t bytes) {
+  uint64_t id = next_request_id_;
+  PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
+                           Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+                             auto req = proto::CreateRequestLease(b, b.CreateString(owner), bytes);
+                             b.Finish(proto::CreateMemRequest(
+                                 b, rid, proto::MemRequestBody::RequestLease, req.Union()));
+                           }));
+  PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
+                           ParseReply(frame, id, proto::MemReplyBody::LeaseGranted));
+  return Lease{reply->body_as_LeaseGranted()->offset(), reply->body_as_LeaseGranted()->bytes(),
+               owner};
+}
+
+absl::Status ArenaClient::ReleaseLease(const std::string& owner, uint64_t offset) {
+  uint64_t id = next_request_id_;
+  PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
+                           Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+                             auto req = proto::CreateReleaseLease(b, b.CreateString(owner), offset);
+                             b.Finish(proto::CreateMemRequest(
+                                 b, rid, proto::MemRequestBody::ReleaseLease, req.Union()));
+                           }));
+  return ParseReply(frame, id, proto::MemReplyBody::LeaseReleased).status();
+}
+
+}  // namespace pswitch::memdaemon

@@ -1,0 +1,49 @@
+// The worker's side of the memdaemon socket: attach once (import the arena, map its flags),
+// then request and release leases. One per worker process.
+#ifndef PSWITCH_MEMDAEMON_ARENA_CLIENT_H_
+#define PSWITCH_MEMDAEMON_ARENA_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpu/device.h"
+#include "memdaemon/lease_table.h"
+#include "proto/frame_channel.h"
+
+namespace pswitch::memdaemon {
+
+// Not thread-safe (one request at a time). `*device` must outlive the client.
+class ArenaClient {
+ public:
+  // Connects to `socket_path`, imports the arena on `device` and maps the flag arrays.
+  static absl::StatusOr<std::unique_ptr<ArenaClient>> Attach(const std::string& socket_path,
+                                                             gpu::Device* device,
+                                                             uint32_t worker_id);
+  ArenaClient(const ArenaClient&) = delete;
+  ArenaClient& operator=(const ArenaClient&) = delete;
+
+  gpu::Arena& arena() { return *arena_; }
+  gpu::FlagArray& ready_flags() { return *ready_flags_; }
+  gpu::FlagArray& drain_flags() { return *drain_flags_; }
+  uint64_t weight_alignment_bytes() const { return alignment_; }
+
+  absl::StatusOr<Lease> RequestLease(const std::string& owner, uint64_t bytes);
+  absl::Status ReleaseLease(const std::string& owner, uint64_t offset);
+
+ private:
+  ArenaClient() = default;
+  template <typename Fn>
+  absl::StatusOr<proto::ReceivedFrame> Call(Fn build_request);
+
+  std::unique_ptr<proto::FrameChannel> channel_;
+  uint64_t next_request_id_ = 1;
+  std::unique_ptr<gpu::Arena> arena_;
+  std::unique_ptr<gpu::FlagArray> ready_flags_;
+  std::unique_ptr<gpu::FlagArray> drain_flags_;
+  uint64_t alignment_ = 0;
+};
+
+}  // namespace pswitch::memdaemon
+
+#endif  // PSWITCH_MEMDAEMON_ARENA_CLIENT_H_

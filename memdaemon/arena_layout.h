@@ -1,0 +1,27 @@
+// How the memdaemon carves its arena.
+//
+//   [0, kControlBytes)       control block: ready flags (one per group, all transmissions
+//                            share the array at different bases), then drain flags (one per
+//                            tenant slot). 32-bit words, zero at start.
+//   [kControlBytes, size)    data: leases (model weight regions, worker activation regions).
+//
+// Workers learn these numbers from ArenaGrant, not from this header, so the layout can change
+// without a protocol break.
+#ifndef PSWITCH_MEMDAEMON_ARENA_LAYOUT_H_
+#define PSWITCH_MEMDAEMON_ARENA_LAYOUT_H_
+
+#include <cstdint>
+
+namespace pswitch::memdaemon {
+
+inline constexpr uint32_t kReadyFlagCount = 16384;  // per-layer plans of the largest zoo models
+inline constexpr uint32_t kDrainFlagCount = 256;
+inline constexpr uint64_t kReadyFlagsOffset = 0;
+inline constexpr uint64_t kDrainFlagsOffset = kReadyFlagsOffset + kReadyFlagCount * 4;
+// Data starts on a 2 MiB boundary (large-page friendly on both backends).
+inline constexpr uint64_t kControlBytes = 2ull << 20;
+static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= kControlBytes);
+
+}  // namespace pswitch::memdaemon
+
+#endif  // PSWITCH_MEMDAEMON_ARENA_LAYOUT_H_

@@ -1,0 +1,97 @@
+#include "memdaemon/lease_table.h"
+
+#include "absl/strings/str_cat.h"
+#include "memdaemon/weight_layout.h"
+#include "proto/status.h"
+
+namespace pswitch::memdaemon {
+
+LeaseTable::LeaseTable(gpu::Arena* arena, uint64_t begin, uint64_t end, uint64_t alignment)
+    : arena_(arena), begin_(begin), end_(end), alignment_(alignment) {
+  if (end > begin) free_[begin] = end - begin;
+}
+
+absl::StatusOr<Lease> LeaseTable::Acquire(absl::string_view owner, uint64_t bytes) {
+  if (owner.empty()) return absl::InvalidArgumentError("lease owner must be named");
+  uint64_t rounded;
+  if (bytes == 0 || !AlignUp(bytes, alignment_, &rounded)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad lease size ", bytes));
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < rounded) continue;
+    Lease lease{it->first, rounded, std::string(owner)};
+    uint64_t rest = it->second - rounded;
+    uint64_t rest_offset = it->first + rounded;
+    free_.erase(it);
+    if (rest > 0) free_[rest_offset] = rest;
+    leases_[lease.offset] = lease;
+    return lease;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("no arena block of ", rounded, " bytes for '", owner, "' (largest free: ",
+                   LargestFreeLocked(), " of ", capacity_bytes(), " bytes)"));
+}
+
+absl::Status LeaseTable::CheckOwner(uint64_t offset, absl::string_view owner) const {
+  auto it = leases_.find(offset);
+  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease at ", offset));
+  if (it->second.owner != owner) {
+    return absl::PermissionDeniedError(absl::StrCat("lease at ", offset, " is held by '",
+                                                    it->second.owner, "', not '", owner, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LeaseTable::Release(uint64_t offset, absl::string_view owner) {
+  absl::MutexLock lock(&mu_);
+  PSWITCH_RETURN_IF_ERROR(CheckOwner(offset, owner));
+  uint64_t bytes = leases_[offset].bytes;
+  leases_.erase(offset);
+  auto [it, inserted] = free_.emplace(offset, bytes);
+  // Coalesce with the next and the previous free block.
+  auto next = std::next(it);
+  if (next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Lease> LeaseTable::Transfer(uint64_t offset, absl::string_view owner,
+                                           absl::string_view new_owner, bool scrub) {
+  if (new_owner.empty()) return absl::InvalidArgumentError("lease owner must be named");
+  absl::MutexLock lock(&mu_);
+  PSWITCH_RETURN_IF_ERROR(CheckOwner(offset, owner));
+  Lease& lease = leases_[offset];
+  if (scrub) PSWITCH_RETURN_IF_ERROR(arena_->Fill(lease.offset, lease.bytes, 0));
+  lease.owner = std::string(new_owner);
+  return lease;
+}
+
+std::vector<Lease> LeaseTable::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Lease> out;
+  for (const auto& [offset, lease] : leases_) out.push_back(lease);
+  return out;
+}
+
+uint64_t LeaseTable::largest_free_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return LargestFreeLocked();
+}
+
+uint64_t LeaseTable::LargestFreeLocked() const {
+  uint64_t largest = 0;
+  for (const auto& [offset, bytes] : free_) largest = std::max(largest, bytes);
+  return largest;
+}
+
+}  // namespace pswitch::memdaemon

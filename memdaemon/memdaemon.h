@@ -1,0 +1,66 @@
+// The memory daemon: owns the device arena for its lifetime, the weight store, the lease table
+// and the transmitter, and serves workers on a Unix socket. pswitchd embeds one per GPU; the
+// controller drives it through the accessors below.
+#ifndef PSWITCH_MEMDAEMON_MEMDAEMON_H_
+#define PSWITCH_MEMDAEMON_MEMDAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpu/device.h"
+#include "memdaemon/lease_table.h"
+#include "memdaemon/transmitter.h"
+#include "memdaemon/weight_store.h"
+#include "memdaemon/worker_server.h"
+
+namespace pswitch::memdaemon {
+
+struct MemDaemonOptions {
+  gpu::DeviceOptions device;
+  // Arena size. 0 = the default: on CUDA, free device memory minus `arena_reserve_bytes` (for
+  // the workers' CUDA contexts); on the host backend, kDefaultHostArenaBytes.
+  uint64_t arena_bytes = 0;
+  uint64_t arena_reserve_bytes = 4ull << 30;
+  // Unix socket for workers; empty = no server (in-process use, tests, benchmarks).
+  std::string socket_path;
+};
+
+inline constexpr uint64_t kDefaultHostArenaBytes = 2ull << 30;
+
+// Thread-safe (each component is). Destruction stops the server, then the copy engine.
+class MemDaemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<MemDaemon>> Create(const MemDaemonOptions& options);
+  ~MemDaemon();
+  MemDaemon(const MemDaemon&) = delete;
+  MemDaemon& operator=(const MemDaemon&) = delete;
+
+  gpu::Device& device() { return *device_; }
+  gpu::Arena& arena() { return *arena_; }
+  gpu::FlagArray& ready_flags() { return *ready_flags_; }
+  gpu::FlagArray& drain_flags() { return *drain_flags_; }
+  LeaseTable& leases() { return *leases_; }
+  WeightStore& weights() { return *weights_; }
+  Transmitter& transmitter() { return *transmitter_; }
+  // Empty when no server runs.
+  std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
+
+ private:
+  MemDaemon() = default;
+
+  // Declaration order is destruction order reversed: users of the arena go first.
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<gpu::Arena> arena_;
+  std::unique_ptr<gpu::FlagArray> ready_flags_;
+  std::unique_ptr<gpu::FlagArray> drain_flags_;
+  std::unique_ptr<gpu::CopyEngine> copy_engine_;
+  std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<WeightStore> weights_;
+  std::unique_ptr<Transmitter> transmitter_;
+  std::unique_ptr<WorkerServer> server_;
+};
+
+}  // namespace pswitch::memdaemon
+
+#endif  // PSWITCH_MEMDAEMON_MEMDAEMON_H_

@@ -1,0 +1,118 @@
+#include "memdaemon/transmitter.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+
+namespace pswitch::memdaemon {
+namespace {
+
+// The one contiguous byte range holding a group's tensors (the layout is in layer order).
+gpu::CopySpan GroupSpan(const StoredModel& model, LayerRange range, uint64_t weights_offset) {
+  const WeightLayout& layout = model.layout();
+  uint64_t begin = UINT64_MAX, end = 0;
+  for (uint32_t l = range.first; l <= range.last; ++l) {
+    if (layout.placements[l].empty()) continue;
+    begin = std::min(begin, layout.layer_begin[l]);
+    end = std::max(end, layout.layer_end[l]);
+  }
+  if (begin >= end) return gpu::CopySpan{};
+  return gpu::CopySpan{model.host_bytes() + begin, weights_offset + begin, end - begin};
+}
+
+}  // namespace
+
+absl::Status ValidateGroups(std::span<const LayerRange> groups, size_t num_layers) {
+  if (groups.empty()) return absl::InvalidArgumentError("grouping plan has no groups");
+  uint64_t expected_first = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].first != expected_first || groups[g].last < groups[g].first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grouping plan group ", g, " is [", groups[g].first, ", ", groups[g].last,
+                       "]; expected it to start at layer ", expected_first,
+                       " (groups must cover the layers contiguously, in order)"));
+    }
+    expected_first = uint64_t{groups[g].last} + 1;
+  }
+  if (expected_first != num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("grouping plan covers layers [0, ",
+                                                   expected_first, ") but the model has ",
+                                                   num_layers, " layers"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait() {
+  absl::StatusOr<std::vector<gpu::GroupTiming>> timings = ticket_->Wait();
+  if (!timings.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (!retired_) {
+      retired_ = true;
+      // Nothing of this epoch is in flight any more; release everyone still waiting on it.
+      for (size_t g = ticket_->groups_done(); g < request_.groups.size(); ++g) {
+        (void)ready_flags_->Store(request_.flag_base + static_cast<uint32_t>(g), epoch_ + 1);
+      }
+    }
+    return absl::Status(timings.status().code(),
+                        absl::StrCat("transmission of '", request_.model->name(), "' (epoch ",
+                                     epoch_, "): ", timings.status().message()));
+  }
+  std::vector<GroupTrace> traces(timings->size());
+  for (size_t g = 0; g < traces.size(); ++g) {
+    traces[g] = GroupTrace{static_cast<uint32_t>(g), request_.groups[g], (*timings)[g].bytes,
+                           (*timings)[g].copy_start_ns, (*timings)[g].ready_ns};
+  }
+  return traces;
+}
+
+void Transmission::Cancel() {
+  ticket_->Cancel();
+  (void)Wait();
+}
+
+absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest request) {
+  if (request.model == nullptr) return absl::InvalidArgumentError("transmission without a model");
+  const StoredModel& model = *request.model;
+  absl::Status plan = ValidateGroups(request.groups, model.num_layers());
+  if (!plan.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", model.name(), "': ", plan.message()));
+  }
+  if (request.weights_offset > arena_bytes_ ||
+      model.total_bytes() > arena_bytes_ - request.weights_offset) {
+    return absl::OutOfRangeError(absl::StrCat("model '", model.name(), "' (", model.total_bytes(),
+                                              " bytes) does not fit at arena offset ",
+                                              request.weights_offset));
+  }
+  gpu::CopyJob job;
+  job.ready_flags = ready_flags_;
+  job.ready_flag_base = request.flag_base;
+  for (const LayerRange& range : request.groups) {
+    gpu::CopyGroup group;
+    gpu::CopySpan span = GroupSpan(model, range, request.weights_offset);
+    if (span.bytes > 0) group.spans.push_back(span);
+    job.groups.push_back(std::move(group));
+  }
+  if (request.drain.has_value()) {
+    job.drain_flags = drain_flags_;
+    job.drain_index = request.drain->index;
+    job.drain_value = request.drain->value;
+    job.drain_timeout = request.drain->timeout;
+  }
+
+  absl::MutexLock lock(&mu_);
+  // A newer switch supersedes the one in flight: stop it before queueing behind it.
+  if (current_ != nullptr && current_->groups_done() < current_->request().groups.size()) {
+    current_->Cancel();
+  }
+  job.epoch = next_epoch_;
+  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<gpu::CopyTicket> ticket, engine_->Submit(job));
+  auto transmission =
+      std::make_shared<Transmission>(next_epoch_, std::move(request), std::move(ticket),
+                                     ready_flags_);
+  next_epoch_ += 2;
+  current_ = transmission;
+  return transmission;
+}
+
+}  // namespace pswitch::memdaemon

@@ -1,0 +1,109 @@
+// Pipelined transmission: streams a stored model into its arena region group by group and
+// publishes each group's ready flag with the transmission's epoch.
+//
+// Epochs and supersession. Each transmission takes two epoch values, E (odd: "group ready")
+// and E + 1 ("retired"). A transmission that is cancelled, superseded by a newer one, or fails
+// writes E + 1 into the flags of the groups it never published, so every waiter on E is
+// released (and told it was superseded) instead of hanging, while waiters on the next
+// transmission's epoch E + 2 are not released by it. This is also how a GPU-side wait
+// (cuStreamWaitValue32, which the CPU cannot interrupt) is always unblocked.
+#ifndef PSWITCH_MEMDAEMON_TRANSMITTER_H_
+#define PSWITCH_MEMDAEMON_TRANSMITTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/copy_engine.h"
+#include "memdaemon/weight_store.h"
+
+namespace pswitch::memdaemon {
+
+// An inclusive range of layer indices transmitted (and gated) together.
+struct LayerRange {
+  uint32_t first = 0;
+  uint32_t last = 0;
+};
+
+// InvalidArgument unless `groups` cover [0, num_layers) contiguously, in order.
+absl::Status ValidateGroups(std::span<const LayerRange> groups, size_t num_layers);
+
+struct DrainCondition {
+  uint32_t index = 0;  // drain flag of the previous tenant
+  uint32_t value = 0;  // value it writes once nothing of it is in flight
+  absl::Duration timeout = absl::Seconds(10);
+};
+
+struct TransmitRequest {
+  const StoredModel* model = nullptr;
+  std::vector<LayerRange> groups;
+  uint64_t weights_offset = 0;  // arena offset of the model's region (from a lease)
+  uint32_t flag_base = 0;       // group g publishes to ready flag flag_base + g
+  std::optional<DrainCondition> drain;
+};
+
+struct GroupTrace {
+  uint32_t group = 0;
+  LayerRange layers;
+  uint64_t bytes = 0;
+  int64_t copy_start_ns = 0;  // CLOCK_MONOTONIC
+  int64_t ready_ns = 0;
+};
+
+// One transmission in flight. Thread-safe.
+class Transmission {
+ public:
+  Transmission(uint32_t epoch, TransmitRequest request, std::shared_ptr<gpu::CopyTicket> ticket,
+               gpu::FlagArray* ready_flags)
+      : epoch_(epoch), request_(std::move(request)), ticket_(std::move(ticket)),
+        ready_flags_(ready_flags) {}
+
+  uint32_t epoch() const { return epoch_; }
+  const TransmitRequest& request() const { return request_; }
+  // Blocks until done. On success, per-group traces; otherwise the failure (Cancelled when
+  // cancelled or superseded), after the unpublished groups were retired.
+  absl::StatusOr<std::vector<GroupTrace>> Wait();
+  // Stops the copy at the next chunk and retires unpublished groups; returns once done.
+  void Cancel();
+  size_t groups_done() const { return ticket_->groups_done(); }
+
+ private:
+  const uint32_t epoch_;
+  const TransmitRequest request_;
+  const std::shared_ptr<gpu::CopyTicket> ticket_;
+  gpu::FlagArray* const ready_flags_;
+  absl::Mutex mu_;
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Thread-safe. The engine and flag arrays are borrowed and must outlive the transmitter and
+// every Transmission it returned.
+class Transmitter {
+ public:
+  Transmitter(gpu::CopyEngine* engine, gpu::FlagArray* ready_flags, gpu::FlagArray* drain_flags,
+              uint64_t arena_bytes)
+      : engine_(engine), ready_flags_(ready_flags), drain_flags_(drain_flags),
+        arena_bytes_(arena_bytes) {}
+
+  // Validates the plan and region, supersedes (cancels) the previous transmission if it is
+  // still running, and queues the copy. InvalidArgument / OutOfRange for a bad request.
+  absl::StatusOr<std::shared_ptr<Transmission>> Start(TransmitRequest request);
+
+ private:
+  gpu::CopyEngine* const engine_;
+  gpu::FlagArray* const ready_flags_;
+  gpu::FlagArray* const drain_flags_;
+  const uint64_t arena_bytes_;
+
+  absl::Mutex mu_;
+  uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  std::shared_ptr<Transmission> current_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pswitch::memdaemon
+
+#endif  // PSWITCH_MEMDAEMON_TRANSMITTER_H_

@@ -1,0 +1,159 @@
+#include "memdaemon/transmitter.h"
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "memdaemon/memdaemon.h"
+#include "memdaemon/synthetic_model.h"
+
+namespace pswitch::memdaemon {
+namespace {
+
+std::vector<LayerRange> EveryK(uint32_t layers, uint32_t k) {
+  std::vector<LayerRange> groups;
+  for (uint32_t first = 0; first < layers; first += k) {
+    groups.push_back({first, std::min(layers, first + k) - 1});
+  }
+  return groups;
+}
+
+class TransmitterTest : public ::testing::Test {
+ protected:
+  void Open(double bandwidth = 0) {
+    MemDaemonOptions options;
+    options.arena_bytes = 64 << 20;
+    options.device.copy_bandwidth_bytes_per_s = bandwidth;
+    auto daemon = MemDaemon::Create(options);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+  }
+  const StoredModel* Register(const std::string& name, uint32_t layers, uint64_t bytes,
+                              uint32_t seed) {
+    models_.push_back(MakeSyntheticModel(name, layers, bytes, seed));
+    auto stored = daemon_->weights().Register(models_.back()->model);
+    EXPECT_TRUE(stored.ok()) << stored.status();
+    return *stored;
+  }
+  // True when the arena region at `offset` holds exactly `model`'s host bytes.
+  bool RegionHolds(uint64_t offset, const StoredModel& model) {
+    std::vector<std::byte> seen(model.total_bytes());
+    EXPECT_TRUE(daemon_->arena().CopyToHost(offset, seen).ok());
+    return std::memcmp(seen.data(), model.host_bytes(), seen.size()) == 0;
+  }
+
+  std::unique_ptr<MemDaemon> daemon_;
+  std::vector<std::unique_ptr<SyntheticModel>> models_;
+};
+
+TEST_F(TransmitterTest, PlansMustCoverLayersContiguously) {
+  Open();
+  const StoredModel* model = Register("m", 10, 1 << 20, 1);
+  std::vector<std::vector<LayerRange>> bad = {
+      {},                          // no groups
+      {{0, 4}, {6, 9}},            // gap
+      {{0, 4}, {4, 9}},            // overlap
+      {{0, 4}, {5, 8}},            // stops short
+      {{0, 4}, {5, 10}},           // runs past the end
+      {{1, 9}},                    // does not start at 0
+      {{0, 4}, {5, 3}, {4, 9}},    // reversed range
+  };
+  for (const auto& groups : bad) {
+    auto started = daemon_->transmitter().Start(TransmitRequest{model, groups, 2 << 20});
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument) << groups.size();
+    EXPECT_NE(started.status().message().find("model 'm'"), absl::string_view::npos);
+  }
+  auto outside = daemon_->transmitter().Start(TransmitRequest{model, EveryK(10, 5), 63 << 20});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST_F(TransmitterTest, TracesCoverEveryGroupAndTheBytesLand) {
+  Open();
+  const StoredModel* model = Register("m", 60, 8 << 20, 3);
+  auto t = daemon_->transmitter().Start(TransmitRequest{model, EveryK(60, 7), 2 << 20, 100});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto traces = (*t)->Wait();
+  ASSERT_TRUE(traces.ok()) << traces.status();
+  ASSERT_EQ(traces->size(), 9u);
+  uint64_t bytes = 0;
+  for (size_t g = 0; g < traces->size(); ++g) {
+    EXPECT_EQ((*traces)[g].layers.first, g * 7);
+    EXPECT_TRUE(daemon_->ready_flags().WaitReady(100 + g, (*t)->epoch(), absl::Seconds(1)).ok());
+    bytes += (*traces)[g].bytes;
+  }
+  // Everything but the alignment padding between groups (< 256 bytes each) is copied.
+  EXPECT_LE(bytes, model->total_bytes());
+  EXPECT_GT(bytes, model->total_bytes() - 256 * traces->size());
+  EXPECT_TRUE(RegionHolds(2 << 20, *model));
+}
+
+TEST_F(TransmitterTest, StaleFlagsFromThePreviousSwitchNeverReleaseTheNext) {
+  Open();
+  const StoredModel* a = Register("a", 20, 2 << 20, 1);
+  const StoredModel* b = Register("b", 20, 2 << 20, 2);
+  const uint64_t region = 2 << 20;
+  auto first = daemon_->transmitter().Start(TransmitRequest{a, EveryK(20, 4), region});
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Wait().ok());
+  ASSERT_TRUE(RegionHolds(region, *a));
+  // Every flag now holds a's epoch; a consumer of the next switch must not pass on it.
+  uint32_t next_epoch = (*first)->epoch() + 2;
+  for (uint32_t g = 0; g < 5; ++g) {
+    EXPECT_EQ(daemon_->ready_flags().WaitReady(g, next_epoch, absl::Milliseconds(5)).code(),
+              absl::StatusCode::kDeadlineExceeded);
+  }
+  auto second = daemon_->transmitter().Start(TransmitRequest{b, EveryK(20, 4), region});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second)->epoch(), next_epoch);
+  for (uint32_t g = 0; g < 5; ++g) {
+    EXPECT_TRUE(daemon_->ready_flags().WaitReady(g, next_epoch, absl::Seconds(5)).ok());
+  }
+  ASSERT_TRUE((*second)->Wait().ok());
+  EXPECT_TRUE(RegionHolds(region, *b));
+}
+
+TEST_F(TransmitterTest, ANewerSwitchSupersedesAndReleasesTheOldWaiters) {
+  Open(/*bandwidth=*/200e6);  // 16 MiB takes ~84 ms
+  const StoredModel* slow = Register("slow", 64, 16 << 20, 5);
+  const StoredModel* next = Register("next", 8, 1 << 20, 6);
+  auto old = daemon_->transmitter().Start(TransmitRequest{slow, EveryK(64, 1), 2 << 20});
+  ASSERT_TRUE(old.ok());
+  ASSERT_TRUE(daemon_->ready_flags().WaitReady(0, (*old)->epoch(), absl::Seconds(5)).ok());
+  auto newer = daemon_->transmitter().Start(TransmitRequest{next, EveryK(8, 2), 32 << 20, 1000});
+  ASSERT_TRUE(newer.ok());
+  EXPECT_EQ((*old)->Wait().status().code(), absl::StatusCode::kCancelled);
+  size_t done = (*old)->groups_done();
+  EXPECT_LT(done, 64u);
+  // A worker still waiting on the old switch's last group is released, told it is stale.
+  EXPECT_EQ(daemon_->ready_flags().WaitReady(63, (*old)->epoch(), absl::Seconds(1)).code(),
+            absl::StatusCode::kAborted);
+  // ...and the retire value does not release the newer epoch's waiters on the same flags.
+  EXPECT_EQ(daemon_->ready_flags().WaitReady(63, (*newer)->epoch(), absl::Milliseconds(5)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE((*newer)->Wait().ok());
+  EXPECT_TRUE(RegionHolds(32 << 20, *next));
+}
+
+TEST_F(TransmitterTest, WaitsForThePreviousTenantToDrain) {
+  Open();
+  const StoredModel* model = Register("m", 8, 1 << 20, 9);
+  TransmitRequest request{model, EveryK(8, 8), 2 << 20};
+  request.drain = DrainCondition{3, 77, absl::Milliseconds(30)};
+  auto stuck = daemon_->transmitter().Start(request);
+  ASSERT_TRUE(stuck.ok());
+  auto failed = (*stuck)->Wait();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(failed.status().message().find("did not drain"), absl::string_view::npos);
+  // Its waiters are released as superseded rather than left hanging.
+  EXPECT_EQ(daemon_->ready_flags().WaitReady(0, (*stuck)->epoch(), absl::Seconds(1)).code(),
+            absl::StatusCode::kAborted);
+
+  ASSERT_TRUE(daemon_->drain_flags().Store(3, 77).ok());
+  request.drain->timeout = absl::Seconds(5);
+  auto ok = daemon_->transmitter().Start(request);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE((*ok)->Wait().ok());
+  EXPECT_TRUE(RegionHolds(2 << 20, *model));
+}
+
+}  // namespace
+}  // namespace pswitch::memdaemon

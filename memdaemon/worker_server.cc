@@ -1,0 +1,157 @@
+#include "memdaemon/worker_server.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "memdaemon/arena_layout.h"
+#include "memdaemon/weight_layout.h"
+#include "proto/framed_connection.h"
+#include "proto/memdaemon_generated.h"
+#include "proto/wire_status.h"
+
+namespace pswitch::memdaemon {
+namespace {
+
+// Control messages are tiny; anything bigger is a confused or hostile peer.
+constexpr uint32_t kMaxFrameBytes = 64 << 10;
+
+std::vector<uint8_t> Bytes(const flatbuffers::FlatBufferBuilder& b) {
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+std::vector<uint8_t> ErrorReply(uint64_t request_id, const absl::Status& status) {
+  flatbuffers::FlatBufferBuilder b;
+  auto error = proto::CreateWireError(b, status);
+  b.Finish(proto::CreateMemReply(b, request_id, proto::MemReplyBody::Error, error.Union()));
+  return Bytes(b);
+}
+
+}  // namespace
+
+// One worker connection's state: the leases it holds. Lives on the io thread only.
+class WorkerServer::Session {
+ public:
+  Session(gpu::Arena* arena, LeaseTable* leases) : arena_(arena), leases_(leases) {}
+  ~Session() {
+    for (const Lease& lease : held_) (void)leases_->Release(lease.offset, lease.owner);
+  }
+
+  void Handle(proto::FramedConnection& conn, std::vector<uint8_t> payload) {
+    auto request = proto::VerifyPayload<proto::MemRequest>(payload, "memdaemon request");
+    if (!request.ok()) {
+      conn.Reject(ErrorReply(0, request.status()));
+      return;
+    }
+    uint64_t id = (*request)->request_id();
+    flatbuffers::FlatBufferBuilder b;
+    switch ((*request)->body_type()) {
+      case proto::MemRequestBody::AttachArena: {
+        absl::StatusOr<gpu::ArenaHandle> handle = arena_->Export();
+        if (!handle.ok()) {
+          conn.Send(ErrorReply(id, handle.status()));
+          return;
+        }
+        auto ipc = b.CreateVector(reinterpret_cast<const uint8_t*>(handle->ipc_handle.data()),
+                                  handle->ipc_handle.size());
+        auto grant = proto::CreateArenaGrant(
+            b,
+            handle->backend == gpu::Backend::kCuda ? proto::Backend::Cuda : proto::Backend::Host,
+            handle->device_ordinal, handle->size_bytes, ipc, kReadyFlagsOffset, kReadyFlagCount,
+            kDrainFlagCount, kWeightAlignmentBytes);
+        b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::ArenaGrant, grant.Union()));
+        conn.Send(Bytes(b), std::move(handle->fd));
+        return;
+      }
+      case proto::MemRequestBody::RequestLease: {
+        auto* req = (*request)->body_as_RequestLease();
+        absl::StatusOr<Lease> lease = leases_->Acquire(req->owner()->str(), req->bytes());
+        if (!lease.ok()) {
+          conn.Send(ErrorReply(id, lease.status()));
+          return;
+        }
+        held_.push_back(*lease);
+        auto granted = proto::CreateLeaseGranted(b, lease->offset, lease->bytes);
+        b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::LeaseGranted, granted.Union()));
+        conn.Send(Bytes(b));
+        return;
+      }
+      case proto::MemRequestBody::ReleaseLease: {
+        auto* req = (*request)->body_as_ReleaseLease();
+        absl::Status released = leases_->Release(req->offset(), req->owner()->str());
+        if (!released.ok()) {
+          conn.Send(ErrorReply(id, released));
+          return;
+        }
+        std::erase_if(held_, [&](const Lease& l) { return l.offset == req->offset(); });
+        auto done = proto::CreateLeaseReleased(b, req->offset());
+        b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::LeaseReleased, done.Union()));
+        conn.Send(Bytes(b));
+        return;
+      }
+      default:
+        conn.Reject(ErrorReply(id, absl::InvalidArgumentError("unknown memdaemon request")));
+        return;
+    }
+  }
+
+ private:
+  gpu::Arena* const arena_;
+  LeaseTable* const leases_;
+  std::vector<Lease> held_;
+};
+
+WorkerServer::WorkerServer(std::string socket_path, gpu::Arena* arena, LeaseTable* leases)
+    : socket_path_(std::move(socket_path)), arena_(arena), leases_(leases), acceptor_(io_) {}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const std::string& socket_path,
+                                                                  gpu::Arena* arena,
+                                                                  LeaseTable* leases) {
+  std::unique_ptr<WorkerServer> server(new WorkerServer(socket_path, arena, leases));
+  asio::error_code ec;
+  std::error_code fs_ec;
+  // A stale socket file from a crashed daemon would make bind fail.
+  if (std::filesystem::is_socket(socket_path, fs_ec)) std::filesystem::remove(socket_path, fs_ec);
+  asio::local::stream_protocol::endpoint endpoint(socket_path);
+  server->acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) server->acceptor_.bind(endpoint, ec);
+  if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("memdaemon socket '", socket_path, "': ", ec.message()));
+  }
+  server->Accept();
+  server->thread_ = std::thread([s = server.get()] { s->io_.run(); });
+  return server;
+}
+
+WorkerServer::~WorkerServer() {
+  io_.stop();
+  if (thread_.joinable()) thread_.join();
+  std::error_code ec;
+  std::filesystem::remove(socket_path_, ec);
+}
+
+void WorkerServer::Accept() {
+  acceptor_.async_accept([this](const asio::error_code& ec,
+                                asio::local::stream_protocol::socket socket) {
+    if (ec) return;  // acceptor closed
+    proto::FramedConnection::Socket generic(
+        io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
+    auto session = std::make_shared<Session>(arena_, leases_);
+    auto conn = proto::FramedConnection::Create(
+        std::move(generic), kMaxFrameBytes,
+        [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
+          session->Handle(c, std::move(payload));
+        },
+        [](const absl::Status& status) { return ErrorReply(0, status); },
+        // The session (and its leases) lives as long as the connection's handlers.
+        [](proto::FramedConnection&, const absl::Status&) {});
+    conn->Start();
+    Accept();
+  });
+}
+
+}  // namespace pswitch::memdaemon
