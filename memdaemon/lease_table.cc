@@ -83,6 +83,14 @@ std::vector<Lease> LeaseTable::List() const {
   return out;
 }
 
+bool LeaseTable::AwaitLeaseCount(size_t count, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto reached = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return leases_.size() == count;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
 uint64_t LeaseTable::largest_free_bytes() const {
   absl::MutexLock lock(&mu_);
   return LargestFreeLocked();

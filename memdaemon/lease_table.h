@@ -36,6 +36,9 @@ class LeaseTable {
   absl::StatusOr<Lease> Transfer(uint64_t offset, absl::string_view owner,
                                  absl::string_view new_owner, bool scrub);
   std::vector<Lease> List() const;
+  // Blocks until exactly `count` leases are held (e.g. a dead worker's were reclaimed); false
+  // on timeout.
+  bool AwaitLeaseCount(size_t count, absl::Duration timeout) const;
   uint64_t capacity_bytes() const { return end_ - begin_; }
   uint64_t largest_free_bytes() const;
 

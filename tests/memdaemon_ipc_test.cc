@@ -1,0 +1,251 @@
+// The memdaemon and a worker in two real processes: the worker attaches over the Unix socket,
+// imports the arena (memfd via SCM_RIGHTS), computes the weight layout on its own and checks
+// each group's bytes as soon as the group's ready flag shows the switch's epoch, while the
+// memdaemon is still copying later groups.
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "gtest/gtest.h"
+#include "memdaemon/arena_client.h"
+#include "memdaemon/memdaemon.h"
+#include "memdaemon/synthetic_model.h"
+#include "proto/frame_channel.h"
+#include "proto/memdaemon_generated.h"
+#include "proto/wire_status.h"
+
+namespace pswitch::memdaemon {
+namespace {
+
+constexpr uint32_t kLayers = 48;
+constexpr uint64_t kModelBytes = 24 << 20;
+constexpr uint32_t kGroupSize = 6;
+constexpr uint32_t kGroups = kLayers / kGroupSize;
+
+// Test-only messages between the parent (acting as controller) and the worker child.
+struct SwitchOrder {
+  uint32_t epoch;
+  uint32_t seed;  // which synthetic model to expect
+  uint64_t weights_offset;
+  uint32_t expect_stale_first;  // 1: first check the flags do not pass yet
+};
+struct GroupReport {
+  int32_t ok;  // 1 = bytes matched
+  int64_t seen_ns;
+  int64_t verified_ns;
+};
+
+template <typename T>
+absl::Status SendPod(proto::FrameChannel& c, const T& v) {
+  return c.Send(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&v), sizeof(T)));
+}
+template <typename T>
+bool ReceivePod(proto::FrameChannel& c, T* v) {
+  auto frame = c.Receive(absl::Seconds(30));
+  if (!frame.ok() || frame->payload.size() != sizeof(T)) return false;
+  std::memcpy(v, frame->payload.data(), sizeof(T));
+  return true;
+}
+
+// The worker side. Returns an exit code; never returns into gtest.
+int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
+  auto device = gpu::Device::Open(gpu::DeviceOptions{});
+  if (!device.ok()) return 20;
+  auto client = ArenaClient::Attach(socket_path, device->get(), /*worker_id=*/1);
+  if (!client.ok()) return 21;
+  if (!SendPod(control, uint32_t{1}).ok()) return 22;  // attached
+  SwitchOrder order;
+  while (ReceivePod(control, &order)) {
+    // Recomputed here from the model description alone: only the region offset crossed.
+    auto model = MakeSyntheticModel("m", kLayers, kModelBytes, order.seed);
+    std::vector<LayerSpec> specs;
+    for (const LayerBytes& layer : model->model.layers) {
+      LayerSpec spec{layer.name, {}};
+      for (const TensorBytes& t : layer.tensors) spec.tensors.push_back({t.name, t.bytes.size()});
+      specs.push_back(spec);
+    }
+    auto layout = ComputeWeightLayout(specs, (*client)->weight_alignment_bytes());
+    if (!layout.ok()) return 23;
+    gpu::FlagArray& flags = (*client)->ready_flags();
+    if (order.expect_stale_first == 1) {
+      // The flags still hold the previous switch's epoch: they must not release this one.
+      for (uint32_t g = 0; g < kGroups; ++g) {
+        if (flags.WaitReady(g, order.epoch, absl::Milliseconds(2)).code() !=
+            absl::StatusCode::kDeadlineExceeded) {
+          return 24;
+        }
+      }
+      if (!SendPod(control, uint32_t{2}).ok()) return 25;  // stale check passed
+    }
+    std::vector<GroupReport> reports(kGroups);
+    for (uint32_t g = 0; g < kGroups; ++g) {
+      if (!flags.WaitReady(g, order.epoch, absl::Seconds(30)).ok()) return 26;
+      reports[g].seen_ns = gpu::MonotonicNowNs();
+      bool ok = true;
+      for (uint32_t l = g * kGroupSize; l < (g + 1) * kGroupSize; ++l) {
+        for (size_t t = 0; t < model->model.layers[l].tensors.size(); ++t) {
+          auto expected = model->model.layers[l].tensors[t].bytes;
+          std::vector<std::byte> seen(expected.size());
+          if (!(*client)->arena().CopyToHost(order.weights_offset +
+                                                  layout->placements[l][t].offset,
+                                              seen).ok() ||
+              std::memcmp(seen.data(), expected.data(), seen.size()) != 0) {
+            ok = false;
+          }
+        }
+      }
+      reports[g].ok = ok ? 1 : 0;
+      reports[g].verified_ns = gpu::MonotonicNowNs();
+    }
+    for (const GroupReport& r : reports) {
+      if (!SendPod(control, r).ok()) return 27;
+    }
+  }
+  return 0;
+}
+
+std::vector<LayerRange> Groups() {
+  std::vector<LayerRange> groups;
+  for (uint32_t g = 0; g < kGroups; ++g) groups.push_back({g * kGroupSize, (g + 1) * kGroupSize - 1});
+  return groups;
+}
+
+class MemDaemonIpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pswitch-ipc-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    socket_path_ = (dir_ / "memdaemon.sock").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Forks the worker before any thread exists in this process, then starts the daemon.
+  void StartWorkerAndDaemon(double bandwidth) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    child_ = ::fork();
+    ASSERT_GE(child_, 0);
+    if (child_ == 0) {
+      ::close(sv[0]);
+      proto::FrameChannel control{UniqueFd(sv[1])};
+      uint32_t go = 0;
+      if (!ReceivePod(control, &go)) _exit(19);
+      _exit(WorkerMain(control, socket_path_));
+    }
+    ::close(sv[1]);
+    control_ = std::make_unique<proto::FrameChannel>(UniqueFd(sv[0]));
+    MemDaemonOptions options;
+    options.arena_bytes = 128 << 20;
+    options.device.copy_bandwidth_bytes_per_s = bandwidth;
+    options.socket_path = socket_path_;
+    auto daemon = MemDaemon::Create(options);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    ASSERT_TRUE(SendPod(*control_, uint32_t{0}).ok());
+    uint32_t attached = 0;
+    ASSERT_TRUE(ReceivePod(*control_, &attached));
+    ASSERT_EQ(attached, 1u);
+  }
+
+  int JoinWorker() {
+    control_.reset();  // EOF ends the worker's loop
+    int wstatus = 0;
+    EXPECT_EQ(::waitpid(child_, &wstatus, 0), child_);
+    return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  }
+
+  std::filesystem::path dir_;
+  std::string socket_path_;
+  pid_t child_ = -1;
+  std::unique_ptr<proto::FrameChannel> control_;
+  std::unique_ptr<MemDaemon> daemon_;
+};
+
+TEST_F(MemDaemonIpcTest, WorkerComputesOnEarlyGroupsWhileLaterGroupsAreStillCopying) {
+  // 24 MiB at 100 MB/s: ~250 ms of copying, 8 groups of ~31 ms each.
+  StartWorkerAndDaemon(100e6);
+  auto model_a = MakeSyntheticModel("m", kLayers, kModelBytes, /*seed=*/1);
+  auto model_b = MakeSyntheticModel("m-b", kLayers, kModelBytes, /*seed=*/2);
+  auto a = daemon_->weights().Register(model_a->model);
+  auto b = daemon_->weights().Register(model_b->model);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto region = daemon_->leases().Acquire("model-region", kModelBytes + (1 << 20));
+  ASSERT_TRUE(region.ok());
+
+  for (uint32_t round = 0; round < 2; ++round) {
+    const StoredModel* model = round == 0 ? *a : *b;
+    // Epochs are 1, 3, 5, ...: the order tells the worker which one to wait for.
+    uint32_t epoch = 1 + 2 * round;
+    ASSERT_TRUE(SendPod(*control_, SwitchOrder{epoch, round + 1, region->offset, round}).ok());
+    if (round == 1) {
+      uint32_t stale_checked = 0;
+      ASSERT_TRUE(ReceivePod(*control_, &stale_checked));
+      ASSERT_EQ(stale_checked, 2u);
+    }
+    auto transmission =
+        daemon_->transmitter().Start(TransmitRequest{model, Groups(), region->offset});
+    ASSERT_TRUE(transmission.ok()) << transmission.status();
+    ASSERT_EQ((*transmission)->epoch(), epoch);
+    auto traces = (*transmission)->Wait();
+    ASSERT_TRUE(traces.ok()) << traces.status();
+    std::vector<GroupReport> reports(kGroups);
+    for (auto& r : reports) ASSERT_TRUE(ReceivePod(*control_, &r));
+
+    for (uint32_t g = 0; g < kGroups; ++g) {
+      EXPECT_EQ(reports[g].ok, 1) << "round " << round << " group " << g;
+      // Never seen before its copy started (no early release from a stale flag).
+      EXPECT_GE(reports[g].seen_ns, (*traces)[g].copy_start_ns) << g;
+    }
+    // The overlap itself: group 0 was verified by the worker before the memdaemon had
+    // finished copying the last group (and while group 1 was still in flight).
+    EXPECT_LT(reports[0].verified_ns, traces->back().ready_ns);
+    EXPECT_LT(reports[0].verified_ns, (*traces)[2].ready_ns);
+  }
+  EXPECT_EQ(JoinWorker(), 0);
+}
+
+TEST_F(MemDaemonIpcTest, LeasesOfACrashedWorkerAreReclaimedAndBadFramesCloseOneConnection) {
+  StartWorkerAndDaemon(0);
+  // This process attaches too, as a second worker would.
+  auto device = gpu::Device::Open(gpu::DeviceOptions{});
+  ASSERT_TRUE(device.ok());
+  {
+    auto client = ArenaClient::Attach(socket_path_, device->get(), 2);
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto lease = (*client)->RequestLease("worker-2", 1 << 20);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ((*client)->ReleaseLease("someone-else", lease->offset).code(),
+              absl::StatusCode::kPermissionDenied);
+    auto too_big = (*client)->RequestLease("worker-2", 1ull << 40);
+    EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+    auto kept = (*client)->RequestLease("worker-2", 4096);
+    ASSERT_TRUE(kept.ok());
+    EXPECT_EQ(daemon_->leases().List().size(), 2u);
+
+    auto raw = proto::FrameChannel::Connect(socket_path_);
+    ASSERT_TRUE(raw.ok());
+    const uint8_t junk[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    ASSERT_TRUE((*raw)->Send(junk).ok());
+    auto reply = (*raw)->Receive(absl::Seconds(10));
+    ASSERT_TRUE(reply.ok());
+    auto parsed = proto::VerifyPayload<proto::MemReply>(reply->payload, "memdaemon reply");
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(proto::FromWireError((*parsed)->body_as_Error()).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+    // The well-behaved connection still works.
+    ASSERT_TRUE((*client)->ReleaseLease("worker-2", lease->offset).ok());
+    EXPECT_EQ(daemon_->leases().List().size(), 1u);
+  }  // the client disconnects without releasing `kept`, as a crashed worker would
+  // The server reclaims on its own thread once it sees the connection close.
+  EXPECT_TRUE(daemon_->leases().AwaitLeaseCount(0, absl::Seconds(10)));
+  EXPECT_EQ(JoinWorker(), 0);
+}
+
+}  // namespace
+}  // namespace pswitch::memdaemon
