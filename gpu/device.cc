@@ -50,8 +50,8 @@ absl::Status FlagArray::WaitReady(uint32_t index, uint32_t epoch, absl::Duration
   absl::StatusOr<uint32_t> seen = WaitAtLeast(index, epoch, timeout);
   if (!seen.ok()) return seen.status();
   if (*seen != epoch) {
-    return absl::AbortedError(absl::StrCat("flag ", index, ": switch epoch ", epoch,
-                                           " was superseded by epoch ", *seen));
+    return absl::AbortedError(
+        absl::StrCat("flag ", index, ": switch epoch ", epoch, " was superseded by epoch ", *seen));
   }
   return absl::OkStatus();
 }
@@ -74,9 +74,9 @@ absl::Status ValidateCopyJob(const CopyJob& job, uint64_t arena_bytes) {
         return absl::InvalidArgumentError(absl::StrCat("group ", g, ": null host pointer"));
       }
       if (span.arena_offset > arena_bytes || span.bytes > arena_bytes - span.arena_offset) {
-        return absl::OutOfRangeError(absl::StrCat("group ", g, ": span [", span.arena_offset,
-                                                  ", +", span.bytes, ") outside the ",
-                                                  arena_bytes, "-byte arena"));
+        return absl::OutOfRangeError(absl::StrCat("group ", g, ": span [", span.arena_offset, ", +",
+                                                  span.bytes, ") outside the ", arena_bytes,
+                                                  "-byte arena"));
       }
     }
   }

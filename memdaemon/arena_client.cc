@@ -21,10 +21,9 @@ absl::StatusOr<const proto::MemReply*> ParseReply(const proto::ReceivedFrame& fr
     return proto::FromWireError(reply->body_as_Error());
   }
   if (reply->request_id() != request_id || reply->body_type() != expected) {
-    return absl::InternalError(absl::StrCat("memdaemon answered request ", reply->request_id(),
-                                            " with ", proto::EnumNameMemReplyBody(
-                                                          reply->body_type()),
-                                            "; expected ", request_id));
+    return absl::InternalError(
+        absl::StrCat("memdaemon answered request ", reply->request_id(), " with ",
+                     proto::EnumNameMemReplyBody(reply->body_type()), "; expected ", request_id));
   }
   return reply;
 }
@@ -56,12 +55,12 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
                            ParseReply(frame, id, proto::MemReplyBody::ArenaGrant));
   const proto::ArenaGrant* grant = reply->body_as_ArenaGrant();
   gpu::ArenaHandle handle;
-  handle.backend = grant->backend() == proto::Backend::Cuda ? gpu::Backend::kCuda
-                                                            : gpu::Backend::kHost;
+  handle.backend =
+      grant->backend() == proto::Backend::Cuda ? gpu::Backend::kCuda : gpu::Backend::kHost;
   if (handle.backend != device->backend()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "memdaemon runs the ", gpu::BackendName(handle.backend), " backend, this worker ",
-        gpu::BackendName(device->backend())));
+    return absl::FailedPreconditionError(
+        absl::StrCat("memdaemon runs the ", gpu::BackendName(handle.backend),
+                     " backend, this worker ", gpu::BackendName(device->backend())));
   }
   handle.device_ordinal = grant->device_ordinal();
   handle.size_bytes = grant->size_bytes();
@@ -75,8 +74,7 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
   uint32_t drain_count = grant->drain_flags();
   client->alignment_ = grant->alignment();
   PSWITCH_ASSIGN_OR_RETURN(client->arena_, device->ImportArena(std::move(handle)));
-  PSWITCH_ASSIGN_OR_RETURN(client->ready_flags_,
-                           client->arena_->Flags(flags_offset, ready_count));
+  PSWITCH_ASSIGN_OR_RETURN(client->ready_flags_, client->arena_->Flags(flags_offset, ready_count));
   PSWITCH_ASSIGN_OR_RETURN(
       client->drain_flags_,
       client->arena_->Flags(flags_offset + uint64_t{ready_count} * 4, drain_count));
@@ -85,12 +83,11 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
 
 absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64_t bytes) {
   uint64_t id = next_request_id_;
-  PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
-                           Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
-                             auto req = proto::CreateRequestLease(b, b.CreateString(owner), bytes);
-                             b.Finish(proto::CreateMemRequest(
-                                 b, rid, proto::MemRequestBody::RequestLease, req.Union()));
-                           }));
+  PSWITCH_ASSIGN_OR_RETURN(
+      proto::ReceivedFrame frame, Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+        auto req = proto::CreateRequestLease(b, b.CreateString(owner), bytes);
+        b.Finish(proto::CreateMemRequest(b, rid, proto::MemRequestBody::RequestLease, req.Union()));
+      }));
   PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
                            ParseReply(frame, id, proto::MemReplyBody::LeaseGranted));
   return Lease{reply->body_as_LeaseGranted()->offset(), reply->body_as_LeaseGranted()->bytes(),
@@ -99,12 +96,11 @@ absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64
 
 absl::Status ArenaClient::ReleaseLease(const std::string& owner, uint64_t offset) {
   uint64_t id = next_request_id_;
-  PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
-                           Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
-                             auto req = proto::CreateReleaseLease(b, b.CreateString(owner), offset);
-                             b.Finish(proto::CreateMemRequest(
-                                 b, rid, proto::MemRequestBody::ReleaseLease, req.Union()));
-                           }));
+  PSWITCH_ASSIGN_OR_RETURN(
+      proto::ReceivedFrame frame, Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+        auto req = proto::CreateReleaseLease(b, b.CreateString(owner), offset);
+        b.Finish(proto::CreateMemRequest(b, rid, proto::MemRequestBody::ReleaseLease, req.Union()));
+      }));
   return ParseReply(frame, id, proto::MemReplyBody::LeaseReleased).status();
 }
 

@@ -28,9 +28,9 @@ absl::StatusOr<Lease> LeaseTable::Acquire(absl::string_view owner, uint64_t byte
     leases_[lease.offset] = lease;
     return lease;
   }
-  return absl::ResourceExhaustedError(
-      absl::StrCat("no arena block of ", rounded, " bytes for '", owner, "' (largest free: ",
-                   LargestFreeLocked(), " of ", capacity_bytes(), " bytes)"));
+  return absl::ResourceExhaustedError(absl::StrCat("no arena block of ", rounded, " bytes for '",
+                                                   owner, "' (largest free: ", LargestFreeLocked(),
+                                                   " of ", capacity_bytes(), " bytes)"));
 }
 
 absl::Status LeaseTable::CheckOwner(uint64_t offset, absl::string_view owner) const {
@@ -85,9 +85,8 @@ std::vector<Lease> LeaseTable::List() const {
 
 bool LeaseTable::AwaitLeaseCount(size_t count, absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
-  auto reached = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return leases_.size() == count;
-  };
+  auto reached = [this, count]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return leases_.size() == count; };
   return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
 }
 

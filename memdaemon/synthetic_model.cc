@@ -23,8 +23,9 @@ std::unique_ptr<SyntheticModel> MakeSyntheticModel(const std::string& name, uint
     bytes = std::max<uint64_t>(4, bytes & ~uint64_t{3});
     LayerBytes layer{absl::StrCat(conv ? "conv" : "bn", l), {}};
     // A norm layer has two tensors, as BatchNorm has weight and bias (plus running stats).
-    std::vector<uint64_t> parts = conv ? std::vector<uint64_t>{bytes}
-                                       : std::vector<uint64_t>{bytes / 8 * 4, bytes - bytes / 8 * 4};
+    std::vector<uint64_t> parts = conv
+                                      ? std::vector<uint64_t>{bytes}
+                                      : std::vector<uint64_t>{bytes / 8 * 4, bytes - bytes / 8 * 4};
     for (size_t t = 0; t < parts.size(); ++t) {
       std::vector<std::byte> data(parts[t]);
       uint32_t x = seed * 2654435761u + static_cast<uint32_t>(out->storage.size()) * 40503u + 1;
@@ -35,8 +36,8 @@ std::unique_ptr<SyntheticModel> MakeSyntheticModel(const std::string& name, uint
         std::memcpy(&data[i], &x, 4);
       }
       out->storage.push_back(std::move(data));
-      layer.tensors.push_back(TensorBytes{absl::StrCat(layer.name, t == 0 ? ".weight" : ".bias"),
-                                          out->storage.back()});
+      layer.tensors.push_back(
+          TensorBytes{absl::StrCat(layer.name, t == 0 ? ".weight" : ".bias"), out->storage.back()});
     }
     out->model.layers.push_back(std::move(layer));
   }

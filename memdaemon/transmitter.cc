@@ -107,9 +107,8 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
   }
   job.epoch = next_epoch_;
   PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<gpu::CopyTicket> ticket, engine_->Submit(job));
-  auto transmission =
-      std::make_shared<Transmission>(next_epoch_, std::move(request), std::move(ticket),
-                                     ready_flags_);
+  auto transmission = std::make_shared<Transmission>(next_epoch_, std::move(request),
+                                                     std::move(ticket), ready_flags_);
   next_epoch_ += 2;
   current_ = transmission;
   return transmission;

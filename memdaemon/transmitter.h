@@ -59,7 +59,9 @@ class Transmission {
  public:
   Transmission(uint32_t epoch, TransmitRequest request, std::shared_ptr<gpu::CopyTicket> ticket,
                gpu::FlagArray* ready_flags)
-      : epoch_(epoch), request_(std::move(request)), ticket_(std::move(ticket)),
+      : epoch_(epoch),
+        request_(std::move(request)),
+        ticket_(std::move(ticket)),
         ready_flags_(ready_flags) {}
 
   uint32_t epoch() const { return epoch_; }
@@ -86,7 +88,9 @@ class Transmitter {
  public:
   Transmitter(gpu::CopyEngine* engine, gpu::FlagArray* ready_flags, gpu::FlagArray* drain_flags,
               uint64_t arena_bytes)
-      : engine_(engine), ready_flags_(ready_flags), drain_flags_(drain_flags),
+      : engine_(engine),
+        ready_flags_(ready_flags),
+        drain_flags_(drain_flags),
         arena_bytes_(arena_bytes) {}
 
   // Validates the plan and region, supersedes (cancels) the previous transmission if it is

@@ -49,13 +49,13 @@ TEST_F(TransmitterTest, PlansMustCoverLayersContiguously) {
   Open();
   const StoredModel* model = Register("m", 10, 1 << 20, 1);
   std::vector<std::vector<LayerRange>> bad = {
-      {},                          // no groups
-      {{0, 4}, {6, 9}},            // gap
-      {{0, 4}, {4, 9}},            // overlap
-      {{0, 4}, {5, 8}},            // stops short
-      {{0, 4}, {5, 10}},           // runs past the end
-      {{1, 9}},                    // does not start at 0
-      {{0, 4}, {5, 3}, {4, 9}},    // reversed range
+      {},                        // no groups
+      {{0, 4}, {6, 9}},          // gap
+      {{0, 4}, {4, 9}},          // overlap
+      {{0, 4}, {5, 8}},          // stops short
+      {{0, 4}, {5, 10}},         // runs past the end
+      {{1, 9}},                  // does not start at 0
+      {{0, 4}, {5, 3}, {4, 9}},  // reversed range
   };
   for (const auto& groups : bad) {
     auto started = daemon_->transmitter().Start(TransmitRequest{model, groups, 2 << 20});

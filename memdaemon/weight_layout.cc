@@ -14,8 +14,8 @@ bool AlignUp(uint64_t value, uint64_t alignment, uint64_t* out) {
 absl::StatusOr<WeightLayout> ComputeWeightLayout(std::span<const LayerSpec> layers,
                                                  uint64_t alignment) {
   if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment,
-                                                   " is not a power of two"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", alignment, " is not a power of two"));
   }
   WeightLayout layout;
   layout.placements.resize(layers.size());

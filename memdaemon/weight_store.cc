@@ -18,10 +18,9 @@ absl::Status ValidateModel(const ModelBytes& model) {
   for (size_t l = 0; l < model.layers.size(); ++l) {
     for (const TensorBytes& tensor : model.layers[l].tensors) {
       if (tensor.name.empty() || !seen.insert(tensor.name).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model '", model.name, "': layer ", l, " '", model.layers[l].name,
-                         "': ", tensor.name.empty() ? "unnamed tensor"
-                                                    : "duplicate tensor '" + tensor.name + "'"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", model.name, "': layer ", l, " '", model.layers[l].name, "': ",
+            tensor.name.empty() ? "unnamed tensor" : "duplicate tensor '" + tensor.name + "'"));
       }
     }
   }

@@ -39,7 +39,9 @@ class StoredModel {
  public:
   StoredModel(std::string name, std::vector<LayerSpec> layers, WeightLayout layout,
               std::unique_ptr<gpu::HostBuffer> buffer)
-      : name_(std::move(name)), layers_(std::move(layers)), layout_(std::move(layout)),
+      : name_(std::move(name)),
+        layers_(std::move(layers)),
+        layout_(std::move(layout)),
         buffer_(std::move(buffer)) {}
   StoredModel(const StoredModel&) = delete;
   StoredModel& operator=(const StoredModel&) = delete;

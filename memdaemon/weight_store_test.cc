@@ -30,8 +30,8 @@ TEST_F(WeightStoreTest, StoresEveryTensorAtItsLayoutOffset) {
     for (size_t t = 0; t < synthetic->model.layers[l].tensors.size(); ++t) {
       auto bytes = synthetic->model.layers[l].tensors[t].bytes;
       ASSERT_EQ(layout.placements[l][t].bytes, bytes.size());
-      EXPECT_EQ(std::memcmp((*stored)->host_bytes() + layout.placements[l][t].offset,
-                            bytes.data(), bytes.size()),
+      EXPECT_EQ(std::memcmp((*stored)->host_bytes() + layout.placements[l][t].offset, bytes.data(),
+                            bytes.size()),
                 0)
           << "layer " << l << " tensor " << t;
     }

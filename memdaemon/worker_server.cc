@@ -57,8 +57,7 @@ class WorkerServer::Session {
         auto ipc = b.CreateVector(reinterpret_cast<const uint8_t*>(handle->ipc_handle.data()),
                                   handle->ipc_handle.size());
         auto grant = proto::CreateArenaGrant(
-            b,
-            handle->backend == gpu::Backend::kCuda ? proto::Backend::Cuda : proto::Backend::Host,
+            b, handle->backend == gpu::Backend::kCuda ? proto::Backend::Cuda : proto::Backend::Host,
             handle->device_ordinal, handle->size_bytes, ipc, kReadyFlagsOffset, kReadyFlagCount,
             kDrainFlagCount, kWeightAlignmentBytes);
         b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::ArenaGrant, grant.Union()));
@@ -135,23 +134,23 @@ WorkerServer::~WorkerServer() {
 }
 
 void WorkerServer::Accept() {
-  acceptor_.async_accept([this](const asio::error_code& ec,
-                                asio::local::stream_protocol::socket socket) {
-    if (ec) return;  // acceptor closed
-    proto::FramedConnection::Socket generic(
-        io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
-    auto session = std::make_shared<Session>(arena_, leases_);
-    auto conn = proto::FramedConnection::Create(
-        std::move(generic), kMaxFrameBytes,
-        [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
-          session->Handle(c, std::move(payload));
-        },
-        [](const absl::Status& status) { return ErrorReply(0, status); },
-        // The session (and its leases) lives as long as the connection's handlers.
-        [](proto::FramedConnection&, const absl::Status&) {});
-    conn->Start();
-    Accept();
-  });
+  acceptor_.async_accept(
+      [this](const asio::error_code& ec, asio::local::stream_protocol::socket socket) {
+        if (ec) return;  // acceptor closed
+        proto::FramedConnection::Socket generic(
+            io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
+        auto session = std::make_shared<Session>(arena_, leases_);
+        auto conn = proto::FramedConnection::Create(
+            std::move(generic), kMaxFrameBytes,
+            [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
+              session->Handle(c, std::move(payload));
+            },
+            [](const absl::Status& status) { return ErrorReply(0, status); },
+            // The session (and its leases) lives as long as the connection's handlers.
+            [](proto::FramedConnection&, const absl::Status&) {});
+        conn->Start();
+        Accept();
+      });
 }
 
 }  // namespace pswitch::memdaemon

@@ -19,8 +19,7 @@ namespace pswitch::memdaemon {
 class WorkerServer {
  public:
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(const std::string& socket_path,
-                                                             gpu::Arena* arena,
-                                                             LeaseTable* leases);
+                                                             gpu::Arena* arena, LeaseTable* leases);
   ~WorkerServer();
   WorkerServer(const WorkerServer&) = delete;
   WorkerServer& operator=(const WorkerServer&) = delete;

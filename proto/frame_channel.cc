@@ -4,8 +4,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -70,8 +70,7 @@ absl::Status FrameChannel::Send(std::span<const uint8_t> payload, int fd_to_pass
 }
 
 absl::Status FrameChannel::Send(const flatbuffers::FlatBufferBuilder& builder, int fd_to_pass) {
-  return Send(std::span<const uint8_t>(builder.GetBufferPointer(), builder.GetSize()),
-              fd_to_pass);
+  return Send(std::span<const uint8_t>(builder.GetBufferPointer(), builder.GetSize()), fd_to_pass);
 }
 
 absl::Status FrameChannel::ReadSome(absl::Time deadline, UniqueFd* passed_fd) {
@@ -128,8 +127,8 @@ absl::Status FrameChannel::ReadSome(absl::Time deadline, UniqueFd* passed_fd) {
 }
 
 absl::StatusOr<ReceivedFrame> FrameChannel::Receive(absl::Duration timeout) {
-  absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
-                                                             : absl::Now() + timeout;
+  absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   while (true) {
     PSWITCH_ASSIGN_OR_RETURN(std::optional<std::vector<uint8_t>> payload, decoder_.Next());
     if (payload.has_value()) {

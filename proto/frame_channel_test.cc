@@ -58,15 +58,13 @@ TEST(FrameChannelTest, OversizeLengthPrefixIsAnError) {
   FrameChannel channel(UniqueFd(fds[1]), /*max_frame_bytes=*/1024);
   const uint8_t header[4] = {0x00, 0x10, 0x00, 0x00};  // 4096 bytes
   ASSERT_EQ(::write(raw.get(), header, 4), 4);
-  EXPECT_EQ(channel.Receive(absl::Seconds(5)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(channel.Receive(absl::Seconds(5)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FrameChannelTest, ConnectToMissingSocketNamesThePath) {
   auto channel = FrameChannel::Connect("/nonexistent/pswitch.sock");
   ASSERT_FALSE(channel.ok());
-  EXPECT_NE(channel.status().message().find("/nonexistent/pswitch.sock"),
-            absl::string_view::npos);
+  EXPECT_NE(channel.status().message().find("/nonexistent/pswitch.sock"), absl::string_view::npos);
 }
 
 }  // namespace

@@ -29,28 +29,26 @@ void FramedConnection::Start() { ReadMore(); }
 
 void FramedConnection::ReadMore() {
   if (closed_ || close_after_writes_) return;
-  socket_.async_read_some(
-      asio::buffer(read_buffer_),
-      [self = shared_from_this()](const asio::error_code& ec, size_t n) {
-        if (self->closed_) return;
-        if (ec) {
-          self->Close(ec == asio::error::eof
-                          ? absl::OkStatus()
-                          : absl::UnavailableError("read failed: " + ec.message()));
-          return;
-        }
-        self->decoder_.Append(std::span<const uint8_t>(self->read_buffer_.data(), n));
-        while (!self->closed_ && !self->close_after_writes_) {
-          auto next = self->decoder_.Next();
-          if (!next.ok()) {
-            self->Reject(self->error_reply_(next.status()));
-            return;
-          }
-          if (!next->has_value()) break;
-          self->on_frame_(*self, std::move(**next));
-        }
-        self->ReadMore();
-      });
+  socket_.async_read_some(asio::buffer(read_buffer_), [self = shared_from_this()](
+                                                          const asio::error_code& ec, size_t n) {
+    if (self->closed_) return;
+    if (ec) {
+      self->Close(ec == asio::error::eof ? absl::OkStatus()
+                                         : absl::UnavailableError("read failed: " + ec.message()));
+      return;
+    }
+    self->decoder_.Append(std::span<const uint8_t>(self->read_buffer_.data(), n));
+    while (!self->closed_ && !self->close_after_writes_) {
+      auto next = self->decoder_.Next();
+      if (!next.ok()) {
+        self->Reject(self->error_reply_(next.status()));
+        return;
+      }
+      if (!next->has_value()) break;
+      self->on_frame_(*self, std::move(**next));
+    }
+    self->ReadMore();
+  });
 }
 
 void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
@@ -100,17 +98,16 @@ void FramedConnection::WriteNext() {
     return;
   }
   // Asio has no ancillary-data write: wait for writability, then sendmsg directly.
-  socket_.async_wait(Socket::wait_write,
-                     [self = shared_from_this(), done](const asio::error_code& ec) mutable {
-                       if (ec) {
-                         done(ec, 0);
-                         return;
-                       }
-                       Outgoing& out = self->outgoing_.front();
-                       absl::Status sent = SendAllWithFd(self->socket_.native_handle(), out.frame,
-                                                         out.fd.get());
-                       done(sent.ok() ? asio::error_code() : asio::error::broken_pipe, 0);
-                     });
+  socket_.async_wait(
+      Socket::wait_write, [self = shared_from_this(), done](const asio::error_code& ec) mutable {
+        if (ec) {
+          done(ec, 0);
+          return;
+        }
+        Outgoing& out = self->outgoing_.front();
+        absl::Status sent = SendAllWithFd(self->socket_.native_handle(), out.frame, out.fd.get());
+        done(sent.ok() ? asio::error_code() : asio::error::broken_pipe, 0);
+      });
 }
 
 void FramedConnection::Close(const absl::Status& why) {

@@ -30,8 +30,7 @@ std::vector<uint8_t> ErrorReply(const absl::Status& status) {
 class LeaseServer {
  public:
   LeaseServer()
-      : dir_(std::filesystem::temp_directory_path() /
-             ("pswitch-fc-" + std::to_string(::getpid()))),
+      : dir_(std::filesystem::temp_directory_path() / ("pswitch-fc-" + std::to_string(::getpid()))),
         acceptor_(io_) {
     std::filesystem::create_directories(dir_);
     path_ = (dir_ / "s.sock").string();
@@ -52,34 +51,34 @@ class LeaseServer {
 
  private:
   void Accept() {
-    acceptor_.async_accept([this](const asio::error_code& ec,
-                                  asio::local::stream_protocol::socket socket) {
-      if (ec) return;
-      FramedConnection::Socket generic(io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM),
-                                       socket.release());
-      auto conn = FramedConnection::Create(
-          std::move(generic), /*max_frame_bytes=*/4096,
-          [](FramedConnection& c, std::vector<uint8_t> payload) {
-            auto request = VerifyPayload<MemRequest>(payload, "memdaemon request");
-            if (!request.ok()) {
-              c.Reject(ErrorReply(request.status()));
-              return;
-            }
-            flatbuffers::FlatBufferBuilder b;
-            auto lease = (*request)->body_as_RequestLease();
-            uint64_t bytes = lease != nullptr ? lease->bytes() : 0;
-            auto granted = CreateLeaseGranted(b, bytes, bytes);
-            b.Finish(CreateMemReply(b, (*request)->request_id(), MemReplyBody::LeaseGranted,
-                                    granted.Union()));
-            c.Send(Finish(b));
-          },
-          ErrorReply,
-          [this](FramedConnection&, const absl::Status& why) {
-            if (!why.ok()) closed_with_error_++;
-          });
-      conn->Start();
-      Accept();
-    });
+    acceptor_.async_accept(
+        [this](const asio::error_code& ec, asio::local::stream_protocol::socket socket) {
+          if (ec) return;
+          FramedConnection::Socket generic(
+              io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
+          auto conn = FramedConnection::Create(
+              std::move(generic), /*max_frame_bytes=*/4096,
+              [](FramedConnection& c, std::vector<uint8_t> payload) {
+                auto request = VerifyPayload<MemRequest>(payload, "memdaemon request");
+                if (!request.ok()) {
+                  c.Reject(ErrorReply(request.status()));
+                  return;
+                }
+                flatbuffers::FlatBufferBuilder b;
+                auto lease = (*request)->body_as_RequestLease();
+                uint64_t bytes = lease != nullptr ? lease->bytes() : 0;
+                auto granted = CreateLeaseGranted(b, bytes, bytes);
+                b.Finish(CreateMemReply(b, (*request)->request_id(), MemReplyBody::LeaseGranted,
+                                        granted.Union()));
+                c.Send(Finish(b));
+              },
+              ErrorReply,
+              [this](FramedConnection&, const absl::Status& why) {
+                if (!why.ok()) closed_with_error_++;
+              });
+          conn->Start();
+          Accept();
+        });
   }
 
   std::filesystem::path dir_;

@@ -23,9 +23,8 @@ absl::StatusOr<std::vector<uint8_t>> EncodeFrame(std::span<const uint8_t> payloa
                                                  uint32_t max_frame_bytes) {
   if (payload.empty()) return absl::InvalidArgumentError("cannot frame an empty payload");
   if (payload.size() > max_frame_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("frame of ", payload.size(),
-                                                   " bytes exceeds the maximum of ",
-                                                   max_frame_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame of ", payload.size(), " bytes exceeds the maximum of ", max_frame_bytes, " bytes"));
   }
   std::vector<uint8_t> frame(kFrameHeaderBytes + payload.size());
   PutLe32(static_cast<uint32_t>(payload.size()), frame.data());
@@ -64,10 +63,10 @@ absl::StatusOr<std::optional<std::vector<uint8_t>>> FrameDecoder::Next() {
   if (available < kFrameHeaderBytes) return std::nullopt;
   uint32_t length = GetLe32(buffer_.data() + consumed_);
   if (length == 0 || length > max_frame_bytes_) {
-    error_ = absl::InvalidArgumentError(
-        length == 0 ? std::string("frame with zero length")
-                    : absl::StrCat("frame of ", length, " bytes exceeds the maximum of ",
-                                   max_frame_bytes_, " bytes"));
+    error_ = absl::InvalidArgumentError(length == 0 ? std::string("frame with zero length")
+                                                    : absl::StrCat("frame of ", length,
+                                                                   " bytes exceeds the maximum of ",
+                                                                   max_frame_bytes_, " bytes"));
     return error_;
   }
   if (available < kFrameHeaderBytes + length) return std::nullopt;

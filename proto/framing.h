@@ -8,11 +8,11 @@
 #include <cstdint>
 #include <optional>
 #include <span>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "flatbuffers/flatbuffers.h"
 
 namespace pswitch::proto {
@@ -58,8 +58,8 @@ absl::StatusOr<const T*> VerifyPayload(std::span<const uint8_t> payload, absl::s
   flatbuffers::Verifier verifier(payload.data(), payload.size(), /*max_depth=*/32,
                                  /*max_tables=*/1u << 20);
   if (payload.size() < sizeof(flatbuffers::uoffset_t) || !verifier.VerifyBuffer<T>(nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed ", what, " frame (", payload.size(), " bytes) failed verification"));
+    return absl::InvalidArgumentError(absl::StrCat("malformed ", what, " frame (", payload.size(),
+                                                   " bytes) failed verification"));
   }
   return flatbuffers::GetRoot<T>(payload.data());
 }

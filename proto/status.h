@@ -7,19 +7,19 @@
 #define PSWITCH_PROTO_STATUS_H_
 
 #include <cerrno>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define PSWITCH_STATUS_CONCAT_INNER_(a, b) a##b
 #define PSWITCH_STATUS_CONCAT_(a, b) PSWITCH_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing function if not OK.
-#define PSWITCH_RETURN_IF_ERROR(expr)                     \
-  do {                                                    \
-    ::absl::Status pswitch_status_ = (expr);              \
-    if (!pswitch_status_.ok()) return pswitch_status_;    \
+#define PSWITCH_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status pswitch_status_ = (expr);           \
+    if (!pswitch_status_.ok()) return pswitch_status_; \
   } while (0)
 
 // `lhs = *expr` for an absl::StatusOr<T> `expr`, returning its status from the enclosing

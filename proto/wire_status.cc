@@ -28,7 +28,8 @@ absl::Status FromWireError(const Error* error) {
   absl::StatusCode code = FromWireCode(error->code());
   std::string message = error->message() != nullptr ? error->message()->str() : "";
   // An "Ok" error on the wire is a peer bug, never success.
-  if (code == absl::StatusCode::kOk) return absl::UnknownError("error reply with code Ok: " + message);
+  if (code == absl::StatusCode::kOk)
+    return absl::UnknownError("error reply with code Ok: " + message);
   return absl::Status(code, message);
 }
 

@@ -89,9 +89,10 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
         for (size_t t = 0; t < model->model.layers[l].tensors.size(); ++t) {
           auto expected = model->model.layers[l].tensors[t].bytes;
           std::vector<std::byte> seen(expected.size());
-          if (!(*client)->arena().CopyToHost(order.weights_offset +
-                                                  layout->placements[l][t].offset,
-                                              seen).ok() ||
+          if (!(*client)
+                   ->arena()
+                   .CopyToHost(order.weights_offset + layout->placements[l][t].offset, seen)
+                   .ok() ||
               std::memcmp(seen.data(), expected.data(), seen.size()) != 0) {
             ok = false;
           }
@@ -109,7 +110,8 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
 
 std::vector<LayerRange> Groups() {
   std::vector<LayerRange> groups;
-  for (uint32_t g = 0; g < kGroups; ++g) groups.push_back({g * kGroupSize, (g + 1) * kGroupSize - 1});
+  for (uint32_t g = 0; g < kGroups; ++g)
+    groups.push_back({g * kGroupSize, (g + 1) * kGroupSize - 1});
   return groups;
 }
 

@@ -90,8 +90,7 @@ class CudaCopyEngine : public CopyEngine {
       // Device-side wait: the copies below cannot start before the old tenant's stream wrote
       // its drain value. The CPU bounds it: a tenant that never drains fails the job.
       PSWITCH_RETURN_IF_ERROR(
-          stream_->WaitFlag(*job.drain_flags, job.drain_index, job.drain_value,
-                            job.drain_timeout));
+          stream_->WaitFlag(*job.drain_flags, job.drain_index, job.drain_value, job.drain_timeout));
     }
     const size_t n = job.groups.size();
     std::vector<Event> start(n), end(n);
@@ -105,9 +104,8 @@ class CudaCopyEngine : public CopyEngine {
       // Poll rather than block so an undrained tenant cannot hang this thread forever.
       while (cudaEventQuery(end[g].get()) == cudaErrorNotReady) {
         if (absl::Now() > give_up) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("group ", g, " not copied after ", absl::FormatDuration(
-                                                                   job.drain_timeout)));
+          return absl::DeadlineExceededError(absl::StrCat("group ", g, " not copied after ",
+                                                          absl::FormatDuration(job.drain_timeout)));
         }
         absl::SleepFor(absl::Microseconds(20));
       }
@@ -133,9 +131,8 @@ class CudaCopyEngine : public CopyEngine {
       PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(start[g].get(), s)));
       for (const CopySpan& span : job.groups[g].spans) {
         if (span.bytes == 0) continue;
-        PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(arena_->base() + span.arena_offset,
-                                                             span.host, span.bytes,
-                                                             cudaMemcpyHostToDevice, s)));
+        PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
+            arena_->base() + span.arena_offset, span.host, span.bytes, cudaMemcpyHostToDevice, s)));
       }
       PSWITCH_RETURN_IF_ERROR(stream_->WriteFlag(
           *job.ready_flags, job.ready_flag_base + static_cast<uint32_t>(g), job.epoch));
@@ -150,8 +147,7 @@ class CudaCopyEngine : public CopyEngine {
   std::unique_ptr<CudaStream> stream_;
   const DriverApi* const api_;
   absl::Mutex mu_;
-  std::deque<std::pair<CopyJob, std::shared_ptr<internal::JobTicket>>> queue_
-      ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<CopyJob, std::shared_ptr<internal::JobTicket>>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -185,7 +181,8 @@ class CudaDevice : public Device {
   }
   absl::StatusOr<std::unique_ptr<CopyEngine>> CreateCopyEngine(Arena& arena) override {
     auto* cuda_arena = dynamic_cast<CudaArena*>(&arena);
-    if (cuda_arena == nullptr) return absl::InvalidArgumentError("CUDA copy engine needs a CUDA arena");
+    if (cuda_arena == nullptr)
+      return absl::InvalidArgumentError("CUDA copy engine needs a CUDA arena");
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> stream, CudaStream::Create(api_));
     return std::make_unique<CudaCopyEngine>(cuda_arena, std::move(stream), api_);
@@ -216,8 +213,7 @@ absl::StatusOr<std::unique_ptr<Device>> OpenCudaDevice(const DeviceOptions& opti
   }
   PSWITCH_ASSIGN_OR_RETURN(const cuda::DriverApi* api, cuda::GetDriverApi());
   cudaDeviceProp prop;
-  PSWITCH_RETURN_IF_ERROR(
-      PSWITCH_CUDA(cudaGetDeviceProperties(&prop, options.device_ordinal)));
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaGetDeviceProperties(&prop, options.device_ordinal)));
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(options.device_ordinal)));
   return std::make_unique<cuda::CudaDevice>(
       options.device_ordinal, api, absl::StrCat("cuda:", options.device_ordinal, " ", prop.name));

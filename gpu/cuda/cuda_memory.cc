@@ -25,10 +25,9 @@ class CudaFlagArray : public FlagArray {
   absl::StatusOr<uint32_t> Load(uint32_t index) const override {
     PSWITCH_RETURN_IF_ERROR(Check(index));
     uint32_t value = 0;
-    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(&value, arena_->base() + offset_ +
-                                                                     index * sizeof(uint32_t),
-                                                         sizeof(value), cudaMemcpyDeviceToHost,
-                                                         side_->get())));
+    PSWITCH_RETURN_IF_ERROR(
+        PSWITCH_CUDA(cudaMemcpyAsync(&value, arena_->base() + offset_ + index * sizeof(uint32_t),
+                                     sizeof(value), cudaMemcpyDeviceToHost, side_->get())));
     PSWITCH_RETURN_IF_ERROR(side_->Synchronize());
     return value;
   }
@@ -50,8 +49,8 @@ class CudaFlagArray : public FlagArray {
       PSWITCH_ASSIGN_OR_RETURN(uint32_t seen, Load(index));
       if (EpochReached(seen, target)) return seen;
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("flag ", index, " still at ", seen,
-                                                        " waiting for ", target));
+        return absl::DeadlineExceededError(
+            absl::StrCat("flag ", index, " still at ", seen, " waiting for ", target));
       }
       absl::SleepFor(pause);
       pause = std::min(pause * 2, absl::Microseconds(200));
@@ -121,8 +120,8 @@ absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Create(int device, uint64_
 absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Import(int device, const ArenaHandle& handle,
                                                              const DriverApi* api) {
   if (handle.backend != Backend::kCuda || handle.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("not a CUDA IPC arena handle (",
-                                                   handle.ipc_handle.size(), " handle bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a CUDA IPC arena handle (", handle.ipc_handle.size(), " handle bytes)"));
   }
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device)));
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> side, CudaStream::Create(api));
@@ -131,9 +130,8 @@ absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Import(int device, const A
   void* base = nullptr;
   PSWITCH_RETURN_IF_ERROR(
       PSWITCH_CUDA(cudaIpcOpenMemHandle(&base, ipc, cudaIpcMemLazyEnablePeerAccess)));
-  return std::unique_ptr<CudaArena>(new CudaArena(device, static_cast<std::byte*>(base),
-                                                  handle.size_bytes, /*owner=*/false,
-                                                  std::move(side)));
+  return std::unique_ptr<CudaArena>(new CudaArena(
+      device, static_cast<std::byte*>(base), handle.size_bytes, /*owner=*/false, std::move(side)));
 }
 
 CudaArena::~CudaArena() {
@@ -174,17 +172,15 @@ absl::Status CudaArena::Fill(uint64_t offset, uint64_t bytes, uint8_t value) {
 
 absl::Status CudaArena::CopyToHost(uint64_t offset, std::span<std::byte> out) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, out.size()));
-  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(out.data(), base_ + offset, out.size(),
-                                                       cudaMemcpyDeviceToHost,
-                                                       side_stream_->get())));
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
+      out.data(), base_ + offset, out.size(), cudaMemcpyDeviceToHost, side_stream_->get())));
   return side_stream_->Synchronize();
 }
 
 absl::Status CudaArena::CopyFromHost(uint64_t offset, std::span<const std::byte> in) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, in.size()));
-  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(base_ + offset, in.data(), in.size(),
-                                                       cudaMemcpyHostToDevice,
-                                                       side_stream_->get())));
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
+      base_ + offset, in.data(), in.size(), cudaMemcpyHostToDevice, side_stream_->get())));
   return side_stream_->Synchronize();
 }
 

@@ -53,7 +53,10 @@ class CudaArena : public Arena {
  private:
   CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
             std::unique_ptr<CudaStream> side_stream)
-      : device_(device), base_(base), size_bytes_(bytes), owner_(owner),
+      : device_(device),
+        base_(base),
+        size_bytes_(bytes),
+        owner_(owner),
         side_stream_(std::move(side_stream)) {}
 
   const int device_;

@@ -47,8 +47,8 @@ absl::Status CudaStatus(cudaError_t result, absl::string_view call) {
                           : (result == cudaErrorNoDevice || result == cudaErrorInsufficientDriver)
                               ? absl::StatusCode::kFailedPrecondition
                               : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(call, ": ", cudaGetErrorName(result), ": ",
-                                         cudaGetErrorString(result)));
+  return absl::Status(
+      code, absl::StrCat(call, ": ", cudaGetErrorName(result), ": ", cudaGetErrorString(result)));
 }
 
 absl::Status DriverStatus(CUresult result, absl::string_view call) {

@@ -49,9 +49,8 @@ void HostCopyEngine::Run() {
     Queued next;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;
       next = std::move(queue_.front());
@@ -67,9 +66,8 @@ absl::Status HostCopyEngine::Execute(const CopyJob& job, internal::JobTicket& ti
     absl::StatusOr<uint32_t> drained =
         job.drain_flags->WaitAtLeast(job.drain_index, job.drain_value, job.drain_timeout);
     if (!drained.ok()) {
-      return absl::Status(drained.status().code(),
-                          absl::StrCat("previous tenant did not drain: ",
-                                       drained.status().message()));
+      return absl::Status(drained.status().code(), absl::StrCat("previous tenant did not drain: ",
+                                                                drained.status().message()));
     }
   }
   const int64_t job_start_ns = MonotonicNowNs();

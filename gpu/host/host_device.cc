@@ -55,8 +55,7 @@ class HostDevice : public Device {
     if (host_arena == nullptr) {
       return absl::InvalidArgumentError("host copy engine needs a host arena");
     }
-    return std::make_unique<host::HostCopyEngine>(host_arena,
-                                                  options_.copy_bandwidth_bytes_per_s);
+    return std::make_unique<host::HostCopyEngine>(host_arena, options_.copy_bandwidth_bytes_per_s);
   }
 
  private:

@@ -114,10 +114,8 @@ TEST(HostDeviceTest, EpochsNeverMistakeAStaleFlagForANewOne) {
   EXPECT_EQ(f.WaitReady(0, 3, absl::Milliseconds(20)).code(), absl::StatusCode::kAborted);
   // Cyclic order across the 32-bit wrap.
   ASSERT_TRUE(f.Store(1, 2).ok());
-  EXPECT_EQ(f.WaitReady(1, 0xfffffffeu, absl::Milliseconds(20)).code(),
-            absl::StatusCode::kAborted);
-  EXPECT_EQ(f.WaitReady(1, 3, absl::Milliseconds(20)).code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(f.WaitReady(1, 0xfffffffeu, absl::Milliseconds(20)).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(f.WaitReady(1, 3, absl::Milliseconds(20)).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(f.Store(8, 1).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ((*arena)->Flags(4094, 1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*arena)->Flags(4092, 2).status().code(), absl::StatusCode::kOutOfRange);
@@ -234,7 +232,8 @@ TEST(HostDeviceTest, BandwidthCapIsHonouredWithinTenPercent) {
   job.ready_flags = flags->get();
   for (int g = 0; g < 8; ++g) {
     uint64_t part = kBytes / 8;
-    job.groups.push_back(CopyGroup{{CopySpan{(*pinned)->data() + g * part, 4096 + g * part, part}}});
+    job.groups.push_back(
+        CopyGroup{{CopySpan{(*pinned)->data() + g * part, 4096 + g * part, part}}});
   }
   auto ticket = (*engine)->Submit(std::move(job));
   ASSERT_TRUE(ticket.ok());

@@ -60,8 +60,8 @@ class HostFlagArray : public FlagArray {
       }
       timespec ts = absl::ToTimespec(left);
       // Sleeps only while the word still holds `seen`; a store in between returns EAGAIN.
-      if (Futex(&words_[index], FUTEX_WAIT, seen, &ts) != 0 && errno != EAGAIN &&
-          errno != EINTR && errno != ETIMEDOUT) {
+      if (Futex(&words_[index], FUTEX_WAIT, seen, &ts) != 0 && errno != EAGAIN && errno != EINTR &&
+          errno != ETIMEDOUT) {
         return ErrnoStatus("futex wait");
       }
     }
@@ -84,7 +84,9 @@ class HostFlagArray : public FlagArray {
 };
 
 absl::StatusOr<std::byte*> MapShared(int fd, uint64_t bytes) {
-  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Populated up front, as cudaMalloc commits device memory: page faults would otherwise land
+  // on the first switch (about 4 ms per 100 MB), in whichever process touches a page first.
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (base == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap arena of ", bytes, " bytes"));
   return static_cast<std::byte*>(base);
 }
@@ -110,8 +112,8 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Import(ArenaHandle handle)
   struct stat st;
   if (::fstat(handle.fd.get(), &st) != 0) return ErrnoStatus("fstat arena fd");
   if (static_cast<uint64_t>(st.st_size) != handle.size_bytes || handle.size_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("arena fd holds ", st.st_size,
-                                                   " bytes, handle says ", handle.size_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("arena fd holds ", st.st_size, " bytes, handle says ", handle.size_bytes));
   }
   PSWITCH_ASSIGN_OR_RETURN(std::byte * base, MapShared(handle.fd.get(), handle.size_bytes));
   return std::unique_ptr<HostArena>(
@@ -166,14 +168,15 @@ absl::StatusOr<std::unique_ptr<FlagArray>> HostArena::Flags(uint64_t offset, uin
 }
 
 absl::StatusOr<std::unique_ptr<PinnedHostBuffer>> PinnedHostBuffer::Allocate(uint64_t bytes,
-                                                                              bool lock) {
+                                                                             bool lock) {
   if (bytes == 0) return absl::InvalidArgumentError("pinned buffer size must be positive");
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (data == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap ", bytes, " pinned bytes"));
   if (lock && ::mlock(data, bytes) != 0) {
     int err = errno;
     ::munmap(data, bytes);
-    return ErrnoStatus(absl::StrCat("mlock ", bytes, " bytes (raise RLIMIT_MEMLOCK, e.g. "
+    return ErrnoStatus(absl::StrCat("mlock ", bytes,
+                                    " bytes (raise RLIMIT_MEMLOCK, e.g. "
                                     "`ulimit -l unlimited`, or run without host memory locking)"),
                        err);
   }
