@@ -133,6 +133,31 @@ TEST_F(TransmitterTest, ANewerSwitchSupersedesAndReleasesTheOldWaiters) {
   EXPECT_TRUE(RegionHolds(32 << 20, *next));
 }
 
+TEST_F(TransmitterTest, GroupsOfOnlyParameterFreeLayersArePublishedToo) {
+  Open();
+  // conv, relu, pool, conv: the relu+pool group has no bytes but its flag still gates compute.
+  std::vector<std::byte> w1(1000, std::byte{1}), w2(3000, std::byte{2});
+  ModelBytes model{"with-empty",
+                   {{"conv1", {{"conv1.weight", w1}}},
+                    {"relu", {}},
+                    {"pool", {}},
+                    {"conv2", {{"conv2.weight", w2}}}}};
+  auto stored = daemon_->weights().Register(model);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  std::vector<LayerRange> groups = {{0, 0}, {1, 2}, {3, 3}};
+  auto t = daemon_->transmitter().Start(TransmitRequest{*stored, groups, 2 << 20, 7});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto traces = (*t)->Wait();
+  ASSERT_TRUE(traces.ok()) << traces.status();
+  EXPECT_EQ((*traces)[0].bytes, 1000u);
+  EXPECT_EQ((*traces)[1].bytes, 0u);
+  EXPECT_EQ((*traces)[2].bytes, 3000u);
+  for (uint32_t g = 0; g < 3; ++g) {
+    EXPECT_TRUE(daemon_->ready_flags().WaitReady(7 + g, (*t)->epoch(), absl::Seconds(1)).ok());
+  }
+  EXPECT_TRUE(RegionHolds(2 << 20, **stored));
+}
+
 TEST_F(TransmitterTest, WaitsForThePreviousTenantToDrain) {
   Open();
   const StoredModel* model = Register("m", 8, 1 << 20, 9);
