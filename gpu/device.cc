@@ -56,6 +56,25 @@ absl::Status FlagArray::WaitReady(uint32_t index, uint32_t epoch, absl::Duration
   return absl::OkStatus();
 }
 
+absl::Status CheckArenaRange(uint64_t offset, uint64_t bytes, uint64_t arena_bytes) {
+  if (offset > arena_bytes || bytes > arena_bytes - offset) {
+    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", bytes, ") outside the ",
+                                              arena_bytes, "-byte arena"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Arena::CheckRange(uint64_t offset, uint64_t bytes) const {
+  return CheckArenaRange(offset, bytes, size_bytes());
+}
+
+absl::Status Arena::CheckFlagPlacement(uint64_t offset, uint32_t count) const {
+  if (offset % alignof(uint32_t) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("flag offset ", offset, " not 4-aligned"));
+  }
+  return CheckRange(offset, uint64_t{count} * sizeof(uint32_t));
+}
+
 absl::Status ValidateCopyJob(const CopyJob& job, uint64_t arena_bytes) {
   if (job.ready_flags == nullptr) return absl::InvalidArgumentError("copy job without ready flags");
   if (job.epoch == 0) return absl::InvalidArgumentError("copy job epoch 0 is reserved");

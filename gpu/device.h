@@ -72,7 +72,15 @@ class Arena {
   virtual absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) = 0;
   // `count` flag words at `offset` (4-byte aligned, in range). The array borrows the arena.
   virtual absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) = 0;
+
+  // OutOfRange unless [offset, offset + bytes) lies inside the arena.
+  absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;
+  // CheckRange for `count` flag words, plus InvalidArgument unless `offset` is 4-byte aligned.
+  absl::Status CheckFlagPlacement(uint64_t offset, uint32_t count) const;
 };
+
+// OutOfRange unless [offset, offset + bytes) lies inside [0, arena_bytes); overflow-safe.
+absl::Status CheckArenaRange(uint64_t offset, uint64_t bytes, uint64_t arena_bytes);
 
 // Pinned (page-locked) host memory, DMA-able by the copy engine. Not thread-safe.
 class HostBuffer {

@@ -155,14 +155,6 @@ absl::StatusOr<ArenaHandle> CudaArena::Export() const {
   return handle;
 }
 
-absl::Status CudaArena::CheckRange(uint64_t offset, uint64_t bytes) const {
-  if (offset > size_bytes_ || bytes > size_bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", bytes, ") outside the ",
-                                              size_bytes_, "-byte arena"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CudaArena::Fill(uint64_t offset, uint64_t bytes, uint8_t value) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, bytes));
   PSWITCH_RETURN_IF_ERROR(
@@ -185,10 +177,7 @@ absl::Status CudaArena::CopyFromHost(uint64_t offset, std::span<const std::byte>
 }
 
 absl::StatusOr<std::unique_ptr<FlagArray>> CudaArena::Flags(uint64_t offset, uint32_t count) {
-  if (offset % alignof(uint32_t) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("flag offset ", offset, " not 4-aligned"));
-  }
-  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, uint64_t{count} * sizeof(uint32_t)));
+  PSWITCH_RETURN_IF_ERROR(CheckFlagPlacement(offset, count));
   PSWITCH_ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
   return std::make_unique<CudaFlagArray>(this, side_stream_.get(), api, offset, count);
 }

@@ -48,8 +48,6 @@ class CudaArena : public Arena {
   absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) override;
   absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) override;
 
-  absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;
-
  private:
   CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
             std::unique_ptr<CudaStream> side_stream)

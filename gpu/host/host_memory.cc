@@ -132,14 +132,6 @@ absl::StatusOr<ArenaHandle> HostArena::Export() const {
   return handle;
 }
 
-absl::Status HostArena::CheckRange(uint64_t offset, uint64_t bytes) const {
-  if (offset > size_bytes_ || bytes > size_bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", bytes, ") outside the ",
-                                              size_bytes_, "-byte arena"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status HostArena::Fill(uint64_t offset, uint64_t bytes, uint8_t value) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, bytes));
   std::memset(base_ + offset, value, bytes);
@@ -159,10 +151,7 @@ absl::Status HostArena::CopyFromHost(uint64_t offset, std::span<const std::byte>
 }
 
 absl::StatusOr<std::unique_ptr<FlagArray>> HostArena::Flags(uint64_t offset, uint32_t count) {
-  if (offset % alignof(uint32_t) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("flag offset ", offset, " not 4-aligned"));
-  }
-  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, uint64_t{count} * sizeof(uint32_t)));
+  PSWITCH_RETURN_IF_ERROR(CheckFlagPlacement(offset, count));
   return std::make_unique<HostFlagArray>(reinterpret_cast<uint32_t*>(base_ + offset), count,
                                          offset);
 }

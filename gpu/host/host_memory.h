@@ -25,9 +25,6 @@ class HostArena : public Arena {
   absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) override;
   absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) override;
 
-  // OutOfRange unless [offset, offset + bytes) lies inside the arena.
-  absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;
-
  private:
   HostArena(UniqueFd fd, std::byte* base, uint64_t size_bytes, bool owner)
       : fd_(std::move(fd)), base_(base), size_bytes_(size_bytes), owner_(owner) {}
