@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/weight_layout.h"
+#include "proto/frame_channel.h"
 #include "proto/framed_connection.h"
 #include "proto/memdaemon_generated.h"
 #include "proto/wire_status.h"
@@ -111,8 +112,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const std::str
   std::unique_ptr<WorkerServer> server(new WorkerServer(socket_path, arena, leases));
   asio::error_code ec;
   std::error_code fs_ec;
-  // A stale socket file from a crashed daemon would make bind fail.
-  if (std::filesystem::is_socket(socket_path, fs_ec)) std::filesystem::remove(socket_path, fs_ec);
+  if (std::filesystem::is_socket(socket_path, fs_ec)) {
+    // A live daemon answers; a stale file left by a crashed one does not and is replaced.
+    if (proto::FrameChannel::Connect(socket_path).ok()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("memdaemon socket '", socket_path, "' is in use by another process"));
+    }
+    std::filesystem::remove(socket_path, fs_ec);
+  }
   asio::local::stream_protocol::endpoint endpoint(socket_path);
   server->acceptor_.open(endpoint.protocol(), ec);
   if (!ec) server->acceptor_.bind(endpoint, ec);

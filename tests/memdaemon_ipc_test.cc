@@ -239,6 +239,11 @@ TEST_F(MemDaemonIpcTest, LeasesOfACrashedWorkerAreReclaimedAndBadFramesCloseOneC
     EXPECT_EQ(proto::FromWireError((*parsed)->body_as_Error()).code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+    // A second daemon on the same socket is refused while this one serves.
+    MemDaemonOptions second;
+    second.arena_bytes = 8 << 20;
+    second.socket_path = socket_path_;
+    EXPECT_EQ(MemDaemon::Create(second).status().code(), absl::StatusCode::kAlreadyExists);
     // The well-behaved connection still works.
     ASSERT_TRUE((*client)->ReleaseLease("worker-2", lease->offset).ok());
     EXPECT_EQ(daemon_->leases().List().size(), 1u);

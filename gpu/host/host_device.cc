@@ -65,7 +65,7 @@ class HostDevice : public Device {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Device>> OpenHostDevice(const DeviceOptions& options) {
-  if (options.copy_bandwidth_bytes_per_s < 0) {
+  if (!(options.copy_bandwidth_bytes_per_s >= 0)) {  // also rejects NaN
     return absl::InvalidArgumentError("copy bandwidth cap must be >= 0 bytes/s");
   }
   return std::make_unique<HostDevice>(options);
