@@ -41,12 +41,15 @@
 // Bootstrap: U starts at BootstrapPlan (best of every-k, per-layer, single and a j*-greedy),
 // as the paper suggests (it bootstraps with "group every ten layers").
 //
-// Dominance memo (optional, exact, not in the paper). Two subproblems with the same x and the
-// same number of groups so far have (mathematically) the same a; the one with the larger c
-// can never beat the other (the schedule is monotone in c). A subproblem is skipped when one
-// with the same (x, g) and a <= and c <= was already searched: everything below that one was
-// either searched or cut against an incumbent that has only improved since. This turns the
-// worst-case exponential search into an O(n^2)-state one while keeping the algorithm's shape.
+// Dominance memo (optional, exact, not in the paper). The rest of the schedule depends on B
+// only through (a, c) and is monotone in both, so a subproblem (x, a, c) can never beat an
+// earlier one (x, a0, c0) with a0 <= a and c0 <= c: everything below that one was either
+// searched or cut against an incumbent that has only improved since. We keep, per x, the
+// Pareto front of searched (a, c) and skip dominated subproblems. a is computed from
+// (x, groups) alone (CostModel::ArrivalS), so equal states compare equal despite rounding.
+// This bounds the search by O(n^2) subproblems instead of 2^(n-1) plans while keeping the
+// algorithm's shape; without it (dominance_memo = false), transmission-bound profiles, where
+// many plans nearly tie, take exponential time.
 #include "grouping/bnb.h"
 
 #include <algorithm>
@@ -97,25 +100,27 @@ absl::StatusOr<GroupingResult> FindOptimalGroupingBnb(const CostModel& model,
   GroupingResult best = BootstrapPlan(model);
   double upper_s = best.total_s;
 
+  // memo[x]: the Pareto front of (a, c) over searched subproblems whose first ungrouped
+  // layer is x. a = ArrivalS(x, groups) grows with the group count, so this also lets a
+  // subproblem with fewer groups and an earlier c dominate one with more groups.
   std::vector<std::vector<MemoEntry>> memo(options.dominance_memo ? n : 0);
   size_t memo_entries = 0;
-  // Returns true when (x, groups, a, c) is dominated by a searched subproblem; otherwise
-  // records it.
-  auto dominated = [&](int x, int groups, double a, double c) {
+  // True when (x, a, c) is dominated by a searched subproblem; otherwise records it.
+  auto dominated = [&](int x, double a, double c) {
     if (!options.dominance_memo) return false;
-    std::vector<MemoEntry>& row = memo[x];
-    if (static_cast<size_t>(groups) < row.size()) {
-      MemoEntry& entry = row[groups];
+    std::vector<MemoEntry>& front = memo[x];
+    for (const MemoEntry& entry : front) {
       if (entry.transmit_end_s <= a && entry.exec_end_s <= c) return true;
-      if (entry.exec_end_s == kInf || (a <= entry.transmit_end_s && c <= entry.exec_end_s)) {
-        entry = {a, c};
-      }
-      return false;
     }
-    if (memo_entries + (groups + 1 - row.size()) > kMaxMemoEntries) return false;
-    memo_entries += groups + 1 - row.size();
-    row.resize(groups + 1);
-    row[groups] = {a, c};
+    const size_t before = front.size();
+    std::erase_if(front, [&](const MemoEntry& entry) {
+      return a <= entry.transmit_end_s && c <= entry.exec_end_s;
+    });
+    memo_entries -= before - front.size();
+    if (memo_entries < kMaxMemoEntries) {
+      front.push_back({a, c});
+      ++memo_entries;
+    }
     return false;
   };
 
@@ -144,7 +149,8 @@ absl::StatusOr<GroupingResult> FindOptimalGroupingBnb(const CostModel& model,
       continue;
     }
     const int i = f.next_last++;
-    const double arrival_s = f.transmit_end_s + model.TransmitS(f.x, i);
+    // Path-independent, so equal states compare equal in the dominance memo.
+    const double arrival_s = model.ArrivalS(i + 1, f.groups + 1);
     const double exec_end_s = std::max(arrival_s, f.exec_end_s) + model.ExecS(f.x, i);
     if (i == n - 1) {  // the whole rest as one group: exact, no bound (correction 1)
       if (exec_end_s < upper_s) {
@@ -169,7 +175,7 @@ absl::StatusOr<GroupingResult> FindOptimalGroupingBnb(const CostModel& model,
       ++st.bound_pruned;
       continue;
     }
-    if (dominated(i + 1, f.groups + 1, arrival_s, exec_end_s)) {
+    if (dominated(i + 1, arrival_s, exec_end_s)) {
       ++st.dominance_pruned;
       continue;
     }

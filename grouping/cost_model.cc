@@ -52,13 +52,22 @@ int CostModel::LastLayerArrivingBy(int first, double transmit_start_s, double de
 
 double CostModel::CompletionLowerBoundS(int next_layer, double transmit_end_s,
                                         double exec_end_s) const {
-  const double remaining_exec_s = exec_prefix_[num_layers_] - exec_prefix_[next_layer];
-  const double exec_bound_s = exec_end_s + group_sync_overhead_s_ + remaining_exec_s;
-  const double arrival_bound_s =
-      transmit_end_s + transfer_overhead_s_ + group_sync_overhead_s_ + exec_prefix_[num_layers_] -
+  const int n = num_layers_;
+  const double one_group_s = std::max(transmit_end_s + TransmitS(next_layer, n - 1), exec_end_s) +
+                             ExecS(next_layer, n - 1);
+  if (next_layer == n - 1) return one_group_s;  // k = 1 is the only option
+  const double o_t = transfer_overhead_s_, o_s = group_sync_overhead_s_;
+  const double remaining_exec_s = exec_prefix_[n] - exec_prefix_[next_layer];
+  const double remaining_bytes_s =
+      static_cast<double>(bytes_prefix_[n] - bytes_prefix_[next_layer]) / bandwidth_bytes_per_s_;
+  const double exec_chain_s = exec_end_s + 2 * o_s + remaining_exec_s;
+  const double last_arrival_s =
+      transmit_end_s + 2 * o_t + remaining_bytes_s + o_s + (exec_prefix_[n] - exec_prefix_[n - 1]);
+  const double critical_path_s =
+      transmit_end_s + o_t + o_s + std::min(o_t, o_s) + exec_prefix_[n] -
       static_cast<double>(bytes_prefix_[next_layer]) / bandwidth_bytes_per_s_ +
       arrival_critical_suffix_[next_layer];
-  return std::max(exec_bound_s, arrival_bound_s);
+  return std::min(one_group_s, std::max({exec_chain_s, last_arrival_s, critical_path_s}));
 }
 
 }  // namespace pswitch::grouping

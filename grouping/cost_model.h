@@ -44,21 +44,33 @@ class CostModel {
     return group_sync_overhead_s_ + (exec_prefix_[last + 1] - exec_prefix_[first]);
   }
 
+  // When the link finishes sending layers 0..end_layer-1 in `groups` groups: groups *
+  // transfer_overhead_s + bytes / bandwidth. Depends only on (end_layer, groups), not on how
+  // the layers were split, so searches use it as a path-independent state key; it equals the
+  // evaluator's running sum up to rounding.
+  double ArrivalS(int end_layer, int groups) const {
+    return groups * transfer_overhead_s_ +
+           static_cast<double>(bytes_prefix_[end_layer]) / bandwidth_bytes_per_s_;
+  }
+
   // The last layer i >= first such that a group [first..i] whose transmission starts at
   // `transmit_start_s` has fully arrived by `deadline_s` (transmit_start_s + TransmitS(first,
   // i) <= deadline_s); first - 1 when not even [first..first] makes it. O(log n).
   int LastLayerArrivingBy(int first, double transmit_start_s, double deadline_s) const;
 
   // A lower bound on the total time of every plan that has grouped layers 0..next_layer-1
-  // with its last transmission ending at `transmit_end_s` and its last execution ending at
-  // `exec_end_s`, for 0 < next_layer < num_layers() (at least one layer remains). It is the
-  // larger of
-  //   (a) exec_end_s + group_sync_overhead_s + e(next..n-1): the rest needs at least one more
-  //       group, which cannot start before exec_end_s;
-  //   (b) max over j >= next of transmit_end_s + transfer_overhead_s + b(next..j)/bandwidth
-  //       + group_sync_overhead_s + e(j..n-1): layer j's group arrives no earlier than all
-  //       bytes up to j plus one call overhead, and then j and every later layer still run.
-  // Both hold for any number of remaining groups, because extra groups only add overheads.
+  // with its last transmission ending at `transmit_end_s` (a) and its last execution ending
+  // at `exec_end_s` (c), for 0 < next_layer < num_layers(). With r = next_layer, the rest
+  // r..n-1 goes into k >= 1 more groups:
+  //   k = 1: exactly max(a + T(r, n-1), c) + E(r, n-1).
+  //   k >= 2: at least the largest of
+  //     (a) c + k * o_sync + e(r..n-1): the k groups run one after another after c;
+  //     (b) a + k * o_xfer + b(r..n-1)/bandwidth + o_sync + e(n-1): the last group arrives
+  //         after every byte and k call overheads, then runs at least layer n-1;
+  //     (c) max over j >= r of a + o_xfer + b(r..j)/bandwidth + o_sync + e(j..n-1)
+  //         + (k-1) * min(o_xfer, o_sync): layer j's group arrives after the bytes up to j,
+  //         then j and every later layer run; the k groups pay k+1 overheads on this path.
+  //   Each term grows with k, so the bound is min(exact k = 1, terms at k = 2). O(1).
   double CompletionLowerBoundS(int next_layer, double transmit_end_s, double exec_end_s) const;
 
  private:

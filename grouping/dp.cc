@@ -77,7 +77,7 @@ absl::StatusOr<GroupingResult> FindOptimalGroupingDp(const CostModel& model, DpS
     size_t below = 0;  // prev_alive[0..below) are the alive q < p
     for (int p = g; p <= n; ++p) {
       while (below < prev_alive.size() && prev_alive[below] < p) ++below;
-      const double arrival_s = g * o_t + (model.TransmitS(0, p - 1) - o_t);
+      const double arrival_s = model.ArrivalS(p, g);
       double best_s = kInf;
       int best_q = -1;
       for (size_t k = below; k-- > 0;) {

@@ -1,5 +1,7 @@
 #include "grouping/profile.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -153,7 +155,8 @@ TEST(ProfileTest, LoadProfileFileNamesThePath) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/dir/p.json"));
 
-  const std::string path = ::testing::TempDir() + "/profile_test_valid.json";
+  const std::string path =
+      ::testing::TempDir() + "/profile_test_valid_" + std::to_string(getpid()) + ".json";
   std::ofstream(path) << kValid;
   absl::StatusOr<Profile> loaded = LoadProfileFile(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
