@@ -6,7 +6,8 @@
 // is the slack c - a). We run the recursion with an explicit stack, because a plan can have
 // as many groups as the profile has layers (up to 100,000) and each would be a C++ frame.
 //
-// Candidate [x..i] yields a' = a + T(x, i) and c' = max(a', c) + E(x, i).
+// Candidate [x..i] yields a' = a + T(x, i) and c' = max(a', c) + E(x, i). (We compute a' as
+// CostModel::ArrivalS(i + 1, groups), the same value without path-dependent rounding.)
 //
 // Lower bound (the paper's Eq. 2 and lines 12-19). The paper bounds case i by
 //   min(T(x,i) + T(i+1,n-1), max(T(x,i), B.delay) + E(x,i) + E(i+1,n-1)).
@@ -18,11 +19,11 @@
 //  2. T(x,i) there is measured from time 0; in absolute time the group's transmission starts
 //     at a, so the transmission leg is a + T(x, i) + ..., and the execution leg starts at
 //     max(a + T(x, i), c). The paper's form is valid but weaker for x > 0.
-//  3. Both legs are lower bounds, so their max (not min) is one; and the transmission leg
-//     can add what must still run after the last byte arrives. We use
-//     CostModel::CompletionLowerBoundS(i + 1, a', c'): the max of c' + E(i+1, n-1) and, over
-//     every remaining layer j, a' + T(i+1, j) + o_sync + e(j..n-1) (layer j's group arrives
-//     no earlier than all bytes up to j, then j and every later layer still run).
+//  3. Both legs are lower bounds, so their max (not min) is one, and both can be tightened.
+//     We use CostModel::CompletionLowerBoundS(i + 1, a', c'): the exact total if the rest is
+//     one group, else (two or more groups) the largest of c' + 2 o_sync + e(i+1..n-1), the
+//     last group's arrival a' + 2 o_xfer + b(i+1..n-1)/bw + o_sync + e(n-1), and, over every
+//     remaining layer j, the critical path through j's arrival (see cost_model.h).
 // A candidate is cut when its bound >= the incumbent U (it cannot be strictly better). The
 // execution leg, max(a + T(x,i), c) + 2 * o_sync + e(x..n-1), is non-decreasing in i, so once
 // it reaches U every larger i < n-1 is cut too and the loop jumps to i = n-1.

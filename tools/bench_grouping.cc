@@ -33,7 +33,7 @@ ABSL_FLAG(std::vector<std::string>, profile, {},
 ABSL_FLAG(std::vector<std::string>, bandwidths, std::vector<std::string>({"12e9", "25e9"}),
           "link bandwidths (bytes/s) for the generated profiles");
 ABSL_FLAG(int, repeat, 5, "runs per search; the median time is reported");
-ABSL_FLAG(double, paper_rules_time_limit_s, 10.0,
+ABSL_FLAG(double, paper_rules_time_limit_s, 2.0,
           "time limit for bnb with the paper's two pruning rules only (no dominance memo)");
 ABSL_FLAG(bool, stats, false, "print search statistics under each row");
 ABSL_FLAG(std::string, write_profiles, "", "if set, write the generated profiles to this dir");
