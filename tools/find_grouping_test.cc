@@ -118,6 +118,16 @@ TEST(FindGroupingCliTest, WritesToOutFile) {
   ExpectValidOutput(nlohmann::json::parse(ReadFile(out)), "bnb");
 }
 
+TEST(FindGroupingCliTest, BnbOutOfTimeSaysItIsNotProvenOptimal) {
+  const RunResult run = RunFindGrouping("--profile " + WriteTemp("p4.json", kProfile) +
+                                        " --algorithm bnb --time-limit 0");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const nlohmann::json json = nlohmann::json::parse(run.out);
+  ExpectValidOutput(json, "bnb");
+  EXPECT_FALSE(json.at("proven_optimal").get<bool>());
+  EXPECT_THAT(run.err, HasSubstr("not proven optimal"));
+}
+
 TEST(FindGroupingCliTest, FailsClearlyOnBadInput) {
   const std::string good = WriteTemp("good.json", kProfile);
   std::string bad_text = kProfile;
