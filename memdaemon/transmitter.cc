@@ -9,10 +9,11 @@ namespace pswitch::memdaemon {
 namespace {
 
 // The one contiguous byte range holding a group's tensors (the layout is in layer order).
-gpu::CopySpan GroupSpan(const StoredModel& model, LayerRange range, uint64_t weights_offset) {
+gpu::CopySpan GroupSpan(const StoredModel& model, grouping::LayerGroup range,
+                        uint64_t weights_offset) {
   const WeightLayout& layout = model.layout();
   uint64_t begin = UINT64_MAX, end = 0;
-  for (uint32_t l = range.first; l <= range.last; ++l) {
+  for (int l = range.first; l <= range.last; ++l) {
     if (layout.placements[l].empty()) continue;
     begin = std::min(begin, layout.layer_begin[l]);
     end = std::max(end, layout.layer_end[l]);
@@ -22,26 +23,6 @@ gpu::CopySpan GroupSpan(const StoredModel& model, LayerRange range, uint64_t wei
 }
 
 }  // namespace
-
-absl::Status ValidateGroups(std::span<const LayerRange> groups, size_t num_layers) {
-  if (groups.empty()) return absl::InvalidArgumentError("grouping plan has no groups");
-  uint64_t expected_first = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].first != expected_first || groups[g].last < groups[g].first) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grouping plan group ", g, " is [", groups[g].first, ", ", groups[g].last,
-                       "]; expected it to start at layer ", expected_first,
-                       " (groups must cover the layers contiguously, in order)"));
-    }
-    expected_first = uint64_t{groups[g].last} + 1;
-  }
-  if (expected_first != num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("grouping plan covers layers [0, ",
-                                                   expected_first, ") but the model has ",
-                                                   num_layers, " layers"));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait() {
   absl::StatusOr<std::vector<gpu::GroupTiming>> timings = ticket_->Wait();
@@ -74,7 +55,7 @@ void Transmission::Cancel() {
 absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest request) {
   if (request.model == nullptr) return absl::InvalidArgumentError("transmission without a model");
   const StoredModel& model = *request.model;
-  absl::Status plan = ValidateGroups(request.groups, model.num_layers());
+  absl::Status plan = grouping::ValidatePlan(request.groups, static_cast<int>(model.num_layers()));
   if (!plan.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model.name(), "': ", plan.message()));
   }
@@ -87,7 +68,7 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
   gpu::CopyJob job;
   job.ready_flags = ready_flags_;
   job.ready_flag_base = request.flag_base;
-  for (const LayerRange& range : request.groups) {
+  for (const grouping::LayerGroup& range : request.groups) {
     gpu::CopyGroup group;
     gpu::CopySpan span = GroupSpan(model, range, request.weights_offset);
     if (span.bytes > 0) group.spans.push_back(span);

@@ -13,24 +13,15 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/copy_engine.h"
+#include "grouping/plan.h"
 #include "memdaemon/weight_store.h"
 
 namespace pswitch::memdaemon {
-
-// An inclusive range of layer indices transmitted (and gated) together.
-struct LayerRange {
-  uint32_t first = 0;
-  uint32_t last = 0;
-};
-
-// InvalidArgument unless `groups` cover [0, num_layers) contiguously, in order.
-absl::Status ValidateGroups(std::span<const LayerRange> groups, size_t num_layers);
 
 struct DrainCondition {
   uint32_t index = 0;  // drain flag of the previous tenant
@@ -40,7 +31,7 @@ struct DrainCondition {
 
 struct TransmitRequest {
   const StoredModel* model = nullptr;
-  std::vector<LayerRange> groups;
+  grouping::GroupPlan groups;   // validated against the model's layers by Start
   uint64_t weights_offset = 0;  // arena offset of the model's region (from a lease)
   uint32_t flag_base = 0;       // group g publishes to ready flag flag_base + g
   std::optional<DrainCondition> drain;
@@ -48,7 +39,7 @@ struct TransmitRequest {
 
 struct GroupTrace {
   uint32_t group = 0;
-  LayerRange layers;
+  grouping::LayerGroup layers;
   uint64_t bytes = 0;
   int64_t copy_start_ns = 0;  // CLOCK_MONOTONIC
   int64_t ready_ns = 0;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "grouping/baselines.h"
 #include "gtest/gtest.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/synthetic_model.h"
@@ -9,13 +10,7 @@
 namespace pswitch::memdaemon {
 namespace {
 
-std::vector<LayerRange> EveryK(uint32_t layers, uint32_t k) {
-  std::vector<LayerRange> groups;
-  for (uint32_t first = 0; first < layers; first += k) {
-    groups.push_back({first, std::min(layers, first + k) - 1});
-  }
-  return groups;
-}
+grouping::GroupPlan EveryK(int layers, int k) { return *grouping::EveryKPlan(layers, k); }
 
 class TransmitterTest : public ::testing::Test {
  protected:
@@ -48,7 +43,7 @@ class TransmitterTest : public ::testing::Test {
 TEST_F(TransmitterTest, PlansMustCoverLayersContiguously) {
   Open();
   const StoredModel* model = Register("m", 10, 1 << 20, 1);
-  std::vector<std::vector<LayerRange>> bad = {
+  std::vector<grouping::GroupPlan> bad = {
       {},                        // no groups
       {{0, 4}, {6, 9}},          // gap
       {{0, 4}, {4, 9}},          // overlap
@@ -144,7 +139,7 @@ TEST_F(TransmitterTest, GroupsOfOnlyParameterFreeLayersArePublishedToo) {
                     {"conv2", {{"conv2.weight", w2}}}}};
   auto stored = daemon_->weights().Register(model);
   ASSERT_TRUE(stored.ok()) << stored.status();
-  std::vector<LayerRange> groups = {{0, 0}, {1, 2}, {3, 3}};
+  grouping::GroupPlan groups = {{0, 0}, {1, 2}, {3, 3}};
   auto t = daemon_->transmitter().Start(TransmitRequest{*stored, groups, 2 << 20, 7});
   ASSERT_TRUE(t.ok()) << t.status();
   auto traces = (*t)->Wait();

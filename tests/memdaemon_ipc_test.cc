@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "grouping/baselines.h"
 #include "gtest/gtest.h"
 #include "memdaemon/arena_client.h"
 #include "memdaemon/memdaemon.h"
@@ -108,12 +109,7 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
   return 0;
 }
 
-std::vector<LayerRange> Groups() {
-  std::vector<LayerRange> groups;
-  for (uint32_t g = 0; g < kGroups; ++g)
-    groups.push_back({g * kGroupSize, (g + 1) * kGroupSize - 1});
-  return groups;
-}
+grouping::GroupPlan Groups() { return *grouping::EveryKPlan(kLayers, kGroupSize); }
 
 class MemDaemonIpcTest : public ::testing::Test {
  protected:

@@ -299,8 +299,7 @@ bool BenchProfile(const Profile& profile) {
 
 int Main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(
-      argc, argv,
-      "bench-grouping [--profile a.json,b.json] [--bandwidths 12e9,25e9] [--repeat N]");
+      argc, argv, "bench-grouping [--profile a.json,b.json] [--bandwidths 12e9,25e9] [--repeat N]");
   std::vector<Profile> profiles;
   for (const std::string& path : absl::GetFlag(FLAGS_profile)) {
     absl::StatusOr<Profile> profile = LoadProfileFile(path);

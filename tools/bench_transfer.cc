@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
+#include "grouping/baselines.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/synthetic_model.h"
 #include "tools/cli.h"
@@ -34,16 +35,8 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::vector<LayerRange> Uniform(uint32_t layers, uint32_t groups) {
-  std::vector<LayerRange> out;
-  for (uint32_t g = 0; g < groups; ++g) {
-    out.push_back({g * layers / groups, (g + 1) * layers / groups - 1});
-  }
-  return out;
-}
-
 absl::StatusOr<PlanResult> RunPlan(MemDaemon& daemon, const StoredModel& model,
-                                   const std::vector<LayerRange>& groups, uint64_t offset,
+                                   const grouping::GroupPlan& groups, uint64_t offset,
                                    int repeats) {
   std::vector<double> first, last;
   for (int r = 0; r < repeats; ++r) {
@@ -109,11 +102,12 @@ int Main() {
 
   struct Plan {
     std::string name;
-    std::vector<LayerRange> groups;
+    grouping::GroupPlan groups;
   };
-  std::vector<Plan> plans = {{"single", Uniform(layers, 1)},
-                             {"per-layer", Uniform(layers, layers)},
-                             {"20 groups", Uniform(layers, 20)}};
+  const int n = static_cast<int>(layers);
+  std::vector<Plan> plans = {{"single", grouping::SingleGroupPlan(n)},
+                             {"per-layer", grouping::PerLayerPlan(n)},
+                             {"20 groups", *grouping::EveryKPlan(n, (n + 19) / 20)}};
   std::printf("bench-transfer: %s, model %llu bytes in %u layers, median of %d runs\n",
               (*daemon)->device().description().c_str(),
               static_cast<unsigned long long>(model.total_bytes()), layers, repeats);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "grouping/baselines.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/synthetic_model.h"
 #include "tools/cli.h"
@@ -80,10 +81,9 @@ absl::Status RunDemo(memdaemon::MemDaemon& daemon) {
     return absl::InvalidArgumentError(
         absl::StrCat("--demo_groups must be in [1, ", kResNet152Layers, "]"));
   }
-  std::vector<memdaemon::LayerRange> plan;
-  for (uint32_t g = 0; g < groups; ++g) {
-    plan.push_back({g * kResNet152Layers / groups, (g + 1) * kResNet152Layers / groups - 1});
-  }
+  const int layers = static_cast<int>(kResNet152Layers);
+  grouping::GroupPlan plan =
+      *grouping::EveryKPlan(layers, (layers + static_cast<int>(groups) - 1) / groups);
   for (int s = 0; s < absl::GetFlag(FLAGS_demo_switches); ++s) {
     const memdaemon::StoredModel* model = models[s % 2];
     int64_t start_ns = gpu::MonotonicNowNs();
