@@ -1,5 +1,8 @@
 #include "proto/frame_channel.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -62,6 +65,45 @@ absl::StatusOr<std::unique_ptr<FrameChannel>> FrameChannel::Connect(absl::string
     return ErrnoStatus(absl::StrCat("connect to '", path, "'"));
   }
   return std::make_unique<FrameChannel>(std::move(fd), max_frame_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<FrameChannel>> FrameChannel::ConnectTcp(absl::string_view host_port,
+                                                                       uint32_t max_frame_bytes) {
+  size_t colon = host_port.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 == host_port.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad server address '", host_port, "' (expected HOST:PORT)"));
+  }
+  std::string host(host_port.substr(0, colon));
+  std::string port(host_port.substr(colon + 1));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve '", host_port, "': ", ::gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("no address for '", host_port, "'"));
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!fd.valid()) {
+      last = ErrnoStatus("socket");
+      continue;
+    }
+    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      last = ErrnoStatus(absl::StrCat("connect to ", host_port));
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::freeaddrinfo(found);
+    return std::make_unique<FrameChannel>(std::move(fd), max_frame_bytes);
+  }
+  ::freeaddrinfo(found);
+  return last;
 }
 
 absl::Status FrameChannel::Send(std::span<const uint8_t> payload, int fd_to_pass) {

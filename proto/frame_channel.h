@@ -34,6 +34,10 @@ class FrameChannel {
   static absl::StatusOr<std::unique_ptr<FrameChannel>> Connect(
       absl::string_view path, uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
 
+  // Connects over TCP to "HOST:PORT" (Nagle off: frames are latency-bound).
+  static absl::StatusOr<std::unique_ptr<FrameChannel>> ConnectTcp(
+      absl::string_view host_port, uint32_t max_frame_bytes = kDefaultMaxFrameBytes);
+
   // Sends one frame; `fd_to_pass` (if >= 0) travels with its first byte. The caller keeps
   // ownership of `fd_to_pass`.
   absl::Status Send(std::span<const uint8_t> payload, int fd_to_pass = -1);

@@ -1,0 +1,373 @@
+#include "client/client.h"
+
+#include <sys/socket.h>
+
+#include <functional>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/client_generated.h"
+#include "proto/frame_channel.h"
+#include "proto/status.h"
+#include "proto/wire_status.h"
+
+namespace pswitch::client {
+namespace {
+
+using proto::ControllerReply;
+using proto::ControllerReplyBody;
+using Builder = flatbuffers::FlatBufferBuilder;
+// Gets every reply for one request; returns true when it was the last one.
+using ReplyHandler = std::function<bool(const absl::StatusOr<const ControllerReply*>&)>;
+
+absl::Status ReplyError(const ControllerReply* reply) {
+  return proto::FromWireError(reply->body_as_Error());
+}
+
+TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor> outputs) {
+  TaskResult result;
+  result.task_id = wire.task_id();
+  result.outputs = std::move(outputs);
+  result.latency = absl::Microseconds(wire.latency_us());
+  result.switch_time = absl::Microseconds(wire.switch_us());
+  return result;
+}
+
+}  // namespace
+
+absl::string_view TaskStateName(TaskState state) {
+  switch (state) {
+    case TaskState::kQueued:
+      return "queued";
+    case TaskState::kSwitching:
+      return "switching";
+    case TaskState::kRunning:
+      return "running";
+    case TaskState::kSucceeded:
+      return "succeeded";
+    case TaskState::kFailed:
+      return "failed";
+    case TaskState::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+// The socket, a reader thread, and the table of requests awaiting replies.
+class Client::Connection {
+ public:
+  explicit Connection(std::unique_ptr<proto::FrameChannel> channel)
+      : channel_(std::move(channel)), reader_([this] { ReadLoop(); }) {}
+
+  ~Connection() {
+    ::shutdown(channel_->fd(), SHUT_RDWR);  // unblocks the reader
+    reader_.join();
+  }
+
+  // Sends the request `build` makes (given its id); `handler` gets every reply to it.
+  void Call(const std::function<void(Builder&, uint64_t)>& build, ReplyHandler handler) {
+    Builder b;
+    uint64_t id;
+    absl::Status closed;
+    {
+      absl::MutexLock lock(&mu_);
+      closed = closed_;
+      if (closed.ok()) {
+        id = next_id_++;
+        pending_[id] = handler;
+      }
+    }
+    if (!closed.ok()) {
+      handler(closed);
+      return;
+    }
+    build(b, id);
+    absl::Status sent;
+    {
+      absl::MutexLock lock(&send_mu_);
+      sent = channel_->Send(b);
+    }
+    if (!sent.ok()) Complete(id, sent);
+  }
+
+  void Forget(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    pending_.erase(id);
+  }
+
+ private:
+  void Complete(uint64_t id, const absl::StatusOr<const ControllerReply*>& reply) {
+    ReplyHandler handler;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;  // timed out and forgotten
+      handler = it->second;
+    }
+    if (handler(reply)) Forget(id);
+  }
+
+  void ReadLoop() {
+    absl::Status why;
+    while (true) {
+      absl::StatusOr<proto::ReceivedFrame> frame = channel_->Receive();
+      if (!frame.ok()) {
+        why = absl::UnavailableError(
+            absl::StrCat("connection to pswitchd lost: ", frame.status().message()));
+        break;
+      }
+      auto reply = proto::VerifyPayload<ControllerReply>(frame->payload, "controller reply");
+      if (!reply.ok()) {
+        why = reply.status();
+        break;
+      }
+      // Request id 0 is the server's answer to a frame it could not read: it closes next.
+      if ((*reply)->request_id() == 0 && (*reply)->body_type() == ControllerReplyBody::Error) {
+        why = ReplyError(*reply);
+        break;
+      }
+      Complete((*reply)->request_id(), *reply);
+    }
+    absl::flat_hash_map<uint64_t, ReplyHandler> orphans;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = why;
+      orphans.swap(pending_);
+    }
+    for (auto& [id, handler] : orphans) handler(why);
+  }
+
+  std::unique_ptr<proto::FrameChannel> channel_;
+  absl::Mutex send_mu_;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, ReplyHandler> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
+  std::thread reader_;  // last: starts once the members it uses exist
+};
+
+Client::Client(std::unique_ptr<Connection> connection, const ClientOptions& options)
+    : options_(options), connection_(std::move(connection)) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view host_port,
+                                                        const ClientOptions& options) {
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<proto::FrameChannel> channel,
+                           proto::FrameChannel::ConnectTcp(host_port, options.max_frame_bytes));
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<Connection>(std::move(channel)), options));
+}
+
+namespace {
+
+// Waits for `future` up to `timeout`.
+template <typename T>
+absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>& future, absl::Duration timeout,
+                        absl::string_view what) {
+  if (future.wait_for(absl::ToChronoNanoseconds(timeout)) != std::future_status::ready) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": no reply from pswitchd within ", absl::FormatDuration(timeout)));
+  }
+  return future.get();
+}
+
+// A one-reply call whose reply body must be `expected`; `parse` turns it into T.
+template <typename T>
+std::future<absl::StatusOr<T>> SimpleCall(
+    std::function<void(Builder&, uint64_t)> build, ControllerReplyBody expected,
+    std::function<absl::StatusOr<T>(const ControllerReply*)> parse,
+    const std::function<void(const std::function<void(Builder&, uint64_t)>&, ReplyHandler)>&
+        call) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
+  auto future = promise->get_future();
+  call(build, [promise, expected, parse](const absl::StatusOr<const ControllerReply*>& reply) {
+    if (!reply.ok()) {
+      promise->set_value(reply.status());
+    } else if ((*reply)->body_type() == ControllerReplyBody::Error) {
+      promise->set_value(ReplyError(*reply));
+    } else if ((*reply)->body_type() != expected) {
+      promise->set_value(absl::InternalError(
+          absl::StrCat("unexpected reply ", proto::EnumNameControllerReplyBody(
+                                                (*reply)->body_type()))));
+    } else {
+      promise->set_value(parse(*reply));
+    }
+    return true;
+  });
+  return future;
+}
+
+}  // namespace
+
+absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<RegisteredModel>(
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateRegisterModel(
+            b, b.CreateString(options.name), b.CreateString(options.zoo_model),
+            b.CreateString(options.weights_path), options.batch_size,
+            b.CreateString(options.plan.empty() ? "auto" : options.plan));
+        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
+                                            body.Union()));
+      },
+      ControllerReplyBody::Registered,
+      [](const ControllerReply* reply) -> absl::StatusOr<RegisteredModel> {
+        auto* r = reply->body_as_Registered();
+        return RegisteredModel{r->name() ? r->name()->str() : "", r->layers(), r->groups(),
+                               r->param_bytes()};
+      },
+      call);
+  return Await(future, options_.timeout, "register");
+}
+
+absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<std::vector<ModelInfo>>(
+      [](Builder& b, uint64_t id) {
+        auto body = proto::CreateListModels(b);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::ListModels, body.Union()));
+      },
+      ControllerReplyBody::ModelList,
+      [](const ControllerReply* reply) -> absl::StatusOr<std::vector<ModelInfo>> {
+        std::vector<ModelInfo> models;
+        auto* list = reply->body_as_ModelList()->models();
+        if (list == nullptr) return models;
+        for (const proto::ModelInfo* m : *list) {
+          models.push_back(ModelInfo{m->name() ? m->name()->str() : "",
+                                     m->zoo_model() ? m->zoo_model()->str() : "",
+                                     m->param_bytes()});
+        }
+        return models;
+      },
+      call);
+  return Await(future, options_.timeout, "list models");
+}
+
+namespace {
+
+// Submission replies come twice: TaskAccepted at once, TaskResult (or Error) at the end.
+ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResult>>> promise) {
+  return [promise](const absl::StatusOr<const ControllerReply*>& reply) {
+    if (!reply.ok()) {
+      promise->set_value(reply.status());
+      return true;
+    }
+    switch ((*reply)->body_type()) {
+      case ControllerReplyBody::TaskAccepted:
+        return false;
+      case ControllerReplyBody::TaskResult: {
+        auto* wire = (*reply)->body_as_TaskResult();
+        auto outputs = proto::FromWireTensors(wire->outputs());
+        if (!outputs.ok()) {
+          promise->set_value(outputs.status());
+        } else {
+          promise->set_value(ToResult(*wire, std::move(*outputs)));
+        }
+        return true;
+      }
+      case ControllerReplyBody::Error:
+        promise->set_value(ReplyError(*reply));
+        return true;
+      default:
+        promise->set_value(absl::InternalError("unexpected reply to a task submission"));
+        return true;
+    }
+  };
+}
+
+}  // namespace
+
+std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& model,
+                                                           std::vector<proto::HostTensor> inputs,
+                                                           const InferOptions& options) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<TaskResult>>>();
+  auto future = promise->get_future();
+  for (const proto::HostTensor& t : inputs) {
+    absl::Status valid = proto::ValidateHostTensor(t);
+    if (!valid.ok()) {
+      promise->set_value(valid);
+      return future;
+    }
+  }
+  connection_->Call(
+      [&](Builder& b, uint64_t id) {
+        auto wire_inputs = proto::CreateWireTensors(b, inputs);
+        auto body = proto::CreateSubmitTask(
+            b, b.CreateString(model), proto::TaskKind::Inference, wire_inputs, 1, 0,
+            options.priority, static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)));
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
+      },
+      SubmitHandler(promise));
+  return future;
+}
+
+std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& model,
+                                                           const TrainOptions& options) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<TaskResult>>>();
+  auto future = promise->get_future();
+  connection_->Call(
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateSubmitTask(b, b.CreateString(model), proto::TaskKind::Training,
+                                            0, options.iterations, options.seed,
+                                            options.priority, 0);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
+      },
+      SubmitHandler(promise));
+  return future;
+}
+
+absl::StatusOr<TaskResult> Client::Infer(const std::string& model,
+                                         std::vector<proto::HostTensor> inputs,
+                                         const InferOptions& options) {
+  auto future = InferAsync(model, std::move(inputs), options);
+  return Await(future, options_.timeout, "inference");
+}
+
+absl::StatusOr<TaskResult> Client::Train(const std::string& model, const TrainOptions& options) {
+  auto future = TrainAsync(model, options);
+  return Await(future, options_.timeout, "training");
+}
+
+absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<TaskStatus>(
+      [task_id](Builder& b, uint64_t id) {
+        auto body = proto::CreateQueryTask(b, task_id);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::QueryTask, body.Union()));
+      },
+      ControllerReplyBody::TaskStatus,
+      [](const ControllerReply* reply) -> absl::StatusOr<TaskStatus> {
+        auto* s = reply->body_as_TaskStatus();
+        TaskStatus status;
+        status.task_id = s->task_id();
+        status.model = s->model() ? s->model()->str() : "";
+        status.state = static_cast<TaskState>(s->state());
+        status.iterations_done = s->iterations_done();
+        if (s->error() != nullptr) status.error = proto::FromWireError(s->error());
+        return status;
+      },
+      call);
+  return Await(future, options_.timeout, "status");
+}
+
+absl::Status Client::Cancel(uint64_t task_id) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<bool>(
+      [task_id](Builder& b, uint64_t id) {
+        auto body = proto::CreateCancelTask(b, task_id);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::CancelTask, body.Union()));
+      },
+      ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
+      call);
+  return Await(future, options_.timeout, "cancel").status();
+}
+
+}  // namespace pswitch::client

@@ -1,0 +1,100 @@
+#include "proto/host_tensor.h"
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+
+namespace pswitch::proto {
+
+size_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
+  }
+  return 0;
+}
+
+absl::StatusOr<uint64_t> ElementCount(const std::vector<int64_t>& shape) {
+  if (shape.size() > kMaxTensorDims) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(shape.size(), " dimensions (at most ", kMaxTensorDims, ")"));
+  }
+  uint64_t count = 1;
+  for (int64_t dim : shape) {
+    if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("negative dimension ", dim));
+    if (dim != 0 && count > UINT64_MAX / static_cast<uint64_t>(dim)) {
+      return absl::InvalidArgumentError("shape overflows 64 bits");
+    }
+    count *= static_cast<uint64_t>(dim);
+  }
+  return count;
+}
+
+absl::Status ValidateHostTensor(const HostTensor& tensor) {
+  size_t element_bytes = DTypeBytes(tensor.dtype);
+  if (element_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "': unknown dtype ",
+                                                   static_cast<int>(tensor.dtype)));
+  }
+  absl::StatusOr<uint64_t> count = ElementCount(tensor.shape);
+  if (!count.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor.name, "': ", count.status().message()));
+  }
+  if (*count > UINT64_MAX / element_bytes || *count * element_bytes != tensor.data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "': shape needs ",
+                                                   *count, " elements of ", element_bytes,
+                                                   " bytes but ", tensor.data.size(),
+                                                   " bytes were given"));
+  }
+  return absl::OkStatus();
+}
+
+flatbuffers::Offset<Tensor> CreateWireTensor(flatbuffers::FlatBufferBuilder& builder,
+                                             const HostTensor& tensor) {
+  auto name = builder.CreateString(tensor.name);
+  auto shape = builder.CreateVector(tensor.shape);
+  // Tensor payloads are read as typed arrays on the other side: align them.
+  builder.ForceVectorAlignment(tensor.data.size(), sizeof(uint8_t), 16);
+  auto data = builder.CreateVector(tensor.data);
+  return CreateTensor(builder, name, tensor.dtype, shape, data);
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<Tensor>>> CreateWireTensors(
+    flatbuffers::FlatBufferBuilder& builder, const std::vector<HostTensor>& tensors) {
+  std::vector<flatbuffers::Offset<Tensor>> offsets;
+  offsets.reserve(tensors.size());
+  for (const HostTensor& t : tensors) offsets.push_back(CreateWireTensor(builder, t));
+  return builder.CreateVector(offsets);
+}
+
+absl::StatusOr<HostTensor> FromWireTensor(const Tensor& tensor) {
+  HostTensor out;
+  out.name = tensor.name() != nullptr ? tensor.name()->str() : "";
+  out.dtype = tensor.dtype();
+  if (tensor.shape() != nullptr) out.shape.assign(tensor.shape()->begin(), tensor.shape()->end());
+  if (tensor.data() != nullptr) out.data.assign(tensor.data()->begin(), tensor.data()->end());
+  PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(out));
+  return out;
+}
+
+absl::StatusOr<std::vector<HostTensor>> FromWireTensors(
+    const flatbuffers::Vector<flatbuffers::Offset<Tensor>>* tensors) {
+  std::vector<HostTensor> out;
+  if (tensors == nullptr) return out;
+  out.reserve(tensors->size());
+  for (const Tensor* t : *tensors) {
+    PSWITCH_ASSIGN_OR_RETURN(HostTensor host, FromWireTensor(*t));
+    out.push_back(std::move(host));
+  }
+  return out;
+}
+
+}  // namespace pswitch::proto
