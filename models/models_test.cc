@@ -229,7 +229,7 @@ TEST(TrainingTest, TransformersAndInceptionTrain) {
                                  {"num_attention_heads", 2},
                                  {"intermediate_size", 64},
                                  {"seq_len", 8}}}},
-      {"inception_v3", ModelConfig{{{"image_size", 107}, {"num_classes", 10}}}},
+      {"inception_v3", ModelConfig{{{"num_classes", 10}}}},
   };
   for (const auto& [name, config] : configs) {
     SCOPED_TRACE(name);

@@ -33,7 +33,8 @@ class BasicConv2dImpl : public nn::Module {
     bn_ = register_module("bn", nn::BatchNorm2d(nn::BatchNorm2dOptions(out).eps(0.001)));
   }
   at::Tensor Forward(LayerTape& tape, const at::Tensor& x) {
-    return at::relu_(RunLayer(tape, bn_, RunLayer(tape, conv_, x)));
+    at::Tensor y = RunLayer(tape, bn_, RunLayer(tape, conv_, x));
+    return at::relu_(y);
   }
   double init_std() const { return init_std_; }
 
@@ -255,10 +256,12 @@ class InceptionV3 : public ZooModel {
     out.output = RunLayer(tape(), fc_, x.flatten(1));
     return out;
   }
-  // The aux head's 5x5 pooling needs Mixed_6e maps of at least 5x5: inputs of 107 pixels or more.
+  // Eval runs on inputs down to 75 pixels; the aux head (train mode) needs Mixed_6e maps of at
+  // least 17x17 for its 5x5/3 pooling and 5x5 conv, i.e. the full 299-pixel input.
   ModelInput TraceInput() const override {
     at::Generator gen = at::detail::createCPUGenerator(0);
-    return {at::randn({2, 3, 107, 107}, gen), {}, {}};
+    const int64_t size = is_training() ? 299 : 75;
+    return {at::randn({2, 3, size, size}, gen), {}, {}};
   }
 
  private:
@@ -273,7 +276,7 @@ class InceptionV3 : public ZooModel {
   // With |x| <= 2 and std <= 0.1 the truncation is a 20-sigma event, so a clamp is equivalent.
   void Initialize() {
     torch::NoGradGuard no_grad;
-    for (auto& module : modules()) {
+    for (auto& module : modules(/*include_self=*/false)) {
       if (auto* basic = module->as<BasicConv2dImpl>()) {
         for (auto& child : basic->modules(/*include_self=*/false)) {
           if (auto* conv = child->as<nn::Conv2d>()) {

@@ -39,7 +39,7 @@ at::Tensor MergeHeads(const at::Tensor& x) {
 
 void InitTransformerWeights(nn::Module& root) {
   torch::NoGradGuard no_grad;
-  for (auto& module : root.modules()) {
+  for (auto& module : root.modules(/*include_self=*/false)) {
     if (auto* linear = module->as<nn::Linear>()) {
       linear->weight.normal_(0, 0.02);
       if (linear->bias.defined()) linear->bias.zero_();

@@ -88,7 +88,7 @@ class ResidualBlockImpl : public nn::Module {
 TORCH_MODULE(ResidualBlock);
 
 void InitConvsAndNorms(nn::Module& root) {
-  for (auto& module : root.modules()) {
+  for (auto& module : root.modules(/*include_self=*/false)) {
     if (auto* conv = module->as<nn::Conv2d>()) {
       nn::init::kaiming_normal_(conv->weight, 0, torch::kFanOut, torch::kReLU);
       if (conv->bias.defined()) nn::init::zeros_(conv->bias);
@@ -192,7 +192,7 @@ class Vgg19 : public ZooModel {
                        nn::Dropout(0.5), nn::Linear(4096, 4096), nn::ReLU(nn::ReLUOptions(true)),
                        nn::Dropout(0.5), nn::Linear(4096, config.Get("num_classes"))));
     InitConvsAndNorms(*this);
-    for (auto& module : modules()) {
+    for (auto& module : modules(/*include_self=*/false)) {
       if (auto* linear = module->as<nn::Linear>()) {
         nn::init::normal_(linear->weight, 0, 0.01);
         nn::init::zeros_(linear->bias);
