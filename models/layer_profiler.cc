@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -95,9 +95,10 @@ absl::StatusOr<c10::Device> ResolveDevice(absl::string_view name) {
   if (name == "cpu") return c10::Device(c10::kCPU);
   if (name.substr(0, 4) == "cuda") {
     if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--device ", name, ": this libtorch build has no CUDA support or sees no GPU "
-          "(torch::cuda::is_available() is false); use --device cpu"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--device ", name,
+                       ": this libtorch build has no CUDA support or sees no GPU "
+                       "(torch::cuda::is_available() is false); use --device cpu"));
     }
     c10::Device device(c10::kCPU);
     PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("--device ", name),
@@ -165,11 +166,10 @@ absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
         backward_samples.push_back(Seconds(end - forward_end));
       }
       if (options.progress) {
-        options.progress(absl::StrFormat("%s: %s run %d/%d (%s) %.3f s, %.1f s elapsed",
-                                         model.model_name(), profile.mode, run + 1, total,
-                                         warmup ? "warm-up" : "measured",
-                                         Seconds(end - starts.front()),
-                                         Seconds(Clock::now() - begin)));
+        options.progress(
+            absl::StrFormat("%s: %s run %d/%d (%s) %.3f s, %.1f s elapsed", model.model_name(),
+                            profile.mode, run + 1, total, warmup ? "warm-up" : "measured",
+                            Seconds(end - starts.front()), Seconds(Clock::now() - begin)));
       }
     }
     model.SetGateHook(nullptr);

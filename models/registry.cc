@@ -53,8 +53,8 @@ std::vector<ModelSpec> BuildSpecs() {
        MakeInceptionV3},
       {"bert_base", "Hugging Face BertForSequenceClassification, BERT-base", Bert(768, 12, 12),
        MakeBert},
-      {"bert_large", "Hugging Face BertForSequenceClassification, BERT-large",
-       Bert(1024, 24, 16), MakeBert},
+      {"bert_large", "Hugging Face BertForSequenceClassification, BERT-large", Bert(1024, 24, 16),
+       MakeBert},
       {"gpt2", "Hugging Face GPT2LMHeadModel, configurable depth/width (tiny default)",
        ModelConfig{{{"n_layer", 2},
                     {"n_embd", 64},
@@ -84,15 +84,14 @@ std::vector<std::string> ModelNames() {
 }
 
 absl::StatusOr<std::shared_ptr<ZooModel>> CreateModel(absl::string_view name,
-                                                      const ModelConfig& overrides,
-                                                      uint64_t seed) {
+                                                      const ModelConfig& overrides, uint64_t seed) {
   const ModelSpec* spec = nullptr;
   for (const auto& candidate : ModelSpecs()) {
     if (candidate.name == name) spec = &candidate;
   }
   if (spec == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown model '", name, "'; known models: ",
-                                            absl::StrJoin(ModelNames(), ", ")));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown model '", name, "'; known models: ", absl::StrJoin(ModelNames(), ", ")));
   }
   ModelConfig config = spec->defaults;
   for (const auto& [key, value] : overrides.values) {

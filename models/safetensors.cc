@@ -146,8 +146,8 @@ int64_t SafetensorsTensor::NumElements() const {
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::string_view origin,
                                                        const SafetensorsLimits& limits) {
   auto bad = [&](const absl::Status& status) {
-    return absl::Status(status.code(), absl::StrCat("safetensors '", origin, "': ",
-                                                    status.message()));
+    return absl::Status(status.code(),
+                        absl::StrCat("safetensors '", origin, "': ", status.message()));
   };
   auto invalid = [&](absl::string_view why) { return bad(absl::InvalidArgumentError(why)); };
   if (bytes.size() > limits.max_file_bytes) {
@@ -155,7 +155,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
                                 limits.max_file_bytes));
   }
   if (bytes.size() < 8) {
-    return invalid(absl::StrCat("file of ", bytes.size(), " bytes is shorter than the 8-byte "
+    return invalid(absl::StrCat("file of ", bytes.size(),
+                                " bytes is shorter than the 8-byte "
                                 "header length (truncated file?)"));
   }
   uint64_t header_bytes = 0;
@@ -167,8 +168,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
                                 limits.max_header_bytes, " bytes"));
   }
   if (header_bytes > bytes.size() - 8) {
-    return invalid(absl::StrCat("header length ", header_bytes, " exceeds the ",
-                                bytes.size() - 8, " bytes after it (truncated file?)"));
+    return invalid(absl::StrCat("header length ", header_bytes, " exceeds the ", bytes.size() - 8,
+                                " bytes after it (truncated file?)"));
   }
   const uint64_t data_begin = 8 + header_bytes;
   const uint64_t data_bytes = bytes.size() - data_begin;
@@ -215,9 +216,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
   for (size_t i = 0; i < spans.size(); ++i) {
     const Span& span = spans[i];
     if (span.begin < expected_begin) {
-      return invalid(absl::StrCat("tensor '", file.tensors_[span.index].name,
-                                  "' overlaps tensor '", file.tensors_[spans[i - 1].index].name,
-                                  "' (data_offsets [", span.begin, ", ", span.end, "])"));
+      return invalid(absl::StrCat("tensor '", file.tensors_[span.index].name, "' overlaps tensor '",
+                                  file.tensors_[spans[i - 1].index].name, "' (data_offsets [",
+                                  span.begin, ", ", span.end, "])"));
     }
     if (span.begin > expected_begin) {
       return invalid(absl::StrCat("data bytes [", expected_begin, ", ", span.begin,
@@ -294,10 +295,9 @@ absl::StatusOr<std::string> SerializeSafetensors(
     uint64_t expected = 0;
     if (!CheckedByteSize(entry.shape, DTypeBytes(entry.dtype), &expected) ||
         expected != entry.bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", entry.name, "': ", entry.bytes, " bytes do not match dtype ",
-                       DTypeName(entry.dtype), " and shape [", absl::StrJoin(entry.shape, ", "),
-                       "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", entry.name, "': ", entry.bytes, " bytes do not match dtype ",
+          DTypeName(entry.dtype), " and shape [", absl::StrJoin(entry.shape, ", "), "]"));
     }
     header[entry.name] = {{"dtype", std::string(DTypeName(entry.dtype))},
                           {"shape", entry.shape},

@@ -68,18 +68,16 @@ TEST(SafetensorsTest, RejectsEveryTruncation) {
 }
 
 TEST(SafetensorsTest, RejectsOverlappingOffsetsNamingTheTensor) {
-  const std::string header =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   auto file = SafetensorsFile::Parse(RawFile(header, std::string(12, '\0')), "overlap");
   ASSERT_FALSE(file.ok());
   EXPECT_THAT(std::string(file.status().message()), HasSubstr("'b' overlaps tensor 'a'"));
 }
 
 TEST(SafetensorsTest, RejectsHolesAndTrailingBytes) {
-  const std::string hole =
-      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
+  const std::string hole = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
   EXPECT_FALSE(SafetensorsFile::Parse(RawFile(hole, std::string(12, '\0')), "hole").ok());
   const std::string one = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   EXPECT_FALSE(SafetensorsFile::Parse(RawFile(one, std::string(5, '\0')), "trailing").ok());
@@ -130,8 +128,8 @@ TEST(SafetensorsTest, RejectsMalformedJsonAndFields) {
 
 TEST(SafetensorsTest, WriterRejectsDuplicatesAndSizeMismatch) {
   const float x = 1;
-  EXPECT_FALSE(SerializeSafetensors({{"a", DType::kF32, {1}, &x, 4}, {"a", DType::kF32, {1}, &x, 4}})
-                   .ok());
+  EXPECT_FALSE(
+      SerializeSafetensors({{"a", DType::kF32, {1}, &x, 4}, {"a", DType::kF32, {1}, &x, 4}}).ok());
   EXPECT_FALSE(SerializeSafetensors({{"a", DType::kF32, {2}, &x, 4}}).ok());
 }
 

@@ -20,9 +20,9 @@ struct TypePair {
   at::ScalarType scalar;
 };
 constexpr TypePair kTypes[] = {
-    {DType::kF64, at::kDouble}, {DType::kF32, at::kFloat}, {DType::kF16, at::kHalf},
-    {DType::kBF16, at::kBFloat16}, {DType::kI64, at::kLong}, {DType::kI32, at::kInt},
-    {DType::kI16, at::kShort}, {DType::kI8, at::kChar}, {DType::kU8, at::kByte},
+    {DType::kF64, at::kDouble},    {DType::kF32, at::kFloat}, {DType::kF16, at::kHalf},
+    {DType::kBF16, at::kBFloat16}, {DType::kI64, at::kLong},  {DType::kI32, at::kInt},
+    {DType::kI16, at::kShort},     {DType::kI8, at::kChar},   {DType::kU8, at::kByte},
     {DType::kBool, at::kBool},
 };
 
@@ -33,14 +33,15 @@ at::ScalarType ToScalarType(DType dtype) {
   return at::kFloat;  // unreachable: the table covers every DType
 }
 
-std::string ShapeString(at::IntArrayRef shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+std::string ShapeString(at::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 std::string Summarise(const std::vector<std::string>& keys) {
   const size_t shown = std::min<size_t>(keys.size(), 5);
-  std::string out = absl::StrJoin(keys.begin(), keys.begin() + shown, ", ",
-                                  [](std::string* o, const std::string& k) {
-                                    absl::StrAppend(o, "'", k, "'");
-                                  });
+  std::string out =
+      absl::StrJoin(keys.begin(), keys.begin() + shown, ", ",
+                    [](std::string* o, const std::string& k) { absl::StrAppend(o, "'", k, "'"); });
   if (keys.size() > shown) absl::StrAppend(&out, " and ", keys.size() - shown, " more");
   return out;
 }
@@ -99,8 +100,8 @@ absl::StatusOr<NamedTensors> StateDict(ZooModel& model) {
 }
 
 absl::Status LoadWeights(ZooModel& model, const SafetensorsFile& checkpoint) {
-  const std::string where = absl::StrCat("loading '", checkpoint.origin(), "' into model '",
-                                         model.model_name(), "'");
+  const std::string where =
+      absl::StrCat("loading '", checkpoint.origin(), "' into model '", model.model_name(), "'");
   std::map<std::string, at::Tensor> targets;
   for (const auto& p : model.named_parameters()) targets[p.key()] = p.value();
   for (const auto& b : model.named_buffers()) targets[b.key()] = b.value();
@@ -115,16 +116,14 @@ absl::Status LoadWeights(ZooModel& model, const SafetensorsFile& checkpoint) {
     }
     at::Tensor& target = it->second;
     if (target.sizes() != at::IntArrayRef(tensor.shape)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": key '", tensor.name, "': checkpoint shape ",
-                       ShapeString(tensor.shape), " but the model expects ",
-                       ShapeString(target.sizes())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": key '", tensor.name, "': checkpoint shape ", ShapeString(tensor.shape),
+          " but the model expects ", ShapeString(target.sizes())));
     }
     if (IsFloatingPoint(tensor.dtype) != target.is_floating_point()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": key '", tensor.name, "': checkpoint dtype ",
-                       DTypeName(tensor.dtype), " but the model holds ",
-                       c10::toString(target.scalar_type())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": key '", tensor.name, "': checkpoint dtype ", DTypeName(tensor.dtype),
+          " but the model holds ", c10::toString(target.scalar_type())));
     }
     PSWITCH_ASSIGN_OR_RETURN(at::Tensor source, ToTorch(tensor));
     PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat(where, ": key '", tensor.name, "'"), [&] {

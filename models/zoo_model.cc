@@ -23,8 +23,8 @@ ModelOutput ZooModel::Forward(const ModelInput& input) {
     int executed = 0;
     for (const Layer& layer : *recorded) executed += layer.executed ? 1 : 0;
     // A forward pass that took another path than the recorded one would gate the wrong groups.
-    TORCH_CHECK(tape_.calls() == executed, "model '", model_name_, "': forward ran ",
-                tape_.calls(), " layers but ", executed, " were recorded for this mode");
+    TORCH_CHECK(tape_.calls() == executed, "model '", model_name_, "': forward ran ", tape_.calls(),
+                " layers but ", executed, " were recorded for this mode");
   }
   return out;
 }
@@ -33,25 +33,25 @@ absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
   auto& slot = layers_[is_training() ? 1 : 0];
   if (slot.has_value()) return &*slot;
   std::vector<const torch::nn::Module*> calls;
-  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", model_name_, "': recording layers"),
-                                     [&] {
-                                       // Recording must not change the model: keep the buffers
-                                       // (BatchNorm statistics move in train mode).
-                                       std::vector<std::pair<at::Tensor, at::Tensor>> saved;
-                                       for (auto& buffer : buffers()) {
-                                         saved.emplace_back(buffer, buffer.clone());
-                                       }
-                                       torch::NoGradGuard no_grad;
-                                       tape_.StartRecording();
-                                       try {
-                                         ForwardImpl(TraceInput());
-                                       } catch (...) {
-                                         tape_.StopRecording();
-                                         throw;
-                                       }
-                                       calls = tape_.StopRecording();
-                                       for (auto& [buffer, copy] : saved) buffer.copy_(copy);
-                                     }));
+  PSWITCH_RETURN_IF_ERROR(
+      CatchTorch(absl::StrCat("model '", model_name_, "': recording layers"), [&] {
+        // Recording must not change the model: keep the buffers
+        // (BatchNorm statistics move in train mode).
+        std::vector<std::pair<at::Tensor, at::Tensor>> saved;
+        for (auto& buffer : buffers()) {
+          saved.emplace_back(buffer, buffer.clone());
+        }
+        torch::NoGradGuard no_grad;
+        tape_.StartRecording();
+        try {
+          ForwardImpl(TraceInput());
+        } catch (...) {
+          tape_.StopRecording();
+          throw;
+        }
+        calls = tape_.StopRecording();
+        for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+      }));
   slot = BuildLayers(calls);
   return &*slot;
 }

@@ -7,6 +7,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   libtorch-dev libasio-dev libflatbuffers-dev flatbuffers-compiler
   libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  python3-torchvision python3-numpy
 )
 
 missing=()

@@ -45,7 +45,8 @@ void InitTransformerWeights(nn::Module& root) {
       if (linear->bias.defined()) linear->bias.zero_();
     } else if (auto* embedding = module->as<nn::Embedding>()) {
       embedding->weight.normal_(0, 0.02);
-      if (embedding->options.padding_idx()) embedding->weight[*embedding->options.padding_idx()].zero_();
+      if (embedding->options.padding_idx())
+        embedding->weight[*embedding->options.padding_idx()].zero_();
     } else if (auto* norm = module->as<nn::LayerNorm>()) {
       norm->weight.fill_(1);
       norm->bias.zero_();
@@ -119,8 +120,8 @@ class Bert : public ZooModel {
     auto emb = bert->register_module("embeddings", std::make_shared<nn::Module>());
     word_ = emb->register_module(
         "word_embeddings", nn::Embedding(nn::EmbeddingOptions(vocab_, hidden).padding_idx(0)));
-    position_ = emb->register_module(
-        "position_embeddings", nn::Embedding(c.Get("max_position_embeddings"), hidden));
+    position_ = emb->register_module("position_embeddings",
+                                     nn::Embedding(c.Get("max_position_embeddings"), hidden));
     token_type_ = emb->register_module("token_type_embeddings",
                                        nn::Embedding(c.Get("type_vocab_size"), hidden));
     emb_norm_ = emb->register_module("LayerNorm", Norm(hidden, 1e-12));
@@ -163,7 +164,8 @@ class Bert : public ZooModel {
     at::Tensor mask = in.attention_mask.defined() ? in.attention_mask : at::ones_like(ids);
     mask = (1.0 - mask.to(h.scalar_type()).unsqueeze(1).unsqueeze(2)) * kMaskValue;
     for (auto& layer : layers_) h = layer->Forward(tape(), h, mask);
-    at::Tensor pooled = RunLayer(tape(), pooler_act_, RunLayer(tape(), pooler_dense_, h.select(1, 0)));
+    at::Tensor pooled =
+        RunLayer(tape(), pooler_act_, RunLayer(tape(), pooler_dense_, h.select(1, 0)));
     return {RunLayer(tape(), classifier_, RunLayer(tape(), dropout_, pooled)), {}};
   }
   ModelInput TraceInput() const override { return Tokens(2, 8, 0); }
@@ -279,8 +281,8 @@ class Gpt2 : public ZooModel {
 
   ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
     at::Generator gen = at::detail::createCPUGenerator(seed);
-    return {at::randint(vocab_, {batch, seq_len_}, gen, at::TensorOptions().dtype(at::kLong)),
-            {}, {}};
+    return {
+        at::randint(vocab_, {batch, seq_len_}, gen, at::TensorOptions().dtype(at::kLong)), {}, {}};
   }
   // Language modelling: the target is the token sequence itself (shifted inside Loss).
   at::Tensor ExampleTarget(int64_t batch, uint64_t seed) const override {

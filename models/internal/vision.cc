@@ -122,7 +122,8 @@ class ResNet : public ZooModel {
     conv1_ = register_module("conv1", Conv(3, 64, 7, 2, 3));
     bn1_ = register_module("bn1", nn::BatchNorm2d(64));
     relu_ = register_module("relu", nn::ReLU(nn::ReLUOptions(true)));
-    maxpool_ = register_module("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
+    maxpool_ =
+        register_module("maxpool", nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
     int64_t inplanes = 64;
     const int64_t expansion = bottleneck ? 4 : 1;
     for (int stage = 0; stage < 4; ++stage) {
