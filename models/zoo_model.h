@@ -15,6 +15,8 @@
 // profiler attribute time to each call. Tensors belong to the module that registers them, so the
 // layer list covers every parameter and buffer exactly once; layers that never run in the current
 // mode (Inception's aux head in eval) are listed after the executed ones with executed == false.
+// A layer's tensors are the model's own parameter/buffer handles, so a worker can rebind each to
+// a view into the shared arena (Tensor::set_data) without rebuilding the module tree.
 //
 // Thread-compatibility: a ZooModel runs one forward pass at a time.
 #ifndef PSWITCH_MODELS_ZOO_MODEL_H_
