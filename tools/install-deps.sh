@@ -7,6 +7,10 @@ packages=(
   cmake ninja-build g++ pkg-config
   libtorch-dev libasio-dev libflatbuffers-dev flatbuffers-compiler
   libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  python3-torchvision python3-numpy
+  # Debian's libtorch calls the system libblas.so.3; the reference BLAS is ~100x slower than
+  # OpenBLAS on BERT's matrix products, so install OpenBLAS (it takes over the alternative).
+  libopenblas0-pthread
 )
 
 missing=()

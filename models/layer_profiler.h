@@ -1,0 +1,70 @@
+// Per-layer profile of a zoo model: what the grouping search (grouping/) needs to plan pipelined
+// transmission. Layer times come from the gate hook: the device is synchronised at every layer
+// boundary and exec_s[i] = start(i + 1) - start(i), so functional glue between two leaf layers
+// (residual adds, concatenations, pooling in Inception branches) is charged to the layer before
+// it and the per-layer times add up to the whole forward pass.
+#ifndef PSWITCH_MODELS_LAYER_PROFILER_H_
+#define PSWITCH_MODELS_LAYER_PROFILER_H_
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "models/zoo_model.h"
+#include "nlohmann/json.hpp"
+
+namespace pswitch::models {
+
+// "cpu" or "cuda[:N]". FailedPrecondition when CUDA is asked for but this libtorch has none.
+absl::StatusOr<c10::Device> ResolveDevice(absl::string_view name);
+
+struct ProfileOptions {
+  int64_t batch = 1;
+  bool training = false;
+  int warmup_runs = 2;
+  int measured_runs = 10;
+  // Host backend: no device link to measure, so transfers are modelled at this rate (PCIe 3 x16).
+  double bandwidth_cap_bytes_per_s = 12e9;
+  uint64_t seed = 0;
+  // Called with one line of progress per run; may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+struct LayerTiming {
+  std::string name;
+  int64_t param_bytes = 0;
+  double exec_s = 0;
+};
+
+struct ModelProfile {
+  std::string model;
+  std::string device;
+  std::string mode;  // "inference" | "training"
+  int64_t batch = 0;
+  double bandwidth_bytes_per_s = 0;
+  std::string bandwidth_source;  // "measured" or why it is a configured cap
+  double transfer_overhead_s = 0;
+  double group_sync_overhead_s = 0;
+  // Training only: backward + optimizer step, already included in the last layer's exec_s.
+  double backward_s = 0;
+  std::vector<LayerTiming> layers;             // executed layers, in execution order
+  std::vector<LayerTiming> unexecuted_layers;  // never run in this mode; not transmitted
+};
+
+// Profiles `model` (already on `device`) with its ExampleInput. Leaves the model in the profiled
+// mode; in training mode the SGD steps change its weights. Not thread-safe.
+absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
+                                          const ProfileOptions& options);
+
+// The grouping profile JSON: model, bandwidth_bytes_per_s, transfer_overhead_s,
+// group_sync_overhead_s, layers[{name, param_bytes, exec_s}], plus descriptive extras.
+nlohmann::json ProfileToJson(const ModelProfile& profile);
+
+}  // namespace pswitch::models
+
+#endif  // PSWITCH_MODELS_LAYER_PROFILER_H_

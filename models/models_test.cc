@@ -1,0 +1,272 @@
+// Tests of the model zoo: layer view, gate hook, registry, weights loading and training.
+#include <ATen/ATen.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/layer_profiler.h"
+#include "models/registry.h"
+#include "models/training.h"
+#include "models/weights.h"
+#include "models/zoo_model.h"
+
+namespace pswitch::models {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::shared_ptr<ZooModel> Create(const std::string& name, const ModelConfig& config = {},
+                                 uint64_t seed = 0) {
+  auto model = CreateModel(name, config, seed);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *model : nullptr;
+}
+
+const std::vector<Layer>& LayersOf(ZooModel& model) {
+  auto layers = model.Layers();
+  EXPECT_TRUE(layers.ok()) << layers.status();
+  return **layers;
+}
+
+// Every parameter and buffer of the model appears in exactly one layer, under its state_dict key.
+void ExpectLayersCoverStateDictOnce(ZooModel& model) {
+  std::map<std::string, int> expected;
+  for (const auto& p : model.named_parameters()) expected[p.key()] = 0;
+  for (const auto& b : model.named_buffers()) expected[b.key()] = 0;
+  for (const Layer& layer : LayersOf(model)) {
+    for (const LayerTensor& t : layer.tensors) {
+      ASSERT_TRUE(expected.count(t.name)) << "layer " << layer.name << " lists unknown " << t.name;
+      ++expected[t.name];
+    }
+  }
+  for (const auto& [name, count] : expected) EXPECT_EQ(count, 1) << name;
+}
+
+int ExecutedCount(const std::vector<Layer>& layers) {
+  int n = 0;
+  for (const Layer& layer : layers) n += layer.executed ? 1 : 0;
+  return n;
+}
+
+TEST(RegistryTest, UnknownModelAndSettingAreClearErrors) {
+  auto model = CreateModel("resnet151");
+  ASSERT_EQ(model.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(model.status().message()), HasSubstr("'resnet151'"));
+  EXPECT_THAT(std::string(model.status().message()), HasSubstr("resnet152"));
+
+  auto bad = CreateModel("gpt2", ModelConfig{{{"n_layers", 2}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'n_layers'"));
+  EXPECT_FALSE(ParseModelConfig("n_layer=x").ok());
+  auto parsed = ParseModelConfig("n_layer=3,n_embd=32");
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(parsed->Get("n_embd"), 32);
+}
+
+TEST(RegistryTest, ListsEveryZooModel) {
+  const std::vector<std::string> names = ModelNames();
+  for (const char* name : {"resnet18", "resnet50", "resnet152", "vgg19", "inception_v3",
+                           "bert_base", "bert_large", "gpt2", "tiny_mlp", "tiny_cnn"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+}
+
+TEST(LayerViewTest, ResNet152CoversEveryTensorOnceWithTorchvisionBytes) {
+  auto model = Create("resnet152");
+  ASSERT_TRUE(model);
+  ExpectLayersCoverStateDictOnce(*model);
+  const auto& layers = LayersOf(*model);
+  int64_t bytes = 0;
+  for (const Layer& layer : layers) bytes += layer.param_bytes;
+  EXPECT_EQ(bytes, 241376928);  // torchvision resnet152().state_dict(), floating point, fp32
+  // One layer per leaf call, as PipeSwitch counts them: 364 leaf modules + 2 extra ReLU calls in
+  // each of the 50 bottlenecks.
+  EXPECT_EQ(ExecutedCount(layers), 464);
+  EXPECT_EQ(layers.front().name, "conv1");
+  EXPECT_EQ(layers[4].name, "layer1.0.conv1");
+  EXPECT_EQ(layers.back().name, "fc");
+  EXPECT_EQ(layers.front().tensors.front().name, "conv1.weight");
+}
+
+TEST(LayerViewTest, InceptionAuxHeadRunsOnlyInTraining) {
+  auto model = Create("inception_v3");
+  ASSERT_TRUE(model);
+  ExpectLayersCoverStateDictOnce(*model);
+  for (const Layer& layer : LayersOf(*model)) {
+    EXPECT_EQ(layer.executed, layer.name.rfind("AuxLogits.", 0) != 0) << layer.name;
+  }
+  model->train();
+  ExpectLayersCoverStateDictOnce(*model);
+  const auto& train_layers = LayersOf(*model);
+  EXPECT_EQ(ExecutedCount(train_layers), static_cast<int>(train_layers.size()));
+  int aux_first = -1, mixed_7a_first = -1;
+  for (int i = 0; i < static_cast<int>(train_layers.size()); ++i) {
+    if (aux_first < 0 && train_layers[i].name.rfind("AuxLogits.", 0) == 0) aux_first = i;
+    if (mixed_7a_first < 0 && train_layers[i].name.rfind("Mixed_7a.", 0) == 0) mixed_7a_first = i;
+  }
+  EXPECT_LT(aux_first, mixed_7a_first);
+  EXPECT_EQ(train_layers[aux_first - 1].name, "Mixed_6e.branch_pool.bn");
+}
+
+TEST(LayerViewTest, EveryZooModelCoversItsStateDictInBothModes) {
+  const std::map<std::string, ModelConfig> small = {
+      {"bert_base", ModelConfig{{{"num_hidden_layers", 2}}}},
+      {"bert_large", ModelConfig{{{"num_hidden_layers", 2}}}},
+  };
+  for (const std::string& name : ModelNames()) {
+    SCOPED_TRACE(name);
+    auto it = small.find(name);
+    auto model = Create(name, it == small.end() ? ModelConfig{} : it->second);
+    ASSERT_TRUE(model);
+    ExpectLayersCoverStateDictOnce(*model);
+    model->train();
+    ExpectLayersCoverStateDictOnce(*model);
+  }
+}
+
+TEST(GateHookTest, CalledOncePerExecutedLayerInOrder) {
+  for (const char* name : {"tiny_cnn", "resnet18", "gpt2"}) {
+    SCOPED_TRACE(name);
+    auto model = Create(name);
+    ASSERT_TRUE(model);
+    const auto& layers = LayersOf(*model);
+    std::vector<int> calls;
+    model->SetGateHook([&](int index) { calls.push_back(index); });
+    torch::NoGradGuard no_grad;
+    ASSERT_TRUE(RunForward(*model, model->ExampleInput(1, 3)).ok());
+    ASSERT_EQ(static_cast<int>(calls.size()), ExecutedCount(layers));
+    for (int i = 0; i < static_cast<int>(calls.size()); ++i) ASSERT_EQ(calls[i], i);
+  }
+  auto cnn = Create("tiny_cnn");
+  std::vector<std::string> names;
+  for (const Layer& layer : LayersOf(*cnn)) names.push_back(layer.name);
+  EXPECT_THAT(names, ::testing::ElementsAre("conv1", "bn1", "relu", "pool", "conv2", "bn2",
+                                            "relu#2", "dropout", "avgpool", "fc"));
+}
+
+TEST(GateHookTest, RecordingLayersInTrainModeLeavesRunningStatsAlone) {
+  auto model = Create("tiny_cnn");
+  model->train();
+  const at::Tensor before = model->named_buffers()["bn1.running_mean"].clone();
+  LayersOf(*model);
+  EXPECT_TRUE(at::equal(before, model->named_buffers()["bn1.running_mean"]));
+}
+
+TEST(WeightsTest, SavedWeightsLoadIntoAFreshModelAndReproduceOutputs) {
+  auto a = Create("tiny_cnn", {}, 1);
+  auto b = Create("tiny_cnn", {}, 2);
+  const std::string path = ::testing::TempDir() + "/tiny_cnn.safetensors";
+  auto state = StateDict(*a);
+  ASSERT_TRUE(state.ok());
+  ASSERT_TRUE(WriteTensors(path, *state).ok());
+  ASSERT_TRUE(LoadWeights(*b, path).ok());
+  torch::NoGradGuard no_grad;
+  const ModelInput in = a->ExampleInput(2, 5);
+  EXPECT_TRUE(at::equal(a->Forward(in).output, b->Forward(in).output));
+  ::unlink(path.c_str());
+}
+
+TEST(WeightsTest, MissingUnexpectedAndMisshapenKeysAreNamed) {
+  auto model = Create("tiny_mlp");
+  auto state = StateDict(*model);
+  ASSERT_TRUE(state.ok());
+  auto load = [&](const NamedTensors& tensors) {
+    const std::string path = ::testing::TempDir() + "/ckpt.safetensors";
+    EXPECT_TRUE(WriteTensors(path, tensors).ok());
+    absl::Status status = LoadWeights(*model, path);
+    ::unlink(path.c_str());
+    return std::string(status.message());
+  };
+  NamedTensors missing(state->begin() + 1, state->end());
+  EXPECT_THAT(load(missing), HasSubstr("missing keys 'fc1.weight'"));
+  NamedTensors extra = *state;
+  extra.emplace_back("fc3.weight", at::zeros({1}));
+  EXPECT_THAT(load(extra), HasSubstr("unexpected keys 'fc3.weight'"));
+  NamedTensors misshapen = *state;
+  misshapen[0].second = at::zeros({3, 3});
+  EXPECT_THAT(load(misshapen), HasSubstr("key 'fc1.weight': checkpoint shape [3, 3]"));
+  NamedTensors wrong_kind = *state;
+  wrong_kind[0].second = at::zeros_like(wrong_kind[0].second, at::kLong);
+  EXPECT_THAT(load(wrong_kind), HasSubstr("key 'fc1.weight': checkpoint dtype I64"));
+  NamedTensors half = *state;
+  for (auto& [name, tensor] : half) tensor = tensor.to(at::kHalf);
+  EXPECT_EQ(load(half), "");
+}
+
+TEST(TrainingTest, StepChangesWeightsDeterministically) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
+    std::vector<at::Tensor> results;
+    at::Tensor initial;
+    for (int trial = 0; trial < 2; ++trial) {
+      auto model = Create("tiny_cnn", {}, 11);
+      initial = model->named_parameters()["conv1.weight"].clone();
+      auto trainer = Trainer::Create(*model, {kind, 0.05, 0.9});
+      ASSERT_TRUE(trainer.ok());
+      torch::manual_seed(3);  // dropout
+      for (int step = 0; step < 2; ++step) {
+        auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step));
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        EXPECT_TRUE(std::isfinite(*loss));
+      }
+      results.push_back(model->named_parameters()["conv1.weight"].clone());
+    }
+    EXPECT_FALSE(at::equal(initial, results[0]));
+    EXPECT_TRUE(at::equal(results[0], results[1]));
+  }
+}
+
+TEST(TrainingTest, TransformersAndInceptionTrain) {
+  const std::map<std::string, ModelConfig> configs = {
+      {"gpt2", {}},
+      {"bert_base", ModelConfig{{{"num_hidden_layers", 1},
+                                 {"hidden_size", 32},
+                                 {"num_attention_heads", 2},
+                                 {"intermediate_size", 64},
+                                 {"seq_len", 8}}}},
+      {"inception_v3", ModelConfig{{{"num_classes", 10}}}},
+  };
+  for (const auto& [name, config] : configs) {
+    SCOPED_TRACE(name);
+    auto model = Create(name, config);
+    auto trainer = Trainer::Create(*model, {OptimizerKind::kAdam, 1e-3, 0});
+    ASSERT_TRUE(trainer.ok());
+    auto loss = (*trainer)->Step(model->ExampleInput(2, 0), model->ExampleTarget(2, 0));
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_TRUE(std::isfinite(*loss));
+  }
+}
+
+TEST(ProfilerTest, ProfileHasOneTimedEntryPerExecutedLayer) {
+  auto model = Create("tiny_cnn");
+  ProfileOptions options;
+  options.batch = 2;
+  options.warmup_runs = 1;
+  options.measured_runs = 3;
+  int progress_lines = 0;
+  options.progress = [&](const std::string&) { ++progress_lines; };
+  for (bool training : {false, true}) {
+    options.training = training;
+    auto profile = ProfileModel(*model, c10::Device(c10::kCPU), options);
+    ASSERT_TRUE(profile.ok()) << profile.status();
+    nlohmann::json json = ProfileToJson(*profile);
+    EXPECT_EQ(json["model"], "tiny_cnn");
+    EXPECT_EQ(json["bandwidth_bytes_per_s"], 12e9);
+    EXPECT_GT(json["transfer_overhead_s"].get<double>(), 0);
+    EXPECT_GT(json["group_sync_overhead_s"].get<double>(), 0);
+    ASSERT_EQ(json["layers"].size(), 10u);
+    EXPECT_EQ(json["layers"][0]["name"], "conv1");
+    EXPECT_EQ(json["layers"][0]["param_bytes"], (8 * 3 * 9 + 8) * 4);
+    for (const auto& layer : json["layers"]) EXPECT_GE(layer["exec_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(progress_lines, 8);
+  EXPECT_EQ(ResolveDevice("tpu").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pswitch::models

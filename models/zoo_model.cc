@@ -1,0 +1,144 @@
+#include "models/zoo_model.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <exception>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+
+namespace pswitch::models {
+
+ModelOutput ZooModel::Forward(const ModelInput& input) {
+  tape_.StartForward();
+  ModelOutput out = ForwardImpl(input);
+  const auto& recorded = layers_[is_training() ? 1 : 0];
+  if (recorded.has_value()) {
+    int executed = 0;
+    for (const Layer& layer : *recorded) executed += layer.executed ? 1 : 0;
+    // A forward pass that took another path than the recorded one would gate the wrong groups.
+    TORCH_CHECK(tape_.calls() == executed, "model '", model_name_, "': forward ran ", tape_.calls(),
+                " layers but ", executed, " were recorded for this mode");
+  }
+  return out;
+}
+
+absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
+  auto& slot = layers_[is_training() ? 1 : 0];
+  if (slot.has_value()) return &*slot;
+  std::vector<const torch::nn::Module*> calls;
+  PSWITCH_RETURN_IF_ERROR(
+      CatchTorch(absl::StrCat("model '", model_name_, "': recording layers"), [&] {
+        // Recording must not change the model: keep the buffers
+        // (BatchNorm statistics move in train mode).
+        std::vector<std::pair<at::Tensor, at::Tensor>> saved;
+        for (auto& buffer : buffers()) {
+          saved.emplace_back(buffer, buffer.clone());
+        }
+        torch::NoGradGuard no_grad;
+        tape_.StartRecording();
+        try {
+          ForwardImpl(TraceInput());
+        } catch (...) {
+          tape_.StopRecording();
+          throw;
+        }
+        calls = tape_.StopRecording();
+        for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+      }));
+  slot = BuildLayers(calls);
+  return &*slot;
+}
+
+std::vector<Layer> ZooModel::BuildLayers(const std::vector<const torch::nn::Module*>& calls) {
+  std::map<const torch::nn::Module*, std::string> names;
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+  for (const auto& item : named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    names[item.value().get()] = item.key();
+    modules.emplace_back(item.key(), item.value());
+  }
+  auto tensors_of = [&](const std::string& name, const torch::nn::Module& module) {
+    std::vector<LayerTensor> tensors;
+    const std::string prefix = name.empty() ? "" : name + ".";
+    for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+      tensors.push_back({prefix + p.key(), p.value(), true});
+    }
+    for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+      tensors.push_back({prefix + b.key(), b.value(), false});
+    }
+    return tensors;
+  };
+  auto make_layer = [&](const std::string& name, const torch::nn::Module& module,
+                        std::vector<LayerTensor> tensors, bool executed) {
+    Layer layer;
+    layer.name = name;
+    layer.type = module.name();
+    layer.tensors = std::move(tensors);
+    layer.executed = executed;
+    for (const auto& t : layer.tensors) {
+      const int64_t bytes = static_cast<int64_t>(t.tensor.numel() * t.tensor.element_size());
+      layer.total_bytes += bytes;
+      if (t.tensor.is_floating_point()) layer.param_bytes += bytes;
+    }
+    return layer;
+  };
+
+  std::vector<Layer> layers;
+  std::map<const torch::nn::Module*, int> seen;
+  for (const torch::nn::Module* module : calls) {
+    const std::string& name = names.at(module);
+    const int count = ++seen[module];
+    if (count == 1) {
+      layers.push_back(make_layer(name, *module, tensors_of(name, *module), true));
+    } else {
+      layers.push_back(make_layer(absl::StrCat(name, "#", count), *module, {}, true));
+    }
+  }
+  // Modules that own tensors (or are leaves) but did not run in this mode.
+  for (const auto& [name, module] : modules) {
+    if (seen.count(module.get())) continue;
+    auto tensors = tensors_of(name, *module);
+    if (tensors.empty() && !module->children().empty()) continue;
+    if (tensors.empty() && module.get() == this) continue;
+    layers.push_back(make_layer(name, *module, std::move(tensors), false));
+  }
+  return layers;
+}
+
+at::Tensor ZooModel::ExampleTarget(int64_t batch, uint64_t seed) const {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const int64_t classes = 10;
+  return at::randint(classes, {batch}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+at::Tensor ZooModel::Loss(const ModelOutput& out, const at::Tensor& target) const {
+  return torch::nn::functional::cross_entropy(out.output, target.to(out.output.device()));
+}
+
+bool ZooModel::IsIgnorableCheckpointKey(const std::string& /*key*/) const { return false; }
+
+absl::Status CatchTorch(const std::string& what, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelOutput> RunForward(ZooModel& model, const ModelInput& input) {
+  ModelOutput out;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", model.model_name(), "': forward"),
+                                     [&] { out = model.Forward(input); }));
+  return out;
+}
+
+}  // namespace pswitch::models
