@@ -36,6 +36,9 @@ void TaskQueue::PushFront(TaskTicket task) {
 }
 
 bool TaskQueue::RanksBefore(const TaskTicket& a, const TaskTicket& b) const {
+  // Consistent with preemption: a waiting inference that would preempt a training task must
+  // also be picked before it, or a preempted task would be resumed straight away.
+  if (inference_preempts_training_ && a.kind != b.kind) return a.kind == TaskKind::kInference;
   switch (policy_) {
     case Policy::kFcfs:
       break;

@@ -5,6 +5,8 @@
 //   edf       earliest deadline first; tasks without a deadline come after all that have one,
 //             in arrival order.
 //   priority  highest priority first, arrival order among equals.
+// With inference preempting training (the default), inference tasks also rank before training
+// tasks in every policy; the policy orders tasks of the same kind.
 // Preemption applies only to a running training task (inference batches always finish; a
 // training task stops at its next iteration boundary and resumes later without losing
 // progress). A waiting task preempts it when it is inference (unless disabled), or when the

@@ -19,11 +19,20 @@ std::vector<uint64_t> Drain(TaskQueue& q) {
 }
 
 TEST(TaskQueueTest, FcfsServesInArrivalOrder) {
-  TaskQueue q(Policy::kFcfs);
+  TaskQueue q(Policy::kFcfs, /*inference_preempts_training=*/false);
   q.Push(Task(1, TaskKind::kTraining, 5));
   q.Push(Task(2, TaskKind::kInference, 0, absl::UnixEpoch()));
   q.Push(Task(3, TaskKind::kInference, 9));
   EXPECT_EQ(Drain(q), (std::vector<uint64_t>{1, 2, 3}));
+}
+
+TEST(TaskQueueTest, InferenceRanksBeforeTrainingWhenItPreemptsIt) {
+  TaskQueue q(Policy::kFcfs);
+  q.Push(Task(1, TaskKind::kTraining));
+  q.Push(Task(2, TaskKind::kInference));
+  q.PushFront(Task(3, TaskKind::kTraining));  // a preempted task
+  q.Push(Task(4, TaskKind::kInference));
+  EXPECT_EQ(Drain(q), (std::vector<uint64_t>{2, 4, 3, 1}));
 }
 
 TEST(TaskQueueTest, EdfServesEarliestDeadlineFirstThenUndatedInArrivalOrder) {
@@ -47,7 +56,7 @@ TEST(TaskQueueTest, PriorityServesHighestFirstAndArrivalAmongEquals) {
 }
 
 TEST(TaskQueueTest, PreemptedTaskResumesBeforeLaterEquals) {
-  TaskQueue q(Policy::kFcfs);
+  TaskQueue q(Policy::kFcfs, false);
   q.Push(Task(2, TaskKind::kTraining));
   q.PushFront(Task(1, TaskKind::kTraining));
   q.Push(Task(3, TaskKind::kTraining));

@@ -1,34 +1,46 @@
-// pswitchd: the per-node pswitch daemon. This build runs the memory daemon for one GPU: it takes
-// the arena, serves workers on its Unix socket, registers the embedded default models (two
-// ResNet-152-sized weight sets) and switches between them to show the pipelined transmission,
-// then serves until SIGINT/SIGTERM. The controller (task API) joins it in a later release.
+// pswitchd: the per-node pswitch daemon. It takes the GPU's memory as one arena (memdaemon),
+// starts the worker processes (1 active + N standby), serves clients over TCP and switches the
+// GPU between their models with pipelined transmission. At start it registers the embedded
+// default models and runs one inference on each through the whole path, then serves until
+// SIGINT/SIGTERM (graceful: in-flight tasks answered, workers reaped).
 #include <signal.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
+#include <filesystem>
+#include <future>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "grouping/baselines.h"
+#include "controller/client_server.h"
+#include "controller/controller.h"
 #include "memdaemon/memdaemon.h"
-#include "memdaemon/synthetic_model.h"
+#include "models/registry.h"
+#include "models/zoo_model.h"
 #include "tools/cli.h"
+#include "worker/host_tensors.h"
 
-ABSL_FLAG(std::string, backend, "auto",
-          "device backend: auto (cuda if a GPU is present), cuda, host");
+ABSL_FLAG(std::string, backend, "auto", "device backend: auto (cuda if a GPU is present), cuda, host");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal");
 ABSL_FLAG(uint64_t, arena_bytes, 0,
           "arena size; 0 = almost all free GPU memory (cuda) or 1 GiB (host)");
-ABSL_FLAG(
-    double, bandwidth_cap, 0,
-    "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
-ABSL_FLAG(std::string, socket, "", "worker socket path (default /tmp/pswitchd-UID.sock)");
-ABSL_FLAG(int, demo_switches, 4, "switches between the embedded models at start-up");
-ABSL_FLAG(uint32_t, demo_groups, 20, "groups per transmission in the start-up demo");
-ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up demo instead of serving");
+ABSL_FLAG(double, bandwidth_cap, 0,
+          "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7300", "client TCP address (port 0 = any free port)");
+ABSL_FLAG(std::string, socket, "", "memdaemon socket for workers (default /tmp/pswitchd-UID.sock)");
+ABSL_FLAG(int, standby_workers, 2, "standby workers beside the active one");
+ABSL_FLAG(std::string, policy, "fcfs", "scheduling policy: fcfs, edf or priority");
+ABSL_FLAG(bool, inference_preempts_training, true, "a waiting inference stops a training task");
+ABSL_FLAG(std::string, worker_binary, "", "pswitch-worker path (default: beside pswitchd)");
+ABSL_FLAG(std::string, preload, "resnet18,tiny_cnn",
+          "zoo models registered at start under their own names (empty: none)");
+ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check instead of serving");
 
 namespace pswitch {
 namespace {
@@ -61,42 +73,43 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
   return options;
 }
 
-absl::Status RunDemo(memdaemon::MemDaemon& daemon) {
-  using memdaemon::kResNet152Bytes;
-  using memdaemon::kResNet152Layers;
-  auto first = memdaemon::MakeSyntheticModel("default-a", kResNet152Layers, kResNet152Bytes, 1);
-  auto second = memdaemon::MakeSyntheticModel("default-b", kResNet152Layers, kResNet152Bytes, 2);
-  const memdaemon::StoredModel* models[2];
-  for (int i = 0; i < 2; ++i) {
-    auto stored = daemon.weights().Register(i == 0 ? first->model : second->model);
-    if (!stored.ok()) return stored.status();
-    models[i] = *stored;
-    Log("info", "model_registered", "model=%s layers=%d bytes=%d", (*stored)->name(),
-        (*stored)->num_layers(), (*stored)->total_bytes());
+std::string DefaultWorkerBinary() {
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (self.parent_path() / "pswitch-worker").string();
+}
+
+// Registers the preloaded models and runs one inference on each through the full path.
+absl::Status Preload(controller::Controller& controller) {
+  std::string list = absl::GetFlag(FLAGS_preload);
+  if (list.empty()) return absl::OkStatus();
+  for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    controller::ModelRequest request;
+    request.name = std::string(name);
+    request.zoo_model = std::string(name);
+    std::promise<absl::StatusOr<const controller::CatalogEntry*>> registered;
+    controller.Register(request, [&](const auto& entry) { registered.set_value(entry); });
+    auto entry = registered.get_future().get();
+    if (!entry.ok()) return entry.status();
+    Log("info", "model_registered", "model=%s layers=%d groups=%d bytes=%d", request.name,
+        (*entry)->stored->num_layers(), (*entry)->plan.size(), (*entry)->stored->total_bytes());
   }
-  auto region = daemon.leases().Acquire("active-model", kResNet152Bytes + (1 << 20));
-  if (!region.ok()) return region.status();
-  const uint32_t groups = absl::GetFlag(FLAGS_demo_groups);
-  if (groups == 0 || groups > kResNet152Layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--demo_groups must be in [1, ", kResNet152Layers, "]"));
-  }
-  const int layers = static_cast<int>(kResNet152Layers);
-  grouping::GroupPlan plan =
-      *grouping::EveryKPlan(layers, (layers + static_cast<int>(groups) - 1) / groups);
-  for (int s = 0; s < absl::GetFlag(FLAGS_demo_switches); ++s) {
-    const memdaemon::StoredModel* model = models[s % 2];
-    int64_t start_ns = gpu::MonotonicNowNs();
-    auto transmission =
-        daemon.transmitter().Start(memdaemon::TransmitRequest{model, plan, region->offset});
-    if (!transmission.ok()) return transmission.status();
-    auto traces = (*transmission)->Wait();
-    if (!traces.ok()) return traces.status();
-    Log("info", "switch",
-        "model=%s epoch=%d groups=%d first_group_ready_ms=%.3f "
-        "all_groups_ready_ms=%.3f",
-        model->name(), (*transmission)->epoch(), traces->size(),
-        (traces->front().ready_ns - start_ns) / 1e6, (traces->back().ready_ns - start_ns) / 1e6);
+  for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    auto model = models::CreateModel(name);
+    if (!model.ok()) return model.status();
+    auto input = worker::ToHostTensor("input", (*model)->ExampleInput(1, 1).input);
+    if (!input.ok()) return input.status();
+    controller::TaskSpec spec;
+    spec.model = std::string(name);
+    spec.inputs.push_back(std::move(*input));
+    std::promise<absl::StatusOr<controller::TaskOutcome>> done;
+    auto id = controller.Submit(std::move(spec), [&](const auto& out) { done.set_value(out); });
+    if (!id.ok()) return id.status();
+    auto outcome = done.get_future().get();
+    if (!outcome.ok()) return outcome.status();
+    Log("info", "self_check", "model=%s task=%d latency_ms=%.3f switch_ms=%.3f",
+        std::string(name), outcome->task_id, absl::ToDoubleMilliseconds(outcome->latency),
+        absl::ToDoubleMilliseconds(outcome->switch_time));
   }
   return absl::OkStatus();
 }
@@ -110,8 +123,14 @@ int Main() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto device_options = ChooseDevice();
-  if (!device_options.ok()) {
-    Log("error", "start_failed", "error=\"%s\"", device_options.status().ToString());
+  auto policy = controller::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  int standby = absl::GetFlag(FLAGS_standby_workers);
+  if (!device_options.ok() || !policy.ok() || standby < 0 || standby > 64) {
+    absl::Status bad = !device_options.ok() ? device_options.status()
+                       : !policy.ok()       ? policy.status()
+                                            : absl::InvalidArgumentError(
+                                                  "--standby-workers must be in [0, 64]");
+    Log("error", "start_failed", "error=\"%s\"", bad.ToString());
     return 2;
   }
   memdaemon::MemDaemonOptions options;
@@ -126,31 +145,59 @@ int Main() {
     Log("error", "start_failed", "error=\"%s\"", daemon.status().ToString());
     return 1;
   }
-  Log("info", "started", "device=\"%s\" arena_bytes=%d socket=%s",
-      (*daemon)->device().description(), (*daemon)->arena().size_bytes(), (*daemon)->socket_path());
-  absl::Status demo = RunDemo(**daemon);
-  if (!demo.ok()) {
-    Log("error", "demo_failed", "error=\"%s\"", demo.ToString());
+  controller::ControllerOptions controller_options;
+  controller_options.scheduler.policy = *policy;
+  controller_options.scheduler.inference_preempts_training =
+      absl::GetFlag(FLAGS_inference_preempts_training);
+  controller_options.scheduler.workers = 1 + standby;
+  controller_options.scheduler.spawn.binary = absl::GetFlag(FLAGS_worker_binary).empty()
+                                                  ? DefaultWorkerBinary()
+                                                  : absl::GetFlag(FLAGS_worker_binary);
+  controller_options.scheduler.spawn.memdaemon_socket = (*daemon)->socket_path();
+  controller_options.scheduler.spawn.backend = std::string(gpu::BackendName(options.device.backend));
+  if (options.device.copy_bandwidth_bytes_per_s > 0) {
+    controller_options.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
+  }
+  auto controller = controller::Controller::Create(controller_options, daemon->get());
+  if (!controller.ok()) {
+    Log("error", "start_failed", "error=\"%s\"", controller.status().ToString());
     return 1;
   }
-  if (absl::GetFlag(FLAGS_exit_after_demo)) {
-    Log("info", "stopped", "reason=exit_after_demo");
-    return 0;
+  auto server = controller::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
+                                                proto::kDefaultMaxFrameBytes);
+  if (!server.ok()) {
+    Log("error", "start_failed", "error=\"%s\"", server.status().ToString());
+    return 1;
   }
-  Log("info", "serving", "hint=\"Ctrl-C or SIGTERM to stop\"");
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  Log("info", "stopping", "signal=%s", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  Log("info", "started", "device=\"%s\" arena_bytes=%d workers=%d policy=%s port=%d",
+      (*daemon)->device().description(), (*daemon)->arena().size_bytes(), 1 + standby,
+      controller::PolicyName(*policy), (*server)->port());
+  absl::Status preload = Preload(**controller);
+  if (!preload.ok()) {
+    Log("error", "preload_failed", "error=\"%s\"", preload.ToString());
+    return 1;
+  }
+  int exit_code = 0;
+  if (absl::GetFlag(FLAGS_exit_after_demo)) {
+    Log("info", "stopping", "reason=exit_after_demo");
+  } else {
+    Log("info", "serving", "listen=%s hint=\"Ctrl-C or SIGTERM to stop\"",
+        absl::GetFlag(FLAGS_listen));
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+    Log("info", "stopping", "signal=%s", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  }
+  server->reset();
+  controller->reset();
   daemon->reset();
-  Log("info", "stopped", "reason=signal");
-  return 0;
+  Log("info", "stopped", "exit_code=%d", exit_code);
+  return exit_code;
 }
 
 }  // namespace
 }  // namespace pswitch
 
 int main(int argc, char** argv) {
-  pswitch::tools::ParseToolFlags(argc, argv,
-                                 "pswitch per-node daemon (memory daemon for one GPU).");
+  pswitch::tools::ParseToolFlags(argc, argv, "pswitch per-node daemon.");
   return pswitch::Main();
 }

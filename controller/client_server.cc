@@ -1,0 +1,231 @@
+#include "controller/client_server.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "proto/client_generated.h"
+#include "proto/framed_connection.h"
+#include "proto/host_tensor.h"
+#include "proto/wire_status.h"
+
+namespace pswitch::controller {
+namespace {
+
+using Builder = flatbuffers::FlatBufferBuilder;
+using proto::ControllerReplyBody;
+
+std::vector<uint8_t> Bytes(const Builder& b) {
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+std::vector<uint8_t> ErrorReply(uint64_t id, const absl::Status& status) {
+  Builder b;
+  auto error = proto::CreateWireError(b, status);
+  b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Error, error.Union()));
+  return Bytes(b);
+}
+
+proto::TaskState ToWireState(TaskPhase phase) { return static_cast<proto::TaskState>(phase); }
+
+std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() : ""; }
+
+}  // namespace
+
+// Handles one client connection's requests; replies from other threads are posted back to the
+// event loop and dropped if the connection is gone.
+class ClientServer::Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(asio::io_context* io, Controller* controller) : io_(io), controller_(controller) {}
+
+  void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
+
+  void Handle(proto::FramedConnection& conn, std::vector<uint8_t> payload) {
+    auto request = proto::VerifyPayload<proto::ClientRequest>(payload, "client request");
+    if (!request.ok()) {
+      conn.Reject(ErrorReply(0, request.status()));
+      return;
+    }
+    const uint64_t id = (*request)->request_id();
+    switch ((*request)->body_type()) {
+      case proto::ClientRequestBody::RegisterModel:
+        return Register(id, *(*request)->body_as_RegisterModel());
+      case proto::ClientRequestBody::SubmitTask:
+        return Submit(conn, id, *(*request)->body_as_SubmitTask());
+      case proto::ClientRequestBody::QueryTask:
+        return conn.Send(StatusReply(id, (*request)->body_as_QueryTask()->task_id()));
+      case proto::ClientRequestBody::CancelTask: {
+        absl::Status cancelled = controller_->Cancel((*request)->body_as_CancelTask()->task_id());
+        if (!cancelled.ok()) return conn.Send(ErrorReply(id, cancelled));
+        Builder b;
+        auto ack = proto::CreateAck(b);
+        b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
+        return conn.Send(Bytes(b));
+      }
+      case proto::ClientRequestBody::ListModels:
+        return conn.Send(ModelListReply(id));
+      case proto::ClientRequestBody::BubbleBegin:
+      case proto::ClientRequestBody::BubbleEnd:
+        return conn.Send(ErrorReply(
+            id, absl::UnimplementedError("the bubble instruction is not served by this build")));
+      default:
+        return conn.Reject(ErrorReply(id, absl::InvalidArgumentError("unknown request type")));
+    }
+  }
+
+ private:
+  // Sends `bytes` on the event loop if the connection still exists.
+  void PostReply(std::vector<uint8_t> bytes) {
+    asio::post(*io_, [conn = conn_, bytes = std::move(bytes)]() mutable {
+      if (auto c = conn.lock()) c->Send(std::move(bytes));
+    });
+  }
+
+  void Register(uint64_t id, const proto::RegisterModel& wire) {
+    ModelRequest request;
+    request.name = Str(wire.name());
+    request.zoo_model = Str(wire.zoo_model());
+    request.weights_path = Str(wire.weights_path());
+    request.batch_size = wire.batch_size();
+    request.plan = wire.plan_path() == nullptr || wire.plan_path()->size() == 0
+                       ? "auto"
+                       : wire.plan_path()->str();
+    controller_->Register(request, [self = shared_from_this(), id](
+                                       const absl::StatusOr<const CatalogEntry*>& entry) {
+      if (!entry.ok()) {
+        self->PostReply(ErrorReply(id, entry.status()));
+        return;
+      }
+      Builder b;
+      auto registered = proto::CreateRegistered(
+          b, b.CreateString((*entry)->request.name),
+          static_cast<uint32_t>((*entry)->stored->num_layers()),
+          static_cast<uint32_t>((*entry)->plan.size()), (*entry)->stored->total_bytes());
+      b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
+                                            registered.Union()));
+      self->PostReply(Bytes(b));
+    });
+  }
+
+  void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
+    TaskSpec spec;
+    spec.model = Str(wire.model());
+    spec.kind = wire.kind() == proto::TaskKind::Training ? TaskKind::kTraining
+                                                         : TaskKind::kInference;
+    auto inputs = proto::FromWireTensors(wire.inputs());
+    if (!inputs.ok()) return conn.Send(ErrorReply(id, inputs.status()));
+    spec.inputs = std::move(*inputs);
+    spec.iterations = wire.iterations();
+    spec.seed = wire.seed();
+    spec.priority = wire.priority();
+    if (wire.deadline_ms() > 0) {
+      spec.deadline = absl::Now() + absl::Milliseconds(static_cast<int64_t>(
+                                        std::min<uint64_t>(wire.deadline_ms(), 1ull << 40)));
+    }
+    auto task_id = controller_->Submit(
+        std::move(spec), [self = shared_from_this(), id](const absl::StatusOr<TaskOutcome>& out) {
+          if (!out.ok()) {
+            self->PostReply(ErrorReply(id, out.status()));
+            return;
+          }
+          Builder b;
+          auto outputs = proto::CreateWireTensors(b, out->outputs);
+          auto result = proto::CreateTaskResult(
+              b, out->task_id, outputs, static_cast<uint64_t>(absl::ToInt64Microseconds(out->latency)),
+              static_cast<uint64_t>(absl::ToInt64Microseconds(out->switch_time)));
+          b.Finish(
+              proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
+          self->PostReply(Bytes(b));
+        });
+    if (!task_id.ok()) return conn.Send(ErrorReply(id, task_id.status()));
+    Builder b;
+    auto accepted = proto::CreateTaskAccepted(b, *task_id);
+    b.Finish(
+        proto::CreateControllerReply(b, id, ControllerReplyBody::TaskAccepted, accepted.Union()));
+    conn.Send(Bytes(b));
+  }
+
+  std::vector<uint8_t> StatusReply(uint64_t id, uint64_t task_id) {
+    absl::StatusOr<TaskInfo> info = controller_->Query(task_id);
+    if (!info.ok()) return ErrorReply(id, info.status());
+    Builder b;
+    auto error = info->error.ok() ? 0 : proto::CreateWireError(b, info->error);
+    auto status = proto::CreateTaskStatus(b, info->task_id, ToWireState(info->phase),
+                                          b.CreateString(info->model), info->iterations_done,
+                                          error);
+    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
+    return Bytes(b);
+  }
+
+  std::vector<uint8_t> ModelListReply(uint64_t id) {
+    Builder b;
+    std::vector<flatbuffers::Offset<proto::ModelInfo>> models;
+    for (const CatalogEntry* entry : controller_->List()) {
+      models.push_back(proto::CreateModelInfo(b, b.CreateString(entry->request.name),
+                                              b.CreateString(entry->request.zoo_model),
+                                              entry->stored->total_bytes()));
+    }
+    auto list = proto::CreateModelList(b, b.CreateVector(models));
+    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::ModelList, list.Union()));
+    return Bytes(b);
+  }
+
+  asio::io_context* const io_;
+  Controller* const controller_;
+  std::weak_ptr<proto::FramedConnection> conn_;
+};
+
+absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::string& listen,
+                                                                  Controller* controller,
+                                                                  uint32_t max_frame_bytes) {
+  size_t colon = listen.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad listen address '", listen, "' (expected HOST:PORT)"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  asio::error_code ec;
+  asio::ip::address address = asio::ip::make_address(host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("bad listen host '", host, "'"));
+  std::unique_ptr<ClientServer> server(new ClientServer(controller, max_frame_bytes));
+  asio::ip::tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
+  server->acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) server->acceptor_.bind(endpoint, ec);
+  if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("listen on ", listen, ": ", ec.message()));
+  server->port_ = server->acceptor_.local_endpoint().port();
+  server->Accept();
+  server->thread_ = std::thread([s = server.get()] { s->io_.run(); });
+  return server;
+}
+
+ClientServer::~ClientServer() {
+  io_.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ClientServer::Accept() {
+  acceptor_.async_accept([this](const asio::error_code& ec, asio::ip::tcp::socket socket) {
+    if (ec) return;
+    asio::error_code ignored;
+    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    int family = socket.local_endpoint(ignored).protocol().family();
+    proto::FramedConnection::Socket generic(
+        io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
+    auto session = std::make_shared<Session>(&io_, controller_);
+    auto conn = proto::FramedConnection::Create(
+        std::move(generic), max_frame_bytes_,
+        [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
+          session->Handle(c, std::move(payload));
+        },
+        [](const absl::Status& status) { return ErrorReply(0, status); },
+        [](proto::FramedConnection&, const absl::Status&) {});
+    session->Attach(conn);
+    conn->Start();
+    Accept();
+  });
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,46 @@
+// pswitchd's TCP front end for clients: length-prefixed, verified FlatBuffers (proto/client.fbs)
+// on an Asio event loop. A malformed frame gets an error reply and closes that connection only;
+// results of long tasks are pushed on the connection that submitted them.
+#ifndef PSWITCH_CONTROLLER_CLIENT_SERVER_H_
+#define PSWITCH_CONTROLLER_CLIENT_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "asio.hpp"
+#include "controller/controller.h"
+
+namespace pswitch::controller {
+
+// Runs its own event-loop thread. `*controller` must outlive the server.
+class ClientServer {
+ public:
+  // `listen` is "HOST:PORT"; port 0 picks a free one (see port()).
+  static absl::StatusOr<std::unique_ptr<ClientServer>> Start(const std::string& listen,
+                                                             Controller* controller,
+                                                             uint32_t max_frame_bytes);
+  ~ClientServer();
+  ClientServer(const ClientServer&) = delete;
+  ClientServer& operator=(const ClientServer&) = delete;
+
+  uint16_t port() const { return port_; }
+
+ private:
+  class Session;
+  ClientServer(Controller* controller, uint32_t max_frame_bytes)
+      : controller_(controller), max_frame_bytes_(max_frame_bytes), acceptor_(io_) {}
+  void Accept();
+
+  Controller* const controller_;
+  const uint32_t max_frame_bytes_;
+  asio::io_context io_;
+  asio::ip::tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_CLIENT_SERVER_H_

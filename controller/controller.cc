@@ -1,0 +1,89 @@
+#include "controller/controller.h"
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+
+namespace pswitch::controller {
+
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerOptions& options,
+                                                               memdaemon::MemDaemon* daemon) {
+  std::unique_ptr<Controller> c(new Controller(options, daemon));
+  // One weights region holds the active model; every worker's views point into it.
+  uint64_t region_bytes = daemon->leases().largest_free_bytes();
+  PSWITCH_ASSIGN_OR_RETURN(memdaemon::Lease region,
+                           daemon->leases().Acquire("weights-region", region_bytes));
+  c->catalog_ = std::make_unique<ModelCatalog>(daemon, region.bytes, options.bandwidth_bytes_per_s);
+  SchedulerOptions scheduler = options.scheduler;
+  scheduler.region_offset = region.offset;
+  PSWITCH_ASSIGN_OR_RETURN(c->scheduler_,
+                           GpuScheduler::Start(scheduler, daemon, c->catalog_.get()));
+  c->registrar_ = std::thread([p = c.get()] { p->RegistrarLoop(); });
+  return c;
+}
+
+Controller::~Controller() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  registrar_.join();
+  scheduler_.reset();
+}
+
+void Controller::RegistrarLoop() {
+  while (true) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !registrations_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (registrations_.empty()) return;
+      job = std::move(registrations_.front());
+      registrations_.pop_front();
+    }
+    job();
+  }
+}
+
+void Controller::Register(ModelRequest request, RegisterCallback done) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    done(absl::CancelledError("pswitchd is shutting down"));
+    return;
+  }
+  registrations_.push_back([this, request = std::move(request), done = std::move(done)] {
+    absl::StatusOr<const CatalogEntry*> entry = catalog_->Register(request);
+    if (!entry.ok()) {
+      done(entry.status());
+      return;
+    }
+    scheduler_->AddModel(*entry, [entry, done](absl::Status loaded) {
+      if (loaded.ok()) {
+        done(*entry);
+      } else {
+        done(loaded);
+      }
+    });
+  });
+}
+
+absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
+  PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
+  if (spec.kind == TaskKind::kInference) {
+    if (spec.inputs.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inference on '", spec.model, "' needs an 'input' tensor"));
+    }
+    for (const proto::HostTensor& t : spec.inputs) PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(t));
+  } else if (spec.iterations == 0 || spec.iterations > options_.max_training_iterations) {
+    return absl::InvalidArgumentError(absl::StrCat("training iterations must be in [1, ",
+                                                   options_.max_training_iterations, "], got ",
+                                                   spec.iterations));
+  }
+  (void)entry;
+  return scheduler_->Submit(std::move(spec), std::move(done));
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,65 @@
+// The controller of one node: model registration (off the scheduling path, on its own thread)
+// and task intake for its GPU scheduler. pswitchd's network front ends call only this.
+#ifndef PSWITCH_CONTROLLER_CONTROLLER_H_
+#define PSWITCH_CONTROLLER_CONTROLLER_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/gpu_scheduler.h"
+#include "controller/model_catalog.h"
+#include "memdaemon/memdaemon.h"
+
+namespace pswitch::controller {
+
+struct ControllerOptions {
+  SchedulerOptions scheduler;
+  // The link speed registration profiles assume (host backend: the configured copy cap).
+  double bandwidth_bytes_per_s = 12e9;
+  uint32_t max_training_iterations = 1'000'000;
+};
+
+// Thread-safe. `*daemon` must outlive the controller.
+class Controller {
+ public:
+  // Reserves the weights region and starts the workers.
+  static absl::StatusOr<std::unique_ptr<Controller>> Create(const ControllerOptions& options,
+                                                            memdaemon::MemDaemon* daemon);
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  using RegisterCallback = std::function<void(const absl::StatusOr<const CatalogEntry*>&)>;
+  // Registers in the background; `done` runs once the model is in every worker.
+  void Register(ModelRequest request, RegisterCallback done);
+  // Validates and queues a task. InvalidArgument / NotFound for a bad request.
+  absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
+  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const { return scheduler_->Query(task_id); }
+  absl::Status Cancel(uint64_t task_id) { return scheduler_->Cancel(task_id); }
+  std::vector<const CatalogEntry*> List() const { return catalog_->List(); }
+  GpuScheduler& scheduler() { return *scheduler_; }
+
+ private:
+  Controller(const ControllerOptions& options, memdaemon::MemDaemon* daemon)
+      : options_(options), daemon_(daemon) {}
+  void RegistrarLoop();
+
+  const ControllerOptions options_;
+  memdaemon::MemDaemon* const daemon_;
+  std::unique_ptr<ModelCatalog> catalog_;
+  std::unique_ptr<GpuScheduler> scheduler_;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> registrations_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread registrar_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_CONTROLLER_H_

@@ -1,0 +1,549 @@
+#include "controller/gpu_scheduler.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "memdaemon/arena_layout.h"
+#include "proto/status.h"
+#include "proto/wire_status.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::controller {
+namespace {
+
+using Builder = flatbuffers::FlatBufferBuilder;
+
+// How long finished tasks stay queryable.
+constexpr size_t kMaxFinishedInfos = 10000;
+
+}  // namespace
+
+absl::string_view TaskPhaseName(TaskPhase phase) {
+  switch (phase) {
+    case TaskPhase::kQueued:
+      return "queued";
+    case TaskPhase::kSwitching:
+      return "switching";
+    case TaskPhase::kRunning:
+      return "running";
+    case TaskPhase::kSucceeded:
+      return "succeeded";
+    case TaskPhase::kFailed:
+      return "failed";
+    case TaskPhase::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+struct GpuScheduler::Slot {
+  enum class State { kStarting, kIdle, kBusy, kDead };
+  std::unique_ptr<WorkerProcess> process;
+  State state = State::kStarting;
+  size_t loads_pending = 0;
+  std::set<std::string> loaded;
+  uint32_t drain_value = 0;
+};
+
+struct GpuScheduler::Running {
+  uint64_t task_id = 0;
+  int slot = -1;
+  bool stop_sent = false;
+  absl::Time started;
+  std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
+  const CatalogEntry* entry = nullptr;
+};
+
+GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
+                           ModelCatalog* catalog)
+    : options_(options), daemon_(daemon), catalog_(catalog),
+      queue_(options.policy, options.inference_preempts_training) {}
+
+absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
+                                                                  memdaemon::MemDaemon* daemon,
+                                                                  ModelCatalog* catalog) {
+  if (options.workers < 1 || options.workers > static_cast<int>(memdaemon::kDrainFlagCount)) {
+    return absl::InvalidArgumentError(absl::StrCat("worker count ", options.workers,
+                                                   " out of range [1, ",
+                                                   memdaemon::kDrainFlagCount, "]"));
+  }
+  std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
+  for (int i = 0; i < options.workers; ++i) s->slots_.push_back(std::make_unique<Slot>());
+  s->loop_ = std::thread([p = s.get()] { p->Loop(); });
+  s->Post([p = s.get()] {
+    for (size_t i = 0; i < p->slots_.size(); ++i) p->SpawnSlot(static_cast<int>(i));
+  });
+  return s;
+}
+
+GpuScheduler::~GpuScheduler() {
+  Post([this] {
+    stopping_ = true;
+    while (auto ticket = queue_.Pop()) {
+      Finish(ticket->id, absl::CancelledError("pswitchd is shutting down"));
+    }
+    if (running_ != nullptr && !running_->stop_sent) {
+      Builder b;
+      auto stop = proto::CreateStop(b, static_cast<uint32_t>(running_->slot),
+                                    ++slots_[running_->slot]->drain_value);
+      b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+      (void)slots_[running_->slot]->process->Send(b);
+      running_->stop_sent = true;
+    }
+  });
+  loop_.join();
+}
+
+void GpuScheduler::Post(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  posted_.push_back(std::move(fn));
+}
+
+void GpuScheduler::Loop() {
+  absl::Time stop_deadline = absl::InfiniteFuture();
+  while (true) {
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !posted_.empty(); };
+      // While stopping, a running task gets a bounded time to reach its sync point.
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), stop_deadline)) break;
+      fn = std::move(posted_.front());
+      posted_.pop_front();
+    }
+    fn();
+    if (stopping_) {
+      if (stop_deadline == absl::InfiniteFuture()) stop_deadline = absl::Now() + absl::Seconds(30);
+      if (running_ == nullptr) break;
+      continue;
+    }
+    MaybeStart();
+  }
+  if (running_ != nullptr) {
+    Finish(running_->task_id, absl::DeadlineExceededError("task did not stop before shutdown"));
+    running_.reset();
+  }
+  // Workers shut down and are reaped; their death events arrive after the loop has ended.
+  {
+    absl::MutexLock lock(&mu_);
+    loop_done_ = true;
+  }
+  slots_.clear();
+}
+
+void GpuScheduler::SpawnSlot(int slot) {
+  WorkerSpawnOptions spawn = options_.spawn;
+  spawn.worker_id = static_cast<uint32_t>(slot);
+  Slot& s = *slots_[slot];
+  s = Slot{};
+  auto process = WorkerProcess::Spawn(
+      spawn, [this, slot](uint32_t, absl::StatusOr<std::vector<uint8_t>> event) {
+        absl::MutexLock lock(&mu_);
+        if (loop_done_) return;
+        posted_.push_back(
+            [this, slot, event = std::move(event)] { OnWorkerEvent(slot, event); });
+      });
+  if (!process.ok()) {
+    std::fprintf(stderr, "level=error event=worker_spawn_failed slot=%d error=\"%s\"\n", slot,
+                 process.status().ToString().c_str());
+    s.state = Slot::State::kDead;
+    return;
+  }
+  s.process = std::move(*process);
+  s.state = Slot::State::kStarting;
+  RefreshReadiness();
+}
+
+void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event) {
+  Slot& s = *slots_[slot];
+  if (!event.ok()) {
+    OnWorkerDied(slot, event.status());
+    return;
+  }
+  auto* e = flatbuffers::GetRoot<proto::WorkerEvent>(event->data());
+  switch (e->body_type()) {
+    case proto::WorkerEventBody::WorkerReady:
+      LoadAll(slot);
+      break;
+    case proto::WorkerEventBody::ModelLoaded: {
+      auto* loaded = e->body_as_ModelLoaded();
+      std::string name = loaded->name() ? loaded->name()->str() : "";
+      absl::Status status =
+          loaded->error() != nullptr ? proto::FromWireError(loaded->error()) : absl::OkStatus();
+      if (s.loads_pending > 0) --s.loads_pending;
+      if (status.ok()) s.loaded.insert(name);
+      auto it = pending_loads_.find(name);
+      if (it != pending_loads_.end()) {
+        if (!status.ok() && it->second.status.ok()) {
+          it->second.status = absl::Status(
+              status.code(), absl::StrCat("worker ", slot, " could not load '", name,
+                                          "': ", status.message()));
+        }
+        if (--it->second.remaining == 0) {
+          it->second.done(it->second.status);
+          pending_loads_.erase(it);
+        }
+      }
+      if (s.loads_pending == 0 && s.state == Slot::State::kStarting) s.state = Slot::State::kIdle;
+      RefreshReadiness();
+      break;
+    }
+    case proto::WorkerEventBody::RunDone:
+      OnRunDone(slot, *event);
+      break;
+    case proto::WorkerEventBody::Drained:
+      break;  // the copy engine waits on the drain flag itself
+    default:
+      break;
+  }
+}
+
+void GpuScheduler::LoadAll(int slot) {
+  for (const CatalogEntry* entry : catalog_->List()) SendLoad(slot, *entry);
+  if (slots_[slot]->loads_pending == 0) slots_[slot]->state = Slot::State::kIdle;
+  RefreshReadiness();
+}
+
+void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {
+  Slot& s = *slots_[slot];
+  Builder b;
+  auto load = proto::CreateLoadModel(
+      b, b.CreateString(entry.request.name), b.CreateString(entry.request.zoo_model),
+      options_.region_offset, static_cast<uint32_t>(entry.stored->num_layers()),
+      entry.stored->total_bytes());
+  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
+  if (s.process != nullptr && s.process->Send(b).ok()) ++s.loads_pending;
+}
+
+void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done) {
+  Post([this, entry, done = std::move(done)] {
+    PendingLoad pending{0, absl::OkStatus(), done};
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = *slots_[i];
+      // Starting workers load every catalog model once they are ready; only live ones count.
+      if (s.state != Slot::State::kIdle && s.state != Slot::State::kBusy) continue;
+      size_t before = s.loads_pending;
+      SendLoad(static_cast<int>(i), *entry);
+      if (s.loads_pending > before) ++pending.remaining;
+    }
+    if (pending.remaining == 0) {
+      done(absl::OkStatus());
+      return;
+    }
+    pending_loads_[entry->request.name] = std::move(pending);
+  });
+}
+
+void GpuScheduler::RefreshReadiness() {
+  bool ready = true;
+  for (const auto& s : slots_) {
+    if (s->state == Slot::State::kStarting || s->state == Slot::State::kDead ||
+        s->loads_pending > 0) {
+      ready = false;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  workers_ready_ = ready;
+}
+
+bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&workers_ready_), timeout);
+}
+
+void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
+  Slot& s = *slots_[slot];
+  std::fprintf(stderr, "level=%s event=worker_exit slot=%d detail=\"%s\"\n",
+               stopping_ ? "info" : "error", slot, std::string(why.message()).c_str());
+  s.state = Slot::State::kDead;
+  // Nothing of a dead process is in flight: release whoever waits for its drain.
+  (void)daemon_->drain_flags().Store(static_cast<uint32_t>(slot), ++s.drain_value);
+  if (running_ != nullptr && running_->slot == slot) {
+    uint64_t id = running_->task_id;
+    running_.reset();
+    Finish(id, absl::UnavailableError(
+                   absl::StrCat("task ", id, " failed: ", why.message(),
+                                "; the task's model state is its last checkpoint")));
+  }
+  if (active_slot_ == slot) {
+    active_slot_ = -1;
+    resident_model_.clear();  // a half-finished training step may have touched the weights
+  }
+  for (auto it = pending_loads_.begin(); it != pending_loads_.end();) {
+    // Its load will never be answered.
+    if (--it->second.remaining == 0) {
+      it->second.done(it->second.status);
+      it = pending_loads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  s.process.reset();
+  if (!stopping_) SpawnSlot(slot);
+  RefreshReadiness();
+}
+
+bool GpuScheduler::Usable(int slot, const std::string& model) const {
+  const Slot& s = *slots_[slot];
+  return s.state == Slot::State::kIdle && s.loads_pending == 0 && s.loaded.contains(model);
+}
+
+void GpuScheduler::MaybeStart() {
+  while (true) {
+    if (running_ != nullptr) {
+      const TaskTicket* waiting = queue_.Peek();
+      auto spec = specs_.find(running_->task_id);
+      if (waiting != nullptr && !running_->stop_sent && spec != specs_.end()) {
+        TaskTicket running{running_->task_id, spec->second.first.model, spec->second.first.kind,
+                           spec->second.first.priority, spec->second.first.deadline};
+        running.arrival_seq = INT64_MIN;  // it was scheduled first
+        if (queue_.ShouldPreempt(running, *waiting)) {
+          Builder b;
+          auto stop = proto::CreateStop(b, static_cast<uint32_t>(running_->slot),
+                                        ++slots_[running_->slot]->drain_value);
+          b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+          (void)slots_[running_->slot]->process->Send(b);
+          running_->stop_sent = true;
+        }
+      }
+      return;
+    }
+    const TaskTicket* next = queue_.Peek();
+    if (next == nullptr) return;
+    TaskTicket ticket = *next;
+    bool resident = resident_model_ == ticket.model && active_slot_ >= 0;
+    if (resident ? !Usable(active_slot_, ticket.model) : false) return;  // wait for it
+    if (!resident) {
+      bool any = false;
+      for (size_t i = 0; i < slots_.size(); ++i) any |= Usable(static_cast<int>(i), ticket.model);
+      if (!any) return;  // every worker busy or still loading
+    }
+    queue_.Pop();
+    absl::Status started = StartTask(ticket);
+    if (!started.ok()) Finish(ticket.id, started);
+  }
+}
+
+absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
+  auto& [spec, callback] = specs_.at(ticket.id);
+  PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
+  auto run = std::make_unique<Running>();
+  run->task_id = ticket.id;
+  run->entry = entry;
+  run->started = absl::Now();
+  int slot = -1;
+  if (resident_model_ == spec.model && active_slot_ >= 0) {
+    slot = active_slot_;
+  } else {
+    // A standby (not the active worker) takes the new model: the active one drains meanwhile.
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (static_cast<int>(i) != active_slot_ && Usable(static_cast<int>(i), spec.model)) {
+        slot = static_cast<int>(i);
+        break;
+      }
+    }
+    if (slot < 0) slot = active_slot_;
+    memdaemon::TransmitRequest request;
+    request.model = entry->stored;
+    request.groups = entry->plan;
+    request.weights_offset = options_.region_offset;
+    if (active_slot_ >= 0) {
+      Slot& old = *slots_[active_slot_];
+      uint32_t value = ++old.drain_value;
+      Builder b;
+      auto stop = proto::CreateStop(b, static_cast<uint32_t>(active_slot_), value);
+      b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+      if (old.process != nullptr && old.process->Send(b).ok()) {
+        request.drain = memdaemon::DrainCondition{static_cast<uint32_t>(active_slot_), value,
+                                                  options_.drain_timeout};
+      }
+    }
+    PSWITCH_ASSIGN_OR_RETURN(run->transmission, daemon_->transmitter().Start(request));
+    resident_model_ = spec.model;
+    resident_epoch_ = run->transmission->epoch();
+    active_slot_ = slot;
+  }
+  Slot& s = *slots_[slot];
+  Builder prepare;
+  auto last = prepare.CreateVector(entry->group_last_layer);
+  auto body = proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_, 0,
+                                   last);
+  prepare.Finish(
+      proto::CreateWorkerCommand(prepare, 0, proto::WorkerCommandBody::Prepare, body.Union()));
+  PSWITCH_RETURN_IF_ERROR(s.process->Send(prepare));
+  Builder b;
+  auto inputs = proto::CreateWireTensors(b, spec.inputs);
+  uint32_t first = resume_iteration_.contains(ticket.id) ? resume_iteration_[ticket.id] : 0;
+  auto run_body = proto::CreateRun(b, ticket.id, b.CreateString(spec.model), inputs,
+                                   spec.kind == TaskKind::kTraining, first, spec.iterations,
+                                   entry->request.batch_size, spec.seed);
+  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run_body.Union()));
+  PSWITCH_RETURN_IF_ERROR(s.process->Send(b));
+  s.state = Slot::State::kBusy;
+  run->slot = slot;
+  SetPhase(ticket.id, run->transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first);
+  running_ = std::move(run);
+  return absl::OkStatus();
+}
+
+void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
+  auto* done = flatbuffers::GetRoot<proto::WorkerEvent>(payload.data())->body_as_RunDone();
+  Slot& s = *slots_[slot];
+  if (s.state == Slot::State::kBusy) s.state = Slot::State::kIdle;
+  if (running_ == nullptr || running_->slot != slot || running_->task_id != done->task_id()) return;
+  std::unique_ptr<Running> run = std::move(running_);
+  const TaskSpec& spec = specs_.at(run->task_id).first;
+  absl::Status status =
+      done->error() != nullptr ? proto::FromWireError(done->error()) : absl::OkStatus();
+  TaskOutcome outcome;
+  outcome.task_id = run->task_id;
+  outcome.iterations_done = done->iterations_done();
+  outcome.loss = done->loss();
+  if (run->transmission != nullptr) {
+    auto traces = run->transmission->Wait();
+    if (traces.ok() && !traces->empty()) {
+      outcome.switch_time = absl::Nanoseconds(traces->back().ready_ns -
+                                              traces->front().copy_start_ns);
+    } else if (!traces.ok() && status.ok()) {
+      status = traces.status();
+    }
+  }
+  if (spec.kind == TaskKind::kTraining) {
+    // The stopped worker has nothing in flight: save what it trained before anyone overwrites it.
+    const memdaemon::StoredModel& stored = *run->entry->stored;
+    absl::Status saved = daemon_->arena().CopyToHost(
+        options_.region_offset,
+        std::span<std::byte>(stored.host_bytes(), stored.total_bytes()));
+    if (!saved.ok() && status.ok()) status = saved;
+    bool cancelled = cancel_requested_.erase(run->task_id) > 0;
+    if (status.ok() && !cancelled && done->stopped_early() &&
+        done->iterations_done() < spec.iterations) {
+      resume_iteration_[run->task_id] = done->iterations_done();
+      TaskTicket again{run->task_id, spec.model, spec.kind, spec.priority, spec.deadline};
+      queue_.PushFront(again);
+      {
+        absl::MutexLock lock(&mu_);
+        infos_[run->task_id].preemptions++;
+      }
+      SetPhase(run->task_id, TaskPhase::kQueued, done->iterations_done());
+      return;
+    }
+    if (cancelled && status.ok()) {
+      Finish(run->task_id, absl::CancelledError(absl::StrCat(
+                               "task ", run->task_id, " cancelled after ",
+                               done->iterations_done(), " iterations (weights saved)")));
+      return;
+    }
+  }
+  if (!status.ok()) {
+    Finish(run->task_id, status);
+    return;
+  }
+  auto outputs = proto::FromWireTensors(done->outputs());
+  if (!outputs.ok()) {
+    Finish(run->task_id, outputs.status());
+    return;
+  }
+  outcome.outputs = std::move(*outputs);
+  Finish(run->task_id, outcome);
+}
+
+uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_task_id_++;
+    infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, absl::OkStatus()};
+  }
+  absl::Time submitted = absl::Now();
+  Post([this, id, submitted, spec = std::move(spec), done = std::move(done)]() mutable {
+    TaskTicket ticket{id, spec.model, spec.kind, spec.priority, spec.deadline};
+    // Latency is measured from submission, whatever happens in between.
+    TaskCallback timed = [submitted, done = std::move(done)](
+                             const absl::StatusOr<TaskOutcome>& outcome) {
+      if (!outcome.ok()) {
+        done(outcome);
+        return;
+      }
+      TaskOutcome with_latency = *outcome;
+      with_latency.latency = absl::Now() - submitted;
+      done(with_latency);
+    };
+    if (stopping_) {
+      timed(absl::CancelledError("pswitchd is shutting down"));
+      return;
+    }
+    specs_[id] = {std::move(spec), std::move(timed)};
+    queue_.Push(ticket);
+  });
+  return id;
+}
+
+void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome) {
+  auto it = specs_.find(task_id);
+  {
+    absl::MutexLock lock(&mu_);
+    TaskInfo& info = infos_[task_id];
+    if (outcome.ok()) {
+      info.phase = TaskPhase::kSucceeded;
+      info.iterations_done = outcome->iterations_done;
+    } else {
+      info.phase = outcome.status().code() == absl::StatusCode::kCancelled ? TaskPhase::kCancelled
+                                                                            : TaskPhase::kFailed;
+      info.error = outcome.status();
+    }
+    while (infos_.size() > kMaxFinishedInfos &&
+           infos_.begin()->second.phase >= TaskPhase::kSucceeded) {
+      infos_.erase(infos_.begin());
+    }
+  }
+  resume_iteration_.erase(task_id);
+  if (it == specs_.end()) return;
+  TaskCallback callback = std::move(it->second.second);
+  specs_.erase(it);
+  callback(outcome);
+}
+
+void GpuScheduler::SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations) {
+  absl::MutexLock lock(&mu_);
+  infos_[task_id].phase = phase;
+  infos_[task_id].iterations_done = iterations;
+}
+
+absl::StatusOr<TaskInfo> GpuScheduler::Query(uint64_t task_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = infos_.find(task_id);
+  if (it == infos_.end()) return absl::NotFoundError(absl::StrCat("no task ", task_id));
+  return it->second;
+}
+
+absl::Status GpuScheduler::Cancel(uint64_t task_id) {
+  PSWITCH_ASSIGN_OR_RETURN(TaskInfo info, Query(task_id));
+  if (info.phase >= TaskPhase::kSucceeded) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", task_id, " already ", TaskPhaseName(info.phase)));
+  }
+  Post([this, task_id] {
+    if (queue_.Remove(task_id)) {
+      Finish(task_id, absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      return;
+    }
+    auto spec = specs_.find(task_id);
+    if (running_ != nullptr && running_->task_id == task_id && spec != specs_.end() &&
+        spec->second.first.kind == TaskKind::kTraining) {
+      cancel_requested_.insert(task_id);
+      if (!running_->stop_sent) {
+        Builder b;
+        auto stop = proto::CreateStop(b, static_cast<uint32_t>(running_->slot),
+                                      ++slots_[running_->slot]->drain_value);
+        b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+        (void)slots_[running_->slot]->process->Send(b);
+        running_->stop_sent = true;
+      }
+    }
+    // A running inference batch always finishes; its result is still delivered.
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,149 @@
+// The scheduler of one GPU: its task queue, its worker processes (1 active + N standby) and the
+// switch. Everything below runs on one event-loop thread; other threads post to it.
+//
+// A switch (new task's model is not the one in the weights region):
+//   1. the active worker is told to stop (it drains at its next sync point and writes its drain
+//      flag), an idle standby worker is told to prepare the new model's gates and run the task;
+//   2. the memdaemon starts the pipelined transmission at once; its copies wait on the old
+//      worker's drain flag, and the new worker's layers wait on their groups' ready flags;
+//   3. the standby becomes active. No CPU round trip sits between a group and its compute.
+// Training stops at iteration boundaries; its weights (and buffers) are checkpointed from the
+// region back to the pinned store whenever it stops, so a preempted task resumes exactly.
+#ifndef PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
+#define PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/model_catalog.h"
+#include "controller/task_queue.h"
+#include "controller/worker_process.h"
+#include "proto/host_tensor.h"
+
+namespace pswitch::controller {
+
+struct TaskSpec {
+  std::string model;
+  TaskKind kind = TaskKind::kInference;
+  std::vector<proto::HostTensor> inputs;
+  uint32_t iterations = 1;  // training
+  uint64_t seed = 0;
+  int priority = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+struct TaskOutcome {
+  uint64_t task_id = 0;
+  std::vector<proto::HostTensor> outputs;
+  uint32_t iterations_done = 0;
+  double loss = 0;
+  absl::Duration latency;      // submission to completion
+  absl::Duration switch_time;  // transmission of the task's model, zero when it was resident
+};
+using TaskCallback = std::function<void(const absl::StatusOr<TaskOutcome>&)>;
+
+enum class TaskPhase { kQueued, kSwitching, kRunning, kSucceeded, kFailed, kCancelled };
+struct TaskInfo {
+  uint64_t task_id = 0;
+  std::string model;
+  TaskPhase phase = TaskPhase::kQueued;
+  uint32_t iterations_done = 0;
+  uint32_t preemptions = 0;
+  absl::Status error;
+};
+
+struct SchedulerOptions {
+  Policy policy = Policy::kFcfs;
+  bool inference_preempts_training = true;
+  int workers = 3;  // 1 active + 2 standby
+  WorkerSpawnOptions spawn;
+  uint64_t region_offset = 0;  // the weights region (a memdaemon lease)
+  absl::Duration drain_timeout = absl::Seconds(30);
+};
+
+// Thread-safe: every public method may be called from any thread.
+class GpuScheduler {
+ public:
+  static absl::StatusOr<std::unique_ptr<GpuScheduler>> Start(const SchedulerOptions& options,
+                                                             memdaemon::MemDaemon* daemon,
+                                                             ModelCatalog* catalog);
+  // Graceful: queued tasks are cancelled, a running task is stopped at its next sync point and
+  // answered, workers are shut down and reaped.
+  ~GpuScheduler();
+
+  // Loads a newly registered model into every worker; `done` gets the first load error or OK.
+  void AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done);
+  // Queues a task (already validated). `done` runs exactly once, on the scheduler thread.
+  uint64_t Submit(TaskSpec spec, TaskCallback done);
+  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const;
+  absl::Status Cancel(uint64_t task_id);
+  // Blocks until every worker slot is up and has loaded every model (tests, start-up).
+  bool AwaitWorkersReady(absl::Duration timeout) const;
+
+ private:
+  struct Slot;
+  struct Running;
+  struct PendingLoad {
+    size_t remaining = 0;
+    absl::Status status;
+    std::function<void(absl::Status)> done;
+  };
+
+  GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
+               ModelCatalog* catalog);
+  void Post(std::function<void()> fn);
+  void Loop();
+  void SpawnSlot(int slot);
+  void OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event);
+  void OnWorkerDied(int slot, const absl::Status& why);
+  void OnRunDone(int slot, const std::vector<uint8_t>& payload);
+  void LoadAll(int slot);
+  void SendLoad(int slot, const CatalogEntry& entry);
+  void MaybeStart();
+  bool Usable(int slot, const std::string& model) const;
+  absl::Status StartTask(const TaskTicket& ticket);
+  void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
+  void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0);
+  void RefreshReadiness();
+
+  const SchedulerOptions options_;
+  memdaemon::MemDaemon* const daemon_;
+  ModelCatalog* const catalog_;
+
+  // Loop-thread state.
+  TaskQueue queue_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
+  std::map<uint64_t, uint32_t> resume_iteration_;
+  std::set<uint64_t> cancel_requested_;
+  std::unique_ptr<Running> running_;
+  int active_slot_ = -1;
+  std::string resident_model_;
+  uint32_t resident_epoch_ = 0;
+  std::map<std::string, PendingLoad> pending_loads_;
+  bool stopping_ = false;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, TaskInfo> infos_ ABSL_GUARDED_BY(mu_);
+  bool workers_ready_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread loop_;
+};
+
+absl::string_view TaskPhaseName(TaskPhase phase);
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_GPU_SCHEDULER_H_

@@ -1,0 +1,158 @@
+#include "controller/model_catalog.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "grouping/cost_model.h"
+#include "grouping/profile.h"
+#include "grouping/search.h"
+#include "models/layer_profiler.h"
+#include "models/registry.h"
+#include "models/weights.h"
+#include "nlohmann/json.hpp"
+#include "proto/status.h"
+#include "worker/model_binding.h"
+
+namespace pswitch::controller {
+namespace {
+
+absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read plan file '", path, "'"));
+  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object() || !json.contains("groups")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan file '", path, "' is not find-grouping output (no \"groups\")"));
+  }
+  return grouping::PlanFromJson(json["groups"]);
+}
+
+// The unexecuted tail layers (Inception's aux head in eval) ride in one last group.
+grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout_layers) {
+  if (layout_layers > executed) plan.push_back({executed, layout_layers - 1});
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& request,
+                                                           models::ZooModel& model,
+                                                           int layout_layers,
+                                                           int executed_layers) {
+  if (request.plan != "auto") {
+    PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request.plan));
+    // A plan made from profile-model output covers the executed layers only.
+    if (grouping::ValidatePlan(plan, executed_layers).ok()) {
+      plan = CoverTail(std::move(plan), executed_layers, layout_layers);
+    }
+    absl::Status valid = grouping::ValidatePlan(plan, layout_layers);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan file '", request.plan, "': ", valid.message()));
+    }
+    return plan;
+  }
+  models::ProfileOptions options;
+  options.batch = request.batch_size;
+  options.warmup_runs = 1;
+  options.measured_runs = 3;
+  options.bandwidth_cap_bytes_per_s = bandwidth_bytes_per_s_;
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelProfile profile,
+                           models::ProfileModel(model, c10::Device(c10::kCPU), options));
+  model.eval();
+  PSWITCH_ASSIGN_OR_RETURN(grouping::Profile grouping_profile,
+                           grouping::ParseProfileJson(models::ProfileToJson(profile).dump()));
+  PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(grouping_profile));
+  PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
+                           grouping::FindGrouping(cost, grouping::SearchOptions{}));
+  return CoverTail(outcome.result.plan, executed_layers, layout_layers);
+}
+
+absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& request) {
+  if (request.name.empty()) return absl::InvalidArgumentError("model name must not be empty");
+  if (request.batch_size == 0 || request.batch_size > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size ", request.batch_size, " out of range [1, 4096]"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.contains(request.name) || in_progress_.contains(request.name)) {
+      return absl::AlreadyExistsError(absl::StrCat("model '", request.name, "' already registered"));
+    }
+    in_progress_[request.name] = true;
+  }
+  auto done = [this, &request] {
+    absl::MutexLock lock(&mu_);
+    in_progress_.erase(request.name);
+  };
+  auto build = [&]() -> absl::StatusOr<std::unique_ptr<CatalogEntry>> {
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
+                             models::CreateModel(request.zoo_model));
+    if (!request.weights_path.empty()) {
+      PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, request.weights_path));
+    }
+    model->eval();
+    PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* layers, model->Layers());
+    int layout_layers = static_cast<int>(layers->size());
+    int executed = 0;
+    for (const models::Layer& layer : *layers) executed += layer.executed ? 1 : 0;
+    PSWITCH_ASSIGN_OR_RETURN(worker::ModelWeights weights,
+                             worker::CollectWeights(*model, request.name));
+    auto entry = std::make_unique<CatalogEntry>();
+    entry->request = request;
+    PSWITCH_ASSIGN_OR_RETURN(entry->plan,
+                             MakePlan(request, *model, layout_layers, executed));
+    for (const grouping::LayerGroup& g : entry->plan) {
+      entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
+    }
+    // Checked before the weights are copied into pinned memory, so a refusal costs nothing.
+    PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout,
+                             memdaemon::ComputeWeightLayout([&] {
+                               std::vector<memdaemon::LayerSpec> specs;
+                               for (const auto& l : weights.bytes.layers) {
+                                 memdaemon::LayerSpec s{l.name, {}};
+                                 for (const auto& t : l.tensors) {
+                                   s.tensors.push_back({t.name, t.bytes.size()});
+                                 }
+                                 specs.push_back(std::move(s));
+                               }
+                               return specs;
+                             }()));
+    if (layout.total_bytes > region_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "model '", request.name, "' needs ", layout.total_bytes,
+          " bytes of weights; the weights region holds ", region_bytes_));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(entry->stored, daemon_->weights().Register(weights.bytes));
+    return entry;
+  };
+  absl::StatusOr<std::unique_ptr<CatalogEntry>> entry = build();
+  done();
+  if (!entry.ok()) {
+    return absl::Status(entry.status().code(),
+                        absl::StrCat("registering '", request.name, "' (", request.zoo_model,
+                                     "): ", entry.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  const CatalogEntry* raw = entry->get();
+  entries_[request.name] = std::move(*entry);
+  return raw;
+}
+
+absl::StatusOr<const CatalogEntry*> ModelCatalog::Find(absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not registered"));
+  }
+  return it->second.get();
+}
+
+std::vector<const CatalogEntry*> ModelCatalog::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const CatalogEntry*> out;
+  for (const auto& [name, entry] : entries_) out.push_back(entry.get());
+  return out;
+}
+
+}  // namespace pswitch::controller

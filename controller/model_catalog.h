@@ -1,0 +1,69 @@
+// The registered models: registration builds the zoo model once in pswitchd, loads its weights
+// (safetensors or seeded random), stores them in the memdaemon's pinned weight store in the
+// shared layout, and fixes the model's grouping plan (a plan file, or "auto": a quick profile
+// and the exact grouping search).
+#ifndef PSWITCH_CONTROLLER_MODEL_CATALOG_H_
+#define PSWITCH_CONTROLLER_MODEL_CATALOG_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grouping/plan.h"
+#include "memdaemon/memdaemon.h"
+
+namespace pswitch::models {
+class ZooModel;
+}
+
+namespace pswitch::controller {
+
+struct ModelRequest {
+  std::string name;
+  std::string zoo_model;
+  std::string weights_path;  // empty: seeded random weights
+  uint32_t batch_size = 1;
+  std::string plan = "auto";  // a plan JSON path, or "auto"
+};
+
+struct CatalogEntry {
+  ModelRequest request;
+  const memdaemon::StoredModel* stored = nullptr;  // owned by the memdaemon's weight store
+  grouping::GroupPlan plan;                        // covers every layout layer
+  std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it
+};
+
+// Thread-safe. `*daemon` must outlive the catalog.
+class ModelCatalog {
+ public:
+  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, double bandwidth_bytes_per_s)
+      : daemon_(daemon), region_bytes_(region_bytes), bandwidth_bytes_per_s_(bandwidth_bytes_per_s) {}
+
+  // Slow (builds and profiles the model): call off the scheduling thread. InvalidArgument for a
+  // bad request (unknown zoo model, bad weights or plan), AlreadyExists, ResourceExhausted when
+  // the model exceeds the weights region. Nothing is registered on error.
+  absl::StatusOr<const CatalogEntry*> Register(const ModelRequest& request);
+  absl::StatusOr<const CatalogEntry*> Find(absl::string_view name) const;
+  std::vector<const CatalogEntry*> List() const;
+
+ private:
+  // The request's plan file, or "auto": a quick profile of `model` and the exact search.
+  absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request,
+                                               models::ZooModel& model, int layout_layers,
+                                               int executed_layers);
+
+  memdaemon::MemDaemon* const daemon_;
+  const uint64_t region_bytes_;
+  const double bandwidth_bytes_per_s_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<CatalogEntry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, bool, std::less<>> in_progress_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_MODEL_CATALOG_H_

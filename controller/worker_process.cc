@@ -1,0 +1,128 @@
+#include "controller/worker_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "proto/status.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::controller {
+
+std::string DescribeExit(int wait_status) {
+  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status)) {
+    int sig = WTERMSIG(wait_status);
+    return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  return "ended";
+}
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
+    const WorkerSpawnOptions& options, EventHandler handler) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return ErrnoStatus("socketpair for worker");
+  }
+  UniqueFd parent_end(sv[0]), child_end(sv[1]);
+  // Everything the child needs is prepared before fork: the child only calls async-signal-safe
+  // functions (this process has threads).
+  std::vector<std::string> args = {
+      options.binary,
+      absl::StrCat("--worker_id=", options.worker_id),
+      absl::StrCat("--control_fd=", child_end.get()),
+      absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
+      absl::StrCat("--backend=", options.backend)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus("fork worker");
+  if (pid == 0) {
+    // Die with pswitchd rather than linger as an orphan.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) _exit(127);
+    ::fcntl(child_end.get(), F_SETFD, 0);  // the control socket survives exec
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  child_end.Reset();
+  return std::unique_ptr<WorkerProcess>(
+      new WorkerProcess(options.worker_id, pid,
+                        std::make_unique<proto::FrameChannel>(std::move(parent_end)),
+                        std::move(handler)));
+}
+
+WorkerProcess::WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::FrameChannel> channel,
+                             EventHandler handler)
+    : id_(id), pid_(pid), channel_(std::move(channel)), handler_(std::move(handler)),
+      reader_([this] { ReadLoop(); }) {}
+
+WorkerProcess::~WorkerProcess() {
+  flatbuffers::FlatBufferBuilder b;
+  auto body = proto::CreateShutdown(b);
+  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Shutdown, body.Union()));
+  (void)Send(b);
+  Reap(absl::Seconds(5));
+  ::shutdown(channel_->fd(), SHUT_RDWR);
+  reader_.join();
+}
+
+absl::Status WorkerProcess::Send(const flatbuffers::FlatBufferBuilder& command) {
+  absl::MutexLock lock(&send_mu_);
+  absl::Status sent = channel_->Send(command);
+  if (!sent.ok()) {
+    return absl::UnavailableError(absl::StrCat("worker ", id_, ": ", sent.message()));
+  }
+  return sent;
+}
+
+std::string WorkerProcess::Reap(absl::Duration grace) {
+  absl::MutexLock lock(&reap_mu_);
+  if (reaped_) return exit_description_;
+  absl::Time deadline = absl::Now() + grace;
+  int status = 0;
+  while (true) {
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) break;
+    if (r < 0 && errno != EINTR) {
+      status = 0;
+      break;
+    }
+    if (absl::Now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    // A child's exit cannot be waited on with a timeout portably; poll at 1 ms.
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  reaped_ = true;
+  exit_description_ = DescribeExit(status);
+  return exit_description_;
+}
+
+void WorkerProcess::ReadLoop() {
+  while (true) {
+    absl::StatusOr<proto::ReceivedFrame> frame = channel_->Receive();
+    if (!frame.ok()) break;
+    auto event = proto::VerifyPayload<proto::WorkerEvent>(frame->payload, "worker event");
+    if (!event.ok()) {
+      ::kill(pid_, SIGKILL);  // a worker that speaks garbage is broken
+      break;
+    }
+    handler_(id_, std::move(frame->payload));
+  }
+  // The control socket closed: the worker is exiting or dead.
+  std::string how = Reap(absl::Seconds(5));
+  handler_(id_, absl::UnavailableError(absl::StrCat("worker ", id_, " (pid ", pid_, ") ", how)));
+}
+
+}  // namespace pswitch::controller

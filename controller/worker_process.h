@@ -1,0 +1,69 @@
+// One worker child process: spawned with its control socket, commanded with framed
+// WorkerCommands, heard through a reader thread, and reaped exactly once. A worker that dies
+// (crash, abort, OOM kill) is reported through the event handler with how it died.
+#ifndef PSWITCH_CONTROLLER_WORKER_PROCESS_H_
+#define PSWITCH_CONTROLLER_WORKER_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/frame_channel.h"
+
+namespace pswitch::controller {
+
+struct WorkerSpawnOptions {
+  std::string binary;  // pswitch-worker
+  uint32_t worker_id = 0;
+  std::string memdaemon_socket;
+  std::string backend = "host";
+};
+
+// Thread-safe. The handler runs on the reader thread: with a verified WorkerEvent payload, or,
+// once, with an error describing the process's death.
+class WorkerProcess {
+ public:
+  using EventHandler =
+      std::function<void(uint32_t worker_id, absl::StatusOr<std::vector<uint8_t>> event)>;
+
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(const WorkerSpawnOptions& options,
+                                                              EventHandler handler);
+  // Asks the worker to shut down, kills it after a grace period, and reaps it.
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  absl::Status Send(const flatbuffers::FlatBufferBuilder& command);
+  uint32_t id() const { return id_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::FrameChannel> channel,
+                EventHandler handler);
+  void ReadLoop();
+  // Waits for the child (once) and describes how it ended.
+  std::string Reap(absl::Duration grace);
+
+  const uint32_t id_;
+  const pid_t pid_;
+  std::unique_ptr<proto::FrameChannel> channel_;
+  EventHandler handler_;
+  absl::Mutex send_mu_;
+  absl::Mutex reap_mu_;
+  bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
+  std::string exit_description_ ABSL_GUARDED_BY(reap_mu_);
+  std::thread reader_;
+};
+
+// "exited with status 1", "killed by signal 9 (Killed)".
+std::string DescribeExit(int wait_status);
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_WORKER_PROCESS_H_

@@ -1,0 +1,41 @@
+// pswitch-worker: a worker process, spawned by pswitchd (never by hand): it inherits its control
+// socket and attaches to the memdaemon's socket.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "tools/cli.h"
+#include "worker/worker.h"
+
+ABSL_FLAG(uint32_t, worker_id, 0, "worker slot id");
+ABSL_FLAG(int, control_fd, -1, "inherited control socket fd");
+ABSL_FLAG(std::string, memdaemon_socket, "", "memdaemon Unix socket");
+ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
+
+int main(int argc, char** argv) {
+  pswitch::tools::ParseToolFlags(argc, argv, "pswitch worker process (spawned by pswitchd).");
+  auto backend = pswitch::gpu::ParseBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok() || absl::GetFlag(FLAGS_control_fd) < 0 ||
+      absl::GetFlag(FLAGS_memdaemon_socket).empty()) {
+    std::fprintf(stderr, "pswitch-worker: needs --control-fd, --memdaemon-socket and a valid "
+                         "--backend; it is started by pswitchd\n");
+    return 2;
+  }
+  pswitch::worker::WorkerOptions options;
+  options.worker_id = absl::GetFlag(FLAGS_worker_id);
+  options.backend = *backend;
+  options.control_fd = absl::GetFlag(FLAGS_control_fd);
+  options.memdaemon_socket = absl::GetFlag(FLAGS_memdaemon_socket);
+  auto worker = pswitch::worker::Worker::Start(options);
+  if (!worker.ok()) {
+    std::fprintf(stderr, "pswitch-worker %u: %s\n", options.worker_id,
+                 worker.status().ToString().c_str());
+    return 1;
+  }
+  absl::Status served = (*worker)->Serve();
+  if (!served.ok()) {
+    std::fprintf(stderr, "pswitch-worker %u: %s\n", options.worker_id, served.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

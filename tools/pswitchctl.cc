@@ -1,0 +1,223 @@
+// pswitchctl: the command-line client of pswitchd.
+//
+//   pswitchctl --server HOST:PORT register --name N --model ZOO [--weights W] [--batch B]
+//              [--plan plan.json|auto]
+//   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
+//              [--priority P] [--deadline-ms D]
+//   pswitchctl --server HOST:PORT train --name N --iterations K [--seed S] [--priority P]
+//   pswitchctl --server HOST:PORT status TASK | models | cancel TASK
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "models/safetensors.h"
+#include "tools/cli.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:7300", "pswitchd address");
+ABSL_FLAG(std::string, name, "", "registered model name");
+ABSL_FLAG(std::string, model, "", "register: zoo model (e.g. resnet152)");
+ABSL_FLAG(std::string, weights, "", "register: safetensors weights on the server");
+ABSL_FLAG(uint32_t, batch, 1, "register: batch size");
+ABSL_FLAG(std::string, plan, "auto", "register: grouping plan JSON on the server, or auto");
+ABSL_FLAG(std::string, input, "", "infer: input safetensors ('input', optional "
+                                   "'attention_mask', 'token_type_ids')");
+ABSL_FLAG(std::string, output, "", "infer: where to write the 'output' tensor");
+ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
+ABSL_FLAG(uint64_t, deadline_ms, 0, "infer: deadline from submission (edf policy); 0 = none");
+ABSL_FLAG(uint32_t, iterations, 0, "train: iterations");
+ABSL_FLAG(uint64_t, seed, 0, "train: data and dropout seed");
+ABSL_FLAG(int, timeout_s, 600, "give up waiting after this many seconds");
+
+namespace pswitch {
+namespace {
+
+using models::DType;
+
+absl::StatusOr<proto::DType> ToWire(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return proto::DType::F32;
+    case DType::kF16:
+      return proto::DType::F16;
+    case DType::kBF16:
+      return proto::DType::BF16;
+    case DType::kI64:
+      return proto::DType::I64;
+    case DType::kI32:
+      return proto::DType::I32;
+    case DType::kU8:
+      return proto::DType::U8;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", models::DTypeName(dtype), " is not accepted as a task input"));
+  }
+}
+
+absl::StatusOr<DType> FromWire(proto::DType dtype) {
+  switch (dtype) {
+    case proto::DType::F32:
+      return DType::kF32;
+    case proto::DType::F16:
+      return DType::kF16;
+    case proto::DType::BF16:
+      return DType::kBF16;
+    case proto::DType::I64:
+      return DType::kI64;
+    case proto::DType::I32:
+      return DType::kI32;
+    case proto::DType::U8:
+      return DType::kU8;
+  }
+  return absl::InvalidArgumentError("unknown output dtype");
+}
+
+absl::StatusOr<std::vector<proto::HostTensor>> ReadInputs(const std::string& path) {
+  auto file = models::SafetensorsFile::Read(path);
+  if (!file.ok()) return file.status();
+  std::vector<proto::HostTensor> inputs;
+  for (const models::SafetensorsTensor& t : file->tensors()) {
+    auto dtype = ToWire(t.dtype);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": '", t.name, "': ",
+                                                     dtype.status().message()));
+    }
+    inputs.push_back(proto::HostTensor{t.name, *dtype, t.shape,
+                                       std::vector<uint8_t>(t.data, t.data + t.bytes)});
+  }
+  return inputs;
+}
+
+absl::Status WriteOutputs(const std::string& path, const std::vector<proto::HostTensor>& outputs) {
+  std::vector<models::SafetensorsEntry> entries;
+  for (const proto::HostTensor& t : outputs) {
+    auto dtype = FromWire(t.dtype);
+    if (!dtype.ok()) return dtype.status();
+    entries.push_back({t.name, *dtype, t.shape, t.data.data(), t.data.size()});
+  }
+  return models::WriteSafetensors(path, entries);
+}
+
+absl::Status Require(bool ok, absl::string_view what) {
+  return ok ? absl::OkStatus() : absl::InvalidArgumentError(absl::StrCat("missing ", what));
+}
+
+absl::StatusOr<uint64_t> TaskArg(const std::vector<std::string>& args) {
+  uint64_t id = 0;
+  if (args.size() != 2 || !absl::SimpleAtoi(args[1], &id)) {
+    return absl::InvalidArgumentError(absl::StrCat(args[0], " needs one numeric TASK id"));
+  }
+  return id;
+}
+
+absl::Status Run(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    return absl::InvalidArgumentError(
+        "no command (register, infer, train, status, models, cancel; see --help)");
+  }
+  const std::string& command = args[0];
+  client::ClientOptions options;
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  auto c = client::Client::Connect(absl::GetFlag(FLAGS_server), options);
+  if (!c.ok()) return c.status();
+  client::Client& client = **c;
+  const std::string name = absl::GetFlag(FLAGS_name);
+  if (command == "register") {
+    if (auto s = Require(!name.empty() && !absl::GetFlag(FLAGS_model).empty(),
+                         "--name and --model");
+        !s.ok()) {
+      return s;
+    }
+    auto registered = client.Register({name, absl::GetFlag(FLAGS_model),
+                                       absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_batch),
+                                       absl::GetFlag(FLAGS_plan)});
+    if (!registered.ok()) return registered.status();
+    std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
+                registered->layers, registered->groups,
+                static_cast<unsigned long long>(registered->param_bytes));
+    return absl::OkStatus();
+  }
+  if (command == "infer") {
+    if (auto s = Require(!name.empty() && !absl::GetFlag(FLAGS_input).empty() &&
+                             !absl::GetFlag(FLAGS_output).empty(),
+                         "--name, --input and --output");
+        !s.ok()) {
+      return s;
+    }
+    auto inputs = ReadInputs(absl::GetFlag(FLAGS_input));
+    if (!inputs.ok()) return inputs.status();
+    client::InferOptions infer;
+    infer.priority = absl::GetFlag(FLAGS_priority);
+    infer.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+    auto result = client.Infer(name, std::move(*inputs), infer);
+    if (!result.ok()) return result.status();
+    if (auto s = WriteOutputs(absl::GetFlag(FLAGS_output), result->outputs); !s.ok()) return s;
+    std::printf("task %llu: latency %.3f ms (switch %.3f ms), output written to %s\n",
+                static_cast<unsigned long long>(result->task_id),
+                absl::ToDoubleMilliseconds(result->latency),
+                absl::ToDoubleMilliseconds(result->switch_time),
+                absl::GetFlag(FLAGS_output).c_str());
+    return absl::OkStatus();
+  }
+  if (command == "train") {
+    if (auto s = Require(!name.empty() && absl::GetFlag(FLAGS_iterations) > 0,
+                         "--name and --iterations");
+        !s.ok()) {
+      return s;
+    }
+    auto result = client.Train(name, {absl::GetFlag(FLAGS_iterations), absl::GetFlag(FLAGS_seed),
+                                      absl::GetFlag(FLAGS_priority)});
+    if (!result.ok()) return result.status();
+    std::printf("task %llu: %u iterations in %.3f ms\n",
+                static_cast<unsigned long long>(result->task_id), absl::GetFlag(FLAGS_iterations),
+                absl::ToDoubleMilliseconds(result->latency));
+    return absl::OkStatus();
+  }
+  if (command == "status") {
+    auto id = TaskArg(args);
+    if (!id.ok()) return id.status();
+    auto status = client.Status(*id);
+    if (!status.ok()) return status.status();
+    std::printf("task %llu model=%s state=%s iterations_done=%u%s\n",
+                static_cast<unsigned long long>(status->task_id), status->model.c_str(),
+                std::string(client::TaskStateName(status->state)).c_str(),
+                status->iterations_done,
+                status->error.ok() ? "" : (" error=\"" + status->error.ToString() + "\"").c_str());
+    return absl::OkStatus();
+  }
+  if (command == "models") {
+    auto models = client.ListModels();
+    if (!models.ok()) return models.status();
+    for (const client::ModelInfo& m : *models) {
+      std::printf("%s\t%s\t%llu bytes\n", m.name.c_str(), m.zoo_model.c_str(),
+                  static_cast<unsigned long long>(m.param_bytes));
+    }
+    return absl::OkStatus();
+  }
+  if (command == "cancel") {
+    auto id = TaskArg(args);
+    if (!id.ok()) return id.status();
+    if (auto s = client.Cancel(*id); !s.ok()) return s;
+    std::printf("cancel requested for task %llu\n", static_cast<unsigned long long>(*id));
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
+}
+
+}  // namespace
+}  // namespace pswitch
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args = pswitch::tools::ParseToolFlags(
+      argc, argv, "pswitchctl [--server HOST:PORT] register|infer|train|status|models|cancel ...",
+      /*allow_positional=*/true);
+  absl::Status status = pswitch::Run(args);
+  if (!status.ok()) {
+    std::fprintf(stderr, "pswitchctl: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

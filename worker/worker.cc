@@ -1,0 +1,260 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "models/training.h"
+#include "proto/status.h"
+#include "proto/wire_status.h"
+#include "proto/worker_generated.h"
+#include "worker/host_tensors.h"
+
+namespace pswitch::worker {
+namespace {
+
+// Thrown by the gate hook through libtorch's forward; caught at the task boundary below.
+class GateFailure : public std::runtime_error {
+ public:
+  explicit GateFailure(absl::Status status)
+      : std::runtime_error(std::string(status.message())), status_(std::move(status)) {}
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+// Training tasks use plain SGD: the weights (and buffers) are then the whole training state, so
+// a preempted task resumes exactly from the checkpointed arena region.
+constexpr double kLearningRate = 0.01;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
+  std::unique_ptr<Worker> w(new Worker());
+  w->options_ = options;
+  w->control_ = std::make_unique<proto::FrameChannel>(UniqueFd(options.control_fd));
+  gpu::DeviceOptions device;
+  device.backend = options.backend;
+  PSWITCH_ASSIGN_OR_RETURN(w->device_, gpu::Device::Open(device));
+  PSWITCH_ASSIGN_OR_RETURN(w->arena_, memdaemon::ArenaClient::Attach(
+                                          options.memdaemon_socket, w->device_.get(),
+                                          options.worker_id));
+  PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
+  flatbuffers::FlatBufferBuilder b;
+  auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
+  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
+  PSWITCH_RETURN_IF_ERROR(w->SendEvent(b));
+  w->control_thread_ = std::thread([p = w.get()] { p->ControlLoop(); });
+  return w;
+}
+
+Worker::~Worker() {
+  // The control thread ends when the controller closes the socket; don't wait for that.
+  if (control_thread_.joinable()) control_thread_.detach();
+}
+
+absl::Status Worker::SendEvent(flatbuffers::FlatBufferBuilder& builder) {
+  absl::MutexLock lock(&send_mu_);
+  return control_->Send(builder);
+}
+
+void Worker::ControlLoop() {
+  while (true) {
+    absl::StatusOr<proto::ReceivedFrame> frame = control_->Receive();
+    if (!frame.ok()) break;
+    auto command = proto::VerifyPayload<proto::WorkerCommand>(frame->payload, "worker command");
+    if (!command.ok()) break;  // the controller is ours: a bad frame means it is broken
+    if ((*command)->body_type() == proto::WorkerCommandBody::Stop) {
+      stop_requested_.store(true);  // seen by a running task at its next sync point
+    }
+    absl::MutexLock lock(&mu_);
+    commands_.push_back(Command{std::move(frame->payload)});
+  }
+  absl::MutexLock lock(&mu_);
+  control_closed_ = true;
+}
+
+absl::Status Worker::Serve() {
+  while (true) {
+    Command command;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !commands_.empty() || control_closed_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (commands_.empty()) return absl::OkStatus();  // controller gone: nothing left to do
+      command = std::move(commands_.front());
+      commands_.pop_front();
+    }
+    auto* cmd = flatbuffers::GetRoot<proto::WorkerCommand>(command.payload.data());
+    if (cmd->body_type() == proto::WorkerCommandBody::Shutdown) return absl::OkStatus();
+    PSWITCH_RETURN_IF_ERROR(Execute(command.payload));
+  }
+}
+
+absl::Status Worker::Execute(const std::vector<uint8_t>& payload) {
+  auto* cmd = flatbuffers::GetRoot<proto::WorkerCommand>(payload.data());
+  switch (cmd->body_type()) {
+    case proto::WorkerCommandBody::LoadModel:
+      return HandleLoad(*cmd->body_as_LoadModel());
+    case proto::WorkerCommandBody::Prepare:
+      return HandlePrepare(*cmd->body_as_Prepare());
+    case proto::WorkerCommandBody::Run:
+      return HandleRun(*cmd->body_as_Run());
+    case proto::WorkerCommandBody::Stop:
+      return HandleStop(*cmd->body_as_Stop());
+    default:
+      return absl::InvalidArgumentError("unknown worker command");
+  }
+}
+
+absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
+  std::string name = load.name()->str();
+  absl::Status status;
+  if (load.weights_offset() > arena_->arena().size_bytes() ||
+      load.total_bytes() > arena_->arena().size_bytes() - load.weights_offset()) {
+    status = absl::OutOfRangeError(absl::StrCat("model '", name, "' region outside the arena"));
+  } else {
+    auto bound = BoundModel::Create(load.zoo_model()->str(),
+                                    arena_->arena().base() + load.weights_offset(), load.layers(),
+                                    load.total_bytes());
+    if (bound.ok()) {
+      models_[name] = std::move(*bound);
+    } else {
+      status = bound.status();
+    }
+  }
+  flatbuffers::FlatBufferBuilder b;
+  auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
+  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error);
+  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
+  return SendEvent(b);
+}
+
+absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
+  auto it = models_.find(prepare.model()->str());
+  if (it == models_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("prepare for model '", prepare.model()->str(), "' that was never loaded"));
+  }
+  Gate gate{prepare.model()->str(), prepare.epoch(), prepare.flag_base(), {}};
+  gate.group_of_layer.resize(it->second->num_layers());
+  const auto* last = prepare.group_last_layer();
+  uint32_t g = 0;
+  for (size_t l = 0; l < gate.group_of_layer.size(); ++l) {
+    while (last != nullptr && g + 1 < last->size() && last->Get(g) < l) ++g;
+    gate.group_of_layer[l] = g;
+  }
+  gate_ = std::move(gate);
+  return absl::OkStatus();
+}
+
+absl::Status Worker::HandleRun(const proto::Run& run) {
+  const std::string model_name = run.model()->str();
+  auto it = models_.find(model_name);
+  std::vector<proto::HostTensor> outputs;
+  uint32_t iterations_done = run.first_iteration();
+  bool stopped_early = false;
+  double loss = 0;
+  absl::Status status;
+  if (it == models_.end() || gate_.model != model_name) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat("run of model '", model_name, "' without load and prepare"));
+  } else {
+    BoundModel& bound = *it->second;
+    bool training = run.training();
+    int waited_group = -1;
+    absl::Status gate_status;
+    // Gate every layer on its group; groups arrive in order, so waiting once per group is enough.
+    bound.model().SetGateHook([&, training](int index) {
+      int group = static_cast<int>(gate_.group_of_layer[bound.LayoutIndex(training, index)]);
+      if (group <= waited_group) return;
+      absl::Status s = stream_->WaitFlag(arena_->ready_flags(), gate_.flag_base + group,
+                                         gate_.epoch, options_.group_timeout);
+      if (!s.ok()) throw GateFailure(s);
+      waited_group = group;
+    });
+    status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
+      try {
+        if (!training) {
+          bound.model().eval();
+          torch::NoGradGuard no_grad;
+          auto wire_inputs = proto::FromWireTensors(run.inputs());
+          if (!wire_inputs.ok()) {
+            status = wire_inputs.status();
+            return;
+          }
+          auto model_input = ToModelInput(*wire_inputs);
+          if (!model_input.ok()) {
+            status = model_input.status();
+            return;
+          }
+          models::ModelOutput out = bound.model().Forward(*model_input);
+          auto host = ToHostTensor("output", out.output);
+          if (!host.ok()) {
+            status = host.status();
+            return;
+          }
+          outputs.push_back(std::move(*host));
+          return;
+        }
+        auto trainer = models::Trainer::Create(
+            bound.model(), models::TrainerOptions{models::OptimizerKind::kSgd, kLearningRate, 0.0});
+        if (!trainer.ok()) {
+          status = trainer.status();
+          return;
+        }
+        for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
+          if (stop_requested_.load()) {
+            stopped_early = true;
+            break;
+          }
+          // Every iteration's data and randomness depend on (seed, i) only, in any process.
+          uint64_t step_seed = run.seed() * 1000003ull + i;
+          torch::manual_seed(step_seed);
+          models::ModelInput input = bound.model().ExampleInput(run.batch(), step_seed);
+          at::Tensor target = bound.model().ExampleTarget(run.batch(), step_seed);
+          auto step = (*trainer)->Step(input, target);
+          if (!step.ok()) {
+            status = step.status();
+            return;
+          }
+          loss = *step;
+          iterations_done = i + 1;
+        }
+        bound.model().eval();
+      } catch (const GateFailure& failure) {
+        gate_status = failure.status();
+      }
+    });
+    if (!gate_status.ok()) status = gate_status;
+    bound.model().SetGateHook(nullptr);
+  }
+  flatbuffers::FlatBufferBuilder b;
+  auto wire_outputs = proto::CreateWireTensors(b, outputs);
+  auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
+  auto done = proto::CreateRunDone(b, run.task_id(), wire_outputs, iterations_done, stopped_early,
+                                   loss, error);
+  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
+  return SendEvent(b);
+}
+
+absl::Status Worker::HandleStop(const proto::Stop& stop) {
+  stop_requested_.store(false);
+  // Nothing of this tenant may be in flight once the drain value is visible.
+  PSWITCH_RETURN_IF_ERROR(stream_->Synchronize());
+  PSWITCH_RETURN_IF_ERROR(
+      stream_->WriteFlag(arena_->drain_flags(), stop.drain_index(), stop.drain_value()));
+  PSWITCH_RETURN_IF_ERROR(stream_->Synchronize());
+  flatbuffers::FlatBufferBuilder b;
+  auto drained = proto::CreateDrained(b, stop.drain_value());
+  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Drained, drained.Union()));
+  return SendEvent(b);
+}
+
+}  // namespace pswitch::worker

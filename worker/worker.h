@@ -1,0 +1,83 @@
+// A worker process: one per GPU slot (1 active + N standby). It maps the arena once, builds
+// every registered model's structure over it once (LoadModel), and runs tasks with each layer
+// gated on its group's ready flag, so a task starts computing while its model still streams in.
+//
+// Two threads, as in PipeSwitch: the control thread reads commands and raises the stop flag at
+// once; the main thread computes, in command order. Stop is honoured at synchronisation points
+// only (after an inference batch, between training iterations); the worker then reports the
+// drain on its drain flag, which is what lets the next model overwrite the weights.
+#ifndef PSWITCH_WORKER_WORKER_H_
+#define PSWITCH_WORKER_WORKER_H_
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/device.h"
+#include "memdaemon/arena_client.h"
+#include "proto/frame_channel.h"
+#include "proto/worker_generated.h"
+#include "worker/model_binding.h"
+
+namespace pswitch::worker {
+
+struct WorkerOptions {
+  uint32_t worker_id = 0;
+  gpu::Backend backend = gpu::Backend::kHost;
+  std::string memdaemon_socket;
+  int control_fd = -1;  // connected socket to the controller, owned by the worker
+  absl::Duration group_timeout = absl::Seconds(30);
+};
+
+class Worker {
+ public:
+  // Opens the device, attaches the arena and announces itself (WorkerReady).
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& options);
+  ~Worker();
+  // Serves commands until Shutdown or the controller goes away. Call from the main thread.
+  absl::Status Serve();
+
+ private:
+  struct Command {
+    std::vector<uint8_t> payload;  // a verified WorkerCommand
+  };
+  struct Gate {
+    std::string model;
+    uint32_t epoch = 0;
+    uint32_t flag_base = 0;
+    std::vector<uint32_t> group_of_layer;  // layout layer -> group
+  };
+
+  Worker() = default;
+  void ControlLoop();
+  absl::Status Execute(const std::vector<uint8_t>& payload);
+  absl::Status HandleLoad(const proto::LoadModel& load);
+  absl::Status HandlePrepare(const proto::Prepare& prepare);
+  absl::Status HandleRun(const proto::Run& run);
+  absl::Status HandleStop(const proto::Stop& stop);
+  absl::Status SendEvent(flatbuffers::FlatBufferBuilder& builder);
+
+  WorkerOptions options_;
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<memdaemon::ArenaClient> arena_;
+  std::unique_ptr<gpu::Stream> stream_;
+  std::unique_ptr<proto::FrameChannel> control_;
+  std::map<std::string, std::unique_ptr<BoundModel>, std::less<>> models_;
+  Gate gate_;
+  std::atomic<bool> stop_requested_{false};
+
+  absl::Mutex send_mu_;
+  absl::Mutex mu_;
+  std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
+  bool control_closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread control_thread_;
+};
+
+}  // namespace pswitch::worker
+
+#endif  // PSWITCH_WORKER_WORKER_H_
