@@ -179,8 +179,7 @@ template <typename T>
 std::future<absl::StatusOr<T>> SimpleCall(
     std::function<void(Builder&, uint64_t)> build, ControllerReplyBody expected,
     std::function<absl::StatusOr<T>(const ControllerReply*)> parse,
-    const std::function<void(const std::function<void(Builder&, uint64_t)>&, ReplyHandler)>&
-        call) {
+    const std::function<void(const std::function<void(Builder&, uint64_t)>&, ReplyHandler)>& call) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   auto future = promise->get_future();
   call(build, [promise, expected, parse](const absl::StatusOr<const ControllerReply*>& reply) {
@@ -189,9 +188,8 @@ std::future<absl::StatusOr<T>> SimpleCall(
     } else if ((*reply)->body_type() == ControllerReplyBody::Error) {
       promise->set_value(ReplyError(*reply));
     } else if ((*reply)->body_type() != expected) {
-      promise->set_value(absl::InternalError(
-          absl::StrCat("unexpected reply ", proto::EnumNameControllerReplyBody(
-                                                (*reply)->body_type()))));
+      promise->set_value(absl::InternalError(absl::StrCat(
+          "unexpected reply ", proto::EnumNameControllerReplyBody((*reply)->body_type()))));
     } else {
       promise->set_value(parse(*reply));
     }
@@ -312,9 +310,8 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
   auto future = promise->get_future();
   connection_->Call(
       [&](Builder& b, uint64_t id) {
-        auto body = proto::CreateSubmitTask(b, b.CreateString(model), proto::TaskKind::Training,
-                                            0, options.iterations, options.seed,
-                                            options.priority, 0);
+        auto body = proto::CreateSubmitTask(b, b.CreateString(model), proto::TaskKind::Training, 0,
+                                            options.iterations, options.seed, options.priority, 0);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
@@ -350,6 +347,8 @@ absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
         status.model = s->model() ? s->model()->str() : "";
         status.state = static_cast<TaskState>(s->state());
         status.iterations_done = s->iterations_done();
+        status.preemptions = s->preemptions();
+        status.worker_pid = s->worker_pid();
         if (s->error() != nullptr) status.error = proto::FromWireError(s->error());
         return status;
       },

@@ -30,7 +30,7 @@ struct RegisterOptions {
   std::string zoo_model;     // e.g. "resnet152"
   std::string weights_path;  // safetensors on the server's file system; empty = seeded random
   uint32_t batch_size = 1;
-  std::string plan;          // grouping plan JSON path on the server, or "auto" (default)
+  std::string plan;  // grouping plan JSON path on the server, or "auto" (default)
 };
 
 struct RegisteredModel {
@@ -71,7 +71,9 @@ struct TaskStatus {
   std::string model;
   TaskState state = TaskState::kQueued;
   uint32_t iterations_done = 0;
-  absl::Status error;  // for kFailed
+  uint32_t preemptions = 0;  // training: times stopped for another task and resumed
+  int worker_pid = 0;        // the worker process running it (0 when not running)
+  absl::Status error;        // for kFailed
 };
 
 absl::string_view TaskStateName(TaskState state);

@@ -88,28 +88,28 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     request.plan = wire.plan_path() == nullptr || wire.plan_path()->size() == 0
                        ? "auto"
                        : wire.plan_path()->str();
-    controller_->Register(request, [self = shared_from_this(), id](
-                                       const absl::StatusOr<const CatalogEntry*>& entry) {
-      if (!entry.ok()) {
-        self->PostReply(ErrorReply(id, entry.status()));
-        return;
-      }
-      Builder b;
-      auto registered = proto::CreateRegistered(
-          b, b.CreateString((*entry)->request.name),
-          static_cast<uint32_t>((*entry)->stored->num_layers()),
-          static_cast<uint32_t>((*entry)->plan.size()), (*entry)->stored->total_bytes());
-      b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
-                                            registered.Union()));
-      self->PostReply(Bytes(b));
-    });
+    controller_->Register(
+        request, [self = shared_from_this(), id](const absl::StatusOr<const CatalogEntry*>& entry) {
+          if (!entry.ok()) {
+            self->PostReply(ErrorReply(id, entry.status()));
+            return;
+          }
+          Builder b;
+          auto registered = proto::CreateRegistered(
+              b, b.CreateString((*entry)->request.name),
+              static_cast<uint32_t>((*entry)->stored->num_layers()),
+              static_cast<uint32_t>((*entry)->plan.size()), (*entry)->stored->total_bytes());
+          b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
+                                                registered.Union()));
+          self->PostReply(Bytes(b));
+        });
   }
 
   void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
     TaskSpec spec;
     spec.model = Str(wire.model());
-    spec.kind = wire.kind() == proto::TaskKind::Training ? TaskKind::kTraining
-                                                         : TaskKind::kInference;
+    spec.kind =
+        wire.kind() == proto::TaskKind::Training ? TaskKind::kTraining : TaskKind::kInference;
     auto inputs = proto::FromWireTensors(wire.inputs());
     if (!inputs.ok()) return conn.Send(ErrorReply(id, inputs.status()));
     spec.inputs = std::move(*inputs);
@@ -129,7 +129,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           Builder b;
           auto outputs = proto::CreateWireTensors(b, out->outputs);
           auto result = proto::CreateTaskResult(
-              b, out->task_id, outputs, static_cast<uint64_t>(absl::ToInt64Microseconds(out->latency)),
+              b, out->task_id, outputs,
+              static_cast<uint64_t>(absl::ToInt64Microseconds(out->latency)),
               static_cast<uint64_t>(absl::ToInt64Microseconds(out->switch_time)));
           b.Finish(
               proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
@@ -149,8 +150,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     Builder b;
     auto error = info->error.ok() ? 0 : proto::CreateWireError(b, info->error);
     auto status = proto::CreateTaskStatus(b, info->task_id, ToWireState(info->phase),
-                                          b.CreateString(info->model), info->iterations_done,
-                                          error);
+                                          b.CreateString(info->model), info->iterations_done, error,
+                                          info->preemptions, info->worker_pid);
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
     return Bytes(b);
   }

@@ -56,16 +56,17 @@ struct GpuScheduler::Running {
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
                            ModelCatalog* catalog)
-    : options_(options), daemon_(daemon), catalog_(catalog),
+    : options_(options),
+      daemon_(daemon),
+      catalog_(catalog),
       queue_(options.policy, options.inference_preempts_training) {}
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
                                                                   memdaemon::MemDaemon* daemon,
                                                                   ModelCatalog* catalog) {
   if (options.workers < 1 || options.workers > static_cast<int>(memdaemon::kDrainFlagCount)) {
-    return absl::InvalidArgumentError(absl::StrCat("worker count ", options.workers,
-                                                   " out of range [1, ",
-                                                   memdaemon::kDrainFlagCount, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker count ", options.workers, " out of range [1, ", memdaemon::kDrainFlagCount, "]"));
   }
   std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
   for (int i = 0; i < options.workers; ++i) s->slots_.push_back(std::make_unique<Slot>());
@@ -140,8 +141,7 @@ void GpuScheduler::SpawnSlot(int slot) {
       spawn, [this, slot](uint32_t, absl::StatusOr<std::vector<uint8_t>> event) {
         absl::MutexLock lock(&mu_);
         if (loop_done_) return;
-        posted_.push_back(
-            [this, slot, event = std::move(event)] { OnWorkerEvent(slot, event); });
+        posted_.push_back([this, slot, event = std::move(event)] { OnWorkerEvent(slot, event); });
       });
   if (!process.ok()) {
     std::fprintf(stderr, "level=error event=worker_spawn_failed slot=%d error=\"%s\"\n", slot,
@@ -176,8 +176,8 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
       if (it != pending_loads_.end()) {
         if (!status.ok() && it->second.status.ok()) {
           it->second.status = absl::Status(
-              status.code(), absl::StrCat("worker ", slot, " could not load '", name,
-                                          "': ", status.message()));
+              status.code(),
+              absl::StrCat("worker ", slot, " could not load '", name, "': ", status.message()));
         }
         if (--it->second.remaining == 0) {
           it->second.done(it->second.status);
@@ -261,9 +261,9 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   if (running_ != nullptr && running_->slot == slot) {
     uint64_t id = running_->task_id;
     running_.reset();
-    Finish(id, absl::UnavailableError(
-                   absl::StrCat("task ", id, " failed: ", why.message(),
-                                "; the task's model state is its last checkpoint")));
+    Finish(id,
+           absl::UnavailableError(absl::StrCat("task ", id, " failed: ", why.message(),
+                                               "; the task's model state is its last checkpoint")));
   }
   if (active_slot_ == slot) {
     active_slot_ = -1;
@@ -366,8 +366,8 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   Slot& s = *slots_[slot];
   Builder prepare;
   auto last = prepare.CreateVector(entry->group_last_layer);
-  auto body = proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_, 0,
-                                   last);
+  auto body =
+      proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_, 0, last);
   prepare.Finish(
       proto::CreateWorkerCommand(prepare, 0, proto::WorkerCommandBody::Prepare, body.Union()));
   PSWITCH_RETURN_IF_ERROR(s.process->Send(prepare));
@@ -381,7 +381,8 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   PSWITCH_RETURN_IF_ERROR(s.process->Send(b));
   s.state = Slot::State::kBusy;
   run->slot = slot;
-  SetPhase(ticket.id, run->transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first);
+  SetPhase(ticket.id, run->transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first,
+           s.process->pid());
   running_ = std::move(run);
   return absl::OkStatus();
 }
@@ -402,8 +403,8 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
   if (run->transmission != nullptr) {
     auto traces = run->transmission->Wait();
     if (traces.ok() && !traces->empty()) {
-      outcome.switch_time = absl::Nanoseconds(traces->back().ready_ns -
-                                              traces->front().copy_start_ns);
+      outcome.switch_time =
+          absl::Nanoseconds(traces->back().ready_ns - traces->front().copy_start_ns);
     } else if (!traces.ok() && status.ok()) {
       status = traces.status();
     }
@@ -412,8 +413,7 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
     // The stopped worker has nothing in flight: save what it trained before anyone overwrites it.
     const memdaemon::StoredModel& stored = *run->entry->stored;
     absl::Status saved = daemon_->arena().CopyToHost(
-        options_.region_offset,
-        std::span<std::byte>(stored.host_bytes(), stored.total_bytes()));
+        options_.region_offset, std::span<std::byte>(stored.host_bytes(), stored.total_bytes()));
     if (!saved.ok() && status.ok()) status = saved;
     bool cancelled = cancel_requested_.erase(run->task_id) > 0;
     if (status.ok() && !cancelled && done->stopped_early() &&
@@ -430,8 +430,8 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
     }
     if (cancelled && status.ok()) {
       Finish(run->task_id, absl::CancelledError(absl::StrCat(
-                               "task ", run->task_id, " cancelled after ",
-                               done->iterations_done(), " iterations (weights saved)")));
+                               "task ", run->task_id, " cancelled after ", done->iterations_done(),
+                               " iterations (weights saved)")));
       return;
     }
   }
@@ -453,14 +453,14 @@ uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
   {
     absl::MutexLock lock(&mu_);
     id = next_task_id_++;
-    infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, absl::OkStatus()};
+    infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
   }
   absl::Time submitted = absl::Now();
   Post([this, id, submitted, spec = std::move(spec), done = std::move(done)]() mutable {
     TaskTicket ticket{id, spec.model, spec.kind, spec.priority, spec.deadline};
     // Latency is measured from submission, whatever happens in between.
-    TaskCallback timed = [submitted, done = std::move(done)](
-                             const absl::StatusOr<TaskOutcome>& outcome) {
+    TaskCallback timed = [submitted,
+                          done = std::move(done)](const absl::StatusOr<TaskOutcome>& outcome) {
       if (!outcome.ok()) {
         done(outcome);
         return;
@@ -484,12 +484,13 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   {
     absl::MutexLock lock(&mu_);
     TaskInfo& info = infos_[task_id];
+    info.worker_pid = 0;
     if (outcome.ok()) {
       info.phase = TaskPhase::kSucceeded;
       info.iterations_done = outcome->iterations_done;
     } else {
       info.phase = outcome.status().code() == absl::StatusCode::kCancelled ? TaskPhase::kCancelled
-                                                                            : TaskPhase::kFailed;
+                                                                           : TaskPhase::kFailed;
       info.error = outcome.status();
     }
     while (infos_.size() > kMaxFinishedInfos &&
@@ -504,10 +505,12 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   callback(outcome);
 }
 
-void GpuScheduler::SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations) {
+void GpuScheduler::SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations,
+                            int worker_pid) {
   absl::MutexLock lock(&mu_);
   infos_[task_id].phase = phase;
   infos_[task_id].iterations_done = iterations;
+  infos_[task_id].worker_pid = worker_pid;
 }
 
 absl::StatusOr<TaskInfo> GpuScheduler::Query(uint64_t task_id) const {

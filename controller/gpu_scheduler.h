@@ -58,6 +58,7 @@ struct TaskInfo {
   TaskPhase phase = TaskPhase::kQueued;
   uint32_t iterations_done = 0;
   uint32_t preemptions = 0;
+  int worker_pid = 0;
   absl::Status error;
 };
 
@@ -112,7 +113,7 @@ class GpuScheduler {
   bool Usable(int slot, const std::string& model) const;
   absl::Status StartTask(const TaskTicket& ticket);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
-  void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0);
+  void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0, int worker_pid = 0);
   void RefreshReadiness();
 
   const SchedulerOptions options_;

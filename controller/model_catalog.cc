@@ -37,8 +37,7 @@ grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout
 
 absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& request,
                                                            models::ZooModel& model,
-                                                           int layout_layers,
-                                                           int executed_layers) {
+                                                           int layout_layers, int executed_layers) {
   if (request.plan != "auto") {
     PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request.plan));
     // A plan made from profile-model output covers the executed layers only.
@@ -77,7 +76,8 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
   {
     absl::MutexLock lock(&mu_);
     if (entries_.contains(request.name) || in_progress_.contains(request.name)) {
-      return absl::AlreadyExistsError(absl::StrCat("model '", request.name, "' already registered"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("model '", request.name, "' already registered"));
     }
     in_progress_[request.name] = true;
   }
@@ -100,14 +100,12 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
                              worker::CollectWeights(*model, request.name));
     auto entry = std::make_unique<CatalogEntry>();
     entry->request = request;
-    PSWITCH_ASSIGN_OR_RETURN(entry->plan,
-                             MakePlan(request, *model, layout_layers, executed));
+    PSWITCH_ASSIGN_OR_RETURN(entry->plan, MakePlan(request, *model, layout_layers, executed));
     for (const grouping::LayerGroup& g : entry->plan) {
       entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
     }
     // Checked before the weights are copied into pinned memory, so a refusal costs nothing.
-    PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout,
-                             memdaemon::ComputeWeightLayout([&] {
+    PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout, memdaemon::ComputeWeightLayout([&] {
                                std::vector<memdaemon::LayerSpec> specs;
                                for (const auto& l : weights.bytes.layers) {
                                  memdaemon::LayerSpec s{l.name, {}};
@@ -119,9 +117,9 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
                                return specs;
                              }()));
     if (layout.total_bytes > region_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "model '", request.name, "' needs ", layout.total_bytes,
-          " bytes of weights; the weights region holds ", region_bytes_));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("model '", request.name, "' needs ", layout.total_bytes,
+                       " bytes of weights; the weights region holds ", region_bytes_));
     }
     PSWITCH_ASSIGN_OR_RETURN(entry->stored, daemon_->weights().Register(weights.bytes));
     return entry;

@@ -40,7 +40,9 @@ struct CatalogEntry {
 class ModelCatalog {
  public:
   ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, double bandwidth_bytes_per_s)
-      : daemon_(daemon), region_bytes_(region_bytes), bandwidth_bytes_per_s_(bandwidth_bytes_per_s) {}
+      : daemon_(daemon),
+        region_bytes_(region_bytes),
+        bandwidth_bytes_per_s_(bandwidth_bytes_per_s) {}
 
   // Slow (builds and profiles the model): call off the scheduling thread. InvalidArgument for a
   // bad request (unknown zoo model, bad weights or plan), AlreadyExists, ResourceExhausted when
@@ -51,9 +53,8 @@ class ModelCatalog {
 
  private:
   // The request's plan file, or "auto": a quick profile of `model` and the exact search.
-  absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request,
-                                               models::ZooModel& model, int layout_layers,
-                                               int executed_layers);
+  absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request, models::ZooModel& model,
+                                               int layout_layers, int executed_layers);
 
   memdaemon::MemDaemon* const daemon_;
   const uint64_t region_bytes_;

@@ -1,12 +1,15 @@
 #include "controller/worker_process.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -33,36 +36,44 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   UniqueFd parent_end(sv[0]), child_end(sv[1]);
   // Everything the child needs is prepared before fork: the child only calls async-signal-safe
   // functions (this process has threads).
-  std::vector<std::string> args = {
-      options.binary,
-      absl::StrCat("--worker_id=", options.worker_id),
-      absl::StrCat("--control_fd=", child_end.get()),
-      absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
-      absl::StrCat("--backend=", options.backend)};
+  std::vector<std::string> args = {options.binary, absl::StrCat("--worker_id=", options.worker_id),
+                                   absl::StrCat("--control_fd=", child_end.get()),
+                                   absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
+                                   absl::StrCat("--backend=", options.backend)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const pid_t parent = ::getpid();
+  const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 16));
   pid_t pid = ::fork();
   if (pid < 0) return ErrnoStatus("fork worker");
   if (pid == 0) {
     // Die with pswitchd rather than linger as an orphan.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) _exit(127);
+    // Only stdio and the control socket may reach the worker: an inherited client or worker
+    // connection would keep that peer's socket open after the peer is gone.
+    if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) != 0) {
+      for (int fd = 3; fd < max_fd; ++fd) {
+        if (fd != child_end.get()) ::close(fd);
+      }
+    }
     ::fcntl(child_end.get(), F_SETFD, 0);  // the control socket survives exec
     ::execv(argv[0], argv.data());
     _exit(127);
   }
   child_end.Reset();
-  return std::unique_ptr<WorkerProcess>(
-      new WorkerProcess(options.worker_id, pid,
-                        std::make_unique<proto::FrameChannel>(std::move(parent_end)),
-                        std::move(handler)));
+  return std::unique_ptr<WorkerProcess>(new WorkerProcess(
+      options.worker_id, pid, std::make_unique<proto::FrameChannel>(std::move(parent_end)),
+      std::move(handler)));
 }
 
 WorkerProcess::WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::FrameChannel> channel,
                              EventHandler handler)
-    : id_(id), pid_(pid), channel_(std::move(channel)), handler_(std::move(handler)),
+    : id_(id),
+      pid_(pid),
+      channel_(std::move(channel)),
+      handler_(std::move(handler)),
       reader_([this] { ReadLoop(); }) {}
 
 WorkerProcess::~WorkerProcess() {

@@ -76,7 +76,8 @@ absl::StatusOr<std::unique_ptr<FrameChannel>> FrameChannel::ConnectTcp(absl::str
   }
   std::string host(host_port.substr(0, colon));
   std::string port(host_port.substr(colon + 1));
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

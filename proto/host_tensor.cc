@@ -40,8 +40,8 @@ absl::StatusOr<uint64_t> ElementCount(const std::vector<int64_t>& shape) {
 absl::Status ValidateHostTensor(const HostTensor& tensor) {
   size_t element_bytes = DTypeBytes(tensor.dtype);
   if (element_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "': unknown dtype ",
-                                                   static_cast<int>(tensor.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor.name, "': unknown dtype ", static_cast<int>(tensor.dtype)));
   }
   absl::StatusOr<uint64_t> count = ElementCount(tensor.shape);
   if (!count.ok()) {
@@ -49,10 +49,9 @@ absl::Status ValidateHostTensor(const HostTensor& tensor) {
         absl::StrCat("tensor '", tensor.name, "': ", count.status().message()));
   }
   if (*count > UINT64_MAX / element_bytes || *count * element_bytes != tensor.data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "': shape needs ",
-                                                   *count, " elements of ", element_bytes,
-                                                   " bytes but ", tensor.data.size(),
-                                                   " bytes were given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor.name, "': shape needs ", *count, " elements of ",
+                     element_bytes, " bytes but ", tensor.data.size(), " bytes were given"));
   }
   return absl::OkStatus();
 }

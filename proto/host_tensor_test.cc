@@ -22,7 +22,8 @@ TEST(HostTensorTest, RejectsInconsistentTensorsNamingThem) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("'x'"), absl::string_view::npos);
   EXPECT_FALSE(ValidateHostTensor({"n", DType::F32, {-1}, {}}).ok());
-  EXPECT_FALSE(ValidateHostTensor({"d", DType::F32, std::vector<int64_t>(9, 1), {0, 0, 0, 0}}).ok());
+  EXPECT_FALSE(
+      ValidateHostTensor({"d", DType::F32, std::vector<int64_t>(9, 1), {0, 0, 0, 0}}).ok());
   EXPECT_FALSE(
       ValidateHostTensor({"o", DType::F32, {INT64_MAX, INT64_MAX}, std::vector<uint8_t>(4)}).ok());
   EXPECT_FALSE(ValidateHostTensor({"u", static_cast<DType>(99), {1}, {0}}).ok());

@@ -17,8 +17,9 @@ int main(int argc, char** argv) {
   auto backend = pswitch::gpu::ParseBackend(absl::GetFlag(FLAGS_backend));
   if (!backend.ok() || absl::GetFlag(FLAGS_control_fd) < 0 ||
       absl::GetFlag(FLAGS_memdaemon_socket).empty()) {
-    std::fprintf(stderr, "pswitch-worker: needs --control-fd, --memdaemon-socket and a valid "
-                         "--backend; it is started by pswitchd\n");
+    std::fprintf(stderr,
+                 "pswitch-worker: needs --control-fd, --memdaemon-socket and a valid "
+                 "--backend; it is started by pswitchd\n");
     return 2;
   }
   pswitch::worker::WorkerOptions options;

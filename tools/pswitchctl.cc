@@ -23,8 +23,9 @@ ABSL_FLAG(std::string, model, "", "register: zoo model (e.g. resnet152)");
 ABSL_FLAG(std::string, weights, "", "register: safetensors weights on the server");
 ABSL_FLAG(uint32_t, batch, 1, "register: batch size");
 ABSL_FLAG(std::string, plan, "auto", "register: grouping plan JSON on the server, or auto");
-ABSL_FLAG(std::string, input, "", "infer: input safetensors ('input', optional "
-                                   "'attention_mask', 'token_type_ids')");
+ABSL_FLAG(std::string, input, "",
+          "infer: input safetensors ('input', optional "
+          "'attention_mask', 'token_type_ids')");
 ABSL_FLAG(std::string, output, "", "infer: where to write the 'output' tensor");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0, "infer: deadline from submission (edf policy); 0 = none");
@@ -82,11 +83,11 @@ absl::StatusOr<std::vector<proto::HostTensor>> ReadInputs(const std::string& pat
   for (const models::SafetensorsTensor& t : file->tensors()) {
     auto dtype = ToWire(t.dtype);
     if (!dtype.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": '", t.name, "': ",
-                                                     dtype.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": '", t.name, "': ", dtype.status().message()));
     }
-    inputs.push_back(proto::HostTensor{t.name, *dtype, t.shape,
-                                       std::vector<uint8_t>(t.data, t.data + t.bytes)});
+    inputs.push_back(
+        proto::HostTensor{t.name, *dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
   }
   return inputs;
 }
@@ -126,14 +127,14 @@ absl::Status Run(const std::vector<std::string>& args) {
   client::Client& client = **c;
   const std::string name = absl::GetFlag(FLAGS_name);
   if (command == "register") {
-    if (auto s = Require(!name.empty() && !absl::GetFlag(FLAGS_model).empty(),
-                         "--name and --model");
+    if (auto s =
+            Require(!name.empty() && !absl::GetFlag(FLAGS_model).empty(), "--name and --model");
         !s.ok()) {
       return s;
     }
-    auto registered = client.Register({name, absl::GetFlag(FLAGS_model),
-                                       absl::GetFlag(FLAGS_weights), absl::GetFlag(FLAGS_batch),
-                                       absl::GetFlag(FLAGS_plan)});
+    auto registered =
+        client.Register({name, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights),
+                         absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_plan)});
     if (!registered.ok()) return registered.status();
     std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
                 registered->layers, registered->groups,
@@ -183,8 +184,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     if (!status.ok()) return status.status();
     std::printf("task %llu model=%s state=%s iterations_done=%u%s\n",
                 static_cast<unsigned long long>(status->task_id), status->model.c_str(),
-                std::string(client::TaskStateName(status->state)).c_str(),
-                status->iterations_done,
+                std::string(client::TaskStateName(status->state)).c_str(), status->iterations_done,
                 status->error.ok() ? "" : (" error=\"" + status->error.ToString() + "\"").c_str());
     return absl::OkStatus();
   }

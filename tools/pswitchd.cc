@@ -26,12 +26,14 @@
 #include "tools/cli.h"
 #include "worker/host_tensors.h"
 
-ABSL_FLAG(std::string, backend, "auto", "device backend: auto (cuda if a GPU is present), cuda, host");
+ABSL_FLAG(std::string, backend, "auto",
+          "device backend: auto (cuda if a GPU is present), cuda, host");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal");
 ABSL_FLAG(uint64_t, arena_bytes, 0,
           "arena size; 0 = almost all free GPU memory (cuda) or 1 GiB (host)");
-ABSL_FLAG(double, bandwidth_cap, 0,
-          "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
+ABSL_FLAG(
+    double, bandwidth_cap, 0,
+    "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7300", "client TCP address (port 0 = any free port)");
 ABSL_FLAG(std::string, socket, "", "memdaemon socket for workers (default /tmp/pswitchd-UID.sock)");
 ABSL_FLAG(int, standby_workers, 2, "standby workers beside the active one");
@@ -107,8 +109,8 @@ absl::Status Preload(controller::Controller& controller) {
     if (!id.ok()) return id.status();
     auto outcome = done.get_future().get();
     if (!outcome.ok()) return outcome.status();
-    Log("info", "self_check", "model=%s task=%d latency_ms=%.3f switch_ms=%.3f",
-        std::string(name), outcome->task_id, absl::ToDoubleMilliseconds(outcome->latency),
+    Log("info", "self_check", "model=%s task=%d latency_ms=%.3f switch_ms=%.3f", std::string(name),
+        outcome->task_id, absl::ToDoubleMilliseconds(outcome->latency),
         absl::ToDoubleMilliseconds(outcome->switch_time));
   }
   return absl::OkStatus();
@@ -127,9 +129,9 @@ int Main() {
   int standby = absl::GetFlag(FLAGS_standby_workers);
   if (!device_options.ok() || !policy.ok() || standby < 0 || standby > 64) {
     absl::Status bad = !device_options.ok() ? device_options.status()
-                       : !policy.ok()       ? policy.status()
-                                            : absl::InvalidArgumentError(
-                                                  "--standby-workers must be in [0, 64]");
+                       : !policy.ok()
+                           ? policy.status()
+                           : absl::InvalidArgumentError("--standby-workers must be in [0, 64]");
     Log("error", "start_failed", "error=\"%s\"", bad.ToString());
     return 2;
   }
@@ -154,7 +156,8 @@ int Main() {
                                                   ? DefaultWorkerBinary()
                                                   : absl::GetFlag(FLAGS_worker_binary);
   controller_options.scheduler.spawn.memdaemon_socket = (*daemon)->socket_path();
-  controller_options.scheduler.spawn.backend = std::string(gpu::BackendName(options.device.backend));
+  controller_options.scheduler.spawn.backend =
+      std::string(gpu::BackendName(options.device.backend));
   if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }

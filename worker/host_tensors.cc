@@ -79,9 +79,9 @@ absl::StatusOr<models::ModelInput> ToModelInput(const std::vector<proto::HostTen
     } else if (host.name == "token_type_ids") {
       input.token_type_ids = view;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unexpected input tensor '", host.name,
-          "' (expected 'input', optionally 'attention_mask' and 'token_type_ids')"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected input tensor '", host.name,
+                       "' (expected 'input', optionally 'attention_mask' and 'token_type_ids')"));
     }
   }
   if (!input.input.defined()) return absl::InvalidArgumentError("missing input tensor 'input'");

@@ -80,10 +80,10 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const std::string
   PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout,
                            memdaemon::ComputeWeightLayout(Specs(*eval_layers)));
   if (eval_layers->size() != expected_layers || layout.total_bytes != expected_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", zoo_model, "': worker layout has ", eval_layers->size(), " layers and ",
-        layout.total_bytes, " bytes, the controller registered ", expected_layers, " and ",
-        expected_bytes, " (different pswitch builds?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", zoo_model, "': worker layout has ", eval_layers->size(),
+                     " layers and ", layout.total_bytes, " bytes, the controller registered ",
+                     expected_layers, " and ", expected_bytes, " (different pswitch builds?)"));
   }
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch("binding tensors", [&] {
     torch::NoGradGuard no_grad;
@@ -91,8 +91,8 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const std::string
       for (size_t t = 0; t < (*eval_layers)[l].tensors.size(); ++t) {
         at::Tensor tensor = (*eval_layers)[l].tensors[t].tensor;
         // A non-owning view: the arena region is the tensor's storage from now on.
-        at::Tensor view = torch::from_blob(region + layout.placements[l][t].offset,
-                                           tensor.sizes(), tensor.options());
+        at::Tensor view = torch::from_blob(region + layout.placements[l][t].offset, tensor.sizes(),
+                                           tensor.options());
         tensor.set_data(view);
       }
     }

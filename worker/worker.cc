@@ -1,10 +1,9 @@
 #include "worker/worker.h"
 
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <stdexcept>
-
-#include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 #include "models/training.h"
@@ -40,9 +39,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   gpu::DeviceOptions device;
   device.backend = options.backend;
   PSWITCH_ASSIGN_OR_RETURN(w->device_, gpu::Device::Open(device));
-  PSWITCH_ASSIGN_OR_RETURN(w->arena_, memdaemon::ArenaClient::Attach(
-                                          options.memdaemon_socket, w->device_.get(),
-                                          options.worker_id));
+  PSWITCH_ASSIGN_OR_RETURN(
+      w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
+                                                options.worker_id));
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
   flatbuffers::FlatBufferBuilder b;
   auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
@@ -120,9 +119,9 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
       load.total_bytes() > arena_->arena().size_bytes() - load.weights_offset()) {
     status = absl::OutOfRangeError(absl::StrCat("model '", name, "' region outside the arena"));
   } else {
-    auto bound = BoundModel::Create(load.zoo_model()->str(),
-                                    arena_->arena().base() + load.weights_offset(), load.layers(),
-                                    load.total_bytes());
+    auto bound =
+        BoundModel::Create(load.zoo_model()->str(), arena_->arena().base() + load.weights_offset(),
+                           load.layers(), load.total_bytes());
     if (bound.ok()) {
       models_[name] = std::move(*bound);
     } else {
@@ -179,7 +178,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       if (!s.ok()) throw GateFailure(s);
       waited_group = group;
     });
-    status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
+    absl::Status torch_status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
       try {
         if (!training) {
           bound.model().eval();
@@ -232,7 +231,13 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
         gate_status = failure.status();
       }
     });
-    if (!gate_status.ok()) status = gate_status;
+    // Precedence: a gate failure explains everything after it; then libtorch's own errors; then
+    // the task-level status set inside the lambda.
+    if (!gate_status.ok()) {
+      status = gate_status;
+    } else if (!torch_status.ok()) {
+      status = torch_status;
+    }
     bound.model().SetGateHook(nullptr);
   }
   flatbuffers::FlatBufferBuilder b;

@@ -1,0 +1,337 @@
+// End-to-end: a real pswitchd (host backend, real worker processes) driven through the client
+// library and raw sockets.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <thread>
+
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "models/registry.h"
+#include "models/zoo_model.h"
+#include "proto/client_generated.h"
+#include "proto/frame_channel.h"
+#include "proto/wire_status.h"
+#include "worker/host_tensors.h"
+
+namespace pswitch {
+namespace {
+
+// A pswitchd child process; its stderr is read until it reports its port and readiness.
+class Daemon {
+ public:
+  Daemon() {
+    dir_ = std::filesystem::temp_directory_path() / ("pswitch-e2e-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    log_path_ = (dir_ / "pswitchd.log").string();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      FILE* log = std::freopen(log_path_.c_str(), "w", stderr);
+      (void)log;
+      std::string socket = "--socket=" + (dir_ / "m.sock").string();
+      execl(PSWITCHD_PATH, PSWITCHD_PATH, "--backend=host", "--arena-bytes=536870912",
+            "--listen=127.0.0.1:0", "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2",
+            socket.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Wait (bounded) for the serving line; the port comes from the started line.
+    std::regex port_re("event=started .* port=([0-9]+)");
+    for (int i = 0; i < 3000 && port_ == 0; ++i) {
+      std::ifstream in(log_path_);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::smatch m;
+      if (text.find("event=serving") != std::string::npos && std::regex_search(text, m, port_re)) {
+        port_ = std::stoi(m[1]);
+        break;
+      }
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  pid_t pid() const { return pid_; }
+  int port() const { return port_; }
+  std::string log() const {
+    std::ifstream in(log_path_);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  std::filesystem::path dir_;
+  std::string log_path_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// Live (not zombie) children of `parent`, whichever of its threads forked them.
+std::vector<pid_t> Children(pid_t parent) {
+  std::vector<pid_t> out;
+  for (auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 && ppid == parent &&
+        state != 'Z') {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+// What each open fd of `pid` refers to, sorted ("socket:[123]" differ, so only the kinds count).
+std::vector<std::string> OpenFds(pid_t pid) {
+  std::vector<std::string> kinds;
+  for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    kinds.push_back(target.substr(0, target.find(':')));
+  }
+  std::sort(kinds.begin(), kinds.end());
+  return kinds;
+}
+
+proto::HostTensor Input(const std::string& zoo, uint64_t seed) {
+  auto model = models::CreateModel(zoo);
+  EXPECT_TRUE(model.ok());
+  auto host = worker::ToHostTensor("input", (*model)->ExampleInput(2, seed).input);
+  EXPECT_TRUE(host.ok());
+  return *host;
+}
+
+// What run-model computes: the same zoo model, same (seed 0) weights, in this process.
+std::vector<float> Reference(const std::string& zoo, const proto::HostTensor& input) {
+  auto model = models::CreateModel(zoo);
+  EXPECT_TRUE(model.ok());
+  auto view = worker::ViewHostTensor(input);
+  models::ModelInput in;
+  in.input = *view;
+  auto out = models::RunForward(**model, in);
+  EXPECT_TRUE(out.ok());
+  at::Tensor t = out->output.contiguous();
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+}
+
+std::vector<float> Floats(const proto::HostTensor& t) {
+  std::vector<float> v(t.data.size() / 4);
+  std::memcpy(v.data(), t.data.data(), t.data.size());
+  return v;
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5) << i;
+}
+
+class PswitchdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<Daemon>();
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+    auto c = client::Client::Connect(daemon_->address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(PswitchdTest, InferenceMatchesTheModelRunOutsideTheServerAcrossManySwitches) {
+  proto::HostTensor cnn_in = Input("tiny_cnn", 3), mlp_in = Input("tiny_mlp", 4);
+  std::vector<float> cnn_ref = Reference("tiny_cnn", cnn_in);
+  std::vector<float> mlp_ref = Reference("tiny_mlp", mlp_in);
+  int switches = 0;
+  for (int round = 0; round < 10; ++round) {
+    auto cnn = client_->Infer("tiny_cnn", {cnn_in});
+    ASSERT_TRUE(cnn.ok()) << cnn.status();
+    ExpectClose(Floats(cnn->outputs[0]), cnn_ref);
+    auto mlp = client_->Infer("tiny_mlp", {mlp_in});
+    ASSERT_TRUE(mlp.ok()) << mlp.status();
+    ExpectClose(Floats(mlp->outputs[0]), mlp_ref);
+    switches +=
+        (cnn->switch_time > absl::ZeroDuration()) + (mlp->switch_time > absl::ZeroDuration());
+  }
+  EXPECT_GE(switches, 19);  // every alternation transmitted the other model
+  // The same model twice in a row does not switch.
+  auto again = client_->Infer("tiny_mlp", {mlp_in});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->switch_time, absl::ZeroDuration());
+}
+
+TEST_F(PswitchdTest, ThirtyTwoConcurrentClientsGetCorrectResults) {
+  proto::HostTensor cnn_in = Input("tiny_cnn", 5), mlp_in = Input("tiny_mlp", 6);
+  std::vector<float> cnn_ref = Reference("tiny_cnn", cnn_in);
+  std::vector<float> mlp_ref = Reference("tiny_mlp", mlp_in);
+  std::vector<std::thread> threads;
+  std::atomic<int> correct{0};
+  for (int t = 0; t < 32; ++t) {
+    threads.emplace_back([&, t] {
+      auto c = client::Client::Connect(daemon_->address());
+      if (!c.ok()) return;
+      for (int i = 0; i < 3; ++i) {
+        bool cnn = (t + i) % 2 == 0;
+        auto r = (*c)->Infer(cnn ? "tiny_cnn" : "tiny_mlp", {cnn ? cnn_in : mlp_in});
+        if (r.ok() && Floats(r->outputs[0]) == (cnn ? cnn_ref : mlp_ref)) correct++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(correct.load(), 96);
+}
+
+TEST_F(PswitchdTest, PreemptedTrainingEndsWithTheSameWeightsAsAnUninterruptedRun) {
+  for (const char* name : {"train-a", "train-b"}) {
+    auto r = client_->Register({name, "tiny_cnn", "", 4, "auto"});
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  const uint32_t kIterations = 400;
+  auto straight = client_->Train("train-b", {kIterations, /*seed=*/7, 0});
+  ASSERT_TRUE(straight.ok()) << straight.status();
+
+  std::future<absl::StatusOr<client::TaskResult>> training =
+      client_->TrainAsync("train-a", {kIterations, 7, 0});
+  proto::HostTensor mlp_in = Input("tiny_mlp", 1);
+  // Inference keeps arriving while the task trains: each one preempts it.
+  int inferences = 0;
+  while (training.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
+         inferences < 200) {
+    ASSERT_TRUE(client_->Infer("tiny_mlp", {mlp_in}).ok());
+    ++inferences;
+  }
+  auto interrupted = training.get();
+  ASSERT_TRUE(interrupted.ok()) << interrupted.status();
+  auto status = client_->Status(interrupted->task_id);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->iterations_done, kIterations);
+  EXPECT_GE(status->preemptions, 1u) << "inferences sent: " << inferences;
+  // Same weights <=> same outputs, bit for bit, on the same input.
+  proto::HostTensor probe = Input("tiny_cnn", 11);
+  auto a = client_->Infer("train-a", {probe});
+  auto b = client_->Infer("train-b", {probe});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->outputs[0].data, b->outputs[0].data);
+  // ...and training really changed them.
+  EXPECT_NE(Floats(a->outputs[0]), Reference("tiny_cnn", probe));
+}
+
+TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
+  ASSERT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 1)}).ok());
+  std::vector<std::string> fds_before = OpenFds(daemon_->pid());
+  size_t workers_before = Children(daemon_->pid()).size();
+  ASSERT_EQ(workers_before, 3u);
+
+  auto training = client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
+  int victim = 0;
+  uint64_t task_id = 0;
+  for (int i = 0; i < 2000 && victim == 0; ++i) {
+    // Task ids are sequential (the daemon's start-up self-check took the first ones).
+    for (uint64_t id = 1; id < 16 && victim == 0; ++id) {
+      auto status = client_->Status(id);
+      if (status.ok() && status->state == client::TaskState::kRunning && status->worker_pid > 0) {
+        victim = status->worker_pid;
+        task_id = status->task_id;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(victim, 0) << daemon_->log();
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto failed = training.get();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(failed.status().message().find("signal 9"), absl::string_view::npos) << failed.status();
+  auto status = client_->Status(task_id);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state, client::TaskState::kFailed);
+
+  // The daemon lives on, a fresh worker replaces the dead one, and the next task works.
+  auto next = client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)});
+  ASSERT_TRUE(next.ok()) << next.status();
+  for (int i = 0; i < 1000 && Children(daemon_->pid()).size() != 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::vector<pid_t> workers = Children(daemon_->pid());
+  EXPECT_EQ(workers.size(), 3u);
+  EXPECT_EQ(std::count(workers.begin(), workers.end(), victim), 0);
+  // The dead worker's sockets close as the daemon notices; bounded wait for that.
+  for (int i = 0; i < 1000 && OpenFds(daemon_->pid()) != fds_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(OpenFds(daemon_->pid()), fds_before);
+}
+
+TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
+  // Unknown model, bad inputs, bad registration.
+  auto unknown = client_->Infer("nope", {Input("tiny_cnn", 1)});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("'nope'"), absl::string_view::npos);
+  proto::HostTensor wrong = Input("tiny_cnn", 1);
+  wrong.name = "pixels";
+  auto bad_name = client_->Infer("tiny_cnn", {wrong});
+  EXPECT_FALSE(bad_name.ok());
+  EXPECT_NE(bad_name.status().message().find("'pixels'"), absl::string_view::npos);
+  auto bad_zoo = client_->Register({"x", "resnet9000", "", 1, "auto"});
+  EXPECT_EQ(bad_zoo.status().code(), absl::StatusCode::kNotFound) << bad_zoo.status();
+  auto duplicate = client_->Register({"tiny_cnn", "tiny_cnn", "", 1, "auto"});
+  EXPECT_EQ(duplicate.status().code(), absl::StatusCode::kAlreadyExists);
+  auto missing_weights = client_->Register({"w", "tiny_cnn", "/no/such.safetensors", 1, "auto"});
+  EXPECT_FALSE(missing_weights.ok());
+  EXPECT_EQ(client_->Train("tiny_cnn", {0, 1, 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A malformed frame and an oversize length prefix: error reply, then that connection closes.
+  for (int variant = 0; variant < 2; ++variant) {
+    auto raw = proto::FrameChannel::ConnectTcp(daemon_->address());
+    ASSERT_TRUE(raw.ok());
+    if (variant == 0) {
+      const uint8_t junk[] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+      ASSERT_TRUE((*raw)->Send(junk).ok());
+    } else {
+      const uint8_t header[4] = {0xff, 0xff, 0xff, 0x7f};
+      ASSERT_EQ(::write((*raw)->fd(), header, 4), 4);
+    }
+    auto reply = (*raw)->Receive(absl::Seconds(10));
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    auto parsed = proto::VerifyPayload<proto::ControllerReply>(reply->payload, "reply");
+    ASSERT_TRUE(parsed.ok());
+    ASSERT_EQ((*parsed)->body_type(), proto::ControllerReplyBody::Error);
+    EXPECT_EQ(proto::FromWireError((*parsed)->body_as_Error()).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+  }
+
+  // A client that disconnects mid-task does not disturb anyone else.
+  {
+    auto leaving = client::Client::Connect(daemon_->address());
+    ASSERT_TRUE(leaving.ok());
+    auto pending = (*leaving)->TrainAsync("tiny_cnn", {200, 1, 0});
+    (void)pending;
+  }
+  auto after = client_->Infer("tiny_mlp", {Input("tiny_mlp", 2)});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(Children(daemon_->pid()).size(), 3u);
+}
+
+}  // namespace
+}  // namespace pswitch
