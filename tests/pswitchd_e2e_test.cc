@@ -248,7 +248,9 @@ TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
     // Task ids are sequential (the daemon's start-up self-check took the first ones).
     for (uint64_t id = 1; id < 16 && victim == 0; ++id) {
       auto status = client_->Status(id);
-      if (status.ok() && status->state == client::TaskState::kRunning && status->worker_pid > 0) {
+      if (status.ok() && status->worker_pid > 0 &&
+          (status->state == client::TaskState::kRunning ||
+           status->state == client::TaskState::kSwitching)) {
         victim = status->worker_pid;
         task_id = status->task_id;
       }
