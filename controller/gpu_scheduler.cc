@@ -171,7 +171,12 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
       absl::Status status =
           loaded->error() != nullptr ? proto::FromWireError(loaded->error()) : absl::OkStatus();
       if (s.loads_pending > 0) --s.loads_pending;
-      if (status.ok()) s.loaded.insert(name);
+      if (status.ok()) {
+        s.loaded.insert(name);
+      } else {
+        std::fprintf(stderr, "level=error event=model_load_failed slot=%d model=%s error=\"%s\"\n",
+                     slot, name.c_str(), status.ToString().c_str());
+      }
       auto it = pending_loads_.find(name);
       if (it != pending_loads_.end()) {
         if (!status.ok() && it->second.status.ok()) {
@@ -314,9 +319,22 @@ void GpuScheduler::MaybeStart() {
     bool resident = resident_model_ == ticket.model && active_slot_ >= 0;
     if (resident ? !Usable(active_slot_, ticket.model) : false) return;  // wait for it
     if (!resident) {
-      bool any = false;
-      for (size_t i = 0; i < slots_.size(); ++i) any |= Usable(static_cast<int>(i), ticket.model);
-      if (!any) return;  // every worker busy or still loading
+      bool any = false, possible = false;
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        const Slot& s = *slots_[i];
+        any |= Usable(static_cast<int>(i), ticket.model);
+        // A worker still starting, loading or busy may yet be able to run it.
+        possible |= s.state == Slot::State::kStarting || s.state == Slot::State::kBusy ||
+                    s.loads_pending > 0 || s.loaded.contains(ticket.model);
+      }
+      if (!any && possible) return;
+      if (!any) {
+        queue_.Pop();
+        Finish(ticket.id, absl::FailedPreconditionError(
+                              absl::StrCat("no worker has model '", ticket.model,
+                                           "' loaded (its load failed; see pswitchd's log)")));
+        continue;
+      }
     }
     queue_.Pop();
     absl::Status started = StartTask(ticket);
