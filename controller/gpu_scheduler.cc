@@ -83,14 +83,7 @@ GpuScheduler::~GpuScheduler() {
     while (auto ticket = queue_.Pop()) {
       Finish(ticket->id, absl::CancelledError("pswitchd is shutting down"));
     }
-    if (running_ != nullptr && !running_->stop_sent) {
-      Builder b;
-      auto stop = proto::CreateStop(b, static_cast<uint32_t>(running_->slot),
-                                    ++slots_[running_->slot]->drain_value);
-      b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
-      (void)slots_[running_->slot]->process->Send(b);
-      running_->stop_sent = true;
-    }
+    StopRunning();
   });
   loop_.join();
 }
@@ -288,6 +281,23 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   RefreshReadiness();
 }
 
+std::optional<uint32_t> GpuScheduler::SendStop(int slot) {
+  Slot& s = *slots_[slot];
+  uint32_t value = ++s.drain_value;
+  Builder b;
+  auto stop = proto::CreateStop(b, static_cast<uint32_t>(slot), value);
+  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+  if (s.process == nullptr || !s.process->Send(b).ok()) return std::nullopt;
+  return value;
+}
+
+void GpuScheduler::StopRunning() {
+  if (running_ == nullptr || running_->stop_sent) return;
+  // An unreachable worker is dead; its death event fails the task.
+  (void)SendStop(running_->slot);
+  running_->stop_sent = true;
+}
+
 bool GpuScheduler::Usable(int slot, const std::string& model) const {
   const Slot& s = *slots_[slot];
   return s.state == Slot::State::kIdle && s.loads_pending == 0 && s.loaded.contains(model);
@@ -302,14 +312,7 @@ void GpuScheduler::MaybeStart() {
         TaskTicket running{running_->task_id, spec->second.first.model, spec->second.first.kind,
                            spec->second.first.priority, spec->second.first.deadline};
         running.arrival_seq = INT64_MIN;  // it was scheduled first
-        if (queue_.ShouldPreempt(running, *waiting)) {
-          Builder b;
-          auto stop = proto::CreateStop(b, static_cast<uint32_t>(running_->slot),
-                                        ++slots_[running_->slot]->drain_value);
-          b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
-          (void)slots_[running_->slot]->process->Send(b);
-          running_->stop_sent = true;
-        }
+        if (queue_.ShouldPreempt(running, *waiting)) StopRunning();
       }
       return;
     }
@@ -366,13 +369,8 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
     request.groups = entry->plan;
     request.weights_offset = options_.region_offset;
     if (active_slot_ >= 0) {
-      Slot& old = *slots_[active_slot_];
-      uint32_t value = ++old.drain_value;
-      Builder b;
-      auto stop = proto::CreateStop(b, static_cast<uint32_t>(active_slot_), value);
-      b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
-      if (old.process != nullptr && old.process->Send(b).ok()) {
-        request.drain = memdaemon::DrainCondition{static_cast<uint32_t>(active_slot_), value,
+      if (std::optional<uint32_t> value = SendStop(active_slot_)) {
+        request.drain = memdaemon::DrainCondition{static_cast<uint32_t>(active_slot_), *value,
                                                   options_.drain_timeout};
       }
     }
@@ -553,14 +551,7 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
     if (running_ != nullptr && running_->task_id == task_id && spec != specs_.end() &&
         spec->second.first.kind == TaskKind::kTraining) {
       cancel_requested_.insert(task_id);
-      if (!running_->stop_sent) {
-        Builder b;
-        auto stop = proto::CreateStop(b, static_cast<uint32_t>(running_->slot),
-                                      ++slots_[running_->slot]->drain_value);
-        b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
-        (void)slots_[running_->slot]->process->Send(b);
-        running_->stop_sent = true;
-      }
+      StopRunning();
     }
     // A running inference batch always finishes; its result is still delivered.
   });

@@ -110,6 +110,11 @@ class GpuScheduler {
   void LoadAll(int slot);
   void SendLoad(int slot, const CatalogEntry& entry);
   void MaybeStart();
+  // Tells `slot`'s worker to stop at its next sync point and then drain; returns the drain value
+  // it will write, or nullopt when the worker cannot be reached.
+  std::optional<uint32_t> SendStop(int slot);
+  // SendStop for the running task, once.
+  void StopRunning();
   bool Usable(int slot, const std::string& model) const;
   absl::Status StartTask(const TaskTicket& ticket);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
