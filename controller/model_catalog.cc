@@ -105,17 +105,9 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
       entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
     }
     // Checked before the weights are copied into pinned memory, so a refusal costs nothing.
-    PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout, memdaemon::ComputeWeightLayout([&] {
-                               std::vector<memdaemon::LayerSpec> specs;
-                               for (const auto& l : weights.bytes.layers) {
-                                 memdaemon::LayerSpec s{l.name, {}};
-                                 for (const auto& t : l.tensors) {
-                                   s.tensors.push_back({t.name, t.bytes.size()});
-                                 }
-                                 specs.push_back(std::move(s));
-                               }
-                               return specs;
-                             }()));
+    PSWITCH_ASSIGN_OR_RETURN(
+        memdaemon::WeightLayout layout,
+        memdaemon::ComputeWeightLayout(memdaemon::LayerSpecsOf(weights.bytes)));
     if (layout.total_bytes > region_bytes_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("model '", request.name, "' needs ", layout.total_bytes,

@@ -29,14 +29,7 @@ absl::Status ValidateModel(const ModelBytes& model) {
 
 }  // namespace
 
-absl::StatusOr<const StoredModel*> WeightStore::Register(const ModelBytes& model) {
-  PSWITCH_RETURN_IF_ERROR(ValidateModel(model));
-  {
-    absl::MutexLock lock(&mu_);
-    if (models_.contains(model.name)) {
-      return absl::AlreadyExistsError(absl::StrCat("model '", model.name, "' already registered"));
-    }
-  }
+std::vector<LayerSpec> LayerSpecsOf(const ModelBytes& model) {
   std::vector<LayerSpec> specs;
   specs.reserve(model.layers.size());
   for (const LayerBytes& layer : model.layers) {
@@ -46,6 +39,18 @@ absl::StatusOr<const StoredModel*> WeightStore::Register(const ModelBytes& model
     }
     specs.push_back(std::move(spec));
   }
+  return specs;
+}
+
+absl::StatusOr<const StoredModel*> WeightStore::Register(const ModelBytes& model) {
+  PSWITCH_RETURN_IF_ERROR(ValidateModel(model));
+  {
+    absl::MutexLock lock(&mu_);
+    if (models_.contains(model.name)) {
+      return absl::AlreadyExistsError(absl::StrCat("model '", model.name, "' already registered"));
+    }
+  }
+  std::vector<LayerSpec> specs = LayerSpecsOf(model);
   PSWITCH_ASSIGN_OR_RETURN(WeightLayout layout, ComputeWeightLayout(specs));
   if (layout.total_bytes > max_model_bytes_) {
     return absl::ResourceExhaustedError(

@@ -33,6 +33,9 @@ struct ModelBytes {
   std::vector<LayerBytes> layers;
 };
 
+// The names and sizes of `model`'s tensors, the input of ComputeWeightLayout.
+std::vector<LayerSpec> LayerSpecsOf(const ModelBytes& model);
+
 // A registered model. Immutable once registered, except its pinned bytes, which a training
 // checkpoint may overwrite in place (same layout).
 class StoredModel {

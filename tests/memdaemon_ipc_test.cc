@@ -62,13 +62,8 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
   while (ReceivePod(control, &order)) {
     // Recomputed here from the model description alone: only the region offset crossed.
     auto model = MakeSyntheticModel("m", kLayers, kModelBytes, order.seed);
-    std::vector<LayerSpec> specs;
-    for (const LayerBytes& layer : model->model.layers) {
-      LayerSpec spec{layer.name, {}};
-      for (const TensorBytes& t : layer.tensors) spec.tensors.push_back({t.name, t.bytes.size()});
-      specs.push_back(spec);
-    }
-    auto layout = ComputeWeightLayout(specs, (*client)->weight_alignment_bytes());
+    auto layout =
+        ComputeWeightLayout(LayerSpecsOf(model->model), (*client)->weight_alignment_bytes());
     if (!layout.ok()) return 23;
     gpu::FlagArray& flags = (*client)->ready_flags();
     if (order.expect_stale_first == 1) {

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
-#include <regex>
 #include <thread>
 
 #include "client/client.h"
@@ -22,62 +21,34 @@
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
 #include "proto/wire_status.h"
+#include "tools/pswitchd_process.h"
 #include "worker/host_tensors.h"
 
 namespace pswitch {
 namespace {
 
-// A pswitchd child process; its stderr is read until it reports its port and readiness.
+// A pswitchd on a free port with the tiny models preloaded and 1 active + 2 standby workers.
 class Daemon {
  public:
-  Daemon() {
-    dir_ = std::filesystem::temp_directory_path() / ("pswitch-e2e-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
-    log_path_ = (dir_ / "pswitchd.log").string();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      FILE* log = std::freopen(log_path_.c_str(), "w", stderr);
-      (void)log;
-      std::string socket = "--socket=" + (dir_ / "m.sock").string();
-      execl(PSWITCHD_PATH, PSWITCHD_PATH, "--backend=host", "--arena-bytes=536870912",
-            "--listen=127.0.0.1:0", "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2",
-            socket.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    // Wait (bounded) for the serving line; the port comes from the started line.
-    std::regex port_re("event=started .* port=([0-9]+)");
-    for (int i = 0; i < 3000 && port_ == 0; ++i) {
-      std::ifstream in(log_path_);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      std::smatch m;
-      if (text.find("event=serving") != std::string::npos && std::regex_search(text, m, port_re)) {
-        port_ = std::stoi(m[1]);
-        break;
-      }
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  ~Daemon() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    std::filesystem::remove_all(dir_);
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  pid_t pid() const { return pid_; }
-  int port() const { return port_; }
-  std::string log() const {
-    std::ifstream in(log_path_);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
+  Daemon()
+      : dir_(std::filesystem::temp_directory_path() /
+             ("pswitch-e2e-" + std::to_string(::getpid()))),
+        created_(std::filesystem::create_directories(dir_)),
+        process_(PSWITCHD_PATH,
+                 {"--backend=host", "--arena-bytes=536870912", "--listen=127.0.0.1:0",
+                  "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2",
+                  "--socket=" + (dir_ / "m.sock").string()},
+                 (dir_ / "pswitchd.log").string()) {}
+  ~Daemon() { std::filesystem::remove_all(dir_); }
+  std::string address() const { return process_.address(); }
+  pid_t pid() const { return process_.pid(); }
+  int port() const { return process_.port(); }
+  std::string log() const { return process_.log(); }
 
  private:
   std::filesystem::path dir_;
-  std::string log_path_;
-  pid_t pid_ = -1;
-  int port_ = 0;
+  bool created_;
+  tools::PswitchdProcess process_;
 };
 
 // Live (not zombie) children of `parent`, whichever of its threads forked them.

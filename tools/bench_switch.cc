@@ -4,15 +4,12 @@
 //   stop-and-start   a fresh process that builds the model and runs the request (run-model),
 //   pswitch          pipelined switching with one group, per-layer groups, and optimal groups.
 // Everything is measured in this run against a pswitchd this tool starts.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +21,7 @@
 #include "models/safetensors.h"
 #include "models/zoo_model.h"
 #include "tools/cli.h"
+#include "tools/pswitchd_process.h"
 #include "worker/host_tensors.h"
 
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
@@ -46,49 +44,6 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-
-// A pswitchd child; killed (SIGTERM, then reaped) on destruction.
-class Daemon {
- public:
-  explicit Daemon(const std::filesystem::path& dir) {
-    log_ = (dir / "pswitchd.log").string();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      FILE* f = std::freopen(log_.c_str(), "w", stderr);
-      (void)f;
-      std::string backend = "--backend=" + absl::GetFlag(FLAGS_backend);
-      std::string cap = absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap));
-      std::string arena = absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes));
-      std::string socket = "--socket=" + (dir / "m.sock").string();
-      std::string bin = Bin("pswitchd");
-      execl(bin.c_str(), bin.c_str(), backend.c_str(), cap.c_str(), arena.c_str(),
-            "--listen=127.0.0.1:0", "--preload=", socket.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    std::regex port_re("event=started .* port=([0-9]+)");
-    for (int i = 0; i < 6000 && port_ == 0; ++i) {
-      std::ifstream in(log_);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      std::smatch m;
-      if (text.find("event=serving") != std::string::npos && std::regex_search(text, m, port_re)) {
-        port_ = std::stoi(m[1]);
-      }
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  ~Daemon() {
-    ::kill(pid_, SIGTERM);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  int port() const { return port_; }
-  const std::string& log() const { return log_; }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
 
 absl::Status WritePlan(const std::string& path, int layers, bool per_layer) {
   std::ofstream out(path);
@@ -136,10 +91,17 @@ int Main() {
   if (!input.ok()) return Fail(input.status());
 
   std::fprintf(stderr, "starting pswitchd...\n");
-  Daemon daemon(dir);
-  if (daemon.port() == 0)
-    return Fail(absl::UnavailableError("pswitchd did not start; see " + daemon.log()));
-  auto c = client::Client::Connect(absl::StrCat("127.0.0.1:", daemon.port()));
+  tools::PswitchdProcess daemon(
+      Bin("pswitchd"),
+      {"--backend=" + absl::GetFlag(FLAGS_backend),
+       absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
+       absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
+       "--preload=", "--socket=" + (dir / "m.sock").string()},
+      (dir / "pswitchd.log").string());
+  if (daemon.port() == 0) {
+    return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
+  }
+  auto c = client::Client::Connect(daemon.address());
   if (!c.ok()) return Fail(c.status());
   client::Client& client = **c;
 

@@ -1,0 +1,59 @@
+#include "tools/pswitchd_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <thread>
+
+namespace pswitch::tools {
+
+PswitchdProcess::PswitchdProcess(const std::string& binary, const std::vector<std::string>& args,
+                                 const std::string& log_path)
+    : log_path_(log_path) {
+  std::vector<std::string> argv_storage = {binary};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    if (std::freopen(log_path_.c_str(), "w", stderr) == nullptr) _exit(126);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  // The start-up log is the daemon's only readiness signal; poll it (bounded).
+  const std::regex port_re("event=started .* port=([0-9]+)");
+  for (int i = 0; i < 6000 && port_ == 0 && pid_ > 0; ++i) {
+    std::string text = log();
+    std::smatch m;
+    if (text.find("event=serving") != std::string::npos && std::regex_search(text, m, port_re)) {
+      port_ = std::stoi(m[1]);
+      break;
+    }
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+PswitchdProcess::~PswitchdProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+std::string PswitchdProcess::log() const {
+  std::ifstream in(log_path_);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace pswitch::tools
