@@ -47,7 +47,7 @@ class Daemon {
 
  private:
   std::filesystem::path dir_;
-  bool created_;
+  bool created_;  // sequences the directory's creation before process_ starts
   tools::PswitchdProcess process_;
 };
 
