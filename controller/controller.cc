@@ -8,8 +8,18 @@ namespace pswitch::controller {
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerOptions& options,
                                                                memdaemon::MemDaemon* daemon) {
   std::unique_ptr<Controller> c(new Controller(options, daemon));
-  // One weights region holds the active model; every worker's views point into it.
-  uint64_t region_bytes = daemon->leases().largest_free_bytes();
+  // One weights region holds the active model; every worker's views point into it. The rest of
+  // the arena is left for the workers' activation leases.
+  uint64_t activations =
+      options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
+  uint64_t free_bytes = daemon->leases().largest_free_bytes();
+  if (free_bytes <= activations + (1 << 20)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the arena's ", free_bytes, " free bytes cannot hold ", options.scheduler.workers,
+        " activation leases of ", options.scheduler.spawn.activation_bytes,
+        " bytes and a weights region (raise --arena-bytes or lower --activation-bytes)"));
+  }
+  uint64_t region_bytes = (free_bytes - activations) & ~uint64_t{(1 << 20) - 1};
   PSWITCH_ASSIGN_OR_RETURN(memdaemon::Lease region,
                            daemon->leases().Acquire("weights-region", region_bytes));
   c->catalog_ = std::make_unique<ModelCatalog>(daemon, region.bytes, options.bandwidth_bytes_per_s);

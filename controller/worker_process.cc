@@ -36,10 +36,12 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   UniqueFd parent_end(sv[0]), child_end(sv[1]);
   // Everything the child needs is prepared before fork: the child only calls async-signal-safe
   // functions (this process has threads).
-  std::vector<std::string> args = {options.binary, absl::StrCat("--worker_id=", options.worker_id),
+  std::vector<std::string> args = {options.binary,
+                                   absl::StrCat("--worker_id=", options.worker_id),
                                    absl::StrCat("--control_fd=", child_end.get()),
                                    absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
-                                   absl::StrCat("--backend=", options.backend)};
+                                   absl::StrCat("--backend=", options.backend),
+                                   absl::StrCat("--activation_bytes=", options.activation_bytes)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

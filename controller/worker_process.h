@@ -23,6 +23,7 @@ struct WorkerSpawnOptions {
   uint32_t worker_id = 0;
   std::string memdaemon_socket;
   std::string backend = "host";
+  uint64_t activation_bytes = 0;  // each worker's arena lease for intermediate tensors
 };
 
 // Thread-safe. The handler runs on the reader thread: with a verified WorkerEvent payload, or,

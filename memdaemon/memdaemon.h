@@ -26,7 +26,7 @@ struct MemDaemonOptions {
   std::string socket_path;
 };
 
-inline constexpr uint64_t kDefaultHostArenaBytes = 1ull << 30;
+inline constexpr uint64_t kDefaultHostArenaBytes = 2ull << 30;
 
 // Thread-safe (each component is). Destruction stops the server, then the copy engine.
 class MemDaemon {

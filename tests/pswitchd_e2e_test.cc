@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +38,7 @@ class Daemon {
         process_(PSWITCHD_PATH,
                  {"--backend=host", "--arena-bytes=536870912", "--listen=127.0.0.1:0",
                   "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2",
-                  "--socket=" + (dir_ / "m.sock").string()},
+                  "--activation-bytes=67108864", "--socket=" + (dir_ / "m.sock").string()},
                  (dir_ / "pswitchd.log").string()) {}
   ~Daemon() { std::filesystem::remove_all(dir_); }
   std::string address() const { return process_.address(); }
@@ -247,8 +248,9 @@ TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   std::vector<pid_t> workers = Children(daemon_->pid());
   EXPECT_EQ(workers.size(), 3u);
   EXPECT_EQ(std::count(workers.begin(), workers.end(), victim), 0);
-  // The dead worker's sockets close as the daemon notices; bounded wait for that.
-  for (int i = 0; i < 1000 && OpenFds(daemon_->pid()) != fds_before; ++i) {
+  // The dead worker's sockets close as the daemon notices, and the replacement attaches to the
+  // memdaemon once its libtorch is loaded (seconds on a loaded machine); bounded wait for both.
+  for (int i = 0; i < 4000 && OpenFds(daemon_->pid()) != fds_before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(OpenFds(daemon_->pid()), fds_before);
@@ -293,6 +295,19 @@ TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
   }
+
+  // A task whose intermediate tensors outgrow its worker's 64 MiB arena lease fails alone:
+  // proof that activations come from the lease, not the system allocator. (Its 51 MB input
+  // fits in a frame; its 102 MB hidden layer does not fit in the lease.)
+  proto::HostTensor small = Input("tiny_mlp", 3);
+  int64_t features = small.shape.back();
+  auto huge = worker::ToHostTensor("input", torch::randn({200000, features}));
+  ASSERT_TRUE(huge.ok());
+  auto too_big = client_->Infer("tiny_mlp", {*huge});
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_NE(too_big.status().message().find("activation lease exhausted"), absl::string_view::npos)
+      << too_big.status();
+  ASSERT_TRUE(client_->Infer("tiny_mlp", {small}).ok());
 
   // A client that disconnects mid-task does not disturb anyone else.
   {

@@ -30,13 +30,15 @@ ABSL_FLAG(std::string, backend, "auto",
           "device backend: auto (cuda if a GPU is present), cuda, host");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal");
 ABSL_FLAG(uint64_t, arena_bytes, 0,
-          "arena size; 0 = almost all free GPU memory (cuda) or 1 GiB (host)");
+          "arena size; 0 = almost all free GPU memory (cuda) or 2 GiB (host)");
 ABSL_FLAG(
     double, bandwidth_cap, 0,
     "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7300", "client TCP address (port 0 = any free port)");
 ABSL_FLAG(std::string, socket, "", "memdaemon socket for workers (default /tmp/pswitchd-UID.sock)");
 ABSL_FLAG(int, standby_workers, 2, "standby workers beside the active one");
+ABSL_FLAG(uint64_t, activation_bytes, 256ull << 20,
+          "each worker's arena lease for intermediate tensors (a task exceeding it fails alone)");
 ABSL_FLAG(std::string, policy, "fcfs", "scheduling policy: fcfs, edf or priority");
 ABSL_FLAG(bool, inference_preempts_training, true, "a waiting inference stops a training task");
 ABSL_FLAG(std::string, worker_binary, "", "pswitch-worker path (default: beside pswitchd)");
@@ -158,6 +160,7 @@ int Main() {
   controller_options.scheduler.spawn.memdaemon_socket = (*daemon)->socket_path();
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
+  controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
   if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }

@@ -1,5 +1,6 @@
 #include "worker/worker.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -43,6 +44,15 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
                                                 options.worker_id));
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
+  if (options.activation_bytes > 0) {
+    PSWITCH_ASSIGN_OR_RETURN(
+        memdaemon::Lease lease,
+        w->arena_->RequestLease(absl::StrCat("worker-", options.worker_id, "-activations"),
+                                options.activation_bytes));
+    // Installed once, before any task; libtorch keeps using it for the process's lifetime.
+    w->activations_ = LeaseAllocator::Install(w->arena_->arena().base() + lease.offset, lease.bytes,
+                                              c10::GetDefaultCPUAllocator());
+  }
   flatbuffers::FlatBufferBuilder b;
   auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
@@ -178,6 +188,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       if (!s.ok()) throw GateFailure(s);
       waited_group = group;
     });
+    ScopedLeaseAllocation from_lease(activations_);
     absl::Status torch_status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
       try {
         if (!training) {
@@ -226,6 +237,8 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
           loss = *step;
           iterations_done = i + 1;
         }
+        // Gradients would otherwise hold lease memory until the model trains again.
+        for (at::Tensor& p : bound.model().parameters()) p.mutable_grad() = at::Tensor();
         bound.model().eval();
       } catch (const GateFailure& failure) {
         gate_status = failure.status();

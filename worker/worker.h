@@ -22,6 +22,7 @@
 #include "memdaemon/arena_client.h"
 #include "proto/frame_channel.h"
 #include "proto/worker_generated.h"
+#include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
 
 namespace pswitch::worker {
@@ -32,6 +33,8 @@ struct WorkerOptions {
   std::string memdaemon_socket;
   int control_fd = -1;  // connected socket to the controller, owned by the worker
   absl::Duration group_timeout = absl::Seconds(30);
+  // Arena lease for intermediate tensors while a task runs; 0 = libtorch's own allocator.
+  uint64_t activation_bytes = 0;
 };
 
 class Worker {
@@ -66,6 +69,7 @@ class Worker {
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<memdaemon::ArenaClient> arena_;
   std::unique_ptr<gpu::Stream> stream_;
+  LeaseAllocator* activations_ = nullptr;  // process lifetime: tensors it served may outlive us
   std::unique_ptr<proto::FrameChannel> control_;
   std::map<std::string, std::unique_ptr<BoundModel>, std::less<>> models_;
   Gate gate_;

@@ -1,0 +1,104 @@
+#include "worker/lease_allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace pswitch::worker {
+namespace {
+
+// Cache-line alignment, as libtorch's default CPU allocator gives (it uses 64 bytes).
+constexpr uint64_t kAlignment = 64;
+
+}  // namespace
+
+// The one instance RawFree reaches (raw deleters are plain function pointers).
+std::atomic<LeaseAllocator*> g_installed{nullptr};
+
+LeaseAllocator* LeaseAllocator::Install(std::byte* base, uint64_t bytes, c10::Allocator* fallback) {
+  auto* allocator = new LeaseAllocator(base, bytes, fallback);
+  g_installed.store(allocator, std::memory_order_release);
+  c10::SetCPUAllocator(allocator, /*priority=*/100);
+  return allocator;
+}
+
+LeaseAllocator::LeaseAllocator(std::byte* base, uint64_t bytes, c10::Allocator* fallback)
+    : base_(base),
+      bytes_(bytes),
+      fallback_(fallback),
+      fallback_raw_deleter_(fallback->raw_deleter()) {
+  // Offsets are kept relative to base_; the usable range starts at its first aligned byte.
+  uint64_t skew = (kAlignment - reinterpret_cast<uintptr_t>(base) % kAlignment) % kAlignment;
+  if (bytes_ > skew) free_[skew] = (bytes_ - skew) & ~(kAlignment - 1);
+}
+
+c10::DataPtr LeaseAllocator::allocate(size_t n) const {
+  if (!active_.load(std::memory_order_acquire)) return fallback_->allocate(n);
+  uint64_t size = (std::max<uint64_t>(n, 1) + kAlignment - 1) & ~(kAlignment - 1);
+  uint64_t offset = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = free_.begin();
+    while (it != free_.end() && it->second < size) ++it;
+    if (it == free_.end()) {
+      // Thrown as libtorch throws its own out-of-memory errors; the task boundary catches it.
+      TORCH_CHECK(false, "worker activation lease exhausted: ", n, " bytes requested, ", in_use_,
+                  " of ", bytes_, " bytes in use (raise pswitchd --activation-bytes)");
+    }
+    offset = it->first;
+    uint64_t rest = it->second - size;
+    free_.erase(it);
+    if (rest > 0) free_[offset + size] = rest;
+    in_use_ += size;
+    peak_ = std::max(peak_, in_use_);
+    used_[offset] = size;
+  }
+  // Context == data, as libtorch's raw interface requires.
+  void* ptr = base_ + offset;
+  return c10::DataPtr(ptr, ptr, &LeaseAllocator::RawFree, c10::Device(c10::kCPU));
+}
+
+void LeaseAllocator::RawFree(void* ptr) {
+  LeaseAllocator* self = g_installed.load(std::memory_order_acquire);
+  auto* p = static_cast<std::byte*>(ptr);
+  if (self != nullptr && p >= self->base_ && p < self->base_ + self->bytes_) {
+    self->Release(static_cast<uint64_t>(p - self->base_));
+  } else if (self != nullptr && self->fallback_raw_deleter_ != nullptr) {
+    self->fallback_raw_deleter_(ptr);  // raw-allocated outside a task
+  }
+}
+
+void LeaseAllocator::Release(uint64_t offset) const {
+  absl::MutexLock lock(&mu_);
+  auto used = used_.find(offset);
+  if (used == used_.end()) return;  // not a block start: nothing of ours
+  uint64_t bytes = used->second;
+  used_.erase(used);
+  in_use_ -= bytes;
+  auto [it, inserted] = free_.emplace(offset, bytes);
+  auto next = std::next(it);
+  if (next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+uint64_t LeaseAllocator::in_use_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+uint64_t LeaseAllocator::peak_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+}  // namespace pswitch::worker

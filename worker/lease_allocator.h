@@ -1,0 +1,76 @@
+// Serves libtorch's CPU allocations (intermediate tensors, gradients) from the worker's lease of
+// the arena while a task runs, so the hot path never calls the system allocator and a task's
+// memory is bounded by its lease. Outside tasks (model construction at load time) allocations go
+// to libtorch's default allocator. A task that outgrows its lease fails alone, with an error
+// naming the lease size, and frees what it had.
+#ifndef PSWITCH_WORKER_LEASE_ALLOCATOR_H_
+#define PSWITCH_WORKER_LEASE_ALLOCATOR_H_
+
+#include <c10/core/Allocator.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+
+namespace pswitch::worker {
+
+// First-fit with coalescing over [base, base + bytes). Thread-safe (libtorch's intra-op threads
+// may allocate). Blocks may outlive a task; they return to the lease whenever freed. It supports
+// libtorch's raw (pointer-only) interface, which oneDNN uses, so there is one per process:
+// Install() creates it, and it is never destroyed (tensors it served may live to the end).
+class LeaseAllocator final : public c10::Allocator {
+ public:
+  // Creates the process's allocator over the lease and makes it libtorch's CPU allocator.
+  // `fallback` serves allocations outside tasks. Call once.
+  static LeaseAllocator* Install(std::byte* base, uint64_t bytes, c10::Allocator* fallback);
+
+  c10::DataPtr allocate(size_t n) const override;
+  c10::DeleterFnPtr raw_deleter() const override { return &RawFree; }
+
+  // While active, allocations come from the lease (and fail when it is full).
+  void set_active(bool active) { active_.store(active, std::memory_order_release); }
+  uint64_t in_use_bytes() const;
+  uint64_t peak_bytes() const;
+  uint64_t capacity_bytes() const { return bytes_; }
+
+ private:
+  LeaseAllocator(std::byte* base, uint64_t bytes, c10::Allocator* fallback);
+  // Frees a pointer this allocator (or, outside tasks, its fallback) returned.
+  static void RawFree(void* ptr);
+  void Release(uint64_t offset) const;
+
+  std::byte* const base_;
+  const uint64_t bytes_;
+  c10::Allocator* const fallback_;
+  const c10::DeleterFnPtr fallback_raw_deleter_;
+  std::atomic<bool> active_{false};
+
+  mutable absl::Mutex mu_;
+  mutable std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
+  mutable std::map<uint64_t, uint64_t> used_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
+  mutable uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Activates `allocator` for a scope (one task).
+class ScopedLeaseAllocation {
+ public:
+  explicit ScopedLeaseAllocation(LeaseAllocator* allocator) : allocator_(allocator) {
+    if (allocator_ != nullptr) allocator_->set_active(true);
+  }
+  ~ScopedLeaseAllocation() {
+    if (allocator_ != nullptr) allocator_->set_active(false);
+  }
+  ScopedLeaseAllocation(const ScopedLeaseAllocation&) = delete;
+  ScopedLeaseAllocation& operator=(const ScopedLeaseAllocation&) = delete;
+
+ private:
+  LeaseAllocator* const allocator_;
+};
+
+}  // namespace pswitch::worker
+
+#endif  // PSWITCH_WORKER_LEASE_ALLOCATOR_H_
