@@ -163,20 +163,60 @@ absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<proto::HostTensor>> Worker::Infer(BoundModel& bound,
+                                                             const proto::Run& run) {
+  bound.model().eval();
+  torch::NoGradGuard no_grad;
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<proto::HostTensor> inputs,
+                           proto::FromWireTensors(run.inputs()));
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelInput input, ToModelInput(inputs));
+  models::ModelOutput out = bound.model().Forward(input);
+  PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor output, ToHostTensor("output", out.output));
+  return std::vector<proto::HostTensor>{std::move(output)};
+}
+
+absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress) {
+  PSWITCH_ASSIGN_OR_RETURN(
+      std::unique_ptr<models::Trainer> trainer,
+      models::Trainer::Create(
+          bound.model(), models::TrainerOptions{models::OptimizerKind::kSgd, kLearningRate, 0.0}));
+  absl::Status status;
+  for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
+    if (stop_requested_.load()) {
+      progress->stopped_early = true;
+      break;
+    }
+    // Every iteration's data and randomness depend on (seed, i) only, in any process.
+    uint64_t step_seed = run.seed() * 1000003ull + i;
+    torch::manual_seed(step_seed);
+    models::ModelInput input = bound.model().ExampleInput(run.batch(), step_seed);
+    at::Tensor target = bound.model().ExampleTarget(run.batch(), step_seed);
+    absl::StatusOr<double> loss = trainer->Step(input, target);
+    if (!loss.ok()) {
+      status = loss.status();
+      break;
+    }
+    progress->loss = *loss;
+    progress->iterations_done = i + 1;
+  }
+  // Gradients would otherwise hold lease memory until the model trains again.
+  for (at::Tensor& p : bound.model().parameters()) p.mutable_grad() = at::Tensor();
+  bound.model().eval();
+  return status;
+}
+
 absl::Status Worker::HandleRun(const proto::Run& run) {
   const std::string model_name = run.model()->str();
   auto it = models_.find(model_name);
   std::vector<proto::HostTensor> outputs;
-  uint32_t iterations_done = run.first_iteration();
-  bool stopped_early = false;
-  double loss = 0;
+  TrainProgress progress{run.first_iteration(), false, 0};
   absl::Status status;
   if (it == models_.end() || gate_.model != model_name) {
     status = absl::FailedPreconditionError(
         absl::StrCat("run of model '", model_name, "' without load and prepare"));
   } else {
     BoundModel& bound = *it->second;
-    bool training = run.training();
+    const bool training = run.training();
     int waited_group = -1;
     absl::Status gate_status;
     // Gate every layer on its group; groups arrive in order, so waiting once per group is enough.
@@ -191,61 +231,22 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     ScopedLeaseAllocation from_lease(activations_);
     absl::Status torch_status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
       try {
-        if (!training) {
-          bound.model().eval();
-          torch::NoGradGuard no_grad;
-          auto wire_inputs = proto::FromWireTensors(run.inputs());
-          if (!wire_inputs.ok()) {
-            status = wire_inputs.status();
-            return;
-          }
-          auto model_input = ToModelInput(*wire_inputs);
-          if (!model_input.ok()) {
-            status = model_input.status();
-            return;
-          }
-          models::ModelOutput out = bound.model().Forward(*model_input);
-          auto host = ToHostTensor("output", out.output);
-          if (!host.ok()) {
-            status = host.status();
-            return;
-          }
-          outputs.push_back(std::move(*host));
+        if (training) {
+          status = Train(bound, run, &progress);
           return;
         }
-        auto trainer = models::Trainer::Create(
-            bound.model(), models::TrainerOptions{models::OptimizerKind::kSgd, kLearningRate, 0.0});
-        if (!trainer.ok()) {
-          status = trainer.status();
-          return;
+        absl::StatusOr<std::vector<proto::HostTensor>> out = Infer(bound, run);
+        if (out.ok()) {
+          outputs = std::move(*out);
+        } else {
+          status = out.status();
         }
-        for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
-          if (stop_requested_.load()) {
-            stopped_early = true;
-            break;
-          }
-          // Every iteration's data and randomness depend on (seed, i) only, in any process.
-          uint64_t step_seed = run.seed() * 1000003ull + i;
-          torch::manual_seed(step_seed);
-          models::ModelInput input = bound.model().ExampleInput(run.batch(), step_seed);
-          at::Tensor target = bound.model().ExampleTarget(run.batch(), step_seed);
-          auto step = (*trainer)->Step(input, target);
-          if (!step.ok()) {
-            status = step.status();
-            return;
-          }
-          loss = *step;
-          iterations_done = i + 1;
-        }
-        // Gradients would otherwise hold lease memory until the model trains again.
-        for (at::Tensor& p : bound.model().parameters()) p.mutable_grad() = at::Tensor();
-        bound.model().eval();
       } catch (const GateFailure& failure) {
         gate_status = failure.status();
       }
     });
     // Precedence: a gate failure explains everything after it; then libtorch's own errors; then
-    // the task-level status set inside the lambda.
+    // the task-level status.
     if (!gate_status.ok()) {
       status = gate_status;
     } else if (!torch_status.ok()) {
@@ -256,8 +257,8 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   flatbuffers::FlatBufferBuilder b;
   auto wire_outputs = proto::CreateWireTensors(b, outputs);
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-  auto done = proto::CreateRunDone(b, run.task_id(), wire_outputs, iterations_done, stopped_early,
-                                   loss, error);
+  auto done = proto::CreateRunDone(b, run.task_id(), wire_outputs, progress.iterations_done,
+                                   progress.stopped_early, progress.loss, error);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   return SendEvent(b);
 }

@@ -21,6 +21,7 @@
 #include "gpu/device.h"
 #include "memdaemon/arena_client.h"
 #include "proto/frame_channel.h"
+#include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
@@ -62,6 +63,14 @@ class Worker {
   absl::Status HandleLoad(const proto::LoadModel& load);
   absl::Status HandlePrepare(const proto::Prepare& prepare);
   absl::Status HandleRun(const proto::Run& run);
+  struct TrainProgress {
+    uint32_t iterations_done = 0;
+    bool stopped_early = false;
+    double loss = 0;
+  };
+  // The task bodies; they run inside HandleRun's gate and libtorch exception handling.
+  absl::StatusOr<std::vector<proto::HostTensor>> Infer(BoundModel& bound, const proto::Run& run);
+  absl::Status Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress);
   absl::Status HandleStop(const proto::Stop& stop);
   absl::Status SendEvent(flatbuffers::FlatBufferBuilder& builder);
 
