@@ -25,6 +25,7 @@
 #include "models/zoo_model.h"
 #include "tools/cli.h"
 #include "worker/host_tensors.h"
+#include "worker/worker.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "device backend: auto (cuda if a GPU is present), cuda, host");
@@ -66,13 +67,16 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
   if (backend != "auto") {
     auto parsed = gpu::ParseBackend(backend);
     if (!parsed.ok()) return parsed.status();
+    if (auto supported = worker::CheckWorkerBackend(*parsed); !supported.ok()) return supported;
     options.backend = *parsed;
     return options;
   }
   options.backend = gpu::Backend::kCuda;
-  auto probe = gpu::Device::Open(options);
-  if (probe.ok()) return options;
-  Log("info", "backend_auto", "chosen=host reason=\"%s\"", probe.status().message());
+  // No GPU is the usual reason; a GPU with no CUDA worker path in this build the other.
+  absl::Status usable = gpu::Device::Open(options).status();
+  if (usable.ok()) usable = worker::CheckWorkerBackend(options.backend);
+  if (usable.ok()) return options;
+  Log("info", "backend_auto", "chosen=host reason=\"%s\"", usable.message());
   options.backend = gpu::Backend::kHost;
   return options;
 }

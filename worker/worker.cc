@@ -33,7 +33,15 @@ constexpr double kLearningRate = 0.01;
 
 }  // namespace
 
+absl::Status CheckWorkerBackend(gpu::Backend backend) {
+  if (backend == gpu::Backend::kHost) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "workers cannot execute on the CUDA backend yet (device tensor views and the CUDA "
+      "activation allocator are the CUDA validation issue's work); use --backend host");
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
+  PSWITCH_RETURN_IF_ERROR(CheckWorkerBackend(options.backend));
   std::unique_ptr<Worker> w(new Worker());
   w->options_ = options;
   w->control_ = std::make_unique<proto::FrameChannel>(UniqueFd(options.control_fd));

@@ -38,6 +38,11 @@ struct WorkerOptions {
   uint64_t activation_bytes = 0;
 };
 
+// OK when workers can execute tasks on `backend`. The CUDA execution path (tensor views on
+// device memory, a CUDA lease allocator, the compute stream) is not built yet: Unimplemented,
+// so pswitchd refuses it up front instead of starting workers that would crash.
+absl::Status CheckWorkerBackend(gpu::Backend backend);
+
 class Worker {
  public:
   // Opens the device, attaches the arena and announces itself (WorkerReady).
