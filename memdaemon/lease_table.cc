@@ -7,9 +7,11 @@
 namespace pswitch::memdaemon {
 
 LeaseTable::LeaseTable(gpu::Arena* arena, uint64_t begin, uint64_t end, uint64_t alignment)
-    : arena_(arena), begin_(begin), end_(end), alignment_(alignment) {
-  if (end > begin) free_[begin] = end - begin;
-}
+    : arena_(arena),
+      begin_(begin),
+      end_(end),
+      alignment_(alignment),
+      free_(begin, end > begin ? end - begin : 0) {}
 
 absl::StatusOr<Lease> LeaseTable::Acquire(absl::string_view owner, uint64_t bytes) {
   if (owner.empty()) return absl::InvalidArgumentError("lease owner must be named");
@@ -18,19 +20,15 @@ absl::StatusOr<Lease> LeaseTable::Acquire(absl::string_view owner, uint64_t byte
     return absl::InvalidArgumentError(absl::StrCat("bad lease size ", bytes));
   }
   absl::MutexLock lock(&mu_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < rounded) continue;
-    Lease lease{it->first, rounded, std::string(owner)};
-    uint64_t rest = it->second - rounded;
-    uint64_t rest_offset = it->first + rounded;
-    free_.erase(it);
-    if (rest > 0) free_[rest_offset] = rest;
-    leases_[lease.offset] = lease;
-    return lease;
+  std::optional<uint64_t> offset = free_.Take(rounded);
+  if (!offset.has_value()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no arena block of ", rounded, " bytes for '", owner,
+        "' (largest free: ", free_.largest_bytes(), " of ", capacity_bytes(), " bytes)"));
   }
-  return absl::ResourceExhaustedError(absl::StrCat("no arena block of ", rounded, " bytes for '",
-                                                   owner, "' (largest free: ", LargestFreeLocked(),
-                                                   " of ", capacity_bytes(), " bytes)"));
+  Lease lease{*offset, rounded, std::string(owner)};
+  leases_[lease.offset] = lease;
+  return lease;
 }
 
 absl::Status LeaseTable::CheckOwner(uint64_t offset, absl::string_view owner) const {
@@ -48,20 +46,7 @@ absl::Status LeaseTable::Release(uint64_t offset, absl::string_view owner) {
   PSWITCH_RETURN_IF_ERROR(CheckOwner(offset, owner));
   uint64_t bytes = leases_[offset].bytes;
   leases_.erase(offset);
-  auto [it, inserted] = free_.emplace(offset, bytes);
-  // Coalesce with the next and the previous free block.
-  auto next = std::next(it);
-  if (next != free_.end() && it->first + it->second == next->first) {
-    it->second += next->second;
-    free_.erase(next);
-  }
-  if (it != free_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->first + prev->second == it->first) {
-      prev->second += it->second;
-      free_.erase(it);
-    }
-  }
+  free_.Give(offset, bytes);
   return absl::OkStatus();
 }
 
@@ -92,13 +77,7 @@ bool LeaseTable::AwaitLeaseCount(size_t count, absl::Duration timeout) const {
 
 uint64_t LeaseTable::largest_free_bytes() const {
   absl::MutexLock lock(&mu_);
-  return LargestFreeLocked();
-}
-
-uint64_t LeaseTable::LargestFreeLocked() const {
-  uint64_t largest = 0;
-  for (const auto& [offset, bytes] : free_) largest = std::max(largest, bytes);
-  return largest;
+  return free_.largest_bytes();
 }
 
 }  // namespace pswitch::memdaemon

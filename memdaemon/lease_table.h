@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/device.h"
+#include "memdaemon/free_list.h"
 
 namespace pswitch::memdaemon {
 
@@ -45,7 +46,6 @@ class LeaseTable {
  private:
   absl::Status CheckOwner(uint64_t offset, absl::string_view owner) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   gpu::Arena* const arena_;
   const uint64_t begin_;
@@ -53,8 +53,8 @@ class LeaseTable {
   const uint64_t alignment_;
 
   mutable absl::Mutex mu_;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
-  std::map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);   // offset -> lease
+  FreeList free_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);  // offset -> lease
 };
 
 }  // namespace pswitch::memdaemon

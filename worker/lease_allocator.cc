@@ -11,6 +11,11 @@ namespace {
 // Cache-line alignment, as libtorch's default CPU allocator gives (it uses 64 bytes).
 constexpr uint64_t kAlignment = 64;
 
+// Offsets are kept relative to the base; the usable range starts at its first aligned byte.
+uint64_t AlignmentSkew(const std::byte* base) {
+  return (kAlignment - reinterpret_cast<uintptr_t>(base) % kAlignment) % kAlignment;
+}
+
 }  // namespace
 
 // The one instance RawFree reaches (raw deleters are plain function pointers).
@@ -27,11 +32,9 @@ LeaseAllocator::LeaseAllocator(std::byte* base, uint64_t bytes, c10::Allocator* 
     : base_(base),
       bytes_(bytes),
       fallback_(fallback),
-      fallback_raw_deleter_(fallback->raw_deleter()) {
-  // Offsets are kept relative to base_; the usable range starts at its first aligned byte.
-  uint64_t skew = (kAlignment - reinterpret_cast<uintptr_t>(base) % kAlignment) % kAlignment;
-  if (bytes_ > skew) free_[skew] = (bytes_ - skew) & ~(kAlignment - 1);
-}
+      fallback_raw_deleter_(fallback->raw_deleter()),
+      free_(AlignmentSkew(base),
+            bytes > AlignmentSkew(base) ? (bytes - AlignmentSkew(base)) & ~(kAlignment - 1) : 0) {}
 
 c10::DataPtr LeaseAllocator::allocate(size_t n) const {
   if (!active_.load(std::memory_order_acquire)) return fallback_->allocate(n);
@@ -39,17 +42,11 @@ c10::DataPtr LeaseAllocator::allocate(size_t n) const {
   uint64_t offset = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto it = free_.begin();
-    while (it != free_.end() && it->second < size) ++it;
-    if (it == free_.end()) {
-      // Thrown as libtorch throws its own out-of-memory errors; the task boundary catches it.
-      TORCH_CHECK(false, "worker activation lease exhausted: ", n, " bytes requested, ", in_use_,
-                  " of ", bytes_, " bytes in use (raise pswitchd --activation-bytes)");
-    }
-    offset = it->first;
-    uint64_t rest = it->second - size;
-    free_.erase(it);
-    if (rest > 0) free_[offset + size] = rest;
+    std::optional<uint64_t> taken = free_.Take(size);
+    // Thrown as libtorch throws its own out-of-memory errors; the task boundary catches it.
+    TORCH_CHECK(taken.has_value(), "worker activation lease exhausted: ", n, " bytes requested, ",
+                in_use_, " of ", bytes_, " bytes in use (raise pswitchd --activation-bytes)");
+    offset = *taken;
     in_use_ += size;
     peak_ = std::max(peak_, in_use_);
     used_[offset] = size;
@@ -76,19 +73,7 @@ void LeaseAllocator::Release(uint64_t offset) const {
   uint64_t bytes = used->second;
   used_.erase(used);
   in_use_ -= bytes;
-  auto [it, inserted] = free_.emplace(offset, bytes);
-  auto next = std::next(it);
-  if (next != free_.end() && it->first + it->second == next->first) {
-    it->second += next->second;
-    free_.erase(next);
-  }
-  if (it != free_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->first + prev->second == it->first) {
-      prev->second += it->second;
-      free_.erase(it);
-    }
-  }
+  free_.Give(offset, bytes);
 }
 
 uint64_t LeaseAllocator::in_use_bytes() const {

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "absl/synchronization/mutex.h"
+#include "memdaemon/free_list.h"
 
 namespace pswitch::worker {
 
@@ -49,7 +50,7 @@ class LeaseAllocator final : public c10::Allocator {
   std::atomic<bool> active_{false};
 
   mutable absl::Mutex mu_;
-  mutable std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
+  mutable memdaemon::FreeList free_ ABSL_GUARDED_BY(mu_);
   mutable std::map<uint64_t, uint64_t> used_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
   mutable uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
   mutable uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
