@@ -310,8 +310,11 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
   auto future = promise->get_future();
   connection_->Call(
       [&](Builder& b, uint64_t id) {
-        auto body = proto::CreateSubmitTask(b, b.CreateString(model), proto::TaskKind::Training, 0,
-                                            options.iterations, options.seed, options.priority, 0);
+        auto body = proto::CreateSubmitTask(
+            b, b.CreateString(model), proto::TaskKind::Training, 0, options.iterations,
+            options.seed, options.priority, 0,
+            options.optimizer == Optimizer::kAdam ? proto::Optimizer::Adam : proto::Optimizer::Sgd,
+            options.learning_rate, options.momentum);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
@@ -349,6 +352,8 @@ absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
         status.iterations_done = s->iterations_done();
         status.preemptions = s->preemptions();
         status.worker_pid = s->worker_pid();
+        status.clean_time = absl::Nanoseconds(static_cast<int64_t>(s->clean_ns()));
+        status.cleaned_after_drain = s->cleaned_after_drain();
         if (s->error() != nullptr) status.error = proto::FromWireError(s->error());
         return status;
       },

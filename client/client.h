@@ -51,10 +51,16 @@ struct InferOptions {
   absl::Duration deadline = absl::ZeroDuration();  // from submission; zero = none
 };
 
+enum class Optimizer { kSgd, kAdam };
+
 struct TrainOptions {
   uint32_t iterations = 1;
   uint64_t seed = 0;
   int priority = 0;
+  // The optimizer's state (momentum, Adam moments) survives preemptions like the weights.
+  Optimizer optimizer = Optimizer::kSgd;
+  double learning_rate = 0.01;
+  double momentum = 0.9;  // SGD only; 0 = plain SGD
 };
 
 struct TaskResult {
@@ -74,6 +80,10 @@ struct TaskStatus {
   uint32_t preemptions = 0;  // training: times stopped for another task and resumed
   int worker_pid = 0;        // the worker process running it (0 when not running)
   absl::Status error;        // for kFailed
+  // The worker's cleaning after the task's last run, and whether it ran after the drain (so it
+  // overlapped the next switch); zero until that worker has drained.
+  absl::Duration clean_time;
+  bool cleaned_after_drain = false;
 };
 
 absl::string_view TaskStateName(TaskState state);

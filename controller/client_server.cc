@@ -115,6 +115,15 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     spec.inputs = std::move(*inputs);
     spec.iterations = wire.iterations();
     spec.seed = wire.seed();
+    if (wire.optimizer() != proto::Optimizer::Sgd && wire.optimizer() != proto::Optimizer::Adam) {
+      return conn.Send(ErrorReply(id, absl::InvalidArgumentError("unknown optimizer")));
+    }
+    spec.trainer.optimizer = wire.optimizer() == proto::Optimizer::Adam
+                                 ? models::OptimizerKind::kAdam
+                                 : models::OptimizerKind::kSgd;
+    spec.trainer.learning_rate = wire.learning_rate();
+    spec.trainer.momentum =
+        spec.trainer.optimizer == models::OptimizerKind::kAdam ? 0 : wire.momentum();
     spec.priority = wire.priority();
     if (wire.deadline_ms() > 0) {
       spec.deadline = absl::Now() + absl::Milliseconds(static_cast<int64_t>(
@@ -149,9 +158,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!info.ok()) return ErrorReply(id, info.status());
     Builder b;
     auto error = info->error.ok() ? 0 : proto::CreateWireError(b, info->error);
-    auto status = proto::CreateTaskStatus(b, info->task_id, ToWireState(info->phase),
-                                          b.CreateString(info->model), info->iterations_done, error,
-                                          info->preemptions, info->worker_pid);
+    auto status = proto::CreateTaskStatus(
+        b, info->task_id, ToWireState(info->phase), b.CreateString(info->model),
+        info->iterations_done, error, info->preemptions, info->worker_pid,
+        static_cast<uint64_t>(absl::ToInt64Nanoseconds(info->clean_time)),
+        info->cleaned_after_drain);
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
     return Bytes(b);
   }

@@ -9,17 +9,20 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
                                                                memdaemon::MemDaemon* daemon) {
   std::unique_ptr<Controller> c(new Controller(options, daemon));
   // One weights region holds the active model; every worker's views point into it. The rest of
-  // the arena is left for the workers' activation leases.
+  // the arena is left for the workers' activation leases and training tasks' optimizer state.
   uint64_t activations =
       options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
   uint64_t free_bytes = daemon->leases().largest_free_bytes();
-  if (free_bytes <= activations + (1 << 20)) {
+  uint64_t state_bytes = options.optimizer_state_bytes;
+  if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
+  if (free_bytes <= activations + state_bytes + (1 << 20)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the arena's ", free_bytes, " free bytes cannot hold ", options.scheduler.workers,
-        " activation leases of ", options.scheduler.spawn.activation_bytes,
-        " bytes and a weights region (raise --arena-bytes or lower --activation-bytes)"));
+        " activation leases of ", options.scheduler.spawn.activation_bytes, " bytes, ", state_bytes,
+        " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
+        "--activation-bytes / --optimizer-state-bytes)"));
   }
-  uint64_t region_bytes = (free_bytes - activations) & ~uint64_t{(1 << 20) - 1};
+  uint64_t region_bytes = (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1};
   PSWITCH_ASSIGN_OR_RETURN(memdaemon::Lease region,
                            daemon->leases().Acquire("weights-region", region_bytes));
   c->catalog_ = std::make_unique<ModelCatalog>(daemon, region.bytes, options.bandwidth_bytes_per_s);
@@ -36,7 +39,7 @@ Controller::~Controller() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  registrar_.join();
+  if (registrar_.joinable()) registrar_.join();  // not started when Create failed
   scheduler_.reset();
 }
 
@@ -87,10 +90,21 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
           absl::StrCat("inference on '", spec.model, "' needs an 'input' tensor"));
     }
     for (const proto::HostTensor& t : spec.inputs) PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(t));
-  } else if (spec.iterations == 0 || spec.iterations > options_.max_training_iterations) {
-    return absl::InvalidArgumentError(absl::StrCat("training iterations must be in [1, ",
-                                                   options_.max_training_iterations, "], got ",
-                                                   spec.iterations));
+  } else {
+    if (spec.iterations == 0 || spec.iterations > options_.max_training_iterations) {
+      return absl::InvalidArgumentError(absl::StrCat("training iterations must be in [1, ",
+                                                     options_.max_training_iterations, "], got ",
+                                                     spec.iterations));
+    }
+    const models::TrainerOptions& t = spec.trainer;
+    if (!(t.learning_rate > 0 && t.learning_rate <= 10)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("learning rate must be in (0, 10], got ", t.learning_rate));
+    }
+    if (!(t.momentum >= 0 && t.momentum < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("momentum must be in [0, 1), got ", t.momentum));
+    }
   }
   (void)entry;
   return scheduler_->Submit(std::move(spec), std::move(done));

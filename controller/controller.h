@@ -22,6 +22,9 @@ struct ControllerOptions {
   // The link speed registration profiles assume (host backend: the configured copy cap).
   double bandwidth_bytes_per_s = 12e9;
   uint32_t max_training_iterations = 1'000'000;
+  // Arena bytes left outside the weights region for running training tasks' optimizer state
+  // (SGD momentum, Adam moments); 0 = a quarter of what the activation leases leave.
+  uint64_t optimizer_state_bytes = 0;
 };
 
 // Thread-safe. `*daemon` must outlive the controller.

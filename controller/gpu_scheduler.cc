@@ -43,6 +43,7 @@ struct GpuScheduler::Slot {
   size_t loads_pending = 0;
   std::set<std::string> loaded;
   uint32_t drain_value = 0;
+  uint64_t last_task = 0;  // whose leftovers its next drain cleans
 };
 
 struct GpuScheduler::Running {
@@ -52,6 +53,7 @@ struct GpuScheduler::Running {
   absl::Time started;
   std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
   const CatalogEntry* entry = nullptr;
+  std::optional<memdaemon::Lease> optimizer_state;  // training with a stateful optimizer
 };
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
@@ -122,7 +124,97 @@ void GpuScheduler::Loop() {
     absl::MutexLock lock(&mu_);
     loop_done_ = true;
   }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].reset();
+    // Nothing of that worker is in flight any more: no transmission may wait for its drain.
+    (void)daemon_->drain_flags().Store(static_cast<uint32_t>(i), UINT32_MAX / 2);
+  }
   slots_.clear();
+  for (Watcher& w : watchers_) w.thread.join();
+}
+
+void GpuScheduler::WatchTransmission(std::shared_ptr<memdaemon::Transmission> transmission,
+                                     uint64_t task_id) {
+  for (auto it = watchers_.begin(); it != watchers_.end();) {
+    if (it->done->load()) {
+      it->thread.join();
+      it = watchers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([this, transmission = std::move(transmission), task_id, done] {
+    bool ok = transmission->Wait().ok();
+    {
+      absl::MutexLock lock(&mu_);
+      if (!loop_done_ && ok) posted_.push_back([this, task_id] { OnTransmitted(task_id); });
+    }
+    done->store(true);
+  });
+  watchers_.push_back(Watcher{std::move(thread), std::move(done)});
+}
+
+void GpuScheduler::OnTransmitted(uint64_t task_id) {
+  if (running_ == nullptr || running_->task_id != task_id) return;
+  absl::MutexLock lock(&mu_);
+  TaskInfo& info = infos_[task_id];
+  if (info.phase == TaskPhase::kSwitching) info.phase = TaskPhase::kRunning;
+}
+
+void GpuScheduler::OnDrained(int slot, const proto::Drained& drained) {
+  Slot& s = *slots_[slot];
+  if (s.last_task == 0) return;
+  absl::Duration clean = absl::Nanoseconds(drained.clean_end_ns() - drained.clean_start_ns());
+  bool after_drain = drained.clean_start_ns() >= drained.drained_ns();
+  std::fprintf(stderr,
+               "level=info event=worker_drained slot=%d task=%llu clean_us=%.1f "
+               "cleaned_after_drain=%d\n",
+               slot, static_cast<unsigned long long>(s.last_task),
+               absl::ToDoubleMicroseconds(clean), after_drain ? 1 : 0);
+  absl::MutexLock lock(&mu_);
+  auto it = infos_.find(s.last_task);
+  if (it == infos_.end()) return;
+  it->second.clean_time = clean;
+  it->second.cleaned_after_drain = after_drain;
+}
+
+absl::Status GpuScheduler::AcquireOptimizerState(Running& run, const TaskSpec& spec) {
+  const uint64_t bytes =
+      models::OptimizerStateSlots(spec.trainer) * run.entry->optimizer_slot_bytes;
+  if (spec.kind != TaskKind::kTraining || bytes == 0) return absl::OkStatus();
+  auto lease = daemon_->leases().Acquire(absl::StrCat("task-", run.task_id, "-optimizer"), bytes);
+  if (!lease.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("training task ", run.task_id, " needs ", bytes,
+                     " bytes of optimizer state in the arena: ", lease.status().message()));
+  }
+  run.optimizer_state = *lease;
+  auto checkpoint = optimizer_checkpoints_.find(run.task_id);
+  absl::Status filled;
+  if (checkpoint != optimizer_checkpoints_.end()) {
+    filled = daemon_->arena().CopyFromHost(lease->offset, checkpoint->second);
+    optimizer_checkpoints_.erase(checkpoint);
+  } else {
+    // Zeros: libtorch's first step from zero buffers equals its own lazily created state.
+    filled = daemon_->arena().CopyFromHost(lease->offset, std::vector<std::byte>(bytes));
+  }
+  if (!filled.ok()) (void)ReleaseOptimizerState(run, false);
+  return filled;
+}
+
+absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
+  if (!run.optimizer_state) return absl::OkStatus();
+  const memdaemon::Lease lease = *run.optimizer_state;
+  run.optimizer_state.reset();
+  absl::Status status;
+  if (keep) {
+    std::vector<std::byte> host(lease.bytes);
+    status = daemon_->arena().CopyToHost(lease.offset, host);
+    if (status.ok()) optimizer_checkpoints_[run.task_id] = std::move(host);
+  }
+  absl::Status released = daemon_->leases().Release(lease.offset, lease.owner);
+  return status.ok() ? released : status;
 }
 
 void GpuScheduler::SpawnSlot(int slot) {
@@ -190,7 +282,9 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
       OnRunDone(slot, *event);
       break;
     case proto::WorkerEventBody::Drained:
-      break;  // the copy engine waits on the drain flag itself
+      // The copy engine waits on the drain flag itself; this reports the cleaning.
+      OnDrained(slot, *e->body_as_Drained());
+      break;
     default:
       break;
   }
@@ -258,6 +352,7 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   (void)daemon_->drain_flags().Store(static_cast<uint32_t>(slot), ++s.drain_value);
   if (running_ != nullptr && running_->slot == slot) {
     uint64_t id = running_->task_id;
+    (void)ReleaseOptimizerState(*running_, false);
     running_.reset();
     Finish(id,
            absl::UnavailableError(absl::StrCat("task ", id, " failed: ", why.message(),
@@ -346,12 +441,22 @@ void GpuScheduler::MaybeStart() {
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
-  auto& [spec, callback] = specs_.at(ticket.id);
+  const TaskSpec& spec = specs_.at(ticket.id).first;
   PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
   auto run = std::make_unique<Running>();
   run->task_id = ticket.id;
   run->entry = entry;
   run->started = absl::Now();
+  PSWITCH_RETURN_IF_ERROR(AcquireOptimizerState(*run, spec));
+  absl::Status started = SendTask(*run, ticket, spec, *entry);
+  if (!started.ok()) (void)ReleaseOptimizerState(*run, false);
+  PSWITCH_RETURN_IF_ERROR(started);
+  running_ = std::move(run);
+  return absl::OkStatus();
+}
+
+absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, const TaskSpec& spec,
+                                    const CatalogEntry& entry) {
   int slot = -1;
   if (resident_model_ == spec.model && active_slot_ >= 0) {
     slot = active_slot_;
@@ -365,8 +470,8 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
     }
     if (slot < 0) slot = active_slot_;
     memdaemon::TransmitRequest request;
-    request.model = entry->stored;
-    request.groups = entry->plan;
+    request.model = entry.stored;
+    request.groups = entry.plan;
     request.weights_offset = options_.region_offset;
     if (active_slot_ >= 0) {
       if (std::optional<uint32_t> value = SendStop(active_slot_)) {
@@ -374,14 +479,15 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
                                                   options_.drain_timeout};
       }
     }
-    PSWITCH_ASSIGN_OR_RETURN(run->transmission, daemon_->transmitter().Start(request));
+    PSWITCH_ASSIGN_OR_RETURN(run.transmission, daemon_->transmitter().Start(request));
+    WatchTransmission(run.transmission, ticket.id);
     resident_model_ = spec.model;
-    resident_epoch_ = run->transmission->epoch();
+    resident_epoch_ = run.transmission->epoch();
     active_slot_ = slot;
   }
   Slot& s = *slots_[slot];
   Builder prepare;
-  auto last = prepare.CreateVector(entry->group_last_layer);
+  auto last = prepare.CreateVector(entry.group_last_layer);
   auto body =
       proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_, 0, last);
   prepare.Finish(
@@ -390,16 +496,21 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   Builder b;
   auto inputs = proto::CreateWireTensors(b, spec.inputs);
   uint32_t first = resume_iteration_.contains(ticket.id) ? resume_iteration_[ticket.id] : 0;
-  auto run_body = proto::CreateRun(b, ticket.id, b.CreateString(spec.model), inputs,
-                                   spec.kind == TaskKind::kTraining, first, spec.iterations,
-                                   entry->request.batch_size, spec.seed);
+  const uint64_t state_offset = run.optimizer_state ? run.optimizer_state->offset : 0;
+  const uint64_t state_bytes = run.optimizer_state ? run.optimizer_state->bytes : 0;
+  auto run_body = proto::CreateRun(
+      b, ticket.id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining, first,
+      spec.iterations, entry.request.batch_size, spec.seed,
+      spec.trainer.optimizer == models::OptimizerKind::kAdam ? proto::Optimizer::Adam
+                                                             : proto::Optimizer::Sgd,
+      spec.trainer.learning_rate, spec.trainer.momentum, state_offset, state_bytes);
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run_body.Union()));
   PSWITCH_RETURN_IF_ERROR(s.process->Send(b));
   s.state = Slot::State::kBusy;
-  run->slot = slot;
-  SetPhase(ticket.id, run->transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first,
+  s.last_task = ticket.id;
+  run.slot = slot;
+  SetPhase(ticket.id, run.transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first,
            s.process->pid());
-  running_ = std::move(run);
   return absl::OkStatus();
 }
 
@@ -432,8 +543,11 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
         options_.region_offset, std::span<std::byte>(stored.host_bytes(), stored.total_bytes()));
     if (!saved.ok() && status.ok()) status = saved;
     bool cancelled = cancel_requested_.erase(run->task_id) > 0;
-    if (status.ok() && !cancelled && done->stopped_early() &&
-        done->iterations_done() < spec.iterations) {
+    const bool resumes = status.ok() && !cancelled && done->stopped_early() &&
+                         done->iterations_done() < spec.iterations;
+    absl::Status state_saved = ReleaseOptimizerState(*run, resumes);
+    if (!state_saved.ok() && status.ok()) status = state_saved;
+    if (resumes && state_saved.ok()) {
       resume_iteration_[run->task_id] = done->iterations_done();
       TaskTicket again{run->task_id, spec.model, spec.kind, spec.priority, spec.deadline};
       queue_.PushFront(again);
@@ -515,6 +629,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
     }
   }
   resume_iteration_.erase(task_id);
+  optimizer_checkpoints_.erase(task_id);
   if (it == specs_.end()) return;
   TaskCallback callback = std::move(it->second.second);
   specs_.erase(it);

@@ -12,6 +12,7 @@
 #ifndef PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 #define PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -27,7 +28,13 @@
 #include "controller/model_catalog.h"
 #include "controller/task_queue.h"
 #include "controller/worker_process.h"
+#include "memdaemon/lease_table.h"
+#include "models/training.h"
 #include "proto/host_tensor.h"
+
+namespace pswitch::proto {
+struct Drained;
+}
 
 namespace pswitch::controller {
 
@@ -37,6 +44,7 @@ struct TaskSpec {
   std::vector<proto::HostTensor> inputs;
   uint32_t iterations = 1;  // training
   uint64_t seed = 0;
+  models::TrainerOptions trainer;  // training: optimizer and its hyperparameters
   int priority = 0;
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -60,6 +68,8 @@ struct TaskInfo {
   uint32_t preemptions = 0;
   int worker_pid = 0;
   absl::Status error;
+  absl::Duration clean_time;         // the worker's cleaning after the task's last run
+  bool cleaned_after_drain = false;  // ...ran after its drain, overlapping the next switch
 };
 
 struct SchedulerOptions {
@@ -107,6 +117,14 @@ class GpuScheduler {
   void OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event);
   void OnWorkerDied(int slot, const absl::Status& why);
   void OnRunDone(int slot, const std::vector<uint8_t>& payload);
+  void OnDrained(int slot, const proto::Drained& drained);
+  // The running task's model is fully transmitted: it is now simply running.
+  void OnTransmitted(uint64_t task_id);
+  // Training optimizer state: a per-task arena lease while the task runs, checkpointed to host
+  // memory while it is preempted (so the preempting model gets the memory).
+  absl::Status AcquireOptimizerState(Running& run, const TaskSpec& spec);
+  // Saves the state to the task's host checkpoint when `keep`, then releases the lease.
+  absl::Status ReleaseOptimizerState(Running& run, bool keep);
   void LoadAll(int slot);
   void SendLoad(int slot, const CatalogEntry& entry);
   void MaybeStart();
@@ -117,6 +135,9 @@ class GpuScheduler {
   void StopRunning();
   bool Usable(int slot, const std::string& model) const;
   absl::Status StartTask(const TaskTicket& ticket);
+  // StartTask's switch (when needed) and the Prepare/Run commands.
+  absl::Status SendTask(Running& run, const TaskTicket& ticket, const TaskSpec& spec,
+                        const CatalogEntry& entry);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
   void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0, int worker_pid = 0);
   void RefreshReadiness();
@@ -130,6 +151,7 @@ class GpuScheduler {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
   std::map<uint64_t, uint32_t> resume_iteration_;
+  std::map<uint64_t, std::vector<std::byte>> optimizer_checkpoints_;
   std::set<uint64_t> cancel_requested_;
   std::unique_ptr<Running> running_;
   int active_slot_ = -1;
@@ -146,6 +168,13 @@ class GpuScheduler {
   bool workers_ready_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread loop_;
+  // One per transmission, posting OnTransmitted; `done` lets finished ones be joined early.
+  struct Watcher {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Watcher> watchers_;  // loop thread only
+  void WatchTransmission(std::shared_ptr<memdaemon::Transmission> transmission, uint64_t task_id);
 };
 
 absl::string_view TaskPhaseName(TaskPhase phase);

@@ -8,6 +8,7 @@
 #include "grouping/search.h"
 #include "models/layer_profiler.h"
 #include "models/registry.h"
+#include "models/training.h"
 #include "models/weights.h"
 #include "nlohmann/json.hpp"
 #include "proto/status.h"
@@ -100,6 +101,7 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
                              worker::CollectWeights(*model, request.name));
     auto entry = std::make_unique<CatalogEntry>();
     entry->request = request;
+    entry->optimizer_slot_bytes = models::OptimizerSlotBytes(*model);
     PSWITCH_ASSIGN_OR_RETURN(entry->plan, MakePlan(request, *model, layout_layers, executed));
     for (const grouping::LayerGroup& g : entry->plan) {
       entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));

@@ -34,6 +34,7 @@ struct CatalogEntry {
   const memdaemon::StoredModel* stored = nullptr;  // owned by the memdaemon's weight store
   grouping::GroupPlan plan;                        // covers every layout layer
   std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it
+  uint64_t optimizer_slot_bytes = 0;               // models::OptimizerSlotBytes of the model
 };
 
 // Thread-safe. `*daemon` must outlive the catalog.

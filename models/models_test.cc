@@ -221,6 +221,55 @@ TEST(TrainingTest, StepChangesWeightsDeterministically) {
   }
 }
 
+// A task preempted between steps resumes in a fresh Trainer (another process, in pswitchd) with
+// its optimizer state kept outside: the result must equal an uninterrupted run, bit for bit.
+TEST(TrainingTest, ExternalOptimizerStateResumesExactly) {
+  const std::vector<TrainerOptions> configs = {{OptimizerKind::kSgd, 0.05, 0.9},
+                                               {OptimizerKind::kAdam, 1e-2, 0}};
+  for (const TrainerOptions& options : configs) {
+    SCOPED_TRACE(options.optimizer == OptimizerKind::kAdam ? "adam" : "sgd-momentum");
+    constexpr int kSteps = 4;
+    auto train = [&](ZooModel& model, Trainer& trainer, int from, int to) {
+      for (int step = from; step < to; ++step) {
+        torch::manual_seed(step);
+        ASSERT_TRUE(trainer.Step(model.ExampleInput(4, step), model.ExampleTarget(4, step)).ok());
+      }
+    };
+    auto reference = Create("tiny_cnn", {}, 5);
+    auto uninterrupted = Trainer::Create(*reference, options);
+    ASSERT_TRUE(uninterrupted.ok());
+    train(*reference, **uninterrupted, 0, kSteps);
+
+    auto model = Create("tiny_cnn", {}, 5);
+    ASSERT_EQ(OptimizerStateSlots(options), options.optimizer == OptimizerKind::kAdam ? 2 : 1);
+    std::vector<std::byte> storage(OptimizerStateSlots(options) * OptimizerSlotBytes(*model));
+    for (auto [from, to] : {std::pair{0, 1}, std::pair{1, 3}, std::pair{3, kSteps}}) {
+      ExternalOptimizerState state{storage, from};
+      auto trainer = Trainer::Create(*model, options, &state);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      train(*model, **trainer, from, to);
+    }
+    auto want = reference->named_parameters();
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_TRUE(at::equal(item.value(), want[item.key()])) << item.key();
+    }
+    // The state really lives in the external storage (not a private copy).
+    EXPECT_TRUE(
+        std::any_of(storage.begin(), storage.end(), [](std::byte b) { return b != std::byte{0}; }));
+  }
+}
+
+TEST(TrainingTest, ExternalOptimizerStateOfWrongSizeIsRejected) {
+  auto model = Create("tiny_cnn");
+  std::vector<std::byte> storage(OptimizerSlotBytes(*model));  // one slot; Adam needs two
+  ExternalOptimizerState state{storage, 0};
+  auto trainer = Trainer::Create(*model, {OptimizerKind::kAdam, 1e-3, 0}, &state);
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(trainer.status().message()), HasSubstr("needs 2 x"));
+  EXPECT_FALSE(Trainer::Create(*model, {OptimizerKind::kSgd, -1, 0}).ok());
+  EXPECT_FALSE(Trainer::Create(*model, {OptimizerKind::kSgd, 0.1, 1.5}).ok());
+}
+
 TEST(TrainingTest, TransformersAndInceptionTrain) {
   const std::map<std::string, ModelConfig> configs = {
       {"gpt2", {}},

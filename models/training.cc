@@ -4,10 +4,81 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
+#include <cmath>
+#include <type_traits>
+
 #include "absl/strings/str_cat.h"
 #include "proto/status.h"
 
 namespace pswitch::models {
+namespace {
+
+constexpr uint64_t kStateAlignment = 256;
+
+uint64_t AlignUp(uint64_t value) {
+  return (value + kStateAlignment - 1) / kStateAlignment * kStateAlignment;
+}
+
+std::vector<at::Tensor> TrainableParameters(ZooModel& model) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model.parameters()) {
+    if (p.requires_grad()) out.push_back(p);
+  }
+  return out;
+}
+
+// libtorch keys optimizer state by the parameter's TensorImpl: a string of its address in 1.x,
+// the address itself in 2.x. Derive the key type from the map so both compile.
+template <typename StateMap>
+typename StateMap::key_type StateKey(const at::Tensor& p) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+// Pre-creates every parameter's optimizer state as views into `state`, so the optimizer's
+// in-place updates land there.
+void BindExternalState(torch::optim::Optimizer& optimizer, const TrainerOptions& options,
+                       const std::vector<at::Tensor>& params, const ExternalOptimizerState& state,
+                       uint64_t slot_bytes) {
+  auto& states = optimizer.state();
+  using StateMap = std::remove_reference_t<decltype(states)>;
+  uint64_t offset = 0;
+  for (const at::Tensor& p : params) {
+    auto view = [&](int slot) {
+      return torch::from_blob(state.storage.data() + slot * slot_bytes + offset, p.sizes(),
+                              p.options().requires_grad(false));
+    };
+    if (options.optimizer == OptimizerKind::kAdam) {
+      auto s = std::make_unique<torch::optim::AdamParamState>();
+      s->step(state.steps_taken);
+      s->exp_avg(view(0));
+      s->exp_avg_sq(view(1));
+      states[StateKey<StateMap>(p)] = std::move(s);
+    } else {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(view(0));
+      states[StateKey<StateMap>(p)] = std::move(s);
+    }
+    offset += AlignUp(p.nbytes());
+  }
+}
+
+}  // namespace
+
+int OptimizerStateSlots(const TrainerOptions& options) {
+  if (options.optimizer == OptimizerKind::kAdam) return 2;
+  return options.momentum != 0 ? 1 : 0;
+}
+
+uint64_t OptimizerSlotBytes(ZooModel& model) {
+  uint64_t bytes = 0;
+  for (const at::Tensor& p : TrainableParameters(model)) bytes += AlignUp(p.nbytes());
+  return bytes;
+}
 
 Trainer::Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optimizer)
     : model_(model), optimizer_(std::move(optimizer)) {}
@@ -15,20 +86,37 @@ Trainer::Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optim
 Trainer::~Trainer() = default;
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ZooModel& model,
-                                                         const TrainerOptions& options) {
-  if (options.learning_rate <= 0) {
-    return absl::InvalidArgumentError("learning rate must be positive");
+                                                         const TrainerOptions& options,
+                                                         const ExternalOptimizerState* state) {
+  if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
+    return absl::InvalidArgumentError("learning rate must be positive and finite");
+  }
+  if (!(options.momentum >= 0 && options.momentum < 1)) {
+    return absl::InvalidArgumentError("momentum must be in [0, 1)");
+  }
+  const int slots = OptimizerStateSlots(options);
+  const uint64_t slot_bytes = OptimizerSlotBytes(model);
+  if (state != nullptr && state->storage.size() != slots * slot_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", model.model_name(), "': optimizer state of ", state->storage.size(),
+                     " bytes, the optimizer needs ", slots, " x ", slot_bytes));
+  }
+  if (state != nullptr && state->steps_taken < 0) {
+    return absl::InvalidArgumentError("negative optimizer step count");
   }
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<at::Tensor> params = TrainableParameters(model);
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model.model_name(), "': optimizer"), [&] {
         if (options.optimizer == OptimizerKind::kAdam) {
           optimizer = std::make_unique<torch::optim::Adam>(
-              model.parameters(), torch::optim::AdamOptions(options.learning_rate));
+              params, torch::optim::AdamOptions(options.learning_rate));
         } else {
           optimizer = std::make_unique<torch::optim::SGD>(
-              model.parameters(),
-              torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum));
+              params, torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum));
+        }
+        if (state != nullptr && slots > 0) {
+          BindExternalState(*optimizer, options, params, *state, slot_bytes);
         }
       }));
   return std::unique_ptr<Trainer>(new Trainer(model, std::move(optimizer)));

@@ -4,7 +4,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <memory>
+#include <span>
 
 #include "absl/status/statusor.h"
 #include "models/zoo_model.h"
@@ -23,11 +25,30 @@ struct TrainerOptions {
   double momentum = 0.9;  // SGD only
 };
 
+// Optimizer state slots per parameter: SGD with momentum keeps one buffer, Adam two (first and
+// second moments), plain SGD none.
+int OptimizerStateSlots(const TrainerOptions& options);
+// Bytes of one slot for `model`: every trainable parameter in parameters() order, each at a
+// 256-byte aligned offset. Slot k starts at k * OptimizerSlotBytes(model).
+uint64_t OptimizerSlotBytes(ZooModel& model);
+
+// Optimizer state kept outside the Trainer, so a preempted training task can resume with it in
+// another process: `storage` holds OptimizerStateSlots() slots (zeros before the first step;
+// libtorch's own first step gives bit-identical results from zeros), `steps_taken` is the
+// number of optimizer steps already applied (Adam's bias correction needs it).
+struct ExternalOptimizerState {
+  std::span<std::byte> storage;
+  int64_t steps_taken = 0;
+};
+
 // Trains `model` in place. The model is borrowed: it must outlive the Trainer. Not thread-safe.
 class Trainer {
  public:
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(ZooModel& model,
-                                                         const TrainerOptions& options);
+  // With `state`, the optimizer's buffers are views into state->storage, updated in place by
+  // every step; InvalidArgument when its size is not what the options need for this model.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      ZooModel& model, const TrainerOptions& options,
+      const ExternalOptimizerState* state = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

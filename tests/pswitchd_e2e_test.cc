@@ -13,9 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "client/client.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/registry.h"
 #include "models/zoo_model.h"
@@ -27,6 +29,8 @@
 
 namespace pswitch {
 namespace {
+
+using ::testing::HasSubstr;
 
 // A pswitchd on a free port with the tiny models preloaded and 1 active + 2 standby workers.
 class Daemon {
@@ -172,39 +176,101 @@ TEST_F(PswitchdTest, ThirtyTwoConcurrentClientsGetCorrectResults) {
   EXPECT_EQ(correct.load(), 96);
 }
 
+// The optimizer state (SGD momentum, Adam moments) is checkpointed with the weights whenever the
+// task is preempted, so every optimizer resumes exactly.
 TEST_F(PswitchdTest, PreemptedTrainingEndsWithTheSameWeightsAsAnUninterruptedRun) {
-  for (const char* name : {"train-a", "train-b"}) {
-    auto r = client_->Register({name, "tiny_cnn", "", 4, "auto"});
-    ASSERT_TRUE(r.ok()) << r.status();
-  }
-  const uint32_t kIterations = 400;
-  auto straight = client_->Train("train-b", {kIterations, /*seed=*/7, 0});
-  ASSERT_TRUE(straight.ok()) << straight.status();
+  struct Case {
+    std::string name;
+    client::Optimizer optimizer;
+    double learning_rate;
+    double momentum;
+  };
+  for (const Case& c : {Case{"sgd-momentum", client::Optimizer::kSgd, 0.01, 0.9},
+                        Case{"adam", client::Optimizer::kAdam, 1e-3, 0}}) {
+    SCOPED_TRACE(c.name);
+    const std::string a_name = "train-a-" + c.name, b_name = "train-b-" + c.name;
+    for (const std::string& name : {a_name, b_name}) {
+      auto r = client_->Register({name, "tiny_cnn", "", 4, "auto"});
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    client::TrainOptions options;
+    options.iterations = 300;
+    options.seed = 7;
+    options.optimizer = c.optimizer;
+    options.learning_rate = c.learning_rate;
+    options.momentum = c.momentum;
+    auto straight = client_->Train(b_name, options);
+    ASSERT_TRUE(straight.ok()) << straight.status();
 
-  std::future<absl::StatusOr<client::TaskResult>> training =
-      client_->TrainAsync("train-a", {kIterations, 7, 0});
-  proto::HostTensor mlp_in = Input("tiny_mlp", 1);
-  // Inference keeps arriving while the task trains: each one preempts it.
-  int inferences = 0;
-  while (training.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
-         inferences < 200) {
-    ASSERT_TRUE(client_->Infer("tiny_mlp", {mlp_in}).ok());
-    ++inferences;
+    std::future<absl::StatusOr<client::TaskResult>> training = client_->TrainAsync(a_name, options);
+    proto::HostTensor mlp_in = Input("tiny_mlp", 1);
+    // Inference keeps arriving while the task trains: each one preempts it.
+    int inferences = 0;
+    while (training.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
+           inferences < 200) {
+      ASSERT_TRUE(client_->Infer("tiny_mlp", {mlp_in}).ok());
+      ++inferences;
+    }
+    auto interrupted = training.get();
+    ASSERT_TRUE(interrupted.ok()) << interrupted.status();
+    auto status = client_->Status(interrupted->task_id);
+    ASSERT_TRUE(status.ok());
+    EXPECT_EQ(status->iterations_done, options.iterations);
+    ASSERT_GE(status->preemptions, 1u) << "inferences sent: " << inferences;
+    // Each preempted run was cleaned up after its worker drained, off the switch's path.
+    EXPECT_GT(status->clean_time, absl::ZeroDuration());
+    EXPECT_TRUE(status->cleaned_after_drain);
+    // Same weights <=> same outputs, bit for bit, on the same input.
+    proto::HostTensor probe = Input("tiny_cnn", 11);
+    auto a = client_->Infer(a_name, {probe});
+    auto b = client_->Infer(b_name, {probe});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->outputs[0].data, b->outputs[0].data);
+    // ...and training really changed them.
+    EXPECT_NE(Floats(a->outputs[0]), Reference("tiny_cnn", probe));
   }
-  auto interrupted = training.get();
-  ASSERT_TRUE(interrupted.ok()) << interrupted.status();
-  auto status = client_->Status(interrupted->task_id);
-  ASSERT_TRUE(status.ok());
-  EXPECT_EQ(status->iterations_done, kIterations);
-  EXPECT_GE(status->preemptions, 1u) << "inferences sent: " << inferences;
-  // Same weights <=> same outputs, bit for bit, on the same input.
-  proto::HostTensor probe = Input("tiny_cnn", 11);
-  auto a = client_->Infer("train-a", {probe});
-  auto b = client_->Infer("train-b", {probe});
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->outputs[0].data, b->outputs[0].data);
-  // ...and training really changed them.
-  EXPECT_NE(Floats(a->outputs[0]), Reference("tiny_cnn", probe));
+}
+
+TEST_F(PswitchdTest, BadTrainingOptionsAreRejected) {
+  client::TrainOptions options;
+  options.iterations = 1;
+  options.learning_rate = -1;
+  auto bad_lr = client_->Train("tiny_cnn", options);
+  EXPECT_EQ(bad_lr.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_lr.status().message()), HasSubstr("learning rate"));
+  options.learning_rate = 0.01;
+  options.momentum = 1.5;
+  auto bad_momentum = client_->Train("tiny_cnn", options);
+  EXPECT_EQ(bad_momentum.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_momentum.status().message()), HasSubstr("momentum"));
+}
+
+// A long training task reads "switching" only while its model streams in, then "running".
+TEST_F(PswitchdTest, PhaseMovesFromSwitchingToRunningOnceTheModelIsIn) {
+  // Make another model resident, so the training task needs a switch.
+  ASSERT_TRUE(client_->Infer("tiny_mlp", {Input("tiny_mlp", 1)}).ok());
+  client::TrainOptions options;
+  options.iterations = 100000;
+  auto training = client_->TrainAsync("tiny_cnn", options);
+  std::optional<uint64_t> task_id;
+  bool running = false;
+  for (int i = 0; i < 3000 && !running; ++i) {
+    // Task ids are sequential (the daemon's start-up self-check took the first ones).
+    for (uint64_t id = 1; id < 16 && !running; ++id) {
+      auto status = client_->Status(id);
+      if (status.ok() && status->model == "tiny_cnn" && status->worker_pid > 0 &&
+          status->state <= client::TaskState::kRunning) {
+        task_id = id;
+        running = status->state == client::TaskState::kRunning;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(running) << daemon_->log();
+  ASSERT_TRUE(task_id.has_value());
+  ASSERT_TRUE(client_->Cancel(*task_id).ok());
+  auto result = training.get();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {

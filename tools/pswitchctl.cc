@@ -5,6 +5,7 @@
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--seed S] [--priority P]
+//              [--optimizer sgd|adam] [--lr LR] [--momentum M]
 //   pswitchctl --server HOST:PORT status TASK | models | cancel TASK
 #include <cstdio>
 #include <string>
@@ -31,6 +32,9 @@ ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0, "infer: deadline from submission (edf policy); 0 = none");
 ABSL_FLAG(uint32_t, iterations, 0, "train: iterations");
 ABSL_FLAG(uint64_t, seed, 0, "train: data and dropout seed");
+ABSL_FLAG(std::string, optimizer, "sgd", "train: sgd or adam");
+ABSL_FLAG(double, lr, 0.01, "train: learning rate");
+ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum (0 = plain SGD)");
 ABSL_FLAG(int, timeout_s, 600, "give up waiting after this many seconds");
 
 namespace pswitch {
@@ -169,8 +173,19 @@ absl::Status Run(const std::vector<std::string>& args) {
         !s.ok()) {
       return s;
     }
-    auto result = client.Train(name, {absl::GetFlag(FLAGS_iterations), absl::GetFlag(FLAGS_seed),
-                                      absl::GetFlag(FLAGS_priority)});
+    const std::string optimizer = absl::GetFlag(FLAGS_optimizer);
+    if (optimizer != "sgd" && optimizer != "adam") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--optimizer must be sgd or adam, got '", optimizer, "'"));
+    }
+    client::TrainOptions options;
+    options.iterations = absl::GetFlag(FLAGS_iterations);
+    options.seed = absl::GetFlag(FLAGS_seed);
+    options.priority = absl::GetFlag(FLAGS_priority);
+    options.optimizer = optimizer == "adam" ? client::Optimizer::kAdam : client::Optimizer::kSgd;
+    options.learning_rate = absl::GetFlag(FLAGS_lr);
+    options.momentum = absl::GetFlag(FLAGS_momentum);
+    auto result = client.Train(name, options);
     if (!result.ok()) return result.status();
     std::printf("task %llu: %u iterations in %.3f ms\n",
                 static_cast<unsigned long long>(result->task_id), absl::GetFlag(FLAGS_iterations),
@@ -182,9 +197,11 @@ absl::Status Run(const std::vector<std::string>& args) {
     if (!id.ok()) return id.status();
     auto status = client.Status(*id);
     if (!status.ok()) return status.status();
-    std::printf("task %llu model=%s state=%s iterations_done=%u%s\n",
+    std::printf("task %llu model=%s state=%s iterations_done=%u preemptions=%u clean_us=%lld%s\n",
                 static_cast<unsigned long long>(status->task_id), status->model.c_str(),
                 std::string(client::TaskStateName(status->state)).c_str(), status->iterations_done,
+                status->preemptions,
+                static_cast<long long>(absl::ToInt64Microseconds(status->clean_time)),
                 status->error.ok() ? "" : (" error=\"" + status->error.ToString() + "\"").c_str());
     return absl::OkStatus();
   }

@@ -45,6 +45,10 @@ ABSL_FLAG(bool, inference_preempts_training, true, "a waiting inference stops a 
 ABSL_FLAG(std::string, worker_binary, "", "pswitch-worker path (default: beside pswitchd)");
 ABSL_FLAG(std::string, preload, "resnet18,tiny_cnn",
           "zoo models registered at start under their own names (empty: none)");
+ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
+          "arena bytes kept for running training tasks' optimizer state (momentum, Adam "
+          "moments; checkpointed to host memory while a task is preempted); 0 = a quarter of what "
+          "the activation leases leave");
 ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check instead of serving");
 
 namespace pswitch {
@@ -165,6 +169,7 @@ int Main() {
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
   if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }

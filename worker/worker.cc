@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/copy_engine.h"
 #include "models/training.h"
 #include "proto/status.h"
 #include "proto/wire_status.h"
@@ -26,10 +27,6 @@ class GateFailure : public std::runtime_error {
  private:
   absl::Status status_;
 };
-
-// Training tasks use plain SGD: the weights (and buffers) are then the whole training state, so
-// a preempted task resumes exactly from the checkpointed arena region.
-constexpr double kLearningRate = 0.01;
 
 }  // namespace
 
@@ -184,10 +181,24 @@ absl::StatusOr<std::vector<proto::HostTensor>> Worker::Infer(BoundModel& bound,
 }
 
 absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress) {
-  PSWITCH_ASSIGN_OR_RETURN(
-      std::unique_ptr<models::Trainer> trainer,
-      models::Trainer::Create(
-          bound.model(), models::TrainerOptions{models::OptimizerKind::kSgd, kLearningRate, 0.0}));
+  models::TrainerOptions options{run.optimizer() == proto::Optimizer::Adam
+                                     ? models::OptimizerKind::kAdam
+                                     : models::OptimizerKind::kSgd,
+                                 run.learning_rate(), run.momentum()};
+  // The optimizer state lives in the controller's arena lease, so a preempted task resumes with
+  // it in whichever worker runs it next.
+  const uint64_t arena_bytes = arena_->arena().size_bytes();
+  if (run.optimizer_state_offset() > arena_bytes ||
+      run.optimizer_state_bytes() > arena_bytes - run.optimizer_state_offset()) {
+    return absl::OutOfRangeError("optimizer state outside the arena");
+  }
+  models::ExternalOptimizerState state{
+      std::span<std::byte>(arena_->arena().base() + run.optimizer_state_offset(),
+                           run.optimizer_state_bytes()),
+      run.first_iteration()};
+  dirty_model_ = &bound;
+  PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
+  models::Trainer* trainer = trainer_.get();
   absl::Status status;
   for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
     if (stop_requested_.load()) {
@@ -207,13 +218,21 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
     progress->loss = *loss;
     progress->iterations_done = i + 1;
   }
-  // Gradients would otherwise hold lease memory until the model trains again.
-  for (at::Tensor& p : bound.model().parameters()) p.mutable_grad() = at::Tensor();
-  bound.model().eval();
   return status;
 }
 
+void Worker::Clean() {
+  if (dirty_model_ != nullptr) {
+    // Gradients would otherwise hold lease memory until the model trains again.
+    for (at::Tensor& p : dirty_model_->model().parameters()) p.mutable_grad() = at::Tensor();
+    dirty_model_->model().eval();
+    dirty_model_ = nullptr;
+  }
+  trainer_.reset();
+}
+
 absl::Status Worker::HandleRun(const proto::Run& run) {
+  Clean();  // no switch came since the last task: its leftovers go now
   const std::string model_name = run.model()->str();
   auto it = models_.find(model_name);
   std::vector<proto::HostTensor> outputs;
@@ -278,8 +297,13 @@ absl::Status Worker::HandleStop(const proto::Stop& stop) {
   PSWITCH_RETURN_IF_ERROR(
       stream_->WriteFlag(arena_->drain_flags(), stop.drain_index(), stop.drain_value()));
   PSWITCH_RETURN_IF_ERROR(stream_->Synchronize());
+  const int64_t drained_ns = gpu::MonotonicNowNs();
+  // The next model's copy may already overwrite the weights: cleaning touches metadata only.
+  const int64_t clean_start_ns = gpu::MonotonicNowNs();
+  Clean();
   flatbuffers::FlatBufferBuilder b;
-  auto drained = proto::CreateDrained(b, stop.drain_value());
+  auto drained = proto::CreateDrained(b, stop.drain_value(), drained_ns, clean_start_ns,
+                                      gpu::MonotonicNowNs());
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Drained, drained.Union()));
   return SendEvent(b);
 }

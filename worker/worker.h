@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/device.h"
 #include "memdaemon/arena_client.h"
+#include "models/training.h"
 #include "proto/frame_channel.h"
 #include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
@@ -77,6 +78,10 @@ class Worker {
   absl::StatusOr<std::vector<proto::HostTensor>> Infer(BoundModel& bound, const proto::Run& run);
   absl::Status Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress);
   absl::Status HandleStop(const proto::Stop& stop);
+  // Drops the finished task's metadata (gradients, the optimizer and its state views). Runs
+  // after the drain flag is written, while the next model is already being transmitted, or
+  // before the next task when no switch came.
+  void Clean();
   absl::Status SendEvent(flatbuffers::FlatBufferBuilder& builder);
 
   WorkerOptions options_;
@@ -87,6 +92,9 @@ class Worker {
   std::unique_ptr<proto::FrameChannel> control_;
   std::map<std::string, std::unique_ptr<BoundModel>, std::less<>> models_;
   Gate gate_;
+  // What the last task left behind for Clean().
+  BoundModel* dirty_model_ = nullptr;
+  std::unique_ptr<models::Trainer> trainer_;
   std::atomic<bool> stop_requested_{false};
 
   absl::Mutex send_mu_;
