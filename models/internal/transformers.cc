@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "absl/strings/match.h"
+#include "models/gpt2_parts.h"
 #include "models/internal/architectures.h"
 
 namespace pswitch::models::internal {
@@ -256,7 +257,7 @@ class Gpt2BlockImpl : public nn::Module {
 };
 TORCH_MODULE(Gpt2Block);
 
-class Gpt2 : public ZooModel {
+class Gpt2 : public ZooModel, public Gpt2Parts {
  public:
   Gpt2(const std::string& name, const ModelConfig& c)
       : ZooModel(name), vocab_(c.Get("vocab_size")), seq_len_(c.Get("seq_len")) {
@@ -315,6 +316,22 @@ class Gpt2 : public ZooModel {
     return {at::randint(vocab_, {2, 8}, gen, at::TensorOptions().dtype(at::kLong)), {}, {}};
   }
 
+ public:
+  // Gpt2Parts: the same calls ForwardImpl makes, one piece at a time.
+  int num_blocks() const override { return static_cast<int>(blocks_.size()); }
+  at::Tensor Embed(const at::Tensor& ids) override {
+    at::Tensor positions = at::arange(ids.size(1), ids.options()).unsqueeze(0);
+    at::Tensor h = RunLayer(tape(), wte_, ids);
+    h = h + RunLayer(tape(), wpe_, positions);
+    return RunLayer(tape(), drop_, h);
+  }
+  at::Tensor Block(int index, const at::Tensor& hidden) override {
+    return blocks_.at(index)->Forward(tape(), hidden);
+  }
+  at::Tensor Head(const at::Tensor& hidden) override {
+    return RunLayer(tape(), lm_head_, RunLayer(tape(), ln_f_, hidden));
+  }
+
  private:
   const int64_t vocab_, seq_len_;
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
@@ -334,3 +351,9 @@ std::shared_ptr<ZooModel> MakeGpt2(const std::string& name, const ModelConfig& c
 }
 
 }  // namespace pswitch::models::internal
+
+namespace pswitch::models {
+
+Gpt2Parts* AsGpt2Parts(ZooModel& model) { return dynamic_cast<Gpt2Parts*>(&model); }
+
+}  // namespace pswitch::models

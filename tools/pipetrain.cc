@@ -1,0 +1,245 @@
+// pipetrain: a pipeline-parallel training job, the "main job" whose idle bubbles pswitch fills.
+//
+//   pipetrain [--stages 4] [--microbatches 8] [--schedule gpipe|1f1b] [--iterations 10]
+//             [--warmup 1] [--simulated-compute [--fwd-ms F --bwd-ms B]] [--seed S]
+//             [--n-layer 8 --n-embd 128 --n-head 4 --vocab-size 512 --seq-len 64
+//              --microbatch-size 2] [--bubble-free-bytes N] [--pin-cores] [--json PATH]
+//
+// Forks one process per stage, chained by Unix sockets that carry activations forward and
+// gradients backward. Real mode trains the zoo's GPT-2 split by transformer blocks (SGD, one
+// libtorch thread per stage). --simulated-compute makes every op sleep its cost instead (given
+// by --fwd-ms/--bwd-ms, or profiled on the real GPT-2 stage), still passing small messages, so
+// the bubbles are real idle time even on a machine with fewer cores than stages. Prints measured
+// iteration time, per-stage busy and bubble time and the bubble ratio beside the simulator's
+// prediction; --json writes them too.
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "pipeline/bubble_reporter.h"
+#include "pipeline/coordinator.h"
+#include "pipeline/gpt2_stage.h"
+#include "pipeline/report.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage_compute.h"
+#include "pipeline/stage_runner.h"
+#include "proto/status.h"
+#include "tools/cli.h"
+
+ABSL_FLAG(int, stages, 4, "pipeline stages (one process each)");
+ABSL_FLAG(int, microbatches, 8, "micro-batches per iteration");
+ABSL_FLAG(std::string, schedule, "gpipe", "gpipe or 1f1b");
+ABSL_FLAG(int, iterations, 10, "measured iterations");
+ABSL_FLAG(int, warmup, 1, "iterations run before measuring");
+ABSL_FLAG(bool, simulated_compute, false,
+          "ops sleep their cost instead of computing (real messages still flow)");
+ABSL_FLAG(double, fwd_ms, 0, "simulated forward cost per micro-batch (0: profile the real stage)");
+ABSL_FLAG(double, bwd_ms, 0, "simulated backward cost per micro-batch (0: profile the real stage)");
+ABSL_FLAG(uint64_t, seed, 0, "seed for weights and data");
+ABSL_FLAG(int, n_layer, 8, "GPT-2 transformer blocks (split over the stages)");
+ABSL_FLAG(int, n_embd, 128, "GPT-2 width");
+ABSL_FLAG(int, n_head, 4, "GPT-2 attention heads");
+ABSL_FLAG(int, vocab_size, 512, "GPT-2 vocabulary");
+ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
+ABSL_FLAG(int, microbatch_size, 2, "sequences per micro-batch");
+ABSL_FLAG(double, lr, 0.01, "SGD learning rate");
+ABSL_FLAG(double, momentum, 0.9, "SGD momentum");
+ABSL_FLAG(bool, dropout, true, "train with dropout (false: deterministic runs)");
+ABSL_FLAG(uint64_t, bubble_free_bytes, 0, "device bytes each bubble announces as free");
+ABSL_FLAG(bool, pin_cores, false, "pin stage s to core s modulo the available cores");
+ABSL_FLAG(bool, log_bubbles, false, "print every bubble a stage announces to stderr");
+ABSL_FLAG(double, timeout_s, 60, "longest wait of a stage for one message");
+ABSL_FLAG(std::string, json, "", "write the measurements as JSON to this path");
+ABSL_FLAG(int, crash_stage, -1, "testing aid: this stage kills itself at --crash-iteration");
+ABSL_FLAG(int, crash_iteration, 0, "testing aid: see --crash-stage");
+
+namespace pswitch::pipeline {
+namespace {
+
+// Prints each bubble; a stand-in for a server reporter that shows where the hook fires.
+class LogReporter final : public BubbleReporter {
+ public:
+  void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) override {
+    begin_ = absl::Now();
+    std::fprintf(stderr, "stage %d bubble: expected %.2f ms, %llu bytes free\n", stage,
+                 absl::ToDoubleMilliseconds(expected), static_cast<unsigned long long>(free_bytes));
+  }
+  void BubbleEnd(int stage) override {
+    std::fprintf(stderr, "stage %d bubble end after %.2f ms\n", stage,
+                 absl::ToDoubleMilliseconds(absl::Now() - begin_));
+  }
+
+ private:
+  absl::Time begin_;
+};
+
+// ------------------------------------------------------------------------------------------
+// BUBBLE REPORTER HOOK. Called once in each stage process, after the fork, and the reporter
+// lives as long as that stage serves: a reporter that talks to the pswitch server must open its
+// own connection here (never one shared across the fork). To add it: a `--server HOST:PORT`
+// flag, a BubbleReporter implementation that sends BubbleBegin/BubbleEnd to the server without
+// blocking the stage, and a branch below that returns it when the flag is set.
+// ------------------------------------------------------------------------------------------
+absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int /*stage*/) {
+  if (absl::GetFlag(FLAGS_log_bubbles)) return std::make_unique<LogReporter>();
+  return std::make_unique<NullReporter>();
+}
+
+Gpt2StageOptions Gpt2Options(int stage) {
+  Gpt2StageOptions o;
+  o.stage = stage;
+  o.stages = absl::GetFlag(FLAGS_stages);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.microbatch_size = absl::GetFlag(FLAGS_microbatch_size);
+  o.model_config.values = {
+      {"n_layer", absl::GetFlag(FLAGS_n_layer)}, {"n_embd", absl::GetFlag(FLAGS_n_embd)},
+      {"n_head", absl::GetFlag(FLAGS_n_head)},   {"vocab_size", absl::GetFlag(FLAGS_vocab_size)},
+      {"seq_len", absl::GetFlag(FLAGS_seq_len)}, {"n_positions", absl::GetFlag(FLAGS_seq_len)}};
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.learning_rate = absl::GetFlag(FLAGS_lr);
+  o.momentum = absl::GetFlag(FLAGS_momentum);
+  o.dropout = absl::GetFlag(FLAGS_dropout);
+  return o;
+}
+
+bool FixedCosts() { return absl::GetFlag(FLAGS_fwd_ms) > 0; }
+
+absl::Status PinToCore(int stage) {
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+    return ErrnoStatus("sched_getaffinity");
+  const int cores = CPU_COUNT(&allowed);
+  int wanted = stage % cores, seen = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != wanted) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    // Before any thread of the stage exists, so its link readers inherit the mask.
+    if (::sched_setaffinity(0, sizeof(one), &one) != 0) return ErrnoStatus("sched_setaffinity");
+    return absl::OkStatus();
+  }
+  return absl::InternalError("no core to pin to");
+}
+
+// What each stage process runs.
+absl::Status StageBody(StageConfig config, StageLinks& links) {
+  const int stage = config.stage;
+  config.bubble_free_bytes = absl::GetFlag(FLAGS_bubble_free_bytes);
+  if (stage == absl::GetFlag(FLAGS_crash_stage)) {
+    config.crash_at_iteration = absl::GetFlag(FLAGS_crash_iteration);
+  }
+  if (absl::GetFlag(FLAGS_pin_cores)) PSWITCH_RETURN_IF_ERROR(PinToCore(stage));
+  std::unique_ptr<StageCompute> compute;
+  if (absl::GetFlag(FLAGS_simulated_compute) && FixedCosts()) {
+    compute = SimulatedCompute::WithCost({absl::Milliseconds(absl::GetFlag(FLAGS_fwd_ms)),
+                                          absl::Milliseconds(absl::GetFlag(FLAGS_bwd_ms))});
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<Gpt2StageCompute> gpt2,
+                             Gpt2StageCompute::Create(Gpt2Options(stage)));
+    if (absl::GetFlag(FLAGS_simulated_compute)) {
+      compute = SimulatedCompute::ProfiledFrom(std::move(gpt2));
+    } else {
+      compute = std::move(gpt2);
+    }
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<BubbleReporter> reporter, MakeBubbleReporter(stage));
+  return ServeStage(config, links, *compute, *reporter);
+}
+
+absl::StatusOr<PipelineOptions> OptionsFromFlags() {
+  PipelineOptions o;
+  PSWITCH_ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
+  o.stages = absl::GetFlag(FLAGS_stages);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.iterations = absl::GetFlag(FLAGS_iterations);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (!(timeout_s > 0)) return absl::InvalidArgumentError("--timeout-s must be positive");
+  o.receive_timeout = absl::Seconds(timeout_s);
+  const bool simulated = absl::GetFlag(FLAGS_simulated_compute);
+  const double fwd = absl::GetFlag(FLAGS_fwd_ms), bwd = absl::GetFlag(FLAGS_bwd_ms);
+  if (fwd < 0 || bwd < 0) return absl::InvalidArgumentError("--fwd-ms/--bwd-ms must be >= 0");
+  if ((fwd > 0) != (bwd > 0)) {
+    return absl::InvalidArgumentError("give both --fwd-ms and --bwd-ms, or neither to profile");
+  }
+  if (fwd > 0 && !simulated) {
+    return absl::InvalidArgumentError("--fwd-ms/--bwd-ms need --simulated-compute");
+  }
+  // Real compute (or profiling it) needs a model that splits: checked here so the error is one
+  // line, not one per stage.
+  if (!(simulated && fwd > 0)) {
+    if (absl::GetFlag(FLAGS_n_layer) < o.stages) {
+      return absl::InvalidArgumentError(absl::StrCat("--n-layer ", absl::GetFlag(FLAGS_n_layer),
+                                                     " is less than --stages ", o.stages,
+                                                     " (each stage needs a block)"));
+    }
+    if (absl::GetFlag(FLAGS_n_head) < 1 ||
+        absl::GetFlag(FLAGS_n_embd) % absl::GetFlag(FLAGS_n_head) != 0) {
+      return absl::InvalidArgumentError("--n-embd must be a multiple of --n-head");
+    }
+    if (absl::GetFlag(FLAGS_microbatch_size) < 1 || absl::GetFlag(FLAGS_seq_len) < 2 ||
+        absl::GetFlag(FLAGS_vocab_size) < 2 || absl::GetFlag(FLAGS_n_embd) < 1) {
+      return absl::InvalidArgumentError(
+          "--microbatch-size, --n-embd must be >= 1; --seq-len, --vocab-size >= 2");
+    }
+    o.tied_link = !simulated && o.stages > 1;
+  }
+  // The schedule's own limits (stages, micro-batches) come back from BuildSchedule.
+  PSWITCH_RETURN_IF_ERROR(BuildSchedule(o.schedule, o.stages, o.microbatches).status());
+  if (o.iterations < 1 || o.warmup < 0) {
+    return absl::InvalidArgumentError("--iterations must be >= 1 and --warmup >= 0");
+  }
+  return o;
+}
+
+std::string ModeDescription() {
+  const std::string model =
+      absl::StrFormat("gpt2 n_layer=%d n_embd=%d seq_len=%d, %d sequences per micro-batch",
+                      absl::GetFlag(FLAGS_n_layer), absl::GetFlag(FLAGS_n_embd),
+                      absl::GetFlag(FLAGS_seq_len), absl::GetFlag(FLAGS_microbatch_size));
+  if (!absl::GetFlag(FLAGS_simulated_compute)) return absl::StrCat("real compute (", model, ")");
+  if (FixedCosts()) {
+    return absl::StrFormat("simulated compute (fwd %.2f ms, bwd %.2f ms)",
+                           absl::GetFlag(FLAGS_fwd_ms), absl::GetFlag(FLAGS_bwd_ms));
+  }
+  return absl::StrCat("simulated compute (costs profiled on ", model, ")");
+}
+
+}  // namespace
+}  // namespace pswitch::pipeline
+
+int main(int argc, char** argv) {
+  pswitch::tools::ParseToolFlags(
+      argc, argv,
+      "pipetrain [--stages 4] [--microbatches 8] [--schedule gpipe|1f1b] [--iterations 10] "
+      "[--warmup 1] [--simulated-compute [--fwd-ms F --bwd-ms B]] [--json PATH] ...");
+  using namespace pswitch::pipeline;
+  absl::StatusOr<PipelineOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "pipetrain: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<PipelineReport> report = RunPipeline(*options, StageBody);
+  if (!report.ok()) {
+    std::fprintf(stderr, "pipetrain: %s\n", report.status().ToString().c_str());
+    return 1;
+  }
+  const std::string mode = ModeDescription();
+  std::fputs(FormatSummary(*report, mode).c_str(), stdout);
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    absl::Status written = WriteReportJson(*report, mode, json_path);
+    if (!written.ok()) {
+      std::fprintf(stderr, "pipetrain: %s\n", written.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
