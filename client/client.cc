@@ -55,6 +55,22 @@ absl::string_view TaskStateName(TaskState state) {
   return "unknown";
 }
 
+absl::string_view FillStateName(FillState state) {
+  switch (state) {
+    case FillState::kSubmitted:
+      return "SUBMITTED";
+    case FillState::kCreated:
+      return "CREATED";
+    case FillState::kPaused:
+      return "PAUSED";
+    case FillState::kRunning:
+      return "RUNNING";
+    case FillState::kStopped:
+      return "STOPPED";
+  }
+  return "unknown";
+}
+
 // The socket, a reader thread, and the table of requests awaiting replies.
 class Client::Connection {
  public:
@@ -372,6 +388,133 @@ absl::Status Client::Cancel(uint64_t task_id) {
       ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
       call);
   return Await(future, options_.timeout, "cancel").status();
+}
+
+absl::Status Client::SendBubble(const std::function<void(Builder&, uint64_t)>& build) {
+  {
+    absl::MutexLock lock(&bubble_mu_);
+    if (!bubble_error_.ok()) return bubble_error_;
+  }
+  connection_->Call(build, [this](const absl::StatusOr<const ControllerReply*>& reply) {
+    absl::Status error = !reply.ok()                                           ? reply.status()
+                         : (*reply)->body_type() == ControllerReplyBody::Error ? ReplyError(*reply)
+                                                                               : absl::OkStatus();
+    if (!error.ok()) {
+      absl::MutexLock lock(&bubble_mu_);
+      if (bubble_error_.ok()) bubble_error_ = error;
+    }
+    return true;
+  });
+  absl::MutexLock lock(&bubble_mu_);
+  return bubble_error_;  // set already when the connection was closed
+}
+
+absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes) {
+  const uint64_t us =
+      static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(expected), 0));
+  return SendBubble([=](Builder& b, uint64_t id) {
+    auto body = proto::CreateBubbleBegin(b, gpu, us, free_bytes);
+    b.Finish(
+        proto::CreateClientRequest(b, id, proto::ClientRequestBody::BubbleBegin, body.Union()));
+  });
+}
+
+absl::Status Client::BubbleEnd(uint32_t gpu) {
+  return SendBubble([=](Builder& b, uint64_t id) {
+    auto body = proto::CreateBubbleEnd(b, gpu);
+    b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::BubbleEnd, body.Union()));
+  });
+}
+
+absl::Status Client::RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<bool>(
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateRegisterBubbleCycle(b, gpu, b.CreateString(cycle_json));
+        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterBubbleCycle,
+                                            body.Union()));
+      },
+      ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
+      call);
+  return Await(future, options_.timeout, "register bubble cycle").status();
+}
+
+namespace {
+
+absl::StatusOr<FillJobStatus> ParseFillStatus(const ControllerReply* reply) {
+  auto* s = reply->body_as_FillStatus();
+  FillJobStatus status;
+  status.job_id = s->job_id();
+  status.state = static_cast<FillState>(s->state());
+  status.gpu = s->gpu();
+  status.steps_done = s->steps_done();
+  status.steps_total = s->steps_total();
+  status.bubbles = s->bubbles();
+  status.predicted_remaining =
+      absl::Microseconds(static_cast<int64_t>(s->predicted_completion_us()));
+  status.meets_deadline = s->meets_deadline();
+  if (s->error() != nullptr) status.error = proto::FromWireError(s->error());
+  return status;
+}
+
+int64_t Us(absl::Duration d) { return std::max<int64_t>(absl::ToInt64Microseconds(d), 0); }
+
+}  // namespace
+
+absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<FillJobStatus>(
+      [&](Builder& b, uint64_t id) {
+        proto::FillKind kind = o.kind == FillKind::kInference  ? proto::FillKind::Inference
+                               : o.kind == FillKind::kTraining ? proto::FillKind::Training
+                                                               : proto::FillKind::Synthetic;
+        auto body = proto::CreateFillSubmit(
+            b, kind, b.CreateString(o.model), b.CreateString(o.dataset_path),
+            b.CreateString(o.output_path), o.batch, o.steps, o.seed, Us(o.step), o.memory_bytes,
+            static_cast<uint64_t>(absl::ToInt64Milliseconds(o.deadline)), Us(o.synthetic_step),
+            o.synthetic_alloc_bytes, o.ignore_pause);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillSubmit, body.Union()));
+      },
+      ControllerReplyBody::FillStatus, ParseFillStatus, call);
+  return Await(future, options_.timeout, "fill submit");
+}
+
+absl::StatusOr<FillJobStatus> Client::FillStatus(uint64_t job_id) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<FillJobStatus>(
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateFillQuery(b, job_id);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillQuery, body.Union()));
+      },
+      ControllerReplyBody::FillStatus, ParseFillStatus, call);
+  return Await(future, options_.timeout, "fill status");
+}
+
+absl::StatusOr<FillServerStats> Client::FillStats() {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<FillServerStats>(
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateFillStatsQuery(b);
+        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillStatsQuery,
+                                            body.Union()));
+      },
+      ControllerReplyBody::FillStats,
+      [](const ControllerReply* reply) -> absl::StatusOr<FillServerStats> {
+        auto* s = reply->body_as_FillStats();
+        FillServerStats stats;
+        stats.bubbles = s->bubbles();
+        stats.bubble_time = absl::Microseconds(static_cast<int64_t>(s->bubble_us()));
+        stats.fill_step_time = absl::Microseconds(static_cast<int64_t>(s->fill_step_us()));
+        stats.steps = s->steps();
+        stats.pause_p50 = absl::Microseconds(s->pause_latency_p50_us());
+        stats.pause_p99 = absl::Microseconds(s->pause_latency_p99_us());
+        stats.killed = s->killed();
+        return stats;
+      },
+      call);
+  return Await(future, options_.timeout, "fill stats");
 }
 
 }  // namespace pswitch::client

@@ -13,7 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "flatbuffers/flatbuffers.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
 
@@ -88,6 +90,45 @@ struct TaskStatus {
 
 absl::string_view TaskStateName(TaskState state);
 
+// Fill jobs: work that runs only inside the main job's pipeline bubbles.
+enum class FillKind { kInference, kTraining, kSynthetic };
+struct FillJobOptions {
+  FillKind kind = FillKind::kSynthetic;
+  std::string model;         // zoo model (inference, training)
+  std::string dataset_path;  // inference: safetensors "input" rows, on the server
+  std::string output_path;   // inference: where "output" is written when the job ends
+  uint32_t batch = 1;
+  uint32_t steps = 0;  // training iterations / synthetic steps
+  uint64_t seed = 0;
+  absl::Duration step;        // profiled step duration (synthetic: defaults to synthetic_step)
+  uint64_t memory_bytes = 0;  // memory cap; allocations beyond it fail
+  absl::Duration deadline = absl::ZeroDuration();  // from submission; zero = none
+  absl::Duration synthetic_step;
+  uint64_t synthetic_alloc_bytes = 0;
+  bool ignore_pause = false;  // tests: a misbehaving task the framework must kill
+};
+enum class FillState { kSubmitted, kCreated, kPaused, kRunning, kStopped };
+absl::string_view FillStateName(FillState state);
+struct FillJobStatus {
+  uint64_t job_id = 0;
+  FillState state = FillState::kSubmitted;
+  uint32_t gpu = 0;
+  uint64_t steps_done = 0;
+  uint64_t steps_total = 0;
+  uint32_t bubbles = 0;
+  absl::Duration predicted_remaining;  // by the partition plan; zero once stopped
+  bool meets_deadline = true;
+  absl::Status error;  // a stopped job that failed or was killed
+};
+struct FillServerStats {
+  uint64_t bubbles = 0;
+  absl::Duration bubble_time;     // reported by the main job
+  absl::Duration fill_step_time;  // fill steps inside bubbles
+  uint64_t steps = 0;
+  absl::Duration pause_p50, pause_p99;  // bubble end -> fill task paused
+  uint64_t killed = 0;
+};
+
 // Thread-safe. Destroying the client fails calls still in flight with Unavailable.
 class Client {
  public:
@@ -114,12 +155,28 @@ class Client {
   absl::StatusOr<TaskStatus> Status(uint64_t task_id);
   absl::Status Cancel(uint64_t task_id);
 
+  // The bubble instruction, called by the main job around each idle wait of GPU (stage) `gpu`.
+  // One send each: the call does not wait for the server. A failure (connection lost, an error
+  // reply) is returned by this and every later bubble call.
+  absl::Status BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes);
+  absl::Status BubbleEnd(uint32_t gpu);
+  // The GPU's repeating bubble cycle (fill/bubble_cycle.h JSON), measured by profiling.
+  absl::Status RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json);
+  absl::StatusOr<FillJobStatus> SubmitFill(const FillJobOptions& options);
+  absl::StatusOr<FillJobStatus> FillStatus(uint64_t job_id);
+  absl::StatusOr<FillServerStats> FillStats();
+
  private:
   class Connection;
   explicit Client(std::unique_ptr<Connection> connection, const ClientOptions& options);
 
+  absl::Status SendBubble(
+      const std::function<void(flatbuffers::FlatBufferBuilder&, uint64_t)>& build);
+
   const ClientOptions options_;
-  std::unique_ptr<Connection> connection_;
+  absl::Mutex bubble_mu_;
+  absl::Status bubble_error_ ABSL_GUARDED_BY(bubble_mu_);  // sticky
+  std::unique_ptr<Connection> connection_;  // last: its reader may call into the above
 };
 
 }  // namespace pswitch::client

@@ -34,7 +34,8 @@ std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() :
 // event loop and dropped if the connection is gone.
 class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(asio::io_context* io, Controller* controller) : io_(io), controller_(controller) {}
+  Session(asio::io_context* io, Controller* controller, FillManager* fill)
+      : io_(io), controller_(controller), fill_(fill) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
 
@@ -62,16 +63,110 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       }
       case proto::ClientRequestBody::ListModels:
         return conn.Send(ModelListReply(id));
-      case proto::ClientRequestBody::BubbleBegin:
+      case proto::ClientRequestBody::BubbleBegin: {
+        auto* begin = (*request)->body_as_BubbleBegin();
+        // Bounded so the deadline arithmetic cannot overflow; a day-long bubble is not a bubble.
+        const uint64_t us = std::min<uint64_t>(begin->expected_duration_us(), 86400ull * 1000000);
+        fill_->BubbleBegin(static_cast<int>(begin->gpu()),
+                           absl::Microseconds(static_cast<int64_t>(us)), begin->free_bytes());
+        return conn.Send(AckReply(id));
+      }
       case proto::ClientRequestBody::BubbleEnd:
-        return conn.Send(ErrorReply(
-            id, absl::UnimplementedError("the bubble instruction is not served by this build")));
+        fill_->BubbleEnd(static_cast<int>((*request)->body_as_BubbleEnd()->gpu()));
+        return conn.Send(AckReply(id));
+      case proto::ClientRequestBody::RegisterBubbleCycle: {
+        auto* wire = (*request)->body_as_RegisterBubbleCycle();
+        absl::StatusOr<fill::BubbleCycle> cycle =
+            fill::ParseBubbleCycleJson(wire->cycle_json()->str());
+        absl::Status registered = cycle.ok()
+                                      ? fill_->RegisterCycle(static_cast<int>(wire->gpu()), *cycle)
+                                      : cycle.status();
+        return conn.Send(registered.ok() ? AckReply(id) : ErrorReply(id, registered));
+      }
+      case proto::ClientRequestBody::FillSubmit:
+        return conn.Send(FillSubmitReply(id, *(*request)->body_as_FillSubmit()));
+      case proto::ClientRequestBody::FillQuery:
+        return conn.Send(FillStatusReply(id, (*request)->body_as_FillQuery()->job_id()));
+      case proto::ClientRequestBody::FillStatsQuery:
+        return conn.Send(FillStatsReply(id));
       default:
         return conn.Reject(ErrorReply(id, absl::InvalidArgumentError("unknown request type")));
     }
   }
 
  private:
+  static std::vector<uint8_t> AckReply(uint64_t id) {
+    Builder b;
+    auto ack = proto::CreateAck(b);
+    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
+    return Bytes(b);
+  }
+
+  std::vector<uint8_t> FillSubmitReply(uint64_t id, const proto::FillSubmit& wire) {
+    FillRequest r;
+    switch (wire.kind()) {
+      case proto::FillKind::Inference:
+        r.kind = FillKind::kInference;
+        break;
+      case proto::FillKind::Training:
+        r.kind = FillKind::kTraining;
+        break;
+      case proto::FillKind::Synthetic:
+        r.kind = FillKind::kSynthetic;
+        break;
+      default:
+        return ErrorReply(id, absl::InvalidArgumentError("unknown fill kind"));
+    }
+    constexpr uint64_t kMaxUs = 86400ull * 1000000;  // keeps the Duration arithmetic finite
+    if (wire.step_us() > kMaxUs || wire.synthetic_step_us() > kMaxUs ||
+        wire.deadline_ms() > kMaxUs) {
+      return ErrorReply(id, absl::InvalidArgumentError("fill job durations must be under a day"));
+    }
+    r.model = Str(wire.model());
+    r.dataset_path = Str(wire.dataset_path());
+    r.output_path = Str(wire.output_path());
+    r.batch = wire.batch();
+    r.steps = wire.steps();
+    r.seed = wire.seed();
+    r.step = absl::Microseconds(static_cast<int64_t>(wire.step_us()));
+    r.memory_bytes = wire.memory_bytes();
+    if (wire.deadline_ms() > 0) {
+      r.deadline = absl::Milliseconds(static_cast<int64_t>(wire.deadline_ms()));
+    }
+    r.synthetic_step = absl::Microseconds(static_cast<int64_t>(wire.synthetic_step_us()));
+    r.synthetic_alloc_bytes = wire.synthetic_alloc_bytes();
+    r.ignore_pause = wire.ignore_pause();
+    absl::StatusOr<uint64_t> job = fill_->Submit(std::move(r));
+    if (!job.ok()) return ErrorReply(id, job.status());
+    return FillStatusReply(id, *job);
+  }
+
+  std::vector<uint8_t> FillStatusReply(uint64_t id, uint64_t job_id) {
+    absl::StatusOr<FillJobStatus> s = fill_->Query(job_id);
+    if (!s.ok()) return ErrorReply(id, s.status());
+    Builder b;
+    auto error = s->error.ok() ? 0 : proto::CreateWireError(b, s->error);
+    auto status = proto::CreateFillStatus(
+        b, s->job_id, static_cast<proto::FillState>(s->state),
+        static_cast<uint32_t>(std::max(s->gpu, 0)), static_cast<uint64_t>(s->steps_done),
+        static_cast<uint64_t>(s->steps_total), s->bubbles,
+        static_cast<uint64_t>(absl::ToInt64Microseconds(s->predicted_remaining)), s->meets_deadline,
+        error);
+    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
+    return Bytes(b);
+  }
+
+  std::vector<uint8_t> FillStatsReply(uint64_t id) {
+    FillStats s = fill_->Stats();
+    Builder b;
+    auto stats = proto::CreateFillStats(
+        b, s.bubbles, static_cast<uint64_t>(absl::ToInt64Microseconds(s.bubble_time)),
+        static_cast<uint64_t>(absl::ToInt64Microseconds(s.fill_step_time)), s.steps,
+        absl::ToDoubleMicroseconds(s.pause_p50), absl::ToDoubleMicroseconds(s.pause_p99), s.killed);
+    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStats, stats.Union()));
+    return Bytes(b);
+  }
+
   // Sends `bytes` on the event loop if the connection still exists.
   void PostReply(std::vector<uint8_t> bytes) {
     asio::post(*io_, [conn = conn_, bytes = std::move(bytes)]() mutable {
@@ -182,11 +277,13 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
 
   asio::io_context* const io_;
   Controller* const controller_;
+  FillManager* const fill_;
   std::weak_ptr<proto::FramedConnection> conn_;
 };
 
 absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::string& listen,
                                                                   Controller* controller,
+                                                                  FillManager* fill,
                                                                   uint32_t max_frame_bytes) {
   size_t colon = listen.rfind(':');
   uint32_t port = 0;
@@ -200,7 +297,7 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
   asio::error_code ec;
   asio::ip::address address = asio::ip::make_address(host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("bad listen host '", host, "'"));
-  std::unique_ptr<ClientServer> server(new ClientServer(controller, max_frame_bytes));
+  std::unique_ptr<ClientServer> server(new ClientServer(controller, fill, max_frame_bytes));
   asio::ip::tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
   server->acceptor_.open(endpoint.protocol(), ec);
   if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
@@ -226,7 +323,7 @@ void ClientServer::Accept() {
     int family = socket.local_endpoint(ignored).protocol().family();
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
-    auto session = std::make_shared<Session>(&io_, controller_);
+    auto session = std::make_shared<Session>(&io_, controller_, fill_);
     auto conn = proto::FramedConnection::Create(
         std::move(generic), max_frame_bytes_,
         [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "asio.hpp"
 #include "controller/controller.h"
+#include "controller/fill_manager.h"
 
 namespace pswitch::controller {
 
@@ -20,6 +21,7 @@ class ClientServer {
   // `listen` is "HOST:PORT"; port 0 picks a free one (see port()).
   static absl::StatusOr<std::unique_ptr<ClientServer>> Start(const std::string& listen,
                                                              Controller* controller,
+                                                             FillManager* fill,
                                                              uint32_t max_frame_bytes);
   ~ClientServer();
   ClientServer(const ClientServer&) = delete;
@@ -29,11 +31,12 @@ class ClientServer {
 
  private:
   class Session;
-  ClientServer(Controller* controller, uint32_t max_frame_bytes)
-      : controller_(controller), max_frame_bytes_(max_frame_bytes), acceptor_(io_) {}
+  ClientServer(Controller* controller, FillManager* fill, uint32_t max_frame_bytes)
+      : controller_(controller), fill_(fill), max_frame_bytes_(max_frame_bytes), acceptor_(io_) {}
   void Accept();
 
   Controller* const controller_;
+  FillManager* const fill_;
   const uint32_t max_frame_bytes_;
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;

@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include "absl/strings/str_cat.h"
+#include "memdaemon/arena_layout.h"
 #include "proto/status.h"
 
 namespace pswitch::controller {
@@ -10,8 +11,17 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
   std::unique_ptr<Controller> c(new Controller(options, daemon));
   // One weights region holds the active model; every worker's views point into it. The rest of
   // the arena is left for the workers' activation leases and training tasks' optimizer state.
-  uint64_t activations =
-      options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
+  if (options.gpus < 1 || options.gpus > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("gpus must be in [1, 16], got ", options.gpus));
+  }
+  if (options.gpus > 1 && daemon->device().backend() != gpu::Backend::kHost) {
+    return absl::InvalidArgumentError(
+        "several GPUs per daemon are simulated on the host backend only; run one pswitchd per "
+        "GPU on CUDA");
+  }
+  const uint64_t gpus = static_cast<uint64_t>(options.gpus);
+  uint64_t activations = options.scheduler.spawn.activation_bytes *
+                         static_cast<uint64_t>(options.scheduler.workers) * gpus;
   uint64_t free_bytes = daemon->leases().largest_free_bytes();
   uint64_t state_bytes = options.optimizer_state_bytes;
   if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
@@ -22,14 +32,22 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
         " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
         "--activation-bytes / --optimizer-state-bytes)"));
   }
-  uint64_t region_bytes = (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1};
-  PSWITCH_ASSIGN_OR_RETURN(memdaemon::Lease region,
-                           daemon->leases().Acquire("weights-region", region_bytes));
-  c->catalog_ = std::make_unique<ModelCatalog>(daemon, region.bytes, options.bandwidth_bytes_per_s);
-  SchedulerOptions scheduler = options.scheduler;
-  scheduler.region_offset = region.offset;
-  PSWITCH_ASSIGN_OR_RETURN(c->scheduler_,
-                           GpuScheduler::Start(scheduler, daemon, c->catalog_.get()));
+  uint64_t region_bytes =
+      ((free_bytes - activations - state_bytes) / gpus) & ~uint64_t{(1 << 20) - 1};
+  c->catalog_ = std::make_unique<ModelCatalog>(daemon, region_bytes, options.bandwidth_bytes_per_s);
+  for (uint64_t g = 0; g < gpus; ++g) {
+    PSWITCH_ASSIGN_OR_RETURN(
+        memdaemon::Lease region,
+        daemon->leases().Acquire(absl::StrCat("gpu-", g, "-weights-region"), region_bytes));
+    SchedulerOptions scheduler = options.scheduler;
+    scheduler.region_offset = region.offset;
+    scheduler.slot_base = static_cast<uint32_t>(g * options.scheduler.workers);
+    scheduler.flag_count = static_cast<uint32_t>(memdaemon::kReadyFlagCount / gpus);
+    scheduler.flag_base = static_cast<uint32_t>(g) * scheduler.flag_count;
+    PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<GpuScheduler> s,
+                             GpuScheduler::Start(scheduler, daemon, c->catalog_.get()));
+    c->schedulers_.push_back(std::move(s));
+  }
   c->registrar_ = std::thread([p = c.get()] { p->RegistrarLoop(); });
   return c;
 }
@@ -40,7 +58,7 @@ Controller::~Controller() {
     stopping_ = true;
   }
   if (registrar_.joinable()) registrar_.join();  // not started when Create failed
-  scheduler_.reset();
+  schedulers_.clear();
 }
 
 void Controller::RegistrarLoop() {
@@ -72,13 +90,30 @@ void Controller::Register(ModelRequest request, RegisterCallback done) {
       done(entry.status());
       return;
     }
-    scheduler_->AddModel(*entry, [entry, done](absl::Status loaded) {
-      if (loaded.ok()) {
-        done(*entry);
-      } else {
-        done(loaded);
-      }
-    });
+    // Done once every GPU's workers loaded it; the first error wins.
+    struct Pending {
+      absl::Mutex mu;
+      size_t remaining;
+      absl::Status status;
+    };
+    auto pending = std::make_shared<Pending>();
+    pending->remaining = schedulers_.size();
+    for (auto& scheduler : schedulers_) {
+      scheduler->AddModel(*entry, [entry, done, pending](absl::Status loaded) {
+        absl::Status status;
+        {
+          absl::MutexLock lock(&pending->mu);
+          if (!loaded.ok() && pending->status.ok()) pending->status = loaded;
+          if (--pending->remaining > 0) return;
+          status = pending->status;
+        }
+        if (status.ok()) {
+          done(*entry);
+        } else {
+          done(status);
+        }
+      });
+    }
   });
 }
 
@@ -107,7 +142,7 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
     }
   }
   (void)entry;
-  return scheduler_->Submit(std::move(spec), std::move(done));
+  return scheduler().Submit(std::move(spec), std::move(done));
 }
 
 }  // namespace pswitch::controller

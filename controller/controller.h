@@ -25,6 +25,9 @@ struct ControllerOptions {
   // Arena bytes left outside the weights region for running training tasks' optimizer state
   // (SGD momentum, Adam moments); 0 = a quarter of what the activation leases leave.
   uint64_t optimizer_state_bytes = 0;
+  // GPUs this daemon schedules (host backend: simulated devices sharing the arena, each with
+  // its own weights region, workers and flags; CUDA: 1).
+  int gpus = 1;
 };
 
 // Thread-safe. `*daemon` must outlive the controller.
@@ -42,10 +45,14 @@ class Controller {
   void Register(ModelRequest request, RegisterCallback done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
-  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const { return scheduler_->Query(task_id); }
-  absl::Status Cancel(uint64_t task_id) { return scheduler_->Cancel(task_id); }
+  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const { return scheduler().Query(task_id); }
+  absl::Status Cancel(uint64_t task_id) { return scheduler().Cancel(task_id); }
   std::vector<const CatalogEntry*> List() const { return catalog_->List(); }
-  GpuScheduler& scheduler() { return *scheduler_; }
+  // Tasks run on GPU 0; every GPU runs fill tasks in its bubbles.
+  GpuScheduler& scheduler() const { return *schedulers_[0]; }
+  size_t gpus() const { return schedulers_.size(); }
+  GpuScheduler& gpu(size_t index) const { return *schedulers_[index]; }
+  ModelCatalog& catalog() const { return *catalog_; }
 
  private:
   Controller(const ControllerOptions& options, memdaemon::MemDaemon* daemon)
@@ -55,7 +62,7 @@ class Controller {
   const ControllerOptions options_;
   memdaemon::MemDaemon* const daemon_;
   std::unique_ptr<ModelCatalog> catalog_;
-  std::unique_ptr<GpuScheduler> scheduler_;
+  std::vector<std::unique_ptr<GpuScheduler>> schedulers_;  // one per GPU
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> registrations_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,7 @@
 #include "controller/gpu_scheduler.h"
 
+#include <signal.h>
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +56,7 @@ struct GpuScheduler::Running {
   std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
   const CatalogEntry* entry = nullptr;
   std::optional<memdaemon::Lease> optimizer_state;  // training with a stateful optimizer
+  uint64_t state_key = 0;  // its optimizer-state checkpoint's key (the task, or a fill job)
 };
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
@@ -61,12 +64,17 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
     : options_(options),
       daemon_(daemon),
       catalog_(catalog),
+      transmitter_(std::make_unique<memdaemon::Transmitter>(
+          &daemon->copy_engine(), &daemon->ready_flags(), &daemon->drain_flags(),
+          daemon->arena().size_bytes())),
       queue_(options.policy, options.inference_preempts_training) {}
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
                                                                   memdaemon::MemDaemon* daemon,
                                                                   ModelCatalog* catalog) {
-  if (options.workers < 1 || options.workers > static_cast<int>(memdaemon::kDrainFlagCount)) {
+  if (options.workers < 1 ||
+      options.slot_base + options.workers > static_cast<int>(memdaemon::kDrainFlagCount) ||
+      options.flag_base + options.flag_count > memdaemon::kReadyFlagCount) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker count ", options.workers, " out of range [1, ", memdaemon::kDrainFlagCount, "]"));
   }
@@ -102,10 +110,16 @@ void GpuScheduler::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !posted_.empty(); };
-      // While stopping, a running task gets a bounded time to reach its sync point.
-      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), stop_deadline)) break;
-      fn = std::move(posted_.front());
-      posted_.pop_front();
+      // While stopping, a running task gets a bounded time to reach its sync point; a fill run
+      // told to pause gets its grace.
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
+                                 std::min(stop_deadline, kill_deadline_))) {
+        if (absl::Now() >= stop_deadline) break;
+        fn = [this] { EnforcePause(); };
+      } else {
+        fn = std::move(posted_.front());
+        posted_.pop_front();
+      }
     }
     fn();
     if (stopping_) {
@@ -127,7 +141,8 @@ void GpuScheduler::Loop() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].reset();
     // Nothing of that worker is in flight any more: no transmission may wait for its drain.
-    (void)daemon_->drain_flags().Store(static_cast<uint32_t>(i), UINT32_MAX / 2);
+    (void)daemon_->drain_flags().Store(options_.slot_base + static_cast<uint32_t>(i),
+                                       UINT32_MAX / 2);
   }
   slots_.clear();
   for (Watcher& w : watchers_) w.thread.join();
@@ -190,7 +205,7 @@ absl::Status GpuScheduler::AcquireOptimizerState(Running& run, const TaskSpec& s
                      " bytes of optimizer state in the arena: ", lease.status().message()));
   }
   run.optimizer_state = *lease;
-  auto checkpoint = optimizer_checkpoints_.find(run.task_id);
+  auto checkpoint = optimizer_checkpoints_.find(run.state_key);
   absl::Status filled;
   if (checkpoint != optimizer_checkpoints_.end()) {
     filled = daemon_->arena().CopyFromHost(lease->offset, checkpoint->second);
@@ -211,7 +226,7 @@ absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
   if (keep) {
     std::vector<std::byte> host(lease.bytes);
     status = daemon_->arena().CopyToHost(lease.offset, host);
-    if (status.ok()) optimizer_checkpoints_[run.task_id] = std::move(host);
+    if (status.ok()) optimizer_checkpoints_[run.state_key] = std::move(host);
   }
   absl::Status released = daemon_->leases().Release(lease.offset, lease.owner);
   return status.ok() ? released : status;
@@ -219,7 +234,7 @@ absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
 
 void GpuScheduler::SpawnSlot(int slot) {
   WorkerSpawnOptions spawn = options_.spawn;
-  spawn.worker_id = static_cast<uint32_t>(slot);
+  spawn.worker_id = options_.slot_base + static_cast<uint32_t>(slot);
   Slot& s = *slots_[slot];
   s = Slot{};
   auto process = WorkerProcess::Spawn(
@@ -349,13 +364,15 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
                stopping_ ? "info" : "error", slot, std::string(why.message()).c_str());
   s.state = Slot::State::kDead;
   // Nothing of a dead process is in flight: release whoever waits for its drain.
-  (void)daemon_->drain_flags().Store(static_cast<uint32_t>(slot), ++s.drain_value);
+  (void)daemon_->drain_flags().Store(options_.slot_base + static_cast<uint32_t>(slot),
+                                     ++s.drain_value);
   if (running_ != nullptr && running_->slot == slot) {
     uint64_t id = running_->task_id;
     (void)ReleaseOptimizerState(*running_, false);
     running_.reset();
+    std::string reason = kill_reason_.empty() ? std::string(why.message()) : kill_reason_;
     Finish(id,
-           absl::UnavailableError(absl::StrCat("task ", id, " failed: ", why.message(),
+           absl::UnavailableError(absl::StrCat("task ", id, " failed: ", reason,
                                                "; the task's model state is its last checkpoint")));
   }
   if (active_slot_ == slot) {
@@ -371,6 +388,7 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
       ++it;
     }
   }
+  kill_reason_.clear();
   s.process.reset();
   if (!stopping_) SpawnSlot(slot);
   RefreshReadiness();
@@ -380,7 +398,7 @@ std::optional<uint32_t> GpuScheduler::SendStop(int slot) {
   Slot& s = *slots_[slot];
   uint32_t value = ++s.drain_value;
   Builder b;
-  auto stop = proto::CreateStop(b, static_cast<uint32_t>(slot), value);
+  auto stop = proto::CreateStop(b, options_.slot_base + static_cast<uint32_t>(slot), value);
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
   if (s.process == nullptr || !s.process->Send(b).ok()) return std::nullopt;
   return value;
@@ -398,6 +416,68 @@ bool GpuScheduler::Usable(int slot, const std::string& model) const {
   return s.state == Slot::State::kIdle && s.loads_pending == 0 && s.loaded.contains(model);
 }
 
+uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_task_id_++;
+    infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
+  }
+  Post([this, id, spec = std::move(spec), done = std::move(done)]() mutable {
+    if (stopping_ || fill_pending_ ||
+        (running_ != nullptr && specs_.at(running_->task_id).first.fill)) {
+      done(absl::FailedPreconditionError("a fill run is already pending on this GPU"));
+      return;
+    }
+    TaskTicket ticket{id, spec.model, spec.kind, INT32_MIN, absl::InfiniteFuture()};
+    specs_[id] = {std::move(spec), std::move(done)};
+    fill_pending_ = ticket;
+  });
+  return id;
+}
+
+void GpuScheduler::EndBubble(absl::Duration grace) {
+  Post([this, grace, ended = absl::Now()] {
+    if (fill_pending_) {
+      // It never started: nothing to pause.
+      uint64_t id = fill_pending_->id;
+      fill_pending_.reset();
+      TaskOutcome outcome;
+      outcome.task_id = id;
+      outcome.stopped_early = true;
+      outcome.paused_at = ended;
+      outcome.iterations_done = specs_.at(id).first.fill->first_iteration;
+      Finish(id, outcome);
+    }
+    if (running_ == nullptr || !specs_.at(running_->task_id).first.fill) return;
+    StopRunning();
+    kill_task_ = running_->task_id;
+    kill_grace_ = grace;
+    kill_deadline_ = ended + grace;
+  });
+}
+
+void GpuScheduler::EnforcePause() {
+  const uint64_t task = kill_task_;
+  kill_deadline_ = absl::InfiniteFuture();
+  kill_task_ = 0;
+  if (running_ == nullptr || running_->task_id != task) return;  // it paused in time
+  Slot& s = *slots_[running_->slot];
+  if (s.process == nullptr || s.state == Slot::State::kDead) return;
+  std::fprintf(stderr,
+               "level=warn event=fill_task_killed task=%llu pid=%d reason=\"not paused %.1f ms "
+               "after its bubble ended\"\n",
+               static_cast<unsigned long long>(task), s.process->pid(),
+               absl::ToDoubleMilliseconds(kill_grace_));
+  kill_reason_ = absl::StrCat("killed: the fill task did not pause within ",
+                              absl::FormatDuration(kill_grace_), " of its bubble's end");
+  ::kill(s.process->pid(), SIGKILL);  // its death event fails the run and respawns the worker
+}
+
+void GpuScheduler::DropFillState(uint64_t state_key) {
+  Post([this, state_key] { optimizer_checkpoints_.erase(state_key); });
+}
+
 void GpuScheduler::MaybeStart() {
   while (true) {
     if (running_ != nullptr) {
@@ -407,13 +487,36 @@ void GpuScheduler::MaybeStart() {
         TaskTicket running{running_->task_id, spec->second.first.model, spec->second.first.kind,
                            spec->second.first.priority, spec->second.first.deadline};
         running.arrival_seq = INT64_MIN;  // it was scheduled first
-        if (queue_.ShouldPreempt(running, *waiting)) StopRunning();
+        // Every task outranks a fill run: fill only uses idle time.
+        if (spec->second.first.fill || queue_.ShouldPreempt(running, *waiting)) StopRunning();
       }
       return;
     }
     const TaskTicket* next = queue_.Peek();
-    if (next == nullptr) return;
-    TaskTicket ticket = *next;
+    // A fill run only gets the GPU when no task wants it.
+    const bool fill = next == nullptr && fill_pending_.has_value();
+    if (next == nullptr && !fill) return;
+    TaskTicket ticket = fill ? *fill_pending_ : *next;
+    auto pop = [&] {
+      if (fill) {
+        fill_pending_.reset();
+      } else {
+        queue_.Pop();
+      }
+    };
+    if (fill && specs_.at(ticket.id).first.fill->synthetic) {
+      // No model to switch in: any idle worker runs it, once one is up.
+      bool idle = false, starting = false;
+      for (const auto& s : slots_) {
+        idle |= s->state == Slot::State::kIdle && s->loads_pending == 0;
+        starting |= s->state == Slot::State::kStarting || s->loads_pending > 0;
+      }
+      if (!idle && starting) return;
+      pop();
+      absl::Status started = StartTask(ticket);
+      if (!started.ok()) Finish(ticket.id, started);
+      continue;
+    }
     bool resident = resident_model_ == ticket.model && active_slot_ >= 0;
     if (resident ? !Usable(active_slot_, ticket.model) : false) return;  // wait for it
     if (!resident) {
@@ -427,14 +530,14 @@ void GpuScheduler::MaybeStart() {
       }
       if (!any && possible) return;
       if (!any) {
-        queue_.Pop();
+        pop();
         Finish(ticket.id, absl::FailedPreconditionError(
                               absl::StrCat("no worker has model '", ticket.model,
                                            "' loaded (its load failed; see pswitchd's log)")));
         continue;
       }
     }
-    queue_.Pop();
+    pop();
     absl::Status started = StartTask(ticket);
     if (!started.ok()) Finish(ticket.id, started);
   }
@@ -442,9 +545,15 @@ void GpuScheduler::MaybeStart() {
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   const TaskSpec& spec = specs_.at(ticket.id).first;
-  PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
   auto run = std::make_unique<Running>();
   run->task_id = ticket.id;
+  run->state_key = spec.fill ? spec.fill->state_key : ticket.id;
+  if (spec.fill && spec.fill->synthetic) {
+    PSWITCH_RETURN_IF_ERROR(SendSynthetic(*run, ticket, spec));
+    running_ = std::move(run);
+    return absl::OkStatus();
+  }
+  PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
   run->entry = entry;
   run->started = absl::Now();
   PSWITCH_RETURN_IF_ERROR(AcquireOptimizerState(*run, spec));
@@ -475,11 +584,18 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
     request.weights_offset = options_.region_offset;
     if (active_slot_ >= 0) {
       if (std::optional<uint32_t> value = SendStop(active_slot_)) {
-        request.drain = memdaemon::DrainCondition{static_cast<uint32_t>(active_slot_), *value,
-                                                  options_.drain_timeout};
+        request.drain =
+            memdaemon::DrainCondition{options_.slot_base + static_cast<uint32_t>(active_slot_),
+                                      *value, options_.drain_timeout};
       }
     }
-    PSWITCH_ASSIGN_OR_RETURN(run.transmission, daemon_->transmitter().Start(request));
+    if (request.groups.size() > options_.flag_count) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("model '", spec.model, "' has ", request.groups.size(),
+                       " groups; this GPU has ", options_.flag_count, " ready flags"));
+    }
+    request.flag_base = options_.flag_base;
+    PSWITCH_ASSIGN_OR_RETURN(run.transmission, transmitter_->Start(request));
     WatchTransmission(run.transmission, ticket.id);
     resident_model_ = spec.model;
     resident_epoch_ = run.transmission->epoch();
@@ -488,22 +604,53 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
   Slot& s = *slots_[slot];
   Builder prepare;
   auto last = prepare.CreateVector(entry.group_last_layer);
-  auto body =
-      proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_, 0, last);
+  auto body = proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_,
+                                   options_.flag_base, last);
   prepare.Finish(
       proto::CreateWorkerCommand(prepare, 0, proto::WorkerCommandBody::Prepare, body.Union()));
   PSWITCH_RETURN_IF_ERROR(s.process->Send(prepare));
+  return SendRun(run, slot, ticket, spec, entry.request.batch_size);
+}
+
+absl::Status GpuScheduler::SendSynthetic(Running& run, const TaskTicket& ticket,
+                                         const TaskSpec& spec) {
+  int slot = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = *slots_[i];
+    if (s.state == Slot::State::kIdle && s.loads_pending == 0) {
+      slot = static_cast<int>(i);
+      if (slot == active_slot_) break;  // prefer the active worker: no standby is disturbed
+    }
+  }
+  if (slot < 0) return absl::UnavailableError("no idle worker for the synthetic fill task");
+  return SendRun(run, slot, ticket, spec, 1);
+}
+
+absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskTicket& ticket,
+                                   const TaskSpec& spec, uint32_t batch) {
+  Slot& s = *slots_[slot];
   Builder b;
   auto inputs = proto::CreateWireTensors(b, spec.inputs);
-  uint32_t first = resume_iteration_.contains(ticket.id) ? resume_iteration_[ticket.id] : 0;
+  uint32_t first = spec.fill                               ? spec.fill->first_iteration
+                   : resume_iteration_.contains(ticket.id) ? resume_iteration_[ticket.id]
+                                                           : 0;
+  flatbuffers::Offset<proto::FillRun> fill = 0;
+  if (spec.fill) {
+    const FillRunSpec& f = *spec.fill;
+    fill = proto::CreateFillRun(b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin),
+                                absl::ToInt64Nanoseconds(f.step), f.memory_cap, f.synthetic ? 1 : 0,
+                                b.CreateString(f.dataset_path),
+                                absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
+                                f.ignore_pause, b.CreateString(f.device_lock_path));
+  }
   const uint64_t state_offset = run.optimizer_state ? run.optimizer_state->offset : 0;
   const uint64_t state_bytes = run.optimizer_state ? run.optimizer_state->bytes : 0;
   auto run_body = proto::CreateRun(
       b, ticket.id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining, first,
-      spec.iterations, entry.request.batch_size, spec.seed,
+      spec.iterations, batch, spec.seed,
       spec.trainer.optimizer == models::OptimizerKind::kAdam ? proto::Optimizer::Adam
                                                              : proto::Optimizer::Sgd,
-      spec.trainer.learning_rate, spec.trainer.momentum, state_offset, state_bytes);
+      spec.trainer.learning_rate, spec.trainer.momentum, state_offset, state_bytes, fill);
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run_body.Union()));
   PSWITCH_RETURN_IF_ERROR(s.process->Send(b));
   s.state = Slot::State::kBusy;
@@ -527,6 +674,15 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
   outcome.task_id = run->task_id;
   outcome.iterations_done = done->iterations_done();
   outcome.loss = done->loss();
+  outcome.stopped_early = done->stopped_early();
+  outcome.paused_at = absl::Now();
+  outcome.fill_step_time = absl::Nanoseconds(done->step_ns());
+  outcome.fill_steps = done->steps();
+  outcome.fill_predicted_step = absl::Nanoseconds(done->last_step_ns());
+  if (kill_task_ == run->task_id) {  // it paused in time
+    kill_task_ = 0;
+    kill_deadline_ = absl::InfiniteFuture();
+  }
   if (run->transmission != nullptr) {
     auto traces = run->transmission->Wait();
     if (traces.ok() && !traces->empty()) {
@@ -543,9 +699,11 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
         options_.region_offset, std::span<std::byte>(stored.host_bytes(), stored.total_bytes()));
     if (!saved.ok() && status.ok()) status = saved;
     bool cancelled = cancel_requested_.erase(run->task_id) > 0;
-    const bool resumes = status.ok() && !cancelled && done->stopped_early() &&
-                         done->iterations_done() < spec.iterations;
-    absl::Status state_saved = ReleaseOptimizerState(*run, resumes);
+    const bool unfinished = status.ok() && !cancelled && done->stopped_early() &&
+                            done->iterations_done() < spec.iterations;
+    // A fill run goes back to its fill manager, which brings it back at its next bubble.
+    const bool resumes = unfinished && !spec.fill;
+    absl::Status state_saved = ReleaseOptimizerState(*run, unfinished);
     if (!state_saved.ok() && status.ok()) status = state_saved;
     if (resumes && state_saved.ok()) {
       resume_iteration_[run->task_id] = done->iterations_done();

@@ -38,13 +38,30 @@ struct Drained;
 
 namespace pswitch::controller {
 
+// One bubble's run of a fill task (see fill/ and worker/fill_steps.h).
+struct FillRunSpec {
+  int64_t bubble_end_ns = 0;  // CLOCK_MONOTONIC
+  absl::Duration margin = absl::Microseconds(200);
+  absl::Duration step;      // the step's predicted duration so far
+  uint64_t memory_cap = 0;  // bytes; 0 = the worker's activation lease
+  bool synthetic = false;
+  std::string dataset_path;  // dataset inference
+  absl::Duration synthetic_step;
+  uint64_t synthetic_alloc_bytes = 0;
+  bool ignore_pause = false;
+  std::string device_lock_path;  // host backend: the device's compute lock
+  uint32_t first_iteration = 0;  // steps already done
+  uint64_t state_key = 0;        // keys the optimizer-state checkpoint across bubbles
+};
+
 struct TaskSpec {
   std::string model;
   TaskKind kind = TaskKind::kInference;
   std::vector<proto::HostTensor> inputs;
   uint32_t iterations = 1;  // training
   uint64_t seed = 0;
-  models::TrainerOptions trainer;  // training: optimizer and its hyperparameters
+  models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
+  std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
   int priority = 0;
   absl::Time deadline = absl::InfiniteFuture();
 };
@@ -56,6 +73,12 @@ struct TaskOutcome {
   double loss = 0;
   absl::Duration latency;      // submission to completion
   absl::Duration switch_time;  // transmission of the task's model, zero when it was resident
+  // Fill runs: whether it paused before finishing, when it paused, and its steps.
+  bool stopped_early = false;
+  absl::Time paused_at;
+  absl::Duration fill_step_time;
+  uint32_t fill_steps = 0;
+  absl::Duration fill_predicted_step;
 };
 using TaskCallback = std::function<void(const absl::StatusOr<TaskOutcome>&)>;
 
@@ -78,6 +101,11 @@ struct SchedulerOptions {
   int workers = 3;  // 1 active + 2 standby
   WorkerSpawnOptions spawn;
   uint64_t region_offset = 0;  // the weights region (a memdaemon lease)
+  // Several schedulers (GPUs) may share one memdaemon: each uses its own drain flags
+  // [slot_base, slot_base + workers) and ready flags [flag_base, flag_base + flag_count).
+  uint32_t slot_base = 0;
+  uint32_t flag_base = 0;
+  uint32_t flag_count = 16384;
   absl::Duration drain_timeout = absl::Seconds(30);
 };
 
@@ -95,6 +123,14 @@ class GpuScheduler {
   void AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done);
   // Queues a task (already validated). `done` runs exactly once, on the scheduler thread.
   uint64_t Submit(TaskSpec spec, TaskCallback done);
+  // Runs a fill task's bubble run (spec.fill set) when nothing else is queued or running; any
+  // queued task preempts it. It stops at its bubble end by itself (step gate) or at EndBubble.
+  uint64_t SubmitFill(TaskSpec spec, TaskCallback done);
+  // The main job's bubble on this GPU ended: the fill run is told to pause now, and its worker
+  // is SIGKILLed if it has not paused within `grace` (framework-enforced limit).
+  void EndBubble(absl::Duration grace);
+  // Forgets a fill job's optimizer-state checkpoint (the job ended).
+  void DropFillState(uint64_t state_key);
   absl::StatusOr<TaskInfo> Query(uint64_t task_id) const;
   absl::Status Cancel(uint64_t task_id);
   // Blocks until every worker slot is up and has loaded every model (tests, start-up).
@@ -138,6 +174,10 @@ class GpuScheduler {
   // StartTask's switch (when needed) and the Prepare/Run commands.
   absl::Status SendTask(Running& run, const TaskTicket& ticket, const TaskSpec& spec,
                         const CatalogEntry& entry);
+  // A synthetic fill run: no model, any idle worker.
+  absl::Status SendSynthetic(Running& run, const TaskTicket& ticket, const TaskSpec& spec);
+  absl::Status SendRun(Running& run, int slot, const TaskTicket& ticket, const TaskSpec& spec,
+                       uint32_t batch);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
   void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0, int worker_pid = 0);
   void RefreshReadiness();
@@ -145,6 +185,8 @@ class GpuScheduler {
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
   ModelCatalog* const catalog_;
+  // This GPU's transmissions: a newer one supersedes only this GPU's older one.
+  std::unique_ptr<memdaemon::Transmitter> transmitter_;
 
   // Loop-thread state.
   TaskQueue queue_;
@@ -154,6 +196,12 @@ class GpuScheduler {
   std::map<uint64_t, std::vector<std::byte>> optimizer_checkpoints_;
   std::set<uint64_t> cancel_requested_;
   std::unique_ptr<Running> running_;
+  std::optional<TaskTicket> fill_pending_;             // a fill run waiting for the GPU
+  absl::Time kill_deadline_ = absl::InfiniteFuture();  // grace end of the fill run to pause
+  uint64_t kill_task_ = 0;
+  std::string kill_reason_;  // why the next worker death happened, when we caused it
+  absl::Duration kill_grace_;
+  void EnforcePause();
   int active_slot_ = -1;
   std::string resident_model_;
   uint32_t resident_epoch_ = 0;

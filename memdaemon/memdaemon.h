@@ -43,6 +43,7 @@ class MemDaemon {
   LeaseTable& leases() { return *leases_; }
   WeightStore& weights() { return *weights_; }
   Transmitter& transmitter() { return *transmitter_; }
+  gpu::CopyEngine& copy_engine() { return *copy_engine_; }
   // Empty when no server runs.
   std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
 

@@ -5,6 +5,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <sstream>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +34,9 @@ template <typename StateMap>
 typename StateMap::key_type StateKey(const at::Tensor& p) {
   using Key = typename StateMap::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream key;  // what 1.x's c10::guts::to_string does with a pointer
+    key << p.unsafeGetTensorImpl();
+    return key.str();
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }

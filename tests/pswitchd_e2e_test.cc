@@ -24,7 +24,7 @@
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
 #include "proto/wire_status.h"
-#include "tools/pswitchd_process.h"
+#include "tests/test_daemon.h"
 #include "worker/host_tensors.h"
 
 namespace pswitch {
@@ -32,28 +32,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A pswitchd on a free port with the tiny models preloaded and 1 active + 2 standby workers.
-class Daemon {
+// A pswitchd with the tiny models preloaded and 1 active + 2 standby workers.
+class Daemon : public e2e::TestDaemon {
  public:
   Daemon()
-      : dir_(std::filesystem::temp_directory_path() /
-             ("pswitch-e2e-" + std::to_string(::getpid()))),
-        created_(std::filesystem::create_directories(dir_)),
-        process_(PSWITCHD_PATH,
-                 {"--backend=host", "--arena-bytes=536870912", "--listen=127.0.0.1:0",
-                  "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2",
-                  "--activation-bytes=67108864", "--socket=" + (dir_ / "m.sock").string()},
-                 (dir_ / "pswitchd.log").string()) {}
-  ~Daemon() { std::filesystem::remove_all(dir_); }
-  std::string address() const { return process_.address(); }
-  pid_t pid() const { return process_.pid(); }
-  int port() const { return process_.port(); }
-  std::string log() const { return process_.log(); }
-
- private:
-  std::filesystem::path dir_;
-  bool created_;  // sequences the directory's creation before process_ starts
-  tools::PswitchdProcess process_;
+      : TestDaemon({"--arena-bytes=536870912", "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2",
+                    "--activation-bytes=67108864"}) {}
 };
 
 // Live (not zombie) children of `parent`, whichever of its threads forked them.

@@ -22,6 +22,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "gpu/host/compute_lock.h"
 #include "pipeline/bubble_reporter.h"
 #include "pipeline/coordinator.h"
 #include "pipeline/gpt2_stage.h"
@@ -58,6 +60,12 @@ ABSL_FLAG(double, timeout_s, 60, "longest wait of a stage for one message");
 ABSL_FLAG(std::string, json, "", "write the measurements as JSON to this path");
 ABSL_FLAG(int, crash_stage, -1, "testing aid: this stage kills itself at --crash-iteration");
 ABSL_FLAG(int, crash_iteration, 0, "testing aid: see --crash-stage");
+ABSL_FLAG(std::string, server, "",
+          "pswitchd HOST:PORT: each stage reports its bubbles there (stage s = GPU s), so fill "
+          "tasks run in them");
+ABSL_FLAG(bool, device_lock, true,
+          "simulated compute holds the host device's compute lock (GPU = stage) while it "
+          "computes, as a time-sliced GPU would (see gpu/host/compute_lock.h)");
 
 namespace pswitch::pipeline {
 namespace {
@@ -86,10 +94,62 @@ class LogReporter final : public BubbleReporter {
 // flag, a BubbleReporter implementation that sends BubbleBegin/BubbleEnd to the server without
 // blocking the stage, and a branch below that returns it when the flag is set.
 // ------------------------------------------------------------------------------------------
+// Reports bubbles to pswitchd with the client library's bubble instruction (one send per call,
+// no wait). A failure is reported once and the stage goes on: the main job must never depend
+// on the fill service.
+class ServerReporter final : public BubbleReporter {
+ public:
+  explicit ServerReporter(std::unique_ptr<client::Client> client) : client_(std::move(client)) {}
+  void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) override {
+    Check(client_->BubbleBegin(static_cast<uint32_t>(stage), expected, free_bytes));
+  }
+  void BubbleEnd(int stage) override { Check(client_->BubbleEnd(static_cast<uint32_t>(stage))); }
+
+ private:
+  void Check(const absl::Status& status) {
+    if (status.ok() || warned_) return;
+    warned_ = true;
+    std::fprintf(stderr,
+                 "pipetrain: bubble reports to pswitchd failed (stage keeps training): %s\n",
+                 status.ToString().c_str());
+  }
+  std::unique_ptr<client::Client> client_;
+  bool warned_ = false;
+};
+
 absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int /*stage*/) {
+  if (!absl::GetFlag(FLAGS_server).empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                             client::Client::Connect(absl::GetFlag(FLAGS_server)));
+    return std::make_unique<ServerReporter>(std::move(client));
+  }
   if (absl::GetFlag(FLAGS_log_bubbles)) return std::make_unique<LogReporter>();
   return std::make_unique<NullReporter>();
 }
+
+// Simulated compute that occupies its stage's (host) device while it computes.
+class DeviceLockedCompute final : public StageCompute {
+ public:
+  DeviceLockedCompute(std::unique_ptr<StageCompute> inner, gpu::ComputeLock lock)
+      : inner_(std::move(inner)), lock_(std::move(lock)) {}
+  TensorSpec InputSpec() const override { return inner_->InputSpec(); }
+  TensorSpec OutputSpec() const override { return inner_->OutputSpec(); }
+  absl::StatusOr<StageCost> Profile() override { return inner_->Profile(); }
+  absl::Status StartIteration(int iteration) override { return inner_->StartIteration(iteration); }
+  absl::StatusOr<WireTensor> Forward(int microbatch, WireTensor input) override {
+    gpu::ComputeLock::Hold hold = lock_.Acquire();
+    return inner_->Forward(microbatch, std::move(input));
+  }
+  absl::StatusOr<WireTensor> Backward(int microbatch, WireTensor output_grad) override {
+    gpu::ComputeLock::Hold hold = lock_.Acquire();
+    return inner_->Backward(microbatch, std::move(output_grad));
+  }
+  absl::StatusOr<double> FinishIteration() override { return inner_->FinishIteration(); }
+
+ private:
+  std::unique_ptr<StageCompute> inner_;
+  gpu::ComputeLock lock_;
+};
 
 Gpt2StageOptions Gpt2Options(int stage) {
   Gpt2StageOptions o;
@@ -148,6 +208,11 @@ absl::Status StageBody(StageConfig config, StageLinks& links) {
     } else {
       compute = std::move(gpt2);
     }
+  }
+  if (absl::GetFlag(FLAGS_simulated_compute) && absl::GetFlag(FLAGS_device_lock)) {
+    PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock,
+                             gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(stage)));
+    compute = std::make_unique<DeviceLockedCompute>(std::move(compute), std::move(lock));
   }
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<BubbleReporter> reporter, MakeBubbleReporter(stage));
   return ServeStage(config, links, *compute, *reporter);

@@ -7,7 +7,14 @@
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--seed S] [--priority P]
 //              [--optimizer sgd|adam] [--lr LR] [--momentum M]
 //   pswitchctl --server HOST:PORT status TASK | models | cancel TASK
+//   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
+//   pswitchctl --server HOST:PORT fill submit --kind synthetic|training|inference [--model M]
+//              [--dataset D.safetensors --output O.safetensors] [--batch B] [--steps K]
+//              --step-us US --memory-bytes BYTES [--deadline-ms D] [--synthetic-step-us US]
+//   pswitchctl --server HOST:PORT fill status JOB | fill estimate JOB | fill stats
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -36,6 +43,14 @@ ABSL_FLAG(std::string, optimizer, "sgd", "train: sgd or adam");
 ABSL_FLAG(double, lr, 0.01, "train: learning rate");
 ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum (0 = plain SGD)");
 ABSL_FLAG(int, timeout_s, 600, "give up waiting after this many seconds");
+ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
+ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
+ABSL_FLAG(std::string, kind, "synthetic", "fill submit: synthetic, training or inference");
+ABSL_FLAG(std::string, dataset, "", "fill submit (inference): safetensors with 'input' rows");
+ABSL_FLAG(uint32_t, steps, 0, "fill submit: training iterations / synthetic steps");
+ABSL_FLAG(uint64_t, step_us, 0, "fill submit: profiled step duration");
+ABSL_FLAG(uint64_t, memory_bytes, 0, "fill submit: the job's memory cap");
+ABSL_FLAG(uint64_t, synthetic_step_us, 0, "fill submit (synthetic): each step's device time");
 
 namespace pswitch {
 namespace {
@@ -118,10 +133,84 @@ absl::StatusOr<uint64_t> TaskArg(const std::vector<std::string>& args) {
   return id;
 }
 
+void PrintFill(const client::FillJobStatus& s) {
+  std::printf("fill job %llu state=%s gpu=%u steps=%llu/%llu bubbles=%u",
+              static_cast<unsigned long long>(s.job_id),
+              std::string(client::FillStateName(s.state)).c_str(), s.gpu,
+              static_cast<unsigned long long>(s.steps_done),
+              static_cast<unsigned long long>(s.steps_total), s.bubbles);
+  if (s.state != client::FillState::kStopped) {
+    std::printf(" predicted_remaining_ms=%.1f meets_deadline=%s",
+                absl::ToDoubleMilliseconds(s.predicted_remaining), s.meets_deadline ? "yes" : "no");
+  }
+  if (!s.error.ok()) std::printf(" error=\"%s\"", s.error.ToString().c_str());
+  std::printf("\n");
+}
+
+absl::Status Fill(client::Client& client, const std::vector<std::string>& args) {
+  const std::string sub = args.size() > 1 ? args[1] : "";
+  if (sub == "submit") {
+    client::FillJobOptions o;
+    const std::string kind = absl::GetFlag(FLAGS_kind);
+    if (kind == "synthetic") {
+      o.kind = client::FillKind::kSynthetic;
+    } else if (kind == "training") {
+      o.kind = client::FillKind::kTraining;
+    } else if (kind == "inference") {
+      o.kind = client::FillKind::kInference;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kind must be synthetic, training or inference, got '", kind, "'"));
+    }
+    o.model = absl::GetFlag(FLAGS_model);
+    o.dataset_path = absl::GetFlag(FLAGS_dataset);
+    o.output_path = absl::GetFlag(FLAGS_output);
+    o.batch = absl::GetFlag(FLAGS_batch);
+    o.steps = absl::GetFlag(FLAGS_steps);
+    o.seed = absl::GetFlag(FLAGS_seed);
+    o.step = absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_us)));
+    o.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
+    o.deadline = absl::Milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_deadline_ms)));
+    o.synthetic_step =
+        absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_synthetic_step_us)));
+    auto status = client.SubmitFill(o);
+    if (!status.ok()) return status.status();
+    PrintFill(*status);
+    return absl::OkStatus();
+  }
+  if (sub == "status" || sub == "estimate") {
+    uint64_t id = 0;
+    if (args.size() != 3 || !absl::SimpleAtoi(args[2], &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("fill ", sub, " needs one numeric JOB id"));
+    }
+    auto status = client.FillStatus(id);
+    if (!status.ok()) return status.status();
+    PrintFill(*status);
+    return absl::OkStatus();
+  }
+  if (sub == "stats") {
+    auto s = client.FillStats();
+    if (!s.ok()) return s.status();
+    std::printf(
+        "bubbles=%llu bubble_ms=%.1f fill_step_ms=%.1f used=%.1f%% steps=%llu pause_p50_ms=%.3f "
+        "pause_p99_ms=%.3f killed=%llu\n",
+        static_cast<unsigned long long>(s->bubbles), absl::ToDoubleMilliseconds(s->bubble_time),
+        absl::ToDoubleMilliseconds(s->fill_step_time),
+        s->bubble_time > absl::ZeroDuration()
+            ? 100 * absl::FDivDuration(s->fill_step_time, s->bubble_time)
+            : 0.0,
+        static_cast<unsigned long long>(s->steps), absl::ToDoubleMilliseconds(s->pause_p50),
+        absl::ToDoubleMilliseconds(s->pause_p99), static_cast<unsigned long long>(s->killed));
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("fill needs submit, status JOB, estimate JOB or stats");
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   if (args.empty()) {
     return absl::InvalidArgumentError(
-        "no command (register, infer, train, status, models, cancel; see --help)");
+        "no command (register, infer, train, status, models, cancel, bubble-cycle, fill; see "
+        "--help)");
   }
   const std::string& command = args[0];
   client::ClientOptions options;
@@ -221,6 +310,17 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::printf("cancel requested for task %llu\n", static_cast<unsigned long long>(*id));
     return absl::OkStatus();
   }
+  if (command == "bubble-cycle") {
+    std::ifstream in(absl::GetFlag(FLAGS_cycle));
+    if (!in)
+      return absl::NotFoundError(
+          absl::StrCat("cannot read --cycle '", absl::GetFlag(FLAGS_cycle), "'"));
+    std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (auto s = client.RegisterBubbleCycle(absl::GetFlag(FLAGS_gpu), json); !s.ok()) return s;
+    std::printf("bubble cycle registered for gpu %u\n", absl::GetFlag(FLAGS_gpu));
+    return absl::OkStatus();
+  }
+  if (command == "fill") return Fill(client, args);
   return absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'"));
 }
 
@@ -229,7 +329,9 @@ absl::Status Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = pswitch::tools::ParseToolFlags(
-      argc, argv, "pswitchctl [--server HOST:PORT] register|infer|train|status|models|cancel ...",
+      argc, argv,
+      "pswitchctl [--server HOST:PORT] register|infer|train|status|models|cancel|bubble-cycle|fill "
+      "...",
       /*allow_positional=*/true);
   absl::Status status = pswitch::Run(args);
   if (!status.ok()) {

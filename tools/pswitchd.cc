@@ -49,6 +49,15 @@ ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
           "arena bytes kept for running training tasks' optimizer state (momentum, Adam "
           "moments; checkpointed to host memory while a task is preempted); 0 = a quarter of what "
           "the activation leases leave");
+ABSL_FLAG(int, gpus, 1,
+          "GPUs this daemon schedules; more than 1 simulates several devices on the host "
+          "backend (one per pipeline stage, for fill tasks)");
+ABSL_FLAG(std::string, fill_policy, "fifo", "fill-job policy: fifo, sjf, makespan or deadline");
+ABSL_FLAG(int, fill_grace_ms, 20,
+          "a fill task not paused this long after its bubble ends is SIGKILLed");
+ABSL_FLAG(bool, fill_device_lock, true,
+          "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
+          "--simulated-compute stages do), modelling a time-sliced GPU");
 ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check instead of serving");
 
 namespace pswitch {
@@ -170,6 +179,13 @@ int Main() {
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
+  controller_options.gpus = absl::GetFlag(FLAGS_gpus);
+  auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
+  if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1) {
+    Log("error", "start_failed", "error=\"%s\"",
+        !fill_policy.ok() ? fill_policy.status().ToString() : "--fill-grace-ms must be >= 1");
+    return 2;
+  }
   if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }
@@ -178,8 +194,14 @@ int Main() {
     Log("error", "start_failed", "error=\"%s\"", controller.status().ToString());
     return 1;
   }
+  controller::FillManagerOptions fill_options;
+  fill_options.policy = *fill_policy;
+  fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
+  fill_options.host_compute_lock =
+      absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
+  auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);
   auto server = controller::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
-                                                proto::kDefaultMaxFrameBytes);
+                                                fill.get(), proto::kDefaultMaxFrameBytes);
   if (!server.ok()) {
     Log("error", "start_failed", "error=\"%s\"", server.status().ToString());
     return 1;
@@ -203,7 +225,8 @@ int Main() {
     Log("info", "stopping", "signal=%s", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   }
   server->reset();
-  controller->reset();
+  controller->reset();  // its schedulers' last callbacks reach the fill manager
+  fill.reset();
   daemon->reset();
   Log("info", "stopped", "exit_code=%d", exit_code);
   return exit_code;

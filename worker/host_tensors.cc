@@ -88,4 +88,13 @@ absl::StatusOr<models::ModelInput> ToModelInput(const std::vector<proto::HostTen
   return input;
 }
 
+models::ModelInput ModelInputOn(const models::ModelInput& input, c10::Device device) {
+  auto on = [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; };
+  models::ModelInput out = input;
+  out.input = on(input.input);
+  out.attention_mask = on(input.attention_mask);
+  out.token_type_ids = on(input.token_type_ids);
+  return out;
+}
+
 }  // namespace pswitch::worker

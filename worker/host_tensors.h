@@ -20,6 +20,10 @@ absl::StatusOr<proto::HostTensor> ToHostTensor(const std::string& name, const at
 // "input" (required), "attention_mask" and "token_type_ids" (optional); any other name is an
 // InvalidArgument naming it.
 absl::StatusOr<models::ModelInput> ToModelInput(const std::vector<proto::HostTensor>& inputs);
+// `input` with each defined tensor moved to `device` (tensors already there are shared, not
+// copied). A libtorch call like any other: it throws c10::Error, so call it inside the task's
+// exception boundary.
+models::ModelInput ModelInputOn(const models::ModelInput& input, c10::Device device);
 
 }  // namespace pswitch::worker
 

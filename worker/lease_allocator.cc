@@ -36,12 +36,16 @@ LeaseAllocator::LeaseAllocator(std::byte* base, uint64_t bytes, c10::Allocator* 
       free_(AlignmentSkew(base),
             bytes > AlignmentSkew(base) ? (bytes - AlignmentSkew(base)) & ~(kAlignment - 1) : 0) {}
 
-c10::DataPtr LeaseAllocator::allocate(size_t n) const {
+c10::DataPtr LeaseAllocator::Allocate(size_t n) const {
   if (!active_.load(std::memory_order_acquire)) return fallback_->allocate(n);
   uint64_t size = (std::max<uint64_t>(n, 1) + kAlignment - 1) & ~(kAlignment - 1);
   uint64_t offset = 0;
   {
     absl::MutexLock lock(&mu_);
+    const uint64_t limit = limit_.load(std::memory_order_acquire);
+    // A fill task's memory cap: it fails alone instead of taking what the main job may need.
+    TORCH_CHECK(limit == 0 || in_use_ + size <= limit, "task memory cap of ", limit,
+                " bytes exceeded: ", n, " bytes requested with ", in_use_, " in use");
     std::optional<uint64_t> taken = free_.Take(size);
     // Thrown as libtorch throws its own out-of-memory errors; the task boundary catches it.
     TORCH_CHECK(taken.has_value(), "worker activation lease exhausted: ", n, " bytes requested, ",

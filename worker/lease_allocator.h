@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "memdaemon/free_list.h"
+#include "models/torch_version.h"
 
 namespace pswitch::worker {
 
@@ -28,17 +29,28 @@ class LeaseAllocator final : public c10::Allocator {
   // `fallback` serves allocations outside tasks. Call once.
   static LeaseAllocator* Install(std::byte* base, uint64_t bytes, c10::Allocator* fallback);
 
-  c10::DataPtr allocate(size_t n) const override;
+  // libtorch 2.3 made allocate() non-const and added copy_data().
+#if PSWITCH_TORCH_AT_LEAST(2, 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
   c10::DeleterFnPtr raw_deleter() const override { return &RawFree; }
 
   // While active, allocations come from the lease (and fail when it is full).
   void set_active(bool active) { active_.store(active, std::memory_order_release); }
+  // Caps the bytes in use while active (0 = the whole lease): allocations beyond it fail.
+  void set_limit(uint64_t bytes) { limit_.store(bytes, std::memory_order_release); }
   uint64_t in_use_bytes() const;
   uint64_t peak_bytes() const;
   uint64_t capacity_bytes() const { return bytes_; }
 
  private:
   LeaseAllocator(std::byte* base, uint64_t bytes, c10::Allocator* fallback);
+  c10::DataPtr Allocate(size_t n) const;
   // Frees a pointer this allocator (or, outside tasks, its fallback) returned.
   static void RawFree(void* ptr);
   void Release(uint64_t offset) const;
@@ -48,6 +60,7 @@ class LeaseAllocator final : public c10::Allocator {
   c10::Allocator* const fallback_;
   const c10::DeleterFnPtr fallback_raw_deleter_;
   std::atomic<bool> active_{false};
+  std::atomic<uint64_t> limit_{0};
 
   mutable absl::Mutex mu_;
   mutable memdaemon::FreeList free_ ABSL_GUARDED_BY(mu_);

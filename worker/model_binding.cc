@@ -64,7 +64,8 @@ absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<models::Laye
 absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const std::string& zoo_model,
                                                                std::byte* region,
                                                                uint32_t expected_layers,
-                                                               uint64_t expected_bytes) {
+                                                               uint64_t expected_bytes,
+                                                               c10::Device device) {
   std::unique_ptr<BoundModel> bound(new BoundModel());
   PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModel(zoo_model));
   models::ZooModel& model = *bound->model_;
@@ -90,9 +91,10 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const std::string
     for (size_t l = 0; l < eval_layers->size(); ++l) {
       for (size_t t = 0; t < (*eval_layers)[l].tensors.size(); ++t) {
         at::Tensor tensor = (*eval_layers)[l].tensors[t].tensor;
-        // A non-owning view: the arena region is the tensor's storage from now on.
+        // A non-owning view: the arena region is the tensor's storage from now on. On CUDA,
+        // libtorch checks that the address is memory of `device`.
         at::Tensor view = torch::from_blob(region + layout.placements[l][t].offset, tensor.sizes(),
-                                           tensor.options());
+                                           tensor.options().device(device));
         tensor.set_data(view);
       }
     }

@@ -36,12 +36,13 @@ absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<models::Laye
 class BoundModel {
  public:
   // Builds `zoo_model`, records its layer order in both modes, then rebinds every tensor into
-  // `region` (which must stay mapped). FailedPrecondition when the layout disagrees with
-  // `expected_layers` / `expected_bytes` (controller and worker built different models).
-  static absl::StatusOr<std::unique_ptr<BoundModel>> Create(const std::string& zoo_model,
-                                                            std::byte* region,
-                                                            uint32_t expected_layers,
-                                                            uint64_t expected_bytes);
+  // `region` (which must stay mapped), as tensors of `device`: the CPU for a host-backend arena,
+  // the GPU holding it for a CUDA arena (worker/cuda/arena_device.h). FailedPrecondition when the
+  // layout disagrees with `expected_layers` / `expected_bytes` (controller and worker built
+  // different models).
+  static absl::StatusOr<std::unique_ptr<BoundModel>> Create(
+      const std::string& zoo_model, std::byte* region, uint32_t expected_layers,
+      uint64_t expected_bytes, c10::Device device = c10::Device(c10::kCPU));
 
   models::ZooModel& model() { return *model_; }
   // Layout (eval-order) index of the layer that runs `index`-th in training / inference.

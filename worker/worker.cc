@@ -8,14 +8,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/copy_engine.h"
+#include "models/safetensors.h"
 #include "models/training.h"
+#include "models/weights.h"
 #include "proto/status.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/host_tensors.h"
+#ifdef PSWITCH_WORKER_CUDA
+#include "worker/cuda/arena_device.h"
+#include "worker/cuda/compute_stream.h"
+#include "worker/cuda/cuda_lease_allocator.h"
+#endif
 
 namespace pswitch::worker {
 namespace {
+
+constexpr uint8_t kSyntheticFill = 1;  // proto::FillRun::kind
 
 // Thrown by the gate hook through libtorch's forward; caught at the task boundary below.
 class GateFailure : public std::runtime_error {
@@ -32,9 +41,13 @@ class GateFailure : public std::runtime_error {
 
 absl::Status CheckWorkerBackend(gpu::Backend backend) {
   if (backend == gpu::Backend::kHost) return absl::OkStatus();
+#ifdef PSWITCH_WORKER_CUDA
+  return absl::OkStatus();
+#else
   return absl::UnimplementedError(
-      "workers cannot execute on the CUDA backend yet (device tensor views and the CUDA "
-      "activation allocator are the CUDA validation issue's work); use --backend host");
+      "workers cannot execute on the CUDA backend in this build: its libtorch is CPU-only (build "
+      "against pip's CUDA torch, see tools/gpu/build.sh); use --backend host");
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
@@ -49,15 +62,37 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
                                                 options.worker_id));
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
+  const bool on_cuda = options.backend == gpu::Backend::kCuda;
+  if (on_cuda && options.activation_bytes == 0) {
+    // The memdaemon holds (almost) all device memory: libtorch's own allocator would fail.
+    return absl::InvalidArgumentError("CUDA workers need an activation lease (activation_bytes)");
+  }
   if (options.activation_bytes > 0) {
     PSWITCH_ASSIGN_OR_RETURN(
         memdaemon::Lease lease,
         w->arena_->RequestLease(absl::StrCat("worker-", options.worker_id, "-activations"),
                                 options.activation_bytes));
+    std::byte* lease_base = w->arena_->arena().base() + lease.offset;
     // Installed once, before any task; libtorch keeps using it for the process's lifetime.
-    w->activations_ = LeaseAllocator::Install(w->arena_->arena().base() + lease.offset, lease.bytes,
-                                              c10::GetDefaultCPUAllocator());
+    if (!on_cuda) {
+      w->activations_ =
+          LeaseAllocator::Install(lease_base, lease.bytes, c10::GetDefaultCPUAllocator());
+    }
+#ifdef PSWITCH_WORKER_CUDA
+    if (on_cuda) {
+      // Before anything initialises libtorch's CUDA state (ArenaTensorDevice below does).
+      PSWITCH_ASSIGN_OR_RETURN(
+          w->cuda_activations_,
+          cuda::CudaLeaseAllocator::Install(lease_base, lease.bytes, device.device_ordinal));
+    }
+#endif
   }
+#ifdef PSWITCH_WORKER_CUDA
+  if (on_cuda) {
+    PSWITCH_ASSIGN_OR_RETURN(w->tensor_device_, cuda::ArenaTensorDevice(w->arena_->arena().base(),
+                                                                        device.device_ordinal));
+  }
+#endif
   flatbuffers::FlatBufferBuilder b;
   auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
@@ -136,7 +171,7 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
   } else {
     auto bound =
         BoundModel::Create(load.zoo_model()->str(), arena_->arena().base() + load.weights_offset(),
-                           load.layers(), load.total_bytes());
+                           load.layers(), load.total_bytes(), tensor_device_);
     if (bound.ok()) {
       models_[name] = std::move(*bound);
     } else {
@@ -175,12 +210,13 @@ absl::StatusOr<std::vector<proto::HostTensor>> Worker::Infer(BoundModel& bound,
   PSWITCH_ASSIGN_OR_RETURN(std::vector<proto::HostTensor> inputs,
                            proto::FromWireTensors(run.inputs()));
   PSWITCH_ASSIGN_OR_RETURN(models::ModelInput input, ToModelInput(inputs));
-  models::ModelOutput out = bound.model().Forward(input);
+  models::ModelOutput out = bound.model().Forward(ModelInputOn(input, tensor_device_));
   PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor output, ToHostTensor("output", out.output));
   return std::vector<proto::HostTensor>{std::move(output)};
 }
 
-absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress) {
+absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress,
+                           FillSteps* fill) {
   models::TrainerOptions options{run.optimizer() == proto::Optimizer::Adam
                                      ? models::OptimizerKind::kAdam
                                      : models::OptimizerKind::kSgd,
@@ -199,26 +235,89 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
   models::Trainer* trainer = trainer_.get();
-  absl::Status status;
-  for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
-    if (stop_requested_.load()) {
-      progress->stopped_early = true;
-      break;
-    }
+  return StepLoop(run, fill, progress, [&](uint32_t i) -> absl::Status {
     // Every iteration's data and randomness depend on (seed, i) only, in any process.
     uint64_t step_seed = run.seed() * 1000003ull + i;
     torch::manual_seed(step_seed);
-    models::ModelInput input = bound.model().ExampleInput(run.batch(), step_seed);
-    at::Tensor target = bound.model().ExampleTarget(run.batch(), step_seed);
-    absl::StatusOr<double> loss = trainer->Step(input, target);
-    if (!loss.ok()) {
-      status = loss.status();
-      break;
+    models::ModelInput input =
+        ModelInputOn(bound.model().ExampleInput(run.batch(), step_seed), tensor_device_);
+    at::Tensor target = bound.model().ExampleTarget(run.batch(), step_seed).to(tensor_device_);
+    PSWITCH_ASSIGN_OR_RETURN(progress->loss, trainer->Step(input, target));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
+                                  TrainProgress* progress,
+                                  std::vector<proto::HostTensor>* outputs) {
+  const std::string path = run.fill()->dataset_path() ? run.fill()->dataset_path()->str() : "";
+  if (dataset_path_ != path) {
+    PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file, models::SafetensorsFile::Read(path));
+    const models::SafetensorsTensor* input = file.Find("input");
+    if (input == nullptr || input->shape.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' rows"));
     }
-    progress->loss = *loss;
-    progress->iterations_done = i + 1;
+    PSWITCH_ASSIGN_OR_RETURN(at::Tensor rows, models::ToTorch(*input));
+    dataset_ = rows.clone();  // the file's buffer goes away with `file`
+    dataset_path_ = path;
+  }
+  bound.model().eval();
+  torch::NoGradGuard no_grad;
+  const int64_t n = dataset_.size(0);
+  const int64_t batch = std::max<uint32_t>(run.batch(), 1);
+  std::vector<at::Tensor> results;
+  absl::Status status = StepLoop(run, &fill, progress, [&](uint32_t i) -> absl::Status {
+    const int64_t first = int64_t{i} * batch;
+    if (first >= n) return absl::OutOfRangeError(absl::StrCat("step ", i, " past the dataset"));
+    models::ModelInput input;
+    input.input = dataset_.narrow(0, first, std::min(batch, n - first)).to(tensor_device_);
+    results.push_back(bound.model().Forward(input).output.clone());
+#ifdef PSWITCH_WORKER_CUDA
+    // A fill step must be over when it returns: its bubble ends right after it.
+    if (tensor_device_.is_cuda()) torch::cuda::synchronize(tensor_device_.index());
+#endif
+    return absl::OkStatus();
+  });
+  if (status.ok() && !results.empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor out, ToHostTensor("output", at::cat(results)));
+    outputs->push_back(std::move(out));
   }
   return status;
+}
+
+absl::Status Worker::RunSynthetic(const proto::Run& run, FillSteps& fill, TrainProgress* progress) {
+  const proto::FillRun& spec = *run.fill();
+  return StepLoop(run, &fill, progress, [&](uint32_t) -> absl::Status {
+    at::Tensor scratch;
+    if (spec.synthetic_alloc_bytes() > 0) {
+      // Touches every page, as a real step would.
+      scratch = torch::ones({static_cast<int64_t>(spec.synthetic_alloc_bytes())},
+                            torch::TensorOptions(torch::kUInt8).device(tensor_device_));
+    }
+    absl::SleepFor(absl::Nanoseconds(spec.synthetic_step_ns()));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Worker::StepLoop(const proto::Run& run, FillSteps* fill, TrainProgress* progress,
+                              const std::function<absl::Status(uint32_t)>& step) {
+  for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
+    if (fill != nullptr ? !fill->MayStart() : stop_requested_.load()) {
+      progress->stopped_early = true;
+      return absl::OkStatus();
+    }
+    if (fill != nullptr) {
+      PSWITCH_ASSIGN_OR_RETURN(bool ran, fill->Run([&] { return step(i); }));
+      if (!ran) {
+        progress->stopped_early = true;
+        return absl::OkStatus();
+      }
+    } else {
+      PSWITCH_RETURN_IF_ERROR(step(i));
+    }
+    progress->iterations_done = i + 1;
+  }
+  return absl::OkStatus();
 }
 
 void Worker::Clean() {
@@ -238,7 +337,41 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   std::vector<proto::HostTensor> outputs;
   TrainProgress progress{run.first_iteration(), false, 0};
   absl::Status status;
-  if (it == models_.end() || gate_.model != model_name) {
+  std::unique_ptr<FillSteps> fill;
+  if (run.fill() != nullptr) {
+    absl::StatusOr<std::unique_ptr<FillSteps>> steps =
+        FillSteps::Create(*run.fill(), &stop_requested_);
+    if (steps.ok()) {
+      fill = std::move(*steps);
+    } else {
+      status = steps.status();
+    }
+  }
+  // A fill task's memory cap bounds its allocations for this run only.
+  if (activations_ != nullptr) activations_->set_limit(fill ? run.fill()->memory_cap() : 0);
+#ifdef PSWITCH_WORKER_CUDA
+  if (cuda_activations_ != nullptr) {
+    cuda_activations_->set_limit(fill ? run.fill()->memory_cap() : 0);
+  }
+  // Every kernel of the task goes to the compute stream, behind the gate's ready-flag waits.
+  std::unique_ptr<cuda::ComputeStreamScope> compute;
+  if (status.ok() && tensor_device_.is_cuda()) {
+    absl::StatusOr<std::unique_ptr<cuda::ComputeStreamScope>> entered =
+        cuda::ComputeStreamScope::Enter(*stream_, tensor_device_.index());
+    if (entered.ok()) {
+      compute = std::move(*entered);
+    } else {
+      status = entered.status();
+    }
+  }
+#endif
+  if (!status.ok()) {
+    // reported below
+  } else if (fill && run.fill()->kind() == kSyntheticFill) {
+    ScopedLeaseAllocation from_lease(activations_);
+    status = models::CatchTorch("synthetic fill task",
+                                [&] { status = RunSynthetic(run, *fill, &progress); });
+  } else if (it == models_.end() || gate_.model != model_name) {
     status = absl::FailedPreconditionError(
         absl::StrCat("run of model '", model_name, "' without load and prepare"));
   } else {
@@ -259,7 +392,11 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     absl::Status torch_status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
       try {
         if (training) {
-          status = Train(bound, run, &progress);
+          status = Train(bound, run, &progress, fill.get());
+          return;
+        }
+        if (fill) {
+          status = InferDataset(bound, run, *fill, &progress, &outputs);
           return;
         }
         absl::StatusOr<std::vector<proto::HostTensor>> out = Infer(bound, run);
@@ -281,11 +418,22 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     }
     bound.model().SetGateHook(nullptr);
   }
+#ifdef PSWITCH_WORKER_CUDA
+  // The task's synchronisation point: its final weights (and optimizer state) are in the arena
+  // before RunDone lets pswitchd checkpoint them, and late kernel errors are this task's.
+  if (compute != nullptr) {
+    absl::Status synced =
+        compute->Synchronize(absl::StrCat("model '", model_name, "'"), options_.group_timeout);
+    if (status.ok()) status = synced;
+  }
+#endif
   flatbuffers::FlatBufferBuilder b;
   auto wire_outputs = proto::CreateWireTensors(b, outputs);
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-  auto done = proto::CreateRunDone(b, run.task_id(), wire_outputs, progress.iterations_done,
-                                   progress.stopped_early, progress.loss, error);
+  auto done =
+      proto::CreateRunDone(b, run.task_id(), wire_outputs, progress.iterations_done,
+                           progress.stopped_early, progress.loss, error, fill ? fill->step_ns() : 0,
+                           fill ? fill->steps() : 0, fill ? fill->predicted_ns() : 0);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   return SendEvent(b);
 }

@@ -24,10 +24,15 @@
 #include "proto/frame_channel.h"
 #include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
+#include "worker/fill_steps.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
 
 namespace pswitch::worker {
+
+namespace cuda {
+class CudaLeaseAllocator;
+}
 
 struct WorkerOptions {
   uint32_t worker_id = 0;
@@ -39,9 +44,9 @@ struct WorkerOptions {
   uint64_t activation_bytes = 0;
 };
 
-// OK when workers can execute tasks on `backend`. The CUDA execution path (tensor views on
-// device memory, a CUDA lease allocator, the compute stream) is not built yet: Unimplemented,
-// so pswitchd refuses it up front instead of starting workers that would crash.
+// OK when workers can execute tasks on `backend`. The CUDA execution path (worker/cuda/) is built
+// only against a CUDA libtorch: elsewhere Unimplemented, so pswitchd refuses it up front instead
+// of starting workers that would crash.
 absl::Status CheckWorkerBackend(gpu::Backend backend);
 
 class Worker {
@@ -76,7 +81,18 @@ class Worker {
   };
   // The task bodies; they run inside HandleRun's gate and libtorch exception handling.
   absl::StatusOr<std::vector<proto::HostTensor>> Infer(BoundModel& bound, const proto::Run& run);
-  absl::Status Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress);
+  // `fill` (may be null) gates each step of a fill task's run inside its bubble.
+  absl::Status Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress,
+                     FillSteps* fill = nullptr);
+  // A fill task's batch inference over its dataset's "input" rows, `batch` rows per step.
+  absl::Status InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
+                            TrainProgress* progress, std::vector<proto::HostTensor>* outputs);
+  // Runs run's steps [first_iteration, iterations) until done or stopped: a fill run stops when
+  // its gate says the next step no longer fits the bubble, any other at a Stop.
+  absl::Status StepLoop(const proto::Run& run, FillSteps* fill, TrainProgress* progress,
+                        const std::function<absl::Status(uint32_t)>& step);
+  // A synthetic fill task (tests, benchmarks): steps that occupy the device for a set time.
+  absl::Status RunSynthetic(const proto::Run& run, FillSteps& fill, TrainProgress* progress);
   absl::Status HandleStop(const proto::Stop& stop);
   // Drops the finished task's metadata (gradients, the optimizer and its state views). Runs
   // after the drain flag is written, while the next model is already being transmitted, or
@@ -89,12 +105,19 @@ class Worker {
   std::unique_ptr<memdaemon::ArenaClient> arena_;
   std::unique_ptr<gpu::Stream> stream_;
   LeaseAllocator* activations_ = nullptr;  // process lifetime: tensors it served may outlive us
+  // The CUDA backend's counterpart (worker/cuda/), also process lifetime; null on the host.
+  cuda::CudaLeaseAllocator* cuda_activations_ = nullptr;
+  // Where tasks' tensors live: the CPU on the host backend, the GPU holding the arena on CUDA.
+  c10::Device tensor_device_ = c10::Device(c10::kCPU);
   std::unique_ptr<proto::FrameChannel> control_;
   std::map<std::string, std::unique_ptr<BoundModel>, std::less<>> models_;
   Gate gate_;
   // What the last task left behind for Clean().
   BoundModel* dirty_model_ = nullptr;
   std::unique_ptr<models::Trainer> trainer_;
+  // The dataset of the last dataset-inference fill task (kept across its bubbles).
+  std::string dataset_path_;
+  at::Tensor dataset_;
   std::atomic<bool> stop_requested_{false};
 
   absl::Mutex send_mu_;

@@ -1,0 +1,366 @@
+#include "controller/fill_manager.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gpu/copy_engine.h"
+#include "gpu/host/compute_lock.h"
+#include "models/registry.h"
+#include "models/safetensors.h"
+#include "proto/status.h"
+
+namespace pswitch::controller {
+namespace {
+
+// Optimizer-state checkpoints of fill jobs are keyed apart from task ids.
+constexpr uint64_t kFillStateKeyBit = 1ull << 63;
+
+absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
+  if (v.empty()) return absl::ZeroDuration();
+  std::sort(v.begin(), v.end());
+  size_t index = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(index, v.size() - 1)];
+}
+
+// Rows of `dataset`'s "input" tensor, checked the way the worker will read it.
+absl::StatusOr<int64_t> DatasetRows(const std::string& path) {
+  PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file, models::SafetensorsFile::Read(path));
+  const models::SafetensorsTensor* input = file.Find("input");
+  if (input == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' tensor"));
+  }
+  if (input->shape.empty() || input->shape[0] < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dataset ", path, ": 'input' needs at least one row"));
+  }
+  return input->shape[0];
+}
+
+// The inference job's output: its runs' "output" rows, concatenated.
+absl::Status WriteOutputs(const std::string& path, const std::vector<proto::HostTensor>& parts) {
+  if (parts.empty()) return absl::InternalError("inference fill job produced no output");
+  std::vector<int64_t> shape = parts[0].shape;
+  std::vector<uint8_t> data;
+  shape[0] = 0;
+  for (const proto::HostTensor& t : parts) {
+    if (t.dtype != proto::DType::F32 || t.shape.size() != shape.size()) {
+      return absl::InternalError("inference fill job outputs differ in dtype or rank");
+    }
+    shape[0] += t.shape[0];
+    data.insert(data.end(), t.data.begin(), t.data.end());
+  }
+  return models::WriteSafetensors(
+      path,
+      {models::SafetensorsEntry{"output", models::DType::kF32, shape, data.data(), data.size()}});
+}
+
+}  // namespace
+
+absl::Status FillManager::RegisterCycle(int gpu, const fill::BubbleCycle& cycle) {
+  if (gpu < 0 || static_cast<size_t>(gpu) >= controller_->gpus()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no GPU ", gpu, " (this daemon has ", controller_->gpus(), ")"));
+  }
+  PSWITCH_RETURN_IF_ERROR(fill::ValidateBubbleCycle(cycle));
+  absl::MutexLock lock(&mu_);
+  gpus_[gpu].cycle = cycle;
+  return RebuildScheduler();
+}
+
+absl::Status FillManager::RebuildScheduler() {
+  std::vector<fill::FillStage> stages;
+  std::vector<int> stage_gpu;
+  const absl::Time now = absl::Now();
+  for (auto& [gpu, state] : gpus_) {
+    if (!state.cycle) continue;
+    stages.push_back(
+        fill::FillStage{absl::StrCat("gpu ", gpu), *state.cycle, now, options_.switch_overhead});
+    stage_gpu.push_back(gpu);
+  }
+  fill::FillSchedulerOptions options;
+  options.policy = options_.policy;
+  PSWITCH_ASSIGN_OR_RETURN(scheduler_, fill::FillScheduler::Create(std::move(stages), options));
+  stage_gpu_ = std::move(stage_gpu);
+  // Jobs not yet finished are placed again on the new cycles.
+  for (auto& [id, job] : jobs_) {
+    if (job.machine.stopped()) continue;
+    absl::Status placed = Place(id, job);
+    if (!placed.ok()) Stop(id, job, placed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FillManager::Place(uint64_t id, Job& job) {
+  fill::FillJob f;
+  f.id = id;
+  f.steps_total = job.steps_total;
+  f.steps_done = job.steps_done;
+  f.step_duration = job.predicted_step;
+  f.memory_bytes = static_cast<int64_t>(job.request.memory_bytes);
+  f.submitted = job.submitted;
+  if (job.request.deadline) f.deadline = job.submitted + *job.request.deadline;
+  PSWITCH_RETURN_IF_ERROR(scheduler_->Submit(f, absl::Now()));
+  job.gpu = stage_gpu_[*scheduler_->StageOf(id)];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
+  if (request.batch < 1) return absl::InvalidArgumentError("batch must be >= 1");
+  if (request.memory_bytes == 0) {
+    return absl::InvalidArgumentError("memory_bytes (the job's memory cap) must be > 0");
+  }
+  int64_t steps = request.steps;
+  switch (request.kind) {
+    case FillKind::kInference: {
+      if (request.output_path.empty()) {
+        return absl::InvalidArgumentError("inference fill job needs an output path");
+      }
+      PSWITCH_ASSIGN_OR_RETURN(int64_t rows, DatasetRows(request.dataset_path));
+      steps = (rows + request.batch - 1) / request.batch;
+      break;
+    }
+    case FillKind::kTraining:
+      break;
+    case FillKind::kSynthetic:
+      if (request.synthetic_step <= absl::ZeroDuration()) {
+        return absl::InvalidArgumentError("synthetic fill job needs a positive step time");
+      }
+      if (request.step == absl::ZeroDuration()) request.step = request.synthetic_step;
+      break;
+  }
+  if (steps < 1 || steps > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat("steps must be in [1, 2^31], got ", steps));
+  }
+  if (request.step <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "the job's profiled step duration must be > 0 (profile-model measures it)");
+  }
+  if (request.kind != FillKind::kSynthetic) {
+    std::vector<std::string> names = models::ModelNames();
+    if (std::find(names.begin(), names.end(), request.model) == names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown zoo model '", request.model, "'"));
+    }
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (scheduler_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "no bubble cycle registered yet: the main job registers its cycle before fill jobs "
+          "can be placed");
+    }
+    id = next_id_++;
+    Job job;
+    job.request = request;
+    job.steps_total = steps;
+    job.predicted_step = request.step;
+    job.submitted = absl::Now();
+    if (request.kind != FillKind::kSynthetic) job.model_name = absl::StrCat("fill-", id);
+    PSWITCH_RETURN_IF_ERROR(Place(id, job));
+    (void)job.machine.Apply(fill::FillEvent::kCreate);
+    jobs_.emplace(id, std::move(job));
+  }
+  if (request.kind == FillKind::kSynthetic) {
+    OnCreated(id, absl::OkStatus());
+  } else {
+    // Its own copy of the model: its weights evolve independently of other tasks'.
+    controller_->Register(
+        ModelRequest{absl::StrCat("fill-", id), request.model, "", request.batch, "auto"},
+        [this, id](const absl::StatusOr<const CatalogEntry*>& entry) {
+          OnCreated(id, entry.status());
+        });
+  }
+  return id;
+}
+
+void FillManager::OnCreated(uint64_t id, absl::Status created) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  if (!created.ok()) {
+    Stop(id, it->second, created);
+    return;
+  }
+  (void)it->second.machine.Apply(fill::FillEvent::kInit);  // CREATED -> PAUSED
+}
+
+void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
+  if (job.machine.stopped()) return;
+  (void)job.machine.Apply(fill::FillEvent::kStop);
+  job.error = std::move(error);
+  if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
+  if (job.gpu >= 0) controller_->gpu(job.gpu).DropFillState(kFillStateKeyBit | id);
+  std::fprintf(stderr, "level=%s event=fill_job_stopped job=%llu steps=%lld/%lld error=\"%s\"\n",
+               job.error.ok() ? "info" : "warn", static_cast<unsigned long long>(id),
+               static_cast<long long>(job.steps_done), static_cast<long long>(job.steps_total),
+               job.error.ok() ? "" : job.error.ToString().c_str());
+}
+
+TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, absl::Duration expected,
+                              uint64_t free_bytes) const {
+  TaskSpec spec;
+  const FillRequest& r = job.request;
+  spec.model = job.model_name.empty() ? "synthetic" : job.model_name;
+  spec.kind = r.kind == FillKind::kTraining ? TaskKind::kTraining : TaskKind::kInference;
+  spec.iterations = static_cast<uint32_t>(job.steps_total);
+  spec.seed = r.seed;
+  spec.trainer.momentum = 0.9;
+  FillRunSpec f;
+  f.bubble_end_ns = gpu::MonotonicNowNs() + absl::ToInt64Nanoseconds(expected);
+  f.margin = options_.margin;
+  f.step = job.predicted_step;
+  f.memory_cap = std::min<uint64_t>(r.memory_bytes, free_bytes);
+  f.synthetic = r.kind == FillKind::kSynthetic;
+  f.dataset_path = r.dataset_path;
+  f.synthetic_step = r.synthetic_step;
+  f.synthetic_alloc_bytes = r.synthetic_alloc_bytes;
+  f.ignore_pause = r.ignore_pause;
+  if (options_.host_compute_lock) f.device_lock_path = gpu::ComputeLock::DefaultPath(gpu);
+  f.first_iteration = static_cast<uint32_t>(job.steps_done);
+  f.state_key = kFillStateKeyBit | id;
+  spec.fill = std::move(f);
+  return spec;
+}
+
+void FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes) {
+  if (gpu < 0 || static_cast<size_t>(gpu) >= controller_->gpus()) return;
+  absl::MutexLock lock(&mu_);
+  GpuState& g = gpus_[gpu];
+  const absl::Time now = absl::Now();
+  g.in_bubble = true;
+  g.bubble_begin = now;
+  ++stats_.bubbles;
+  if (scheduler_ == nullptr || g.running_job) return;  // the last run has not paused yet
+  auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
+  if (stage == stage_gpu_.end()) return;
+  auto next = scheduler_->Next(static_cast<int>(stage - stage_gpu_.begin()), now);
+  if (!next.ok() || !next->has_value()) return;
+  const uint64_t id = **next;
+  Job& job = jobs_.at(id);
+  // Not ready yet (its model is still being registered), or this bubble lacks its memory.
+  if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes) {
+    return;
+  }
+  (void)job.machine.Apply(fill::FillEvent::kStart);
+  ++job.bubbles;
+  g.running_job = id;
+  g.run_done = false;
+  g.ended = false;
+  controller_->gpu(gpu).SubmitFill(
+      RunSpec(id, job, gpu, expected, free_bytes),
+      [this, gpu, id](const absl::StatusOr<TaskOutcome>& outcome) { OnRunDone(gpu, id, outcome); });
+}
+
+void FillManager::BubbleEnd(int gpu) {
+  if (gpu < 0 || static_cast<size_t>(gpu) >= controller_->gpus()) return;
+  bool pause = false;
+  {
+    absl::MutexLock lock(&mu_);
+    GpuState& g = gpus_[gpu];
+    if (!g.in_bubble) return;
+    g.in_bubble = false;
+    g.bubble_end = absl::Now();
+    stats_.bubble_time += g.bubble_end - g.bubble_begin;
+    if (!g.running_job) return;
+    g.ended = true;
+    if (g.run_done) {
+      RecordPause(g);
+    } else {
+      pause = true;
+    }
+  }
+  if (pause) controller_->gpu(gpu).EndBubble(options_.grace);
+}
+
+void FillManager::RecordPause(GpuState& g) {
+  // Paused before the bubble ended (the step gate) counts as zero.
+  pause_latencies_.push_back(std::max(absl::ZeroDuration(), g.run_done_at - g.bubble_end));
+  if (pause_latencies_.size() > 100000) pause_latencies_.erase(pause_latencies_.begin());
+  g.running_job.reset();
+}
+
+void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome) {
+  absl::MutexLock lock(&mu_);
+  GpuState& g = gpus_[gpu];
+  if (g.running_job == id) {
+    g.run_done = true;
+    g.run_done_at = outcome.ok() ? outcome->paused_at : absl::Now();
+    if (g.ended) RecordPause(g);
+  }
+  Job& job = jobs_.at(id);
+  if (!outcome.ok()) {
+    if (absl::StrContains(outcome.status().message(), "did not pause")) ++stats_.killed;
+    Stop(id, job, outcome.status());
+    return;
+  }
+  stats_.steps += outcome->fill_steps;
+  stats_.fill_step_time += outcome->fill_step_time;
+  if (outcome->fill_steps > 0) {
+    // Across bubbles the job's step time is a smoothed measurement: one descheduled step must
+    // not lock the job out of every bubble (within a bubble, the worker's gate is stricter).
+    const absl::Duration mean = outcome->fill_step_time / outcome->fill_steps;
+    job.predicted_step = job.measured_runs == 0 ? mean : job.predicted_step * 0.8 + mean * 0.2;
+    ++job.measured_runs;
+  }
+  for (const proto::HostTensor& t : outcome->outputs) job.outputs.push_back(t);
+  job.steps_done = std::min<int64_t>(outcome->iterations_done, job.steps_total);
+  if (scheduler_ != nullptr) (void)scheduler_->ReportProgress(id, job.steps_done);
+  if (job.steps_done >= job.steps_total) {
+    absl::Status written;
+    if (job.request.kind == FillKind::kInference) {
+      written = WriteOutputs(job.request.output_path, job.outputs);
+      job.outputs.clear();
+    }
+    Stop(id, job, written);
+    return;
+  }
+  (void)job.machine.Apply(fill::FillEvent::kPause);  // RUNNING -> PAUSED until its next bubble
+  // A job whose measured steps no longer fit any bubble of its GPU would wait forever.
+  absl::Duration longest;
+  if (g.cycle) {
+    for (const fill::Bubble& b : g.cycle->bubbles) longest = std::max(longest, b.duration);
+  }
+  if (g.cycle && job.predicted_step + options_.margin >= longest) {
+    Stop(id, job,
+         absl::FailedPreconditionError(absl::StrCat(
+             "fill job ", id, ": its steps now take ", absl::FormatDuration(job.predicted_step),
+             " (measured), too long for GPU ", gpu, "'s bubbles (at most ",
+             absl::FormatDuration(longest), ")")));
+  }
+}
+
+absl::StatusOr<FillJobStatus> FillManager::Query(uint64_t job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no fill job ", job_id));
+  const Job& job = it->second;
+  FillJobStatus status;
+  status.job_id = job_id;
+  status.state = job.machine.state();
+  status.gpu = job.gpu;
+  status.steps_done = job.steps_done;
+  status.steps_total = job.steps_total;
+  status.bubbles = job.bubbles;
+  status.error = job.error;
+  if (!job.machine.stopped() && scheduler_ != nullptr) {
+    const absl::Time now = absl::Now();
+    auto estimate = scheduler_->Estimate(job_id, now);
+    if (estimate.ok()) {
+      status.predicted_remaining = std::max(absl::ZeroDuration(), estimate->completion - now);
+      status.meets_deadline = estimate->meets_deadline;
+    }
+  }
+  return status;
+}
+
+FillStats FillManager::Stats() const {
+  absl::MutexLock lock(&mu_);
+  FillStats stats = stats_;
+  stats.pause_p50 = Percentile(pause_latencies_, 0.5);
+  stats.pause_p99 = Percentile(pause_latencies_, 0.99);
+  return stats;
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,137 @@
+// Fills the main job's pipeline bubbles with fill jobs (FreeRide, PipeFill). The main job reports
+// each bubble on each GPU (BubbleBegin / BubbleEnd, the "bubble instruction") and registers each
+// GPU's repeating bubble cycle; this class places fill jobs on GPUs with fill::FillScheduler,
+// starts the chosen job's run on that GPU's scheduler at every bubble start (its model switched
+// in by the same pipelined transmission), pauses it at the bubble end (SIGKILL after a grace
+// period if it does not pause), and keeps each job's FreeRide state and progress between bubbles.
+#ifndef PSWITCH_CONTROLLER_FILL_MANAGER_H_
+#define PSWITCH_CONTROLLER_FILL_MANAGER_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/controller.h"
+#include "fill/bubble_cycle.h"
+#include "fill/scheduler.h"
+#include "fill/state_machine.h"
+
+namespace pswitch::controller {
+
+enum class FillKind { kInference, kTraining, kSynthetic };
+
+struct FillRequest {
+  FillKind kind = FillKind::kSynthetic;
+  std::string model;         // zoo model (inference, training)
+  std::string dataset_path;  // inference: safetensors with "input" rows
+  std::string output_path;   // inference: where "output" goes when the job ends
+  uint32_t batch = 1;
+  int64_t steps = 0;  // training iterations / synthetic steps (inference: from the dataset)
+  uint64_t seed = 0;
+  absl::Duration step;  // profiled step duration
+  uint64_t memory_bytes = 0;
+  std::optional<absl::Duration> deadline;  // from submission
+  absl::Duration synthetic_step;
+  uint64_t synthetic_alloc_bytes = 0;
+  bool ignore_pause = false;
+};
+
+struct FillJobStatus {
+  uint64_t job_id = 0;
+  fill::FillState state = fill::FillState::kSubmitted;
+  int gpu = -1;
+  int64_t steps_done = 0;
+  int64_t steps_total = 0;
+  uint32_t bubbles = 0;
+  absl::Duration predicted_remaining;  // zero when stopped
+  bool meets_deadline = true;
+  absl::Status error;
+};
+
+struct FillStats {
+  uint64_t bubbles = 0;
+  absl::Duration bubble_time;
+  absl::Duration fill_step_time;
+  uint64_t steps = 0;
+  absl::Duration pause_p50, pause_p99;
+  uint64_t killed = 0;
+};
+
+struct FillManagerOptions {
+  fill::FillPolicy policy = fill::FillPolicy::kFifo;
+  absl::Duration grace = absl::Milliseconds(20);    // bubble end -> SIGKILL of an unpaused task
+  absl::Duration margin = absl::Microseconds(300);  // step gate safety margin
+  absl::Duration switch_overhead = absl::Milliseconds(1);  // planning: per-bubble switch-in
+  bool host_compute_lock = false;  // fill steps hold gpu::ComputeLock::DefaultPath(gpu)
+};
+
+// Thread-safe.
+class FillManager {
+ public:
+  FillManager(Controller* controller, FillManagerOptions options)
+      : controller_(controller), options_(options) {}
+
+  // InvalidArgument for a bad cycle or GPU.
+  absl::Status RegisterCycle(int gpu, const fill::BubbleCycle& cycle);
+  // Validates, then creates the job in the background (registering its private model); the job
+  // is PAUSED, waiting for bubbles, once `accepted` returns OK.
+  absl::StatusOr<uint64_t> Submit(FillRequest request);
+  absl::StatusOr<FillJobStatus> Query(uint64_t job_id) const;
+  void BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes);
+  void BubbleEnd(int gpu);
+  FillStats Stats() const;
+
+ private:
+  struct Job {
+    FillRequest request;
+    std::string model_name;  // its private registered copy ("" for synthetic)
+    fill::FillTaskStateMachine machine;
+    int gpu = -1;
+    int64_t steps_total = 0;
+    int64_t steps_done = 0;
+    uint32_t bubbles = 0;
+    absl::Duration predicted_step;  // the declared profile, then the smoothed measurement
+    int64_t measured_runs = 0;
+    absl::Time submitted;
+    absl::Status error;
+    std::vector<proto::HostTensor> outputs;  // inference, in step order
+  };
+  struct GpuState {
+    std::optional<fill::BubbleCycle> cycle;
+    bool in_bubble = false;
+    absl::Time bubble_begin, bubble_end;
+    std::optional<uint64_t> running_job;  // its run in the current (or last) bubble
+    bool run_done = false;                // that run reported back (paused, done or failed)
+    absl::Time run_done_at;
+    bool ended = false;  // that run's bubble ended
+  };
+
+  absl::Status RebuildScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCreated(uint64_t id, absl::Status created);
+  void OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome);
+  void Stop(uint64_t id, Job& job, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordPause(GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, absl::Duration expected,
+                   uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Controller* const controller_;
+  const FillManagerOptions options_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<int, GpuState> gpus_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> stage_gpu_ ABSL_GUARDED_BY(mu_);  // fill scheduler stage -> GPU
+  std::unique_ptr<fill::FillScheduler> scheduler_ ABSL_GUARDED_BY(mu_);
+  FillStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> pause_latencies_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_FILL_MANAGER_H_

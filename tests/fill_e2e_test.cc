@@ -1,0 +1,269 @@
+// Fill tasks end to end: a real pswitchd, this test playing the main job (bubble instruction,
+// bubble cycle, and the device's compute lock between bubbles).
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gpu/host/compute_lock.h"
+#include "gtest/gtest.h"
+#include "models/registry.h"
+#include "models/safetensors.h"
+#include "models/zoo_model.h"
+#include "tests/test_daemon.h"
+#include "worker/host_tensors.h"
+
+namespace pswitch {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kGrace = absl::Milliseconds(30);
+constexpr uint64_t kFreeBytes = 64ull << 20;
+
+class FillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<e2e::TestDaemon>(
+        std::vector<std::string>{"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
+                                 "--activation-bytes=67108864", "--fill-grace-ms=30"});
+    // The host device's compute lock is a per-machine file: these tests run serially.
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+    auto c = client::Client::Connect(daemon_->address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+
+  void RegisterCycle(absl::Duration bubble) {
+    std::string json =
+        absl::StrCat(R"({"period_ns": )", absl::ToInt64Nanoseconds(bubble * 3),
+                     R"(, "bubbles": [{"offset_ns": 0, "duration_ns": )",
+                     absl::ToInt64Nanoseconds(bubble), R"(, "free_bytes": )", kFreeBytes, "}]}");
+    ASSERT_TRUE(client_->RegisterBubbleCycle(0, json).ok());
+  }
+
+  // One main-job iteration: a bubble of `bubble`, then `compute` holding the device. Returns
+  // how long the main job waited for the device after its bubble ended.
+  absl::Duration Iteration(absl::Duration bubble, absl::Duration compute) {
+    EXPECT_TRUE(client_->BubbleBegin(0, bubble, kFreeBytes).ok());
+    absl::SleepFor(bubble);
+    EXPECT_TRUE(client_->BubbleEnd(0).ok());
+    absl::Time ended = absl::Now();
+    auto lock = gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(0));
+    EXPECT_TRUE(lock.ok());
+    gpu::ComputeLock::Hold hold = lock->Acquire();
+    absl::Duration waited = absl::Now() - ended;
+    absl::SleepFor(compute);
+    return waited;
+  }
+
+  // Runs main-job iterations until the job stops (or `max` iterations).
+  client::FillJobStatus RunUntilStopped(uint64_t job, absl::Duration bubble, int max,
+                                        absl::Duration* worst_wait = nullptr) {
+    client::FillJobStatus status;
+    for (int i = 0; i < max; ++i) {
+      absl::Duration waited = Iteration(bubble, absl::Milliseconds(5));
+      if (worst_wait != nullptr) *worst_wait = std::max(*worst_wait, waited);
+      auto s = client_->FillStatus(job);
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (!s.ok()) break;
+      status = *s;
+      if (status.state == client::FillState::kStopped) break;
+    }
+    return status;
+  }
+
+  std::unique_ptr<e2e::TestDaemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(FillTest, SubmissionsAreValidated) {
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(1);
+  o.steps = 3;
+  o.memory_bytes = 1 << 20;
+  auto no_cycle = client_->SubmitFill(o);
+  EXPECT_EQ(no_cycle.status().code(), absl::StatusCode::kFailedPrecondition) << no_cycle.status();
+  RegisterCycle(absl::Milliseconds(20));
+  EXPECT_EQ(client_->RegisterBubbleCycle(0, R"({"period_ns": 10})").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->RegisterBubbleCycle(7, R"({"period_ns": 10, "bubbles": []})").code(),
+            absl::StatusCode::kInvalidArgument);
+  client::FillJobOptions no_memory = o;
+  no_memory.memory_bytes = 0;
+  EXPECT_EQ(client_->SubmitFill(no_memory).status().code(), absl::StatusCode::kInvalidArgument);
+  client::FillJobOptions too_big = o;
+  too_big.memory_bytes = kFreeBytes * 2;  // no bubble can ever hold it
+  EXPECT_EQ(client_->SubmitFill(too_big).status().code(), absl::StatusCode::kResourceExhausted);
+  client::FillJobOptions bad_model = o;
+  bad_model.kind = client::FillKind::kTraining;
+  bad_model.model = "no_such_model";
+  bad_model.step = absl::Milliseconds(1);
+  EXPECT_THAT(std::string(client_->SubmitFill(bad_model).status().message()),
+              HasSubstr("no_such_model"));
+  auto ok = client_->SubmitFill(o);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->state, client::FillState::kPaused);  // waiting for its first bubble
+  EXPECT_GT(ok->predicted_remaining, absl::ZeroDuration());
+}
+
+// Program-directed limit: a step starts only if it fits in what is left of the bubble, so a
+// well-behaved task has paused by the time its bubble ends.
+TEST_F(FillTest, StepsStartOnlyWhenTheyFitInTheBubble) {
+  const absl::Duration bubble = absl::Milliseconds(25);
+  RegisterCycle(bubble);
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(10);
+  o.steps = 12;
+  o.memory_bytes = 1 << 20;
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 200);
+  ASSERT_EQ(done.state, client::FillState::kStopped) << done.error;
+  EXPECT_TRUE(done.error.ok()) << done.error;
+  EXPECT_EQ(done.steps_done, 12u);
+  // At most two 10 ms steps fit a 25 ms bubble.
+  EXPECT_GE(done.bubbles, 6u);
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_LE(stats->fill_step_time, stats->bubble_time);
+  EXPECT_EQ(stats->killed, 0u);
+  EXPECT_LT(stats->pause_p99, absl::Milliseconds(5)) << "steps overran their bubbles";
+}
+
+// Framework-enforced limit: a task that ignores the pause is SIGKILLed after the grace period,
+// so the main job waits at most about that long for its device; the daemon serves on.
+TEST_F(FillTest, ATaskThatIgnoresThePauseIsKilledAndTheMainJobGoesOn) {
+  const absl::Duration bubble = absl::Milliseconds(20);
+  RegisterCycle(bubble);
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(5);
+  o.steps = 100000;
+  o.memory_bytes = 1 << 20;
+  o.ignore_pause = true;
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::Duration worst_wait;
+  client::FillJobStatus killed = RunUntilStopped(job->job_id, bubble, 200, &worst_wait);
+  ASSERT_EQ(killed.state, client::FillState::kStopped);
+  EXPECT_THAT(std::string(killed.error.message()), HasSubstr("did not pause"));
+  EXPECT_LT(worst_wait, kGrace + absl::Milliseconds(150)) << daemon_->log();
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->killed, 1u);
+  // A well-behaved job runs next, on the respawned worker.
+  o.ignore_pause = false;
+  o.steps = 3;
+  auto next = client_->SubmitFill(o);
+  ASSERT_TRUE(next.ok()) << next.status();
+  client::FillJobStatus done = RunUntilStopped(next->job_id, bubble, 40, &worst_wait);
+  EXPECT_TRUE(done.error.ok()) << done.error;
+  EXPECT_EQ(done.steps_done, 3u);
+}
+
+TEST_F(FillTest, ATaskOverItsMemoryCapFailsAlone) {
+  const absl::Duration bubble = absl::Milliseconds(20);
+  RegisterCycle(bubble);
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(2);
+  o.steps = 5;
+  o.memory_bytes = 1 << 20;
+  o.synthetic_alloc_bytes = 8 << 20;  // each step allocates past its cap
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus failed = RunUntilStopped(job->job_id, bubble, 200);
+  ASSERT_EQ(failed.state, client::FillState::kStopped);
+  EXPECT_THAT(std::string(failed.error.message()), HasSubstr("memory cap"));
+  o.synthetic_alloc_bytes = 0;
+  auto next = client_->SubmitFill(o);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(RunUntilStopped(next->job_id, bubble, 40).error.ok());
+}
+
+// A training fill task is paused at every bubble end and resumed in the next; it ends with
+// exactly the weights of an uninterrupted run (momentum included).
+TEST_F(FillTest, TrainingFillTaskSurvivesPausesExactly) {
+  const absl::Duration bubble = absl::Milliseconds(40);
+  RegisterCycle(bubble);
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kTraining;
+  o.model = "tiny_cnn";
+  o.batch = 4;
+  o.steps = 60;
+  o.seed = 3;
+  o.step = absl::Milliseconds(4);
+  o.memory_bytes = 32 << 20;
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 400);
+  ASSERT_EQ(done.state, client::FillState::kStopped);
+  ASSERT_TRUE(done.error.ok()) << done.error;
+  EXPECT_EQ(done.steps_done, 60u);
+  EXPECT_GT(done.bubbles, 1u) << "it was never paused";
+
+  ASSERT_TRUE(client_->Register({"reference", "tiny_cnn", "", 4, "auto"}).ok());
+  client::TrainOptions train;
+  train.iterations = 60;
+  train.seed = 3;  // same data, same SGD with momentum 0.9, lr 0.01
+  ASSERT_TRUE(client_->Train("reference", train).ok());
+  auto model = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok());
+  auto probe = worker::ToHostTensor("input", (*model)->ExampleInput(2, 17).input);
+  ASSERT_TRUE(probe.ok());
+  auto filled = client_->Infer(absl::StrCat("fill-", job->job_id), {*probe});
+  auto reference = client_->Infer("reference", {*probe});
+  ASSERT_TRUE(filled.ok() && reference.ok()) << filled.status() << reference.status();
+  EXPECT_EQ(filled->outputs[0].data, reference->outputs[0].data);
+}
+
+TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
+  const absl::Duration bubble = absl::Milliseconds(30);
+  RegisterCycle(bubble);
+  auto model = models::CreateModel("tiny_mlp");
+  ASSERT_TRUE(model.ok());
+  at::Tensor rows = (*model)->ExampleInput(7, 5).input.contiguous();
+  const std::string dataset = (daemon_->dir() / "dataset.safetensors").string();
+  const std::string output = (daemon_->dir() / "output.safetensors").string();
+  ASSERT_TRUE(
+      models::WriteSafetensors(
+          dataset, {models::SafetensorsEntry{"input", models::DType::kF32, rows.sizes().vec(),
+                                             rows.data_ptr(), static_cast<size_t>(rows.nbytes())}})
+          .ok());
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kInference;
+  o.model = "tiny_mlp";
+  o.dataset_path = dataset;
+  o.output_path = output;
+  o.batch = 2;  // 7 rows: 4 steps, the last one a single row
+  o.step = absl::Milliseconds(3);
+  o.memory_bytes = 16 << 20;
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->steps_total, 4u);
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 200);
+  ASSERT_TRUE(done.error.ok()) << done.error;
+  ASSERT_EQ(done.steps_done, 4u);
+  auto file = models::SafetensorsFile::Read(output);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const models::SafetensorsTensor* out = file->Find("output");
+  ASSERT_NE(out, nullptr);
+  torch::NoGradGuard no_grad;
+  (*model)->eval();
+  models::ModelInput in;
+  in.input = rows;
+  at::Tensor want = (*model)->Forward(in).output.contiguous();
+  ASSERT_EQ(out->shape, want.sizes().vec());
+  const float* got = reinterpret_cast<const float*>(out->data);
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    ASSERT_NEAR(got[i], want.data_ptr<float>()[i], 1e-5) << i;
+  }
+}
+
+}  // namespace
+}  // namespace pswitch

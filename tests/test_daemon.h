@@ -1,0 +1,47 @@
+// A real pswitchd for end-to-end tests: host backend, a free port, its own memdaemon socket and
+// log in a temporary directory.
+#ifndef PSWITCH_TESTS_TEST_DAEMON_H_
+#define PSWITCH_TESTS_TEST_DAEMON_H_
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tools/pswitchd_process.h"
+
+namespace pswitch::e2e {
+
+class TestDaemon {
+ public:
+  // `flags` come after the common ones (backend, port, socket), so they may override them.
+  explicit TestDaemon(std::vector<std::string> flags)
+      : dir_(std::filesystem::temp_directory_path() /
+             ("pswitch-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(++count_))),
+        created_(std::filesystem::create_directories(dir_)),
+        process_(PSWITCHD_PATH, Flags(dir_, std::move(flags)), (dir_ / "pswitchd.log").string()) {}
+  ~TestDaemon() { std::filesystem::remove_all(dir_); }
+  std::string address() const { return process_.address(); }
+  pid_t pid() const { return process_.pid(); }
+  int port() const { return process_.port(); }
+  std::string log() const { return process_.log(); }
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  static std::vector<std::string> Flags(const std::filesystem::path& dir,
+                                        std::vector<std::string> extra) {
+    std::vector<std::string> flags = {"--backend=host", "--listen=127.0.0.1:0",
+                                      "--socket=" + (dir / "m.sock").string()};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  }
+  static inline int count_ = 0;
+  std::filesystem::path dir_;
+  bool created_;  // sequences the directory's creation before process_ starts
+  tools::PswitchdProcess process_;
+};
+
+}  // namespace pswitch::e2e
+
+#endif  // PSWITCH_TESTS_TEST_DAEMON_H_

@@ -1,0 +1,89 @@
+#include "worker/cuda/cuda_lease_allocator.h"
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "models/zoo_model.h"
+#include "proto/status.h"
+
+namespace pswitch::worker::cuda {
+namespace {
+
+// c10's caching allocator rounds every block to 512 bytes; kernels tuned for it may assume that
+// alignment for vectorised access.
+constexpr uint64_t kAlignment = 512;
+
+std::atomic<CudaLeaseAllocator*> g_installed{nullptr};
+
+}  // namespace
+
+CudaLeaseAllocator::CudaLeaseAllocator(std::byte* base, uint64_t bytes, int device_ordinal)
+    : device_ordinal_(device_ordinal), blocks_(base, bytes, kAlignment) {}
+
+absl::StatusOr<CudaLeaseAllocator*> CudaLeaseAllocator::Install(std::byte* base, uint64_t bytes,
+                                                                int device_ordinal) {
+  if (base == nullptr || bytes < kAlignment) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA activation lease of ", bytes, " bytes is too small"));
+  }
+  if (g_installed.load(std::memory_order_acquire) != nullptr) {
+    return absl::FailedPreconditionError("a CUDA lease allocator is already installed");
+  }
+  std::unique_ptr<CudaLeaseAllocator> self(new CudaLeaseAllocator(base, bytes, device_ordinal));
+  CudaLeaseAllocator* raw = self.get();
+  namespace pluggable = torch::cuda::CUDAPluggableAllocator;
+  absl::Status installed = models::CatchTorch("installing the CUDA lease allocator", [&] {
+    std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator =
+        pluggable::createCustomAllocator(
+            [raw](size_t size, int device, cudaStream_t) { return raw->Allocate(size, device); },
+            [raw](void* ptr, size_t, int, cudaStream_t) { raw->Free(ptr); });
+    auto* plugged = dynamic_cast<pluggable::CUDAPluggableAllocator*>(allocator.get());
+    TORCH_CHECK(plugged != nullptr, "createCustomAllocator returned an unexpected type");
+    plugged->set_record_stream_fn([raw](void* ptr, cudaStream_t stream) {
+      // Recording on the stream the task runs on changes nothing; any other stream would need
+      // the event bookkeeping this allocator deliberately does without.
+      TORCH_CHECK(stream == c10::cuda::getCurrentCUDAStream(
+                                static_cast<c10::DeviceIndex>(raw->device_ordinal_))
+                                .stream(),
+                  "pswitch worker: a tensor of the arena lease (", ptr,
+                  ") was recorded on a second CUDA stream; the lease allocator supports one "
+                  "compute stream per task");
+    });
+    // Throws "Can't swap an already initialized allocator" once libtorch allocated on CUDA.
+    pluggable::changeCurrentAllocator(allocator);
+  });
+  if (!installed.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        installed.message(),
+        " (the lease allocator must be installed before libtorch's first CUDA allocation)"));
+  }
+  g_installed.store(self.release(), std::memory_order_release);
+  return raw;
+}
+
+void* CudaLeaseAllocator::Allocate(size_t bytes, int device) {
+  TORCH_CHECK(device == device_ordinal_, "pswitch worker: CUDA allocation on device ", device,
+              ", but the worker's arena lease is on device ", device_ordinal_);
+  const uint64_t limit = limit_bytes_.load(std::memory_order_acquire);
+  std::byte* ptr = blocks_.Take(bytes, limit);
+  // Thrown as c10's caching allocator throws its own out-of-memory errors: cuDNN catches it and
+  // retries with a smaller workspace.
+  TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "pswitch worker on cuda:", device_ordinal_,
+                   ": ", blocks_.DescribeShortage(bytes, limit),
+                   " (raise pswitchd --activation-bytes)");
+  return ptr;
+}
+
+void CudaLeaseAllocator::Free(void* ptr) {
+  // Called from tensor destructors: a pointer that is not ours is a bug worth a warning, not a
+  // throw from a destructor.
+  if (!blocks_.Give(ptr)) {
+    TORCH_WARN("pswitch worker: freeing ", ptr, ", which the CUDA lease allocator never served");
+  }
+}
+
+}  // namespace pswitch::worker::cuda

@@ -1,0 +1,50 @@
+#include "worker/fill_steps.h"
+
+#include "gpu/copy_engine.h"
+#include "proto/status.h"
+
+namespace pswitch::worker {
+
+absl::StatusOr<std::unique_ptr<FillSteps>> FillSteps::Create(const proto::FillRun& fill,
+                                                             const std::atomic<bool>* stop) {
+  if (fill.step_ns() <= 0 || fill.margin_ns() < 0) {
+    return absl::InvalidArgumentError("fill run needs a positive step duration and margin >= 0");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(fill::StepProfile profile,
+                           fill::StepProfile::Create(absl::Nanoseconds(fill.step_ns())));
+  std::unique_ptr<FillSteps> steps(new FillSteps(std::move(profile), fill, stop));
+  if (fill.device_lock_path() != nullptr && fill.device_lock_path()->size() > 0) {
+    PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock,
+                             gpu::ComputeLock::Open(fill.device_lock_path()->str()));
+    steps->lock_.emplace(std::move(lock));
+  }
+  return steps;
+}
+
+bool FillSteps::MayStart() const {
+  if (ignore_pause_) return true;
+  if (stop_->load()) return false;
+  absl::Duration remaining = absl::Nanoseconds(bubble_end_ns_ - gpu::MonotonicNowNs());
+  return fill::MayStartStep(remaining, profile_.Predicted(), margin_);
+}
+
+absl::StatusOr<bool> FillSteps::Run(const std::function<absl::Status()>& step) {
+  std::optional<gpu::ComputeLock::Hold> hold;
+  if (lock_) {
+    // Waiting for the device is not part of the step; but the wait may have used up the
+    // bubble, so the step must still fit once the device is ours.
+    hold.emplace(lock_->Acquire());
+    if (!MayStart()) return false;
+  }
+  const int64_t start = gpu::MonotonicNowNs();
+  absl::Status status = step();
+  const int64_t took = gpu::MonotonicNowNs() - start;
+  hold.reset();
+  step_ns_ += took;
+  ++steps_;
+  (void)profile_.Record(absl::Nanoseconds(took));
+  PSWITCH_RETURN_IF_ERROR(status);
+  return true;
+}
+
+}  // namespace pswitch::worker

@@ -1,0 +1,55 @@
+// The step budget of one fill task's run inside one bubble (FreeRide's program-directed limit):
+// a step starts only while the run is not stopped and the bubble's remaining time exceeds the
+// step's predicted duration plus a margin; each step holds the device's compute lock (host
+// backend) and is timed to refine the prediction. A task marked ignore_pause is the misbehaving
+// kind the framework must kill: it keeps stepping regardless.
+#ifndef PSWITCH_WORKER_FILL_STEPS_H_
+#define PSWITCH_WORKER_FILL_STEPS_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "fill/step_gate.h"
+#include "gpu/host/compute_lock.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::worker {
+
+class FillSteps {
+ public:
+  static absl::StatusOr<std::unique_ptr<FillSteps>> Create(const proto::FillRun& fill,
+                                                           const std::atomic<bool>* stop);
+  // Whether the next step may start now.
+  bool MayStart() const;
+  // Runs one step under the compute lock and records its duration; false (the step did not
+  // run) when waiting for the device used up the time the step needed.
+  absl::StatusOr<bool> Run(const std::function<absl::Status()>& step);
+
+  int64_t steps() const { return steps_; }
+  int64_t step_ns() const { return step_ns_; }
+  int64_t predicted_ns() const { return absl::ToInt64Nanoseconds(profile_.Predicted()); }
+
+ private:
+  FillSteps(fill::StepProfile profile, const proto::FillRun& fill, const std::atomic<bool>* stop)
+      : profile_(std::move(profile)),
+        bubble_end_ns_(fill.bubble_end_ns()),
+        margin_(absl::Nanoseconds(fill.margin_ns())),
+        ignore_pause_(fill.ignore_pause()),
+        stop_(stop) {}
+
+  fill::StepProfile profile_;
+  const int64_t bubble_end_ns_;
+  const absl::Duration margin_;
+  const bool ignore_pause_;
+  const std::atomic<bool>* const stop_;
+  std::optional<gpu::ComputeLock> lock_;
+  int64_t steps_ = 0;
+  int64_t step_ns_ = 0;
+};
+
+}  // namespace pswitch::worker
+
+#endif  // PSWITCH_WORKER_FILL_STEPS_H_

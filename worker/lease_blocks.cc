@@ -1,0 +1,74 @@
+#include "worker/lease_blocks.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pswitch::worker {
+namespace {
+
+// Offsets are kept relative to the base; the usable range starts at its first aligned byte.
+uint64_t AlignmentSkew(const std::byte* base, uint64_t alignment) {
+  return (alignment - reinterpret_cast<uintptr_t>(base) % alignment) % alignment;
+}
+
+uint64_t UsableBytes(const std::byte* base, uint64_t bytes, uint64_t alignment) {
+  uint64_t skew = AlignmentSkew(base, alignment);
+  return bytes > skew ? (bytes - skew) & ~(alignment - 1) : 0;
+}
+
+}  // namespace
+
+LeaseBlocks::LeaseBlocks(std::byte* base, uint64_t bytes, uint64_t alignment)
+    : base_(base),
+      bytes_(bytes),
+      alignment_(alignment),
+      free_(AlignmentSkew(base, alignment), UsableBytes(base, bytes, alignment)) {}
+
+std::byte* LeaseBlocks::Take(uint64_t bytes, uint64_t limit_bytes) {
+  uint64_t size = RoundUp(bytes);
+  absl::MutexLock lock(&mu_);
+  if (limit_bytes != 0 && in_use_ + size > limit_bytes) return nullptr;
+  std::optional<uint64_t> offset = free_.Take(size);
+  if (!offset.has_value()) return nullptr;
+  used_[*offset] = size;
+  in_use_ += size;
+  peak_ = std::max(peak_, in_use_);
+  return base_ + *offset;
+}
+
+bool LeaseBlocks::Give(const void* ptr) {
+  if (!Contains(ptr)) return false;
+  uint64_t offset = static_cast<uint64_t>(static_cast<const std::byte*>(ptr) - base_);
+  absl::MutexLock lock(&mu_);
+  auto used = used_.find(offset);
+  if (used == used_.end()) return false;
+  uint64_t size = used->second;
+  used_.erase(used);
+  in_use_ -= size;
+  free_.Give(offset, size);
+  return true;
+}
+
+std::string LeaseBlocks::DescribeShortage(uint64_t bytes, uint64_t limit_bytes) const {
+  absl::MutexLock lock(&mu_);
+  if (limit_bytes != 0 && in_use_ + RoundUp(bytes) > limit_bytes) {
+    return absl::StrCat("task memory cap of ", limit_bytes, " bytes exceeded: ", bytes,
+                        " bytes requested with ", in_use_, " in use");
+  }
+  return absl::StrCat("activation lease exhausted: ", bytes, " bytes requested, ", in_use_, " of ",
+                      bytes_, " bytes in use, largest free block ", free_.largest_bytes(),
+                      " bytes");
+}
+
+uint64_t LeaseBlocks::in_use_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+uint64_t LeaseBlocks::peak_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+}  // namespace pswitch::worker

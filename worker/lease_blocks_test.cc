@@ -1,0 +1,50 @@
+#include "worker/lease_blocks.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pswitch::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(LeaseBlocksTest, HandsOutAlignedBlocksInsideTheLeaseAndReusesFreedOnes) {
+  std::vector<std::byte> lease(4096 + 100);
+  // A deliberately misaligned base: blocks still start on the alignment.
+  LeaseBlocks blocks(lease.data() + 3, 4096, 256);
+  std::byte* a = blocks.Take(1);
+  std::byte* b = blocks.Take(300);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 256, 0u);
+  EXPECT_TRUE(blocks.Contains(a) && blocks.Contains(b));
+  EXPECT_EQ(blocks.in_use_bytes(), 256u + 512u);
+  EXPECT_FALSE(blocks.Give(b + 1));  // not a block start: nothing changes
+  EXPECT_TRUE(blocks.Give(a));
+  EXPECT_FALSE(blocks.Give(a));  // already free
+  EXPECT_EQ(blocks.Take(200), a);
+  EXPECT_EQ(blocks.peak_bytes(), 768u);
+}
+
+TEST(LeaseBlocksTest, AFullLeaseOrACapFailsTheRequestWithTheReason) {
+  alignas(1024) std::byte lease[8192];  // aligned: every byte is usable
+  LeaseBlocks blocks(lease, sizeof(lease), 1024);
+  std::byte* half = blocks.Take(4096);
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(blocks.Take(6000), nullptr);
+  EXPECT_THAT(blocks.DescribeShortage(6000),
+              HasSubstr("activation lease exhausted: 6000 bytes requested, 4096 of 8192 bytes in "
+                        "use, largest free block"));
+  EXPECT_EQ(blocks.Take(2048, /*limit_bytes=*/5000), nullptr);
+  EXPECT_THAT(blocks.DescribeShortage(2048, 5000), HasSubstr("task memory cap of 5000 bytes"));
+  EXPECT_EQ(blocks.in_use_bytes(), 4096u);
+  // Freed neighbours coalesce: the whole lease fits in one block again.
+  EXPECT_TRUE(blocks.Give(half));
+  EXPECT_NE(blocks.Take(8192), nullptr);
+}
+
+}  // namespace
+}  // namespace pswitch::worker
