@@ -15,6 +15,7 @@
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/host_tensors.h"
+#include "worker/iterative_task.h"
 #ifdef PSWITCH_WORKER_CUDA
 #include "worker/cuda/arena_device.h"
 #include "worker/cuda/compute_stream.h"
@@ -35,6 +36,96 @@ class GateFailure : public std::runtime_error {
 
  private:
   absl::Status status_;
+};
+
+// One training iteration per step. Every iteration's data and randomness depend on (seed, i)
+// only, in any process, so a resumed task continues exactly.
+class TrainTask final : public IterativeTask {
+ public:
+  TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
+            double* loss)
+      : bound_(bound), trainer_(trainer), run_(run), device_(device), loss_(loss) {}
+  absl::Status Step(uint32_t i) override {
+    uint64_t step_seed = run_.seed() * 1000003ull + i;
+    torch::manual_seed(step_seed);
+    models::ModelInput input =
+        ModelInputOn(bound_.model().ExampleInput(run_.batch(), step_seed), device_);
+    at::Tensor target = bound_.model().ExampleTarget(run_.batch(), step_seed).to(device_);
+    PSWITCH_ASSIGN_OR_RETURN(*loss_, trainer_.Step(input, target));
+    return absl::OkStatus();
+  }
+
+ private:
+  BoundModel& bound_;
+  models::Trainer& trainer_;
+  const proto::Run& run_;
+  const c10::Device device_;
+  double* const loss_;
+};
+
+// Batch inference over a dataset's rows, `batch` rows per step; the run's outputs are returned
+// by Finish, in row order.
+class DatasetInferenceTask final : public IterativeTask {
+ public:
+  DatasetInferenceTask(BoundModel& bound, const at::Tensor& rows, uint32_t batch,
+                       c10::Device device, std::vector<proto::HostTensor>* outputs)
+      : bound_(bound),
+        rows_(rows),
+        batch_(std::max<uint32_t>(batch, 1)),
+        device_(device),
+        outputs_(outputs) {}
+  absl::Status Init() override {
+    bound_.model().eval();
+    return absl::OkStatus();
+  }
+  absl::Status Step(uint32_t i) override {
+    torch::NoGradGuard no_grad;
+    const int64_t n = rows_.size(0);
+    const int64_t first = int64_t{i} * batch_;
+    if (first >= n) return absl::OutOfRangeError(absl::StrCat("step ", i, " past the dataset"));
+    models::ModelInput input;
+    input.input = rows_.narrow(0, first, std::min(batch_, n - first)).to(device_);
+    results_.push_back(bound_.model().Forward(input).output.clone());
+#ifdef PSWITCH_WORKER_CUDA
+    // A fill step must be over when it returns: its bubble ends right after it.
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+#endif
+    return absl::OkStatus();
+  }
+  absl::Status Finish() override {
+    if (results_.empty()) return absl::OkStatus();
+    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor out, ToHostTensor("output", at::cat(results_)));
+    outputs_->push_back(std::move(out));
+    return absl::OkStatus();
+  }
+
+ private:
+  BoundModel& bound_;
+  const at::Tensor& rows_;
+  const int64_t batch_;
+  const c10::Device device_;
+  std::vector<proto::HostTensor>* const outputs_;
+  std::vector<at::Tensor> results_;
+};
+
+// Tests and benchmarks: each step occupies the device for a set time and may allocate.
+class SyntheticTask final : public IterativeTask {
+ public:
+  SyntheticTask(const proto::FillRun& spec, c10::Device device) : spec_(spec), device_(device) {}
+  absl::Status Step(uint32_t) override {
+    at::Tensor scratch;
+    if (spec_.synthetic_alloc_bytes() > 0) {
+      // Touches every page, as a real step would.
+      scratch = torch::ones({static_cast<int64_t>(spec_.synthetic_alloc_bytes())},
+                            torch::TensorOptions(torch::kUInt8).device(device_));
+    }
+    absl::SleepFor(absl::Nanoseconds(spec_.synthetic_step_ns()));
+    return absl::OkStatus();
+  }
+
+ private:
+  const proto::FillRun& spec_;
+  const c10::Device device_;
 };
 
 }  // namespace
@@ -234,17 +325,8 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
       run.first_iteration()};
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
-  models::Trainer* trainer = trainer_.get();
-  return StepLoop(run, fill, progress, [&](uint32_t i) -> absl::Status {
-    // Every iteration's data and randomness depend on (seed, i) only, in any process.
-    uint64_t step_seed = run.seed() * 1000003ull + i;
-    torch::manual_seed(step_seed);
-    models::ModelInput input =
-        ModelInputOn(bound.model().ExampleInput(run.batch(), step_seed), tensor_device_);
-    at::Tensor target = bound.model().ExampleTarget(run.batch(), step_seed).to(tensor_device_);
-    PSWITCH_ASSIGN_OR_RETURN(progress->loss, trainer->Step(input, target));
-    return absl::OkStatus();
-  });
+  TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss);
+  return RunTask(task, run, fill, progress);
 }
 
 absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
@@ -261,63 +343,23 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
     dataset_ = rows.clone();  // the file's buffer goes away with `file`
     dataset_path_ = path;
   }
-  bound.model().eval();
-  torch::NoGradGuard no_grad;
-  const int64_t n = dataset_.size(0);
-  const int64_t batch = std::max<uint32_t>(run.batch(), 1);
-  std::vector<at::Tensor> results;
-  absl::Status status = StepLoop(run, &fill, progress, [&](uint32_t i) -> absl::Status {
-    const int64_t first = int64_t{i} * batch;
-    if (first >= n) return absl::OutOfRangeError(absl::StrCat("step ", i, " past the dataset"));
-    models::ModelInput input;
-    input.input = dataset_.narrow(0, first, std::min(batch, n - first)).to(tensor_device_);
-    results.push_back(bound.model().Forward(input).output.clone());
-#ifdef PSWITCH_WORKER_CUDA
-    // A fill step must be over when it returns: its bubble ends right after it.
-    if (tensor_device_.is_cuda()) torch::cuda::synchronize(tensor_device_.index());
-#endif
-    return absl::OkStatus();
-  });
-  if (status.ok() && !results.empty()) {
-    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor out, ToHostTensor("output", at::cat(results)));
-    outputs->push_back(std::move(out));
-  }
-  return status;
+  DatasetInferenceTask task(bound, dataset_, run.batch(), tensor_device_, outputs);
+  return RunTask(task, run, &fill, progress);
 }
 
 absl::Status Worker::RunSynthetic(const proto::Run& run, FillSteps& fill, TrainProgress* progress) {
-  const proto::FillRun& spec = *run.fill();
-  return StepLoop(run, &fill, progress, [&](uint32_t) -> absl::Status {
-    at::Tensor scratch;
-    if (spec.synthetic_alloc_bytes() > 0) {
-      // Touches every page, as a real step would.
-      scratch = torch::ones({static_cast<int64_t>(spec.synthetic_alloc_bytes())},
-                            torch::TensorOptions(torch::kUInt8).device(tensor_device_));
-    }
-    absl::SleepFor(absl::Nanoseconds(spec.synthetic_step_ns()));
-    return absl::OkStatus();
-  });
+  SyntheticTask task(*run.fill(), tensor_device_);
+  return RunTask(task, run, &fill, progress);
 }
 
-absl::Status Worker::StepLoop(const proto::Run& run, FillSteps* fill, TrainProgress* progress,
-                              const std::function<absl::Status(uint32_t)>& step) {
-  for (uint32_t i = run.first_iteration(); i < run.iterations(); ++i) {
-    if (fill != nullptr ? !fill->MayStart() : stop_requested_.load()) {
-      progress->stopped_early = true;
-      return absl::OkStatus();
-    }
-    if (fill != nullptr) {
-      PSWITCH_ASSIGN_OR_RETURN(bool ran, fill->Run([&] { return step(i); }));
-      if (!ran) {
-        progress->stopped_early = true;
-        return absl::OkStatus();
-      }
-    } else {
-      PSWITCH_RETURN_IF_ERROR(step(i));
-    }
-    progress->iterations_done = i + 1;
-  }
-  return absl::OkStatus();
+absl::Status Worker::RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
+                             TrainProgress* progress) {
+  StepProgress steps;
+  absl::Status status =
+      RunSteps(task, run.first_iteration(), run.iterations(), stop_requested_, fill, &steps);
+  progress->iterations_done = steps.steps_done;
+  progress->stopped_early = steps.stopped_early;
+  return status;
 }
 
 void Worker::Clean() {

@@ -25,6 +25,7 @@
 #include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
 #include "worker/fill_steps.h"
+#include "worker/iterative_task.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
 
@@ -87,10 +88,9 @@ class Worker {
   // A fill task's batch inference over its dataset's "input" rows, `batch` rows per step.
   absl::Status InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
                             TrainProgress* progress, std::vector<proto::HostTensor>* outputs);
-  // Runs run's steps [first_iteration, iterations) until done or stopped: a fill run stops when
-  // its gate says the next step no longer fits the bubble, any other at a Stop.
-  absl::Status StepLoop(const proto::Run& run, FillSteps* fill, TrainProgress* progress,
-                        const std::function<absl::Status(uint32_t)>& step);
+  // Runs `task` over run's steps [first_iteration, iterations) (see RunSteps).
+  absl::Status RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
+                       TrainProgress* progress);
   // A synthetic fill task (tests, benchmarks): steps that occupy the device for a set time.
   absl::Status RunSynthetic(const proto::Run& run, FillSteps& fill, TrainProgress* progress);
   absl::Status HandleStop(const proto::Stop& stop);

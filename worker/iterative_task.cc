@@ -1,0 +1,30 @@
+#include "worker/iterative_task.h"
+
+#include "proto/status.h"
+
+namespace pswitch::worker {
+
+absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
+                      const std::atomic<bool>& stop, FillSteps* fill, StepProgress* progress) {
+  progress->steps_done = first;
+  PSWITCH_RETURN_IF_ERROR(task.Init());
+  for (uint32_t i = first; i < total; ++i) {
+    if (fill != nullptr ? !fill->MayStart() : stop.load()) {
+      progress->stopped_early = true;
+      break;
+    }
+    if (fill == nullptr) {
+      PSWITCH_RETURN_IF_ERROR(task.Step(i));
+    } else {
+      PSWITCH_ASSIGN_OR_RETURN(bool ran, fill->Run([&] { return task.Step(i); }));
+      if (!ran) {  // waiting for the device used up the time the step needed
+        progress->stopped_early = true;
+        break;
+      }
+    }
+    progress->steps_done = i + 1;
+  }
+  return task.Finish();
+}
+
+}  // namespace pswitch::worker
