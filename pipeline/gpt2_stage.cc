@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
+#include <torch/cuda.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
@@ -22,16 +23,18 @@ using models::CatchTorch;
 
 constexpr char kTiedWeight[] = "transformer.wte.weight";
 
-// Wraps a received tensor's bytes without copying; the tensor owns them from here on.
-at::Tensor FromWire(WireTensor wire) {
+// Wraps a received tensor's bytes without copying (on the CPU); the tensor owns them from here
+// on. On a GPU stage it is copied to the device.
+at::Tensor FromWire(WireTensor wire, c10::Device device) {
   auto* bytes = new std::vector<uint8_t>(std::move(wire.data));
-  return at::from_blob(
+  at::Tensor host = at::from_blob(
       bytes->data(), wire.shape, [bytes](void*) { delete bytes; },
       at::TensorOptions().dtype(at::kFloat));
+  return device.is_cpu() ? host : host.to(device);
 }
 
 WireTensor ToWire(const at::Tensor& tensor) {
-  at::Tensor t = tensor.detach().to(at::kFloat).contiguous();
+  at::Tensor t = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
   WireTensor wire{WireDType::kF32, t.sizes().vec(), std::vector<uint8_t>(t.nbytes())};
   std::memcpy(wire.data.data(), t.data_ptr(), t.nbytes());
   return wire;
@@ -114,6 +117,7 @@ absl::Status Gpt2StageCompute::SelectParameters() {
   if (last()) prefixes.push_back("transformer.ln_f.");
   return CatchTorch(absl::StrCat("gpt2 stage ", options_.stage, ": parameters"), [&] {
     options_.dropout ? model_->train() : model_->eval();
+    model_->to(options_.device);
     torch::NoGradGuard no_grad;
     for (const auto& p : model_->named_parameters()) {
       bool owned = (last() && p.key() == kTiedWeight);
@@ -132,6 +136,11 @@ absl::Status Gpt2StageCompute::SelectParameters() {
     optimizer_ = std::make_unique<torch::optim::SGD>(
         tensors, torch::optim::SGDOptions(options_.learning_rate).momentum(options_.momentum));
   });
+}
+
+void Gpt2StageCompute::SyncDevice() const {
+  // A profiled op must include its kernels, not just their launch.
+  if (options_.device.is_cuda()) torch::cuda::synchronize(options_.device.index());
 }
 
 at::Tensor Gpt2StageCompute::MicrobatchTokens(int microbatch) const {
@@ -162,16 +171,19 @@ Gpt2StageCompute::InFlight Gpt2StageCompute::RunForward(const at::Tensor& input,
 absl::StatusOr<StageCost> Gpt2StageCompute::Profile() {
   std::vector<absl::Duration> forward, backward;
   PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("gpt2 stage ", options_.stage, ": profile"), [&] {
-    const at::Tensor ids = IterationTokens(*model_, options_.microbatch_size, options_.seed, -2);
+    const at::Tensor ids =
+        IterationTokens(*model_, options_.microbatch_size, options_.seed, -2).to(options_.device);
     at::Generator gen = at::detail::createCPUGenerator(options_.seed + 17);
     for (int run = 0; run <= options_.profile_microbatches; ++run) {
-      const at::Tensor input = at::randn(activation_spec_.shape, gen);
-      const at::Tensor grad = at::randn(activation_spec_.shape, gen);
+      const at::Tensor input = at::randn(activation_spec_.shape, gen).to(options_.device);
+      const at::Tensor grad = at::randn(activation_spec_.shape, gen).to(options_.device);
       absl::Time t = absl::Now();
       InFlight f = RunForward(input, ids);
+      SyncDevice();
       const absl::Duration fwd = absl::Now() - t;
       t = absl::Now();
       last() ? f.output.backward() : f.output.backward(grad);
+      SyncDevice();
       const absl::Duration bwd = absl::Now() - t;
       if (run > 0) {  // the first run pays for allocations and lazy initialisation
         forward.push_back(fwd);
@@ -192,7 +204,8 @@ absl::Status Gpt2StageCompute::StartIteration(int iteration) {
     optimizer_->zero_grad();
     if (first() || last()) {
       tokens_ = IterationTokens(*model_, options_.microbatches * options_.microbatch_size,
-                                options_.seed, iteration);
+                                options_.seed, iteration)
+                    .to(options_.device);
     }
   });
 }
@@ -205,7 +218,8 @@ absl::StatusOr<WireTensor> Gpt2StageCompute::Forward(int microbatch, WireTensor 
   WireTensor out;
   PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("gpt2 stage ", options_.stage, ": forward"), [&] {
     const at::Tensor ids = (first() || last()) ? MicrobatchTokens(microbatch) : at::Tensor();
-    InFlight f = RunForward(first() ? at::Tensor() : FromWire(std::move(input)), ids);
+    InFlight f =
+        RunForward(first() ? at::Tensor() : FromWire(std::move(input), options_.device), ids);
     if (last()) {
       loss_sum_ += f.output.item<double>() * options_.microbatches;
     } else {
@@ -229,7 +243,7 @@ absl::StatusOr<WireTensor> Gpt2StageCompute::Backward(int microbatch, WireTensor
         if (last()) {
           f.output.backward();
         } else {
-          f.output.backward(FromWire(std::move(output_grad)));
+          f.output.backward(FromWire(std::move(output_grad), options_.device));
         }
         if (!first()) input_grad = ToWire(f.input.grad());
       }));
@@ -249,7 +263,7 @@ absl::StatusOr<std::optional<WireTensor>> Gpt2StageCompute::TiedGradient() {
 absl::Status Gpt2StageCompute::AddTiedGradient(const WireTensor& peer) {
   if (!holds_tied()) return StageCompute::AddTiedGradient(peer);
   return CatchTorch("add tied gradient", [&] {
-    at::Tensor other = FromWire(peer);
+    at::Tensor other = FromWire(peer, options_.device);
     if (!tied_weight_.grad().defined()) {
       tied_weight_.mutable_grad() = other.clone();
     } else {

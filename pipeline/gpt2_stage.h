@@ -17,6 +17,7 @@
 #define PSWITCH_PIPELINE_GPT2_STAGE_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <map>
@@ -48,6 +49,9 @@ struct Gpt2StageOptions {
   double momentum = 0.9;
   bool dropout = true;  // false: modules in eval mode (no dropout), so runs are deterministic
   int profile_microbatches = 3;  // timed forward+backward runs per Profile(), after one warm-up
+  // Where the stage computes. On a single-GPU machine every stage may share cuda:0 (functional
+  // runs; the stages then time-slice the GPU). Messages always travel as host tensors.
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 // Blocks [first, end) of stage `stage` when `blocks` are split over `stages` as evenly as
@@ -95,6 +99,7 @@ class Gpt2StageCompute final : public StageCompute {
   // The forward of one micro-batch; `ids` are its tokens (first stage input, last stage target).
   InFlight RunForward(const at::Tensor& input, const at::Tensor& ids);
   at::Tensor MicrobatchTokens(int microbatch) const;
+  void SyncDevice() const;
 
   const Gpt2StageOptions options_;
   const std::shared_ptr<models::ZooModel> model_;

@@ -60,6 +60,8 @@ ABSL_FLAG(double, timeout_s, 60, "longest wait of a stage for one message");
 ABSL_FLAG(std::string, json, "", "write the measurements as JSON to this path");
 ABSL_FLAG(int, crash_stage, -1, "testing aid: this stage kills itself at --crash-iteration");
 ABSL_FLAG(int, crash_iteration, 0, "testing aid: see --crash-stage");
+ABSL_FLAG(std::string, device, "cpu",
+          "real compute: cpu, or cuda / cuda:N (every stage on that GPU when one is shared)");
 ABSL_FLAG(std::string, server, "",
           "pswitchd HOST:PORT: each stage reports its bubbles there (stage s = GPU s), so fill "
           "tasks run in them");
@@ -165,6 +167,7 @@ Gpt2StageOptions Gpt2Options(int stage) {
   o.learning_rate = absl::GetFlag(FLAGS_lr);
   o.momentum = absl::GetFlag(FLAGS_momentum);
   o.dropout = absl::GetFlag(FLAGS_dropout);
+  o.device = c10::Device(absl::GetFlag(FLAGS_device));  // validated by OptionsFromFlags
   return o;
 }
 
@@ -229,6 +232,13 @@ absl::StatusOr<PipelineOptions> OptionsFromFlags() {
   if (!(timeout_s > 0)) return absl::InvalidArgumentError("--timeout-s must be positive");
   o.receive_timeout = absl::Seconds(timeout_s);
   const bool simulated = absl::GetFlag(FLAGS_simulated_compute);
+  try {
+    c10::Device device(absl::GetFlag(FLAGS_device));
+    if (!device.is_cpu() && !device.is_cuda()) throw std::invalid_argument("not cpu or cuda");
+  } catch (const std::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or cuda:N, got '",
+                                                   absl::GetFlag(FLAGS_device), "'"));
+  }
   const double fwd = absl::GetFlag(FLAGS_fwd_ms), bwd = absl::GetFlag(FLAGS_bwd_ms);
   if (fwd < 0 || bwd < 0) return absl::InvalidArgumentError("--fwd-ms/--bwd-ms must be >= 0");
   if ((fwd > 0) != (bwd > 0)) {
