@@ -35,12 +35,14 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
   uint64_t region_bytes =
       ((free_bytes - activations - state_bytes) / gpus) & ~uint64_t{(1 << 20) - 1};
   c->catalog_ = std::make_unique<ModelCatalog>(daemon, region_bytes, options.bandwidth_bytes_per_s);
+  c->checkpoints_ = std::make_shared<StateCheckpoints>();
   for (uint64_t g = 0; g < gpus; ++g) {
     PSWITCH_ASSIGN_OR_RETURN(
         memdaemon::Lease region,
         daemon->leases().Acquire(absl::StrCat("gpu-", g, "-weights-region"), region_bytes));
     SchedulerOptions scheduler = options.scheduler;
     scheduler.region_offset = region.offset;
+    scheduler.checkpoints = c->checkpoints_;
     scheduler.slot_base = static_cast<uint32_t>(g * options.scheduler.workers);
     scheduler.flag_count = static_cast<uint32_t>(memdaemon::kReadyFlagCount / gpus);
     scheduler.flag_base = static_cast<uint32_t>(g) * scheduler.flag_count;

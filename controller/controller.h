@@ -53,6 +53,7 @@ class Controller {
   size_t gpus() const { return schedulers_.size(); }
   GpuScheduler& gpu(size_t index) const { return *schedulers_[index]; }
   ModelCatalog& catalog() const { return *catalog_; }
+  StateCheckpoints& checkpoints() const { return *checkpoints_; }
 
  private:
   Controller(const ControllerOptions& options, memdaemon::MemDaemon* daemon)
@@ -62,6 +63,7 @@ class Controller {
   const ControllerOptions options_;
   memdaemon::MemDaemon* const daemon_;
   std::unique_ptr<ModelCatalog> catalog_;
+  std::shared_ptr<StateCheckpoints> checkpoints_;
   std::vector<std::unique_ptr<GpuScheduler>> schedulers_;  // one per GPU
 
   absl::Mutex mu_;

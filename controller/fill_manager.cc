@@ -191,7 +191,7 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
   (void)job.machine.Apply(fill::FillEvent::kStop);
   job.error = std::move(error);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
-  if (job.gpu >= 0) controller_->gpu(job.gpu).DropFillState(kFillStateKeyBit | id);
+  controller_->checkpoints().Drop(kFillStateKeyBit | id);
   std::fprintf(stderr, "level=%s event=fill_job_stopped job=%llu steps=%lld/%lld error=\"%s\"\n",
                job.error.ok() ? "info" : "warn", static_cast<unsigned long long>(id),
                static_cast<long long>(job.steps_done), static_cast<long long>(job.steps_total),
@@ -239,8 +239,10 @@ void FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_by
   if (!next.ok() || !next->has_value()) return;
   const uint64_t id = **next;
   Job& job = jobs_.at(id);
-  // Not ready yet (its model is still being registered), or this bubble lacks its memory.
-  if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes) {
+  // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
+  // even one step would fit: switching it in would only cost copies.
+  if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes ||
+      expected <= job.predicted_step + options_.margin) {
     return;
   }
   (void)job.machine.Apply(fill::FillEvent::kStart);
@@ -263,7 +265,9 @@ void FillManager::BubbleEnd(int gpu) {
     g.in_bubble = false;
     g.bubble_end = absl::Now();
     stats_.bubble_time += g.bubble_end - g.bubble_begin;
-    if (!g.running_job) return;
+    // A run still going from an earlier bubble keeps that bubble's end (its pause latency and
+    // kill deadline count from there).
+    if (!g.running_job || g.ended) return;
     g.ended = true;
     if (g.run_done) {
       RecordPause(g);
@@ -290,6 +294,10 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     if (g.ended) RecordPause(g);
   }
   Job& job = jobs_.at(id);
+  if (job.machine.stopped()) {  // stopped while this run was out: drop what it saved
+    controller_->checkpoints().Drop(kFillStateKeyBit | id);
+    return;
+  }
   if (!outcome.ok()) {
     if (absl::StrContains(outcome.status().message(), "did not pause")) ++stats_.killed;
     Stop(id, job, outcome.status());

@@ -45,7 +45,8 @@ struct GpuScheduler::Slot {
   size_t loads_pending = 0;
   std::set<std::string> loaded;
   uint32_t drain_value = 0;
-  uint64_t last_task = 0;  // whose leftovers its next drain cleans
+  uint64_t last_task = 0;   // whose leftovers its next drain cleans
+  std::string kill_reason;  // why its worker died, when the scheduler killed it
 };
 
 struct GpuScheduler::Running {
@@ -64,9 +65,8 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
     : options_(options),
       daemon_(daemon),
       catalog_(catalog),
-      transmitter_(std::make_unique<memdaemon::Transmitter>(
-          &daemon->copy_engine(), &daemon->ready_flags(), &daemon->drain_flags(),
-          daemon->arena().size_bytes())),
+      checkpoints_(options.checkpoints ? options.checkpoints
+                                       : std::make_shared<StateCheckpoints>()),
       queue_(options.policy, options.inference_preempts_training) {}
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
@@ -79,6 +79,10 @@ absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const Schedule
         "worker count ", options.workers, " out of range [1, ", memdaemon::kDrainFlagCount, "]"));
   }
   std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
+  PSWITCH_ASSIGN_OR_RETURN(s->copy_engine_, daemon->device().CreateCopyEngine(daemon->arena()));
+  s->transmitter_ = std::make_unique<memdaemon::Transmitter>(
+      s->copy_engine_.get(), &daemon->ready_flags(), &daemon->drain_flags(),
+      daemon->arena().size_bytes());
   for (int i = 0; i < options.workers; ++i) s->slots_.push_back(std::make_unique<Slot>());
   s->loop_ = std::thread([p = s.get()] { p->Loop(); });
   s->Post([p = s.get()] {
@@ -122,6 +126,8 @@ void GpuScheduler::Loop() {
       }
     }
     fn();
+    // A busy loop must not starve the fill-pause deadline.
+    if (absl::Now() >= kill_deadline_) EnforcePause();
     if (stopping_) {
       if (stop_deadline == absl::InfiniteFuture()) stop_deadline = absl::Now() + absl::Seconds(30);
       if (running_ == nullptr) break;
@@ -205,11 +211,10 @@ absl::Status GpuScheduler::AcquireOptimizerState(Running& run, const TaskSpec& s
                      " bytes of optimizer state in the arena: ", lease.status().message()));
   }
   run.optimizer_state = *lease;
-  auto checkpoint = optimizer_checkpoints_.find(run.state_key);
+  std::optional<std::vector<std::byte>> checkpoint = checkpoints_->Take(run.state_key);
   absl::Status filled;
-  if (checkpoint != optimizer_checkpoints_.end()) {
-    filled = daemon_->arena().CopyFromHost(lease->offset, checkpoint->second);
-    optimizer_checkpoints_.erase(checkpoint);
+  if (checkpoint) {
+    filled = daemon_->arena().CopyFromHost(lease->offset, *checkpoint);
   } else {
     // Zeros: libtorch's first step from zero buffers equals its own lazily created state.
     filled = daemon_->arena().CopyFromHost(lease->offset, std::vector<std::byte>(bytes));
@@ -226,7 +231,7 @@ absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
   if (keep) {
     std::vector<std::byte> host(lease.bytes);
     status = daemon_->arena().CopyToHost(lease.offset, host);
-    if (status.ok()) optimizer_checkpoints_[run.state_key] = std::move(host);
+    if (status.ok()) checkpoints_->Put(run.state_key, std::move(host));
   }
   absl::Status released = daemon_->leases().Release(lease.offset, lease.owner);
   return status.ok() ? released : status;
@@ -236,7 +241,11 @@ void GpuScheduler::SpawnSlot(int slot) {
   WorkerSpawnOptions spawn = options_.spawn;
   spawn.worker_id = options_.slot_base + static_cast<uint32_t>(slot);
   Slot& s = *slots_[slot];
+  // The drain flag keeps its value across workers: counting on from it keeps every later drain
+  // wait meaningful.
+  const uint32_t drain_value = s.drain_value;
   s = Slot{};
+  s.drain_value = drain_value;
   auto process = WorkerProcess::Spawn(
       spawn, [this, slot](uint32_t, absl::StatusOr<std::vector<uint8_t>> event) {
         absl::MutexLock lock(&mu_);
@@ -370,7 +379,7 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
     uint64_t id = running_->task_id;
     (void)ReleaseOptimizerState(*running_, false);
     running_.reset();
-    std::string reason = kill_reason_.empty() ? std::string(why.message()) : kill_reason_;
+    std::string reason = s.kill_reason.empty() ? std::string(why.message()) : s.kill_reason;
     Finish(id,
            absl::UnavailableError(absl::StrCat("task ", id, " failed: ", reason,
                                                "; the task's model state is its last checkpoint")));
@@ -388,7 +397,6 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
       ++it;
     }
   }
-  kill_reason_.clear();
   s.process.reset();
   if (!stopping_) SpawnSlot(slot);
   RefreshReadiness();
@@ -424,13 +432,15 @@ uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
     infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
   }
   Post([this, id, spec = std::move(spec), done = std::move(done)]() mutable {
-    if (stopping_ || fill_pending_ ||
-        (running_ != nullptr && specs_.at(running_->task_id).first.fill)) {
-      done(absl::FailedPreconditionError("a fill run is already pending on this GPU"));
-      return;
-    }
+    const bool busy =
+        fill_pending_ || (running_ != nullptr && specs_.at(running_->task_id).first.fill);
     TaskTicket ticket{id, spec.model, spec.kind, INT32_MIN, absl::InfiniteFuture()};
     specs_[id] = {std::move(spec), std::move(done)};
+    if (stopping_ || busy) {
+      Finish(id, absl::FailedPreconditionError(stopping_ ? "pswitchd is shutting down"
+                                                         : "a fill run is already on this GPU"));
+      return;
+    }
     fill_pending_ = ticket;
   });
   return id;
@@ -469,13 +479,9 @@ void GpuScheduler::EnforcePause() {
                "after its bubble ended\"\n",
                static_cast<unsigned long long>(task), s.process->pid(),
                absl::ToDoubleMilliseconds(kill_grace_));
-  kill_reason_ = absl::StrCat("killed: the fill task did not pause within ",
-                              absl::FormatDuration(kill_grace_), " of its bubble's end");
+  s.kill_reason = absl::StrCat("killed: the fill task did not pause within ",
+                               absl::FormatDuration(kill_grace_), " of its bubble's end");
   ::kill(s.process->pid(), SIGKILL);  // its death event fails the run and respawns the worker
-}
-
-void GpuScheduler::DropFillState(uint64_t state_key) {
-  Post([this, state_key] { optimizer_checkpoints_.erase(state_key); });
 }
 
 void GpuScheduler::MaybeStart() {
@@ -787,7 +793,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
     }
   }
   resume_iteration_.erase(task_id);
-  optimizer_checkpoints_.erase(task_id);
+  checkpoints_->Drop(task_id);
   if (it == specs_.end()) return;
   TaskCallback callback = std::move(it->second.second);
   specs_.erase(it);

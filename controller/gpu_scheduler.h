@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/model_catalog.h"
+#include "controller/state_checkpoints.h"
 #include "controller/task_queue.h"
 #include "controller/worker_process.h"
 #include "memdaemon/lease_table.h"
@@ -106,6 +107,8 @@ struct SchedulerOptions {
   uint32_t slot_base = 0;
   uint32_t flag_base = 0;
   uint32_t flag_count = 16384;
+  // Optimizer-state checkpoints, shared by the schedulers of one daemon; null = its own.
+  std::shared_ptr<StateCheckpoints> checkpoints;
   absl::Duration drain_timeout = absl::Seconds(30);
 };
 
@@ -129,8 +132,6 @@ class GpuScheduler {
   // The main job's bubble on this GPU ended: the fill run is told to pause now, and its worker
   // is SIGKILLed if it has not paused within `grace` (framework-enforced limit).
   void EndBubble(absl::Duration grace);
-  // Forgets a fill job's optimizer-state checkpoint (the job ended).
-  void DropFillState(uint64_t state_key);
   absl::StatusOr<TaskInfo> Query(uint64_t task_id) const;
   absl::Status Cancel(uint64_t task_id);
   // Blocks until every worker slot is up and has loaded every model (tests, start-up).
@@ -185,7 +186,9 @@ class GpuScheduler {
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
   ModelCatalog* const catalog_;
-  // This GPU's transmissions: a newer one supersedes only this GPU's older one.
+  // This GPU's copy engine and transmissions: a newer transmission supersedes only this GPU's
+  // older one, and a switch waiting for its old tenant's drain holds up no other GPU.
+  std::unique_ptr<gpu::CopyEngine> copy_engine_;
   std::unique_ptr<memdaemon::Transmitter> transmitter_;
 
   // Loop-thread state.
@@ -193,13 +196,12 @@ class GpuScheduler {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
   std::map<uint64_t, uint32_t> resume_iteration_;
-  std::map<uint64_t, std::vector<std::byte>> optimizer_checkpoints_;
+  std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
   std::set<uint64_t> cancel_requested_;
   std::unique_ptr<Running> running_;
   std::optional<TaskTicket> fill_pending_;             // a fill run waiting for the GPU
   absl::Time kill_deadline_ = absl::InfiniteFuture();  // grace end of the fill run to pause
   uint64_t kill_task_ = 0;
-  std::string kill_reason_;  // why the next worker death happened, when we caused it
   absl::Duration kill_grace_;
   void EnforcePause();
   int active_slot_ = -1;

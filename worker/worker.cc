@@ -340,7 +340,11 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
       return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' rows"));
     }
     PSWITCH_ASSIGN_OR_RETURN(at::Tensor rows, models::ToTorch(*input));
-    dataset_ = rows.clone();  // the file's buffer goes away with `file`
+    // Kept across bubbles, so not in the task's lease (it would count against every later
+    // task's memory); the file's buffer goes away with `file`.
+    if (activations_ != nullptr) activations_->set_active(false);
+    dataset_ = rows.clone();
+    if (activations_ != nullptr) activations_->set_active(true);
     dataset_path_ = path;
   }
   DatasetInferenceTask task(bound, dataset_, run.batch(), tensor_device_, outputs);
@@ -350,6 +354,18 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
 absl::Status Worker::RunSynthetic(const proto::Run& run, FillSteps& fill, TrainProgress* progress) {
   SyntheticTask task(*run.fill(), tensor_device_);
   return RunTask(task, run, &fill, progress);
+}
+
+absl::Status Worker::AwaitModel(int64_t deadline_ns) {
+  uint32_t groups = 0;
+  for (uint32_t g : gate_.group_of_layer) groups = std::max(groups, g + 1);
+  for (uint32_t g = 0; g < groups; ++g) {
+    absl::Duration left = absl::Nanoseconds(deadline_ns - gpu::MonotonicNowNs());
+    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("bubble ended");
+    PSWITCH_RETURN_IF_ERROR(
+        arena_->ready_flags().WaitReady(gate_.flag_base + g, gate_.epoch, left));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Worker::RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
@@ -411,11 +427,22 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     // reported below
   } else if (fill && run.fill()->kind() == kSyntheticFill) {
     ScopedLeaseAllocation from_lease(activations_);
+    absl::Status task_status;
     status = models::CatchTorch("synthetic fill task",
-                                [&] { status = RunSynthetic(run, *fill, &progress); });
+                                [&] { task_status = RunSynthetic(run, *fill, &progress); });
+    if (status.ok()) status = task_status;
   } else if (it == models_.end() || gate_.model != model_name) {
     status = absl::FailedPreconditionError(
         absl::StrCat("run of model '", model_name, "' without load and prepare"));
+  } else if (absl::Status in = fill ? AwaitModel(run.fill()->bubble_end_ns()) : absl::OkStatus();
+             !in.ok()) {
+    // The fill model is not in before its bubble ends: pause without a step (its transmission
+    // goes on; the next bubble finds the weights in place).
+    if (absl::IsDeadlineExceeded(in)) {
+      progress.stopped_early = true;
+    } else {
+      status = in;
+    }
   } else {
     BoundModel& bound = *it->second;
     const bool training = run.training();

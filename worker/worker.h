@@ -88,6 +88,10 @@ class Worker {
   // A fill task's batch inference over its dataset's "input" rows, `batch` rows per step.
   absl::Status InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
                             TrainProgress* progress, std::vector<proto::HostTensor>* outputs);
+  // Waits on the CPU, until CLOCK_MONOTONIC `deadline_ns`, for every group of the prepared model,
+  // so a fill task's first step neither waits for weights nor holds the device meanwhile.
+  // DeadlineExceeded when the deadline passes first.
+  absl::Status AwaitModel(int64_t deadline_ns);
   // Runs `task` over run's steps [first_iteration, iterations) (see RunSteps).
   absl::Status RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
                        TrainProgress* progress);
