@@ -1,5 +1,6 @@
 #include "controller/client_server.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "proto/client_generated.h"
@@ -183,6 +184,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     request.plan = wire.plan_path() == nullptr || wire.plan_path()->size() == 0
                        ? "auto"
                        : wire.plan_path()->str();
+    if (absl::StartsWith(request.name, kFillModelPrefix)) {
+      PostReply(ErrorReply(id, absl::InvalidArgumentError(
+                                   absl::StrCat("model names starting with '", kFillModelPrefix,
+                                                "' are reserved for fill jobs' own models"))));
+      return;
+    }
     controller_->Register(
         request, [self = shared_from_this(), id](const absl::StatusOr<const CatalogEntry*>& entry) {
           if (!entry.ok()) {

@@ -157,7 +157,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
     job.steps_total = steps;
     job.predicted_step = request.step;
     job.submitted = absl::Now();
-    if (request.kind != FillKind::kSynthetic) job.model_name = absl::StrCat("fill-", id);
+    if (request.kind != FillKind::kSynthetic) job.model_name = absl::StrCat(kFillModelPrefix, id);
     PSWITCH_RETURN_IF_ERROR(Place(id, job));
     (void)job.machine.Apply(fill::FillEvent::kCreate);
     jobs_.emplace(id, std::move(job));
@@ -167,7 +167,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
   } else {
     // Its own copy of the model: its weights evolve independently of other tasks'.
     controller_->Register(
-        ModelRequest{absl::StrCat("fill-", id), request.model, "", request.batch, "auto"},
+        ModelRequest{absl::StrCat(kFillModelPrefix, id), request.model, "", request.batch, "auto"},
         [this, id](const absl::StatusOr<const CatalogEntry*>& entry) {
           OnCreated(id, entry.status());
         });

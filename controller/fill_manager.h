@@ -24,6 +24,9 @@ namespace pswitch::controller {
 
 enum class FillKind { kInference, kTraining, kSynthetic };
 
+// Fill jobs' private models are registered as kFillModelPrefix + job id; clients cannot use it.
+inline constexpr char kFillModelPrefix[] = "fill-";
+
 struct FillRequest {
   FillKind kind = FillKind::kSynthetic;
   std::string model;         // zoo model (inference, training)

@@ -107,6 +107,8 @@ TEST_F(FillTest, SubmissionsAreValidated) {
   bad_model.step = absl::Milliseconds(1);
   EXPECT_THAT(std::string(client_->SubmitFill(bad_model).status().message()),
               HasSubstr("no_such_model"));
+  auto reserved = client_->Register({"fill-1", "tiny_cnn", "", 1, "auto"});
+  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kInvalidArgument);
   auto ok = client_->SubmitFill(o);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->state, client::FillState::kPaused);  // waiting for its first bubble
