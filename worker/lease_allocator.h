@@ -11,11 +11,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 
-#include "absl/synchronization/mutex.h"
-#include "memdaemon/free_list.h"
 #include "models/torch_version.h"
+#include "worker/lease_blocks.h"
 
 namespace pswitch::worker {
 
@@ -44,29 +42,22 @@ class LeaseAllocator final : public c10::Allocator {
   void set_active(bool active) { active_.store(active, std::memory_order_release); }
   // Caps the bytes in use while active (0 = the whole lease): allocations beyond it fail.
   void set_limit(uint64_t bytes) { limit_.store(bytes, std::memory_order_release); }
-  uint64_t in_use_bytes() const;
-  uint64_t peak_bytes() const;
-  uint64_t capacity_bytes() const { return bytes_; }
+  uint64_t in_use_bytes() const { return blocks_.in_use_bytes(); }
+  uint64_t peak_bytes() const { return blocks_.peak_bytes(); }
+  uint64_t capacity_bytes() const { return blocks_.capacity_bytes(); }
 
  private:
   LeaseAllocator(std::byte* base, uint64_t bytes, c10::Allocator* fallback);
   c10::DataPtr Allocate(size_t n) const;
   // Frees a pointer this allocator (or, outside tasks, its fallback) returned.
   static void RawFree(void* ptr);
-  void Release(uint64_t offset) const;
 
-  std::byte* const base_;
-  const uint64_t bytes_;
   c10::Allocator* const fallback_;
   const c10::DeleterFnPtr fallback_raw_deleter_;
   std::atomic<bool> active_{false};
   std::atomic<uint64_t> limit_{0};
 
-  mutable absl::Mutex mu_;
-  mutable memdaemon::FreeList free_ ABSL_GUARDED_BY(mu_);
-  mutable std::map<uint64_t, uint64_t> used_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
-  mutable uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable LeaseBlocks blocks_;  // mutable: libtorch 1.x calls allocate() on a const allocator
 };
 
 // Activates `allocator` for a scope (one task).
