@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "fill/state_machine.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
 #include "proto/status.h"
@@ -55,20 +56,13 @@ absl::string_view TaskStateName(TaskState state) {
   return "unknown";
 }
 
+static_assert(static_cast<int>(FillState::kSubmitted) ==
+                  static_cast<int>(fill::FillState::kSubmitted) &&
+              static_cast<int>(FillState::kStopped) == static_cast<int>(fill::FillState::kStopped));
+
 absl::string_view FillStateName(FillState state) {
-  switch (state) {
-    case FillState::kSubmitted:
-      return "SUBMITTED";
-    case FillState::kCreated:
-      return "CREATED";
-    case FillState::kPaused:
-      return "PAUSED";
-    case FillState::kRunning:
-      return "RUNNING";
-    case FillState::kStopped:
-      return "STOPPED";
-  }
-  return "unknown";
+  // Same order as the server's states (and the wire's): one list of names.
+  return fill::FillStateName(static_cast<fill::FillState>(state));
 }
 
 // The socket, a reader thread, and the table of requests awaiting replies.
