@@ -47,6 +47,7 @@ struct GpuScheduler::Slot {
   uint32_t drain_value = 0;
   uint64_t last_task = 0;   // whose leftovers its next drain cleans
   std::string kill_reason;  // why its worker died, when the scheduler killed it
+  bool announced = false;   // WorkerReady seen: it loaded the catalog as it was then
 };
 
 struct GpuScheduler::Running {
@@ -272,6 +273,7 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
   auto* e = flatbuffers::GetRoot<proto::WorkerEvent>(event->data());
   switch (e->body_type()) {
     case proto::WorkerEventBody::WorkerReady:
+      s.announced = true;
       LoadAll(slot);
       break;
     case proto::WorkerEventBody::ModelLoaded: {
@@ -336,8 +338,9 @@ void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::
     PendingLoad pending{0, absl::OkStatus(), done};
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = *slots_[i];
-      // Starting workers load every catalog model once they are ready; only live ones count.
-      if (s.state != Slot::State::kIdle && s.state != Slot::State::kBusy) continue;
+      // A worker that has not announced itself yet loads the whole catalog (this model included)
+      // when it does; every other live one, even one still loading, is sent this model now.
+      if (s.state == Slot::State::kDead || !s.announced) continue;
       size_t before = s.loads_pending;
       SendLoad(static_cast<int>(i), *entry);
       if (s.loads_pending > before) ++pending.remaining;
