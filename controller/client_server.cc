@@ -242,7 +242,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           auto result = proto::CreateTaskResult(
               b, out->task_id, outputs,
               static_cast<uint64_t>(absl::ToInt64Microseconds(out->latency)),
-              static_cast<uint64_t>(absl::ToInt64Microseconds(out->switch_time)));
+              // Rounded up: a sub-microsecond switch (a tiny model) still reads as one.
+              static_cast<uint64_t>(
+                  absl::ToInt64Microseconds(absl::Ceil(out->switch_time, absl::Microseconds(1)))));
           b.Finish(
               proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
           self->PostReply(Bytes(b));

@@ -43,6 +43,7 @@ struct GpuScheduler::Slot {
   std::unique_ptr<WorkerProcess> process;
   State state = State::kStarting;
   size_t loads_pending = 0;
+  std::set<std::string> loading;  // sent, not yet answered
   std::set<std::string> loaded;
   uint32_t drain_value = 0;
   uint64_t last_task = 0;   // whose leftovers its next drain cleans
@@ -282,6 +283,7 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
       absl::Status status =
           loaded->error() != nullptr ? proto::FromWireError(loaded->error()) : absl::OkStatus();
       if (s.loads_pending > 0) --s.loads_pending;
+      s.loading.erase(name);
       if (status.ok()) {
         s.loaded.insert(name);
       } else {
@@ -330,7 +332,10 @@ void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {
       options_.region_offset, static_cast<uint32_t>(entry.stored->num_layers()),
       entry.stored->total_bytes());
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
-  if (s.process != nullptr && s.process->Send(b).ok()) ++s.loads_pending;
+  if (s.process != nullptr && s.process->Send(b).ok()) {
+    ++s.loads_pending;
+    s.loading.insert(entry.request.name);
+  }
 }
 
 void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done) {
@@ -341,6 +346,12 @@ void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::
       // A worker that has not announced itself yet loads the whole catalog (this model included)
       // when it does; every other live one, even one still loading, is sent this model now.
       if (s.state == Slot::State::kDead || !s.announced) continue;
+      const std::string& name = entry->request.name;
+      if (s.loaded.contains(name)) continue;
+      if (s.loading.contains(name)) {  // its start-up load is in flight: its answer counts
+        ++pending.remaining;
+        continue;
+      }
       size_t before = s.loads_pending;
       SendLoad(static_cast<int>(i), *entry);
       if (s.loads_pending > before) ++pending.remaining;
