@@ -263,11 +263,12 @@ void FillManager::BubbleEnd(int gpu) {
     GpuState& g = gpus_[gpu];
     if (!g.in_bubble) return;
     g.in_bubble = false;
-    g.bubble_end = absl::Now();
-    stats_.bubble_time += g.bubble_end - g.bubble_begin;
+    const absl::Time now = absl::Now();
+    stats_.bubble_time += now - g.bubble_begin;
     // A run still going from an earlier bubble keeps that bubble's end (its pause latency and
     // kill deadline count from there).
     if (!g.running_job || g.ended) return;
+    g.bubble_end = now;
     g.ended = true;
     if (g.run_done) {
       RecordPause(g);
