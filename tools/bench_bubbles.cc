@@ -44,11 +44,6 @@ namespace {
 constexpr int kStages = 4;
 constexpr uint64_t kFreeBytes = 256ull << 20;
 
-std::string Bin(const std::string& name) {
-  std::error_code ec;
-  return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / name).string();
-}
-
 struct Config {
   pipeline::ScheduleKind schedule;
   int microbatches;
@@ -63,7 +58,7 @@ struct MainJobRun {
 absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, const std::string& server,
                                         const std::string& json) {
   std::string cmd = absl::StrCat(
-      Bin("pipetrain"), " --simulated-compute --stages=", kStages,
+      tools::SiblingBinary("pipetrain"), " --simulated-compute --stages=", kStages,
       " --microbatches=", c.microbatches, " --schedule=", pipeline::ScheduleKindName(c.schedule),
       " --fwd-ms=", absl::GetFlag(FLAGS_fwd_ms), " --bwd-ms=", absl::GetFlag(FLAGS_bwd_ms),
       " --iterations=", iterations, " --warmup=1 --bubble-free-bytes=", kFreeBytes,
@@ -147,7 +142,7 @@ int Main() {
 
   std::fprintf(stderr, "starting pswitchd (4 simulated devices)...\n");
   tools::PswitchdProcess daemon(
-      Bin("pswitchd"),
+      tools::SiblingBinary("pswitchd"),
       {"--backend=host", "--listen=127.0.0.1:0", "--gpus=4", "--standby-workers=1",
        "--preload=", "--arena-bytes=1073741824", "--activation-bytes=16777216",
        "--socket=" + (dir / "m.sock").string()},

@@ -35,11 +35,6 @@ ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "arena size for the pswitchd it sta
 namespace pswitch {
 namespace {
 
-std::string Bin(const std::string& name) {
-  std::error_code ec;
-  return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / name).string();
-}
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -92,7 +87,7 @@ int Main() {
 
   std::fprintf(stderr, "starting pswitchd...\n");
   tools::PswitchdProcess daemon(
-      Bin("pswitchd"),
+      tools::SiblingBinary("pswitchd"),
       {"--backend=" + absl::GetFlag(FLAGS_backend),
        absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
        absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
@@ -136,8 +131,8 @@ int Main() {
                                  input->data.size()};
   if (auto s = models::WriteSafetensors(in_path, {entry}); !s.ok()) return Fail(s);
   for (int r = 0; r < std::min(repeats, 3); ++r) {
-    std::string cmd = absl::StrCat(Bin("run-model"), " --model ", zoo, " --input ", in_path,
-                                   " --output ", out_path, " > /dev/null 2>&1");
+    std::string cmd = absl::StrCat(tools::SiblingBinary("run-model"), " --model ", zoo, " --input ",
+                                   in_path, " --output ", out_path, " > /dev/null 2>&1");
     absl::Time t0 = absl::Now();
     if (std::system(cmd.c_str()) != 0) return Fail(absl::InternalError("run-model failed"));
     cold.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -40,6 +41,11 @@ std::vector<std::string> ParseToolFlags(int argc, char** argv, const char* usage
     std::exit(2);
   }
   return positional;
+}
+
+std::string SiblingBinary(const std::string& name) {
+  std::error_code ec;
+  return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / name).string();
 }
 
 }  // namespace pswitch::tools

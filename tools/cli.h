@@ -14,6 +14,9 @@ namespace pswitch::tools {
 std::vector<std::string> ParseToolFlags(int argc, char** argv, const char* usage,
                                         bool allow_positional = false);
 
+// The path of `name` in the directory of the running binary (build/bin/ holds them all).
+std::string SiblingBinary(const std::string& name);
+
 // Dashes in a flag's name (not its value) become underscores: "--a-b=c-d" -> "--a_b=c-d".
 std::string NormalizeFlagName(const std::string& arg);
 

@@ -94,12 +94,6 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
   return options;
 }
 
-std::string DefaultWorkerBinary() {
-  std::error_code ec;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return (self.parent_path() / "pswitch-worker").string();
-}
-
 // Registers the preloaded models and runs one inference on each through the full path.
 absl::Status Preload(controller::Controller& controller) {
   std::string list = absl::GetFlag(FLAGS_preload);
@@ -172,7 +166,7 @@ int Main() {
       absl::GetFlag(FLAGS_inference_preempts_training);
   controller_options.scheduler.workers = 1 + standby;
   controller_options.scheduler.spawn.binary = absl::GetFlag(FLAGS_worker_binary).empty()
-                                                  ? DefaultWorkerBinary()
+                                                  ? tools::SiblingBinary("pswitch-worker")
                                                   : absl::GetFlag(FLAGS_worker_binary);
   controller_options.scheduler.spawn.memdaemon_socket = (*daemon)->socket_path();
   controller_options.scheduler.spawn.backend =
