@@ -302,7 +302,7 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
           pending_loads_.erase(it);
         }
       }
-      if (s.loads_pending == 0 && s.state == Slot::State::kStarting) s.state = Slot::State::kIdle;
+      MarkIdleOnceLoaded(slot);
       RefreshReadiness();
       break;
     }
@@ -320,8 +320,17 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
 
 void GpuScheduler::LoadAll(int slot) {
   for (const CatalogEntry* entry : catalog_->List()) SendLoad(slot, *entry);
-  if (slots_[slot]->loads_pending == 0) slots_[slot]->state = Slot::State::kIdle;
+  MarkIdleOnceLoaded(slot);
   RefreshReadiness();
+}
+
+void GpuScheduler::MarkIdleOnceLoaded(int slot) {
+  Slot& s = *slots_[slot];
+  if (s.state != Slot::State::kStarting || !s.announced || s.loads_pending > 0) return;
+  s.state = Slot::State::kIdle;
+  // Operators (and the end-to-end tests) see when a fresh worker can take tasks.
+  std::fprintf(stderr, "level=info event=worker_ready slot=%d pid=%d models=%zu\n", slot,
+               static_cast<int>(s.process->pid()), s.loaded.size());
 }
 
 void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {

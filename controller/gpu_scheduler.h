@@ -164,6 +164,8 @@ class GpuScheduler {
   absl::Status ReleaseOptimizerState(Running& run, bool keep);
   void LoadAll(int slot);
   void SendLoad(int slot, const CatalogEntry& entry);
+  // kStarting -> kIdle once the worker announced itself and answered every load it was sent.
+  void MarkIdleOnceLoaded(int slot);
   void MaybeStart();
   // Tells `slot`'s worker to stop at its next sync point and then drain; returns the drain value
   // it will write, or nullopt when the worker cannot be reached.

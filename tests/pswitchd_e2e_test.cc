@@ -257,8 +257,26 @@ TEST_F(PswitchdTest, PhaseMovesFromSwitchingToRunningOnceTheModelIsIn) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
 }
 
+// Waits (bounded) until the daemon has logged `n` workers ready: each is attached to the
+// memdaemon and has loaded the catalog, so its sockets are all open.
+bool AwaitWorkersReady(const Daemon& daemon, size_t n) {
+  for (int i = 0; i < 6000; ++i) {
+    std::string log = daemon.log();
+    size_t count = 0;
+    for (size_t at = log.find("event=worker_ready"); at != std::string::npos;
+         at = log.find("event=worker_ready", at + 1)) {
+      ++count;
+    }
+    if (count >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   ASSERT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 1)}).ok());
+  // The daemon serves as soon as one worker is ready; the standbys may still be starting.
+  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 3)) << daemon_->log();
   std::vector<std::string> fds_before = OpenFds(daemon_->pid());
   size_t workers_before = Children(daemon_->pid()).size();
   ASSERT_EQ(workers_before, 3u);
@@ -298,8 +316,9 @@ TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   std::vector<pid_t> workers = Children(daemon_->pid());
   EXPECT_EQ(workers.size(), 3u);
   EXPECT_EQ(std::count(workers.begin(), workers.end(), victim), 0);
-  // The dead worker's sockets close as the daemon notices, and the replacement attaches to the
-  // memdaemon once its libtorch is loaded (seconds on a loaded machine); bounded wait for both.
+  // The replacement attaches to the memdaemon once its libtorch is loaded (seconds on a loaded
+  // machine), and the dead worker's sockets close as the daemon notices; bounded wait for both.
+  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 4)) << daemon_->log();
   for (int i = 0; i < 4000 && OpenFds(daemon_->pid()) != fds_before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
