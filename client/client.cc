@@ -257,6 +257,20 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
 
 namespace {
 
+TaskStatus ParseTaskStatus(const proto::TaskStatus& s) {
+  TaskStatus status;
+  status.task_id = s.task_id();
+  status.model = s.model() ? s.model()->str() : "";
+  status.state = static_cast<TaskState>(s.state());
+  status.iterations_done = s.iterations_done();
+  status.preemptions = s.preemptions();
+  status.worker_pid = s.worker_pid();
+  status.clean_time = absl::Nanoseconds(static_cast<int64_t>(s.clean_ns()));
+  status.cleaned_after_drain = s.cleaned_after_drain();
+  if (s.error() != nullptr) status.error = proto::FromWireError(s.error());
+  return status;
+}
+
 // Submission replies come twice: TaskAccepted at once, TaskResult (or Error) at the end.
 ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResult>>> promise) {
   return [promise](const absl::StatusOr<const ControllerReply*>& reply) {
@@ -324,7 +338,7 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
             b, b.CreateString(model), proto::TaskKind::Training, 0, options.iterations,
             options.seed, options.priority, 0,
             options.optimizer == Optimizer::kAdam ? proto::Optimizer::Adam : proto::Optimizer::Sgd,
-            options.learning_rate, options.momentum);
+            options.learning_rate, options.momentum, options.batch);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
@@ -354,21 +368,30 @@ absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
       },
       ControllerReplyBody::TaskStatus,
       [](const ControllerReply* reply) -> absl::StatusOr<TaskStatus> {
-        auto* s = reply->body_as_TaskStatus();
-        TaskStatus status;
-        status.task_id = s->task_id();
-        status.model = s->model() ? s->model()->str() : "";
-        status.state = static_cast<TaskState>(s->state());
-        status.iterations_done = s->iterations_done();
-        status.preemptions = s->preemptions();
-        status.worker_pid = s->worker_pid();
-        status.clean_time = absl::Nanoseconds(static_cast<int64_t>(s->clean_ns()));
-        status.cleaned_after_drain = s->cleaned_after_drain();
-        if (s->error() != nullptr) status.error = proto::FromWireError(s->error());
-        return status;
+        return ParseTaskStatus(*reply->body_as_TaskStatus());
       },
       call);
   return Await(future, options_.timeout, "status");
+}
+
+absl::StatusOr<std::vector<TaskStatus>> Client::ListTasks(uint32_t limit) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<std::vector<TaskStatus>>(
+      [limit](Builder& b, uint64_t id) {
+        auto body = proto::CreateListTasks(b, limit);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::ListTasks, body.Union()));
+      },
+      ControllerReplyBody::TaskList,
+      [](const ControllerReply* reply) -> absl::StatusOr<std::vector<TaskStatus>> {
+        std::vector<TaskStatus> tasks;
+        if (auto* wire = reply->body_as_TaskList()->tasks()) {
+          for (const proto::TaskStatus* s : *wire) tasks.push_back(ParseTaskStatus(*s));
+        }
+        return tasks;
+      },
+      call);
+  return Await(future, options_.timeout, "task list");
 }
 
 absl::Status Client::Cancel(uint64_t task_id) {

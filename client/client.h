@@ -63,6 +63,7 @@ struct TrainOptions {
   Optimizer optimizer = Optimizer::kSgd;
   double learning_rate = 0.01;
   double momentum = 0.9;  // SGD only; 0 = plain SGD
+  uint32_t batch = 0;     // samples per iteration; 0 = the batch the model was registered with
 };
 
 struct TaskResult {
@@ -153,6 +154,8 @@ class Client {
   absl::StatusOr<TaskResult> Train(const std::string& model, const TrainOptions& options);
 
   absl::StatusOr<TaskStatus> Status(uint64_t task_id);
+  // The `limit` most recent tasks, newest first (0 = as many as the server lists, 1000).
+  absl::StatusOr<std::vector<TaskStatus>> ListTasks(uint32_t limit = 0);
   absl::Status Cancel(uint64_t task_id);
 
   // The bubble instruction, called by the main job around each idle wait of GPU (stage) `gpu`.

@@ -27,6 +27,17 @@ std::vector<uint8_t> ErrorReply(uint64_t id, const absl::Status& status) {
 
 proto::TaskState ToWireState(TaskPhase phase) { return static_cast<proto::TaskState>(phase); }
 
+flatbuffers::Offset<proto::TaskStatus> CreateWireTaskStatus(Builder& b, const TaskInfo& info) {
+  auto error = info.error.ok() ? 0 : proto::CreateWireError(b, info.error);
+  return proto::CreateTaskStatus(
+      b, info.task_id, ToWireState(info.phase), b.CreateString(info.model), info.iterations_done,
+      error, info.preemptions, info.worker_pid,
+      static_cast<uint64_t>(absl::ToInt64Nanoseconds(info.clean_time)), info.cleaned_after_drain);
+}
+
+// A task list reply stays far below the frame limit (about 100 bytes a task).
+constexpr uint32_t kMaxListedTasks = 1000;
+
 std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() : ""; }
 
 }  // namespace
@@ -64,6 +75,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       }
       case proto::ClientRequestBody::ListModels:
         return conn.Send(ModelListReply(id));
+      case proto::ClientRequestBody::ListTasks:
+        return conn.Send(TaskListReply(id, (*request)->body_as_ListTasks()->limit()));
       case proto::ClientRequestBody::BubbleBegin: {
         auto* begin = (*request)->body_as_BubbleBegin();
         // Bounded so the deadline arithmetic cannot overflow; a day-long bubble is not a bubble.
@@ -216,6 +229,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!inputs.ok()) return conn.Send(ErrorReply(id, inputs.status()));
     spec.inputs = std::move(*inputs);
     spec.iterations = wire.iterations();
+    spec.batch = wire.batch_size();
     spec.seed = wire.seed();
     if (wire.optimizer() != proto::Optimizer::Sgd && wire.optimizer() != proto::Optimizer::Adam) {
       return conn.Send(ErrorReply(id, absl::InvalidArgumentError("unknown optimizer")));
@@ -261,13 +275,20 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     absl::StatusOr<TaskInfo> info = controller_->Query(task_id);
     if (!info.ok()) return ErrorReply(id, info.status());
     Builder b;
-    auto error = info->error.ok() ? 0 : proto::CreateWireError(b, info->error);
-    auto status = proto::CreateTaskStatus(
-        b, info->task_id, ToWireState(info->phase), b.CreateString(info->model),
-        info->iterations_done, error, info->preemptions, info->worker_pid,
-        static_cast<uint64_t>(absl::ToInt64Nanoseconds(info->clean_time)),
-        info->cleaned_after_drain);
+    auto status = CreateWireTaskStatus(b, *info);
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
+    return Bytes(b);
+  }
+
+  std::vector<uint8_t> TaskListReply(uint64_t id, uint32_t limit) {
+    if (limit == 0 || limit > kMaxListedTasks) limit = kMaxListedTasks;
+    Builder b;
+    std::vector<flatbuffers::Offset<proto::TaskStatus>> tasks;
+    for (const TaskInfo& info : controller_->RecentTasks(limit)) {
+      tasks.push_back(CreateWireTaskStatus(b, info));
+    }
+    auto list = proto::CreateTaskList(b, b.CreateVector(tasks));
+    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskList, list.Union()));
     return Bytes(b);
   }
 

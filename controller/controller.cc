@@ -122,6 +122,10 @@ void Controller::Register(ModelRequest request, RegisterCallback done) {
 absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
   PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
   if (spec.kind == TaskKind::kInference) {
+    if (spec.batch != 0) {
+      return absl::InvalidArgumentError(
+          "an inference task's batch is its input's first dimension; batch_size is for training");
+    }
     if (spec.inputs.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("inference on '", spec.model, "' needs an 'input' tensor"));
@@ -132,6 +136,11 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
       return absl::InvalidArgumentError(absl::StrCat("training iterations must be in [1, ",
                                                      options_.max_training_iterations, "], got ",
                                                      spec.iterations));
+    }
+    if (spec.batch > kMaxBatchSize) {
+      return absl::InvalidArgumentError(absl::StrCat("training batch size must be in [1, ",
+                                                     kMaxBatchSize, "] (0 = the model's), got ",
+                                                     spec.batch));
     }
     const models::TrainerOptions& t = spec.trainer;
     if (!(t.learning_rate > 0 && t.learning_rate <= 10)) {

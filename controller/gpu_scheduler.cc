@@ -638,7 +638,7 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
   prepare.Finish(
       proto::CreateWorkerCommand(prepare, 0, proto::WorkerCommandBody::Prepare, body.Union()));
   PSWITCH_RETURN_IF_ERROR(s.process->Send(prepare));
-  return SendRun(run, slot, ticket, spec, entry.request.batch_size);
+  return SendRun(run, slot, ticket, spec, spec.batch > 0 ? spec.batch : entry.request.batch_size);
 }
 
 absl::Status GpuScheduler::SendSynthetic(Running& run, const TaskTicket& ticket,
@@ -836,6 +836,15 @@ absl::StatusOr<TaskInfo> GpuScheduler::Query(uint64_t task_id) const {
   auto it = infos_.find(task_id);
   if (it == infos_.end()) return absl::NotFoundError(absl::StrCat("no task ", task_id));
   return it->second;
+}
+
+std::vector<TaskInfo> GpuScheduler::Recent(size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<TaskInfo> out;
+  for (auto it = infos_.rbegin(); it != infos_.rend() && out.size() < limit; ++it) {
+    out.push_back(it->second);
+  }
+  return out;
 }
 
 absl::Status GpuScheduler::Cancel(uint64_t task_id) {

@@ -60,6 +60,7 @@ struct TaskSpec {
   TaskKind kind = TaskKind::kInference;
   std::vector<proto::HostTensor> inputs;
   uint32_t iterations = 1;  // training
+  uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
   uint64_t seed = 0;
   models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
@@ -133,6 +134,8 @@ class GpuScheduler {
   // is SIGKILLed if it has not paused within `grace` (framework-enforced limit).
   void EndBubble(absl::Duration grace);
   absl::StatusOr<TaskInfo> Query(uint64_t task_id) const;
+  // The `limit` most recent tasks, newest first.
+  std::vector<TaskInfo> Recent(size_t limit) const;
   absl::Status Cancel(uint64_t task_id);
   // Blocks until every worker slot is up and has loaded every model (tests, start-up).
   bool AwaitWorkersReady(absl::Duration timeout) const;

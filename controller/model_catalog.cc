@@ -70,9 +70,9 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
 
 absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& request) {
   if (request.name.empty()) return absl::InvalidArgumentError("model name must not be empty");
-  if (request.batch_size == 0 || request.batch_size > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch size ", request.batch_size, " out of range [1, 4096]"));
+  if (request.batch_size == 0 || request.batch_size > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("batch size ", request.batch_size,
+                                                   " out of range [1, ", kMaxBatchSize, "]"));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -21,6 +21,9 @@ class ZooModel;
 
 namespace pswitch::controller {
 
+// Largest batch a model is registered with, or a training task asks for.
+inline constexpr uint32_t kMaxBatchSize = 4096;
+
 struct ModelRequest {
   std::string name;
   std::string zoo_model;

@@ -229,6 +229,59 @@ TEST_F(PswitchdTest, BadTrainingOptionsAreRejected) {
   EXPECT_THAT(std::string(bad_momentum.status().message()), HasSubstr("momentum"));
 }
 
+// A training task's batch overrides the one its model was registered with.
+TEST_F(PswitchdTest, TrainingBatchOverridesTheRegisteredBatch) {
+  ASSERT_TRUE(client_->Register({"batch-1", "tiny_cnn", "", 1, "auto"}).ok());
+  ASSERT_TRUE(client_->Register({"batch-4", "tiny_cnn", "", 4, "auto"}).ok());
+  ASSERT_TRUE(client_->Register({"batch-1-again", "tiny_cnn", "", 1, "auto"}).ok());
+  client::TrainOptions options;
+  options.iterations = 5;
+  options.seed = 3;
+  options.batch = 4;
+  ASSERT_TRUE(client_->Train("batch-1", options).ok());
+  options.batch = 0;  // the registered 4
+  ASSERT_TRUE(client_->Train("batch-4", options).ok());
+  ASSERT_TRUE(client_->Train("batch-1-again", options).ok());  // the registered 1
+
+  proto::HostTensor probe = Input("tiny_cnn", 12);
+  auto overridden = client_->Infer("batch-1", {probe});
+  auto registered_4 = client_->Infer("batch-4", {probe});
+  auto registered_1 = client_->Infer("batch-1-again", {probe});
+  ASSERT_TRUE(overridden.ok() && registered_4.ok() && registered_1.ok());
+  EXPECT_EQ(overridden->outputs[0].data, registered_4->outputs[0].data);
+  EXPECT_NE(overridden->outputs[0].data, registered_1->outputs[0].data);
+
+  options.batch = 5000;
+  auto too_big = client_->Train("batch-1", options);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("batch size"));
+}
+
+TEST_F(PswitchdTest, TaskListShowsTheMostRecentTasksNewestFirst) {
+  ASSERT_TRUE(client_->Infer("tiny_mlp", {Input("tiny_mlp", 1)}).ok());
+  auto trained = client_->Train("tiny_cnn", {3, 1, 0});
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto unknown = client_->Infer("nope", {Input("tiny_cnn", 1)});
+  ASSERT_FALSE(unknown.ok());  // refused at submission: no task
+
+  auto all = client_->ListTasks();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_GE(all->size(), 2u);
+  for (size_t i = 1; i < all->size(); ++i) EXPECT_GT((*all)[i - 1].task_id, (*all)[i].task_id);
+  const client::TaskStatus& newest = (*all)[0];
+  EXPECT_EQ(newest.task_id, trained->task_id);
+  EXPECT_EQ(newest.model, "tiny_cnn");
+  EXPECT_EQ(newest.state, client::TaskState::kSucceeded);
+  EXPECT_EQ(newest.iterations_done, 3u);
+  EXPECT_EQ((*all)[1].model, "tiny_mlp");
+  EXPECT_EQ((*all)[1].state, client::TaskState::kSucceeded);
+
+  auto one = client_->ListTasks(1);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].task_id, trained->task_id);
+}
+
 // A long training task reads "switching" only while its model streams in, then "running".
 TEST_F(PswitchdTest, PhaseMovesFromSwitchingToRunningOnceTheModelIsIn) {
   // Make another model resident, so the training task needs a switch.

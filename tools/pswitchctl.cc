@@ -4,14 +4,15 @@
 //              [--plan plan.json|auto]
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
-//   pswitchctl --server HOST:PORT train --name N --iterations K [--seed S] [--priority P]
+//   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S] [--priority P]
 //              [--optimizer sgd|adam] [--lr LR] [--momentum M]
-//   pswitchctl --server HOST:PORT status TASK | models | cancel TASK
+//   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK
 //   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
 //   pswitchctl --server HOST:PORT fill submit --kind synthetic|training|inference [--model M]
 //              [--dataset D.safetensors --output O.safetensors] [--batch B] [--steps K]
 //              --step-us US --memory-bytes BYTES [--deadline-ms D] [--synthetic-step-us US]
 //   pswitchctl --server HOST:PORT fill status JOB | fill estimate JOB | fill stats
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -29,7 +30,9 @@ ABSL_FLAG(std::string, server, "127.0.0.1:7300", "pswitchd address");
 ABSL_FLAG(std::string, name, "", "registered model name");
 ABSL_FLAG(std::string, model, "", "register: zoo model (e.g. resnet152)");
 ABSL_FLAG(std::string, weights, "", "register: safetensors weights on the server");
-ABSL_FLAG(uint32_t, batch, 1, "register: batch size");
+ABSL_FLAG(uint32_t, batch, 0,
+          "register: batch size (default 1); train: samples per iteration (default the model's "
+          "registered batch); fill submit: rows per step (default 1)");
 ABSL_FLAG(std::string, plan, "auto", "register: grouping plan JSON on the server, or auto");
 ABSL_FLAG(std::string, input, "",
           "infer: input safetensors ('input', optional "
@@ -133,6 +136,14 @@ absl::StatusOr<uint64_t> TaskArg(const std::vector<std::string>& args) {
   return id;
 }
 
+void PrintTask(const client::TaskStatus& s) {
+  std::printf("task %llu model=%s state=%s iterations_done=%u preemptions=%u clean_us=%lld%s\n",
+              static_cast<unsigned long long>(s.task_id), s.model.c_str(),
+              std::string(client::TaskStateName(s.state)).c_str(), s.iterations_done,
+              s.preemptions, static_cast<long long>(absl::ToInt64Microseconds(s.clean_time)),
+              s.error.ok() ? "" : (" error=\"" + s.error.ToString() + "\"").c_str());
+}
+
 void PrintFill(const client::FillJobStatus& s) {
   std::printf("fill job %llu state=%s gpu=%u steps=%llu/%llu bubbles=%u",
               static_cast<unsigned long long>(s.job_id),
@@ -165,7 +176,7 @@ absl::Status Fill(client::Client& client, const std::vector<std::string>& args) 
     o.model = absl::GetFlag(FLAGS_model);
     o.dataset_path = absl::GetFlag(FLAGS_dataset);
     o.output_path = absl::GetFlag(FLAGS_output);
-    o.batch = absl::GetFlag(FLAGS_batch);
+    o.batch = std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1);
     o.steps = absl::GetFlag(FLAGS_steps);
     o.seed = absl::GetFlag(FLAGS_seed);
     o.step = absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_us)));
@@ -227,7 +238,8 @@ absl::Status Run(const std::vector<std::string>& args) {
     }
     auto registered =
         client.Register({name, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights),
-                         absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_plan)});
+                         std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1),
+                         absl::GetFlag(FLAGS_plan)});
     if (!registered.ok()) return registered.status();
     std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
                 registered->layers, registered->groups,
@@ -269,6 +281,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     }
     client::TrainOptions options;
     options.iterations = absl::GetFlag(FLAGS_iterations);
+    options.batch = absl::GetFlag(FLAGS_batch);
     options.seed = absl::GetFlag(FLAGS_seed);
     options.priority = absl::GetFlag(FLAGS_priority);
     options.optimizer = optimizer == "adam" ? client::Optimizer::kAdam : client::Optimizer::kSgd;
@@ -282,16 +295,18 @@ absl::Status Run(const std::vector<std::string>& args) {
     return absl::OkStatus();
   }
   if (command == "status") {
+    if (args.size() == 1) {  // no TASK: the most recent tasks, newest first
+      auto tasks = client.ListTasks();
+      if (!tasks.ok()) return tasks.status();
+      if (tasks->empty()) std::printf("no tasks\n");
+      for (const client::TaskStatus& t : *tasks) PrintTask(t);
+      return absl::OkStatus();
+    }
     auto id = TaskArg(args);
     if (!id.ok()) return id.status();
     auto status = client.Status(*id);
     if (!status.ok()) return status.status();
-    std::printf("task %llu model=%s state=%s iterations_done=%u preemptions=%u clean_us=%lld%s\n",
-                static_cast<unsigned long long>(status->task_id), status->model.c_str(),
-                std::string(client::TaskStateName(status->state)).c_str(), status->iterations_done,
-                status->preemptions,
-                static_cast<long long>(absl::ToInt64Microseconds(status->clean_time)),
-                status->error.ok() ? "" : (" error=\"" + status->error.ToString() + "\"").c_str());
+    PrintTask(*status);
     return absl::OkStatus();
   }
   if (command == "models") {
