@@ -4,8 +4,8 @@
 //              [--plan plan.json|auto]
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
-//   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S] [--priority P]
-//              [--optimizer sgd|adam] [--lr LR] [--momentum M]
+//   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S]
+//              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M]
 //   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK
 //   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
 //   pswitchctl --server HOST:PORT fill submit --kind synthetic|training|inference [--model M]
