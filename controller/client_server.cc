@@ -46,8 +46,8 @@ std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() :
 // event loop and dropped if the connection is gone.
 class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(asio::io_context* io, Controller* controller, FillManager* fill)
-      : io_(io), controller_(controller), fill_(fill) {}
+  Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill)
+      : io_(io), serving_(serving), controller_(controller), fill_(fill) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
 
@@ -58,6 +58,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     const uint64_t id = (*request)->request_id();
+    if (!*serving_) {
+      return conn.Send(ErrorReply(id, absl::UnavailableError("pswitchd is shutting down")));
+    }
     switch ((*request)->body_type()) {
       case proto::ClientRequestBody::RegisterModel:
         return Register(id, *(*request)->body_as_RegisterModel());
@@ -306,6 +309,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   asio::io_context* const io_;
+  const bool* const serving_;  // the server's flag; read on the event loop only
   Controller* const controller_;
   FillManager* const fill_;
   std::weak_ptr<proto::FramedConnection> conn_;
@@ -336,12 +340,36 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
   if (ec) return absl::UnavailableError(absl::StrCat("listen on ", listen, ": ", ec.message()));
   server->port_ = server->acceptor_.local_endpoint().port();
   server->Accept();
-  server->thread_ = std::thread([s = server.get()] { s->io_.run(); });
+  server->thread_ = std::thread([s = server.get()] {
+    s->io_.run();
+    s->io_done_.Notify();
+  });
   return server;
 }
 
+void ClientServer::StopServing() {
+  if (io_done_.HasBeenNotified()) return;
+  absl::Notification stopped;
+  asio::post(io_, [this, &stopped] {
+    serving_ = false;
+    asio::error_code ignored;
+    acceptor_.close(ignored);
+    stopped.Notify();
+  });
+  stopped.WaitForNotification();
+}
+
 ClientServer::~ClientServer() {
-  io_.stop();
+  StopServing();
+  // Posted after every reply posted so far: those go out before their connection closes. With
+  // no connection and no acceptor left, the event loop runs dry and returns.
+  asio::post(io_, [this] {
+    for (const auto& weak : connections_) {
+      if (auto conn = weak.lock()) conn->CloseAfterWrites();
+    }
+    connections_.clear();
+  });
+  if (!io_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) io_.stop();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -353,7 +381,7 @@ void ClientServer::Accept() {
     int family = socket.local_endpoint(ignored).protocol().family();
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
-    auto session = std::make_shared<Session>(&io_, controller_, fill_);
+    auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_);
     auto conn = proto::FramedConnection::Create(
         std::move(generic), max_frame_bytes_,
         [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
@@ -363,6 +391,8 @@ void ClientServer::Accept() {
         [](proto::FramedConnection&, const absl::Status&) {});
     session->Attach(conn);
     conn->Start();
+    std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+    connections_.push_back(conn);
     Accept();
   });
 }

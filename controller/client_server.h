@@ -7,15 +7,19 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "asio.hpp"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
+#include "proto/framed_connection.h"
 
 namespace pswitch::controller {
 
-// Runs its own event-loop thread. `*controller` must outlive the server.
+// Runs its own event-loop thread. `*controller` and `*fill` must outlive the server, or at least
+// its StopServing().
 class ClientServer {
  public:
   // `listen` is "HOST:PORT"; port 0 picks a free one (see port()).
@@ -23,11 +27,18 @@ class ClientServer {
                                                              Controller* controller,
                                                              FillManager* fill,
                                                              uint32_t max_frame_bytes);
+  // Flushes the replies already posted (tasks answered during shutdown), then closes every
+  // connection; a client that stops reading holds it up for at most a few seconds.
   ~ClientServer();
   ClientServer(const ClientServer&) = delete;
   ClientServer& operator=(const ClientServer&) = delete;
 
   uint16_t port() const { return port_; }
+
+  // Graceful shutdown, first step: refuses new connections and answers every new request with
+  // Unavailable, so the controller and fill manager are no longer called; replies to requests
+  // already accepted (task results) are still delivered. Idempotent; returns once in effect.
+  void StopServing();
 
  private:
   class Session;
@@ -41,6 +52,10 @@ class ClientServer {
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
+  // Event-loop thread only.
+  bool serving_ = true;
+  std::vector<std::weak_ptr<proto::FramedConnection>> connections_;
+  absl::Notification io_done_;  // the event loop has returned
   std::thread thread_;
 };
 

@@ -141,6 +141,11 @@ void GpuScheduler::Loop() {
     Finish(running_->task_id, absl::DeadlineExceededError("task did not stop before shutdown"));
     running_.reset();
   }
+  // Every task gets an answer: also one that went back to the queue when shutdown stopped it
+  // (training resumes from a checkpoint, but not in this process).
+  while (auto ticket = queue_.Pop()) {
+    Finish(ticket->id, absl::CancelledError("pswitchd is shutting down"));
+  }
   // Workers shut down and are reaped; their death events arrive after the loop has ended.
   {
     absl::MutexLock lock(&mu_);

@@ -71,14 +71,20 @@ void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
 void FramedConnection::Reject(std::vector<uint8_t> error_payload) {
   if (closed_) return;
   Send(std::move(error_payload));
+  CloseAfterWrites(absl::InvalidArgumentError("closed after a bad frame"));
+}
+
+void FramedConnection::CloseAfterWrites(const absl::Status& why) {
+  if (closed_ || close_after_writes_) return;
   close_after_writes_ = true;
+  close_after_writes_why_ = why;
   WriteNext();
 }
 
 void FramedConnection::WriteNext() {
   if (writing_ || closed_) return;
   if (outgoing_.empty()) {
-    if (close_after_writes_) Close(absl::InvalidArgumentError("closed after a bad frame"));
+    if (close_after_writes_) Close(close_after_writes_why_);
     return;
   }
   writing_ = true;

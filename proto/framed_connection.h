@@ -43,6 +43,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void Send(std::vector<uint8_t> payload, UniqueFd fd = UniqueFd());
   // Sends `error_payload`, then closes: the policy for any malformed input on this connection.
   void Reject(std::vector<uint8_t> error_payload);
+  // Stops reading, sends what is queued, then closes with `why` (graceful shutdown).
+  void CloseAfterWrites(const absl::Status& why = absl::OkStatus());
   // Closes now; queued frames are dropped.
   void Close(const absl::Status& why = absl::OkStatus());
 
@@ -69,6 +71,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   std::deque<Outgoing> outgoing_;
   bool writing_ = false;
   bool close_after_writes_ = false;
+  absl::Status close_after_writes_why_;  // what on_close hears then
   bool closed_ = false;
 };
 

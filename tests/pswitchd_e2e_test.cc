@@ -229,6 +229,46 @@ TEST_F(PswitchdTest, BadTrainingOptionsAreRejected) {
   EXPECT_THAT(std::string(bad_momentum.status().message()), HasSubstr("momentum"));
 }
 
+// SIGTERM: the running task stops at its next iteration and, like the queued one, gets an answer;
+// the daemon reaps every worker and exits cleanly.
+TEST_F(PswitchdTest, SigtermAnswersEveryTaskReapsTheWorkersAndExitsCleanly) {
+  client::TrainOptions long_run;
+  long_run.iterations = 1000000;
+  auto running = client_->TrainAsync("tiny_cnn", long_run);
+  auto queued = client_->TrainAsync("tiny_mlp", long_run);  // FCFS: waits behind the first
+  bool started = false;
+  for (int i = 0; i < 3000 && !started; ++i) {
+    auto tasks = client_->ListTasks();
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const client::TaskStatus& t : *tasks) {
+      started |= t.model == "tiny_cnn" && t.state == client::TaskState::kRunning;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(started) << daemon_->log();
+  const pid_t daemon_pid = daemon_->pid();
+  std::vector<pid_t> workers = Children(daemon_pid);
+  ASSERT_EQ(workers.size(), 3u);
+
+  const absl::Time before = absl::Now();
+  const int status = daemon_->Terminate();
+  EXPECT_LT(absl::Now() - before, absl::Seconds(20)) << "shutdown waited out a deadline";
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon_->log();
+  for (auto* task : {&running, &queued}) {
+    auto answer = task->get();
+    ASSERT_FALSE(answer.ok());
+    // An answer from the daemon, not a dropped connection.
+    EXPECT_EQ(answer.status().code(), absl::StatusCode::kCancelled) << answer.status();
+    EXPECT_THAT(std::string(answer.status().message()), HasSubstr("shutting down"));
+  }
+  // No orphans: every worker was reaped by the daemon, none re-parented and left running.
+  for (pid_t w : workers) {
+    EXPECT_EQ(::kill(w, 0), -1) << "worker " << w << " outlived the daemon";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
 // A training task's batch overrides the one its model was registered with.
 TEST_F(PswitchdTest, TrainingBatchOverridesTheRegisteredBatch) {
   ASSERT_TRUE(client_->Register({"batch-1", "tiny_cnn", "", 1, "auto"}).ok());

@@ -26,6 +26,7 @@ class TestDaemon {
   pid_t pid() const { return process_.pid(); }
   int port() const { return process_.port(); }
   std::string log() const { return process_.log(); }
+  int Terminate() { return process_.Terminate(); }
   const std::filesystem::path& dir() const { return dir_; }
 
  private:

@@ -218,9 +218,13 @@ int Main() {
     sigwait(&stop_signals, &signal_number);
     Log("info", "stopping", "signal=%s", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   }
-  server->reset();
-  controller->reset();  // its schedulers' last callbacks reach the fill manager
+  // New requests are refused first; the controller then answers every task still queued or
+  // running (its schedulers' last callbacks reach the fill manager), and the server delivers
+  // those answers before it closes the connections.
+  (*server)->StopServing();
+  controller->reset();
   fill.reset();
+  server->reset();
   daemon->reset();
   Log("info", "stopped", "exit_code=%d", exit_code);
   return exit_code;

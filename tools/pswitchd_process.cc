@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -44,11 +45,16 @@ PswitchdProcess::PswitchdProcess(const std::string& binary, const std::vector<st
   }
 }
 
-PswitchdProcess::~PswitchdProcess() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGTERM);
-    ::waitpid(pid_, nullptr, 0);
+PswitchdProcess::~PswitchdProcess() { Terminate(); }
+
+int PswitchdProcess::Terminate() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = -1;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
+  pid_ = -1;
+  return status;
 }
 
 std::string PswitchdProcess::log() const {

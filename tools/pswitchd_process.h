@@ -25,6 +25,9 @@ class PswitchdProcess {
   pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string log() const;
+  // Sends SIGTERM and waits for the daemon to exit; returns its waitpid status (-1 when it was
+  // not running). The destructor then has nothing left to do.
+  int Terminate();
 
  private:
   const std::string log_path_;
