@@ -1,5 +1,8 @@
 #include "controller/client_server.h"
 
+#include <chrono>
+#include <cstdio>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -348,7 +351,7 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
 }
 
 void ClientServer::StopServing() {
-  if (io_done_.HasBeenNotified()) return;
+  if (!thread_.joinable()) return;  // Start failed before the event loop ran
   absl::Notification stopped;
   asio::post(io_, [this, &stopped] {
     serving_ = false;
@@ -360,6 +363,7 @@ void ClientServer::StopServing() {
 }
 
 ClientServer::~ClientServer() {
+  if (!thread_.joinable()) return;
   StopServing();
   // Posted after every reply posted so far: those go out before their connection closes. With
   // no connection and no acceptor left, the event loop runs dry and returns.
@@ -368,6 +372,7 @@ ClientServer::~ClientServer() {
       if (auto conn = weak.lock()) conn->CloseAfterWrites();
     }
     connections_.clear();
+    keep_running_.reset();
   });
   if (!io_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) io_.stop();
   if (thread_.joinable()) thread_.join();
@@ -375,7 +380,17 @@ ClientServer::~ClientServer() {
 
 void ClientServer::Accept() {
   acceptor_.async_accept([this](const asio::error_code& ec, asio::ip::tcp::socket socket) {
-    if (ec) return;
+    if (!acceptor_.is_open()) return;  // StopServing closed it
+    if (ec) {
+      // Transient (out of fds, a connection reset before it was accepted): retry shortly
+      // instead of never accepting again.
+      std::fprintf(stderr, "level=error event=accept_failed error=\"%s\"\n", ec.message().c_str());
+      auto retry = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+      retry->async_wait([this, retry](const asio::error_code&) {
+        if (acceptor_.is_open()) Accept();
+      });
+      return;
+    }
     asio::error_code ignored;
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
     int family = socket.local_endpoint(ignored).protocol().family();

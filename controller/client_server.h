@@ -50,6 +50,8 @@ class ClientServer {
   FillManager* const fill_;
   const uint32_t max_frame_bytes_;
   asio::io_context io_;
+  // Keeps the event loop running (posts always execute) until the destructor lets it run dry.
+  asio::executor_work_guard<asio::io_context::executor_type> keep_running_{io_.get_executor()};
   asio::ip::tcp::acceptor acceptor_;
   uint16_t port_ = 0;
   // Event-loop thread only.
