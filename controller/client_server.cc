@@ -1,11 +1,10 @@
 #include "controller/client_server.h"
 
-#include <chrono>
-#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
 #include "proto/host_tensor.h"
@@ -380,15 +379,8 @@ ClientServer::~ClientServer() {
 
 void ClientServer::Accept() {
   acceptor_.async_accept([this](const asio::error_code& ec, asio::ip::tcp::socket socket) {
-    if (!acceptor_.is_open()) return;  // StopServing closed it
     if (ec) {
-      // Transient (out of fds, a connection reset before it was accepted): retry shortly
-      // instead of never accepting again.
-      std::fprintf(stderr, "level=error event=accept_failed error=\"%s\"\n", ec.message().c_str());
-      auto retry = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
-      retry->async_wait([this, retry](const asio::error_code&) {
-        if (acceptor_.is_open()) Accept();
-      });
+      proto::AcceptAgainLater(acceptor_, ec, "client", [this] { Accept(); });
       return;
     }
     asio::error_code ignored;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/weight_layout.h"
+#include "proto/accept_retry.h"
 #include "proto/frame_channel.h"
 #include "proto/framed_connection.h"
 #include "proto/memdaemon_generated.h"
@@ -143,7 +144,10 @@ WorkerServer::~WorkerServer() {
 void WorkerServer::Accept() {
   acceptor_.async_accept(
       [this](const asio::error_code& ec, asio::local::stream_protocol::socket socket) {
-        if (ec) return;  // acceptor closed
+        if (ec) {
+          proto::AcceptAgainLater(acceptor_, ec, "memdaemon", [this] { Accept(); });
+          return;
+        }
         proto::FramedConnection::Socket generic(
             io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
         auto session = std::make_shared<Session>(arena_, leases_);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "proto/accept_retry.h"
 #include "proto/frame_channel.h"
 #include "proto/memdaemon_generated.h"
 #include "proto/wire_status.h"
@@ -142,6 +143,53 @@ TEST(FramedConnectionTest, OversizeLengthPrefixGetsErrorReply) {
   auto status = FromWireError((*error)->body_as_Error());
   EXPECT_NE(status.message().find("exceeds the maximum"), absl::string_view::npos) << status;
   EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Graceful shutdown: what was queued reaches the peer, then the connection closes.
+TEST(FramedConnectionTest, CloseAfterWritesDeliversQueuedFramesFirst) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  FrameChannel peer{UniqueFd(fds[1])};
+  asio::io_context io;
+  absl::Status closed_with = absl::UnknownError("not closed");
+  auto conn = FramedConnection::Create(
+      FramedConnection::Socket(io, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fds[0]),
+      1 << 20, [](FramedConnection&, std::vector<uint8_t>) {}, ErrorReply,
+      [&](FramedConnection&, const absl::Status& why) { closed_with = why; });
+  conn->Start();
+  // Large enough that the writes cannot all complete in one go.
+  const std::vector<uint8_t> first(600 << 10, 1), second(600 << 10, 2);
+  conn->Send(first);
+  conn->Send(second);
+  conn->CloseAfterWrites();
+  EXPECT_FALSE(conn->closed());
+  std::thread loop([&] { io.run(); });
+  auto a = peer.Receive(absl::Seconds(10));
+  auto b = peer.Receive(absl::Seconds(10));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->payload, first);
+  EXPECT_EQ(b->payload, second);
+  EXPECT_EQ(peer.Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+  loop.join();  // nothing left to do once closed: the loop runs dry
+  EXPECT_TRUE(closed_with.ok()) << closed_with;
+}
+
+TEST(AcceptAgainLaterTest, RetriesATransientFailureButNotAClosedAcceptor) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::tcp::v4(), 0));
+  int accepts = 0;
+  const auto started = std::chrono::steady_clock::now();
+  AcceptAgainLater(acceptor, asio::error::no_descriptors, "test", [&] { ++accepts; });
+  AcceptAgainLater(acceptor, asio::error::operation_aborted, "test", [&] { accepts += 100; });
+  io.run();
+  EXPECT_EQ(accepts, 1);
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(90));
+
+  acceptor.close();
+  io.restart();
+  AcceptAgainLater(acceptor, asio::error::no_descriptors, "test", [&] { ++accepts; });
+  io.run();
+  EXPECT_EQ(accepts, 1);
 }
 
 }  // namespace
