@@ -67,9 +67,9 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
     : options_(options),
       daemon_(daemon),
       catalog_(catalog),
+      queue_(options.policy, options.inference_preempts_training),
       checkpoints_(options.checkpoints ? options.checkpoints
-                                       : std::make_shared<StateCheckpoints>()),
-      queue_(options.policy, options.inference_preempts_training) {}
+                                       : std::make_shared<StateCheckpoints>()) {}
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
                                                                   memdaemon::MemDaemon* daemon,
