@@ -1,6 +1,5 @@
 #include "controller/client_server.h"
 
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
