@@ -443,11 +443,14 @@ absl::Status Client::BubbleEnd(uint32_t gpu) {
   });
 }
 
-absl::Status Client::RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json) {
+absl::Status Client::RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json,
+                                         int64_t origin_ns) {
+  if (origin_ns < 0) return absl::InvalidArgumentError("bubble cycle origin_ns must be >= 0");
   auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
   auto future = SimpleCall<bool>(
       [&](Builder& b, uint64_t id) {
-        auto body = proto::CreateRegisterBubbleCycle(b, gpu, b.CreateString(cycle_json));
+        auto body = proto::CreateRegisterBubbleCycle(b, gpu, b.CreateString(cycle_json),
+                                                     static_cast<uint64_t>(origin_ns));
         b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterBubbleCycle,
                                             body.Union()));
       },
@@ -476,25 +479,55 @@ absl::StatusOr<FillJobStatus> ParseFillStatus(const ControllerReply* reply) {
 
 int64_t Us(absl::Duration d) { return std::max<int64_t>(absl::ToInt64Microseconds(d), 0); }
 
+flatbuffers::Offset<proto::FillSubmit> CreateFillSubmit(Builder& b, const FillJobOptions& o) {
+  proto::FillKind kind = o.kind == FillKind::kInference  ? proto::FillKind::Inference
+                         : o.kind == FillKind::kTraining ? proto::FillKind::Training
+                                                         : proto::FillKind::Synthetic;
+  return proto::CreateFillSubmit(
+      b, kind, b.CreateString(o.model), b.CreateString(o.dataset_path),
+      b.CreateString(o.output_path), o.batch, o.steps, o.seed, Us(o.step), o.memory_bytes,
+      static_cast<uint64_t>(absl::ToInt64Milliseconds(o.deadline)), Us(o.synthetic_step),
+      o.synthetic_alloc_bytes, o.ignore_pause);
+}
+
 }  // namespace
 
 absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
   auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
   auto future = SimpleCall<FillJobStatus>(
       [&](Builder& b, uint64_t id) {
-        proto::FillKind kind = o.kind == FillKind::kInference  ? proto::FillKind::Inference
-                               : o.kind == FillKind::kTraining ? proto::FillKind::Training
-                                                               : proto::FillKind::Synthetic;
-        auto body = proto::CreateFillSubmit(
-            b, kind, b.CreateString(o.model), b.CreateString(o.dataset_path),
-            b.CreateString(o.output_path), o.batch, o.steps, o.seed, Us(o.step), o.memory_bytes,
-            static_cast<uint64_t>(absl::ToInt64Milliseconds(o.deadline)), Us(o.synthetic_step),
-            o.synthetic_alloc_bytes, o.ignore_pause);
+        auto body = CreateFillSubmit(b, o);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillSubmit, body.Union()));
       },
       ControllerReplyBody::FillStatus, ParseFillStatus, call);
   return Await(future, options_.timeout, "fill submit");
+}
+
+absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<FillJobStatus>(
+      [&](Builder& b, uint64_t id) {
+        auto job = CreateFillSubmit(b, o);
+        auto body = proto::CreateFillEstimateQuery(b, job);
+        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillEstimateQuery,
+                                            body.Union()));
+      },
+      ControllerReplyBody::FillStatus, ParseFillStatus, call);
+  return Await(future, options_.timeout, "fill estimate");
+}
+
+absl::Status Client::CancelFill(uint64_t job_id) {
+  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
+  auto future = SimpleCall<bool>(
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateFillCancel(b, job_id);
+        b.Finish(
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillCancel, body.Union()));
+      },
+      ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
+      call);
+  return Await(future, options_.timeout, "fill cancel").status();
 }
 
 absl::StatusOr<FillJobStatus> Client::FillStatus(uint64_t job_id) {

@@ -164,8 +164,16 @@ class Client {
   absl::Status BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes);
   absl::Status BubbleEnd(uint32_t gpu);
   // The GPU's repeating bubble cycle (fill/bubble_cycle.h JSON), measured by profiling.
-  absl::Status RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json);
+  // `origin_ns`: CLOCK_MONOTONIC time of one iteration's start (0: the time of registration),
+  // which anchors the server's completion predictions to the main job's real phase.
+  absl::Status RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json,
+                                   int64_t origin_ns = 0);
   absl::StatusOr<FillJobStatus> SubmitFill(const FillJobOptions& options);
+  // The GPU and predicted completion a SubmitFill of `options` would get now (job_id 0,
+  // state kSubmitted); nothing is submitted.
+  absl::StatusOr<FillJobStatus> EstimateFill(const FillJobOptions& options);
+  // Stops the job; NotFound for an unknown job, FailedPrecondition for one already stopped.
+  absl::Status CancelFill(uint64_t job_id);
   absl::StatusOr<FillJobStatus> FillStatus(uint64_t job_id);
   absl::StatusOr<FillServerStats> FillStats();
 

@@ -1,12 +1,16 @@
 #include "controller/client_server.h"
 
+#include <optional>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "gpu/copy_engine.h"
 #include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
 #include "proto/host_tensor.h"
+#include "proto/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::controller {
@@ -85,24 +89,24 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         auto* begin = (*request)->body_as_BubbleBegin();
         // Bounded so the deadline arithmetic cannot overflow; a day-long bubble is not a bubble.
         const uint64_t us = std::min<uint64_t>(begin->expected_duration_us(), 86400ull * 1000000);
-        fill_->BubbleBegin(static_cast<int>(begin->gpu()),
-                           absl::Microseconds(static_cast<int64_t>(us)), begin->free_bytes());
-        return conn.Send(AckReply(id));
+        return conn.Send(AckOrError(
+            id, fill_->BubbleBegin(static_cast<int>(begin->gpu()),
+                                   absl::Microseconds(static_cast<int64_t>(us)),
+                                   begin->free_bytes())));
       }
       case proto::ClientRequestBody::BubbleEnd:
-        fill_->BubbleEnd(static_cast<int>((*request)->body_as_BubbleEnd()->gpu()));
-        return conn.Send(AckReply(id));
-      case proto::ClientRequestBody::RegisterBubbleCycle: {
-        auto* wire = (*request)->body_as_RegisterBubbleCycle();
-        absl::StatusOr<fill::BubbleCycle> cycle =
-            fill::ParseBubbleCycleJson(wire->cycle_json()->str());
-        absl::Status registered = cycle.ok()
-                                      ? fill_->RegisterCycle(static_cast<int>(wire->gpu()), *cycle)
-                                      : cycle.status();
-        return conn.Send(registered.ok() ? AckReply(id) : ErrorReply(id, registered));
-      }
+        return conn.Send(AckOrError(
+            id, fill_->BubbleEnd(static_cast<int>((*request)->body_as_BubbleEnd()->gpu()))));
+      case proto::ClientRequestBody::RegisterBubbleCycle:
+        return conn.Send(
+            AckOrError(id, RegisterCycle(*(*request)->body_as_RegisterBubbleCycle())));
       case proto::ClientRequestBody::FillSubmit:
         return conn.Send(FillSubmitReply(id, *(*request)->body_as_FillSubmit()));
+      case proto::ClientRequestBody::FillEstimateQuery:
+        return conn.Send(FillEstimateReply(id, *(*request)->body_as_FillEstimateQuery()->job()));
+      case proto::ClientRequestBody::FillCancel:
+        return conn.Send(
+            AckOrError(id, fill_->Cancel((*request)->body_as_FillCancel()->job_id())));
       case proto::ClientRequestBody::FillQuery:
         return conn.Send(FillStatusReply(id, (*request)->body_as_FillQuery()->job_id()));
       case proto::ClientRequestBody::FillStatsQuery:
@@ -120,7 +124,44 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     return Bytes(b);
   }
 
+  static std::vector<uint8_t> AckOrError(uint64_t id, const absl::Status& status) {
+    return status.ok() ? AckReply(id) : ErrorReply(id, status);
+  }
+
+  absl::Status RegisterCycle(const proto::RegisterBubbleCycle& wire) {
+    PSWITCH_ASSIGN_OR_RETURN(fill::BubbleCycle cycle,
+                             fill::ParseBubbleCycleJson(wire.cycle_json()->str()));
+    std::optional<absl::Time> origin;
+    if (wire.origin_ns() != 0) {
+      // The main job runs on this node: its monotonic clock is ours.
+      const uint64_t now_ns = static_cast<uint64_t>(gpu::MonotonicNowNs());
+      if (wire.origin_ns() > now_ns) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bubble cycle origin_ns ", wire.origin_ns(),
+                         " is in the future (CLOCK_MONOTONIC now: ", now_ns, ")"));
+      }
+      origin = absl::Now() - absl::Nanoseconds(static_cast<int64_t>(now_ns - wire.origin_ns()));
+    }
+    return fill_->RegisterCycle(static_cast<int>(wire.gpu()), cycle, origin);
+  }
+
   std::vector<uint8_t> FillSubmitReply(uint64_t id, const proto::FillSubmit& wire) {
+    absl::StatusOr<FillRequest> request = ParseFillRequest(wire);
+    if (!request.ok()) return ErrorReply(id, request.status());
+    absl::StatusOr<uint64_t> job = fill_->Submit(*std::move(request));
+    if (!job.ok()) return ErrorReply(id, job.status());
+    return FillStatusReply(id, *job);
+  }
+
+  std::vector<uint8_t> FillEstimateReply(uint64_t id, const proto::FillSubmit& wire) {
+    absl::StatusOr<FillRequest> request = ParseFillRequest(wire);
+    if (!request.ok()) return ErrorReply(id, request.status());
+    absl::StatusOr<FillJobStatus> estimate = fill_->Estimate(*std::move(request));
+    if (!estimate.ok()) return ErrorReply(id, estimate.status());
+    return FillStatusReply(id, *estimate);
+  }
+
+  static absl::StatusOr<FillRequest> ParseFillRequest(const proto::FillSubmit& wire) {
     FillRequest r;
     switch (wire.kind()) {
       case proto::FillKind::Inference:
@@ -133,12 +174,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         r.kind = FillKind::kSynthetic;
         break;
       default:
-        return ErrorReply(id, absl::InvalidArgumentError("unknown fill kind"));
+        return absl::InvalidArgumentError("unknown fill kind");
     }
     constexpr uint64_t kMaxUs = 86400ull * 1000000;  // keeps the Duration arithmetic finite
     if (wire.step_us() > kMaxUs || wire.synthetic_step_us() > kMaxUs ||
         wire.deadline_ms() > kMaxUs) {
-      return ErrorReply(id, absl::InvalidArgumentError("fill job durations must be under a day"));
+      return absl::InvalidArgumentError("fill job durations must be under a day");
     }
     r.model = Str(wire.model());
     r.dataset_path = Str(wire.dataset_path());
@@ -154,21 +195,23 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     r.synthetic_step = absl::Microseconds(static_cast<int64_t>(wire.synthetic_step_us()));
     r.synthetic_alloc_bytes = wire.synthetic_alloc_bytes();
     r.ignore_pause = wire.ignore_pause();
-    absl::StatusOr<uint64_t> job = fill_->Submit(std::move(r));
-    if (!job.ok()) return ErrorReply(id, job.status());
-    return FillStatusReply(id, *job);
+    return r;
   }
 
   std::vector<uint8_t> FillStatusReply(uint64_t id, uint64_t job_id) {
     absl::StatusOr<FillJobStatus> s = fill_->Query(job_id);
     if (!s.ok()) return ErrorReply(id, s.status());
+    return FillStatusReply(id, *s);
+  }
+
+  static std::vector<uint8_t> FillStatusReply(uint64_t id, const FillJobStatus& s) {
     Builder b;
-    auto error = s->error.ok() ? 0 : proto::CreateWireError(b, s->error);
+    auto error = s.error.ok() ? 0 : proto::CreateWireError(b, s.error);
     auto status = proto::CreateFillStatus(
-        b, s->job_id, static_cast<proto::FillState>(s->state),
-        static_cast<uint32_t>(std::max(s->gpu, 0)), static_cast<uint64_t>(s->steps_done),
-        static_cast<uint64_t>(s->steps_total), s->bubbles,
-        static_cast<uint64_t>(absl::ToInt64Microseconds(s->predicted_remaining)), s->meets_deadline,
+        b, s.job_id, static_cast<proto::FillState>(s.state),
+        static_cast<uint32_t>(std::max(s.gpu, 0)), static_cast<uint64_t>(s.steps_done),
+        static_cast<uint64_t>(s.steps_total), s.bubbles,
+        static_cast<uint64_t>(absl::ToInt64Microseconds(s.predicted_remaining)), s.meets_deadline,
         error);
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
     return Bytes(b);

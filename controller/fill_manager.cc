@@ -56,27 +56,42 @@ absl::Status WriteOutputs(const std::string& path, const std::vector<proto::Host
       {models::SafetensorsEntry{"output", models::DType::kF32, shape, data.data(), data.size()}});
 }
 
+absl::Status NoCycleError() {
+  return absl::FailedPreconditionError(
+      "no bubble cycle registered yet: the main job registers its cycle before fill jobs can be "
+      "placed");
+}
+
 }  // namespace
 
-absl::Status FillManager::RegisterCycle(int gpu, const fill::BubbleCycle& cycle) {
+absl::Status FillManager::CheckGpu(int gpu) const {
   if (gpu < 0 || static_cast<size_t>(gpu) >= controller_->gpus()) {
     return absl::InvalidArgumentError(
         absl::StrCat("no GPU ", gpu, " (this daemon has ", controller_->gpus(), ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status FillManager::RegisterCycle(int gpu, const fill::BubbleCycle& cycle,
+                                        std::optional<absl::Time> origin) {
+  PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
   PSWITCH_RETURN_IF_ERROR(fill::ValidateBubbleCycle(cycle));
   absl::MutexLock lock(&mu_);
   gpus_[gpu].cycle = cycle;
+  gpus_[gpu].cycle_origin = origin.value_or(absl::Now());
+  std::fprintf(stderr,
+               "level=info event=bubble_cycle_registered gpu=%d period_ms=%.3f bubbles=%zu\n",
+               gpu, absl::ToDoubleMilliseconds(cycle.period), cycle.bubbles.size());
   return RebuildScheduler();
 }
 
 absl::Status FillManager::RebuildScheduler() {
   std::vector<fill::FillStage> stages;
   std::vector<int> stage_gpu;
-  const absl::Time now = absl::Now();
   for (auto& [gpu, state] : gpus_) {
     if (!state.cycle) continue;
-    stages.push_back(
-        fill::FillStage{absl::StrCat("gpu ", gpu), *state.cycle, now, options_.switch_overhead});
+    stages.push_back(fill::FillStage{absl::StrCat("gpu ", gpu), *state.cycle, state.cycle_origin,
+                                     options_.switch_overhead});
     stage_gpu.push_back(gpu);
   }
   fill::FillSchedulerOptions options;
@@ -92,7 +107,7 @@ absl::Status FillManager::RebuildScheduler() {
   return absl::OkStatus();
 }
 
-absl::Status FillManager::Place(uint64_t id, Job& job) {
+fill::FillJob FillManager::SchedulerJob(uint64_t id, const Job& job) {
   fill::FillJob f;
   f.id = id;
   f.steps_total = job.steps_total;
@@ -101,12 +116,24 @@ absl::Status FillManager::Place(uint64_t id, Job& job) {
   f.memory_bytes = static_cast<int64_t>(job.request.memory_bytes);
   f.submitted = job.submitted;
   if (job.request.deadline) f.deadline = job.submitted + *job.request.deadline;
-  PSWITCH_RETURN_IF_ERROR(scheduler_->Submit(f, absl::Now()));
+  return f;
+}
+
+absl::Status FillManager::Place(uint64_t id, Job& job) {
+  PSWITCH_RETURN_IF_ERROR(scheduler_->Submit(SchedulerJob(id, job), absl::Now()));
   job.gpu = stage_gpu_[*scheduler_->StageOf(id)];
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
+void FillManager::Transition(uint64_t id, Job& job, fill::FillEvent event) {
+  absl::Status applied = job.machine.Apply(event);
+  if (!applied.ok()) {
+    std::fprintf(stderr, "level=error event=fill_state_error job=%llu error=\"%s\"\n",
+                 static_cast<unsigned long long>(id), applied.ToString().c_str());
+  }
+}
+
+absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) {
   if (request.batch < 1) return absl::InvalidArgumentError("batch must be >= 1");
   if (request.memory_bytes == 0) {
     return absl::InvalidArgumentError("memory_bytes (the job's memory cap) must be > 0");
@@ -143,14 +170,15 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
       return absl::InvalidArgumentError(absl::StrCat("unknown zoo model '", request.model, "'"));
     }
   }
+  return steps;
+}
+
+absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
+  PSWITCH_ASSIGN_OR_RETURN(const int64_t steps, Validate(request));
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
-    if (scheduler_ == nullptr) {
-      return absl::FailedPreconditionError(
-          "no bubble cycle registered yet: the main job registers its cycle before fill jobs "
-          "can be placed");
-    }
+    if (scheduler_ == nullptr) return NoCycleError();
     id = next_id_++;
     Job job;
     job.request = request;
@@ -159,7 +187,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
     job.submitted = absl::Now();
     if (request.kind != FillKind::kSynthetic) job.model_name = absl::StrCat(kFillModelPrefix, id);
     PSWITCH_RETURN_IF_ERROR(Place(id, job));
-    (void)job.machine.Apply(fill::FillEvent::kCreate);
+    Transition(id, job, fill::FillEvent::kCreate);
     jobs_.emplace(id, std::move(job));
   }
   if (request.kind == FillKind::kSynthetic) {
@@ -175,20 +203,52 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
   return id;
 }
 
+absl::StatusOr<FillJobStatus> FillManager::Estimate(FillRequest request) {
+  PSWITCH_ASSIGN_OR_RETURN(const int64_t steps, Validate(request));
+  absl::MutexLock lock(&mu_);
+  if (scheduler_ == nullptr) return NoCycleError();
+  Job job;
+  job.request = request;
+  job.steps_total = steps;
+  job.predicted_step = request.step;
+  job.submitted = absl::Now();
+  // Under the id a submission would get now: no job has it yet, and messages name it.
+  PSWITCH_ASSIGN_OR_RETURN(fill::FillEstimate estimate,
+                           scheduler_->EstimateNew(SchedulerJob(next_id_, job), job.submitted));
+  FillJobStatus status;
+  status.gpu = stage_gpu_[estimate.stage];
+  status.steps_total = steps;
+  status.predicted_remaining = std::max(absl::ZeroDuration(), estimate.completion - job.submitted);
+  status.meets_deadline = estimate.meets_deadline;
+  return status;
+}
+
+absl::Status FillManager::Cancel(uint64_t job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no fill job ", job_id));
+  if (it->second.machine.stopped()) {
+    return absl::FailedPreconditionError(absl::StrCat("fill job ", job_id, " has already stopped"));
+  }
+  Stop(job_id, it->second, absl::CancelledError("cancelled by a client"));
+  return absl::OkStatus();
+}
+
 void FillManager::OnCreated(uint64_t id, absl::Status created) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
+  // Gone, or cancelled while its model was being registered.
+  if (it == jobs_.end() || it->second.machine.stopped()) return;
   if (!created.ok()) {
     Stop(id, it->second, created);
     return;
   }
-  (void)it->second.machine.Apply(fill::FillEvent::kInit);  // CREATED -> PAUSED
+  Transition(id, it->second, fill::FillEvent::kInit);  // CREATED -> PAUSED
 }
 
 void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
   if (job.machine.stopped()) return;
-  (void)job.machine.Apply(fill::FillEvent::kStop);
+  Transition(id, job, fill::FillEvent::kStop);
   job.error = std::move(error);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
   controller_->checkpoints().Drop(kFillStateKeyBit | id);
@@ -224,28 +284,29 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, absl::Durati
   return spec;
 }
 
-void FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes) {
-  if (gpu < 0 || static_cast<size_t>(gpu) >= controller_->gpus()) return;
+absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes) {
+  PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
   absl::MutexLock lock(&mu_);
   GpuState& g = gpus_[gpu];
   const absl::Time now = absl::Now();
   g.in_bubble = true;
   g.bubble_begin = now;
   ++stats_.bubbles;
-  if (scheduler_ == nullptr || g.running_job) return;  // the last run has not paused yet
+  // No cycle registered for this GPU (nothing placed here), or its last run has not paused yet.
+  if (scheduler_ == nullptr || g.running_job) return absl::OkStatus();
   auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
-  if (stage == stage_gpu_.end()) return;
+  if (stage == stage_gpu_.end()) return absl::OkStatus();
   auto next = scheduler_->Next(static_cast<int>(stage - stage_gpu_.begin()), now);
-  if (!next.ok() || !next->has_value()) return;
+  if (!next.ok() || !next->has_value()) return absl::OkStatus();
   const uint64_t id = **next;
   Job& job = jobs_.at(id);
   // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
   // even one step would fit: switching it in would only cost copies.
   if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes ||
       expected <= job.predicted_step + options_.margin) {
-    return;
+    return absl::OkStatus();
   }
-  (void)job.machine.Apply(fill::FillEvent::kStart);
+  Transition(id, job, fill::FillEvent::kStart);
   ++job.bubbles;
   g.running_job = id;
   g.run_done = false;
@@ -253,21 +314,22 @@ void FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_by
   controller_->gpu(gpu).SubmitFill(
       RunSpec(id, job, gpu, expected, free_bytes),
       [this, gpu, id](const absl::StatusOr<TaskOutcome>& outcome) { OnRunDone(gpu, id, outcome); });
+  return absl::OkStatus();
 }
 
-void FillManager::BubbleEnd(int gpu) {
-  if (gpu < 0 || static_cast<size_t>(gpu) >= controller_->gpus()) return;
+absl::Status FillManager::BubbleEnd(int gpu) {
+  PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
   bool pause = false;
   {
     absl::MutexLock lock(&mu_);
     GpuState& g = gpus_[gpu];
-    if (!g.in_bubble) return;
+    if (!g.in_bubble) return absl::OkStatus();
     g.in_bubble = false;
     const absl::Time now = absl::Now();
     stats_.bubble_time += now - g.bubble_begin;
     // A run still going from an earlier bubble keeps that bubble's end (its pause latency and
     // kill deadline count from there).
-    if (!g.running_job || g.ended) return;
+    if (!g.running_job || g.ended) return absl::OkStatus();
     g.bubble_end = now;
     g.ended = true;
     if (g.run_done) {
@@ -277,6 +339,7 @@ void FillManager::BubbleEnd(int gpu) {
     }
   }
   if (pause) controller_->gpu(gpu).EndBubble(options_.grace);
+  return absl::OkStatus();
 }
 
 void FillManager::RecordPause(GpuState& g) {
@@ -307,6 +370,9 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     Stop(id, job, outcome.status());
     return;
   }
+  for (uint32_t i = 0; i < outcome->fill_steps; ++i) {
+    Transition(id, job, fill::FillEvent::kRunNextStep);
+  }
   stats_.steps += outcome->fill_steps;
   stats_.fill_step_time += outcome->fill_step_time;
   if (outcome->fill_steps > 0) {
@@ -328,7 +394,7 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     Stop(id, job, written);
     return;
   }
-  (void)job.machine.Apply(fill::FillEvent::kPause);  // RUNNING -> PAUSED until its next bubble
+  Transition(id, job, fill::FillEvent::kPause);  // RUNNING -> PAUSED until its next bubble
   // A job whose measured steps no longer fit any bubble of its GPU would wait forever.
   absl::Duration longest;
   if (g.cycle) {

@@ -78,14 +78,23 @@ class FillManager {
   FillManager(Controller* controller, FillManagerOptions options)
       : controller_(controller), options_(options) {}
 
-  // InvalidArgument for a bad cycle or GPU.
-  absl::Status RegisterCycle(int gpu, const fill::BubbleCycle& cycle);
+  // InvalidArgument for a bad cycle or GPU. `origin` is the start of one of the main job's
+  // iterations (time 0 of the cycle, for predictions); nullopt: now. Jobs not yet finished are
+  // placed again; one that no longer fits anywhere is stopped with the reason.
+  absl::Status RegisterCycle(int gpu, const fill::BubbleCycle& cycle,
+                             std::optional<absl::Time> origin = std::nullopt);
   // Validates, then creates the job in the background (registering its private model); the job
-  // is PAUSED, waiting for bubbles, once `accepted` returns OK.
+  // is PAUSED, waiting for bubbles, once its model is registered.
   absl::StatusOr<uint64_t> Submit(FillRequest request);
+  // What Submit would predict for `request` (its GPU, completion, deadline), submitting nothing.
+  absl::StatusOr<FillJobStatus> Estimate(FillRequest request);
+  // Stops the job (STOPPED, error Cancelled); a run in the current bubble ends with the bubble.
+  // NotFound for an unknown job, FailedPrecondition for one already stopped.
+  absl::Status Cancel(uint64_t job_id);
   absl::StatusOr<FillJobStatus> Query(uint64_t job_id) const;
-  void BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes);
-  void BubbleEnd(int gpu);
+  // InvalidArgument for a GPU this daemon does not have.
+  absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes);
+  absl::Status BubbleEnd(int gpu);
   FillStats Stats() const;
 
  private:
@@ -105,6 +114,7 @@ class FillManager {
   };
   struct GpuState {
     std::optional<fill::BubbleCycle> cycle;
+    absl::Time cycle_origin;
     bool in_bubble = false;
     absl::Time bubble_begin, bubble_end;
     std::optional<uint64_t> running_job;  // its run in the current (or last) bubble
@@ -114,7 +124,13 @@ class FillManager {
   };
 
   absl::Status RebuildScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckGpu(int gpu) const;
+  // Checks `request` (filling in defaults) and returns the job's total steps.
+  static absl::StatusOr<int64_t> Validate(FillRequest& request);
+  static fill::FillJob SchedulerJob(uint64_t id, const Job& job);
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.
+  static void Transition(uint64_t id, Job& job, fill::FillEvent event);
   void OnCreated(uint64_t id, absl::Status created);
   void OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome);
   void Stop(uint64_t id, Job& job, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

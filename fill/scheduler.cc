@@ -261,6 +261,15 @@ std::optional<int> FillScheduler::StageOf(uint64_t job_id) const {
   return it->second.stage;
 }
 
+absl::StatusOr<FillEstimate> FillScheduler::EstimateNew(const FillJob& job, absl::Time now) {
+  const int64_t seq = next_seq_;
+  PSWITCH_RETURN_IF_ERROR(Submit(job, now));
+  absl::StatusOr<FillEstimate> estimate = Estimate(job.id, now);
+  Forget(job.id);
+  next_seq_ = seq;  // as if never submitted: tie-breaks between later jobs are unchanged
+  return estimate;
+}
+
 void FillScheduler::Forget(uint64_t job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;

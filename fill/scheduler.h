@@ -90,6 +90,10 @@ class FillScheduler {
   // The job's stage and predicted completion (see the file comment). NotFound for an unknown job.
   absl::StatusOr<FillEstimate> Estimate(uint64_t job_id, absl::Time now) const;
 
+  // What Submit(job, now) would predict (its stage, completion, deadline), without submitting:
+  // the scheduler is left as it was. Submit's errors, deadline refusal included.
+  absl::StatusOr<FillEstimate> EstimateNew(const FillJob& job, absl::Time now);
+
   // The stage's jobs in predicted run order: the current job first, then the waiting ones by
   // score. Empty for a stage out of range.
   std::vector<uint64_t> RunOrder(int stage, absl::Time now) const;

@@ -261,6 +261,32 @@ TEST(FillSchedulerTest, EstimateEqualsThePartitionPrediction) {
   EXPECT_EQ(scheduler->Estimate(1, now)->completion, kOrigin + *rest);
 }
 
+// `pswitchctl fill estimate`: the prediction a submission would get, with nothing submitted.
+TEST(FillSchedulerTest, EstimateNewPredictsASubmissionWithoutMakingIt) {
+  auto scheduler = MakeScheduler({Stage("a", 8 * kGiB), Stage("b", 8 * kGiB, Ms(30))});
+  ASSERT_TRUE(scheduler->Submit(Job(1, 8), kOrigin).ok());  // a: 140 ms
+
+  // Job 2 would go behind job 1 on a (340 ms) or alone on b (320 ms).
+  absl::StatusOr<FillEstimate> what_if = scheduler->EstimateNew(Job(2, 8), kOrigin);
+  ASSERT_TRUE(what_if.ok()) << what_if.status();
+  EXPECT_EQ(what_if->stage, 1);
+  EXPECT_EQ(what_if->completion, kOrigin + Ms(320));
+  EXPECT_EQ(scheduler->num_jobs(), 1u);
+  EXPECT_EQ(scheduler->StageOf(2), std::nullopt);
+  EXPECT_THAT(scheduler->RunOrder(1, kOrigin), ElementsAre());
+
+  // The real submission gets the same prediction.
+  ASSERT_TRUE(scheduler->Submit(Job(2, 8), kOrigin).ok());
+  EXPECT_EQ(scheduler->Estimate(2, kOrigin)->completion, what_if->completion);
+
+  // Submit's errors come back, and still nothing is submitted.
+  EXPECT_EQ(scheduler->EstimateNew(Job(3, 4, Ms(10), 9 * kGiB), kOrigin).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(scheduler->EstimateNew(Job(1, 4), kOrigin).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(scheduler->num_jobs(), 2u);
+}
+
 TEST(FillSchedulerTest, NextKeepsTheCurrentJobUntilItFinishes) {
   auto scheduler = OneStage(FillPolicy::kSjf);
   SubmitAll(*scheduler, {Job(1, 8)});

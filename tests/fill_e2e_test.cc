@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
+#include "gpu/copy_engine.h"
 #include "gpu/host/compute_lock.h"
 #include "gtest/gtest.h"
 #include "models/registry.h"
@@ -113,6 +114,60 @@ TEST_F(FillTest, SubmissionsAreValidated) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->state, client::FillState::kPaused);  // waiting for its first bubble
   EXPECT_GT(ok->predicted_remaining, absl::ZeroDuration());
+}
+
+// `fill estimate` predicts without submitting; `fill cancel` stops a job; bubble calls for a GPU
+// the daemon lacks come back as errors.
+TEST_F(FillTest, EstimateSubmitsNothingCancelStopsAJobAndBadBubblesAreErrors) {
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(5);
+  o.steps = 8;
+  o.memory_bytes = 1 << 20;
+  EXPECT_EQ(client_->EstimateFill(o).status().code(), absl::StatusCode::kFailedPrecondition);
+  RegisterCycle(absl::Milliseconds(20));
+  EXPECT_EQ(client_
+                ->RegisterBubbleCycle(0, R"({"period_ns": 60000000, "bubbles": []})",
+                                      gpu::MonotonicNowNs() + 1'000'000'000)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // an origin in the future
+
+  auto estimate = client_->EstimateFill(o);
+  ASSERT_TRUE(estimate.ok()) << estimate.status();
+  EXPECT_EQ(estimate->job_id, 0u);
+  EXPECT_EQ(estimate->state, client::FillState::kSubmitted);
+  EXPECT_EQ(estimate->steps_total, 8u);
+  // 3 steps of 5 ms (+ margin) fit a 20 ms bubble: 8 steps need 3 cycles of 60 ms.
+  EXPECT_GT(estimate->predicted_remaining, absl::Milliseconds(120));
+  EXPECT_LT(estimate->predicted_remaining, absl::Milliseconds(240));
+  EXPECT_EQ(client_->FillStatus(1).status().code(), absl::StatusCode::kNotFound);
+  client::FillJobOptions too_big = o;
+  too_big.memory_bytes = kFreeBytes * 2;
+  EXPECT_EQ(client_->EstimateFill(too_big).status().code(), absl::StatusCode::kResourceExhausted);
+
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->job_id, 1u);  // the estimate took no id
+  EXPECT_LT(absl::AbsDuration(job->predicted_remaining - estimate->predicted_remaining),
+            absl::Milliseconds(60));
+  ASSERT_TRUE(client_->CancelFill(job->job_id).ok());
+  auto cancelled = client_->FillStatus(job->job_id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state, client::FillState::kStopped);
+  EXPECT_EQ(cancelled->error.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(client_->CancelFill(job->job_id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->CancelFill(99).code(), absl::StatusCode::kNotFound);
+  // A cancelled job never runs: a bubble passes without a fill step.
+  Iteration(absl::Milliseconds(20), absl::Milliseconds(5));
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->steps, 0u);
+
+  // Bubble calls do not wait for their reply; the error surfaces on the next bubble call.
+  EXPECT_TRUE(client_->BubbleBegin(7, absl::Milliseconds(5), kFreeBytes).ok());
+  ASSERT_TRUE(client_->FillStats().ok());  // a round trip: the error reply has arrived
+  absl::Status later = client_->BubbleEnd(0);
+  EXPECT_EQ(later.code(), absl::StatusCode::kInvalidArgument) << later;
+  EXPECT_THAT(std::string(later.message()), HasSubstr("no GPU 7"));
 }
 
 // Program-directed limit: a step starts only if it fits in what is left of the bubble, so a

@@ -8,10 +8,13 @@
 //              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M]
 //   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK
 //   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
-//   pswitchctl --server HOST:PORT fill submit --kind synthetic|training|inference [--model M]
-//              [--dataset D.safetensors --output O.safetensors] [--batch B] [--steps K]
-//              --step-us US --memory-bytes BYTES [--deadline-ms D] [--synthetic-step-us US]
-//   pswitchctl --server HOST:PORT fill status JOB | fill estimate JOB | fill stats
+//   pswitchctl --server HOST:PORT fill submit|estimate --kind training|inference|synthetic
+//              [--model M] [--dataset D.safetensors --output O.safetensors] [--batch B]
+//              [--steps K] --step-us US --memory-bytes BYTES [--deadline-ms D]
+//              [--synthetic-step-us US]
+//   pswitchctl --server HOST:PORT fill status JOB | fill cancel JOB | fill stats
+//
+// `fill estimate` prints the GPU and predicted completion the job would get, submitting nothing.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -39,7 +42,8 @@ ABSL_FLAG(std::string, input, "",
           "'attention_mask', 'token_type_ids')");
 ABSL_FLAG(std::string, output, "", "infer: where to write the 'output' tensor");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
-ABSL_FLAG(uint64_t, deadline_ms, 0, "infer: deadline from submission (edf policy); 0 = none");
+ABSL_FLAG(uint64_t, deadline_ms, 0,
+          "infer, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none");
 ABSL_FLAG(uint32_t, iterations, 0, "train: iterations");
 ABSL_FLAG(uint64_t, seed, 0, "train: data and dropout seed");
 ABSL_FLAG(std::string, optimizer, "sgd", "train: sgd or adam");
@@ -48,10 +52,12 @@ ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum (0 = plain SGD)");
 ABSL_FLAG(int, timeout_s, 600, "give up waiting after this many seconds");
 ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
 ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
-ABSL_FLAG(std::string, kind, "synthetic", "fill submit: synthetic, training or inference");
+ABSL_FLAG(std::string, kind, "", "fill submit: training, inference or synthetic (required)");
 ABSL_FLAG(std::string, dataset, "", "fill submit (inference): safetensors with 'input' rows");
 ABSL_FLAG(uint32_t, steps, 0, "fill submit: training iterations / synthetic steps");
-ABSL_FLAG(uint64_t, step_us, 0, "fill submit: profiled step duration");
+ABSL_FLAG(uint64_t, step_us, 0,
+          "fill submit: profiled step duration (profile-model); synthetic: default "
+          "--synthetic-step-us");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "fill submit: the job's memory cap");
 ABSL_FLAG(uint64_t, synthetic_step_us, 0, "fill submit (synthetic): each step's device time");
 
@@ -145,6 +151,12 @@ void PrintTask(const client::TaskStatus& s) {
 }
 
 void PrintFill(const client::FillJobStatus& s) {
+  if (s.job_id == 0) {  // an estimate
+    std::printf("fill estimate gpu=%u steps=%llu predicted_completion_ms=%.1f meets_deadline=%s\n",
+                s.gpu, static_cast<unsigned long long>(s.steps_total),
+                absl::ToDoubleMilliseconds(s.predicted_remaining), s.meets_deadline ? "yes" : "no");
+    return;
+  }
   std::printf("fill job %llu state=%s gpu=%u steps=%llu/%llu bubbles=%u",
               static_cast<unsigned long long>(s.job_id),
               std::string(client::FillStateName(s.state)).c_str(), s.gpu,
@@ -158,41 +170,55 @@ void PrintFill(const client::FillJobStatus& s) {
   std::printf("\n");
 }
 
+absl::StatusOr<client::FillJobOptions> FillJobFromFlags() {
+  client::FillJobOptions o;
+  const std::string kind = absl::GetFlag(FLAGS_kind);
+  if (kind == "synthetic") {
+    o.kind = client::FillKind::kSynthetic;
+  } else if (kind == "training") {
+    o.kind = client::FillKind::kTraining;
+  } else if (kind == "inference") {
+    o.kind = client::FillKind::kInference;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kind must be training, inference or synthetic, got '", kind, "'"));
+  }
+  o.model = absl::GetFlag(FLAGS_model);
+  o.dataset_path = absl::GetFlag(FLAGS_dataset);
+  o.output_path = absl::GetFlag(FLAGS_output);
+  o.batch = std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.step = absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_us)));
+  o.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
+  o.deadline = absl::Milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_deadline_ms)));
+  o.synthetic_step =
+      absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_synthetic_step_us)));
+  return o;
+}
+
 absl::Status Fill(client::Client& client, const std::vector<std::string>& args) {
   const std::string sub = args.size() > 1 ? args[1] : "";
-  if (sub == "submit") {
-    client::FillJobOptions o;
-    const std::string kind = absl::GetFlag(FLAGS_kind);
-    if (kind == "synthetic") {
-      o.kind = client::FillKind::kSynthetic;
-    } else if (kind == "training") {
-      o.kind = client::FillKind::kTraining;
-    } else if (kind == "inference") {
-      o.kind = client::FillKind::kInference;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kind must be synthetic, training or inference, got '", kind, "'"));
+  if (sub == "submit" || sub == "estimate") {
+    if (args.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("fill ", sub, " takes flags only"));
     }
-    o.model = absl::GetFlag(FLAGS_model);
-    o.dataset_path = absl::GetFlag(FLAGS_dataset);
-    o.output_path = absl::GetFlag(FLAGS_output);
-    o.batch = std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1);
-    o.steps = absl::GetFlag(FLAGS_steps);
-    o.seed = absl::GetFlag(FLAGS_seed);
-    o.step = absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_step_us)));
-    o.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
-    o.deadline = absl::Milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_deadline_ms)));
-    o.synthetic_step =
-        absl::Microseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_synthetic_step_us)));
-    auto status = client.SubmitFill(o);
+    auto job = FillJobFromFlags();
+    if (!job.ok()) return job.status();
+    auto status = sub == "submit" ? client.SubmitFill(*job) : client.EstimateFill(*job);
     if (!status.ok()) return status.status();
     PrintFill(*status);
     return absl::OkStatus();
   }
-  if (sub == "status" || sub == "estimate") {
+  if (sub == "status" || sub == "cancel") {
     uint64_t id = 0;
     if (args.size() != 3 || !absl::SimpleAtoi(args[2], &id)) {
       return absl::InvalidArgumentError(absl::StrCat("fill ", sub, " needs one numeric JOB id"));
+    }
+    if (sub == "cancel") {
+      if (absl::Status cancelled = client.CancelFill(id); !cancelled.ok()) return cancelled;
+      std::printf("fill job %llu cancelled\n", static_cast<unsigned long long>(id));
+      return absl::OkStatus();
     }
     auto status = client.FillStatus(id);
     if (!status.ok()) return status.status();
@@ -214,7 +240,7 @@ absl::Status Fill(client::Client& client, const std::vector<std::string>& args) 
         absl::ToDoubleMilliseconds(s->pause_p99), static_cast<unsigned long long>(s->killed));
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError("fill needs submit, status JOB, estimate JOB or stats");
+  return absl::InvalidArgumentError("fill needs submit, estimate, status JOB, cancel JOB or stats");
 }
 
 absl::Status Run(const std::vector<std::string>& args) {

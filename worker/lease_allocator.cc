@@ -34,8 +34,7 @@ c10::DataPtr LeaseAllocator::Allocate(size_t n) const {
   const uint64_t limit = limit_.load(std::memory_order_acquire);
   std::byte* ptr = blocks_.Take(n, limit);
   // Thrown as libtorch throws its own out-of-memory errors; the task boundary catches it.
-  TORCH_CHECK(ptr != nullptr, blocks_.DescribeShortage(n, limit),
-              " (raise pswitchd --activation-bytes)");
+  TORCH_CHECK(ptr != nullptr, blocks_.DescribeShortage(n, limit));
   // Context == data, as libtorch's raw interface requires.
   return c10::DataPtr(ptr, ptr, &LeaseAllocator::RawFree, c10::Device(c10::kCPU));
 }

@@ -54,11 +54,13 @@ std::string LeaseBlocks::DescribeShortage(uint64_t bytes, uint64_t limit_bytes) 
   absl::MutexLock lock(&mu_);
   if (limit_bytes != 0 && in_use_ + RoundUp(bytes) > limit_bytes) {
     return absl::StrCat("task memory cap of ", limit_bytes, " bytes exceeded: ", bytes,
-                        " bytes requested with ", in_use_, " in use");
+                        " bytes requested with ", in_use_,
+                        " in use (the cap is the fill job's memory_bytes, or less when its bubble "
+                        "has less free)");
   }
   return absl::StrCat("activation lease exhausted: ", bytes, " bytes requested, ", in_use_, " of ",
                       bytes_, " bytes in use, largest free block ", free_.largest_bytes(),
-                      " bytes");
+                      " bytes (raise pswitchd --activation-bytes)");
 }
 
 uint64_t LeaseBlocks::in_use_bytes() const {

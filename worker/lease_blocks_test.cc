@@ -8,6 +8,7 @@
 namespace pswitch::worker {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(LeaseBlocksTest, HandsOutAlignedBlocksInsideTheLeaseAndReusesFreedOnes) {
@@ -37,9 +38,10 @@ TEST(LeaseBlocksTest, AFullLeaseOrACapFailsTheRequestWithTheReason) {
   EXPECT_EQ(blocks.Take(6000), nullptr);
   EXPECT_THAT(blocks.DescribeShortage(6000),
               HasSubstr("activation lease exhausted: 6000 bytes requested, 4096 of 8192 bytes in "
-                        "use, largest free block"));
+                        "use, largest free block 4096 bytes (raise pswitchd --activation-bytes)"));
   EXPECT_EQ(blocks.Take(2048, /*limit_bytes=*/5000), nullptr);
-  EXPECT_THAT(blocks.DescribeShortage(2048, 5000), HasSubstr("task memory cap of 5000 bytes"));
+  EXPECT_THAT(blocks.DescribeShortage(2048, 5000), AllOf(HasSubstr("task memory cap of 5000 bytes"),
+                                                         HasSubstr("memory_bytes")));
   EXPECT_EQ(blocks.in_use_bytes(), 4096u);
   // Freed neighbours coalesce: the whole lease fits in one block again.
   EXPECT_TRUE(blocks.Give(half));

@@ -73,8 +73,7 @@ void* CudaLeaseAllocator::Allocate(size_t bytes, int device) {
   // Thrown as c10's caching allocator throws its own out-of-memory errors: cuDNN catches it and
   // retries with a smaller workspace.
   TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "pswitch worker on cuda:", device_ordinal_,
-                   ": ", blocks_.DescribeShortage(bytes, limit),
-                   " (raise pswitchd --activation-bytes)");
+                   ": ", blocks_.DescribeShortage(bytes, limit));
   return ptr;
 }
 
