@@ -38,6 +38,10 @@ absl::string_view TaskPhaseName(TaskPhase phase) {
   return "unknown";
 }
 
+// Start failures in a row after which queued tasks stop waiting for a worker slot (it is still
+// retried, every 5 s at most).
+constexpr int kMaxStartFailures = 3;
+
 struct GpuScheduler::Slot {
   enum class State { kStarting, kIdle, kBusy, kDead };
   std::unique_ptr<WorkerProcess> process;
@@ -86,6 +90,7 @@ absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const Schedule
       s->copy_engine_.get(), &daemon->ready_flags(), &daemon->drain_flags(),
       daemon->arena().size_bytes());
   for (int i = 0; i < options.workers; ++i) s->slots_.push_back(std::make_unique<Slot>());
+  s->restarts_.resize(s->slots_.size());
   s->loop_ = std::thread([p = s.get()] { p->Loop(); });
   s->Post([p = s.get()] {
     for (size_t i = 0; i < p->slots_.size(); ++i) p->SpawnSlot(static_cast<int>(i));
@@ -119,9 +124,12 @@ void GpuScheduler::Loop() {
       // While stopping, a running task gets a bounded time to reach its sync point; a fill run
       // told to pause gets its grace.
       if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
-                                 std::min(stop_deadline, kill_deadline_))) {
+                                 std::min({stop_deadline, kill_deadline_, NextRespawn()}))) {
         if (absl::Now() >= stop_deadline) break;
-        fn = [this] { EnforcePause(); };
+        fn = [this] {
+          if (absl::Now() >= kill_deadline_) EnforcePause();
+          RespawnDue();
+        };
       } else {
         fn = std::move(posted_.front());
         posted_.pop_front();
@@ -263,6 +271,7 @@ void GpuScheduler::SpawnSlot(int slot) {
     std::fprintf(stderr, "level=error event=worker_spawn_failed slot=%d error=\"%s\"\n", slot,
                  process.status().ToString().c_str());
     s.state = Slot::State::kDead;
+    ScheduleRespawn(slot, /*was_ready=*/false, process.status());
     return;
   }
   s.process = std::move(*process);
@@ -395,10 +404,52 @@ bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&workers_ready_), timeout);
 }
 
+void GpuScheduler::ScheduleRespawn(int slot, bool was_ready, const absl::Status& why) {
+  if (stopping_) return;
+  Restarts& r = restarts_[slot];
+  if (was_ready) {
+    r = Restarts{};
+    SpawnSlot(slot);
+    return;
+  }
+  ++r.start_failures;
+  r.last_error = std::string(why.message());
+  // 100 ms, 200 ms, ... up to 5 s: a worker that cannot start must not spin the daemon.
+  const absl::Duration delay =
+      std::min(absl::Milliseconds(100) * (int64_t{1} << std::min(r.start_failures - 1, 6)),
+               absl::Seconds(5));
+  r.respawn_at = absl::Now() + delay;
+  std::fprintf(stderr,
+               "level=error event=worker_start_failed slot=%d failures_in_a_row=%d "
+               "retry_in_ms=%.0f error=\"%s\"\n",
+               slot, r.start_failures, absl::ToDoubleMilliseconds(delay), r.last_error.c_str());
+}
+
+void GpuScheduler::RespawnDue() {
+  const absl::Time now = absl::Now();
+  for (size_t slot = 0; slot < slots_.size(); ++slot) {
+    if (restarts_[slot].respawn_at > now || stopping_) continue;
+    restarts_[slot].respawn_at = absl::InfiniteFuture();
+    SpawnSlot(static_cast<int>(slot));
+  }
+}
+
+absl::Time GpuScheduler::NextRespawn() const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const Restarts& r : restarts_) next = std::min(next, r.respawn_at);
+  return next;
+}
+
+bool GpuScheduler::GaveUp(int slot) const {
+  return restarts_[slot].start_failures >= kMaxStartFailures;
+}
+
 void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   Slot& s = *slots_[slot];
   std::fprintf(stderr, "level=%s event=worker_exit slot=%d detail=\"%s\"\n",
                stopping_ ? "info" : "error", slot, std::string(why.message()).c_str());
+  // Ready once it announced itself and answered its first loads; a crash after that is a task's.
+  const bool was_ready = s.state == Slot::State::kIdle || s.state == Slot::State::kBusy;
   s.state = Slot::State::kDead;
   // Nothing of a dead process is in flight: release whoever waits for its drain.
   (void)daemon_->drain_flags().Store(options_.slot_base + static_cast<uint32_t>(slot),
@@ -417,7 +468,11 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
     resident_model_.clear();  // a half-finished training step may have touched the weights
   }
   for (auto it = pending_loads_.begin(); it != pending_loads_.end();) {
-    // Its load will never be answered.
+    // Its load will never be answered; loads it was not sent (or answered) are not its to count.
+    if (!s.loading.contains(it->first)) {
+      ++it;
+      continue;
+    }
     if (--it->second.remaining == 0) {
       it->second.done(it->second.status);
       it = pending_loads_.erase(it);
@@ -426,7 +481,7 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
     }
   }
   s.process.reset();
-  if (!stopping_) SpawnSlot(slot);
+  ScheduleRespawn(slot, was_ready, why);
   RefreshReadiness();
 }
 
@@ -554,20 +609,30 @@ void GpuScheduler::MaybeStart() {
     bool resident = resident_model_ == ticket.model && active_slot_ >= 0;
     if (resident ? !Usable(active_slot_, ticket.model) : false) return;  // wait for it
     if (!resident) {
-      bool any = false, possible = false;
+      bool any = false, possible = false, all_gave_up = true;
       for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot& s = *slots_[i];
         any |= Usable(static_cast<int>(i), ticket.model);
-        // A worker still starting, loading or busy may yet be able to run it.
-        possible |= s.state == Slot::State::kStarting || s.state == Slot::State::kBusy ||
-                    s.loads_pending > 0 || s.loaded.contains(ticket.model);
+        const bool gave_up = GaveUp(static_cast<int>(i));
+        all_gave_up &= gave_up;
+        // A worker still starting (or about to be respawned), loading or busy may yet run it.
+        possible |= (!gave_up && (s.state == Slot::State::kStarting ||
+                                  s.state == Slot::State::kDead)) ||
+                    s.state == Slot::State::kBusy || s.loads_pending > 0 ||
+                    s.loaded.contains(ticket.model);
       }
       if (!any && possible) return;
       if (!any) {
         pop();
-        Finish(ticket.id, absl::FailedPreconditionError(
-                              absl::StrCat("no worker has model '", ticket.model,
-                                           "' loaded (its load failed; see pswitchd's log)")));
+        Finish(ticket.id,
+               all_gave_up
+                   ? absl::UnavailableError(absl::StrCat(
+                         "no worker can start: each failed ", kMaxStartFailures,
+                         " times in a row before it was ready (last: ", restarts_[0].last_error,
+                         "); pswitchd keeps retrying, see its log"))
+                   : absl::FailedPreconditionError(
+                         absl::StrCat("no worker has model '", ticket.model,
+                                      "' loaded (its load failed; see pswitchd's log)")));
         continue;
       }
     }

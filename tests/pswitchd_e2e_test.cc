@@ -269,6 +269,41 @@ TEST_F(PswitchdTest, SigtermAnswersEveryTaskReapsTheWorkersAndExitsCleanly) {
   }
 }
 
+// A worker binary that exits at once: the daemon retries with a growing delay instead of
+// spinning, fails queued tasks with the reason instead of letting them wait forever, and still
+// stops cleanly on SIGTERM.
+TEST(PswitchdStartTest, WorkersThatCannotStartFailTasksAndAreRetriedWithBackoff) {
+  e2e::TestDaemon daemon(
+      {"--preload=", "--standby-workers=1", "--worker-binary=/bin/false"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Register({"tiny_cnn", "tiny_cnn", "", 1, "auto"}).ok());
+  auto model = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok());
+  auto input = worker::ToHostTensor("input", (*model)->ExampleInput(1, 1).input);
+  ASSERT_TRUE(input.ok());
+  auto answer = (*client)->Infer("tiny_cnn", {*input});
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kUnavailable) << answer.status();
+  EXPECT_THAT(std::string(answer.status().message()), HasSubstr("no worker can start"));
+
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  std::string log = daemon.log();
+  size_t failures = 0;
+  for (size_t at = log.find("event=worker_start_failed"); at != std::string::npos;
+       at = log.find("event=worker_start_failed", at + 1)) {
+    ++failures;
+  }
+  // 2 slots, retried after 0.1, 0.2, 0.4, 0.8, 1.6 s: about 5 each so far.
+  EXPECT_GE(failures, 6u) << log;
+  EXPECT_LE(failures, 16u) << log;
+
+  const int status = daemon.Terminate();
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << daemon.log();
+}
+
 // A training task's batch overrides the one its model was registered with.
 TEST_F(PswitchdTest, TrainingBatchOverridesTheRegisteredBatch) {
   ASSERT_TRUE(client_->Register({"batch-1", "tiny_cnn", "", 1, "auto"}).ok());
