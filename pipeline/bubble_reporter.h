@@ -27,6 +27,8 @@ class BubbleReporter {
   // path as soon as its input arrives.
   virtual void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) = 0;
   virtual void BubbleEnd(int stage) = 0;
+  // The stage starts `iteration` (after the previous iteration's barrier bubble has ended).
+  virtual void IterationStart(int /*stage*/, int /*iteration*/) {}
 };
 
 // Ignores every bubble.

@@ -121,6 +121,7 @@ absl::Status StageRunner::Serve() {
         if (!plan_) return absl::FailedPreconditionError("iteration started before the plan");
         if (control->iteration == config_.crash_at_iteration) ::raise(SIGKILL);
         PSWITCH_ASSIGN_OR_RETURN(absl::Time start, internal::DecodeStart(MessageText(*control)));
+        reporter_.IterationStart(stage_, control->iteration);
         StageIterationStats stats;
         PSWITCH_RETURN_IF_ERROR(Annotate(RunIteration(control->iteration, start, &stats),
                                          absl::StrCat("iteration ", control->iteration)));

@@ -3,7 +3,11 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <future>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +28,12 @@ namespace pswitch {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
 
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
 constexpr uint64_t kFreeBytes = 64ull << 20;
@@ -320,6 +330,54 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
   for (int64_t i = 0; i < want.numel(); ++i) {
     ASSERT_NEAR(got[i], want.data_ptr<float>()[i], 1e-5) << i;
   }
+}
+
+// The real main job: pipetrain measures each stage's bubble cycle over its warm-up, registers
+// it (so fill jobs can be placed), reports every bubble, and a fill job runs in them.
+TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBubbles) {
+  e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
+                          "--activation-bytes=33554432", "--gpus=2", "--fill-grace-ms=30"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto c = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(c.ok()) << c.status();
+  client::Client& client = **c;
+  const std::string log_path = (daemon.dir() / "pipetrain.log").string();
+  // 2 stages x 2 micro-batches of 3 + 6 ms: a period of about 27 ms, 2 s in all.
+  const std::string command =
+      absl::StrCat(PIPETRAIN_PATH, " --stages=2 --microbatches=2 --simulated-compute --fwd-ms=3",
+                   " --bwd-ms=6 --warmup=3 --iterations=70 --bubble-free-bytes=67108864 --server=",
+                   daemon.address(), " > ",
+                   log_path, " 2>&1");
+  auto pipetrain = std::async(std::launch::async, [&] { return std::system(command.c_str()); });
+
+  bool registered = false;
+  for (int i = 0; i < 2000 && !registered; ++i) {
+    std::string log = daemon.log();
+    registered = log.find("event=bubble_cycle_registered gpu=0") != std::string::npos &&
+                 log.find("event=bubble_cycle_registered gpu=1") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(registered) << daemon.log();
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(1);
+  o.steps = 100000;  // more than the run's bubbles hold: it is still running at the end
+  o.memory_bytes = 1 << 20;
+  auto job = client.SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  ASSERT_EQ(pipetrain.get(), 0) << ReadFile(log_path);
+  const std::string pipetrain_log = ReadFile(log_path);
+  EXPECT_THAT(pipetrain_log, HasSubstr("stage 0 registered its measured bubble cycle"));
+  EXPECT_THAT(pipetrain_log, Not(HasSubstr("failed"))) << pipetrain_log;
+  auto status = client.FillStatus(job->job_id);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_GT(status->steps_done, 10u) << daemon.log();
+  EXPECT_GT(status->bubbles, 5u);
+  auto stats = client.FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->bubble_time, absl::Milliseconds(300));
+  EXPECT_GT(stats->fill_step_time, absl::ZeroDuration());
+  EXPECT_EQ(stats->killed, 0u);
 }
 
 }  // namespace

@@ -77,7 +77,8 @@ absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, const s
   return run;
 }
 
-// The predicted bubble cycle of every stage, as the main job would register it after profiling.
+// The predicted bubble cycle of every stage, registered before the run so fill jobs can be
+// placed; pipetrain replaces it with the cycle it measures over its warm-up.
 absl::StatusOr<std::vector<std::string>> Cycles(const Config& c) {
   PSWITCH_ASSIGN_OR_RETURN(pipeline::Schedule schedule,
                            pipeline::BuildSchedule(c.schedule, kStages, c.microbatches));

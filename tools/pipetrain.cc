@@ -23,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "fill/bubble_cycle.h"
+#include "gpu/copy_engine.h"
 #include "gpu/host/compute_lock.h"
 #include "pipeline/bubble_reporter.h"
 #include "pipeline/coordinator.h"
@@ -89,33 +91,75 @@ class LogReporter final : public BubbleReporter {
   absl::Time begin_;
 };
 
-// ------------------------------------------------------------------------------------------
-// BUBBLE REPORTER HOOK. Called once in each stage process, after the fork, and the reporter
-// lives as long as that stage serves: a reporter that talks to the pswitch server must open its
-// own connection here (never one shared across the fork). To add it: a `--server HOST:PORT`
-// flag, a BubbleReporter implementation that sends BubbleBegin/BubbleEnd to the server without
-// blocking the stage, and a branch below that returns it when the flag is set.
-// ------------------------------------------------------------------------------------------
 // Reports bubbles to pswitchd with the client library's bubble instruction (one send per call,
-// no wait). A failure is reported once and the stage goes on: the main job must never depend
-// on the fill service.
+// no wait), and registers the stage's bubble cycle once it has measured it: over the warm-up
+// iterations (all but the first, which is cold, when there are several), so fill jobs are
+// placed and predicted on what this job really does. One reporter per stage process (its own
+// connection, opened after the fork). A failure is reported once and the stage goes on: the
+// main job must never depend on the fill service.
 class ServerReporter final : public BubbleReporter {
  public:
-  explicit ServerReporter(std::unique_ptr<client::Client> client) : client_(std::move(client)) {}
+  ServerReporter(std::unique_ptr<client::Client> client, int warmup)
+      : client_(std::move(client)),
+        skip_(warmup >= 2 ? 1 : 0),
+        profile_iterations_(std::max(1, warmup - skip_)) {}
+
   void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) override {
+    bubble_begin_ = absl::Now();
+    free_bytes_ = free_bytes;
     Check(client_->BubbleBegin(static_cast<uint32_t>(stage), expected, free_bytes));
   }
-  void BubbleEnd(int stage) override { Check(client_->BubbleEnd(static_cast<uint32_t>(stage))); }
+  void BubbleEnd(int stage) override {
+    const absl::Time end = absl::Now();
+    Check(client_->BubbleEnd(static_cast<uint32_t>(stage)));
+    // Waits too short to hold any fill step come and go between iterations; leaving them out
+    // keeps every iteration's bubble count the same.
+    if (profiling_ && end - bubble_begin_ >= kMinProfiledBubble) {
+      Check(profiler_.RecordBubble(bubble_begin_, end, static_cast<int64_t>(free_bytes_)));
+    }
+  }
+  // Profiles iterations [skip_, skip_ + profile_iterations_) and registers at the start of the
+  // next one: one round trip (about 0.1 ms on this node), once.
+  void IterationStart(int stage, int iteration) override {
+    if (registered_ || iteration < skip_) return;
+    Check(profiler_.StartIteration(absl::Now()));  // closes the previous profiled iteration
+    profiling_ = true;
+    if (profiler_.complete_iterations() >= profile_iterations_) {
+      Register(stage, gpu::MonotonicNowNs());
+    }
+  }
 
  private:
+  static constexpr absl::Duration kMinProfiledBubble = absl::Microseconds(500);
+
+  void Register(int stage, int64_t origin_ns) {
+    registered_ = true;
+    profiling_ = false;
+    absl::StatusOr<fill::BubbleCycle> cycle = profiler_.Build();
+    if (!cycle.ok()) return Check(cycle.status());
+    const std::string json = fill::BubbleCycleToJson(*cycle).dump();
+    // One round trip, at an iteration start, once.
+    Check(client_->RegisterBubbleCycle(static_cast<uint32_t>(stage), json, origin_ns));
+    std::fprintf(stderr,
+                 "pipetrain: stage %d registered its measured bubble cycle: period %.2f ms, %zu "
+                 "bubbles\n",
+                 stage, absl::ToDoubleMilliseconds(cycle->period), cycle->bubbles.size());
+  }
   void Check(const absl::Status& status) {
     if (status.ok() || warned_) return;
     warned_ = true;
-    std::fprintf(stderr,
-                 "pipetrain: bubble reports to pswitchd failed (stage keeps training): %s\n",
+    std::fprintf(stderr, "pipetrain: reporting to pswitchd failed (stage keeps training): %s\n",
                  status.ToString().c_str());
   }
+
   std::unique_ptr<client::Client> client_;
+  const int skip_;                // cold iterations left out of the profile
+  const int profile_iterations_;  // complete iterations the cycle is measured over
+  fill::BubbleCycleProfiler profiler_;
+  bool profiling_ = false;
+  bool registered_ = false;
+  absl::Time bubble_begin_;
+  uint64_t free_bytes_ = 0;
   bool warned_ = false;
 };
 
@@ -123,7 +167,7 @@ absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int /*stage*/
   if (!absl::GetFlag(FLAGS_server).empty()) {
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
                              client::Client::Connect(absl::GetFlag(FLAGS_server)));
-    return std::make_unique<ServerReporter>(std::move(client));
+    return std::make_unique<ServerReporter>(std::move(client), absl::GetFlag(FLAGS_warmup));
   }
   if (absl::GetFlag(FLAGS_log_bubbles)) return std::make_unique<LogReporter>();
   return std::make_unique<NullReporter>();
