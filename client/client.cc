@@ -394,17 +394,22 @@ absl::StatusOr<std::vector<TaskStatus>> Client::ListTasks(uint32_t limit) {
   return Await(future, options_.timeout, "task list");
 }
 
-absl::Status Client::Cancel(uint64_t task_id) {
+absl::Status Client::AckCall(std::function<void(Builder&, uint64_t)> build, const char* what) {
   auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
   auto future = SimpleCall<bool>(
+      std::move(build), ControllerReplyBody::Ack,
+      [](const ControllerReply*) -> absl::StatusOr<bool> { return true; }, call);
+  return Await(future, options_.timeout, what).status();
+}
+
+absl::Status Client::Cancel(uint64_t task_id) {
+  return AckCall(
       [task_id](Builder& b, uint64_t id) {
         auto body = proto::CreateCancelTask(b, task_id);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::CancelTask, body.Union()));
       },
-      ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
-      call);
-  return Await(future, options_.timeout, "cancel").status();
+      "cancel");
 }
 
 absl::Status Client::SendBubble(const std::function<void(Builder&, uint64_t)>& build) {
@@ -446,17 +451,14 @@ absl::Status Client::BubbleEnd(uint32_t gpu) {
 absl::Status Client::RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_json,
                                          int64_t origin_ns) {
   if (origin_ns < 0) return absl::InvalidArgumentError("bubble cycle origin_ns must be >= 0");
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<bool>(
+  return AckCall(
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterBubbleCycle(b, gpu, b.CreateString(cycle_json),
                                                      static_cast<uint64_t>(origin_ns));
         b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterBubbleCycle,
                                             body.Union()));
       },
-      ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
-      call);
-  return Await(future, options_.timeout, "register bubble cycle").status();
+      "register bubble cycle");
 }
 
 namespace {
@@ -518,16 +520,13 @@ absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
 }
 
 absl::Status Client::CancelFill(uint64_t job_id) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<bool>(
-      [&](Builder& b, uint64_t id) {
+  return AckCall(
+      [job_id](Builder& b, uint64_t id) {
         auto body = proto::CreateFillCancel(b, job_id);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillCancel, body.Union()));
       },
-      ControllerReplyBody::Ack, [](const ControllerReply*) -> absl::StatusOr<bool> { return true; },
-      call);
-  return Await(future, options_.timeout, "fill cancel").status();
+      "fill cancel");
 }
 
 absl::StatusOr<FillJobStatus> Client::FillStatus(uint64_t job_id) {

@@ -183,6 +183,9 @@ class Client {
 
   absl::Status SendBubble(
       const std::function<void(flatbuffers::FlatBufferBuilder&, uint64_t)>& build);
+  // A request answered by Ack (or an error): waits for it within the client's timeout.
+  absl::Status AckCall(std::function<void(flatbuffers::FlatBufferBuilder&, uint64_t)> build,
+                       const char* what);
 
   const ClientOptions options_;
   absl::Mutex bubble_mu_;
