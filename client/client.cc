@@ -33,6 +33,12 @@ TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor
   result.outputs = std::move(outputs);
   result.latency = absl::Microseconds(wire.latency_us());
   result.switch_time = absl::Microseconds(wire.switch_us());
+  result.breakdown.stop_sent = absl::Microseconds(wire.stop_sent_us());
+  result.breakdown.drained = absl::Microseconds(wire.drained_us());
+  result.breakdown.first_group = absl::Microseconds(wire.first_group_us());
+  result.breakdown.first_layer_start = absl::Microseconds(wire.first_layer_start_us());
+  result.breakdown.first_layer_done = absl::Microseconds(wire.first_layer_done_us());
+  result.breakdown.last_group = absl::Microseconds(wire.last_group_us());
   return result;
 }
 

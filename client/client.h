@@ -66,11 +66,25 @@ struct TrainOptions {
   uint32_t batch = 0;     // samples per iteration; 0 = the batch the model was registered with
 };
 
+// Where a task's server-side time went, each measured from its arrival at the scheduler on one
+// clock; zero when the step did not happen (no switch, no preemption).
+struct SwitchBreakdown {
+  absl::Duration stop_sent;          // the old tenant was told to stop
+  absl::Duration drained;            // the copy could start: the old tenant had drained
+  absl::Duration first_group;        // the first group of the model was ready
+  absl::Duration first_layer_start;  // the first layer's compute started (startup overhead)
+  absl::Duration first_layer_done;
+  absl::Duration last_group;  // the whole model was in place
+};
+
 struct TaskResult {
   uint64_t task_id = 0;
   std::vector<proto::HostTensor> outputs;  // inference: "output"
   absl::Duration latency;                  // server-side, submission to completion
-  absl::Duration switch_time;              // part of it spent switching models
+  // The model's copy (first group's copy start to last group ready); zero when it was resident.
+  // Not the switch's cost: that is latency minus a ready model's latency, measured together.
+  absl::Duration switch_time;
+  SwitchBreakdown breakdown;
 };
 
 enum class TaskState { kQueued, kSwitching, kRunning, kSucceeded, kFailed, kCancelled };

@@ -300,12 +300,21 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           }
           Builder b;
           auto outputs = proto::CreateWireTensors(b, out->outputs);
+          const SwitchTimeline& t = out->timeline;
+          // Microseconds after arrival, rounded up so a step that happened never reads as 0.
+          auto since_arrival = [&t](int64_t ns) -> uint64_t {
+            if (ns == 0 || t.arrival_ns == 0 || ns < t.arrival_ns) return 0;
+            return static_cast<uint64_t>((ns - t.arrival_ns + 999) / 1000);
+          };
           auto result = proto::CreateTaskResult(
               b, out->task_id, outputs,
               static_cast<uint64_t>(absl::ToInt64Microseconds(out->latency)),
               // Rounded up: a sub-microsecond switch (a tiny model) still reads as one.
               static_cast<uint64_t>(
-                  absl::ToInt64Microseconds(absl::Ceil(out->switch_time, absl::Microseconds(1)))));
+                  absl::ToInt64Microseconds(absl::Ceil(out->switch_time, absl::Microseconds(1)))),
+              since_arrival(t.stop_sent_ns), since_arrival(t.drained_ns),
+              since_arrival(t.first_group_ready_ns), since_arrival(t.first_layer_start_ns),
+              since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
           b.Finish(
               proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
           self->PostReply(Bytes(b));

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/copy_engine.h"
 #include "memdaemon/arena_layout.h"
 #include "proto/status.h"
 #include "proto/wire_status.h"
@@ -63,6 +64,9 @@ struct GpuScheduler::Running {
   std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
   const CatalogEntry* entry = nullptr;
   std::optional<memdaemon::Lease> optimizer_state;  // training with a stateful optimizer
+  // Its pinned host checkpoint, reused for every save and restore of this task's state.
+  std::unique_ptr<gpu::HostBuffer> state_staging;
+  SwitchTimeline timeline;
   uint64_t state_key = 0;  // its optimizer-state checkpoint's key (the task, or a fill job)
 };
 
@@ -170,7 +174,7 @@ void GpuScheduler::Loop() {
 }
 
 void GpuScheduler::WatchTransmission(std::shared_ptr<memdaemon::Transmission> transmission,
-                                     uint64_t task_id) {
+                                     uint64_t task_id, int drain_slot) {
   for (auto it = watchers_.begin(); it != watchers_.end();) {
     if (it->done->load()) {
       it->thread.join();
@@ -180,15 +184,57 @@ void GpuScheduler::WatchTransmission(std::shared_ptr<memdaemon::Transmission> tr
     }
   }
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([this, transmission = std::move(transmission), task_id, done] {
-    bool ok = transmission->Wait().ok();
+  std::thread thread([this, transmission = std::move(transmission), task_id, drain_slot, done] {
+    // The copy engine bounds every job (drain and per-group deadlines); these waits only keep
+    // this thread responsive to shutdown.
+    absl::StatusOr<std::vector<memdaemon::GroupTrace>> result;
+    while (true) {
+      result = transmission->Wait(absl::Milliseconds(500));
+      if (transmission->finished()) break;
+      absl::MutexLock lock(&mu_);
+      if (loop_done_) break;
+    }
     {
       absl::MutexLock lock(&mu_);
-      if (!loop_done_ && ok) posted_.push_back([this, task_id] { OnTransmitted(task_id); });
+      if (!loop_done_ && transmission->finished()) {
+        const uint32_t epoch = transmission->epoch();
+        absl::Status status = result.status();
+        posted_.push_back([this, task_id, epoch, drain_slot, status] {
+          if (status.ok()) {
+            OnTransmitted(task_id);
+          } else {
+            OnTransmissionFailed(task_id, epoch, drain_slot, status);
+          }
+        });
+      }
     }
     done->store(true);
   });
   watchers_.push_back(Watcher{std::move(thread), std::move(done)});
+}
+
+void GpuScheduler::OnTransmissionFailed(uint64_t task_id, uint32_t epoch, int drain_slot,
+                                        const absl::Status& why) {
+  std::fprintf(stderr, "level=warn event=transmission_failed task=%llu epoch=%u error=\"%s\"\n",
+               static_cast<unsigned long long>(task_id), epoch, why.ToString().c_str());
+  // The region holds part of this model and part of whatever was there: a later task for it
+  // must transmit again rather than run on partly old weights.
+  if (resident_epoch_ == epoch) resident_model_.clear();
+  // The old tenant never wrote its drain value: its stream may wait on a flag no one will write,
+  // so it is never reused. Its death releases the drain (OnWorkerDied), which lets the copy
+  // stream behind it go on.
+  if (absl::IsDeadlineExceeded(why) && drain_slot >= 0 &&
+      drain_slot < static_cast<int>(slots_.size())) {
+    Slot& s = *slots_[drain_slot];
+    if (s.process != nullptr && s.state != Slot::State::kDead) {
+      std::fprintf(stderr, "level=error event=worker_killed slot=%d pid=%d reason=\"not drained\"\n",
+                   drain_slot, s.process->pid());
+      s.kill_reason = absl::StrCat("killed: the worker did not drain within ",
+                                   absl::FormatDuration(options_.drain_timeout),
+                                   " of being told to stop");
+      ::kill(s.process->pid(), SIGKILL);
+    }
+  }
 }
 
 void GpuScheduler::OnTransmitted(uint64_t task_id) {
@@ -226,13 +272,15 @@ absl::Status GpuScheduler::AcquireOptimizerState(Running& run, const TaskSpec& s
                      " bytes of optimizer state in the arena: ", lease.status().message()));
   }
   run.optimizer_state = *lease;
-  std::optional<std::vector<std::byte>> checkpoint = checkpoints_->Take(run.state_key);
+  run.state_staging = checkpoints_->Take(run.state_key);
   absl::Status filled;
-  if (checkpoint) {
-    filled = daemon_->arena().CopyFromHost(lease->offset, *checkpoint);
+  if (run.state_staging != nullptr && run.state_staging->size_bytes() == bytes) {
+    filled = daemon_->arena().CopyFromHost(
+        lease->offset, std::span<const std::byte>(run.state_staging->data(), bytes));
   } else {
-    // Zeros: libtorch's first step from zero buffers equals its own lazily created state.
-    filled = daemon_->arena().CopyFromHost(lease->offset, std::vector<std::byte>(bytes));
+    // Zeros, set on the device: libtorch's first step from zero buffers equals its own lazily
+    // created state.
+    filled = daemon_->arena().Fill(lease->offset, bytes, 0);
   }
   if (!filled.ok()) (void)ReleaseOptimizerState(run, false);
   return filled;
@@ -244,10 +292,22 @@ absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
   run.optimizer_state.reset();
   absl::Status status;
   if (keep) {
-    std::vector<std::byte> host(lease.bytes);
-    status = daemon_->arena().CopyToHost(lease.offset, host);
-    if (status.ok()) checkpoints_->Put(run.state_key, std::move(host));
+    if (run.state_staging == nullptr || run.state_staging->size_bytes() != lease.bytes) {
+      absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> staging =
+          daemon_->device().AllocatePinned(lease.bytes);
+      if (staging.ok()) {
+        run.state_staging = std::move(*staging);
+      } else {
+        status = staging.status();
+      }
+    }
+    if (status.ok()) {
+      status = daemon_->arena().CopyToHost(
+          lease.offset, std::span<std::byte>(run.state_staging->data(), lease.bytes));
+    }
+    if (status.ok()) checkpoints_->Put(run.state_key, std::move(run.state_staging));
   }
+  run.state_staging.reset();
   absl::Status released = daemon_->leases().Release(lease.offset, lease.owner);
   return status.ok() ? released : status;
 }
@@ -300,6 +360,11 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
       s.loading.erase(name);
       if (status.ok()) {
         s.loaded.insert(name);
+        if (loaded->warm_ns() > 0) {
+          // What the warm-up took off the first task: CUDA context, cuBLAS/cuDNN, modules.
+          std::fprintf(stderr, "level=info event=worker_warmed slot=%d model=%s warm_ms=%.1f\n",
+                       slot, name.c_str(), loaded->warm_ns() / 1e6);
+        }
       } else {
         std::fprintf(stderr, "level=error event=model_load_failed slot=%d model=%s error=\"%s\"\n",
                      slot, name.c_str(), status.ToString().c_str());
@@ -492,6 +557,7 @@ std::optional<uint32_t> GpuScheduler::SendStop(int slot) {
   auto stop = proto::CreateStop(b, options_.slot_base + static_cast<uint32_t>(slot), value);
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
   if (s.process == nullptr || !s.process->Send(b).ok()) return std::nullopt;
+  last_stop_sent_ns_ = gpu::MonotonicNowNs();
   return value;
 }
 
@@ -514,6 +580,7 @@ uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
     id = next_task_id_++;
     infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
   }
+  if (spec.arrival_ns == 0) spec.arrival_ns = gpu::MonotonicNowNs();
   Post([this, id, spec = std::move(spec), done = std::move(done)]() mutable {
     const bool busy =
         fill_pending_ || (running_ != nullptr && specs_.at(running_->task_id).first.fill);
@@ -655,6 +722,9 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
   run->entry = entry;
   run->started = absl::Now();
+  run->timeline.arrival_ns = spec.arrival_ns;
+  // The Stop that made room for it, when one went out after it arrived.
+  if (last_stop_sent_ns_ >= spec.arrival_ns) run->timeline.stop_sent_ns = last_stop_sent_ns_;
   PSWITCH_RETURN_IF_ERROR(AcquireOptimizerState(*run, spec));
   absl::Status started = SendTask(*run, ticket, spec, *entry);
   if (!started.ok()) (void)ReleaseOptimizerState(*run, false);
@@ -681,11 +751,16 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
     request.model = entry.stored;
     request.groups = entry.plan;
     request.weights_offset = options_.region_offset;
-    if (active_slot_ >= 0) {
+    int drain_slot = -1;
+    // An idle old tenant has nothing in flight (its RunDone came after its stream synchronised):
+    // no Stop, no device-side drain wait, no round trip on the switch.
+    if (active_slot_ >= 0 && slots_[active_slot_]->state != Slot::State::kIdle) {
       if (std::optional<uint32_t> value = SendStop(active_slot_)) {
         request.drain =
             memdaemon::DrainCondition{options_.slot_base + static_cast<uint32_t>(active_slot_),
                                       *value, options_.drain_timeout};
+        drain_slot = active_slot_;
+        run.timeline.stop_sent_ns = last_stop_sent_ns_;
       }
     }
     if (request.groups.size() > options_.flag_count) {
@@ -695,7 +770,7 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
     }
     request.flag_base = options_.flag_base;
     PSWITCH_ASSIGN_OR_RETURN(run.transmission, transmitter_->Start(request));
-    WatchTransmission(run.transmission, ticket.id);
+    WatchTransmission(run.transmission, ticket.id, drain_slot);
     resident_model_ = spec.model;
     resident_epoch_ = run.transmission->epoch();
     active_slot_ = slot;
@@ -782,14 +857,42 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
     kill_task_ = 0;
     kill_deadline_ = absl::InfiniteFuture();
   }
+  outcome.timeline = run->timeline;
+  outcome.timeline.result_ns = gpu::MonotonicNowNs();
+  outcome.timeline.first_layer_start_ns = done->first_layer_start_ns();
+  outcome.timeline.first_layer_done_ns = done->first_layer_done_ns();
   if (run->transmission != nullptr) {
-    auto traces = run->transmission->Wait();
+    // Every group was ready before the worker could finish, so the copy thread has (almost)
+    // seen the job end; bounded all the same: the scheduler thread never waits unboundedly.
+    auto traces = run->transmission->Wait(absl::Milliseconds(200));
     if (traces.ok() && !traces->empty()) {
       outcome.switch_time =
           absl::Nanoseconds(traces->back().ready_ns - traces->front().copy_start_ns);
-    } else if (!traces.ok() && status.ok()) {
-      status = traces.status();
+      outcome.timeline.drained_ns = traces->front().copy_start_ns;
+      outcome.timeline.first_group_ready_ns = traces->front().ready_ns;
+      outcome.timeline.last_group_ready_ns = traces->back().ready_ns;
+    } else if (!traces.ok() && run->transmission->finished()) {
+      if (resident_epoch_ == run->transmission->epoch()) resident_model_.clear();
+      if (status.ok()) status = traces.status();
     }
+  }
+  if (run->transmission != nullptr) {
+    // The switch as its parts, on one clock, in ms after the task's arrival (-1: did not happen).
+    const SwitchTimeline& t = outcome.timeline;
+    auto ms = [&t](int64_t ns) { return ns == 0 ? -1.0 : (ns - t.arrival_ns) / 1e6; };
+    std::fprintf(stderr,
+                 "level=info event=task_switch task=%llu model=%s copy_ms=%.3f stop_sent_ms=%.3f "
+                 "drained_ms=%.3f first_group_ms=%.3f first_layer_start_ms=%.3f "
+                 "first_layer_done_ms=%.3f last_group_ms=%.3f result_ms=%.3f\n",
+                 static_cast<unsigned long long>(run->task_id), spec.model.c_str(),
+                 absl::ToDoubleMilliseconds(outcome.switch_time), ms(t.stop_sent_ns),
+                 ms(t.drained_ns), ms(t.first_group_ready_ns), ms(t.first_layer_start_ns),
+                 ms(t.first_layer_done_ns), ms(t.last_group_ready_ns), ms(t.result_ns));
+  }
+  if (!status.ok() && run->transmission != nullptr &&
+      resident_epoch_ == run->transmission->epoch()) {
+    // A task that failed on a switch leaves no trusted residency behind (defect 4).
+    resident_model_.clear();
   }
   if (spec.kind == TaskKind::kTraining) {
     // The stopped worker has nothing in flight: save what it trained before anyone overwrites it.
@@ -843,6 +946,7 @@ uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
     infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
   }
   absl::Time submitted = absl::Now();
+  if (spec.arrival_ns == 0) spec.arrival_ns = gpu::MonotonicNowNs();
   Post([this, id, submitted, spec = std::move(spec), done = std::move(done)]() mutable {
     TaskTicket ticket{id, spec.model, spec.kind, spec.priority, spec.deadline};
     // Latency is measured from submission, whatever happens in between.

@@ -66,6 +66,21 @@ struct TaskSpec {
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
   int priority = 0;
   absl::Time deadline = absl::InfiniteFuture();
+  int64_t arrival_ns = 0;  // set by Submit/SubmitFill (CLOCK_MONOTONIC)
+};
+
+// Where a task's time went, on one clock (CLOCK_MONOTONIC ns; 0 = did not happen). The switch is
+// reported as these parts; "switch overhead" is only ever client latency minus a ready model's
+// latency measured in the same run (bench-switch), never one of these parts alone.
+struct SwitchTimeline {
+  int64_t arrival_ns = 0;           // the scheduler accepted the task
+  int64_t stop_sent_ns = 0;         // the old tenant was told to stop (0: it was idle)
+  int64_t drained_ns = 0;           // the copy could start: the old tenant had drained
+  int64_t first_group_ready_ns = 0;
+  int64_t first_layer_start_ns = 0;  // the first layer's compute started on the device
+  int64_t first_layer_done_ns = 0;
+  int64_t last_group_ready_ns = 0;
+  int64_t result_ns = 0;  // the worker's answer reached the scheduler
 };
 
 struct TaskOutcome {
@@ -74,7 +89,10 @@ struct TaskOutcome {
   uint32_t iterations_done = 0;
   double loss = 0;
   absl::Duration latency;      // submission to completion
-  absl::Duration switch_time;  // transmission of the task's model, zero when it was resident
+  // The copy of the task's model (first group's copy start to last group ready), zero when it
+  // was resident. Not the switch's cost: see SwitchTimeline.
+  absl::Duration switch_time;
+  SwitchTimeline timeline;
   // Fill runs: whether it paused before finishing, when it paused, and its steps.
   bool stopped_early = false;
   absl::Time paused_at;
@@ -110,6 +128,8 @@ struct SchedulerOptions {
   uint32_t flag_count = 16384;
   // Optimizer-state checkpoints, shared by the schedulers of one daemon; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
+  // An old tenant that has not drained this long after a switch asked it to is killed (its
+  // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
 };
 
@@ -168,6 +188,10 @@ class GpuScheduler {
   void OnDrained(int slot, const proto::Drained& drained);
   // The running task's model is fully transmitted: it is now simply running.
   void OnTransmitted(uint64_t task_id);
+  // A transmission ended without completing: the weights region holds a partial model (no
+  // longer resident); when its old tenant never drained, that worker is killed and replaced.
+  void OnTransmissionFailed(uint64_t task_id, uint32_t epoch, int drain_slot,
+                            const absl::Status& why);
   // Training optimizer state: a per-task arena lease while the task runs, checkpointed to host
   // memory while it is preempted (so the preempting model gets the memory).
   absl::Status AcquireOptimizerState(Running& run, const TaskSpec& spec);
@@ -225,6 +249,7 @@ class GpuScheduler {
   void EnforcePause();
   int active_slot_ = -1;
   std::string resident_model_;
+  int64_t last_stop_sent_ns_ = 0;  // the latest Stop to a worker (CLOCK_MONOTONIC)
   uint32_t resident_epoch_ = 0;
   std::map<std::string, PendingLoad> pending_loads_;
   bool stopping_ = false;
@@ -243,7 +268,8 @@ class GpuScheduler {
     std::shared_ptr<std::atomic<bool>> done;
   };
   std::vector<Watcher> watchers_;  // loop thread only
-  void WatchTransmission(std::shared_ptr<memdaemon::Transmission> transmission, uint64_t task_id);
+  void WatchTransmission(std::shared_ptr<memdaemon::Transmission> transmission, uint64_t task_id,
+                         int drain_slot);
 };
 
 absl::string_view TaskPhaseName(TaskPhase phase);

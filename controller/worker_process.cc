@@ -41,7 +41,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
                                    absl::StrCat("--control_fd=", child_end.get()),
                                    absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
                                    absl::StrCat("--backend=", options.backend),
-                                   absl::StrCat("--activation_bytes=", options.activation_bytes)};
+                                   absl::StrCat("--activation_bytes=", options.activation_bytes),
+                                   absl::StrCat("--device=", options.device_ordinal)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

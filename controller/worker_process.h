@@ -24,6 +24,7 @@ struct WorkerSpawnOptions {
   std::string memdaemon_socket;
   std::string backend = "host";
   uint64_t activation_bytes = 0;  // each worker's arena lease for intermediate tensors
+  int device_ordinal = 0;         // CUDA: the device holding the arena
 };
 
 // Thread-safe. The handler runs on the reader thread: with a verified WorkerEvent payload, or,

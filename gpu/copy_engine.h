@@ -55,8 +55,11 @@ class CopyTicket {
   virtual ~CopyTicket() = default;
   // Stops the job at the next chunk or group boundary; groups already published stay published.
   virtual void Cancel() = 0;
-  // Blocks until the job finished: its per-group timings, Cancelled, or the failure.
-  virtual absl::StatusOr<std::vector<GroupTiming>> Wait() = 0;
+  // Waits up to `timeout` for the job to finish: its per-group timings, Cancelled, or the
+  // failure; DeadlineExceeded when it is still running then (it goes on).
+  virtual absl::StatusOr<std::vector<GroupTiming>> Wait(absl::Duration timeout) = 0;
+  // True once the job finished (Wait returns at once).
+  virtual bool finished() const = 0;
   // Groups whose flag is published so far.
   virtual size_t groups_done() const = 0;
 };

@@ -2,9 +2,12 @@
 
 #include <time.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "gpu/host/host_device.h"
 #include "gpu/internal/job_ticket.h"
+#include "proto/status.h"
 #ifdef PSWITCH_WITH_CUDA
 #include "gpu/cuda/cuda_device.h"
 #endif
@@ -56,6 +59,19 @@ absl::Status FlagArray::WaitReady(uint32_t index, uint32_t epoch, absl::Duration
   return absl::OkStatus();
 }
 
+absl::Status CheckGroupsHoldEpoch(const FlagArray& flags, uint32_t base, uint32_t groups,
+                                  uint32_t epoch) {
+  for (uint32_t g = 0; g < groups; ++g) {
+    PSWITCH_ASSIGN_OR_RETURN(uint32_t seen, flags.Load(base + g));
+    if (seen != epoch) {
+      return absl::AbortedError(absl::StrCat(
+          "group ", g, " of the model holds epoch ", seen, ", not ", epoch,
+          ": its transmission did not complete, so the task's result is discarded"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckArenaRange(uint64_t offset, uint64_t bytes, uint64_t arena_bytes) {
   if (offset > arena_bytes || bytes > arena_bytes - offset) {
     return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", bytes, ") outside the ",
@@ -72,7 +88,9 @@ absl::Status Arena::CheckFlagPlacement(uint64_t offset, uint32_t count) const {
   if (offset % alignof(uint32_t) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("flag offset ", offset, " not 4-aligned"));
   }
-  return CheckRange(offset, uint64_t{count} * sizeof(uint32_t));
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, uint64_t{count} * sizeof(uint32_t)));
+  return CheckArenaRange(offset, uint64_t{count} * sizeof(uint32_t),
+                         std::min(size_bytes(), kFlagWindowBytes));
 }
 
 absl::Status ValidateCopyJob(const CopyJob& job, uint64_t arena_bytes) {
@@ -104,11 +122,20 @@ absl::Status ValidateCopyJob(const CopyJob& job, uint64_t arena_bytes) {
 
 namespace internal {
 
-absl::StatusOr<std::vector<GroupTiming>> JobTicket::Wait() {
+absl::StatusOr<std::vector<GroupTiming>> JobTicket::Wait(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&finished_));
+  if (!mu_.AwaitWithTimeout(absl::Condition(&finished_), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("copy job still running after ",
+                                                    absl::FormatDuration(timeout), " (",
+                                                    groups_done(), " groups done)"));
+  }
   if (!status_.ok()) return status_;
   return timings_;
+}
+
+bool JobTicket::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
 }
 
 void JobTicket::RecordGroup(size_t group, const GroupTiming& timing) {

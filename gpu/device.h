@@ -6,7 +6,10 @@
 //   Device      opened once per process; creates everything below.
 //   Arena       one contiguous device allocation, made once by the memdaemon and imported once
 //               by each worker (host: memfd; cuda: cudaMalloc + IPC handle).
-//   FlagArray   32-bit words inside an arena (ready and drain flags); borrowed from the arena.
+//   FlagArray   32-bit words addressed by arena offset (ready and drain flags); borrowed from the
+//               arena. The words live in host memory shared by every process that maps the arena
+//               (host: the memfd arena itself; CUDA: a registered memfd page beside it), so the
+//               CPU reads and releases them without any stream.
 //   HostBuffer  pinned host memory (the weight store).
 //   Stream      an ordered queue of device work; can wait on and write flags without the CPU.
 //   CopyEngine  copies groups of host ranges into the arena in order, publishing one ready flag
@@ -20,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -45,8 +49,12 @@ struct DeviceOptions {
   double copy_bandwidth_bytes_per_s = 0;
 };
 
-// What another process needs to import an arena. Host: `fd` (a memfd) travels by SCM_RIGHTS.
-// CUDA: `ipc_handle` holds the cudaIpcMemHandle_t bytes.
+// Flag words must lie in an arena's first kFlagWindowBytes (the CUDA backend mirrors only that
+// window in host memory; the device bytes behind it stay unused).
+inline constexpr uint64_t kFlagWindowBytes = 1ull << 20;
+
+// What another process needs to import an arena. `fd` (a memfd) travels by SCM_RIGHTS: host,
+// the arena; CUDA, its flag window. CUDA: `ipc_handle` holds the cudaIpcMemHandle_t bytes.
 struct ArenaHandle {
   Backend backend = Backend::kHost;
   int device_ordinal = 0;
@@ -70,12 +78,14 @@ class Arena {
   // Synchronous copies for checkpoints and verification (not the switch path).
   virtual absl::Status CopyToHost(uint64_t offset, std::span<std::byte> out) = 0;
   virtual absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) = 0;
-  // `count` flag words at `offset` (4-byte aligned, in range). The array borrows the arena.
+  // `count` flag words at `offset` (4-byte aligned, inside the flag window). The array borrows
+  // the arena.
   virtual absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) = 0;
 
   // OutOfRange unless [offset, offset + bytes) lies inside the arena.
   absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;
-  // CheckRange for `count` flag words, plus InvalidArgument unless `offset` is 4-byte aligned.
+  // CheckRange for `count` flag words inside the flag window, plus InvalidArgument unless
+  // `offset` is 4-byte aligned.
   absl::Status CheckFlagPlacement(uint64_t offset, uint32_t count) const;
 };
 
@@ -90,6 +100,8 @@ class HostBuffer {
   virtual uint64_t size_bytes() const = 0;
 };
 
+inline constexpr size_t kMaxStreamMarks = 8;
+
 // An ordered queue of device work (host backend: runs inline on the calling thread).
 class Stream {
  public:
@@ -101,7 +113,15 @@ class Stream {
                                 absl::Duration timeout) = 0;
   // Writes `value` to flags[index] once all work enqueued before it has finished.
   virtual absl::Status WriteFlag(FlagArray& flags, uint32_t index, uint32_t value) = 0;
-  virtual absl::Status Synchronize() = 0;
+  // Waits until all enqueued work finished; DeadlineExceeded after `timeout`, and the work is
+  // still queued then. Never blocks unboundedly: a stream may wait on a flag no one writes.
+  virtual absl::Status Synchronize(absl::Duration timeout) = 0;
+  // Marks this point of the stream's work, for timing (host: now, its work runs inline). At most
+  // kMaxStreamMarks between two TakeMarks; ResourceExhausted beyond.
+  virtual absl::Status Mark() = 0;
+  // Once the stream is idle (after Synchronize): the CLOCK_MONOTONIC time each mark was reached,
+  // in order; clears them.
+  virtual absl::StatusOr<std::vector<int64_t>> TakeMarks() = 0;
   // cudaStream_t for the CUDA backend, nullptr for host.
   virtual void* native_handle() const = 0;
 };

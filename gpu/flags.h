@@ -45,6 +45,13 @@ class FlagArray {
   absl::Status WaitReady(uint32_t index, uint32_t epoch, absl::Duration timeout) const;
 };
 
+// After a task ran on a transmitted model: Aborted unless each of the `groups` ready flags from
+// `base` holds exactly `epoch`. A device-side wait (>=) is released by a retired transmission's
+// epoch + 1 just as by epoch itself, so a task whose transmission did not complete would
+// otherwise finish on partly old weights. Both backends run this check after every task.
+absl::Status CheckGroupsHoldEpoch(const FlagArray& flags, uint32_t base, uint32_t groups,
+                                  uint32_t epoch);
+
 }  // namespace pswitch::gpu
 
 #endif  // PSWITCH_GPU_FLAGS_H_

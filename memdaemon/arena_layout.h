@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "gpu/device.h"
+
 namespace pswitch::memdaemon {
 
 inline constexpr uint32_t kReadyFlagCount = 16384;  // per-layer plans of the largest zoo models
@@ -21,6 +23,8 @@ inline constexpr uint64_t kDrainFlagsOffset = kReadyFlagsOffset + kReadyFlagCoun
 // Data starts on a 2 MiB boundary (large-page friendly on both backends).
 inline constexpr uint64_t kControlBytes = 2ull << 20;
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= kControlBytes);
+// Every flag word inside the window the device interface mirrors in host memory.
+static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= gpu::kFlagWindowBytes);
 
 }  // namespace pswitch::memdaemon
 

@@ -19,9 +19,11 @@ absl::StatusOr<uint64_t> ChooseArenaBytes(gpu::Device& device, const MemDaemonOp
   if (device.backend() == gpu::Backend::kHost) return kDefaultHostArenaBytes;
   PSWITCH_ASSIGN_OR_RETURN(uint64_t free_bytes, device.FreeMemoryBytes());
   if (free_bytes <= options.arena_reserve_bytes + kControlBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("only ", free_bytes, " bytes free on ",
-                                                     device.description(), ", reserve is ",
-                                                     options.arena_reserve_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "only ", free_bytes, " bytes free on ", device.description(), ", and ",
+        options.arena_reserve_bytes,
+        " must stay outside the arena for the workers' CUDA contexts and libraries (lower "
+        "--arena-reserve-bytes, or set --arena-bytes explicitly)"));
   }
   // Round down to 2 MiB so the arena is large-page sized.
   return (free_bytes - options.arena_reserve_bytes) & ~((2ull << 20) - 1);

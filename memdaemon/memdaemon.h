@@ -21,6 +21,8 @@ struct MemDaemonOptions {
   // Arena size. 0 = the default: on CUDA, free device memory minus `arena_reserve_bytes` (for
   // the workers' CUDA contexts); on the host backend, kDefaultHostArenaBytes.
   uint64_t arena_bytes = 0;
+  // Not yet measured on a GPU (issue 12, defect 9): validate.sh samples each process's memory
+  // with nvidia-smi so the default can be sized from 3 workers' real needs.
   uint64_t arena_reserve_bytes = 4ull << 30;
   // Unix socket for workers; empty = no server (in-process use, tests, benchmarks).
   std::string socket_path;

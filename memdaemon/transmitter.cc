@@ -24,8 +24,13 @@ gpu::CopySpan GroupSpan(const StoredModel& model, grouping::LayerGroup range,
 
 }  // namespace
 
-absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait() {
-  absl::StatusOr<std::vector<gpu::GroupTiming>> timings = ticket_->Wait();
+absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait(absl::Duration timeout) {
+  absl::StatusOr<std::vector<gpu::GroupTiming>> timings = ticket_->Wait(timeout);
+  if (!timings.ok() && !ticket_->finished()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("transmission of '", request_.model->name(), "' (epoch ", epoch_,
+                     ") still running: ", timings.status().message()));
+  }
   if (!timings.ok()) {
     absl::MutexLock lock(&mu_);
     if (!retired_) {
@@ -45,11 +50,6 @@ absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait() {
                            (*timings)[g].copy_start_ns, (*timings)[g].ready_ns};
   }
   return traces;
-}
-
-void Transmission::Cancel() {
-  ticket_->Cancel();
-  (void)Wait();
 }
 
 absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest request) {

@@ -57,11 +57,14 @@ class Transmission {
 
   uint32_t epoch() const { return epoch_; }
   const TransmitRequest& request() const { return request_; }
-  // Blocks until done. On success, per-group traces; otherwise the failure (Cancelled when
-  // cancelled or superseded), after the unpublished groups were retired.
-  absl::StatusOr<std::vector<GroupTrace>> Wait();
-  // Stops the copy at the next chunk and retires unpublished groups; returns once done.
-  void Cancel();
+  // Waits up to `timeout`. On success, per-group traces; otherwise the failure (Cancelled when
+  // cancelled or superseded), after the unpublished groups were retired; DeadlineExceeded with
+  // finished() false when the copy is still running (nothing retired yet).
+  absl::StatusOr<std::vector<GroupTrace>> Wait(absl::Duration timeout);
+  // Asks the copy to stop within about one look-ahead window; returns at once. The unpublished
+  // groups are retired by the Wait that sees the job end.
+  void Cancel() { ticket_->Cancel(); }
+  bool finished() const { return ticket_->finished(); }
   size_t groups_done() const { return ticket_->groups_done(); }
 
  private:
@@ -84,8 +87,9 @@ class Transmitter {
         drain_flags_(drain_flags),
         arena_bytes_(arena_bytes) {}
 
-  // Validates the plan and region, supersedes (cancels) the previous transmission if it is
-  // still running, and queues the copy. InvalidArgument / OutOfRange for a bad request.
+  // Validates the plan and region, supersedes (cancels, without waiting) the previous
+  // transmission if it is still running, and queues the copy behind it. InvalidArgument /
+  // OutOfRange for a bad request. Never blocks on the copy engine.
   absl::StatusOr<std::shared_ptr<Transmission>> Start(TransmitRequest request);
 
  private:

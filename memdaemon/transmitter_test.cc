@@ -66,7 +66,7 @@ TEST_F(TransmitterTest, TracesCoverEveryGroupAndTheBytesLand) {
   const StoredModel* model = Register("m", 60, 8 << 20, 3);
   auto t = daemon_->transmitter().Start(TransmitRequest{model, EveryK(60, 7), 2 << 20, 100});
   ASSERT_TRUE(t.ok()) << t.status();
-  auto traces = (*t)->Wait();
+  auto traces = (*t)->Wait(absl::Seconds(60));
   ASSERT_TRUE(traces.ok()) << traces.status();
   ASSERT_EQ(traces->size(), 9u);
   uint64_t bytes = 0;
@@ -88,7 +88,7 @@ TEST_F(TransmitterTest, StaleFlagsFromThePreviousSwitchNeverReleaseTheNext) {
   const uint64_t region = 2 << 20;
   auto first = daemon_->transmitter().Start(TransmitRequest{a, EveryK(20, 4), region});
   ASSERT_TRUE(first.ok());
-  ASSERT_TRUE((*first)->Wait().ok());
+  ASSERT_TRUE((*first)->Wait(absl::Seconds(60)).ok());
   ASSERT_TRUE(RegionHolds(region, *a));
   // Every flag now holds a's epoch; a consumer of the next switch must not pass on it.
   uint32_t next_epoch = (*first)->epoch() + 2;
@@ -102,7 +102,7 @@ TEST_F(TransmitterTest, StaleFlagsFromThePreviousSwitchNeverReleaseTheNext) {
   for (uint32_t g = 0; g < 5; ++g) {
     EXPECT_TRUE(daemon_->ready_flags().WaitReady(g, next_epoch, absl::Seconds(5)).ok());
   }
-  ASSERT_TRUE((*second)->Wait().ok());
+  ASSERT_TRUE((*second)->Wait(absl::Seconds(60)).ok());
   EXPECT_TRUE(RegionHolds(region, *b));
 }
 
@@ -115,7 +115,7 @@ TEST_F(TransmitterTest, ANewerSwitchSupersedesAndReleasesTheOldWaiters) {
   ASSERT_TRUE(daemon_->ready_flags().WaitReady(0, (*old)->epoch(), absl::Seconds(5)).ok());
   auto newer = daemon_->transmitter().Start(TransmitRequest{next, EveryK(8, 2), 32 << 20, 1000});
   ASSERT_TRUE(newer.ok());
-  EXPECT_EQ((*old)->Wait().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ((*old)->Wait(absl::Seconds(60)).status().code(), absl::StatusCode::kCancelled);
   size_t done = (*old)->groups_done();
   EXPECT_LT(done, 64u);
   // A worker still waiting on the old switch's last group is released, told it is stale.
@@ -124,7 +124,7 @@ TEST_F(TransmitterTest, ANewerSwitchSupersedesAndReleasesTheOldWaiters) {
   // ...and the retire value does not release the newer epoch's waiters on the same flags.
   EXPECT_EQ(daemon_->ready_flags().WaitReady(63, (*newer)->epoch(), absl::Milliseconds(5)).code(),
             absl::StatusCode::kDeadlineExceeded);
-  ASSERT_TRUE((*newer)->Wait().ok());
+  ASSERT_TRUE((*newer)->Wait(absl::Seconds(60)).ok());
   EXPECT_TRUE(RegionHolds(32 << 20, *next));
 }
 
@@ -142,7 +142,7 @@ TEST_F(TransmitterTest, GroupsOfOnlyParameterFreeLayersArePublishedToo) {
   grouping::GroupPlan groups = {{0, 0}, {1, 2}, {3, 3}};
   auto t = daemon_->transmitter().Start(TransmitRequest{*stored, groups, 2 << 20, 7});
   ASSERT_TRUE(t.ok()) << t.status();
-  auto traces = (*t)->Wait();
+  auto traces = (*t)->Wait(absl::Seconds(60));
   ASSERT_TRUE(traces.ok()) << traces.status();
   EXPECT_EQ((*traces)[0].bytes, 1000u);
   EXPECT_EQ((*traces)[1].bytes, 0u);
@@ -160,7 +160,7 @@ TEST_F(TransmitterTest, WaitsForThePreviousTenantToDrain) {
   request.drain = DrainCondition{3, 77, absl::Milliseconds(30)};
   auto stuck = daemon_->transmitter().Start(request);
   ASSERT_TRUE(stuck.ok());
-  auto failed = (*stuck)->Wait();
+  auto failed = (*stuck)->Wait(absl::Seconds(60));
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(failed.status().message().find("did not drain"), absl::string_view::npos);
   // Its waiters are released as superseded rather than left hanging.
@@ -171,7 +171,7 @@ TEST_F(TransmitterTest, WaitsForThePreviousTenantToDrain) {
   request.drain->timeout = absl::Seconds(5);
   auto ok = daemon_->transmitter().Start(request);
   ASSERT_TRUE(ok.ok());
-  EXPECT_TRUE((*ok)->Wait().ok());
+  EXPECT_TRUE((*ok)->Wait(absl::Seconds(60)).ok());
   EXPECT_TRUE(RegionHolds(2 << 20, *model));
 }
 

@@ -1,7 +1,8 @@
 // The memdaemon and a worker in two real processes: the worker attaches over the Unix socket,
-// imports the arena (memfd via SCM_RIGHTS), computes the weight layout on its own and checks
-// each group's bytes as soon as the group's ready flag shows the switch's epoch, while the
-// memdaemon is still copying later groups.
+// imports the arena (host: memfd via SCM_RIGHTS; CUDA: IPC handle plus the flag window's memfd),
+// computes the weight layout on its own and checks each group's bytes as soon as the group's
+// ready flag shows the switch's epoch, while the memdaemon is still copying later groups. Every
+// test runs on each backend; the CUDA variants skip, with the reason, where no GPU is usable.
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,9 +52,43 @@ bool ReceivePod(proto::FrameChannel& c, T* v) {
   return true;
 }
 
+gpu::DeviceOptions OptionsFor(gpu::Backend backend) {
+  gpu::DeviceOptions options;
+  options.backend = backend;
+  return options;
+}
+
+// Why `backend` cannot run here, or "" when it can. CUDA is probed in a child process: a
+// process that initialised CUDA cannot fork workers that use it.
+std::string SkipReason(gpu::Backend backend) {
+  if (backend == gpu::Backend::kHost) return "";
+  if (!gpu::CudaBackendBuilt()) return "built without the CUDA backend";
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    auto device = gpu::Device::Open(OptionsFor(backend));
+    std::string why = device.ok() ? "" : std::string(device.status().message());
+    (void)!::write(fds[1], why.data(), why.size());
+    _exit(0);
+  }
+  ::close(fds[1]);
+  std::string why;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) why.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int wstatus = 0;
+  ::waitpid(child, &wstatus, 0);
+  if (!WIFEXITED(wstatus)) return "the CUDA probe crashed";
+  return why.empty() ? "" : "no usable GPU: " + why;
+}
+
 // The worker side. Returns an exit code; never returns into gtest.
-int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
-  auto device = gpu::Device::Open(gpu::DeviceOptions{});
+int WorkerMain(proto::FrameChannel& control, const std::string& socket_path,
+               gpu::Backend backend) {
+  auto device = gpu::Device::Open(OptionsFor(backend));
   if (!device.ok()) return 20;
   auto client = ArenaClient::Attach(socket_path, device->get(), /*worker_id=*/1);
   if (!client.ok()) return 21;
@@ -106,9 +141,10 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path) {
 
 grouping::GroupPlan Groups() { return *grouping::EveryKPlan(kLayers, kGroupSize); }
 
-class MemDaemonIpcTest : public ::testing::Test {
+class MemDaemonIpcTest : public ::testing::TestWithParam<gpu::Backend> {
  protected:
   void SetUp() override {
+    if (std::string why = SkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
     dir_ = std::filesystem::temp_directory_path() /
            ("pswitch-ipc-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -128,12 +164,13 @@ class MemDaemonIpcTest : public ::testing::Test {
       proto::FrameChannel control{UniqueFd(sv[1])};
       uint32_t go = 0;
       if (!ReceivePod(control, &go)) _exit(19);
-      _exit(WorkerMain(control, socket_path_));
+      _exit(WorkerMain(control, socket_path_, GetParam()));
     }
     ::close(sv[1]);
     control_ = std::make_unique<proto::FrameChannel>(UniqueFd(sv[0]));
     MemDaemonOptions options;
     options.arena_bytes = 128 << 20;
+    options.device = OptionsFor(GetParam());
     options.device.copy_bandwidth_bytes_per_s = bandwidth;
     options.socket_path = socket_path_;
     auto daemon = MemDaemon::Create(options);
@@ -159,8 +196,9 @@ class MemDaemonIpcTest : public ::testing::Test {
   std::unique_ptr<MemDaemon> daemon_;
 };
 
-TEST_F(MemDaemonIpcTest, WorkerComputesOnEarlyGroupsWhileLaterGroupsAreStillCopying) {
-  // 24 MiB at 60 MB/s: ~420 ms of copying, 8 groups of ~52 ms each.
+TEST_P(MemDaemonIpcTest, WorkerComputesOnEarlyGroupsWhileLaterGroupsAreStillCopying) {
+  // Host: 24 MiB at 60 MB/s, ~420 ms of copying, 8 groups of ~52 ms each. CUDA copies at PCIe
+  // speed (no cap), faster than the worker can check bytes: there only bytes and order count.
   StartWorkerAndDaemon(60e6);
   auto model_a = MakeSyntheticModel("m", kLayers, kModelBytes, /*seed=*/1);
   auto model_b = MakeSyntheticModel("m-b", kLayers, kModelBytes, /*seed=*/2);
@@ -184,7 +222,7 @@ TEST_F(MemDaemonIpcTest, WorkerComputesOnEarlyGroupsWhileLaterGroupsAreStillCopy
         daemon_->transmitter().Start(TransmitRequest{model, Groups(), region->offset});
     ASSERT_TRUE(transmission.ok()) << transmission.status();
     ASSERT_EQ((*transmission)->epoch(), epoch);
-    auto traces = (*transmission)->Wait();
+    auto traces = (*transmission)->Wait(absl::Seconds(60));
     ASSERT_TRUE(traces.ok()) << traces.status();
     std::vector<GroupReport> reports(kGroups);
     for (auto& r : reports) ASSERT_TRUE(ReceivePod(*control_, &r));
@@ -196,15 +234,17 @@ TEST_F(MemDaemonIpcTest, WorkerComputesOnEarlyGroupsWhileLaterGroupsAreStillCopy
     }
     // The overlap itself: the worker had checked group 0's bytes before the memdaemon had
     // finished copying the last group.
-    EXPECT_LT(reports[0].verified_ns, traces->back().ready_ns);
+    if (GetParam() == gpu::Backend::kHost) {
+      EXPECT_LT(reports[0].verified_ns, traces->back().ready_ns);
+    }
   }
   EXPECT_EQ(JoinWorker(), 0);
 }
 
-TEST_F(MemDaemonIpcTest, LeasesOfACrashedWorkerAreReclaimedAndBadFramesCloseOneConnection) {
+TEST_P(MemDaemonIpcTest, LeasesOfACrashedWorkerAreReclaimedAndBadFramesCloseOneConnection) {
   StartWorkerAndDaemon(0);
   // This process attaches too, as a second worker would.
-  auto device = gpu::Device::Open(gpu::DeviceOptions{});
+  auto device = gpu::Device::Open(OptionsFor(GetParam()));
   ASSERT_TRUE(device.ok());
   {
     auto client = ArenaClient::Attach(socket_path_, device->get(), 2);
@@ -233,6 +273,7 @@ TEST_F(MemDaemonIpcTest, LeasesOfACrashedWorkerAreReclaimedAndBadFramesCloseOneC
     // A second daemon on the same socket is refused while this one serves.
     MemDaemonOptions second;
     second.arena_bytes = 8 << 20;
+    second.device = OptionsFor(GetParam());
     second.socket_path = socket_path_;
     EXPECT_EQ(MemDaemon::Create(second).status().code(), absl::StatusCode::kAlreadyExists);
     // The well-behaved connection still works.
@@ -243,6 +284,12 @@ TEST_F(MemDaemonIpcTest, LeasesOfACrashedWorkerAreReclaimedAndBadFramesCloseOneC
   EXPECT_TRUE(daemon_->leases().AwaitLeaseCount(0, absl::Seconds(10)));
   EXPECT_EQ(JoinWorker(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, MemDaemonIpcTest,
+                         ::testing::Values(gpu::Backend::kHost, gpu::Backend::kCuda),
+                         [](const ::testing::TestParamInfo<gpu::Backend>& info) {
+                           return std::string(gpu::BackendName(info.param));
+                         });
 
 }  // namespace
 }  // namespace pswitch::memdaemon

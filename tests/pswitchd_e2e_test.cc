@@ -518,5 +518,70 @@ TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
   EXPECT_EQ(Children(daemon_->pid()).size(), 3u);
 }
 
+// The switch on each backend the machine has (CUDA skips with the reason elsewhere): a training
+// task preempted by an inference of another model, both answered correctly, with the switch's
+// parts reported on one clock.
+class PswitchdBackendTest : public ::testing::TestWithParam<gpu::Backend> {
+ protected:
+  void SetUp() override {
+    if (std::string why = e2e::BackendSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
+    daemon_ = std::make_unique<e2e::TestDaemon>(std::vector<std::string>{
+        "--backend=" + std::string(gpu::BackendName(GetParam())), "--arena-bytes=1073741824",
+        "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2", "--activation-bytes=67108864"});
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+    auto c = client::Client::Connect(daemon_->address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = std::move(*c);
+  }
+  // cuDNN convolutions use TF32 on Hopper (libtorch's default, kept by the server).
+  double Tolerance() const { return GetParam() == gpu::Backend::kHost ? 1e-5 : 2e-3; }
+
+  std::unique_ptr<e2e::TestDaemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_P(PswitchdBackendTest, TrainingPreemptedByInferenceSwitchesAndBothFinishCorrectly) {
+  client::TrainOptions options;
+  options.iterations = 400;
+  options.seed = 3;
+  std::future<absl::StatusOr<client::TaskResult>> training = client_->TrainAsync("tiny_cnn", options);
+  proto::HostTensor in = Input("tiny_mlp", 5);
+  std::vector<float> expected = Reference("tiny_mlp", in);
+  bool preempted_switch_seen = false;
+  for (int i = 0; i < 50 && !preempted_switch_seen &&
+                  training.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready;
+       ++i) {
+    auto out = client_->Infer("tiny_mlp", {in});
+    ASSERT_TRUE(out.ok()) << out.status();
+    std::vector<float> got = Floats(out->outputs[0]);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t k = 0; k < got.size(); ++k) ASSERT_NEAR(got[k], expected[k], Tolerance()) << k;
+    const client::SwitchBreakdown& b = out->breakdown;
+    if (out->switch_time > absl::ZeroDuration() && b.stop_sent > absl::ZeroDuration()) {
+      preempted_switch_seen = true;
+      // One clock, in order: stop, drained (copy start), first group, first layer, last group.
+      EXPECT_LE(b.stop_sent, b.drained);
+      EXPECT_LE(b.drained, b.first_group);
+      EXPECT_GE(b.first_layer_start + absl::Microseconds(5), b.first_group);
+      EXPECT_GE(b.first_layer_done, b.first_layer_start);
+      EXPECT_LE(b.last_group, out->latency + absl::Microseconds(10));
+    }
+  }
+  auto trained = training.get();
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto status = client_->Status(trained->task_id);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->iterations_done, options.iterations);
+  EXPECT_TRUE(preempted_switch_seen) << "no inference preempted the training task";
+  // The daemon serves on after the switches.
+  EXPECT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)}).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,
+                         ::testing::Values(gpu::Backend::kHost, gpu::Backend::kCuda),
+                         [](const ::testing::TestParamInfo<gpu::Backend>& info) {
+                           return std::string(gpu::BackendName(info.param));
+                         });
+
 }  // namespace
 }  // namespace pswitch

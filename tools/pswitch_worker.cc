@@ -12,6 +12,7 @@ ABSL_FLAG(int, control_fd, -1, "inherited control socket fd");
 ABSL_FLAG(std::string, memdaemon_socket, "", "memdaemon Unix socket");
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
+ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
 
 int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(argc, argv, "pswitch worker process (spawned by pswitchd).");
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   options.control_fd = absl::GetFlag(FLAGS_control_fd);
   options.memdaemon_socket = absl::GetFlag(FLAGS_memdaemon_socket);
   options.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  options.device_ordinal = absl::GetFlag(FLAGS_device);
   auto worker = pswitch::worker::Worker::Start(options);
   if (!worker.ok()) {
     std::fprintf(stderr, "pswitch-worker %u: %s\n", options.worker_id,

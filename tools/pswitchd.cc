@@ -29,7 +29,10 @@
 
 ABSL_FLAG(std::string, backend, "auto",
           "device backend: auto (cuda if a GPU is present), cuda, host");
-ABSL_FLAG(int, device, 0, "CUDA device ordinal");
+ABSL_FLAG(int, device, 0, "CUDA device ordinal (the arena's device; workers use it too)");
+ABSL_FLAG(uint64_t, arena_reserve_bytes, 4ull << 30,
+          "CUDA, with --arena-bytes 0: device memory left outside the arena for the workers' CUDA "
+          "contexts, cuBLAS/cuDNN and libtorch");
 ABSL_FLAG(uint64_t, arena_bytes, 0,
           "arena size; 0 = almost all free GPU memory (cuda) or 2 GiB (host)");
 ABSL_FLAG(
@@ -122,9 +125,14 @@ absl::Status Preload(controller::Controller& controller) {
     if (!id.ok()) return id.status();
     auto outcome = done.get_future().get();
     if (!outcome.ok()) return outcome.status();
-    Log("info", "self_check", "model=%s task=%d latency_ms=%.3f switch_ms=%.3f", std::string(name),
-        outcome->task_id, absl::ToDoubleMilliseconds(outcome->latency),
-        absl::ToDoubleMilliseconds(outcome->switch_time));
+    // copy_ms is the model's transmission, not the switch's cost (see event=task_switch for
+    // the parts, and bench-switch for overhead against a ready model).
+    const controller::SwitchTimeline& t = outcome->timeline;
+    Log("info", "self_check",
+        "model=%s task=%d latency_ms=%.3f copy_ms=%.3f first_layer_start_ms=%.3f",
+        std::string(name), outcome->task_id, absl::ToDoubleMilliseconds(outcome->latency),
+        absl::ToDoubleMilliseconds(outcome->switch_time),
+        t.first_layer_start_ns == 0 ? -1.0 : (t.first_layer_start_ns - t.arrival_ns) / 1e6);
   }
   return absl::OkStatus();
 }
@@ -151,6 +159,7 @@ int Main() {
   memdaemon::MemDaemonOptions options;
   options.device = *device_options;
   options.arena_bytes = absl::GetFlag(FLAGS_arena_bytes);
+  options.arena_reserve_bytes = absl::GetFlag(FLAGS_arena_reserve_bytes);
   options.socket_path = absl::GetFlag(FLAGS_socket);
   if (options.socket_path.empty()) {
     options.socket_path = absl::StrCat("/tmp/pswitchd-", ::getuid(), ".sock");
@@ -172,6 +181,7 @@ int Main() {
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  controller_options.scheduler.spawn.device_ordinal = options.device.device_ordinal;
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
   controller_options.gpus = absl::GetFlag(FLAGS_gpus);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));

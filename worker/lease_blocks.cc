@@ -28,7 +28,7 @@ LeaseBlocks::LeaseBlocks(std::byte* base, uint64_t bytes, uint64_t alignment)
 std::byte* LeaseBlocks::Take(uint64_t bytes, uint64_t limit_bytes) {
   uint64_t size = RoundUp(bytes);
   absl::MutexLock lock(&mu_);
-  if (limit_bytes != 0 && in_use_ + size > limit_bytes) return nullptr;
+  if (limit_bytes != 0 && TaskBytes() + size > limit_bytes) return nullptr;
   std::optional<uint64_t> offset = free_.Take(size);
   if (!offset.has_value()) return nullptr;
   used_[*offset] = size;
@@ -52,15 +52,20 @@ bool LeaseBlocks::Give(const void* ptr) {
 
 std::string LeaseBlocks::DescribeShortage(uint64_t bytes, uint64_t limit_bytes) const {
   absl::MutexLock lock(&mu_);
-  if (limit_bytes != 0 && in_use_ + RoundUp(bytes) > limit_bytes) {
+  if (limit_bytes != 0 && TaskBytes() + RoundUp(bytes) > limit_bytes) {
     return absl::StrCat("task memory cap of ", limit_bytes, " bytes exceeded: ", bytes,
-                        " bytes requested with ", in_use_,
-                        " in use (the cap is the fill job's memory_bytes, or less when its bubble "
+                        " bytes requested with ", TaskBytes(),
+                        " in use by the task (the cap is the fill job's memory_bytes, or less when its bubble "
                         "has less free)");
   }
   return absl::StrCat("activation lease exhausted: ", bytes, " bytes requested, ", in_use_, " of ",
                       bytes_, " bytes in use, largest free block ", free_.largest_bytes(),
                       " bytes (raise pswitchd --activation-bytes)");
+}
+
+void LeaseBlocks::MarkPersistent() {
+  absl::MutexLock lock(&mu_);
+  persistent_ = in_use_;
 }
 
 uint64_t LeaseBlocks::in_use_bytes() const {

@@ -28,7 +28,11 @@ class LeaseBlocks {
   // The start of a free block of at least `bytes` (rounded up to the alignment, at least one
   // unit), now in use; nullptr when no free range is large enough, or when the block would take
   // the bytes in use past `limit_bytes` (0 = no limit below the lease size).
+  // The limit counts only bytes taken since the last MarkPersistent.
   std::byte* Take(uint64_t bytes, uint64_t limit_bytes = 0);
+  // The bytes in use now are the process's own for good (cuBLAS/cuDNN workspaces made by a
+  // warm-up), not any task's: later limits do not count them.
+  void MarkPersistent();
   // Returns the block starting at `ptr` to the free list. False, changing nothing, unless a block
   // in use starts there.
   bool Give(const void* ptr);
@@ -58,6 +62,11 @@ class LeaseBlocks {
   memdaemon::FreeList free_ ABSL_GUARDED_BY(mu_);           // offsets from base_
   std::map<uint64_t, uint64_t> used_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
   uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t persistent_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes a limit counts.
+  uint64_t TaskBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_use_ > persistent_ ? in_use_ - persistent_ : 0;
+  }
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -48,5 +48,18 @@ TEST(LeaseBlocksTest, AFullLeaseOrACapFailsTheRequestWithTheReason) {
   EXPECT_NE(blocks.Take(8192), nullptr);
 }
 
+// Defect 14: cuBLAS/cuDNN workspaces made by the load-time warm-up stay for the process's life;
+// a fill task's memory cap must not count them.
+TEST(LeaseBlocksTest, PersistentBytesDoNotCountAgainstATaskLimit) {
+  std::vector<std::byte> lease(8192);
+  LeaseBlocks blocks(lease.data(), 8192, 256);
+  ASSERT_NE(blocks.Take(1024), nullptr);  // a workspace
+  blocks.MarkPersistent();
+  EXPECT_NE(blocks.Take(1024, 1024), nullptr) << "the workspace is not the task's";
+  EXPECT_EQ(blocks.Take(256, 1024), nullptr);
+  EXPECT_THAT(blocks.DescribeShortage(256, 1024), HasSubstr("1024 in use by the task"));
+  EXPECT_EQ(blocks.in_use_bytes(), 2048u);
+}
+
 }  // namespace
 }  // namespace pswitch::worker

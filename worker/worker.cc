@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   w->control_ = std::make_unique<proto::FrameChannel>(UniqueFd(options.control_fd));
   gpu::DeviceOptions device;
   device.backend = options.backend;
+  device.device_ordinal = options.device_ordinal;
   PSWITCH_ASSIGN_OR_RETURN(w->device_, gpu::Device::Open(device));
   PSWITCH_ASSIGN_OR_RETURN(
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
@@ -269,11 +271,39 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
       status = bound.status();
     }
   }
+  int64_t warm_ns = 0;
+  if (status.ok() && tensor_device_.is_cuda()) {
+    const int64_t start = gpu::MonotonicNowNs();
+    status = WarmUp(name, *models_[name]);
+    warm_ns = gpu::MonotonicNowNs() - start;
+  }
   flatbuffers::FlatBufferBuilder b;
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error);
+  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
   return SendEvent(b);
+}
+
+absl::Status Worker::WarmUp(const std::string& name, BoundModel& bound) {
+#ifdef PSWITCH_WORKER_CUDA
+  // The weights region may hold another model's bytes (or be streaming them): the warm-up only
+  // reads it, and its output is thrown away.
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ComputeStreamScope> compute,
+                           cuda::ComputeStreamScope::Enter(*stream_, tensor_device_.index()));
+  if (cuda_activations_ != nullptr) cuda_activations_->set_limit(0);
+  absl::Status ran = models::CatchTorch(absl::StrCat("warming up '", name, "'"), [&] {
+    torch::NoGradGuard no_grad;
+    bound.model().eval();
+    (void)bound.model().Forward(ModelInputOn(bound.model().ExampleInput(1, 0), tensor_device_));
+  });
+  absl::Status synced = compute->Synchronize("warm-up", options_.group_timeout);
+  if (cuda_activations_ != nullptr) cuda_activations_->MarkPersistent();
+  return ran.ok() ? synced : ran;
+#else
+  (void)name;
+  (void)bound;
+  return absl::OkStatus();
+#endif
 }
 
 absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
@@ -393,8 +423,9 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   const std::string model_name = run.model()->str();
   auto it = models_.find(model_name);
   std::vector<proto::HostTensor> outputs;
-  TrainProgress progress{run.first_iteration(), false, 0};
+  TrainProgress progress{run.first_iteration(), false, 0, 0, 0};
   absl::Status status;
+  bool gated = false;  // a model ran behind its ready flags
   std::unique_ptr<FillSteps> fill;
   if (run.fill() != nullptr) {
     absl::StatusOr<std::unique_ptr<FillSteps>> steps =
@@ -447,16 +478,23 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     BoundModel& bound = *it->second;
     const bool training = run.training();
     int waited_group = -1;
+    int hooks = 0;
     absl::Status gate_status;
+    (void)stream_->TakeMarks();  // nothing left from an earlier task
     // Gate every layer on its group; groups arrive in order, so waiting once per group is enough.
     bound.model().SetGateHook([&, training](int index) {
+      // Marks on the stream time the first layer: started once its group was ready (mark 0),
+      // finished when the second layer is issued (mark 1).
+      if (++hooks == 2) (void)stream_->Mark();
       int group = static_cast<int>(gate_.group_of_layer[bound.LayoutIndex(training, index)]);
       if (group <= waited_group) return;
       absl::Status s = stream_->WaitFlag(arena_->ready_flags(), gate_.flag_base + group,
                                          gate_.epoch, options_.group_timeout);
       if (!s.ok()) throw GateFailure(s);
+      if (waited_group < 0) (void)stream_->Mark();
       waited_group = group;
     });
+    gated = true;
     ScopedLeaseAllocation from_lease(activations_);
     absl::Status torch_status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
       try {
@@ -493,27 +531,51 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   if (compute != nullptr) {
     absl::Status synced =
         compute->Synchronize(absl::StrCat("model '", model_name, "'"), options_.group_timeout);
+    // Work still on the stream (a wait on a flag no one writes) may later touch the weights
+    // region: this worker must never be reused. Exiting without an answer tears its context
+    // down; pswitchd fails the task with the reason and replaces the worker.
+    if (absl::IsDeadlineExceeded(synced)) return synced;
     if (status.ok()) status = synced;
   }
 #endif
+  if (gated) {
+    if (absl::StatusOr<std::vector<int64_t>> marks = stream_->TakeMarks(); marks.ok()) {
+      if (!marks->empty()) progress.first_layer_start_ns = (*marks)[0];
+      if (marks->size() > 1) progress.first_layer_done_ns = (*marks)[1];
+    }
+    // The device released its waits at >= the epoch: insist that every group really holds this
+    // switch's epoch, or the task ran (partly) on an earlier model's weights.
+    if (status.ok()) {
+      uint32_t groups = 0;
+      for (uint32_t g : gate_.group_of_layer) groups = std::max(groups, g + 1);
+      status = gpu::CheckGroupsHoldEpoch(arena_->ready_flags(), gate_.flag_base, groups,
+                                         gate_.epoch);
+      if (!status.ok()) outputs.clear();
+    }
+  }
   flatbuffers::FlatBufferBuilder b;
   auto wire_outputs = proto::CreateWireTensors(b, outputs);
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-  auto done =
-      proto::CreateRunDone(b, run.task_id(), wire_outputs, progress.iterations_done,
-                           progress.stopped_early, progress.loss, error, fill ? fill->step_ns() : 0,
-                           fill ? fill->steps() : 0, fill ? fill->predicted_ns() : 0);
+  auto done = proto::CreateRunDone(
+      b, run.task_id(), wire_outputs, progress.iterations_done, progress.stopped_early,
+      progress.loss, error, fill ? fill->step_ns() : 0, fill ? fill->steps() : 0,
+      fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   return SendEvent(b);
 }
 
 absl::Status Worker::HandleStop(const proto::Stop& stop) {
   stop_requested_.store(false);
-  // Nothing of this tenant may be in flight once the drain value is visible.
-  PSWITCH_RETURN_IF_ERROR(stream_->Synchronize());
-  PSWITCH_RETURN_IF_ERROR(
-      stream_->WriteFlag(arena_->drain_flags(), stop.drain_index(), stop.drain_value()));
-  PSWITCH_RETURN_IF_ERROR(stream_->Synchronize());
+  // Nothing of this tenant may be in flight once the drain value is visible. Bounded: a stream
+  // still waiting on a flag no one writes makes this worker unusable; it exits (the error ends
+  // Serve) and pswitchd replaces it, and its death releases the drain.
+  absl::Status idle = stream_->Synchronize(options_.drain_timeout);
+  if (!idle.ok()) {
+    return absl::Status(idle.code(), absl::StrCat("worker ", options_.worker_id,
+                                                  " cannot drain: ", idle.message()));
+  }
+  // A CPU store to the host-resident flag: one stream sync, no second round trip.
+  PSWITCH_RETURN_IF_ERROR(arena_->drain_flags().Store(stop.drain_index(), stop.drain_value()));
   const int64_t drained_ns = gpu::MonotonicNowNs();
   // The next model's copy may already overwrite the weights: cleaning touches metadata only.
   const int64_t clean_start_ns = gpu::MonotonicNowNs();

@@ -40,7 +40,11 @@ struct WorkerOptions {
   gpu::Backend backend = gpu::Backend::kHost;
   std::string memdaemon_socket;
   int control_fd = -1;  // connected socket to the controller, owned by the worker
+  int device_ordinal = 0;  // CUDA: the device holding the arena (checked against the grant)
   absl::Duration group_timeout = absl::Seconds(30);
+  // Bound on synchronising the stream before a drain; a worker that misses it exits (pswitchd
+  // replaces it) rather than being reused with work stuck on its stream.
+  absl::Duration drain_timeout = absl::Seconds(10);
   // Arena lease for intermediate tensors while a task runs; 0 = libtorch's own allocator.
   uint64_t activation_bytes = 0;
 };
@@ -79,7 +83,12 @@ class Worker {
     uint32_t iterations_done = 0;
     bool stopped_early = false;
     double loss = 0;
+    int64_t first_layer_start_ns = 0;  // CLOCK_MONOTONIC, 0 = no gated model ran
+    int64_t first_layer_done_ns = 0;
   };
+  // CUDA: one forward of `bound` (gates open, example input) so libtorch's lazy CUDA set-up
+  // (cuBLAS/cuDNN handles, module loading) is paid at load time, not by the first task.
+  absl::Status WarmUp(const std::string& name, BoundModel& bound);
   // The task bodies; they run inside HandleRun's gate and libtorch exception handling.
   absl::StatusOr<std::vector<proto::HostTensor>> Infer(BoundModel& bound, const proto::Run& run);
   // `fill` (may be null) gates each step of a fill task's run inside its bubble.

@@ -7,38 +7,61 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/cuda/cuda_memory.h"
+#include "gpu/event_timeline.h"
 #include "gpu/internal/job_ticket.h"
 #include "proto/status.h"
 
 namespace pswitch::gpu::cuda {
 namespace {
 
-// Groups enqueued ahead of the last completed one: enough to keep the copy engine busy, few
-// enough that a cancel stops the transfer within a few groups.
-constexpr size_t kLookaheadGroups = 4;
+// Bytes on the copy stream ahead of the last group the CPU saw complete: at 50 GB/s, about
+// 1.3 ms of copying, far more than the CPU's polling lag, so the stream never runs dry; and a
+// cancel stops the transfer within about that much.
+constexpr uint64_t kLookaheadBytes = 64ull << 20;
+// Between two looks at the oldest in-flight group: short, so a group's completion is seen
+// within a few microseconds; the CPU only observes, it never gates the copies.
+constexpr absl::Duration kPollInterval = absl::Microseconds(5);
+// Events are made once and reused (creating one costs microseconds on the switch path).
+constexpr size_t kInitialEvents = 1024;
 
-// RAII for a timing event.
-class Event {
+// RAII for the engine's timing events.
+class EventPool {
  public:
-  Event() = default;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() {
-    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  EventPool() = default;
+  EventPool(EventPool&& other) noexcept : events_(std::move(other.events_)) {}
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  ~EventPool() {
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
   }
-  absl::Status Init() { return PSWITCH_CUDA(cudaEventCreate(&event_)); }
-  cudaEvent_t get() const { return event_; }
+  // At least `count` events.
+  absl::Status Reserve(size_t count) {
+    while (events_.size() < count) {
+      cudaEvent_t e = nullptr;
+      PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventCreate(&e)));
+      events_.push_back(e);
+    }
+    return absl::OkStatus();
+  }
+  cudaEvent_t operator[](size_t i) const { return events_[i]; }
 
  private:
-  cudaEvent_t event_ = nullptr;
+  std::vector<cudaEvent_t> events_;
 };
 
 // Enqueues each group's copies on a dedicated stream followed by a device-side write of the
-// group's ready flag; the CPU only paces enqueueing (lookahead) and collects timings.
+// group's ready flag. The CPU keeps a byte-bounded window of groups on the stream and observes
+// completion through events to time them; it never waits for a group before enqueueing the next
+// one inside the window.
 class CudaCopyEngine : public CopyEngine {
  public:
-  CudaCopyEngine(CudaArena* arena, std::unique_ptr<CudaStream> stream, const DriverApi* api)
-      : arena_(arena), stream_(std::move(stream)), api_(api), thread_([this] { Run(); }) {}
+  CudaCopyEngine(int device, CudaArena* arena, std::unique_ptr<CudaStream> stream,
+                 EventPool events)
+      : device_(device),
+        arena_(arena),
+        stream_(std::move(stream)),
+        events_(std::move(events)),
+        thread_([this] { Run(); }) {}
 
   ~CudaCopyEngine() override {
     {
@@ -55,6 +78,9 @@ class CudaCopyEngine : public CopyEngine {
       PSWITCH_RETURN_IF_ERROR(
           FlagAddress(*job.ready_flags, job.ready_flag_base + static_cast<uint32_t>(g)).status());
     }
+    if (job.drain_flags != nullptr) {
+      PSWITCH_RETURN_IF_ERROR(FlagAddress(*job.drain_flags, job.drain_index).status());
+    }
     auto ticket = std::make_shared<internal::JobTicket>(job.groups.size());
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("copy engine is shutting down");
@@ -64,6 +90,8 @@ class CudaCopyEngine : public CopyEngine {
 
  private:
   void Run() {
+    // Every thread that touches CUDA names its device: the runtime's current device is per thread.
+    absl::Status device = PSWITCH_CUDA(cudaSetDevice(device_));
     while (true) {
       std::pair<CopyJob, std::shared_ptr<internal::JobTicket>> next;
       {
@@ -76,76 +104,90 @@ class CudaCopyEngine : public CopyEngine {
         next = std::move(queue_.front());
         queue_.pop_front();
       }
-      absl::Status status = Execute(next.first, *next.second);
-      // Whatever happened, nothing of this job may still be in flight when it is reported.
-      absl::Status synced = stream_->Synchronize();
-      next.second->Finish(status.ok() ? synced : status);
+      next.second->Finish(device.ok() ? Execute(next.first, *next.second) : device);
     }
   }
 
   absl::Status Execute(const CopyJob& job, internal::JobTicket& ticket) {
     if (ticket.cancelled()) return absl::CancelledError("copy job cancelled before it started");
     cudaStream_t s = stream_->get();
+    const size_t n = job.groups.size();
+    std::vector<uint64_t> bytes(n, 0);
+    for (size_t g = 0; g < n; ++g) {
+      for (const CopySpan& span : job.groups[g].spans) bytes[g] += span.bytes;
+    }
+    PSWITCH_RETURN_IF_ERROR(events_.Reserve(n + 1));
     if (job.drain_flags != nullptr) {
-      // Device-side wait: the copies below cannot start before the old tenant's stream wrote
-      // its drain value. The CPU bounds it: a tenant that never drains fails the job.
+      // Device-side wait: the copies below cannot start before the old tenant wrote its drain
+      // value. Its timeout is the CPU's: a tenant that never drains fails the job below, and
+      // the scheduler kills it, which releases the wait (the flag is host memory).
       PSWITCH_RETURN_IF_ERROR(
           stream_->WaitFlag(*job.drain_flags, job.drain_index, job.drain_value, job.drain_timeout));
     }
-    const size_t n = job.groups.size();
-    std::vector<Event> start(n), end(n);
-    Event origin;
-    PSWITCH_RETURN_IF_ERROR(origin.Init());
-    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(origin.get(), s)));
-    int64_t origin_ns = 0;
-    size_t collected = 0;
-    auto collect = [&](size_t g) -> absl::Status {
-      absl::Time give_up = absl::Now() + job.drain_timeout;
-      // Poll rather than block so an undrained tenant cannot hang this thread forever.
-      while (cudaEventQuery(end[g].get()) == cudaErrorNotReady) {
-        if (absl::Now() > give_up) {
-          return absl::DeadlineExceededError(absl::StrCat("group ", g, " not copied after ",
-                                                          absl::FormatDuration(job.drain_timeout)));
+    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(events_[0], s)));
+    LookaheadWindow window(bytes, kLookaheadBytes);
+    std::vector<EventObservation> seen(n);
+    absl::Status status;
+    // The first group also waits for the drain; every later one gets the same bound from when
+    // its predecessor was seen.
+    absl::Time give_up = absl::Now() + job.drain_timeout;
+    while (!window.done()) {
+      while (status.ok() && window.MayEnqueue()) {
+        if (ticket.cancelled()) {
+          status = absl::CancelledError(absl::StrCat("cancelled at group ", window.enqueued()));
+          break;
         }
-        absl::SleepFor(absl::Microseconds(20));
+        const size_t g = window.enqueued();
+        for (const CopySpan& span : job.groups[g].spans) {
+          if (span.bytes == 0) continue;
+          PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(arena_->base() + span.arena_offset,
+                                                               span.host, span.bytes,
+                                                               cudaMemcpyHostToDevice, s)));
+        }
+        PSWITCH_RETURN_IF_ERROR(stream_->WriteFlag(
+            *job.ready_flags, job.ready_flag_base + static_cast<uint32_t>(g), job.epoch));
+        PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(events_[g + 1], s)));
+        window.Enqueued();
       }
-      PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventSynchronize(end[g].get())));
-      if (g == 0) origin_ns = MonotonicNowNs();
-      float start_ms = 0, end_ms = 0;
-      PSWITCH_RETURN_IF_ERROR(
-          PSWITCH_CUDA(cudaEventElapsedTime(&start_ms, origin.get(), start[g].get())));
-      PSWITCH_RETURN_IF_ERROR(
-          PSWITCH_CUDA(cudaEventElapsedTime(&end_ms, origin.get(), end[g].get())));
-      // Event times are relative; anchor them at the host time group 0 was seen complete.
-      GroupTiming timing;
-      timing.copy_start_ns = origin_ns + static_cast<int64_t>(start_ms * 1e6);
-      timing.ready_ns = origin_ns + static_cast<int64_t>(end_ms * 1e6);
-      for (const CopySpan& span : job.groups[g].spans) timing.bytes += span.bytes;
-      ticket.RecordGroup(g, timing);
-      return absl::OkStatus();
-    };
-    for (size_t g = 0; g < n; ++g) {
-      if (ticket.cancelled()) return absl::CancelledError(absl::StrCat("cancelled at group ", g));
-      PSWITCH_RETURN_IF_ERROR(start[g].Init());
-      PSWITCH_RETURN_IF_ERROR(end[g].Init());
-      PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(start[g].get(), s)));
-      for (const CopySpan& span : job.groups[g].spans) {
-        if (span.bytes == 0) continue;
-        PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
-            arena_->base() + span.arena_offset, span.host, span.bytes, cudaMemcpyHostToDevice, s)));
+      if (window.completed() == window.enqueued()) break;  // cancelled: nothing left in flight
+      // Observe the oldest group in flight; the CPU's pace never holds the stream up.
+      const size_t g = window.completed();
+      cudaError_t state = cudaEventQuery(events_[g + 1]);
+      if (state == cudaErrorNotReady) {
+        if (absl::Now() > give_up) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "group ", g, " not copied within ", absl::FormatDuration(job.drain_timeout),
+              g == 0 && job.drain_flags != nullptr
+                  ? absl::StrCat(" (previous tenant did not drain: flag ", job.drain_index,
+                                 " never reached ", job.drain_value, ")")
+                  : ""));
+        }
+        absl::SleepFor(kPollInterval);
+        continue;
       }
-      PSWITCH_RETURN_IF_ERROR(stream_->WriteFlag(
-          *job.ready_flags, job.ready_flag_base + static_cast<uint32_t>(g), job.epoch));
-      PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(end[g].get(), s)));
-      if (g >= kLookaheadGroups) PSWITCH_RETURN_IF_ERROR(collect(collected++));
+      PSWITCH_RETURN_IF_ERROR(CudaStatus(state, "cudaEventQuery"));
+      seen[g].seen_ns = MonotonicNowNs();
+      float ms = 0;
+      PSWITCH_RETURN_IF_ERROR(
+          PSWITCH_CUDA(cudaEventElapsedTime(&ms, events_[0], events_[g + 1])));
+      seen[g].since_start_ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+      window.Completed();
+      give_up = absl::Now() + job.drain_timeout;
+      // Timings are anchored once more groups are seen (a tighter bound); publish progress now.
+      ticket.RecordGroup(g, GroupTiming{0, 0, bytes[g]});
     }
-    while (collected < n) PSWITCH_RETURN_IF_ERROR(collect(collected++));
-    return absl::OkStatus();
+    const size_t done = window.completed();
+    std::vector<GroupTiming> timings =
+        GroupTimings(std::span<const EventObservation>(seen.data(), done),
+                     std::span<const uint64_t>(bytes.data(), done));
+    for (size_t g = 0; g < done; ++g) ticket.RecordGroup(g, timings[g]);
+    return status;
   }
 
+  const int device_;
   CudaArena* const arena_;
   std::unique_ptr<CudaStream> stream_;
-  const DriverApi* const api_;
+  EventPool events_;  // copy thread only
   absl::Mutex mu_;
   std::deque<std::pair<CopyJob, std::shared_ptr<internal::JobTicket>>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -169,7 +211,7 @@ class CudaDevice : public Device {
     return CudaArena::Create(device_, bytes, api_);
   }
   absl::StatusOr<std::unique_ptr<Arena>> ImportArena(ArenaHandle handle) override {
-    return CudaArena::Import(device_, handle, api_);
+    return CudaArena::Import(device_, std::move(handle), api_);
   }
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocatePinned(uint64_t bytes) override {
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
@@ -185,7 +227,10 @@ class CudaDevice : public Device {
       return absl::InvalidArgumentError("CUDA copy engine needs a CUDA arena");
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> stream, CudaStream::Create(api_));
-    return std::make_unique<CudaCopyEngine>(cuda_arena, std::move(stream), api_);
+    EventPool events;
+    PSWITCH_RETURN_IF_ERROR(events.Reserve(kInitialEvents));
+    return std::make_unique<CudaCopyEngine>(device_, cuda_arena, std::move(stream),
+                                            std::move(events));
   }
 
  private:

@@ -44,16 +44,94 @@ TEST_F(CudaDeviceTest, CopiesGroupsAndReleasesAStreamWaitingOnTheirFlags) {
   ASSERT_TRUE((*stream)->WriteFlag(**flags, 31, 5).ok());
   auto ticket = (*engine)->Submit(std::move(job));
   ASSERT_TRUE(ticket.ok());
-  auto timings = (*ticket)->Wait();
+  auto timings = (*ticket)->Wait(absl::Seconds(60));
   ASSERT_TRUE(timings.ok()) << timings.status();
   EXPECT_TRUE((*flags)->WaitReady(31, 5, absl::Seconds(10)).ok());
-  ASSERT_TRUE((*stream)->Synchronize().ok());
+  ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(10)).ok());
   std::vector<std::byte> out(16 << 20);
   ASSERT_TRUE((*arena)->CopyToHost(8 << 20, out).ok());
   EXPECT_EQ(std::memcmp(out.data(), (*pinned)->data(), out.size()), 0);
   auto handle = (*arena)->Export();
   ASSERT_TRUE(handle.ok());
   EXPECT_EQ(handle->ipc_handle.size(), 64u);
+  EXPECT_TRUE(handle->fd.valid()) << "the flag window travels with the handle";
+}
+
+// Defects 3 and 11: a stream waiting on a flag no one writes never hangs a host-side
+// synchronize, and the CPU releases it with a plain store (no stream in between).
+TEST_F(CudaDeviceTest, AStreamWaitingOnAnUnwrittenFlagIsBoundedAndReleasedFromTheCpu) {
+  auto arena = device_->CreateArena(16 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto flags = (*arena)->Flags(0, 4);
+  auto stream = device_->CreateStream();
+  ASSERT_TRUE(flags.ok() && stream.ok());
+  ASSERT_TRUE((*stream)->WaitFlag(**flags, 0, 7, absl::Seconds(1)).ok());
+  ASSERT_TRUE((*stream)->WriteFlag(**flags, 1, 7).ok());
+  const absl::Time start = absl::Now();
+  EXPECT_EQ((*stream)->Synchronize(absl::Milliseconds(50)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ASSERT_TRUE((*flags)->Store(0, 7).ok());
+  ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(10)).ok());
+  EXPECT_EQ(*(*flags)->Load(1), 7u) << "the device write reached the host-resident flag";
+}
+
+// Defect 3: a tenant that never drains fails the copy job in bounded time; releasing its drain
+// flag from the CPU (what killing it does) lets the next job run.
+TEST_F(CudaDeviceTest, UndrainedTenantFailsTheJobInBoundedTime) {
+  auto arena = device_->CreateArena(16 << 20);
+  auto pinned = device_->AllocatePinned(1 << 20);
+  ASSERT_TRUE(arena.ok() && pinned.ok());
+  auto ready = (*arena)->Flags(0, 8);
+  auto drain = (*arena)->Flags(64, 2);
+  auto engine = device_->CreateCopyEngine(**arena);
+  ASSERT_TRUE(ready.ok() && drain.ok() && engine.ok());
+  CopyJob job;
+  job.epoch = 1;
+  job.ready_flags = ready->get();
+  job.groups.push_back(CopyGroup{{CopySpan{(*pinned)->data(), 1 << 20, 1 << 20}}});
+  job.drain_flags = drain->get();
+  job.drain_index = 0;
+  job.drain_value = 3;
+  job.drain_timeout = absl::Milliseconds(100);
+  auto stuck = (*engine)->Submit(job);
+  ASSERT_TRUE(stuck.ok());
+  EXPECT_EQ((*stuck)->Wait(absl::Seconds(10)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE((*drain)->Store(0, 3).ok());
+  job.epoch = 3;
+  job.drain_timeout = absl::Seconds(10);
+  auto next = (*engine)->Submit(job);
+  ASSERT_TRUE(next.ok());
+  ASSERT_TRUE((*next)->Wait(absl::Seconds(30)).ok());
+  EXPECT_EQ(*(*ready)->Load(0), 3u);
+}
+
+// Defect 1: group times are anchored on the start event, not on when group 0 was seen.
+TEST_F(CudaDeviceTest, SingleGroupTimesAreNotShiftedByTheGroupsOwnCopy) {
+  constexpr uint64_t kBytes = 256ull << 20;
+  auto arena = device_->CreateArena(kBytes + (2 << 20));
+  auto pinned = device_->AllocatePinned(kBytes);
+  ASSERT_TRUE(arena.ok() && pinned.ok());
+  auto flags = (*arena)->Flags(0, 4);
+  auto engine = device_->CreateCopyEngine(**arena);
+  ASSERT_TRUE(flags.ok() && engine.ok());
+  CopyJob job;
+  job.epoch = 1;
+  job.ready_flags = flags->get();
+  job.groups.push_back(CopyGroup{{CopySpan{(*pinned)->data(), 2 << 20, kBytes}}});
+  const int64_t submitted = MonotonicNowNs();
+  auto ticket = (*engine)->Submit(job);
+  ASSERT_TRUE(ticket.ok());
+  auto timings = (*ticket)->Wait(absl::Seconds(30));
+  const int64_t returned = MonotonicNowNs();
+  ASSERT_TRUE(timings.ok()) << timings.status();
+  const GroupTiming& t = (*timings)[0];
+  // The copy starts after the submission and ends before the wait returned; the old anchoring
+  // put the end about one copy duration after the wait returned.
+  EXPECT_GE(t.copy_start_ns, submitted - 100'000);
+  EXPECT_LE(t.ready_ns, returned);
+  EXPECT_GT(t.ready_ns - t.copy_start_ns, 0);
 }
 
 TEST(CudaBackendTest, OpeningWithoutAGpuFailsClearly) {

@@ -1,78 +1,97 @@
 #include "gpu/cuda/cuda_memory.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
-#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda/cuda_check.h"
+#include "gpu/shared_flags.h"
 #include "proto/status.h"
 
 namespace pswitch::gpu::cuda {
 namespace {
 
-class CudaFlagArray : public FlagArray {
+// Side-stream work (fills, checkpoint copies) waits on no flag; this only bounds a broken GPU.
+constexpr absl::Duration kSideStreamTimeout = absl::Seconds(60);
+
+// CPU side: the shared host words (atomics, futex for CPU writers, polling for device writes).
+// Device side: the registered page's device alias, for stream memory operations.
+class CudaFlagArray : public SharedFlagArray {
  public:
-  CudaFlagArray(CudaArena* arena, CudaStream* side, const DriverApi* api, uint64_t offset,
-                uint32_t count)
-      : arena_(arena), side_(side), api_(api), offset_(offset), count_(count) {}
-
-  uint32_t size() const override { return count_; }
-  uint64_t arena_offset() const override { return offset_; }
+  CudaFlagArray(uint32_t* host_words, CUdeviceptr device_words, uint32_t count, uint64_t offset)
+      : SharedFlagArray(host_words, count, offset, /*device_writes=*/true),
+        device_words_(device_words) {}
   CUdeviceptr Address(uint32_t index) const {
-    return reinterpret_cast<CUdeviceptr>(arena_->base() + offset_) + index * sizeof(uint32_t);
-  }
-
-  absl::StatusOr<uint32_t> Load(uint32_t index) const override {
-    PSWITCH_RETURN_IF_ERROR(Check(index));
-    uint32_t value = 0;
-    PSWITCH_RETURN_IF_ERROR(
-        PSWITCH_CUDA(cudaMemcpyAsync(&value, arena_->base() + offset_ + index * sizeof(uint32_t),
-                                     sizeof(value), cudaMemcpyDeviceToHost, side_->get())));
-    PSWITCH_RETURN_IF_ERROR(side_->Synchronize());
-    return value;
-  }
-
-  absl::Status Store(uint32_t index, uint32_t value) override {
-    PSWITCH_RETURN_IF_ERROR(Check(index));
-    PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(api_->stream_write_value32(
-        side_->get(), Address(index), value, CU_STREAM_WRITE_VALUE_DEFAULT)));
-    return side_->Synchronize();
-  }
-
-  absl::StatusOr<uint32_t> WaitAtLeast(uint32_t index, uint32_t target,
-                                       absl::Duration timeout) const override {
-    // CPU-side waits are off the switch's critical path (the device waits on its own), so a
-    // polling loop with a growing pause is enough here.
-    absl::Time deadline = absl::Now() + timeout;
-    absl::Duration pause = absl::Microseconds(2);
-    while (true) {
-      PSWITCH_ASSIGN_OR_RETURN(uint32_t seen, Load(index));
-      if (EpochReached(seen, target)) return seen;
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("flag ", index, " still at ", seen, " waiting for ", target));
-      }
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Microseconds(200));
-    }
+    return device_words_ + CUdeviceptr{index} * sizeof(uint32_t);
   }
 
  private:
-  absl::Status Check(uint32_t index) const {
-    if (index >= count_) {
-      return absl::OutOfRangeError(absl::StrCat("flag index ", index, " >= ", count_));
-    }
-    return absl::OkStatus();
-  }
-
-  CudaArena* const arena_;
-  CudaStream* const side_;
-  const DriverApi* const api_;
-  const uint64_t offset_;
-  const uint32_t count_;
+  const CUdeviceptr device_words_;
 };
 
+absl::StatusOr<std::byte*> MapShared(int fd, uint64_t bytes) {
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) return ErrnoStatus(absl::StrCat("mmap flag window of ", bytes, " bytes"));
+  return static_cast<std::byte*>(base);
+}
+
 }  // namespace
+
+class CudaArena::FlagWindow {
+ public:
+  // Creates (fd invalid) or maps (fd from an exported handle) the window and registers it.
+  static absl::StatusOr<std::unique_ptr<FlagWindow>> Open(UniqueFd fd, uint64_t bytes) {
+    if (!fd.valid()) {
+      fd.Reset(::memfd_create("pswitch-flags", MFD_CLOEXEC));
+      if (!fd.valid()) return ErrnoStatus("memfd_create flag window");
+      if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+        return ErrnoStatus("ftruncate flag window");
+      }
+    } else {
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat flag window");
+      if (static_cast<uint64_t>(st.st_size) != bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("flag window fd holds ", st.st_size,
+                                                       " bytes, expected ", bytes));
+      }
+    }
+    PSWITCH_ASSIGN_OR_RETURN(std::byte * host, MapShared(fd.get(), bytes));
+    std::unique_ptr<FlagWindow> window(new FlagWindow(std::move(fd), host, bytes));
+    // Portable: every context of this process sees it; Mapped: it has a device alias.
+    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(
+        cudaHostRegister(host, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped)));
+    window->registered_ = true;
+    void* device = nullptr;
+    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaHostGetDevicePointer(&device, host, 0)));
+    window->device_ = reinterpret_cast<CUdeviceptr>(device);
+    return window;
+  }
+  ~FlagWindow() {
+    if (registered_) (void)cudaHostUnregister(host_);
+    ::munmap(host_, bytes_);
+  }
+  int fd() const { return fd_.get(); }
+  uint64_t bytes() const { return bytes_; }
+  uint32_t* host_words(uint64_t offset) const {
+    return reinterpret_cast<uint32_t*>(host_ + offset);
+  }
+  CUdeviceptr device_words(uint64_t offset) const { return device_ + offset; }
+
+ private:
+  FlagWindow(UniqueFd fd, std::byte* host, uint64_t bytes)
+      : fd_(std::move(fd)), host_(host), bytes_(bytes) {}
+  UniqueFd fd_;
+  std::byte* const host_;
+  const uint64_t bytes_;
+  bool registered_ = false;
+  CUdeviceptr device_ = 0;
+};
 
 absl::StatusOr<CUdeviceptr> FlagAddress(const FlagArray& flags, uint32_t index) {
   auto* cuda_flags = dynamic_cast<const CudaFlagArray*>(&flags);
@@ -87,7 +106,42 @@ absl::StatusOr<std::unique_ptr<CudaStream>> CudaStream::Create(const DriverApi* 
   return std::unique_ptr<CudaStream>(new CudaStream(stream, api));
 }
 
-CudaStream::~CudaStream() { (void)cudaStreamDestroy(stream_); }
+CudaStream::~CudaStream() {
+  for (cudaEvent_t e : mark_events_) (void)cudaEventDestroy(e);
+  (void)cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaStream::Mark() {
+  if (mark_events_.empty()) {
+    for (size_t i = 0; i <= kMaxStreamMarks; ++i) {
+      cudaEvent_t e = nullptr;
+      PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventCreate(&e)));
+      mark_events_.push_back(e);
+    }
+  }
+  if (marks_ >= kMaxStreamMarks) return absl::ResourceExhaustedError("too many stream marks");
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(mark_events_[marks_], stream_)));
+  ++marks_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> CudaStream::TakeMarks() {
+  const size_t n = std::exchange(marks_, 0);
+  std::vector<int64_t> times;
+  if (n == 0) return times;
+  // The stream is idle: an end mark recorded now completes at once, so the host time read right
+  // after it anchors the device clock to within the call's own latency.
+  cudaEvent_t end = mark_events_[kMaxStreamMarks];
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(end, stream_)));
+  PSWITCH_RETURN_IF_ERROR(Synchronize(absl::Seconds(1)));
+  const int64_t end_ns = MonotonicNowNs();
+  for (size_t i = 0; i < n; ++i) {
+    float ms = 0;
+    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventElapsedTime(&ms, mark_events_[i], end)));
+    times.push_back(end_ns - static_cast<int64_t>(static_cast<double>(ms) * 1e6));
+  }
+  return times;
+}
 
 absl::Status CudaStream::WaitFlag(const FlagArray& flags, uint32_t index, uint32_t epoch,
                                   absl::Duration /*timeout*/) {
@@ -102,7 +156,23 @@ absl::Status CudaStream::WriteFlag(FlagArray& flags, uint32_t index, uint32_t va
                                                CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
-absl::Status CudaStream::Synchronize() { return PSWITCH_CUDA(cudaStreamSynchronize(stream_)); }
+absl::Status CudaStream::Synchronize(absl::Duration timeout) {
+  // Poll rather than block: the stream may wait on a flag that is written late or never.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration pause = absl::Microseconds(1);
+  while (true) {
+    cudaError_t state = cudaStreamQuery(stream_);
+    if (state == cudaSuccess) return absl::OkStatus();
+    if (state != cudaErrorNotReady) return CudaStatus(state, "cudaStreamQuery");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "stream still busy after ", absl::FormatDuration(timeout),
+          " (waiting on a flag that was never written?)"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Microseconds(50));
+  }
+}
 
 absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Create(int device, uint64_t bytes,
                                                              const DriverApi* api) {
@@ -111,31 +181,55 @@ absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Create(int device, uint64_
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> side, CudaStream::Create(api));
   void* base = nullptr;
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMalloc(&base, bytes)));
-  std::unique_ptr<CudaArena> arena(
-      new CudaArena(device, static_cast<std::byte*>(base), bytes, /*owner=*/true, std::move(side)));
+  auto window = FlagWindow::Open(UniqueFd(), std::min(bytes, kFlagWindowBytes));
+  if (!window.ok()) {
+    (void)cudaFree(base);
+    return window.status();
+  }
+  std::unique_ptr<CudaArena> arena(new CudaArena(device, static_cast<std::byte*>(base), bytes,
+                                                 /*owner=*/true, std::move(side),
+                                                 std::move(*window)));
   PSWITCH_RETURN_IF_ERROR(arena->Fill(0, bytes, 0));
   return arena;
 }
 
-absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Import(int device, const ArenaHandle& handle,
+absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Import(int device, ArenaHandle handle,
                                                              const DriverApi* api) {
   if (handle.backend != Backend::kCuda || handle.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a CUDA IPC arena handle (", handle.ipc_handle.size(), " handle bytes)"));
   }
+  if (!handle.fd.valid()) {
+    return absl::InvalidArgumentError("CUDA arena handle carries no flag-window fd");
+  }
+  if (handle.size_bytes == 0) return absl::InvalidArgumentError("CUDA arena handle of 0 bytes");
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device)));
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> side, CudaStream::Create(api));
+  PSWITCH_ASSIGN_OR_RETURN(
+      std::unique_ptr<FlagWindow> window,
+      FlagWindow::Open(std::move(handle.fd), std::min(handle.size_bytes, kFlagWindowBytes)));
   cudaIpcMemHandle_t ipc;
   std::memcpy(&ipc, handle.ipc_handle.data(), sizeof(ipc));
   void* base = nullptr;
   PSWITCH_RETURN_IF_ERROR(
       PSWITCH_CUDA(cudaIpcOpenMemHandle(&base, ipc, cudaIpcMemLazyEnablePeerAccess)));
-  return std::unique_ptr<CudaArena>(new CudaArena(
-      device, static_cast<std::byte*>(base), handle.size_bytes, /*owner=*/false, std::move(side)));
+  return std::unique_ptr<CudaArena>(new CudaArena(device, static_cast<std::byte*>(base),
+                                                  handle.size_bytes, /*owner=*/false,
+                                                  std::move(side), std::move(window)));
 }
+
+CudaArena::CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
+                     std::unique_ptr<CudaStream> side_stream, std::unique_ptr<FlagWindow> flags)
+    : device_(device),
+      base_(base),
+      size_bytes_(bytes),
+      owner_(owner),
+      flag_window_(std::move(flags)),
+      side_stream_(std::move(side_stream)) {}
 
 CudaArena::~CudaArena() {
   (void)cudaSetDevice(device_);
+  flag_window_.reset();
   if (owner_) {
     (void)cudaFree(base_);
   } else {
@@ -152,6 +246,8 @@ absl::StatusOr<ArenaHandle> CudaArena::Export() const {
   handle.device_ordinal = device_;
   handle.size_bytes = size_bytes_;
   handle.ipc_handle.assign(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+  handle.fd.Reset(::fcntl(flag_window_->fd(), F_DUPFD_CLOEXEC, 0));
+  if (!handle.fd.valid()) return ErrnoStatus("dup flag window fd");
   return handle;
 }
 
@@ -159,27 +255,27 @@ absl::Status CudaArena::Fill(uint64_t offset, uint64_t bytes, uint8_t value) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, bytes));
   PSWITCH_RETURN_IF_ERROR(
       PSWITCH_CUDA(cudaMemsetAsync(base_ + offset, value, bytes, side_stream_->get())));
-  return side_stream_->Synchronize();
+  return side_stream_->Synchronize(kSideStreamTimeout);
 }
 
 absl::Status CudaArena::CopyToHost(uint64_t offset, std::span<std::byte> out) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, out.size()));
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
       out.data(), base_ + offset, out.size(), cudaMemcpyDeviceToHost, side_stream_->get())));
-  return side_stream_->Synchronize();
+  return side_stream_->Synchronize(kSideStreamTimeout);
 }
 
 absl::Status CudaArena::CopyFromHost(uint64_t offset, std::span<const std::byte> in) {
   PSWITCH_RETURN_IF_ERROR(CheckRange(offset, in.size()));
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
       base_ + offset, in.data(), in.size(), cudaMemcpyHostToDevice, side_stream_->get())));
-  return side_stream_->Synchronize();
+  return side_stream_->Synchronize(kSideStreamTimeout);
 }
 
 absl::StatusOr<std::unique_ptr<FlagArray>> CudaArena::Flags(uint64_t offset, uint32_t count) {
   PSWITCH_RETURN_IF_ERROR(CheckFlagPlacement(offset, count));
-  PSWITCH_ASSIGN_OR_RETURN(const DriverApi* api, GetDriverApi());
-  return std::make_unique<CudaFlagArray>(this, side_stream_.get(), api, offset, count);
+  return std::make_unique<CudaFlagArray>(flag_window_->host_words(offset),
+                                         flag_window_->device_words(offset), count, offset);
 }
 
 absl::StatusOr<std::unique_ptr<CudaHostBuffer>> CudaHostBuffer::Allocate(uint64_t bytes) {

@@ -1,14 +1,25 @@
 // CUDA-backend memory objects: the IPC-shareable arena, its flag words, pinned buffers and
 // streams. Internal to gpu/cuda.
+//
+// Flags live in host memory, not in the device arena. The arena's first kFlagWindowBytes are
+// mirrored by a memfd page that every process maps and registers with the driver
+// (cudaHostRegisterMapped); streams wait on and write its device alias with the stream memory
+// operations, and the CPU reads and writes it with plain atomics. Why: a CPU-side release that
+// went through a stream (cuStreamWriteValue32) could queue behind the very device wait it must
+// release, in an order the hardware scheduler does not promise (CUDA_DEVICE_MAX_CONNECTIONS
+// folds streams onto shared queues), and a flag read through cudaMemcpy would block behind the
+// same waits. Host-resident flags make every release and every read independent of any stream.
 #ifndef PSWITCH_GPU_CUDA_CUDA_MEMORY_H_
 #define PSWITCH_GPU_CUDA_CUDA_MEMORY_H_
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <vector>
 
 #include "gpu/cuda/driver_api.h"
 #include "gpu/device.h"
+#include "proto/unique_fd.h"
 
 namespace pswitch::gpu::cuda {
 
@@ -20,7 +31,9 @@ class CudaStream : public Stream {
   absl::Status WaitFlag(const FlagArray& flags, uint32_t index, uint32_t epoch,
                         absl::Duration timeout) override;
   absl::Status WriteFlag(FlagArray& flags, uint32_t index, uint32_t value) override;
-  absl::Status Synchronize() override;
+  absl::Status Synchronize(absl::Duration timeout) override;
+  absl::Status Mark() override;
+  absl::StatusOr<std::vector<int64_t>> TakeMarks() override;
   void* native_handle() const override { return stream_; }
   cudaStream_t get() const { return stream_; }
 
@@ -28,6 +41,9 @@ class CudaStream : public Stream {
   CudaStream(cudaStream_t stream, const DriverApi* api) : stream_(stream), api_(api) {}
   cudaStream_t const stream_;
   const DriverApi* const api_;
+  // Timing events for Mark, made on first use and reused; [kMaxStreamMarks] is the end mark.
+  std::vector<cudaEvent_t> mark_events_;
+  size_t marks_ = 0;
 };
 
 // Either cudaMalloc'd here (owner) or opened from an IPC handle (one open per process).
@@ -35,7 +51,7 @@ class CudaArena : public Arena {
  public:
   static absl::StatusOr<std::unique_ptr<CudaArena>> Create(int device, uint64_t bytes,
                                                            const DriverApi* api);
-  static absl::StatusOr<std::unique_ptr<CudaArena>> Import(int device, const ArenaHandle& handle,
+  static absl::StatusOr<std::unique_ptr<CudaArena>> Import(int device, ArenaHandle handle,
                                                            const DriverApi* api);
   ~CudaArena() override;
 
@@ -49,18 +65,17 @@ class CudaArena : public Arena {
   absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) override;
 
  private:
+  // The registered host page holding the flag window; unmapped and unregistered with it.
+  class FlagWindow;
+
   CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
-            std::unique_ptr<CudaStream> side_stream)
-      : device_(device),
-        base_(base),
-        size_bytes_(bytes),
-        owner_(owner),
-        side_stream_(std::move(side_stream)) {}
+            std::unique_ptr<CudaStream> side_stream, std::unique_ptr<FlagWindow> flags);
 
   const int device_;
   std::byte* const base_;
   const uint64_t size_bytes_;
   const bool owner_;
+  std::unique_ptr<FlagWindow> flag_window_;
   // Synchronous host-side operations (fills, flag loads/stores, checkpoints) run here so they
   // never serialise with the copy or compute streams.
   std::unique_ptr<CudaStream> side_stream_;
@@ -79,7 +94,8 @@ class CudaHostBuffer : public HostBuffer {
   const uint64_t size_bytes_;
 };
 
-// Device address of flag word `index`; the flag array must come from a CudaArena.
+// Device address (the registered host page's device alias) of flag word `index`; the flag array
+// must come from a CudaArena.
 absl::StatusOr<CUdeviceptr> FlagAddress(const FlagArray& flags, uint32_t index);
 
 }  // namespace pswitch::gpu::cuda

@@ -92,8 +92,9 @@ absl::Status HostCopyEngine::Execute(const CopyJob& job, internal::JobTicket& ti
       }
       timing.bytes += span.bytes;
     }
-    PSWITCH_RETURN_IF_ERROR(job.ready_flags->Store(job.ready_flag_base + g, job.epoch));
+    // Read before the store: a consumer woken by it must never appear to start before "ready".
     timing.ready_ns = MonotonicNowNs();
+    PSWITCH_RETURN_IF_ERROR(job.ready_flags->Store(job.ready_flag_base + g, job.epoch));
     ticket.RecordGroup(g, timing);
   }
   return absl::OkStatus();

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "gpu/host/host_copy_engine.h"
 #include "gpu/host/host_memory.h"
@@ -19,8 +22,17 @@ class HostStream : public Stream {
   absl::Status WriteFlag(FlagArray& flags, uint32_t index, uint32_t value) override {
     return flags.Store(index, value);
   }
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize(absl::Duration) override { return absl::OkStatus(); }
+  absl::Status Mark() override {
+    if (marks_.size() >= kMaxStreamMarks) return absl::ResourceExhaustedError("too many marks");
+    marks_.push_back(MonotonicNowNs());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<int64_t>> TakeMarks() override { return std::exchange(marks_, {}); }
   void* native_handle() const override { return nullptr; }
+
+ private:
+  std::vector<int64_t> marks_;
 };
 
 class HostDevice : public Device {

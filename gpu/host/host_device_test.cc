@@ -121,6 +121,36 @@ TEST(HostDeviceTest, EpochsNeverMistakeAStaleFlagForANewOne) {
   EXPECT_EQ((*arena)->Flags(4092, 2).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+// Defect 4: the retire value epoch + 1 releases a >= wait exactly like the epoch does, so the
+// check after a task must insist on equality for every group.
+TEST(HostDeviceTest, GroupsCheckRejectsARetiredOrStaleGroup) {
+  auto device = OpenHost();
+  auto arena = device->CreateArena(4096);
+  ASSERT_TRUE(arena.ok());
+  auto flags = (*arena)->Flags(0, 8);
+  ASSERT_TRUE(flags.ok());
+  FlagArray& f = **flags;
+  for (uint32_t g = 0; g < 4; ++g) ASSERT_TRUE(f.Store(2 + g, 7).ok());
+  EXPECT_TRUE(CheckGroupsHoldEpoch(f, 2, 4, 7).ok());
+  ASSERT_TRUE(f.Store(4, 8).ok());  // group 2 retired: its transmission failed there
+  ASSERT_TRUE(EpochReached(8, 7)) << "a device wait would have passed";
+  absl::Status retired = CheckGroupsHoldEpoch(f, 2, 4, 7);
+  EXPECT_EQ(retired.code(), absl::StatusCode::kAborted) << retired;
+  EXPECT_NE(retired.message().find("group 2"), absl::string_view::npos) << retired;
+  ASSERT_TRUE(f.Store(4, 5).ok());  // a stale epoch from an earlier switch
+  EXPECT_EQ(CheckGroupsHoldEpoch(f, 2, 4, 7).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(CheckGroupsHoldEpoch(f, 8, 1, 7).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(HostDeviceTest, FlagsMustLieInTheFlagWindow) {
+  auto device = OpenHost();
+  auto arena = device->CreateArena(kFlagWindowBytes + 8192);
+  ASSERT_TRUE(arena.ok());
+  EXPECT_TRUE((*arena)->Flags(kFlagWindowBytes - 8, 2).ok());
+  EXPECT_EQ((*arena)->Flags(kFlagWindowBytes - 4, 2).status().code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 TEST(HostDeviceTest, CopyEnginePublishesGroupsInOrderWithTheirBytes) {
   auto device = OpenHost();
   auto arena = device->CreateArena(8 << 20);
@@ -151,7 +181,7 @@ TEST(HostDeviceTest, CopyEnginePublishesGroupsInOrderWithTheirBytes) {
   for (uint32_t g = 0; g < 4; ++g) {
     EXPECT_TRUE((*flags)->WaitReady(3 + g, 1, absl::Seconds(10)).ok());
   }
-  auto timings = (*ticket)->Wait();
+  auto timings = (*ticket)->Wait(absl::Seconds(60));
   ASSERT_TRUE(timings.ok()) << timings.status();
   ASSERT_EQ(timings->size(), 4u);
   for (size_t g = 0; g < 4; ++g) {
@@ -193,7 +223,7 @@ TEST(HostDeviceTest, CopyWaitsForTheDrainFlagAndFailsWhenItNeverComes) {
   // Nobody drains: the job fails and writes nothing.
   auto stuck = (*engine)->Submit(make_job(1, absl::Milliseconds(50)));
   ASSERT_TRUE(stuck.ok());
-  EXPECT_EQ((*stuck)->Wait().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*stuck)->Wait(absl::Seconds(60)).status().code(), absl::StatusCode::kDeadlineExceeded);
   std::vector<std::byte> probe(4096);
   ASSERT_TRUE((*arena)->CopyToHost(8192, probe).ok());
   EXPECT_EQ(probe, std::vector<std::byte>(4096));
@@ -209,7 +239,7 @@ TEST(HostDeviceTest, CopyWaitsForTheDrainFlagAndFailsWhenItNeverComes) {
     drained_ns = MonotonicNowNs();
     ASSERT_TRUE((*drain)->Store(1, 2).ok());
   });
-  auto timings = (*job)->Wait();
+  auto timings = (*job)->Wait(absl::Seconds(60));
   tenant.join();
   ASSERT_TRUE(timings.ok()) << timings.status();
   EXPECT_GE((*timings)[0].copy_start_ns, drained_ns);
@@ -237,7 +267,7 @@ TEST(HostDeviceTest, BandwidthCapIsHonouredWithinTenPercent) {
   }
   auto ticket = (*engine)->Submit(std::move(job));
   ASSERT_TRUE(ticket.ok());
-  auto timings = (*ticket)->Wait();
+  auto timings = (*ticket)->Wait(absl::Seconds(60));
   ASSERT_TRUE(timings.ok());
   double seconds = (timings->back().ready_ns - timings->front().copy_start_ns) / 1e9;
   double achieved = static_cast<double>(kBytes) / seconds;
@@ -263,7 +293,7 @@ TEST(HostDeviceTest, CancelStopsAJobAndRejectsBadJobs) {
   ASSERT_TRUE(ticket.ok());
   ASSERT_TRUE((*flags)->WaitReady(0, 9, absl::Seconds(10)).ok());
   (*ticket)->Cancel();
-  EXPECT_EQ((*ticket)->Wait().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ((*ticket)->Wait(absl::Seconds(60)).status().code(), absl::StatusCode::kCancelled);
   EXPECT_LT((*ticket)->groups_done(), 16u);
   EXPECT_NE(*(*flags)->Load(15), 9u);
 

@@ -1,10 +1,8 @@
 #include "gpu/host/host_memory.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,75 +11,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/shared_flags.h"
 #include "proto/status.h"
 
 namespace pswitch::gpu::host {
 namespace {
-
-// Flag words live in a MAP_SHARED mapping, so the futex must be the shared (non-private) kind:
-// waiter and waker are usually different processes.
-long Futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
-  return ::syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
-}
-
-class HostFlagArray : public FlagArray {
- public:
-  HostFlagArray(uint32_t* words, uint32_t count, uint64_t offset)
-      : words_(words), count_(count), offset_(offset) {}
-
-  uint32_t size() const override { return count_; }
-  uint64_t arena_offset() const override { return offset_; }
-
-  absl::StatusOr<uint32_t> Load(uint32_t index) const override {
-    PSWITCH_RETURN_IF_ERROR(Check(index));
-    return Word(index).load(std::memory_order_acquire);
-  }
-
-  absl::Status Store(uint32_t index, uint32_t value) override {
-    PSWITCH_RETURN_IF_ERROR(Check(index));
-    // Release pairs with the waiter's acquire: bytes copied before the store are visible.
-    Word(index).store(value, std::memory_order_release);
-    Futex(&words_[index], FUTEX_WAKE, INT_MAX, nullptr);
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<uint32_t> WaitAtLeast(uint32_t index, uint32_t target,
-                                       absl::Duration timeout) const override {
-    PSWITCH_RETURN_IF_ERROR(Check(index));
-    absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      uint32_t seen = Word(index).load(std::memory_order_acquire);
-      if (EpochReached(seen, target)) return seen;
-      absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
-        return absl::DeadlineExceededError(absl::StrCat("flag ", index, " still at ", seen,
-                                                        " waiting for ", target, " after ",
-                                                        absl::FormatDuration(timeout)));
-      }
-      timespec ts = absl::ToTimespec(left);
-      // Sleeps only while the word still holds `seen`; a store in between returns EAGAIN.
-      if (Futex(&words_[index], FUTEX_WAIT, seen, &ts) != 0 && errno != EAGAIN && errno != EINTR &&
-          errno != ETIMEDOUT) {
-        return ErrnoStatus("futex wait");
-      }
-    }
-  }
-
- private:
-  absl::Status Check(uint32_t index) const {
-    if (index >= count_) {
-      return absl::OutOfRangeError(absl::StrCat("flag index ", index, " >= ", count_));
-    }
-    return absl::OkStatus();
-  }
-  std::atomic_ref<uint32_t> Word(uint32_t index) const {
-    return std::atomic_ref<uint32_t>(words_[index]);
-  }
-
-  uint32_t* const words_;
-  const uint32_t count_;
-  const uint64_t offset_;
-};
 
 absl::StatusOr<std::byte*> MapShared(int fd, uint64_t bytes) {
   // Populated up front, as cudaMalloc commits device memory: page faults would otherwise land
@@ -152,8 +86,8 @@ absl::Status HostArena::CopyFromHost(uint64_t offset, std::span<const std::byte>
 
 absl::StatusOr<std::unique_ptr<FlagArray>> HostArena::Flags(uint64_t offset, uint32_t count) {
   PSWITCH_RETURN_IF_ERROR(CheckFlagPlacement(offset, count));
-  return std::make_unique<HostFlagArray>(reinterpret_cast<uint32_t*>(base_ + offset), count,
-                                         offset);
+  return std::make_unique<SharedFlagArray>(reinterpret_cast<uint32_t*>(base_ + offset), count,
+                                           offset, /*device_writes=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<PinnedHostBuffer>> PinnedHostBuffer::Allocate(uint64_t bytes,

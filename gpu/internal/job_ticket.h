@@ -17,7 +17,8 @@ class JobTicket : public CopyTicket {
   explicit JobTicket(size_t groups) : timings_(groups) {}
 
   void Cancel() override { cancelled_.store(true, std::memory_order_relaxed); }
-  absl::StatusOr<std::vector<GroupTiming>> Wait() override;
+  absl::StatusOr<std::vector<GroupTiming>> Wait(absl::Duration timeout) override;
+  bool finished() const override;
   size_t groups_done() const override { return groups_done_.load(std::memory_order_acquire); }
 
   // Producer side.
@@ -29,7 +30,7 @@ class JobTicket : public CopyTicket {
  private:
   std::atomic<bool> cancelled_{false};
   std::atomic<size_t> groups_done_{0};
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<GroupTiming> timings_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

@@ -75,7 +75,7 @@ fi
 
 # --- configure, build, test ---
 say "configuring in $build"
-cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSWITCH_CUDA=ON \
+cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DPSWITCH_CUDA=ON \
   -DCUDAToolkit_ROOT="$cuda_root" \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
   -DFLATC="$prefix/usr/bin/flatc" \

@@ -47,6 +47,9 @@ class CudaLeaseAllocator {
 
   // Caps the bytes in use (0 = the whole lease): a fill task's memory cap, so it fails alone.
   void set_limit(uint64_t bytes) { limit_bytes_.store(bytes, std::memory_order_release); }
+  // What is in use now (the warm-up's cuBLAS/cuDNN workspaces) is the process's, not a task's:
+  // limits stop counting it.
+  void MarkPersistent() { blocks_.MarkPersistent(); }
   uint64_t in_use_bytes() const { return blocks_.in_use_bytes(); }
   uint64_t peak_bytes() const { return blocks_.peak_bytes(); }
   uint64_t capacity_bytes() const { return blocks_.capacity_bytes(); }
