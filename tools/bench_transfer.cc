@@ -43,7 +43,7 @@ absl::StatusOr<PlanResult> RunPlan(MemDaemon& daemon, const StoredModel& model,
     int64_t start_ns = gpu::MonotonicNowNs();
     auto t = daemon.transmitter().Start(TransmitRequest{&model, groups, offset});
     if (!t.ok()) return t.status();
-    auto traces = (*t)->Wait();
+    auto traces = (*t)->Wait(absl::Seconds(60));
     if (!traces.ok()) return traces.status();
     first.push_back((traces->front().ready_ns - start_ns) / 1e6);
     last.push_back((traces->back().ready_ns - start_ns) / 1e6);
