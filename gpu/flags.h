@@ -35,6 +35,9 @@ class FlagArray {
   virtual absl::StatusOr<uint32_t> Load(uint32_t index) const = 0;
   // Writes `value` and wakes waiters (from the CPU; devices write through Stream::WriteFlag).
   virtual absl::Status Store(uint32_t index, uint32_t value) = 0;
+  // Store, unless the word already holds `value` or a later epoch (cyclic order), atomically:
+  // retiring a superseded switch's groups must never move a newer switch's flag back.
+  virtual absl::Status Advance(uint32_t index, uint32_t value) = 0;
   // Blocks until word `index` reaches `target` (cyclic >=) and returns the value seen;
   // DeadlineExceeded after `timeout`, OutOfRange for a bad index.
   virtual absl::StatusOr<uint32_t> WaitAtLeast(uint32_t index, uint32_t target,

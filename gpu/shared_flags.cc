@@ -41,6 +41,19 @@ absl::Status SharedFlagArray::Store(uint32_t index, uint32_t value) {
   return absl::OkStatus();
 }
 
+absl::Status SharedFlagArray::Advance(uint32_t index, uint32_t value) {
+  PSWITCH_RETURN_IF_ERROR(Check(index));
+  uint32_t seen = Word(index).load(std::memory_order_acquire);
+  // A locked compare-exchange is atomic against device (DMA) writes to the same word too.
+  while (!EpochReached(seen, value)) {
+    if (Word(index).compare_exchange_weak(seen, value, std::memory_order_acq_rel)) {
+      Futex(&words_[index], FUTEX_WAKE, INT_MAX, nullptr);
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> SharedFlagArray::WaitAtLeast(uint32_t index, uint32_t target,
                                                       absl::Duration timeout) const {
   PSWITCH_RETURN_IF_ERROR(Check(index));

@@ -28,6 +28,7 @@ class SharedFlagArray : public FlagArray {
   uint64_t arena_offset() const override { return offset_; }
   absl::StatusOr<uint32_t> Load(uint32_t index) const override;
   absl::Status Store(uint32_t index, uint32_t value) override;
+  absl::Status Advance(uint32_t index, uint32_t value) override;
   absl::StatusOr<uint32_t> WaitAtLeast(uint32_t index, uint32_t target,
                                        absl::Duration timeout) const override;
 

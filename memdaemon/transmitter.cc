@@ -37,7 +37,8 @@ absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait(absl::Duration timeou
       retired_ = true;
       // Nothing of this epoch is in flight any more; release everyone still waiting on it.
       for (size_t g = ticket_->groups_done(); g < request_.groups.size(); ++g) {
-        (void)ready_flags_->Store(request_.flag_base + static_cast<uint32_t>(g), epoch_ + 1);
+        // Advance, not Store: a newer switch may already have published these flags.
+        (void)ready_flags_->Advance(request_.flag_base + static_cast<uint32_t>(g), epoch_ + 1);
       }
     }
     return absl::Status(timings.status().code(),

@@ -142,6 +142,21 @@ TEST(HostDeviceTest, GroupsCheckRejectsARetiredOrStaleGroup) {
   EXPECT_EQ(CheckGroupsHoldEpoch(f, 8, 1, 7).code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST(HostDeviceTest, AdvanceNeverMovesANewerEpochBack) {
+  auto device = OpenHost();
+  auto arena = device->CreateArena(4096);
+  ASSERT_TRUE(arena.ok());
+  auto flags = (*arena)->Flags(0, 2);
+  ASSERT_TRUE(flags.ok());
+  FlagArray& f = **flags;
+  ASSERT_TRUE(f.Store(0, 9).ok());  // the next switch (epoch 9) already published
+  ASSERT_TRUE(f.Advance(0, 8).ok());  // a late retire of epoch 7
+  EXPECT_EQ(*f.Load(0), 9u);
+  ASSERT_TRUE(f.Advance(1, 8).ok());
+  EXPECT_EQ(*f.Load(1), 8u);
+  EXPECT_EQ(f.Advance(2, 1).code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(HostDeviceTest, FlagsMustLieInTheFlagWindow) {
   auto device = OpenHost();
   auto arena = device->CreateArena(kFlagWindowBytes + 8192);
