@@ -1,15 +1,24 @@
 // bench-switch: what a switch costs a client. With a training task running, inference requests
 // arrive for a model that is not on the device; the client-measured latency is compared with:
 //   ready model      the same request when its model is already active (no switch),
-//   stop-and-start   a fresh process that builds the model and runs the request (run-model),
+//   stop-and-start   a fresh process that builds the model, loads its weights from disk and runs
+//                    the request (run-model; on --backend cuda it creates a CUDA context, moves
+//                    the weights to the GPU and computes there),
 //   pswitch          pipelined switching with one group, per-layer groups, and optimal groups.
-// Everything is measured in this run against a pswitchd this tool starts.
+// Everything is measured in this run against a pswitchd this tool starts. Overhead is a row's
+// latency minus the ready model's; startup is the server's first-layer compute start after the
+// request's arrival (TaskResult::breakdown). The last line, starting "FIG ", is the summary that
+// tools/gpu/validate.sh collects.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,7 +28,9 @@
 #include "client/client.h"
 #include "models/registry.h"
 #include "models/safetensors.h"
+#include "models/weights.h"
 #include "models/zoo_model.h"
+#include "proto/status.h"
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"
 #include "worker/host_tensors.h"
@@ -31,13 +42,82 @@ ABSL_FLAG(uint32_t, batch, 8, "inference batch size");
 ABSL_FLAG(double, bandwidth_cap, 0, "host backend: copy cap in bytes/s (12e9 = PCIe 3 x16)");
 ABSL_FLAG(int, repeats, 10, "measured requests per row (median reported)");
 ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "arena size for the pswitchd it starts");
+ABSL_FLAG(std::string, plan, "auto",
+          "grouping plan JSON for the 'optimal' row (find-grouping's output); auto: on cuda, "
+          "profile-model --device cuda + find-grouping here (the daemon's own auto plan is "
+          "profiled on its CPU), elsewhere the daemon's auto plan");
 
 namespace pswitch {
 namespace {
 
+constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+
+// NaN for no samples (a row that could not be measured).
 double Median(std::vector<double> v) {
+  if (v.empty()) return kNone;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The server's breakdown of one request, in ms after its arrival; NaN where a step did not
+// happen (the client reports zero then).
+struct Breakdown {
+  double stop_sent, drained, first_group, first_layer_start, first_layer_done, last_group;
+};
+
+Breakdown ToBreakdown(const client::SwitchBreakdown& b) {
+  auto ms = [](absl::Duration d) {
+    return d > absl::ZeroDuration() ? absl::ToDoubleMilliseconds(d) : kNone;
+  };
+  return {ms(b.stop_sent),         ms(b.drained),          ms(b.first_group),
+          ms(b.first_layer_start), ms(b.first_layer_done), ms(b.last_group)};
+}
+
+// Median of one field over the requests that have it.
+double MedianOf(const std::vector<Breakdown>& parts, double Breakdown::*field) {
+  std::vector<double> v;
+  for (const Breakdown& b : parts) {
+    if (!std::isnan(b.*field)) v.push_back(b.*field);
+  }
+  return Median(std::move(v));
+}
+
+std::string Tail(const std::string& path, size_t max_chars) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.size() > max_chars ? text.substr(text.size() - max_chars) : text;
+}
+
+// Runs `cmd` through the shell with its output appended to `log`; the log's tail on failure.
+absl::Status RunLogged(const std::string& cmd, const std::string& log) {
+  const std::string full = absl::StrCat(cmd, " >> ", log, " 2>&1");
+  if (std::system(full.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("'", cmd, "' failed:\n", Tail(log, 2000)));
+  }
+  return absl::OkStatus();
+}
+
+// The optimal plan for the GPU: per-layer compute profiled on the GPU (profile-model, which also
+// measures the host-to-device bandwidth) and grouped by find-grouping. Returns the plan's path.
+absl::StatusOr<std::string> GpuPlan(const std::filesystem::path& dir, const std::string& zoo,
+                                    uint32_t batch) {
+  const std::string profile = (dir / "profile.json").string(), plan = (dir / "plan.json").string();
+  const std::string log = (dir / "plan.log").string();
+  PSWITCH_RETURN_IF_ERROR(
+      RunLogged(absl::StrCat(tools::SiblingBinary("profile-model"), " --model ", zoo, " --batch ",
+                             batch, " --device cuda --runs 5 --warmup 2 --out ", profile),
+                log));
+  PSWITCH_RETURN_IF_ERROR(RunLogged(
+      absl::StrCat(tools::SiblingBinary("find-grouping"), " --profile ", profile, " --out ", plan),
+      log));
+  return plan;
+}
+
+std::string Ms(double ms, const char* format = "%.3f") {
+  if (std::isnan(ms)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), format, ms);
+  return buf;
 }
 
 absl::Status WritePlan(const std::string& path, int layers, bool per_layer) {
@@ -74,6 +154,7 @@ bool AwaitTraining(client::Client& c, uint64_t id) {
 
 int Main() {
   const std::string zoo = absl::GetFlag(FLAGS_model);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
   const int repeats = absl::GetFlag(FLAGS_repeats);
   const uint32_t batch = absl::GetFlag(FLAGS_batch);
   if (repeats < 1 || batch < 1) return Fail(absl::InvalidArgumentError("--repeats, --batch >= 1"));
@@ -85,11 +166,24 @@ int Main() {
   auto input = worker::ToHostTensor("input", (*model)->ExampleInput(batch, 1).input);
   if (!input.ok()) return Fail(input.status());
 
+  // The optimal row's plan. The daemon's "auto" profiles on its CPU, which says little about a
+  // GPU's per-layer times, so on cuda the plan comes from a GPU profile when none is given.
+  std::string optimal_plan = absl::GetFlag(FLAGS_plan);
+  if (optimal_plan == "auto" && backend == "cuda") {
+    std::fprintf(stderr, "profiling %s on the GPU for the optimal plan...\n", zoo.c_str());
+    auto plan = GpuPlan(dir, zoo, batch);
+    if (plan.ok()) {
+      optimal_plan = *plan;
+    } else {
+      std::fprintf(stderr, "bench-switch: no GPU plan, using the daemon's auto plan: %s\n",
+                   plan.status().ToString().c_str());
+    }
+  }
+
   std::fprintf(stderr, "starting pswitchd...\n");
   tools::PswitchdProcess daemon(
       tools::SiblingBinary("pswitchd"),
-      {"--backend=" + absl::GetFlag(FLAGS_backend),
-       absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
+      {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
        absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
        "--preload=", "--socket=" + (dir / "m.sock").string()},
       (dir / "pswitchd.log").string());
@@ -100,8 +194,8 @@ int Main() {
   if (!c.ok()) return Fail(c.status());
   client::Client& client = **c;
 
-  std::fprintf(stderr, "registering %s (profile + optimal grouping)...\n", zoo.c_str());
-  auto optimal = client.Register({"optimal", zoo, "", batch, "auto"});
+  std::fprintf(stderr, "registering %s (plan %s)...\n", zoo.c_str(), optimal_plan.c_str());
+  auto optimal = client.Register({"optimal", zoo, "", batch, optimal_plan});
   if (!optimal.ok()) return Fail(optimal.status());
   std::string one = (dir / "one.json").string(), per = (dir / "per.json").string();
   if (auto s = WritePlan(one, optimal->layers, false); !s.ok()) return Fail(s);
@@ -116,27 +210,48 @@ int Main() {
 
   // Ready model: the same request with its model already active.
   std::vector<double> ready;
+  std::vector<Breakdown> ready_parts;
   for (int r = 0; r < repeats + 1; ++r) {
     absl::Time t0 = absl::Now();
     auto out = client.Infer("optimal", {*input});
     if (!out.ok()) return Fail(out.status());
-    if (r > 0) ready.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    if (r > 0) {
+      ready.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+      ready_parts.push_back(ToBreakdown(out->breakdown));
+    }
   }
 
-  // Stop-and-start: a fresh process builds the model and serves the request.
+  // Stop-and-start: a fresh process builds the model, loads its weights from disk (to the GPU on
+  // cuda) and serves the request. A failure here leaves the row empty; the rest still runs.
   std::vector<double> cold;
+  const std::string device = backend == "cuda" ? "cuda" : "cpu";
   std::string in_path = (dir / "x.safetensors").string(),
-              out_path = (dir / "y.safetensors").string();
+              out_path = (dir / "y.safetensors").string(),
+              weights_path = (dir / "w.safetensors").string(),
+              run_log = (dir / "run-model.log").string();
   models::SafetensorsEntry entry{"input", models::DType::kF32, input->shape, input->data.data(),
                                  input->data.size()};
-  if (auto s = models::WriteSafetensors(in_path, {entry}); !s.ok()) return Fail(s);
-  for (int r = 0; r < std::min(repeats, 3); ++r) {
-    std::string cmd = absl::StrCat(tools::SiblingBinary("run-model"), " --model ", zoo, " --input ",
-                                   in_path, " --output ", out_path, " > /dev/null 2>&1");
-    absl::Time t0 = absl::Now();
-    if (std::system(cmd.c_str()) != 0) return Fail(absl::InternalError("run-model failed"));
-    cold.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+  absl::Status cold_status = models::WriteSafetensors(in_path, {entry});
+  if (cold_status.ok()) {
+    auto state = models::StateDict(**model);
+    cold_status = state.ok() ? models::WriteTensors(weights_path, *state) : state.status();
   }
+  for (int r = 0; r < std::min(repeats, 3) && cold_status.ok(); ++r) {
+    std::fprintf(stderr, "stop-and-start %d on %s...\n", r + 1, device.c_str());
+    const std::string cmd = absl::StrCat(tools::SiblingBinary("run-model"), " --model ", zoo,
+                                         " --weights ", weights_path, " --input ", in_path,
+                                         " --output ", out_path, " --device ", device);
+    absl::Time t0 = absl::Now();
+    cold_status = RunLogged(cmd, run_log);
+    if (cold_status.ok()) cold.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+  }
+  if (!cold_status.ok()) {
+    std::fprintf(stderr, "bench-switch: stop-and-start not measured: %s\n",
+                 cold_status.ToString().c_str());
+  } else {
+    std::fprintf(stderr, "last run-model:\n%s", Tail(run_log, 600).c_str());
+  }
+  std::filesystem::remove(weights_path);
 
   // pswitch: a training task runs; each request preempts it and switches the model in.
   auto training = client.TrainAsync("trainer", {1000000, 1, 0});
@@ -153,8 +268,10 @@ int Main() {
   struct Row {
     std::string name;
     std::vector<double> latency, switch_ms;
+    std::vector<Breakdown> parts;
   };
-  std::vector<Row> rows = {{"one-group", {}, {}}, {"per-layer", {}, {}}, {"optimal", {}, {}}};
+  std::vector<Row> rows = {
+      {"one-group", {}, {}, {}}, {"per-layer", {}, {}, {}}, {"optimal", {}, {}, {}}};
   std::vector<double> cleaning_us;  // the preempted trainer's cleaning, after its drain
   int cleaned_before_drain = 0;
   for (Row& row : rows) {
@@ -168,6 +285,7 @@ int Main() {
       if (!out.ok()) return Fail(out.status());
       row.latency.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
       row.switch_ms.push_back(absl::ToDoubleMilliseconds(out->switch_time));
+      row.parts.push_back(ToBreakdown(out->breakdown));
       auto trainer = client.Status(training_id);
       if (trainer.ok() && trainer->clean_time > absl::ZeroDuration()) {
         cleaning_us.push_back(absl::ToDoubleMicroseconds(trainer->clean_time));
@@ -179,20 +297,39 @@ int Main() {
   (void)training.wait_for(std::chrono::seconds(30));
 
   const double base = Median(ready);
+  const double cold_ms = Median(cold);
   std::printf(
-      "bench-switch: %s, batch %u, backend %s%s, trainer %s, median of %d requests\n", zoo.c_str(),
-      batch, absl::GetFlag(FLAGS_backend).c_str(),
+      "bench-switch: %s, batch %u, backend %s%s, trainer %s, median of %d requests "
+      "(stop-and-start: %zu runs of run-model --device %s)\n",
+      zoo.c_str(), batch, backend.c_str(),
       absl::GetFlag(FLAGS_bandwidth_cap) > 0
           ? absl::StrCat(" (copy cap ", absl::GetFlag(FLAGS_bandwidth_cap) / 1e9, " GB/s)").c_str()
           : "",
-      absl::GetFlag(FLAGS_trainer).c_str(), repeats);
-  std::printf("%-16s %12s %14s %16s\n", "method", "latency ms", "overhead ms", "transmission ms");
-  std::printf("%-16s %12.3f %14s %16s\n", "ready model", base, "-", "-");
-  std::printf("%-16s %12.3f %14.3f %16s\n", "stop-and-start", Median(cold), Median(cold) - base,
-              "-");
+      absl::GetFlag(FLAGS_trainer).c_str(), repeats, cold.size(), device.c_str());
+  std::printf("optimal plan: %s (%u groups)\n", optimal_plan.c_str(), optimal->groups);
+  std::printf("%-18s %12s %14s %16s %12s\n", "method", "latency ms", "overhead ms",
+              "transmission ms", "startup ms");
+  std::printf("%-18s %12.3f %14s %16s %12s\n", "ready model", base, "-", "-",
+              Ms(MedianOf(ready_parts, &Breakdown::first_layer_start)).c_str());
+  std::printf("%-18s %12s %14s %16s %12s\n", "stop-and-start", Ms(cold_ms).c_str(),
+              Ms(cold_ms - base).c_str(), "-", "-");
   for (const Row& row : rows) {
-    std::printf("%-16s %12.3f %14.3f %16.3f\n", ("pswitch " + row.name).c_str(),
-                Median(row.latency), Median(row.latency) - base, Median(row.switch_ms));
+    std::printf("%-18s %12.3f %14.3f %16.3f %12s\n", ("pswitch " + row.name).c_str(),
+                Median(row.latency), Median(row.latency) - base, Median(row.switch_ms),
+                Ms(MedianOf(row.parts, &Breakdown::first_layer_start)).c_str());
+  }
+  // Where a switch's time goes, each step's median after the request's arrival.
+  std::printf("\nswitch breakdown, median ms after arrival (- = did not happen):\n");
+  std::printf("%-18s %10s %10s %12s %12s %12s %11s\n", "method", "stop sent", "drained",
+              "first group", "layer start", "layer done", "last group");
+  for (const Row& row : rows) {
+    std::printf("%-18s %10s %10s %12s %12s %12s %11s\n", ("pswitch " + row.name).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::stop_sent)).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::drained)).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::first_group)).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::first_layer_start)).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::first_layer_done)).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::last_group)).c_str());
   }
   if (!cleaning_us.empty()) {
     std::printf(
@@ -201,6 +338,16 @@ int Main() {
         Median(cleaning_us), *std::max_element(cleaning_us.begin(), cleaning_us.end()),
         cleaning_us.size(), cleaned_before_drain);
   }
+  // One machine-readable line (tools/gpu/validate.sh puts it in its summary table).
+  auto overhead = [&](const Row& row) {
+    return absl::StrCat(row.name, " +", Ms(Median(row.latency) - base, "%.2f"), " ms");
+  };
+  const double startup = MedianOf(rows[2].parts, &Breakdown::first_layer_start);
+  std::printf("FIG switch %s b%u: ready %s ms, stop-and-start %s, %s, %s, %s, startup %s\n",
+              zoo.c_str(), batch, Ms(base, "%.2f").c_str(),
+              cold.empty() ? "failed" : (Ms(cold_ms, "%.0f") + " ms").c_str(),
+              overhead(rows[0]).c_str(), overhead(rows[1]).c_str(), overhead(rows[2]).c_str(),
+              std::isnan(startup) ? "n/a" : (Ms(startup, "%.2f") + " ms").c_str());
   std::filesystem::remove_all(dir);
   return 0;
 }
@@ -209,7 +356,9 @@ int Main() {
 }  // namespace pswitch
 
 int main(int argc, char** argv) {
-  pswitch::tools::ParseToolFlags(argc, argv,
-                                 "bench-switch [--model resnet50] [--batch 8] [--bandwidth-cap B]");
+  pswitch::tools::ParseToolFlags(
+      argc, argv,
+      "bench-switch [--backend host|cuda] [--model resnet50] [--batch 8] [--repeats N] "
+      "[--bandwidth-cap B] [--plan plan.json|auto]");
   return pswitch::Main();
 }

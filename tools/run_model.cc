@@ -7,7 +7,11 @@
 // Input keys: `input` (images, or token ids for BERT/GPT-2), plus `attention_mask` and
 // `token_type_ids` for BERT when given. Without --input, a seeded example batch of --batch samples
 // is used. With --input and --batch, the input runs in chunks of N samples. Output key: `output`.
+// --device cuda builds the model on the CPU, loads the weights, moves both to the GPU (the first
+// CUDA call creates the context) and copies the output back; a libtorch without CUDA is an error.
+// The last stderr line gives the time of each phase (bench-switch's stop-and-start baseline).
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include <chrono>
@@ -68,6 +72,12 @@ ModelInput Slice(const ModelInput& in, int64_t begin, int64_t count, c10::Device
   return {part(in.input), part(in.attention_mask), part(in.token_type_ids)};
 }
 
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 absl::Status Run() {
   const std::string name = absl::GetFlag(FLAGS_model);
   const std::string output_path = absl::GetFlag(FLAGS_output);
@@ -77,10 +87,14 @@ absl::Status Run() {
   }
   PSWITCH_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(absl::GetFlag(FLAGS_config)));
   PSWITCH_ASSIGN_OR_RETURN(c10::Device device, ResolveDevice(absl::GetFlag(FLAGS_device)));
+  auto phase_start = Clock::now();
   PSWITCH_ASSIGN_OR_RETURN(auto model, CreateModel(name, config, absl::GetFlag(FLAGS_seed)));
+  const double create_s = SecondsSince(phase_start);
+  phase_start = Clock::now();
   if (!absl::GetFlag(FLAGS_weights).empty()) {
     PSWITCH_RETURN_IF_ERROR(LoadWeights(*model, absl::GetFlag(FLAGS_weights)));
   }
+  const double load_s = SecondsSince(phase_start);
   int64_t batch = absl::GetFlag(FLAGS_batch);
   if (batch < 0) return absl::InvalidArgumentError("--batch must be >= 0");
   ModelInput input;
@@ -93,8 +107,12 @@ absl::Status Run() {
   if (batch == 0 || batch > samples) batch = samples;
 
   at::Tensor output;
+  double to_device_s = 0;
   PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", name, "'"), [&] {
+    phase_start = Clock::now();
     model->to(device);
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    to_device_s = SecondsSince(phase_start);
     model->eval();
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> outputs;
@@ -116,6 +134,10 @@ absl::Status Run() {
     std::fprintf(stderr, "run-model: %s on %s: %lld samples -> output [%s] in %.3f s\n",
                  name.c_str(), device.str().c_str(), static_cast<long long>(samples),
                  absl::StrJoin(output.sizes(), ", ").c_str(), seconds);
+    std::fprintf(stderr,
+                 "run-model: phases: create %.3f s, load weights %.3f s, to %s %.3f s (with the "
+                 "CUDA context on a GPU), forward + output %.3f s\n",
+                 create_s, load_s, device.str().c_str(), to_device_s, seconds);
   }));
   return WriteTensors(output_path, {{"output", output}});
 }

@@ -1,0 +1,591 @@
+#!/usr/bin/env bash
+# One-shot GPU validation: takes a bare GPU machine (nvcc, CMake, Ninja, Python with a CUDA
+# torch, no package registry; tools/gpu/debs carried along) to a full set of results in two
+# commands of under 10 minutes each.
+#
+# Usage:
+#   tools/gpu/validate.sh build OUT    versions; configure + build (Release, all cores) into
+#                                      build-gpu/, only the targets validation runs
+#   tools/gpu/validate.sh run OUT      every validation step against that build
+#   tools/gpu/validate.sh all OUT      both, in one command (where one command may take 20 min)
+# The build folder survives between the two while the machine stays up; a `build` cut short by
+# its time budget resumes where it stopped when called again. Every step runs under its own
+# timeout, clipped to what is left of the phase's budget, and the script goes on when a step
+# fails. OUT receives at most 5 flat files:
+#   summary.md         the table of every step (result, seconds, figures), GPU memory per process
+#                      and the bubble-filling figures; `run` repeats the build's rows
+#   build.log          `build`: every step's full output
+#   steps.log          `run`: every step's full output
+#   gpu-memory.csv     `run`: nvidia-smi per-process GPU memory, sampled while pswitchd serves
+#   artifacts.tar.gz   `run`: GPU profiles and plans, pipetrain JSON, daemon logs
+# Steps and their timeouts in seconds, each clipped to what is left of the phase's budget less
+# 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
+# (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
+# ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
+# -bert_base (105, 70 each), bubbles (150, 80), sanitizer (75, 50); a step reached after the
+# budget is spent is recorded as SKIPPED.
+#
+# Environment:
+#   PYTHON=python3                  interpreter with the CUDA torch
+#   PSWITCH_VALIDATE_QUICK=1        fewer repeats and shorter timeouts (run: about 5 minutes)
+#   PSWITCH_VALIDATE_STEPS="a b"    only these steps (names as in the summary table)
+#   PSWITCH_VALIDATE_BUDGET_S=565   wall-clock budget of one phase (`all`: twice this)
+#   PSWITCH_VALIDATE_MAIN_ARGS="…"  bubbles: pipetrain's compute flags for the main job instead of
+#                                   "--simulated-compute --fwd-ms=8 --bwd-ms=16"
+set -uo pipefail
+
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+build="$repo/build-gpu"
+bin="$build/bin"
+work="$build/validate"  # scratch kept with the build: plans, profiles, logs
+python="${PYTHON:-python3}"
+quick="${PSWITCH_VALIDATE_QUICK:-0}"
+only="${PSWITCH_VALIDATE_STEPS:-}"
+budget="${PSWITCH_VALIDATE_BUDGET_S:-565}"
+reserve=20  # seconds kept back at the end of a phase: kill grace, summary, artifacts
+models=(resnet152 inception_v3 bert_base)
+targets=(pswitchd pswitch-worker pswitchctl run-model profile-model find-grouping bench-transfer
+  bench-switch pipetrain gpu_test memdaemon_ipc_test worker_cuda_test)
+export PYTHONUNBUFFERED=1
+
+say() { echo "validate: $*"; }
+
+# ---------------------------------------------------------------------------------------------
+# Step commands: each runs as its own process (`validate.sh _NAME ...`) under `timeout`, prints
+# its headline figures as lines starting with "FIG ", and exits 77 to mean "skipped".
+# ---------------------------------------------------------------------------------------------
+
+need() {
+  local b
+  for b in "$@"; do
+    if [ ! -x "$bin/$b" ]; then
+      echo "SKIP: $bin/$b was not built"
+      exit 77
+    fi
+  done
+}
+
+# gpu_query FIELDS: nvidia-smi's value(s) for the first GPU, no header.
+gpu_query() { nvidia-smi --query-gpu="$1" --format=csv,noheader 2>/dev/null | head -1; }
+
+nvcc_bin() {
+  if command -v nvcc >/dev/null; then command -v nvcc; else echo /usr/local/cuda/bin/nvcc; fi
+}
+
+cmd_versions() {
+  local gpu nvcc_version torch
+  nvidia-smi
+  local link=pcie.link.gen.max,pcie.link.width.max,pcie.link.gen.gpucurrent,pcie.link.width.current
+  nvidia-smi --query-gpu="name,driver_version,memory.total,$link" --format=csv
+  "$(nvcc_bin)" --version
+  cmake --version | head -1
+  ninja --version
+  c++ --version | head -1
+  nproc
+  free -g
+  torch="$("$python" -c 'import torch as t; print(t.__version__, "cuda", t.version.cuda, "cudnn",
+    t.backends.cudnn.version(), "gpu", t.cuda.is_available())' 2>&1 | tail -1)"
+  echo "torch: $torch"
+  gpu="$(gpu_query name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max)"
+  nvcc_version="$("$(nvcc_bin)" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  echo "FIG GPU ${gpu:-none} (name, driver, memory, PCIe gen, width);" \
+    "nvcc ${nvcc_version:-none}; torch ${torch}"
+}
+
+cmd_binaries() {
+  local t present=() missing=()
+  for t in "${targets[@]}"; do
+    if [ -x "$bin/$t" ] || [ -x "$build/tests/$t" ]; then present+=("$t"); else missing+=("$t"); fi
+  done
+  echo "FIG built: ${present[*]:-none}${missing[*]:+; MISSING: ${missing[*]}}"
+  [ ${#missing[@]} -eq 0 ]
+}
+
+cmd_selfcheck() {
+  need pswitchd pswitch-worker
+  local log="$work/selfcheck.log" rc
+  "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --exit-after-demo \
+    --socket="/tmp/pswitch-validate-$$-selfcheck.sock" 2>"$log"
+  rc=$?
+  cat "$log"
+  sed -n 's/.*event=started device="\([^"]*\)".*arena_bytes=\([0-9]*\).*/FIG device \1, arena \2 bytes/p' "$log"
+  sed -n 's/.*event=self_check model=\([^ ]*\) .*latency_ms=\([0-9.]*\).*/FIG self-check \1: \2 ms/p' "$log"
+  return "$rc"
+}
+
+cmd_ctest() {
+  local regex='Cuda|MemDaemonIpc' rc
+  [ "$quick" = 1 ] && regex='Cuda'
+  (cd "$build" && ctest --output-on-failure -R "$regex" --timeout 90) | tee "$work/ctest.out"
+  rc=${PIPESTATUS[0]}
+  grep -E 'tests passed' "$work/ctest.out" | sed 's/^/FIG ctest -R '"$regex"': /'
+  return "$rc"
+}
+
+# bench-transfer, and its memcpy bandwidth against the link's peak (per direction, after the
+# 128b/130b encoding: 0.985 GB/s per lane for PCIe 3, doubling with each generation).
+cmd_transfer() {
+  need bench-transfer
+  local repeats=5 rc gen width
+  [ "$quick" = 1 ] && repeats=3
+  "$bin/bench-transfer" --backend=cuda --repeats="$repeats" | tee "$work/transfer.out"
+  rc=${PIPESTATUS[0]}
+  gen="$(gpu_query pcie.link.gen.max | tr -dc '0-9')"
+  width="$(gpu_query pcie.link.width.max | tr -dc '0-9')"
+  if ! grep -q '^FIG ' "$work/transfer.out"; then
+    awk -v gen="${gen:-0}" -v width="${width:-0}" '
+      /^baseline memcpy/ { gbs = $0; sub(/.*\(/, "", gbs); sub(/ GB\/s.*/, "", gbs) }
+      /^(single|per-layer|20 groups) / {
+        n = split($0, f, " +"); name = f[1]; if (name == "20") name = "20 groups"
+        plans = plans sprintf(", %s first %s ms last %s ms", name, f[n - 2], f[n - 1])
+      }
+      END {
+        lane = 0; if (gen >= 3) lane = 0.985 * 2 ^ (gen - 3); else if (gen > 0) lane = 0.25 * gen
+        peak = lane * width
+        if (gbs == "") exit
+        if (peak > 0)
+          printf "FIG transfer: memcpy H2D %s GB/s = %.0f%% of PCIe %d x%d peak %.1f GB/s%s\n",
+            gbs, 100 * gbs / peak, gen, width, peak, plans
+        else printf "FIG transfer: memcpy H2D %s GB/s (link unknown)%s\n", gbs, plans
+      }' "$work/transfer.out"
+  fi
+  return "$rc"
+}
+
+# profile-model on the GPU (per-layer compute, H2D bandwidth) and find-grouping's optimal plan
+# beside one group and per-layer groups, for each model at batch 8; bench-switch uses the plans.
+cmd_profile() {
+  need profile-model find-grouping
+  local runs=10 m rc=0
+  [ "$quick" = 1 ] && runs=3
+  for m in "${models[@]}"; do
+    rm -f "$work/$m.plan.json"
+    if ! "$bin/profile-model" --model="$m" --batch=8 --device=cuda --runs="$runs" --warmup=2 \
+      --out="$work/$m.profile.json"; then
+      rc=1
+      continue
+    fi
+    if ! "$bin/find-grouping" --profile "$work/$m.profile.json" --out "$work/$m.plan.json"; then
+      rc=1
+      continue
+    fi
+    "$bin/find-grouping" --profile "$work/$m.profile.json" --algorithm single \
+      --out "$work/$m.single.json"
+    "$bin/find-grouping" --profile "$work/$m.profile.json" --algorithm per-layer \
+      --out "$work/$m.per-layer.json"
+    "$python" - "$m" "$work/$m" <<'PY' || rc=1
+import json, sys
+m, base = sys.argv[1], sys.argv[2]
+profile, plan = json.load(open(base + ".profile.json")), json.load(open(base + ".plan.json"))
+def total_ms(kind):
+    try:
+        return f"{1e3 * json.load(open(f'{base}.{kind}.json'))['total_s']:.2f} ms"
+    except (OSError, ValueError, KeyError):
+        return "n/a"
+layers = profile["layers"]
+compute_ms = 1e3 * sum(l["exec_s"] for l in layers)
+mb = sum(l["param_bytes"] for l in layers) / 1e6
+print(f"FIG plan {m} b8: {len(layers)} layers, {mb:.0f} MB, compute {compute_ms:.2f} ms, "
+      f"H2D {profile['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; optimal {len(plan['groups'])} groups "
+      f"{1e3 * plan['total_s']:.2f} ms (search {1e3 * plan['search_s']:.1f} ms), one group "
+      f"{total_ms('single')}, per-layer {total_ms('per-layer')}")
+PY
+  done
+  return "$rc"
+}
+
+# Samples every GPU process's memory once a second into gpu-memory.csv, labelled `step`.
+sample_memory() {
+  local step="$1" t
+  while true; do
+    t="$(date +%s.%N)"
+    {
+      nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits
+      # The device's total too: where processes are not listed (a container's PID namespace).
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sed 's/^/0, gpu-total, /'
+    } 2>/dev/null | sed "s|^|$step,$t,|" >>"$out/gpu-memory.csv"
+    sleep 1
+  done
+}
+
+cmd_switch() {
+  local m="$1" repeats=10 plan=() rc sampler
+  need bench-switch pswitchd pswitch-worker run-model
+  [ "$quick" = 1 ] && repeats=3
+  # The GPU plan of the profile step; without one bench-switch profiles on the GPU itself.
+  [ -s "$work/$m.plan.json" ] && plan=(--plan="$work/$m.plan.json")
+  sample_memory "switch-$m" &
+  sampler=$!
+  "$bin/bench-switch" --backend=cuda --model="$m" --batch=8 --repeats="$repeats" \
+    --arena-bytes=$((8 << 30)) ${plan[@]+"${plan[@]}"}
+  rc=$?
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  return "$rc"
+}
+
+cmd_sanitizer() {
+  need bench-transfer
+  local cs c
+  cs="$(command -v compute-sanitizer || true)"
+  for c in "$(dirname "$(nvcc_bin)")/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer; do
+    if [ -z "$cs" ] && [ -x "$c" ]; then cs="$c"; fi
+  done
+  if [ -z "$cs" ]; then
+    echo "SKIP: no compute-sanitizer"
+    exit 77
+  fi
+  # One pipelined switch's transmission (group copies, ready flags, stream waits), smaller model.
+  "$cs" --tool memcheck --error-exitcode 9 --print-limit 20 "$bin/bench-transfer" --backend=cuda \
+    --repeats=1 --layers=40 --model-bytes=$((64 << 20)) 2>&1 | tee "$work/sanitizer.out"
+  local rc=${PIPESTATUS[0]}
+  grep -E 'ERROR SUMMARY' "$work/sanitizer.out" | tail -1 | sed 's/^=* */FIG memcheck bench-transfer: /'
+  return "$rc"
+}
+
+# --- bubbles: the main job's stage 0 on this GPU, fill jobs switched in at its bubble starts ---
+
+daemon_pid=""
+daemon_port=""
+sampler_pid=""
+stop_daemon() {
+  [ -n "$daemon_pid" ] || return 0
+  kill -TERM "$daemon_pid" 2>/dev/null
+  for _ in $(seq 1 40); do
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  kill -KILL "$daemon_pid" 2>/dev/null
+  wait "$daemon_pid" 2>/dev/null
+  daemon_pid=""
+}
+
+# start_daemon LOG: pswitchd on the GPU for fill jobs; sets daemon_pid, and daemon_port once it
+# serves (empty when it did not start).
+start_daemon() {
+  local log="$1"
+  daemon_port=""
+  "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --gpus=1 --preload= --standby-workers=1 \
+    --arena-bytes=$((24 << 30)) --activation-bytes=$((6 << 30)) \
+    --socket="/tmp/pswitch-validate-$$-bubbles.sock" 2>"$log" &
+  daemon_pid=$!
+  for _ in $(seq 1 300); do
+    if grep -q 'event=serving' "$log" 2>/dev/null; then
+      daemon_port="$(sed -n 's/.*event=started .*port=\([0-9]*\).*/\1/p' "$log" | head -1)"
+      break
+    fi
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.3
+  done
+}
+
+bubbles_cleanup() {
+  stop_daemon
+  if [ -n "$sampler_pid" ]; then
+    kill "$sampler_pid" 2>/dev/null
+    wait "$sampler_pid" 2>/dev/null
+  fi
+}
+
+cmd_bubbles() {
+  need pswitchd pswitch-worker pipetrain pswitchctl
+  local d="$work/bubbles" rounds=2 iters=20 fwd=8 bwd=16 mb=8 stages=4
+  [ "$quick" = 1 ] && rounds=1 iters=10
+  local free=$((8 << 30))
+  rm -rf "$d"
+  mkdir -p "$d"
+  trap bubbles_cleanup EXIT
+  sample_memory bubbles &
+  sampler_pid=$!
+  # The main job. By default every stage simulates its compute (a timed wait), so the GPU is
+  # really idle in stage 0's bubbles and only fill work runs on it; PSWITCH_VALIDATE_MAIN_ARGS
+  # replaces these flags (e.g. real compute once pipetrain can put only stage 0 on the GPU).
+  local mode_args
+  read -r -a mode_args <<<"${PSWITCH_VALIDATE_MAIN_ARGS:---simulated-compute --fwd-ms=$fwd --bwd-ms=$bwd}"
+  local main_args=(--stages="$stages" --microbatches="$mb" --schedule=gpipe --warmup=3
+    --iterations="$iters" --bubble-free-bytes="$free" "${mode_args[@]}")
+  echo "main job: pipetrain ${main_args[*]}"
+  # Stage 0's cycle in GPipe as predicted from the costs (pipetrain registers the one it measures
+  # over its warm-up): forward M*f, one bubble of (S-1)(f+b), backward; period (M+S-1)(f+b).
+  local us=1000000
+  printf '{"period_ns": %d, "bubbles": [{"offset_ns": %d, "duration_ns": %d, "free_bytes": %d}]}\n' \
+    $(((mb + stages - 1) * (fwd + bwd) * us)) $((mb * fwd * us)) $(((stages - 1) * (fwd + bwd) * us)) \
+    "$free" >"$d/cycle.json"
+  # BERT-base's dataset: token ids, 128 per row.
+  "$python" - "$d/bert-dataset.safetensors" 4096 <<'PY'
+import array, json, struct, sys
+path, rows, seq = sys.argv[1], int(sys.argv[2]), 128
+data = array.array("q", (1000 + (i * 7919) % 20000 for i in range(rows * seq))).tobytes()
+header = json.dumps({"input": {"dtype": "I64", "shape": [rows, seq], "data_offsets": [0, len(data)]}})
+header += " " * ((8 - len(header) % 8) % 8)
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header.encode() + data)
+PY
+
+  local kind job ctl r
+  for kind in resnet50-training bert_base-inference; do
+    echo "=== $kind"
+    start_daemon "$d/pswitchd-$kind.log"
+    if [ -z "$daemon_port" ]; then
+      echo "pswitchd did not start:"
+      tail -20 "$d/pswitchd-$kind.log"
+      stop_daemon
+      continue
+    fi
+    ctl=("$bin/pswitchctl" --server="127.0.0.1:$daemon_port" --timeout-s=60)
+    "${ctl[@]}" bubble-cycle --gpu 0 --cycle "$d/cycle.json"
+    if [ "$kind" = resnet50-training ]; then
+      job="$("${ctl[@]}" fill submit --kind training --model resnet50 --batch 8 --steps 1000000 \
+        --step-us 20000 --memory-bytes $((5 << 30)))"
+    else
+      job="$("${ctl[@]}" fill submit --kind inference --model bert_base --batch 8 \
+        --dataset "$d/bert-dataset.safetensors" --output "$d/bert-output.safetensors" \
+        --step-us 10000 --memory-bytes $((2 << 30)))"
+    fi
+    echo "$job"
+    job="$(sed -n 's/^fill job \([0-9]*\) .*/\1/p' <<<"$job")"
+    if [ -z "$job" ]; then
+      stop_daemon
+      continue
+    fi
+    # Its model is registered (CREATED -> PAUSED) before the main job starts.
+    for _ in $(seq 1 120); do
+      "${ctl[@]}" fill status "$job" | grep -qE 'state=(PAUSED|STOPPED)' && break
+      sleep 0.5
+    done
+    "${ctl[@]}" fill status "$job"
+    for r in $(seq 1 "$rounds"); do
+      timeout 90 "$bin/pipetrain" "${main_args[@]}" --json="$d/$kind-alone-$r.json" \
+        >"$d/$kind-alone-$r.out" 2>&1 ||
+        { echo "pipetrain alone failed:"; tail -5 "$d/$kind-alone-$r.out"; }
+      timeout 90 "$bin/pipetrain" "${main_args[@]}" --server="127.0.0.1:$daemon_port" \
+        --json="$d/$kind-fill-$r.json" >"$d/$kind-fill-$r.out" 2>&1 ||
+        { echo "pipetrain with fill failed:"; tail -5 "$d/$kind-fill-$r.out"; }
+      grep -h 'iteration' "$d/$kind-alone-$r.out" "$d/$kind-fill-$r.out" | head -4
+    done
+    "${ctl[@]}" fill status "$job" | tee "$d/$kind-job.txt"
+    "${ctl[@]}" fill stats | tee "$d/$kind-stats.txt"
+    "${ctl[@]}" fill cancel "$job" >/dev/null 2>&1
+    stop_daemon
+  done
+
+  "$python" - "$d" "$rounds" "${PSWITCH_VALIDATE_MAIN_ARGS:+custom main job}" <<'PY'
+import json, os, re, statistics, sys
+d, rounds, custom = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def iteration_ms(path):
+    try:
+        report = json.load(open(path))
+    except (OSError, ValueError):
+        return None
+    walls = [it["wall_ms"] for it in report.get("iterations", []) if not it.get("warmup")]
+    return statistics.median(walls) if walls else None
+
+ok = True
+for kind in ("resnet50-training", "bert_base-inference"):
+    pairs = [(iteration_ms(f"{d}/{kind}-alone-{r}.json"), iteration_ms(f"{d}/{kind}-fill-{r}.json"))
+             for r in range(1, rounds + 1)]
+    pairs = [(a, f) for a, f in pairs if a and f]
+    stats = {}
+    if os.path.exists(f"{d}/{kind}-stats.txt"):
+        stats = dict(re.findall(r"(\w+)=([0-9.]+)", open(f"{d}/{kind}-stats.txt").read()))
+    if not pairs or not stats:
+        print(f"FIG bubbles {kind}: not measured (see steps.log)")
+        ok = False
+        continue
+    increases = [100 * (f / a - 1) for a, f in pairs]
+    inc = statistics.median(increases)
+    alone = statistics.median(a for a, _ in pairs)
+    used = float(stats.get("used", 0))
+    p50, p99 = float(stats.get("pause_p50_ms", 0)), float(stats.get("pause_p99_ms", 0))
+    # GPipe's stage 0 has one bubble per iteration: had stage 0 computed on the GPU, a fill
+    # step still running after the bubble's end would have delayed it by about the pause latency.
+    bound = 100 * p99 / alone
+    met = inc <= 1 and used >= 80
+    main = "custom main job" if custom else "simulated stages, GPU idle in stage 0's bubbles"
+    print(f"FIG bubbles gpipe-8 stage 0 + {kind} b8 ({main}): iteration {alone:.1f} ms alone, "
+          f"{inc:+.2f} % with fill (rounds {', '.join(f'{i:+.2f}' for i in increases)} %), "
+          f"bubble time used {used:.1f} %, {int(float(stats.get('steps', 0)))} steps, "
+          f"pause p50 {p50:.2f} ms p99 {p99:.2f} ms (p99 / iteration {bound:.2f} %), "
+          f"killed {int(float(stats.get('killed', 0)))}; target <= 1 % at >= 80 %: "
+          f"{'met' if met else 'NOT met'}")
+sys.exit(0 if ok else 1)
+PY
+}
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+# ---------------------------------------------------------------------------------------------
+
+case "${1:-}" in
+  _*)
+    # A step command, run by `step` below with the phase's settings in the environment.
+    out="${PSWITCH_VALIDATE_OUT:?}"
+    mkdir -p "$work"
+    name="${1#_}"
+    shift
+    "cmd_$name" "$@"
+    exit $?
+    ;;
+esac
+
+phase="${1:-}"
+out="${2:-}"
+if [ -z "$out" ] || ! [[ "$phase" =~ ^(build|run|all)$ ]]; then
+  echo "usage: tools/gpu/validate.sh build|run|all OUT" >&2
+  exit 2
+fi
+mkdir -p "$out" || exit 2
+out="$(cd "$out" && pwd)"
+export PSWITCH_VALIDATE_OUT="$out"
+summary="$out/summary.md"
+build_rows="$build/validate-build-rows.md"  # the build's rows, repeated in run's summary
+deadline=$((SECONDS + budget))
+[ "$phase" = all ] && deadline=$((SECONDS + 2 * budget))
+
+# step NAME TIMEOUT_S COMMAND...: runs COMMAND under its own timeout (clipped to the phase's
+# budget), appends its output to $log and a row to the summary: the lines the command printed
+# starting with "FIG ", or its last lines when it failed without any.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  if [ -n "$only" ] && ! [[ " $only " == *" $name "* ]]; then return 0; fi
+  local left=$((deadline - SECONDS - reserve))
+  if [ "$left" -lt 10 ]; then
+    say "$name: skipped, the phase's time budget is spent"
+    row "$name" "SKIPPED" 0 "time budget spent"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local start rc tmp result figs
+  tmp="$(mktemp)"
+  say "$name (timeout ${limit}s)..."
+  echo "===== step $name (timeout ${limit}s): $*" >>"$log"
+  start=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" >"$tmp" 2>&1 </dev/null
+  rc=$?
+  cat "$tmp" >>"$log"
+  echo "===== step $name: rc=$rc after $((SECONDS - start))s" >>"$log"
+  case "$rc" in
+    0) result="ok" ;;
+    77) result="SKIPPED" ;;
+    124 | 137) result="TIMEOUT" ;;
+    *) result="FAILED rc=$rc" ;;
+  esac
+  figs="$(awk '/^FIG / { sub(/^FIG /, ""); gsub(/\|/, "\\|"); printf "%s%s", (n++ ? "<br>" : ""), $0 }' "$tmp")"
+  if [ -z "$figs" ] && [ "$result" != ok ]; then
+    figs="$(grep -v '^FIG ' "$tmp" | tail -3 | tr '\n' ' ' | cut -c1-300 | sed 's/|/\\|/g')"
+  fi
+  row "$name" "$result" "$((SECONDS - start))" "$figs"
+  say "$name: $result after $((SECONDS - start))s"
+  rm -f "$tmp"
+  return 0
+}
+
+row() {
+  printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" >>"$summary"
+  if [ "$phase" != run ]; then
+    printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" >>"$build_rows"
+  fi
+}
+
+start_summary() {
+  {
+    printf '# pswitch GPU validation (%s%s, %s)\n\n' "$phase" \
+      "$([ "$quick" = 1 ] && echo ', quick')" "$(date -u '+%Y-%m-%d %H:%M UTC')"
+    printf '| step | result | seconds | figures |\n|---|---|---|---|\n'
+    if [ "$phase" = run ] && [ -f "$build_rows" ]; then cat "$build_rows"; fi
+  } >"$summary"
+}
+
+do_build() {
+  log="$out/build.log"
+  : >"$log"
+  mkdir -p "$build"
+  : >"$build_rows"
+  step versions 45 "$self" _versions
+  # build.sh unpacks the .debs, configures build-gpu/ (Release) and builds the daemon with its
+  # worker; then every other target on all cores, going on past a target that fails to compile.
+  step build 540 env PSWITCH_GPU_TEST=0 CMAKE_BUILD_TYPE=Release PYTHON="$python" \
+    PSWITCH_GPU_TARGETS="pswitchd pswitch-worker" "$repo/tools/gpu/build.sh" "$build"
+  if [ -f "$build/build.ninja" ]; then
+    local known=() t
+    for t in "${targets[@]}"; do
+      if ninja -C "$build" -t query "$t" >/dev/null 2>&1; then known+=("$t"); fi
+    done
+    step build-tools 540 cmake --build "$build" -j "$(nproc)" --target "${known[@]}" -- -k 0
+  fi
+  step binaries 10 "$self" _binaries
+}
+
+do_run() {
+  log="$out/steps.log"
+  : >"$log"
+  rm -rf "$work"
+  mkdir -p "$work"
+  printf 'step,time_s,pid,process_name,used_mib\n' >"$out/gpu-memory.csv"
+  if [ ! -x "$bin/pswitchd" ]; then
+    row run "SKIPPED" 0 "no pswitchd in $build: run 'tools/gpu/validate.sh build OUT' first"
+    return
+  fi
+  local q=0 m
+  [ "$quick" = 1 ] && q=1
+  step selfcheck 60 "$self" _selfcheck
+  step ctest-cuda $((q ? 60 : 100)) "$self" _ctest
+  step transfer $((q ? 30 : 45)) "$self" _transfer
+  step profile $((q ? 50 : 90)) "$self" _profile
+  for m in "${models[@]}"; do
+    step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"
+  done
+  step bubbles $((q ? 80 : 150)) "$self" _bubbles
+  step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
+  memory_summary
+  tar -czf "$out/artifacts.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.sock' . \
+    2>>"$log"
+}
+
+# Per-process GPU memory from the samples: each process kind's peak, and the peak total.
+memory_summary() {
+  [ -s "$out/gpu-memory.csv" ] || return 0
+  "$python" - "$out/gpu-memory.csv" >>"$summary" 2>>"$log" <<'PY'
+import collections, csv, os, sys
+rows = list(csv.DictReader(open(sys.argv[1]), skipinitialspace=True))
+steps = collections.OrderedDict()
+for r in rows:
+    try:
+        used = int(r["used_mib"].strip())
+        name = os.path.basename(r["process_name"].strip())
+        pid = r["pid"].strip()
+    except (KeyError, ValueError, AttributeError):
+        continue
+    s = steps.setdefault(r["step"], {"procs": {}, "device": 0})
+    if name == "gpu-total":  # the device's own count, processes listed or not
+        s["device"] = max(s["device"], used)
+    else:
+        s["procs"][(name, pid)] = max(s["procs"].get((name, pid), 0), used)
+if steps:
+    print("\n## GPU memory per process (nvidia-smi, peak MiB while the step ran)\n")
+    print("| step | per process: peak MiB of each | device peak MiB |\n|---|---|---|")
+    for step, s in steps.items():
+        kinds = collections.defaultdict(list)
+        for (name, _), used in s["procs"].items():
+            kinds[name].append(used)
+        parts = [f"{name} x{len(v)}: {', '.join(str(u) for u in sorted(v, reverse=True))}"
+                 for name, v in sorted(kinds.items())]
+        print(f"| {step} | {'<br>'.join(parts) or 'no processes listed'} | {s['device']} |")
+PY
+}
+
+start_summary
+case "$phase" in
+  build) do_build ;;
+  run) do_run ;;
+  all)
+    do_build
+    phase=run
+    do_run
+    ;;
+esac
+ls -la "$out"
+cat "$summary"
