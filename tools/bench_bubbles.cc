@@ -1,70 +1,206 @@
 // bench-bubbles: the main job (pipetrain, 4 pipeline stages, simulated compute on the host's
-// simulated devices) run without fill tasks, with pswitch fill tasks in its bubbles, and with
-// naive co-location (fill work running unmanaged on the same devices), all in one run. Prints
-// the main job's iteration time and its increase I = (T_with - T_without) / T_without, the
-// bubble ratio, the fraction of bubble time fill steps used, fill throughput and the pause
-// latency (bubble end -> fill task paused), plus the cost of one bubble-instruction call.
+// simulated devices) run alone, with pswitch fill tasks in its bubbles, and with naive
+// co-location (fill work running unmanaged on the same devices). Reports, per configuration
+// (schedule x micro-batches), the median increase of the main job's iteration time with a 95 %
+// interval, the share of bubble time fill steps used, fill throughput and the pause latency
+// (bubble end -> fill task paused), plus the cost of one bubble-instruction call.
+//
+// Method (issue 12): a 1 % effect is the size of one run's noise on a shared 2-core machine, so
+// a single "with" run beside a single "without" run cannot show it. Each configuration runs its
+// arms interleaved, once each per round, for --repeats rounds, in a balanced order (RoundOrder)
+// so that drift and after-effects spread over all arms:
+//   alone        the main job by itself (the baseline of its round);
+//   alone-again  the same again: the A/A comparison, i.e. the noise floor of the method;
+//   fill         with pswitch fill tasks in its bubbles;
+//   cpu-only     with fill tasks too, but the stages do not take their device's compute lock,
+//                so the fill steps cannot delay the main job on the device, only on the CPUs
+//                (pswitchd, workers, the bubble instruction): fill - cpu-only is the device
+//                interference, i.e. fill steps still holding the device after their bubble;
+//   naive        unmanaged co-location.
+// Each arm's run is paired with its round's alone run, and the median of the paired relative
+// increases gets a distribution-free order-statistic interval (tools/bench_stats.h says why
+// that and not a bootstrap). The target (increase <= 1 % with >= 80 % of bubble time used) is
+// "met" only when the interval's upper end is within it. Every configuration gets its own
+// pswitchd, so its fill and pause statistics are its own (the pause percentiles cover its fill
+// and cpu-only runs; the share of bubble time used is the fill runs' own).
 //
 // Host figures: every stage "computes" by holding its device's compute lock for the profiled
 // time (gpu/host/compute_lock.h), and fill steps are synthetic steps that hold the same lock,
-// so the contention measured is that of a time-sliced GPU, not of the 2 CPU cores.
+// so the device contention is that of a time-sliced GPU; the CPU contention (4 stages, pswitchd,
+// its workers and the bench on the machine's cores) is the host's own and shows in cpu-only.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gpu/host/compute_lock.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
 #include "proto/status.h"
+#include "tools/bench_stats.h"
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"
 
-ABSL_FLAG(bool, quick, false, "a reduced run (fewer iterations) that finishes in under 50 s");
+ABSL_FLAG(bool, quick, false,
+          "a short run (4 iterations per run, --repeats rounds still) that finishes in a few "
+          "minutes");
+ABSL_FLAG(int, repeats, 0,
+          "rounds per configuration, each running every arm once (0: 10, or 6 with --quick). "
+          "6 is the fewest for which [min, max] of the paired increases is a 95 % interval for "
+          "their median; 10 completes the balanced order of 5 arms");
+ABSL_FLAG(int, iterations, 12, "measured main-job iterations per run (--quick: 4)");
+ABSL_FLAG(int, warmup, 1, "main-job warm-up iterations per run (not measured)");
 ABSL_FLAG(double, fwd_ms, 4, "simulated forward time per micro-batch and stage");
 ABSL_FLAG(double, bwd_ms, 8, "simulated backward time per micro-batch and stage");
 ABSL_FLAG(double, fill_step_ms, 1, "fill tasks' step time (synthetic steps on the device)");
-ABSL_FLAG(int, iterations, 12, "measured main-job iterations per run (--quick: 4)");
+ABSL_FLAG(std::string, configs, "gpipe-4,gpipe-8,1f1b-4,1f1b-8",
+          "configurations, SCHEDULE-MICROBATCHES, comma-separated");
+ABSL_FLAG(bool, cpu_only_arm, true,
+          "run the cpu-only arm (fill tasks on, stages without the device lock) that separates "
+          "device interference from CPU interference");
+ABSL_FLAG(int, naive_gap_us, 0,
+          "naive arm: the loops leave the device free this long between steps (0: re-lock at "
+          "once, which flock's unfairness lets starve a stage)");
+ABSL_FLAG(std::string, device, "",
+          "real GPT-2 compute on this device (pipetrain --device: cpu, cuda, cuda:N; every stage "
+          "on it) instead of simulated compute; the naive and cpu-only arms, which act on the "
+          "host compute lock, are then left out");
+ABSL_FLAG(std::string, backend, "host", "pswitchd's --backend");
+ABSL_FLAG(double, target_increase_pct, 1, "target: median main-job increase at most this");
+ABSL_FLAG(double, target_used_pct, 80, "target: at least this share of bubble time used");
 
 namespace pswitch {
 namespace {
 
 constexpr int kStages = 4;
 constexpr uint64_t kFreeBytes = 256ull << 20;
+constexpr double kLevel = 0.95;
 
 struct Config {
   pipeline::ScheduleKind schedule;
   int microbatches;
+  std::string Name() const {
+    return absl::StrCat(pipeline::ScheduleKindName(schedule), "-", microbatches);
+  }
 };
 
+absl::StatusOr<std::vector<Config>> ParseConfigs(const std::string& text) {
+  std::vector<Config> configs;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(item, '-');
+    int m = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &m) || m < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--configs: '", item, "' is not SCHEDULE-MICROBATCHES (e.g. gpipe-4)"));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind, pipeline::ParseScheduleKind(parts[0]));
+    configs.push_back({kind, m});
+  }
+  if (configs.empty()) return absl::InvalidArgumentError("--configs names no configuration");
+  return configs;
+}
+
+enum class Arm { kAlone, kAloneAgain, kFill, kCpuOnly, kNaive };
+
+const char* ArmName(Arm arm) {
+  switch (arm) {
+    case Arm::kAlone:
+      return "alone";
+    case Arm::kAloneAgain:
+      return "alone-again";
+    case Arm::kFill:
+      return "fill";
+    case Arm::kCpuOnly:
+      return "cpu-only";
+    case Arm::kNaive:
+      return "naive";
+  }
+  return "?";
+}
+
+// One pipetrain run's figures.
 struct MainJobRun {
-  double iteration_ms = 0;
+  double iteration_ms = 0;  // mean over measured iterations
+  double busy_ms = 0;       // per stage and iteration: compute, including waits for the device
   double bubble_ratio = 0;
-  double wall_s = 0;
+  double wall_s = 0;        // the whole run, start-up included
+  double iterations_s = 0;  // every iteration's wall time, warm-up included
+  // Waits the fill gate would put steps in (announced length > one step + margin), and those
+  // that ended earlier than announced less the margin: a step timed to the announced end still
+  // holds the device when the stage wants it back. early_ms sums min(how much earlier, one
+  // step) over them: an upper bound on that device wait.
+  int fillable_waits = 0;
+  int early_waits = 0;
+  double early_ms = 0;
+  int stage_iterations = 0;
 };
 
-absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, const std::string& server,
-                                        const std::string& json) {
+// The fill gate's margin (controller::FillManagerOptions::margin, pswitchd's default).
+constexpr double kGateMarginMs = 0.3;
+
+void CountEarlyWaits(const nlohmann::json& report, MainJobRun& run) {
+  const double step_ms = absl::GetFlag(FLAGS_fill_step_ms);
+  for (const nlohmann::json& iteration : report["iterations"]) {
+    if (iteration.value("warmup", false)) continue;
+    for (const nlohmann::json& stage : iteration["stages"]) {
+      ++run.stage_iterations;
+      for (const nlohmann::json& wait : stage["waits"]) {
+        const double expected = wait["expected_ms"].get<double>();
+        if (expected <= step_ms + kGateMarginMs) continue;
+        ++run.fillable_waits;
+        const double early = expected - kGateMarginMs - wait["duration_ms"].get<double>();
+        if (early <= 0) continue;
+        ++run.early_waits;
+        run.early_ms += std::min(early, step_ms);
+      }
+    }
+  }
+}
+
+absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, Arm arm,
+                                        const std::string& server,
+                                        const std::filesystem::path& dir) {
+  const std::string json = (dir / "pipetrain.json").string();
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const bool fill = arm == Arm::kFill || arm == Arm::kCpuOnly;
   std::string cmd = absl::StrCat(
-      tools::SiblingBinary("pipetrain"), " --simulated-compute --stages=", kStages,
-      " --microbatches=", c.microbatches, " --schedule=", pipeline::ScheduleKindName(c.schedule),
-      " --fwd-ms=", absl::GetFlag(FLAGS_fwd_ms), " --bwd-ms=", absl::GetFlag(FLAGS_bwd_ms),
-      " --iterations=", iterations, " --warmup=1 --bubble-free-bytes=", kFreeBytes,
-      " --json=", json, server.empty() ? "" : " --server=" + server, " > /dev/null");
-  absl::Time start = absl::Now();
-  if (std::system(cmd.c_str()) != 0) return absl::InternalError("pipetrain failed: " + cmd);
+      tools::SiblingBinary("pipetrain"), " --stages=", kStages, " --microbatches=", c.microbatches,
+      " --schedule=", pipeline::ScheduleKindName(c.schedule), " --iterations=", iterations,
+      " --warmup=", absl::GetFlag(FLAGS_warmup), " --bubble-free-bytes=", kFreeBytes,
+      " --json=", json);
+  if (device.empty()) {
+    absl::StrAppend(&cmd, " --simulated-compute --fwd-ms=", absl::GetFlag(FLAGS_fwd_ms),
+                    " --bwd-ms=", absl::GetFlag(FLAGS_bwd_ms));
+  } else {
+    absl::StrAppend(&cmd, " --device=", device);
+  }
+  if (fill) absl::StrAppend(&cmd, " --server=", server);
+  if (arm == Arm::kCpuOnly) absl::StrAppend(&cmd, " --device-lock=false");
+  const std::string log = (dir / "pipetrain.log").string();
+  absl::StrAppend(&cmd, " > /dev/null 2>> ", log);
+  std::filesystem::remove(json);
+  const absl::Time start = absl::Now();
+  if (std::system(cmd.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("pipetrain failed (log ", log, "): ", cmd));
+  }
   MainJobRun run;
   run.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
   std::ifstream in(json);
@@ -72,13 +208,23 @@ absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, const s
   if (report.is_discarded() || !report.contains("measured")) {
     return absl::InternalError("pipetrain wrote no summary to " + json);
   }
-  run.iteration_ms = report["measured"]["iteration_ms_mean"].get<double>();
-  run.bubble_ratio = report["measured"]["bubble_ratio"].get<double>();
+  const nlohmann::json& measured = report["measured"];
+  run.iteration_ms = measured["iteration_ms_mean"].get<double>();
+  run.bubble_ratio = measured["bubble_ratio"].get<double>();
+  double busy = 0;
+  for (const nlohmann::json& stage : measured["stages"]) busy += stage["busy_ms"].get<double>();
+  run.busy_ms = measured["stages"].empty() ? 0 : busy / measured["stages"].size();
+  if (report.contains("iterations")) {
+    for (const nlohmann::json& iteration : report["iterations"]) {
+      run.iterations_s += iteration["wall_ms"].get<double>() / 1000;
+    }
+    CountEarlyWaits(report, run);
+  }
   return run;
 }
 
-// The predicted bubble cycle of every stage, registered before the run so fill jobs can be
-// placed; pipetrain replaces it with the cycle it measures over its warm-up.
+// The predicted bubble cycle of every stage, registered before the first run so fill jobs can
+// be placed; pipetrain replaces it with the cycle it measures over its warm-up.
 absl::StatusOr<std::vector<std::string>> Cycles(const Config& c) {
   PSWITCH_ASSIGN_OR_RETURN(pipeline::Schedule schedule,
                            pipeline::BuildSchedule(c.schedule, kStages, c.microbatches));
@@ -102,7 +248,66 @@ absl::StatusOr<std::vector<std::string>> Cycles(const Config& c) {
   return cycles;
 }
 
+// A pswitchd with one long synthetic fill job per device, waiting for the main job's bubbles.
+class FillService {
+ public:
+  // Starts the daemon, its socket and log (named after `config`) in `dir`, which must outlive
+  // the service, and connects to it.
+  static absl::StatusOr<std::unique_ptr<FillService>> Start(const std::filesystem::path& dir,
+                                                            const Config& config) {
+    auto daemon = std::make_unique<tools::PswitchdProcess>(
+        tools::SiblingBinary("pswitchd"),
+        std::vector<std::string>{"--backend=" + absl::GetFlag(FLAGS_backend),
+                                 "--listen=127.0.0.1:0", absl::StrCat("--gpus=", kStages),
+                                 "--standby-workers=1", "--preload=", "--arena-bytes=1073741824",
+                                 "--activation-bytes=16777216",
+                                 "--socket=" + (dir / "m.sock").string()},
+        (dir / absl::StrCat("pswitchd-", config.Name(), ".log")).string());
+    if (daemon->port() == 0) {
+      return absl::UnavailableError(absl::StrCat("pswitchd did not start:\n", daemon->log()));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
+                             client::Client::Connect(daemon->address()));
+    std::unique_ptr<FillService> service(new FillService(std::move(daemon), std::move(client)));
+    return service;
+  }
+
+  // Registers `config`'s predicted cycles and submits the fill jobs.
+  absl::Status Prepare(const Config& config) {
+    PSWITCH_ASSIGN_OR_RETURN(std::vector<std::string> cycles, Cycles(config));
+    for (int s = 0; s < kStages; ++s) {
+      PSWITCH_RETURN_IF_ERROR(client_->RegisterBubbleCycle(s, cycles[s]));
+    }
+    // One long job per device (the scheduler spreads them); they outlive every run.
+    for (int s = 0; s < kStages; ++s) {
+      client::FillJobOptions o;
+      o.kind = client::FillKind::kSynthetic;
+      o.synthetic_step = absl::Milliseconds(absl::GetFlag(FLAGS_fill_step_ms));
+      o.steps = 1u << 30;
+      o.memory_bytes = 1 << 20;
+      PSWITCH_RETURN_IF_ERROR(client_->SubmitFill(o).status());
+    }
+    return absl::OkStatus();
+  }
+
+  client::Client& client() { return *client_; }
+  std::string address() const { return daemon_->address(); }
+
+ private:
+  FillService(std::unique_ptr<tools::PswitchdProcess> daemon,
+              std::unique_ptr<client::Client> client)
+      : daemon_(std::move(daemon)), client_(std::move(client)) {}
+
+  // In this order so that the client's connection closes before the daemon is stopped.
+  std::unique_ptr<tools::PswitchdProcess> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
 // Naive co-location: one unmanaged fill loop per device, stepping whenever it gets the device.
+// flock() is not fair: a loop that re-locks at once can starve a stage for long stretches
+// (iterations of 0.3-1.7 s instead of 0.1 s are seen; the arm's median is robust to them).
+// --naive-gap-us leaves the device free for that long between steps, so that a waiting stage
+// gets it next; the default 0 keeps the loop of the earlier figures.
 class NaiveFill {
  public:
   NaiveFill() {
@@ -112,9 +317,13 @@ class NaiveFill {
         auto lock = gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(s));
         if (!lock.ok()) ::_exit(1);
         const absl::Duration step = absl::Milliseconds(absl::GetFlag(FLAGS_fill_step_ms));
+        const absl::Duration gap = absl::Microseconds(absl::GetFlag(FLAGS_naive_gap_us));
         while (true) {
-          gpu::ComputeLock::Hold hold = lock->Acquire();
-          absl::SleepFor(step);
+          {
+            gpu::ComputeLock::Hold hold = lock->Acquire();
+            absl::SleepFor(step);
+          }
+          if (gap > absl::ZeroDuration()) absl::SleepFor(gap);
         }
       }
       pids_.push_back(pid);
@@ -126,154 +335,287 @@ class NaiveFill {
       ::waitpid(pid, nullptr, 0);
     }
   }
+  NaiveFill(const NaiveFill&) = delete;
+  NaiveFill& operator=(const NaiveFill&) = delete;
 
  private:
   std::vector<pid_t> pids_;
 };
 
-double Percent(double x) { return 100 * x; }
+// What the daemon saw during one fill run.
+struct FillRun {
+  double used = 0;         // fill step time / bubble time
+  double steps_per_s = 0;  // fill steps per second of the main job's iterations
+};
+
+// All of one configuration's runs, indexed by round.
+struct ConfigRuns {
+  Config config;
+  std::map<Arm, std::vector<MainJobRun>> runs;
+  std::vector<FillRun> fill;  // the fill arm's runs
+  double pause_p50_ms = 0, pause_p99_ms = 0;
+  uint64_t killed = 0;
+};
+
+// The arms' order in round `round`: a Williams design, i.e. a Latin square in which every arm
+// follows every other arm equally often (with its mirror image when the number of arms is odd,
+// 2n rounds in all), so that neither an arm's position in the round nor the arm run just before
+// it biases a comparison. (A plain rotation keeps each arm's predecessor fixed.)
+std::vector<Arm> RoundOrder(const std::vector<Arm>& arms, int round) {
+  const int n = static_cast<int>(arms.size());
+  std::vector<int> first;  // 0, 1, n-1, 2, n-2, ...
+  for (int i = 0, low = 1, high = n - 1; i < n; ++i) {
+    first.push_back(i == 0 ? 0 : i % 2 == 1 ? low++ : high--);
+  }
+  const int r = round % (n % 2 == 0 ? n : 2 * n);
+  std::vector<Arm> order;
+  for (int i = 0; i < n; ++i) order.push_back(arms[(first[i] + r % n) % n]);
+  if (r >= n) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& arms, int repeats,
+                                     int iterations, FillService& service,
+                                     const std::filesystem::path& dir) {
+  ConfigRuns out{c};
+  PSWITCH_RETURN_IF_ERROR(service.Prepare(c));
+  for (int round = 0; round < repeats; ++round) {
+    std::fprintf(stderr, "%s round %d/%d:", c.Name().c_str(), round + 1, repeats);
+    for (const Arm arm : RoundOrder(arms, round)) {
+      std::fprintf(stderr, " %s", ArmName(arm));
+      absl::StatusOr<MainJobRun> run;
+      if (arm == Arm::kNaive) {
+        NaiveFill naive;
+        run = RunPipetrain(c, iterations, arm, "", dir);
+      } else if (arm == Arm::kFill) {
+        PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats before, service.client().FillStats());
+        run = RunPipetrain(c, iterations, arm, service.address(), dir);
+        PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats after, service.client().FillStats());
+        if (run.ok()) {
+          const absl::Duration bubble = after.bubble_time - before.bubble_time;
+          const absl::Duration used = after.fill_step_time - before.fill_step_time;
+          out.fill.push_back({bubble > absl::ZeroDuration() ? absl::FDivDuration(used, bubble) : 0,
+                              static_cast<double>(after.steps - before.steps) /
+                                  std::max(run->iterations_s, 1e-3)});
+        }
+      } else {
+        run = RunPipetrain(c, iterations, arm, service.address(), dir);
+      }
+      PSWITCH_RETURN_IF_ERROR(run.status());
+      std::fprintf(stderr, " %.2f", run->iteration_ms);
+      out.runs[arm].push_back(*run);
+    }
+    std::fprintf(stderr, "\n");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats stats, service.client().FillStats());
+  out.pause_p50_ms = absl::ToDoubleMilliseconds(stats.pause_p50);
+  out.pause_p99_ms = absl::ToDoubleMilliseconds(stats.pause_p99);
+  out.killed = stats.killed;
+  return out;
+}
+
+// An arm's increase over its rounds' alone runs.
+struct Increase {
+  tools::MedianInterval interval;  // of the relative increases (0.01 = 1 %)
+  double busy_ms = 0;              // median paired increase of stage busy time per iteration
+};
+
+absl::StatusOr<Increase> IncreaseOver(const ConfigRuns& r, Arm arm) {
+  std::vector<double> base, treated, busy;
+  const std::vector<MainJobRun>& alone = r.runs.at(Arm::kAlone);
+  const std::vector<MainJobRun>& other = r.runs.at(arm);
+  for (size_t i = 0; i < alone.size() && i < other.size(); ++i) {
+    base.push_back(alone[i].iteration_ms);
+    treated.push_back(other[i].iteration_ms);
+    busy.push_back(other[i].busy_ms - alone[i].busy_ms);
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<double> increases,
+                           tools::PairedRelativeIncreases(base, treated));
+  Increase out;
+  PSWITCH_ASSIGN_OR_RETURN(out.interval, tools::MedianConfidenceInterval(increases, kLevel));
+  PSWITCH_ASSIGN_OR_RETURN(out.busy_ms, tools::Median(busy));
+  return out;
+}
+
+std::string Pct(double x) { return absl::StrFormat("%+.2f%%", 100 * x); }
+
+// "+0.40% [95% -0.20, +1.10]"; the label is the interval's real coverage when short of 95 %.
+std::string WithInterval(const tools::MedianInterval& i) {
+  const int level =
+      i.reaches_level ? static_cast<int>(kLevel * 100) : static_cast<int>(i.coverage * 100);
+  return absl::StrFormat("%+.2f%% [%d%% %+.2f, %+.2f]", 100 * i.median, level, 100 * i.low,
+                         100 * i.high);
+}
+
+double MedianOf(const std::vector<double>& v) {
+  absl::StatusOr<double> m = tools::Median(v);
+  return m.ok() ? *m : 0;
+}
+
+// "12% of 40, <= 0.15 ms": the early-ending fillable waits of `runs` (see MainJobRun).
+std::string EarlyWaits(const std::vector<MainJobRun>& runs) {
+  int fillable = 0, early = 0, stage_iterations = 0;
+  double early_ms = 0;
+  for (const MainJobRun& run : runs) {
+    fillable += run.fillable_waits;
+    early += run.early_waits;
+    early_ms += run.early_ms;
+    stage_iterations += run.stage_iterations;
+  }
+  if (fillable == 0 || stage_iterations == 0) return "-";
+  return absl::StrFormat("%.0f%% of %d, <= %.2f ms", 100.0 * early / fillable, fillable,
+                         early_ms / stage_iterations);
+}
+
+absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& arms, int repeats,
+                    int iterations, const std::vector<double>& call_us) {
+  const double target = absl::GetFlag(FLAGS_target_increase_pct) / 100;
+  const double min_used = absl::GetFlag(FLAGS_target_used_pct) / 100;
+  auto uses = [&](Arm a) { return std::find(arms.begin(), arms.end(), a) != arms.end(); };
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const std::string compute =
+      device.empty() ? absl::StrFormat(
+                           "simulated compute fwd %.1f ms / bwd %.1f ms per micro-batch on "
+                           "host-simulated devices",
+                           absl::GetFlag(FLAGS_fwd_ms), absl::GetFlag(FLAGS_bwd_ms))
+                     : absl::StrCat("real GPT-2 compute on ", device);
+  std::printf(
+      "bench-bubbles: pipetrain, %d stages, %s; fill steps %.1f ms; %d measured iterations per "
+      "run; %d rounds per configuration, each running %zu arms in a balanced order\n",
+      kStages, compute.c_str(), absl::GetFlag(FLAGS_fill_step_ms), iterations, repeats,
+      arms.size());
+  if (!call_us.empty()) {
+    std::printf("bubble instruction: one call costs p50 %.1f us, p99 %.1f us (client-side)\n",
+                *tools::Percentile(call_us, 50), *tools::Percentile(call_us, 99));
+  }
+  std::printf(
+      "I: median over rounds of T_arm / T_alone - 1 (each run paired with its round's alone "
+      "run) [distribution-free %d%% interval for that median]\n",
+      static_cast<int>(kLevel * 100));
+  std::printf("%-8s %9s %-27s %-27s %-27s %8s %7s %6s %7s %15s  %s\n", "config", "T alone",
+              "I fill", "I alone-again (A/A)", "I cpu-only", "I naive", "bubbles", "used",
+              "steps/s", "pause p50/p99", "verdict");
+  std::vector<std::string> diagnostics, figs;
+  uint64_t killed = 0;  // each configuration has its own daemon
+  for (const ConfigRuns& r : all) killed += r.killed;
+  for (const ConfigRuns& r : all) {
+    std::vector<double> alone_ms, ratio, busy, used, steps;
+    for (const MainJobRun& run : r.runs.at(Arm::kAlone)) {
+      alone_ms.push_back(run.iteration_ms);
+      ratio.push_back(run.bubble_ratio);
+      busy.push_back(run.busy_ms);
+    }
+    for (const FillRun& f : r.fill) {
+      used.push_back(f.used);
+      steps.push_back(f.steps_per_s);
+    }
+    PSWITCH_ASSIGN_OR_RETURN(Increase fill, IncreaseOver(r, Arm::kFill));
+    PSWITCH_ASSIGN_OR_RETURN(Increase aa, IncreaseOver(r, Arm::kAloneAgain));
+    std::optional<Increase> cpu, naive;
+    if (uses(Arm::kCpuOnly)) {
+      PSWITCH_ASSIGN_OR_RETURN(cpu, IncreaseOver(r, Arm::kCpuOnly));
+    }
+    if (uses(Arm::kNaive)) {
+      PSWITCH_ASSIGN_OR_RETURN(naive, IncreaseOver(r, Arm::kNaive));
+    }
+    const double used_median = MedianOf(used);
+    const tools::Verdict verdict =
+        tools::JudgeIncreaseTarget(fill.interval, target, used_median, min_used);
+    const std::string name = r.config.Name();
+    std::printf("%-8s %7.2fms %-27s %-27s %-27s %8s %6.1f%% %5.1f%% %7.0f %6.2f/%-5.2f ms  %s\n",
+                name.c_str(), MedianOf(alone_ms), WithInterval(fill.interval).c_str(),
+                WithInterval(aa.interval).c_str(), cpu ? WithInterval(cpu->interval).c_str() : "-",
+                naive ? Pct(naive->interval.median).c_str() : "-", 100 * MedianOf(ratio),
+                100 * used_median, MedianOf(steps), r.pause_p50_ms, r.pause_p99_ms,
+                tools::VerdictName(verdict));
+    diagnostics.push_back(
+        absl::StrFormat("%-8s %10.2f %10.3f %10s %10s   %-24s %-24s", name, MedianOf(busy),
+                        fill.busy_ms, cpu ? absl::StrFormat("%.3f", cpu->busy_ms) : "-",
+                        naive ? absl::StrFormat("%.3f", naive->busy_ms) : "-",
+                        EarlyWaits(r.runs.at(Arm::kAlone)), EarlyWaits(r.runs.at(Arm::kFill))));
+    // One machine-readable line per configuration (validation scripts collect "FIG " lines).
+    std::string extra = absl::StrCat("A/A ", WithInterval(aa.interval));
+    if (cpu) absl::StrAppend(&extra, ", cpu-only ", WithInterval(cpu->interval));
+    if (naive) absl::StrAppend(&extra, ", naive ", Pct(naive->interval.median));
+    absl::StrAppend(&extra, absl::StrFormat(", device wait %+.2f ms/stage-iteration, n=%d",
+                                            fill.busy_ms - (cpu ? cpu->busy_ms : 0),
+                                            static_cast<int>(alone_ms.size())));
+    figs.push_back(absl::StrFormat(
+        "FIG bubbles %s: increase %s used %.0f%% steps/s %.0f pause p50 %.2f ms p99 %.2f ms "
+        "verdict %s (%s)",
+        name, WithInterval(fill.interval), 100 * used_median, MedianOf(steps), r.pause_p50_ms,
+        r.pause_p99_ms, tools::VerdictName(verdict), extra));
+  }
+  std::printf(
+      "target: increase <= %.1f%% (the interval's upper end) with >= %.0f%% of bubble time used; "
+      "killed fill tasks: %llu\n",
+      100 * target, 100 * min_used, static_cast<unsigned long long>(killed));
+  std::printf(
+      "\ndiagnostics: busy = a stage's compute time per iteration including waits for its device "
+      "(ms, median over alone runs); busy+ = paired median increase over alone (fill - cpu-only "
+      "= waits for a device a fill step still held); early ends = fillable waits (announced > "
+      "one step + %.1f ms margin) that ended before announced - margin, with an upper bound on "
+      "the device wait they allow per stage-iteration\n",
+      kGateMarginMs);
+  std::printf("%-8s %10s %10s %10s %10s   %-24s %-24s\n", "config", "busy", "busy+ fill",
+              "busy+ cpu", "busy+ naive", "early ends (alone)", "early ends (fill)");
+  for (const std::string& line : diagnostics) std::printf("%s\n", line.c_str());
+  std::printf("\n");
+  for (const std::string& line : figs) std::printf("%s\n", line.c_str());
+  return absl::OkStatus();
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "bench-bubbles: %s\n", status.ToString().c_str());
+  return 1;
+}
 
 int Main() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   const int iterations = quick ? 4 : absl::GetFlag(FLAGS_iterations);
+  const int repeats = absl::GetFlag(FLAGS_repeats) != 0 ? absl::GetFlag(FLAGS_repeats)
+                      : quick                           ? 6
+                                                        : 10;
+  if (iterations < 1 || repeats < 1) {
+    return Fail(absl::InvalidArgumentError("--iterations and --repeats must be >= 1"));
+  }
+  absl::StatusOr<std::vector<Config>> configs = ParseConfigs(absl::GetFlag(FLAGS_configs));
+  if (!configs.ok()) return Fail(configs.status());
+  std::vector<Arm> arms = {Arm::kAlone, Arm::kFill, Arm::kAloneAgain};
+  const bool host_lock_arms = absl::GetFlag(FLAGS_device).empty();
+  if (host_lock_arms && absl::GetFlag(FLAGS_cpu_only_arm)) arms.push_back(Arm::kCpuOnly);
+  if (host_lock_arms) arms.push_back(Arm::kNaive);
+
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("bench-bubbles-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string json = (dir / "pipetrain.json").string();
 
-  std::fprintf(stderr, "starting pswitchd (4 simulated devices)...\n");
-  tools::PswitchdProcess daemon(
-      tools::SiblingBinary("pswitchd"),
-      {"--backend=host", "--listen=127.0.0.1:0", "--gpus=4", "--standby-workers=1",
-       "--preload=", "--arena-bytes=1073741824", "--activation-bytes=16777216",
-       "--socket=" + (dir / "m.sock").string()},
-      (dir / "pswitchd.log").string());
-  if (daemon.port() == 0) {
-    std::fprintf(stderr, "bench-bubbles: pswitchd did not start:\n%s\n", daemon.log().c_str());
-    return 1;
-  }
-  auto client = client::Client::Connect(daemon.address());
-  if (!client.ok()) {
-    std::fprintf(stderr, "bench-bubbles: %s\n", client.status().ToString().c_str());
-    return 1;
-  }
-
-  // The bubble instruction's cost to the main job: one call, measured client-side (no fill job
-  // is placed yet, so the server only records the bubble).
   std::vector<double> call_us;
-  for (int i = 0; i < 2000; ++i) {
-    absl::Time t0 = absl::Now();
-    (void)(*client)->BubbleBegin(3, absl::Milliseconds(1), kFreeBytes);
-    absl::Time t1 = absl::Now();
-    (void)(*client)->BubbleEnd(3);
-    call_us.push_back(absl::ToDoubleMicroseconds(t1 - t0));
-    call_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t1));
-  }
-  std::sort(call_us.begin(), call_us.end());
-
-  std::vector<Config> configs;
-  for (pipeline::ScheduleKind kind :
-       {pipeline::ScheduleKind::kGpipe, pipeline::ScheduleKind::kOneFOneB}) {
-    for (int m : {4, 8}) configs.push_back({kind, m});
-  }
-  struct Row {
-    Config config;
-    MainJobRun without, with, naive;
-    double used = 0, steps_per_s = 0, pause_p50_ms = 0, pause_p99_ms = 0;
-    uint64_t killed = 0;
-  };
-  std::vector<Row> rows;
-  bool jobs_submitted = false;
-  for (const Config& c : configs) {
-    Row row{c};
-    std::fprintf(stderr, "%s, %d micro-batches: ", pipeline::ScheduleKindName(c.schedule).data(),
-                 c.microbatches);
-    auto cycles = Cycles(c);
-    if (!cycles.ok()) {
-      std::fprintf(stderr, "bench-bubbles: %s\n", cycles.status().ToString().c_str());
-      return 1;
-    }
-    for (int s = 0; s < kStages; ++s) {
-      absl::Status registered = (*client)->RegisterBubbleCycle(s, (*cycles)[s]);
-      if (!registered.ok()) {
-        std::fprintf(stderr, "bench-bubbles: %s\n", registered.ToString().c_str());
-        return 1;
+  std::vector<ConfigRuns> all;
+  for (const Config& c : *configs) {
+    std::fprintf(stderr, "%s: starting pswitchd (%d simulated devices)...\n", c.Name().c_str(),
+                 kStages);
+    absl::StatusOr<std::unique_ptr<FillService>> service = FillService::Start(dir, c);
+    if (!service.ok()) return Fail(service.status());
+    if (call_us.empty()) {
+      // The bubble instruction's cost to the main job: one call, measured client-side (no
+      // cycle is registered yet, so the server only records the bubble).
+      for (int i = 0; i < 2000; ++i) {
+        absl::Time t0 = absl::Now();
+        (void)(*service)->client().BubbleBegin(3, absl::Milliseconds(1), kFreeBytes);
+        absl::Time t1 = absl::Now();
+        (void)(*service)->client().BubbleEnd(3);
+        call_us.push_back(absl::ToDoubleMicroseconds(t1 - t0));
+        call_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t1));
       }
     }
-    if (!jobs_submitted) {
-      // One long fill job per device (the scheduler spreads them); they live across configs.
-      for (int s = 0; s < kStages; ++s) {
-        client::FillJobOptions o;
-        o.kind = client::FillKind::kSynthetic;
-        o.synthetic_step = absl::Milliseconds(absl::GetFlag(FLAGS_fill_step_ms));
-        o.steps = 1u << 30;
-        o.memory_bytes = 1 << 20;
-        auto job = (*client)->SubmitFill(o);
-        if (!job.ok()) {
-          std::fprintf(stderr, "bench-bubbles: %s\n", job.status().ToString().c_str());
-          return 1;
-        }
-      }
-      jobs_submitted = true;
-    }
-    std::fprintf(stderr, "without... ");
-    auto without = RunPipetrain(c, iterations, "", json);
-    auto before = (*client)->FillStats();
-    std::fprintf(stderr, "pswitch... ");
-    auto with = RunPipetrain(c, iterations, daemon.address(), json);
-    auto after = (*client)->FillStats();
-    std::fprintf(stderr, "naive...\n");
-    absl::StatusOr<MainJobRun> naive;
-    {
-      NaiveFill fill;
-      naive = RunPipetrain(c, iterations, "", json);
-    }
-    for (const auto* s : {&without, &with, &naive}) {
-      if (!s->ok()) {
-        std::fprintf(stderr, "bench-bubbles: %s\n", s->status().ToString().c_str());
-        return 1;
-      }
-    }
-    if (!before.ok() || !after.ok()) {
-      std::fprintf(stderr, "bench-bubbles: fill stats unavailable\n");
-      return 1;
-    }
-    row.without = *without;
-    row.with = *with;
-    row.naive = *naive;
-    absl::Duration bubble = after->bubble_time - before->bubble_time;
-    absl::Duration used = after->fill_step_time - before->fill_step_time;
-    row.used = bubble > absl::ZeroDuration() ? absl::FDivDuration(used, bubble) : 0;
-    row.steps_per_s = static_cast<double>(after->steps - before->steps) / with->wall_s;
-    row.pause_p50_ms = absl::ToDoubleMilliseconds(after->pause_p50);
-    row.pause_p99_ms = absl::ToDoubleMilliseconds(after->pause_p99);
-    row.killed = after->killed;
-    rows.push_back(row);
+    absl::StatusOr<ConfigRuns> runs = RunConfig(c, arms, repeats, iterations, **service, dir);
+    if (!runs.ok()) return Fail(runs.status());
+    all.push_back(*std::move(runs));
   }
-
-  std::printf(
-      "bench-bubbles: pipetrain, %d stages, simulated compute fwd %.1f ms / bwd %.1f ms per "
-      "micro-batch on host-simulated devices; fill steps %.1f ms; %d measured iterations per run\n",
-      kStages, absl::GetFlag(FLAGS_fwd_ms), absl::GetFlag(FLAGS_bwd_ms),
-      absl::GetFlag(FLAGS_fill_step_ms), iterations);
-  std::printf("bubble instruction: one call costs p50 %.1f us, p99 %.1f us (client-side)\n",
-              call_us[call_us.size() / 2], call_us[call_us.size() * 99 / 100]);
-  std::printf("%-6s %3s %9s %9s %8s %9s %8s %8s %8s %10s %9s %9s\n", "sched", "M", "T_none ms",
-              "T_fill ms", "I", "T_naive", "I_naive", "bubbles", "used", "steps/s", "pause p50",
-              "pause p99");
-  for (const Row& r : rows) {
-    auto increase = [&](const MainJobRun& run) {
-      return Percent(run.iteration_ms / r.without.iteration_ms - 1);
-    };
-    std::printf(
-        "%-6s %3d %9.2f %9.2f %7.2f%% %9.2f %7.2f%% %7.1f%% %7.1f%% %10.1f %7.3fms %7.3fms\n",
-        pipeline::ScheduleKindName(r.config.schedule).data(), r.config.microbatches,
-        r.without.iteration_ms, r.with.iteration_ms, increase(r.with), r.naive.iteration_ms,
-        increase(r.naive), Percent(r.without.bubble_ratio), Percent(r.used), r.steps_per_s,
-        r.pause_p50_ms, r.pause_p99_ms);
+  if (absl::Status reported = Report(all, arms, repeats, iterations, call_us); !reported.ok()) {
+    return Fail(reported);
   }
-  std::printf("targets: I <= 1%% with fill using >= 80%% of bubble time; killed tasks: %llu\n",
-              static_cast<unsigned long long>(rows.empty() ? 0 : rows.back().killed));
   if (std::getenv("BENCH_BUBBLES_KEEP") != nullptr) {
     std::fprintf(stderr, "kept %s\n", dir.c_str());
   } else {
@@ -287,7 +629,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(argc, argv,
-                                 "bench-bubbles [--quick] [--fwd-ms 4] [--bwd-ms 8] "
-                                 "[--fill-step-ms 1] [--iterations 12]");
+                                 "bench-bubbles [--quick] [--repeats 10] [--iterations 12] "
+                                 "[--configs gpipe-4,1f1b-8] [--fwd-ms 4] [--bwd-ms 8] "
+                                 "[--fill-step-ms 1] [--cpu-only-arm=false] [--device cuda]");
   return pswitch::Main();
 }

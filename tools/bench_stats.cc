@@ -1,0 +1,117 @@
+#include "tools/bench_stats.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace pswitch::tools {
+namespace {
+
+absl::Status CheckValues(const std::vector<double>& values, const char* what) {
+  if (values.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no values"));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": value ", i, " is NaN"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// P(Binomial(n, 1/2) <= j), summed in log space so that large n does not underflow 2^-n.
+double BinomialHalfCdf(int n, int j) {
+  double sum = 0;
+  const double log_total = n * std::log(2.0);
+  for (int i = 0; i <= j && i <= n; ++i) {
+    sum += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) -
+                    log_total);
+  }
+  return std::min(sum, 1.0);
+}
+
+}  // namespace
+
+absl::StatusOr<double> Median(std::vector<double> values) {
+  if (absl::Status s = CheckValues(values, "median"); !s.ok()) return s;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+absl::StatusOr<double> Percentile(std::vector<double> values, double p) {
+  if (absl::Status s = CheckValues(values, "percentile"); !s.ok()) return s;
+  if (!(p >= 0 && p <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat("percentile: p must be in [0, 100], got ", p));
+  }
+  std::sort(values.begin(), values.end());
+  const double rank = p / 100 * static_cast<double>(values.size() - 1);
+  const size_t below = static_cast<size_t>(std::floor(rank));
+  const size_t above = std::min(below + 1, values.size() - 1);
+  const double frac = rank - static_cast<double>(below);
+  return values[below] + frac * (values[above] - values[below]);
+}
+
+double OrderStatisticCoverage(int n, int k) {
+  if (n < 1 || k < 1 || 2 * k > n + 1) return 0;
+  return std::max(0.0, 1 - 2 * BinomialHalfCdf(n, k - 1));
+}
+
+absl::StatusOr<MedianInterval> MedianConfidenceInterval(std::vector<double> values, double level) {
+  if (absl::Status s = CheckValues(values, "median interval"); !s.ok()) return s;
+  if (!(level > 0 && level < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("median interval: level must be in (0, 1), got ", level));
+  }
+  std::sort(values.begin(), values.end());
+  const int n = static_cast<int>(values.size());
+  MedianInterval out;
+  out.median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+  // Coverage falls as k grows: take the largest k that still reaches the level.
+  int rank = 1;
+  while (2 * (rank + 1) <= n + 1 && OrderStatisticCoverage(n, rank + 1) >= level) ++rank;
+  out.rank = rank;
+  out.coverage = OrderStatisticCoverage(n, rank);
+  out.reaches_level = out.coverage >= level;
+  out.low = values[rank - 1];
+  out.high = values[n - rank];
+  return out;
+}
+
+absl::StatusOr<std::vector<double>> PairedRelativeIncreases(const std::vector<double>& base,
+                                                            const std::vector<double>& treated) {
+  if (base.size() != treated.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "paired increases: ", base.size(), " base values but ", treated.size(), " treated ones"));
+  }
+  std::vector<double> out;
+  out.reserve(base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    if (!(base[i] > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("paired increases: base value ", i, " is ", base[i], ", not positive"));
+    }
+    out.push_back(treated[i] / base[i] - 1);
+  }
+  return out;
+}
+
+const char* VerdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kMet:
+      return "met";
+    case Verdict::kNotMet:
+      return "not met";
+    case Verdict::kInconclusive:
+      return "inconclusive";
+  }
+  return "?";
+}
+
+Verdict JudgeIncreaseTarget(const MedianInterval& increase, double max_increase, double used,
+                            double min_used) {
+  if (used < min_used || increase.low > max_increase) return Verdict::kNotMet;
+  if (increase.reaches_level && increase.high <= max_increase) return Verdict::kMet;
+  return Verdict::kInconclusive;
+}
+
+}  // namespace pswitch::tools
