@@ -18,6 +18,7 @@
 #include "proto/frame_channel.h"
 #include "proto/memdaemon_generated.h"
 #include "proto/wire_status.h"
+#include "tests/gpu_probe.h"
 
 namespace pswitch::memdaemon {
 namespace {
@@ -56,33 +57,6 @@ gpu::DeviceOptions OptionsFor(gpu::Backend backend) {
   gpu::DeviceOptions options;
   options.backend = backend;
   return options;
-}
-
-// Why `backend` cannot run here, or "" when it can. CUDA is probed in a child process: a
-// process that initialised CUDA cannot fork workers that use it.
-std::string SkipReason(gpu::Backend backend) {
-  if (backend == gpu::Backend::kHost) return "";
-  if (!gpu::CudaBackendBuilt()) return "built without the CUDA backend";
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    auto device = gpu::Device::Open(OptionsFor(backend));
-    std::string why = device.ok() ? "" : std::string(device.status().message());
-    (void)!::write(fds[1], why.data(), why.size());
-    _exit(0);
-  }
-  ::close(fds[1]);
-  std::string why;
-  char buf[256];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) why.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int wstatus = 0;
-  ::waitpid(child, &wstatus, 0);
-  if (!WIFEXITED(wstatus)) return "the CUDA probe crashed";
-  return why.empty() ? "" : "no usable GPU: " + why;
 }
 
 // The worker side. Returns an exit code; never returns into gtest.
@@ -144,7 +118,7 @@ grouping::GroupPlan Groups() { return *grouping::EveryKPlan(kLayers, kGroupSize)
 class MemDaemonIpcTest : public ::testing::TestWithParam<gpu::Backend> {
  protected:
   void SetUp() override {
-    if (std::string why = SkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
+    if (std::string why = e2e::DeviceSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
     dir_ = std::filesystem::temp_directory_path() /
            ("pswitch-ipc-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());

@@ -3,47 +3,24 @@
 #ifndef PSWITCH_TESTS_TEST_DAEMON_H_
 #define PSWITCH_TESTS_TEST_DAEMON_H_
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
 #include <vector>
 
-#include "gpu/device.h"
+#include "tests/gpu_probe.h"
 #include "tools/pswitchd_process.h"
 #include "worker/worker.h"
 
 namespace pswitch::e2e {
 
-// Why pswitchd cannot serve on `backend` here, or "" when it can. The GPU is probed in a child
-// process, so this process never initialises CUDA.
+// Why pswitchd cannot serve on `backend` here, or "" when it can.
 inline std::string BackendSkipReason(gpu::Backend backend) {
-  if (backend == gpu::Backend::kHost) return "";
   if (absl::Status workers = worker::CheckWorkerBackend(backend); !workers.ok()) {
     return std::string(workers.message());
   }
-  int fds[2];
-  if (::pipe(fds) != 0) return "pipe failed";
-  pid_t child = ::fork();
-  if (child == 0) {
-    ::close(fds[0]);
-    gpu::DeviceOptions options;
-    options.backend = backend;
-    auto device = gpu::Device::Open(options);
-    std::string why = device.ok() ? "" : "no usable GPU: " + std::string(device.status().message());
-    (void)!::write(fds[1], why.data(), why.size());
-    _exit(0);
-  }
-  ::close(fds[1]);
-  std::string why;
-  char buf[256];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) why.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int wstatus = 0;
-  ::waitpid(child, &wstatus, 0);
-  return WIFEXITED(wstatus) ? why : "the GPU probe crashed";
+  return DeviceSkipReason(backend);
 }
 
 class TestDaemon {
