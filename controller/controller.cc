@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerO
   }
   uint64_t region_bytes =
       ((free_bytes - activations - state_bytes) / gpus) & ~uint64_t{(1 << 20) - 1};
-  c->catalog_ = std::make_unique<ModelCatalog>(daemon, region_bytes, options.bandwidth_bytes_per_s);
+  c->catalog_ = std::make_unique<ModelCatalog>(daemon, region_bytes, options.auto_plan);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
   for (uint64_t g = 0; g < gpus; ++g) {
     PSWITCH_ASSIGN_OR_RETURN(

@@ -19,8 +19,8 @@ namespace pswitch::controller {
 
 struct ControllerOptions {
   SchedulerOptions scheduler;
-  // The link speed registration profiles assume (host backend: the configured copy cap).
-  double bandwidth_bytes_per_s = 12e9;
+  // Where and at which link speed "auto" plans are profiled.
+  AutoPlanProfile auto_plan;
   uint32_t max_training_iterations = 1'000'000;
   // Arena bytes left outside the weights region for running training tasks' optimizer state
   // (SGD momentum, Adam moments); 0 = a quarter of what the activation leases leave.

@@ -56,10 +56,33 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
   options.batch = request.batch_size;
   options.warmup_runs = 1;
   options.measured_runs = 3;
-  options.bandwidth_cap_bytes_per_s = bandwidth_bytes_per_s_;
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelProfile profile,
-                           models::ProfileModel(model, c10::Device(c10::kCPU), options));
-  model.eval();
+  options.bandwidth_cap_bytes_per_s = auto_plan_.bandwidth_bytes_per_s;
+  options.measured_bandwidth_bytes_per_s = auto_plan_.bandwidth_bytes_per_s;
+  absl::StatusOr<c10::Device> device = models::ResolveDevice(auto_plan_.device);
+  if (!device.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("an \"auto\" plan is profiled on ", auto_plan_.device,
+                     ", the device the workers compute on, and that failed (",
+                     device.status().message(), "); register with a find-grouping plan file"));
+  }
+  models::ModelProfile profile;
+  if (device->is_cuda()) {
+    // A fresh instance: layer times do not depend on the weights, and the registered model
+    // stays on the host where its bytes are collected.
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> probe,
+                             models::CreateModel(request.zoo_model));
+    absl::Status moved =
+        models::CatchTorch("moving the model to the GPU", [&] { probe->to(*device); });
+    absl::StatusOr<models::ModelProfile> measured =
+        moved.ok() ? models::ProfileModel(*probe, *device, options)
+                   : absl::StatusOr<models::ModelProfile>(moved);
+    probe.reset();
+    models::ReleaseCachedDeviceMemory();
+    PSWITCH_ASSIGN_OR_RETURN(profile, std::move(measured));
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(profile, models::ProfileModel(model, *device, options));
+    model.eval();
+  }
   PSWITCH_ASSIGN_OR_RETURN(grouping::Profile grouping_profile,
                            grouping::ParseProfileJson(models::ProfileToJson(profile).dump()));
   PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(grouping_profile));

@@ -40,13 +40,18 @@ struct CatalogEntry {
   uint64_t optimizer_slot_bytes = 0;               // models::OptimizerSlotBytes of the model
 };
 
+// How "auto" plans are profiled: on the device the workers compute on, at the link speed the
+// switch sees (CUDA: measured through the memdaemon's copy engine at start-up).
+struct AutoPlanProfile {
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  double bandwidth_bytes_per_s = 12e9;  // host backend: the configured copy cap, or PCIe 3 x16
+};
+
 // Thread-safe. `*daemon` must outlive the catalog.
 class ModelCatalog {
  public:
-  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, double bandwidth_bytes_per_s)
-      : daemon_(daemon),
-        region_bytes_(region_bytes),
-        bandwidth_bytes_per_s_(bandwidth_bytes_per_s) {}
+  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, AutoPlanProfile auto_plan)
+      : daemon_(daemon), region_bytes_(region_bytes), auto_plan_(std::move(auto_plan)) {}
 
   // Slow (builds and profiles the model): call off the scheduling thread. InvalidArgument for a
   // bad request (unknown zoo model, bad weights or plan), AlreadyExists, ResourceExhausted when
@@ -56,13 +61,14 @@ class ModelCatalog {
   std::vector<const CatalogEntry*> List() const;
 
  private:
-  // The request's plan file, or "auto": a quick profile of `model` and the exact search.
+  // The request's plan file, or "auto": a quick profile (of `model` on the CPU, of a fresh
+  // instance on a GPU) and the exact search.
   absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request, models::ZooModel& model,
                                                int layout_layers, int executed_layers);
 
   memdaemon::MemDaemon* const daemon_;
   const uint64_t region_bytes_;
-  const double bandwidth_bytes_per_s_;
+  const AutoPlanProfile auto_plan_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<CatalogEntry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 #include <torch/optim/sgd.h>
+#ifdef PSWITCH_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -174,7 +177,10 @@ absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
     }
     model.SetGateHook(nullptr);
 
-    if (device.is_cuda()) {
+    if (device.is_cuda() && options.measured_bandwidth_bytes_per_s > 0) {
+      profile.bandwidth_bytes_per_s = options.measured_bandwidth_bytes_per_s;
+      profile.bandwidth_source = "measured at start-up through pswitchd's copy engine";
+    } else if (device.is_cuda()) {
       constexpr int64_t kBandwidthProbeBytes = 256 << 20;
       profile.bandwidth_bytes_per_s =
           kBandwidthProbeBytes / MedianCopySeconds(device, kBandwidthProbeBytes, 5);
@@ -195,6 +201,12 @@ absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
     if (!profile.layers.empty()) profile.layers.back().exec_s += profile.backward_s;
   }
   return profile;
+}
+
+void ReleaseCachedDeviceMemory() {
+#ifdef PSWITCH_TORCH_CUDA
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
 }
 
 nlohmann::json ProfileToJson(const ModelProfile& profile) {

@@ -30,6 +30,9 @@ struct ProfileOptions {
   int measured_runs = 10;
   // Host backend: no device link to measure, so transfers are modelled at this rate (PCIe 3 x16).
   double bandwidth_cap_bytes_per_s = 12e9;
+  // CUDA: the link bandwidth already measured by the caller (pswitchd measures its own copy path
+  // once at start-up); 0 = measure a pinned 256 MiB copy here.
+  double measured_bandwidth_bytes_per_s = 0;
   uint64_t seed = 0;
   // Called with one line of progress per run; may be empty.
   std::function<void(const std::string&)> progress;
@@ -60,6 +63,10 @@ struct ModelProfile {
 // mode; in training mode the SGD steps change its weights. Not thread-safe.
 absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
                                           const ProfileOptions& options);
+
+// Returns the CUDA caching allocator's free blocks to the driver (a no-op without a CUDA
+// libtorch), so a profile run inside pswitchd keeps no device memory outside the arena.
+void ReleaseCachedDeviceMemory();
 
 // The grouping profile JSON: model, bandwidth_bytes_per_s, transfer_overhead_s,
 // group_sync_overhead_s, layers[{name, param_bytes, exec_s}], plus descriptive extras.

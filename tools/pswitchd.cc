@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "controller/client_server.h"
 #include "controller/controller.h"
+#include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
 #include "models/registry.h"
 #include "models/zoo_model.h"
@@ -190,8 +192,23 @@ int Main() {
         !fill_policy.ok() ? fill_policy.status().ToString() : "--fill-grace-ms must be >= 1");
     return 2;
   }
-  if (options.device.copy_bandwidth_bytes_per_s > 0) {
-    controller_options.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
+  if (options.device.backend == gpu::Backend::kCuda) {
+    // Auto plans are made for the link the switch really uses, measured once, and for the
+    // GPU's layer times.
+    memdaemon::LinkProbeOptions probe;
+    probe.bytes = std::min<uint64_t>(probe.bytes, (*daemon)->leases().largest_free_bytes() / 2);
+    absl::StatusOr<double> link = memdaemon::MeasureLinkBandwidth(**daemon, probe);
+    if (!link.ok()) {
+      Log("error", "start_failed", "error=\"measuring the host-to-device link: %s\"",
+          link.status().ToString());
+      return 1;
+    }
+    Log("info", "link_measured", "bandwidth_gb_per_s=%.2f probe_bytes=%d", *link / 1e9,
+        probe.bytes);
+    controller_options.auto_plan.bandwidth_bytes_per_s = *link;
+    controller_options.auto_plan.device = absl::StrCat("cuda:", options.device.device_ordinal);
+  } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
+    controller_options.auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }
   auto controller = controller::Controller::Create(controller_options, daemon->get());
   if (!controller.ok()) {
