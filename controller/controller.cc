@@ -1,53 +1,54 @@
 #include "controller/controller.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
-#include "memdaemon/arena_layout.h"
 #include "proto/status.h"
 
 namespace pswitch::controller {
 
-absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(const ControllerOptions& options,
-                                                               memdaemon::MemDaemon* daemon) {
-  std::unique_ptr<Controller> c(new Controller(options, daemon));
-  // One weights region holds the active model; every worker's views point into it. The rest of
-  // the arena is left for the workers' activation leases and training tasks' optimizer state.
-  if (options.gpus < 1 || options.gpus > 16) {
-    return absl::InvalidArgumentError(absl::StrCat("gpus must be in [1, 16], got ", options.gpus));
-  }
-  if (options.gpus > 1 && daemon->device().backend() != gpu::Backend::kHost) {
+absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
+    const ControllerOptions& options, const std::vector<memdaemon::MemDaemon*>& daemons) {
+  std::unique_ptr<Controller> c(new Controller(options));
+  if (daemons.empty() || daemons.size() > static_cast<size_t>(kMaxGpus)) {
     return absl::InvalidArgumentError(
-        "several GPUs per daemon are simulated on the host backend only; run one pswitchd per "
-        "GPU on CUDA");
+        absl::StrCat("gpus must be in [1, ", kMaxGpus, "], got ", daemons.size()));
   }
-  const uint64_t gpus = static_cast<uint64_t>(options.gpus);
-  uint64_t activations = options.scheduler.spawn.activation_bytes *
-                         static_cast<uint64_t>(options.scheduler.workers) * gpus;
-  uint64_t free_bytes = daemon->leases().largest_free_bytes();
-  uint64_t state_bytes = options.optimizer_state_bytes;
-  if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
-  if (free_bytes <= activations + state_bytes + (1 << 20)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the arena's ", free_bytes, " free bytes cannot hold ", options.scheduler.workers,
-        " activation leases of ", options.scheduler.spawn.activation_bytes, " bytes, ", state_bytes,
-        " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
-        "--activation-bytes / --optimizer-state-bytes)"));
+  // Each GPU's arena holds one weights region (the active model; every worker's views point
+  // into it), its workers' activation leases and training tasks' optimizer state. Every region
+  // has the size of the smallest, so a model that fits one GPU fits them all.
+  const uint64_t activations =
+      options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
+  uint64_t region_bytes = UINT64_MAX;
+  for (size_t g = 0; g < daemons.size(); ++g) {
+    const uint64_t free_bytes = daemons[g]->leases().largest_free_bytes();
+    uint64_t state_bytes = options.optimizer_state_bytes;
+    if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
+    if (free_bytes <= activations + state_bytes + (1 << 20)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "GPU ", g, ": the arena's ", free_bytes, " free bytes cannot hold ",
+          options.scheduler.workers, " activation leases of ",
+          options.scheduler.spawn.activation_bytes, " bytes, ", state_bytes,
+          " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
+          "--activation-bytes / --optimizer-state-bytes)"));
+    }
+    region_bytes = std::min(region_bytes,
+                            (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
   }
-  uint64_t region_bytes =
-      ((free_bytes - activations - state_bytes) / gpus) & ~uint64_t{(1 << 20) - 1};
-  c->catalog_ = std::make_unique<ModelCatalog>(daemon, region_bytes, options.auto_plan);
+  c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.auto_plan);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
-  for (uint64_t g = 0; g < gpus; ++g) {
+  for (size_t g = 0; g < daemons.size(); ++g) {
     PSWITCH_ASSIGN_OR_RETURN(
         memdaemon::Lease region,
-        daemon->leases().Acquire(absl::StrCat("gpu-", g, "-weights-region"), region_bytes));
+        daemons[g]->leases().Acquire(absl::StrCat("gpu-", g, "-weights-region"), region_bytes));
     SchedulerOptions scheduler = options.scheduler;
     scheduler.region_offset = region.offset;
     scheduler.checkpoints = c->checkpoints_;
-    scheduler.slot_base = static_cast<uint32_t>(g * options.scheduler.workers);
-    scheduler.flag_count = static_cast<uint32_t>(memdaemon::kReadyFlagCount / gpus);
-    scheduler.flag_base = static_cast<uint32_t>(g) * scheduler.flag_count;
+    scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();
+    scheduler.spawn.device_ordinal = daemons[g]->device_ordinal();
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<GpuScheduler> s,
-                             GpuScheduler::Start(scheduler, daemon, c->catalog_.get()));
+                             GpuScheduler::Start(scheduler, daemons[g], c->catalog_.get()));
     c->schedulers_.push_back(std::move(s));
   }
   c->registrar_ = std::thread([p = c.get()] { p->RegistrarLoop(); });

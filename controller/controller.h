@@ -25,17 +25,18 @@ struct ControllerOptions {
   // Arena bytes left outside the weights region for running training tasks' optimizer state
   // (SGD momentum, Adam moments); 0 = a quarter of what the activation leases leave.
   uint64_t optimizer_state_bytes = 0;
-  // GPUs this daemon schedules (host backend: simulated devices sharing the arena, each with
-  // its own weights region, workers and flags; CUDA: 1).
-  int gpus = 1;
 };
+
+inline constexpr int kMaxGpus = 16;
 
 // Thread-safe. `*daemon` must outlive the controller.
 class Controller {
  public:
-  // Reserves the weights region and starts the workers.
-  static absl::StatusOr<std::unique_ptr<Controller>> Create(const ControllerOptions& options,
-                                                            memdaemon::MemDaemon* daemon);
+  // One memory daemon per GPU (its arena, flags, copy engine and worker socket). Reserves each
+  // GPU's weights region and starts its workers. Registered weights are pinned once, in GPU 0's
+  // store (portable pinned memory, so every GPU's copy engine reads them).
+  static absl::StatusOr<std::unique_ptr<Controller>> Create(
+      const ControllerOptions& options, const std::vector<memdaemon::MemDaemon*>& daemons);
   ~Controller();
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
@@ -57,12 +58,10 @@ class Controller {
   StateCheckpoints& checkpoints() const { return *checkpoints_; }
 
  private:
-  Controller(const ControllerOptions& options, memdaemon::MemDaemon* daemon)
-      : options_(options), daemon_(daemon) {}
+  explicit Controller(const ControllerOptions& options) : options_(options) {}
   void RegistrarLoop();
 
   const ControllerOptions options_;
-  memdaemon::MemDaemon* const daemon_;
   std::unique_ptr<ModelCatalog> catalog_;
   std::shared_ptr<StateCheckpoints> checkpoints_;
   std::vector<std::unique_ptr<GpuScheduler>> schedulers_;  // one per GPU

@@ -82,9 +82,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
                                                                   memdaemon::MemDaemon* daemon,
                                                                   ModelCatalog* catalog) {
-  if (options.workers < 1 ||
-      options.slot_base + options.workers > static_cast<int>(memdaemon::kDrainFlagCount) ||
-      options.flag_base + options.flag_count > memdaemon::kReadyFlagCount) {
+  if (options.workers < 1 || options.workers > static_cast<int>(memdaemon::kDrainFlagCount)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker count ", options.workers, " out of range [1, ", memdaemon::kDrainFlagCount, "]"));
   }
@@ -166,7 +164,7 @@ void GpuScheduler::Loop() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].reset();
     // Nothing of that worker is in flight any more: no transmission may wait for its drain.
-    (void)daemon_->drain_flags().Store(options_.slot_base + static_cast<uint32_t>(i),
+    (void)daemon_->drain_flags().Store(static_cast<uint32_t>(i),
                                        UINT32_MAX / 2);
   }
   slots_.clear();
@@ -314,7 +312,7 @@ absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
 
 void GpuScheduler::SpawnSlot(int slot) {
   WorkerSpawnOptions spawn = options_.spawn;
-  spawn.worker_id = options_.slot_base + static_cast<uint32_t>(slot);
+  spawn.worker_id = static_cast<uint32_t>(slot);
   Slot& s = *slots_[slot];
   // The drain flag keeps its value across workers: counting on from it keeps every later drain
   // wait meaningful.
@@ -517,7 +515,7 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   const bool was_ready = s.state == Slot::State::kIdle || s.state == Slot::State::kBusy;
   s.state = Slot::State::kDead;
   // Nothing of a dead process is in flight: release whoever waits for its drain.
-  (void)daemon_->drain_flags().Store(options_.slot_base + static_cast<uint32_t>(slot),
+  (void)daemon_->drain_flags().Store(static_cast<uint32_t>(slot),
                                      ++s.drain_value);
   if (running_ != nullptr && running_->slot == slot) {
     uint64_t id = running_->task_id;
@@ -554,7 +552,7 @@ std::optional<uint32_t> GpuScheduler::SendStop(int slot) {
   Slot& s = *slots_[slot];
   uint32_t value = ++s.drain_value;
   Builder b;
-  auto stop = proto::CreateStop(b, options_.slot_base + static_cast<uint32_t>(slot), value);
+  auto stop = proto::CreateStop(b, static_cast<uint32_t>(slot), value);
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
   if (s.process == nullptr || !s.process->Send(b).ok()) return std::nullopt;
   last_stop_sent_ns_ = gpu::MonotonicNowNs();
@@ -757,18 +755,18 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
     if (active_slot_ >= 0 && slots_[active_slot_]->state != Slot::State::kIdle) {
       if (std::optional<uint32_t> value = SendStop(active_slot_)) {
         request.drain =
-            memdaemon::DrainCondition{options_.slot_base + static_cast<uint32_t>(active_slot_),
+            memdaemon::DrainCondition{static_cast<uint32_t>(active_slot_),
                                       *value, options_.drain_timeout};
         drain_slot = active_slot_;
         run.timeline.stop_sent_ns = last_stop_sent_ns_;
       }
     }
-    if (request.groups.size() > options_.flag_count) {
+    if (request.groups.size() > memdaemon::kReadyFlagCount) {
       return absl::ResourceExhaustedError(
           absl::StrCat("model '", spec.model, "' has ", request.groups.size(),
-                       " groups; this GPU has ", options_.flag_count, " ready flags"));
+                       " groups; this GPU has ", memdaemon::kReadyFlagCount, " ready flags"));
     }
-    request.flag_base = options_.flag_base;
+    request.flag_base = 0;
     PSWITCH_ASSIGN_OR_RETURN(run.transmission, transmitter_->Start(request));
     WatchTransmission(run.transmission, ticket.id, drain_slot);
     resident_model_ = spec.model;
@@ -779,7 +777,7 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
   Builder prepare;
   auto last = prepare.CreateVector(entry.group_last_layer);
   auto body = proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_,
-                                   options_.flag_base, last);
+                                   /*flag_base=*/0, last);
   prepare.Finish(
       proto::CreateWorkerCommand(prepare, 0, proto::WorkerCommandBody::Prepare, body.Union()));
   PSWITCH_RETURN_IF_ERROR(s.process->Send(prepare));

@@ -121,12 +121,7 @@ struct SchedulerOptions {
   int workers = 3;  // 1 active + 2 standby
   WorkerSpawnOptions spawn;
   uint64_t region_offset = 0;  // the weights region (a memdaemon lease)
-  // Several schedulers (GPUs) may share one memdaemon: each uses its own drain flags
-  // [slot_base, slot_base + workers) and ready flags [flag_base, flag_base + flag_count).
-  uint32_t slot_base = 0;
-  uint32_t flag_base = 0;
-  uint32_t flag_count = 16384;
-  // Optimizer-state checkpoints, shared by the schedulers of one daemon; null = its own.
+  // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.

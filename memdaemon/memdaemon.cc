@@ -33,6 +33,7 @@ absl::StatusOr<uint64_t> ChooseArenaBytes(gpu::Device& device, const MemDaemonOp
 
 absl::StatusOr<std::unique_ptr<MemDaemon>> MemDaemon::Create(const MemDaemonOptions& options) {
   std::unique_ptr<MemDaemon> d(new MemDaemon());
+  d->device_ordinal_ = options.device.device_ordinal;
   PSWITCH_ASSIGN_OR_RETURN(d->device_, gpu::Device::Open(options.device));
   PSWITCH_ASSIGN_OR_RETURN(uint64_t arena_bytes, ChooseArenaBytes(*d->device_, options));
   PSWITCH_ASSIGN_OR_RETURN(d->arena_, d->device_->CreateArena(arena_bytes));

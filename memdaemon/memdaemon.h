@@ -48,11 +48,13 @@ class MemDaemon {
   gpu::CopyEngine& copy_engine() { return *copy_engine_; }
   // Empty when no server runs.
   std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
+  int device_ordinal() const { return device_ordinal_; }
 
  private:
   MemDaemon() = default;
 
   // Declaration order is destruction order reversed: users of the arena go first.
+  int device_ordinal_ = 0;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<gpu::Arena> arena_;
   std::unique_ptr<gpu::FlagArray> ready_flags_;

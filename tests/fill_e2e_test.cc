@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <iterator>
@@ -358,6 +359,9 @@ TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBu
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_TRUE(registered) << daemon.log();
+  // Each GPU has its own memory daemon, whose socket its workers attach to.
+  EXPECT_TRUE(std::filesystem::is_socket(daemon.dir() / "m.sock"));
+  EXPECT_TRUE(std::filesystem::is_socket(daemon.dir() / "m.sock.1"));
   client::FillJobOptions o;
   o.synthetic_step = absl::Milliseconds(1);
   o.steps = 100000;  // more than the run's bubbles hold: it is still running at the end

@@ -55,8 +55,9 @@ ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
           "moments; checkpointed to host memory while a task is preempted); 0 = a quarter of what "
           "the activation leases leave");
 ABSL_FLAG(int, gpus, 1,
-          "GPUs this daemon schedules; more than 1 simulates several devices on the host "
-          "backend (one per pipeline stage, for fill tasks)");
+          "GPUs this daemon schedules, each with its own arena, copy engine and workers (CUDA: "
+          "devices --device .. --device+N-1; host: simulated devices, e.g. one per pipeline "
+          "stage for fill tasks)");
 ABSL_FLAG(std::string, fill_policy, "fifo", "fill-job policy: fifo, sjf, makespan or deadline");
 ABSL_FLAG(int, fill_grace_ms, 20,
           "a fill task not paused this long after its bubble ends is SIGKILLed");
@@ -166,11 +167,29 @@ int Main() {
   if (options.socket_path.empty()) {
     options.socket_path = absl::StrCat("/tmp/pswitchd-", ::getuid(), ".sock");
   }
-  auto daemon = memdaemon::MemDaemon::Create(options);
-  if (!daemon.ok()) {
-    Log("error", "start_failed", "error=\"%s\"", daemon.status().ToString());
-    return 1;
+  const int gpus = absl::GetFlag(FLAGS_gpus);
+  if (gpus < 1 || gpus > controller::kMaxGpus) {
+    Log("error", "start_failed", "error=\"--gpus must be in [1, %d], got %d\"",
+        controller::kMaxGpus, gpus);
+    return 2;
   }
+  // One memory daemon per GPU: its own arena, flags, copy engine and worker socket (GPU g > 0
+  // gets SOCKET.g). On CUDA, GPU g is device --device + g.
+  std::vector<std::unique_ptr<memdaemon::MemDaemon>> daemons;
+  for (int g = 0; g < gpus; ++g) {
+    memdaemon::MemDaemonOptions gpu_options = options;
+    gpu_options.device.device_ordinal = options.device.device_ordinal + g;
+    if (g > 0) gpu_options.socket_path = absl::StrCat(options.socket_path, ".", g);
+    auto daemon = memdaemon::MemDaemon::Create(gpu_options);
+    if (!daemon.ok()) {
+      Log("error", "start_failed", "gpu=%d error=\"%s\"", g, daemon.status().ToString());
+      return 1;
+    }
+    daemons.push_back(std::move(*daemon));
+  }
+  std::vector<memdaemon::MemDaemon*> daemon_list;
+  for (const auto& d : daemons) daemon_list.push_back(d.get());
+  memdaemon::MemDaemon* const first = daemons.front().get();
   controller::ControllerOptions controller_options;
   controller_options.scheduler.policy = *policy;
   controller_options.scheduler.inference_preempts_training =
@@ -179,13 +198,10 @@ int Main() {
   controller_options.scheduler.spawn.binary = absl::GetFlag(FLAGS_worker_binary).empty()
                                                   ? tools::SiblingBinary("pswitch-worker")
                                                   : absl::GetFlag(FLAGS_worker_binary);
-  controller_options.scheduler.spawn.memdaemon_socket = (*daemon)->socket_path();
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
-  controller_options.scheduler.spawn.device_ordinal = options.device.device_ordinal;
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
-  controller_options.gpus = absl::GetFlag(FLAGS_gpus);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1) {
     Log("error", "start_failed", "error=\"%s\"",
@@ -196,8 +212,9 @@ int Main() {
     // Auto plans are made for the link the switch really uses, measured once, and for the
     // GPU's layer times.
     memdaemon::LinkProbeOptions probe;
-    probe.bytes = std::min<uint64_t>(probe.bytes, (*daemon)->leases().largest_free_bytes() / 2);
-    absl::StatusOr<double> link = memdaemon::MeasureLinkBandwidth(**daemon, probe);
+    // GPU 0's link stands for all: one plan per model serves every GPU.
+    probe.bytes = std::min<uint64_t>(probe.bytes, first->leases().largest_free_bytes() / 2);
+    absl::StatusOr<double> link = memdaemon::MeasureLinkBandwidth(*first, probe);
     if (!link.ok()) {
       Log("error", "start_failed", "error=\"measuring the host-to-device link: %s\"",
           link.status().ToString());
@@ -210,7 +227,7 @@ int Main() {
   } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }
-  auto controller = controller::Controller::Create(controller_options, daemon->get());
+  auto controller = controller::Controller::Create(controller_options, daemon_list);
   if (!controller.ok()) {
     Log("error", "start_failed", "error=\"%s\"", controller.status().ToString());
     return 1;
@@ -227,8 +244,8 @@ int Main() {
     Log("error", "start_failed", "error=\"%s\"", server.status().ToString());
     return 1;
   }
-  Log("info", "started", "device=\"%s\" arena_bytes=%d workers=%d policy=%s port=%d",
-      (*daemon)->device().description(), (*daemon)->arena().size_bytes(), 1 + standby,
+  Log("info", "started", "device=\"%s\" gpus=%d arena_bytes=%d workers=%d policy=%s port=%d",
+      first->device().description(), gpus, first->arena().size_bytes(), 1 + standby,
       controller::PolicyName(*policy), (*server)->port());
   absl::Status preload = Preload(**controller);
   if (!preload.ok()) {
@@ -252,7 +269,7 @@ int Main() {
   controller->reset();
   fill.reset();
   server->reset();
-  daemon->reset();
+  daemons.clear();
   Log("info", "stopped", "exit_code=%d", exit_code);
   return exit_code;
 }
