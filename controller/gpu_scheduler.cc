@@ -129,7 +129,7 @@ void GpuScheduler::Loop() {
                                  std::min({stop_deadline, kill_deadline_, NextRespawn()}))) {
         if (absl::Now() >= stop_deadline) break;
         fn = [this] {
-          if (absl::Now() >= kill_deadline_) EnforcePause();
+          if (absl::Now() >= kill_deadline_) EnforceStop();
           RespawnDue();
         };
       } else {
@@ -139,7 +139,7 @@ void GpuScheduler::Loop() {
     }
     fn();
     // A busy loop must not starve the fill-pause deadline.
-    if (absl::Now() >= kill_deadline_) EnforcePause();
+    if (absl::Now() >= kill_deadline_) EnforceStop();
     if (stopping_) {
       if (stop_deadline == absl::InfiniteFuture()) stop_deadline = absl::Now() + absl::Seconds(30);
       if (running_ == nullptr) break;
@@ -564,6 +564,19 @@ void GpuScheduler::StopRunning() {
   // An unreachable worker is dead; its death event fails the task.
   (void)SendStop(running_->slot);
   running_->stop_sent = true;
+  // A worker that never answers (stopped, or its stream waiting on a flag no one writes) must
+  // not hold the GPU's queue: past the drain deadline it is killed, which fails its task.
+  ArmStopDeadline(running_->task_id, absl::Now() + options_.drain_timeout,
+                  absl::StrCat("killed: the worker did not stop within ",
+                               absl::FormatDuration(options_.drain_timeout),
+                               " of being told to (it did not drain)"));
+}
+
+void GpuScheduler::ArmStopDeadline(uint64_t task, absl::Time deadline, std::string reason) {
+  if (kill_task_ == task && kill_deadline_ <= deadline) return;  // an earlier one stands
+  kill_task_ = task;
+  kill_deadline_ = deadline;
+  kill_reason_ = std::move(reason);
 }
 
 bool GpuScheduler::Usable(int slot, const std::string& model) const {
@@ -609,26 +622,22 @@ void GpuScheduler::EndBubble(absl::Duration grace) {
     }
     if (running_ == nullptr || !specs_.at(running_->task_id).first.fill) return;
     StopRunning();
-    kill_task_ = running_->task_id;
-    kill_grace_ = grace;
-    kill_deadline_ = ended + grace;
+    ArmStopDeadline(running_->task_id, ended + grace,
+                    absl::StrCat("killed: the fill task did not pause within ",
+                                 absl::FormatDuration(grace), " of its bubble's end"));
   });
 }
 
-void GpuScheduler::EnforcePause() {
+void GpuScheduler::EnforceStop() {
   const uint64_t task = kill_task_;
   kill_deadline_ = absl::InfiniteFuture();
   kill_task_ = 0;
-  if (running_ == nullptr || running_->task_id != task) return;  // it paused in time
+  if (running_ == nullptr || running_->task_id != task) return;  // it stopped in time
   Slot& s = *slots_[running_->slot];
   if (s.process == nullptr || s.state == Slot::State::kDead) return;
-  std::fprintf(stderr,
-               "level=warn event=fill_task_killed task=%llu pid=%d reason=\"not paused %.1f ms "
-               "after its bubble ended\"\n",
-               static_cast<unsigned long long>(task), s.process->pid(),
-               absl::ToDoubleMilliseconds(kill_grace_));
-  s.kill_reason = absl::StrCat("killed: the fill task did not pause within ",
-                               absl::FormatDuration(kill_grace_), " of its bubble's end");
+  std::fprintf(stderr, "level=warn event=worker_killed task=%llu pid=%d reason=\"%s\"\n",
+               static_cast<unsigned long long>(task), s.process->pid(), kill_reason_.c_str());
+  s.kill_reason = kill_reason_;
   ::kill(s.process->pid(), SIGKILL);  // its death event fails the run and respawns the worker
 }
 
@@ -851,7 +860,7 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
   outcome.fill_step_time = absl::Nanoseconds(done->step_ns());
   outcome.fill_steps = done->steps();
   outcome.fill_predicted_step = absl::Nanoseconds(done->last_step_ns());
-  if (kill_task_ == run->task_id) {  // it paused in time
+  if (kill_task_ == run->task_id) {  // it stopped in time
     kill_task_ = 0;
     kill_deadline_ = absl::InfiniteFuture();
   }

@@ -238,10 +238,13 @@ class GpuScheduler {
   std::set<uint64_t> cancel_requested_;
   std::unique_ptr<Running> running_;
   std::optional<TaskTicket> fill_pending_;             // a fill run waiting for the GPU
-  absl::Time kill_deadline_ = absl::InfiniteFuture();  // grace end of the fill run to pause
+  absl::Time kill_deadline_ = absl::InfiniteFuture();  // the stopped task's answer is due
   uint64_t kill_task_ = 0;
-  absl::Duration kill_grace_;
-  void EnforcePause();
+  std::string kill_reason_;
+  // A task told to stop (preempted, or a fill run paused at its bubble's end) whose worker has
+  // not answered by `deadline` is SIGKILLed with `reason`; the earliest deadline stands.
+  void ArmStopDeadline(uint64_t task, absl::Time deadline, std::string reason);
+  void EnforceStop();
   int active_slot_ = -1;
   std::string resident_model_;
   int64_t last_stop_sent_ns_ = 0;  // the latest Stop to a worker (CLOCK_MONOTONIC)

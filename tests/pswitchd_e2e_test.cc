@@ -16,6 +16,8 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -387,7 +389,7 @@ TEST_F(PswitchdTest, PhaseMovesFromSwitchingToRunningOnceTheModelIsIn) {
 
 // Waits (bounded) until the daemon has logged `n` workers ready: each is attached to the
 // memdaemon and has loaded the catalog, so its sockets are all open.
-bool AwaitWorkersReady(const Daemon& daemon, size_t n) {
+bool AwaitWorkersReady(const e2e::TestDaemon& daemon, size_t n) {
   for (int i = 0; i < 6000; ++i) {
     std::string log = daemon.log();
     size_t count = 0;
@@ -527,12 +529,14 @@ class PswitchdBackendTest : public ::testing::TestWithParam<gpu::Backend> {
     if (std::string why = e2e::BackendSkipReason(GetParam()); !why.empty()) GTEST_SKIP() << why;
     daemon_ = std::make_unique<e2e::TestDaemon>(std::vector<std::string>{
         "--backend=" + std::string(gpu::BackendName(GetParam())), "--arena-bytes=1073741824",
-        "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2", "--activation-bytes=67108864"});
+        "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2", "--activation-bytes=67108864",
+        absl::StrCat("--drain-timeout-ms=", absl::ToInt64Milliseconds(kDrainTimeout))});
     ASSERT_GT(daemon_->port(), 0) << daemon_->log();
     auto c = client::Client::Connect(daemon_->address());
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
   }
+  static constexpr absl::Duration kDrainTimeout = absl::Seconds(3);
   // cuDNN convolutions use TF32 on Hopper (libtorch's default, kept by the server).
   double Tolerance() const { return GetParam() == gpu::Backend::kHost ? 1e-5 : 2e-3; }
 
@@ -574,6 +578,48 @@ TEST_P(PswitchdBackendTest, TrainingPreemptedByInferenceSwitchesAndBothFinishCor
   EXPECT_EQ(status->iterations_done, options.iterations);
   EXPECT_TRUE(preempted_switch_seen) << "no inference preempted the training task";
   // The daemon serves on after the switches.
+  EXPECT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)}).ok());
+}
+
+// Defect 3 end to end: the tenant never answers its stop (SIGSTOP stands for a stream waiting on
+// a flag no one writes). Within the drain deadline it is killed, which fails its task; the
+// switch then goes on, the inference is answered correctly, a fresh worker replaces the dead one
+// and the daemon serves on.
+TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwitchGoesOn) {
+  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 3)) << daemon_->log();
+  std::future<absl::StatusOr<client::TaskResult>> training =
+      client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
+  int victim = 0;
+  for (int i = 0; i < 2000 && victim == 0; ++i) {
+    for (uint64_t id = 1; id < 16 && victim == 0; ++id) {
+      auto status = client_->Status(id);
+      if (status.ok() && status->worker_pid > 0 && status->state == client::TaskState::kRunning) {
+        victim = status->worker_pid;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(victim, 0) << daemon_->log();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  absl::Cleanup reap = [victim] { ::kill(victim, SIGKILL); };
+
+  proto::HostTensor in = Input("tiny_mlp", 7);
+  const absl::Time start = absl::Now();
+  auto out = client_->Infer("tiny_mlp", {in});
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(out.ok()) << out.status() << daemon_->log();
+  EXPECT_GE(took, kDrainTimeout) << "the tenant had its deadline";
+  EXPECT_LT(took, kDrainTimeout + absl::Seconds(20)) << "and no more";
+  std::vector<float> expected = Reference("tiny_mlp", in);
+  std::vector<float> got = Floats(out->outputs[0]);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t k = 0; k < got.size(); ++k) ASSERT_NEAR(got[k], expected[k], Tolerance()) << k;
+
+  auto trained = training.get();
+  ASSERT_FALSE(trained.ok());
+  EXPECT_THAT(trained.status().message(), HasSubstr("did not stop within")) << trained.status();
+  EXPECT_THAT(daemon_->log(), HasSubstr("event=worker_killed"));
+  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 4)) << "a fresh worker replaces it\n" << daemon_->log();
   EXPECT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)}).ok());
 }
 

@@ -59,6 +59,9 @@ ABSL_FLAG(int, gpus, 1,
           "devices --device .. --device+N-1; host: simulated devices, e.g. one per pipeline "
           "stage for fill tasks)");
 ABSL_FLAG(std::string, fill_policy, "fifo", "fill-job policy: fifo, sjf, makespan or deadline");
+ABSL_FLAG(int, drain_timeout_ms, 30000,
+          "a worker told to stop that has not drained this long into a switch is killed and "
+          "replaced, and the switch fails (its stream may wait on a flag no one will write)");
 ABSL_FLAG(int, fill_grace_ms, 20,
           "a fill task not paused this long after its bubble ends is SIGKILLed");
 ABSL_FLAG(bool, fill_device_lock, true,
@@ -203,11 +206,16 @@ int Main() {
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
-  if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1) {
+  if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
+      absl::GetFlag(FLAGS_drain_timeout_ms) < 1) {
     Log("error", "start_failed", "error=\"%s\"",
-        !fill_policy.ok() ? fill_policy.status().ToString() : "--fill-grace-ms must be >= 1");
+        !fill_policy.ok()                        ? fill_policy.status().ToString()
+        : absl::GetFlag(FLAGS_fill_grace_ms) < 1 ? "--fill-grace-ms must be >= 1"
+                                                 : "--drain-timeout-ms must be >= 1");
     return 2;
   }
+  controller_options.scheduler.drain_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
   if (options.device.backend == gpu::Backend::kCuda) {
     // Auto plans are made for the link the switch really uses, measured once, and for the
     // GPU's layer times.
