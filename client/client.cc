@@ -423,18 +423,23 @@ absl::Status Client::SendBubble(const std::function<void(Builder&, uint64_t)>& b
     absl::MutexLock lock(&bubble_mu_);
     if (!bubble_error_.ok()) return bubble_error_;
   }
-  connection_->Call(build, [this](const absl::StatusOr<const ControllerReply*>& reply) {
+  // The reply's error belongs to the next bubble call, however fast it arrives; only a failure
+  // to send at all (the callback runs on this thread, inside Call) is this call's own.
+  const std::thread::id caller = std::this_thread::get_id();
+  auto send_error = std::make_shared<absl::Status>();
+  connection_->Call(build, [this, caller, send_error](
+                               const absl::StatusOr<const ControllerReply*>& reply) {
     absl::Status error = !reply.ok()                                           ? reply.status()
                          : (*reply)->body_type() == ControllerReplyBody::Error ? ReplyError(*reply)
                                                                                : absl::OkStatus();
     if (!error.ok()) {
       absl::MutexLock lock(&bubble_mu_);
       if (bubble_error_.ok()) bubble_error_ = error;
+      if (std::this_thread::get_id() == caller) *send_error = error;
     }
     return true;
   });
-  absl::MutexLock lock(&bubble_mu_);
-  return bubble_error_;  // set already when the connection was closed
+  return *send_error;
 }
 
 absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes) {
