@@ -15,21 +15,20 @@ absl::Status StageCompute::AddTiedGradient(const WireTensor&) {
 }
 
 SimulatedCompute::SimulatedCompute(std::optional<StageCost> cost,
-                                   std::unique_ptr<StageCompute> source, int64_t message_floats)
-    : message_floats_(message_floats), cost_(cost), source_(std::move(source)) {}
+                                   std::unique_ptr<StageCompute> source, TensorSpec message)
+    : message_(std::move(message)), cost_(cost), source_(std::move(source)) {}
 
 std::unique_ptr<SimulatedCompute> SimulatedCompute::WithCost(const StageCost& cost,
-                                                             int64_t message_floats) {
-  return std::unique_ptr<SimulatedCompute>(new SimulatedCompute(cost, nullptr, message_floats));
+                                                             TensorSpec message) {
+  return std::unique_ptr<SimulatedCompute>(
+      new SimulatedCompute(cost, nullptr, std::move(message)));
 }
 
 std::unique_ptr<SimulatedCompute> SimulatedCompute::ProfiledFrom(
-    std::unique_ptr<StageCompute> source, int64_t message_floats) {
+    std::unique_ptr<StageCompute> source, TensorSpec message) {
   return std::unique_ptr<SimulatedCompute>(
-      new SimulatedCompute(std::nullopt, std::move(source), message_floats));
+      new SimulatedCompute(std::nullopt, std::move(source), std::move(message)));
 }
-
-TensorSpec SimulatedCompute::InputSpec() const { return {WireDType::kF32, {message_floats_}}; }
 
 absl::StatusOr<StageCost> SimulatedCompute::Profile() {
   if (!cost_) {
@@ -47,11 +46,16 @@ absl::Status SimulatedCompute::StartIteration(int) {
 }
 
 WireTensor SimulatedCompute::Message(int microbatch) const {
-  WireTensor t{
-      WireDType::kF32, {message_floats_}, std::vector<uint8_t>(message_floats_ * sizeof(float))};
-  const float value = static_cast<float>(microbatch);
-  for (int64_t i = 0; i < message_floats_; ++i) {
-    std::memcpy(t.data.data() + i * sizeof(float), &value, sizeof(float));
+  int64_t elements = 1;
+  for (int64_t d : message_.shape) elements *= d;
+  WireTensor t{message_.dtype, message_.shape,
+               std::vector<uint8_t>(static_cast<size_t>(elements) * WireDTypeBytes(message_.dtype))};
+  // f32 messages carry the micro-batch index, so a test can see which one arrived.
+  if (message_.dtype == WireDType::kF32) {
+    const float value = static_cast<float>(microbatch);
+    for (int64_t i = 0; i < elements; ++i) {
+      std::memcpy(t.data.data() + i * sizeof(float), &value, sizeof(float));
+    }
   }
   return t;
 }

@@ -56,16 +56,20 @@ class StageCompute {
 // waits between stages are real idle time even with fewer cores than stages.
 class SimulatedCompute final : public StageCompute {
  public:
-  // Ops cost `cost`; messages are f32[message_floats].
+  // What simulated stages pass along when nothing real is beside them.
+  static TensorSpec DefaultMessage() { return {WireDType::kF32, {256}}; }
+
+  // Ops cost `cost`; messages (activations both ways, gradients) are zero-filled `message`
+  // tensors: a real stage beside simulated ones needs its own activation's shape.
   static std::unique_ptr<SimulatedCompute> WithCost(const StageCost& cost,
-                                                    int64_t message_floats = 256);
+                                                    TensorSpec message = DefaultMessage());
   // Ops cost what `source->Profile()` measures on the first Profile() call (the real stage's
   // costs); `source` is released right after.
   static std::unique_ptr<SimulatedCompute> ProfiledFrom(std::unique_ptr<StageCompute> source,
-                                                        int64_t message_floats = 256);
+                                                        TensorSpec message = DefaultMessage());
 
-  TensorSpec InputSpec() const override;
-  TensorSpec OutputSpec() const override { return InputSpec(); }
+  TensorSpec InputSpec() const override { return message_; }
+  TensorSpec OutputSpec() const override { return message_; }
   absl::StatusOr<StageCost> Profile() override;
   absl::Status StartIteration(int iteration) override;
   absl::StatusOr<WireTensor> Forward(int microbatch, WireTensor input) override;
@@ -74,10 +78,10 @@ class SimulatedCompute final : public StageCompute {
 
  private:
   SimulatedCompute(std::optional<StageCost> cost, std::unique_ptr<StageCompute> source,
-                   int64_t message_floats);
+                   TensorSpec message);
   WireTensor Message(int microbatch) const;
 
-  const int64_t message_floats_;
+  const TensorSpec message_;
   std::optional<StageCost> cost_;  // unset until the source has been profiled
   std::unique_ptr<StageCompute> source_;
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -130,6 +131,25 @@ PipelineOptions ProcessOptions(int stages, int microbatches) {
   return options;
 }
 
+// Beside a real stage, a simulated one must send the real activation's shape both ways.
+TEST(SimulatedComputeTest, MessagesHaveTheGivenShapeAndCarryTheMicrobatch) {
+  auto compute = SimulatedCompute::WithCost({absl::Microseconds(1), absl::Microseconds(1)},
+                                            TensorSpec{WireDType::kF32, {2, 3, 4}});
+  ASSERT_TRUE(compute->Profile().ok());
+  ASSERT_TRUE(compute->StartIteration(0).ok());
+  EXPECT_EQ(compute->InputSpec().shape, (std::vector<int64_t>{2, 3, 4}));
+  for (bool forward : {true, false}) {
+    absl::StatusOr<WireTensor> out =
+        forward ? compute->Forward(5, WireTensor{}) : compute->Backward(5, WireTensor{});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->shape, (std::vector<int64_t>{2, 3, 4}));
+    ASSERT_EQ(out->data.size(), 24 * sizeof(float));
+    float last = 0;
+    std::memcpy(&last, out->data.data() + 23 * sizeof(float), sizeof(float));
+    EXPECT_EQ(last, 5.0f);
+  }
+}
+
 TEST(StageProcessTest, ProcessesRunAndAreReaped) {
   auto report = RunPipeline(ProcessOptions(3, 3),
                             SimulatedStage({absl::Milliseconds(1), absl::Milliseconds(2)}));
@@ -194,7 +214,8 @@ TEST(StageProcessTest, SetupErrorIsReportedWithTheStage) {
 absl::Status RunMismatched(int64_t sent, int64_t expected) {
   StageMain body = [=](StageConfig config, StageLinks& links) -> absl::Status {
     auto compute = SimulatedCompute::WithCost({absl::Milliseconds(1), absl::Milliseconds(1)},
-                                              config.stage == 0 ? sent : expected);
+                                              TensorSpec{WireDType::kF32,
+                                                         {config.stage == 0 ? sent : expected}});
     NullReporter reporter;
     return ServeStage(config, links, *compute, reporter);
   };

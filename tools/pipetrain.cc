@@ -15,13 +15,17 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "fill/bubble_cycle.h"
 #include "gpu/copy_engine.h"
@@ -62,6 +66,9 @@ ABSL_FLAG(double, timeout_s, 60, "longest wait of a stage for one message");
 ABSL_FLAG(std::string, json, "", "write the measurements as JSON to this path");
 ABSL_FLAG(int, crash_stage, -1, "testing aid: this stage kills itself at --crash-iteration");
 ABSL_FLAG(int, crash_iteration, 0, "testing aid: see --crash-stage");
+ABSL_FLAG(std::vector<std::string>, real_stages, {},
+          "with --simulated-compute: these stages (e.g. 0) compute the real GPT-2 stage on "
+          "--device while the others are simulated, so one GPU idles in its stage's bubbles");
 ABSL_FLAG(std::string, device, "cpu",
           "real compute: cpu, or cuda / cuda:N (every stage on that GPU when one is shared)");
 ABSL_FLAG(std::string, server, "",
@@ -217,6 +224,28 @@ Gpt2StageOptions Gpt2Options(int stage) {
 
 bool FixedCosts() { return absl::GetFlag(FLAGS_fwd_ms) > 0; }
 
+// --real-stages as indices (validated by OptionsFromFlags).
+std::vector<int> RealStages() {
+  std::vector<int> out;
+  for (const std::string& s : absl::GetFlag(FLAGS_real_stages)) {
+    int stage = -1;
+    if (absl::SimpleAtoi(s, &stage)) out.push_back(stage);
+  }
+  return out;
+}
+
+bool IsRealStage(int stage) {
+  const std::vector<int> real = RealStages();
+  return std::find(real.begin(), real.end(), stage) != real.end();
+}
+
+// The activation every GPT-2 stage sends and receives: f32[micro-batch, tokens, width].
+TensorSpec Gpt2ActivationSpec() {
+  return {WireDType::kF32,
+          {absl::GetFlag(FLAGS_microbatch_size), absl::GetFlag(FLAGS_seq_len),
+           absl::GetFlag(FLAGS_n_embd)}};
+}
+
 absl::Status PinToCore(int stage) {
   cpu_set_t allowed;
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
@@ -244,19 +273,24 @@ absl::Status StageBody(StageConfig config, StageLinks& links) {
   }
   if (absl::GetFlag(FLAGS_pin_cores)) PSWITCH_RETURN_IF_ERROR(PinToCore(stage));
   std::unique_ptr<StageCompute> compute;
-  if (absl::GetFlag(FLAGS_simulated_compute) && FixedCosts()) {
+  const bool real = !absl::GetFlag(FLAGS_simulated_compute) || IsRealStage(stage);
+  // Beside a real stage, simulated ones pass messages of its activation's shape.
+  const TensorSpec message = RealStages().empty() ? SimulatedCompute::DefaultMessage()
+                                                  : Gpt2ActivationSpec();
+  if (!real && FixedCosts()) {
     compute = SimulatedCompute::WithCost({absl::Milliseconds(absl::GetFlag(FLAGS_fwd_ms)),
-                                          absl::Milliseconds(absl::GetFlag(FLAGS_bwd_ms))});
+                                          absl::Milliseconds(absl::GetFlag(FLAGS_bwd_ms))},
+                                         message);
   } else {
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<Gpt2StageCompute> gpt2,
                              Gpt2StageCompute::Create(Gpt2Options(stage)));
-    if (absl::GetFlag(FLAGS_simulated_compute)) {
-      compute = SimulatedCompute::ProfiledFrom(std::move(gpt2));
+    if (!real) {
+      compute = SimulatedCompute::ProfiledFrom(std::move(gpt2), message);
     } else {
       compute = std::move(gpt2);
     }
   }
-  if (absl::GetFlag(FLAGS_simulated_compute) && absl::GetFlag(FLAGS_device_lock)) {
+  if (!real && absl::GetFlag(FLAGS_device_lock)) {
     PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock,
                              gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(stage)));
     compute = std::make_unique<DeviceLockedCompute>(std::move(compute), std::move(lock));
@@ -283,6 +317,17 @@ absl::StatusOr<PipelineOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or cuda:N, got '",
                                                    absl::GetFlag(FLAGS_device), "'"));
   }
+  for (const std::string& s : absl::GetFlag(FLAGS_real_stages)) {
+    int stage = -1;
+    if (!absl::SimpleAtoi(s, &stage) || stage < 0 || stage >= o.stages) {
+      return absl::InvalidArgumentError(absl::StrCat("--real-stages: '", s,
+                                                     "' is not a stage in [0, ", o.stages, ")"));
+    }
+  }
+  if (!absl::GetFlag(FLAGS_real_stages).empty() && !simulated) {
+    return absl::InvalidArgumentError(
+        "--real-stages picks the real ones among simulated stages: add --simulated-compute");
+  }
   const double fwd = absl::GetFlag(FLAGS_fwd_ms), bwd = absl::GetFlag(FLAGS_bwd_ms);
   if (fwd < 0 || bwd < 0) return absl::InvalidArgumentError("--fwd-ms/--bwd-ms must be >= 0");
   if ((fwd > 0) != (bwd > 0)) {
@@ -293,7 +338,7 @@ absl::StatusOr<PipelineOptions> OptionsFromFlags() {
   }
   // Real compute (or profiling it) needs a model that splits: checked here so the error is one
   // line, not one per stage.
-  if (!(simulated && fwd > 0)) {
+  if (!(simulated && fwd > 0) || !absl::GetFlag(FLAGS_real_stages).empty()) {
     if (absl::GetFlag(FLAGS_n_layer) < o.stages) {
       return absl::InvalidArgumentError(absl::StrCat("--n-layer ", absl::GetFlag(FLAGS_n_layer),
                                                      " is less than --stages ", o.stages,
@@ -324,10 +369,16 @@ std::string ModeDescription() {
                       absl::GetFlag(FLAGS_n_layer), absl::GetFlag(FLAGS_n_embd),
                       absl::GetFlag(FLAGS_seq_len), absl::GetFlag(FLAGS_microbatch_size));
   if (!absl::GetFlag(FLAGS_simulated_compute)) return absl::StrCat("real compute (", model, ")");
-  if (FixedCosts()) {
-    return absl::StrFormat("simulated compute (fwd %.2f ms, bwd %.2f ms)",
-                           absl::GetFlag(FLAGS_fwd_ms), absl::GetFlag(FLAGS_bwd_ms));
+  std::string real;
+  if (!RealStages().empty()) {
+    real = absl::StrCat("; stages ", absl::StrJoin(absl::GetFlag(FLAGS_real_stages), ","),
+                        " real (", model, " on ", absl::GetFlag(FLAGS_device), ")");
   }
+  if (FixedCosts()) {
+    return absl::StrFormat("simulated compute (fwd %.2f ms, bwd %.2f ms%s)",
+                           absl::GetFlag(FLAGS_fwd_ms), absl::GetFlag(FLAGS_bwd_ms), real);
+  }
+  if (!real.empty()) return absl::StrCat("simulated compute (costs profiled on ", model, real, ")");
   return absl::StrCat("simulated compute (costs profiled on ", model, ")");
 }
 

@@ -426,6 +426,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   TrainProgress progress{run.first_iteration(), false, 0, 0, 0};
   absl::Status status;
   bool gated = false;  // a model ran behind its ready flags
+  int groups_gated = 0;  // groups whose gate this task passed (on CUDA: whose wait it enqueued)
   std::unique_ptr<FillSteps> fill;
   if (run.fill() != nullptr) {
     absl::StatusOr<std::unique_ptr<FillSteps>> steps =
@@ -524,6 +525,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       status = torch_status;
     }
     bound.model().SetGateHook(nullptr);
+    groups_gated = waited_group + 1;
   }
 #ifdef PSWITCH_WORKER_CUDA
   // The task's synchronisation point: its final weights (and optimizer state) are in the arena
@@ -543,13 +545,13 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       if (!marks->empty()) progress.first_layer_start_ns = (*marks)[0];
       if (marks->size() > 1) progress.first_layer_done_ns = (*marks)[1];
     }
-    // The device released its waits at >= the epoch: insist that every group really holds this
-    // switch's epoch, or the task ran (partly) on an earlier model's weights.
+    // The device released its waits at >= the epoch: insist that every group the task went
+    // through really holds this switch's epoch, or it ran (partly) on an earlier model's
+    // weights. A task stopped early (preempted mid-switch) never reached the later groups, whose
+    // copy a newer switch may have cancelled: those are not its concern.
     if (status.ok()) {
-      uint32_t groups = 0;
-      for (uint32_t g : gate_.group_of_layer) groups = std::max(groups, g + 1);
-      status = gpu::CheckGroupsHoldEpoch(arena_->ready_flags(), gate_.flag_base, groups,
-                                         gate_.epoch);
+      status = gpu::CheckGroupsHoldEpoch(arena_->ready_flags(), gate_.flag_base,
+                                         static_cast<uint32_t>(groups_gated), gate_.epoch);
       if (!status.ok()) outputs.clear();
     }
   }
