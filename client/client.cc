@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <sys/socket.h>
+#include <time.h>
 
 #include <functional>
 #include <thread>
@@ -442,11 +443,17 @@ absl::Status Client::SendBubble(const std::function<void(Builder&, uint64_t)>& b
   return *send_error;
 }
 
-absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes) {
+absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes,
+                                 int64_t began_ns) {
+  if (began_ns == 0) {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    began_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+  }
   const uint64_t us =
       static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(expected), 0));
   return SendBubble([=](Builder& b, uint64_t id) {
-    auto body = proto::CreateBubbleBegin(b, gpu, us, free_bytes);
+    auto body = proto::CreateBubbleBegin(b, gpu, us, free_bytes, began_ns);
     b.Finish(
         proto::CreateClientRequest(b, id, proto::ClientRequestBody::BubbleBegin, body.Union()));
   });

@@ -174,8 +174,11 @@ class Client {
 
   // The bubble instruction, called by the main job around each idle wait of GPU (stage) `gpu`.
   // One send each: the call does not wait for the server. A failure (connection lost, an error
-  // reply) is returned by this and every later bubble call.
-  absl::Status BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes);
+  // reply) is returned by this and every later bubble call. `began_ns`: when the bubble began
+  // (CLOCK_MONOTONIC on this node; 0: now); the server ends it `expected` after that, so a
+  // message handled late gives fill work less time, never more.
+  absl::Status BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes,
+                           int64_t began_ns = 0);
   absl::Status BubbleEnd(uint32_t gpu);
   // The GPU's repeating bubble cycle (fill/bubble_cycle.h JSON), measured by profiling.
   // `origin_ns`: CLOCK_MONOTONIC time of one iteration's start (0: the time of registration),

@@ -92,7 +92,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         return conn.Send(AckOrError(
             id, fill_->BubbleBegin(static_cast<int>(begin->gpu()),
                                    absl::Microseconds(static_cast<int64_t>(us)),
-                                   begin->free_bytes())));
+                                   begin->free_bytes(), begin->began_ns())));
       }
       case proto::ClientRequestBody::BubbleEnd:
         return conn.Send(AckOrError(

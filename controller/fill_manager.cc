@@ -258,7 +258,7 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
                job.error.ok() ? "" : job.error.ToString().c_str());
 }
 
-TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, absl::Duration expected,
+TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                               uint64_t free_bytes) const {
   TaskSpec spec;
   const FillRequest& r = job.request;
@@ -268,7 +268,7 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, absl::Durati
   spec.seed = r.seed;
   spec.trainer.momentum = 0.9;
   FillRunSpec f;
-  f.bubble_end_ns = gpu::MonotonicNowNs() + absl::ToInt64Nanoseconds(expected);
+  f.bubble_end_ns = bubble_end_ns;
   f.margin = options_.margin;
   f.step = job.predicted_step;
   f.memory_cap = std::min<uint64_t>(r.memory_bytes, free_bytes);
@@ -284,8 +284,17 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, absl::Durati
   return spec;
 }
 
-absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes) {
+absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
+                                      int64_t began_ns) {
   PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
+  const int64_t arrival_ns = gpu::MonotonicNowNs();
+  // A little slack for the two processes reading the clock; more is another host's clock.
+  if (began_ns > arrival_ns + 1'000'000) {
+    return absl::InvalidArgumentError(
+        "bubble began_ns lies in the future: it must be this node's CLOCK_MONOTONIC");
+  }
+  const int64_t bubble_end_ns =
+      (began_ns > 0 ? began_ns : arrival_ns) + absl::ToInt64Nanoseconds(expected);
   absl::MutexLock lock(&mu_);
   GpuState& g = gpus_[gpu];
   const absl::Time now = absl::Now();
@@ -302,8 +311,10 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   Job& job = jobs_.at(id);
   // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
   // even one step would fit: switching it in would only cost copies.
+  // What is left of the bubble when the message is handled, not what it was when it began.
+  const absl::Duration left = absl::Nanoseconds(bubble_end_ns - arrival_ns);
   if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes ||
-      expected <= job.predicted_step + options_.margin) {
+      left <= job.predicted_step + options_.margin) {
     return absl::OkStatus();
   }
   Transition(id, job, fill::FillEvent::kStart);
@@ -312,7 +323,7 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   g.run_done = false;
   g.ended = false;
   controller_->gpu(gpu).SubmitFill(
-      RunSpec(id, job, gpu, expected, free_bytes),
+      RunSpec(id, job, gpu, bubble_end_ns, free_bytes),
       [this, gpu, id](const absl::StatusOr<TaskOutcome>& outcome) { OnRunDone(gpu, id, outcome); });
   return absl::OkStatus();
 }

@@ -93,7 +93,10 @@ class FillManager {
   absl::Status Cancel(uint64_t job_id);
   absl::StatusOr<FillJobStatus> Query(uint64_t job_id) const;
   // InvalidArgument for a GPU this daemon does not have.
-  absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes);
+  // `began_ns`: CLOCK_MONOTONIC time the bubble began at the main job (0: now); the bubble ends
+  // `expected` after it, so a late message leaves the fill run less time, never more.
+  absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
+                           int64_t began_ns = 0);
   absl::Status BubbleEnd(int gpu);
   FillStats Stats() const;
 
@@ -135,7 +138,7 @@ class FillManager {
   void OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome);
   void Stop(uint64_t id, Job& job, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPause(GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, absl::Duration expected,
+  TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                    uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Controller* const controller_;

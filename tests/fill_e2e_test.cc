@@ -174,6 +174,49 @@ TEST_F(FillTest, EstimateSubmitsNothingCancelStopsAJobAndBadBubblesAreErrors) {
   EXPECT_EQ(stats->steps, 0u);
 
   // Bubble calls do not wait for their reply; the error surfaces on the next bubble call.
+  // A bubble that began in the future is another host's clock.
+  ASSERT_TRUE(client_->BubbleBegin(0, absl::Milliseconds(5), kFreeBytes,
+                                   gpu::MonotonicNowNs() + 1'000'000'000)
+                  .ok());
+  ASSERT_TRUE(client_->FillStats().ok());
+  absl::Status future = client_->BubbleEnd(0);
+  EXPECT_EQ(future.code(), absl::StatusCode::kInvalidArgument) << future;
+  EXPECT_THAT(std::string(future.message()), HasSubstr("future"));
+}
+
+// The bubble ends `expected` after it began at the main job, not after the server handled its
+// message: a message handled after its bubble is over starts nothing.
+TEST_F(FillTest, ABubbleMessageHandledAfterItsBubbleEndedStartsNoFillStep) {
+  RegisterCycle(absl::Milliseconds(20));
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(2);
+  o.steps = 1000;
+  o.memory_bytes = 1 << 20;
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  // On time: the job runs in its bubbles (once its worker is up).
+  uint64_t runs = 0;
+  for (int i = 0; i < 200 && runs < 3; ++i) {
+    Iteration(absl::Milliseconds(20), absl::Milliseconds(2));
+    auto status = client_->FillStatus(job->job_id);
+    ASSERT_TRUE(status.ok()) << status.status();
+    runs = status->bubbles;
+  }
+  ASSERT_GE(runs, 3u) << daemon_->log();
+  // The same bubbles, their messages handled 30 ms after they began: no run starts.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(client_->BubbleBegin(0, absl::Milliseconds(20), kFreeBytes,
+                                     gpu::MonotonicNowNs() - 30'000'000)
+                    .ok());
+    absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_TRUE(client_->BubbleEnd(0).ok());
+  }
+  auto late = client_->FillStatus(job->job_id);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->bubbles, runs) << daemon_->log();
+}
+
+TEST_F(FillTest, BubblesOfAMissingGpuAreErrors) {
   EXPECT_TRUE(client_->BubbleBegin(7, absl::Milliseconds(5), kFreeBytes).ok());
   ASSERT_TRUE(client_->FillStats().ok());  // a round trip: the error reply has arrived
   absl::Status later = client_->BubbleEnd(0);

@@ -298,16 +298,17 @@ cmd_bubbles() {
   trap bubbles_cleanup EXIT
   sample_memory bubbles &
   sampler_pid=$!
-  # The main job. By default every stage simulates its compute (a timed wait), so the GPU is
-  # really idle in stage 0's bubbles and only fill work runs on it; PSWITCH_VALIDATE_MAIN_ARGS
-  # replaces these flags (e.g. real compute once pipetrain can put only stage 0 on the GPU).
+  # The main job: stage 0 computes its GPT-2 stage on this GPU; the other stages simulate theirs
+  # (timed waits at their profiled costs), so the GPU really idles in stage 0's bubbles and only
+  # fill work runs on it then. PSWITCH_VALIDATE_MAIN_ARGS replaces these flags.
   local mode_args
-  read -r -a mode_args <<<"${PSWITCH_VALIDATE_MAIN_ARGS:---simulated-compute --fwd-ms=$fwd --bwd-ms=$bwd}"
+  read -r -a mode_args <<<"${PSWITCH_VALIDATE_MAIN_ARGS:---simulated-compute --real-stages=0 --device=cuda --n-layer=8 --n-embd=1024 --n-head=16 --seq-len=256 --microbatch-size=8}"
   local main_args=(--stages="$stages" --microbatches="$mb" --schedule=gpipe --warmup=3
     --iterations="$iters" --bubble-free-bytes="$free" "${mode_args[@]}")
   echo "main job: pipetrain ${main_args[*]}"
-  # Stage 0's cycle in GPipe as predicted from the costs (pipetrain registers the one it measures
-  # over its warm-up): forward M*f, one bubble of (S-1)(f+b), backward; period (M+S-1)(f+b).
+  # A first guess at stage 0's GPipe cycle, so the fill job can be placed before the main job
+  # starts: forward M*f, one bubble of (S-1)(f+b), backward; period (M+S-1)(f+b). pipetrain
+  # replaces it with the cycle it measures over its warm-up.
   local us=1000000
   printf '{"period_ns": %d, "bubbles": [{"offset_ns": %d, "duration_ns": %d, "free_bytes": %d}]}\n' \
     $(((mb + stages - 1) * (fwd + bwd) * us)) $((mb * fwd * us)) $(((stages - 1) * (fwd + bwd) * us)) \
@@ -399,11 +400,11 @@ for kind in ("resnet50-training", "bert_base-inference"):
     alone = statistics.median(a for a, _ in pairs)
     used = float(stats.get("used", 0))
     p50, p99 = float(stats.get("pause_p50_ms", 0)), float(stats.get("pause_p99_ms", 0))
-    # GPipe's stage 0 has one bubble per iteration: had stage 0 computed on the GPU, a fill
-    # step still running after the bubble's end would have delayed it by about the pause latency.
+    # GPipe's stage 0 has one bubble per iteration: a fill step still running after the bubble's
+    # end delays stage 0's backward by about the pause latency.
     bound = 100 * p99 / alone
     met = inc <= 1 and used >= 80
-    main = "custom main job" if custom else "simulated stages, GPU idle in stage 0's bubbles"
+    main = "custom main job" if custom else "stage 0 real GPT-2 on the GPU, others simulated"
     print(f"FIG bubbles gpipe-8 stage 0 + {kind} b8 ({main}): iteration {alone:.1f} ms alone, "
           f"{inc:+.2f} % with fill (rounds {', '.join(f'{i:+.2f}' for i in increases)} %), "
           f"bubble time used {used:.1f} %, {int(float(stats.get('steps', 0)))} steps, "
