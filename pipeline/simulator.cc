@@ -16,13 +16,6 @@ absl::Duration StageTimeline::IdleBefore(int index) const {
   return absl::ZeroDuration();
 }
 
-std::optional<absl::Duration> StageTimeline::IdleEndBefore(int index) const {
-  for (const IdleInterval& interval : idle) {
-    if (interval.before_op == index) return interval.start + interval.duration;
-  }
-  return std::nullopt;
-}
-
 double UniformBubbleRatio(int stages, int microbatches) {
   return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
 }

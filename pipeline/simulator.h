@@ -9,7 +9,6 @@
 #ifndef PSWITCH_PIPELINE_SIMULATOR_H_
 #define PSWITCH_PIPELINE_SIMULATOR_H_
 
-#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,9 +47,6 @@ struct StageTimeline {
   // The predicted idle time before op `index` (ops.size(): the end-of-iteration wait); zero
   // where the stage should not wait.
   absl::Duration IdleBefore(int index) const;
-  // When that idle time is predicted to end, as an offset from the iteration's start; nullopt
-  // where the stage should not wait.
-  std::optional<absl::Duration> IdleEndBefore(int index) const;
 };
 
 struct SimulatedIteration {

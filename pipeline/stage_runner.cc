@@ -230,15 +230,8 @@ absl::Status StageRunner::ExchangeTiedGradient(int iteration, absl::Time start,
 absl::StatusOr<Message> StageRunner::Await(LinkReader& reader, int before_op, absl::Time start,
                                            StageIterationStats* stats) {
   if (reader.HasMessage()) return reader.Take(absl::ZeroDuration());
-  const StageTimeline& plan = plan_->stages[stage_];
+  const absl::Duration expected = plan_->stages[stage_].IdleBefore(before_op);
   const absl::Time begin = absl::Now();
-  // A stage running late has less of its bubble left: the neighbour's message is due at the
-  // planned end. Never more than planned, though: a stage running early may have a neighbour
-  // running early too, and fill work past the real bubble end delays this stage.
-  absl::Duration expected = plan.IdleBefore(before_op);
-  if (std::optional<absl::Duration> end = plan.IdleEndBefore(before_op)) {
-    expected = std::clamp(start + *end - begin, absl::ZeroDuration(), expected);
-  }
   reporter_.BubbleBegin(stage_, expected, config_.bubble_free_bytes);
   absl::StatusOr<Message> message = reader.Take(config_.receive_timeout);
   const absl::Time end = absl::Now();

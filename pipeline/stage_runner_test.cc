@@ -54,8 +54,6 @@ class SimulatedPipelineTest : public ::testing::TestWithParam<BubbleCase> {};
 TEST_P(SimulatedPipelineTest, AnnouncedBubblesMatchTheSimulator) {
   const int S = 4, M = 4, kWarmup = 1, kIterations = 3;
   const StageCost cost{absl::Milliseconds(3), absl::Milliseconds(6)};
-  // How far behind the plan most stages reach their bubbles (message latency, the OS).
-  const absl::Duration kLateness = absl::Milliseconds(3);
   PipelineOptions options;
   options.schedule = GetParam().kind;
   options.stages = S;
@@ -72,7 +70,7 @@ TEST_P(SimulatedPipelineTest, AnnouncedBubblesMatchTheSimulator) {
   const SimulatedIteration& predicted = report->predicted;
   EXPECT_EQ(predicted.iteration, absl::Milliseconds(9) * (M + S - 1));
   EXPECT_NEAR(predicted.bubble_ratio, UniformBubbleRatio(S, M), 1e-9);
-  size_t announced = 0, predicted_count = 0, on_plan = 0;
+  size_t announced = 0, predicted_count = 0;
   std::vector<absl::Duration> errors;
   for (const BubbleRecord& r : log.Records()) {
     EXPECT_EQ(r.free_bytes, kFreeBytes);
@@ -80,14 +78,11 @@ TEST_P(SimulatedPipelineTest, AnnouncedBubblesMatchTheSimulator) {
     // Waits the simulator does not predict (a message arriving just in time) announce zero.
     if (r.expected == absl::ZeroDuration()) continue;
     ++announced;
-    // A predicted bubble, less however late the stage reached it: never more than predicted.
-    bool within = false, close = false;
+    bool known = false;
     for (const IdleInterval& i : predicted.stages[r.stage].idle) {
-      within = within || r.expected <= i.duration;
-      close = close || (r.expected <= i.duration && r.expected >= i.duration - kLateness);
+      known = known || i.duration == r.expected;
     }
-    EXPECT_TRUE(within) << "stage " << r.stage << " announced " << r.expected;
-    on_plan += close ? 1 : 0;
+    EXPECT_TRUE(known) << "stage " << r.stage << " announced " << r.expected;
     errors.push_back(absl::AbsDuration((r.end - r.begin) - r.expected));
   }
   // Every predicted bubble, every iteration (the barrier after the last one waits for Stop).
@@ -96,7 +91,6 @@ TEST_P(SimulatedPipelineTest, AnnouncedBubblesMatchTheSimulator) {
   }
   EXPECT_LE(announced, predicted_count);
   EXPECT_GE(announced, predicted_count * 8 / 10);
-  EXPECT_GE(on_plan, announced * 8 / 10) << "bubbles announced close to the plan";
   ASSERT_FALSE(errors.empty());
   std::sort(errors.begin(), errors.end());
   EXPECT_LE(errors[errors.size() / 2], absl::Milliseconds(2)) << "median bubble error";
