@@ -1,7 +1,6 @@
 #include "client/client.h"
 
 #include <sys/socket.h>
-#include <time.h>
 
 #include <functional>
 #include <thread>
@@ -9,10 +8,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/clock.h"
 #include "fill/state_machine.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::client {
@@ -445,11 +445,7 @@ absl::Status Client::SendBubble(const std::function<void(Builder&, uint64_t)>& b
 
 absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t free_bytes,
                                  int64_t began_ns) {
-  if (began_ns == 0) {
-    timespec now{};
-    ::clock_gettime(CLOCK_MONOTONIC, &now);
-    began_ns = int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
-  }
+  if (began_ns == 0) began_ns = base::MonotonicNowNs();
   const uint64_t us =
       static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(expected), 0));
   return SendBubble([=](Builder& b, uint64_t id) {

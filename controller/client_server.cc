@@ -5,12 +5,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gpu/copy_engine.h"
 #include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
 #include "proto/host_tensor.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::controller {
@@ -134,7 +135,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     std::optional<absl::Time> origin;
     if (wire.origin_ns() != 0) {
       // The main job runs on this node: its monotonic clock is ours.
-      const uint64_t now_ns = static_cast<uint64_t>(gpu::MonotonicNowNs());
+      const uint64_t now_ns = static_cast<uint64_t>(base::MonotonicNowNs());
       if (wire.origin_ns() > now_ns) {
         return absl::InvalidArgumentError(
             absl::StrCat("bubble cycle origin_ns ", wire.origin_ns(),

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::controller {
 
@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
         memdaemon::Lease region,
         daemons[g]->leases().Acquire(absl::StrCat("gpu-", g, "-weights-region"), region_bytes));
     SchedulerOptions scheduler = options.scheduler;
+    scheduler.gpu = static_cast<int>(g);
     scheduler.region_offset = region.offset;
     scheduler.checkpoints = c->checkpoints_;
     scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();

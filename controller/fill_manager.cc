@@ -1,15 +1,16 @@
 #include "controller/fill_manager.h"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "gpu/copy_engine.h"
 #include "gpu/host/compute_lock.h"
 #include "models/registry.h"
 #include "models/safetensors.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::controller {
 namespace {
@@ -79,9 +80,10 @@ absl::Status FillManager::RegisterCycle(int gpu, const fill::BubbleCycle& cycle,
   absl::MutexLock lock(&mu_);
   gpus_[gpu].cycle = cycle;
   gpus_[gpu].cycle_origin = origin.value_or(absl::Now());
-  std::fprintf(stderr,
-               "level=info event=bubble_cycle_registered gpu=%d period_ms=%.3f bubbles=%zu\n",
-               gpu, absl::ToDoubleMilliseconds(cycle.period), cycle.bubbles.size());
+  base::Log(base::LogLevel::kInfo, "bubble_cycle_registered")
+      .Field("gpu", gpu)
+      .FieldMs("period_ms", cycle.period)
+      .Field("bubbles", cycle.bubbles.size());
   return RebuildScheduler();
 }
 
@@ -128,8 +130,7 @@ absl::Status FillManager::Place(uint64_t id, Job& job) {
 void FillManager::Transition(uint64_t id, Job& job, fill::FillEvent event) {
   absl::Status applied = job.machine.Apply(event);
   if (!applied.ok()) {
-    std::fprintf(stderr, "level=error event=fill_state_error job=%llu error=\"%s\"\n",
-                 static_cast<unsigned long long>(id), applied.ToString().c_str());
+    base::Log(base::LogLevel::kError, "fill_state_error").Field("job", id).Field("error", applied);
   }
 }
 
@@ -252,10 +253,10 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
   job.error = std::move(error);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
   controller_->checkpoints().Drop(kFillStateKeyBit | id);
-  std::fprintf(stderr, "level=%s event=fill_job_stopped job=%llu steps=%lld/%lld error=\"%s\"\n",
-               job.error.ok() ? "info" : "warn", static_cast<unsigned long long>(id),
-               static_cast<long long>(job.steps_done), static_cast<long long>(job.steps_total),
-               job.error.ok() ? "" : job.error.ToString().c_str());
+  base::Log(job.error.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "fill_job_stopped")
+      .Field("job", id)
+      .Field("steps", absl::StrCat(job.steps_done, "/", job.steps_total))
+      .Field("error", job.error.ok() ? std::string() : job.error.ToString());
 }
 
 TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
@@ -287,7 +288,7 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubb
 absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
                                       int64_t began_ns) {
   PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
-  const int64_t arrival_ns = gpu::MonotonicNowNs();
+  const int64_t arrival_ns = base::MonotonicNowNs();
   // A little slack for the two processes reading the clock; more is another host's clock.
   if (began_ns > arrival_ns + 1'000'000) {
     return absl::InvalidArgumentError(

@@ -2,12 +2,12 @@
 
 #include <signal.h>
 
-#include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gpu/copy_engine.h"
 #include "memdaemon/arena_layout.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -17,27 +17,8 @@ namespace {
 using Builder = flatbuffers::FlatBufferBuilder;
 
 // How long finished tasks stay queryable.
-constexpr size_t kMaxFinishedInfos = 10000;
 
 }  // namespace
-
-absl::string_view TaskPhaseName(TaskPhase phase) {
-  switch (phase) {
-    case TaskPhase::kQueued:
-      return "queued";
-    case TaskPhase::kSwitching:
-      return "switching";
-    case TaskPhase::kRunning:
-      return "running";
-    case TaskPhase::kSucceeded:
-      return "succeeded";
-    case TaskPhase::kFailed:
-      return "failed";
-    case TaskPhase::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
-}
 
 // Start failures in a row after which queued tasks stop waiting for a worker slot (it is still
 // retried, every 5 s at most).
@@ -87,10 +68,6 @@ absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const Schedule
         "worker count ", options.workers, " out of range [1, ", memdaemon::kDrainFlagCount, "]"));
   }
   std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
-  PSWITCH_ASSIGN_OR_RETURN(s->copy_engine_, daemon->device().CreateCopyEngine(daemon->arena()));
-  s->transmitter_ = std::make_unique<memdaemon::Transmitter>(
-      s->copy_engine_.get(), &daemon->ready_flags(), &daemon->drain_flags(),
-      daemon->arena().size_bytes());
   for (int i = 0; i < options.workers; ++i) s->slots_.push_back(std::make_unique<Slot>());
   s->restarts_.resize(s->slots_.size());
   s->loop_ = std::thread([p = s.get()] { p->Loop(); });
@@ -211,10 +188,18 @@ void GpuScheduler::WatchTransmission(std::shared_ptr<memdaemon::Transmission> tr
   watchers_.push_back(Watcher{std::move(thread), std::move(done)});
 }
 
+base::Log GpuScheduler::Event(base::LogLevel level, absl::string_view event) const {
+  base::Log line(level, event);
+  line.Field("gpu", options_.gpu);
+  return line;
+}
+
 void GpuScheduler::OnTransmissionFailed(uint64_t task_id, uint32_t epoch, int drain_slot,
                                         const absl::Status& why) {
-  std::fprintf(stderr, "level=warn event=transmission_failed task=%llu epoch=%u error=\"%s\"\n",
-               static_cast<unsigned long long>(task_id), epoch, why.ToString().c_str());
+  Event(base::LogLevel::kWarn, "transmission_failed")
+      .Field("task", task_id)
+      .Field("epoch", epoch)
+      .Field("error", why);
   // The region holds part of this model and part of whatever was there: a later task for it
   // must transmit again rather than run on partly old weights.
   if (resident_epoch_ == epoch) resident_model_.clear();
@@ -225,8 +210,10 @@ void GpuScheduler::OnTransmissionFailed(uint64_t task_id, uint32_t epoch, int dr
       drain_slot < static_cast<int>(slots_.size())) {
     Slot& s = *slots_[drain_slot];
     if (s.process != nullptr && s.state != Slot::State::kDead) {
-      std::fprintf(stderr, "level=error event=worker_killed slot=%d pid=%d reason=\"not drained\"\n",
-                   drain_slot, s.process->pid());
+      Event(base::LogLevel::kError, "worker_killed")
+          .Field("slot", drain_slot)
+          .Field("pid", s.process->pid())
+          .Field("reason", "not drained");
       s.kill_reason = absl::StrCat("killed: the worker did not drain within ",
                                    absl::FormatDuration(options_.drain_timeout),
                                    " of being told to stop");
@@ -237,9 +224,7 @@ void GpuScheduler::OnTransmissionFailed(uint64_t task_id, uint32_t epoch, int dr
 
 void GpuScheduler::OnTransmitted(uint64_t task_id) {
   if (running_ == nullptr || running_->task_id != task_id) return;
-  absl::MutexLock lock(&mu_);
-  TaskInfo& info = infos_[task_id];
-  if (info.phase == TaskPhase::kSwitching) info.phase = TaskPhase::kRunning;
+  tasks_.MarkTransmitted(task_id);
 }
 
 void GpuScheduler::OnDrained(int slot, const proto::Drained& drained) {
@@ -247,16 +232,12 @@ void GpuScheduler::OnDrained(int slot, const proto::Drained& drained) {
   if (s.last_task == 0) return;
   absl::Duration clean = absl::Nanoseconds(drained.clean_end_ns() - drained.clean_start_ns());
   bool after_drain = drained.clean_start_ns() >= drained.drained_ns();
-  std::fprintf(stderr,
-               "level=info event=worker_drained slot=%d task=%llu clean_us=%.1f "
-               "cleaned_after_drain=%d\n",
-               slot, static_cast<unsigned long long>(s.last_task),
-               absl::ToDoubleMicroseconds(clean), after_drain ? 1 : 0);
-  absl::MutexLock lock(&mu_);
-  auto it = infos_.find(s.last_task);
-  if (it == infos_.end()) return;
-  it->second.clean_time = clean;
-  it->second.cleaned_after_drain = after_drain;
+  Event(base::LogLevel::kInfo, "worker_drained")
+      .Field("slot", slot)
+      .Field("task", s.last_task)
+      .Field("clean_us", absl::ToDoubleMicroseconds(clean), 1)
+      .Field("cleaned_after_drain", after_drain);
+  tasks_.RecordCleaning(s.last_task, clean, after_drain);
 }
 
 absl::Status GpuScheduler::AcquireOptimizerState(Running& run, const TaskSpec& spec) {
@@ -326,8 +307,9 @@ void GpuScheduler::SpawnSlot(int slot) {
         posted_.push_back([this, slot, event = std::move(event)] { OnWorkerEvent(slot, event); });
       });
   if (!process.ok()) {
-    std::fprintf(stderr, "level=error event=worker_spawn_failed slot=%d error=\"%s\"\n", slot,
-                 process.status().ToString().c_str());
+    Event(base::LogLevel::kError, "worker_spawn_failed")
+        .Field("slot", slot)
+        .Field("error", process.status());
     s.state = Slot::State::kDead;
     ScheduleRespawn(slot, /*was_ready=*/false, process.status());
     return;
@@ -360,12 +342,16 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
         s.loaded.insert(name);
         if (loaded->warm_ns() > 0) {
           // What the warm-up took off the first task: CUDA context, cuBLAS/cuDNN, modules.
-          std::fprintf(stderr, "level=info event=worker_warmed slot=%d model=%s warm_ms=%.1f\n",
-                       slot, name.c_str(), loaded->warm_ns() / 1e6);
+          Event(base::LogLevel::kInfo, "worker_warmed")
+              .Field("slot", slot)
+              .Field("model", name)
+              .Field("warm_ms", loaded->warm_ns() / 1e6, 1);
         }
       } else {
-        std::fprintf(stderr, "level=error event=model_load_failed slot=%d model=%s error=\"%s\"\n",
-                     slot, name.c_str(), status.ToString().c_str());
+        Event(base::LogLevel::kError, "model_load_failed")
+            .Field("slot", slot)
+            .Field("model", name)
+            .Field("error", status);
       }
       auto it = pending_loads_.find(name);
       if (it != pending_loads_.end()) {
@@ -406,8 +392,10 @@ void GpuScheduler::MarkIdleOnceLoaded(int slot) {
   if (s.state != Slot::State::kStarting || !s.announced || s.loads_pending > 0) return;
   s.state = Slot::State::kIdle;
   // Operators (and the end-to-end tests) see when a fresh worker can take tasks.
-  std::fprintf(stderr, "level=info event=worker_ready slot=%d pid=%d models=%zu\n", slot,
-               static_cast<int>(s.process->pid()), s.loaded.size());
+  Event(base::LogLevel::kInfo, "worker_ready")
+      .Field("slot", slot)
+      .Field("pid", s.process->pid())
+      .Field("models", s.loaded.size());
 }
 
 void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {
@@ -482,10 +470,11 @@ void GpuScheduler::ScheduleRespawn(int slot, bool was_ready, const absl::Status&
       std::min(absl::Milliseconds(100) * (int64_t{1} << std::min(r.start_failures - 1, 6)),
                absl::Seconds(5));
   r.respawn_at = absl::Now() + delay;
-  std::fprintf(stderr,
-               "level=error event=worker_start_failed slot=%d failures_in_a_row=%d "
-               "retry_in_ms=%.0f error=\"%s\"\n",
-               slot, r.start_failures, absl::ToDoubleMilliseconds(delay), r.last_error.c_str());
+  Event(base::LogLevel::kError, "worker_start_failed")
+      .Field("slot", slot)
+      .Field("failures_in_a_row", r.start_failures)
+      .Field("retry_in_ms", absl::ToDoubleMilliseconds(delay), 0)
+      .Field("error", r.last_error);
 }
 
 void GpuScheduler::RespawnDue() {
@@ -509,8 +498,9 @@ bool GpuScheduler::GaveUp(int slot) const {
 
 void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   Slot& s = *slots_[slot];
-  std::fprintf(stderr, "level=%s event=worker_exit slot=%d detail=\"%s\"\n",
-               stopping_ ? "info" : "error", slot, std::string(why.message()).c_str());
+  Event(stopping_ ? base::LogLevel::kInfo : base::LogLevel::kError, "worker_exit")
+      .Field("slot", slot)
+      .Field("detail", why.message());
   // Ready once it announced itself and answered its first loads; a crash after that is a task's.
   const bool was_ready = s.state == Slot::State::kIdle || s.state == Slot::State::kBusy;
   s.state = Slot::State::kDead;
@@ -555,7 +545,7 @@ std::optional<uint32_t> GpuScheduler::SendStop(int slot) {
   auto stop = proto::CreateStop(b, static_cast<uint32_t>(slot), value);
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
   if (s.process == nullptr || !s.process->Send(b).ok()) return std::nullopt;
-  last_stop_sent_ns_ = gpu::MonotonicNowNs();
+  last_stop_sent_ns_ = base::MonotonicNowNs();
   return value;
 }
 
@@ -585,13 +575,8 @@ bool GpuScheduler::Usable(int slot, const std::string& model) const {
 }
 
 uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_task_id_++;
-    infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
-  }
-  if (spec.arrival_ns == 0) spec.arrival_ns = gpu::MonotonicNowNs();
+  const uint64_t id = tasks_.Add(spec.model);
+  if (spec.arrival_ns == 0) spec.arrival_ns = base::MonotonicNowNs();
   Post([this, id, spec = std::move(spec), done = std::move(done)]() mutable {
     const bool busy =
         fill_pending_ || (running_ != nullptr && specs_.at(running_->task_id).first.fill);
@@ -635,8 +620,10 @@ void GpuScheduler::EnforceStop() {
   if (running_ == nullptr || running_->task_id != task) return;  // it stopped in time
   Slot& s = *slots_[running_->slot];
   if (s.process == nullptr || s.state == Slot::State::kDead) return;
-  std::fprintf(stderr, "level=warn event=worker_killed task=%llu pid=%d reason=\"%s\"\n",
-               static_cast<unsigned long long>(task), s.process->pid(), kill_reason_.c_str());
+  Event(base::LogLevel::kWarn, "worker_killed")
+      .Field("task", task)
+      .Field("pid", s.process->pid())
+      .Field("reason", kill_reason_);
   s.kill_reason = kill_reason_;
   ::kill(s.process->pid(), SIGKILL);  // its death event fails the run and respawns the worker
 }
@@ -776,7 +763,7 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
                        " groups; this GPU has ", memdaemon::kReadyFlagCount, " ready flags"));
     }
     request.flag_base = 0;
-    PSWITCH_ASSIGN_OR_RETURN(run.transmission, transmitter_->Start(request));
+    PSWITCH_ASSIGN_OR_RETURN(run.transmission, daemon_->transmitter().Start(request));
     WatchTransmission(run.transmission, ticket.id, drain_slot);
     resident_model_ = spec.model;
     resident_epoch_ = run.transmission->epoch();
@@ -837,7 +824,7 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskTicket& tic
   s.state = Slot::State::kBusy;
   s.last_task = ticket.id;
   run.slot = slot;
-  SetPhase(ticket.id, run.transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first,
+  tasks_.SetPhase(ticket.id, run.transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first,
            s.process->pid());
   return absl::OkStatus();
 }
@@ -865,7 +852,7 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
     kill_deadline_ = absl::InfiniteFuture();
   }
   outcome.timeline = run->timeline;
-  outcome.timeline.result_ns = gpu::MonotonicNowNs();
+  outcome.timeline.result_ns = base::MonotonicNowNs();
   outcome.timeline.first_layer_start_ns = done->first_layer_start_ns();
   outcome.timeline.first_layer_done_ns = done->first_layer_done_ns();
   if (run->transmission != nullptr) {
@@ -887,14 +874,17 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
     // The switch as its parts, on one clock, in ms after the task's arrival (-1: did not happen).
     const SwitchTimeline& t = outcome.timeline;
     auto ms = [&t](int64_t ns) { return ns == 0 ? -1.0 : (ns - t.arrival_ns) / 1e6; };
-    std::fprintf(stderr,
-                 "level=info event=task_switch task=%llu model=%s copy_ms=%.3f stop_sent_ms=%.3f "
-                 "drained_ms=%.3f first_group_ms=%.3f first_layer_start_ms=%.3f "
-                 "first_layer_done_ms=%.3f last_group_ms=%.3f result_ms=%.3f\n",
-                 static_cast<unsigned long long>(run->task_id), spec.model.c_str(),
-                 absl::ToDoubleMilliseconds(outcome.switch_time), ms(t.stop_sent_ns),
-                 ms(t.drained_ns), ms(t.first_group_ready_ns), ms(t.first_layer_start_ns),
-                 ms(t.first_layer_done_ns), ms(t.last_group_ready_ns), ms(t.result_ns));
+    Event(base::LogLevel::kInfo, "task_switch")
+        .Field("task", run->task_id)
+        .Field("model", spec.model)
+        .FieldMs("copy_ms", outcome.switch_time)
+        .Field("stop_sent_ms", ms(t.stop_sent_ns))
+        .Field("drained_ms", ms(t.drained_ns))
+        .Field("first_group_ms", ms(t.first_group_ready_ns))
+        .Field("first_layer_start_ms", ms(t.first_layer_start_ns))
+        .Field("first_layer_done_ms", ms(t.first_layer_done_ns))
+        .Field("last_group_ms", ms(t.last_group_ready_ns))
+        .Field("result_ms", ms(t.result_ns));
   }
   if (!status.ok() && run->transmission != nullptr &&
       resident_epoch_ == run->transmission->epoch()) {
@@ -918,11 +908,7 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
       resume_iteration_[run->task_id] = done->iterations_done();
       TaskTicket again{run->task_id, spec.model, spec.kind, spec.priority, spec.deadline};
       queue_.PushFront(again);
-      {
-        absl::MutexLock lock(&mu_);
-        infos_[run->task_id].preemptions++;
-      }
-      SetPhase(run->task_id, TaskPhase::kQueued, done->iterations_done());
+      tasks_.Requeue(run->task_id, done->iterations_done());
       return;
     }
     if (cancelled && status.ok()) {
@@ -946,14 +932,9 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
 }
 
 uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
-  uint64_t id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_task_id_++;
-    infos_[id] = TaskInfo{id, spec.model, TaskPhase::kQueued, 0, 0, 0, absl::OkStatus()};
-  }
+  const uint64_t id = tasks_.Add(spec.model);
   absl::Time submitted = absl::Now();
-  if (spec.arrival_ns == 0) spec.arrival_ns = gpu::MonotonicNowNs();
+  if (spec.arrival_ns == 0) spec.arrival_ns = base::MonotonicNowNs();
   Post([this, id, submitted, spec = std::move(spec), done = std::move(done)]() mutable {
     TaskTicket ticket{id, spec.model, spec.kind, spec.priority, spec.deadline};
     // Latency is measured from submission, whatever happens in between.
@@ -979,23 +960,7 @@ uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
 
 void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome) {
   auto it = specs_.find(task_id);
-  {
-    absl::MutexLock lock(&mu_);
-    TaskInfo& info = infos_[task_id];
-    info.worker_pid = 0;
-    if (outcome.ok()) {
-      info.phase = TaskPhase::kSucceeded;
-      info.iterations_done = outcome->iterations_done;
-    } else {
-      info.phase = outcome.status().code() == absl::StatusCode::kCancelled ? TaskPhase::kCancelled
-                                                                           : TaskPhase::kFailed;
-      info.error = outcome.status();
-    }
-    while (infos_.size() > kMaxFinishedInfos &&
-           infos_.begin()->second.phase >= TaskPhase::kSucceeded) {
-      infos_.erase(infos_.begin());
-    }
-  }
+  tasks_.Finish(task_id, outcome.status(), outcome.ok() ? outcome->iterations_done : 0);
   resume_iteration_.erase(task_id);
   checkpoints_->Drop(task_id);
   if (it == specs_.end()) return;
@@ -1004,29 +969,11 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   callback(outcome);
 }
 
-void GpuScheduler::SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations,
-                            int worker_pid) {
-  absl::MutexLock lock(&mu_);
-  infos_[task_id].phase = phase;
-  infos_[task_id].iterations_done = iterations;
-  infos_[task_id].worker_pid = worker_pid;
-}
-
 absl::StatusOr<TaskInfo> GpuScheduler::Query(uint64_t task_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = infos_.find(task_id);
-  if (it == infos_.end()) return absl::NotFoundError(absl::StrCat("no task ", task_id));
-  return it->second;
+  return tasks_.Query(task_id);
 }
 
-std::vector<TaskInfo> GpuScheduler::Recent(size_t limit) const {
-  absl::MutexLock lock(&mu_);
-  std::vector<TaskInfo> out;
-  for (auto it = infos_.rbegin(); it != infos_.rend() && out.size() < limit; ++it) {
-    out.push_back(it->second);
-  }
-  return out;
-}
+std::vector<TaskInfo> GpuScheduler::Recent(size_t limit) const { return tasks_.Recent(limit); }
 
 absl::Status GpuScheduler::Cancel(uint64_t task_id) {
   PSWITCH_ASSIGN_OR_RETURN(TaskInfo info, Query(task_id));

@@ -29,6 +29,8 @@
 #include "controller/state_checkpoints.h"
 #include "controller/task_queue.h"
 #include "controller/worker_process.h"
+#include "base/log.h"
+#include "controller/task_registry.h"
 #include "memdaemon/lease_table.h"
 #include "models/training.h"
 #include "proto/host_tensor.h"
@@ -102,20 +104,8 @@ struct TaskOutcome {
 };
 using TaskCallback = std::function<void(const absl::StatusOr<TaskOutcome>&)>;
 
-enum class TaskPhase { kQueued, kSwitching, kRunning, kSucceeded, kFailed, kCancelled };
-struct TaskInfo {
-  uint64_t task_id = 0;
-  std::string model;
-  TaskPhase phase = TaskPhase::kQueued;
-  uint32_t iterations_done = 0;
-  uint32_t preemptions = 0;
-  int worker_pid = 0;
-  absl::Status error;
-  absl::Duration clean_time;         // the worker's cleaning after the task's last run
-  bool cleaned_after_drain = false;  // ...ran after its drain, overlapping the next switch
-};
-
 struct SchedulerOptions {
+  int gpu = 0;  // this scheduler's GPU, named on each of its log lines
   Policy policy = Policy::kFcfs;
   bool inference_preempts_training = true;
   int workers = 3;  // 1 active + 2 standby
@@ -166,6 +156,8 @@ class GpuScheduler {
 
   GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
                ModelCatalog* catalog);
+  // A log line of this GPU's scheduler (it names the GPU).
+  base::Log Event(base::LogLevel level, absl::string_view event) const;
   void Post(std::function<void()> fn);
   void Loop();
   void SpawnSlot(int slot);
@@ -212,16 +204,11 @@ class GpuScheduler {
   absl::Status SendRun(Running& run, int slot, const TaskTicket& ticket, const TaskSpec& spec,
                        uint32_t batch);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
-  void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0, int worker_pid = 0);
   void RefreshReadiness();
 
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
   ModelCatalog* const catalog_;
-  // This GPU's copy engine and transmissions: a newer transmission supersedes only this GPU's
-  // older one, and a switch waiting for its old tenant's drain holds up no other GPU.
-  std::unique_ptr<gpu::CopyEngine> copy_engine_;
-  std::unique_ptr<memdaemon::Transmitter> transmitter_;
 
   // Loop-thread state.
   TaskQueue queue_;
@@ -237,6 +224,7 @@ class GpuScheduler {
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
   std::set<uint64_t> cancel_requested_;
   std::unique_ptr<Running> running_;
+  TaskRegistry tasks_;
   std::optional<TaskTicket> fill_pending_;             // a fill run waiting for the GPU
   absl::Time kill_deadline_ = absl::InfiniteFuture();  // the stopped task's answer is due
   uint64_t kill_task_ = 0;
@@ -255,8 +243,6 @@ class GpuScheduler {
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
   bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_task_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, TaskInfo> infos_ ABSL_GUARDED_BY(mu_);
   bool workers_ready_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread loop_;
@@ -269,8 +255,6 @@ class GpuScheduler {
   void WatchTransmission(std::shared_ptr<memdaemon::Transmission> transmission, uint64_t task_id,
                          int drain_slot);
 };
-
-absl::string_view TaskPhaseName(TaskPhase phase);
 
 }  // namespace pswitch::controller
 

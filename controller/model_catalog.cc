@@ -11,7 +11,7 @@
 #include "models/training.h"
 #include "models/weights.h"
 #include "nlohmann/json.hpp"
-#include "proto/status.h"
+#include "base/status.h"
 #include "worker/model_binding.h"
 
 namespace pswitch::controller {

@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {

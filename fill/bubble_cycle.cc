@@ -4,10 +4,11 @@
 #include <cstddef>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::fill {
 namespace {
@@ -181,7 +182,7 @@ absl::Status BubbleCycleProfiler::StartIteration(absl::Time start) {
   return absl::OkStatus();
 }
 
-absl::Status BubbleCycleProfiler::RecordBubble(absl::Time begin, absl::Time end,
+absl::Status BubbleCycleProfiler::RecordBubble(int position, absl::Time begin, absl::Time end,
                                                int64_t free_bytes) {
   if (iterations_.empty()) {
     return absl::FailedPreconditionError(
@@ -207,7 +208,13 @@ absl::Status BubbleCycleProfiler::RecordBubble(absl::Time begin, absl::Time end,
     return absl::InvalidArgumentError(
         absl::StrCat(name, " begins before the previous bubble ends"));
   }
-  open.bubbles.push_back({offset, end - begin, free_bytes});
+  for (const ObservedBubble& seen : open.bubbles) {
+    if (seen.position == position) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " repeats schedule position ", position, " in one iteration"));
+    }
+  }
+  open.bubbles.push_back({position, offset, end - begin, free_bytes});
   return absl::OkStatus();
 }
 
@@ -221,33 +228,32 @@ absl::StatusOr<BubbleCycle> BubbleCycleProfiler::Build() const {
     return absl::FailedPreconditionError(
         "bubble profiler: no complete iteration (call StartIteration after the last one)");
   }
-  const size_t positions = iterations_[0].bubbles.size();
-  for (int i = 1; i < complete; ++i) {
-    if (iterations_[i].bubbles.size() != positions) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("bubble profiler: iteration ", i, " saw ", iterations_[i].bubbles.size(),
-                       " bubbles but iteration 0 saw ", positions,
-                       "; the bubble pattern must repeat every iteration"));
-    }
-  }
   std::vector<absl::Duration> periods;
   for (int i = 0; i < complete; ++i) {
     periods.push_back(iterations_[i + 1].start - iterations_[i].start);
   }
   BubbleCycle cycle;
   cycle.period = LowerMedian(periods);
-  for (size_t b = 0; b < positions; ++b) {
+  std::map<int, std::vector<const ObservedBubble*>> by_position;
+  for (int i = 0; i < complete; ++i) {
+    for (const ObservedBubble& seen : iterations_[i].bubbles) {
+      by_position[seen.position].push_back(&seen);
+    }
+  }
+  for (const auto& [position, seen] : by_position) {
+    if (2 * seen.size() <= static_cast<size_t>(complete)) continue;  // comes and goes
     std::vector<absl::Duration> offsets;
     std::vector<absl::Duration> durations;
     int64_t free_bytes = std::numeric_limits<int64_t>::max();
-    for (int i = 0; i < complete; ++i) {
-      const ObservedBubble& seen = iterations_[i].bubbles[b];
-      offsets.push_back(seen.offset);
-      durations.push_back(seen.duration);
-      free_bytes = std::min(free_bytes, seen.free_bytes);
+    for (const ObservedBubble* b : seen) {
+      offsets.push_back(b->offset);
+      durations.push_back(b->duration);
+      free_bytes = std::min(free_bytes, b->free_bytes);
     }
     cycle.bubbles.push_back({LowerMedian(offsets), LowerMedian(durations), free_bytes});
   }
+  std::sort(cycle.bubbles.begin(), cycle.bubbles.end(),
+            [](const Bubble& a, const Bubble& b) { return a.offset < b.offset; });
   if (absl::Status status = ValidateBubbleCycle(cycle); !status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("bubble profiler: the medians do not form a cycle: ", status.message()));

@@ -53,10 +53,13 @@ absl::StatusOr<BubbleCycle> ParseBubbleCycleJson(absl::string_view text);
 
 // Builds a cycle from bubbles observed over several iterations of the main job. The caller
 // marks each iteration's start; an iteration is complete once the next one starts, and Build
-// uses complete iterations only. Per bubble position it takes the (lower) median offset and
-// duration, so one disturbed iteration does not move the cycle, and the minimum free memory,
-// since a fill job sized to the median would run out of memory in the leaner iterations.
-// Not thread-safe.
+// uses complete iterations only. A bubble is known by its position in the stage's schedule (the
+// op it waits before), not by its rank in the iteration: a short wait that comes and goes (a
+// message arriving just in time, or already waiting) must not shift the others. Positions seen
+// in more than half the iterations form the cycle; per position it takes the (lower) median
+// offset and duration, so one disturbed iteration does not move the cycle, and the minimum free
+// memory, since a fill job sized to the median would run out of memory in the leaner
+// iterations. Not thread-safe.
 class BubbleCycleProfiler {
  public:
   BubbleCycleProfiler() = default;
@@ -65,21 +68,22 @@ class BubbleCycleProfiler {
   // the previous start and not before the last recorded bubble's end. InvalidArgument otherwise.
   absl::Status StartIteration(absl::Time start);
 
-  // Records a bubble of the current iteration. FailedPrecondition before the first
-  // StartIteration; InvalidArgument unless begin < end, free_bytes >= 0, begin is not before
-  // the iteration's start (an iteration boundary must not fall inside a bubble) and not before
-  // the previous bubble's end.
-  absl::Status RecordBubble(absl::Time begin, absl::Time end, int64_t free_bytes);
+  // Records the bubble at schedule `position` of the current iteration. FailedPrecondition
+  // before the first StartIteration; InvalidArgument unless begin < end, free_bytes >= 0, begin
+  // is not before the iteration's start (an iteration boundary must not fall inside a bubble)
+  // nor before the previous bubble's end, and the iteration has no bubble at `position` yet.
+  absl::Status RecordBubble(int position, absl::Time begin, absl::Time end, int64_t free_bytes);
 
   int complete_iterations() const;
 
   // The cycle over the complete iterations (period: median iteration time).
-  // FailedPrecondition with no complete iteration, or when iterations saw different numbers of
-  // bubbles (naming both iterations); InvalidArgument when the medians do not form a valid cycle.
+  // FailedPrecondition with no complete iteration; InvalidArgument when the medians do not form
+  // a valid cycle.
   absl::StatusOr<BubbleCycle> Build() const;
 
  private:
   struct ObservedBubble {
+    int position = 0;
     absl::Duration offset;  // from its iteration's start
     absl::Duration duration;
     int64_t free_bytes = 0;

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fill/partition.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::fill {
 namespace {

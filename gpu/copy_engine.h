@@ -11,12 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "gpu/flags.h"
 
 namespace pswitch::gpu {
-
-// Nanoseconds on CLOCK_MONOTONIC: comparable across processes on one machine.
-int64_t MonotonicNowNs();
 
 struct CopySpan {
   const std::byte* host = nullptr;  // pinned memory, live until the job finishes

@@ -5,9 +5,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gpu/host/host_device.h"
 #include "gpu/internal/job_ticket.h"
-#include "proto/status.h"
+#include "base/status.h"
 #ifdef PSWITCH_WITH_CUDA
 #include "gpu/cuda/cuda_device.h"
 #endif
@@ -41,12 +42,6 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceOptions& option
   return absl::FailedPreconditionError(
       "this pswitch build has no CUDA backend (configure with -DPSWITCH_CUDA=ON)");
 #endif
-}
-
-int64_t MonotonicNowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 absl::Status FlagArray::WaitReady(uint32_t index, uint32_t epoch, absl::Duration timeout) const {

@@ -30,7 +30,7 @@
 #include "absl/time/time.h"
 #include "gpu/copy_engine.h"
 #include "gpu/flags.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::gpu {
 

@@ -8,7 +8,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::gpu {
 namespace {

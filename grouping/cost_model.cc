@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::grouping {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::grouping {
 

@@ -8,7 +8,7 @@
 #include "grouping/bnb.h"
 #include "grouping/dp.h"
 #include "grouping/evaluator.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::grouping {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/memdaemon_generated.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::memdaemon {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "memdaemon/weight_layout.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::memdaemon {
 

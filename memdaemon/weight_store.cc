@@ -4,7 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::memdaemon {
 namespace {

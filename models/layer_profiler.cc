@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::models {
 namespace {

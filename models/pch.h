@@ -22,4 +22,4 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"

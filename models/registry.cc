@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "models/internal/architectures.h"
 #include "models/zoo_model.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::models {
 namespace {

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "proto/status.h"
-#include "proto/unique_fd.h"
+#include "base/status.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::models {
 namespace {

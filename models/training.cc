@@ -9,7 +9,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::models {
 namespace {

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::models {
 

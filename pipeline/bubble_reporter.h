@@ -20,12 +20,16 @@ namespace pswitch::pipeline {
 
 class BubbleReporter {
  public:
+  static constexpr int kBarrierPosition = -1;
+
   virtual ~BubbleReporter() = default;
-  // `expected`: the simulator's predicted idle time at this point of the schedule (zero where it
-  // predicts none, e.g. a message that arrives just in time). `free_bytes`: device memory the
-  // stage leaves free for other work meanwhile. Must not block: the stage is on its critical
-  // path as soon as its input arrives.
-  virtual void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) = 0;
+  // `position`: where in the stage's schedule it waits (the index of the op it waits to run;
+  // kBarrierPosition at the iteration barrier), the same every iteration. `expected`: the
+  // simulator's predicted idle time there (zero where it predicts none, e.g. a message that
+  // arrives just in time). `free_bytes`: device memory the stage leaves free for other work
+  // meanwhile. Must not block: the stage is on its critical path as soon as its input arrives.
+  virtual void BubbleBegin(int stage, int position, absl::Duration expected,
+                           uint64_t free_bytes) = 0;
   virtual void BubbleEnd(int stage) = 0;
   // The stage starts `iteration` (after the previous iteration's barrier bubble has ended).
   virtual void IterationStart(int /*stage*/, int /*iteration*/) {}
@@ -34,7 +38,7 @@ class BubbleReporter {
 // Ignores every bubble.
 class NullReporter final : public BubbleReporter {
  public:
-  void BubbleBegin(int, absl::Duration, uint64_t) override {}
+  void BubbleBegin(int, int, absl::Duration, uint64_t) override {}
   void BubbleEnd(int) override {}
 };
 
@@ -68,7 +72,7 @@ class BubbleLog {
 class RecordingReporter final : public BubbleReporter {
  public:
   explicit RecordingReporter(BubbleLog* log) : log_(log) {}
-  void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) override {
+  void BubbleBegin(int stage, int, absl::Duration expected, uint64_t free_bytes) override {
     log_->Begin(stage, expected, free_bytes);
   }
   void BubbleEnd(int stage) override { log_->End(stage); }

@@ -15,7 +15,7 @@
 #include "pipeline/internal/control.h"
 #include "pipeline/internal/stage_group.h"
 #include "pipeline/wire.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::pipeline {
 namespace {

@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::pipeline {
 namespace {

@@ -11,7 +11,7 @@
 #include "pipeline/internal/control.h"
 #include "pipeline/link_reader.h"
 #include "pipeline/simulator.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::pipeline {
 namespace {
@@ -95,7 +95,10 @@ absl::Status StageRunner::Serve() {
     // long as it takes; the coordinator bounds that and closes this socket on failure.
     const absl::Time deadline =
         at_barrier ? absl::Now() + config_.receive_timeout : absl::InfiniteFuture();
-    if (at_barrier) reporter_.BubbleBegin(stage_, barrier_expected, config_.bubble_free_bytes);
+    if (at_barrier) {
+      reporter_.BubbleBegin(stage_, BubbleReporter::kBarrierPosition, barrier_expected,
+                            config_.bubble_free_bytes);
+    }
     absl::StatusOr<Message> control =
         ReceiveMessage(links_.control.get(), kMaxControlBytes, deadline);
     if (at_barrier) reporter_.BubbleEnd(stage_);
@@ -232,7 +235,7 @@ absl::StatusOr<Message> StageRunner::Await(LinkReader& reader, int before_op, ab
   if (reader.HasMessage()) return reader.Take(absl::ZeroDuration());
   const absl::Duration expected = plan_->stages[stage_].IdleBefore(before_op);
   const absl::Time begin = absl::Now();
-  reporter_.BubbleBegin(stage_, expected, config_.bubble_free_bytes);
+  reporter_.BubbleBegin(stage_, before_op, expected, config_.bubble_free_bytes);
   absl::StatusOr<Message> message = reader.Take(config_.receive_timeout);
   const absl::Time end = absl::Now();
   reporter_.BubbleEnd(stage_);

@@ -20,7 +20,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/stage_compute.h"
 #include "pipeline/wire.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::pipeline {
 

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::pipeline {
 namespace {

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "pipeline/internal/control.h"
 #include "pipeline/link_reader.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::pipeline {
 namespace {

@@ -3,11 +3,11 @@
 #define PSWITCH_PROTO_ACCEPT_RETRY_H_
 
 #include <chrono>
-#include <cstdio>
 #include <functional>
 #include <memory>
 
 #include "asio.hpp"
+#include "base/log.h"
 
 namespace pswitch::proto {
 
@@ -18,8 +18,8 @@ template <typename Acceptor>
 void AcceptAgainLater(Acceptor& acceptor, const asio::error_code& ec, const char* server,
                       std::function<void()> accept) {
   if (!acceptor.is_open() || ec == asio::error::operation_aborted) return;
-  std::fprintf(stderr, "level=error event=accept_failed server=%s error=\"%s\"\n", server,
-               ec.message().c_str());
+  base::Log(base::LogLevel::kError, "accept_failed").Field("server", server).Field("error",
+                                                                               ec.message());
   auto timer = std::make_shared<asio::steady_timer>(acceptor.get_executor(),
                                                     std::chrono::milliseconds(100));
   timer->async_wait([&acceptor, timer, accept = std::move(accept)](const asio::error_code&) {

@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "proto/framing.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::proto {
 

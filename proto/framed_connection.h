@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "asio.hpp"
 #include "proto/framing.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::proto {
 

@@ -1,7 +1,7 @@
 #include "proto/host_tensor.h"
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::proto {
 

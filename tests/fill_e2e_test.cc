@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gpu/copy_engine.h"
@@ -138,7 +139,7 @@ TEST_F(FillTest, EstimateSubmitsNothingCancelStopsAJobAndBadBubblesAreErrors) {
   RegisterCycle(absl::Milliseconds(20));
   EXPECT_EQ(client_
                 ->RegisterBubbleCycle(0, R"({"period_ns": 60000000, "bubbles": []})",
-                                      gpu::MonotonicNowNs() + 1'000'000'000)
+                                      base::MonotonicNowNs() + 1'000'000'000)
                 .code(),
             absl::StatusCode::kInvalidArgument);  // an origin in the future
 
@@ -176,7 +177,7 @@ TEST_F(FillTest, EstimateSubmitsNothingCancelStopsAJobAndBadBubblesAreErrors) {
   // Bubble calls do not wait for their reply; the error surfaces on the next bubble call.
   // A bubble that began in the future is another host's clock.
   ASSERT_TRUE(client_->BubbleBegin(0, absl::Milliseconds(5), kFreeBytes,
-                                   gpu::MonotonicNowNs() + 1'000'000'000)
+                                   base::MonotonicNowNs() + 1'000'000'000)
                   .ok());
   ASSERT_TRUE(client_->FillStats().ok());
   absl::Status future = client_->BubbleEnd(0);
@@ -206,7 +207,7 @@ TEST_F(FillTest, ABubbleMessageHandledAfterItsBubbleEndedStartsNoFillStep) {
   // The same bubbles, their messages handled 30 ms after they began: no run starts.
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(client_->BubbleBegin(0, absl::Milliseconds(20), kFreeBytes,
-                                     gpu::MonotonicNowNs() - 30'000'000)
+                                     base::MonotonicNowNs() - 30'000'000)
                     .ok());
     absl::SleepFor(absl::Milliseconds(20));
     ASSERT_TRUE(client_->BubbleEnd(0).ok());
@@ -401,7 +402,7 @@ TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBu
                  log.find("event=bubble_cycle_registered gpu=1") != std::string::npos;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_TRUE(registered) << daemon.log();
+  ASSERT_TRUE(registered) << daemon.log() << "\npipetrain:\n" << ReadFile(log_path);
   // Each GPU has its own memory daemon, whose socket its workers attach to.
   EXPECT_TRUE(std::filesystem::is_socket(daemon.dir() / "m.sock"));
   EXPECT_TRUE(std::filesystem::is_socket(daemon.dir() / "m.sock.1"));

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "grouping/baselines.h"
+#include "base/clock.h"
 #include "gtest/gtest.h"
 #include "memdaemon/arena_client.h"
 #include "memdaemon/memdaemon.h"
@@ -88,7 +89,7 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path,
     std::vector<GroupReport> reports(kGroups);
     for (uint32_t g = 0; g < kGroups; ++g) {
       if (!flags.WaitReady(g, order.epoch, absl::Seconds(30)).ok()) return 26;
-      reports[g].seen_ns = gpu::MonotonicNowNs();
+      reports[g].seen_ns = base::MonotonicNowNs();
       bool ok = true;
       for (uint32_t l = g * kGroupSize; l < (g + 1) * kGroupSize; ++l) {
         for (size_t t = 0; t < model->model.layers[l].tensors.size(); ++t) {
@@ -104,7 +105,7 @@ int WorkerMain(proto::FrameChannel& control, const std::string& socket_path,
         }
       }
       reports[g].ok = ok ? 1 : 0;
-      reports[g].verified_ns = gpu::MonotonicNowNs();
+      reports[g].verified_ns = base::MonotonicNowNs();
     }
     for (const GroupReport& r : reports) {
       if (!SendPod(control, r).ok()) return 27;

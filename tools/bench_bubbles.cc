@@ -54,7 +54,7 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "tools/bench_stats.h"
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"

@@ -30,7 +30,7 @@
 #include "models/safetensors.h"
 #include "models/weights.h"
 #include "models/zoo_model.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"
 #include "worker/host_tensors.h"

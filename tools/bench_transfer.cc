@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "grouping/baselines.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/synthetic_model.h"
@@ -40,7 +41,7 @@ absl::StatusOr<PlanResult> RunPlan(MemDaemon& daemon, const StoredModel& model,
                                    int repeats) {
   std::vector<double> first, last;
   for (int r = 0; r < repeats; ++r) {
-    int64_t start_ns = gpu::MonotonicNowNs();
+    int64_t start_ns = base::MonotonicNowNs();
     auto t = daemon.transmitter().Start(TransmitRequest{&model, groups, offset});
     if (!t.ok()) return t.status();
     auto traces = (*t)->Wait(absl::Seconds(60));
@@ -89,14 +90,14 @@ int Main() {
   // Baseline: one plain copy of the same bytes into the same (already touched) memory.
   std::vector<double> memcpy_ms;
   for (int r = 0; r < repeats + 1; ++r) {
-    int64_t t0 = gpu::MonotonicNowNs();
+    int64_t t0 = base::MonotonicNowNs();
     absl::Status copied = (*daemon)->arena().CopyFromHost(
         offset, std::span<const std::byte>(model.host_bytes(), model.total_bytes()));
     if (!copied.ok()) {
       std::fprintf(stderr, "bench-transfer: %s\n", copied.ToString().c_str());
       return 1;
     }
-    if (r > 0) memcpy_ms.push_back((gpu::MonotonicNowNs() - t0) / 1e6);  // r = 0 warms pages
+    if (r > 0) memcpy_ms.push_back((base::MonotonicNowNs() - t0) / 1e6);  // r = 0 warms pages
   }
   const double baseline_ms = Median(memcpy_ms);
 

@@ -22,7 +22,7 @@
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
 #include "grouping/search.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch {
 namespace {

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/clock.h"
 #include "client/client.h"
 #include "fill/bubble_cycle.h"
 #include "gpu/copy_engine.h"
@@ -37,7 +38,7 @@
 #include "pipeline/schedule.h"
 #include "pipeline/stage_compute.h"
 #include "pipeline/stage_runner.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(int, stages, 4, "pipeline stages (one process each)");
@@ -84,7 +85,7 @@ namespace {
 // Prints each bubble; a stand-in for a server reporter that shows where the hook fires.
 class LogReporter final : public BubbleReporter {
  public:
-  void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) override {
+  void BubbleBegin(int stage, int, absl::Duration expected, uint64_t free_bytes) override {
     begin_ = absl::Now();
     std::fprintf(stderr, "stage %d bubble: expected %.2f ms, %llu bytes free\n", stage,
                  absl::ToDoubleMilliseconds(expected), static_cast<unsigned long long>(free_bytes));
@@ -111,18 +112,20 @@ class ServerReporter final : public BubbleReporter {
         skip_(warmup >= 2 ? 1 : 0),
         profile_iterations_(std::max(1, warmup - skip_)) {}
 
-  void BubbleBegin(int stage, absl::Duration expected, uint64_t free_bytes) override {
+  void BubbleBegin(int stage, int position, absl::Duration expected,
+                   uint64_t free_bytes) override {
     bubble_begin_ = absl::Now();
+    bubble_position_ = position;
     free_bytes_ = free_bytes;
     Check(client_->BubbleBegin(static_cast<uint32_t>(stage), expected, free_bytes));
   }
   void BubbleEnd(int stage) override {
     const absl::Time end = absl::Now();
     Check(client_->BubbleEnd(static_cast<uint32_t>(stage)));
-    // Waits too short to hold any fill step come and go between iterations; leaving them out
-    // keeps every iteration's bubble count the same.
+    // Waits too short to hold any fill step are not worth placing work in.
     if (profiling_ && end - bubble_begin_ >= kMinProfiledBubble) {
-      Check(profiler_.RecordBubble(bubble_begin_, end, static_cast<int64_t>(free_bytes_)));
+      Check(profiler_.RecordBubble(bubble_position_, bubble_begin_, end,
+                                   static_cast<int64_t>(free_bytes_)));
     }
   }
   // Profiles iterations [skip_, skip_ + profile_iterations_) and registers at the start of the
@@ -132,7 +135,7 @@ class ServerReporter final : public BubbleReporter {
     Check(profiler_.StartIteration(absl::Now()));  // closes the previous profiled iteration
     profiling_ = true;
     if (profiler_.complete_iterations() >= profile_iterations_) {
-      Register(stage, gpu::MonotonicNowNs());
+      Register(stage, base::MonotonicNowNs());
     }
   }
 
@@ -166,6 +169,7 @@ class ServerReporter final : public BubbleReporter {
   bool profiling_ = false;
   bool registered_ = false;
   absl::Time bubble_begin_;
+  int bubble_position_ = 0;
   uint64_t free_bytes_ = 0;
   bool warned_ = false;
 };

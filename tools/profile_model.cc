@@ -17,7 +17,7 @@
 #include "models/layer_profiler.h"
 #include "models/registry.h"
 #include "models/zoo_model.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "", "registered model name");

@@ -1,9 +1,12 @@
 // pswitch-worker: a worker process, spawned by pswitchd (never by hand): it inherits its control
 // socket and attaches to the memdaemon's socket.
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "base/log.h"
 #include "tools/cli.h"
 #include "worker/worker.h"
 
@@ -33,13 +36,18 @@ int main(int argc, char** argv) {
   options.device_ordinal = absl::GetFlag(FLAGS_device);
   auto worker = pswitch::worker::Worker::Start(options);
   if (!worker.ok()) {
-    std::fprintf(stderr, "pswitch-worker %u: %s\n", options.worker_id,
-                 worker.status().ToString().c_str());
+    pswitch::base::Log(pswitch::base::LogLevel::kError, "worker_start_failed")
+        .Field("worker", options.worker_id)
+        .Field("pid", ::getpid())
+        .Field("error", worker.status());
     return 1;
   }
   absl::Status served = (*worker)->Serve();
   if (!served.ok()) {
-    std::fprintf(stderr, "pswitch-worker %u: %s\n", options.worker_id, served.ToString().c_str());
+    pswitch::base::Log(pswitch::base::LogLevel::kError, "worker_stopped")
+        .Field("worker", options.worker_id)
+        .Field("pid", ::getpid())
+        .Field("error", served);
     return 1;
   }
   return 0;

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "controller/client_server.h"
 #include "controller/controller.h"
+#include "base/log.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
 #include "models/registry.h"
@@ -72,13 +73,12 @@ ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check inst
 namespace pswitch {
 namespace {
 
-// logfmt lines on stderr: easy to grep, easy to ship to a log pipeline.
-template <typename... Args>
-void Log(const char* level, const char* event, const absl::FormatSpec<Args...>& fields,
-         const Args&... args) {
-  std::fprintf(stderr, "ts=%s level=%s event=%s %s\n",
-               absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()).c_str(),
-               level, event, absl::StrFormat(fields, args...).c_str());
+using base::Log;
+using base::LogLevel;
+
+// Every way start-up can fail ends in this one line (and a non-zero exit).
+void StartFailed(absl::string_view error) {
+  Log(LogLevel::kError, "start_failed").Field("error", error);
 }
 
 absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
@@ -98,7 +98,7 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
   absl::Status usable = gpu::Device::Open(options).status();
   if (usable.ok()) usable = worker::CheckWorkerBackend(options.backend);
   if (usable.ok()) return options;
-  Log("info", "backend_auto", "chosen=host reason=\"%s\"", usable.message());
+  Log(LogLevel::kInfo, "backend_auto").Field("chosen", "host").Field("reason", usable.message());
   options.backend = gpu::Backend::kHost;
   return options;
 }
@@ -115,8 +115,11 @@ absl::Status Preload(controller::Controller& controller) {
     controller.Register(request, [&](const auto& entry) { registered.set_value(entry); });
     auto entry = registered.get_future().get();
     if (!entry.ok()) return entry.status();
-    Log("info", "model_registered", "model=%s layers=%d groups=%d bytes=%d", request.name,
-        (*entry)->stored->num_layers(), (*entry)->plan.size(), (*entry)->stored->total_bytes());
+    Log(LogLevel::kInfo, "model_registered")
+        .Field("model", request.name)
+        .Field("layers", (*entry)->stored->num_layers())
+        .Field("groups", (*entry)->plan.size())
+        .Field("bytes", (*entry)->stored->total_bytes());
   }
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     auto model = models::CreateModel(name);
@@ -134,11 +137,13 @@ absl::Status Preload(controller::Controller& controller) {
     // copy_ms is the model's transmission, not the switch's cost (see event=task_switch for
     // the parts, and bench-switch for overhead against a ready model).
     const controller::SwitchTimeline& t = outcome->timeline;
-    Log("info", "self_check",
-        "model=%s task=%d latency_ms=%.3f copy_ms=%.3f first_layer_start_ms=%.3f",
-        std::string(name), outcome->task_id, absl::ToDoubleMilliseconds(outcome->latency),
-        absl::ToDoubleMilliseconds(outcome->switch_time),
-        t.first_layer_start_ns == 0 ? -1.0 : (t.first_layer_start_ns - t.arrival_ns) / 1e6);
+    Log(LogLevel::kInfo, "self_check")
+        .Field("model", name)
+        .Field("task", outcome->task_id)
+        .FieldMs("latency_ms", outcome->latency)
+        .FieldMs("copy_ms", outcome->switch_time)
+        .Field("first_layer_start_ms",
+               t.first_layer_start_ns == 0 ? -1.0 : (t.first_layer_start_ns - t.arrival_ns) / 1e6);
   }
   return absl::OkStatus();
 }
@@ -159,7 +164,7 @@ int Main() {
                        : !policy.ok()
                            ? policy.status()
                            : absl::InvalidArgumentError("--standby-workers must be in [0, 64]");
-    Log("error", "start_failed", "error=\"%s\"", bad.ToString());
+    StartFailed(bad.ToString());
     return 2;
   }
   memdaemon::MemDaemonOptions options;
@@ -172,8 +177,7 @@ int Main() {
   }
   const int gpus = absl::GetFlag(FLAGS_gpus);
   if (gpus < 1 || gpus > controller::kMaxGpus) {
-    Log("error", "start_failed", "error=\"--gpus must be in [1, %d], got %d\"",
-        controller::kMaxGpus, gpus);
+    StartFailed(absl::StrCat("--gpus must be in [1, ", controller::kMaxGpus, "], got ", gpus));
     return 2;
   }
   // One memory daemon per GPU: its own arena, flags, copy engine and worker socket (GPU g > 0
@@ -185,7 +189,7 @@ int Main() {
     if (g > 0) gpu_options.socket_path = absl::StrCat(options.socket_path, ".", g);
     auto daemon = memdaemon::MemDaemon::Create(gpu_options);
     if (!daemon.ok()) {
-      Log("error", "start_failed", "gpu=%d error=\"%s\"", g, daemon.status().ToString());
+      StartFailed(absl::StrCat("GPU ", g, ": ", daemon.status().ToString()));
       return 1;
     }
     daemons.push_back(std::move(*daemon));
@@ -208,10 +212,9 @@ int Main() {
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
       absl::GetFlag(FLAGS_drain_timeout_ms) < 1) {
-    Log("error", "start_failed", "error=\"%s\"",
-        !fill_policy.ok()                        ? fill_policy.status().ToString()
-        : absl::GetFlag(FLAGS_fill_grace_ms) < 1 ? "--fill-grace-ms must be >= 1"
-                                                 : "--drain-timeout-ms must be >= 1");
+    StartFailed(!fill_policy.ok()                        ? fill_policy.status().ToString()
+                : absl::GetFlag(FLAGS_fill_grace_ms) < 1 ? "--fill-grace-ms must be >= 1"
+                                                         : "--drain-timeout-ms must be >= 1");
     return 2;
   }
   controller_options.scheduler.drain_timeout =
@@ -224,12 +227,12 @@ int Main() {
     probe.bytes = std::min<uint64_t>(probe.bytes, first->leases().largest_free_bytes() / 2);
     absl::StatusOr<double> link = memdaemon::MeasureLinkBandwidth(*first, probe);
     if (!link.ok()) {
-      Log("error", "start_failed", "error=\"measuring the host-to-device link: %s\"",
-          link.status().ToString());
+      StartFailed(absl::StrCat("measuring the host-to-device link: ", link.status().ToString()));
       return 1;
     }
-    Log("info", "link_measured", "bandwidth_gb_per_s=%.2f probe_bytes=%d", *link / 1e9,
-        probe.bytes);
+    Log(LogLevel::kInfo, "link_measured")
+        .Field("bandwidth_gb_per_s", *link / 1e9, 2)
+        .Field("probe_bytes", probe.bytes);
     controller_options.auto_plan.bandwidth_bytes_per_s = *link;
     controller_options.auto_plan.device = absl::StrCat("cuda:", options.device.device_ordinal);
   } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
@@ -237,7 +240,7 @@ int Main() {
   }
   auto controller = controller::Controller::Create(controller_options, daemon_list);
   if (!controller.ok()) {
-    Log("error", "start_failed", "error=\"%s\"", controller.status().ToString());
+    StartFailed(controller.status().ToString());
     return 1;
   }
   controller::FillManagerOptions fill_options;
@@ -249,26 +252,31 @@ int Main() {
   auto server = controller::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
                                                 fill.get(), proto::kDefaultMaxFrameBytes);
   if (!server.ok()) {
-    Log("error", "start_failed", "error=\"%s\"", server.status().ToString());
+    StartFailed(server.status().ToString());
     return 1;
   }
-  Log("info", "started", "device=\"%s\" gpus=%d arena_bytes=%d workers=%d policy=%s port=%d",
-      first->device().description(), gpus, first->arena().size_bytes(), 1 + standby,
-      controller::PolicyName(*policy), (*server)->port());
+  Log(LogLevel::kInfo, "started")
+      .Field("device", first->device().description())
+      .Field("gpus", gpus)
+      .Field("arena_bytes", first->arena().size_bytes())
+      .Field("workers", 1 + standby)
+      .Field("policy", controller::PolicyName(*policy))
+      .Field("port", (*server)->port());
   absl::Status preload = Preload(**controller);
   if (!preload.ok()) {
-    Log("error", "preload_failed", "error=\"%s\"", preload.ToString());
+    Log(LogLevel::kError, "preload_failed").Field("error", preload);
     return 1;
   }
   int exit_code = 0;
   if (absl::GetFlag(FLAGS_exit_after_demo)) {
-    Log("info", "stopping", "reason=exit_after_demo");
+    Log(LogLevel::kInfo, "stopping").Field("reason", "exit_after_demo");
   } else {
-    Log("info", "serving", "listen=%s hint=\"Ctrl-C or SIGTERM to stop\"",
-        absl::GetFlag(FLAGS_listen));
+    Log(LogLevel::kInfo, "serving")
+        .Field("listen", absl::GetFlag(FLAGS_listen))
+        .Field("hint", "Ctrl-C or SIGTERM to stop");
     int signal_number = 0;
     sigwait(&stop_signals, &signal_number);
-    Log("info", "stopping", "signal=%s", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+    Log(LogLevel::kInfo, "stopping").Field("signal", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   }
   // New requests are refused first; the controller then answers every task still queued or
   // running (its schedulers' last callbacks reach the fill manager), and the server delivers
@@ -278,7 +286,7 @@ int Main() {
   fill.reset();
   server->reset();
   daemons.clear();
-  Log("info", "stopped", "exit_code=%d", exit_code);
+  Log(LogLevel::kInfo, "stopped").Field("exit_code", exit_code);
   return exit_code;
 }
 

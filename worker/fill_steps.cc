@@ -1,7 +1,8 @@
 #include "worker/fill_steps.h"
 
+#include "base/clock.h"
 #include "gpu/copy_engine.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::worker {
 
@@ -24,7 +25,7 @@ absl::StatusOr<std::unique_ptr<FillSteps>> FillSteps::Create(const proto::FillRu
 bool FillSteps::MayStart() const {
   if (ignore_pause_) return true;
   if (stop_->load()) return false;
-  absl::Duration remaining = absl::Nanoseconds(bubble_end_ns_ - gpu::MonotonicNowNs());
+  absl::Duration remaining = absl::Nanoseconds(bubble_end_ns_ - base::MonotonicNowNs());
   return fill::MayStartStep(remaining, profile_.Predicted(), margin_);
 }
 
@@ -36,9 +37,9 @@ absl::StatusOr<bool> FillSteps::Run(const std::function<absl::Status()>& step) {
     hold.emplace(lock_->Acquire());
     if (!MayStart()) return false;
   }
-  const int64_t start = gpu::MonotonicNowNs();
+  const int64_t start = base::MonotonicNowNs();
   absl::Status status = step();
-  const int64_t took = gpu::MonotonicNowNs() - start;
+  const int64_t took = base::MonotonicNowNs() - start;
   hold.reset();
   step_ns_ += took;
   ++steps_;

@@ -1,6 +1,6 @@
 #include "worker/iterative_task.h"
 
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::worker {
 

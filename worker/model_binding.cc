@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "memdaemon/weight_layout.h"
 #include "models/registry.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::worker {
 namespace {

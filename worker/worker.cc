@@ -8,11 +8,12 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gpu/copy_engine.h"
 #include "models/safetensors.h"
 #include "models/training.h"
 #include "models/weights.h"
-#include "proto/status.h"
+#include "base/status.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/host_tensors.h"
@@ -273,9 +274,9 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
   }
   int64_t warm_ns = 0;
   if (status.ok() && tensor_device_.is_cuda()) {
-    const int64_t start = gpu::MonotonicNowNs();
+    const int64_t start = base::MonotonicNowNs();
     status = WarmUp(name, *models_[name]);
-    warm_ns = gpu::MonotonicNowNs() - start;
+    warm_ns = base::MonotonicNowNs() - start;
   }
   flatbuffers::FlatBufferBuilder b;
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
@@ -390,7 +391,7 @@ absl::Status Worker::AwaitModel(int64_t deadline_ns) {
   uint32_t groups = 0;
   for (uint32_t g : gate_.group_of_layer) groups = std::max(groups, g + 1);
   for (uint32_t g = 0; g < groups; ++g) {
-    absl::Duration left = absl::Nanoseconds(deadline_ns - gpu::MonotonicNowNs());
+    absl::Duration left = absl::Nanoseconds(deadline_ns - base::MonotonicNowNs());
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("bubble ended");
     PSWITCH_RETURN_IF_ERROR(
         arena_->ready_flags().WaitReady(gate_.flag_base + g, gate_.epoch, left));
@@ -578,13 +579,13 @@ absl::Status Worker::HandleStop(const proto::Stop& stop) {
   }
   // A CPU store to the host-resident flag: one stream sync, no second round trip.
   PSWITCH_RETURN_IF_ERROR(arena_->drain_flags().Store(stop.drain_index(), stop.drain_value()));
-  const int64_t drained_ns = gpu::MonotonicNowNs();
+  const int64_t drained_ns = base::MonotonicNowNs();
   // The next model's copy may already overwrite the weights: cleaning touches metadata only.
-  const int64_t clean_start_ns = gpu::MonotonicNowNs();
+  const int64_t clean_start_ns = base::MonotonicNowNs();
   Clean();
   flatbuffers::FlatBufferBuilder b;
   auto drained = proto::CreateDrained(b, stop.drain_value(), drained_ns, clean_start_ns,
-                                      gpu::MonotonicNowNs());
+                                      base::MonotonicNowNs());
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Drained, drained.Union()));
   return SendEvent(b);
 }

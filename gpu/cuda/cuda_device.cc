@@ -5,11 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/clock.h"
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/cuda/cuda_memory.h"
 #include "gpu/event_timeline.h"
 #include "gpu/internal/job_ticket.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::gpu::cuda {
 namespace {
@@ -166,7 +167,7 @@ class CudaCopyEngine : public CopyEngine {
         continue;
       }
       PSWITCH_RETURN_IF_ERROR(CudaStatus(state, "cudaEventQuery"));
-      seen[g].seen_ns = MonotonicNowNs();
+      seen[g].seen_ns = base::MonotonicNowNs();
       float ms = 0;
       PSWITCH_RETURN_IF_ERROR(
           PSWITCH_CUDA(cudaEventElapsedTime(&ms, events_[0], events_[g + 1])));

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gpu/device.h"
+#include "base/clock.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::gpu {
@@ -120,11 +121,11 @@ TEST_F(CudaDeviceTest, SingleGroupTimesAreNotShiftedByTheGroupsOwnCopy) {
   job.epoch = 1;
   job.ready_flags = flags->get();
   job.groups.push_back(CopyGroup{{CopySpan{(*pinned)->data(), 2 << 20, kBytes}}});
-  const int64_t submitted = MonotonicNowNs();
+  const int64_t submitted = base::MonotonicNowNs();
   auto ticket = (*engine)->Submit(job);
   ASSERT_TRUE(ticket.ok());
   auto timings = (*ticket)->Wait(absl::Seconds(30));
-  const int64_t returned = MonotonicNowNs();
+  const int64_t returned = base::MonotonicNowNs();
   ASSERT_TRUE(timings.ok()) << timings.status();
   const GroupTiming& t = (*timings)[0];
   // The copy starts after the submission and ends before the wait returned; the old anchoring

@@ -10,9 +10,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/shared_flags.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::gpu::cuda {
 namespace {
@@ -134,7 +135,7 @@ absl::StatusOr<std::vector<int64_t>> CudaStream::TakeMarks() {
   cudaEvent_t end = mark_events_[kMaxStreamMarks];
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(end, stream_)));
   PSWITCH_RETURN_IF_ERROR(Synchronize(absl::Seconds(1)));
-  const int64_t end_ns = MonotonicNowNs();
+  const int64_t end_ns = base::MonotonicNowNs();
   for (size_t i = 0; i < n; ++i) {
     float ms = 0;
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventElapsedTime(&ms, mark_events_[i], end)));

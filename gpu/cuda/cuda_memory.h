@@ -19,7 +19,7 @@
 
 #include "gpu/cuda/driver_api.h"
 #include "gpu/device.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::gpu::cuda {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda/cuda_check.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::gpu::cuda {
 namespace {

@@ -7,7 +7,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::gpu {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::gpu {
 

@@ -6,7 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "proto/status.h"
+#include "base/clock.h"
+#include "base/status.h"
 
 namespace pswitch::gpu::host {
 namespace {
@@ -70,11 +71,11 @@ absl::Status HostCopyEngine::Execute(const CopyJob& job, internal::JobTicket& ti
                                                                 drained.status().message()));
     }
   }
-  const int64_t job_start_ns = MonotonicNowNs();
+  const int64_t job_start_ns = base::MonotonicNowNs();
   uint64_t job_bytes = 0;
   for (size_t g = 0; g < job.groups.size(); ++g) {
     GroupTiming timing;
-    timing.copy_start_ns = MonotonicNowNs();
+    timing.copy_start_ns = base::MonotonicNowNs();
     for (const CopySpan& span : job.groups[g].spans) {
       for (uint64_t done = 0; done < span.bytes;) {
         if (ticket.cancelled()) {
@@ -93,7 +94,7 @@ absl::Status HostCopyEngine::Execute(const CopyJob& job, internal::JobTicket& ti
       timing.bytes += span.bytes;
     }
     // Read before the store: a consumer woken by it must never appear to start before "ready".
-    timing.ready_ns = MonotonicNowNs();
+    timing.ready_ns = base::MonotonicNowNs();
     PSWITCH_RETURN_IF_ERROR(job.ready_flags->Store(job.ready_flag_base + g, job.epoch));
     ticket.RecordGroup(g, timing);
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gpu/host/host_copy_engine.h"
 #include "gpu/host/host_memory.h"
 
@@ -25,7 +26,7 @@ class HostStream : public Stream {
   absl::Status Synchronize(absl::Duration) override { return absl::OkStatus(); }
   absl::Status Mark() override {
     if (marks_.size() >= kMaxStreamMarks) return absl::ResourceExhaustedError("too many marks");
-    marks_.push_back(MonotonicNowNs());
+    marks_.push_back(base::MonotonicNowNs());
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<int64_t>> TakeMarks() override { return std::exchange(marks_, {}); }

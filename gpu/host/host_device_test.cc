@@ -8,6 +8,7 @@
 #include <numeric>
 #include <thread>
 
+#include "base/clock.h"
 #include "gtest/gtest.h"
 #include "proto/frame_channel.h"
 
@@ -251,7 +252,7 @@ TEST(HostDeviceTest, CopyWaitsForTheDrainFlagAndFailsWhenItNeverComes) {
   std::thread tenant([&] {
     // The tenant's last kernel finishing, modelled by a store from another thread.
     absl::SleepFor(absl::Milliseconds(30));
-    drained_ns = MonotonicNowNs();
+    drained_ns = base::MonotonicNowNs();
     ASSERT_TRUE((*drain)->Store(1, 2).ok());
   });
   auto timings = (*job)->Wait(absl::Seconds(60));

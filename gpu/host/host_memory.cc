@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/shared_flags.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::gpu::host {
 namespace {

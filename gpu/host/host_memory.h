@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "gpu/device.h"
-#include "proto/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::gpu::host {
 

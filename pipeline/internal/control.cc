@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::pipeline::internal {
 namespace {

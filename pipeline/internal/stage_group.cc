@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "pipeline/internal/control.h"
 #include "pipeline/wire.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::pipeline::internal {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/zoo_model.h"
-#include "proto/status.h"
+#include "base/status.h"
 
 namespace pswitch::worker::cuda {
 namespace {

@@ -3,8 +3,8 @@
 // Debian's Abseil (20220623) predates absl's own RETURN_IF_ERROR / ASSIGN_OR_RETURN, so the
 // project keeps its pair here. Errors cross module edges as absl::Status with the standard
 // codes; the wire form (proto/common.fbs ErrorCode) converts through the two functions below.
-#ifndef PSWITCH_PROTO_STATUS_H_
-#define PSWITCH_PROTO_STATUS_H_
+#ifndef PSWITCH_BASE_STATUS_H_
+#define PSWITCH_BASE_STATUS_H_
 
 #include <cerrno>
 
@@ -38,4 +38,4 @@ absl::Status ErrnoStatus(absl::string_view what, int errno_value = errno);
 
 }  // namespace pswitch
 
-#endif  // PSWITCH_PROTO_STATUS_H_
+#endif  // PSWITCH_BASE_STATUS_H_

@@ -1,4 +1,4 @@
-#include "proto/status.h"
+#include "base/status.h"
 
 #include <cstring>
 #include <string>

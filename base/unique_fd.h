@@ -1,6 +1,6 @@
 // RAII owner of a POSIX file descriptor.
-#ifndef PSWITCH_PROTO_UNIQUE_FD_H_
-#define PSWITCH_PROTO_UNIQUE_FD_H_
+#ifndef PSWITCH_BASE_UNIQUE_FD_H_
+#define PSWITCH_BASE_UNIQUE_FD_H_
 
 namespace pswitch {
 
@@ -28,4 +28,4 @@ class UniqueFd {
 
 }  // namespace pswitch
 
-#endif  // PSWITCH_PROTO_UNIQUE_FD_H_
+#endif  // PSWITCH_BASE_UNIQUE_FD_H_
