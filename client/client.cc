@@ -191,15 +191,18 @@ absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>& future, absl::Duration t
   return future.get();
 }
 
-// A one-reply call whose reply body must be `expected`; `parse` turns it into T.
-template <typename T>
-std::future<absl::StatusOr<T>> SimpleCall(
-    std::function<void(Builder&, uint64_t)> build, ControllerReplyBody expected,
-    std::function<absl::StatusOr<T>(const ControllerReply*)> parse,
-    const std::function<void(const std::function<void(Builder&, uint64_t)>&, ReplyHandler)>& call) {
+// A one-reply call whose reply body must be `expected`; `parse` turns it into T. Waits up to
+// `timeout` for the reply.
+template <typename T, typename Connection>
+absl::StatusOr<T> CallAndAwait(Connection& connection, absl::Duration timeout,
+                               absl::string_view what,
+                               const std::function<void(Builder&, uint64_t)>& build,
+                               ControllerReplyBody expected,
+                               std::function<absl::StatusOr<T>(const ControllerReply*)> parse) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   auto future = promise->get_future();
-  call(build, [promise, expected, parse](const absl::StatusOr<const ControllerReply*>& reply) {
+  connection.Call(build, [promise, expected, parse = std::move(parse)](
+                             const absl::StatusOr<const ControllerReply*>& reply) {
     if (!reply.ok()) {
       promise->set_value(reply.status());
     } else if ((*reply)->body_type() == ControllerReplyBody::Error) {
@@ -212,14 +215,13 @@ std::future<absl::StatusOr<T>> SimpleCall(
     }
     return true;
   });
-  return future;
+  return Await(future, timeout, what);
 }
 
 }  // namespace
 
 absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<RegisteredModel>(
+  return CallAndAwait<RegisteredModel>(*connection_, options_.timeout, "register",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterModel(
             b, b.CreateString(options.name), b.CreateString(options.zoo_model),
@@ -233,14 +235,11 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
         auto* r = reply->body_as_Registered();
         return RegisteredModel{r->name() ? r->name()->str() : "", r->layers(), r->groups(),
                                r->param_bytes()};
-      },
-      call);
-  return Await(future, options_.timeout, "register");
+      });
 }
 
 absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<std::vector<ModelInfo>>(
+  return CallAndAwait<std::vector<ModelInfo>>(*connection_, options_.timeout, "list models",
       [](Builder& b, uint64_t id) {
         auto body = proto::CreateListModels(b);
         b.Finish(
@@ -257,9 +256,7 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
                                      m->param_bytes()});
         }
         return models;
-      },
-      call);
-  return Await(future, options_.timeout, "list models");
+      });
 }
 
 namespace {
@@ -366,8 +363,7 @@ absl::StatusOr<TaskResult> Client::Train(const std::string& model, const TrainOp
 }
 
 absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<TaskStatus>(
+  return CallAndAwait<TaskStatus>(*connection_, options_.timeout, "status",
       [task_id](Builder& b, uint64_t id) {
         auto body = proto::CreateQueryTask(b, task_id);
         b.Finish(
@@ -376,14 +372,11 @@ absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
       ControllerReplyBody::TaskStatus,
       [](const ControllerReply* reply) -> absl::StatusOr<TaskStatus> {
         return ParseTaskStatus(*reply->body_as_TaskStatus());
-      },
-      call);
-  return Await(future, options_.timeout, "status");
+      });
 }
 
 absl::StatusOr<std::vector<TaskStatus>> Client::ListTasks(uint32_t limit) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<std::vector<TaskStatus>>(
+  return CallAndAwait<std::vector<TaskStatus>>(*connection_, options_.timeout, "task list",
       [limit](Builder& b, uint64_t id) {
         auto body = proto::CreateListTasks(b, limit);
         b.Finish(
@@ -396,17 +389,13 @@ absl::StatusOr<std::vector<TaskStatus>> Client::ListTasks(uint32_t limit) {
           for (const proto::TaskStatus* s : *wire) tasks.push_back(ParseTaskStatus(*s));
         }
         return tasks;
-      },
-      call);
-  return Await(future, options_.timeout, "task list");
+      });
 }
 
 absl::Status Client::AckCall(std::function<void(Builder&, uint64_t)> build, const char* what) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<bool>(
+  return CallAndAwait<bool>(*connection_, options_.timeout, what,
       std::move(build), ControllerReplyBody::Ack,
-      [](const ControllerReply*) -> absl::StatusOr<bool> { return true; }, call);
-  return Await(future, options_.timeout, what).status();
+      [](const ControllerReply*) -> absl::StatusOr<bool> { return true; }).status();
 }
 
 absl::Status Client::Cancel(uint64_t task_id) {
@@ -509,28 +498,24 @@ flatbuffers::Offset<proto::FillSubmit> CreateFillSubmit(Builder& b, const FillJo
 }  // namespace
 
 absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<FillJobStatus>(
+  return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill submit",
       [&](Builder& b, uint64_t id) {
         auto body = CreateFillSubmit(b, o);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillSubmit, body.Union()));
       },
-      ControllerReplyBody::FillStatus, ParseFillStatus, call);
-  return Await(future, options_.timeout, "fill submit");
+      ControllerReplyBody::FillStatus, ParseFillStatus);
 }
 
 absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<FillJobStatus>(
+  return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill estimate",
       [&](Builder& b, uint64_t id) {
         auto job = CreateFillSubmit(b, o);
         auto body = proto::CreateFillEstimateQuery(b, job);
         b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillEstimateQuery,
                                             body.Union()));
       },
-      ControllerReplyBody::FillStatus, ParseFillStatus, call);
-  return Await(future, options_.timeout, "fill estimate");
+      ControllerReplyBody::FillStatus, ParseFillStatus);
 }
 
 absl::Status Client::CancelFill(uint64_t job_id) {
@@ -544,20 +529,17 @@ absl::Status Client::CancelFill(uint64_t job_id) {
 }
 
 absl::StatusOr<FillJobStatus> Client::FillStatus(uint64_t job_id) {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<FillJobStatus>(
+  return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill status",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateFillQuery(b, job_id);
         b.Finish(
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillQuery, body.Union()));
       },
-      ControllerReplyBody::FillStatus, ParseFillStatus, call);
-  return Await(future, options_.timeout, "fill status");
+      ControllerReplyBody::FillStatus, ParseFillStatus);
 }
 
 absl::StatusOr<FillServerStats> Client::FillStats() {
-  auto call = [this](const auto& build, ReplyHandler h) { connection_->Call(build, h); };
-  auto future = SimpleCall<FillServerStats>(
+  return CallAndAwait<FillServerStats>(*connection_, options_.timeout, "fill stats",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateFillStatsQuery(b);
         b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillStatsQuery,
@@ -575,9 +557,7 @@ absl::StatusOr<FillServerStats> Client::FillStats() {
         stats.pause_p99 = absl::Microseconds(s->pause_latency_p99_us());
         stats.killed = s->killed();
         return stats;
-      },
-      call);
-  return Await(future, options_.timeout, "fill stats");
+      });
 }
 
 }  // namespace pswitch::client

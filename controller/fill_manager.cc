@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -16,7 +15,6 @@ namespace pswitch::controller {
 namespace {
 
 // Optimizer-state checkpoints of fill jobs are keyed apart from task ids.
-constexpr uint64_t kFillStateKeyBit = 1ull << 63;
 
 absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
   if (v.empty()) return absl::ZeroDuration();
@@ -252,7 +250,7 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
   Transition(id, job, fill::FillEvent::kStop);
   job.error = std::move(error);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
-  controller_->checkpoints().Drop(kFillStateKeyBit | id);
+  controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
   base::Log(job.error.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "fill_job_stopped")
       .Field("job", id)
       .Field("steps", absl::StrCat(job.steps_done, "/", job.steps_total))
@@ -280,7 +278,7 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubb
   f.ignore_pause = r.ignore_pause;
   if (options_.host_compute_lock) f.device_lock_path = gpu::ComputeLock::DefaultPath(gpu);
   f.first_iteration = static_cast<uint32_t>(job.steps_done);
-  f.state_key = kFillStateKeyBit | id;
+  f.state_key = CheckpointKey::FillJob(id);
   spec.fill = std::move(f);
   return spec;
 }
@@ -374,11 +372,11 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
   }
   Job& job = jobs_.at(id);
   if (job.machine.stopped()) {  // stopped while this run was out: drop what it saved
-    controller_->checkpoints().Drop(kFillStateKeyBit | id);
+    controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
     return;
   }
   if (!outcome.ok()) {
-    if (absl::StrContains(outcome.status().message(), "did not pause")) ++stats_.killed;
+    if (WasKilled(outcome.status())) ++stats_.killed;
     Stop(id, job, outcome.status());
     return;
   }

@@ -48,7 +48,7 @@ struct GpuScheduler::Running {
   // Its pinned host checkpoint, reused for every save and restore of this task's state.
   std::unique_ptr<gpu::HostBuffer> state_staging;
   SwitchTimeline timeline;
-  uint64_t state_key = 0;  // its optimizer-state checkpoint's key (the task, or a fill job)
+  CheckpointKey state_key;  // its optimizer-state checkpoint (the task's, or a fill job's)
 };
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
@@ -139,10 +139,10 @@ void GpuScheduler::Loop() {
     loop_done_ = true;
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
+    const uint32_t promised = slots_[i]->drain_value;
     slots_[i].reset();
     // Nothing of that worker is in flight any more: no transmission may wait for its drain.
-    (void)daemon_->drain_flags().Store(static_cast<uint32_t>(i),
-                                       UINT32_MAX / 2);
+    daemon_->ReleaseDrain(static_cast<uint32_t>(i), promised);
   }
   slots_.clear();
   for (Watcher& w : watchers_) w.thread.join();
@@ -505,16 +505,16 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
   const bool was_ready = s.state == Slot::State::kIdle || s.state == Slot::State::kBusy;
   s.state = Slot::State::kDead;
   // Nothing of a dead process is in flight: release whoever waits for its drain.
-  (void)daemon_->drain_flags().Store(static_cast<uint32_t>(slot),
-                                     ++s.drain_value);
+  daemon_->ReleaseDrain(static_cast<uint32_t>(slot), s.drain_value);
   if (running_ != nullptr && running_->slot == slot) {
     uint64_t id = running_->task_id;
     (void)ReleaseOptimizerState(*running_, false);
     running_.reset();
-    std::string reason = s.kill_reason.empty() ? std::string(why.message()) : s.kill_reason;
-    Finish(id,
-           absl::UnavailableError(absl::StrCat("task ", id, " failed: ", reason,
-                                               "; the task's model state is its last checkpoint")));
+    const bool killed = !s.kill_reason.empty();
+    absl::Status failed = absl::UnavailableError(
+        absl::StrCat("task ", id, " failed: ", killed ? s.kill_reason : why.message(),
+                     "; the task's model state is its last checkpoint"));
+    Finish(id, killed ? MarkKilled(std::move(failed)) : failed);
   }
   if (active_slot_ == slot) {
     active_slot_ = -1;
@@ -707,7 +707,7 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   const TaskSpec& spec = specs_.at(ticket.id).first;
   auto run = std::make_unique<Running>();
   run->task_id = ticket.id;
-  run->state_key = spec.fill ? spec.fill->state_key : ticket.id;
+  run->state_key = spec.fill ? spec.fill->state_key : CheckpointKey::Task(ticket.id);
   if (spec.fill && spec.fill->synthetic) {
     PSWITCH_RETURN_IF_ERROR(SendSynthetic(*run, ticket, spec));
     running_ = std::move(run);
@@ -962,7 +962,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   auto it = specs_.find(task_id);
   tasks_.Finish(task_id, outcome.status(), outcome.ok() ? outcome->iterations_done : 0);
   resume_iteration_.erase(task_id);
-  checkpoints_->Drop(task_id);
+  checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
   TaskCallback callback = std::move(it->second.second);
   specs_.erase(it);

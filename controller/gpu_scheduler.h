@@ -54,7 +54,7 @@ struct FillRunSpec {
   bool ignore_pause = false;
   std::string device_lock_path;  // host backend: the device's compute lock
   uint32_t first_iteration = 0;  // steps already done
-  uint64_t state_key = 0;        // keys the optimizer-state checkpoint across bubbles
+  CheckpointKey state_key;       // keys the optimizer-state checkpoint across bubbles
 };
 
 struct TaskSpec {

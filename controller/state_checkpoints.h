@@ -17,14 +17,25 @@
 
 namespace pswitch::controller {
 
+// Whose checkpoint: a training task's (by task id) or a fill job's (by job id, kept across the
+// job's bubble runs). Two key spaces, never mixed.
+struct CheckpointKey {
+  enum class Owner { kTask, kFillJob };
+  Owner owner = Owner::kTask;
+  uint64_t id = 0;
+  static CheckpointKey Task(uint64_t id) { return {Owner::kTask, id}; }
+  static CheckpointKey FillJob(uint64_t id) { return {Owner::kFillJob, id}; }
+  auto operator<=>(const CheckpointKey&) const = default;
+};
+
 class StateCheckpoints {
  public:
-  void Put(uint64_t key, std::unique_ptr<gpu::HostBuffer> bytes) {
+  void Put(CheckpointKey key, std::unique_ptr<gpu::HostBuffer> bytes) {
     absl::MutexLock lock(&mu_);
     saved_[key] = std::move(bytes);
   }
   // Removes and returns the checkpoint; null when there is none.
-  std::unique_ptr<gpu::HostBuffer> Take(uint64_t key) {
+  std::unique_ptr<gpu::HostBuffer> Take(CheckpointKey key) {
     absl::MutexLock lock(&mu_);
     auto it = saved_.find(key);
     if (it == saved_.end()) return nullptr;
@@ -32,14 +43,14 @@ class StateCheckpoints {
     saved_.erase(it);
     return bytes;
   }
-  void Drop(uint64_t key) {
+  void Drop(CheckpointKey key) {
     absl::MutexLock lock(&mu_);
     saved_.erase(key);
   }
 
  private:
   absl::Mutex mu_;
-  std::map<uint64_t, std::unique_ptr<gpu::HostBuffer>> saved_ ABSL_GUARDED_BY(mu_);
+  std::map<CheckpointKey, std::unique_ptr<gpu::HostBuffer>> saved_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pswitch::controller

@@ -1,5 +1,6 @@
 #include "controller/task_registry.h"
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace pswitch::controller {
@@ -20,6 +21,19 @@ absl::string_view TaskPhaseName(TaskPhase phase) {
       return "cancelled";
   }
   return "unknown";
+}
+
+namespace {
+constexpr absl::string_view kKilledPayload = "type.pswitch.dev/killed";
+}  // namespace
+
+absl::Status MarkKilled(absl::Status status) {
+  status.SetPayload(kKilledPayload, absl::Cord("1"));
+  return status;
+}
+
+bool WasKilled(const absl::Status& status) {
+  return status.GetPayload(kKilledPayload).has_value();
 }
 
 uint64_t TaskRegistry::Add(absl::string_view model) {

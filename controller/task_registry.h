@@ -20,6 +20,11 @@ namespace pswitch::controller {
 enum class TaskPhase { kQueued, kSwitching, kRunning, kSucceeded, kFailed, kCancelled };
 absl::string_view TaskPhaseName(TaskPhase phase);
 
+// A task whose worker pswitchd killed (it did not stop, pause or drain in time) fails with a
+// status that says so in a payload, so callers count kills without matching error text.
+absl::Status MarkKilled(absl::Status status);
+bool WasKilled(const absl::Status& status);
+
 struct TaskInfo {
   uint64_t task_id = 0;
   std::string model;

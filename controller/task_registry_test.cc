@@ -50,6 +50,12 @@ TEST(TaskRegistryTest, FailuresAndCancellationsKeepTheirError) {
   EXPECT_EQ(tasks.Query(cancelled)->phase, TaskPhase::kCancelled);
   EXPECT_EQ(tasks.Query(99).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(TaskPhaseName(TaskPhase::kCancelled), "cancelled");
+  // Kills are known by a payload that survives the message being reworded.
+  absl::Status killed = MarkKilled(absl::UnavailableError("killed: did not pause"));
+  EXPECT_TRUE(WasKilled(killed));
+  EXPECT_EQ(killed.message(), "killed: did not pause");
+  EXPECT_FALSE(WasKilled(absl::UnavailableError("killed: did not pause")));
+  EXPECT_FALSE(WasKilled(absl::OkStatus()));
 }
 
 TEST(TaskRegistryTest, RecentIsNewestFirstAndOnlyFinishedTasksAreForgotten) {

@@ -47,6 +47,12 @@ class MemDaemon {
   Transmitter& transmitter() { return *transmitter_; }
   gpu::CopyEngine& copy_engine() { return *copy_engine_; }
   // Empty when no server runs.
+  // Nothing of worker slot `slot` is in flight any more (it died, or pswitchd is stopping):
+  // releases every wait on its drain flag up to `promised`, the latest drain value a Stop to
+  // that slot asked for. Only forward, so a later Stop's value still means something.
+  void ReleaseDrain(uint32_t slot, uint32_t promised) {
+    (void)drain_flags_->Advance(slot, promised);
+  }
   std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
   int device_ordinal() const { return device_ordinal_; }
 
