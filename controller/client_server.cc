@@ -102,9 +102,10 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         return conn.Send(
             AckOrError(id, RegisterCycle(*(*request)->body_as_RegisterBubbleCycle())));
       case proto::ClientRequestBody::FillSubmit:
-        return conn.Send(FillSubmitReply(id, *(*request)->body_as_FillSubmit()));
+        return FillSubmit(conn, id, *(*request)->body_as_FillSubmit(), /*estimate=*/false);
       case proto::ClientRequestBody::FillEstimateQuery:
-        return conn.Send(FillEstimateReply(id, *(*request)->body_as_FillEstimateQuery()->job()));
+        return FillSubmit(conn, id, *(*request)->body_as_FillEstimateQuery()->job(),
+                          /*estimate=*/true);
       case proto::ClientRequestBody::FillCancel:
         return conn.Send(
             AckOrError(id, fill_->Cancel((*request)->body_as_FillCancel()->job_id())));
@@ -146,20 +147,23 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     return fill_->RegisterCycle(static_cast<int>(wire.gpu()), cycle, origin);
   }
 
-  std::vector<uint8_t> FillSubmitReply(uint64_t id, const proto::FillSubmit& wire) {
+  // Submitting or estimating reads the job's dataset: on the fill manager's I/O thread, so this
+  // event loop (every client's) never waits on a disk; the reply follows from there.
+  void FillSubmit(proto::FramedConnection& conn, uint64_t id, const proto::FillSubmit& wire,
+                  bool estimate) {
     absl::StatusOr<FillRequest> request = ParseFillRequest(wire);
-    if (!request.ok()) return ErrorReply(id, request.status());
-    absl::StatusOr<uint64_t> job = fill_->Submit(*std::move(request));
-    if (!job.ok()) return ErrorReply(id, job.status());
-    return FillStatusReply(id, *job);
-  }
-
-  std::vector<uint8_t> FillEstimateReply(uint64_t id, const proto::FillSubmit& wire) {
-    absl::StatusOr<FillRequest> request = ParseFillRequest(wire);
-    if (!request.ok()) return ErrorReply(id, request.status());
-    absl::StatusOr<FillJobStatus> estimate = fill_->Estimate(*std::move(request));
-    if (!estimate.ok()) return ErrorReply(id, estimate.status());
-    return FillStatusReply(id, *estimate);
+    if (!request.ok()) return conn.Send(ErrorReply(id, request.status()));
+    fill_->Background([self = shared_from_this(), id, estimate,
+                       request = *std::move(request)]() mutable {
+      if (estimate) {
+        absl::StatusOr<FillJobStatus> predicted = self->fill_->Estimate(std::move(request));
+        self->PostReply(predicted.ok() ? self->FillStatusReply(id, *predicted)
+                                       : ErrorReply(id, predicted.status()));
+        return;
+      }
+      absl::StatusOr<uint64_t> job = self->fill_->Submit(std::move(request));
+      self->PostReply(job.ok() ? self->FillStatusReply(id, *job) : ErrorReply(id, job.status()));
+    });
   }
 
   static absl::StatusOr<FillRequest> ParseFillRequest(const proto::FillSubmit& wire) {

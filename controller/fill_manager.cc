@@ -245,12 +245,12 @@ void FillManager::OnCreated(uint64_t id, absl::Status created) {
   Transition(id, it->second, fill::FillEvent::kInit);  // CREATED -> PAUSED
 }
 
-void FillManager::Stop(uint64_t id, Job& job, absl::Status error) {
+void FillManager::Stop(uint64_t id, Job& job, absl::Status error, bool drop_checkpoint) {
   if (job.machine.stopped()) return;
   Transition(id, job, fill::FillEvent::kStop);
   job.error = std::move(error);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
-  controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
+  if (drop_checkpoint) controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
   base::Log(job.error.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "fill_job_stopped")
       .Field("job", id)
       .Field("steps", absl::StrCat(job.steps_done, "/", job.steps_total))
@@ -396,12 +396,19 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
   job.steps_done = std::min<int64_t>(outcome->iterations_done, job.steps_total);
   if (scheduler_ != nullptr) (void)scheduler_->ReportProgress(id, job.steps_done);
   if (job.steps_done >= job.steps_total) {
-    absl::Status written;
-    if (job.request.kind == FillKind::kInference) {
-      written = WriteOutputs(job.request.output_path, job.outputs);
-      job.outputs.clear();
+    if (job.request.kind != FillKind::kInference) {
+      Stop(id, job, absl::OkStatus());
+      return;
     }
-    Stop(id, job, written);
+    // Every row is computed; the job stops once its output is on disk, written on the I/O
+    // thread while this lock (which every bubble signal takes) stays free.
+    controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
+    Background([this, id, path = job.request.output_path, outputs = std::move(job.outputs)] {
+      absl::Status written = WriteOutputs(path, outputs);
+      absl::MutexLock lock(&mu_);
+      Stop(id, jobs_.at(id), written, /*drop_checkpoint=*/false);
+    });
+    job.outputs.clear();
     return;
   }
   Transition(id, job, fill::FillEvent::kPause);  // RUNNING -> PAUSED until its next bubble

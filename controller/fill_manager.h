@@ -7,6 +7,7 @@
 #ifndef PSWITCH_CONTROLLER_FILL_MANAGER_H_
 #define PSWITCH_CONTROLLER_FILL_MANAGER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "asio/post.hpp"
+#include "asio/thread_pool.hpp"
 #include "absl/synchronization/mutex.h"
 #include "controller/controller.h"
 #include "fill/bubble_cycle.h"
@@ -77,6 +80,15 @@ class FillManager {
  public:
   FillManager(Controller* controller, FillManagerOptions options)
       : controller_(controller), options_(options) {}
+  // Finishes the disk work already queued (an inference job's output is never lost).
+  ~FillManager() { io_.wait(); }
+  FillManager(const FillManager&) = delete;
+  FillManager& operator=(const FillManager&) = delete;
+
+  // Runs `work` on the fill manager's I/O thread: reading a job's dataset, writing its output.
+  // Off the client event loop, the schedulers' loops and the fill lock, so no bubble signal and
+  // no other client ever waits on a disk.
+  void Background(std::function<void()> work) { asio::post(io_, std::move(work)); }
 
   // InvalidArgument for a bad cycle or GPU. `origin` is the start of one of the main job's
   // iterations (time 0 of the cycle, for predictions); nullopt: now. Jobs not yet finished are
@@ -136,7 +148,10 @@ class FillManager {
   static void Transition(uint64_t id, Job& job, fill::FillEvent event);
   void OnCreated(uint64_t id, absl::Status created);
   void OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome);
-  void Stop(uint64_t id, Job& job, absl::Status error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `drop_checkpoint`: also drop the job's optimizer-state checkpoint (reaches into the
+  // controller; false on the I/O thread, which may run after the controller is gone).
+  void Stop(uint64_t id, Job& job, absl::Status error, bool drop_checkpoint = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPause(GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                    uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -152,6 +167,7 @@ class FillManager {
   std::unique_ptr<fill::FillScheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   FillStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> pause_latencies_ ABSL_GUARDED_BY(mu_);
+  asio::thread_pool io_{1};  // last: its work uses every member above
 };
 
 }  // namespace pswitch::controller

@@ -1,5 +1,6 @@
 // Fill tasks end to end: a real pswitchd, this test playing the main job (bubble instruction,
 // bubble cycle, and the device's compute lock between bubbles).
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -332,6 +333,35 @@ TEST_F(FillTest, TrainingFillTaskSurvivesPausesExactly) {
   auto reference = client_->Infer("reference", {*probe});
   ASSERT_TRUE(filled.ok() && reference.ok()) << filled.status() << reference.status();
   EXPECT_EQ(filled->outputs[0].data, reference->outputs[0].data);
+}
+
+// A dataset that blocks its reader (a FIFO with no writer yet) holds up only the fill manager's
+// I/O thread: the event loop every client shares, and the bubble signals, go on.
+TEST_F(FillTest, ADatasetThatBlocksOnReadHoldsUpNoOtherClientNorTheBubblePath) {
+  RegisterCycle(absl::Milliseconds(20));
+  const std::string fifo = (daemon_->dir() / "dataset.fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kInference;
+  o.model = "tiny_mlp";
+  o.dataset_path = fifo;
+  o.output_path = (daemon_->dir() / "out.safetensors").string();
+  o.step = absl::Milliseconds(3);
+  o.memory_bytes = 16 << 20;
+  auto submitter = client::Client::Connect(daemon_->address());
+  ASSERT_TRUE(submitter.ok()) << submitter.status();
+  auto submitted = std::async(std::launch::async, [&] { return (*submitter)->SubmitFill(o); });
+  absl::SleepFor(absl::Milliseconds(200));  // the daemon is now blocked opening the FIFO
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 3; ++i) Iteration(absl::Milliseconds(20), absl::Milliseconds(2));
+  ASSERT_TRUE(client_->FillStats().ok());
+  ASSERT_TRUE(client_->ListModels().ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "other clients were answered at once";
+  EXPECT_EQ(submitted.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  // A writer that closes at once: the read ends (empty file) and the submission fails cleanly.
+  { std::ofstream unblock(fifo); }
+  auto failed = submitted.get();
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument) << failed.status();
 }
 
 TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
