@@ -22,7 +22,6 @@ using Builder = flatbuffers::FlatBufferBuilder;
 
 // Start failures in a row after which queued tasks stop waiting for a worker slot (it is still
 // retried, every 5 s at most).
-constexpr int kMaxStartFailures = 3;
 
 struct GpuScheduler::Slot {
   enum class State { kStarting, kIdle, kBusy, kDead };
@@ -57,6 +56,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       daemon_(daemon),
       catalog_(catalog),
       queue_(options.policy, options.inference_preempts_training),
+      respawns_(static_cast<size_t>(std::max(options.workers, 0))),
       checkpoints_(options.checkpoints ? options.checkpoints
                                        : std::make_shared<StateCheckpoints>()) {}
 
@@ -69,7 +69,6 @@ absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const Schedule
   }
   std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
   for (int i = 0; i < options.workers; ++i) s->slots_.push_back(std::make_unique<Slot>());
-  s->restarts_.resize(s->slots_.size());
   s->loop_ = std::thread([p = s.get()] { p->Loop(); });
   s->Post([p = s.get()] {
     for (size_t i = 0; i < p->slots_.size(); ++i) p->SpawnSlot(static_cast<int>(i));
@@ -103,7 +102,7 @@ void GpuScheduler::Loop() {
       // While stopping, a running task gets a bounded time to reach its sync point; a fill run
       // told to pause gets its grace.
       if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
-                                 std::min({stop_deadline, kill_deadline_, NextRespawn()}))) {
+                                 std::min({stop_deadline, kill_deadline_, respawns_.Next()}))) {
         if (absl::Now() >= stop_deadline) break;
         fn = [this] {
           if (absl::Now() >= kill_deadline_) EnforceStop();
@@ -457,43 +456,22 @@ bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const {
 
 void GpuScheduler::ScheduleRespawn(int slot, bool was_ready, const absl::Status& why) {
   if (stopping_) return;
-  Restarts& r = restarts_[slot];
-  if (was_ready) {
-    r = Restarts{};
+  const absl::Duration delay =
+      respawns_.Failed(static_cast<size_t>(slot), was_ready, why.message(), absl::Now());
+  if (delay == absl::ZeroDuration()) {
     SpawnSlot(slot);
     return;
   }
-  ++r.start_failures;
-  r.last_error = std::string(why.message());
-  // 100 ms, 200 ms, ... up to 5 s: a worker that cannot start must not spin the daemon.
-  const absl::Duration delay =
-      std::min(absl::Milliseconds(100) * (int64_t{1} << std::min(r.start_failures - 1, 6)),
-               absl::Seconds(5));
-  r.respawn_at = absl::Now() + delay;
   Event(base::LogLevel::kError, "worker_start_failed")
       .Field("slot", slot)
-      .Field("failures_in_a_row", r.start_failures)
+      .Field("failures_in_a_row", respawns_.start_failures(static_cast<size_t>(slot)))
       .Field("retry_in_ms", absl::ToDoubleMilliseconds(delay), 0)
-      .Field("error", r.last_error);
+      .Field("error", why.message());
 }
 
 void GpuScheduler::RespawnDue() {
-  const absl::Time now = absl::Now();
-  for (size_t slot = 0; slot < slots_.size(); ++slot) {
-    if (restarts_[slot].respawn_at > now || stopping_) continue;
-    restarts_[slot].respawn_at = absl::InfiniteFuture();
-    SpawnSlot(static_cast<int>(slot));
-  }
-}
-
-absl::Time GpuScheduler::NextRespawn() const {
-  absl::Time next = absl::InfiniteFuture();
-  for (const Restarts& r : restarts_) next = std::min(next, r.respawn_at);
-  return next;
-}
-
-bool GpuScheduler::GaveUp(int slot) const {
-  return restarts_[slot].start_failures >= kMaxStartFailures;
+  if (stopping_) return;
+  for (size_t slot : respawns_.Due(absl::Now())) SpawnSlot(static_cast<int>(slot));
 }
 
 void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
@@ -674,7 +652,7 @@ void GpuScheduler::MaybeStart() {
       for (size_t i = 0; i < slots_.size(); ++i) {
         const Slot& s = *slots_[i];
         any |= Usable(static_cast<int>(i), ticket.model);
-        const bool gave_up = GaveUp(static_cast<int>(i));
+        const bool gave_up = respawns_.GaveUp(i);
         all_gave_up &= gave_up;
         // A worker still starting (or about to be respawned), loading or busy may yet run it.
         possible |= (!gave_up && (s.state == Slot::State::kStarting ||
@@ -688,8 +666,8 @@ void GpuScheduler::MaybeStart() {
         Finish(ticket.id,
                all_gave_up
                    ? absl::UnavailableError(absl::StrCat(
-                         "no worker can start: each failed ", kMaxStartFailures,
-                         " times in a row before it was ready (last: ", restarts_[0].last_error,
+                         "no worker can start: each failed ", RespawnBackoff::kMaxStartFailures,
+                         " times in a row before it was ready (last: ", respawns_.last_error(0),
                          "); pswitchd keeps retrying, see its log"))
                    : absl::FailedPreconditionError(
                          absl::StrCat("no worker has model '", ticket.model,

@@ -30,6 +30,7 @@
 #include "controller/task_queue.h"
 #include "controller/worker_process.h"
 #include "base/log.h"
+#include "controller/respawn_backoff.h"
 #include "controller/task_registry.h"
 #include "memdaemon/lease_table.h"
 #include "models/training.h"
@@ -165,10 +166,6 @@ class GpuScheduler {
   // delay; one that had been serving, at once.
   void ScheduleRespawn(int slot, bool was_ready, const absl::Status& why);
   void RespawnDue();
-  absl::Time NextRespawn() const;
-  // True when the slot's worker failed to start kMaxStartFailures times in a row: tasks stop
-  // waiting for it.
-  bool GaveUp(int slot) const;
   void OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event);
   void OnWorkerDied(int slot, const absl::Status& why);
   void OnRunDone(int slot, const std::vector<uint8_t>& payload);
@@ -213,12 +210,7 @@ class GpuScheduler {
   // Loop-thread state.
   TaskQueue queue_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  struct Restarts {
-    int start_failures = 0;  // in a row, each before the worker was ready
-    absl::Time respawn_at = absl::InfiniteFuture();
-    std::string last_error;
-  };
-  std::vector<Restarts> restarts_;  // per slot
+  RespawnBackoff respawns_;
   std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
   std::map<uint64_t, uint32_t> resume_iteration_;
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
