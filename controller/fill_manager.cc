@@ -6,7 +6,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "gpu/copy_engine.h"
-#include "gpu/host/compute_lock.h"
+#include "gpu/device.h"
 #include "models/registry.h"
 #include "models/safetensors.h"
 #include "base/status.h"
@@ -276,7 +276,7 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubb
   f.synthetic_step = r.synthetic_step;
   f.synthetic_alloc_bytes = r.synthetic_alloc_bytes;
   f.ignore_pause = r.ignore_pause;
-  if (options_.host_compute_lock) f.device_lock_path = gpu::ComputeLock::DefaultPath(gpu);
+  if (options_.host_compute_lock) f.device_lock_path = gpu::HostComputeLockPath(gpu);
   f.first_iteration = static_cast<uint32_t>(job.steps_done);
   f.state_key = CheckpointKey::FillJob(id);
   spec.fill = std::move(f);

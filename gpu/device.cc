@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "gpu/host/compute_lock.h"
 #include "gpu/host/host_device.h"
 #include "gpu/internal/job_ticket.h"
 #include "base/status.h"
@@ -43,6 +44,8 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceOptions& option
       "this pswitch build has no CUDA backend (configure with -DPSWITCH_CUDA=ON)");
 #endif
 }
+
+std::string HostComputeLockPath(int index) { return ComputeLock::DefaultPath(index); }
 
 absl::Status FlagArray::WaitReady(uint32_t index, uint32_t epoch, absl::Duration timeout) const {
   absl::StatusOr<uint32_t> seen = WaitAtLeast(index, epoch, timeout);

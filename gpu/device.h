@@ -126,6 +126,10 @@ class Stream {
   virtual void* native_handle() const = 0;
 };
 
+// Host backend: the lock file whose holder owns simulated device `index`'s compute (a
+// time-sliced GPU, gpu/host/compute_lock.h); fill tasks and main-job stages share it.
+std::string HostComputeLockPath(int index);
+
 class Device {
  public:
   virtual ~Device() = default;

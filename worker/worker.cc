@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -196,8 +197,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
 }
 
 Worker::~Worker() {
-  // The control thread ends when the controller closes the socket; don't wait for that.
-  if (control_thread_.joinable()) control_thread_.detach();
+  // Shutting the socket down ends the control thread's blocking read at once (whether or not the
+  // controller has closed its end), so it is joined, never left running on freed members.
+  if (control_thread_.joinable()) {
+    ::shutdown(control_->fd(), SHUT_RDWR);
+    control_thread_.join();
+  }
 }
 
 absl::Status Worker::SendEvent(flatbuffers::FlatBufferBuilder& builder) {
