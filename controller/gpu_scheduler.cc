@@ -7,6 +7,7 @@
 #include "base/clock.h"
 #include "gpu/copy_engine.h"
 #include "memdaemon/arena_layout.h"
+#include "memdaemon/state_area.h"
 #include "base/status.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
@@ -43,9 +44,9 @@ struct GpuScheduler::Running {
   absl::Time started;
   std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
   const CatalogEntry* entry = nullptr;
-  std::optional<memdaemon::Lease> optimizer_state;  // training with a stateful optimizer
-  // Its pinned host checkpoint, reused for every save and restore of this task's state.
-  std::unique_ptr<gpu::HostBuffer> state_staging;
+  // Training with a stateful optimizer: its state's arena area, saved to the task's pinned host
+  // checkpoint when it is preempted.
+  std::unique_ptr<memdaemon::StateArea> optimizer_state;
   SwitchTimeline timeline;
   CheckpointKey state_key;  // its optimizer-state checkpoint (the task's, or a fill job's)
 };
@@ -243,51 +244,21 @@ absl::Status GpuScheduler::AcquireOptimizerState(Running& run, const TaskSpec& s
   const uint64_t bytes =
       models::OptimizerStateSlots(spec.trainer) * run.entry->optimizer_slot_bytes;
   if (spec.kind != TaskKind::kTraining || bytes == 0) return absl::OkStatus();
-  auto lease = daemon_->leases().Acquire(absl::StrCat("task-", run.task_id, "-optimizer"), bytes);
-  if (!lease.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("training task ", run.task_id, " needs ", bytes,
-                     " bytes of optimizer state in the arena: ", lease.status().message()));
-  }
-  run.optimizer_state = *lease;
-  run.state_staging = checkpoints_->Take(run.state_key);
-  absl::Status filled;
-  if (run.state_staging != nullptr && run.state_staging->size_bytes() == bytes) {
-    filled = daemon_->arena().CopyFromHost(
-        lease->offset, std::span<const std::byte>(run.state_staging->data(), bytes));
-  } else {
-    // Zeros, set on the device: libtorch's first step from zero buffers equals its own lazily
-    // created state.
-    filled = daemon_->arena().Fill(lease->offset, bytes, 0);
-  }
-  if (!filled.ok()) (void)ReleaseOptimizerState(run, false);
-  return filled;
+  absl::StatusOr<std::unique_ptr<memdaemon::StateArea>> area =
+      memdaemon::StateArea::Acquire(*daemon_, absl::StrCat("task-", run.task_id, "-optimizer"),
+                                    bytes, checkpoints_->Take(run.state_key));
+  if (!area.ok()) return area.status();
+  run.optimizer_state = std::move(*area);
+  return absl::OkStatus();
 }
 
 absl::Status GpuScheduler::ReleaseOptimizerState(Running& run, bool keep) {
-  if (!run.optimizer_state) return absl::OkStatus();
-  const memdaemon::Lease lease = *run.optimizer_state;
-  run.optimizer_state.reset();
-  absl::Status status;
-  if (keep) {
-    if (run.state_staging == nullptr || run.state_staging->size_bytes() != lease.bytes) {
-      absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> staging =
-          daemon_->device().AllocatePinned(lease.bytes);
-      if (staging.ok()) {
-        run.state_staging = std::move(*staging);
-      } else {
-        status = staging.status();
-      }
-    }
-    if (status.ok()) {
-      status = daemon_->arena().CopyToHost(
-          lease.offset, std::span<std::byte>(run.state_staging->data(), lease.bytes));
-    }
-    if (status.ok()) checkpoints_->Put(run.state_key, std::move(run.state_staging));
-  }
-  run.state_staging.reset();
-  absl::Status released = daemon_->leases().Release(lease.offset, lease.owner);
-  return status.ok() ? released : status;
+  std::unique_ptr<memdaemon::StateArea> area = std::move(run.optimizer_state);
+  if (area == nullptr || !keep) return absl::OkStatus();  // dropped: its lease goes with it
+  absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> saved = area->SaveAndRelease();
+  if (!saved.ok()) return saved.status();
+  checkpoints_->Put(run.state_key, std::move(*saved));
+  return absl::OkStatus();
 }
 
 void GpuScheduler::SpawnSlot(int slot) {
@@ -789,8 +760,8 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskTicket& tic
                                 absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
                                 f.ignore_pause, b.CreateString(f.device_lock_path));
   }
-  const uint64_t state_offset = run.optimizer_state ? run.optimizer_state->offset : 0;
-  const uint64_t state_bytes = run.optimizer_state ? run.optimizer_state->bytes : 0;
+  const uint64_t state_offset = run.optimizer_state ? run.optimizer_state->offset() : 0;
+  const uint64_t state_bytes = run.optimizer_state ? run.optimizer_state->bytes() : 0;
   auto run_body = proto::CreateRun(
       b, ticket.id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining, first,
       spec.iterations, batch, spec.seed,
