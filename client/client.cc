@@ -8,11 +8,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "api/client_codec.h"
 #include "base/clock.h"
-#include "fill/state_machine.h"
+#include "base/status.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
-#include "base/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::client {
@@ -44,33 +44,6 @@ TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor
 }
 
 }  // namespace
-
-absl::string_view TaskStateName(TaskState state) {
-  switch (state) {
-    case TaskState::kQueued:
-      return "queued";
-    case TaskState::kSwitching:
-      return "switching";
-    case TaskState::kRunning:
-      return "running";
-    case TaskState::kSucceeded:
-      return "succeeded";
-    case TaskState::kFailed:
-      return "failed";
-    case TaskState::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
-}
-
-static_assert(static_cast<int>(FillState::kSubmitted) ==
-                  static_cast<int>(fill::FillState::kSubmitted) &&
-              static_cast<int>(FillState::kStopped) == static_cast<int>(fill::FillState::kStopped));
-
-absl::string_view FillStateName(FillState state) {
-  // Same order as the server's states (and the wire's): one list of names.
-  return fill::FillStateName(static_cast<fill::FillState>(state));
-}
 
 // The socket, a reader thread, and the table of requests awaiting replies.
 class Client::Connection {
@@ -261,20 +234,6 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
 
 namespace {
 
-TaskStatus ParseTaskStatus(const proto::TaskStatus& s) {
-  TaskStatus status;
-  status.task_id = s.task_id();
-  status.model = s.model() ? s.model()->str() : "";
-  status.state = static_cast<TaskState>(s.state());
-  status.iterations_done = s.iterations_done();
-  status.preemptions = s.preemptions();
-  status.worker_pid = s.worker_pid();
-  status.clean_time = absl::Nanoseconds(static_cast<int64_t>(s.clean_ns()));
-  status.cleaned_after_drain = s.cleaned_after_drain();
-  if (s.error() != nullptr) status.error = proto::FromWireError(s.error());
-  return status;
-}
-
 // Submission replies come twice: TaskAccepted at once, TaskResult (or Error) at the end.
 ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResult>>> promise) {
   return [promise](const absl::StatusOr<const ControllerReply*>& reply) {
@@ -371,7 +330,7 @@ absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
       },
       ControllerReplyBody::TaskStatus,
       [](const ControllerReply* reply) -> absl::StatusOr<TaskStatus> {
-        return ParseTaskStatus(*reply->body_as_TaskStatus());
+        return api::Decode(*reply->body_as_TaskStatus());
       });
 }
 
@@ -386,7 +345,10 @@ absl::StatusOr<std::vector<TaskStatus>> Client::ListTasks(uint32_t limit) {
       [](const ControllerReply* reply) -> absl::StatusOr<std::vector<TaskStatus>> {
         std::vector<TaskStatus> tasks;
         if (auto* wire = reply->body_as_TaskList()->tasks()) {
-          for (const proto::TaskStatus* s : *wire) tasks.push_back(ParseTaskStatus(*s));
+          for (const proto::TaskStatus* s : *wire) {
+            PSWITCH_ASSIGN_OR_RETURN(TaskStatus status, api::Decode(*s));
+            tasks.push_back(std::move(status));
+          }
         }
         return tasks;
       });
@@ -467,29 +429,14 @@ absl::Status Client::RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_
 namespace {
 
 absl::StatusOr<FillJobStatus> ParseFillStatus(const ControllerReply* reply) {
-  auto* s = reply->body_as_FillStatus();
-  FillJobStatus status;
-  status.job_id = s->job_id();
-  status.state = static_cast<FillState>(s->state());
-  status.gpu = s->gpu();
-  status.steps_done = s->steps_done();
-  status.steps_total = s->steps_total();
-  status.bubbles = s->bubbles();
-  status.predicted_remaining =
-      absl::Microseconds(static_cast<int64_t>(s->predicted_completion_us()));
-  status.meets_deadline = s->meets_deadline();
-  if (s->error() != nullptr) status.error = proto::FromWireError(s->error());
-  return status;
+  return api::Decode(*reply->body_as_FillStatus());
 }
 
 int64_t Us(absl::Duration d) { return std::max<int64_t>(absl::ToInt64Microseconds(d), 0); }
 
 flatbuffers::Offset<proto::FillSubmit> CreateFillSubmit(Builder& b, const FillJobOptions& o) {
-  proto::FillKind kind = o.kind == FillKind::kInference  ? proto::FillKind::Inference
-                         : o.kind == FillKind::kTraining ? proto::FillKind::Training
-                                                         : proto::FillKind::Synthetic;
   return proto::CreateFillSubmit(
-      b, kind, b.CreateString(o.model), b.CreateString(o.dataset_path),
+      b, api::ToWire(o.kind), b.CreateString(o.model), b.CreateString(o.dataset_path),
       b.CreateString(o.output_path), o.batch, o.steps, o.seed, Us(o.step), o.memory_bytes,
       static_cast<uint64_t>(absl::ToInt64Milliseconds(o.deadline)), Us(o.synthetic_step),
       o.synthetic_alloc_bytes, o.ignore_pause);
@@ -547,16 +494,7 @@ absl::StatusOr<FillServerStats> Client::FillStats() {
       },
       ControllerReplyBody::FillStats,
       [](const ControllerReply* reply) -> absl::StatusOr<FillServerStats> {
-        auto* s = reply->body_as_FillStats();
-        FillServerStats stats;
-        stats.bubbles = s->bubbles();
-        stats.bubble_time = absl::Microseconds(static_cast<int64_t>(s->bubble_us()));
-        stats.fill_step_time = absl::Microseconds(static_cast<int64_t>(s->fill_step_us()));
-        stats.steps = s->steps();
-        stats.pause_p50 = absl::Microseconds(s->pause_latency_p50_us());
-        stats.pause_p99 = absl::Microseconds(s->pause_latency_p99_us());
-        stats.killed = s->killed();
-        return stats;
+        return api::Decode(*reply->body_as_FillStats());
       });
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/types.h"
 #include "flatbuffers/flatbuffers.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
@@ -87,26 +88,17 @@ struct TaskResult {
   SwitchBreakdown breakdown;
 };
 
-enum class TaskState { kQueued, kSwitching, kRunning, kSucceeded, kFailed, kCancelled };
-
-struct TaskStatus {
-  uint64_t task_id = 0;
-  std::string model;
-  TaskState state = TaskState::kQueued;
-  uint32_t iterations_done = 0;
-  uint32_t preemptions = 0;  // training: times stopped for another task and resumed
-  int worker_pid = 0;        // the worker process running it (0 when not running)
-  absl::Status error;        // for kFailed
-  // The worker's cleaning after the task's last run, and whether it ran after the drain (so it
-  // overlapped the next switch); zero until that worker has drained.
-  absl::Duration clean_time;
-  bool cleaned_after_drain = false;
-};
-
-absl::string_view TaskStateName(TaskState state);
+// The types clients and pswitchd share (api/types.h), under the client's names.
+using api::TaskState;
+using api::TaskStateName;
+using api::TaskStatus;
 
 // Fill jobs: work that runs only inside the main job's pipeline bubbles.
-enum class FillKind { kInference, kTraining, kSynthetic };
+using api::FillJobStatus;
+using api::FillKind;
+using api::FillState;
+using api::FillStateName;
+using FillServerStats = api::FillStats;
 struct FillJobOptions {
   FillKind kind = FillKind::kSynthetic;
   std::string model;         // zoo model (inference, training)
@@ -121,27 +113,6 @@ struct FillJobOptions {
   absl::Duration synthetic_step;
   uint64_t synthetic_alloc_bytes = 0;
   bool ignore_pause = false;  // tests: a misbehaving task the framework must kill
-};
-enum class FillState { kSubmitted, kCreated, kPaused, kRunning, kStopped };
-absl::string_view FillStateName(FillState state);
-struct FillJobStatus {
-  uint64_t job_id = 0;
-  FillState state = FillState::kSubmitted;
-  uint32_t gpu = 0;
-  uint64_t steps_done = 0;
-  uint64_t steps_total = 0;
-  uint32_t bubbles = 0;
-  absl::Duration predicted_remaining;  // by the partition plan; zero once stopped
-  bool meets_deadline = true;
-  absl::Status error;  // a stopped job that failed or was killed
-};
-struct FillServerStats {
-  uint64_t bubbles = 0;
-  absl::Duration bubble_time;     // reported by the main job
-  absl::Duration fill_step_time;  // fill steps inside bubbles
-  uint64_t steps = 0;
-  absl::Duration pause_p50, pause_p99;  // bubble end -> fill task paused
-  uint64_t killed = 0;
 };
 
 // Thread-safe. Destroying the client fails calls still in flight with Unavailable.

@@ -5,13 +5,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "api/client_codec.h"
 #include "base/clock.h"
+#include "base/status.h"
 #include "gpu/copy_engine.h"
 #include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
 #include "proto/host_tensor.h"
-#include "base/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::controller {
@@ -29,16 +30,6 @@ std::vector<uint8_t> ErrorReply(uint64_t id, const absl::Status& status) {
   auto error = proto::CreateWireError(b, status);
   b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Error, error.Union()));
   return Bytes(b);
-}
-
-proto::TaskState ToWireState(TaskPhase phase) { return static_cast<proto::TaskState>(phase); }
-
-flatbuffers::Offset<proto::TaskStatus> CreateWireTaskStatus(Builder& b, const TaskInfo& info) {
-  auto error = info.error.ok() ? 0 : proto::CreateWireError(b, info.error);
-  return proto::CreateTaskStatus(
-      b, info.task_id, ToWireState(info.phase), b.CreateString(info.model), info.iterations_done,
-      error, info.preemptions, info.worker_pid,
-      static_cast<uint64_t>(absl::ToInt64Nanoseconds(info.clean_time)), info.cleaned_after_drain);
 }
 
 // A task list reply stays far below the frame limit (about 100 bytes a task).
@@ -168,19 +159,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
 
   static absl::StatusOr<FillRequest> ParseFillRequest(const proto::FillSubmit& wire) {
     FillRequest r;
-    switch (wire.kind()) {
-      case proto::FillKind::Inference:
-        r.kind = FillKind::kInference;
-        break;
-      case proto::FillKind::Training:
-        r.kind = FillKind::kTraining;
-        break;
-      case proto::FillKind::Synthetic:
-        r.kind = FillKind::kSynthetic;
-        break;
-      default:
-        return absl::InvalidArgumentError("unknown fill kind");
-    }
+    PSWITCH_ASSIGN_OR_RETURN(r.kind, api::FromWire(wire.kind()));
     constexpr uint64_t kMaxUs = 86400ull * 1000000;  // keeps the Duration arithmetic finite
     if (wire.step_us() > kMaxUs || wire.synthetic_step_us() > kMaxUs ||
         wire.deadline_ms() > kMaxUs) {
@@ -211,24 +190,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
 
   static std::vector<uint8_t> FillStatusReply(uint64_t id, const FillJobStatus& s) {
     Builder b;
-    auto error = s.error.ok() ? 0 : proto::CreateWireError(b, s.error);
-    auto status = proto::CreateFillStatus(
-        b, s.job_id, static_cast<proto::FillState>(s.state),
-        static_cast<uint32_t>(std::max(s.gpu, 0)), static_cast<uint64_t>(s.steps_done),
-        static_cast<uint64_t>(s.steps_total), s.bubbles,
-        static_cast<uint64_t>(absl::ToInt64Microseconds(s.predicted_remaining)), s.meets_deadline,
-        error);
+    auto status = api::Encode(b, s);
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
     return Bytes(b);
   }
 
   std::vector<uint8_t> FillStatsReply(uint64_t id) {
-    FillStats s = fill_->Stats();
     Builder b;
-    auto stats = proto::CreateFillStats(
-        b, s.bubbles, static_cast<uint64_t>(absl::ToInt64Microseconds(s.bubble_time)),
-        static_cast<uint64_t>(absl::ToInt64Microseconds(s.fill_step_time)), s.steps,
-        absl::ToDoubleMicroseconds(s.pause_p50), absl::ToDoubleMicroseconds(s.pause_p99), s.killed);
+    auto stats = api::Encode(b, fill_->Stats());
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStats, stats.Union()));
     return Bytes(b);
   }
@@ -333,10 +302,10 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   std::vector<uint8_t> StatusReply(uint64_t id, uint64_t task_id) {
-    absl::StatusOr<TaskInfo> info = controller_->Query(task_id);
+    absl::StatusOr<TaskStatus> info = controller_->Query(task_id);
     if (!info.ok()) return ErrorReply(id, info.status());
     Builder b;
-    auto status = CreateWireTaskStatus(b, *info);
+    auto status = api::Encode(b, *info);
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
     return Bytes(b);
   }
@@ -345,8 +314,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (limit == 0 || limit > kMaxListedTasks) limit = kMaxListedTasks;
     Builder b;
     std::vector<flatbuffers::Offset<proto::TaskStatus>> tasks;
-    for (const TaskInfo& info : controller_->RecentTasks(limit)) {
-      tasks.push_back(CreateWireTaskStatus(b, info));
+    for (const TaskStatus& info : controller_->RecentTasks(limit)) {
+      tasks.push_back(api::Encode(b, info));
     }
     auto list = proto::CreateTaskList(b, b.CreateVector(tasks));
     b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskList, list.Union()));

@@ -46,8 +46,8 @@ class Controller {
   void Register(ModelRequest request, RegisterCallback done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
-  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const { return scheduler().Query(task_id); }
-  std::vector<TaskInfo> RecentTasks(size_t limit) const { return scheduler().Recent(limit); }
+  absl::StatusOr<TaskStatus> Query(uint64_t task_id) const { return scheduler().Query(task_id); }
+  std::vector<TaskStatus> RecentTasks(size_t limit) const { return scheduler().Recent(limit); }
   absl::Status Cancel(uint64_t task_id) { return scheduler().Cancel(task_id); }
   std::vector<const CatalogEntry*> List() const { return catalog_->List(); }
   // Tasks run on GPU 0; every GPU runs fill tasks in its bubbles.

@@ -215,8 +215,8 @@ absl::StatusOr<FillJobStatus> FillManager::Estimate(FillRequest request) {
   PSWITCH_ASSIGN_OR_RETURN(fill::FillEstimate estimate,
                            scheduler_->EstimateNew(SchedulerJob(next_id_, job), job.submitted));
   FillJobStatus status;
-  status.gpu = stage_gpu_[estimate.stage];
-  status.steps_total = steps;
+  status.gpu = static_cast<uint32_t>(stage_gpu_[estimate.stage]);
+  status.steps_total = static_cast<uint64_t>(steps);
   status.predicted_remaining = std::max(absl::ZeroDuration(), estimate.completion - job.submitted);
   status.meets_deadline = estimate.meets_deadline;
   return status;
@@ -434,9 +434,9 @@ absl::StatusOr<FillJobStatus> FillManager::Query(uint64_t job_id) const {
   FillJobStatus status;
   status.job_id = job_id;
   status.state = job.machine.state();
-  status.gpu = job.gpu;
-  status.steps_done = job.steps_done;
-  status.steps_total = job.steps_total;
+  status.gpu = static_cast<uint32_t>(std::max(job.gpu, 0));  // placed at submission
+  status.steps_done = static_cast<uint64_t>(job.steps_done);
+  status.steps_total = static_cast<uint64_t>(job.steps_total);
   status.bubbles = job.bubbles;
   status.error = job.error;
   if (!job.machine.stopped() && scheduler_ != nullptr) {

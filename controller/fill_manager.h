@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "api/types.h"
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "absl/synchronization/mutex.h"
@@ -25,7 +26,7 @@
 
 namespace pswitch::controller {
 
-enum class FillKind { kInference, kTraining, kSynthetic };
+using api::FillKind;
 
 // Fill jobs' private models are registered as kFillModelPrefix + job id; clients cannot use it.
 inline constexpr char kFillModelPrefix[] = "fill-";
@@ -46,26 +47,8 @@ struct FillRequest {
   bool ignore_pause = false;
 };
 
-struct FillJobStatus {
-  uint64_t job_id = 0;
-  fill::FillState state = fill::FillState::kSubmitted;
-  int gpu = -1;
-  int64_t steps_done = 0;
-  int64_t steps_total = 0;
-  uint32_t bubbles = 0;
-  absl::Duration predicted_remaining;  // zero when stopped
-  bool meets_deadline = true;
-  absl::Status error;
-};
-
-struct FillStats {
-  uint64_t bubbles = 0;
-  absl::Duration bubble_time;
-  absl::Duration fill_step_time;
-  uint64_t steps = 0;
-  absl::Duration pause_p50, pause_p99;
-  uint64_t killed = 0;
-};
+using api::FillJobStatus;
+using api::FillStats;
 
 struct FillManagerOptions {
   fill::FillPolicy policy = fill::FillPolicy::kFifo;

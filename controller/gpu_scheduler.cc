@@ -773,7 +773,7 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskTicket& tic
   s.state = Slot::State::kBusy;
   s.last_task = ticket.id;
   run.slot = slot;
-  tasks_.SetPhase(ticket.id, run.transmission ? TaskPhase::kSwitching : TaskPhase::kRunning, first,
+  tasks_.SetState(ticket.id, run.transmission ? TaskState::kSwitching : TaskState::kRunning, first,
            s.process->pid());
   return absl::OkStatus();
 }
@@ -918,17 +918,17 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   callback(outcome);
 }
 
-absl::StatusOr<TaskInfo> GpuScheduler::Query(uint64_t task_id) const {
+absl::StatusOr<TaskStatus> GpuScheduler::Query(uint64_t task_id) const {
   return tasks_.Query(task_id);
 }
 
-std::vector<TaskInfo> GpuScheduler::Recent(size_t limit) const { return tasks_.Recent(limit); }
+std::vector<TaskStatus> GpuScheduler::Recent(size_t limit) const { return tasks_.Recent(limit); }
 
 absl::Status GpuScheduler::Cancel(uint64_t task_id) {
-  PSWITCH_ASSIGN_OR_RETURN(TaskInfo info, Query(task_id));
-  if (info.phase >= TaskPhase::kSucceeded) {
+  PSWITCH_ASSIGN_OR_RETURN(TaskStatus info, Query(task_id));
+  if (info.state >= TaskState::kSucceeded) {
     return absl::FailedPreconditionError(
-        absl::StrCat("task ", task_id, " already ", TaskPhaseName(info.phase)));
+        absl::StrCat("task ", task_id, " already ", TaskStateName(info.state)));
   }
   Post([this, task_id] {
     if (queue_.Remove(task_id)) {

@@ -139,9 +139,9 @@ class GpuScheduler {
   // The main job's bubble on this GPU ended: the fill run is told to pause now, and its worker
   // is SIGKILLed if it has not paused within `grace` (framework-enforced limit).
   void EndBubble(absl::Duration grace);
-  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const;
+  absl::StatusOr<TaskStatus> Query(uint64_t task_id) const;
   // The `limit` most recent tasks, newest first.
-  std::vector<TaskInfo> Recent(size_t limit) const;
+  std::vector<TaskStatus> Recent(size_t limit) const;
   absl::Status Cancel(uint64_t task_id);
   // Blocks until every worker slot is up and has loaded every model (tests, start-up).
   bool AwaitWorkersReady(absl::Duration timeout) const;

@@ -1,4 +1,4 @@
-// What clients can ask about tasks: each task's phase, progress and error, from submission until
+// What clients can ask about tasks: each task's state, progress and error, from submission until
 // long after it finished. The scheduler loop writes it; client threads read it. Thread-safe.
 #ifndef PSWITCH_CONTROLLER_TASK_REGISTRY_H_
 #define PSWITCH_CONTROLLER_TASK_REGISTRY_H_
@@ -14,28 +14,19 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/types.h"
 
 namespace pswitch::controller {
 
-enum class TaskPhase { kQueued, kSwitching, kRunning, kSucceeded, kFailed, kCancelled };
-absl::string_view TaskPhaseName(TaskPhase phase);
+// What clients see of a task (api/types.h): one definition.
+using api::TaskState;
+using api::TaskStateName;
+using api::TaskStatus;
 
 // A task whose worker pswitchd killed (it did not stop, pause or drain in time) fails with a
 // status that says so in a payload, so callers count kills without matching error text.
 absl::Status MarkKilled(absl::Status status);
 bool WasKilled(const absl::Status& status);
-
-struct TaskInfo {
-  uint64_t task_id = 0;
-  std::string model;
-  TaskPhase phase = TaskPhase::kQueued;
-  uint32_t iterations_done = 0;
-  uint32_t preemptions = 0;
-  int worker_pid = 0;
-  absl::Status error;
-  absl::Duration clean_time;         // the worker's cleaning after the task's last run
-  bool cleaned_after_drain = false;  // ...ran after its drain, overlapping the next switch
-};
 
 class TaskRegistry {
  public:
@@ -44,7 +35,7 @@ class TaskRegistry {
 
   // A new task, queued; ids are 1, 2, 3, ...
   uint64_t Add(absl::string_view model);
-  void SetPhase(uint64_t task_id, TaskPhase phase, uint32_t iterations = 0, int worker_pid = 0);
+  void SetState(uint64_t task_id, TaskState state, uint32_t iterations = 0, int worker_pid = 0);
   // Its model is fully transmitted: a switching task is now simply running.
   void MarkTransmitted(uint64_t task_id);
   // Preempted: back in the queue with `iterations` done.
@@ -53,15 +44,15 @@ class TaskRegistry {
   // Succeeded with `iterations` done, or failed / cancelled (Cancelled code) with `error`.
   void Finish(uint64_t task_id, const absl::Status& error, uint32_t iterations);
 
-  absl::StatusOr<TaskInfo> Query(uint64_t task_id) const;
+  absl::StatusOr<TaskStatus> Query(uint64_t task_id) const;
   // The `limit` most recent tasks, newest first.
-  std::vector<TaskInfo> Recent(size_t limit) const;
+  std::vector<TaskStatus> Recent(size_t limit) const;
 
  private:
   const size_t max_finished_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, TaskInfo> infos_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, TaskStatus> infos_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pswitch::controller

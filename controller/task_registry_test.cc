@@ -13,28 +13,28 @@ TEST(TaskRegistryTest, ATaskGoesFromQueuedThroughItsPhasesToItsEnd) {
   const uint64_t id = tasks.Add("resnet50");
   EXPECT_EQ(id, 1u);
   EXPECT_EQ(tasks.Add("bert"), 2u);
-  absl::StatusOr<TaskInfo> info = tasks.Query(id);
+  absl::StatusOr<TaskStatus> info = tasks.Query(id);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->model, "resnet50");
-  EXPECT_EQ(info->phase, TaskPhase::kQueued);
+  EXPECT_EQ(info->state, TaskState::kQueued);
 
-  tasks.SetPhase(id, TaskPhase::kSwitching, 0, 1234);
+  tasks.SetState(id, TaskState::kSwitching, 0, 1234);
   EXPECT_EQ(tasks.Query(id)->worker_pid, 1234);
   tasks.MarkTransmitted(id);
-  EXPECT_EQ(tasks.Query(id)->phase, TaskPhase::kRunning);
+  EXPECT_EQ(tasks.Query(id)->state, TaskState::kRunning);
   tasks.Requeue(id, 7);
   info = tasks.Query(id);
-  EXPECT_EQ(info->phase, TaskPhase::kQueued);
+  EXPECT_EQ(info->state, TaskState::kQueued);
   EXPECT_EQ(info->iterations_done, 7u);
   EXPECT_EQ(info->preemptions, 1u);
   EXPECT_EQ(info->worker_pid, 0);
   // Transmitted only moves a switching task: a queued one stays queued.
   tasks.MarkTransmitted(id);
-  EXPECT_EQ(tasks.Query(id)->phase, TaskPhase::kQueued);
+  EXPECT_EQ(tasks.Query(id)->state, TaskState::kQueued);
   tasks.RecordCleaning(id, absl::Microseconds(40), true);
   tasks.Finish(id, absl::OkStatus(), 10);
   info = tasks.Query(id);
-  EXPECT_EQ(info->phase, TaskPhase::kSucceeded);
+  EXPECT_EQ(info->state, TaskState::kSucceeded);
   EXPECT_EQ(info->iterations_done, 10u);
   EXPECT_EQ(info->clean_time, absl::Microseconds(40));
   EXPECT_TRUE(info->cleaned_after_drain);
@@ -45,11 +45,11 @@ TEST(TaskRegistryTest, FailuresAndCancellationsKeepTheirError) {
   const uint64_t failed = tasks.Add("m"), cancelled = tasks.Add("m");
   tasks.Finish(failed, absl::UnavailableError("worker died"), 0);
   tasks.Finish(cancelled, absl::CancelledError("task 2 cancelled"), 0);
-  EXPECT_EQ(tasks.Query(failed)->phase, TaskPhase::kFailed);
+  EXPECT_EQ(tasks.Query(failed)->state, TaskState::kFailed);
   EXPECT_EQ(tasks.Query(failed)->error.message(), "worker died");
-  EXPECT_EQ(tasks.Query(cancelled)->phase, TaskPhase::kCancelled);
+  EXPECT_EQ(tasks.Query(cancelled)->state, TaskState::kCancelled);
   EXPECT_EQ(tasks.Query(99).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(TaskPhaseName(TaskPhase::kCancelled), "cancelled");
+  EXPECT_EQ(TaskStateName(TaskState::kCancelled), "cancelled");
   // Kills are known by a payload that survives the message being reworded.
   absl::Status killed = MarkKilled(absl::UnavailableError("killed: did not pause"));
   EXPECT_TRUE(WasKilled(killed));
@@ -62,7 +62,7 @@ TEST(TaskRegistryTest, RecentIsNewestFirstAndOnlyFinishedTasksAreForgotten) {
   TaskRegistry tasks(/*max_finished=*/3);
   const uint64_t waiting = tasks.Add("long-queued");
   for (int i = 0; i < 5; ++i) tasks.Finish(tasks.Add("m"), absl::OkStatus(), 1);
-  std::vector<TaskInfo> recent = tasks.Recent(10);
+  std::vector<TaskStatus> recent = tasks.Recent(10);
   ASSERT_EQ(recent.size(), 3u);
   EXPECT_EQ(recent[0].task_id, 6u);
   EXPECT_EQ(recent[1].task_id, 5u);
@@ -76,12 +76,12 @@ TEST(TaskRegistryTest, ReadersAndTheWriterMayRunConcurrently) {
   std::thread writer([&] {
     for (int i = 0; i < 2000; ++i) {
       const uint64_t id = tasks.Add("m");
-      tasks.SetPhase(id, TaskPhase::kRunning);
+      tasks.SetState(id, TaskState::kRunning);
       tasks.Finish(id, absl::OkStatus(), 1);
     }
   });
   for (int i = 0; i < 2000; ++i) {
-    std::vector<TaskInfo> recent = tasks.Recent(5);
+    std::vector<TaskStatus> recent = tasks.Recent(5);
     for (size_t k = 1; k < recent.size(); ++k) {
       ASSERT_GT(recent[k - 1].task_id, recent[k].task_id) << "a consistent snapshot, newest first";
     }

@@ -4,22 +4,6 @@
 
 namespace pswitch::fill {
 
-absl::string_view FillStateName(FillState state) {
-  switch (state) {
-    case FillState::kSubmitted:
-      return "SUBMITTED";
-    case FillState::kCreated:
-      return "CREATED";
-    case FillState::kPaused:
-      return "PAUSED";
-    case FillState::kRunning:
-      return "RUNNING";
-    case FillState::kStopped:
-      return "STOPPED";
-  }
-  return "UNKNOWN";
-}
-
 absl::string_view FillEventName(FillEvent event) {
   switch (event) {
     case FillEvent::kCreate:

@@ -25,17 +25,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "api/types.h"
 
 namespace pswitch::fill {
 
-enum class FillState { kSubmitted, kCreated, kPaused, kRunning, kStopped };
+// The states are the ones clients see (api/types.h): one definition.
+using api::FillState;
+using api::FillStateName;
 
 // FreeRide's CreateSideTask, InitSideTask, StartSideTask, RunNextStep, PauseSideTask,
 // StopSideTask.
 enum class FillEvent { kCreate, kInit, kStart, kRunNextStep, kPause, kStop };
 
-// "SUBMITTED", "CREATED", ... (the paper's names, for logs).
-absl::string_view FillStateName(FillState state);
 // "CreateSideTask", "InitSideTask", ... (the paper's names, for logs).
 absl::string_view FillEventName(FillEvent event);
 
