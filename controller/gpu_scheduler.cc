@@ -28,13 +28,9 @@ struct GpuScheduler::Slot {
   enum class State { kStarting, kIdle, kBusy, kDead };
   std::unique_ptr<WorkerProcess> process;
   State state = State::kStarting;
-  size_t loads_pending = 0;
-  std::set<std::string> loading;  // sent, not yet answered
-  std::set<std::string> loaded;
   uint32_t drain_value = 0;
   uint64_t last_task = 0;   // whose leftovers its next drain cleans
   std::string kill_reason;  // why its worker died, when the scheduler killed it
-  bool announced = false;   // WorkerReady seen: it loaded the catalog as it was then
 };
 
 struct GpuScheduler::Running {
@@ -58,6 +54,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       catalog_(catalog),
       queue_(options.policy, options.inference_preempts_training),
       respawns_(static_cast<size_t>(std::max(options.workers, 0))),
+      loads_(static_cast<size_t>(std::max(options.workers, 0))),
       checkpoints_(options.checkpoints ? options.checkpoints
                                        : std::make_shared<StateCheckpoints>()) {}
 
@@ -270,6 +267,7 @@ void GpuScheduler::SpawnSlot(int slot) {
   const uint32_t drain_value = s.drain_value;
   s = Slot{};
   s.drain_value = drain_value;
+  loads_.Reset(static_cast<size_t>(slot));
   auto process = WorkerProcess::Spawn(
       spawn, [this, slot](uint32_t, absl::StatusOr<std::vector<uint8_t>> event) {
         absl::MutexLock lock(&mu_);
@@ -290,7 +288,6 @@ void GpuScheduler::SpawnSlot(int slot) {
 }
 
 void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event) {
-  Slot& s = *slots_[slot];
   if (!event.ok()) {
     OnWorkerDied(slot, event.status());
     return;
@@ -298,7 +295,7 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
   auto* e = flatbuffers::GetRoot<proto::WorkerEvent>(event->data());
   switch (e->body_type()) {
     case proto::WorkerEventBody::WorkerReady:
-      s.announced = true;
+      loads_.Announce(static_cast<size_t>(slot));
       LoadAll(slot);
       break;
     case proto::WorkerEventBody::ModelLoaded: {
@@ -306,10 +303,7 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
       std::string name = loaded->name() ? loaded->name()->str() : "";
       absl::Status status =
           loaded->error() != nullptr ? proto::FromWireError(loaded->error()) : absl::OkStatus();
-      if (s.loads_pending > 0) --s.loads_pending;
-      s.loading.erase(name);
       if (status.ok()) {
-        s.loaded.insert(name);
         if (loaded->warm_ns() > 0) {
           // What the warm-up took off the first task: CUDA context, cuBLAS/cuDNN, modules.
           Event(base::LogLevel::kInfo, "worker_warmed")
@@ -323,18 +317,7 @@ void GpuScheduler::OnWorkerEvent(int slot, const absl::StatusOr<std::vector<uint
             .Field("model", name)
             .Field("error", status);
       }
-      auto it = pending_loads_.find(name);
-      if (it != pending_loads_.end()) {
-        if (!status.ok() && it->second.status.ok()) {
-          it->second.status = absl::Status(
-              status.code(),
-              absl::StrCat("worker ", slot, " could not load '", name, "': ", status.message()));
-        }
-        if (--it->second.remaining == 0) {
-          it->second.done(it->second.status);
-          pending_loads_.erase(it);
-        }
-      }
+      loads_.Answered(static_cast<size_t>(slot), name, status);
       MarkIdleOnceLoaded(slot);
       RefreshReadiness();
       break;
@@ -359,13 +342,16 @@ void GpuScheduler::LoadAll(int slot) {
 
 void GpuScheduler::MarkIdleOnceLoaded(int slot) {
   Slot& s = *slots_[slot];
-  if (s.state != Slot::State::kStarting || !s.announced || s.loads_pending > 0) return;
+  if (s.state != Slot::State::kStarting || !loads_.announced(static_cast<size_t>(slot)) ||
+      loads_.pending(static_cast<size_t>(slot)) > 0) {
+    return;
+  }
   s.state = Slot::State::kIdle;
   // Operators (and the end-to-end tests) see when a fresh worker can take tasks.
   Event(base::LogLevel::kInfo, "worker_ready")
       .Field("slot", slot)
       .Field("pid", s.process->pid())
-      .Field("models", s.loaded.size());
+      .Field("models", loads_.loaded_count(static_cast<size_t>(slot)));
 }
 
 void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {
@@ -377,44 +363,37 @@ void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {
       entry.stored->total_bytes());
   b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
   if (s.process != nullptr && s.process->Send(b).ok()) {
-    ++s.loads_pending;
-    s.loading.insert(entry.request.name);
+    loads_.Sent(static_cast<size_t>(slot), entry.request.name);
   }
 }
 
 void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done) {
   Post([this, entry, done = std::move(done)] {
-    PendingLoad pending{0, absl::OkStatus(), done};
+    const std::string& name = entry->request.name;
+    size_t answers = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
-      Slot& s = *slots_[i];
       // A worker that has not announced itself yet loads the whole catalog (this model included)
       // when it does; every other live one, even one still loading, is sent this model now.
-      if (s.state == Slot::State::kDead || !s.announced) continue;
-      const std::string& name = entry->request.name;
-      if (s.loaded.contains(name)) continue;
-      if (s.loading.contains(name)) {  // its start-up load is in flight: its answer counts
-        ++pending.remaining;
+      if (slots_[i]->state == Slot::State::kDead || !loads_.announced(i)) continue;
+      if (loads_.Loaded(i, name)) continue;
+      if (loads_.Loading(i, name)) {  // its start-up load is in flight: its answer counts
+        ++answers;
         continue;
       }
-      size_t before = s.loads_pending;
       SendLoad(static_cast<int>(i), *entry);
-      if (s.loads_pending > before) ++pending.remaining;
+      if (loads_.Loading(i, name)) ++answers;
     }
-    if (pending.remaining == 0) {
-      done(absl::OkStatus());
-      return;
-    }
-    pending_loads_[entry->request.name] = std::move(pending);
+    loads_.Await(name, answers, done);
   });
 }
 
 void GpuScheduler::RefreshReadiness() {
   bool ready = true;
   for (const auto& s : slots_) {
-    if (s->state == Slot::State::kStarting || s->state == Slot::State::kDead ||
-        s->loads_pending > 0) {
-      ready = false;
-    }
+    if (s->state == Slot::State::kStarting || s->state == Slot::State::kDead) ready = false;
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (loads_.pending(i) > 0) ready = false;
   }
   absl::MutexLock lock(&mu_);
   workers_ready_ = ready;
@@ -469,19 +448,8 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
     active_slot_ = -1;
     resident_model_.clear();  // a half-finished training step may have touched the weights
   }
-  for (auto it = pending_loads_.begin(); it != pending_loads_.end();) {
-    // Its load will never be answered; loads it was not sent (or answered) are not its to count.
-    if (!s.loading.contains(it->first)) {
-      ++it;
-      continue;
-    }
-    if (--it->second.remaining == 0) {
-      it->second.done(it->second.status);
-      it = pending_loads_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // Its unanswered loads never will be: they stop holding up registrations.
+  loads_.Died(static_cast<size_t>(slot));
   s.process.reset();
   ScheduleRespawn(slot, was_ready, why);
   RefreshReadiness();
@@ -520,7 +488,8 @@ void GpuScheduler::ArmStopDeadline(uint64_t task, absl::Time deadline, std::stri
 
 bool GpuScheduler::Usable(int slot, const std::string& model) const {
   const Slot& s = *slots_[slot];
-  return s.state == Slot::State::kIdle && s.loads_pending == 0 && s.loaded.contains(model);
+  return s.state == Slot::State::kIdle && loads_.pending(static_cast<size_t>(slot)) == 0 &&
+         loads_.Loaded(static_cast<size_t>(slot), model);
 }
 
 uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
@@ -606,9 +575,10 @@ void GpuScheduler::MaybeStart() {
     if (fill && specs_.at(ticket.id).first.fill->synthetic) {
       // No model to switch in: any idle worker runs it, once one is up.
       bool idle = false, starting = false;
-      for (const auto& s : slots_) {
-        idle |= s->state == Slot::State::kIdle && s->loads_pending == 0;
-        starting |= s->state == Slot::State::kStarting || s->loads_pending > 0;
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        const Slot& s = *slots_[i];
+        idle |= s.state == Slot::State::kIdle && loads_.pending(i) == 0;
+        starting |= s.state == Slot::State::kStarting || loads_.pending(i) > 0;
       }
       if (!idle && starting) return;
       pop();
@@ -628,8 +598,8 @@ void GpuScheduler::MaybeStart() {
         // A worker still starting (or about to be respawned), loading or busy may yet run it.
         possible |= (!gave_up && (s.state == Slot::State::kStarting ||
                                   s.state == Slot::State::kDead)) ||
-                    s.state == Slot::State::kBusy || s.loads_pending > 0 ||
-                    s.loaded.contains(ticket.model);
+                    s.state == Slot::State::kBusy || loads_.pending(i) > 0 ||
+                    loads_.Loaded(i, ticket.model);
       }
       if (!any && possible) return;
       if (!any) {
@@ -734,7 +704,7 @@ absl::Status GpuScheduler::SendSynthetic(Running& run, const TaskTicket& ticket,
   int slot = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = *slots_[i];
-    if (s.state == Slot::State::kIdle && s.loads_pending == 0) {
+    if (s.state == Slot::State::kIdle && loads_.pending(i) == 0) {
       slot = static_cast<int>(i);
       if (slot == active_slot_) break;  // prefer the active worker: no standby is disturbed
     }

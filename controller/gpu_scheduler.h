@@ -30,6 +30,7 @@
 #include "controller/task_queue.h"
 #include "controller/worker_process.h"
 #include "base/log.h"
+#include "controller/model_loads.h"
 #include "controller/respawn_backoff.h"
 #include "controller/task_registry.h"
 #include "memdaemon/lease_table.h"
@@ -149,11 +150,6 @@ class GpuScheduler {
  private:
   struct Slot;
   struct Running;
-  struct PendingLoad {
-    size_t remaining = 0;
-    absl::Status status;
-    std::function<void(absl::Status)> done;
-  };
 
   GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
                ModelCatalog* catalog);
@@ -211,6 +207,7 @@ class GpuScheduler {
   TaskQueue queue_;
   std::vector<std::unique_ptr<Slot>> slots_;
   RespawnBackoff respawns_;
+  ModelLoads loads_;
   std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
   std::map<uint64_t, uint32_t> resume_iteration_;
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
@@ -229,7 +226,6 @@ class GpuScheduler {
   std::string resident_model_;
   int64_t last_stop_sent_ns_ = 0;  // the latest Stop to a worker (CLOCK_MONOTONIC)
   uint32_t resident_epoch_ = 0;
-  std::map<std::string, PendingLoad> pending_loads_;
   bool stopping_ = false;
 
   mutable absl::Mutex mu_;

@@ -1,0 +1,51 @@
+#include "controller/model_loads.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pswitch::controller {
+
+void ModelLoads::Sent(size_t slot, const std::string& model) {
+  ++slots_[slot].pending;
+  slots_[slot].loading.insert(model);
+}
+
+void ModelLoads::Answered(size_t slot, const std::string& model, const absl::Status& status) {
+  Slot& s = slots_[slot];
+  if (s.pending > 0) --s.pending;
+  s.loading.erase(model);
+  if (status.ok()) s.loaded.insert(model);
+  CountDown(model, status, slot);
+}
+
+void ModelLoads::Died(size_t slot) {
+  // What it had loaded stays known until a fresh process takes the slot (Reset).
+  const std::set<std::string> unanswered = std::move(slots_[slot].loading);
+  slots_[slot].loading.clear();
+  slots_[slot].pending = 0;
+  for (const std::string& model : unanswered) CountDown(model, absl::OkStatus(), slot);
+}
+
+void ModelLoads::Await(const std::string& model, size_t answers, Done done) {
+  if (answers == 0) {
+    done(absl::OkStatus());
+    return;
+  }
+  registrations_[model] = Registration{answers, absl::OkStatus(), std::move(done)};
+}
+
+void ModelLoads::CountDown(const std::string& model, const absl::Status& status, size_t slot) {
+  auto it = registrations_.find(model);
+  if (it == registrations_.end()) return;
+  Registration& r = it->second;
+  if (!status.ok() && r.status.ok()) {
+    r.status = absl::Status(status.code(), absl::StrCat("worker ", slot, " could not load '",
+                                                        model, "': ", status.message()));
+  }
+  if (--r.remaining > 0) return;
+  Done done = std::move(r.done);
+  absl::Status result = r.status;
+  registrations_.erase(it);
+  done(result);
+}
+
+}  // namespace pswitch::controller

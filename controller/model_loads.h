@@ -1,0 +1,75 @@
+// Which models each worker slot has loaded or is still loading, and the registrations waiting
+// for the live workers' answers. Pure bookkeeping, no processes: the scheduler sends the
+// LoadModel commands and reports what happened. Not thread-safe (the scheduler loop owns it).
+#ifndef PSWITCH_CONTROLLER_MODEL_LOADS_H_
+#define PSWITCH_CONTROLLER_MODEL_LOADS_H_
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pswitch::controller {
+
+class ModelLoads {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  explicit ModelLoads(size_t slots) : slots_(slots) {}
+
+  // A fresh process in `slot`: nothing loaded or loading, not announced yet.
+  void Reset(size_t slot) { slots_[slot] = Slot{}; }
+  // The worker announced itself (it is about to be sent the whole catalog).
+  void Announce(size_t slot) { slots_[slot].announced = true; }
+  bool announced(size_t slot) const { return slots_[slot].announced; }
+
+  // A LoadModel for `model` went to `slot`.
+  void Sent(size_t slot, const std::string& model);
+  // `slot` answered its load of `model`; registrations this completes get their `done` (the
+  // first error among their answers, or OK).
+  void Answered(size_t slot, const std::string& model, const absl::Status& status);
+  // `slot`'s process died: loads it was sent will never be answered, and no longer count
+  // towards any registration (loads it was not sent were never its to count). What it had
+  // loaded stays known until Reset.
+  void Died(size_t slot);
+
+  // A newly registered model: `done` runs once `answers` slots have answered (or died).
+  // `answers` == 0 runs it at once with OK.
+  void Await(const std::string& model, size_t answers, Done done);
+
+  bool Loaded(size_t slot, const std::string& model) const {
+    return slots_[slot].loaded.contains(model);
+  }
+  bool Loading(size_t slot, const std::string& model) const {
+    return slots_[slot].loading.contains(model);
+  }
+  size_t pending(size_t slot) const { return slots_[slot].pending; }
+  size_t loaded_count(size_t slot) const { return slots_[slot].loaded.size(); }
+
+ private:
+  struct Slot {
+    bool announced = false;
+    size_t pending = 0;             // loads sent and not yet answered
+    std::set<std::string> loading;  // their models
+    std::set<std::string> loaded;
+  };
+  struct Registration {
+    size_t remaining = 0;
+    absl::Status status;
+    Done done;
+  };
+  // Counts one answer (or death) against `model`'s registration, completing it at zero.
+  void CountDown(const std::string& model, const absl::Status& status, size_t slot);
+
+  std::vector<Slot> slots_;
+  std::map<std::string, Registration> registrations_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_MODEL_LOADS_H_

@@ -1,0 +1,85 @@
+#include "controller/model_loads.h"
+
+#include <optional>
+
+#include "gtest/gtest.h"
+
+namespace pswitch::controller {
+namespace {
+
+struct Result {
+  std::optional<absl::Status> status;
+  ModelLoads::Done Callback() {
+    return [this](absl::Status s) { status = std::move(s); };
+  }
+};
+
+TEST(ModelLoadsTest, ARegistrationCompletesWhenEveryCountedWorkerHasAnswered) {
+  ModelLoads loads(3);
+  for (size_t s = 0; s < 3; ++s) loads.Announce(s);
+  loads.Sent(0, "bert");
+  loads.Sent(1, "bert");
+  Result r;
+  loads.Await("bert", 2, r.Callback());
+  EXPECT_EQ(loads.pending(0), 1u);
+  EXPECT_TRUE(loads.Loading(0, "bert"));
+  loads.Answered(0, "bert", absl::OkStatus());
+  EXPECT_FALSE(r.status.has_value());
+  EXPECT_TRUE(loads.Loaded(0, "bert"));
+  EXPECT_EQ(loads.pending(0), 0u);
+  loads.Answered(1, "bert", absl::OkStatus());
+  ASSERT_TRUE(r.status.has_value());
+  EXPECT_TRUE(r.status->ok());
+  EXPECT_EQ(loads.loaded_count(1), 1u);
+}
+
+TEST(ModelLoadsTest, TheFirstErrorIsReportedNamingTheWorker) {
+  ModelLoads loads(2);
+  loads.Sent(0, "m");
+  loads.Sent(1, "m");
+  Result r;
+  loads.Await("m", 2, r.Callback());
+  loads.Answered(1, "m", absl::ResourceExhaustedError("out of memory"));
+  loads.Answered(0, "m", absl::InternalError("second"));
+  ASSERT_TRUE(r.status.has_value());
+  EXPECT_EQ(r.status->code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.status->message(), "worker 1 could not load 'm': out of memory");
+  EXPECT_FALSE(loads.Loaded(1, "m"));
+  EXPECT_FALSE(loads.Loaded(0, "m"));
+}
+
+// A dead worker counts down only the loads it was sent: its death is their answer.
+TEST(ModelLoadsTest, ADeadWorkerCountsDownOnlyTheLoadsItWasSent) {
+  ModelLoads loads(2);
+  loads.Sent(0, "a");
+  loads.Sent(1, "a");
+  loads.Sent(1, "b");
+  Result a, b;
+  loads.Await("a", 2, a.Callback());
+  loads.Await("b", 1, b.Callback());
+  loads.Answered(1, "a", absl::OkStatus());
+  loads.Died(0);  // never answered "a"
+  ASSERT_TRUE(a.status.has_value());
+  EXPECT_TRUE(a.status->ok());
+  EXPECT_FALSE(b.status.has_value()) << "slot 0 was never sent 'b'";
+  EXPECT_EQ(loads.pending(0), 0u);
+  loads.Died(1);
+  ASSERT_TRUE(b.status.has_value());
+  EXPECT_TRUE(loads.Loaded(1, "a")) << "known until a fresh process takes the slot";
+  loads.Reset(1);
+  EXPECT_FALSE(loads.Loaded(1, "a"));
+  EXPECT_FALSE(loads.announced(1));
+}
+
+TEST(ModelLoadsTest, NothingToWaitForCompletesAtOnce) {
+  ModelLoads loads(1);
+  Result r;
+  loads.Await("x", 0, r.Callback());
+  ASSERT_TRUE(r.status.has_value());
+  EXPECT_TRUE(r.status->ok());
+  loads.Answered(0, "unawaited", absl::OkStatus());  // no registration: just bookkeeping
+  EXPECT_TRUE(loads.Loaded(0, "unawaited"));
+}
+
+}  // namespace
+}  // namespace pswitch::controller
