@@ -199,7 +199,7 @@ void GpuScheduler::OnTransmissionFailed(uint64_t task_id, uint32_t epoch, int dr
       .Field("error", why);
   // The region holds part of this model and part of whatever was there: a later task for it
   // must transmit again rather than run on partly old weights.
-  if (resident_epoch_ == epoch) resident_model_.clear();
+  residency_.Failed(epoch);
   // The old tenant never wrote its drain value: its stream may wait on a flag no one will write,
   // so it is never reused. Its death releases the drain (OnWorkerDied), which lets the copy
   // stream behind it go on.
@@ -444,10 +444,7 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why) {
                      "; the task's model state is its last checkpoint"));
     Finish(id, killed ? MarkKilled(std::move(failed)) : failed);
   }
-  if (active_slot_ == slot) {
-    active_slot_ = -1;
-    resident_model_.clear();  // a half-finished training step may have touched the weights
-  }
+  residency_.SlotDied(slot);  // a half-finished training step may have touched the weights
   // Its unanswered loads never will be: they stop holding up registrations.
   loads_.Died(static_cast<size_t>(slot));
   s.process.reset();
@@ -586,8 +583,8 @@ void GpuScheduler::MaybeStart() {
       if (!started.ok()) Finish(ticket.id, started);
       continue;
     }
-    bool resident = resident_model_ == ticket.model && active_slot_ >= 0;
-    if (resident ? !Usable(active_slot_, ticket.model) : false) return;  // wait for it
+    bool resident = residency_.Holds(ticket.model);
+    if (resident ? !Usable(residency_.active_slot(), ticket.model) : false) return;  // wait
     if (!resident) {
       bool any = false, possible = false, all_gave_up = true;
       for (size_t i = 0; i < slots_.size(); ++i) {
@@ -648,18 +645,19 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
 
 absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, const TaskSpec& spec,
                                     const CatalogEntry& entry) {
+  const int active = residency_.active_slot();
   int slot = -1;
-  if (resident_model_ == spec.model && active_slot_ >= 0) {
-    slot = active_slot_;
+  if (residency_.Holds(spec.model)) {
+    slot = active;
   } else {
     // A standby (not the active worker) takes the new model: the active one drains meanwhile.
     for (size_t i = 0; i < slots_.size(); ++i) {
-      if (static_cast<int>(i) != active_slot_ && Usable(static_cast<int>(i), spec.model)) {
+      if (static_cast<int>(i) != active && Usable(static_cast<int>(i), spec.model)) {
         slot = static_cast<int>(i);
         break;
       }
     }
-    if (slot < 0) slot = active_slot_;
+    if (slot < 0) slot = active;
     memdaemon::TransmitRequest request;
     request.model = entry.stored;
     request.groups = entry.plan;
@@ -667,12 +665,11 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
     int drain_slot = -1;
     // An idle old tenant has nothing in flight (its RunDone came after its stream synchronised):
     // no Stop, no device-side drain wait, no round trip on the switch.
-    if (active_slot_ >= 0 && slots_[active_slot_]->state != Slot::State::kIdle) {
-      if (std::optional<uint32_t> value = SendStop(active_slot_)) {
+    if (active >= 0 && slots_[active]->state != Slot::State::kIdle) {
+      if (std::optional<uint32_t> value = SendStop(active)) {
         request.drain =
-            memdaemon::DrainCondition{static_cast<uint32_t>(active_slot_),
-                                      *value, options_.drain_timeout};
-        drain_slot = active_slot_;
+            memdaemon::DrainCondition{static_cast<uint32_t>(active), *value, options_.drain_timeout};
+        drain_slot = active;
         run.timeline.stop_sent_ns = last_stop_sent_ns_;
       }
     }
@@ -684,14 +681,12 @@ absl::Status GpuScheduler::SendTask(Running& run, const TaskTicket& ticket, cons
     request.flag_base = 0;
     PSWITCH_ASSIGN_OR_RETURN(run.transmission, daemon_->transmitter().Start(request));
     WatchTransmission(run.transmission, ticket.id, drain_slot);
-    resident_model_ = spec.model;
-    resident_epoch_ = run.transmission->epoch();
-    active_slot_ = slot;
+    residency_.Switched(slot, spec.model, run.transmission->epoch());
   }
   Slot& s = *slots_[slot];
   Builder prepare;
   auto last = prepare.CreateVector(entry.group_last_layer);
-  auto body = proto::CreatePrepare(prepare, prepare.CreateString(spec.model), resident_epoch_,
+  auto body = proto::CreatePrepare(prepare, prepare.CreateString(spec.model), residency_.epoch(),
                                    /*flag_base=*/0, last);
   prepare.Finish(
       proto::CreateWorkerCommand(prepare, 0, proto::WorkerCommandBody::Prepare, body.Union()));
@@ -706,7 +701,7 @@ absl::Status GpuScheduler::SendSynthetic(Running& run, const TaskTicket& ticket,
     const Slot& s = *slots_[i];
     if (s.state == Slot::State::kIdle && loads_.pending(i) == 0) {
       slot = static_cast<int>(i);
-      if (slot == active_slot_) break;  // prefer the active worker: no standby is disturbed
+      if (slot == residency_.active_slot()) break;  // prefer the active worker: no standby waits
     }
   }
   if (slot < 0) return absl::UnavailableError("no idle worker for the synthetic fill task");
@@ -785,7 +780,7 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
       outcome.timeline.first_group_ready_ns = traces->front().ready_ns;
       outcome.timeline.last_group_ready_ns = traces->back().ready_ns;
     } else if (!traces.ok() && run->transmission->finished()) {
-      if (resident_epoch_ == run->transmission->epoch()) resident_model_.clear();
+      residency_.Failed(run->transmission->epoch());
       if (status.ok()) status = traces.status();
     }
   }
@@ -805,10 +800,9 @@ void GpuScheduler::OnRunDone(int slot, const std::vector<uint8_t>& payload) {
         .Field("last_group_ms", ms(t.last_group_ready_ns))
         .Field("result_ms", ms(t.result_ns));
   }
-  if (!status.ok() && run->transmission != nullptr &&
-      resident_epoch_ == run->transmission->epoch()) {
+  if (!status.ok() && run->transmission != nullptr) {
     // A task that failed on a switch leaves no trusted residency behind (defect 4).
-    resident_model_.clear();
+    residency_.Failed(run->transmission->epoch());
   }
   if (spec.kind == TaskKind::kTraining) {
     // The stopped worker has nothing in flight: save what it trained before anyone overwrites it.

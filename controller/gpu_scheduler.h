@@ -31,6 +31,7 @@
 #include "controller/worker_process.h"
 #include "base/log.h"
 #include "controller/model_loads.h"
+#include "controller/residency.h"
 #include "controller/respawn_backoff.h"
 #include "controller/task_registry.h"
 #include "memdaemon/lease_table.h"
@@ -222,10 +223,8 @@ class GpuScheduler {
   // not answered by `deadline` is SIGKILLed with `reason`; the earliest deadline stands.
   void ArmStopDeadline(uint64_t task, absl::Time deadline, std::string reason);
   void EnforceStop();
-  int active_slot_ = -1;
-  std::string resident_model_;
+  Residency residency_;
   int64_t last_stop_sent_ns_ = 0;  // the latest Stop to a worker (CLOCK_MONOTONIC)
-  uint32_t resident_epoch_ = 0;
   bool stopping_ = false;
 
   mutable absl::Mutex mu_;
