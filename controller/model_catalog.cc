@@ -83,9 +83,8 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
     PSWITCH_ASSIGN_OR_RETURN(profile, models::ProfileModel(model, *device, options));
     model.eval();
   }
-  PSWITCH_ASSIGN_OR_RETURN(grouping::Profile grouping_profile,
-                           grouping::ParseProfileJson(models::ProfileToJson(profile).dump()));
-  PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(grouping_profile));
+  // The profiler's result is the search's input (Create validates it): no JSON in between.
+  PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
   PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
                            grouping::FindGrouping(cost, grouping::SearchOptions{}));
   return CoverTail(outcome.result.plan, executed_layers, layout_layers);

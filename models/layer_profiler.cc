@@ -210,27 +210,16 @@ void ReleaseCachedDeviceMemory() {
 }
 
 nlohmann::json ProfileToJson(const ModelProfile& profile) {
-  auto layer_json = [](const std::vector<LayerTiming>& layers, bool with_time) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& layer : layers) {
-      nlohmann::json item = {{"name", layer.name}, {"param_bytes", layer.param_bytes}};
-      if (with_time) item["exec_s"] = layer.exec_s;
-      out.push_back(std::move(item));
-    }
-    return out;
-  };
-  nlohmann::json json = {
-      {"model", profile.model},
-      {"device", profile.device},
-      {"mode", profile.mode},
-      {"batch", profile.batch},
-      {"bandwidth_bytes_per_s", profile.bandwidth_bytes_per_s},
-      {"bandwidth_source", profile.bandwidth_source},
-      {"transfer_overhead_s", profile.transfer_overhead_s},
-      {"group_sync_overhead_s", profile.group_sync_overhead_s},
-      {"layers", layer_json(profile.layers, true)},
-      {"unexecuted_layers", layer_json(profile.unexecuted_layers, false)},
-  };
+  nlohmann::json json = grouping::ProfileToJson(profile);
+  json["device"] = profile.device;
+  json["mode"] = profile.mode;
+  json["batch"] = profile.batch;
+  json["bandwidth_source"] = profile.bandwidth_source;
+  nlohmann::json unexecuted = nlohmann::json::array();
+  for (const grouping::LayerProfile& layer : profile.unexecuted_layers) {
+    unexecuted.push_back({{"name", layer.name}, {"param_bytes", layer.param_bytes}});
+  }
+  json["unexecuted_layers"] = std::move(unexecuted);
   if (profile.mode == "training") json["backward_s_in_last_layer"] = profile.backward_s;
   return json;
 }

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "grouping/profile.h"
 #include "models/zoo_model.h"
 #include "nlohmann/json.hpp"
 
@@ -38,25 +39,17 @@ struct ProfileOptions {
   std::function<void(const std::string&)> progress;
 };
 
-struct LayerTiming {
-  std::string name;
-  int64_t param_bytes = 0;
-  double exec_s = 0;
-};
-
-struct ModelProfile {
-  std::string model;
+// The grouping search's own profile (model, link, overheads, executed layers in execution
+// order), which the search takes as it is, plus how it was measured.
+struct ModelProfile : grouping::Profile {
   std::string device;
   std::string mode;  // "inference" | "training"
   int64_t batch = 0;
-  double bandwidth_bytes_per_s = 0;
   std::string bandwidth_source;  // "measured" or why it is a configured cap
-  double transfer_overhead_s = 0;
-  double group_sync_overhead_s = 0;
   // Training only: backward + optimizer step, already included in the last layer's exec_s.
   double backward_s = 0;
-  std::vector<LayerTiming> layers;             // executed layers, in execution order
-  std::vector<LayerTiming> unexecuted_layers;  // never run in this mode; not transmitted
+  // Never run in this mode; not transmitted (exec_s unused).
+  std::vector<grouping::LayerProfile> unexecuted_layers;
 };
 
 // Profiles `model` (already on `device`) with its ExampleInput. Leaves the model in the profiled
@@ -68,8 +61,7 @@ absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
 // libtorch), so a profile run inside pswitchd keeps no device memory outside the arena.
 void ReleaseCachedDeviceMemory();
 
-// The grouping profile JSON: model, bandwidth_bytes_per_s, transfer_overhead_s,
-// group_sync_overhead_s, layers[{name, param_bytes, exec_s}], plus descriptive extras.
+// grouping::ProfileToJson's form (what find-grouping reads), plus how it was measured.
 nlohmann::json ProfileToJson(const ModelProfile& profile);
 
 }  // namespace pswitch::models
