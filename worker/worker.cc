@@ -2,6 +2,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <sys/socket.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -18,12 +19,8 @@
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/host_tensors.h"
+#include "worker/executor.h"
 #include "worker/iterative_task.h"
-#ifdef PSWITCH_WORKER_CUDA
-#include "worker/cuda/arena_device.h"
-#include "worker/cuda/compute_stream.h"
-#include "worker/cuda/cuda_lease_allocator.h"
-#endif
 
 namespace pswitch::worker {
 namespace {
@@ -89,10 +86,8 @@ class DatasetInferenceTask final : public IterativeTask {
     models::ModelInput input;
     input.input = rows_.narrow(0, first, std::min(batch_, n - first)).to(device_);
     results_.push_back(bound_.model().Forward(input).output.clone());
-#ifdef PSWITCH_WORKER_CUDA
     // A fill step must be over when it returns: its bubble ends right after it.
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-#endif
     return absl::OkStatus();
   }
   absl::Status Finish() override {
@@ -133,16 +128,7 @@ class SyntheticTask final : public IterativeTask {
 
 }  // namespace
 
-absl::Status CheckWorkerBackend(gpu::Backend backend) {
-  if (backend == gpu::Backend::kHost) return absl::OkStatus();
-#ifdef PSWITCH_WORKER_CUDA
-  return absl::OkStatus();
-#else
-  return absl::UnimplementedError(
-      "workers cannot execute on the CUDA backend in this build: its libtorch is CPU-only (build "
-      "against pip's CUDA torch, see tools/gpu/build.sh); use --backend host");
-#endif
-}
+absl::Status CheckWorkerBackend(gpu::Backend backend) { return CheckExecutorBackend(backend); }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
   PSWITCH_RETURN_IF_ERROR(CheckWorkerBackend(options.backend));
@@ -157,37 +143,22 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
                                                 options.worker_id));
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
-  const bool on_cuda = options.backend == gpu::Backend::kCuda;
-  if (on_cuda && options.activation_bytes == 0) {
-    // The memdaemon holds (almost) all device memory: libtorch's own allocator would fail.
-    return absl::InvalidArgumentError("CUDA workers need an activation lease (activation_bytes)");
-  }
+  ExecutorOptions executor;
+  executor.backend = options.backend;
+  executor.device_ordinal = options.device_ordinal;
+  executor.arena_base = w->arena_->arena().base();
   if (options.activation_bytes > 0) {
     PSWITCH_ASSIGN_OR_RETURN(
         memdaemon::Lease lease,
         w->arena_->RequestLease(absl::StrCat("worker-", options.worker_id, "-activations"),
                                 options.activation_bytes));
-    std::byte* lease_base = w->arena_->arena().base() + lease.offset;
-    // Installed once, before any task; libtorch keeps using it for the process's lifetime.
-    if (!on_cuda) {
-      w->activations_ =
-          LeaseAllocator::Install(lease_base, lease.bytes, c10::GetDefaultCPUAllocator());
-    }
-#ifdef PSWITCH_WORKER_CUDA
-    if (on_cuda) {
-      // Before anything initialises libtorch's CUDA state (ArenaTensorDevice below does).
-      PSWITCH_ASSIGN_OR_RETURN(
-          w->cuda_activations_,
-          cuda::CudaLeaseAllocator::Install(lease_base, lease.bytes, device.device_ordinal));
-    }
-#endif
+    executor.lease_base = w->arena_->arena().base() + lease.offset;
+    executor.lease_bytes = lease.bytes;
   }
-#ifdef PSWITCH_WORKER_CUDA
-  if (on_cuda) {
-    PSWITCH_ASSIGN_OR_RETURN(w->tensor_device_, cuda::ArenaTensorDevice(w->arena_->arena().base(),
-                                                                        device.device_ordinal));
-  }
-#endif
+  // Installed once, before any task; libtorch keeps using its allocator for the process's life.
+  PSWITCH_ASSIGN_OR_RETURN(w->executor_, CreateExecutor(executor));
+  w->tensor_device_ = w->executor_->tensor_device();
+  w->activations_ = w->executor_->host_activations();
   flatbuffers::FlatBufferBuilder b;
   auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
@@ -278,7 +249,7 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
     }
   }
   int64_t warm_ns = 0;
-  if (status.ok() && tensor_device_.is_cuda()) {
+  if (status.ok() && executor_->warms_up()) {
     const int64_t start = base::MonotonicNowNs();
     status = WarmUp(name, *models_[name]);
     warm_ns = base::MonotonicNowNs() - start;
@@ -291,25 +262,20 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
 }
 
 absl::Status Worker::WarmUp(const std::string& name, BoundModel& bound) {
-#ifdef PSWITCH_WORKER_CUDA
   // The weights region may hold another model's bytes (or be streaming them): the warm-up only
   // reads it, and its output is thrown away.
-  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ComputeStreamScope> compute,
-                           cuda::ComputeStreamScope::Enter(*stream_, tensor_device_.index()));
-  if (cuda_activations_ != nullptr) cuda_activations_->set_limit(0);
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<ComputeSection> compute, executor_->Enter(*stream_));
+  executor_->SetActivationLimit(0);
   absl::Status ran = models::CatchTorch(absl::StrCat("warming up '", name, "'"), [&] {
     torch::NoGradGuard no_grad;
     bound.model().eval();
     (void)bound.model().Forward(ModelInputOn(bound.model().ExampleInput(1, 0), tensor_device_));
   });
-  absl::Status synced = compute->Synchronize("warm-up", options_.group_timeout);
-  if (cuda_activations_ != nullptr) cuda_activations_->MarkPersistent();
+  absl::Status synced =
+      compute != nullptr ? compute->Synchronize("warm-up", options_.group_timeout)
+                         : absl::OkStatus();
+  executor_->MarkActivationsPersistent();
   return ran.ok() ? synced : ran;
-#else
-  (void)name;
-  (void)bound;
-  return absl::OkStatus();
-#endif
 }
 
 absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
@@ -444,23 +410,17 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     }
   }
   // A fill task's memory cap bounds its allocations for this run only.
-  if (activations_ != nullptr) activations_->set_limit(fill ? run.fill()->memory_cap() : 0);
-#ifdef PSWITCH_WORKER_CUDA
-  if (cuda_activations_ != nullptr) {
-    cuda_activations_->set_limit(fill ? run.fill()->memory_cap() : 0);
-  }
+  executor_->SetActivationLimit(fill ? run.fill()->memory_cap() : 0);
   // Every kernel of the task goes to the compute stream, behind the gate's ready-flag waits.
-  std::unique_ptr<cuda::ComputeStreamScope> compute;
-  if (status.ok() && tensor_device_.is_cuda()) {
-    absl::StatusOr<std::unique_ptr<cuda::ComputeStreamScope>> entered =
-        cuda::ComputeStreamScope::Enter(*stream_, tensor_device_.index());
+  std::unique_ptr<ComputeSection> compute;
+  if (status.ok()) {
+    absl::StatusOr<std::unique_ptr<ComputeSection>> entered = executor_->Enter(*stream_);
     if (entered.ok()) {
       compute = std::move(*entered);
     } else {
       status = entered.status();
     }
   }
-#endif
   if (!status.ok()) {
     // reported below
   } else if (fill && run.fill()->kind() == kSyntheticFill) {
@@ -533,7 +493,6 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     bound.model().SetGateHook(nullptr);
     groups_gated = waited_group + 1;
   }
-#ifdef PSWITCH_WORKER_CUDA
   // The task's synchronisation point: its final weights (and optimizer state) are in the arena
   // before RunDone lets pswitchd checkpoint them, and late kernel errors are this task's.
   if (compute != nullptr) {
@@ -545,7 +504,6 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     if (absl::IsDeadlineExceeded(synced)) return synced;
     if (status.ok()) status = synced;
   }
-#endif
   if (gated) {
     if (absl::StatusOr<std::vector<int64_t>> marks = stream_->TakeMarks(); marks.ok()) {
       if (!marks->empty()) progress.first_layer_start_ns = (*marks)[0];

@@ -25,15 +25,12 @@
 #include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
 #include "worker/fill_steps.h"
+#include "worker/executor.h"
 #include "worker/iterative_task.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
 
 namespace pswitch::worker {
-
-namespace cuda {
-class CudaLeaseAllocator;
-}
 
 struct WorkerOptions {
   uint32_t worker_id = 0;
@@ -118,8 +115,7 @@ class Worker {
   std::unique_ptr<memdaemon::ArenaClient> arena_;
   std::unique_ptr<gpu::Stream> stream_;
   LeaseAllocator* activations_ = nullptr;  // process lifetime: tensors it served may outlive us
-  // The CUDA backend's counterpart (worker/cuda/), also process lifetime; null on the host.
-  cuda::CudaLeaseAllocator* cuda_activations_ = nullptr;
+  std::unique_ptr<Executor> executor_;  // the backend's way of computing
   // Where tasks' tensors live: the CPU on the host backend, the GPU holding the arena on CUDA.
   c10::Device tensor_device_ = c10::Device(c10::kCPU);
   std::unique_ptr<proto::FrameChannel> control_;

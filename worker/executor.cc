@@ -1,0 +1,45 @@
+#include "worker/executor.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include "worker/lease_allocator.h"
+
+namespace pswitch::worker {
+namespace {
+
+// The CPU computes each op as it is called: no stream, no section.
+class HostExecutor final : public Executor {
+ public:
+  explicit HostExecutor(LeaseAllocator* activations) : activations_(activations) {}
+  c10::Device tensor_device() const override { return c10::Device(c10::kCPU); }
+  void SetActivationLimit(uint64_t bytes) override {
+    if (activations_ != nullptr) activations_->set_limit(bytes);
+  }
+  void MarkActivationsPersistent() override {}
+  LeaseAllocator* host_activations() const override { return activations_; }
+  bool warms_up() const override { return false; }
+  absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream&) override {
+    return std::unique_ptr<ComputeSection>();
+  }
+
+ private:
+  LeaseAllocator* const activations_;  // process lifetime: tensors it served may outlive us
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Executor>> CreateExecutor(const ExecutorOptions& options) {
+  if (options.backend == gpu::Backend::kCuda) return CreateCudaExecutor(options);
+  LeaseAllocator* activations = nullptr;
+  if (options.lease_base != nullptr) {
+    activations = LeaseAllocator::Install(options.lease_base, options.lease_bytes,
+                                          c10::GetDefaultCPUAllocator());
+  }
+  return std::make_unique<HostExecutor>(activations);
+}
+
+absl::Status CheckExecutorBackend(gpu::Backend backend) {
+  return backend == gpu::Backend::kHost ? absl::OkStatus() : CudaExecutionBuilt();
+}
+
+}  // namespace pswitch::worker
