@@ -178,7 +178,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     }
     r.synthetic_step = absl::Microseconds(static_cast<int64_t>(wire.synthetic_step_us()));
     r.synthetic_alloc_bytes = wire.synthetic_alloc_bytes();
-    r.ignore_pause = wire.ignore_pause();
+    r.ignore_pause = wire.test_only_ignore_pause();
     return r;
   }
 

@@ -719,8 +719,10 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskTicket& tic
   flatbuffers::Offset<proto::FillRun> fill = 0;
   if (spec.fill) {
     const FillRunSpec& f = *spec.fill;
+    const proto::FillRunKind kind =
+        f.synthetic ? proto::FillRunKind::Synthetic : proto::FillRunKind::Model;
     fill = proto::CreateFillRun(b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin),
-                                absl::ToInt64Nanoseconds(f.step), f.memory_cap, f.synthetic ? 1 : 0,
+                                absl::ToInt64Nanoseconds(f.step), f.memory_cap, kind,
                                 b.CreateString(f.dataset_path),
                                 absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
                                 f.ignore_pause, b.CreateString(f.device_lock_path));

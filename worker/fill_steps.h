@@ -37,7 +37,7 @@ class FillSteps {
       : profile_(std::move(profile)),
         bubble_end_ns_(fill.bubble_end_ns()),
         margin_(absl::Nanoseconds(fill.margin_ns())),
-        ignore_pause_(fill.ignore_pause()),
+        ignore_pause_(fill.test_only_ignore_pause()),
         stop_(stop) {}
 
   fill::StepProfile profile_;

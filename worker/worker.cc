@@ -25,7 +25,6 @@
 namespace pswitch::worker {
 namespace {
 
-constexpr uint8_t kSyntheticFill = 1;  // proto::FillRun::kind
 
 // Thrown by the gate hook through libtorch's forward; caught at the task boundary below.
 class GateFailure : public std::runtime_error {
@@ -423,7 +422,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   }
   if (!status.ok()) {
     // reported below
-  } else if (fill && run.fill()->kind() == kSyntheticFill) {
+  } else if (fill && run.fill()->kind() == proto::FillRunKind::Synthetic) {
     ScopedLeaseAllocation from_lease(activations_);
     absl::Status task_status;
     status = models::CatchTorch("synthetic fill task",
