@@ -2,13 +2,14 @@
 
 #include <signal.h>
 
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/status.h"
 #include "gpu/copy_engine.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/state_area.h"
-#include "base/status.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -17,12 +18,7 @@ namespace {
 
 using Builder = flatbuffers::FlatBufferBuilder;
 
-// How long finished tasks stay queryable.
-
 }  // namespace
-
-// Start failures in a row after which queued tasks stop waiting for a worker slot (it is still
-// retried, every 5 s at most).
 
 struct GpuScheduler::Slot {
   enum class State { kStarting, kIdle, kBusy, kDead };
@@ -86,41 +82,80 @@ GpuScheduler::~GpuScheduler() {
 }
 
 void GpuScheduler::Post(std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
-  posted_.push_back(std::move(fn));
+  {
+    absl::MutexLock lock(&mu_);
+    if (loop_done_) return;  // late events (a worker's death at shutdown) find no loop
+  }
+  asio::post(io_, [this, fn = std::move(fn)] {
+    fn();
+    AfterEvent();
+  });
+}
+
+namespace {
+
+std::chrono::nanoseconds Until(absl::Time deadline) {
+  return absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+}
+
+}  // namespace
+
+void GpuScheduler::AfterEvent() {
+  // A busy loop must not starve the stop deadline; its timer may not have had its turn yet.
+  if (absl::Now() >= kill_deadline_) EnforceStop();
+  if (stopping_) {
+    // A running task gets a bounded time to reach its sync point, then the loop ends anyway.
+    if (!stop_timer_armed_) {
+      stop_timer_armed_ = true;
+      stop_timer_.expires_after(std::chrono::seconds(30));
+      stop_timer_.async_wait([this](const asio::error_code& ec) {
+        if (!ec) io_.stop();
+      });
+    }
+    if (running_ == nullptr) {
+      io_.stop();
+      return;
+    }
+  } else {
+    MaybeStart();  // may stop a task, arming a deadline below
+  }
+  ArmTimers();
+}
+
+void GpuScheduler::ArmTimers() {
+  // Deadlines are timers on the loop, re-armed to whatever is due next.
+  if (kill_deadline_ != armed_kill_) {
+    armed_kill_ = kill_deadline_;
+    kill_timer_.cancel();
+    if (kill_deadline_ != absl::InfiniteFuture()) {
+      kill_timer_.expires_after(Until(kill_deadline_));
+      kill_timer_.async_wait([this](const asio::error_code& ec) {
+        if (ec) return;  // re-armed or shut down
+        armed_kill_ = absl::InfiniteFuture();
+        if (absl::Now() >= kill_deadline_) EnforceStop();
+        AfterEvent();
+      });
+    }
+  }
+  if (respawns_.Next() != armed_respawn_) {
+    armed_respawn_ = respawns_.Next();
+    respawn_timer_.cancel();
+    if (armed_respawn_ != absl::InfiniteFuture()) {
+      respawn_timer_.expires_after(Until(armed_respawn_));
+      respawn_timer_.async_wait([this](const asio::error_code& ec) {
+        if (ec) return;
+        armed_respawn_ = absl::InfiniteFuture();
+        RespawnDue();
+        AfterEvent();
+      });
+    }
+  }
 }
 
 void GpuScheduler::Loop() {
-  absl::Time stop_deadline = absl::InfiniteFuture();
-  while (true) {
-    std::function<void()> fn;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !posted_.empty(); };
-      // While stopping, a running task gets a bounded time to reach its sync point; a fill run
-      // told to pause gets its grace.
-      if (!mu_.AwaitWithDeadline(absl::Condition(&ready),
-                                 std::min({stop_deadline, kill_deadline_, respawns_.Next()}))) {
-        if (absl::Now() >= stop_deadline) break;
-        fn = [this] {
-          if (absl::Now() >= kill_deadline_) EnforceStop();
-          RespawnDue();
-        };
-      } else {
-        fn = std::move(posted_.front());
-        posted_.pop_front();
-      }
-    }
-    fn();
-    // A busy loop must not starve the fill-pause deadline.
-    if (absl::Now() >= kill_deadline_) EnforceStop();
-    if (stopping_) {
-      if (stop_deadline == absl::InfiniteFuture()) stop_deadline = absl::Now() + absl::Seconds(30);
-      if (running_ == nullptr) break;
-      continue;
-    }
-    MaybeStart();
-  }
+  // Runs until AfterEvent stops it (shutdown), whatever is or is not queued.
+  auto work = asio::make_work_guard(io_);
+  io_.run();
   if (running_ != nullptr) {
     Finish(running_->task_id, absl::DeadlineExceededError("task did not stop before shutdown"));
     running_.reset();
@@ -171,12 +206,13 @@ void GpuScheduler::WatchTransmission(std::shared_ptr<memdaemon::Transmission> tr
       if (!loop_done_ && transmission->finished()) {
         const uint32_t epoch = transmission->epoch();
         absl::Status status = result.status();
-        posted_.push_back([this, task_id, epoch, drain_slot, status] {
+        asio::post(io_, [this, task_id, epoch, drain_slot, status] {
           if (status.ok()) {
             OnTransmitted(task_id);
           } else {
             OnTransmissionFailed(task_id, epoch, drain_slot, status);
           }
+          AfterEvent();
         });
       }
     }
@@ -270,9 +306,7 @@ void GpuScheduler::SpawnSlot(int slot) {
   loads_.Reset(static_cast<size_t>(slot));
   auto process = WorkerProcess::Spawn(
       spawn, [this, slot](uint32_t, absl::StatusOr<std::vector<uint8_t>> event) {
-        absl::MutexLock lock(&mu_);
-        if (loop_done_) return;
-        posted_.push_back([this, slot, event = std::move(event)] { OnWorkerEvent(slot, event); });
+        Post([this, slot, event = std::move(event)] { OnWorkerEvent(slot, event); });
       });
   if (!process.ok()) {
     Event(base::LogLevel::kError, "worker_spawn_failed")

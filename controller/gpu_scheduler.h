@@ -29,6 +29,9 @@
 #include "controller/state_checkpoints.h"
 #include "controller/task_queue.h"
 #include "controller/worker_process.h"
+#include "asio/io_context.hpp"
+#include "asio/post.hpp"
+#include "asio/steady_timer.hpp"
 #include "base/log.h"
 #include "controller/model_loads.h"
 #include "controller/residency.h"
@@ -156,7 +159,11 @@ class GpuScheduler {
                ModelCatalog* catalog);
   // A log line of this GPU's scheduler (it names the GPU).
   base::Log Event(base::LogLevel level, absl::string_view event) const;
+  // Runs `fn` on the loop, then AfterEvent. Dropped once the loop has ended.
   void Post(std::function<void()> fn);
+  // After every event: deadlines (re-armed as timers), shutdown, and starting what can start.
+  void AfterEvent();
+  void ArmTimers();
   void Loop();
   void SpawnSlot(int slot);
   // A worker that died (or failed to spawn) before it was ready is respawned after a growing
@@ -228,10 +235,19 @@ class GpuScheduler {
   bool stopping_ = false;
 
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
   bool loop_done_ ABSL_GUARDED_BY(mu_) = false;
   bool workers_ready_ ABSL_GUARDED_BY(mu_) = false;
 
+  // This GPU's event loop: every event (a request, a worker's message, a transmission's end, a
+  // deadline) is a handler on it, run on loop_ one at a time; no handler runs after Loop()
+  // returns, which the destructor joins before any member goes.
+  asio::io_context io_;
+  asio::steady_timer kill_timer_{io_};     // kill_deadline_
+  asio::steady_timer respawn_timer_{io_};  // respawns_.Next()
+  asio::steady_timer stop_timer_{io_};     // shutdown's bound on a running task
+  absl::Time armed_kill_ = absl::InfiniteFuture();
+  absl::Time armed_respawn_ = absl::InfiniteFuture();
+  bool stop_timer_armed_ = false;
   std::thread loop_;
   // One per transmission, posting OnTransmitted; `done` lets finished ones be joined early.
   struct Watcher {
