@@ -172,8 +172,15 @@ absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) {
   return steps;
 }
 
+void FillManager::Shutdown() {
+  absl::WriterMutexLock lock(&lifecycle_mu_);
+  shut_down_ = true;
+}
+
 absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
   PSWITCH_ASSIGN_OR_RETURN(const int64_t steps, Validate(request));
+  absl::ReaderMutexLock alive(&lifecycle_mu_);
+  if (shut_down_) return absl::UnavailableError("pswitchd is shutting down");
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);

@@ -65,6 +65,9 @@ class FillManager {
       : controller_(controller), options_(options) {}
   // Finishes the disk work already queued (an inference job's output is never lost).
   ~FillManager() { io_.wait(); }
+  // Before the controller goes: submissions from now on (queued ones included) answer
+  // Unavailable instead of registering with it; one registering now is waited for.
+  void Shutdown();
   FillManager(const FillManager&) = delete;
   FillManager& operator=(const FillManager&) = delete;
 
@@ -142,6 +145,9 @@ class FillManager {
   Controller* const controller_;
   const FillManagerOptions options_;
 
+  // Held (shared) while a submission may call into the controller; Shutdown takes it exclusively.
+  absl::Mutex lifecycle_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(lifecycle_mu_) = false;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);

@@ -137,8 +137,10 @@ void GpuScheduler::ArmTimers() {
       });
     }
   }
-  if (respawns_.Next() != armed_respawn_) {
-    armed_respawn_ = respawns_.Next();
+  // Shutting down, nothing is respawned: a due restart must not spin the timer.
+  const absl::Time next_respawn = stopping_ ? absl::InfiniteFuture() : respawns_.Next();
+  if (next_respawn != armed_respawn_) {
+    armed_respawn_ = next_respawn;
     respawn_timer_.cancel();
     if (armed_respawn_ != absl::InfiniteFuture()) {
       respawn_timer_.expires_after(Until(armed_respawn_));
@@ -404,20 +406,20 @@ void GpuScheduler::SendLoad(int slot, const CatalogEntry& entry) {
 void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done) {
   Post([this, entry, done = std::move(done)] {
     const std::string& name = entry->request.name;
-    size_t answers = 0;
+    std::set<size_t> answers;
     for (size_t i = 0; i < slots_.size(); ++i) {
       // A worker that has not announced itself yet loads the whole catalog (this model included)
       // when it does; every other live one, even one still loading, is sent this model now.
       if (slots_[i]->state == Slot::State::kDead || !loads_.announced(i)) continue;
       if (loads_.Loaded(i, name)) continue;
       if (loads_.Loading(i, name)) {  // its start-up load is in flight: its answer counts
-        ++answers;
+        answers.insert(i);
         continue;
       }
       SendLoad(static_cast<int>(i), *entry);
-      if (loads_.Loading(i, name)) ++answers;
+      if (loads_.Loading(i, name)) answers.insert(i);
     }
-    loads_.Await(name, answers, done);
+    loads_.Await(name, std::move(answers), done);
   });
 }
 

@@ -25,23 +25,24 @@ void ModelLoads::Died(size_t slot) {
   for (const std::string& model : unanswered) CountDown(model, absl::OkStatus(), slot);
 }
 
-void ModelLoads::Await(const std::string& model, size_t answers, Done done) {
-  if (answers == 0) {
+void ModelLoads::Await(const std::string& model, std::set<size_t> slots, Done done) {
+  if (slots.empty()) {
     done(absl::OkStatus());
     return;
   }
-  registrations_[model] = Registration{answers, absl::OkStatus(), std::move(done)};
+  registrations_[model] = Registration{std::move(slots), absl::OkStatus(), std::move(done)};
 }
 
 void ModelLoads::CountDown(const std::string& model, const absl::Status& status, size_t slot) {
   auto it = registrations_.find(model);
   if (it == registrations_.end()) return;
   Registration& r = it->second;
+  if (r.remaining.erase(slot) == 0) return;  // not a slot this registration counted
   if (!status.ok() && r.status.ok()) {
     r.status = absl::Status(status.code(), absl::StrCat("worker ", slot, " could not load '",
                                                         model, "': ", status.message()));
   }
-  if (--r.remaining > 0) return;
+  if (!r.remaining.empty()) return;
   Done done = std::move(r.done);
   absl::Status result = r.status;
   registrations_.erase(it);

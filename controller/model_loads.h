@@ -38,9 +38,10 @@ class ModelLoads {
   // loaded stays known until Reset.
   void Died(size_t slot);
 
-  // A newly registered model: `done` runs once `answers` slots have answered (or died).
-  // `answers` == 0 runs it at once with OK.
-  void Await(const std::string& model, size_t answers, Done done);
+  // A newly registered model: `done` runs once each of `slots` has answered its load (or died).
+  // No slots runs it at once with OK. Other slots' answers (a worker that announced later and
+  // loaded the whole catalog) do not count.
+  void Await(const std::string& model, std::set<size_t> slots, Done done);
 
   bool Loaded(size_t slot, const std::string& model) const {
     return slots_[slot].loaded.contains(model);
@@ -59,7 +60,7 @@ class ModelLoads {
     std::set<std::string> loaded;
   };
   struct Registration {
-    size_t remaining = 0;
+    std::set<size_t> remaining;  // slots still to answer
     absl::Status status;
     Done done;
   };

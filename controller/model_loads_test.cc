@@ -20,7 +20,7 @@ TEST(ModelLoadsTest, ARegistrationCompletesWhenEveryCountedWorkerHasAnswered) {
   loads.Sent(0, "bert");
   loads.Sent(1, "bert");
   Result r;
-  loads.Await("bert", 2, r.Callback());
+  loads.Await("bert", {0, 1}, r.Callback());
   EXPECT_EQ(loads.pending(0), 1u);
   EXPECT_TRUE(loads.Loading(0, "bert"));
   loads.Answered(0, "bert", absl::OkStatus());
@@ -38,7 +38,7 @@ TEST(ModelLoadsTest, TheFirstErrorIsReportedNamingTheWorker) {
   loads.Sent(0, "m");
   loads.Sent(1, "m");
   Result r;
-  loads.Await("m", 2, r.Callback());
+  loads.Await("m", {0, 1}, r.Callback());
   loads.Answered(1, "m", absl::ResourceExhaustedError("out of memory"));
   loads.Answered(0, "m", absl::InternalError("second"));
   ASSERT_TRUE(r.status.has_value());
@@ -55,8 +55,8 @@ TEST(ModelLoadsTest, ADeadWorkerCountsDownOnlyTheLoadsItWasSent) {
   loads.Sent(1, "a");
   loads.Sent(1, "b");
   Result a, b;
-  loads.Await("a", 2, a.Callback());
-  loads.Await("b", 1, b.Callback());
+  loads.Await("a", {0, 1}, a.Callback());
+  loads.Await("b", {1}, b.Callback());
   loads.Answered(1, "a", absl::OkStatus());
   loads.Died(0);  // never answered "a"
   ASSERT_TRUE(a.status.has_value());
@@ -71,10 +71,27 @@ TEST(ModelLoadsTest, ADeadWorkerCountsDownOnlyTheLoadsItWasSent) {
   EXPECT_FALSE(loads.announced(1));
 }
 
+// A worker that announced after the registration loads the whole catalog, this model included;
+// its answer is not one the registration waits for and must not complete it early.
+TEST(ModelLoadsTest, OnlyTheCountedWorkersAnswersCount) {
+  ModelLoads loads(3);
+  loads.Sent(0, "m");
+  Result r;
+  loads.Await("m", {0}, r.Callback());
+  loads.Sent(2, "m");  // slot 2 announced later
+  loads.Answered(2, "m", absl::OkStatus());
+  EXPECT_FALSE(r.status.has_value());
+  loads.Died(2);
+  EXPECT_FALSE(r.status.has_value());
+  loads.Answered(0, "m", absl::InternalError("bad weights"));
+  ASSERT_TRUE(r.status.has_value());
+  EXPECT_EQ(r.status->code(), absl::StatusCode::kInternal);
+}
+
 TEST(ModelLoadsTest, NothingToWaitForCompletesAtOnce) {
   ModelLoads loads(1);
   Result r;
-  loads.Await("x", 0, r.Callback());
+  loads.Await("x", {}, r.Callback());
   ASSERT_TRUE(r.status.has_value());
   EXPECT_TRUE(r.status->ok());
   loads.Answered(0, "unawaited", absl::OkStatus());  // no registration: just bookkeeping

@@ -39,10 +39,11 @@ absl::StatusOr<double> MeasureLinkBandwidth(MemDaemon& daemon, const LinkProbeOp
       return absl::Status(timings.status().code(),
                           absl::StrCat("link probe copy: ", timings.status().message()));
     }
-    const int64_t ns = timings->front().ready_ns - timings->front().copy_start_ns;
-    if (timings->size() != 1 || ns <= 0) {
-      return absl::InternalError("link probe: the copy engine reported no duration");
+    if (timings->size() != 1) {
+      return absl::InternalError("link probe: the copy engine reported no single group");
     }
+    const int64_t ns = timings->front().ready_ns - timings->front().copy_start_ns;
+    if (ns <= 0) return absl::InternalError("link probe: the copy engine reported no duration");
     rates.push_back(static_cast<double>(options.bytes) * 1e9 / static_cast<double>(ns));
   }
   std::sort(rates.begin(), rates.end());

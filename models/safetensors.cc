@@ -247,10 +247,15 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path,
                                                       const SafetensorsLimits& limits) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) return ErrnoStatus(absl::StrCat("open '", path, "'"));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat '", path, "'"));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors '", path, "' is not a regular file"));
+  }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size > limits.max_file_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors '", path, "': file of ", size,

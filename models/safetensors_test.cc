@@ -1,5 +1,6 @@
 #include "models/safetensors.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -139,6 +140,28 @@ TEST(SafetensorsTest, EmptyFileOfNoTensorsIsValid) {
   auto file = SafetensorsFile::Parse(*bytes, "empty");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE(file->tensors().empty());
+}
+
+}  // namespace
+}  // namespace pswitch::models
+
+namespace pswitch::models {
+namespace {
+
+// A path that is not a regular file is refused without reading it: a FIFO would block its
+// reader until some writer came, a directory has no bytes to parse.
+TEST(SafetensorsReadTest, OnlyRegularFilesAreRead) {
+  char dir[] = "/tmp/pswitch-st-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/weights.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string(dir)}) {
+    absl::StatusOr<SafetensorsFile> read = SafetensorsFile::Read(path);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_NE(read.status().message().find("not a regular file"), absl::string_view::npos);
+  }
+  ::unlink(fifo.c_str());
+  ::rmdir(dir);
 }
 
 }  // namespace

@@ -282,6 +282,7 @@ int Main() {
   // running (its schedulers' last callbacks reach the fill manager), and the server delivers
   // those answers before it closes the connections.
   (*server)->StopServing();
+  fill->Shutdown();  // no fill submission reaches the controller once it starts going
   controller->reset();
   fill.reset();
   server->reset();
