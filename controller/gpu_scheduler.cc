@@ -123,35 +123,27 @@ void GpuScheduler::AfterEvent() {
 }
 
 void GpuScheduler::ArmTimers() {
-  // Deadlines are timers on the loop, re-armed to whatever is due next.
-  if (kill_deadline_ != armed_kill_) {
-    armed_kill_ = kill_deadline_;
-    kill_timer_.cancel();
-    if (kill_deadline_ != absl::InfiniteFuture()) {
-      kill_timer_.expires_after(Until(kill_deadline_));
-      kill_timer_.async_wait([this](const asio::error_code& ec) {
-        if (ec) return;  // re-armed or shut down
-        armed_kill_ = absl::InfiniteFuture();
-        if (absl::Now() >= kill_deadline_) EnforceStop();
-        AfterEvent();
-      });
-    }
-  }
+  // Deadlines are timers on the loop, re-armed to whatever is due next. A due stop deadline is
+  // enforced by AfterEvent itself.
+  ArmTimer(kill_timer_, armed_kill_, kill_deadline_, [] {});
   // Shutting down, nothing is respawned: a due restart must not spin the timer.
-  const absl::Time next_respawn = stopping_ ? absl::InfiniteFuture() : respawns_.Next();
-  if (next_respawn != armed_respawn_) {
-    armed_respawn_ = next_respawn;
-    respawn_timer_.cancel();
-    if (armed_respawn_ != absl::InfiniteFuture()) {
-      respawn_timer_.expires_after(Until(armed_respawn_));
-      respawn_timer_.async_wait([this](const asio::error_code& ec) {
-        if (ec) return;
-        armed_respawn_ = absl::InfiniteFuture();
-        RespawnDue();
-        AfterEvent();
-      });
-    }
-  }
+  ArmTimer(respawn_timer_, armed_respawn_,
+           stopping_ ? absl::InfiniteFuture() : respawns_.Next(), [this] { RespawnDue(); });
+}
+
+void GpuScheduler::ArmTimer(asio::steady_timer& timer, absl::Time& armed, absl::Time deadline,
+                            std::function<void()> due) {
+  if (deadline == armed) return;
+  armed = deadline;
+  timer.cancel();
+  if (deadline == absl::InfiniteFuture()) return;
+  timer.expires_after(Until(deadline));
+  timer.async_wait([this, &armed, due = std::move(due)](const asio::error_code& ec) {
+    if (ec) return;  // re-armed or shut down
+    armed = absl::InfiniteFuture();
+    due();
+    AfterEvent();
+  });
 }
 
 void GpuScheduler::Loop() {

@@ -164,6 +164,10 @@ class GpuScheduler {
   // After every event: deadlines (re-armed as timers), shutdown, and starting what can start.
   void AfterEvent();
   void ArmTimers();
+  // Arms `timer` for `deadline` (`armed`: what it is armed for now); when it fires, `due` runs,
+  // then AfterEvent.
+  void ArmTimer(asio::steady_timer& timer, absl::Time& armed, absl::Time deadline,
+                std::function<void()> due);
   void Loop();
   void SpawnSlot(int slot);
   // A worker that died (or failed to spawn) before it was ready is respawned after a growing
