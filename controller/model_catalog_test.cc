@@ -3,7 +3,7 @@
 #include <torch/cuda.h>
 
 #include "gtest/gtest.h"
-#include "memdaemon/memdaemon.h"
+#include "memdaemon/host_test_daemon.h"
 
 namespace pswitch::controller {
 namespace {
@@ -11,9 +11,7 @@ namespace {
 class ModelCatalogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    memdaemon::MemDaemonOptions options;
-    options.arena_bytes = 64 << 20;
-    auto daemon = memdaemon::MemDaemon::Create(options);
+    auto daemon = memdaemon::HostTestDaemon();
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = std::move(*daemon);
   }

@@ -99,6 +99,11 @@ absl::Status WorkerProcess::Send(const flatbuffers::FlatBufferBuilder& command) 
   return sent;
 }
 
+void WorkerProcess::Kill() {
+  absl::MutexLock lock(&pid_mu_);
+  if (!pid_released_) ::kill(pid_, SIGKILL);
+}
+
 std::string WorkerProcess::Reap(absl::Duration grace) {
   absl::MutexLock lock(&reap_mu_);
   if (reaped_) return exit_description_;
@@ -119,7 +124,11 @@ std::string WorkerProcess::Reap(absl::Duration grace) {
   } else {
     ::kill(pid_, SIGKILL);  // no pidfd (kernel < 5.3): no bounded wait to offer
   }
-  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  {
+    absl::MutexLock pid_lock(&pid_mu_);
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_released_ = true;
   }
   reaped_ = true;
   exit_description_ = DescribeExit(status);

@@ -27,9 +27,21 @@ struct WorkerSpawnOptions {
   int device_ordinal = 0;         // CUDA: the device holding the arena
 };
 
+// What a scheduler needs of one worker process: commands in, its pid, and a hard kill. Events
+// come out through the handler it was launched with. WorkerProcess is the real one; the
+// worker pool's tests use fakes.
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  virtual absl::Status Send(const flatbuffers::FlatBufferBuilder& command) = 0;
+  virtual pid_t pid() const = 0;
+  // SIGKILL, unless it was already reaped; its death reaches the handler like any other.
+  virtual void Kill() = 0;
+};
+
 // Thread-safe. The handler runs on the reader thread: with a verified WorkerEvent payload, or,
 // once, with an error describing the process's death.
-class WorkerProcess {
+class WorkerProcess : public WorkerLink {
  public:
   using EventHandler =
       std::function<void(uint32_t worker_id, absl::StatusOr<std::vector<uint8_t>> event)>;
@@ -41,9 +53,10 @@ class WorkerProcess {
   WorkerProcess(const WorkerProcess&) = delete;
   WorkerProcess& operator=(const WorkerProcess&) = delete;
 
-  absl::Status Send(const flatbuffers::FlatBufferBuilder& command);
+  absl::Status Send(const flatbuffers::FlatBufferBuilder& command) override;
   uint32_t id() const { return id_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const override { return pid_; }
+  void Kill() override;
 
  private:
   WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::FrameChannel> channel,
@@ -57,9 +70,12 @@ class WorkerProcess {
   std::unique_ptr<proto::FrameChannel> channel_;
   EventHandler handler_;
   absl::Mutex send_mu_;
-  absl::Mutex reap_mu_;
+  absl::Mutex reap_mu_;  // one Reap at a time
   bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
   std::string exit_description_ ABSL_GUARDED_BY(reap_mu_);
+  // Held across waitpid, never across a wait: Kill never signals a reaped (reusable) pid.
+  absl::Mutex pid_mu_;
+  bool pid_released_ ABSL_GUARDED_BY(pid_mu_) = false;
   std::thread reader_;
 };
 

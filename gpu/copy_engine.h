@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct CopyJob {
   uint32_t drain_index = 0;
   uint32_t drain_value = 0;
   absl::Duration drain_timeout = absl::Seconds(10);
+  // Optional: runs once on the copy thread right after the job finished (its ticket's Wait
+  // returns at once by then), however it ended, so an owner learns of the end without a thread
+  // of its own waiting. Must not block: post to a loop.
+  std::function<void()> on_finished;
 };
 
 // Per-group record for traces and benchmarks (CLOCK_MONOTONIC ns).

@@ -145,9 +145,14 @@ void JobTicket::RecordGroup(size_t group, const GroupTiming& timing) {
 }
 
 void JobTicket::Finish(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  status_ = std::move(status);
-  finished_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+    finished_ = true;
+  }
+  // Outside the lock (the callback may look at this ticket), and dropped after: what it captured
+  // must not live as long as the ticket.
+  if (std::function<void()> done = std::move(on_finished_)) done();
 }
 
 }  // namespace internal

@@ -5,6 +5,7 @@
 #define PSWITCH_MEMDAEMON_MEMDAEMON_H_
 
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,13 @@ class MemDaemon {
   // that slot asked for. Only forward, so a later Stop's value still means something.
   void ReleaseDrain(uint32_t slot, uint32_t promised) {
     (void)drain_flags_->Advance(slot, promised);
+  }
+  // A training run stopped: copies `model`'s trained weights (and buffers) from its region at
+  // `region_offset` back to its pinned store, so the next run, here or on another GPU, starts
+  // from them. Call only once nothing writes the region.
+  absl::Status CheckpointWeights(uint64_t region_offset, const StoredModel& model) {
+    return arena_->CopyToHost(region_offset,
+                              std::span<std::byte>(model.host_bytes(), model.total_bytes()));
   }
   std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
   int device_ordinal() const { return device_ordinal_; }

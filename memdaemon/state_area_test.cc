@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "memdaemon/host_test_daemon.h"
 
 namespace pswitch::memdaemon {
 namespace {
@@ -11,9 +12,7 @@ namespace {
 class StateAreaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    MemDaemonOptions options;
-    options.arena_bytes = 64 << 20;
-    auto daemon = MemDaemon::Create(options);
+    auto daemon = HostTestDaemon();
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = std::move(*daemon);
   }

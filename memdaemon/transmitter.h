@@ -11,6 +11,7 @@
 #define PSWITCH_MEMDAEMON_TRANSMITTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -35,6 +36,9 @@ struct TransmitRequest {
   uint64_t weights_offset = 0;  // arena offset of the model's region (from a lease)
   uint32_t flag_base = 0;       // group g publishes to ready flag flag_base + g
   std::optional<DrainCondition> drain;
+  // Runs once on the copy thread when the copy ended, however (CopyJob::on_finished); the
+  // Transmission's Wait then returns at once.
+  std::function<void()> on_finished;
 };
 
 struct GroupTrace {

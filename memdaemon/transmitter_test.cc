@@ -175,5 +175,53 @@ TEST_F(TransmitterTest, WaitsForThePreviousTenantToDrain) {
   EXPECT_TRUE(RegionHolds(2 << 20, *model));
 }
 
+TEST_F(TransmitterTest, TellsItsOwnerOnceWhenTheCopyEndsHoweverItEnds) {
+  Open();
+  const StoredModel* model = Register("m", 8, 1 << 20, 9);
+  absl::Mutex mu;
+  int calls = 0;
+  bool finished_when_called = false;
+  std::shared_ptr<Transmission> current;
+  TransmitRequest request{model, EveryK(8, 4), 2 << 20};
+  request.on_finished = [&] {
+    absl::MutexLock lock(&mu);
+    ++calls;
+    finished_when_called = current != nullptr && current->finished();
+  };
+  {
+    // Held while Start returns, so the callback sees `current` (the copy may already be done).
+    absl::MutexLock lock(&mu);
+    auto done = daemon_->transmitter().Start(request);
+    ASSERT_TRUE(done.ok()) << done.status();
+    current = *done;
+  }
+  ASSERT_TRUE(current->Wait(absl::Seconds(60)).ok());
+  {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(
+                            +[](int* c) { return *c == 1; }, &calls),
+                        absl::Seconds(10));
+    EXPECT_EQ(calls, 1);
+    EXPECT_TRUE(finished_when_called);
+    calls = 0;
+  }
+
+  // A copy that fails (its previous tenant never drains) is reported the same way.
+  request.drain = DrainCondition{2, 5, absl::Milliseconds(20)};
+  {
+    absl::MutexLock lock(&mu);
+    auto stuck = daemon_->transmitter().Start(request);
+    ASSERT_TRUE(stuck.ok()) << stuck.status();
+    current = *stuck;
+  }
+  EXPECT_EQ(current->Wait(absl::Seconds(60)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  absl::MutexLock lock(&mu);
+  mu.AwaitWithTimeout(absl::Condition(+[](int* c) { return *c == 1; }, &calls),
+                      absl::Seconds(10));
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(finished_when_called);
+}
+
 }  // namespace
 }  // namespace pswitch::memdaemon

@@ -82,7 +82,7 @@ class CudaCopyEngine : public CopyEngine {
     if (job.drain_flags != nullptr) {
       PSWITCH_RETURN_IF_ERROR(FlagAddress(*job.drain_flags, job.drain_index).status());
     }
-    auto ticket = std::make_shared<internal::JobTicket>(job.groups.size());
+    auto ticket = std::make_shared<internal::JobTicket>(job.groups.size(), std::move(job.on_finished));
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("copy engine is shutting down");
     queue_.emplace_back(std::move(job), ticket);

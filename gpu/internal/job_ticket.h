@@ -4,6 +4,7 @@
 #define PSWITCH_GPU_INTERNAL_JOB_TICKET_H_
 
 #include <atomic>
+#include <functional>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -14,7 +15,8 @@ namespace pswitch::gpu::internal {
 // Thread-safe.
 class JobTicket : public CopyTicket {
  public:
-  explicit JobTicket(size_t groups) : timings_(groups) {}
+  JobTicket(size_t groups, std::function<void()> on_finished)
+      : timings_(groups), on_finished_(std::move(on_finished)) {}
 
   void Cancel() override { cancelled_.store(true, std::memory_order_relaxed); }
   absl::StatusOr<std::vector<GroupTiming>> Wait(absl::Duration timeout) override;
@@ -24,7 +26,7 @@ class JobTicket : public CopyTicket {
   // Producer side.
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
   void RecordGroup(size_t group, const GroupTiming& timing);
-  // Marks the job finished with `status` (OK = all groups published).
+  // Marks the job finished with `status` (OK = all groups published), then runs on_finished.
   void Finish(absl::Status status);
 
  private:
@@ -34,6 +36,7 @@ class JobTicket : public CopyTicket {
   std::vector<GroupTiming> timings_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_finished_;  // producer thread only
 };
 
 }  // namespace pswitch::gpu::internal

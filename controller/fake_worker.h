@@ -1,0 +1,70 @@
+// Test-only: a worker "process" that is only its commands, for the worker pool's and the
+// switcher's tests. The test plays the worker's side (Ready, Loaded, RunDone, Die).
+#ifndef PSWITCH_CONTROLLER_FAKE_WORKER_H_
+#define PSWITCH_CONTROLLER_FAKE_WORKER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "controller/worker_process.h"
+#include "proto/wire_status.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::controller {
+
+// A worker process that is only its commands: the test plays its side through `handler`.
+class FakeWorker : public WorkerLink {
+ public:
+  FakeWorker(pid_t pid, WorkerProcess::EventHandler handler, std::vector<std::string>* log)
+      : pid_(pid), handler_(std::move(handler)), log_(log) {}
+  absl::Status Send(const flatbuffers::FlatBufferBuilder& command) override {
+    auto* c = flatbuffers::GetRoot<proto::WorkerCommand>(command.GetBufferPointer());
+    std::string line = absl::StrCat(pid_, " ", proto::EnumNameWorkerCommandBody(c->body_type()));
+    if (auto* load = c->body_as_LoadModel()) absl::StrAppend(&line, " ", load->name()->str());
+    if (auto* stop = c->body_as_Stop()) absl::StrAppend(&line, " ", stop->drain_value());
+    if (auto* prepare = c->body_as_Prepare()) {
+      absl::StrAppend(&line, " ", prepare->model()->str(), " epoch ", prepare->epoch());
+    }
+    log_->push_back(line);
+    return absl::OkStatus();
+  }
+  pid_t pid() const override { return pid_; }
+  void Kill() override { ++kills; }
+
+  // The worker's side: what a real one would report.
+  void Ready(int slot) {
+    flatbuffers::FlatBufferBuilder b;
+    auto body = proto::CreateWorkerReady(b, 0, static_cast<uint32_t>(slot));
+    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, body.Union()));
+    Emit(b);
+  }
+  void Loaded(const std::string& model, const absl::Status& status = absl::OkStatus()) {
+    flatbuffers::FlatBufferBuilder b;
+    auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
+    auto body = proto::CreateModelLoaded(b, b.CreateString(model), error);
+    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, body.Union()));
+    Emit(b);
+  }
+  void RunDone(uint64_t task) {
+    flatbuffers::FlatBufferBuilder b;
+    auto body = proto::CreateRunDone(b, task);
+    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
+    Emit(b);
+  }
+  void Emit(const flatbuffers::FlatBufferBuilder& b) {
+    handler_(0, std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()));
+  }
+  void Die(absl::string_view how) { handler_(0, absl::UnavailableError(how)); }
+
+  int kills = 0;
+
+ private:
+  const pid_t pid_;
+  WorkerProcess::EventHandler handler_;
+  std::vector<std::string>* log_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_FAKE_WORKER_H_

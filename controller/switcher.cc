@@ -1,0 +1,139 @@
+#include "controller/switcher.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "controller/worker_commands.h"
+#include "memdaemon/arena_layout.h"
+
+namespace pswitch::controller {
+
+Switcher::Switcher(SwitcherOptions options, memdaemon::Transmitter* transmitter, WorkerPool* pool,
+                   std::shared_ptr<EventLoop> loop,
+                   std::function<void(uint64_t task)> on_transmitted)
+    : options_(options),
+      transmitter_(transmitter),
+      pool_(pool),
+      loop_(std::move(loop)),
+      on_transmitted_(std::move(on_transmitted)) {}
+
+base::Log Switcher::Event(base::LogLevel level, absl::string_view event) const {
+  base::Log line(level, event);
+  line.Field("gpu", options_.gpu);
+  return line;
+}
+
+std::optional<uint32_t> Switcher::Stop(int slot) {
+  std::optional<uint32_t> value = pool_->SendStop(slot);
+  if (value) last_stop_sent_ns_ = base::MonotonicNowNs();
+  return value;
+}
+
+absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const CatalogEntry& entry,
+                                                    SwitchTimeline& timeline) {
+  const std::string& model = entry.request.name;
+  Placement placement;
+  const int active = residency_.active_slot();
+  if (residency_.Holds(model)) {
+    placement.slot = active;
+  } else {
+    if (entry.plan.size() > memdaemon::kReadyFlagCount) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("model '", model, "' has ", entry.plan.size(), " groups; this GPU has ",
+                       memdaemon::kReadyFlagCount, " ready flags"));
+    }
+    // A standby (not the active worker) takes the new model: the active one drains meanwhile.
+    placement.slot = pool_->UsableOther(model, active);
+    if (placement.slot < 0) placement.slot = active;
+    memdaemon::TransmitRequest request;
+    request.model = entry.stored;
+    request.groups = entry.plan;
+    request.weights_offset = options_.region_offset;
+    request.flag_base = 0;
+    int drain_slot = -1;
+    // An idle old tenant has nothing in flight (its RunDone came after its stream synchronised):
+    // no Stop, no device-side drain wait, no round trip on the switch.
+    if (active >= 0 && !pool_->Idle(active)) {
+      if (std::optional<uint32_t> value = Stop(active)) {
+        request.drain =
+            memdaemon::DrainCondition{static_cast<uint32_t>(active), *value, options_.drain_timeout};
+        drain_slot = active;
+        timeline.stop_sent_ns = last_stop_sent_ns_;
+      }
+    }
+    // The copy engine reports the end; the handler runs on the loop after this one, by when
+    // in_flight_ holds the transmission.
+    const uint64_t id = next_id_++;
+    request.on_finished = [this, id, loop = loop_] { loop->Post([this, id] { Ended(id); }); };
+    PSWITCH_ASSIGN_OR_RETURN(placement.transmission, transmitter_->Start(std::move(request)));
+    in_flight_[id] = InFlight{placement.transmission, task, drain_slot};
+    residency_.Switched(placement.slot, model, placement.transmission->epoch());
+  }
+  flatbuffers::FlatBufferBuilder prepare;
+  BuildPrepare(prepare, model, residency_.epoch(), entry.group_last_layer);
+  PSWITCH_RETURN_IF_ERROR(pool_->Send(placement.slot, prepare));
+  return placement;
+}
+
+void Switcher::Ended(uint64_t id) {
+  auto it = in_flight_.find(id);
+  if (it == in_flight_.end()) return;
+  InFlight ended = std::move(it->second);
+  in_flight_.erase(it);
+  // Finished: returns at once, after retiring the groups it never published.
+  absl::Status status = ended.transmission->Wait(absl::ZeroDuration()).status();
+  if (status.ok()) {
+    on_transmitted_(ended.task);
+    return;
+  }
+  Event(base::LogLevel::kWarn, "transmission_failed")
+      .Field("task", ended.task)
+      .Field("epoch", ended.transmission->epoch())
+      .Field("error", status);
+  // The region holds part of this model and part of whatever was there: a later task for it
+  // must transmit again rather than run on partly old weights.
+  residency_.Failed(ended.transmission->epoch());
+  // The old tenant never wrote its drain value: its stream may wait on a flag no one will
+  // write, so it is never reused. Its death releases the drain (WorkerPool), which lets the
+  // copy stream behind it go on.
+  if (absl::IsDeadlineExceeded(status) && ended.drain_slot >= 0) {
+    pool_->Kill(ended.drain_slot, absl::StrCat("killed: the worker did not drain within ",
+                                               absl::FormatDuration(options_.drain_timeout),
+                                               " of being told to stop"));
+  }
+}
+
+absl::Status Switcher::Completed(uint64_t task, const std::string& model,
+                                 memdaemon::Transmission& transmission, bool task_ok,
+                                 SwitchTimeline& timeline, absl::Duration& copy_time) {
+  // Every group was ready before the worker could finish, so the copy has (almost) ended;
+  // bounded all the same: the loop never waits unboundedly.
+  auto traces = transmission.Wait(absl::Milliseconds(200));
+  absl::Status failed;
+  if (traces.ok() && !traces->empty()) {
+    copy_time = absl::Nanoseconds(traces->back().ready_ns - traces->front().copy_start_ns);
+    timeline.drained_ns = traces->front().copy_start_ns;
+    timeline.first_group_ready_ns = traces->front().ready_ns;
+    timeline.last_group_ready_ns = traces->back().ready_ns;
+  } else if (!traces.ok() && transmission.finished()) {
+    failed = traces.status();
+  }
+  // The switch as its parts, on one clock, in ms after the task's arrival (-1: did not happen).
+  const SwitchTimeline& t = timeline;
+  auto ms = [&t](int64_t ns) { return ns == 0 ? -1.0 : (ns - t.arrival_ns) / 1e6; };
+  Event(base::LogLevel::kInfo, "task_switch")
+      .Field("task", task)
+      .Field("model", model)
+      .FieldMs("copy_ms", copy_time)
+      .Field("stop_sent_ms", ms(t.stop_sent_ns))
+      .Field("drained_ms", ms(t.drained_ns))
+      .Field("first_group_ms", ms(t.first_group_ready_ns))
+      .Field("first_layer_start_ms", ms(t.first_layer_start_ns))
+      .Field("first_layer_done_ms", ms(t.first_layer_done_ns))
+      .Field("last_group_ms", ms(t.last_group_ready_ns))
+      .Field("result_ms", ms(t.result_ns));
+  // A task that failed on a switch leaves no trusted residency behind (defect 4).
+  if (!task_ok || !failed.ok()) residency_.Failed(transmission.epoch());
+  return failed;
+}
+
+}  // namespace pswitch::controller

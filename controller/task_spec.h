@@ -1,0 +1,86 @@
+// What a GPU scheduler is asked to run (TaskSpec, with a fill task's bubble run) and what it
+// answers (TaskOutcome, with the switch's timeline).
+#ifndef PSWITCH_CONTROLLER_TASK_SPEC_H_
+#define PSWITCH_CONTROLLER_TASK_SPEC_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "controller/task_queue.h"
+#include "controller/state_checkpoints.h"
+#include "models/training.h"
+#include "proto/host_tensor.h"
+
+namespace pswitch::controller {
+
+// One bubble's run of a fill task (see fill/ and worker/fill_steps.h).
+struct FillRunSpec {
+  int64_t bubble_end_ns = 0;  // CLOCK_MONOTONIC
+  absl::Duration margin = absl::Microseconds(200);
+  absl::Duration step;      // the step's predicted duration so far
+  uint64_t memory_cap = 0;  // bytes; 0 = the worker's activation lease
+  bool synthetic = false;
+  std::string dataset_path;  // dataset inference
+  absl::Duration synthetic_step;
+  uint64_t synthetic_alloc_bytes = 0;
+  bool ignore_pause = false;
+  std::string device_lock_path;  // host backend: the device's compute lock
+  uint32_t first_iteration = 0;  // steps already done
+  CheckpointKey state_key;       // keys the optimizer-state checkpoint across bubbles
+};
+
+struct TaskSpec {
+  std::string model;
+  TaskKind kind = TaskKind::kInference;
+  std::vector<proto::HostTensor> inputs;
+  uint32_t iterations = 1;  // training
+  uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
+  uint64_t seed = 0;
+  models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
+  std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
+  int priority = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  int64_t arrival_ns = 0;  // set by Submit/SubmitFill (CLOCK_MONOTONIC)
+};
+
+// Where a task's time went, on one clock (CLOCK_MONOTONIC ns; 0 = did not happen). The switch is
+// reported as these parts; "switch overhead" is only ever client latency minus a ready model's
+// latency measured in the same run (bench-switch), never one of these parts alone.
+struct SwitchTimeline {
+  int64_t arrival_ns = 0;           // the scheduler accepted the task
+  int64_t stop_sent_ns = 0;         // the old tenant was told to stop (0: it was idle)
+  int64_t drained_ns = 0;           // the copy could start: the old tenant had drained
+  int64_t first_group_ready_ns = 0;
+  int64_t first_layer_start_ns = 0;  // the first layer's compute started on the device
+  int64_t first_layer_done_ns = 0;
+  int64_t last_group_ready_ns = 0;
+  int64_t result_ns = 0;  // the worker's answer reached the scheduler
+};
+
+struct TaskOutcome {
+  uint64_t task_id = 0;
+  std::vector<proto::HostTensor> outputs;
+  uint32_t iterations_done = 0;
+  double loss = 0;
+  absl::Duration latency;      // submission to completion
+  // The copy of the task's model (first group's copy start to last group ready), zero when it
+  // was resident. Not the switch's cost: see SwitchTimeline.
+  absl::Duration switch_time;
+  SwitchTimeline timeline;
+  // Fill runs: whether it paused before finishing, when it paused, and its steps.
+  bool stopped_early = false;
+  absl::Time paused_at;
+  absl::Duration fill_step_time;
+  uint32_t fill_steps = 0;
+  absl::Duration fill_predicted_step;
+};
+using TaskCallback = std::function<void(const absl::StatusOr<TaskOutcome>&)>;
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_TASK_SPEC_H_

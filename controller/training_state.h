@@ -1,0 +1,54 @@
+// What a training run keeps outside its worker. Its optimizer state (SGD momentum, Adam moments)
+// is an arena area while the run is on the GPU, filled from the task's host checkpoint, and goes
+// back to a host checkpoint when the run is preempted, so the preempting model gets the memory.
+// Its trained weights are copied from the region back to the model's pinned store whenever it
+// stops. Both copies are the memdaemon's; this only decides when. Loop thread only.
+#ifndef PSWITCH_CONTROLLER_TRAINING_STATE_H_
+#define PSWITCH_CONTROLLER_TRAINING_STATE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "controller/state_checkpoints.h"
+#include "memdaemon/memdaemon.h"
+#include "memdaemon/state_area.h"
+
+namespace pswitch::controller {
+
+class TrainingState {
+ public:
+  // The state of a run of task `task` whose checkpoints are `key`'s (the task's, or its fill
+  // job's across bubbles). `optimizer_bytes` 0 (inference, a stateless optimizer): no area.
+  // ResourceExhausted when the arena cannot hold the state.
+  static absl::StatusOr<std::unique_ptr<TrainingState>> Begin(memdaemon::MemDaemon* daemon,
+                                                              StateCheckpoints* checkpoints,
+                                                              uint64_t task, CheckpointKey key,
+                                                              uint64_t optimizer_bytes);
+  // Drops what was not saved (the lease goes).
+  ~TrainingState() = default;
+
+  // Where the worker trains the optimizer state in place; 0 bytes: none.
+  uint64_t optimizer_offset() const { return area_ ? area_->offset() : 0; }
+  uint64_t optimizer_bytes() const { return area_ ? area_->bytes() : 0; }
+
+  // The run stopped (nothing writes the region): its weights go back to the pinned store.
+  absl::Status SaveWeights(uint64_t region_offset, const memdaemon::StoredModel& model);
+  // Ends the optimizer area: checkpointed to host memory when `keep` (the run will resume),
+  // dropped otherwise. Once.
+  absl::Status EndOptimizer(bool keep);
+
+ private:
+  TrainingState(memdaemon::MemDaemon* daemon, StateCheckpoints* checkpoints, CheckpointKey key,
+                std::unique_ptr<memdaemon::StateArea> area)
+      : daemon_(daemon), checkpoints_(checkpoints), key_(key), area_(std::move(area)) {}
+
+  memdaemon::MemDaemon* const daemon_;
+  StateCheckpoints* const checkpoints_;
+  const CheckpointKey key_;
+  std::unique_ptr<memdaemon::StateArea> area_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_TRAINING_STATE_H_

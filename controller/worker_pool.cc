@@ -1,0 +1,324 @@
+#include "controller/worker_pool.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "proto/wire_status.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::controller {
+
+using Builder = flatbuffers::FlatBufferBuilder;
+
+WorkerPool::WorkerPool(WorkerPoolOptions options, std::shared_ptr<EventLoop> loop,
+                       Listener* listener)
+    : options_(std::move(options)),
+      loop_(std::move(loop)),
+      listener_(listener),
+      slots_(static_cast<size_t>(std::max(options_.workers, 0))),
+      respawns_(slots_.size()),
+      loads_(slots_.size()) {}
+
+WorkerPool::~WorkerPool() { Close(); }
+
+void WorkerPool::Start() {
+  for (int i = 0; i < size(); ++i) Spawn(i);
+}
+
+void WorkerPool::Close() {
+  stopping_ = true;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    // Shuts the worker down and joins its reader: no event of it is posted after this.
+    slots_[i].process.reset();
+    slots_[i].state = State::kDead;
+    // Nothing of that worker is in flight any more: no transmission may wait for its drain.
+    options_.release_drain(static_cast<uint32_t>(i), slots_[i].drain_value);
+  }
+  RefreshReadiness();
+}
+
+base::Log WorkerPool::Event(base::LogLevel level, absl::string_view event) const {
+  base::Log line(level, event);
+  line.Field("gpu", options_.gpu);
+  return line;
+}
+
+void WorkerPool::Spawn(int slot) {
+  Slot& s = slots_[slot];
+  // The drain flag keeps its value across workers: counting on from it keeps every later drain
+  // wait meaningful.
+  const uint32_t drain_value = s.drain_value;
+  s = Slot{};
+  s.drain_value = drain_value;
+  loads_.Reset(static_cast<size_t>(slot));
+  auto process = options_.launch(
+      static_cast<uint32_t>(slot),
+      [this, slot, loop = loop_](uint32_t, absl::StatusOr<std::vector<uint8_t>> event) {
+        loop->Post([this, slot, event = std::move(event)] { OnEvent(slot, event); });
+      });
+  if (!process.ok()) {
+    Event(base::LogLevel::kError, "worker_spawn_failed")
+        .Field("slot", slot)
+        .Field("error", process.status());
+    s.state = State::kDead;
+    ScheduleRespawn(slot, /*was_ready=*/false, process.status());
+    return;
+  }
+  s.process = std::move(*process);
+  s.state = State::kStarting;
+  RefreshReadiness();
+}
+
+void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event) {
+  if (!event.ok()) {
+    OnDied(slot, event.status());
+    return;
+  }
+  if (slots_[slot].state == State::kDead) return;  // a message that raced its process's death
+  auto* e = flatbuffers::GetRoot<proto::WorkerEvent>(event->data());
+  switch (e->body_type()) {
+    case proto::WorkerEventBody::WorkerReady:
+      loads_.Announce(static_cast<size_t>(slot));
+      for (const WorkerModel& model : options_.models()) SendLoad(slot, model);
+      break;
+    case proto::WorkerEventBody::ModelLoaded: {
+      auto* loaded = e->body_as_ModelLoaded();
+      std::string name = loaded->name() ? loaded->name()->str() : "";
+      absl::Status status =
+          loaded->error() != nullptr ? proto::FromWireError(loaded->error()) : absl::OkStatus();
+      if (!status.ok()) {
+        Event(base::LogLevel::kError, "model_load_failed")
+            .Field("slot", slot)
+            .Field("model", name)
+            .Field("error", status);
+      } else if (loaded->warm_ns() > 0) {
+        // What the warm-up took off the first task: CUDA context, cuBLAS/cuDNN, modules.
+        Event(base::LogLevel::kInfo, "worker_warmed")
+            .Field("slot", slot)
+            .Field("model", name)
+            .Field("warm_ms", loaded->warm_ns() / 1e6, 1);
+      }
+      loads_.Answered(static_cast<size_t>(slot), name, status);
+      break;
+    }
+    case proto::WorkerEventBody::RunDone:
+      if (slots_[slot].state == State::kBusy) slots_[slot].state = State::kIdle;
+      listener_->OnRunDone(slot, *e->body_as_RunDone());
+      break;
+    case proto::WorkerEventBody::Drained:
+      // The copy engine waits on the drain flag itself; this reports the cleaning.
+      if (slots_[slot].last_task != 0) {
+        listener_->OnDrained(slot, slots_[slot].last_task, *e->body_as_Drained());
+      }
+      break;
+    default:
+      break;
+  }
+  MarkIdleOnceLoaded(slot);
+  RefreshReadiness();
+}
+
+void WorkerPool::MarkIdleOnceLoaded(int slot) {
+  Slot& s = slots_[slot];
+  if (s.state != State::kStarting || !loads_.announced(static_cast<size_t>(slot)) ||
+      loads_.pending(static_cast<size_t>(slot)) > 0) {
+    return;
+  }
+  s.state = State::kIdle;
+  // Operators (and the end-to-end tests) see when a fresh worker can take tasks.
+  Event(base::LogLevel::kInfo, "worker_ready")
+      .Field("slot", slot)
+      .Field("pid", s.process->pid())
+      .Field("models", loads_.loaded_count(static_cast<size_t>(slot)));
+}
+
+void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
+  Slot& s = slots_[slot];
+  Builder b;
+  auto load = proto::CreateLoadModel(b, b.CreateString(model.name),
+                                     b.CreateString(model.zoo_model), options_.region_offset,
+                                     model.layers, model.bytes);
+  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
+  if (s.process != nullptr && s.process->Send(b).ok()) {
+    loads_.Sent(static_cast<size_t>(slot), model.name);
+  }
+}
+
+void WorkerPool::AddModel(const WorkerModel& model, std::function<void(absl::Status)> done) {
+  std::set<size_t> answers;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    // A worker that has not announced itself yet loads the whole catalog (this model included)
+    // when it does; every other live one, even one still loading, is sent this model now.
+    if (slots_[i].state == State::kDead || !loads_.announced(i)) continue;
+    if (loads_.Loaded(i, model.name)) continue;
+    if (!loads_.Loading(i, model.name)) SendLoad(static_cast<int>(i), model);
+    // Sent now, or its start-up load is in flight: either way its answer counts.
+    if (loads_.Loading(i, model.name)) answers.insert(i);
+  }
+  loads_.Await(model.name, std::move(answers), std::move(done));
+  RefreshReadiness();
+}
+
+void WorkerPool::RefreshReadiness() {
+  bool ready = true;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == State::kStarting || slots_[i].state == State::kDead ||
+        loads_.pending(i) > 0) {
+      ready = false;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  ready_ = ready;
+}
+
+bool WorkerPool::AwaitReady(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&ready_), timeout);
+}
+
+void WorkerPool::ScheduleRespawn(int slot, bool was_ready, const absl::Status& why) {
+  if (stopping_) return;
+  const absl::Duration delay =
+      respawns_.Failed(static_cast<size_t>(slot), was_ready, why.message(), absl::Now());
+  if (delay == absl::ZeroDuration()) {
+    Spawn(slot);
+    return;
+  }
+  Event(base::LogLevel::kError, "worker_start_failed")
+      .Field("slot", slot)
+      .Field("failures_in_a_row", respawns_.start_failures(static_cast<size_t>(slot)))
+      .Field("retry_in_ms", absl::ToDoubleMilliseconds(delay), 0)
+      .Field("error", why.message());
+}
+
+absl::Time WorkerPool::NextRespawn() const {
+  // Shutting down, nothing is respawned: a due restart must not spin the loop's timer.
+  return stopping_ ? absl::InfiniteFuture() : respawns_.Next();
+}
+
+void WorkerPool::RespawnDue() {
+  if (stopping_) return;
+  for (size_t slot : respawns_.Due(absl::Now())) Spawn(static_cast<int>(slot));
+}
+
+void WorkerPool::OnDied(int slot, const absl::Status& why) {
+  Slot& s = slots_[slot];
+  if (s.state == State::kDead) return;
+  Event(stopping_ ? base::LogLevel::kInfo : base::LogLevel::kError, "worker_exit")
+      .Field("slot", slot)
+      .Field("detail", why.message());
+  // Ready once it announced itself and answered its first loads; a crash after that is a task's.
+  const bool was_ready = s.state == State::kIdle || s.state == State::kBusy;
+  s.state = State::kDead;
+  // Nothing of a dead process is in flight: release whoever waits for its drain.
+  options_.release_drain(static_cast<uint32_t>(slot), s.drain_value);
+  // Its unanswered loads never will be: they stop holding up registrations.
+  loads_.Died(static_cast<size_t>(slot));
+  s.process.reset();
+  const bool killed = !s.kill_reason.empty();
+  listener_->OnWorkerDied(slot, killed ? absl::UnavailableError(s.kill_reason) : why, killed);
+  ScheduleRespawn(slot, was_ready, why);
+  RefreshReadiness();
+}
+
+bool WorkerPool::Free(int slot) const {
+  return slots_[slot].state == State::kIdle && loads_.pending(static_cast<size_t>(slot)) == 0;
+}
+
+bool WorkerPool::Usable(int slot, const std::string& model) const {
+  return Free(slot) && loads_.Loaded(static_cast<size_t>(slot), model);
+}
+
+WorkerPool::Outlook WorkerPool::ForModel(const std::string& model, absl::Status* never) const {
+  bool possible = false, all_gave_up = true;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (Usable(static_cast<int>(i), model)) return Outlook::kNow;
+    const State state = slots_[i].state;
+    const bool gave_up = respawns_.GaveUp(i);
+    all_gave_up &= gave_up;
+    // A worker still starting (or about to be respawned), loading or busy may yet run it.
+    possible |= (!gave_up && (state == State::kStarting || state == State::kDead)) ||
+                state == State::kBusy || loads_.pending(i) > 0 || loads_.Loaded(i, model);
+  }
+  if (possible) return Outlook::kLater;
+  if (never == nullptr) return Outlook::kNever;
+  *never = all_gave_up
+               ? absl::UnavailableError(absl::StrCat(
+                     "no worker can start: each failed ", RespawnBackoff::kMaxStartFailures,
+                     " times in a row before it was ready (last: ", respawns_.last_error(0),
+                     "); pswitchd keeps retrying, see its log"))
+               : absl::FailedPreconditionError(absl::StrCat(
+                     "no worker has model '", model,
+                     "' loaded (its load failed; see pswitchd's log)"));
+  return Outlook::kNever;
+}
+
+WorkerPool::Outlook WorkerPool::ForAnyWorker() const {
+  bool starting = false;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (Free(static_cast<int>(i))) return Outlook::kNow;
+    starting |= slots_[i].state == State::kStarting || loads_.pending(i) > 0;
+  }
+  return starting ? Outlook::kLater : Outlook::kNever;
+}
+
+int WorkerPool::FreeSlot(int preferred) const {
+  if (preferred >= 0 && preferred < size() && Free(preferred)) return preferred;
+  for (int i = 0; i < size(); ++i) {
+    if (Free(i)) return i;
+  }
+  return -1;
+}
+
+int WorkerPool::UsableOther(const std::string& model, int except) const {
+  for (int i = 0; i < size(); ++i) {
+    if (i != except && Usable(i, model)) return i;
+  }
+  return -1;
+}
+
+absl::Status WorkerPool::Send(int slot, const flatbuffers::FlatBufferBuilder& command) {
+  Slot& s = slots_[slot];
+  if (s.process == nullptr) {
+    return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
+  }
+  return s.process->Send(command);
+}
+
+absl::Status WorkerPool::SendRun(int slot, uint64_t task,
+                                 const flatbuffers::FlatBufferBuilder& run) {
+  absl::Status sent = Send(slot, run);
+  if (!sent.ok()) return sent;
+  slots_[slot].state = State::kBusy;
+  slots_[slot].last_task = task;
+  return absl::OkStatus();
+}
+
+std::optional<uint32_t> WorkerPool::SendStop(int slot) {
+  Slot& s = slots_[slot];
+  const uint32_t value = ++s.drain_value;
+  Builder b;
+  auto stop = proto::CreateStop(b, static_cast<uint32_t>(slot), value);
+  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+  if (!Send(slot, b).ok()) return std::nullopt;
+  return value;
+}
+
+void WorkerPool::Kill(int slot, std::string reason) {
+  Slot& s = slots_[slot];
+  if (s.process == nullptr || s.state == State::kDead) return;
+  Event(base::LogLevel::kWarn, "worker_killed")
+      .Field("slot", slot)
+      .Field("pid", s.process->pid())
+      .Field("task", s.last_task)
+      .Field("reason", reason);
+  s.kill_reason = std::move(reason);
+  s.process->Kill();
+}
+
+pid_t WorkerPool::pid(int slot) const {
+  const Slot& s = slots_[slot];
+  return s.process != nullptr ? s.process->pid() : 0;
+}
+
+}  // namespace pswitch::controller

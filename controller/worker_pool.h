@@ -1,0 +1,161 @@
+// One GPU's worker processes (1 active + N standby), each in a numbered slot: spawning them,
+// replacing the dead ones (at once when they had been serving, with a growing back-off when
+// they fail to start), loading every registered model into each, and knowing which can take a
+// task now. Commands go out through it; RunDone, Drained and deaths come back to its Listener.
+// It decides nothing about tasks: the scheduler does.
+//
+// Loop thread only (every method, and the Listener's calls), except AwaitReady.
+#ifndef PSWITCH_CONTROLLER_WORKER_POOL_H_
+#define PSWITCH_CONTROLLER_WORKER_POOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/log.h"
+#include "controller/event_loop.h"
+#include "controller/model_loads.h"
+#include "controller/respawn_backoff.h"
+#include "controller/worker_process.h"
+
+namespace pswitch::proto {
+struct RunDone;
+struct Drained;
+}  // namespace pswitch::proto
+
+namespace pswitch::controller {
+
+// What a worker is told to load (LoadModel).
+struct WorkerModel {
+  std::string name;
+  std::string zoo_model;
+  uint32_t layers = 0;
+  uint64_t bytes = 0;
+};
+
+struct WorkerPoolOptions {
+  int gpu = 0;  // named on its log lines
+  int workers = 3;
+  uint64_t region_offset = 0;  // where every model's weights live in the arena
+  // Starts slot `worker_id`'s process; its events go to the handler (any thread).
+  std::function<absl::StatusOr<std::unique_ptr<WorkerLink>>(uint32_t worker_id,
+                                                            WorkerProcess::EventHandler)>
+      launch;
+  // Every registered model, in registration order: a fresh worker loads them all.
+  std::function<std::vector<WorkerModel>()> models;
+  // Nothing of `slot`'s dead process is in flight: a copy waiting for its drain value
+  // `promised` may go on (memdaemon::MemDaemon::ReleaseDrain).
+  std::function<void(uint32_t slot, uint32_t promised)> release_drain;
+};
+
+class WorkerPool {
+ public:
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    // The slot's worker finished a Run (the pool already counts it idle again).
+    virtual void OnRunDone(int slot, const proto::RunDone& done) = 0;
+    // The slot's worker drained after `task` and cleaned up.
+    virtual void OnDrained(int slot, uint64_t task, const proto::Drained& drained) = 0;
+    // The slot's worker died. `why` says how; `killed` when the pool killed it (Kill), `why`
+    // then being the kill's reason. A replacement is already scheduled.
+    virtual void OnWorkerDied(int slot, const absl::Status& why, bool killed) = 0;
+  };
+
+  // What a task for some model can expect of the pool.
+  enum class Outlook {
+    kNow,    // a worker can take it now
+    kLater,  // one is starting, loading, restarting or busy
+    kNever,  // none can: its load failed everywhere, or every slot gave up starting
+  };
+
+  WorkerPool(WorkerPoolOptions options, std::shared_ptr<EventLoop> loop, Listener* listener);
+  ~WorkerPool();  // shuts every worker down (Close)
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  void Start();  // spawns every slot
+  // Shutting down: nothing is respawned any more.
+  void StopRespawning() { stopping_ = true; }
+  // Shuts every worker down and reaps it, releasing its drain; no Listener call after.
+  void Close();
+
+  // The earliest pending restart (InfiniteFuture: none), and starting the due ones.
+  absl::Time NextRespawn() const;
+  void RespawnDue();
+
+  // A newly registered model goes to every live worker; `done` gets the first load error or
+  // OK once each worker asked has answered (or died).
+  void AddModel(const WorkerModel& model, std::function<void(absl::Status)> done);
+
+  int size() const { return static_cast<int>(slots_.size()); }
+  // Idle with every load answered.
+  bool Free(int slot) const;
+  // Free and holding `model`.
+  bool Usable(int slot, const std::string& model) const;
+  // Not running anything (a Run's RunDone came back).
+  bool Idle(int slot) const { return slots_[slot].state == State::kIdle; }
+  // `*never` (when not null) gets why, for kNever.
+  Outlook ForModel(const std::string& model, absl::Status* never) const;
+  // For work that needs no model: any free worker.
+  Outlook ForAnyWorker() const;
+  // A free worker, `preferred` when it is free; -1 when none.
+  int FreeSlot(int preferred) const;
+  // A slot other than `except` that can run `model` now; -1 when none.
+  int UsableOther(const std::string& model, int except) const;
+
+  absl::Status Send(int slot, const flatbuffers::FlatBufferBuilder& command);
+  // Sends a Run of `task`: the slot is busy until its RunDone.
+  absl::Status SendRun(int slot, uint64_t task, const flatbuffers::FlatBufferBuilder& run);
+  // Tells the worker to stop at its next sync point and drain; returns the drain value it will
+  // write, or nullopt when it cannot be reached (its death event follows).
+  std::optional<uint32_t> SendStop(int slot);
+  // SIGKILLs a live worker; its death reaches OnWorkerDied with `reason`.
+  void Kill(int slot, std::string reason);
+  pid_t pid(int slot) const;
+
+  // Every slot is up and has answered every load (tests, start-up). Any thread.
+  bool AwaitReady(absl::Duration timeout) const;
+
+ private:
+  enum class State { kStarting, kIdle, kBusy, kDead };
+  struct Slot {
+    std::unique_ptr<WorkerLink> process;
+    State state = State::kStarting;
+    uint32_t drain_value = 0;  // the last one promised; kept across processes
+    uint64_t last_task = 0;    // whose leftovers its next drain cleans
+    std::string kill_reason;   // set by Kill
+  };
+
+  base::Log Event(base::LogLevel level, absl::string_view event) const;
+  void Spawn(int slot);
+  void OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& event);
+  void OnDied(int slot, const absl::Status& why);
+  void ScheduleRespawn(int slot, bool was_ready, const absl::Status& why);
+  void SendLoad(int slot, const WorkerModel& model);
+  // kStarting -> kIdle once the worker announced itself and answered every load it was sent.
+  void MarkIdleOnceLoaded(int slot);
+  void RefreshReadiness();
+
+  const WorkerPoolOptions options_;
+  const std::shared_ptr<EventLoop> loop_;
+  Listener* const listener_;
+
+  std::vector<Slot> slots_;
+  RespawnBackoff respawns_;
+  ModelLoads loads_;
+  bool stopping_ = false;
+
+  mutable absl::Mutex mu_;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_WORKER_POOL_H_

@@ -1,0 +1,223 @@
+#include "controller/worker_pool.h"
+
+#include "controller/fake_worker.h"
+
+#include <deque>
+#include <map>
+
+#include "gtest/gtest.h"
+#include "proto/wire_status.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::controller {
+namespace {
+
+using Outlook = WorkerPool::Outlook;
+
+class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
+ protected:
+  // Events are posted to the loop; the test runs them by hand.
+  void Drain() { loop_->io().restart(), loop_->io().poll(); }
+
+  std::unique_ptr<WorkerPool> MakePool(int workers, bool spawn_fails = false) {
+    WorkerPoolOptions options;
+    options.workers = workers;
+    options.launch = [this, spawn_fails](uint32_t id, WorkerProcess::EventHandler handler)
+        -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
+      if (spawn_fails) return absl::InternalError("no worker binary");
+      auto worker = std::make_unique<FakeWorker>(next_pid_++, std::move(handler), &commands_);
+      workers_[id] = worker.get();
+      return std::unique_ptr<WorkerLink>(std::move(worker));
+    };
+    options.models = [this] { return models_; };
+    options.release_drain = [this](uint32_t slot, uint32_t promised) {
+      released_.push_back({slot, promised});
+    };
+    return std::make_unique<WorkerPool>(std::move(options), loop_, this);
+  }
+
+  void Ready(int slot) { workers_[slot]->Ready(slot); }
+  void Loaded(int slot, const std::string& model, absl::Status status = absl::OkStatus()) {
+    workers_[slot]->Loaded(model, status);
+  }
+  void RunDone(int slot, uint64_t task) { workers_[slot]->RunDone(task); }
+  // Brings every slot up with every model loaded.
+  void BringUp(int workers) {
+    for (int i = 0; i < workers; ++i) Ready(i);
+    Drain();
+    for (int i = 0; i < workers; ++i) {
+      for (const WorkerModel& m : models_) Loaded(i, m.name);
+    }
+    Drain();
+  }
+
+  void OnRunDone(int slot, const proto::RunDone& done) override {
+    runs_done_.push_back({slot, done.task_id()});
+  }
+  void OnDrained(int, uint64_t, const proto::Drained&) override {}
+  void OnWorkerDied(int slot, const absl::Status& why, bool killed) override {
+    deaths_.push_back({slot, std::string(why.message()), killed});
+  }
+
+  struct Death {
+    int slot;
+    std::string why;
+    bool killed;
+  };
+  std::shared_ptr<EventLoop> loop_ = std::make_shared<EventLoop>([] {});
+  std::vector<WorkerModel> models_ = {{"a", "tiny_mlp", 4, 1024}, {"b", "tiny_cnn", 4, 2048}};
+  std::map<uint32_t, FakeWorker*> workers_;
+  pid_t next_pid_ = 100;
+  std::vector<std::string> commands_;
+  std::vector<std::pair<uint32_t, uint32_t>> released_;
+  std::vector<std::pair<int, uint64_t>> runs_done_;
+  std::vector<Death> deaths_;
+};
+
+TEST_F(WorkerPoolTest, AWorkerIsFreeOnlyOnceItAnnouncedItselfAndLoadedTheCatalog) {
+  auto pool = MakePool(2);
+  pool->Start();
+  EXPECT_EQ(pool->ForModel("a", nullptr), Outlook::kLater);
+  Ready(0);
+  Drain();
+  // Announced: it was sent the whole catalog, in order, and is loading.
+  EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel a", "100 LoadModel b"}));
+  EXPECT_FALSE(pool->Free(0));
+  Loaded(0, "a");
+  Drain();
+  EXPECT_FALSE(pool->Free(0));  // still loading b
+  Loaded(0, "b");
+  Drain();
+  EXPECT_TRUE(pool->Usable(0, "a"));
+  EXPECT_TRUE(pool->Usable(0, "b"));
+  EXPECT_EQ(pool->ForModel("b", nullptr), Outlook::kNow);
+  // Slot 1 is still starting: the pool as a whole is not ready.
+  EXPECT_FALSE(pool->AwaitReady(absl::ZeroDuration()));
+  Ready(1);
+  Drain();
+  Loaded(1, "a");
+  Loaded(1, "b");
+  Drain();
+  EXPECT_TRUE(pool->AwaitReady(absl::ZeroDuration()));
+}
+
+TEST_F(WorkerPoolTest, AModelWhoseLoadFailedEverywhereCanNeverRun) {
+  auto pool = MakePool(1);
+  pool->Start();
+  Ready(0);
+  Drain();
+  Loaded(0, "a", absl::InternalError("bad weights"));
+  Loaded(0, "b");
+  Drain();
+  absl::Status never;
+  EXPECT_EQ(pool->ForModel("a", &never), Outlook::kNever);
+  EXPECT_EQ(never.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool->ForModel("b", nullptr), Outlook::kNow);
+}
+
+TEST_F(WorkerPoolTest, ARegistrationWaitsForEveryLiveWorkerAndADeathCountsAsAnAnswer) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  commands_.clear();
+  std::optional<absl::Status> registered;
+  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](absl::Status s) { registered = s; });
+  EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel c", "101 LoadModel c"}));
+  EXPECT_FALSE(pool->AwaitReady(absl::ZeroDuration()));  // loads in flight
+  Loaded(0, "c");
+  Drain();
+  EXPECT_FALSE(registered.has_value());
+  workers_[1]->Die("killed by signal 9");
+  Drain();
+  ASSERT_TRUE(registered.has_value());
+  EXPECT_TRUE(registered->ok()) << *registered;
+  ASSERT_EQ(deaths_.size(), 1u);
+  EXPECT_EQ(deaths_[0].slot, 1);
+  EXPECT_FALSE(deaths_[0].killed);
+}
+
+TEST_F(WorkerPoolTest, RunsMakeAWorkerBusyUntilItsRunDone) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  flatbuffers::FlatBufferBuilder run;
+  run.Finish(proto::CreateWorkerCommand(run, 0, proto::WorkerCommandBody::NONE, 0));
+  ASSERT_TRUE(pool->SendRun(0, 7, run).ok());
+  EXPECT_FALSE(pool->Idle(0));
+  EXPECT_EQ(pool->UsableOther("a", 1), -1);  // 0 is busy, 1 is excluded
+  EXPECT_EQ(pool->UsableOther("a", 0), 1);
+  EXPECT_EQ(pool->FreeSlot(0), 1);
+  RunDone(0, 7);
+  Drain();
+  EXPECT_TRUE(pool->Idle(0));
+  EXPECT_EQ(pool->FreeSlot(0), 0);  // the preferred one, now free
+  EXPECT_EQ(runs_done_, (std::vector<std::pair<int, uint64_t>>{{0, 7}}));
+}
+
+TEST_F(WorkerPoolTest, DrainValuesCountOnAcrossProcessesAndADeathReleasesThePromisedOne) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  EXPECT_EQ(pool->SendStop(0), 1u);
+  EXPECT_EQ(pool->SendStop(0), 2u);
+  workers_[0]->Die("exited with status 1");
+  Drain();
+  // Nothing of the dead process is in flight: whoever waits for drain value 2 may go on.
+  EXPECT_EQ(released_, (std::vector<std::pair<uint32_t, uint32_t>>{{0, 2}}));
+  // A worker that had been serving is replaced at once, and its next drain value counts on.
+  EXPECT_EQ(workers_[0]->pid(), 101);
+  BringUp(1);
+  EXPECT_EQ(pool->SendStop(0), 3u);
+}
+
+TEST_F(WorkerPoolTest, AKilledWorkersDeathCarriesTheKillReason) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  FakeWorker* worker = workers_[0];
+  pool->Kill(0, "killed: it did not pause");
+  EXPECT_EQ(worker->kills, 1);
+  worker->Die("killed by signal 9");
+  Drain();
+  ASSERT_EQ(deaths_.size(), 1u);
+  EXPECT_TRUE(deaths_[0].killed);
+  EXPECT_EQ(deaths_[0].why, "killed: it did not pause");
+  // The replacement starts clean: its own death is not a kill.
+  BringUp(1);
+  workers_[0]->Die("exited with status 1");
+  Drain();
+  ASSERT_EQ(deaths_.size(), 2u);
+  EXPECT_FALSE(deaths_[1].killed);
+}
+
+TEST_F(WorkerPoolTest, AWorkerThatCannotStartIsRetriedWithBackOffAndThenGivenUpOn) {
+  auto pool = MakePool(1, /*spawn_fails=*/true);
+  pool->Start();
+  absl::Status never;
+  for (int attempt = 1; attempt < RespawnBackoff::kMaxStartFailures; ++attempt) {
+    ASSERT_NE(pool->NextRespawn(), absl::InfiniteFuture());
+    EXPECT_EQ(pool->ForModel("a", &never), Outlook::kLater);
+    absl::SleepFor(pool->NextRespawn() - absl::Now() + absl::Milliseconds(1));
+    pool->RespawnDue();
+  }
+  EXPECT_EQ(pool->ForModel("a", &never), Outlook::kNever);
+  EXPECT_EQ(never.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(never.message().find("no worker binary"), absl::string_view::npos);
+  // Shutting down, nothing is respawned any more.
+  pool->StopRespawning();
+  EXPECT_EQ(pool->NextRespawn(), absl::InfiniteFuture());
+}
+
+TEST_F(WorkerPoolTest, CloseShutsEveryWorkerDownAndReleasesItsDrain) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  EXPECT_EQ(pool->SendStop(1), 1u);
+  pool->Close();
+  EXPECT_EQ(released_, (std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}, {1, 1}}));
+  EXPECT_FALSE(pool->AwaitReady(absl::ZeroDuration()));
+  EXPECT_TRUE(deaths_.empty());  // a shutdown is no death to report
+}
+
+}  // namespace
+}  // namespace pswitch::controller
