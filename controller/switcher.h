@@ -12,7 +12,8 @@
 //      a flag no one will write.
 // Residency tracks which model the region holds and whether it can be trusted.
 //
-// Loop thread only.
+// Loop thread only. Copy ends are posted to the loop with a raw `this`: destroy it only after
+// the loop has ended.
 #ifndef PSWITCH_CONTROLLER_SWITCHER_H_
 #define PSWITCH_CONTROLLER_SWITCHER_H_
 

@@ -264,7 +264,7 @@ WorkerPool::Outlook WorkerPool::ForAnyWorker() const {
 
 int WorkerPool::FreeSlot(int preferred) const {
   if (preferred >= 0 && preferred < size() && Free(preferred)) return preferred;
-  for (int i = 0; i < size(); ++i) {
+  for (int i = size() - 1; i >= 0; --i) {
     if (Free(i)) return i;
   }
   return -1;

@@ -4,7 +4,8 @@
 // task now. Commands go out through it; RunDone, Drained and deaths come back to its Listener.
 // It decides nothing about tasks: the scheduler does.
 //
-// Loop thread only (every method, and the Listener's calls), except AwaitReady.
+// Loop thread only (every method, and the Listener's calls), except AwaitReady. Its workers'
+// events are posted to the loop with a raw `this`: destroy it only after the loop has ended.
 #ifndef PSWITCH_CONTROLLER_WORKER_POOL_H_
 #define PSWITCH_CONTROLLER_WORKER_POOL_H_
 

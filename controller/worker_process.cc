@@ -78,6 +78,7 @@ WorkerProcess::WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::Fram
       pid_(pid),
       channel_(std::move(channel)),
       handler_(std::move(handler)),
+      pidfd_(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))),
       reader_([this] { ReadLoop(); }) {}
 
 WorkerProcess::~WorkerProcess() {
@@ -100,8 +101,11 @@ absl::Status WorkerProcess::Send(const flatbuffers::FlatBufferBuilder& command) 
 }
 
 void WorkerProcess::Kill() {
-  absl::MutexLock lock(&pid_mu_);
-  if (!pid_released_) ::kill(pid_, SIGKILL);
+  if (pidfd_.valid()) {
+    (void)::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+  } else if (!reaped_flag_.load()) {
+    ::kill(pid_, SIGKILL);
+  }
 }
 
 std::string WorkerProcess::Reap(absl::Duration grace) {
@@ -110,9 +114,8 @@ std::string WorkerProcess::Reap(absl::Duration grace) {
   int status = 0;
   // The child's pidfd becomes readable when it exits: a bounded wait with no polling. A
   // process that outlives `grace` is killed (SIGKILL cannot be ignored) and then reaped.
-  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
-  if (pidfd.valid()) {
-    pollfd exited{pidfd.get(), POLLIN, 0};
+  if (pidfd_.valid()) {
+    pollfd exited{pidfd_.get(), POLLIN, 0};
     int ready;
     const absl::Time deadline = absl::Now() + grace;
     do {
@@ -120,16 +123,13 @@ std::string WorkerProcess::Reap(absl::Duration grace) {
           std::max<int64_t>(absl::ToInt64Milliseconds(deadline - absl::Now()), 0));
       ready = ::poll(&exited, 1, ms);
     } while (ready < 0 && errno == EINTR);
-    if (ready != 1) ::kill(pid_, SIGKILL);
+    if (ready != 1) Kill();
   } else {
     ::kill(pid_, SIGKILL);  // no pidfd (kernel < 5.3): no bounded wait to offer
   }
-  {
-    absl::MutexLock pid_lock(&pid_mu_);
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_released_ = true;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
+  reaped_flag_.store(true);
   reaped_ = true;
   exit_description_ = DescribeExit(status);
   return exit_description_;

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -73,9 +74,10 @@ class WorkerProcess : public WorkerLink {
   absl::Mutex reap_mu_;  // one Reap at a time
   bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
   std::string exit_description_ ABSL_GUARDED_BY(reap_mu_);
-  // Held across waitpid, never across a wait: Kill never signals a reaped (reusable) pid.
-  absl::Mutex pid_mu_;
-  bool pid_released_ ABSL_GUARDED_BY(pid_mu_) = false;
+  // Signals go through the pidfd, which names this process even after its pid was reaped and
+  // reused; without one (kernel < 5.3) Kill falls back to kill(2) until the reap.
+  const UniqueFd pidfd_;
+  std::atomic<bool> reaped_flag_{false};
   std::thread reader_;
 };
 

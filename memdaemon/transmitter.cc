@@ -81,7 +81,7 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
     job.drain_value = request.drain->value;
     job.drain_timeout = request.drain->timeout;
   }
-  job.on_finished = request.on_finished;
+  job.on_finished = std::move(request.on_finished);  // not kept by the Transmission
 
   absl::MutexLock lock(&mu_);
   // A newer switch supersedes the one in flight: stop it before queueing behind it.
