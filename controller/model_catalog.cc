@@ -1,6 +1,5 @@
 #include "controller/model_catalog.h"
 
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "grouping/cost_model.h"
@@ -11,6 +10,8 @@
 #include "models/training.h"
 #include "models/weights.h"
 #include "nlohmann/json.hpp"
+#include "base/files.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "worker/model_binding.h"
 
@@ -18,10 +19,10 @@ namespace pswitch::controller {
 namespace {
 
 absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read plan file '", path, "'"));
-  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object() || !json.contains("groups")) {
+  const std::string what = absl::StrCat("plan file '", path, "'");
+  PSWITCH_ASSIGN_OR_RETURN(std::string text, base::ReadRegularFile(path, what, 16 << 20));
+  PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, what));
+  if (!json.is_object() || !json.contains("groups")) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan file '", path, "' is not find-grouping output (no \"groups\")"));
   }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/json.h"
 #include "base/status.h"
 
 namespace pswitch::fill {
@@ -155,9 +156,7 @@ absl::StatusOr<BubbleCycle> BubbleCycleFromJson(const nlohmann::json& json) {
 }
 
 absl::StatusOr<BubbleCycle> ParseBubbleCycleJson(absl::string_view text) {
-  nlohmann::json json = nlohmann::json::parse(text.begin(), text.end(), /*cb=*/nullptr,
-                                              /*allow_exceptions=*/false);
-  if (json.is_discarded()) return absl::InvalidArgumentError("bubble cycle: malformed JSON");
+  PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, "bubble cycle"));
   return BubbleCycleFromJson(json);
 }
 

@@ -51,13 +51,13 @@ absl::StatusOr<GroupPlan> PlanFromJson(const nlohmann::json& groups) {
     if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() ||
         !pair[1].is_number_integer()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan: groups[", g, "] must be [first, last], got ", pair.dump()));
+          absl::StrCat("plan: groups[", g, "] must be [first, last] (two integers)"));
     }
     const int64_t first = pair[0].get<int64_t>();
     const int64_t last = pair[1].get<int64_t>();
     if (first < 0 || last < 0 || first > INT32_MAX || last > INT32_MAX) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan: groups[", g, "] has an out-of-range index: ", pair.dump()));
+          absl::StrCat("plan: groups[", g, "] has an index outside [0, ", INT32_MAX, "]"));
     }
     plan.push_back({static_cast<int>(first), static_cast<int>(last)});
   }

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/json.h"
 #include "base/status.h"
 
 namespace pswitch::grouping {
@@ -271,6 +272,10 @@ absl::Status ValidateProfile(const Profile& profile) {
 }
 
 absl::StatusOr<Profile> ParseProfileJson(absl::string_view json_text) {
+  // Depth and size first: the error path below re-reads the text with a recursive tracker.
+  if (absl::Status limits = base::CheckJsonLimits(json_text, "profile"); !limits.ok()) {
+    return limits;
+  }
   Json json;
   try {
     json = Json::parse(json_text.begin(), json_text.end());

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "base/files.h"
+#include "base/json.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -91,7 +93,8 @@ absl::StatusOr<SafetensorsTensor> ParseEntry(const std::string& name, const nloh
   for (const auto& dim : *shape_it) {
     if (!dim.is_number_unsigned() ||
         dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return bad(absl::StrCat("shape entry ", dim.dump(), " is not a non-negative integer"));
+      return bad(absl::StrCat("shape entry of type ", dim.type_name(),
+                              " is not a non-negative integer"));
     }
     tensor.shape.push_back(static_cast<int64_t>(dim.get<uint64_t>()));
   }
@@ -164,19 +167,21 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
     header_bytes = (header_bytes << 8) | static_cast<uint8_t>(bytes[i]);
   }
   if (header_bytes > limits.max_header_bytes) {
-    return invalid(absl::StrCat("header length ", header_bytes, " exceeds the limit of ",
-                                limits.max_header_bytes, " bytes"));
+    // The length is the file's first 8 bytes: not echoed (no error reveals file content).
+    return invalid(absl::StrCat("header length exceeds the limit of ", limits.max_header_bytes,
+                                " bytes (not a safetensors file?)"));
   }
   if (header_bytes > bytes.size() - 8) {
-    return invalid(absl::StrCat("header length ", header_bytes, " exceeds the ", bytes.size() - 8,
+    return invalid(absl::StrCat("header length exceeds the ", bytes.size() - 8,
                                 " bytes after it (truncated file?)"));
   }
   const uint64_t data_begin = 8 + header_bytes;
   const uint64_t data_bytes = bytes.size() - data_begin;
 
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + data_begin,
-                                                /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded()) return invalid("header is not valid JSON");
+  absl::StatusOr<nlohmann::json> parsed = base::ParseUntrustedJson(
+      absl::string_view(bytes).substr(8, header_bytes), "header");
+  if (!parsed.ok()) return invalid(parsed.status().message());
+  nlohmann::json header = std::move(*parsed);
   if (!header.is_object()) return invalid("header is not a JSON object");
   if (header.size() > limits.max_tensors + 1) {
     return invalid(absl::StrCat("header lists ", header.size(), " entries, over the limit of ",
@@ -247,31 +252,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path,
                                                       const SafetensorsLimits& limits) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (!fd.valid()) return ErrnoStatus(absl::StrCat("open '", path, "'"));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat '", path, "'"));
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors '", path, "' is not a regular file"));
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size > limits.max_file_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors '", path, "': file of ", size,
-                                                   " bytes exceeds the limit of ",
-                                                   limits.max_file_bytes));
-  }
-  std::string bytes(size, '\0');
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(absl::StrCat("read '", path, "'"));
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  bytes.resize(done);
+  const std::string what = absl::StrCat("safetensors '", path, "'");
+  PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                           base::ReadRegularFile(path, what, limits.max_file_bytes));
   return Parse(std::move(bytes), path, limits);
 }
 

@@ -15,6 +15,7 @@ namespace pswitch::models {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Builds a file by hand so tests can corrupt the header in ways the writer never would.
 std::string RawFile(const std::string& header, const std::string& data) {
@@ -125,6 +126,31 @@ TEST(SafetensorsTest, RejectsMalformedJsonAndFields) {
     EXPECT_FALSE(SafetensorsFile::Parse(RawFile(header, std::string(4, '\0')), "bad").ok())
         << header;
   }
+}
+
+// Trust-boundary issue, item 1: a shape entry nested 100,000 deep crashed the parser's error
+// path (it printed the value back, recursing). Refused now, and nothing of the file is echoed.
+TEST(SafetensorsTest, DeeplyNestedHeadersAreRefusedAndNotEchoed) {
+  const std::string nested = std::string(100000, '[') + std::string(100000, ']');
+  const std::string header =
+      R"({"w":{"dtype":"F32","shape":[)" + nested + R"(],"data_offsets":[0,4]}})";
+  auto file = SafetensorsFile::Parse(RawFile(header, std::string(4, '\0')), "deep");
+  ASSERT_FALSE(file.ok());
+  EXPECT_THAT(std::string(file.status().message()), HasSubstr("nested deeper than"));
+  const std::string shallow = R"({"w":{"dtype":"F32","shape":[[7777]],"data_offsets":[0,4]}})";
+  auto bad = SafetensorsFile::Parse(RawFile(shallow, std::string(4, '\0')), "shape");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), Not(HasSubstr("7777")));
+}
+
+// Item 3: the header length is the file's first 8 bytes; an error must not print them.
+TEST(SafetensorsTest, ErrorsDoNotRevealTheFilesFirstBytes) {
+  const std::string secret = "root:$6$abcdefgh";
+  uint64_t as_length = 0;
+  std::memcpy(&as_length, secret.data(), 8);
+  auto file = SafetensorsFile::Parse(secret, "/etc/shadow");
+  ASSERT_FALSE(file.ok());
+  EXPECT_THAT(std::string(file.status().message()), Not(HasSubstr(absl::StrCat(as_length))));
 }
 
 TEST(SafetensorsTest, WriterRejectsDuplicatesAndSizeMismatch) {

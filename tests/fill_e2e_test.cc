@@ -109,6 +109,10 @@ TEST_F(FillTest, SubmissionsAreValidated) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->RegisterBubbleCycle(7, R"({"period_ns": 10, "bubbles": []})").code(),
             absl::StatusCode::kInvalidArgument);
+  // Trust-boundary issue, item 1: this cycle crashed pswitchd (stack overflow printing it back).
+  const std::string nested = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(client_->RegisterBubbleCycle(0, "{\"period_ns\":" + nested + ",\"bubbles\":[]}").code(),
+            absl::StatusCode::kInvalidArgument);
   client::FillJobOptions no_memory = o;
   no_memory.memory_bytes = 0;
   EXPECT_EQ(client_->SubmitFill(no_memory).status().code(), absl::StatusCode::kInvalidArgument);

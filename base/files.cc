@@ -1,0 +1,53 @@
+#include "base/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace pswitch::base {
+
+absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
+                                         absl::string_view what, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  UniqueFd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW));
+  if (!fd.valid()) return ErrnoStatus(absl::StrCat("open ", what));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": file of ", st.st_size,
+                                                   " bytes exceeds the limit of ", max_bytes));
+  }
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
+                                    uint64_t max_bytes) {
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
+  const uint64_t size = std::min<uint64_t>(static_cast<uint64_t>(st.st_size), max_bytes);
+  std::string bytes(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("read ", what));
+    if (n == 0) break;  // it shrank meanwhile
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::string_view what,
+                                            uint64_t max_bytes) {
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(AT_FDCWD, path, what, max_bytes));
+  return ReadAll(fd, what, max_bytes);
+}
+
+}  // namespace pswitch::base

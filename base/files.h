@@ -1,0 +1,29 @@
+// Reading files named from outside without being steered by them: regular files only (a FIFO
+// or device is refused without blocking), size-checked before a byte is read, no symlink
+// followed in the last component.
+#ifndef PSWITCH_BASE_FILES_H_
+#define PSWITCH_BASE_FILES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/unique_fd.h"
+
+namespace pswitch::base {
+
+// Opens `name` relative to directory `dir_fd` (AT_FDCWD: the working directory) for reading.
+// InvalidArgument naming `what` when it is not a regular file or exceeds `max_bytes`.
+absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
+                                         absl::string_view what, uint64_t max_bytes);
+// Reads all of an fd from OpenRegularFile (at most `max_bytes`).
+absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
+                                    uint64_t max_bytes);
+// OpenRegularFile + ReadAll.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::string_view what,
+                                            uint64_t max_bytes);
+
+}  // namespace pswitch::base
+
+#endif  // PSWITCH_BASE_FILES_H_
