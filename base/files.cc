@@ -14,6 +14,11 @@ absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
   UniqueFd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW));
   if (!fd.valid()) return ErrnoStatus(absl::StrCat("open ", what));
+  PSWITCH_RETURN_IF_ERROR(CheckRegularFile(fd, what, max_bytes));
+  return fd;
+}
+
+absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64_t max_bytes) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
   if (!S_ISREG(st.st_mode)) {
@@ -23,7 +28,7 @@ absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat(what, ": file of ", st.st_size,
                                                    " bytes exceeds the limit of ", max_bytes));
   }
-  return fd;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,

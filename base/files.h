@@ -17,6 +17,8 @@ namespace pswitch::base {
 // InvalidArgument naming `what` when it is not a regular file or exceeds `max_bytes`.
 absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
                                          absl::string_view what, uint64_t max_bytes);
+// InvalidArgument naming `what` unless `fd` is a regular file of at most `max_bytes`.
+absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64_t max_bytes);
 // Reads all of an fd from OpenRegularFile (at most `max_bytes`).
 absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
                                     uint64_t max_bytes);

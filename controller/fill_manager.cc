@@ -24,8 +24,11 @@ absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
 }
 
 // Rows of `dataset`'s "input" tensor, checked the way the worker will read it.
-absl::StatusOr<int64_t> DatasetRows(const std::string& path) {
-  PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file, models::SafetensorsFile::Read(path));
+absl::StatusOr<int64_t> DatasetRows(const base::ConfinedDir& root, const std::string& path) {
+  const models::SafetensorsLimits limits;
+  PSWITCH_ASSIGN_OR_RETURN(std::string bytes, root.Read(path, "dataset", limits.max_file_bytes));
+  PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
+                           models::SafetensorsFile::Parse(std::move(bytes), path, limits));
   const models::SafetensorsTensor* input = file.Find("input");
   if (input == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' tensor"));
@@ -38,7 +41,8 @@ absl::StatusOr<int64_t> DatasetRows(const std::string& path) {
 }
 
 // The inference job's output: its runs' "output" rows, concatenated.
-absl::Status WriteOutputs(const std::string& path, const std::vector<proto::HostTensor>& parts) {
+absl::Status WriteOutputs(const base::ConfinedDir& root, const std::string& path,
+                          const std::vector<proto::HostTensor>& parts) {
   if (parts.empty()) return absl::InternalError("inference fill job produced no output");
   std::vector<int64_t> shape = parts[0].shape;
   std::vector<uint8_t> data;
@@ -50,9 +54,12 @@ absl::Status WriteOutputs(const std::string& path, const std::vector<proto::Host
     shape[0] += t.shape[0];
     data.insert(data.end(), t.data.begin(), t.data.end());
   }
-  return models::WriteSafetensors(
-      path,
-      {models::SafetensorsEntry{"output", models::DType::kF32, shape, data.data(), data.size()}});
+  PSWITCH_ASSIGN_OR_RETURN(
+      std::string bytes,
+      models::SerializeSafetensors({models::SafetensorsEntry{"output", models::DType::kF32, shape,
+                                                             data.data(), data.size()}},
+                                   {}));
+  return root.Create(path, bytes, "output");
 }
 
 absl::Status NoCycleError() {
@@ -132,7 +139,7 @@ void FillManager::Transition(uint64_t id, Job& job, fill::FillEvent event) {
   }
 }
 
-absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) {
+absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
   if (request.batch < 1) return absl::InvalidArgumentError("batch must be >= 1");
   if (request.memory_bytes == 0) {
     return absl::InvalidArgumentError("memory_bytes (the job's memory cap) must be > 0");
@@ -140,10 +147,15 @@ absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) {
   int64_t steps = request.steps;
   switch (request.kind) {
     case FillKind::kInference: {
-      if (request.output_path.empty()) {
-        return absl::InvalidArgumentError("inference fill job needs an output path");
+      if (options_.data_root == nullptr) {
+        return absl::FailedPreconditionError(
+            "this pswitchd has no --data_root: fill jobs that read datasets are off");
       }
-      PSWITCH_ASSIGN_OR_RETURN(int64_t rows, DatasetRows(request.dataset_path));
+      PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(request.dataset_path, "dataset"));
+      // Checked now so a job does not run for hours to find its output taken; created new at
+      // the end all the same (never over anything).
+      PSWITCH_RETURN_IF_ERROR(options_.data_root->CheckCreatable(request.output_path, "output"));
+      PSWITCH_ASSIGN_OR_RETURN(int64_t rows, DatasetRows(*options_.data_root, request.dataset_path));
       steps = (rows + request.batch - 1) / request.batch;
       break;
     }
@@ -411,7 +423,7 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     // thread while this lock (which every bubble signal takes) stays free.
     controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
     Background([this, id, path = job.request.output_path, outputs = std::move(job.outputs)] {
-      absl::Status written = WriteOutputs(path, outputs);
+      absl::Status written = WriteOutputs(*options_.data_root, path, outputs);
       absl::MutexLock lock(&mu_);
       Stop(id, jobs_.at(id), written, /*drop_checkpoint=*/false);
     });

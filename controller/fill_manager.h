@@ -19,6 +19,7 @@
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "absl/synchronization/mutex.h"
+#include "base/confined_dir.h"
 #include "controller/controller.h"
 #include "fill/bubble_cycle.h"
 #include "fill/scheduler.h"
@@ -56,6 +57,8 @@ struct FillManagerOptions {
   absl::Duration margin = absl::Microseconds(300);  // step gate safety margin
   absl::Duration switch_overhead = absl::Milliseconds(1);  // planning: per-bubble switch-in
   bool host_compute_lock = false;  // fill steps hold gpu::ComputeLock::DefaultPath(gpu)
+  // Where clients' dataset and output names resolve; null: inference fill jobs are refused.
+  std::shared_ptr<const base::ConfinedDir> data_root;
 };
 
 // Thread-safe.
@@ -127,7 +130,7 @@ class FillManager {
   absl::Status RebuildScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckGpu(int gpu) const;
   // Checks `request` (filling in defaults) and returns the job's total steps.
-  static absl::StatusOr<int64_t> Validate(FillRequest& request);
+  absl::StatusOr<int64_t> Validate(FillRequest& request) const;
   static fill::FillJob SchedulerJob(uint64_t id, const Job& job);
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.

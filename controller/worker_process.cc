@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
                                    absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
                                    absl::StrCat("--backend=", options.backend),
                                    absl::StrCat("--activation_bytes=", options.activation_bytes),
-                                   absl::StrCat("--device=", options.device_ordinal)};
+                                   absl::StrCat("--device=", options.device_ordinal),
+                                   absl::StrCat("--data_root=", options.data_root)};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -26,6 +26,7 @@ struct WorkerSpawnOptions {
   std::string backend = "host";
   uint64_t activation_bytes = 0;  // each worker's arena lease for intermediate tensors
   int device_ordinal = 0;         // CUDA: the device holding the arena
+  std::string data_root;          // fill datasets resolve under it (base::ConfinedDir)
 };
 
 // What a scheduler needs of one worker process: commands in, its pid, and a hard kill. Events

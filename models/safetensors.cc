@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <random>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -308,9 +309,13 @@ absl::StatusOr<std::string> SerializeSafetensors(
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                               const std::map<std::string, std::string>& metadata) {
   PSWITCH_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(entries, metadata));
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
+  // A fresh temporary that no one else can have planted (O_EXCL, no symlink followed). This is
+  // the local tools' writer, replacing `path` as asked; what pswitchd writes for clients goes
+  // through base::ConfinedDir, which never replaces a file.
+  std::random_device random;
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", random());
   {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoStatus(absl::StrCat("create '", tmp, "'"));
     size_t done = 0;
     while (done < bytes.size()) {

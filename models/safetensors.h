@@ -99,7 +99,8 @@ absl::StatusOr<std::string> SerializeSafetensors(
     const std::vector<SafetensorsEntry>& entries,
     const std::map<std::string, std::string>& metadata = {});
 
-// SerializeSafetensors, written to `path` through a temporary file and rename.
+// SerializeSafetensors, written to `path` through a fresh temporary file and rename (replacing
+// `path`: for local tools; files pswitchd writes for clients go through base::ConfinedDir).
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                               const std::map<std::string, std::string>& metadata = {});
 

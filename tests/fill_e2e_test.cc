@@ -348,8 +348,8 @@ TEST_F(FillTest, ADatasetThatWouldBlockIsRefusedAndHoldsUpNoOneMeanwhile) {
   client::FillJobOptions o;
   o.kind = client::FillKind::kInference;
   o.model = "tiny_mlp";
-  o.dataset_path = fifo;
-  o.output_path = (daemon_->dir() / "out.safetensors").string();
+  o.dataset_path = "dataset.fifo";
+  o.output_path = "out.safetensors";
   o.step = absl::Milliseconds(3);
   o.memory_bytes = 16 << 20;
   auto submitter = client::Client::Connect(daemon_->address());
@@ -364,6 +364,47 @@ TEST_F(FillTest, ADatasetThatWouldBlockIsRefusedAndHoldsUpNoOneMeanwhile) {
   auto refused = submitted.get();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("not a regular file"));
+}
+
+// Trust-boundary issue, items 2 and 3: a client names files only under the data root; an
+// output never replaces a file (a root-only 0600 file was replaced, coming back 0644), and no
+// answer says anything about files outside the root.
+TEST_F(FillTest, ClientNamedFilesStayUnderTheDataRootAndNoFileIsReplaced) {
+  RegisterCycle(absl::Milliseconds(20));
+  const std::filesystem::path taken = daemon_->dir() / "taken.safetensors";
+  std::ofstream(taken) << "precious";
+  std::filesystem::permissions(taken, std::filesystem::perms::owner_read |
+                                          std::filesystem::perms::owner_write);
+  std::ofstream(daemon_->dir() / "secret") << "root:$6$hash";
+  std::filesystem::create_symlink(daemon_->dir() / "secret", daemon_->dir() / "link");
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kInference;
+  o.model = "tiny_mlp";
+  o.step = absl::Milliseconds(3);
+  o.memory_bytes = 16 << 20;
+  auto submit = [&](const std::string& dataset, const std::string& output) {
+    client::FillJobOptions with = o;
+    with.dataset_path = dataset;
+    with.output_path = output;
+    return client_->SubmitFill(with).status();
+  };
+  absl::Status replaced = submit("dataset.safetensors", "taken.safetensors");
+  EXPECT_EQ(replaced.code(), absl::StatusCode::kAlreadyExists) << replaced;
+  std::ifstream in(taken);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "precious");
+  EXPECT_EQ(std::filesystem::status(taken).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  for (const std::string& outside :
+       {std::string("/etc/shadow"), std::string("../etc/shadow"), std::string("link"),
+        (daemon_->dir() / "secret").string()}) {
+    absl::Status read = submit(outside, "fresh.safetensors");
+    EXPECT_EQ(read.code(), absl::StatusCode::kInvalidArgument) << outside << ": " << read;
+    EXPECT_THAT(std::string(read.message()), Not(HasSubstr("root:"))) << outside;
+  }
+  EXPECT_EQ(submit("dataset.safetensors", "../escape.safetensors").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(daemon_->dir() / "fresh.safetensors"));
 }
 
 TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
@@ -382,8 +423,8 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
   client::FillJobOptions o;
   o.kind = client::FillKind::kInference;
   o.model = "tiny_mlp";
-  o.dataset_path = dataset;
-  o.output_path = output;
+  o.dataset_path = "dataset.safetensors";  // names under the daemon's data root
+  o.output_path = "output.safetensors";
   o.batch = 2;  // 7 rows: 4 steps, the last one a single row
   o.step = absl::Milliseconds(3);
   o.memory_bytes = 16 << 20;

@@ -25,7 +25,8 @@ inline std::string BackendSkipReason(gpu::Backend backend) {
 
 class TestDaemon {
  public:
-  // `flags` come after the common ones (backend, port, socket), so they may override them.
+  // `flags` come after the common ones (backend, port, socket, its directory as the data root),
+  // so they may override them.
   explicit TestDaemon(std::vector<std::string> flags)
       : dir_(std::filesystem::temp_directory_path() /
              ("pswitch-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(++count_))),
@@ -43,7 +44,8 @@ class TestDaemon {
   static std::vector<std::string> Flags(const std::filesystem::path& dir,
                                         std::vector<std::string> extra) {
     std::vector<std::string> flags = {"--backend=host", "--listen=127.0.0.1:0",
-                                      "--socket=" + (dir / "m.sock").string()};
+                                      "--socket=" + (dir / "m.sock").string(),
+                                      "--data-root=" + dir.string()};
     flags.insert(flags.end(), extra.begin(), extra.end());
     return flags;
   }

@@ -15,6 +15,7 @@ ABSL_FLAG(int, control_fd, -1, "inherited control socket fd");
 ABSL_FLAG(std::string, memdaemon_socket, "", "memdaemon Unix socket");
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
+ABSL_FLAG(std::string, data_root, "", "fill datasets resolve under it (set by pswitchd)");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   options.memdaemon_socket = absl::GetFlag(FLAGS_memdaemon_socket);
   options.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
   options.device_ordinal = absl::GetFlag(FLAGS_device);
+  options.data_root = absl::GetFlag(FLAGS_data_root);
   auto worker = pswitch::worker::Worker::Start(options);
   if (!worker.ok()) {
     pswitch::base::Log(pswitch::base::LogLevel::kError, "worker_start_failed")

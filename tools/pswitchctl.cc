@@ -40,7 +40,9 @@ ABSL_FLAG(std::string, plan, "auto", "register: grouping plan JSON on the server
 ABSL_FLAG(std::string, input, "",
           "infer: input safetensors ('input', optional "
           "'attention_mask', 'token_type_ids')");
-ABSL_FLAG(std::string, output, "", "infer: where to write the 'output' tensor");
+ABSL_FLAG(std::string, output, "",
+          "infer: local file for the 'output' tensor; fill submit (inference): a new file, "
+          "named relative to pswitchd's --data-root");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0,
           "infer, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none");
@@ -53,7 +55,9 @@ ABSL_FLAG(int, timeout_s, 600, "give up waiting after this many seconds");
 ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
 ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
 ABSL_FLAG(std::string, kind, "", "fill submit: training, inference or synthetic (required)");
-ABSL_FLAG(std::string, dataset, "", "fill submit (inference): safetensors with 'input' rows");
+ABSL_FLAG(std::string, dataset, "",
+          "fill submit (inference): safetensors with 'input' rows, named relative to "
+          "pswitchd's --data-root");
 ABSL_FLAG(uint32_t, steps, 0, "fill submit: training iterations / synthetic steps");
 ABSL_FLAG(uint64_t, step_us, 0,
           "fill submit: profiled step duration (profile-model); synthetic: default "

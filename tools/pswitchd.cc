@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "controller/client_server.h"
 #include "controller/controller.h"
+#include "base/confined_dir.h"
 #include "base/log.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
@@ -68,6 +69,10 @@ ABSL_FLAG(int, fill_grace_ms, 20,
 ABSL_FLAG(bool, fill_device_lock, true,
           "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
           "--simulated-compute stages do), modelling a time-sliced GPU");
+ABSL_FLAG(std::string, data_root, "",
+          "the directory fill jobs' datasets and outputs are named under (relative names only, "
+          "symlinks never followed, outputs never replace a file); empty = fill jobs that read "
+          "or write files are refused");
 ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check instead of serving");
 
 namespace pswitch {
@@ -208,6 +213,16 @@ int Main() {
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  std::shared_ptr<const base::ConfinedDir> data_root;
+  if (!absl::GetFlag(FLAGS_data_root).empty()) {
+    absl::StatusOr<base::ConfinedDir> root = base::ConfinedDir::Open(absl::GetFlag(FLAGS_data_root));
+    if (!root.ok()) {
+      StartFailed(root.status().ToString());
+      return 2;
+    }
+    data_root = std::make_shared<const base::ConfinedDir>(std::move(*root));
+    controller_options.scheduler.spawn.data_root = data_root->path();
+  }
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
@@ -246,6 +261,7 @@ int Main() {
   controller::FillManagerOptions fill_options;
   fill_options.policy = *fill_policy;
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
+  fill_options.data_root = data_root;
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
   auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/confined_dir.h"
 #include "gpu/copy_engine.h"
 #include "models/safetensors.h"
 #include "models/training.h"
@@ -335,7 +336,14 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
                                   std::vector<proto::HostTensor>* outputs) {
   const std::string path = run.fill()->dataset_path() ? run.fill()->dataset_path()->str() : "";
   if (dataset_path_ != path) {
-    PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file, models::SafetensorsFile::Read(path));
+    if (options_.data_root.empty()) {
+      return absl::FailedPreconditionError("this worker has no data root to read datasets from");
+    }
+    PSWITCH_ASSIGN_OR_RETURN(base::ConfinedDir root, base::ConfinedDir::Open(options_.data_root));
+    const models::SafetensorsLimits limits;
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes, root.Read(path, "dataset", limits.max_file_bytes));
+    PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
+                             models::SafetensorsFile::Parse(std::move(bytes), path, limits));
     const models::SafetensorsTensor* input = file.Find("input");
     if (input == nullptr || input->shape.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' rows"));

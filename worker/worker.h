@@ -44,6 +44,8 @@ struct WorkerOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // Arena lease for intermediate tensors while a task runs; 0 = libtorch's own allocator.
   uint64_t activation_bytes = 0;
+  // Fill datasets are named relative to it and read through base::ConfinedDir; empty: none.
+  std::string data_root;
 };
 
 // OK when workers can execute tasks on `backend`. The CUDA execution path (worker/cuda/) is built

@@ -1,0 +1,153 @@
+#include "base/confined_dir.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/files.h"
+#include "base/status.h"
+
+namespace pswitch::base {
+namespace {
+
+// A client-facing description of a failed open: never more than whether `name` is usable.
+absl::Status OpenError(absl::string_view what, absl::string_view name, int error) {
+  switch (error) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(absl::StrCat(what, " '", name, "' does not exist"));
+    case ELOOP:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " '", name, "' goes through a symlink (never followed)"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(absl::StrCat(what, " '", name, "' is not accessible"));
+    default:
+      return ErrnoStatus(absl::StrCat(what, " '", name, "'"), error);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ConfinedDir> ConfinedDir::Open(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(absl::StrCat("data root '", path, "'"));
+  return ConfinedDir(std::move(fd), path);
+}
+
+absl::Status ConfinedDir::CheckName(absl::string_view name, absl::string_view what) {
+  if (name.empty() || name.size() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a name of 1 to 1024 bytes is needed"));
+  }
+  if (name.front() == '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", name, "' must be relative to the server's data root, not absolute"));
+  }
+  if (name.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " contains a NUL byte"));
+  }
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part == "." || part == ".." || part.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " '", name, "': empty, '.' and '..' components are not allowed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> ConfinedDir::OpenParent(absl::string_view name, absl::string_view what,
+                                                 std::string* leaf) const {
+  PSWITCH_RETURN_IF_ERROR(CheckName(name, what));
+  std::vector<std::string> parts = absl::StrSplit(name, '/');
+  *leaf = parts.back();
+  parts.pop_back();
+  UniqueFd dir(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!dir.valid()) return ErrnoStatus("dup data root");
+  for (const std::string& part : parts) {
+    UniqueFd next(::openat(dir.get(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!next.valid()) {
+      int error = errno;
+      // O_PATH|O_NOFOLLOW on a symlink fails as "not a directory": say what it is.
+      struct stat st;
+      if (::fstatat(dir.get(), part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+        error = ELOOP;
+      }
+      return OpenError(what, name, error);
+    }
+    dir = std::move(next);
+  }
+  return dir;
+}
+
+absl::StatusOr<UniqueFd> ConfinedDir::OpenForRead(absl::string_view name, absl::string_view what,
+                                                  uint64_t max_bytes) const {
+  std::string leaf;
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd dir, OpenParent(name, what, &leaf));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  UniqueFd fd(::openat(dir.get(), leaf.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW));
+  if (!fd.valid()) return OpenError(what, name, errno);
+  PSWITCH_RETURN_IF_ERROR(CheckRegularFile(fd, absl::StrCat(what, " '", name, "'"), max_bytes));
+  return fd;
+}
+
+absl::StatusOr<std::string> ConfinedDir::Read(absl::string_view name, absl::string_view what,
+                                              uint64_t max_bytes) const {
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, OpenForRead(name, what, max_bytes));
+  return ReadAll(fd, absl::StrCat(what, " '", name, "'"), max_bytes);
+}
+
+absl::Status ConfinedDir::CheckCreatable(absl::string_view name, absl::string_view what) const {
+  std::string leaf;
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd dir, OpenParent(name, what, &leaf));
+  struct stat st;
+  if (::fstatat(dir.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(what, " '", name, "' already exists (outputs never replace a file)"));
+  }
+  if (errno != ENOENT) return OpenError(what, name, errno);
+  return absl::OkStatus();
+}
+
+absl::Status ConfinedDir::Create(absl::string_view name, absl::string_view bytes,
+                                 absl::string_view what) const {
+  std::string leaf;
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd dir, OpenParent(name, what, &leaf));
+  // A fresh, unguessable temporary that only this call can have created.
+  std::random_device random;
+  const std::string tmp = absl::StrCat(".", leaf, ".pswitch-", random(), random(), ".tmp");
+  UniqueFd out(::openat(dir.get(), tmp.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!out.valid()) return OpenError(what, name, errno);
+  auto fail = [&](absl::Status status) {
+    ::unlinkat(dir.get(), tmp.c_str(), 0);
+    return status;
+  };
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(out.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(ErrnoStatus(absl::StrCat("write ", what, " '", name, "'")));
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(out.get()) != 0) {
+    return fail(ErrnoStatus(absl::StrCat("sync ", what, " '", name, "'")));
+  }
+  // RENAME_NOREPLACE: never over anything, however it got there since CheckCreatable.
+  if (::renameat2(dir.get(), tmp.c_str(), dir.get(), leaf.c_str(), RENAME_NOREPLACE) != 0) {
+    const int error = errno;
+    if (error == EEXIST) {
+      return fail(absl::AlreadyExistsError(
+          absl::StrCat(what, " '", name, "' already exists (outputs never replace a file)")));
+    }
+    return fail(ErrnoStatus(absl::StrCat("rename ", what, " '", name, "'"), error));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pswitch::base
