@@ -1,10 +1,12 @@
 #include "base/confined_dir.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -83,6 +85,44 @@ absl::StatusOr<UniqueFd> ConfinedDir::OpenParent(absl::string_view name, absl::s
     dir = std::move(next);
   }
   return dir;
+}
+
+absl::StatusOr<ConfinedDir> ConfinedDir::Sub(absl::string_view name,
+                                             absl::string_view what) const {
+  std::string leaf;
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd parent, OpenParent(name, what, &leaf));
+  UniqueFd dir(::openat(parent.get(), leaf.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir.valid()) {
+    int error = errno;
+    struct stat st;
+    if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+      error = ELOOP;
+    }
+    return OpenError(what, name, error);
+  }
+  return ConfinedDir(std::move(dir), absl::StrCat(path_, "/", name));
+}
+
+absl::StatusOr<std::vector<std::string>> ConfinedDir::SubdirectoryNames() const {
+  // O_PATH fds cannot be read as directories: open it again, for reading, through itself.
+  UniqueFd fd(::openat(fd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoStatus(absl::StrCat("list '", path_, "'"));
+  DIR* dir = ::fdopendir(fd.get());
+  if (dir == nullptr) return ErrnoStatus(absl::StrCat("list '", path_, "'"));
+  fd.Release();  // the DIR owns it now
+  std::vector<std::string> names;
+  while (struct dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (::fstatat(::dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISDIR(st.st_mode)) {
+      names.push_back(name);
+    }
+  }
+  ::closedir(dir);
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 absl::StatusOr<UniqueFd> ConfinedDir::OpenForRead(absl::string_view name, absl::string_view what,

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -27,6 +28,11 @@ class ConfinedDir {
   // InvalidArgument unless `name` is relative, without "." or ".." components or NUL bytes, at
   // most 1024 bytes: what every method checks first.
   static absl::Status CheckName(absl::string_view name, absl::string_view what);
+
+  // The subdirectory `name`, itself confined (resolved the same way: no symlink, no "..").
+  absl::StatusOr<ConfinedDir> Sub(absl::string_view name, absl::string_view what) const;
+  // The names of the subdirectories directly in it (not symlinks), sorted.
+  absl::StatusOr<std::vector<std::string>> SubdirectoryNames() const;
 
   // A regular file of at most `max_bytes`, opened for reading. Errors name `what` and `name`.
   absl::StatusOr<UniqueFd> OpenForRead(absl::string_view name, absl::string_view what,

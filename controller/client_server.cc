@@ -43,8 +43,9 @@ std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() :
 // event loop and dropped if the connection is gone.
 class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill)
-      : io_(io), serving_(serving), controller_(controller), fill_(fill) {}
+  Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill,
+          const ClientServerOptions* options)
+      : io_(io), serving_(serving), controller_(controller), fill_(fill), options_(options) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
 
@@ -224,8 +225,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                                                 "' are reserved for fill jobs' own models"))));
       return;
     }
+    // Resolved on the registration thread: a repository lookup reads files.
     controller_->Register(
-        request, [self = shared_from_this(), id](const absl::StatusOr<const CatalogEntry*>& entry) {
+        [request = std::move(request), repository = options_->repository,
+         allow = options_->allow_client_paths] {
+          return ResolveModelRequest(request, repository, allow);
+        }, [self = shared_from_this(), id](const absl::StatusOr<const CatalogEntry*>& entry) {
           if (!entry.ok()) {
             self->PostReply(ErrorReply(id, entry.status()));
             return;
@@ -339,13 +344,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   const bool* const serving_;  // the server's flag; read on the event loop only
   Controller* const controller_;
   FillManager* const fill_;
+  const ClientServerOptions* const options_;  // the server's, which outlives its sessions
   std::weak_ptr<proto::FramedConnection> conn_;
 };
 
 absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::string& listen,
                                                                   Controller* controller,
                                                                   FillManager* fill,
-                                                                  uint32_t max_frame_bytes) {
+                                                                  ClientServerOptions options) {
   size_t colon = listen.rfind(':');
   uint32_t port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
@@ -358,7 +364,7 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
   asio::error_code ec;
   asio::ip::address address = asio::ip::make_address(host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("bad listen host '", host, "'"));
-  std::unique_ptr<ClientServer> server(new ClientServer(controller, fill, max_frame_bytes));
+  std::unique_ptr<ClientServer> server(new ClientServer(controller, fill, options));
   asio::ip::tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
   server->acceptor_.open(endpoint.protocol(), ec);
   if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
@@ -413,9 +419,9 @@ void ClientServer::Accept() {
     int family = socket.local_endpoint(ignored).protocol().family();
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
-    auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_);
+    auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_);
     auto conn = proto::FramedConnection::Create(
-        std::move(generic), max_frame_bytes_,
+        std::move(generic), options_.max_frame_bytes,
         [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
           session->Handle(c, std::move(payload));
         },

@@ -14,9 +14,18 @@
 #include "asio.hpp"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
+#include "controller/model_repository.h"
 #include "proto/framed_connection.h"
 
 namespace pswitch::controller {
+
+struct ClientServerOptions {
+  uint32_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
+  // Registrations that name models only are loaded from it (null: none).
+  const ModelRepository* repository = nullptr;
+  // Registrations may name server files (weights, plans): local use only.
+  bool allow_client_paths = false;
+};
 
 // Runs its own event-loop thread. `*controller` and `*fill` must outlive the server, or at least
 // its StopServing().
@@ -26,7 +35,7 @@ class ClientServer {
   static absl::StatusOr<std::unique_ptr<ClientServer>> Start(const std::string& listen,
                                                              Controller* controller,
                                                              FillManager* fill,
-                                                             uint32_t max_frame_bytes);
+                                                             ClientServerOptions options);
   // Flushes the replies already posted (tasks answered during shutdown), then closes every
   // connection; a client that stops reading holds it up for at most a few seconds.
   ~ClientServer();
@@ -42,13 +51,13 @@ class ClientServer {
 
  private:
   class Session;
-  ClientServer(Controller* controller, FillManager* fill, uint32_t max_frame_bytes)
-      : controller_(controller), fill_(fill), max_frame_bytes_(max_frame_bytes), acceptor_(io_) {}
+  ClientServer(Controller* controller, FillManager* fill, ClientServerOptions options)
+      : controller_(controller), fill_(fill), options_(options), acceptor_(io_) {}
   void Accept();
 
   Controller* const controller_;
   FillManager* const fill_;
-  const uint32_t max_frame_bytes_;
+  const ClientServerOptions options_;
   asio::io_context io_;
   // Keeps the event loop running (posts always execute) until the destructor lets it run dry.
   asio::executor_work_guard<asio::io_context::executor_type> keep_running_{io_.get_executor()};

@@ -83,13 +83,23 @@ void Controller::RegistrarLoop() {
 }
 
 void Controller::Register(ModelRequest request, RegisterCallback done) {
+  Register([request = std::move(request)]() -> absl::StatusOr<ModelRequest> { return request; },
+           std::move(done));
+}
+
+void Controller::Register(RequestMaker make_request, RegisterCallback done) {
   absl::MutexLock lock(&mu_);
   if (stopping_) {
     done(absl::CancelledError("pswitchd is shutting down"));
     return;
   }
-  registrations_.push_back([this, request = std::move(request), done = std::move(done)] {
-    absl::StatusOr<const CatalogEntry*> entry = catalog_->Register(request);
+  registrations_.push_back([this, make_request = std::move(make_request), done = std::move(done)] {
+    absl::StatusOr<ModelRequest> request = make_request();
+    if (!request.ok()) {
+      done(request.status());
+      return;
+    }
+    absl::StatusOr<const CatalogEntry*> entry = catalog_->Register(*request);
     if (!entry.ok()) {
       done(entry.status());
       return;

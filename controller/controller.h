@@ -44,6 +44,10 @@ class Controller {
   using RegisterCallback = std::function<void(const absl::StatusOr<const CatalogEntry*>&)>;
   // Registers in the background; `done` runs once the model is in every worker.
   void Register(ModelRequest request, RegisterCallback done);
+  // The same, with the request made on the registration thread (it may read files: a model
+  // repository's config), never on the caller's.
+  using RequestMaker = std::function<absl::StatusOr<ModelRequest>()>;
+  void Register(RequestMaker make_request, RegisterCallback done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const { return scheduler().Query(task_id); }

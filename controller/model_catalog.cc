@@ -18,9 +18,20 @@
 namespace pswitch::controller {
 namespace {
 
-absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const std::string& path) {
+constexpr uint64_t kMaxPlanBytes = 16 << 20;
+
+absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const ModelRequest& request) {
+  const std::string& path = request.plan;
   const std::string what = absl::StrCat("plan file '", path, "'");
-  PSWITCH_ASSIGN_OR_RETURN(std::string text, base::ReadRegularFile(path, what, 16 << 20));
+  absl::StatusOr<std::string> read = request.files != nullptr
+                                         ? request.files->Read(path, "plan file", kMaxPlanBytes)
+                                         : base::ReadRegularFile(path, what, kMaxPlanBytes);
+  if (request.files == nullptr && (absl::IsNotFound(read.status()) ||
+                                   absl::IsPermissionDenied(read.status()))) {
+    // Existence of a server file is not a client's to learn.
+    return absl::PermissionDeniedError(absl::StrCat(what, " cannot be opened by pswitchd"));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::string text, std::move(read));
   PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, what));
   if (!json.is_object() || !json.contains("groups")) {
     return absl::InvalidArgumentError(
@@ -41,7 +52,7 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
                                                            models::ZooModel& model,
                                                            int layout_layers, int executed_layers) {
   if (request.plan != "auto") {
-    PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request.plan));
+    PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request));
     // A plan made from profile-model output covers the executed layers only.
     if (grouping::ValidatePlan(plan, executed_layers).ok()) {
       plan = CoverTail(std::move(plan), executed_layers, layout_layers);
@@ -112,8 +123,24 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<CatalogEntry>> {
     PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
                              models::CreateModel(request.zoo_model));
-    if (!request.weights_path.empty()) {
-      PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, request.weights_path));
+    if (!request.weights_path.empty() && request.files != nullptr) {
+      const models::SafetensorsLimits limits;
+      PSWITCH_ASSIGN_OR_RETURN(
+          std::string bytes,
+          request.files->Read(request.weights_path, "weights", limits.max_file_bytes));
+      PSWITCH_ASSIGN_OR_RETURN(
+          models::SafetensorsFile file,
+          models::SafetensorsFile::Parse(std::move(bytes), request.weights_path, limits));
+      PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
+    } else if (!request.weights_path.empty()) {
+      absl::Status loaded = models::LoadWeights(*model, request.weights_path);
+      if (absl::IsNotFound(loaded) || absl::IsPermissionDenied(loaded)) {
+        // The same answer whether or not the file exists: a client learns nothing about
+        // the server's files it could not read anyway.
+        return absl::PermissionDeniedError(absl::StrCat(
+            "weights file '", request.weights_path, "' cannot be opened by pswitchd"));
+      }
+      PSWITCH_RETURN_IF_ERROR(loaded);
     }
     model->eval();
     PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* layers, model->Layers());

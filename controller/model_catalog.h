@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grouping/plan.h"
+#include "base/confined_dir.h"
 #include "memdaemon/memdaemon.h"
 
 namespace pswitch::models {
@@ -30,6 +31,9 @@ struct ModelRequest {
   std::string weights_path;  // empty: seeded random weights
   uint32_t batch_size = 1;
   std::string plan = "auto";  // a plan JSON path, or "auto"
+  // Where weights_path and plan resolve: the model's folder in the model repository (relative
+  // names, no symlink followed). Null: they are server paths (local use: --allow-client-paths).
+  std::shared_ptr<const base::ConfinedDir> files;
 };
 
 struct CatalogEntry {

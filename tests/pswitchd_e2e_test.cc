@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/registry.h"
+#include "models/weights.h"
 #include "models/zoo_model.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
@@ -628,6 +629,64 @@ INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,
                          [](const ::testing::TestParamInfo<gpu::Backend>& info) {
                            return std::string(gpu::BackendName(info.param));
                          });
+
+// Trust-boundary issue, item 3: models come from the operator's repository, named by clients;
+// a client cannot make pswitchd open a server file (`register --weights /etc/shadow` printed
+// the file's first bytes), and the answer does not depend on whether the file exists.
+TEST(ModelRepositoryE2eTest, ModelsComeFromTheRepositoryAndClientsCannotNameServerFiles) {
+  char tmpl[] = "/tmp/pswitch-repo-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path repo = tmpl;
+  std::filesystem::create_directories(repo / "cnn");
+  std::ofstream(repo / "cnn" / "config.json")
+      << R"({"architecture": "tiny_cnn", "weights": "w.safetensors", "batch": 2})";
+  // Weights unlike the seeded ones, so the answer proves they were read from the repository.
+  auto model = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok());
+  {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor p : (*model)->parameters()) p.mul_(1.5);
+  }
+  auto state = models::StateDict(**model);
+  ASSERT_TRUE(state.ok()) << state.status();
+  ASSERT_TRUE(models::WriteTensors((repo / "cnn" / "w.safetensors").string(), *state).ok());
+  proto::HostTensor input = Input("tiny_cnn", 7);
+  models::ModelInput in;
+  in.input = *worker::ViewHostTensor(input);
+  auto expected = models::RunForward(**model, in);
+  ASSERT_TRUE(expected.ok());
+  at::Tensor reference = expected->output.contiguous();
+
+  e2e::TestDaemon daemon({"--preload=", "--model-repository=" + repo.string(),
+                          "--allow-client-paths=false"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  bool listed = false;
+  for (int i = 0; i < 200 && !listed; ++i) {
+    auto models = (*client)->ListModels();
+    ASSERT_TRUE(models.ok()) << models.status();
+    for (const auto& m : *models) listed |= m.name == "cnn";
+    if (!listed) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(listed) << daemon.log();
+  auto out = (*client)->Infer("cnn", {input});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectClose(Floats(out->outputs[0]), std::vector<float>(reference.data_ptr<float>(),
+                                                          reference.data_ptr<float>() +
+                                                              reference.numel()));
+  EXPECT_EQ((*client)->Register({"cnn", "", "", 1, "auto"}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*client)->Register({"nope", "", "", 1, "auto"}).status().code(),
+            absl::StatusCode::kNotFound);
+  for (const std::string& path : {std::string("/etc/shadow"), std::string("/no/such/file")}) {
+    auto refused = (*client)->Register({"x", "tiny_cnn", path, 1, "auto"});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << path;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--model-repository"));
+    EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(HasSubstr("root:")));
+  }
+  std::filesystem::remove_all(repo);
+}
 
 }  // namespace
 }  // namespace pswitch

@@ -1,6 +1,6 @@
 // pswitchctl: the command-line client of pswitchd.
 //
-//   pswitchctl --server HOST:PORT register --name N --model ZOO [--weights W] [--batch B]
+//   pswitchctl --server HOST:PORT register --name N [--model ZOO [--weights W] [--batch B]]
 //              [--plan plan.json|auto]
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
@@ -31,7 +31,9 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7300", "pswitchd address");
 ABSL_FLAG(std::string, name, "", "registered model name");
-ABSL_FLAG(std::string, model, "", "register: zoo model (e.g. resnet152)");
+ABSL_FLAG(std::string, model, "",
+          "register: zoo architecture (e.g. resnet152); omit to load --name from pswitchd's "
+          "model repository");
 ABSL_FLAG(std::string, weights, "", "register: safetensors weights on the server");
 ABSL_FLAG(uint32_t, batch, 0,
           "register: batch size (default 1); train: samples per iteration (default the model's "
@@ -262,7 +264,8 @@ absl::Status Run(const std::vector<std::string>& args) {
   const std::string name = absl::GetFlag(FLAGS_name);
   if (command == "register") {
     if (auto s =
-            Require(!name.empty() && !absl::GetFlag(FLAGS_model).empty(), "--name and --model");
+            Require(!name.empty(), "--name (alone: the model of that name in pswitchd's "
+                                   "--model-repository; with --model: that architecture)");
         !s.ok()) {
       return s;
     }

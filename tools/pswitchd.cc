@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "controller/client_server.h"
+#include "controller/model_repository.h"
 #include "controller/controller.h"
 #include "base/confined_dir.h"
 #include "base/log.h"
@@ -73,6 +75,12 @@ ABSL_FLAG(std::string, data_root, "",
           "the directory fill jobs' datasets and outputs are named under (relative names only, "
           "symlinks never followed, outputs never replace a file); empty = fill jobs that read "
           "or write files are refused");
+ABSL_FLAG(std::string, model_repository, "",
+          "a directory of models, one folder per model with a config.json (see "
+          "docs/operations.md); all are loaded at start, and clients register them by name");
+ABSL_FLAG(std::string, allow_client_paths, "auto",
+          "true: registrations may name weights and plan files on this server (local use); "
+          "auto: true only when --listen is a loopback address");
 ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check instead of serving");
 
 namespace pswitch {
@@ -106,6 +114,38 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
   Log(LogLevel::kInfo, "backend_auto").Field("chosen", "host").Field("reason", usable.message());
   options.backend = gpu::Backend::kHost;
   return options;
+}
+
+// Loads every model of the repository; one that fails is logged and skipped (the others serve).
+void LoadRepository(controller::Controller& controller, const controller::ModelRepository& repo) {
+  absl::StatusOr<std::vector<std::string>> index = repo.Index();
+  if (!index.ok()) {
+    Log(LogLevel::kError, "model_repository_unreadable").Field("error", index.status());
+    return;
+  }
+  for (const std::string& name : *index) {
+    std::promise<absl::StatusOr<const controller::CatalogEntry*>> registered;
+    controller.Register([&repo, name] { return repo.Request(name); },
+                        [&](const auto& entry) { registered.set_value(entry); });
+    auto entry = registered.get_future().get();
+    if (!entry.ok()) {
+      Log(LogLevel::kError, "model_load_failed").Field("model", name).Field("error", entry.status());
+      continue;
+    }
+    Log(LogLevel::kInfo, "model_registered")
+        .Field("model", name)
+        .Field("source", "repository")
+        .Field("layers", (*entry)->stored->num_layers())
+        .Field("groups", (*entry)->plan.size())
+        .Field("bytes", (*entry)->stored->total_bytes());
+  }
+}
+
+// Whether `listen` (HOST:PORT) only accepts connections from this machine.
+bool IsLoopback(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
 // Registers the preloaded models and runs one inference on each through the full path.
@@ -265,8 +305,26 @@ int Main() {
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
   auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);
+  std::unique_ptr<controller::ModelRepository> repository;
+  if (!absl::GetFlag(FLAGS_model_repository).empty()) {
+    auto repo = controller::ModelRepository::Open(absl::GetFlag(FLAGS_model_repository));
+    if (!repo.ok()) {
+      StartFailed(repo.status().ToString());
+      return 2;
+    }
+    repository = std::make_unique<controller::ModelRepository>(std::move(*repo));
+  }
+  controller::ClientServerOptions server_options;
+  server_options.repository = repository.get();
+  const std::string client_paths = absl::GetFlag(FLAGS_allow_client_paths);
+  if (client_paths != "auto" && client_paths != "true" && client_paths != "false") {
+    StartFailed("--allow-client-paths must be auto, true or false");
+    return 2;
+  }
+  server_options.allow_client_paths =
+      client_paths == "true" || (client_paths == "auto" && IsLoopback(absl::GetFlag(FLAGS_listen)));
   auto server = controller::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
-                                                fill.get(), proto::kDefaultMaxFrameBytes);
+                                                fill.get(), server_options);
   if (!server.ok()) {
     StartFailed(server.status().ToString());
     return 1;
@@ -277,12 +335,14 @@ int Main() {
       .Field("arena_bytes", first->arena().size_bytes())
       .Field("workers", 1 + standby)
       .Field("policy", controller::PolicyName(*policy))
-      .Field("port", (*server)->port());
+      .Field("port", (*server)->port())
+      .Field("client_paths", server_options.allow_client_paths);
   absl::Status preload = Preload(**controller);
   if (!preload.ok()) {
     Log(LogLevel::kError, "preload_failed").Field("error", preload);
     return 1;
   }
+  if (repository != nullptr) LoadRepository(**controller, *repository);
   int exit_code = 0;
   if (absl::GetFlag(FLAGS_exit_after_demo)) {
     Log(LogLevel::kInfo, "stopping").Field("reason", "exit_after_demo");

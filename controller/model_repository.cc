@@ -1,0 +1,105 @@
+#include "controller/model_repository.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/json.h"
+#include "base/status.h"
+
+namespace pswitch::controller {
+namespace {
+
+constexpr uint64_t kMaxConfigBytes = 64 << 10;
+
+absl::StatusOr<std::string> StringField(const nlohmann::json& config, const std::string& where,
+                                        const char* field, bool required) {
+  auto it = config.find(field);
+  if (it == config.end()) {
+    if (!required) return std::string();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": missing \"", field, "\""));
+  }
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": \"", field, "\" must be a string"));
+  }
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelRepository> ModelRepository::Open(const std::string& dir) {
+  PSWITCH_ASSIGN_OR_RETURN(base::ConfinedDir root, base::ConfinedDir::Open(dir));
+  return ModelRepository(std::move(root));
+}
+
+absl::StatusOr<std::vector<std::string>> ModelRepository::Index() const {
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<std::string> folders, root_.SubdirectoryNames());
+  std::vector<std::string> models;
+  for (const std::string& folder : folders) {
+    absl::StatusOr<base::ConfinedDir> dir = root_.Sub(folder, "model folder");
+    if (dir.ok() && dir->OpenForRead("config.json", "config", kMaxConfigBytes).ok()) {
+      models.push_back(folder);
+    }
+  }
+  return models;
+}
+
+absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name) const {
+  absl::StatusOr<base::ConfinedDir> folder = root_.Sub(name, "model");
+  if (!folder.ok()) {
+    if (absl::IsInvalidArgument(folder.status())) return folder.status();
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not in the model repository"));
+  }
+  const std::string where = absl::StrCat("model repository: ", name, "/config.json");
+  PSWITCH_ASSIGN_OR_RETURN(std::string text, folder->Read("config.json", "config", kMaxConfigBytes));
+  PSWITCH_ASSIGN_OR_RETURN(nlohmann::json config, base::ParseUntrustedJson(text, where));
+  if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  ModelRequest request;
+  request.name = name;
+  PSWITCH_ASSIGN_OR_RETURN(request.zoo_model, StringField(config, where, "architecture", true));
+  PSWITCH_ASSIGN_OR_RETURN(request.weights_path, StringField(config, where, "weights", false));
+  PSWITCH_ASSIGN_OR_RETURN(request.plan, StringField(config, where, "plan", false));
+  if (request.plan.empty()) request.plan = "auto";
+  auto batch = config.find("batch");
+  if (batch != config.end()) {
+    if (!batch->is_number_unsigned() || batch->get<uint64_t>() < 1 ||
+        batch->get<uint64_t>() > UINT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"batch\" must be a positive integer"));
+    }
+    request.batch_size = static_cast<uint32_t>(batch->get<uint64_t>());
+  }
+  for (const std::string* file : {&request.weights_path, &request.plan}) {
+    if (!file->empty() && *file != "auto") {
+      PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(*file, where));
+    }
+  }
+  request.files = std::make_shared<const base::ConfinedDir>(std::move(*folder));
+  return request;
+}
+
+absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
+                                                 const ModelRepository* repository,
+                                                 bool allow_client_paths) {
+  const bool names_files = !from_client.weights_path.empty() || from_client.plan != "auto";
+  if (from_client.zoo_model.empty() && !names_files) {
+    if (repository == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "model '", from_client.name,
+          "': this pswitchd has no --model-repository; name an architecture to register"));
+    }
+    return repository->Request(from_client.name);
+  }
+  if (names_files && !allow_client_paths) {
+    return absl::PermissionDeniedError(
+        "this pswitchd does not open files clients name: put the model in its "
+        "--model-repository and register it by name (or start pswitchd with "
+        "--allow-client-paths=true for local use)");
+  }
+  for (const std::string* path : {&from_client.weights_path, &from_client.plan}) {
+    if (!path->empty() && *path != "auto" && path->front() != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", *path, "': files named by clients must be absolute paths on the server"));
+    }
+  }
+  from_client.files = nullptr;
+  return from_client;
+}
+
+}  // namespace pswitch::controller

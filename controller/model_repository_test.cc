@@ -1,0 +1,103 @@
+#include "controller/model_repository.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace pswitch::controller {
+namespace {
+
+class ModelRepositoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/model_repository_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    top_ = tmpl;
+    root_ = top_ + "/models";
+    ASSERT_EQ(::mkdir(root_.c_str(), 0755), 0);
+    Model("cnn", R"({"architecture": "tiny_cnn", "weights": "w.safetensors", "batch": 4})");
+    Model("mlp", R"({"architecture": "tiny_mlp"})");
+    ASSERT_EQ(::mkdir((root_ + "/empty").c_str(), 0755), 0);  // no config: not a model
+    auto repo = ModelRepository::Open(root_);
+    ASSERT_TRUE(repo.ok()) << repo.status();
+    repo_.emplace(std::move(*repo));
+  }
+  void TearDown() override { std::system(("rm -rf " + top_).c_str()); }
+  void Model(const std::string& name, const std::string& config) {
+    ::mkdir((root_ + "/" + name).c_str(), 0755);
+    std::ofstream(root_ + "/" + name + "/config.json") << config;
+  }
+
+  std::string top_, root_;
+  std::optional<ModelRepository> repo_;
+};
+
+TEST_F(ModelRepositoryTest, ListsModelsAndMakesTheirRequests) {
+  auto index = repo_->Index();
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(*index, (std::vector<std::string>{"cnn", "mlp"}));
+  auto cnn = repo_->Request("cnn");
+  ASSERT_TRUE(cnn.ok()) << cnn.status();
+  EXPECT_EQ(cnn->zoo_model, "tiny_cnn");
+  EXPECT_EQ(cnn->weights_path, "w.safetensors");
+  EXPECT_EQ(cnn->batch_size, 4u);
+  EXPECT_EQ(cnn->plan, "auto");
+  ASSERT_NE(cnn->files, nullptr);  // its files resolve in its own folder
+  EXPECT_EQ(repo_->Request("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(repo_->Request("../models/cnn").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ModelRepositoryTest, BadConfigsAreRefusedNamingTheField) {
+  Model("bad1", R"({"weights": "w"})");
+  Model("bad2", R"({"architecture": "tiny_cnn", "batch": -3})");
+  Model("bad3", R"({"architecture": "tiny_cnn", "weights": "../../etc/shadow"})");
+  Model("bad4", std::string(100, '[') + std::string(100, ']'));
+  EXPECT_NE(repo_->Request("bad1").status().message().find("architecture"), absl::string_view::npos);
+  EXPECT_NE(repo_->Request("bad2").status().message().find("batch"), absl::string_view::npos);
+  EXPECT_EQ(repo_->Request("bad3").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(repo_->Request("bad4").status().code(), absl::StatusCode::kInvalidArgument);
+  // A model folder that is a symlink out of the repository is not followed.
+  std::ofstream(top_ + "/config.json") << R"({"architecture": "tiny_cnn"})";
+  ASSERT_EQ(::symlink(top_.c_str(), (root_ + "/escape").c_str()), 0);
+  EXPECT_FALSE(repo_->Request("escape").ok());
+}
+
+// Trust-boundary issue, item 3: clients name models, not server files, unless allowed.
+TEST_F(ModelRepositoryTest, ClientsNameModelsAndServerFilesOnlyWhenAllowed) {
+  ModelRequest by_name;
+  by_name.name = "cnn";
+  auto loaded = ResolveModelRequest(by_name, &*repo_, /*allow_client_paths=*/false);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->zoo_model, "tiny_cnn");
+  EXPECT_EQ(ResolveModelRequest(by_name, nullptr, false).status().code(),
+            absl::StatusCode::kNotFound);
+
+  ModelRequest with_paths;
+  with_paths.name = "x";
+  with_paths.zoo_model = "tiny_cnn";
+  with_paths.weights_path = "/etc/shadow";
+  EXPECT_EQ(ResolveModelRequest(with_paths, &*repo_, false).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(ResolveModelRequest(with_paths, &*repo_, true).ok());
+  with_paths.weights_path = "relative/w.safetensors";  // never resolved against pswitchd's cwd
+  EXPECT_EQ(ResolveModelRequest(with_paths, &*repo_, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ModelRequest plan_only = by_name;
+  plan_only.zoo_model = "tiny_cnn";
+  plan_only.plan = "/tmp/plan.json";
+  EXPECT_EQ(ResolveModelRequest(plan_only, &*repo_, false).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // An architecture with seeded weights names no file: always allowed.
+  ModelRequest seeded = by_name;
+  seeded.zoo_model = "tiny_cnn";
+  auto plain = ResolveModelRequest(seeded, nullptr, false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->files, nullptr);
+}
+
+}  // namespace
+}  // namespace pswitch::controller
