@@ -35,11 +35,13 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       loop_(std::make_shared<EventLoop>([this] { AfterEvent(); })),
       kill_timer_(loop_->io()),
       respawn_timer_(loop_->io()),
+      silence_timer_(loop_->io()),
       shutdown_timer_(loop_->io()) {
   WorkerPoolOptions pool;
   pool.gpu = options.gpu;
   pool.workers = options.workers;
   pool.region_offset = options.region_offset;
+  pool.silence_timeout = options.worker_silence_timeout;
   pool.launch = [spawn = options.spawn](uint32_t id, WorkerProcess::EventHandler handler)
       -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
     WorkerSpawnOptions with_id = spawn;
@@ -121,6 +123,9 @@ void GpuScheduler::AfterEvent() {
   // Deadlines are timers, re-armed to whatever is due next; AfterEvent enforces a due stop.
   ArmTimer(kill_timer_, armed_kill_, stop_deadline_.deadline(), [] {});
   ArmTimer(respawn_timer_, armed_respawn_, pool_->NextRespawn(), [this] { pool_->RespawnDue(); });
+  ArmTimer(silence_timer_, armed_silence_,
+           stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline(),
+           [this] { pool_->KillSilent(absl::Now()); });
 }
 
 void GpuScheduler::ArmTimer(asio::steady_timer& timer, absl::Time& armed, absl::Time deadline,

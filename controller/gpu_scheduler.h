@@ -51,6 +51,8 @@ struct SchedulerOptions {
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails.
+  absl::Duration worker_silence_timeout = absl::Seconds(10);
 };
 
 // Thread-safe: every public method may be called from any thread.
@@ -141,9 +143,11 @@ class GpuScheduler : private WorkerPool::Listener {
   std::unique_ptr<Switcher> switcher_;
   asio::steady_timer kill_timer_;      // stop_deadline_
   asio::steady_timer respawn_timer_;   // the pool's next restart
+  asio::steady_timer silence_timer_;   // the pool's next worker silent too long
   asio::steady_timer shutdown_timer_;  // shutdown's bound on a running task
   absl::Time armed_kill_ = absl::InfiniteFuture();
   absl::Time armed_respawn_ = absl::InfiniteFuture();
+  absl::Time armed_silence_ = absl::InfiniteFuture();
   bool shutdown_timer_armed_ = false;
   std::thread loop_thread_;
 };

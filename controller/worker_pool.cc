@@ -75,6 +75,7 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
     return;
   }
   if (slots_[slot].state == State::kDead) return;  // a message that raced its process's death
+  slots_[slot].last_heard = absl::Now();
   auto* e = flatbuffers::GetRoot<proto::WorkerEvent>(event->data());
   switch (e->body_type()) {
     case proto::WorkerEventBody::WorkerReady:
@@ -199,6 +200,34 @@ absl::Time WorkerPool::NextRespawn() const {
 void WorkerPool::RespawnDue() {
   if (stopping_) return;
   for (size_t slot : respawns_.Due(absl::Now())) Spawn(static_cast<int>(slot));
+}
+
+absl::Time WorkerPool::NextSilenceDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    // Heartbeats start once it announced itself; before, it may still be setting up a device.
+    if (s.process == nullptr || s.state == State::kDead || !loads_.announced(i) ||
+        !s.kill_reason.empty()) {
+      continue;
+    }
+    next = std::min(next, s.last_heard + options_.silence_timeout);
+  }
+  return next;
+}
+
+void WorkerPool::KillSilent(absl::Time now) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.process == nullptr || s.state == State::kDead || !loads_.announced(i) ||
+        !s.kill_reason.empty() || now < s.last_heard + options_.silence_timeout) {
+      continue;
+    }
+    Kill(static_cast<int>(i),
+         absl::StrCat("killed: the worker sent nothing for ",
+                      absl::FormatDuration(now - s.last_heard),
+                      " (no heartbeat: stopped or wedged)"));
+  }
 }
 
 void WorkerPool::OnDied(int slot, const absl::Status& why) {

@@ -48,6 +48,9 @@ struct WorkerPoolOptions {
   std::function<absl::StatusOr<std::unique_ptr<WorkerLink>>(uint32_t worker_id,
                                                             WorkerProcess::EventHandler)>
       launch;
+  // A worker that announced itself and then says nothing this long (it sends a heartbeat every
+  // worker::kWorkerHeartbeatInterval) is stopped or wedged: it is killed and replaced.
+  absl::Duration silence_timeout = absl::Seconds(10);
   // Every registered model, in registration order: a fresh worker loads them all.
   std::function<std::vector<WorkerModel>()> models;
   // Nothing of `slot`'s dead process is in flight: a copy waiting for its drain value
@@ -90,6 +93,10 @@ class WorkerPool {
   // The earliest pending restart (InfiniteFuture: none), and starting the due ones.
   absl::Time NextRespawn() const;
   void RespawnDue();
+  // When the first live worker would have been silent too long (InfiniteFuture: none), and
+  // killing those that have been at `now`.
+  absl::Time NextSilenceDeadline() const;
+  void KillSilent(absl::Time now);
 
   // A newly registered model goes to every live worker; `done` gets the first load error or
   // OK once each worker asked has answered (or died).
@@ -132,6 +139,7 @@ class WorkerPool {
     uint32_t drain_value = 0;  // the last one promised; kept across processes
     uint64_t last_task = 0;    // whose leftovers its next drain cleans
     std::string kill_reason;   // set by Kill
+    absl::Time last_heard;     // its latest event (any counts as a heartbeat)
   };
 
   base::Log Event(base::LogLevel level, absl::string_view event) const;

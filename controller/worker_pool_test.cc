@@ -22,6 +22,7 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
   std::unique_ptr<WorkerPool> MakePool(int workers, bool spawn_fails = false) {
     WorkerPoolOptions options;
     options.workers = workers;
+    options.silence_timeout = absl::Seconds(1);
     options.launch = [this, spawn_fails](uint32_t id, WorkerProcess::EventHandler handler)
         -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
       if (spawn_fails) return absl::InternalError("no worker binary");
@@ -206,6 +207,33 @@ TEST_F(WorkerPoolTest, AWorkerThatCannotStartIsRetriedWithBackOffAndThenGivenUpO
   // Shutting down, nothing is respawned any more.
   pool->StopRespawning();
   EXPECT_EQ(pool->NextRespawn(), absl::InfiniteFuture());
+}
+
+// The watchdog: a ready worker that goes silent (SIGSTOP, a wedged process) is killed; one still
+// starting (it may be setting up a device) is not judged by heartbeats.
+TEST_F(WorkerPoolTest, AReadyWorkerThatGoesSilentIsKilled) {
+  auto pool = MakePool(2);
+  pool->Start();
+  EXPECT_EQ(pool->NextSilenceDeadline(), absl::InfiniteFuture());  // none announced yet
+  Ready(0);
+  Loaded(0, "a");
+  Loaded(0, "b");
+  Drain();
+  const absl::Time deadline = pool->NextSilenceDeadline();
+  ASSERT_NE(deadline, absl::InfiniteFuture());
+  EXPECT_LE(deadline, absl::Now() + absl::Seconds(1));
+  pool->KillSilent(deadline - absl::Milliseconds(100));
+  EXPECT_EQ(workers_[0]->kills, 0);
+  pool->KillSilent(deadline + absl::Milliseconds(1));
+  EXPECT_EQ(workers_[0]->kills, 1);
+  EXPECT_EQ(workers_[1]->kills, 0);  // still starting
+  // Killed once: it is not judged again while its death is on its way.
+  EXPECT_EQ(pool->NextSilenceDeadline(), absl::InfiniteFuture());
+  workers_[0]->Die("killed by signal 9");
+  Drain();
+  ASSERT_EQ(deaths_.size(), 1u);
+  EXPECT_TRUE(deaths_[0].killed);
+  EXPECT_NE(deaths_[0].why.find("no heartbeat"), std::string::npos) << deaths_[0].why;
 }
 
 TEST_F(WorkerPoolTest, CloseShutsEveryWorkerDownAndReleasesItsDrain) {

@@ -1,11 +1,18 @@
 #include "memdaemon/worker_server.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/weight_layout.h"
 #include "proto/accept_retry.h"
@@ -104,6 +111,37 @@ class WorkerServer::Session {
   std::vector<Lease> held_;
 };
 
+namespace {
+
+// The arena goes only to this user's processes that pswitchd itself started (its workers) or to
+// itself (in-process users: tests, the link probe): SO_PEERCRED, checked against the peer's
+// parent in /proc.
+absl::Status CheckPeer(int fd) {
+  struct ucred cred;
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return ErrnoStatus("SO_PEERCRED");
+  }
+  if (cred.uid != ::geteuid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("peer pid ", cred.pid, " runs as uid ", cred.uid, ", not as pswitchd"));
+  }
+  if (cred.pid == ::getpid()) return absl::OkStatus();
+  std::ifstream in(absl::StrCat("/proc/", cred.pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  char state = 0;
+  int ppid = 0;
+  if (close == std::string::npos ||
+      std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != ::getpid()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("peer pid ", cred.pid, " is not a worker pswitchd started"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 WorkerServer::WorkerServer(std::string socket_path, gpu::Arena* arena, LeaseTable* leases)
     : socket_path_(std::move(socket_path)), arena_(arena), leases_(leases), acceptor_(io_) {}
 
@@ -124,6 +162,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const std::str
   asio::local::stream_protocol::endpoint endpoint(socket_path);
   server->acceptor_.open(endpoint.protocol(), ec);
   if (!ec) server->acceptor_.bind(endpoint, ec);
+  // Only this user may connect, whatever the umask (it hands out the arena's fd); peers are
+  // checked again on accept.
+  if (!ec && ::chmod(socket_path.c_str(), 0600) != 0) {
+    ec = asio::error_code(errno, asio::system_category());
+  }
   if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     return absl::UnavailableError(
@@ -147,6 +190,11 @@ void WorkerServer::Accept() {
         if (ec) {
           proto::AcceptAgainLater(acceptor_, ec, "memdaemon", [this] { Accept(); });
           return;
+        }
+        if (absl::Status peer = CheckPeer(socket.native_handle()); !peer.ok()) {
+          base::Log(base::LogLevel::kWarn, "memdaemon_peer_refused").Field("detail", peer);
+          Accept();
+          return;  // `socket` closes
         }
         proto::FramedConnection::Socket generic(
             io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());

@@ -624,6 +624,38 @@ TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwit
   EXPECT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)}).ok());
 }
 
+// Trust-boundary issue, item 5: `kill -STOP` on the worker running an inference stalled that
+// GPU's queue until SIGCONT. A stopped worker sends no heartbeat: it is killed after the
+// silence timeout, its inference fails with the reason, and the queue moves on.
+TEST(WatchdogE2eTest, AStoppedWorkerRunningAnInferenceIsKilledAndTheQueueMovesOn) {
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1",
+                          "--worker-silence-timeout-ms=2000"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  proto::HostTensor in = Input("tiny_mlp", 3);
+  auto first = (*client)->Infer("tiny_mlp", {in});
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Every worker is stopped, so whichever runs the next inference (the resident one) is too.
+  const std::vector<pid_t> victims = Children(daemon.pid());
+  ASSERT_EQ(victims.size(), 2u);
+  for (pid_t victim : victims) ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  absl::Cleanup reap = [victims] {
+    for (pid_t victim : victims) ::kill(victim, SIGKILL);
+  };
+  const absl::Time start = absl::Now();
+  auto stalled = (*client)->Infer("tiny_mlp", {in});
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(stalled.ok()) << daemon.log();
+  EXPECT_EQ(stalled.status().code(), absl::StatusCode::kUnavailable) << stalled.status();
+  EXPECT_THAT(std::string(stalled.status().message()), HasSubstr("no heartbeat"));
+  EXPECT_LT(took, absl::Seconds(15)) << "killed after the silence timeout, not left stalled";
+  // The queue moves on: the next inference is answered, correctly.
+  auto after = (*client)->Infer("tiny_mlp", {in});
+  ASSERT_TRUE(after.ok()) << after.status() << daemon.log();
+  ExpectClose(Floats(after->outputs[0]), Floats(first->outputs[0]));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,
                          ::testing::Values(gpu::Backend::kHost, gpu::Backend::kCuda),
                          [](const ::testing::TestParamInfo<gpu::Backend>& info) {

@@ -25,6 +25,7 @@
 #include "controller/controller.h"
 #include "base/confined_dir.h"
 #include "base/log.h"
+#include "base/private_dir.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
 #include "models/registry.h"
@@ -45,7 +46,9 @@ ABSL_FLAG(
     double, bandwidth_cap, 0,
     "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7300", "client TCP address (port 0 = any free port)");
-ABSL_FLAG(std::string, socket, "", "memdaemon socket for workers (default /tmp/pswitchd-UID.sock)");
+ABSL_FLAG(std::string, socket, "",
+          "memdaemon socket for workers (default: memdaemon.sock in a private 0700 directory: "
+          "$XDG_RUNTIME_DIR/pswitch, /run/pswitch for root, else a fresh /tmp/pswitch-XXXXXX)");
 ABSL_FLAG(int, standby_workers, 2, "standby workers beside the active one");
 ABSL_FLAG(uint64_t, activation_bytes, 256ull << 20,
           "each worker's arena lease for intermediate tensors (a task exceeding it fails alone)");
@@ -71,6 +74,9 @@ ABSL_FLAG(int, fill_grace_ms, 20,
 ABSL_FLAG(bool, fill_device_lock, true,
           "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
           "--simulated-compute stages do), modelling a time-sliced GPU");
+ABSL_FLAG(int, worker_silence_timeout_ms, 10000,
+          "a worker that sends no heartbeat this long (stopped, wedged) is killed and replaced; "
+          "the task it ran fails with the reason");
 ABSL_FLAG(std::string, data_root, "",
           "the directory fill jobs' datasets and outputs are named under (relative names only, "
           "symlinks never followed, outputs never replace a file); empty = fill jobs that read "
@@ -193,7 +199,17 @@ absl::Status Preload(controller::Controller& controller) {
   return absl::OkStatus();
 }
 
+// A runtime directory pswitchd made for itself (a fresh /tmp/pswitch-XXXXXX), removed on exit
+// once the sockets in it are gone.
+struct OwnedRuntimeDir {
+  std::string path;
+  ~OwnedRuntimeDir() {
+    if (!path.empty()) ::rmdir(path.c_str());
+  }
+};
+
 int Main() {
+  OwnedRuntimeDir runtime_dir;  // outlives the memory daemons and their sockets
   // Block the stop signals before any thread starts, so only sigwait below receives them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -218,7 +234,19 @@ int Main() {
   options.arena_reserve_bytes = absl::GetFlag(FLAGS_arena_reserve_bytes);
   options.socket_path = absl::GetFlag(FLAGS_socket);
   if (options.socket_path.empty()) {
-    options.socket_path = absl::StrCat("/tmp/pswitchd-", ::getuid(), ".sock");
+    bool created_temp = false;
+    absl::StatusOr<std::string> dir = base::DefaultRuntimeDir(&created_temp);
+    if (!dir.ok()) {
+      StartFailed(dir.status().ToString());
+      return 1;
+    }
+    if (created_temp) runtime_dir.path = *dir;
+    options.socket_path = *dir + "/memdaemon.sock";
+  } else if (absl::Status private_dir = base::EnsurePrivateDir(
+                 std::filesystem::path(options.socket_path).parent_path().string());
+             !private_dir.ok()) {
+    // The socket itself is 0600 and checks its peers; a private directory is the first wall.
+    Log(LogLevel::kWarn, "socket_dir_not_private").Field("detail", private_dir.message());
   }
   const int gpus = absl::GetFlag(FLAGS_gpus);
   if (gpus < 1 || gpus > controller::kMaxGpus) {
@@ -274,6 +302,12 @@ int Main() {
   }
   controller_options.scheduler.drain_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  if (absl::GetFlag(FLAGS_worker_silence_timeout_ms) < 1000) {
+    StartFailed("--worker-silence-timeout-ms must be >= 1000 (workers beat every 500 ms)");
+    return 2;
+  }
+  controller_options.scheduler.worker_silence_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_worker_silence_timeout_ms));
   if (options.device.backend == gpu::Backend::kCuda) {
     // Auto plans are made for the link the switch really uses, measured once, and for the
     // GPU's layer times.

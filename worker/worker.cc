@@ -164,16 +164,38 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
   PSWITCH_RETURN_IF_ERROR(w->SendEvent(b));
   w->control_thread_ = std::thread([p = w.get()] { p->ControlLoop(); });
+  w->heartbeat_thread_ = std::thread([p = w.get()] { p->HeartbeatLoop(); });
   return w;
 }
 
-Worker::~Worker() {
-  // Shutting the socket down ends the control thread's blocking read at once (whether or not the
-  // controller has closed its end), so it is joined, never left running on freed members.
-  if (control_thread_.joinable()) {
-    ::shutdown(control_->fd(), SHUT_RDWR);
-    control_thread_.join();
+void Worker::HeartbeatLoop() {
+  // Its own thread, so a long step never silences it; only a stopped or wedged process does.
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_heartbeats_ || control_closed_;
+  };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&done), kWorkerHeartbeatInterval)) {
+    mu_.Unlock();
+    flatbuffers::FlatBufferBuilder b;
+    auto beat = proto::CreateHeartbeat(b);
+    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Heartbeat, beat.Union()));
+    const bool sent = SendEvent(b).ok();
+    mu_.Lock();
+    if (!sent) return;  // the controller is gone
   }
+}
+
+Worker::~Worker() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_heartbeats_ = true;
+  }
+  // Shutting the socket down ends the control thread's blocking read and any blocked heartbeat
+  // send at once (whether or not the controller has closed its end), so both are joined, never
+  // left running on freed members.
+  if (control_ != nullptr) ::shutdown(control_->fd(), SHUT_RDWR);
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (control_thread_.joinable()) control_thread_.join();
 }
 
 absl::Status Worker::SendEvent(flatbuffers::FlatBufferBuilder& builder) {

@@ -53,6 +53,9 @@ struct WorkerOptions {
 // of starting workers that would crash.
 absl::Status CheckWorkerBackend(gpu::Backend backend);
 
+// How often a ready worker tells pswitchd it is alive (proto Heartbeat).
+inline constexpr absl::Duration kWorkerHeartbeatInterval = absl::Milliseconds(500);
+
 class Worker {
  public:
   // Opens the device, attaches the arena and announces itself (WorkerReady).
@@ -135,7 +138,10 @@ class Worker {
   absl::Mutex mu_;
   std::deque<Command> commands_ ABSL_GUARDED_BY(mu_);
   bool control_closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_heartbeats_ ABSL_GUARDED_BY(mu_) = false;
   std::thread control_thread_;
+  std::thread heartbeat_thread_;
+  void HeartbeatLoop();
 };
 
 }  // namespace pswitch::worker

@@ -1,0 +1,94 @@
+#include "memdaemon/worker_server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "base/private_dir.h"
+#include "gtest/gtest.h"
+#include "memdaemon/memdaemon.h"
+
+namespace pswitch::memdaemon {
+namespace {
+
+// Connects to `path` and reports whether the server closed the connection within `wait_ms`
+// (exit status 0: closed, 1: kept open, 2: could not connect). Async-signal-safe only: it runs
+// in forked children of this multi-threaded test.
+int ConnectAndWatch(const char* path, int wait_ms) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path, sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 2;
+  pollfd p{fd, POLLIN, 0};
+  char byte;
+  return ::poll(&p, 1, wait_ms) == 1 && ::recv(fd, &byte, 1, 0) == 0 ? 0 : 1;
+}
+
+int ExitCode(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class WorkerServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/worker_server_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  std::string dir_;
+};
+
+// Trust-boundary issue, item 8: under umask 000 another user received the writable arena fd.
+TEST_F(WorkerServerTest, TheSocketIsPrivateWhateverTheUmaskAndOnlyPswitchdsChildrenGetIn) {
+  MemDaemonOptions options;
+  options.arena_bytes = 16 << 20;
+  options.socket_path = dir_ + "/m.sock";
+  const mode_t old_umask = ::umask(0);
+  auto daemon = MemDaemon::Create(options);
+  ::umask(old_umask);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  struct stat st;
+  ASSERT_EQ(::stat(options.socket_path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  const char* path = options.socket_path.c_str();
+  // A child of this process (as pswitchd's workers are of pswitchd) is served.
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(ConnectAndWatch(path, 300));
+  EXPECT_EQ(ExitCode(child), 1) << "a direct child is kept";
+  // Any other process of this user (here a grandchild) is refused at once.
+  pid_t middle = ::fork();
+  if (middle == 0) {
+    pid_t grandchild = ::fork();
+    if (grandchild == 0) ::_exit(ConnectAndWatch(path, 5000));
+    int status = 0;
+    ::waitpid(grandchild, &status, 0);
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 3);
+  }
+  EXPECT_EQ(ExitCode(middle), 0) << "a process pswitchd did not start is refused";
+}
+
+TEST_F(WorkerServerTest, RuntimeDirectoriesMustBePrivate) {
+  EXPECT_TRUE(base::EnsurePrivateDir(dir_ + "/fresh").ok());
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/fresh").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::mkdir((dir_ + "/open").c_str(), 0700), 0);
+  ASSERT_EQ(::chmod((dir_ + "/open").c_str(), 0755), 0);
+  EXPECT_EQ(base::EnsurePrivateDir(dir_ + "/open").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(::symlink((dir_ + "/fresh").c_str(), (dir_ + "/link").c_str()), 0);
+  EXPECT_EQ(base::EnsurePrivateDir(dir_ + "/link").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace pswitch::memdaemon
