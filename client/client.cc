@@ -11,6 +11,7 @@
 #include "api/client_codec.h"
 #include "base/clock.h"
 #include "base/status.h"
+#include "proto/framing.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
 #include "proto/wire_status.h"
@@ -147,8 +148,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view host_p
                                                         const ClientOptions& options) {
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<proto::FrameChannel> channel,
                            proto::FrameChannel::ConnectTcp(host_port, options.max_frame_bytes));
-  return std::unique_ptr<Client>(
+  std::unique_ptr<Client> client(
       new Client(std::make_unique<Connection>(std::move(channel)), options));
+  if (!options.token.empty()) PSWITCH_RETURN_IF_ERROR(client->Authenticate(options.token));
+  return client;
 }
 
 namespace {
@@ -193,6 +196,17 @@ absl::StatusOr<T> CallAndAwait(Connection& connection, absl::Duration timeout,
 
 }  // namespace
 
+absl::Status Client::Authenticate(const std::string& token) {
+  return CallAndAwait<bool>(*connection_, options_.timeout, "authenticate",
+      [&](Builder& b, uint64_t id) {
+        auto body = proto::CreateAuthenticate(b, b.CreateString(token));
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::Authenticate,
+                                            body.Union()));
+      },
+      ControllerReplyBody::Ack,
+      [](const ControllerReply*) -> absl::StatusOr<bool> { return true; }).status();
+}
+
 absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options) {
   return CallAndAwait<RegisteredModel>(*connection_, options_.timeout, "register",
       [&](Builder& b, uint64_t id) {
@@ -200,7 +214,7 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             b, b.CreateString(options.name), b.CreateString(options.zoo_model),
             b.CreateString(options.weights_path), options.batch_size,
             b.CreateString(options.plan.empty() ? "auto" : options.plan));
-        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                             body.Union()));
       },
       ControllerReplyBody::Registered,
@@ -215,7 +229,7 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
   return CallAndAwait<std::vector<ModelInfo>>(*connection_, options_.timeout, "list models",
       [](Builder& b, uint64_t id) {
         auto body = proto::CreateListModels(b);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::ListModels, body.Union()));
       },
       ControllerReplyBody::ModelList,
@@ -284,7 +298,7 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
         auto body = proto::CreateSubmitTask(
             b, b.CreateString(model), proto::TaskKind::Inference, wire_inputs, 1, 0,
             options.priority, static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)));
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
       SubmitHandler(promise));
@@ -302,7 +316,7 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
             options.seed, options.priority, 0,
             options.optimizer == Optimizer::kAdam ? proto::Optimizer::Adam : proto::Optimizer::Sgd,
             options.learning_rate, options.momentum, options.batch);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
       SubmitHandler(promise));
@@ -325,7 +339,7 @@ absl::StatusOr<TaskStatus> Client::Status(uint64_t task_id) {
   return CallAndAwait<TaskStatus>(*connection_, options_.timeout, "status",
       [task_id](Builder& b, uint64_t id) {
         auto body = proto::CreateQueryTask(b, task_id);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::QueryTask, body.Union()));
       },
       ControllerReplyBody::TaskStatus,
@@ -338,7 +352,7 @@ absl::StatusOr<std::vector<TaskStatus>> Client::ListTasks(uint32_t limit) {
   return CallAndAwait<std::vector<TaskStatus>>(*connection_, options_.timeout, "task list",
       [limit](Builder& b, uint64_t id) {
         auto body = proto::CreateListTasks(b, limit);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::ListTasks, body.Union()));
       },
       ControllerReplyBody::TaskList,
@@ -364,7 +378,7 @@ absl::Status Client::Cancel(uint64_t task_id) {
   return AckCall(
       [task_id](Builder& b, uint64_t id) {
         auto body = proto::CreateCancelTask(b, task_id);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::CancelTask, body.Union()));
       },
       "cancel");
@@ -401,7 +415,7 @@ absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t
       static_cast<uint64_t>(std::max<int64_t>(absl::ToInt64Microseconds(expected), 0));
   return SendBubble([=](Builder& b, uint64_t id) {
     auto body = proto::CreateBubbleBegin(b, gpu, us, free_bytes, began_ns);
-    b.Finish(
+    proto::Finish(b,
         proto::CreateClientRequest(b, id, proto::ClientRequestBody::BubbleBegin, body.Union()));
   });
 }
@@ -409,7 +423,7 @@ absl::Status Client::BubbleBegin(uint32_t gpu, absl::Duration expected, uint64_t
 absl::Status Client::BubbleEnd(uint32_t gpu) {
   return SendBubble([=](Builder& b, uint64_t id) {
     auto body = proto::CreateBubbleEnd(b, gpu);
-    b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::BubbleEnd, body.Union()));
+    proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::BubbleEnd, body.Union()));
   });
 }
 
@@ -420,7 +434,7 @@ absl::Status Client::RegisterBubbleCycle(uint32_t gpu, const std::string& cycle_
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterBubbleCycle(b, gpu, b.CreateString(cycle_json),
                                                      static_cast<uint64_t>(origin_ns));
-        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterBubbleCycle,
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterBubbleCycle,
                                             body.Union()));
       },
       "register bubble cycle");
@@ -448,7 +462,7 @@ absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
   return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill submit",
       [&](Builder& b, uint64_t id) {
         auto body = CreateFillSubmit(b, o);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillSubmit, body.Union()));
       },
       ControllerReplyBody::FillStatus, ParseFillStatus);
@@ -459,7 +473,7 @@ absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
       [&](Builder& b, uint64_t id) {
         auto job = CreateFillSubmit(b, o);
         auto body = proto::CreateFillEstimateQuery(b, job);
-        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillEstimateQuery,
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillEstimateQuery,
                                             body.Union()));
       },
       ControllerReplyBody::FillStatus, ParseFillStatus);
@@ -469,7 +483,7 @@ absl::Status Client::CancelFill(uint64_t job_id) {
   return AckCall(
       [job_id](Builder& b, uint64_t id) {
         auto body = proto::CreateFillCancel(b, job_id);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillCancel, body.Union()));
       },
       "fill cancel");
@@ -479,7 +493,7 @@ absl::StatusOr<FillJobStatus> Client::FillStatus(uint64_t job_id) {
   return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill status",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateFillQuery(b, job_id);
-        b.Finish(
+        proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillQuery, body.Union()));
       },
       ControllerReplyBody::FillStatus, ParseFillStatus);
@@ -489,7 +503,7 @@ absl::StatusOr<FillServerStats> Client::FillStats() {
   return CallAndAwait<FillServerStats>(*connection_, options_.timeout, "fill stats",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateFillStatsQuery(b);
-        b.Finish(proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillStatsQuery,
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillStatsQuery,
                                             body.Union()));
       },
       ControllerReplyBody::FillStats,

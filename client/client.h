@@ -26,6 +26,9 @@ struct ClientOptions {
   // Bound on every synchronous call, including waiting for a task's result.
   absl::Duration timeout = absl::Minutes(10);
   uint32_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
+  // The bearer token pswitchd's --auth-tokens file lists for this client; sent first on
+  // connecting (Connect fails with Unauthenticated when pswitchd refuses it). Empty: none.
+  std::string token;
 };
 
 struct RegisterOptions {
@@ -166,6 +169,8 @@ class Client {
   absl::StatusOr<FillServerStats> FillStats();
 
  private:
+  // Presents `token` (pswitchd's Authenticate); Unauthenticated when refused.
+  absl::Status Authenticate(const std::string& token);
   class Connection;
   explicit Client(std::unique_ptr<Connection> connection, const ClientOptions& options);
 

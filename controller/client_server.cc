@@ -5,10 +5,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "base/text.h"
 #include "api/client_codec.h"
 #include "base/clock.h"
 #include "base/status.h"
 #include "gpu/copy_engine.h"
+#include "proto/framing.h"
 #include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
@@ -28,7 +31,7 @@ std::vector<uint8_t> Bytes(const Builder& b) {
 std::vector<uint8_t> ErrorReply(uint64_t id, const absl::Status& status) {
   Builder b;
   auto error = proto::CreateWireError(b, status);
-  b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Error, error.Union()));
+  proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Error, error.Union()));
   return Bytes(b);
 }
 
@@ -37,6 +40,17 @@ constexpr uint32_t kMaxListedTasks = 1000;
 
 std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() : ""; }
 
+constexpr size_t kMaxNameBytes = 128;
+constexpr size_t kMaxPathBytes = 4096;
+
+// A client's string: UTF-8 without control characters, within `max_bytes` (never echoed).
+absl::StatusOr<std::string> Text(const flatbuffers::String* s, absl::string_view what,
+                                 size_t max_bytes) {
+  std::string text = Str(s);
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(text, what, max_bytes));
+  return text;
+}
+
 }  // namespace
 
 // Handles one client connection's requests; replies from other threads are posted back to the
@@ -44,8 +58,13 @@ std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() :
 class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill,
-          const ClientServerOptions* options)
-      : io_(io), serving_(serving), controller_(controller), fill_(fill), options_(options) {}
+          const ClientServerOptions* options, TaskOwners* owners)
+      : io_(io),
+        serving_(serving),
+        controller_(controller),
+        fill_(fill),
+        options_(options),
+        owners_(owners) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
 
@@ -59,19 +78,42 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!*serving_) {
       return conn.Send(ErrorReply(id, absl::UnavailableError("pswitchd is shutting down")));
     }
-    switch ((*request)->body_type()) {
+    const proto::ClientRequestBody type = (*request)->body_type();
+    if (type == proto::ClientRequestBody::Authenticate) {
+      return Authenticate(conn, id, *(*request)->body_as_Authenticate());
+    }
+    if (!principal_) {
+      if (options_->tokens != nullptr) {
+        return conn.Reject(ErrorReply(
+            id, absl::UnauthenticatedError("this pswitchd needs a token: authenticate first "
+                                           "(pswitchctl --token or PSWITCH_TOKEN)")));
+      }
+      principal_ = Principal{"anonymous", Role::kAdmin};  // no tokens configured
+    }
+    if (!RoleAllows(principal_->role, type)) {
+      return conn.Send(ErrorReply(
+          id, absl::PermissionDeniedError(absl::StrCat(
+                  "'", principal_->name, "' (role user) may infer, train and see and cancel its "
+                  "own tasks; this request needs an admin token"))));
+    }
+    switch (type) {
       case proto::ClientRequestBody::RegisterModel:
         return Register(id, *(*request)->body_as_RegisterModel());
       case proto::ClientRequestBody::SubmitTask:
         return Submit(conn, id, *(*request)->body_as_SubmitTask());
-      case proto::ClientRequestBody::QueryTask:
-        return conn.Send(StatusReply(id, (*request)->body_as_QueryTask()->task_id()));
+      case proto::ClientRequestBody::QueryTask: {
+        const uint64_t task = (*request)->body_as_QueryTask()->task_id();
+        if (!owners_->MayAccess(*principal_, task)) return conn.Send(ErrorReply(id, NoTask(task)));
+        return conn.Send(StatusReply(id, task));
+      }
       case proto::ClientRequestBody::CancelTask: {
-        absl::Status cancelled = controller_->Cancel((*request)->body_as_CancelTask()->task_id());
+        const uint64_t task = (*request)->body_as_CancelTask()->task_id();
+        if (!owners_->MayAccess(*principal_, task)) return conn.Send(ErrorReply(id, NoTask(task)));
+        absl::Status cancelled = controller_->Cancel(task);
         if (!cancelled.ok()) return conn.Send(ErrorReply(id, cancelled));
         Builder b;
         auto ack = proto::CreateAck(b);
-        b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
+        proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
         return conn.Send(Bytes(b));
       }
       case proto::ClientRequestBody::ListModels:
@@ -111,10 +153,33 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // The same answer as for a task that does not exist: a user learns nothing of others' tasks.
+  static absl::Status NoTask(uint64_t task) {
+    return absl::NotFoundError(absl::StrCat("no task ", task));
+  }
+
+  void Authenticate(proto::FramedConnection& conn, uint64_t id, const proto::Authenticate& wire) {
+    if (principal_ && options_->tokens != nullptr) {
+      return conn.Send(ErrorReply(id, absl::FailedPreconditionError("already authenticated")));
+    }
+    if (options_->tokens == nullptr) {
+      principal_ = Principal{"anonymous", Role::kAdmin};  // no tokens configured: any is fine
+      return conn.Send(AckReply(id));
+    }
+    std::optional<Principal> found =
+        options_->tokens->Find(wire.token() != nullptr ? wire.token()->str() : std::string());
+    if (!found) {
+      base::Log(base::LogLevel::kWarn, "auth_failed").Field("request", id);
+      return conn.Reject(ErrorReply(id, absl::UnauthenticatedError("invalid token")));
+    }
+    principal_ = std::move(*found);
+    conn.Send(AckReply(id));
+  }
+
   static std::vector<uint8_t> AckReply(uint64_t id) {
     Builder b;
     auto ack = proto::CreateAck(b);
-    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
     return Bytes(b);
   }
 
@@ -166,9 +231,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         wire.deadline_ms() > kMaxUs) {
       return absl::InvalidArgumentError("fill job durations must be under a day");
     }
-    r.model = Str(wire.model());
-    r.dataset_path = Str(wire.dataset_path());
-    r.output_path = Str(wire.output_path());
+    PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));
+    PSWITCH_ASSIGN_OR_RETURN(r.dataset_path, Text(wire.dataset_path(), "dataset", kMaxPathBytes));
+    PSWITCH_ASSIGN_OR_RETURN(r.output_path, Text(wire.output_path(), "output", kMaxPathBytes));
     r.batch = wire.batch();
     r.steps = wire.steps();
     r.seed = wire.seed();
@@ -192,14 +257,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   static std::vector<uint8_t> FillStatusReply(uint64_t id, const FillJobStatus& s) {
     Builder b;
     auto status = api::Encode(b, s);
-    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
     return Bytes(b);
   }
 
   std::vector<uint8_t> FillStatsReply(uint64_t id) {
     Builder b;
     auto stats = api::Encode(b, fill_->Stats());
-    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::FillStats, stats.Union()));
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::FillStats, stats.Union()));
     return Bytes(b);
   }
 
@@ -210,15 +275,23 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  void Register(uint64_t id, const proto::RegisterModel& wire) {
+  static absl::StatusOr<ModelRequest> ParseRegistration(const proto::RegisterModel& wire) {
     ModelRequest request;
-    request.name = Str(wire.name());
-    request.zoo_model = Str(wire.zoo_model());
-    request.weights_path = Str(wire.weights_path());
+    PSWITCH_ASSIGN_OR_RETURN(request.name, Text(wire.name(), "model name", kMaxNameBytes));
+    PSWITCH_ASSIGN_OR_RETURN(request.zoo_model,
+                             Text(wire.zoo_model(), "architecture", kMaxNameBytes));
+    PSWITCH_ASSIGN_OR_RETURN(request.weights_path,
+                             Text(wire.weights_path(), "weights path", kMaxPathBytes));
+    PSWITCH_ASSIGN_OR_RETURN(request.plan, Text(wire.plan_path(), "plan path", kMaxPathBytes));
+    if (request.plan.empty()) request.plan = "auto";
     request.batch_size = wire.batch_size();
-    request.plan = wire.plan_path() == nullptr || wire.plan_path()->size() == 0
-                       ? "auto"
-                       : wire.plan_path()->str();
+    return request;
+  }
+
+  void Register(uint64_t id, const proto::RegisterModel& wire) {
+    absl::StatusOr<ModelRequest> parsed = ParseRegistration(wire);
+    if (!parsed.ok()) return PostReply(ErrorReply(id, parsed.status()));
+    ModelRequest request = std::move(*parsed);
     if (absl::StartsWith(request.name, kFillModelPrefix)) {
       PostReply(ErrorReply(id, absl::InvalidArgumentError(
                                    absl::StrCat("model names starting with '", kFillModelPrefix,
@@ -240,7 +313,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
               b, b.CreateString((*entry)->request.name),
               static_cast<uint32_t>((*entry)->stored->num_layers()),
               static_cast<uint32_t>((*entry)->plan.size()), (*entry)->stored->total_bytes());
-          b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
+          proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
                                                 registered.Union()));
           self->PostReply(Bytes(b));
         });
@@ -248,9 +321,21 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
 
   void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
     TaskSpec spec;
-    spec.model = Str(wire.model());
-    spec.kind =
-        wire.kind() == proto::TaskKind::Training ? TaskKind::kTraining : TaskKind::kInference;
+    absl::StatusOr<std::string> model = Text(wire.model(), "model name", kMaxNameBytes);
+    if (!model.ok()) return conn.Send(ErrorReply(id, model.status()));
+    spec.model = std::move(*model);
+    switch (wire.kind()) {
+      case proto::TaskKind::Inference:
+        spec.kind = TaskKind::kInference;
+        break;
+      case proto::TaskKind::Training:
+        spec.kind = TaskKind::kTraining;
+        break;
+      default:  // an unknown kind once ran as inference
+        return conn.Send(ErrorReply(
+            id, absl::InvalidArgumentError(absl::StrCat(
+                    "unknown task kind ", static_cast<int>(wire.kind())))));
+    }
     auto inputs = proto::FromWireTensors(wire.inputs());
     if (!inputs.ok()) return conn.Send(ErrorReply(id, inputs.status()));
     spec.inputs = std::move(*inputs);
@@ -294,14 +379,15 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
               since_arrival(t.stop_sent_ns), since_arrival(t.drained_ns),
               since_arrival(t.first_group_ready_ns), since_arrival(t.first_layer_start_ns),
               since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
-          b.Finish(
+          proto::Finish(b,
               proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
           self->PostReply(Bytes(b));
         });
     if (!task_id.ok()) return conn.Send(ErrorReply(id, task_id.status()));
+    owners_->Record(*task_id, principal_->name);
     Builder b;
     auto accepted = proto::CreateTaskAccepted(b, *task_id);
-    b.Finish(
+    proto::Finish(b,
         proto::CreateControllerReply(b, id, ControllerReplyBody::TaskAccepted, accepted.Union()));
     conn.Send(Bytes(b));
   }
@@ -311,7 +397,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!info.ok()) return ErrorReply(id, info.status());
     Builder b;
     auto status = api::Encode(b, *info);
-    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
     return Bytes(b);
   }
 
@@ -320,10 +406,10 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     Builder b;
     std::vector<flatbuffers::Offset<proto::TaskStatus>> tasks;
     for (const TaskStatus& info : controller_->RecentTasks(limit)) {
-      tasks.push_back(api::Encode(b, info));
+      if (owners_->MayAccess(*principal_, info.task_id)) tasks.push_back(api::Encode(b, info));
     }
     auto list = proto::CreateTaskList(b, b.CreateVector(tasks));
-    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::TaskList, list.Union()));
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskList, list.Union()));
     return Bytes(b);
   }
 
@@ -336,7 +422,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                                               entry->stored->total_bytes()));
     }
     auto list = proto::CreateModelList(b, b.CreateVector(models));
-    b.Finish(proto::CreateControllerReply(b, id, ControllerReplyBody::ModelList, list.Union()));
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::ModelList, list.Union()));
     return Bytes(b);
   }
 
@@ -345,6 +431,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   Controller* const controller_;
   FillManager* const fill_;
   const ClientServerOptions* const options_;  // the server's, which outlives its sessions
+  TaskOwners* const owners_;                   // the server's
+  std::optional<Principal> principal_;         // who this connection is, once known
   std::weak_ptr<proto::FramedConnection> conn_;
 };
 
@@ -419,7 +507,8 @@ void ClientServer::Accept() {
     int family = socket.local_endpoint(ignored).protocol().family();
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
-    auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_);
+    auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
+                                             &owners_);
     auto conn = proto::FramedConnection::Create(
         std::move(generic), options_.max_frame_bytes,
         [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {

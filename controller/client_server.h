@@ -13,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "asio.hpp"
 #include "controller/controller.h"
+#include "controller/auth.h"
 #include "controller/fill_manager.h"
 #include "controller/model_repository.h"
 #include "proto/framed_connection.h"
@@ -25,6 +26,8 @@ struct ClientServerOptions {
   const ModelRepository* repository = nullptr;
   // Registrations may name server files (weights, plans): local use only.
   bool allow_client_paths = false;
+  // Bearer tokens every connection must present first (null: no authentication).
+  const TokenTable* tokens = nullptr;
 };
 
 // Runs its own event-loop thread. `*controller` and `*fill` must outlive the server, or at least
@@ -58,6 +61,7 @@ class ClientServer {
   Controller* const controller_;
   FillManager* const fill_;
   const ClientServerOptions options_;
+  TaskOwners owners_;
   asio::io_context io_;
   // Keeps the event loop running (posts always execute) until the destructor lets it run dry.
   asio::executor_work_guard<asio::io_context::executor_type> keep_running_{io_.get_executor()};

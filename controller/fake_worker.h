@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/worker_process.h"
+#include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -36,20 +37,20 @@ class FakeWorker : public WorkerLink {
   void Ready(int slot) {
     flatbuffers::FlatBufferBuilder b;
     auto body = proto::CreateWorkerReady(b, 0, static_cast<uint32_t>(slot));
-    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, body.Union()));
+    proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, body.Union()));
     Emit(b);
   }
   void Loaded(const std::string& model, const absl::Status& status = absl::OkStatus()) {
     flatbuffers::FlatBufferBuilder b;
     auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
     auto body = proto::CreateModelLoaded(b, b.CreateString(model), error);
-    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, body.Union()));
+    proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, body.Union()));
     Emit(b);
   }
   void RunDone(uint64_t task) {
     flatbuffers::FlatBufferBuilder b;
     auto body = proto::CreateRunDone(b, task);
-    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
+    proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
     Emit(b);
   }
   void Emit(const flatbuffers::FlatBufferBuilder& b) {

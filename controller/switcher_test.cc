@@ -1,3 +1,4 @@
+#include "proto/framing.h"
 #include "controller/switcher.h"
 
 #include <algorithm>
@@ -97,7 +98,7 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
     EXPECT_TRUE(a.ok()) << a.status();
     if (!a.ok()) return -1;
     flatbuffers::FlatBufferBuilder b;
-    b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::NONE, 0));
+    proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::NONE, 0));
     EXPECT_TRUE(pool_->SendRun(a->slot, 1, b).ok());
     EXPECT_TRUE(RunUntil([&] { return transmitted_.size() == 1; }));
     return a->slot;

@@ -1,5 +1,6 @@
 #include "controller/worker_commands.h"
 
+#include "proto/framing.h"
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
@@ -8,7 +9,7 @@ void BuildPrepare(flatbuffers::FlatBufferBuilder& b, const std::string& model, u
                   const std::vector<uint32_t>& group_last_layer) {
   auto last = b.CreateVector(group_last_layer);
   auto body = proto::CreatePrepare(b, b.CreateString(model), epoch, /*flag_base=*/0, last);
-  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Prepare, body.Union()));
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Prepare, body.Union()));
 }
 
 void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpec& spec,
@@ -32,7 +33,7 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
                                                              : proto::Optimizer::Sgd,
       spec.trainer.learning_rate, spec.trainer.momentum, state.optimizer_offset,
       state.optimizer_bytes, fill);
-  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run.Union()));
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run.Union()));
 }
 
 }  // namespace pswitch::controller

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -139,7 +140,7 @@ void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
   auto load = proto::CreateLoadModel(b, b.CreateString(model.name),
                                      b.CreateString(model.zoo_model), options_.region_offset,
                                      model.layers, model.bytes);
-  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
   if (s.process != nullptr && s.process->Send(b).ok()) {
     loads_.Sent(static_cast<size_t>(slot), model.name);
   }
@@ -328,7 +329,7 @@ std::optional<uint32_t> WorkerPool::SendStop(int slot) {
   const uint32_t value = ++s.drain_value;
   Builder b;
   auto stop = proto::CreateStop(b, static_cast<uint32_t>(slot), value);
-  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Stop, stop.Union()));
   if (!Send(slot, b).ok()) return std::nullopt;
   return value;
 }

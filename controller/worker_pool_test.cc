@@ -6,6 +6,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -142,7 +143,7 @@ TEST_F(WorkerPoolTest, RunsMakeAWorkerBusyUntilItsRunDone) {
   pool->Start();
   BringUp(2);
   flatbuffers::FlatBufferBuilder run;
-  run.Finish(proto::CreateWorkerCommand(run, 0, proto::WorkerCommandBody::NONE, 0));
+  proto::Finish(run, proto::CreateWorkerCommand(run, 0, proto::WorkerCommandBody::NONE, 0));
   ASSERT_TRUE(pool->SendRun(0, 7, run).ok());
   EXPECT_FALSE(pool->Idle(0));
   EXPECT_EQ(pool->UsableOther("a", 1), -1);  // 0 is busy, 1 is excluded

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "proto/framing.h"
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
@@ -85,7 +86,7 @@ WorkerProcess::WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::Fram
 WorkerProcess::~WorkerProcess() {
   flatbuffers::FlatBufferBuilder b;
   auto body = proto::CreateShutdown(b);
-  b.Finish(proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Shutdown, body.Union()));
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Shutdown, body.Union()));
   (void)Send(b);
   Reap(absl::Seconds(5));
   ::shutdown(channel_->fd(), SHUT_RDWR);

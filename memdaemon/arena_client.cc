@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "proto/framing.h"
 #include "proto/memdaemon_generated.h"
 #include "base/status.h"
 #include "proto/wire_status.h"
@@ -48,7 +49,7 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
   PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
                            client->Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
                              auto attach = proto::CreateAttachArena(b, worker_id, ::getpid());
-                             b.Finish(proto::CreateMemRequest(
+                             proto::Finish(b, proto::CreateMemRequest(
                                  b, rid, proto::MemRequestBody::AttachArena, attach.Union()));
                            }));
   PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
@@ -86,7 +87,7 @@ absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64
   PSWITCH_ASSIGN_OR_RETURN(
       proto::ReceivedFrame frame, Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
         auto req = proto::CreateRequestLease(b, b.CreateString(owner), bytes);
-        b.Finish(proto::CreateMemRequest(b, rid, proto::MemRequestBody::RequestLease, req.Union()));
+        proto::Finish(b, proto::CreateMemRequest(b, rid, proto::MemRequestBody::RequestLease, req.Union()));
       }));
   PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
                            ParseReply(frame, id, proto::MemReplyBody::LeaseGranted));
@@ -99,7 +100,7 @@ absl::Status ArenaClient::ReleaseLease(const std::string& owner, uint64_t offset
   PSWITCH_ASSIGN_OR_RETURN(
       proto::ReceivedFrame frame, Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
         auto req = proto::CreateReleaseLease(b, b.CreateString(owner), offset);
-        b.Finish(proto::CreateMemRequest(b, rid, proto::MemRequestBody::ReleaseLease, req.Union()));
+        proto::Finish(b, proto::CreateMemRequest(b, rid, proto::MemRequestBody::ReleaseLease, req.Union()));
       }));
   return ParseReply(frame, id, proto::MemReplyBody::LeaseReleased).status();
 }

@@ -15,6 +15,7 @@
 #include "base/status.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/weight_layout.h"
+#include "proto/framing.h"
 #include "proto/accept_retry.h"
 #include "proto/frame_channel.h"
 #include "proto/framed_connection.h"
@@ -34,7 +35,7 @@ std::vector<uint8_t> Bytes(const flatbuffers::FlatBufferBuilder& b) {
 std::vector<uint8_t> ErrorReply(uint64_t request_id, const absl::Status& status) {
   flatbuffers::FlatBufferBuilder b;
   auto error = proto::CreateWireError(b, status);
-  b.Finish(proto::CreateMemReply(b, request_id, proto::MemReplyBody::Error, error.Union()));
+  proto::Finish(b, proto::CreateMemReply(b, request_id, proto::MemReplyBody::Error, error.Union()));
   return Bytes(b);
 }
 
@@ -69,7 +70,7 @@ class WorkerServer::Session {
             b, handle->backend == gpu::Backend::kCuda ? proto::Backend::Cuda : proto::Backend::Host,
             handle->device_ordinal, handle->size_bytes, ipc, kReadyFlagsOffset, kReadyFlagCount,
             kDrainFlagCount, kWeightAlignmentBytes);
-        b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::ArenaGrant, grant.Union()));
+        proto::Finish(b, proto::CreateMemReply(b, id, proto::MemReplyBody::ArenaGrant, grant.Union()));
         conn.Send(Bytes(b), std::move(handle->fd));
         return;
       }
@@ -82,7 +83,7 @@ class WorkerServer::Session {
         }
         held_.push_back(*lease);
         auto granted = proto::CreateLeaseGranted(b, lease->offset, lease->bytes);
-        b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::LeaseGranted, granted.Union()));
+        proto::Finish(b, proto::CreateMemReply(b, id, proto::MemReplyBody::LeaseGranted, granted.Union()));
         conn.Send(Bytes(b));
         return;
       }
@@ -95,7 +96,7 @@ class WorkerServer::Session {
         }
         std::erase_if(held_, [&](const Lease& l) { return l.offset == req->offset(); });
         auto done = proto::CreateLeaseReleased(b, req->offset());
-        b.Finish(proto::CreateMemReply(b, id, proto::MemReplyBody::LeaseReleased, done.Union()));
+        proto::Finish(b, proto::CreateMemReply(b, id, proto::MemReplyBody::LeaseReleased, done.Union()));
         conn.Send(Bytes(b));
         return;
       }

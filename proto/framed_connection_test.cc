@@ -1,3 +1,4 @@
+#include "proto/framing.h"
 #include "proto/framed_connection.h"
 
 #include <sys/socket.h>
@@ -23,7 +24,7 @@ std::vector<uint8_t> Finish(flatbuffers::FlatBufferBuilder& b) {
 std::vector<uint8_t> ErrorReply(const absl::Status& status) {
   flatbuffers::FlatBufferBuilder b;
   auto error = CreateWireError(b, status);
-  b.Finish(CreateMemReply(b, 0, MemReplyBody::Error, error.Union()));
+  proto::Finish(b, CreateMemReply(b, 0, MemReplyBody::Error, error.Union()));
   return Finish(b);
 }
 
@@ -69,7 +70,7 @@ class LeaseServer {
                 auto lease = (*request)->body_as_RequestLease();
                 uint64_t bytes = lease != nullptr ? lease->bytes() : 0;
                 auto granted = CreateLeaseGranted(b, bytes, bytes);
-                b.Finish(CreateMemReply(b, (*request)->request_id(), MemReplyBody::LeaseGranted,
+                proto::Finish(b, CreateMemReply(b, (*request)->request_id(), MemReplyBody::LeaseGranted,
                                         granted.Union()));
                 c.Send(Finish(b));
               },
@@ -93,7 +94,7 @@ class LeaseServer {
 absl::StatusOr<const MemReply*> Ask(FrameChannel& channel, uint64_t bytes, ReceivedFrame* frame) {
   flatbuffers::FlatBufferBuilder b;
   auto lease = CreateRequestLease(b, b.CreateString("t"), bytes);
-  b.Finish(CreateMemRequest(b, bytes, MemRequestBody::RequestLease, lease.Union()));
+  proto::Finish(b, CreateMemRequest(b, bytes, MemRequestBody::RequestLease, lease.Union()));
   if (auto s = channel.Send(b); !s.ok()) return s;
   auto received = channel.Receive(absl::Seconds(10));
   if (!received.ok()) return received.status();

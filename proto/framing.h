@@ -50,14 +50,39 @@ class FrameDecoder {
   absl::Status error_;
 };
 
-// Verifies `payload` as a root `T` and returns it; InvalidArgument naming `what` otherwise.
-// The returned pointer borrows `payload`, which must outlive its use.
+// Every root message carries a 4-byte identifier naming its type (FlatBuffers' file_identifier,
+// set per message by Finish below), so a frame of another protocol or message type (a reply
+// sent back as a request) fails verification instead of being read as something it is not.
+struct ClientRequest;
+struct ControllerReply;
+struct WorkerCommand;
+struct WorkerEvent;
+struct MemRequest;
+struct MemReply;
+template <typename T>
+struct RootIdentifier;  // deliberately undefined: only the messages below are roots
+template <> struct RootIdentifier<ClientRequest> { static constexpr char kValue[] = "PSCQ"; };
+template <> struct RootIdentifier<ControllerReply> { static constexpr char kValue[] = "PSCR"; };
+template <> struct RootIdentifier<WorkerCommand> { static constexpr char kValue[] = "PSWC"; };
+template <> struct RootIdentifier<WorkerEvent> { static constexpr char kValue[] = "PSWE"; };
+template <> struct RootIdentifier<MemRequest> { static constexpr char kValue[] = "PSMQ"; };
+template <> struct RootIdentifier<MemReply> { static constexpr char kValue[] = "PSMR"; };
+
+// Finishes `builder` with root message `root`, stamped with its type's identifier.
+template <typename T>
+void Finish(flatbuffers::FlatBufferBuilder& builder, flatbuffers::Offset<T> root) {
+  builder.Finish(root, RootIdentifier<T>::kValue);
+}
+
+// Verifies `payload` as a root `T` (its identifier included) and returns it; InvalidArgument
+// naming `what` otherwise. The returned pointer borrows `payload`, which must outlive its use.
 template <typename T>
 absl::StatusOr<const T*> VerifyPayload(std::span<const uint8_t> payload, absl::string_view what) {
   // Depth and table limits bound the verifier's own work on hostile input.
   flatbuffers::Verifier verifier(payload.data(), payload.size(), /*max_depth=*/32,
                                  /*max_tables=*/1u << 20);
-  if (payload.size() < sizeof(flatbuffers::uoffset_t) || !verifier.VerifyBuffer<T>(nullptr)) {
+  if (payload.size() < sizeof(flatbuffers::uoffset_t) + flatbuffers::kFileIdentifierLength ||
+      !verifier.VerifyBuffer<T>(RootIdentifier<T>::kValue)) {
     return absl::InvalidArgumentError(absl::StrCat("malformed ", what, " frame (", payload.size(),
                                                    " bytes) failed verification"));
   }

@@ -3,7 +3,9 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
+#include "proto/client_generated.h"
 #include "proto/memdaemon_generated.h"
+#include "proto/worker_generated.h"
 
 namespace pswitch::proto {
 namespace {
@@ -11,7 +13,7 @@ namespace {
 std::vector<uint8_t> AttachPayload(uint32_t worker_id) {
   flatbuffers::FlatBufferBuilder b;
   auto attach = CreateAttachArena(b, worker_id, 1234);
-  b.Finish(CreateMemRequest(b, 7, MemRequestBody::AttachArena, attach.Union()));
+  proto::Finish(b, CreateMemRequest(b, 7, MemRequestBody::AttachArena, attach.Union()));
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
 
@@ -85,9 +87,27 @@ TEST(FramingTest, VerifierRejectsMissingRequiredUnion) {
   flatbuffers::FlatBufferBuilder b;
   MemRequestBuilder rb(b);
   rb.add_request_id(1);
-  b.Finish(rb.Finish());
+  Finish(b, rb.Finish());  // identifier right, union missing
   std::vector<uint8_t> payload(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
   EXPECT_FALSE(VerifyPayload<MemRequest>(payload, "memdaemon request").ok());
+}
+
+// Trust-boundary issue, item 9: a ControllerReply Ack verified as a ClientRequest (BubbleEnd).
+// Each root message type carries its own identifier now.
+TEST(FramingTest, AFrameOfAnotherMessageTypeFailsVerification) {
+  flatbuffers::FlatBufferBuilder b;
+  auto ack = CreateAck(b);
+  Finish(b, CreateControllerReply(b, 7, ControllerReplyBody::Ack, ack.Union()));
+  std::vector<uint8_t> reply(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  EXPECT_TRUE(VerifyPayload<ControllerReply>(reply, "reply").ok());
+  EXPECT_FALSE(VerifyPayload<ClientRequest>(reply, "client request").ok());
+  EXPECT_FALSE(VerifyPayload<WorkerEvent>(reply, "worker event").ok());
+  // The same bytes without any identifier are refused too.
+  flatbuffers::FlatBufferBuilder bare;
+  auto end = CreateBubbleEnd(bare, 0);
+  bare.Finish(CreateClientRequest(bare, 1, ClientRequestBody::BubbleEnd, end.Union()));
+  std::vector<uint8_t> unmarked(bare.GetBufferPointer(), bare.GetBufferPointer() + bare.GetSize());
+  EXPECT_FALSE(VerifyPayload<ClientRequest>(unmarked, "client request").ok());
 }
 
 }  // namespace

@@ -656,6 +656,76 @@ TEST(WatchdogE2eTest, AStoppedWorkerRunningAnInferenceIsKilledAndTheQueueMovesOn
   ExpectClose(Floats(after->outputs[0]), Floats(first->outputs[0]));
 }
 
+// Trust-boundary issue, item 7: anyone who could reach the port could register models, train,
+// cancel anyone's task. With --auth-tokens every connection presents a token first, users reach
+// only inference, training and their own tasks, and admins everything.
+TEST(AuthE2eTest, TokensAndRolesGuardEveryRequest) {
+  char tmpl[] = "/tmp/pswitch-auth-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string tokens = std::string(tmpl) + "/tokens";
+  std::ofstream(tokens) << "admin-token-0123456789 alice admin\n"
+                           "user-token-bob-0123456789 bob user\n"
+                           "user-token-carol-0123456789 carol user\n";
+  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", "--auth-tokens=" + tokens});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.token = token;
+    return client::Client::Connect(daemon.address(), options);
+  };
+
+  // No token: the first request is refused and the connection closed.
+  auto anonymous = connect("");
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_EQ((*anonymous)->ListModels().status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_FALSE((*anonymous)->ListModels().ok());
+  // A wrong token: Connect itself fails.
+  EXPECT_EQ(connect("user-token-bob-0123456780").status().code(),
+            absl::StatusCode::kUnauthenticated);
+
+  auto bob = connect("user-token-bob-0123456789");
+  auto carol = connect("user-token-carol-0123456789");
+  auto alice = connect("admin-token-0123456789");
+  ASSERT_TRUE(bob.ok() && carol.ok() && alice.ok()) << bob.status() << carol.status();
+  auto ran = (*bob)->Infer("tiny_mlp", {Input("tiny_mlp", 1)});
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_TRUE((*bob)->Status(ran->task_id).ok());
+  // Another user's task is as good as absent; an admin sees it.
+  EXPECT_EQ((*carol)->Status(ran->task_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*carol)->Cancel(ran->task_id).code(), absl::StatusCode::kNotFound);
+  auto listed = (*carol)->ListTasks(10);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  EXPECT_TRUE((*alice)->Status(ran->task_id).ok());
+  // Admin-only requests.
+  EXPECT_EQ((*bob)->Register({"x", "tiny_cnn", "", 1, "auto"}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*bob)->RegisterBubbleCycle(0, R"({"period_ns": 10, "bubbles": []})").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*alice)->Register({"x", "tiny_cnn", "", 1, "auto"}).ok());
+  std::filesystem::remove_all(tmpl);
+}
+
+// Listening beyond loopback without tokens is refused unless --insecure says so.
+TEST(AuthE2eTest, ListeningBeyondLoopbackNeedsTokensOrInsecure) {
+  const std::string base = std::string(PSWITCHD_PATH) +
+                           " --backend=host --preload= --exit-after-demo --listen=0.0.0.0:0"
+                           " --arena-bytes=134217728 --activation-bytes=16777216 2>&1";
+  auto run = [](const std::string& command, std::string* out) {
+    FILE* pipe = ::popen(command.c_str(), "r");
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out->append(buffer, n);
+    return WEXITSTATUS(::pclose(pipe));
+  };
+  std::string refused, insecure;
+  EXPECT_EQ(run(base, &refused), 2) << refused;
+  EXPECT_THAT(refused, HasSubstr("--auth-tokens"));
+  EXPECT_EQ(run(base + " --insecure", &insecure), 0) << insecure;
+  EXPECT_THAT(insecure, HasSubstr("event=insecure"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,
                          ::testing::Values(gpu::Backend::kHost, gpu::Backend::kCuda),
                          [](const ::testing::TestParamInfo<gpu::Backend>& info) {

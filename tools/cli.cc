@@ -48,4 +48,10 @@ std::string SiblingBinary(const std::string& name) {
   return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / name).string();
 }
 
+std::string ClientToken(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const char* env = std::getenv("PSWITCH_TOKEN");
+  return env != nullptr ? std::string(env) : std::string();
+}
+
 }  // namespace pswitch::tools

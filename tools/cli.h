@@ -17,6 +17,10 @@ std::vector<std::string> ParseToolFlags(int argc, char** argv, const char* usage
 // The path of `name` in the directory of the running binary (build/bin/ holds them all).
 std::string SiblingBinary(const std::string& name);
 
+// The client token to present to pswitchd: `flag_value` when given, else $PSWITCH_TOKEN (so it
+// need not appear in a process list), else empty.
+std::string ClientToken(const std::string& flag_value);
+
 // Dashes in a flag's name (not its value) become underscores: "--a-b=c-d" -> "--a_b=c-d".
 std::string NormalizeFlagName(const std::string& arg);
 

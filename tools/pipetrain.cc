@@ -72,6 +72,9 @@ ABSL_FLAG(std::vector<std::string>, real_stages, {},
           "--device while the others are simulated, so one GPU idles in its stage's bubbles");
 ABSL_FLAG(std::string, device, "cpu",
           "real compute: cpu, or cuda / cuda:N (every stage on that GPU when one is shared)");
+ABSL_FLAG(std::string, token, "",
+          "bearer token for a pswitchd with --auth-tokens, an admin's (bubble calls); default "
+          "$PSWITCH_TOKEN");
 ABSL_FLAG(std::string, server, "",
           "pswitchd HOST:PORT: each stage reports its bubbles there (stage s = GPU s), so fill "
           "tasks run in them");
@@ -176,8 +179,10 @@ class ServerReporter final : public BubbleReporter {
 
 absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int /*stage*/) {
   if (!absl::GetFlag(FLAGS_server).empty()) {
+    client::ClientOptions options;
+    options.token = tools::ClientToken(absl::GetFlag(FLAGS_token));
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> client,
-                             client::Client::Connect(absl::GetFlag(FLAGS_server)));
+                             client::Client::Connect(absl::GetFlag(FLAGS_server), options));
     return std::make_unique<ServerReporter>(std::move(client), absl::GetFlag(FLAGS_warmup));
   }
   if (absl::GetFlag(FLAGS_log_bubbles)) return std::make_unique<LogReporter>();

@@ -53,6 +53,9 @@ ABSL_FLAG(uint64_t, seed, 0, "train: data and dropout seed");
 ABSL_FLAG(std::string, optimizer, "sgd", "train: sgd or adam");
 ABSL_FLAG(double, lr, 0.01, "train: learning rate");
 ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum (0 = plain SGD)");
+ABSL_FLAG(std::string, token, "",
+          "bearer token for a pswitchd with --auth-tokens (default: $PSWITCH_TOKEN, which keeps "
+          "it out of the process list)");
 ABSL_FLAG(int, timeout_s, 600, "give up waiting after this many seconds");
 ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
 ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
@@ -258,6 +261,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   const std::string& command = args[0];
   client::ClientOptions options;
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.token = tools::ClientToken(absl::GetFlag(FLAGS_token));
   auto c = client::Client::Connect(absl::GetFlag(FLAGS_server), options);
   if (!c.ok()) return c.status();
   client::Client& client = **c;

@@ -87,6 +87,12 @@ ABSL_FLAG(std::string, model_repository, "",
 ABSL_FLAG(std::string, allow_client_paths, "auto",
           "true: registrations may name weights and plan files on this server (local use); "
           "auto: true only when --listen is a loopback address");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "file of bearer tokens, one \"TOKEN NAME ROLE\" per line (role admin or user), mode "
+          "0600: every client connection must present one; empty = no authentication");
+ABSL_FLAG(bool, insecure, false,
+          "allow --listen beyond loopback without --auth-tokens (anyone who can reach the port "
+          "controls pswitchd)");
 ABSL_FLAG(bool, exit_after_demo, false, "exit after the start-up self-check instead of serving");
 
 namespace pswitch {
@@ -217,6 +223,26 @@ int Main() {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // Who may connect is settled before anything is set up: a misconfigured exposure fails fast.
+  std::unique_ptr<controller::TokenTable> tokens;
+  if (!absl::GetFlag(FLAGS_auth_tokens).empty()) {
+    auto table = controller::TokenTable::Load(absl::GetFlag(FLAGS_auth_tokens));
+    if (!table.ok()) {
+      StartFailed(table.status().ToString());
+      return 2;
+    }
+    tokens = std::make_unique<controller::TokenTable>(std::move(*table));
+  } else if (!IsLoopback(absl::GetFlag(FLAGS_listen))) {
+    if (!absl::GetFlag(FLAGS_insecure)) {
+      StartFailed(absl::StrCat("--listen ", absl::GetFlag(FLAGS_listen),
+                               " reaches beyond this machine: give --auth-tokens FILE (or "
+                               "--insecure to run without authentication)"));
+      return 2;
+    }
+    Log(LogLevel::kWarn, "insecure")
+        .Field("detail", "listening beyond loopback without --auth-tokens: anyone who can reach "
+                         "the port can register models, train and cancel any task");
+  }
   auto device_options = ChooseDevice();
   auto policy = controller::ParsePolicy(absl::GetFlag(FLAGS_policy));
   int standby = absl::GetFlag(FLAGS_standby_workers);
@@ -350,6 +376,7 @@ int Main() {
   }
   controller::ClientServerOptions server_options;
   server_options.repository = repository.get();
+  server_options.tokens = tokens.get();
   const std::string client_paths = absl::GetFlag(FLAGS_allow_client_paths);
   if (client_paths != "auto" && client_paths != "true" && client_paths != "false") {
     StartFailed("--allow-client-paths must be auto, true or false");
@@ -370,7 +397,8 @@ int Main() {
       .Field("workers", 1 + standby)
       .Field("policy", controller::PolicyName(*policy))
       .Field("port", (*server)->port())
-      .Field("client_paths", server_options.allow_client_paths);
+      .Field("client_paths", server_options.allow_client_paths)
+      .Field("auth_tokens", tokens != nullptr ? tokens->size() : 0);
   absl::Status preload = Preload(**controller);
   if (!preload.ok()) {
     Log(LogLevel::kError, "preload_failed").Field("error", preload);

@@ -17,6 +17,7 @@
 #include "models/training.h"
 #include "models/weights.h"
 #include "base/status.h"
+#include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/host_tensors.h"
@@ -161,7 +162,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   w->activations_ = w->executor_->host_activations();
   flatbuffers::FlatBufferBuilder b;
   auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
-  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
+  proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, ready.Union()));
   PSWITCH_RETURN_IF_ERROR(w->SendEvent(b));
   w->control_thread_ = std::thread([p = w.get()] { p->ControlLoop(); });
   w->heartbeat_thread_ = std::thread([p = w.get()] { p->HeartbeatLoop(); });
@@ -178,7 +179,7 @@ void Worker::HeartbeatLoop() {
     mu_.Unlock();
     flatbuffers::FlatBufferBuilder b;
     auto beat = proto::CreateHeartbeat(b);
-    b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Heartbeat, beat.Union()));
+    proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Heartbeat, beat.Union()));
     const bool sent = SendEvent(b).ok();
     mu_.Lock();
     if (!sent) return;  // the controller is gone
@@ -279,7 +280,7 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
   flatbuffers::FlatBufferBuilder b;
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
   auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns);
-  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
+  proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
   return SendEvent(b);
 }
 
@@ -555,7 +556,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       b, run.task_id(), wire_outputs, progress.iterations_done, progress.stopped_early,
       progress.loss, error, fill ? fill->step_ns() : 0, fill ? fill->steps() : 0,
       fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns);
-  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
+  proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   return SendEvent(b);
 }
 
@@ -578,7 +579,7 @@ absl::Status Worker::HandleStop(const proto::Stop& stop) {
   flatbuffers::FlatBufferBuilder b;
   auto drained = proto::CreateDrained(b, stop.drain_value(), drained_ns, clean_start_ns,
                                       base::MonotonicNowNs());
-  b.Finish(proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Drained, drained.Union()));
+  proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Drained, drained.Union()));
   return SendEvent(b);
 }
 
