@@ -503,6 +503,16 @@ void ClientServer::Accept() {
       return;
     }
     asio::error_code ignored;
+    std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+    if (connections_.size() >= options_.max_connections) {
+      // Refused at once rather than left to pile up: each holds buffers and a session.
+      base::Log(base::LogLevel::kWarn, "connection_refused")
+          .Field("reason", "max_connections")
+          .Field("limit", options_.max_connections);
+      socket.close(ignored);
+      Accept();
+      return;
+    }
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
     int family = socket.local_endpoint(ignored).protocol().family();
     proto::FramedConnection::Socket generic(
@@ -518,7 +528,6 @@ void ClientServer::Accept() {
         [](proto::FramedConnection&, const absl::Status&) {});
     session->Attach(conn);
     conn->Start();
-    std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
     connections_.push_back(conn);
     Accept();
   });

@@ -26,6 +26,8 @@ struct ClientServerOptions {
   const ModelRepository* repository = nullptr;
   // Registrations may name server files (weights, plans): local use only.
   bool allow_client_paths = false;
+  // Connections beyond this many are closed on accept.
+  size_t max_connections = 256;
   // Bearer tokens every connection must present first (null: no authentication).
   const TokenTable* tokens = nullptr;
 };

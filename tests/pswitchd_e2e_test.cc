@@ -726,6 +726,35 @@ TEST(AuthE2eTest, ListeningBeyondLoopbackNeedsTokensOrInsecure) {
   EXPECT_THAT(insecure, HasSubstr("event=insecure"));
 }
 
+// Trust-boundary issue, item 6 (in part): connections are capped; one over the cap is closed at
+// once and the others are served on.
+TEST(LimitsE2eTest, ConnectionsBeyondTheCapAreClosed) {
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=0", "--max-connections=3"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  std::vector<std::unique_ptr<client::Client>> clients;
+  for (int i = 0; i < 3; ++i) {
+    auto c = client::Client::Connect(daemon.address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->ListModels().ok());  // served, so counted
+    clients.push_back(std::move(*c));
+  }
+  auto over = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(over.ok());
+  EXPECT_FALSE((*over)->ListModels().ok());
+  EXPECT_THAT(daemon.log(), HasSubstr("event=connection_refused"));
+  for (auto& c : clients) EXPECT_TRUE(c->ListModels().ok());
+  clients.pop_back();  // a slot frees up
+  absl::Status served;
+  for (int i = 0; i < 100; ++i) {
+    auto again = client::Client::Connect(daemon.address());
+    ASSERT_TRUE(again.ok());
+    served = (*again)->ListModels().status();
+    if (served.ok()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(served.ok()) << served;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,
                          ::testing::Values(gpu::Backend::kHost, gpu::Backend::kCuda),
                          [](const ::testing::TestParamInfo<gpu::Backend>& info) {

@@ -90,6 +90,7 @@ ABSL_FLAG(std::string, allow_client_paths, "auto",
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one \"TOKEN NAME ROLE\" per line (role admin or user), mode "
           "0600: every client connection must present one; empty = no authentication");
+ABSL_FLAG(int, max_connections, 256, "client connections beyond this many are closed on accept");
 ABSL_FLAG(bool, insecure, false,
           "allow --listen beyond loopback without --auth-tokens (anyone who can reach the port "
           "controls pswitchd)");
@@ -377,6 +378,11 @@ int Main() {
   controller::ClientServerOptions server_options;
   server_options.repository = repository.get();
   server_options.tokens = tokens.get();
+  if (absl::GetFlag(FLAGS_max_connections) < 1) {
+    StartFailed("--max-connections must be >= 1");
+    return 2;
+  }
+  server_options.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   const std::string client_paths = absl::GetFlag(FLAGS_allow_client_paths);
   if (client_paths != "auto" && client_paths != "true" && client_paths != "false") {
     StartFailed("--allow-client-paths must be auto, true or false");
