@@ -35,6 +35,20 @@ absl::Status OpenError(absl::string_view what, absl::string_view name, int error
   }
 }
 
+// The directory `part` inside `parent`, never through a symlink. Errors describe `name`.
+absl::StatusOr<UniqueFd> OpenSubdirectory(int parent, const std::string& part,
+                                          absl::string_view what, absl::string_view name) {
+  UniqueFd dir(::openat(parent, part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (dir.valid()) return dir;
+  int error = errno;
+  // O_PATH|O_NOFOLLOW on a symlink fails as "not a directory": say what it is.
+  struct stat st;
+  if (::fstatat(parent, part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+    error = ELOOP;
+  }
+  return OpenError(what, name, error);
+}
+
 }  // namespace
 
 absl::StatusOr<ConfinedDir> ConfinedDir::Open(const std::string& path) {
@@ -72,17 +86,7 @@ absl::StatusOr<UniqueFd> ConfinedDir::OpenParent(absl::string_view name, absl::s
   UniqueFd dir(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
   if (!dir.valid()) return ErrnoStatus("dup data root");
   for (const std::string& part : parts) {
-    UniqueFd next(::openat(dir.get(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!next.valid()) {
-      int error = errno;
-      // O_PATH|O_NOFOLLOW on a symlink fails as "not a directory": say what it is.
-      struct stat st;
-      if (::fstatat(dir.get(), part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
-        error = ELOOP;
-      }
-      return OpenError(what, name, error);
-    }
-    dir = std::move(next);
+    PSWITCH_ASSIGN_OR_RETURN(dir, OpenSubdirectory(dir.get(), part, what, name));
   }
   return dir;
 }
@@ -91,15 +95,7 @@ absl::StatusOr<ConfinedDir> ConfinedDir::Sub(absl::string_view name,
                                              absl::string_view what) const {
   std::string leaf;
   PSWITCH_ASSIGN_OR_RETURN(UniqueFd parent, OpenParent(name, what, &leaf));
-  UniqueFd dir(::openat(parent.get(), leaf.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!dir.valid()) {
-    int error = errno;
-    struct stat st;
-    if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
-      error = ELOOP;
-    }
-    return OpenError(what, name, error);
-  }
+  PSWITCH_ASSIGN_OR_RETURN(UniqueFd dir, OpenSubdirectory(parent.get(), leaf, what, name));
   return ConfinedDir(std::move(dir), absl::StrCat(path_, "/", name));
 }
 
