@@ -436,10 +436,10 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   std::weak_ptr<proto::FramedConnection> conn_;
 };
 
-absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::string& listen,
-                                                                  Controller* controller,
-                                                                  FillManager* fill,
-                                                                  ClientServerOptions options) {
+namespace {
+
+// "HOST:PORT" (IPv6 hosts in brackets) as the endpoint to listen on.
+absl::StatusOr<asio::ip::tcp::endpoint> ParseListen(const std::string& listen) {
   size_t colon = listen.rfind(':');
   uint32_t port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
@@ -452,8 +452,23 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
   asio::error_code ec;
   asio::ip::address address = asio::ip::make_address(host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("bad listen host '", host, "'"));
+  return asio::ip::tcp::endpoint(address, static_cast<uint16_t>(port));
+}
+
+}  // namespace
+
+bool IsLoopbackListen(const std::string& listen) {
+  absl::StatusOr<asio::ip::tcp::endpoint> endpoint = ParseListen(listen);
+  return endpoint.ok() && endpoint->address().is_loopback();
+}
+
+absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::string& listen,
+                                                                  Controller* controller,
+                                                                  FillManager* fill,
+                                                                  ClientServerOptions options) {
+  PSWITCH_ASSIGN_OR_RETURN(asio::ip::tcp::endpoint endpoint, ParseListen(listen));
+  asio::error_code ec;
   std::unique_ptr<ClientServer> server(new ClientServer(controller, fill, options));
-  asio::ip::tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
   server->acceptor_.open(endpoint.protocol(), ec);
   if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) server->acceptor_.bind(endpoint, ec);

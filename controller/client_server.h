@@ -32,6 +32,9 @@ struct ClientServerOptions {
   const TokenTable* tokens = nullptr;
 };
 
+// Whether `listen` ("HOST:PORT", as ClientServer::Start takes it) admits only this machine.
+bool IsLoopbackListen(const std::string& listen);
+
 // Runs its own event-loop thread. `*controller` and `*fill` must outlive the server, or at least
 // its StopServing().
 class ClientServer {

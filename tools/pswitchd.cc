@@ -154,13 +154,6 @@ void LoadRepository(controller::Controller& controller, const controller::ModelR
   }
 }
 
-// Whether `listen` (HOST:PORT) only accepts connections from this machine.
-bool IsLoopback(const std::string& listen) {
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
-
 // Registers the preloaded models and runs one inference on each through the full path.
 absl::Status Preload(controller::Controller& controller) {
   std::string list = absl::GetFlag(FLAGS_preload);
@@ -233,7 +226,7 @@ int Main() {
       return 2;
     }
     tokens = std::make_unique<controller::TokenTable>(std::move(*table));
-  } else if (!IsLoopback(absl::GetFlag(FLAGS_listen))) {
+  } else if (!controller::IsLoopbackListen(absl::GetFlag(FLAGS_listen))) {
     if (!absl::GetFlag(FLAGS_insecure)) {
       StartFailed(absl::StrCat("--listen ", absl::GetFlag(FLAGS_listen),
                                " reaches beyond this machine: give --auth-tokens FILE (or "
@@ -389,7 +382,8 @@ int Main() {
     return 2;
   }
   server_options.allow_client_paths =
-      client_paths == "true" || (client_paths == "auto" && IsLoopback(absl::GetFlag(FLAGS_listen)));
+      client_paths == "true" ||
+      (client_paths == "auto" && controller::IsLoopbackListen(absl::GetFlag(FLAGS_listen)));
   auto server = controller::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
                                                 fill.get(), server_options);
   if (!server.ok()) {
