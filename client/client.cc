@@ -313,7 +313,8 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateSubmitTask(
             b, b.CreateString(model), proto::TaskKind::Training, 0, options.iterations,
-            options.seed, options.priority, 0,
+            options.seed, options.priority,
+            static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
             options.optimizer == Optimizer::kAdam ? proto::Optimizer::Adam : proto::Optimizer::Sgd,
             options.learning_rate, options.momentum, options.batch);
         proto::Finish(b,

@@ -54,7 +54,8 @@ struct ModelInfo {
 
 struct InferOptions {
   int priority = 0;
-  absl::Duration deadline = absl::ZeroDuration();  // from submission; zero = none
+  // From submission; zero = the server's maximum task time, which also caps this.
+  absl::Duration deadline = absl::ZeroDuration();
 };
 
 enum class Optimizer { kSgd, kAdam };
@@ -68,6 +69,9 @@ struct TrainOptions {
   double learning_rate = 0.01;
   double momentum = 0.9;  // SGD only; 0 = plain SGD
   uint32_t batch = 0;     // samples per iteration; 0 = the batch the model was registered with
+  // From submission; the task fails (weights saved) if unfinished by then. Zero: the server's
+  // maximum task time, which also caps this.
+  absl::Duration deadline = absl::ZeroDuration();
 };
 
 // Where a task's server-side time went, each measured from its arrival at the scheduler on one

@@ -58,15 +58,26 @@ absl::StatusOr<std::string> Text(const flatbuffers::String* s, absl::string_view
 class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill,
-          const ClientServerOptions* options, TaskOwners* owners)
+          const ClientServerOptions* options, TaskOwners* owners, ClientQuota* quota,
+          std::string address)
       : io_(io),
         serving_(serving),
         controller_(controller),
         fill_(fill),
         options_(options),
-        owners_(owners) {}
+        owners_(owners),
+        quota_(quota),
+        address_(std::move(address)) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
+
+  // How long the connection may sit idle now: for ever while it awaits an answer, briefly
+  // before it authenticates.
+  absl::Duration IdleAllowance() const {
+    if (awaited_ > 0) return absl::InfiniteDuration();
+    if (!principal_ && options_->tokens != nullptr) return options_->auth_timeout;
+    return options_->idle_timeout;
+  }
 
   void Handle(proto::FramedConnection& conn, std::vector<uint8_t> payload) {
     auto request = proto::VerifyPayload<proto::ClientRequest>(payload, "client request");
@@ -210,16 +221,18 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                   bool estimate) {
     absl::StatusOr<FillRequest> request = ParseFillRequest(wire);
     if (!request.ok()) return conn.Send(ErrorReply(id, request.status()));
+    ++awaited_;
     fill_->Background([self = shared_from_this(), id, estimate,
                        request = *std::move(request)]() mutable {
       if (estimate) {
         absl::StatusOr<FillJobStatus> predicted = self->fill_->Estimate(std::move(request));
-        self->PostReply(predicted.ok() ? self->FillStatusReply(id, *predicted)
-                                       : ErrorReply(id, predicted.status()));
+        self->PostAwaitedReply(predicted.ok() ? self->FillStatusReply(id, *predicted)
+                                              : ErrorReply(id, predicted.status()));
         return;
       }
       absl::StatusOr<uint64_t> job = self->fill_->Submit(std::move(request));
-      self->PostReply(job.ok() ? self->FillStatusReply(id, *job) : ErrorReply(id, job.status()));
+      self->PostAwaitedReply(job.ok() ? self->FillStatusReply(id, *job)
+                                      : ErrorReply(id, job.status()));
     });
   }
 
@@ -274,6 +287,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       if (auto c = conn.lock()) c->Send(std::move(bytes));
     });
   }
+  // The same for the answer the client was owed (awaited_): once it is out, the connection may
+  // idle again.
+  void PostAwaitedReply(std::vector<uint8_t> bytes) {
+    asio::post(*io_, [self = shared_from_this(), bytes = std::move(bytes)]() mutable {
+      --self->awaited_;
+      if (auto c = self->conn_.lock()) c->Send(std::move(bytes));
+    });
+  }
 
   static absl::StatusOr<ModelRequest> ParseRegistration(const proto::RegisterModel& wire) {
     ModelRequest request;
@@ -299,13 +320,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     // Resolved on the registration thread: a repository lookup reads files.
+    ++awaited_;
     controller_->Register(
         [request = std::move(request), repository = options_->repository,
          allow = options_->allow_client_paths] {
           return ResolveModelRequest(request, repository, allow);
         }, [self = shared_from_this(), id](const absl::StatusOr<const CatalogEntry*>& entry) {
           if (!entry.ok()) {
-            self->PostReply(ErrorReply(id, entry.status()));
+            self->PostAwaitedReply(ErrorReply(id, entry.status()));
             return;
           }
           Builder b;
@@ -315,7 +337,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
               static_cast<uint32_t>((*entry)->plan.size()), (*entry)->stored->total_bytes());
           proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
                                                 registered.Union()));
-          self->PostReply(Bytes(b));
+          self->PostAwaitedReply(Bytes(b));
         });
   }
 
@@ -356,10 +378,17 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       spec.deadline = absl::Now() + absl::Milliseconds(static_cast<int64_t>(
                                         std::min<uint64_t>(wire.deadline_ms(), 1ull << 40)));
     }
+    const std::string client = options_->tokens != nullptr ? principal_->name : address_;
+    if (absl::Status admitted = quota_->Admit(client); !admitted.ok()) {
+      return conn.Send(ErrorReply(id, admitted));
+    }
+    ++awaited_;
     auto task_id = controller_->Submit(
-        std::move(spec), [self = shared_from_this(), id](const absl::StatusOr<TaskOutcome>& out) {
+        std::move(spec),
+        [self = shared_from_this(), id, client](const absl::StatusOr<TaskOutcome>& out) {
+          self->quota_->Done(client);
           if (!out.ok()) {
-            self->PostReply(ErrorReply(id, out.status()));
+            self->PostAwaitedReply(ErrorReply(id, out.status()));
             return;
           }
           Builder b;
@@ -381,9 +410,13 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
               since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
           proto::Finish(b,
               proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
-          self->PostReply(Bytes(b));
+          self->PostAwaitedReply(Bytes(b));
         });
-    if (!task_id.ok()) return conn.Send(ErrorReply(id, task_id.status()));
+    if (!task_id.ok()) {
+      --awaited_;
+      quota_->Done(client);
+      return conn.Send(ErrorReply(id, task_id.status()));
+    }
     owners_->Record(*task_id, principal_->name);
     Builder b;
     auto accepted = proto::CreateTaskAccepted(b, *task_id);
@@ -432,8 +465,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   FillManager* const fill_;
   const ClientServerOptions* const options_;  // the server's, which outlives its sessions
   TaskOwners* const owners_;                   // the server's
+  ClientQuota* const quota_;                   // the server's
+  const std::string address_;                  // the peer's, naming it without tokens
   std::optional<Principal> principal_;         // who this connection is, once known
   std::weak_ptr<proto::FramedConnection> conn_;
+  int awaited_ = 0;  // answers this client waits for (event loop only)
 };
 
 namespace {
@@ -530,18 +566,32 @@ void ClientServer::Accept() {
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
     int family = socket.local_endpoint(ignored).protocol().family();
+    const std::string address = socket.remote_endpoint(ignored).address().to_string();
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
     auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
-                                             &owners_);
+                                             &owners_, &quota_, address);
+    proto::ConnectionLimits limits;
+    limits.max_frame_bytes = options_.max_frame_bytes;
+    limits.frame_timeout = options_.frame_timeout;
+    limits.max_queued_bytes = options_.max_queued_reply_bytes;
+    limits.budget = budget_;
     auto conn = proto::FramedConnection::Create(
-        std::move(generic), options_.max_frame_bytes,
+        std::move(generic), std::move(limits),
         [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
           session->Handle(c, std::move(payload));
         },
         [](const absl::Status& status) { return ErrorReply(0, status); },
-        [](proto::FramedConnection&, const absl::Status&) {});
+        [address](proto::FramedConnection&, const absl::Status& why) {
+          // Limits at work (timeouts, budgets, bad frames) are the operator's to see.
+          if (!why.ok()) {
+            base::Log(base::LogLevel::kInfo, "client_disconnected")
+                .Field("peer", address)
+                .Field("reason", why.message());
+          }
+        });
     session->Attach(conn);
+    conn->SetIdlePolicy([session] { return session->IdleAllowance(); });
     conn->Start();
     connections_.push_back(conn);
     Accept();

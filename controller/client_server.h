@@ -14,6 +14,7 @@
 #include "asio.hpp"
 #include "controller/controller.h"
 #include "controller/auth.h"
+#include "controller/client_quota.h"
 #include "controller/fill_manager.h"
 #include "controller/model_repository.h"
 #include "proto/framed_connection.h"
@@ -30,6 +31,18 @@ struct ClientServerOptions {
   size_t max_connections = 256;
   // Bearer tokens every connection must present first (null: no authentication).
   const TokenTable* tokens = nullptr;
+  // A frame begun must arrive whole within this; slower senders are cut.
+  absl::Duration frame_timeout = absl::Seconds(30);
+  // A connection with no request for this long, and no answer owed to it, is closed.
+  absl::Duration idle_timeout = absl::Minutes(10);
+  // With tokens: a connection must authenticate within this of connecting.
+  absl::Duration auth_timeout = absl::Seconds(10);
+  // Bytes of incomplete frames held for all connections together.
+  size_t max_buffered_bytes = 256 << 20;
+  // Replies queued for one client that does not read them.
+  size_t max_queued_reply_bytes = 128 << 20;
+  // Unfinished tasks one client may have (a client: its token's name, or its address).
+  size_t max_tasks_per_client = 256;
 };
 
 // Whether `listen` ("HOST:PORT", as ClientServer::Start takes it) admits only this machine.
@@ -60,13 +73,20 @@ class ClientServer {
  private:
   class Session;
   ClientServer(Controller* controller, FillManager* fill, ClientServerOptions options)
-      : controller_(controller), fill_(fill), options_(options), acceptor_(io_) {}
+      : controller_(controller),
+        fill_(fill),
+        options_(options),
+        quota_(options.max_tasks_per_client),
+        budget_(std::make_shared<proto::ByteBudget>(options.max_buffered_bytes)),
+        acceptor_(io_) {}
   void Accept();
 
   Controller* const controller_;
   FillManager* const fill_;
   const ClientServerOptions options_;
   TaskOwners owners_;
+  ClientQuota quota_;
+  const std::shared_ptr<proto::ByteBudget> budget_;
   asio::io_context io_;
   // Keeps the event loop running (posts always execute) until the destructor lets it run dry.
   asio::executor_work_guard<asio::io_context::executor_type> keep_running_{io_.get_executor()};

@@ -95,6 +95,11 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
   }
   registrations_.push_back([this, make_request = std::move(make_request), done = std::move(done)] {
     absl::StatusOr<ModelRequest> request = make_request();
+    if (request.ok() && (request->batch_size == 0 || request->batch_size > options_.max_batch)) {
+      request = absl::InvalidArgumentError(absl::StrCat(
+          "batch size ", request->batch_size, " out of range [1, ", options_.max_batch,
+          "] (--max-batch)"));
+    }
     if (!request.ok()) {
       done(request.status());
       return;
@@ -142,17 +147,31 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
       return absl::InvalidArgumentError(
           absl::StrCat("inference on '", spec.model, "' needs an 'input' tensor"));
     }
-    for (const proto::HostTensor& t : spec.inputs) PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(t));
+    uint64_t input_bytes = 0;
+    for (const proto::HostTensor& t : spec.inputs) {
+      PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(t));
+      input_bytes += t.data.size();
+      if (!t.shape.empty() && t.shape[0] > static_cast<int64_t>(options_.max_batch)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("an input's first dimension (its batch) is ", t.shape[0],
+                         "; the most is ", options_.max_batch, " (--max-batch)"));
+      }
+    }
+    if (input_bytes > options_.max_input_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inputs of ", input_bytes, " bytes; the most is ",
+                       options_.max_input_bytes, " (--max-input-bytes)"));
+    }
   } else {
     if (spec.iterations == 0 || spec.iterations > options_.max_training_iterations) {
       return absl::InvalidArgumentError(absl::StrCat("training iterations must be in [1, ",
                                                      options_.max_training_iterations, "], got ",
                                                      spec.iterations));
     }
-    if (spec.batch > kMaxBatchSize) {
-      return absl::InvalidArgumentError(absl::StrCat("training batch size must be in [1, ",
-                                                     kMaxBatchSize, "] (0 = the model's), got ",
-                                                     spec.batch));
+    if (spec.batch > options_.max_batch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("training batch size must be in [1, ", options_.max_batch,
+                       "] (0 = the model's; --max-batch), got ", spec.batch));
     }
     const models::TrainerOptions& t = spec.trainer;
     if (!(t.learning_rate > 0 && t.learning_rate <= 10)) {
@@ -165,6 +184,8 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
     }
   }
   (void)entry;
+  const absl::Time latest = absl::Now() + options_.max_task_time;
+  if (spec.deadline > latest) spec.deadline = latest;
   return scheduler().Submit(std::move(spec), std::move(done));
 }
 

@@ -22,6 +22,13 @@ struct ControllerOptions {
   // Where and at which link speed "auto" plans are profiled.
   AutoPlanProfile auto_plan;
   uint32_t max_training_iterations = 1'000'000;
+  // Bounds on what one request may ask for: samples per batch (registration, training, an
+  // inference input's first dimension) and bytes of inference input.
+  uint32_t max_batch = 256;
+  uint64_t max_input_bytes = 48ull << 20;
+  // Every task's server-side deadline: a client's own is capped by it, and a task without one
+  // gets it. A task past its deadline fails (DeadlineExceeded); a running one is stopped.
+  absl::Duration max_task_time = absl::Hours(24);
   // Arena bytes left outside the weights region for running training tasks' optimizer state
   // (SGD momentum, Adam moments); 0 = a quarter of what the activation leases leave.
   uint64_t optimizer_state_bytes = 0;

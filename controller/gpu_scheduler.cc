@@ -34,6 +34,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
                                        : std::make_shared<StateCheckpoints>()),
       loop_(std::make_shared<EventLoop>([this] { AfterEvent(); })),
       kill_timer_(loop_->io()),
+      deadline_timer_(loop_->io()),
       respawn_timer_(loop_->io()),
       silence_timer_(loop_->io()),
       shutdown_timer_(loop_->io()) {
@@ -118,10 +119,14 @@ void GpuScheduler::AfterEvent() {
       return;
     }
   } else {
+    EnforceDeadlines();
     MaybeStart();  // may stop a task, arming its deadline below
   }
   // Deadlines are timers, re-armed to whatever is due next; AfterEvent enforces a due stop.
   ArmTimer(kill_timer_, armed_kill_, stop_deadline_.deadline(), [] {});
+  ArmTimer(deadline_timer_, armed_deadline_,
+           stopping_ || deadlines_.empty() ? absl::InfiniteFuture() : deadlines_.begin()->first,
+           [] {});
   ArmTimer(respawn_timer_, armed_respawn_, pool_->NextRespawn(), [this] { pool_->RespawnDue(); });
   ArmTimer(silence_timer_, armed_silence_,
            stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline(),
@@ -205,6 +210,25 @@ void GpuScheduler::StopRunning() {
                      absl::StrCat("killed: the worker did not stop within ",
                                   absl::FormatDuration(options_.drain_timeout),
                                   " of being told to (it did not drain)"));
+}
+
+void GpuScheduler::EnforceDeadlines() {
+  const absl::Time now = absl::Now();
+  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+    const uint64_t id = deadlines_.begin()->second;
+    deadlines_.erase(deadlines_.begin());
+    absl::Status missed = absl::DeadlineExceededError(
+        absl::StrCat("task ", id, " did not finish by its deadline"));
+    if (queue_.Remove(id)) {
+      Finish(id, absl::DeadlineExceededError(
+                     absl::StrCat(missed.message(), " (it was still queued)")));
+    } else if (running_ != nullptr && running_->task_id == id) {
+      // Stopped at its next sync point (training saves its weights); killed past the drain
+      // timeout if it never gets there.
+      stop_reasons_.emplace(id, std::move(missed));
+      StopRunning();
+    }
+  }
 }
 
 void GpuScheduler::EnforceStop() {
@@ -373,6 +397,11 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     if (status.ok()) status = copied;
   }
   if (run->training != nullptr && EndTraining(*run, spec, done, status)) return;
+  if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
+    absl::Status why = std::move(reason->second);
+    stop_reasons_.erase(reason);
+    if (status.ok()) status = std::move(why);
+  }
   if (!status.ok()) {
     Finish(run->task_id, status);
     return;
@@ -391,8 +420,12 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const proto::
   // The stopped worker has nothing in flight: save what it trained before anyone overwrites it.
   absl::Status saved = run.training->SaveWeights(options_.region_offset, *run.entry->stored);
   if (!saved.ok() && status.ok()) status = saved;
-  const bool cancelled = cancel_requested_.erase(run.task_id) > 0;
-  const bool unfinished = status.ok() && !cancelled && done.stopped_early() &&
+  std::optional<absl::Status> stopped_for_good;
+  if (auto reason = stop_reasons_.find(run.task_id); reason != stop_reasons_.end()) {
+    stopped_for_good = std::move(reason->second);
+    stop_reasons_.erase(reason);
+  }
+  const bool unfinished = status.ok() && !stopped_for_good && done.stopped_early() &&
                           done.iterations_done() < spec.iterations;
   // A fill run goes back to its fill manager, which brings it back at its next bubble.
   const bool resumes = unfinished && !spec.fill;
@@ -404,24 +437,32 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const proto::
     tasks_.Requeue(run.task_id, done.iterations_done());
     return true;
   }
-  if (cancelled && status.ok()) {
-    Finish(run.task_id,
-           absl::CancelledError(absl::StrCat("task ", run.task_id, " cancelled after ",
-                                             done.iterations_done(), " iterations (weights saved)")));
+  if (stopped_for_good && status.ok()) {
+    Finish(run.task_id, absl::Status(stopped_for_good->code(),
+                                     absl::StrCat(stopped_for_good->message(), " after ",
+                                                  done.iterations_done(),
+                                                  " iterations (weights saved)")));
     return true;
   }
   return false;
 }
 
-uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
+absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
+  if (unfinished_.fetch_add(1) >= options_.max_queued_tasks) {
+    unfinished_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU ", options_.gpu, " already has ", options_.max_queued_tasks,
+        " unfinished tasks (--max-queued-tasks); try again later"));
+  }
   const uint64_t id = tasks_.Add(spec.model);
   absl::Time submitted = absl::Now();
   if (spec.arrival_ns == 0) spec.arrival_ns = base::MonotonicNowNs();
   Post([this, id, submitted, spec = std::move(spec), done = std::move(done)]() mutable {
     TaskTicket ticket{id, spec.model, spec.kind, spec.priority, spec.deadline};
     // Latency is measured from submission, whatever happens in between.
-    TaskCallback timed = [submitted,
+    TaskCallback timed = [this, submitted,
                           done = std::move(done)](const absl::StatusOr<TaskOutcome>& outcome) {
+      unfinished_.fetch_sub(1);
       if (!outcome.ok()) {
         done(outcome);
         return;
@@ -434,6 +475,7 @@ uint64_t GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {
       timed(absl::CancelledError("pswitchd is shutting down"));
       return;
     }
+    if (spec.deadline != absl::InfiniteFuture()) deadlines_.emplace(spec.deadline, id);
     specs_[id] = {std::move(spec), std::move(timed)};
     queue_.Push(ticket);
   });
@@ -446,6 +488,8 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   resume_iteration_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
+  deadlines_.erase({it->second.first.deadline, task_id});
+  stop_reasons_.erase(task_id);
   TaskCallback callback = std::move(it->second.second);
   specs_.erase(it);
   callback(outcome);
@@ -471,7 +515,8 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
     auto spec = specs_.find(task_id);
     if (running_ != nullptr && running_->task_id == task_id && spec != specs_.end() &&
         spec->second.first.kind == TaskKind::kTraining) {
-      cancel_requested_.insert(task_id);
+      stop_reasons_.emplace(task_id,
+                            absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       StopRunning();
     }
     // A running inference batch always finishes; its result is still delivered.

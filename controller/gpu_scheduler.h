@@ -13,6 +13,7 @@
 #ifndef PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 #define PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,6 +54,8 @@ struct SchedulerOptions {
   absl::Duration drain_timeout = absl::Seconds(30);
   // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails.
   absl::Duration worker_silence_timeout = absl::Seconds(10);
+  // Unfinished tasks (queued or running) this GPU accepts; beyond, Submit is refused.
+  size_t max_queued_tasks = 4096;
 };
 
 // Thread-safe: every public method may be called from any thread.
@@ -67,8 +70,11 @@ class GpuScheduler : private WorkerPool::Listener {
 
   // Loads a newly registered model into every worker; `done` gets the first load error or OK.
   void AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done);
-  // Queues a task (already validated). `done` runs exactly once, on the scheduler thread.
-  uint64_t Submit(TaskSpec spec, TaskCallback done);
+  // Queues a task (already validated); ResourceExhausted when max_queued_tasks are unfinished.
+  // A task still queued or running at spec.deadline fails with DeadlineExceeded (a running one
+  // is told to stop, and killed if it does not). `done` runs exactly once, on the scheduler
+  // thread.
+  absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
   // Runs a fill task's bubble run (spec.fill set) when nothing else is queued or running; any
   // queued task preempts it. It stops at its bubble end by itself (step gate) or at EndBubble.
   uint64_t SubmitFill(TaskSpec spec, TaskCallback done);
@@ -117,6 +123,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // answered within the drain timeout.
   void StopRunning();
   void EnforceStop();
+  // Fails queued tasks past their deadline and stops a running one.
+  void EnforceDeadlines();
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
 
   const SchedulerOptions options_;
@@ -128,7 +136,9 @@ class GpuScheduler : private WorkerPool::Listener {
   std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
   std::map<uint64_t, uint32_t> resume_iteration_;
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
-  std::set<uint64_t> cancel_requested_;
+  // Why a running task was told to stop for good (cancelled, past its deadline): its answer.
+  std::map<uint64_t, absl::Status> stop_reasons_;
+  std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // of unfinished tasks that have one
   std::unique_ptr<Running> running_;
   TaskRegistry tasks_;
   BubbleAdmission bubble_runs_;
@@ -141,11 +151,14 @@ class GpuScheduler : private WorkerPool::Listener {
   const std::shared_ptr<EventLoop> loop_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Switcher> switcher_;
+  std::atomic<size_t> unfinished_{0};  // submitted tasks not yet answered (not fill runs)
   asio::steady_timer kill_timer_;      // stop_deadline_
+  asio::steady_timer deadline_timer_;  // deadlines_
   asio::steady_timer respawn_timer_;   // the pool's next restart
   asio::steady_timer silence_timer_;   // the pool's next worker silent too long
   asio::steady_timer shutdown_timer_;  // shutdown's bound on a running task
   absl::Time armed_kill_ = absl::InfiniteFuture();
+  absl::Time armed_deadline_ = absl::InfiniteFuture();
   absl::Time armed_respawn_ = absl::InfiniteFuture();
   absl::Time armed_silence_ = absl::InfiniteFuture();
   bool shutdown_timer_armed_ = false;

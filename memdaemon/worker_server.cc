@@ -201,7 +201,7 @@ void WorkerServer::Accept() {
             io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
         auto session = std::make_shared<Session>(arena_, leases_);
         auto conn = proto::FramedConnection::Create(
-            std::move(generic), kMaxFrameBytes,
+            std::move(generic), proto::ConnectionLimits{.max_frame_bytes = kMaxFrameBytes},
             [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
               session->Handle(c, std::move(payload));
             },

@@ -1,31 +1,53 @@
 #include "proto/framed_connection.h"
 
+#include <algorithm>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 #include "proto/frame_channel.h"
 
 namespace pswitch::proto {
+namespace {
 
-std::shared_ptr<FramedConnection> FramedConnection::Create(Socket socket, uint32_t max_frame_bytes,
+// How long a closing connection may take to flush its last replies to a peer not reading.
+constexpr absl::Duration kLinger = absl::Seconds(10);
+
+}  // namespace
+
+bool ByteBudget::TryCharge(size_t bytes) {
+  size_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > limit_ - std::min(used, limit_)) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+std::shared_ptr<FramedConnection> FramedConnection::Create(Socket socket, ConnectionLimits limits,
                                                            FrameHandler on_frame,
                                                            ErrorReplyBuilder error_reply,
                                                            CloseHandler on_close) {
   return std::shared_ptr<FramedConnection>(
-      new FramedConnection(std::move(socket), max_frame_bytes, std::move(on_frame),
+      new FramedConnection(std::move(socket), std::move(limits), std::move(on_frame),
                            std::move(error_reply), std::move(on_close)));
 }
 
-FramedConnection::FramedConnection(Socket socket, uint32_t max_frame_bytes, FrameHandler on_frame,
+FramedConnection::FramedConnection(Socket socket, ConnectionLimits limits, FrameHandler on_frame,
                                    ErrorReplyBuilder error_reply, CloseHandler on_close)
     : socket_(std::move(socket)),
-      max_frame_bytes_(max_frame_bytes),
+      limits_(std::move(limits)),
       on_frame_(std::move(on_frame)),
       error_reply_(std::move(error_reply)),
       on_close_(std::move(on_close)),
-      decoder_(max_frame_bytes),
-      read_buffer_(64 * 1024) {}
+      decoder_(limits_.max_frame_bytes),
+      read_buffer_(64 * 1024),
+      timer_(socket_.get_executor()) {}
 
-void FramedConnection::Start() { ReadMore(); }
+void FramedConnection::Start() {
+  last_activity_ = absl::Now();
+  ReadMore();
+  ArmTimer();
+}
 
 void FramedConnection::ReadMore() {
   if (closed_ || close_after_writes_) return;
@@ -37,6 +59,7 @@ void FramedConnection::ReadMore() {
                                          : absl::UnavailableError("read failed: " + ec.message()));
       return;
     }
+    if (self->decoder_.buffered() == 0) self->frame_started_ = absl::Now();
     self->decoder_.Append(std::span<const uint8_t>(self->read_buffer_.data(), n));
     while (!self->closed_ && !self->close_after_writes_) {
       auto next = self->decoder_.Next();
@@ -45,18 +68,91 @@ void FramedConnection::ReadMore() {
         return;
       }
       if (!next->has_value()) break;
+      self->last_activity_ = absl::Now();
+      self->frame_started_ =
+          self->decoder_.buffered() > 0 ? self->last_activity_ : absl::InfiniteFuture();
       self->on_frame_(*self, std::move(**next));
     }
+    if (self->closed_ || self->close_after_writes_) return;
+    if (!self->ChargeBuffered()) {
+      self->Reject(self->error_reply_(absl::ResourceExhaustedError(absl::StrCat(
+          "pswitchd holds ", self->limits_.budget->limit(),
+          " bytes of incomplete frames from all clients; try again later"))));
+      return;
+    }
+    self->ArmTimer();
     self->ReadMore();
   });
 }
 
+bool FramedConnection::ChargeBuffered() {
+  if (limits_.budget == nullptr) return true;
+  const size_t now = decoder_.buffered();
+  if (now <= charged_) {
+    limits_.budget->Release(charged_ - now);
+    charged_ = now;
+    return true;
+  }
+  if (!limits_.budget->TryCharge(now - charged_)) return false;
+  charged_ = now;
+  return true;
+}
+
+void FramedConnection::ArmTimer() {
+  if (closed_) return;
+  absl::Time due = absl::InfiniteFuture();
+  if (close_after_writes_) {
+    due = closing_since_ + kLinger;
+  } else if (frame_started_ != absl::InfiniteFuture() &&
+      limits_.frame_timeout != absl::InfiniteDuration()) {
+    due = frame_started_ + limits_.frame_timeout;
+  } else if (idle_policy_) {
+    const absl::Duration idle = idle_policy_();
+    if (idle != absl::InfiniteDuration()) due = last_activity_ + idle;
+  }
+  if (due == armed_for_) return;
+  armed_for_ = due;
+  timer_.cancel();
+  if (due == absl::InfiniteFuture()) return;
+  timer_.expires_after(absl::ToChronoNanoseconds(std::max(due - absl::Now(), absl::ZeroDuration())));
+  timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
+    if (ec || self->closed_) return;  // re-armed, or closed
+    self->armed_for_ = absl::InfiniteFuture();
+    self->OnTimer();
+  });
+}
+
+void FramedConnection::OnTimer() {
+  if (close_after_writes_) {
+    Close(absl::DeadlineExceededError(absl::StrCat(
+        "the peer did not read its last replies within ", absl::FormatDuration(kLinger))));
+    return;
+  }
+  const absl::Time now = absl::Now();
+  if (frame_started_ != absl::InfiniteFuture() &&
+      now >= frame_started_ + limits_.frame_timeout) {
+    Reject(error_reply_(absl::DeadlineExceededError(
+        absl::StrCat("a frame was not completed within ",
+                     absl::FormatDuration(limits_.frame_timeout), " of its first byte"))));
+    return;
+  }
+  if (frame_started_ == absl::InfiniteFuture() && idle_policy_) {
+    const absl::Duration idle = idle_policy_();
+    if (idle != absl::InfiniteDuration() && now >= last_activity_ + idle) {
+      CloseAfterWrites(absl::DeadlineExceededError(
+          absl::StrCat("idle for ", absl::FormatDuration(idle))));
+      return;
+    }
+  }
+  ArmTimer();
+}
+
 void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
   if (closed_) return;
-  auto frame = EncodeFrame(payload, max_frame_bytes_);
+  auto frame = EncodeFrame(payload, limits_.max_frame_bytes);
   if (!frame.ok()) {
     // Our own reply is too large: tell the peer rather than dropping it silently.
-    auto error = EncodeFrame(error_reply_(frame.status()), max_frame_bytes_);
+    auto error = EncodeFrame(error_reply_(frame.status()), limits_.max_frame_bytes);
     if (!error.ok()) {
       Close(frame.status());
       return;
@@ -64,8 +160,17 @@ void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
     frame = std::move(error);
     fd.Reset();
   }
+  if (!outgoing_.empty() && queued_bytes_ + frame->size() > limits_.max_queued_bytes) {
+    // A peer that does not read its replies must not make us hold them without bound.
+    Close(absl::ResourceExhaustedError(absl::StrCat(
+        "the peer left ", queued_bytes_, " bytes of replies unread; connection closed")));
+    return;
+  }
+  queued_bytes_ += frame->size();
   outgoing_.push_back(Outgoing{std::move(*frame), std::move(fd)});
+  last_activity_ = absl::Now();  // a reply: the peer may have waited for it, not idled
   WriteNext();
+  ArmTimer();
 }
 
 void FramedConnection::Reject(std::vector<uint8_t> error_payload) {
@@ -78,7 +183,9 @@ void FramedConnection::CloseAfterWrites(const absl::Status& why) {
   if (closed_ || close_after_writes_) return;
   close_after_writes_ = true;
   close_after_writes_why_ = why;
+  closing_since_ = absl::Now();
   WriteNext();
+  ArmTimer();
 }
 
 void FramedConnection::WriteNext() {
@@ -96,6 +203,7 @@ void FramedConnection::WriteNext() {
       self->Close(absl::UnavailableError("write failed: " + ec.message()));
       return;
     }
+    self->queued_bytes_ -= self->outgoing_.front().frame.size();
     self->outgoing_.pop_front();
     self->WriteNext();
   };
@@ -119,6 +227,9 @@ void FramedConnection::WriteNext() {
 void FramedConnection::Close(const absl::Status& why) {
   if (closed_) return;
   closed_ = true;
+  timer_.cancel();
+  if (limits_.budget != nullptr) limits_.budget->Release(charged_);
+  charged_ = 0;
   asio::error_code ignored;
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);

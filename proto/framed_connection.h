@@ -10,12 +10,44 @@
 #include <memory>
 #include <vector>
 
+#include <atomic>
+
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "asio.hpp"
 #include "proto/framing.h"
 #include "base/unique_fd.h"
 
 namespace pswitch::proto {
+
+// Bytes of incomplete frames buffered by every connection of one server: many slow connections
+// each part-way through a large frame must not add up to unbounded memory. Thread-safe.
+class ByteBudget {
+ public:
+  explicit ByteBudget(size_t limit) : limit_(limit) {}
+  // Charges `bytes`; false (and nothing charged) when that would exceed the limit.
+  bool TryCharge(size_t bytes);
+  void Release(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  size_t used() const { return used_.load(std::memory_order_relaxed); }
+  size_t limit() const { return limit_; }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+// What one connection may hold and for how long, as a server configures it (nginx's
+// client_body_timeout, keepalive_timeout and buffer limits play the same roles).
+struct ConnectionLimits {
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  // A frame begun must be complete within this: a peer trickling bytes is cut.
+  absl::Duration frame_timeout = absl::InfiniteDuration();
+  // Replies queued for a peer that does not read them; beyond this the connection is closed
+  // (one reply larger than this is still sent when nothing else is queued).
+  size_t max_queued_bytes = SIZE_MAX;
+  // Shared by the server's connections (null: no shared bound).
+  std::shared_ptr<ByteBudget> budget;
+};
 
 // Thread-safety: every member must run on the socket's executor (one io_context thread);
 // other threads post to it. The connection keeps itself alive (shared_from_this) while a read
@@ -30,10 +62,15 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   // Called exactly once when the connection closes, with the reason (OK for a clean close).
   using CloseHandler = std::function<void(FramedConnection&, const absl::Status&)>;
 
-  static std::shared_ptr<FramedConnection> Create(Socket socket, uint32_t max_frame_bytes,
+  static std::shared_ptr<FramedConnection> Create(Socket socket, ConnectionLimits limits,
                                                   FrameHandler on_frame,
                                                   ErrorReplyBuilder error_reply,
                                                   CloseHandler on_close);
+  // How long the connection may now sit with no frame and no reply before it is closed
+  // (infinite: for ever, e.g. while the peer awaits a result). Asked after each frame and reply
+  // and whenever the idle time is up; unset: no idle limit. Call before Start.
+  using IdlePolicy = std::function<absl::Duration()>;
+  void SetIdlePolicy(IdlePolicy policy) { idle_policy_ = std::move(policy); }
   FramedConnection(const FramedConnection&) = delete;
   FramedConnection& operator=(const FramedConnection&) = delete;
 
@@ -56,19 +93,32 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
     std::vector<uint8_t> frame;
     UniqueFd fd;
   };
-  FramedConnection(Socket socket, uint32_t max_frame_bytes, FrameHandler on_frame,
+  FramedConnection(Socket socket, ConnectionLimits limits, FrameHandler on_frame,
                    ErrorReplyBuilder error_reply, CloseHandler on_close);
   void ReadMore();
   void WriteNext();
+  // Charges the budget for what the decoder now buffers; false when over it.
+  bool ChargeBuffered();
+  // Re-arms the timer for whichever comes first: the frame deadline or the idle deadline.
+  void ArmTimer();
+  void OnTimer();
 
   Socket socket_;
-  const uint32_t max_frame_bytes_;
+  const ConnectionLimits limits_;
   FrameHandler on_frame_;
   ErrorReplyBuilder error_reply_;
   CloseHandler on_close_;
   FrameDecoder decoder_;
   std::vector<uint8_t> read_buffer_;
   std::deque<Outgoing> outgoing_;
+  size_t queued_bytes_ = 0;  // in outgoing_
+  size_t charged_ = 0;       // of limits_.budget
+  IdlePolicy idle_policy_;
+  asio::steady_timer timer_;
+  absl::Time frame_started_ = absl::InfiniteFuture();  // first byte of a frame not yet complete
+  absl::Time last_activity_;  // the last complete frame or reply (or Start)
+  absl::Time closing_since_;  // CloseAfterWrites
+  absl::Time armed_for_ = absl::InfiniteFuture();
   bool writing_ = false;
   bool close_after_writes_ = false;
   absl::Status close_after_writes_why_;  // what on_close hears then

@@ -6,8 +6,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "proto/accept_retry.h"
 #include "proto/frame_channel.h"
@@ -59,7 +61,7 @@ class LeaseServer {
           FramedConnection::Socket generic(
               io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
           auto conn = FramedConnection::Create(
-              std::move(generic), /*max_frame_bytes=*/4096,
+              std::move(generic), ConnectionLimits{.max_frame_bytes = 4096},
               [](FramedConnection& c, std::vector<uint8_t> payload) {
                 auto request = VerifyPayload<MemRequest>(payload, "memdaemon request");
                 if (!request.ok()) {
@@ -155,7 +157,8 @@ TEST(FramedConnectionTest, CloseAfterWritesDeliversQueuedFramesFirst) {
   absl::Status closed_with = absl::UnknownError("not closed");
   auto conn = FramedConnection::Create(
       FramedConnection::Socket(io, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fds[0]),
-      1 << 20, [](FramedConnection&, std::vector<uint8_t>) {}, ErrorReply,
+      ConnectionLimits{.max_frame_bytes = 1 << 20}, [](FramedConnection&, std::vector<uint8_t>) {},
+      ErrorReply,
       [&](FramedConnection&, const absl::Status& why) { closed_with = why; });
   conn->Start();
   // Large enough that the writes cannot all complete in one go.
@@ -173,6 +176,145 @@ TEST(FramedConnectionTest, CloseAfterWritesDeliversQueuedFramesFirst) {
   EXPECT_EQ(peer.Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
   loop.join();  // nothing left to do once closed: the loop runs dry
   EXPECT_TRUE(closed_with.ok()) << closed_with;
+}
+
+// One FramedConnection over a socketpair, served on its own event-loop thread: the test holds
+// the raw peer end. Frames are echoed back.
+class Served {
+ public:
+  explicit Served(ConnectionLimits limits, FramedConnection::IdlePolicy idle = nullptr) {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    peer_ = UniqueFd(fds[1]);
+    conn_ = FramedConnection::Create(
+        FramedConnection::Socket(io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM),
+                                 fds[0]),
+        std::move(limits),
+        [](FramedConnection& c, std::vector<uint8_t> payload) { c.Send(std::move(payload)); },
+        ErrorReply, [this](FramedConnection&, const absl::Status& why) {
+          closed_with_ = why;
+          closed_.Notify();
+        });
+    if (idle) conn_->SetIdlePolicy(std::move(idle));
+    conn_->Start();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~Served() {
+    peer_.Reset();
+    if (!closed_.WaitForNotificationWithTimeout(absl::Seconds(20))) io_.stop();
+    thread_.join();
+  }
+  int peer() const { return peer_.get(); }
+  FramedConnection& conn() { return *conn_; }
+  asio::io_context& io() { return io_; }
+  // The reason the connection closed, once it has (nullopt: still open after `wait`).
+  std::optional<absl::Status> ClosedWithin(absl::Duration wait) {
+    if (!closed_.WaitForNotificationWithTimeout(wait)) return std::nullopt;
+    return closed_with_;
+  }
+
+ private:
+  asio::io_context io_;
+  UniqueFd peer_;
+  std::shared_ptr<FramedConnection> conn_;
+  absl::Notification closed_;
+  absl::Status closed_with_;
+  std::thread thread_;
+};
+
+void WriteAll(int fd, const std::vector<uint8_t>& bytes) {
+  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+}
+
+std::vector<uint8_t> Header(uint32_t length) {
+  return {static_cast<uint8_t>(length), static_cast<uint8_t>(length >> 8),
+          static_cast<uint8_t>(length >> 16), static_cast<uint8_t>(length >> 24)};
+}
+
+// Trust-boundary issue, item 6: a client sending one byte every 100 ms held its connection (and
+// the buffer of its announced frame) for ever. A frame begun must be whole within the timeout.
+TEST(ConnectionLimitsTest, ASlowSenderIsCutAtTheFrameTimeout) {
+  Served served(ConnectionLimits{.max_frame_bytes = 4096, .frame_timeout = absl::Milliseconds(300)});
+  WriteAll(served.peer(), Header(100));
+  const absl::Time start = absl::Now();
+  std::optional<absl::Status> closed;
+  for (int i = 0; i < 100 && !closed; ++i) {
+    const uint8_t byte = 1;
+    if (::send(served.peer(), &byte, 1, MSG_NOSIGNAL) != 1) break;  // already closed
+    closed = served.ClosedWithin(absl::Milliseconds(50));
+  }
+  if (!closed) closed = served.ClosedWithin(absl::Seconds(10));
+  ASSERT_TRUE(closed.has_value()) << "still open after trickling 100 bytes";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // The peer is told why before the close.
+  FrameChannel peer{UniqueFd(::dup(served.peer()))};
+  auto error_frame = peer.Receive(absl::Seconds(5));
+  ASSERT_TRUE(error_frame.ok()) << error_frame.status();
+  auto error = VerifyPayload<MemReply>(error_frame->payload, "reply");
+  ASSERT_TRUE(error.ok());
+  EXPECT_EQ(FromWireError((*error)->body_as_Error()).code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// A connection is closed once idle for what its policy allows, and never while the policy says
+// the peer awaits an answer; frames keep it alive.
+TEST(ConnectionLimitsTest, AnIdleConnectionIsClosedUnlessItsPeerAwaitsAnAnswer) {
+  std::atomic<bool> awaiting{true};
+  Served served(ConnectionLimits{.max_frame_bytes = 4096}, [&awaiting] {
+    return awaiting.load() ? absl::InfiniteDuration() : absl::Milliseconds(200);
+  });
+  EXPECT_FALSE(served.ClosedWithin(absl::Milliseconds(600)).has_value());
+  // The policy changes with a reply (here: an echoed frame), after which idling counts.
+  awaiting = false;
+  FrameChannel peer{UniqueFd(::dup(served.peer()))};
+  const uint8_t ping[] = {1, 2, 3};
+  ASSERT_TRUE(peer.Send(ping).ok());
+  ASSERT_TRUE(peer.Receive(absl::Seconds(5)).ok());
+  std::optional<absl::Status> closed = served.ClosedWithin(absl::Seconds(10));
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->code(), absl::StatusCode::kDeadlineExceeded) << *closed;
+}
+
+// Trust-boundary issue, item 6: 16 connections each holding 48 MiB of a 60 MiB frame raised RSS
+// by 841 MiB. Incomplete frames share one budget: the connection that would exceed it is refused
+// and closed, the others go on, and closing gives the bytes back.
+TEST(ConnectionLimitsTest, IncompleteFramesShareOneBudget) {
+  auto budget = std::make_shared<ByteBudget>(1000);
+  ConnectionLimits limits{.max_frame_bytes = 4096, .budget = budget};
+  Served a(limits), b(limits);
+  WriteAll(a.peer(), Header(900));
+  WriteAll(a.peer(), std::vector<uint8_t>(600, 7));
+  // a's 604 bytes are charged before b's arrive (the loops run independently).
+  for (int i = 0; i < 500 && budget->used() < 604; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(budget->used(), 604u);
+  WriteAll(b.peer(), Header(900));
+  WriteAll(b.peer(), std::vector<uint8_t>(600, 7));
+  std::optional<absl::Status> refused = b.ClosedWithin(absl::Seconds(10));
+  ASSERT_TRUE(refused.has_value());
+  FrameChannel b_peer{UniqueFd(::dup(b.peer()))};
+  auto error_frame = b_peer.Receive(absl::Seconds(5));
+  ASSERT_TRUE(error_frame.ok()) << error_frame.status();
+  auto error = VerifyPayload<MemReply>(error_frame->payload, "reply");
+  ASSERT_TRUE(error.ok());
+  EXPECT_EQ(FromWireError((*error)->body_as_Error()).code(), absl::StatusCode::kResourceExhausted);
+  // a completes its frame and is answered; nothing stays charged.
+  WriteAll(a.peer(), std::vector<uint8_t>(300, 7));
+  FrameChannel a_peer{UniqueFd(::dup(a.peer()))};
+  auto echoed = a_peer.Receive(absl::Seconds(5));
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_EQ(echoed->payload.size(), 900u);
+  EXPECT_EQ(budget->used(), 0u);
+}
+
+// Replies queued for a peer that never reads them are bounded: past the bound the connection
+// is closed rather than holding every reply in memory.
+TEST(ConnectionLimitsTest, RepliesAPeerDoesNotReadAreBounded) {
+  Served served(ConnectionLimits{.max_frame_bytes = 1 << 20, .max_queued_bytes = 1 << 20});
+  asio::post(served.io(), [&served] {
+    for (int i = 0; i < 64; ++i) served.conn().Send(std::vector<uint8_t>(128 << 10, 1));
+  });
+  std::optional<absl::Status> closed = served.ClosedWithin(absl::Seconds(10));
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->code(), absl::StatusCode::kResourceExhausted) << *closed;
 }
 
 TEST(AcceptAgainLaterTest, RetriesATransientFailureButNotAClosedAcceptor) {

@@ -7,6 +7,8 @@
 namespace pswitch::proto {
 namespace {
 
+constexpr size_t kKeptCapacity = 256 << 10;
+
 void PutLe32(uint32_t v, uint8_t* out) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
 }
@@ -40,10 +42,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodeFrame(const flatbuffers::FlatBufferBu
 
 void FrameDecoder::Append(std::span<const uint8_t> bytes) {
   // Compact lazily so a long-lived connection does not grow its buffer without bound.
-  if (consumed_ > 0 && consumed_ == buffer_.size()) {
-    buffer_.clear();
-    consumed_ = 0;
-  } else if (consumed_ > (1u << 20)) {
+  if (consumed_ > (1u << 20)) {
     buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<ptrdiff_t>(consumed_));
     consumed_ = 0;
   }
@@ -73,6 +72,15 @@ absl::StatusOr<std::optional<std::vector<uint8_t>>> FrameDecoder::Next() {
   const uint8_t* begin = buffer_.data() + consumed_ + kFrameHeaderBytes;
   std::vector<uint8_t> payload(begin, begin + length);
   consumed_ += kFrameHeaderBytes + length;
+  if (consumed_ == buffer_.size()) {
+    // Between frames: a connection that once carried a large frame does not keep its memory.
+    if (buffer_.capacity() > kKeptCapacity) {
+      std::vector<uint8_t>().swap(buffer_);
+    } else {
+      buffer_.clear();
+    }
+    consumed_ = 0;
+  }
   return payload;
 }
 

@@ -42,6 +42,8 @@ class FrameDecoder {
   // Bytes still missing to complete the next frame's header, or its payload once the header is
   // in (at least 1). Readers that must not read past a frame boundary size their reads by it.
   size_t BytesNeeded() const;
+  // Bytes received and not yet returned by Next (0: between frames).
+  size_t buffered() const { return buffer_.size() - consumed_; }
 
  private:
   const uint32_t max_frame_bytes_;

@@ -496,17 +496,14 @@ TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
     EXPECT_EQ((*raw)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
   }
 
-  // A task whose intermediate tensors outgrow its worker's 64 MiB arena lease fails alone:
-  // proof that activations come from the lease, not the system allocator. (Its 51 MB input
-  // fits in a frame; its 102 MB hidden layer does not fit in the lease.)
+  // A batch beyond --max-batch (default 256) is refused before it reaches a worker.
   proto::HostTensor small = Input("tiny_mlp", 3);
   int64_t features = small.shape.back();
-  auto huge = worker::ToHostTensor("input", torch::randn({200000, features}));
+  auto huge = worker::ToHostTensor("input", torch::randn({20000, features}));
   ASSERT_TRUE(huge.ok());
   auto too_big = client_->Infer("tiny_mlp", {*huge});
-  ASSERT_FALSE(too_big.ok());
-  EXPECT_NE(too_big.status().message().find("activation lease exhausted"), absl::string_view::npos)
-      << too_big.status();
+  ASSERT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.status().message(), HasSubstr("--max-batch")) << too_big.status();
   ASSERT_TRUE(client_->Infer("tiny_mlp", {small}).ok());
 
   // A client that disconnects mid-task does not disturb anyone else.
@@ -753,6 +750,153 @@ TEST(LimitsE2eTest, ConnectionsBeyondTheCapAreClosed) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_TRUE(served.ok()) << served;
+}
+
+// A task whose intermediate tensors outgrow its worker's arena lease fails alone: proof that
+// activations come from the lease, not the system allocator. (A 1 MiB lease; 4096 rows make a
+// 2 MiB hidden layer.)
+TEST(LimitsE2eTest, ActivationsBeyondTheWorkersLeaseFailOnlyThatTask) {
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=0",
+                          "--activation-bytes=1048576", "--max-batch=4096"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  proto::HostTensor small = Input("tiny_mlp", 3);
+  auto large = worker::ToHostTensor("input", torch::randn({4096, small.shape.back()}));
+  ASSERT_TRUE(large.ok());
+  auto too_big = (*client)->Infer("tiny_mlp", {*large});
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_THAT(too_big.status().message(), HasSubstr("activation lease exhausted"))
+      << too_big.status();
+  EXPECT_TRUE((*client)->Infer("tiny_mlp", {small}).ok());
+}
+
+// Trust-boundary issue, watchdog: every task has a server-side deadline. A running training
+// task past it is stopped at its next iteration (its weights saved) and one still queued is
+// dropped, each failing with DeadlineExceeded; the GPU then serves the next task.
+TEST(LimitsE2eTest, TasksPastTheirDeadlineFailAndTheQueueMovesOn) {
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", "--max-task-time-s=3"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  client::TrainOptions endless;
+  endless.iterations = 1000000;  // hours on this machine: only the deadline ends it
+  const absl::Time start = absl::Now();
+  auto running = (*client)->TrainAsync("tiny_mlp", endless);  // the server's 3 s
+  // Queued behind it (training does not preempt training), with a client deadline of its own.
+  client::TrainOptions hurried = endless;
+  hurried.deadline = absl::Milliseconds(500);
+  auto queued = (*client)->TrainAsync("tiny_mlp", hurried);
+  auto waited = queued.get();
+  ASSERT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  EXPECT_THAT(std::string(waited.status().message()), HasSubstr("still queued"));
+  auto ran = running.get();
+  ASSERT_EQ(ran.status().code(), absl::StatusCode::kDeadlineExceeded) << ran.status();
+  EXPECT_THAT(std::string(ran.status().message()), HasSubstr("weights saved"));
+  EXPECT_GE(absl::Now() - start, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  // A client deadline on a running task; the GPU serves the next task meanwhile.
+  client::TrainOptions again = endless;
+  again.deadline = absl::Milliseconds(300);
+  auto short_lived = (*client)->TrainAsync("tiny_mlp", again);
+  auto inferred = (*client)->Infer("tiny_mlp", {Input("tiny_mlp", 1)});
+  EXPECT_TRUE(inferred.ok()) << inferred.status();
+  EXPECT_EQ(short_lived.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// Trust-boundary issue, item 6: one client could queue without bound, and batch 4096 was
+// accepted. Unfinished tasks are capped per client (its token's name) and per GPU, and batches
+// by --max-batch; a refused client's neighbours are served.
+TEST(LimitsE2eTest, TaskCapsPerClientAndPerGpuAndTheBatchLimitRefuseTheExcess) {
+  char tmpl[] = "/tmp/pswitch-caps-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  absl::Cleanup remove = [&tmpl] { std::filesystem::remove_all(tmpl); };
+  const std::string tokens = std::string(tmpl) + "/tokens";
+  std::ofstream(tokens) << "admin-token-0123456789 alice admin\n"
+                           "user-token-bob-0123456789 bob user\n"
+                           "user-token-carol-0123456789 carol user\n";
+  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", "--auth-tokens=" + tokens,
+                          "--max-tasks-per-client=2", "--max-queued-tasks=3",
+                          "--max-task-time-s=30"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.token = token;
+    return client::Client::Connect(daemon.address(), options);
+  };
+  auto bob = connect("user-token-bob-0123456789");
+  auto carol = connect("user-token-carol-0123456789");
+  auto alice = connect("admin-token-0123456789");
+  ASSERT_TRUE(bob.ok() && carol.ok() && alice.ok());
+  client::TrainOptions endless;
+  endless.iterations = 1000000;
+  std::vector<std::future<absl::StatusOr<client::TaskResult>>> pending;
+  pending.push_back((*bob)->TrainAsync("tiny_mlp", endless));
+  pending.push_back((*bob)->TrainAsync("tiny_mlp", endless));
+  auto third = (*bob)->TrainAsync("tiny_mlp", endless).get();
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_THAT(third.status().message(), HasSubstr("--max-tasks-per-client"));
+  pending.push_back((*carol)->TrainAsync("tiny_mlp", endless));  // carol has her own cap
+  // Three unfinished tasks fill the GPU: carol's second is refused for the GPU's sake.
+  auto full = (*carol)->TrainAsync("tiny_mlp", endless).get();
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  EXPECT_THAT(full.status().message(), HasSubstr("--max-queued-tasks"));
+  // Batches beyond --max-batch (default 256): training and registration.
+  client::TrainOptions big = endless;
+  big.batch = 4096;
+  EXPECT_EQ((*alice)->Train("tiny_mlp", big).status().code(), absl::StatusCode::kInvalidArgument);
+  auto registered = (*alice)->Register({"big", "tiny_cnn", "", 4096, "auto"});
+  EXPECT_EQ(registered.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(registered.status().message(), HasSubstr("--max-batch"));
+  // Cancelled tasks free their places: bob may submit again.
+  auto tasks = (*alice)->ListTasks(10);
+  ASSERT_TRUE(tasks.ok());
+  for (const client::TaskStatus& t : *tasks) (void)(*alice)->Cancel(t.task_id);
+  for (auto& p : pending) EXPECT_FALSE(p.get().ok());
+  auto served = (*bob)->Infer("tiny_mlp", {Input("tiny_mlp", 1)});
+  EXPECT_TRUE(served.ok()) << served.status();
+}
+
+// Trust-boundary issue, item 6: a 1-byte-per-100-ms client held its connection for ever, and so
+// could one that never authenticates. Both are cut, with the reason, and others are served.
+TEST(LimitsE2eTest, PartialFramesAndUnauthenticatedConnectionsAreCut) {
+  char tmpl[] = "/tmp/pswitch-slow-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  absl::Cleanup remove = [&tmpl] { std::filesystem::remove_all(tmpl); };
+  const std::string tokens = std::string(tmpl) + "/tokens";
+  std::ofstream(tokens) << "admin-token-0123456789 alice admin\n";
+  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=0", "--auth-tokens=" + tokens,
+                          "--frame-timeout-ms=500", "--auth-timeout-ms=700"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  // Half a frame, then nothing: an error reply, then the close.
+  auto slow = proto::FrameChannel::ConnectTcp(daemon.address());
+  ASSERT_TRUE(slow.ok());
+  const uint8_t partial[] = {100, 0, 0, 0, 1, 2, 3};
+  ASSERT_EQ(::write((*slow)->fd(), partial, sizeof(partial)), static_cast<ssize_t>(sizeof(partial)));
+  // Connected and silent: closed once the time to authenticate is up.
+  auto silent = proto::FrameChannel::ConnectTcp(daemon.address());
+  ASSERT_TRUE(silent.ok());
+  const absl::Time start = absl::Now();
+  auto reply = (*slow)->Receive(absl::Seconds(10));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto parsed = proto::VerifyPayload<proto::ControllerReply>(reply->payload, "reply");
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_EQ((*parsed)->body_type(), proto::ControllerReplyBody::Error);
+  EXPECT_EQ(proto::FromWireError((*parsed)->body_as_Error()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*slow)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*silent)->Receive(absl::Seconds(10)).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(daemon.log(), HasSubstr("event=client_disconnected"));
+  // An authenticated client is served, and is not held to the authentication deadline.
+  client::ClientOptions options;
+  options.token = "admin-token-0123456789";
+  auto alice = client::Client::Connect(daemon.address(), options);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_TRUE((*alice)->ListModels().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,

@@ -5,7 +5,7 @@
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S]
-//              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M]
+//              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M] [--deadline-ms D]
 //   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK
 //   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
 //   pswitchctl --server HOST:PORT fill submit|estimate --kind training|inference|synthetic
@@ -47,7 +47,7 @@ ABSL_FLAG(std::string, output, "",
           "named relative to pswitchd's --data-root");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0,
-          "infer, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none");
+          "infer, train, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none (pswitchd's --max-task-time-s)");
 ABSL_FLAG(uint32_t, iterations, 0, "train: iterations");
 ABSL_FLAG(uint64_t, seed, 0, "train: data and dropout seed");
 ABSL_FLAG(std::string, optimizer, "sgd", "train: sgd or adam");
@@ -324,6 +324,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     options.optimizer = optimizer == "adam" ? client::Optimizer::kAdam : client::Optimizer::kSgd;
     options.learning_rate = absl::GetFlag(FLAGS_lr);
     options.momentum = absl::GetFlag(FLAGS_momentum);
+    options.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
     auto result = client.Train(name, options);
     if (!result.ok()) return result.status();
     std::printf("task %llu: %u iterations in %.3f ms\n",

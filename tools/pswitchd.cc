@@ -3,6 +3,7 @@
 // GPU between their models with pipelined transmission. At start it registers the embedded
 // default models and runs one inference on each through the whole path, then serves until
 // SIGINT/SIGTERM (graceful: in-flight tasks answered, workers reaped).
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,10 +27,12 @@
 #include "base/confined_dir.h"
 #include "base/log.h"
 #include "base/private_dir.h"
+#include "base/status.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
 #include "models/registry.h"
 #include "models/zoo_model.h"
+#include "proto/framing.h"
 #include "tools/cli.h"
 #include "worker/host_tensors.h"
 #include "worker/worker.h"
@@ -91,6 +94,22 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one \"TOKEN NAME ROLE\" per line (role admin or user), mode "
           "0600: every client connection must present one; empty = no authentication");
 ABSL_FLAG(int, max_connections, 256, "client connections beyond this many are closed on accept");
+ABSL_FLAG(uint32_t, max_frame_bytes, 64u << 20, "largest client frame (request) accepted");
+ABSL_FLAG(uint64_t, max_buffered_bytes, 256ull << 20,
+          "bytes of incomplete frames held for all client connections together");
+ABSL_FLAG(uint64_t, max_queued_reply_bytes, 128ull << 20,
+          "replies held for one client that does not read them; beyond, it is disconnected");
+ABSL_FLAG(int, frame_timeout_ms, 30000, "a request frame begun must be complete within this");
+ABSL_FLAG(int, idle_timeout_s, 600,
+          "a connection with no request and no answer owed for this long is closed (0 = never)");
+ABSL_FLAG(int, auth_timeout_ms, 10000, "with --auth-tokens: time to authenticate after connecting");
+ABSL_FLAG(int, max_tasks_per_client, 256, "unfinished tasks one client (token name or address) may have");
+ABSL_FLAG(int, max_queued_tasks, 4096, "unfinished tasks the GPU accepts from all clients");
+ABSL_FLAG(uint32_t, max_batch, 256,
+          "largest batch: registration, training, and an inference input's first dimension");
+ABSL_FLAG(uint64_t, max_input_bytes, 48ull << 20, "largest inference input, bytes");
+ABSL_FLAG(int, max_task_time_s, 86400,
+          "every task's deadline: a client's own is capped by it, a task without one gets it");
 ABSL_FLAG(bool, insecure, false,
           "allow --listen beyond loopback without --auth-tokens (anyone who can reach the port "
           "controls pswitchd)");
@@ -208,7 +227,58 @@ struct OwnedRuntimeDir {
   }
 };
 
+// The bounds on what clients may ask for and hold (issue 14's resource limits), from the flags.
+absl::Status ApplyLimits(controller::ControllerOptions& controller,
+                         controller::ClientServerOptions& server) {
+  auto positive = [](int value, absl::string_view flag) {
+    return value >= 1 ? absl::OkStatus()
+                      : absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1"));
+  };
+  PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_max_connections), "max-connections"));
+  PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_frame_timeout_ms), "frame-timeout-ms"));
+  PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_auth_timeout_ms), "auth-timeout-ms"));
+  PSWITCH_RETURN_IF_ERROR(
+      positive(absl::GetFlag(FLAGS_max_tasks_per_client), "max-tasks-per-client"));
+  PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_max_queued_tasks), "max-queued-tasks"));
+  PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_max_task_time_s), "max-task-time-s"));
+  if (absl::GetFlag(FLAGS_idle_timeout_s) < 0) {
+    return absl::InvalidArgumentError("--idle-timeout-s must be >= 0 (0 = never)");
+  }
+  const uint32_t frame = absl::GetFlag(FLAGS_max_frame_bytes);
+  if (frame < 4096 || frame > proto::kMaxFrameBytesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-frame-bytes must be in [4096, ",
+                                                   proto::kMaxFrameBytesLimit, "]"));
+  }
+  if (absl::GetFlag(FLAGS_max_buffered_bytes) < frame) {
+    return absl::InvalidArgumentError(
+        "--max-buffered-bytes must hold at least one frame of --max-frame-bytes");
+  }
+  const uint32_t batch = absl::GetFlag(FLAGS_max_batch);
+  if (batch < 1 || batch > controller::kMaxBatchSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-batch must be in [1, ", controller::kMaxBatchSize, "]"));
+  }
+  server.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
+  server.max_frame_bytes = frame;
+  server.max_buffered_bytes = absl::GetFlag(FLAGS_max_buffered_bytes);
+  server.max_queued_reply_bytes = absl::GetFlag(FLAGS_max_queued_reply_bytes);
+  server.frame_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_frame_timeout_ms));
+  server.idle_timeout = absl::GetFlag(FLAGS_idle_timeout_s) == 0
+                            ? absl::InfiniteDuration()
+                            : absl::Seconds(absl::GetFlag(FLAGS_idle_timeout_s));
+  server.auth_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_auth_timeout_ms));
+  server.max_tasks_per_client = static_cast<size_t>(absl::GetFlag(FLAGS_max_tasks_per_client));
+  controller.scheduler.max_queued_tasks = static_cast<size_t>(absl::GetFlag(FLAGS_max_queued_tasks));
+  controller.max_batch = batch;
+  controller.max_input_bytes = absl::GetFlag(FLAGS_max_input_bytes);
+  controller.max_task_time = absl::Seconds(absl::GetFlag(FLAGS_max_task_time_s));
+  return absl::OkStatus();
+}
+
 int Main() {
+  // A fixed mmap threshold: a client's large frame buffer goes back to the kernel when freed,
+  // instead of raising glibc's dynamic threshold and staying in the heap after the connection.
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   OwnedRuntimeDir runtime_dir;  // outlives the memory daemons and their sockets
   // Block the stop signals before any thread starts, so only sigwait below receives them.
   sigset_t stop_signals;
@@ -347,6 +417,11 @@ int Main() {
   } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }
+  controller::ClientServerOptions server_options;
+  if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {
+    StartFailed(limits.ToString());
+    return 2;
+  }
   auto controller = controller::Controller::Create(controller_options, daemon_list);
   if (!controller.ok()) {
     StartFailed(controller.status().ToString());
@@ -368,14 +443,8 @@ int Main() {
     }
     repository = std::make_unique<controller::ModelRepository>(std::move(*repo));
   }
-  controller::ClientServerOptions server_options;
   server_options.repository = repository.get();
   server_options.tokens = tokens.get();
-  if (absl::GetFlag(FLAGS_max_connections) < 1) {
-    StartFailed("--max-connections must be >= 1");
-    return 2;
-  }
-  server_options.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   const std::string client_paths = absl::GetFlag(FLAGS_allow_client_paths);
   if (client_paths != "auto" && client_paths != "true" && client_paths != "false") {
     StartFailed("--allow-client-paths must be auto, true or false");
