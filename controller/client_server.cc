@@ -1,5 +1,7 @@
 #include "controller/client_server.h"
 
+#include "controller/requests.h"
+
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -37,19 +39,6 @@ std::vector<uint8_t> ErrorReply(uint64_t id, const absl::Status& status) {
 
 // A task list reply stays far below the frame limit (about 100 bytes a task).
 constexpr uint32_t kMaxListedTasks = 1000;
-
-std::string Str(const flatbuffers::String* s) { return s != nullptr ? s->str() : ""; }
-
-constexpr size_t kMaxNameBytes = 128;
-constexpr size_t kMaxPathBytes = 4096;
-
-// A client's string: UTF-8 without control characters, within `max_bytes` (never echoed).
-absl::StatusOr<std::string> Text(const flatbuffers::String* s, absl::string_view what,
-                                 size_t max_bytes) {
-  std::string text = Str(s);
-  PSWITCH_RETURN_IF_ERROR(base::CheckText(text, what, max_bytes));
-  return text;
-}
 
 }  // namespace
 
@@ -132,13 +121,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       case proto::ClientRequestBody::ListTasks:
         return conn.Send(TaskListReply(id, (*request)->body_as_ListTasks()->limit()));
       case proto::ClientRequestBody::BubbleBegin: {
-        auto* begin = (*request)->body_as_BubbleBegin();
-        // Bounded so the deadline arithmetic cannot overflow; a day-long bubble is not a bubble.
-        const uint64_t us = std::min<uint64_t>(begin->expected_duration_us(), 86400ull * 1000000);
-        return conn.Send(AckOrError(
-            id, fill_->BubbleBegin(static_cast<int>(begin->gpu()),
-                                   absl::Microseconds(static_cast<int64_t>(us)),
-                                   begin->free_bytes(), begin->began_ns())));
+        const BubbleBeginRequest begin = ParseBubbleBegin(*(*request)->body_as_BubbleBegin());
+        return conn.Send(AckOrError(id, fill_->BubbleBegin(begin.gpu, begin.expected,
+                                                           begin.free_bytes, begin.began_ns)));
       }
       case proto::ClientRequestBody::BubbleEnd:
         return conn.Send(AckOrError(
@@ -199,27 +184,17 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   absl::Status RegisterCycle(const proto::RegisterBubbleCycle& wire) {
-    PSWITCH_ASSIGN_OR_RETURN(fill::BubbleCycle cycle,
-                             fill::ParseBubbleCycleJson(wire.cycle_json()->str()));
-    std::optional<absl::Time> origin;
-    if (wire.origin_ns() != 0) {
-      // The main job runs on this node: its monotonic clock is ours.
-      const uint64_t now_ns = static_cast<uint64_t>(base::MonotonicNowNs());
-      if (wire.origin_ns() > now_ns) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bubble cycle origin_ns ", wire.origin_ns(),
-                         " is in the future (CLOCK_MONOTONIC now: ", now_ns, ")"));
-      }
-      origin = absl::Now() - absl::Nanoseconds(static_cast<int64_t>(now_ns - wire.origin_ns()));
-    }
-    return fill_->RegisterCycle(static_cast<int>(wire.gpu()), cycle, origin);
+    PSWITCH_ASSIGN_OR_RETURN(
+        CycleRequest cycle,
+        ParseCycle(wire, static_cast<uint64_t>(base::MonotonicNowNs()), absl::Now()));
+    return fill_->RegisterCycle(cycle.gpu, cycle.cycle, cycle.origin);
   }
 
   // Submitting or estimating reads the job's dataset: on the fill manager's I/O thread, so this
   // event loop (every client's) never waits on a disk; the reply follows from there.
   void FillSubmit(proto::FramedConnection& conn, uint64_t id, const proto::FillSubmit& wire,
                   bool estimate) {
-    absl::StatusOr<FillRequest> request = ParseFillRequest(wire);
+    absl::StatusOr<FillRequest> request = ParseFill(wire);
     if (!request.ok()) return conn.Send(ErrorReply(id, request.status()));
     ++awaited_;
     fill_->Background([self = shared_from_this(), id, estimate,
@@ -234,31 +209,6 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       self->PostAwaitedReply(job.ok() ? self->FillStatusReply(id, *job)
                                       : ErrorReply(id, job.status()));
     });
-  }
-
-  static absl::StatusOr<FillRequest> ParseFillRequest(const proto::FillSubmit& wire) {
-    FillRequest r;
-    PSWITCH_ASSIGN_OR_RETURN(r.kind, api::FromWire(wire.kind()));
-    constexpr uint64_t kMaxUs = 86400ull * 1000000;  // keeps the Duration arithmetic finite
-    if (wire.step_us() > kMaxUs || wire.synthetic_step_us() > kMaxUs ||
-        wire.deadline_ms() > kMaxUs) {
-      return absl::InvalidArgumentError("fill job durations must be under a day");
-    }
-    PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));
-    PSWITCH_ASSIGN_OR_RETURN(r.dataset_path, Text(wire.dataset_path(), "dataset", kMaxPathBytes));
-    PSWITCH_ASSIGN_OR_RETURN(r.output_path, Text(wire.output_path(), "output", kMaxPathBytes));
-    r.batch = wire.batch();
-    r.steps = wire.steps();
-    r.seed = wire.seed();
-    r.step = absl::Microseconds(static_cast<int64_t>(wire.step_us()));
-    r.memory_bytes = wire.memory_bytes();
-    if (wire.deadline_ms() > 0) {
-      r.deadline = absl::Milliseconds(static_cast<int64_t>(wire.deadline_ms()));
-    }
-    r.synthetic_step = absl::Microseconds(static_cast<int64_t>(wire.synthetic_step_us()));
-    r.synthetic_alloc_bytes = wire.synthetic_alloc_bytes();
-    r.ignore_pause = wire.test_only_ignore_pause();
-    return r;
   }
 
   std::vector<uint8_t> FillStatusReply(uint64_t id, uint64_t job_id) {
@@ -296,29 +246,15 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  static absl::StatusOr<ModelRequest> ParseRegistration(const proto::RegisterModel& wire) {
-    ModelRequest request;
-    PSWITCH_ASSIGN_OR_RETURN(request.name, Text(wire.name(), "model name", kMaxNameBytes));
-    PSWITCH_ASSIGN_OR_RETURN(request.zoo_model,
-                             Text(wire.zoo_model(), "architecture", kMaxNameBytes));
-    PSWITCH_ASSIGN_OR_RETURN(request.weights_path,
-                             Text(wire.weights_path(), "weights path", kMaxPathBytes));
-    PSWITCH_ASSIGN_OR_RETURN(request.plan, Text(wire.plan_path(), "plan path", kMaxPathBytes));
-    if (request.plan.empty()) request.plan = "auto";
-    request.batch_size = wire.batch_size();
-    return request;
-  }
-
   void Register(uint64_t id, const proto::RegisterModel& wire) {
-    absl::StatusOr<ModelRequest> parsed = ParseRegistration(wire);
+    absl::StatusOr<RegistrationRequest> parsed = ParseRegistration(wire);
     if (!parsed.ok()) return PostReply(ErrorReply(id, parsed.status()));
-    ModelRequest request = std::move(*parsed);
-    if (absl::StartsWith(request.name, kFillModelPrefix)) {
-      PostReply(ErrorReply(id, absl::InvalidArgumentError(
-                                   absl::StrCat("model names starting with '", kFillModelPrefix,
-                                                "' are reserved for fill jobs' own models"))));
-      return;
-    }
+    ModelRequest request;
+    request.name = std::move(parsed->name);
+    request.zoo_model = std::move(parsed->zoo_model);
+    request.weights_path = std::move(parsed->weights_path);
+    request.plan = std::move(parsed->plan);
+    request.batch_size = parsed->batch_size;
     // Resolved on the registration thread: a repository lookup reads files.
     ++awaited_;
     controller_->Register(
@@ -342,42 +278,21 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
+    absl::StatusOr<TaskRequest> parsed = ParseTask(wire);
+    if (!parsed.ok()) return conn.Send(ErrorReply(id, parsed.status()));
     TaskSpec spec;
-    absl::StatusOr<std::string> model = Text(wire.model(), "model name", kMaxNameBytes);
-    if (!model.ok()) return conn.Send(ErrorReply(id, model.status()));
-    spec.model = std::move(*model);
-    switch (wire.kind()) {
-      case proto::TaskKind::Inference:
-        spec.kind = TaskKind::kInference;
-        break;
-      case proto::TaskKind::Training:
-        spec.kind = TaskKind::kTraining;
-        break;
-      default:  // an unknown kind once ran as inference
-        return conn.Send(ErrorReply(
-            id, absl::InvalidArgumentError(absl::StrCat(
-                    "unknown task kind ", static_cast<int>(wire.kind())))));
-    }
-    auto inputs = proto::FromWireTensors(wire.inputs());
-    if (!inputs.ok()) return conn.Send(ErrorReply(id, inputs.status()));
-    spec.inputs = std::move(*inputs);
-    spec.iterations = wire.iterations();
-    spec.batch = wire.batch_size();
-    spec.seed = wire.seed();
-    if (wire.optimizer() != proto::Optimizer::Sgd && wire.optimizer() != proto::Optimizer::Adam) {
-      return conn.Send(ErrorReply(id, absl::InvalidArgumentError("unknown optimizer")));
-    }
-    spec.trainer.optimizer = wire.optimizer() == proto::Optimizer::Adam
-                                 ? models::OptimizerKind::kAdam
-                                 : models::OptimizerKind::kSgd;
-    spec.trainer.learning_rate = wire.learning_rate();
-    spec.trainer.momentum =
-        spec.trainer.optimizer == models::OptimizerKind::kAdam ? 0 : wire.momentum();
-    spec.priority = wire.priority();
-    if (wire.deadline_ms() > 0) {
-      spec.deadline = absl::Now() + absl::Milliseconds(static_cast<int64_t>(
-                                        std::min<uint64_t>(wire.deadline_ms(), 1ull << 40)));
-    }
+    spec.model = std::move(parsed->model);
+    spec.kind = parsed->kind;
+    spec.inputs = std::move(parsed->inputs);
+    spec.iterations = parsed->iterations;
+    spec.batch = parsed->batch;
+    spec.seed = parsed->seed;
+    spec.trainer.optimizer = parsed->adam ? models::OptimizerKind::kAdam
+                                          : models::OptimizerKind::kSgd;
+    spec.trainer.learning_rate = parsed->learning_rate;
+    spec.trainer.momentum = parsed->momentum;
+    spec.priority = parsed->priority;
+    if (parsed->deadline) spec.deadline = absl::Now() + *parsed->deadline;
     const std::string client = options_->tokens != nullptr ? principal_->name : address_;
     if (absl::Status admitted = quota_->Admit(client); !admitted.ok()) {
       return conn.Send(ErrorReply(id, admitted));

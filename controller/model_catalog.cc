@@ -64,6 +64,17 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
     }
     return plan;
   }
+  if (auto_plan_.profiler) {
+    PSWITCH_ASSIGN_OR_RETURN(grouping::Profile profile,
+                             auto_plan_.profiler(request.zoo_model, request.batch_size));
+    PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
+    PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
+                             grouping::FindGrouping(cost, grouping::SearchOptions{}));
+    if (grouping::ValidatePlan(outcome.result.plan, executed_layers).ok()) {
+      return CoverTail(outcome.result.plan, executed_layers, layout_layers);
+    }
+    return absl::InternalError("the profile does not match the model's layers");
+  }
   models::ProfileOptions options;
   options.batch = request.batch_size;
   options.warmup_runs = 1;

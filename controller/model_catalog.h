@@ -5,6 +5,7 @@
 #ifndef PSWITCH_CONTROLLER_MODEL_CATALOG_H_
 #define PSWITCH_CONTROLLER_MODEL_CATALOG_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grouping/plan.h"
+#include "grouping/profile.h"
 #include "base/confined_dir.h"
 #include "memdaemon/memdaemon.h"
 
@@ -49,6 +51,10 @@ struct CatalogEntry {
 struct AutoPlanProfile {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   double bandwidth_bytes_per_s = 12e9;  // host backend: the configured copy cap, or PCIe 3 x16
+  // Profiles zoo model `zoo` at `batch` on `device` at that bandwidth (pswitchd: in a bounded
+  // child process, ProfileInChild). Unset: in this process (library use, tests).
+  std::function<absl::StatusOr<grouping::Profile>(const std::string& zoo, uint32_t batch)>
+      profiler;
 };
 
 // Thread-safe. `*daemon` must outlive the catalog.

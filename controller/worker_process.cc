@@ -14,20 +14,13 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/child_process.h"
 #include "base/status.h"
 #include "proto/framing.h"
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
 
-std::string DescribeExit(int wait_status) {
-  if (WIFEXITED(wait_status)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) {
-    int sig = WTERMSIG(wait_status);
-    return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
-  }
-  return "ended";
-}
 
 absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     const WorkerSpawnOptions& options, EventHandler handler) {
@@ -36,8 +29,6 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     return ErrnoStatus("socketpair for worker");
   }
   UniqueFd parent_end(sv[0]), child_end(sv[1]);
-  // Everything the child needs is prepared before fork: the child only calls async-signal-safe
-  // functions (this process has threads).
   std::vector<std::string> args = {options.binary,
                                    absl::StrCat("--worker_id=", options.worker_id),
                                    absl::StrCat("--control_fd=", child_end.get()),
@@ -46,28 +37,8 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
                                    absl::StrCat("--activation_bytes=", options.activation_bytes),
                                    absl::StrCat("--device=", options.device_ordinal),
                                    absl::StrCat("--data_root=", options.data_root)};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 16));
-  pid_t pid = ::fork();
-  if (pid < 0) return ErrnoStatus("fork worker");
-  if (pid == 0) {
-    // Die with pswitchd rather than linger as an orphan.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) _exit(127);
-    // Only stdio and the control socket may reach the worker: an inherited client or worker
-    // connection would keep that peer's socket open after the peer is gone.
-    if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) != 0) {
-      for (int fd = 3; fd < max_fd; ++fd) {
-        if (fd != child_end.get()) ::close(fd);
-      }
-    }
-    ::fcntl(child_end.get(), F_SETFD, 0);  // the control socket survives exec
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
+  PSWITCH_ASSIGN_OR_RETURN(
+      pid_t pid, base::SpawnChild({.argv = std::move(args), .inherit_fd = child_end.get()}));
   child_end.Reset();
   return std::unique_ptr<WorkerProcess>(new WorkerProcess(
       options.worker_id, pid, std::make_unique<proto::FrameChannel>(std::move(parent_end)),
@@ -133,7 +104,7 @@ std::string WorkerProcess::Reap(absl::Duration grace) {
   }
   reaped_flag_.store(true);
   reaped_ = true;
-  exit_description_ = DescribeExit(status);
+  exit_description_ = base::DescribeExit(status);
   return exit_description_;
 }
 

@@ -82,8 +82,6 @@ class WorkerProcess : public WorkerLink {
   std::thread reader_;
 };
 
-// "exited with status 1", "killed by signal 9 (Killed)".
-std::string DescribeExit(int wait_status);
 
 }  // namespace pswitch::controller
 

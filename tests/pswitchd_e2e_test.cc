@@ -899,6 +899,23 @@ TEST(LimitsE2eTest, PartialFramesAndUnauthenticatedConnectionsAreCut) {
   EXPECT_TRUE((*alice)->ListModels().ok());
 }
 
+// Trust-boundary issue, item 6: "auto" registration profiled the model inside pswitchd at the
+// client's batch. The profile runs in a child under --profile-memory-bytes: a bound too small
+// for it fails that registration alone, with the reason, and pswitchd serves on.
+TEST(LimitsE2eTest, RegistrationProfilesInABoundedChildNotInPswitchd) {
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=0", "--profile-memory-bytes=8388608"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto registered = (*client)->Register({"cnn", "tiny_cnn", "", 2, "auto"});
+  ASSERT_EQ(registered.status().code(), absl::StatusCode::kResourceExhausted)
+      << registered.status();
+  EXPECT_THAT(std::string(registered.status().message()), HasSubstr("--profile-memory-bytes"));
+  auto models = (*client)->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  for (const client::ModelInfo& m : *models) EXPECT_NE(m.name, "cnn");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PswitchdBackendTest,
                          ::testing::Values(gpu::Backend::kHost, gpu::Backend::kCuda),
                          [](const ::testing::TestParamInfo<gpu::Backend>& info) {

@@ -1,5 +1,7 @@
 // pswitch-worker: a worker process, spawned by pswitchd (never by hand): it inherits its control
-// socket and attaches to the memdaemon's socket.
+// socket and attaches to the memdaemon's socket. With --profile-model it is instead pswitchd's
+// profiler for "auto" plans: it profiles a fresh instance of the model and writes the profile
+// JSON to stdout, so the profile's time and memory are never pswitchd's own.
 #include <unistd.h>
 
 #include <cstdio>
@@ -7,6 +9,10 @@
 
 #include "absl/flags/flag.h"
 #include "base/log.h"
+#include "base/status.h"
+#include "models/layer_profiler.h"
+#include "models/registry.h"
+#include "models/zoo_model.h"
 #include "tools/cli.h"
 #include "worker/worker.h"
 
@@ -17,9 +23,51 @@ ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
 ABSL_FLAG(std::string, data_root, "", "fill datasets resolve under it (set by pswitchd)");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
+ABSL_FLAG(std::string, profile_model, "", "profile this zoo model and exit (pswitchd's profiler)");
+ABSL_FLAG(uint32_t, profile_batch, 1, "the profile's batch");
+ABSL_FLAG(std::string, profile_device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(double, profile_bandwidth, 12e9, "the link the plan is made for, bytes/s");
+
+namespace {
+
+// The profile pswitchd's ModelCatalog made in its own process before: a fresh, seeded instance
+// (layer times do not depend on the weights), 1 warm-up run, 3 measured.
+absl::Status Profile() {
+  using namespace pswitch;  // NOLINT: a tool's entry point
+  PSWITCH_ASSIGN_OR_RETURN(c10::Device device,
+                           models::ResolveDevice(absl::GetFlag(FLAGS_profile_device)));
+  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
+                           models::CreateModel(absl::GetFlag(FLAGS_profile_model)));
+  PSWITCH_RETURN_IF_ERROR(models::CatchTorch("moving the model", [&] { model->to(device); }));
+  models::ProfileOptions options;
+  options.batch = absl::GetFlag(FLAGS_profile_batch);
+  options.warmup_runs = 1;
+  options.measured_runs = 3;
+  options.bandwidth_cap_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
+  options.measured_bandwidth_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelProfile profile,
+                           models::ProfileModel(*model, device, options));
+  const std::string json = models::ProfileToJson(profile).dump();
+  if (std::fwrite(json.data(), 1, json.size(), stdout) != json.size() || std::fflush(stdout) != 0) {
+    return absl::InternalError("writing the profile to stdout failed");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(argc, argv, "pswitch worker process (spawned by pswitchd).");
+  if (!absl::GetFlag(FLAGS_profile_model).empty()) {
+    absl::Status profiled = Profile();
+    if (!profiled.ok()) {
+      pswitch::base::Log(pswitch::base::LogLevel::kError, "profile_failed")
+          .Field("model", absl::GetFlag(FLAGS_profile_model))
+          .Field("error", profiled);
+      return 1;
+    }
+    return 0;
+  }
   auto backend = pswitch::gpu::ParseBackend(absl::GetFlag(FLAGS_backend));
   if (!backend.ok() || absl::GetFlag(FLAGS_control_fd) < 0 ||
       absl::GetFlag(FLAGS_memdaemon_socket).empty()) {

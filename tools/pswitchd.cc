@@ -24,6 +24,7 @@
 #include "controller/client_server.h"
 #include "controller/model_repository.h"
 #include "controller/controller.h"
+#include "controller/profile_process.h"
 #include "base/confined_dir.h"
 #include "base/log.h"
 #include "base/private_dir.h"
@@ -108,6 +109,9 @@ ABSL_FLAG(int, max_queued_tasks, 4096, "unfinished tasks the GPU accepts from al
 ABSL_FLAG(uint32_t, max_batch, 256,
           "largest batch: registration, training, and an inference input's first dimension");
 ABSL_FLAG(uint64_t, max_input_bytes, 48ull << 20, "largest inference input, bytes");
+ABSL_FLAG(uint64_t, profile_memory_bytes, 4ull << 30,
+          "\"auto\" plans are profiled in a child process: its resident memory bound");
+ABSL_FLAG(int, profile_timeout_s, 120, "\"auto\" plans: the profiling child's time bound");
 ABSL_FLAG(int, max_task_time_s, 86400,
           "every task's deadline: a client's own is capped by it, a task without one gets it");
 ABSL_FLAG(bool, insecure, false,
@@ -417,6 +421,19 @@ int Main() {
   } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }
+  if (absl::GetFlag(FLAGS_profile_timeout_s) < 1 || absl::GetFlag(FLAGS_profile_memory_bytes) == 0) {
+    StartFailed("--profile-timeout-s and --profile-memory-bytes must be positive");
+    return 2;
+  }
+  controller::ProfileChildOptions profiling;
+  profiling.binary = controller_options.scheduler.spawn.binary;
+  profiling.device = controller_options.auto_plan.device;
+  profiling.bandwidth_bytes_per_s = controller_options.auto_plan.bandwidth_bytes_per_s;
+  profiling.memory_bytes = absl::GetFlag(FLAGS_profile_memory_bytes);
+  profiling.timeout = absl::Seconds(absl::GetFlag(FLAGS_profile_timeout_s));
+  controller_options.auto_plan.profiler = [profiling](const std::string& zoo, uint32_t batch) {
+    return controller::ProfileInChild(profiling, zoo, batch);
+  };
   controller::ClientServerOptions server_options;
   if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {
     StartFailed(limits.ToString());

@@ -1,0 +1,37 @@
+// A client's fill job as pswitchd's fill manager takes it (validated: controller/requests.h).
+#ifndef PSWITCH_CONTROLLER_FILL_REQUEST_H_
+#define PSWITCH_CONTROLLER_FILL_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "api/types.h"
+
+namespace pswitch::controller {
+
+using api::FillKind;
+
+// Fill jobs' private models are registered as kFillModelPrefix + job id; clients cannot use it.
+inline constexpr char kFillModelPrefix[] = "fill-";
+
+struct FillRequest {
+  FillKind kind = FillKind::kSynthetic;
+  std::string model;         // zoo model (inference, training)
+  std::string dataset_path;  // inference: safetensors with "input" rows
+  std::string output_path;   // inference: where "output" goes when the job ends
+  uint32_t batch = 1;
+  int64_t steps = 0;  // training iterations / synthetic steps (inference: from the dataset)
+  uint64_t seed = 0;
+  absl::Duration step;  // profiled step duration
+  uint64_t memory_bytes = 0;
+  std::optional<absl::Duration> deadline;  // from submission
+  absl::Duration synthetic_step;
+  uint64_t synthetic_alloc_bytes = 0;
+  bool ignore_pause = false;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_FILL_REQUEST_H_

@@ -1,0 +1,134 @@
+#include "controller/requests.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "api/client_codec.h"
+#include "base/status.h"
+#include "base/text.h"
+
+namespace pswitch::controller {
+namespace {
+
+// Keeps every Duration and deadline sum finite; a day-long bubble or step is not one.
+constexpr uint64_t kMaxUs = 86400ull * 1000000;
+
+// A client's string: UTF-8 without control characters, within `max_bytes` (never echoed).
+absl::StatusOr<std::string> Text(const flatbuffers::String* s, absl::string_view what,
+                                 size_t max_bytes) {
+  std::string text = s != nullptr ? s->str() : "";
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(text, what, max_bytes));
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel& wire) {
+  RegistrationRequest r;
+  PSWITCH_ASSIGN_OR_RETURN(r.name, Text(wire.name(), "model name", kMaxNameBytes));
+  PSWITCH_ASSIGN_OR_RETURN(r.zoo_model, Text(wire.zoo_model(), "architecture", kMaxNameBytes));
+  PSWITCH_ASSIGN_OR_RETURN(r.weights_path,
+                           Text(wire.weights_path(), "weights path", kMaxPathBytes));
+  PSWITCH_ASSIGN_OR_RETURN(r.plan, Text(wire.plan_path(), "plan path", kMaxPathBytes));
+  if (r.plan.empty()) r.plan = "auto";
+  r.batch_size = wire.batch_size();
+  if (absl::StartsWith(r.name, kFillModelPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model names starting with '", kFillModelPrefix, "' are reserved for fill jobs' own models"));
+  }
+  return r;
+}
+
+absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
+  TaskRequest r;
+  PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));
+  switch (wire.kind()) {
+    case proto::TaskKind::Inference:
+      r.kind = TaskKind::kInference;
+      break;
+    case proto::TaskKind::Training:
+      r.kind = TaskKind::kTraining;
+      break;
+    default:  // an unknown kind once ran as inference
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown task kind ", static_cast<int>(wire.kind())));
+  }
+  if (wire.optimizer() != proto::Optimizer::Sgd && wire.optimizer() != proto::Optimizer::Adam) {
+    return absl::InvalidArgumentError("unknown optimizer");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(r.inputs, proto::FromWireTensors(wire.inputs()));
+  r.iterations = wire.iterations();
+  r.batch = wire.batch_size();
+  r.seed = wire.seed();
+  r.adam = wire.optimizer() == proto::Optimizer::Adam;
+  r.learning_rate = wire.learning_rate();
+  r.momentum = r.adam ? 0 : wire.momentum();
+  r.priority = wire.priority();
+  if (wire.deadline_ms() > 0) {
+    r.deadline = absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(
+        wire.deadline_ms(), kMaxUs / 1000)));  // the server's own maximum is shorter anyway
+  }
+  return r;
+}
+
+absl::StatusOr<FillRequest> ParseFill(const proto::FillSubmit& wire) {
+  FillRequest r;
+  PSWITCH_ASSIGN_OR_RETURN(r.kind, api::FromWire(wire.kind()));
+  if (wire.step_us() > kMaxUs || wire.synthetic_step_us() > kMaxUs ||
+      wire.deadline_ms() > kMaxUs) {
+    return absl::InvalidArgumentError("fill job durations must be under a day");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));
+  PSWITCH_ASSIGN_OR_RETURN(r.dataset_path, Text(wire.dataset_path(), "dataset", kMaxPathBytes));
+  PSWITCH_ASSIGN_OR_RETURN(r.output_path, Text(wire.output_path(), "output", kMaxPathBytes));
+  r.batch = wire.batch();
+  r.steps = wire.steps();
+  r.seed = wire.seed();
+  r.step = absl::Microseconds(static_cast<int64_t>(wire.step_us()));
+  r.memory_bytes = wire.memory_bytes();
+  if (wire.deadline_ms() > 0) {
+    r.deadline = absl::Milliseconds(static_cast<int64_t>(wire.deadline_ms()));
+  }
+  r.synthetic_step = absl::Microseconds(static_cast<int64_t>(wire.synthetic_step_us()));
+  r.synthetic_alloc_bytes = wire.synthetic_alloc_bytes();
+  r.ignore_pause = wire.test_only_ignore_pause();
+  return r;
+}
+
+absl::StatusOr<CycleRequest> ParseCycle(const proto::RegisterBubbleCycle& wire, uint64_t now_ns,
+                                        absl::Time now) {
+  CycleRequest r;
+  r.gpu = static_cast<int>(wire.gpu());
+  if (wire.cycle_json() == nullptr) {  // optional in the schema: once dereferenced regardless
+    return absl::InvalidArgumentError("a bubble cycle needs its cycle JSON");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(r.cycle, fill::ParseBubbleCycleJson(wire.cycle_json()->str()));
+  if (wire.origin_ns() != 0) {
+    // The main job runs on this node: its monotonic clock is ours.
+    if (wire.origin_ns() > now_ns) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bubble cycle origin_ns ", wire.origin_ns(),
+                       " is in the future (CLOCK_MONOTONIC now: ", now_ns, ")"));
+    }
+    const uint64_t age_ns = now_ns - wire.origin_ns();
+    if (age_ns > kMaxUs * 1000 * 365) {
+      return absl::InvalidArgumentError("bubble cycle origin_ns is over a year old");
+    }
+    r.origin = now - absl::Nanoseconds(static_cast<int64_t>(age_ns));
+  }
+  return r;
+}
+
+BubbleBeginRequest ParseBubbleBegin(const proto::BubbleBegin& wire) {
+  BubbleBeginRequest r;
+  r.gpu = static_cast<int>(wire.gpu());
+  // Bounded so the deadline arithmetic cannot overflow.
+  r.expected = absl::Microseconds(
+      static_cast<int64_t>(std::min<uint64_t>(wire.expected_duration_us(), kMaxUs)));
+  r.free_bytes = wire.free_bytes();
+  r.began_ns = wire.began_ns();
+  return r;
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,77 @@
+// Every client request pswitchd acts on, read from its verified FlatBuffer and checked field by
+// field before any handler sees it: strings are UTF-8 without control characters within a
+// length, enums are known values, durations are bounded. Nothing a client sent is echoed in an
+// error. Pure functions of the message, without torch, so the fuzzer drives them directly
+// (fuzz/fuzz_client_request.cc).
+#ifndef PSWITCH_CONTROLLER_REQUESTS_H_
+#define PSWITCH_CONTROLLER_REQUESTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "controller/fill_request.h"
+#include "controller/task_queue.h"
+#include "fill/bubble_cycle.h"
+#include "proto/client_generated.h"
+#include "proto/host_tensor.h"
+
+namespace pswitch::controller {
+
+inline constexpr size_t kMaxNameBytes = 128;
+inline constexpr size_t kMaxPathBytes = 4096;
+
+// A model registration: a repository name, or (local use) an architecture and server files.
+struct RegistrationRequest {
+  std::string name;
+  std::string zoo_model;
+  std::string weights_path;
+  std::string plan = "auto";
+  uint32_t batch_size = 0;
+};
+absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel& wire);
+
+// An inference or training task.
+struct TaskRequest {
+  std::string model;
+  TaskKind kind = TaskKind::kInference;
+  std::vector<proto::HostTensor> inputs;
+  uint32_t iterations = 1;
+  uint32_t batch = 0;
+  uint64_t seed = 0;
+  bool adam = false;  // else SGD
+  double learning_rate = 0;
+  double momentum = 0;  // SGD only
+  int priority = 0;
+  std::optional<absl::Duration> deadline;  // from submission
+};
+absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire);
+
+absl::StatusOr<FillRequest> ParseFill(const proto::FillSubmit& wire);
+
+// A GPU's repeating bubble cycle, with its origin on this node's clock.
+struct CycleRequest {
+  int gpu = 0;
+  fill::BubbleCycle cycle;
+  std::optional<absl::Time> origin;
+};
+// `now_ns`/`now` are CLOCK_MONOTONIC and wall time read together (the main job's origin_ns is
+// on the monotonic clock of this node).
+absl::StatusOr<CycleRequest> ParseCycle(const proto::RegisterBubbleCycle& wire, uint64_t now_ns,
+                                        absl::Time now);
+
+// A bubble instruction's begin.
+struct BubbleBeginRequest {
+  int gpu = 0;
+  absl::Duration expected;
+  uint64_t free_bytes = 0;
+  uint64_t began_ns = 0;
+};
+BubbleBeginRequest ParseBubbleBegin(const proto::BubbleBegin& wire);
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_REQUESTS_H_

@@ -1,0 +1,118 @@
+#include "controller/requests.h"
+
+#include "gtest/gtest.h"
+#include "proto/framing.h"
+
+namespace pswitch::controller {
+namespace {
+
+using Builder = flatbuffers::FlatBufferBuilder;
+
+// The request `b` holds, as a server reads it: verified first.
+const proto::ClientRequest* Verified(const Builder& b) {
+  auto request = proto::VerifyPayload<proto::ClientRequest>(
+      std::span<const uint8_t>(b.GetBufferPointer(), b.GetSize()), "request");
+  EXPECT_TRUE(request.ok()) << request.status();
+  return request.ok() ? *request : nullptr;
+}
+
+template <typename T>
+void FinishRequest(Builder& b, proto::ClientRequestBody type, flatbuffers::Offset<T> body) {
+  proto::Finish(b, proto::CreateClientRequest(b, 1, type, body.Union()));
+}
+
+// Trust-boundary issue, item 1: nesting 100000 deep overflowed the stack; the parse refuses it.
+TEST(RequestsTest, DeeplyNestedCycleJsonIsRefused) {
+  std::string json = R"({"period_ns":)" + std::string(100000, '[') + std::string(100000, ']') +
+                     R"(,"bubbles":[]})";
+  Builder b;
+  FinishRequest(b, proto::ClientRequestBody::RegisterBubbleCycle,
+                proto::CreateRegisterBubbleCycle(b, 0, b.CreateString(json), 0));
+  const proto::ClientRequest* request = Verified(b);
+  ASSERT_NE(request, nullptr);
+  auto cycle = ParseCycle(*request->body_as_RegisterBubbleCycle(), 1000, absl::Now());
+  EXPECT_EQ(cycle.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestsTest, ACycleOriginInTheFutureIsRefusedAndAPastOneIsPlacedOnTheWallClock) {
+  const std::string json = R"({"period_ns": 100000000, "bubbles": []})";
+  const absl::Time now = absl::FromUnixSeconds(1'000'000);
+  for (uint64_t origin : {uint64_t{5000}, uint64_t{200}}) {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::RegisterBubbleCycle,
+                  proto::CreateRegisterBubbleCycle(b, 0, b.CreateString(json), origin));
+    auto cycle = ParseCycle(*Verified(b)->body_as_RegisterBubbleCycle(), 1000, now);
+    if (origin > 1000) {
+      EXPECT_EQ(cycle.status().code(), absl::StatusCode::kInvalidArgument);
+    } else {
+      ASSERT_TRUE(cycle.ok()) << cycle.status();
+      EXPECT_EQ(*cycle->origin, now - absl::Nanoseconds(800));
+    }
+  }
+}
+
+// Trust-boundary issue, item 9: an unknown TaskKind ran as inference; non-UTF-8 names were
+// accepted and echoed.
+TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
+  {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::SubmitTask,
+                  proto::CreateSubmitTask(b, b.CreateString("m"), static_cast<proto::TaskKind>(7)));
+    auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+    EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::SubmitTask,
+                  proto::CreateSubmitTask(b, b.CreateString("m"), proto::TaskKind::Training, 0, 1,
+                                          0, 0, 0, static_cast<proto::Optimizer>(9)));
+    EXPECT_EQ(ParseTask(*Verified(b)->body_as_SubmitTask()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::RegisterModel,
+                  proto::CreateRegisterModel(b, b.CreateString("bad\xff\xfename"),
+                                             b.CreateString("tiny_cnn")));
+    auto registration = ParseRegistration(*Verified(b)->body_as_RegisterModel());
+    EXPECT_EQ(registration.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(registration.status().message().find("bad"), absl::string_view::npos)
+        << "not echoed: " << registration.status();
+  }
+  {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::RegisterModel,
+                  proto::CreateRegisterModel(b, b.CreateString("fill-7"), b.CreateString("tiny_cnn")));
+    EXPECT_EQ(ParseRegistration(*Verified(b)->body_as_RegisterModel()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
+  Builder b;
+  FinishRequest(b, proto::ClientRequestBody::SubmitTask,
+                proto::CreateSubmitTask(b, b.CreateString("bert"), proto::TaskKind::Training, 0, 12,
+                                        99, 3, ~uint64_t{0}, proto::Optimizer::Adam, 0.5, 0.9, 8));
+  auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_EQ(task->model, "bert");
+  EXPECT_EQ(task->kind, TaskKind::kTraining);
+  EXPECT_EQ(task->iterations, 12u);
+  EXPECT_EQ(task->seed, 99u);
+  EXPECT_EQ(task->priority, 3);
+  EXPECT_TRUE(task->adam);
+  EXPECT_EQ(task->momentum, 0) << "Adam has no momentum";
+  EXPECT_EQ(task->batch, 8u);
+  ASSERT_TRUE(task->deadline.has_value());
+  EXPECT_LE(*task->deadline, absl::Hours(24)) << "a deadline of 2^64 ms stays finite";
+
+  Builder begin;
+  FinishRequest(begin, proto::ClientRequestBody::BubbleBegin,
+                proto::CreateBubbleBegin(begin, 1, ~uint64_t{0}, 5, 6));
+  const BubbleBeginRequest bubble = ParseBubbleBegin(*Verified(begin)->body_as_BubbleBegin());
+  EXPECT_EQ(bubble.gpu, 1);
+  EXPECT_EQ(bubble.expected, absl::Hours(24));
+}
+
+}  // namespace
+}  // namespace pswitch::controller
