@@ -164,9 +164,15 @@ absl::Status ConfinedDir::Create(absl::string_view name, absl::string_view bytes
     ::unlinkat(dir.get(), tmp.c_str(), 0);
     return status;
   };
+  const absl::Time deadline = absl::Now() + kFileIoTimeout;
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::write(out.get(), bytes.data() + done, bytes.size() - done);
+    if (done > 0 && absl::Now() > deadline) {
+      return fail(absl::DeadlineExceededError(absl::StrCat(
+          "writing ", what, " '", name, "' took longer than ", absl::FormatDuration(kFileIoTimeout))));
+    }
+    ssize_t n = ::write(out.get(), bytes.data() + done,
+                        std::min<size_t>(bytes.size() - done, kFileIoChunkBytes));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return fail(ErrnoStatus(absl::StrCat("write ", what, " '", name, "'")));
     done += static_cast<size_t>(n);

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/files.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::base {
@@ -50,6 +51,19 @@ TEST_F(ConfinedDirTest, ReadsFilesUnderTheRoot) {
             absl::StatusCode::kInvalidArgument);  // over the size limit
   EXPECT_EQ(dir_->Read("jobs/none.bin", "dataset", 1 << 20).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A whole read is held to a deadline, checked between chunks: a file that arrives slowly (a
+// network or FUSE file system) cannot hold the reading thread for ever.
+TEST_F(ConfinedDirTest, AReadPastItsDeadlineStopsBetweenChunks) {
+  std::ofstream(root_ + "/big.bin") << std::string(2 * kFileIoChunkBytes + 1, 'x');
+  auto fd = dir_->OpenForRead("big.bin", "dataset", 1ull << 30);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  auto late = ReadAll(*fd, "dataset", 1ull << 30, absl::ZeroDuration());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  auto whole = dir_->Read("big.bin", "dataset", 1ull << 30);  // the default deadline
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->size(), 2 * kFileIoChunkBytes + 1);
 }
 
 // Trust-boundary issue, item 3: no client-named path reaches outside the root, and the answer

@@ -32,14 +32,20 @@ absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64
 }
 
 absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
-                                    uint64_t max_bytes) {
+                                    uint64_t max_bytes, absl::Duration timeout) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
   const uint64_t size = std::min<uint64_t>(static_cast<uint64_t>(st.st_size), max_bytes);
   std::string bytes(size, '\0');
+  const absl::Time deadline = absl::Now() + timeout;
   size_t done = 0;
   while (done < size) {
-    ssize_t n = ::read(fd.get(), bytes.data() + done, size - done);
+    if (done > 0 && absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "reading ", what, " took longer than ", absl::FormatDuration(timeout)));
+    }
+    ssize_t n = ::read(fd.get(), bytes.data() + done,
+                       std::min<size_t>(size - done, kFileIoChunkBytes));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoStatus(absl::StrCat("read ", what));
     if (n == 0) break;  // it shrank meanwhile

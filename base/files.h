@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "base/unique_fd.h"
 
 namespace pswitch::base {
@@ -19,9 +20,16 @@ absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
                                          absl::string_view what, uint64_t max_bytes);
 // InvalidArgument naming `what` unless `fd` is a regular file of at most `max_bytes`.
 absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64_t max_bytes);
-// Reads all of an fd from OpenRegularFile (at most `max_bytes`).
+// How long one whole read or write of a file named from outside may take (a slow network or
+// FUSE file system must not hold a registration or fill-job thread for ever). Checked between
+// chunks of kFileIoChunkBytes: one read(2) stuck in the kernel is not interrupted.
+inline constexpr absl::Duration kFileIoTimeout = absl::Seconds(60);
+inline constexpr size_t kFileIoChunkBytes = 4 << 20;
+
+// Reads all of an fd from OpenRegularFile (at most `max_bytes`); DeadlineExceeded past
+// `timeout`.
 absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
-                                    uint64_t max_bytes);
+                                    uint64_t max_bytes, absl::Duration timeout = kFileIoTimeout);
 // OpenRegularFile + ReadAll.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::string_view what,
                                             uint64_t max_bytes);

@@ -24,8 +24,10 @@ absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
 }
 
 // Rows of `dataset`'s "input" tensor, checked the way the worker will read it.
-absl::StatusOr<int64_t> DatasetRows(const base::ConfinedDir& root, const std::string& path) {
-  const models::SafetensorsLimits limits;
+absl::StatusOr<int64_t> DatasetRows(const base::ConfinedDir& root, const std::string& path,
+                                    uint64_t max_bytes) {
+  models::SafetensorsLimits limits;
+  limits.max_file_bytes = max_bytes;
   PSWITCH_ASSIGN_OR_RETURN(std::string bytes, root.Read(path, "dataset", limits.max_file_bytes));
   PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
                            models::SafetensorsFile::Parse(std::move(bytes), path, limits));
@@ -155,7 +157,9 @@ absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
       // Checked now so a job does not run for hours to find its output taken; created new at
       // the end all the same (never over anything).
       PSWITCH_RETURN_IF_ERROR(options_.data_root->CheckCreatable(request.output_path, "output"));
-      PSWITCH_ASSIGN_OR_RETURN(int64_t rows, DatasetRows(*options_.data_root, request.dataset_path));
+      PSWITCH_ASSIGN_OR_RETURN(
+          int64_t rows,
+          DatasetRows(*options_.data_root, request.dataset_path, options_.max_dataset_bytes));
       steps = (rows + request.batch - 1) / request.batch;
       break;
     }

@@ -39,6 +39,8 @@ struct FillManagerOptions {
   bool host_compute_lock = false;  // fill steps hold gpu::ComputeLock::DefaultPath(gpu)
   // Where clients' dataset and output names resolve; null: inference fill jobs are refused.
   std::shared_ptr<const base::ConfinedDir> data_root;
+  // A dataset is read whole (to count its rows) in pswitchd and in the worker: bounded.
+  uint64_t max_dataset_bytes = 2ull << 30;
 };
 
 // Thread-safe.

@@ -142,25 +142,65 @@ TEST_F(PswitchdTest, InferenceMatchesTheModelRunOutsideTheServerAcrossManySwitch
   EXPECT_EQ(again->switch_time, absl::ZeroDuration());
 }
 
-TEST_F(PswitchdTest, ThirtyTwoConcurrentClientsGetCorrectResults) {
+// Trust-boundary issue, load test: 64 concurrent clients, each on its own connection,
+// alternating two models beside a training task of a third, every answer checked bit for bit
+// against the model run outside the server. Client-side latency percentiles are printed (they
+// are this machine's, not a target).
+TEST_F(PswitchdTest, SixtyFourClientsAlternatingTwoModelsBesideTrainingAllGetExactAnswers) {
+  ASSERT_TRUE(client_->Register({"trainee", "tiny_cnn", "", 2, "auto"}).ok());
+  client::TrainOptions endless;
+  endless.iterations = 1000000;
+  auto training = client_->TrainAsync("trainee", endless);
   proto::HostTensor cnn_in = Input("tiny_cnn", 5), mlp_in = Input("tiny_mlp", 6);
   std::vector<float> cnn_ref = Reference("tiny_cnn", cnn_in);
   std::vector<float> mlp_ref = Reference("tiny_mlp", mlp_in);
+  constexpr int kClients = 64, kEach = 10;
+  // Baseline, same run and conditions: one client alone, alternating the same way.
+  std::vector<double> alone_ms;
+  for (int i = 0; i < 20; ++i) {
+    const bool cnn = i % 2 == 0;
+    const absl::Time start = absl::Now();
+    auto r = client_->Infer(cnn ? "tiny_cnn" : "tiny_mlp", {cnn ? cnn_in : mlp_in});
+    alone_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(Floats(r->outputs[0]), cnn ? cnn_ref : mlp_ref);
+  }
+  std::sort(alone_ms.begin(), alone_ms.end());
   std::vector<std::thread> threads;
   std::atomic<int> correct{0};
-  for (int t = 0; t < 32; ++t) {
+  absl::Mutex mu;
+  std::vector<double> latencies_ms;
+  for (int t = 0; t < kClients; ++t) {
     threads.emplace_back([&, t] {
       auto c = client::Client::Connect(daemon_->address());
       if (!c.ok()) return;
-      for (int i = 0; i < 3; ++i) {
-        bool cnn = (t + i) % 2 == 0;
+      for (int i = 0; i < kEach; ++i) {
+        const bool cnn = (t + i) % 2 == 0;
+        const absl::Time start = absl::Now();
         auto r = (*c)->Infer(cnn ? "tiny_cnn" : "tiny_mlp", {cnn ? cnn_in : mlp_in});
+        const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
         if (r.ok() && Floats(r->outputs[0]) == (cnn ? cnn_ref : mlp_ref)) correct++;
+        absl::MutexLock lock(&mu);
+        latencies_ms.push_back(ms);
       }
     });
   }
   for (auto& th : threads) th.join();
-  EXPECT_EQ(correct.load(), 96);
+  EXPECT_EQ(correct.load(), kClients * kEach);
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  auto at = [&](double q) {
+    return latencies_ms[static_cast<size_t>(q * static_cast<double>(latencies_ms.size() - 1))];
+  };
+  std::printf("load: %d clients x %d inferences beside training: p50 %.2f ms, p99 %.2f ms, "
+              "max %.2f ms; one client alone: p50 %.2f ms\n",
+              kClients, kEach, at(0.5), at(0.99), latencies_ms.back(), alone_ms[10]);
+  // The training task was preempted again and again; it is still alive and stops on request.
+  auto tasks = client_->ListTasks(1000);
+  ASSERT_TRUE(tasks.ok());
+  for (const client::TaskStatus& task : *tasks) {
+    if (task.state < client::TaskState::kSucceeded) EXPECT_TRUE(client_->Cancel(task.task_id).ok());
+  }
+  EXPECT_EQ(training.get().status().code(), absl::StatusCode::kCancelled);
 }
 
 // The optimizer state (SGD momentum, Adam moments) is checkpointed with the weights whenever the
@@ -788,10 +828,12 @@ TEST(LimitsE2eTest, TasksPastTheirDeadlineFailAndTheQueueMovesOn) {
   hurried.deadline = absl::Milliseconds(500);
   auto queued = (*client)->TrainAsync("tiny_mlp", hurried);
   auto waited = queued.get();
-  ASSERT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  ASSERT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << waited.status() << daemon.log();
   EXPECT_THAT(std::string(waited.status().message()), HasSubstr("still queued"));
   auto ran = running.get();
-  ASSERT_EQ(ran.status().code(), absl::StatusCode::kDeadlineExceeded) << ran.status();
+  ASSERT_EQ(ran.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << ran.status() << daemon.log();
   EXPECT_THAT(std::string(ran.status().message()), HasSubstr("weights saved"));
   EXPECT_GE(absl::Now() - start, absl::Seconds(3));
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
@@ -800,8 +842,10 @@ TEST(LimitsE2eTest, TasksPastTheirDeadlineFailAndTheQueueMovesOn) {
   again.deadline = absl::Milliseconds(300);
   auto short_lived = (*client)->TrainAsync("tiny_mlp", again);
   auto inferred = (*client)->Infer("tiny_mlp", {Input("tiny_mlp", 1)});
-  EXPECT_TRUE(inferred.ok()) << inferred.status();
-  EXPECT_EQ(short_lived.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(inferred.ok()) << inferred.status() << daemon.log();
+  auto short_result = short_lived.get();
+  EXPECT_EQ(short_result.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << short_result.status() << daemon.log();
 }
 
 // Trust-boundary issue, item 6: one client could queue without bound, and batch 4096 was

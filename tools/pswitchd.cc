@@ -59,6 +59,8 @@ ABSL_FLAG(uint64_t, activation_bytes, 256ull << 20,
 ABSL_FLAG(std::string, policy, "fcfs", "scheduling policy: fcfs, edf or priority");
 ABSL_FLAG(bool, inference_preempts_training, true, "a waiting inference stops a training task");
 ABSL_FLAG(std::string, worker_binary, "", "pswitch-worker path (default: beside pswitchd)");
+ABSL_FLAG(std::string, profiler_binary, "",
+          "the pswitch-worker that profiles \"auto\" plans (default: beside pswitchd)");
 ABSL_FLAG(std::string, preload, "resnet18,tiny_cnn",
           "zoo models registered at start under their own names (empty: none)");
 ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
@@ -109,6 +111,7 @@ ABSL_FLAG(int, max_queued_tasks, 4096, "unfinished tasks the GPU accepts from al
 ABSL_FLAG(uint32_t, max_batch, 256,
           "largest batch: registration, training, and an inference input's first dimension");
 ABSL_FLAG(uint64_t, max_input_bytes, 48ull << 20, "largest inference input, bytes");
+ABSL_FLAG(uint64_t, max_dataset_bytes, 2ull << 30, "largest fill-job dataset file, bytes");
 ABSL_FLAG(uint64_t, profile_memory_bytes, 4ull << 30,
           "\"auto\" plans are profiled in a child process: its resident memory bound");
 ABSL_FLAG(int, profile_timeout_s, 120, "\"auto\" plans: the profiling child's time bound");
@@ -426,7 +429,9 @@ int Main() {
     return 2;
   }
   controller::ProfileChildOptions profiling;
-  profiling.binary = controller_options.scheduler.spawn.binary;
+  profiling.binary = absl::GetFlag(FLAGS_profiler_binary).empty()
+                         ? tools::SiblingBinary("pswitch-worker")
+                         : absl::GetFlag(FLAGS_profiler_binary);
   profiling.device = controller_options.auto_plan.device;
   profiling.bandwidth_bytes_per_s = controller_options.auto_plan.bandwidth_bytes_per_s;
   profiling.memory_bytes = absl::GetFlag(FLAGS_profile_memory_bytes);
@@ -448,6 +453,7 @@ int Main() {
   fill_options.policy = *fill_policy;
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.data_root = data_root;
+  fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
   auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);

@@ -211,7 +211,7 @@ void Worker::ControlLoop() {
     auto command = proto::VerifyPayload<proto::WorkerCommand>(frame->payload, "worker command");
     if (!command.ok()) break;  // the controller is ours: a bad frame means it is broken
     if ((*command)->body_type() == proto::WorkerCommandBody::Stop) {
-      stop_requested_.store(true);  // seen by a running task at its next sync point
+      stops_.Received();  // seen by a running task at its next sync point
     }
     absl::MutexLock lock(&mu_);
     commands_.push_back(Command{std::move(frame->payload)});
@@ -404,7 +404,7 @@ absl::Status Worker::RunTask(IterativeTask& task, const proto::Run& run, FillSte
                              TrainProgress* progress) {
   StepProgress steps;
   absl::Status status =
-      RunSteps(task, run.first_iteration(), run.iterations(), stop_requested_, fill, &steps);
+      RunSteps(task, run.first_iteration(), run.iterations(), stops_.pending(), fill, &steps);
   progress->iterations_done = steps.steps_done;
   progress->stopped_early = steps.stopped_early;
   return status;
@@ -432,7 +432,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   std::unique_ptr<FillSteps> fill;
   if (run.fill() != nullptr) {
     absl::StatusOr<std::unique_ptr<FillSteps>> steps =
-        FillSteps::Create(*run.fill(), &stop_requested_);
+        FillSteps::Create(*run.fill(), &stops_.pending());
     if (steps.ok()) {
       fill = std::move(*steps);
     } else {
@@ -561,7 +561,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
 }
 
 absl::Status Worker::HandleStop(const proto::Stop& stop) {
-  stop_requested_.store(false);
+  stops_.Handled();  // a Stop received since (for the Run queued after it) stays in force
   // Nothing of this tenant may be in flight once the drain value is visible. Bounded: a stream
   // still waiting on a flag no one writes makes this worker unusable; it exits (the error ends
   // Serve) and pswitchd replaces it, and its death releases the drain.

@@ -26,6 +26,7 @@
 #include "proto/worker_generated.h"
 #include "worker/fill_steps.h"
 #include "worker/executor.h"
+#include "worker/stop_requests.h"
 #include "worker/iterative_task.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
@@ -132,7 +133,7 @@ class Worker {
   // The dataset of the last dataset-inference fill task (kept across its bubbles).
   std::string dataset_path_;
   at::Tensor dataset_;
-  std::atomic<bool> stop_requested_{false};
+  StopRequests stops_;
 
   absl::Mutex send_mu_;
   absl::Mutex mu_;
