@@ -57,6 +57,16 @@ absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
   if (wire.optimizer() != proto::Optimizer::Sgd && wire.optimizer() != proto::Optimizer::Adam) {
     return absl::InvalidArgumentError("unknown optimizer");
   }
+  if (wire.inputs() != nullptr) {
+    if (wire.inputs()->size() > kMaxInputTensors) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a task takes at most ", kMaxInputTensors, " input tensors"));
+    }
+    // Checked before anything can quote them in an error.
+    for (const proto::Tensor* t : *wire.inputs()) {
+      PSWITCH_RETURN_IF_ERROR(Text(t->name(), "input tensor name", kMaxNameBytes).status());
+    }
+  }
   PSWITCH_ASSIGN_OR_RETURN(r.inputs, proto::FromWireTensors(wire.inputs()));
   r.iterations = wire.iterations();
   r.batch = wire.batch_size();

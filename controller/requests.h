@@ -23,6 +23,7 @@ namespace pswitch::controller {
 
 inline constexpr size_t kMaxNameBytes = 128;
 inline constexpr size_t kMaxPathBytes = 4096;
+inline constexpr size_t kMaxInputTensors = 16;
 
 // A model registration: a repository name, or (local use) an architecture and server files.
 struct RegistrationRequest {

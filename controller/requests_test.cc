@@ -88,6 +88,17 @@ TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
   }
 }
 
+TEST(RequestsTest, InputTensorNamesAreCheckedBeforeAnyErrorCanQuoteThem) {
+  Builder b;
+  proto::HostTensor bad{"in\x01put", proto::DType::F32, {1}, {0, 0, 0, 0}};
+  auto inputs = proto::CreateWireTensors(b, {bad});
+  FinishRequest(b, proto::ClientRequestBody::SubmitTask,
+                proto::CreateSubmitTask(b, b.CreateString("m"), proto::TaskKind::Inference, inputs));
+  auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+  EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(task.status().message().find("in\x01put"), absl::string_view::npos) << task.status();
+}
+
 TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
   Builder b;
   FinishRequest(b, proto::ClientRequestBody::SubmitTask,
