@@ -21,7 +21,8 @@ struct ChildSpec {
   uint64_t address_space_bytes = 0;  // RLIMIT_AS; 0: none (CUDA reserves far more than it uses)
 };
 
-// The child's pid; it must be reaped (waitpid) by the caller.
+// The child's pid once it has exec'd (it must be reaped, waitpid, by the caller); an error naming
+// errno when the exec failed (the child is reaped then).
 absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec);
 
 // "exited with status N" / "killed by signal N (name)", from a waitpid status.

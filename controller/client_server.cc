@@ -48,7 +48,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill,
           const ClientServerOptions* options, TaskOwners* owners, ClientQuota* quota,
-          std::string address)
+          std::string address, uint64_t connection)
       : io_(io),
         serving_(serving),
         controller_(controller),
@@ -56,7 +56,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         options_(options),
         owners_(owners),
         quota_(quota),
-        address_(std::move(address)) {}
+        address_(std::move(address)),
+        connection_(connection) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
 
@@ -293,7 +294,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     spec.trainer.momentum = parsed->momentum;
     spec.priority = parsed->priority;
     if (parsed->deadline) spec.deadline = absl::Now() + *parsed->deadline;
-    const std::string client = options_->tokens != nullptr ? principal_->name : address_;
+    // Without tokens, one connection is one client: local clients share an address.
+    const std::string client =
+        options_->tokens != nullptr ? principal_->name : absl::StrCat(address_, "#", connection_);
     if (absl::Status admitted = quota_->Admit(client); !admitted.ok()) {
       return conn.Send(ErrorReply(id, admitted));
     }
@@ -381,7 +384,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   const ClientServerOptions* const options_;  // the server's, which outlives its sessions
   TaskOwners* const owners_;                   // the server's
   ClientQuota* const quota_;                   // the server's
-  const std::string address_;                  // the peer's, naming it without tokens
+  const std::string address_;                  // the peer's
+  const uint64_t connection_;                  // this connection's number, naming it without tokens
   std::optional<Principal> principal_;         // who this connection is, once known
   std::weak_ptr<proto::FramedConnection> conn_;
   int awaited_ = 0;  // answers this client waits for (event loop only)
@@ -485,7 +489,7 @@ void ClientServer::Accept() {
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
     auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
-                                             &owners_, &quota_, address);
+                                             &owners_, &quota_, address, ++connections_accepted_);
     proto::ConnectionLimits limits;
     limits.max_frame_bytes = options_.max_frame_bytes;
     limits.frame_timeout = options_.frame_timeout;

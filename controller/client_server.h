@@ -39,9 +39,10 @@ struct ClientServerOptions {
   absl::Duration auth_timeout = absl::Seconds(10);
   // Bytes of incomplete frames held for all connections together.
   size_t max_buffered_bytes = 256 << 20;
-  // Replies queued for one client that does not read them.
-  size_t max_queued_reply_bytes = 128 << 20;
-  // Unfinished tasks one client may have (a client: its token's name, or its address).
+  // Replies queued for one client that does not read them (at least two frames).
+  size_t max_queued_reply_bytes = 256 << 20;
+  // Unfinished tasks one client may have (a client: its token's name, or without tokens one
+  // connection).
   size_t max_tasks_per_client = 256;
 };
 
@@ -94,6 +95,7 @@ class ClientServer {
   uint16_t port_ = 0;
   // Event-loop thread only.
   bool serving_ = true;
+  uint64_t connections_accepted_ = 0;
   std::vector<std::weak_ptr<proto::FramedConnection>> connections_;
   absl::Notification io_done_;  // the event loop has returned
   std::thread thread_;

@@ -184,8 +184,7 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
     }
   }
   (void)entry;
-  const absl::Time latest = absl::Now() + options_.max_task_time;
-  if (spec.deadline > latest) spec.deadline = latest;
+  spec.expires = std::min(spec.deadline, absl::Now() + options_.max_task_time);
   return scheduler().Submit(std::move(spec), std::move(done));
 }
 

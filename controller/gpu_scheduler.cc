@@ -475,7 +475,7 @@ absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) 
       timed(absl::CancelledError("pswitchd is shutting down"));
       return;
     }
-    if (spec.deadline != absl::InfiniteFuture()) deadlines_.emplace(spec.deadline, id);
+    if (spec.expires != absl::InfiniteFuture()) deadlines_.emplace(spec.expires, id);
     specs_[id] = {std::move(spec), std::move(timed)};
     queue_.Push(ticket);
   });
@@ -488,7 +488,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   resume_iteration_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
-  deadlines_.erase({it->second.first.deadline, task_id});
+  deadlines_.erase({it->second.first.expires, task_id});
   stop_reasons_.erase(task_id);
   TaskCallback callback = std::move(it->second.second);
   specs_.erase(it);

@@ -71,7 +71,7 @@ class GpuScheduler : private WorkerPool::Listener {
   // Loads a newly registered model into every worker; `done` gets the first load error or OK.
   void AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done);
   // Queues a task (already validated); ResourceExhausted when max_queued_tasks are unfinished.
-  // A task still queued or running at spec.deadline fails with DeadlineExceeded (a running one
+  // A task still queued or running at spec.expires fails with DeadlineExceeded (a running one
   // is told to stop, and killed if it does not). `done` runs exactly once, on the scheduler
   // thread.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);

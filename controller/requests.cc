@@ -86,7 +86,7 @@ absl::StatusOr<FillRequest> ParseFill(const proto::FillSubmit& wire) {
   FillRequest r;
   PSWITCH_ASSIGN_OR_RETURN(r.kind, api::FromWire(wire.kind()));
   if (wire.step_us() > kMaxUs || wire.synthetic_step_us() > kMaxUs ||
-      wire.deadline_ms() > kMaxUs) {
+      wire.deadline_ms() > kMaxUs / 1000) {
     return absl::InvalidArgumentError("fill job durations must be under a day");
   }
   PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));

@@ -44,7 +44,10 @@ struct TaskSpec {
   models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
   int priority = 0;
-  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time deadline = absl::InfiniteFuture();  // the client's: EDF orders by it
+  // When the task fails if unfinished: the client's deadline capped by the server's maximum
+  // task time (Controller::Submit). Kept apart so the cap does not reorder EDF.
+  absl::Time expires = absl::InfiniteFuture();
   int64_t arrival_ns = 0;  // set by Submit/SubmitFill (CLOCK_MONOTONIC)
 };
 

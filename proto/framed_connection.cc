@@ -103,32 +103,44 @@ void FramedConnection::ArmTimer() {
   absl::Time due = absl::InfiniteFuture();
   if (close_after_writes_) {
     due = closing_since_ + kLinger;
-  } else if (frame_started_ != absl::InfiniteFuture() &&
-      limits_.frame_timeout != absl::InfiniteDuration()) {
-    due = frame_started_ + limits_.frame_timeout;
-  } else if (idle_policy_) {
-    const absl::Duration idle = idle_policy_();
-    if (idle != absl::InfiniteDuration()) due = last_activity_ + idle;
+  } else {
+    if (frame_started_ != absl::InfiniteFuture() &&
+        limits_.frame_timeout != absl::InfiniteDuration()) {
+      due = frame_started_ + limits_.frame_timeout;
+    }
+    // Also part-way through a frame: before authenticating, a peer trickling a large frame is
+    // held to its (short) allowance, not to the frame timeout.
+    if (idle_policy_) {
+      const absl::Duration idle = idle_policy_();
+      if (idle != absl::InfiniteDuration()) due = std::min(due, last_activity_ + idle);
+    }
   }
   if (due == armed_for_) return;
   armed_for_ = due;
+  ++timer_generation_;
   timer_.cancel();
   if (due == absl::InfiniteFuture()) return;
   timer_.expires_after(absl::ToChronoNanoseconds(std::max(due - absl::Now(), absl::ZeroDuration())));
-  timer_.async_wait([self = shared_from_this()](const asio::error_code& ec) {
-    if (ec || self->closed_) return;  // re-armed, or closed
+  timer_.async_wait([self = shared_from_this(), generation = timer_generation_](
+                        const asio::error_code& ec) {
+    // A handler already queued when the timer was re-armed runs without an error: ignored.
+    if (ec || self->closed_ || generation != self->timer_generation_) return;
     self->armed_for_ = absl::InfiniteFuture();
     self->OnTimer();
   });
 }
 
 void FramedConnection::OnTimer() {
+  const absl::Time now = absl::Now();
   if (close_after_writes_) {
-    Close(absl::DeadlineExceededError(absl::StrCat(
-        "the peer did not read its last replies within ", absl::FormatDuration(kLinger))));
+    if (now >= closing_since_ + kLinger) {
+      Close(absl::DeadlineExceededError(absl::StrCat(
+          "the peer did not read its last replies within ", absl::FormatDuration(kLinger))));
+    } else {
+      ArmTimer();
+    }
     return;
   }
-  const absl::Time now = absl::Now();
   if (frame_started_ != absl::InfiniteFuture() &&
       now >= frame_started_ + limits_.frame_timeout) {
     Reject(error_reply_(absl::DeadlineExceededError(
@@ -136,11 +148,11 @@ void FramedConnection::OnTimer() {
                      absl::FormatDuration(limits_.frame_timeout), " of its first byte"))));
     return;
   }
-  if (frame_started_ == absl::InfiniteFuture() && idle_policy_) {
+  if (idle_policy_) {
     const absl::Duration idle = idle_policy_();
     if (idle != absl::InfiniteDuration() && now >= last_activity_ + idle) {
       CloseAfterWrites(absl::DeadlineExceededError(
-          absl::StrCat("idle for ", absl::FormatDuration(idle))));
+          absl::StrCat("no request for ", absl::FormatDuration(idle))));
       return;
     }
   }

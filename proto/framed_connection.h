@@ -40,7 +40,8 @@ class ByteBudget {
 // client_body_timeout, keepalive_timeout and buffer limits play the same roles).
 struct ConnectionLimits {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
-  // A frame begun must be complete within this: a peer trickling bytes is cut.
+  // A frame begun must be complete within this, however steadily it arrives: a peer trickling
+  // bytes is cut (a deadline for the whole frame, so 64 MiB in 30 s needs about 2.2 MB/s).
   absl::Duration frame_timeout = absl::InfiniteDuration();
   // Replies queued for a peer that does not read them; beyond this the connection is closed
   // (one reply larger than this is still sent when nothing else is queued).
@@ -66,9 +67,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
                                                   FrameHandler on_frame,
                                                   ErrorReplyBuilder error_reply,
                                                   CloseHandler on_close);
-  // How long the connection may now sit with no frame and no reply before it is closed
-  // (infinite: for ever, e.g. while the peer awaits a result). Asked after each frame and reply
-  // and whenever the idle time is up; unset: no idle limit. Call before Start.
+  // How long the connection may now sit with no complete frame and no reply before it is closed
+  // (infinite: for ever, e.g. while the peer awaits a result), part-way through a frame or not.
+  // Asked after each read and reply and whenever the time is up; unset: no idle limit. Call
+  // before Start.
   using IdlePolicy = std::function<absl::Duration()>;
   void SetIdlePolicy(IdlePolicy policy) { idle_policy_ = std::move(policy); }
   FramedConnection(const FramedConnection&) = delete;
@@ -119,6 +121,7 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   absl::Time last_activity_;  // the last complete frame or reply (or Start)
   absl::Time closing_since_;  // CloseAfterWrites
   absl::Time armed_for_ = absl::InfiniteFuture();
+  uint64_t timer_generation_ = 0;  // of the wait armed last
   bool writing_ = false;
   bool close_after_writes_ = false;
   absl::Status close_after_writes_why_;  // what on_close hears then

@@ -284,7 +284,7 @@ TEST(ConnectionLimitsTest, IncompleteFramesShareOneBudget) {
   WriteAll(a.peer(), Header(900));
   WriteAll(a.peer(), std::vector<uint8_t>(600, 7));
   // a's 604 bytes are charged before b's arrive (the loops run independently).
-  for (int i = 0; i < 500 && budget->used() < 604; ++i) absl::SleepFor(absl::Milliseconds(2));
+  for (int i = 0; i < 5000 && budget->used() < 604; ++i) absl::SleepFor(absl::Milliseconds(2));
   ASSERT_EQ(budget->used(), 604u);
   WriteAll(b.peer(), Header(900));
   WriteAll(b.peer(), std::vector<uint8_t>(600, 7));
@@ -302,6 +302,8 @@ TEST(ConnectionLimitsTest, IncompleteFramesShareOneBudget) {
   auto echoed = a_peer.Receive(absl::Seconds(5));
   ASSERT_TRUE(echoed.ok()) << echoed.status();
   EXPECT_EQ(echoed->payload.size(), 900u);
+  // Released just after the echo went out, on the connection's thread.
+  for (int i = 0; i < 5000 && budget->used() != 0; ++i) absl::SleepFor(absl::Milliseconds(2));
   EXPECT_EQ(budget->used(), 0u);
 }
 

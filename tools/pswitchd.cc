@@ -100,13 +100,14 @@ ABSL_FLAG(int, max_connections, 256, "client connections beyond this many are cl
 ABSL_FLAG(uint32_t, max_frame_bytes, 64u << 20, "largest client frame (request) accepted");
 ABSL_FLAG(uint64_t, max_buffered_bytes, 256ull << 20,
           "bytes of incomplete frames held for all client connections together");
-ABSL_FLAG(uint64_t, max_queued_reply_bytes, 128ull << 20,
+ABSL_FLAG(uint64_t, max_queued_reply_bytes, 256ull << 20,
           "replies held for one client that does not read them; beyond, it is disconnected");
 ABSL_FLAG(int, frame_timeout_ms, 30000, "a request frame begun must be complete within this");
 ABSL_FLAG(int, idle_timeout_s, 600,
           "a connection with no request and no answer owed for this long is closed (0 = never)");
 ABSL_FLAG(int, auth_timeout_ms, 10000, "with --auth-tokens: time to authenticate after connecting");
-ABSL_FLAG(int, max_tasks_per_client, 256, "unfinished tasks one client (token name or address) may have");
+ABSL_FLAG(int, max_tasks_per_client, 256,
+          "unfinished tasks one client (its token's name; without tokens, one connection) may have");
 ABSL_FLAG(int, max_queued_tasks, 4096, "unfinished tasks the GPU accepts from all clients");
 ABSL_FLAG(uint32_t, max_batch, 256,
           "largest batch: registration, training, and an inference input's first dimension");
@@ -259,6 +260,11 @@ absl::Status ApplyLimits(controller::ControllerOptions& controller,
   if (absl::GetFlag(FLAGS_max_buffered_bytes) < frame) {
     return absl::InvalidArgumentError(
         "--max-buffered-bytes must hold at least one frame of --max-frame-bytes");
+  }
+  if (absl::GetFlag(FLAGS_max_queued_reply_bytes) < 2ull * frame) {
+    // A client reading promptly may still have two large results in flight.
+    return absl::InvalidArgumentError(
+        "--max-queued-reply-bytes must hold at least two frames of --max-frame-bytes");
   }
   const uint32_t batch = absl::GetFlag(FLAGS_max_batch);
   if (batch < 1 || batch > controller::kMaxBatchSize) {
