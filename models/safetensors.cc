@@ -142,6 +142,10 @@ size_t DTypeBytes(DType dtype) { return Info(dtype).bytes; }
 bool IsFloatingPoint(DType dtype) { return Info(dtype).floating; }
 
 int64_t SafetensorsTensor::NumElements() const {
+  // Parse bounds the product of the dims only through the byte count, which a zero dim makes 0
+  // whatever the others are: [2^32, 2^31, 0] is a valid empty tensor whose first two dims
+  // overflow an int64_t. Without a zero, dims x element size == bytes, which fits.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t dim : shape) n *= dim;
   return n;

@@ -48,6 +48,7 @@ struct SafetensorsTensor {
   const uint8_t* data = nullptr;
   size_t bytes = 0;
 
+  // The product of the dims (0 when one is 0); cannot overflow for a tensor Parse returned.
   int64_t NumElements() const;
 };
 

@@ -143,6 +143,20 @@ TEST(SafetensorsTest, DeeplyNestedHeadersAreRefusedAndNotEchoed) {
   EXPECT_THAT(std::string(bad.status().message()), Not(HasSubstr("7777")));
 }
 
+// Found writing fuzz/fuzz_safetensors, which reads every parsed tensor (UBSan: signed overflow in
+// NumElements): an empty tensor's other dims are bounded only by the byte count's uint64
+// arithmetic, so their product can overflow an int64_t. The count is 0 (the overflow shows only
+// under a sanitizer; fuzz/corpus/fuzz_safetensors/regression_numel_overflow replays it there).
+TEST(SafetensorsTest, EmptyTensorWithHugeDimsHasZeroElements) {
+  const std::string header =
+      R"({"w":{"dtype":"U8","shape":[4294967296,2147483648,0],"data_offsets":[0,0]}})";
+  auto file = SafetensorsFile::Parse(RawFile(header, ""), "huge-empty");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->tensors().size(), 1u);
+  EXPECT_EQ(file->tensors()[0].NumElements(), 0);
+  EXPECT_EQ(file->tensors()[0].bytes, 0u);
+}
+
 // Item 3: the header length is the file's first 8 bytes; an error must not print them.
 TEST(SafetensorsTest, ErrorsDoNotRevealTheFilesFirstBytes) {
   const std::string secret = "root:$6$abcdefgh";

@@ -1,5 +1,7 @@
 #include "proto/host_tensor.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
@@ -78,7 +80,18 @@ absl::StatusOr<HostTensor> FromWireTensor(const Tensor& tensor) {
   HostTensor out;
   out.name = tensor.name() != nullptr ? tensor.name()->str() : "";
   out.dtype = tensor.dtype();
-  if (tensor.shape() != nullptr) out.shape.assign(tensor.shape()->begin(), tensor.shape()->end());
+  if (tensor.shape() != nullptr) {
+    // The verifier checks only a vector's 4-byte length prefix for alignment, so a crafted [long]
+    // can start 4 bytes off an 8-byte boundary: copy each dim bytewise instead of loading it as
+    // an int64_t (a misaligned load, which UBSan reports).
+    const flatbuffers::Vector<int64_t>& shape = *tensor.shape();
+    out.shape.resize(shape.size());
+    for (flatbuffers::uoffset_t i = 0; i < shape.size(); ++i) {
+      int64_t dim;
+      std::memcpy(&dim, shape.Data() + i * sizeof(int64_t), sizeof(dim));
+      out.shape[i] = flatbuffers::EndianScalar(dim);
+    }
+  }
   if (tensor.data() != nullptr) out.data.assign(tensor.data()->begin(), tensor.data()->end());
   PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(out));
   return out;

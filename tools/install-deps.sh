@@ -8,6 +8,9 @@ packages=(
   libtorch-dev libasio-dev libflatbuffers-dev flatbuffers-compiler
   libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   python3-torchvision python3-numpy
+  # tools/fuzz.sh: libFuzzer targets built with clang (libclang-rt-14-dev has libFuzzer and the
+  # ASan/UBSan runtimes).
+  clang-14 libclang-rt-14-dev
   # tools/gpu/check-torch2.sh downloads pip's torch 2.x headers (CUDA) to compile-check against.
   python3-pip
   # Debian's libtorch calls the system libblas.so.3; the reference BLAS is ~100x slower than

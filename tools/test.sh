@@ -7,6 +7,9 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${PSWITCH_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs" ${PSWITCH_CTEST_ARGS:-}
+# The parsers of untrusted input under libFuzzer (ASan, UBSan), about a minute in all; a
+# separate clang build in build-fuzz/ (no libtorch).
+tools/fuzz.sh
 # The GPU machine builds against pip's torch 2.x (CUDA): compile-check that code path too,
 # including the CUDA worker, which this machine's CPU-only libtorch cannot build.
 tools/gpu/check-torch2.sh build
