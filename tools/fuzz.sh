@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/, with clang-14: coverage, ASan, UBSan) into build-fuzz/ and
-# runs each for SECONDS_PER_TARGET (default 12: about a minute for all, what CI runs) over a copy
+# runs each for SECONDS_PER_TARGET (default 10: about a minute for all six, what CI runs) over a copy
 # of its seed corpus. Exits non-zero if any target crashes, leaks, hits UB, times out or runs out
 # of memory; the input that did it is kept under build-fuzz/crashes/<target>/.
 #
-#   tools/fuzz.sh              # CI: ~12 s per target
+#   tools/fuzz.sh              # CI: 10 s per target
 #   tools/fuzz.sh 600          # locally: 10 minutes per target
 #   FUZZ_TARGETS="fuzz_frames" tools/fuzz.sh 300   # some targets only
 #
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-seconds=${1:-12}
+seconds=${1:-10}
 if ! [[ $seconds =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "usage: tools/fuzz.sh [SECONDS_PER_TARGET]" >&2
   exit 2
