@@ -46,6 +46,33 @@ grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout
   return plan;
 }
 
+absl::StatusOr<proto::DType> WireDType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return proto::DType::F32;
+    case at::kLong: return proto::DType::I64;
+    case at::kInt: return proto::DType::I32;
+    default:
+      return absl::InternalError(absl::StrCat("unexpected tensor type ", c10::toString(t.scalar_type())));
+  }
+}
+
+// The model's input and output, from one batch-1 forward pass of its example input.
+absl::StatusOr<std::pair<TensorSpec, TensorSpec>> DescribeTensors(models::ZooModel& model) {
+  const models::ModelInput example = model.ExampleInput(1, 0);
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelOutput out, models::RunForward(model, example));
+  auto spec = [](const std::string& name, const at::Tensor& t) -> absl::StatusOr<TensorSpec> {
+    TensorSpec s;
+    s.name = name;
+    PSWITCH_ASSIGN_OR_RETURN(s.dtype, WireDType(t));
+    s.shape.assign(t.sizes().begin(), t.sizes().end());
+    if (!s.shape.empty()) s.shape[0] = -1;  // the batch
+    return s;
+  };
+  PSWITCH_ASSIGN_OR_RETURN(TensorSpec input, spec("input", example.input));
+  PSWITCH_ASSIGN_OR_RETURN(TensorSpec output, spec("output", out.output));
+  return std::make_pair(std::move(input), std::move(output));
+}
+
 }  // namespace
 
 absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& request,
@@ -163,6 +190,7 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
     auto entry = std::make_unique<CatalogEntry>();
     entry->request = request;
     entry->optimizer_slot_bytes = models::OptimizerSlotBytes(*model);
+    PSWITCH_ASSIGN_OR_RETURN(std::tie(entry->input, entry->output), DescribeTensors(*model));
     PSWITCH_ASSIGN_OR_RETURN(entry->plan, MakePlan(request, *model, layout_layers, executed));
     for (const grouping::LayerGroup& g : entry->plan) {
       entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));

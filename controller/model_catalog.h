@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grouping/plan.h"
 #include "grouping/profile.h"
+#include "proto/common_generated.h"
 #include "base/confined_dir.h"
 #include "memdaemon/memdaemon.h"
 
@@ -38,8 +39,17 @@ struct ModelRequest {
   std::shared_ptr<const base::ConfinedDir> files;
 };
 
+// A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.
+struct TensorSpec {
+  std::string name;
+  proto::DType dtype = proto::DType::F32;
+  std::vector<int64_t> shape;
+};
+
 struct CatalogEntry {
   ModelRequest request;
+  TensorSpec input;   // "input"
+  TensorSpec output;  // "output"
   const memdaemon::StoredModel* stored = nullptr;  // owned by the memdaemon's weight store
   grouping::GroupPlan plan;                        // covers every layout layer
   std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it

@@ -768,7 +768,8 @@ TEST(AuthE2eTest, TokensAndRolesGuardEveryRequest) {
 TEST(AuthE2eTest, ListeningBeyondLoopbackNeedsTokensOrInsecure) {
   const std::string base = std::string(PSWITCHD_PATH) +
                            " --backend=host --preload= --exit-after-demo --listen=0.0.0.0:0"
-                           " --arena-bytes=134217728 --activation-bytes=16777216 2>&1";
+                           " --http-listen= --arena-bytes=134217728 --activation-bytes=16777216"
+                           " 2>&1";
   auto run = [](const std::string& command, std::string* out) {
     FILE* pipe = ::popen(command.c_str(), "r");
     char buffer[4096];

@@ -36,6 +36,7 @@ class TestDaemon {
   std::string address() const { return process_.address(); }
   pid_t pid() const { return process_.pid(); }
   int port() const { return process_.port(); }
+  int http_port() const { return process_.http_port(); }
   std::string log() const { return process_.log(); }
   int Terminate() { return process_.Terminate(); }
   const std::filesystem::path& dir() const { return dir_; }
@@ -44,6 +45,7 @@ class TestDaemon {
   static std::vector<std::string> Flags(const std::filesystem::path& dir,
                                         std::vector<std::string> extra) {
     std::vector<std::string> flags = {"--backend=host", "--listen=127.0.0.1:0",
+                                      "--http-listen=127.0.0.1:0",
                                       "--socket=" + (dir / "m.sock").string(),
                                       "--data-root=" + dir.string()};
     flags.insert(flags.end(), extra.begin(), extra.end());

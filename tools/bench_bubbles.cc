@@ -258,7 +258,7 @@ class FillService {
     auto daemon = std::make_unique<tools::PswitchdProcess>(
         tools::SiblingBinary("pswitchd"),
         std::vector<std::string>{"--backend=" + absl::GetFlag(FLAGS_backend),
-                                 "--listen=127.0.0.1:0", absl::StrCat("--gpus=", kStages),
+                                 "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", absl::StrCat("--gpus=", kStages),
                                  "--standby-workers=1", "--preload=", "--arena-bytes=1073741824",
                                  "--activation-bytes=16777216",
                                  "--socket=" + (dir / "m.sock").string()},

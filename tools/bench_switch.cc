@@ -185,6 +185,7 @@ int Main() {
       tools::SiblingBinary("pswitchd"),
       {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
        absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
+       "--http-listen=127.0.0.1:0",
        "--preload=", "--socket=" + (dir / "m.sock").string()},
       (dir / "pswitchd.log").string());
   if (daemon.port() == 0) {

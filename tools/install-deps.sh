@@ -7,6 +7,8 @@ packages=(
   cmake ninja-build g++ pkg-config
   libtorch-dev libasio-dev libflatbuffers-dev flatbuffers-compiler
   libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+  # pswitchd's HTTP/JSON port (Open Inference Protocol).
+  libcpp-httplib-dev
   python3-torchvision python3-numpy
   # tools/fuzz.sh: libFuzzer targets built with clang (libclang-rt-14-dev has libFuzzer and the
   # ASan/UBSan runtimes).

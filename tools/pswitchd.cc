@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "controller/client_server.h"
+#include "controller/http_server.h"
 #include "controller/model_repository.h"
 #include "controller/controller.h"
 #include "controller/profile_process.h"
@@ -50,6 +51,8 @@ ABSL_FLAG(
     double, bandwidth_cap, 0,
     "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7300", "client TCP address (port 0 = any free port)");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8300",
+          "HTTP/JSON address (Open Inference Protocol; port 0 = any free port; empty = off)");
 ABSL_FLAG(std::string, socket, "",
           "memdaemon socket for workers (default: memdaemon.sock in a private 0700 directory: "
           "$XDG_RUNTIME_DIR/pswitch, /run/pswitch for root, else a fresh /tmp/pswitch-XXXXXX)");
@@ -309,9 +312,12 @@ int Main() {
       return 2;
     }
     tokens = std::make_unique<controller::TokenTable>(std::move(*table));
-  } else if (!controller::IsLoopbackListen(absl::GetFlag(FLAGS_listen))) {
+  } else if (!controller::IsLoopbackListen(absl::GetFlag(FLAGS_listen)) ||
+             (!absl::GetFlag(FLAGS_http_listen).empty() &&
+              !controller::IsLoopbackListen(absl::GetFlag(FLAGS_http_listen)))) {
     if (!absl::GetFlag(FLAGS_insecure)) {
-      StartFailed(absl::StrCat("--listen ", absl::GetFlag(FLAGS_listen),
+      StartFailed(absl::StrCat("--listen ", absl::GetFlag(FLAGS_listen), " / --http-listen ",
+                               absl::GetFlag(FLAGS_http_listen),
                                " reaches beyond this machine: give --auth-tokens FILE (or "
                                "--insecure to run without authentication)"));
       return 2;
@@ -488,6 +494,19 @@ int Main() {
     StartFailed(server.status().ToString());
     return 1;
   }
+  std::unique_ptr<controller::HttpServer> http;
+  if (!absl::GetFlag(FLAGS_http_listen).empty()) {
+    controller::HttpServerOptions http_options;
+    http_options.tokens = tokens.get();
+    http_options.max_body_bytes = server_options.max_frame_bytes;
+    auto started = controller::HttpServer::Start(absl::GetFlag(FLAGS_http_listen),
+                                                 controller->get(), http_options);
+    if (!started.ok()) {
+      StartFailed(started.status().ToString());
+      return 1;
+    }
+    http = std::move(*started);
+  }
   Log(LogLevel::kInfo, "started")
       .Field("device", first->device().description())
       .Field("gpus", gpus)
@@ -495,6 +514,7 @@ int Main() {
       .Field("workers", 1 + standby)
       .Field("policy", controller::PolicyName(*policy))
       .Field("port", (*server)->port())
+      .Field("http_port", http != nullptr ? http->port() : 0)
       .Field("client_paths", server_options.allow_client_paths)
       .Field("auth_tokens", tokens != nullptr ? tokens->size() : 0);
   absl::Status preload = Preload(**controller);
@@ -518,6 +538,7 @@ int Main() {
   // running (its schedulers' last callbacks reach the fill manager), and the server delivers
   // those answers before it closes the connections.
   (*server)->StopServing();
+  http.reset();  // its waiting requests answered 503; nothing of it reaches the controller after
   fill->Shutdown();  // no fill submission reaches the controller once it starts going
   controller->reset();
   fill.reset();

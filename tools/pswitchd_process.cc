@@ -35,6 +35,8 @@ PswitchdProcess::PswitchdProcess(const std::string& binary, const std::vector<st
     std::smatch m;
     if (text.find("event=serving") != std::string::npos && std::regex_search(text, m, port_re)) {
       port_ = std::stoi(m[1]);
+      const std::regex http_re("event=started .* http_port=([0-9]+)");
+      if (std::regex_search(text, m, http_re)) http_port_ = std::stoi(m[1]);
       break;
     }
     if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {

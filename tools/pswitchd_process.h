@@ -22,6 +22,7 @@ class PswitchdProcess {
   PswitchdProcess& operator=(const PswitchdProcess&) = delete;
 
   int port() const { return port_; }
+  int http_port() const { return http_port_; }  // 0: no HTTP port
   pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string log() const;
@@ -33,6 +34,7 @@ class PswitchdProcess {
   const std::string log_path_;
   pid_t pid_ = -1;
   int port_ = 0;
+  int http_port_ = 0;
 };
 
 }  // namespace pswitch::tools

@@ -105,7 +105,7 @@ cmd_binaries() {
 cmd_selfcheck() {
   need pswitchd pswitch-worker
   local log="$work/selfcheck.log" rc
-  "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --exit-after-demo \
+  "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --exit-after-demo \
     --socket="/tmp/pswitch-validate-$$-selfcheck.sock" 2>"$log"
   rc=$?
   cat "$log"
@@ -266,7 +266,7 @@ stop_daemon() {
 start_daemon() {
   local log="$1"
   daemon_port=""
-  "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --gpus=1 --preload= --standby-workers=1 \
+  "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --gpus=1 --preload= --standby-workers=1 \
     --arena-bytes=$((24 << 30)) --activation-bytes=$((6 << 30)) \
     --socket="/tmp/pswitch-validate-$$-bubbles.sock" 2>"$log" &
   daemon_pid=$!

@@ -1,0 +1,349 @@
+#include "controller/http_server.h"
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/json.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "base/text.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "proto/host_tensor.h"
+
+namespace pswitch::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kModelPath[] = R"(/v2/models/([^/]+))";
+
+// Our own values only; invalid UTF-8 (never expected) is replaced rather than thrown over.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void Reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(Dump(body), "application/json");
+}
+
+void ReplyError(httplib::Response& res, const absl::Status& status) {
+  Reply(res, HttpStatus(status.code()), json{{"error", std::string(status.message())}});
+}
+
+// KServe v2 datatype names.
+std::optional<proto::DType> DTypeOf(absl::string_view name) {
+  if (name == "FP32") return proto::DType::F32;
+  if (name == "INT64") return proto::DType::I64;
+  if (name == "INT32") return proto::DType::I32;
+  if (name == "UINT8") return proto::DType::U8;
+  return std::nullopt;
+}
+
+const char* DTypeName(proto::DType dtype) {
+  switch (dtype) {
+    case proto::DType::F32: return "FP32";
+    case proto::DType::I64: return "INT64";
+    case proto::DType::I32: return "INT32";
+    case proto::DType::U8: return "UINT8";
+    case proto::DType::F16: return "FP16";
+    case proto::DType::BF16: return "BF16";
+  }
+  return "UNKNOWN";
+}
+
+json SpecJson(const TensorSpec& spec) {
+  return json{{"name", spec.name}, {"datatype", DTypeName(spec.dtype)}, {"shape", spec.shape}};
+}
+
+// Appends `value`'s numbers (nested arrays flattened, row-major) as `dtype` elements.
+absl::Status AppendData(const json& value, proto::DType dtype, std::vector<uint8_t>& out) {
+  if (value.is_array()) {
+    for (const json& v : value) PSWITCH_RETURN_IF_ERROR(AppendData(v, dtype, out));
+    return absl::OkStatus();
+  }
+  auto put = [&out](const auto& element) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&element);
+    out.insert(out.end(), p, p + sizeof(element));
+  };
+  if (dtype == proto::DType::F32) {
+    if (!value.is_number()) return absl::InvalidArgumentError("FP32 data must be numbers");
+    put(value.get<float>());
+  } else {
+    if (!value.is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(DTypeName(dtype), " data must be integers"));
+    }
+    const int64_t v = value.get<int64_t>();
+    if (dtype == proto::DType::I64) put(v);
+    if (dtype == proto::DType::I32) put(static_cast<int32_t>(v));
+    if (dtype == proto::DType::U8) put(static_cast<uint8_t>(v));
+  }
+  return absl::OkStatus();
+}
+
+// One input tensor of a KServe v2 JSON infer request.
+absl::StatusOr<proto::HostTensor> InputTensor(const json& in) {
+  if (!in.is_object() || !in.contains("name") || !in["name"].is_string() ||
+      !in.contains("shape") || !in["shape"].is_array() || !in.contains("datatype") ||
+      !in["datatype"].is_string() || !in.contains("data")) {
+    return absl::InvalidArgumentError(
+        "each input needs \"name\", \"shape\", \"datatype\" and \"data\"");
+  }
+  proto::HostTensor t;
+  t.name = in["name"].get<std::string>();
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(t.name, "input name", 128));
+  std::optional<proto::DType> dtype = DTypeOf(in["datatype"].get<std::string>());
+  if (!dtype) {
+    return absl::InvalidArgumentError(
+        "datatype must be FP32, INT64, INT32 or UINT8 (as the model's metadata says)");
+  }
+  t.dtype = *dtype;
+  for (const json& d : in["shape"]) {
+    if (!d.is_number_integer()) return absl::InvalidArgumentError("shape must be integers");
+    t.shape.push_back(d.get<int64_t>());
+  }
+  PSWITCH_RETURN_IF_ERROR(AppendData(in["data"], t.dtype, t.data));
+  PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(t));
+  return t;
+}
+
+json OutputJson(const proto::HostTensor& t) {
+  json data = json::array();
+  const uint8_t* p = t.data.data();
+  const size_t n = t.data.size() / std::max<size_t>(proto::DTypeBytes(t.dtype), 1);
+  for (size_t i = 0; i < n; ++i) {
+    switch (t.dtype) {
+      case proto::DType::F32: {
+        float v;
+        std::memcpy(&v, p + 4 * i, 4);
+        data.push_back(v);
+        break;
+      }
+      case proto::DType::I64: {
+        int64_t v;
+        std::memcpy(&v, p + 8 * i, 8);
+        data.push_back(v);
+        break;
+      }
+      case proto::DType::I32: {
+        int32_t v;
+        std::memcpy(&v, p + 4 * i, 4);
+        data.push_back(v);
+        break;
+      }
+      case proto::DType::U8:
+        data.push_back(p[i]);
+        break;
+      default:
+        break;
+    }
+  }
+  return json{{"name", t.name}, {"datatype", DTypeName(t.dtype)}, {"shape", t.shape},
+              {"data", std::move(data)}};
+}
+
+// "HOST:PORT" (an IPv6 host in brackets).
+absl::StatusOr<std::pair<std::string, int>> SplitListen(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad HTTP listen address '", listen, "' (expected HOST:PORT)"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, port);
+}
+
+}  // namespace
+
+int HttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted: return 409;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+HttpServer::HttpServer(Controller* controller, HttpServerOptions options)
+    : controller_(controller),
+      options_(options),
+      server_(std::make_unique<httplib::Server>()) {}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
+                                                              Controller* controller,
+                                                              HttpServerOptions options) {
+  PSWITCH_ASSIGN_OR_RETURN(auto host_port, SplitListen(listen));
+  std::unique_ptr<HttpServer> s(new HttpServer(controller, options));
+  s->server_->set_payload_max_length(options.max_body_bytes);
+  s->server_->set_read_timeout(absl::ToChronoSeconds(options.read_timeout));
+  s->Route();
+  if (host_port.second == 0) {
+    const int port = s->server_->bind_to_any_port(host_port.first);
+    if (port < 0) return absl::UnavailableError(absl::StrCat("HTTP listen on ", listen, " failed"));
+    s->port_ = static_cast<uint16_t>(port);
+  } else {
+    if (!s->server_->bind_to_port(host_port.first, host_port.second)) {
+      return absl::UnavailableError(absl::StrCat("HTTP listen on ", listen, " failed"));
+    }
+    s->port_ = static_cast<uint16_t>(host_port.second);
+  }
+  s->thread_ = std::thread([server = s->server_.get()] { server->listen_after_bind(); });
+  return s;
+}
+
+HttpServer::~HttpServer() {
+  stopping_.Notify();
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HttpServer::Route() {
+  httplib::Server& http = *server_;
+  // Every error the library itself answers (404 route, 413 body, 400 parse) gets our JSON body.
+  http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const char* what = res.status == 413   ? "request body too large"
+                       : res.status == 404 ? "no such route"
+                                           : "bad request";
+    res.set_content(Dump(json{{"error", what}}), "application/json");
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        Reply(res, 500, json{{"error", "internal error"}});
+      });
+  // The principal of a request, or an error already written to `res`.
+  auto authorize = [this](const httplib::Request& req,
+                          httplib::Response& res) -> std::optional<Principal> {
+    if (options_.tokens == nullptr) return Principal{"anonymous", Role::kAdmin};
+    const std::string header = req.get_header_value("Authorization");
+    constexpr absl::string_view kBearer = "Bearer ";
+    std::optional<Principal> found;
+    if (absl::StartsWith(header, kBearer)) {
+      found = options_.tokens->Find(absl::string_view(header).substr(kBearer.size()));
+    }
+    if (!found) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      ReplyError(res, absl::UnauthenticatedError(
+                          "this pswitchd needs a token: Authorization: Bearer TOKEN"));
+    }
+    return found;
+  };
+
+  // Health: open, as probes have no token.
+  http.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, json{{"live", true}});
+  });
+  http.Get("/v2/health/ready", [this](const httplib::Request&, httplib::Response& res) {
+    const bool ready = controller_->scheduler().AwaitWorkersReady(absl::ZeroDuration());
+    Reply(res, ready ? 200 : 503, json{{"ready", ready}});
+  });
+  http.Get("/v2", [authorize](const httplib::Request& req, httplib::Response& res) {
+    if (!authorize(req, res)) return;
+    Reply(res, 200, json{{"name", "pswitch"}, {"version", "1"}, {"extensions", json::array()}});
+  });
+  http.Get(kModelPath, [this, authorize](const httplib::Request& req, httplib::Response& res) {
+    if (!authorize(req, res)) return;
+    absl::StatusOr<const CatalogEntry*> entry = controller_->catalog().Find(req.matches[1].str());
+    if (!entry.ok()) return ReplyError(res, entry.status());
+    const CatalogEntry& e = **entry;
+    Reply(res, 200,
+          json{{"name", e.request.name},
+               {"versions", json::array({"1"})},
+               {"platform", absl::StrCat("pswitch_", e.request.zoo_model)},
+               {"inputs", json::array({SpecJson(e.input)})},
+               {"outputs", json::array({SpecJson(e.output)})}});
+  });
+  http.Get(absl::StrCat(kModelPath, "/ready"),
+           [this, authorize](const httplib::Request& req, httplib::Response& res) {
+             if (!authorize(req, res)) return;
+             const bool ready = controller_->catalog().Find(req.matches[1].str()).ok();
+             Reply(res, ready ? 200 : 404, json{{"name", req.matches[1].str()}, {"ready", ready}});
+           });
+  http.Post(absl::StrCat(kModelPath, "/infer"),
+            [this, authorize](const httplib::Request& req, httplib::Response& res) {
+              if (!authorize(req, res)) return;
+              Infer(req.matches[1].str(), req.body, res);
+            });
+}
+
+void HttpServer::Infer(const std::string& model, const std::string& body,
+                       httplib::Response& res) {
+  absl::StatusOr<json> request =
+      base::ParseUntrustedJson(body, "infer request", base::JsonLimits{options_.max_body_bytes, 32});
+  if (!request.ok()) return ReplyError(res, request.status());
+  if (!request->is_object() || !request->contains("inputs") || !(*request)["inputs"].is_array()) {
+    return ReplyError(res, absl::InvalidArgumentError("an infer request needs \"inputs\": [...]"));
+  }
+  TaskSpec spec;
+  spec.model = model;
+  for (const json& in : (*request)["inputs"]) {
+    absl::StatusOr<proto::HostTensor> tensor = InputTensor(in);
+    if (!tensor.ok()) return ReplyError(res, tensor.status());
+    spec.inputs.push_back(*std::move(tensor));
+  }
+  // Triton's request parameters: priority, and timeout in microseconds.
+  if (request->contains("parameters") && (*request)["parameters"].is_object()) {
+    const json& p = (*request)["parameters"];
+    if (p.contains("priority")) {
+      if (!p["priority"].is_number_integer()) {
+        return ReplyError(res, absl::InvalidArgumentError("priority must be an integer"));
+      }
+      spec.priority = static_cast<int>(std::clamp<int64_t>(p["priority"].get<int64_t>(), -1000000, 1000000));
+    }
+    if (p.contains("timeout")) {
+      if (!p["timeout"].is_number_unsigned()) {
+        return ReplyError(res, absl::InvalidArgumentError("timeout must be microseconds"));
+      }
+      const uint64_t us = std::min<uint64_t>(p["timeout"].get<uint64_t>(), 86400ull * 1000000);
+      if (us > 0) spec.deadline = absl::Now() + absl::Microseconds(static_cast<int64_t>(us));
+    }
+  }
+  std::string id;
+  if (request->contains("id") && (*request)["id"].is_string()) {
+    id = (*request)["id"].get<std::string>();
+    if (!base::CheckText(id, "request id", 256).ok()) id.clear();
+  }
+  auto answer = std::make_shared<std::promise<absl::StatusOr<TaskOutcome>>>();
+  std::future<absl::StatusOr<TaskOutcome>> done = answer->get_future();
+  absl::StatusOr<uint64_t> task = controller_->Submit(
+      std::move(spec), [answer](const absl::StatusOr<TaskOutcome>& out) { answer->set_value(out); });
+  if (!task.ok()) return ReplyError(res, task.status());
+  // Waited in slices, so shutdown never waits on a task (its answer, if any, is dropped).
+  const absl::Time give_up = absl::Now() + options_.infer_timeout;
+  while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (stopping_.HasBeenNotified()) {
+      return ReplyError(res, absl::UnavailableError("pswitchd is shutting down"));
+    }
+    if (absl::Now() >= give_up) {
+      (void)controller_->Cancel(*task);
+      return ReplyError(res, absl::DeadlineExceededError(absl::StrCat(
+                                 "no answer within ", absl::FormatDuration(options_.infer_timeout))));
+    }
+  }
+  absl::StatusOr<TaskOutcome> outcome = done.get();
+  if (!outcome.ok()) return ReplyError(res, outcome.status());
+  json outputs = json::array();
+  for (const proto::HostTensor& t : outcome->outputs) outputs.push_back(OutputJson(t));
+  json reply{{"model_name", model}, {"model_version", "1"}, {"outputs", std::move(outputs)}};
+  if (!id.empty()) reply["id"] = id;
+  Reply(res, 200, reply);
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,71 @@
+// pswitchd's HTTP/JSON port for cluster schedulers, operators and standard inference clients:
+// the Open Inference Protocol (KServe v2, as Triton serves it) over the same controller, tokens
+// and roles as the TCP port. Served by cpp-httplib's own thread pool: a handler may wait for its
+// task's answer (bounded), never on the scheduler's or the TCP port's event loop.
+//
+// Every error is {"error": "..."} with the status code the code maps to (400 bad input,
+// 401/403, 404 unknown model, 409 conflict, 413 too large, 429 queue full, 503 not ready).
+#ifndef PSWITCH_CONTROLLER_HTTP_SERVER_H_
+#define PSWITCH_CONTROLLER_HTTP_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "controller/auth.h"
+#include "controller/controller.h"
+
+namespace httplib {
+class Server;
+struct Response;
+}  // namespace httplib
+
+namespace pswitch::controller {
+
+struct HttpServerOptions {
+  // Bearer tokens (Authorization: Bearer ...) every request but the health checks presents
+  // (null: none needed).
+  const TokenTable* tokens = nullptr;
+  size_t max_body_bytes = 64 << 20;
+  // How long an infer request waits for its answer.
+  absl::Duration infer_timeout = absl::Minutes(10);
+  absl::Duration read_timeout = absl::Seconds(30);
+};
+
+// HTTP status for an absl status code.
+int HttpStatus(absl::StatusCode code);
+
+class HttpServer {
+ public:
+  // `listen` is "HOST:PORT" (port 0: any free one). `*controller` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& listen,
+                                                           Controller* controller,
+                                                           HttpServerOptions options);
+  // Stops accepting, answers requests in flight (those waiting on a task: 503) and joins the
+  // server's threads. Call before the controller goes.
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  uint16_t port() const { return port_; }
+
+ private:
+  HttpServer(Controller* controller, HttpServerOptions options);
+  void Route();
+  // POST /v2/models/{model}/infer with JSON tensors.
+  void Infer(const std::string& model, const std::string& body, httplib::Response& res);
+
+  Controller* const controller_;
+  const HttpServerOptions options_;
+  absl::Notification stopping_;
+  std::unique_ptr<httplib::Server> server_;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_HTTP_SERVER_H_

@@ -1,0 +1,184 @@
+// End-to-end: pswitchd's HTTP/JSON port (Open Inference Protocol, KServe v2) against a real
+// daemon, compared with its TCP client on the same models.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "models/registry.h"
+#include "models/zoo_model.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_daemon.h"
+#include "worker/host_tensors.h"
+
+namespace pswitch {
+namespace {
+
+using nlohmann::json;
+
+proto::HostTensor Input(const std::string& zoo, uint64_t seed) {
+  auto model = models::CreateModel(zoo);
+  EXPECT_TRUE(model.ok());
+  auto host = worker::ToHostTensor("input", (*model)->ExampleInput(2, seed).input);
+  EXPECT_TRUE(host.ok());
+  return *host;
+}
+
+std::vector<float> Floats(const proto::HostTensor& t) {
+  std::vector<float> v(t.data.size() / 4);
+  std::memcpy(v.data(), t.data.data(), t.data.size());
+  return v;
+}
+
+// The KServe v2 JSON body for one FP32 input.
+std::string InferBody(const proto::HostTensor& t) {
+  return json{{"id", "req-1"},
+              {"inputs",
+               {{{"name", t.name}, {"shape", t.shape}, {"datatype", "FP32"}, {"data", Floats(t)}}}}}
+      .dump();
+}
+
+json Body(const httplib::Result& r) { return json::parse(r->body, nullptr, false); }
+
+class HttpE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<e2e::TestDaemon>(std::vector<std::string>{
+        "--preload=tiny_cnn,tiny_mlp", "--standby-workers=1", "--max-frame-bytes=65536"});
+    ASSERT_GT(daemon_->port(), 0) << daemon_->log();
+    ASSERT_GT(daemon_->http_port(), 0) << daemon_->log();
+    http_ = std::make_unique<httplib::Client>("127.0.0.1", daemon_->http_port());
+    http_->set_read_timeout(60, 0);
+  }
+  std::unique_ptr<e2e::TestDaemon> daemon_;
+  std::unique_ptr<httplib::Client> http_;
+};
+
+TEST_F(HttpE2eTest, HealthAndMetadataFollowTheOpenInferenceProtocol) {
+  auto live = http_->Get("/v2/health/live");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+  int ready_status = 0;
+  for (int i = 0; i < 200 && ready_status != 200; ++i) {  // standby workers may still load
+    auto ready = http_->Get("/v2/health/ready");
+    ASSERT_TRUE(ready);
+    ready_status = ready->status;
+    if (ready_status != 200) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(ready_status, 200);
+  auto server = http_->Get("/v2");
+  ASSERT_TRUE(server);
+  EXPECT_EQ(Body(server)["name"], "pswitch");
+
+  auto meta = http_->Get("/v2/models/tiny_mlp");
+  ASSERT_TRUE(meta);
+  ASSERT_EQ(meta->status, 200) << meta->body;
+  const json m = Body(meta);
+  EXPECT_EQ(m["name"], "tiny_mlp");
+  const proto::HostTensor in = Input("tiny_mlp", 1);
+  ASSERT_EQ(m["inputs"].size(), 1u);
+  EXPECT_EQ(m["inputs"][0]["name"], "input");
+  EXPECT_EQ(m["inputs"][0]["datatype"], "FP32");
+  EXPECT_EQ(m["inputs"][0]["shape"], json({-1, in.shape[1]}));
+  EXPECT_EQ(m["outputs"][0]["datatype"], "FP32");
+  EXPECT_EQ(m["outputs"][0]["shape"][0], -1);
+  auto model_ready = http_->Get("/v2/models/tiny_mlp/ready");
+  ASSERT_TRUE(model_ready);
+  EXPECT_EQ(model_ready->status, 200);
+
+  auto unknown = http_->Get("/v2/models/nope");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_TRUE(Body(unknown).contains("error")) << unknown->body;
+  auto no_route = http_->Get("/v9/nothing");
+  ASSERT_TRUE(no_route);
+  EXPECT_EQ(no_route->status, 404);
+  EXPECT_TRUE(Body(no_route).contains("error")) << no_route->body;
+}
+
+// The same inputs through HTTP and through the TCP client give the same output values.
+TEST_F(HttpE2eTest, InferOverHttpGivesWhatTheTcpClientGets) {
+  auto tcp = client::Client::Connect(daemon_->address());
+  ASSERT_TRUE(tcp.ok());
+  for (const std::string model : {"tiny_mlp", "tiny_cnn", "tiny_mlp"}) {  // switches between
+    const proto::HostTensor in = Input(model, 7);
+    auto expected = (*tcp)->Infer(model, {in});
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    auto r = http_->Post("/v2/models/" + model + "/infer", InferBody(in), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json out = Body(r);
+    EXPECT_EQ(out["model_name"], model);
+    EXPECT_EQ(out["id"], "req-1");
+    ASSERT_EQ(out["outputs"].size(), 1u);
+    const json& o = out["outputs"][0];
+    EXPECT_EQ(o["datatype"], "FP32");
+    EXPECT_EQ(o["shape"], json(expected->outputs[0].shape));
+    EXPECT_EQ(o["data"].get<std::vector<float>>(), Floats(expected->outputs[0]));
+  }
+}
+
+TEST_F(HttpE2eTest, BadRequestsGetJsonErrorsWithTheirStatusCodes) {
+  const proto::HostTensor in = Input("tiny_mlp", 1);
+  struct Case {
+    std::string path, body;
+    int status;
+  };
+  json wrong_type = json::parse(InferBody(in));
+  wrong_type["inputs"][0]["datatype"] = "FP64";
+  json short_data = json::parse(InferBody(in));
+  short_data["inputs"][0]["data"] = {1.0, 2.0};
+  const std::vector<Case> cases = {
+      {"/v2/models/tiny_mlp/infer", "{not json", 400},
+      {"/v2/models/tiny_mlp/infer", std::string(30000, '[') + std::string(30000, ']'), 400},
+      {"/v2/models/tiny_mlp/infer", R"({"inputs": 3})", 400},
+      {"/v2/models/tiny_mlp/infer", wrong_type.dump(), 400},
+      {"/v2/models/tiny_mlp/infer", short_data.dump(), 400},
+      {"/v2/models/nope/infer", InferBody(in), 404},
+      {"/v2/models/tiny_mlp/infer", std::string(100000, ' '), 413},  // over --max-frame-bytes
+  };
+  for (const Case& c : cases) {
+    auto r = http_->Post(c.path, c.body, "application/json");
+    ASSERT_TRUE(r) << c.path;
+    EXPECT_EQ(r->status, c.status) << c.body.substr(0, 60) << " -> " << r->body;
+    EXPECT_TRUE(Body(r).contains("error")) << r->body;
+  }
+  // Still serving.
+  auto r = http_->Post("/v2/models/tiny_mlp/infer", InferBody(in), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// With --auth-tokens, every route but the health probes needs Authorization: Bearer.
+TEST(HttpAuthE2eTest, TokensGuardEverythingButHealth) {
+  char tmpl[] = "/tmp/pswitch-http-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string tokens = std::string(tmpl) + "/tokens";
+  std::ofstream(tokens) << "user-token-bob-0123456789 bob user\n";
+  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=0", "--auth-tokens=" + tokens});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  auto live = http.Get("/v2/health/live");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+  auto refused = http.Get("/v2/models/tiny_mlp");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  EXPECT_TRUE(Body(refused).contains("error"));
+  auto wrong = http.Get("/v2/models/tiny_mlp", {{"Authorization", "Bearer user-token-bob-0123456780"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto allowed = http.Get("/v2/models/tiny_mlp", {{"Authorization", "Bearer user-token-bob-0123456789"}});
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(allowed->status, 200) << allowed->body;
+  std::filesystem::remove_all(tmpl);
+}
+
+}  // namespace
+}  // namespace pswitch
