@@ -85,13 +85,31 @@ absl::Status AppendData(const json& value, proto::DType dtype, std::vector<uint8
   return absl::OkStatus();
 }
 
-// One input tensor of a KServe v2 JSON infer request.
-absl::StatusOr<proto::HostTensor> InputTensor(const json& in) {
+// A tensor's "parameters"."binary_data_size" (the binary tensor data extension), if given.
+absl::StatusOr<std::optional<uint64_t>> BinarySize(const json& tensor) {
+  if (!tensor.contains("parameters") || !tensor["parameters"].is_object() ||
+      !tensor["parameters"].contains("binary_data_size")) {
+    return std::nullopt;
+  }
+  const json& size = tensor["parameters"]["binary_data_size"];
+  if (!size.is_number_unsigned()) {
+    return absl::InvalidArgumentError("binary_data_size must be a byte count");
+  }
+  return size.get<uint64_t>();
+}
+
+// One input tensor of a KServe v2 infer request: its data in JSON, or the next `binary_data_size`
+// bytes of `binary` (advanced past them).
+absl::StatusOr<proto::HostTensor> InputTensor(const json& in, absl::string_view& binary) {
   if (!in.is_object() || !in.contains("name") || !in["name"].is_string() ||
       !in.contains("shape") || !in["shape"].is_array() || !in.contains("datatype") ||
-      !in["datatype"].is_string() || !in.contains("data")) {
+      !in["datatype"].is_string()) {
     return absl::InvalidArgumentError(
-        "each input needs \"name\", \"shape\", \"datatype\" and \"data\"");
+        "each input needs \"name\", \"shape\", \"datatype\" and its data");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::optional<uint64_t> binary_size, BinarySize(in));
+  if (!binary_size && !in.contains("data")) {
+    return absl::InvalidArgumentError("an input needs \"data\" or a binary_data_size");
   }
   proto::HostTensor t;
   t.name = in["name"].get<std::string>();
@@ -106,9 +124,35 @@ absl::StatusOr<proto::HostTensor> InputTensor(const json& in) {
     if (!d.is_number_integer()) return absl::InvalidArgumentError("shape must be integers");
     t.shape.push_back(d.get<int64_t>());
   }
-  PSWITCH_RETURN_IF_ERROR(AppendData(in["data"], t.dtype, t.data));
+  if (binary_size) {
+    if (*binary_size > binary.size()) {
+      return absl::InvalidArgumentError(
+          "binary_data_size runs past the end of the request's binary data");
+    }
+    t.data.assign(binary.begin(), binary.begin() + static_cast<ptrdiff_t>(*binary_size));
+    binary.remove_prefix(*binary_size);
+  } else {
+    PSWITCH_RETURN_IF_ERROR(AppendData(in["data"], t.dtype, t.data));
+  }
   PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(t));
   return t;
+}
+
+// Whether the request asks for `name` as binary data (per output, or for all).
+bool WantsBinary(const json& request, const std::string& name) {
+  if (request.contains("parameters") && request["parameters"].is_object()) {
+    const json& p = request["parameters"];
+    if (p.contains("binary_data_output") && p["binary_data_output"] == true) return true;
+  }
+  if (!request.contains("outputs") || !request["outputs"].is_array()) return false;
+  for (const json& out : request["outputs"]) {
+    if (out.is_object() && out.contains("name") && out["name"] == name &&
+        out.contains("parameters") && out["parameters"].is_object() &&
+        out["parameters"].contains("binary_data") && out["parameters"]["binary_data"] == true) {
+      return true;
+    }
+  }
+  return false;
 }
 
 json OutputJson(const proto::HostTensor& t) {
@@ -279,14 +323,27 @@ void HttpServer::Route() {
   http.Post(absl::StrCat(kModelPath, "/infer"),
             [this, authorize](const httplib::Request& req, httplib::Response& res) {
               if (!authorize(req, res)) return;
-              Infer(req.matches[1].str(), req.body, res);
+              Infer(req.matches[1].str(), req, res);
             });
 }
 
-void HttpServer::Infer(const std::string& model, const std::string& body,
+void HttpServer::Infer(const std::string& model, const httplib::Request& req,
                        httplib::Response& res) {
-  absl::StatusOr<json> request =
-      base::ParseUntrustedJson(body, "infer request", base::JsonLimits{options_.max_body_bytes, 32});
+  // The binary tensor data extension: a JSON header of this many bytes, then raw tensors.
+  absl::string_view header = req.body;
+  absl::string_view binary;
+  if (req.has_header("Inference-Header-Content-Length")) {
+    size_t json_bytes = 0;
+    if (!absl::SimpleAtoi(req.get_header_value("Inference-Header-Content-Length"), &json_bytes) ||
+        json_bytes > req.body.size()) {
+      return ReplyError(res, absl::InvalidArgumentError(
+                                 "Inference-Header-Content-Length must be within the body"));
+    }
+    header = header.substr(0, json_bytes);
+    binary = absl::string_view(req.body).substr(json_bytes);
+  }
+  absl::StatusOr<json> request = base::ParseUntrustedJson(
+      header, "infer request", base::JsonLimits{options_.max_body_bytes, 32});
   if (!request.ok()) return ReplyError(res, request.status());
   if (!request->is_object() || !request->contains("inputs") || !(*request)["inputs"].is_array()) {
     return ReplyError(res, absl::InvalidArgumentError("an infer request needs \"inputs\": [...]"));
@@ -294,9 +351,13 @@ void HttpServer::Infer(const std::string& model, const std::string& body,
   TaskSpec spec;
   spec.model = model;
   for (const json& in : (*request)["inputs"]) {
-    absl::StatusOr<proto::HostTensor> tensor = InputTensor(in);
+    absl::StatusOr<proto::HostTensor> tensor = InputTensor(in, binary);
     if (!tensor.ok()) return ReplyError(res, tensor.status());
     spec.inputs.push_back(*std::move(tensor));
+  }
+  if (!binary.empty()) {
+    return ReplyError(res, absl::InvalidArgumentError(absl::StrCat(
+                               binary.size(), " bytes of binary data belong to no input")));
   }
   // Triton's request parameters: priority, and timeout in microseconds.
   if (request->contains("parameters") && (*request)["parameters"].is_object()) {
@@ -340,10 +401,27 @@ void HttpServer::Infer(const std::string& model, const std::string& body,
   absl::StatusOr<TaskOutcome> outcome = done.get();
   if (!outcome.ok()) return ReplyError(res, outcome.status());
   json outputs = json::array();
-  for (const proto::HostTensor& t : outcome->outputs) outputs.push_back(OutputJson(t));
+  std::string binary_out;
+  bool any_binary = false;
+  for (const proto::HostTensor& t : outcome->outputs) {
+    if (!WantsBinary(*request, t.name)) {
+      outputs.push_back(OutputJson(t));
+      continue;
+    }
+    json out = json{{"name", t.name}, {"datatype", DTypeName(t.dtype)}, {"shape", t.shape},
+                    {"parameters", {{"binary_data_size", t.data.size()}}}};
+    outputs.push_back(std::move(out));
+    any_binary = true;
+    binary_out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+  }
   json reply{{"model_name", model}, {"model_version", "1"}, {"outputs", std::move(outputs)}};
   if (!id.empty()) reply["id"] = id;
-  Reply(res, 200, reply);
+  if (!any_binary) return Reply(res, 200, reply);
+  std::string body = Dump(reply);
+  res.status = 200;
+  res.set_header("Inference-Header-Content-Length", std::to_string(body.size()));
+  body += binary_out;
+  res.set_content(std::move(body), "application/octet-stream");
 }
 
 }  // namespace pswitch::controller

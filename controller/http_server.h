@@ -20,6 +20,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -55,8 +56,8 @@ class HttpServer {
  private:
   HttpServer(Controller* controller, HttpServerOptions options);
   void Route();
-  // POST /v2/models/{model}/infer with JSON tensors.
-  void Infer(const std::string& model, const std::string& body, httplib::Response& res);
+  // POST /v2/models/{model}/infer: JSON tensors, or the binary tensor data extension.
+  void Infer(const std::string& model, const httplib::Request& req, httplib::Response& res);
 
   Controller* const controller_;
   const HttpServerOptions options_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -121,6 +122,45 @@ TEST_F(HttpE2eTest, InferOverHttpGivesWhatTheTcpClientGets) {
     EXPECT_EQ(o["shape"], json(expected->outputs[0].shape));
     EXPECT_EQ(o["data"].get<std::vector<float>>(), Floats(expected->outputs[0]));
   }
+}
+
+// The binary tensor data extension, as standard clients send it by default: a JSON header of
+// Inference-Header-Content-Length bytes, then raw tensors; outputs asked for as binary come back
+// the same way, byte for byte what the TCP client gets.
+TEST_F(HttpE2eTest, BinaryTensorDataGivesTheTcpClientsBytes) {
+  auto tcp = client::Client::Connect(daemon_->address());
+  ASSERT_TRUE(tcp.ok());
+  const proto::HostTensor in = Input("tiny_cnn", 9);
+  auto expected = (*tcp)->Infer("tiny_cnn", {in});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const std::string header =
+      json{{"inputs",
+            {{{"name", "input"},
+              {"shape", in.shape},
+              {"datatype", "FP32"},
+              {"parameters", {{"binary_data_size", in.data.size()}}}}}},
+           {"outputs", {{{"name", "output"}, {"parameters", {{"binary_data", true}}}}}}}
+          .dump();
+  const std::string body = header + std::string(in.data.begin(), in.data.end());
+  auto r = http_->Post("/v2/models/tiny_cnn/infer",
+                       {{"Inference-Header-Content-Length", std::to_string(header.size())}}, body,
+                       "application/octet-stream");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  size_t json_bytes = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(r->get_header_value("Inference-Header-Content-Length"), &json_bytes));
+  const json out = json::parse(r->body.substr(0, json_bytes));
+  const proto::HostTensor& want = expected->outputs[0];
+  EXPECT_EQ(out["outputs"][0]["parameters"]["binary_data_size"], want.data.size());
+  EXPECT_EQ(out["outputs"][0]["shape"], json(want.shape));
+  EXPECT_EQ(r->body.substr(json_bytes), std::string(want.data.begin(), want.data.end()));
+
+  // Sizes that do not add up are refused.
+  auto bad = http_->Post("/v2/models/tiny_cnn/infer",
+                         {{"Inference-Header-Content-Length", std::to_string(header.size())}},
+                         body + "extra", "application/octet-stream");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
 }
 
 TEST_F(HttpE2eTest, BadRequestsGetJsonErrorsWithTheirStatusCodes) {
