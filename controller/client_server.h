@@ -65,6 +65,9 @@ class ClientServer {
   ClientServer& operator=(const ClientServer&) = delete;
 
   uint16_t port() const { return port_; }
+  // Shared with the HTTP port, so a client's tasks and cap are the same on both.
+  TaskOwners& owners() { return owners_; }
+  ClientQuota& quota() { return quota_; }
 
   // Graceful shutdown, first step: refuses new connections and answers every new request with
   // Unavailable, so the controller and fill manager are no longer called; replies to requests

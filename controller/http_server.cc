@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <limits>
+#include <type_traits>
 #include <optional>
 
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
@@ -190,6 +193,38 @@ json OutputJson(const proto::HostTensor& t) {
               {"data", std::move(data)}};
 }
 
+json TaskJson(const TaskStatus& t) {
+  json j{{"task_id", t.task_id},
+         {"model", t.model},
+         {"state", std::string(api::TaskStateName(t.state))},
+         {"iterations_done", t.iterations_done},
+         {"preemptions", t.preemptions},
+         {"worker_pid", t.worker_pid}};
+  if (!t.error.ok()) j["error"] = std::string(t.error.message());
+  return j;
+}
+
+// A JSON member `key` of `body` as T, if present; InvalidArgument if it has another type.
+template <typename T>
+absl::Status Member(const json& body, const char* key, T& out) {
+  if (!body.contains(key)) return absl::OkStatus();
+  const json& v = body[key];
+  bool fits;
+  if constexpr (std::is_same_v<T, std::string>) {
+    fits = v.is_string();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    fits = v.is_number();
+  } else if constexpr (std::is_unsigned_v<T>) {
+    fits = v.is_number_unsigned() && v.get<uint64_t>() <= std::numeric_limits<T>::max();
+  } else {
+    fits = v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+           v.get<int64_t>() <= std::numeric_limits<T>::max();
+  }
+  if (!fits) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" has the wrong type"));
+  out = v.get<T>();
+  return absl::OkStatus();
+}
+
 // "HOST:PORT" (an IPv6 host in brackets).
 absl::StatusOr<std::pair<std::string, int>> SplitListen(const std::string& listen) {
   const size_t colon = listen.rfind(':');
@@ -320,15 +355,123 @@ void HttpServer::Route() {
              const bool ready = controller_->catalog().Find(req.matches[1].str()).ok();
              Reply(res, ready ? 200 : 404, json{{"name", req.matches[1].str()}, {"ready", ready}});
            });
+  // pswitch's own resources (v1): training tasks, with the TCP port's owners and caps.
+  http.Post("/v1/tasks", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+    if (std::optional<Principal> who = authorize(req, res)) SubmitTraining(*who, req, res);
+  });
+  http.Get("/v1/tasks", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return;
+    size_t limit = 100;
+    if (req.has_param("limit") &&
+        (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit == 0 || limit > 1000)) {
+      return ReplyError(res, absl::InvalidArgumentError("limit must be in [1, 1000]"));
+    }
+    json tasks = json::array();
+    for (const TaskStatus& t : controller_->RecentTasks(limit)) {
+      if (options_.owners == nullptr || options_.owners->MayAccess(*who, t.task_id)) {
+        tasks.push_back(TaskJson(t));
+      }
+    }
+    Reply(res, 200, json{{"tasks", std::move(tasks)}});
+  });
+  // A task of another user is answered as absent, as on the TCP port.
+  auto owned_task = [this](const Principal& who, const std::string& text,
+                           uint64_t& id) -> absl::Status {
+    if (!absl::SimpleAtoi(text, &id) ||
+        (options_.owners != nullptr && !options_.owners->MayAccess(who, id))) {
+      return absl::NotFoundError(absl::StrCat("no task ", absl::CHexEscape(text.substr(0, 32))));
+    }
+    return absl::OkStatus();
+  };
+  http.Get(R"(/v1/tasks/([^/]+))", [this, authorize, owned_task](const httplib::Request& req,
+                                                                  httplib::Response& res) {
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return;
+    uint64_t id = 0;
+    if (absl::Status owned = owned_task(*who, req.matches[1].str(), id); !owned.ok()) {
+      return ReplyError(res, owned);
+    }
+    absl::StatusOr<TaskStatus> status = controller_->Query(id);
+    if (!status.ok()) return ReplyError(res, status.status());
+    Reply(res, 200, TaskJson(*status));
+  });
+  http.Delete(R"(/v1/tasks/([^/]+))", [this, authorize, owned_task](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return;
+    uint64_t id = 0;
+    if (absl::Status owned = owned_task(*who, req.matches[1].str(), id); !owned.ok()) {
+      return ReplyError(res, owned);
+    }
+    if (absl::Status cancelled = controller_->Cancel(id); !cancelled.ok()) {
+      return ReplyError(res, cancelled);
+    }
+    // A training task stops at its next iteration; its state says when it has.
+    Reply(res, 202, json{{"task_id", id}, {"cancel", "requested"}});
+  });
   http.Post(absl::StrCat(kModelPath, "/infer"),
             [this, authorize](const httplib::Request& req, httplib::Response& res) {
-              if (!authorize(req, res)) return;
-              Infer(req.matches[1].str(), req, res);
+              if (std::optional<Principal> who = authorize(req, res)) {
+                Infer(*who, req.matches[1].str(), req, res);
+              }
             });
 }
 
-void HttpServer::Infer(const std::string& model, const httplib::Request& req,
-                       httplib::Response& res) {
+void HttpServer::SubmitTraining(const Principal& who, const httplib::Request& req,
+                                httplib::Response& res) {
+  absl::StatusOr<json> body = base::ParseUntrustedJson(
+      req.body, "task request", base::JsonLimits{options_.max_body_bytes, 32});
+  if (!body.ok()) return ReplyError(res, body.status());
+  if (!body->is_object()) return ReplyError(res, absl::InvalidArgumentError("expected an object"));
+  TaskSpec spec;
+  spec.kind = TaskKind::kTraining;
+  std::string optimizer = "sgd";
+  uint64_t deadline_ms = 0;
+  for (absl::Status s :
+       {Member(*body, "model", spec.model), Member(*body, "iterations", spec.iterations),
+        Member(*body, "batch", spec.batch), Member(*body, "seed", spec.seed),
+        Member(*body, "priority", spec.priority), Member(*body, "optimizer", optimizer),
+        Member(*body, "learning_rate", spec.trainer.learning_rate),
+        Member(*body, "momentum", spec.trainer.momentum),
+        Member(*body, "deadline_ms", deadline_ms)}) {
+    if (!s.ok()) return ReplyError(res, s);
+  }
+  if (absl::Status name = base::CheckText(spec.model, "model name", 128); !name.ok()) {
+    return ReplyError(res, name);
+  }
+  if (optimizer != "sgd" && optimizer != "adam") {
+    return ReplyError(res, absl::InvalidArgumentError("optimizer must be \"sgd\" or \"adam\""));
+  }
+  spec.trainer.optimizer =
+      optimizer == "adam" ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
+  if (spec.trainer.optimizer == models::OptimizerKind::kAdam) spec.trainer.momentum = 0;
+  if (deadline_ms > 0) {
+    spec.deadline = absl::Now() + absl::Milliseconds(static_cast<int64_t>(
+                                      std::min<uint64_t>(deadline_ms, 86400ull * 1000)));
+  }
+  const std::string client = options_.tokens != nullptr ? who.name : "http";
+  if (options_.quota != nullptr) {
+    if (absl::Status admitted = options_.quota->Admit(client); !admitted.ok()) {
+      return ReplyError(res, admitted);
+    }
+  }
+  ClientQuota* quota = options_.quota;
+  absl::StatusOr<uint64_t> task = controller_->Submit(
+      std::move(spec), [quota, client](const absl::StatusOr<TaskOutcome>&) {
+        if (quota != nullptr) quota->Done(client);
+      });
+  if (!task.ok()) {
+    if (quota != nullptr) quota->Done(client);
+    return ReplyError(res, task.status());
+  }
+  if (options_.owners != nullptr) options_.owners->Record(*task, who.name);
+  res.set_header("Location", absl::StrCat("/v1/tasks/", *task));
+  Reply(res, 202, json{{"task_id", *task}});
+}
+
+void HttpServer::Infer(const Principal& who, const std::string& model,
+                       const httplib::Request& req, httplib::Response& res) {
   // The binary tensor data extension: a JSON header of this many bytes, then raw tensors.
   absl::string_view header = req.body;
   absl::string_view binary;
@@ -381,11 +524,25 @@ void HttpServer::Infer(const std::string& model, const httplib::Request& req,
     id = (*request)["id"].get<std::string>();
     if (!base::CheckText(id, "request id", 256).ok()) id.clear();
   }
+  const std::string client = options_.tokens != nullptr ? who.name : "http";
+  ClientQuota* quota = options_.quota;
+  if (quota != nullptr) {
+    if (absl::Status admitted = quota->Admit(client); !admitted.ok()) {
+      return ReplyError(res, admitted);
+    }
+  }
   auto answer = std::make_shared<std::promise<absl::StatusOr<TaskOutcome>>>();
   std::future<absl::StatusOr<TaskOutcome>> done = answer->get_future();
   absl::StatusOr<uint64_t> task = controller_->Submit(
-      std::move(spec), [answer](const absl::StatusOr<TaskOutcome>& out) { answer->set_value(out); });
-  if (!task.ok()) return ReplyError(res, task.status());
+      std::move(spec), [answer, quota, client](const absl::StatusOr<TaskOutcome>& out) {
+        if (quota != nullptr) quota->Done(client);
+        answer->set_value(out);
+      });
+  if (!task.ok()) {
+    if (quota != nullptr) quota->Done(client);
+    return ReplyError(res, task.status());
+  }
+  if (options_.owners != nullptr) options_.owners->Record(*task, who.name);
   // Waited in slices, so shutdown never waits on a task (its answer, if any, is dropped).
   const absl::Time give_up = absl::Now() + options_.infer_timeout;
   while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {

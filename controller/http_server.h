@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "controller/auth.h"
+#include "controller/client_quota.h"
 #include "controller/controller.h"
 
 namespace httplib {
@@ -30,6 +31,9 @@ struct HttpServerOptions {
   // Bearer tokens (Authorization: Bearer ...) every request but the health checks presents
   // (null: none needed).
   const TokenTable* tokens = nullptr;
+  // Who owns each task and each client's cap of unfinished tasks: the TCP port's, shared.
+  TaskOwners* owners = nullptr;
+  ClientQuota* quota = nullptr;
   size_t max_body_bytes = 64 << 20;
   // How long an infer request waits for its answer.
   absl::Duration infer_timeout = absl::Minutes(10);
@@ -56,8 +60,11 @@ class HttpServer {
  private:
   HttpServer(Controller* controller, HttpServerOptions options);
   void Route();
+  // /v1/tasks: training tasks, answered at once (their state is polled).
+  void SubmitTraining(const Principal& who, const httplib::Request& req, httplib::Response& res);
   // POST /v2/models/{model}/infer: JSON tensors, or the binary tensor data extension.
-  void Infer(const std::string& model, const httplib::Request& req, httplib::Response& res);
+  void Infer(const Principal& who, const std::string& model, const httplib::Request& req,
+             httplib::Response& res);
 
   Controller* const controller_;
   const HttpServerOptions options_;

@@ -220,5 +220,74 @@ TEST(HttpAuthE2eTest, TokensGuardEverythingButHealth) {
   std::filesystem::remove_all(tmpl);
 }
 
+// pswitch's own v1 resources: training tasks submitted, polled, listed and cancelled over HTTP,
+// each user seeing only its own, as on the TCP port.
+TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
+  char tmpl[] = "/tmp/pswitch-http-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string tokens = std::string(tmpl) + "/tokens";
+  std::ofstream(tokens) << "user-token-bob-0123456789 bob user\n"
+                           "user-token-carol-0123456789 carol user\n";
+  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", "--auth-tokens=" + tokens});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  const httplib::Headers bob = {{"Authorization", "Bearer user-token-bob-0123456789"}};
+  const httplib::Headers carol = {{"Authorization", "Bearer user-token-carol-0123456789"}};
+  auto state_of = [&](uint64_t id, const httplib::Headers& who) {
+    auto r = http.Get("/v1/tasks/" + std::to_string(id), who);
+    return r && r->status == 200 ? Body(r)["state"].get<std::string>() : std::string("?");
+  };
+  auto await_state = [&](uint64_t id, const std::string& want) {
+    std::string state;
+    for (int i = 0; i < 600 && state != want; ++i) {
+      state = state_of(id, bob);
+      if (state != want) absl::SleepFor(absl::Milliseconds(50));
+    }
+    return state;
+  };
+
+  auto submitted = http.Post("/v1/tasks", bob,
+                             R"({"model": "tiny_mlp", "iterations": 3, "optimizer": "adam"})",
+                             "application/json");
+  ASSERT_TRUE(submitted);
+  ASSERT_EQ(submitted->status, 202) << submitted->body;
+  const uint64_t id = Body(submitted)["task_id"].get<uint64_t>();
+  EXPECT_EQ(submitted->get_header_value("Location"), "/v1/tasks/" + std::to_string(id));
+  EXPECT_EQ(await_state(id, "succeeded"), "succeeded");
+  // Another user's task is as good as absent.
+  auto hidden = http.Get("/v1/tasks/" + std::to_string(id), carol);
+  ASSERT_TRUE(hidden);
+  EXPECT_EQ(hidden->status, 404);
+  auto bobs = http.Get("/v1/tasks", bob);
+  auto carols = http.Get("/v1/tasks", carol);
+  ASSERT_TRUE(bobs && carols);
+  EXPECT_FALSE(Body(bobs)["tasks"].empty());
+  EXPECT_TRUE(Body(carols)["tasks"].empty()) << carols->body;
+
+  auto endless = http.Post("/v1/tasks", bob, R"({"model": "tiny_mlp", "iterations": 1000000})",
+                           "application/json");
+  ASSERT_TRUE(endless);
+  ASSERT_EQ(endless->status, 202) << endless->body;
+  const uint64_t long_id = Body(endless)["task_id"].get<uint64_t>();
+  EXPECT_EQ(await_state(long_id, "running"), "running");
+  auto cancelled = http.Delete("/v1/tasks/" + std::to_string(long_id), bob);
+  ASSERT_TRUE(cancelled);
+  EXPECT_EQ(cancelled->status, 202) << cancelled->body;
+  EXPECT_EQ(await_state(long_id, "cancelled"), "cancelled");
+
+  for (const auto& [body, status] : std::vector<std::pair<std::string, int>>{
+           {"[1]", 400},
+           {R"({"model": "tiny_mlp", "iterations": "many"})", 400},
+           {R"({"model": "tiny_mlp", "optimizer": "rmsprop"})", 400},
+           {R"({"model": "nope", "iterations": 1})", 404}}) {
+    auto r = http.Post("/v1/tasks", bob, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+    EXPECT_TRUE(Body(r).contains("error"));
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
 }  // namespace
 }  // namespace pswitch

@@ -498,6 +498,8 @@ int Main() {
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
     controller::HttpServerOptions http_options;
     http_options.tokens = tokens.get();
+    http_options.owners = &(*server)->owners();
+    http_options.quota = &(*server)->quota();
     http_options.max_body_bytes = server_options.max_frame_bytes;
     auto started = controller::HttpServer::Start(absl::GetFlag(FLAGS_http_listen),
                                                  controller->get(), http_options);
