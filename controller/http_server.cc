@@ -284,6 +284,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     s->port_ = static_cast<uint16_t>(host_port.second);
   }
   s->thread_ = std::thread([server = s->server_.get()] { server->listen_after_bind(); });
+  // stop() only stops a server already running: until then a destructor could not end it.
+  for (int i = 0; i < 5000 && !s->server_->is_running(); ++i) absl::SleepFor(absl::Milliseconds(1));
+  if (!s->server_->is_running()) return absl::InternalError("the HTTP server did not start");
   return s;
 }
 
