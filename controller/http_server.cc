@@ -378,35 +378,35 @@ void HttpServer::Route() {
     }
     Reply(res, 200, json{{"tasks", std::move(tasks)}});
   });
-  // A task of another user is answered as absent, as on the TCP port.
-  auto owned_task = [this](const Principal& who, const std::string& text,
-                           uint64_t& id) -> absl::Status {
+  // The task a /v1/tasks/{id} request names, once authorized; a task of another user is
+  // answered as absent, as on the TCP port. nullopt: the error is already in `res`.
+  auto task_of = [this, authorize](const httplib::Request& req,
+                                   httplib::Response& res) -> std::optional<uint64_t> {
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return std::nullopt;
+    const std::string text = req.matches[1].str();
+    uint64_t id = 0;
     if (!absl::SimpleAtoi(text, &id) ||
-        (options_.owners != nullptr && !options_.owners->MayAccess(who, id))) {
-      return absl::NotFoundError(absl::StrCat("no task ", absl::CHexEscape(text.substr(0, 32))));
+        (options_.owners != nullptr && !options_.owners->MayAccess(*who, id))) {
+      ReplyError(res,
+                 absl::NotFoundError(absl::StrCat("no task ", absl::CHexEscape(text.substr(0, 32)))));
+      return std::nullopt;
     }
-    return absl::OkStatus();
+    return id;
   };
-  http.Get(R"(/v1/tasks/([^/]+))", [this, authorize, owned_task](const httplib::Request& req,
-                                                                  httplib::Response& res) {
-    std::optional<Principal> who = authorize(req, res);
-    if (!who) return;
-    uint64_t id = 0;
-    if (absl::Status owned = owned_task(*who, req.matches[1].str(), id); !owned.ok()) {
-      return ReplyError(res, owned);
-    }
-    absl::StatusOr<TaskStatus> status = controller_->Query(id);
-    if (!status.ok()) return ReplyError(res, status.status());
-    Reply(res, 200, TaskJson(*status));
-  });
-  http.Delete(R"(/v1/tasks/([^/]+))", [this, authorize, owned_task](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    std::optional<Principal> who = authorize(req, res);
-    if (!who) return;
-    uint64_t id = 0;
-    if (absl::Status owned = owned_task(*who, req.matches[1].str(), id); !owned.ok()) {
-      return ReplyError(res, owned);
-    }
+  http.Get(R"(/v1/tasks/([^/]+))",
+           [this, task_of](const httplib::Request& req, httplib::Response& res) {
+             std::optional<uint64_t> id = task_of(req, res);
+             if (!id) return;
+             absl::StatusOr<TaskStatus> status = controller_->Query(*id);
+             if (!status.ok()) return ReplyError(res, status.status());
+             Reply(res, 200, TaskJson(*status));
+           });
+  http.Delete(R"(/v1/tasks/([^/]+))", [this, task_of](const httplib::Request& req,
+                                                       httplib::Response& res) {
+    std::optional<uint64_t> found = task_of(req, res);
+    if (!found) return;
+    const uint64_t id = *found;
     if (absl::Status cancelled = controller_->Cancel(id); !cancelled.ok()) {
       return ReplyError(res, cancelled);
     }

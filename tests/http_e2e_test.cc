@@ -14,27 +14,17 @@
 #include "models/registry.h"
 #include "models/zoo_model.h"
 #include "nlohmann/json.hpp"
+#include "tests/e2e_helpers.h"
 #include "tests/test_daemon.h"
 #include "worker/host_tensors.h"
 
 namespace pswitch {
 namespace {
 
+using e2e::Floats;
+using e2e::Input;
+using e2e::TokenFile;
 using nlohmann::json;
-
-proto::HostTensor Input(const std::string& zoo, uint64_t seed) {
-  auto model = models::CreateModel(zoo);
-  EXPECT_TRUE(model.ok());
-  auto host = worker::ToHostTensor("input", (*model)->ExampleInput(2, seed).input);
-  EXPECT_TRUE(host.ok());
-  return *host;
-}
-
-std::vector<float> Floats(const proto::HostTensor& t) {
-  std::vector<float> v(t.data.size() / 4);
-  std::memcpy(v.data(), t.data.data(), t.data.size());
-  return v;
-}
 
 // The KServe v2 JSON body for one FP32 input.
 std::string InferBody(const proto::HostTensor& t) {
@@ -196,12 +186,8 @@ TEST_F(HttpE2eTest, BadRequestsGetJsonErrorsWithTheirStatusCodes) {
 
 // With --auth-tokens, every route but the health probes needs Authorization: Bearer.
 TEST(HttpAuthE2eTest, TokensGuardEverythingButHealth) {
-  char tmpl[] = "/tmp/pswitch-http-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string tokens = std::string(tmpl) + "/tokens";
-  std::ofstream(tokens) << "user-token-bob-0123456789 bob user\n";
-  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
-  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=0", "--auth-tokens=" + tokens});
+  TokenFile tokens("user-token-bob-0123456789 bob user\n");
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=0", tokens.flag()});
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   httplib::Client http("127.0.0.1", daemon.http_port());
   auto live = http.Get("/v2/health/live");
@@ -217,19 +203,13 @@ TEST(HttpAuthE2eTest, TokensGuardEverythingButHealth) {
   auto allowed = http.Get("/v2/models/tiny_mlp", {{"Authorization", "Bearer user-token-bob-0123456789"}});
   ASSERT_TRUE(allowed);
   EXPECT_EQ(allowed->status, 200) << allowed->body;
-  std::filesystem::remove_all(tmpl);
 }
 
 // pswitch's own v1 resources: training tasks submitted, polled, listed and cancelled over HTTP,
 // each user seeing only its own, as on the TCP port.
 TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
-  char tmpl[] = "/tmp/pswitch-http-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string tokens = std::string(tmpl) + "/tokens";
-  std::ofstream(tokens) << "user-token-bob-0123456789 bob user\n"
-                           "user-token-carol-0123456789 carol user\n";
-  ASSERT_EQ(::chmod(tokens.c_str(), 0600), 0);
-  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", "--auth-tokens=" + tokens});
+  TokenFile tokens(e2e::kThreeTokens);
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", tokens.flag()});
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   httplib::Client http("127.0.0.1", daemon.http_port());
   const httplib::Headers bob = {{"Authorization", "Bearer user-token-bob-0123456789"}};
@@ -286,7 +266,6 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
     EXPECT_EQ(r->status, status) << body << " -> " << r->body;
     EXPECT_TRUE(Body(r).contains("error"));
   }
-  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

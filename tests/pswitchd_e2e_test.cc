@@ -27,11 +27,17 @@
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
 #include "proto/wire_status.h"
+#include "tests/e2e_helpers.h"
 #include "tests/test_daemon.h"
 #include "worker/host_tensors.h"
 
 namespace pswitch {
 namespace {
+
+using e2e::Floats;
+using e2e::Input;
+using e2e::kThreeTokens;
+using e2e::TokenFile;
 
 using ::testing::HasSubstr;
 
@@ -75,14 +81,6 @@ std::vector<std::string> OpenFds(pid_t pid) {
   return kinds;
 }
 
-proto::HostTensor Input(const std::string& zoo, uint64_t seed) {
-  auto model = models::CreateModel(zoo);
-  EXPECT_TRUE(model.ok());
-  auto host = worker::ToHostTensor("input", (*model)->ExampleInput(2, seed).input);
-  EXPECT_TRUE(host.ok());
-  return *host;
-}
-
 // What run-model computes: the same zoo model, same (seed 0) weights, in this process.
 std::vector<float> Reference(const std::string& zoo, const proto::HostTensor& input) {
   auto model = models::CreateModel(zoo);
@@ -96,38 +94,10 @@ std::vector<float> Reference(const std::string& zoo, const proto::HostTensor& in
   return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
 }
 
-std::vector<float> Floats(const proto::HostTensor& t) {
-  std::vector<float> v(t.data.size() / 4);
-  std::memcpy(v.data(), t.data.data(), t.data.size());
-  return v;
-}
-
 void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5) << i;
 }
-
-// A private (0600) --auth-tokens file for a test daemon, removed with it.
-class TokenFile {
- public:
-  explicit TokenFile(const std::string& lines) {
-    char tmpl[] = "/tmp/pswitch-tokens-XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/tokens";
-    std::ofstream(path_) << lines;
-    EXPECT_EQ(::chmod(path_.c_str(), 0600), 0);
-  }
-  ~TokenFile() { std::filesystem::remove_all(dir_); }
-  std::string flag() const { return "--auth-tokens=" + path_; }
-
- private:
-  std::string dir_, path_;
-};
-
-constexpr char kThreeTokens[] = "admin-token-0123456789 alice admin\n"
-                                "user-token-bob-0123456789 bob user\n"
-                                "user-token-carol-0123456789 carol user\n";
 
 // The code of the error reply `channel` receives next; Unknown when what comes is not one.
 absl::StatusCode NextErrorCode(proto::FrameChannel& channel) {
