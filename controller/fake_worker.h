@@ -53,6 +53,12 @@ class FakeWorker : public WorkerLink {
     proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
     Emit(b);
   }
+  void Heartbeat() {
+    flatbuffers::FlatBufferBuilder b;
+    auto body = proto::CreateHeartbeat(b);
+    proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Heartbeat, body.Union()));
+    Emit(b);
+  }
   void Emit(const flatbuffers::FlatBufferBuilder& b) {
     handler_(0, std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()));
   }

@@ -252,7 +252,9 @@ void WorkerPool::OnDied(int slot, const absl::Status& why) {
 }
 
 bool WorkerPool::Free(int slot) const {
-  return slots_[slot].state == State::kIdle && loads_.pending(static_cast<size_t>(slot)) == 0;
+  const Slot& s = slots_[slot];
+  return s.state == State::kIdle && loads_.pending(static_cast<size_t>(slot)) == 0 &&
+         absl::Now() - s.last_heard < std::min(options_.suspect_after, options_.silence_timeout);
 }
 
 bool WorkerPool::Usable(int slot, const std::string& model) const {

@@ -51,6 +51,9 @@ struct WorkerPoolOptions {
   // A worker that announced itself and then says nothing this long (it sends a heartbeat every
   // worker::kWorkerHeartbeatInterval) is stopped or wedged: it is killed and replaced.
   absl::Duration silence_timeout = absl::Seconds(10);
+  // A ready worker silent this long (three missed 500 ms heartbeats) gets no new task until it
+  // is heard again or killed: a stopped worker must not take the task the last one failed.
+  absl::Duration suspect_after = absl::Milliseconds(1500);
   // Every registered model, in registration order: a fresh worker loads them all.
   std::function<std::vector<WorkerModel>()> models;
   // Nothing of `slot`'s dead process is in flight: a copy waiting for its drain value

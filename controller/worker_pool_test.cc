@@ -20,10 +20,12 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
   // Events are posted to the loop; the test runs them by hand.
   void Drain() { loop_->io().restart(), loop_->io().poll(); }
 
-  std::unique_ptr<WorkerPool> MakePool(int workers, bool spawn_fails = false) {
+  std::unique_ptr<WorkerPool> MakePool(int workers, bool spawn_fails = false,
+                                       absl::Duration suspect_after = absl::Seconds(1)) {
     WorkerPoolOptions options;
     options.workers = workers;
     options.silence_timeout = absl::Seconds(1);
+    options.suspect_after = suspect_after;
     options.launch = [this, spawn_fails](uint32_t id, WorkerProcess::EventHandler handler)
         -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
       if (spawn_fails) return absl::InternalError("no worker binary");
@@ -235,6 +237,22 @@ TEST_F(WorkerPoolTest, AReadyWorkerThatGoesSilentIsKilled) {
   ASSERT_EQ(deaths_.size(), 1u);
   EXPECT_TRUE(deaths_[0].killed);
   EXPECT_NE(deaths_[0].why.find("no heartbeat"), std::string::npos) << deaths_[0].why;
+}
+
+// A worker that has missed a few heartbeats gets no new task (a SIGSTOPped standby once took the
+// task after the one its stopped neighbour failed), and is usable again once heard.
+TEST_F(WorkerPoolTest, ASuspectlySilentWorkerGetsNoNewTaskUntilHeardAgain) {
+  auto pool = MakePool(1, /*spawn_fails=*/false, /*suspect_after=*/absl::Milliseconds(50));
+  pool->Start();
+  BringUp(1);
+  absl::Status never;
+  EXPECT_TRUE(pool->Usable(0, "a"));
+  absl::SleepFor(absl::Milliseconds(80));
+  EXPECT_FALSE(pool->Usable(0, "a"));
+  EXPECT_EQ(pool->ForModel("a", &never), Outlook::kLater);
+  workers_[0]->Heartbeat();
+  Drain();
+  EXPECT_TRUE(pool->Usable(0, "a"));
 }
 
 TEST_F(WorkerPoolTest, CloseShutsEveryWorkerDownAndReleasesItsDrain) {
