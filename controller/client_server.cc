@@ -1,5 +1,6 @@
 #include "controller/client_server.h"
 
+#include "controller/listen_address.h"
 #include "controller/requests.h"
 
 #include <optional>
@@ -395,19 +396,11 @@ namespace {
 
 // "HOST:PORT" (IPv6 hosts in brackets) as the endpoint to listen on.
 absl::StatusOr<asio::ip::tcp::endpoint> ParseListen(const std::string& listen) {
-  size_t colon = listen.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad listen address '", listen, "' (expected HOST:PORT)"));
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  PSWITCH_ASSIGN_OR_RETURN(ListenAddress split, SplitListen(listen));
   asio::error_code ec;
-  asio::ip::address address = asio::ip::make_address(host, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("bad listen host '", host, "'"));
-  return asio::ip::tcp::endpoint(address, static_cast<uint16_t>(port));
+  asio::ip::address address = asio::ip::make_address(split.host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("bad listen host '", split.host, "'"));
+  return asio::ip::tcp::endpoint(address, split.port);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "base/status.h"
 #include "base/text.h"
+#include "controller/listen_address.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/host_tensor.h"
@@ -225,20 +226,6 @@ absl::Status Member(const json& body, const char* key, T& out) {
   return absl::OkStatus();
 }
 
-// "HOST:PORT" (an IPv6 host in brackets).
-absl::StatusOr<std::pair<std::string, int>> SplitListen(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad HTTP listen address '", listen, "' (expected HOST:PORT)"));
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  return std::make_pair(host, port);
-}
-
 }  // namespace
 
 int HttpStatus(absl::StatusCode code) {
@@ -268,22 +255,22 @@ HttpServer::HttpServer(Controller* controller, HttpServerOptions options)
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
                                                               Controller* controller,
                                                               HttpServerOptions options) {
-  PSWITCH_ASSIGN_OR_RETURN(auto host_port, SplitListen(listen));
+  PSWITCH_ASSIGN_OR_RETURN(ListenAddress address, SplitListen(listen));
   std::unique_ptr<HttpServer> s(new HttpServer(controller, options));
   s->server_->set_payload_max_length(options.max_body_bytes);
   // Headers and body go out as separate writes: without this, Nagle and delayed ACKs add ~40 ms.
   s->server_->set_tcp_nodelay(true);
   s->server_->set_read_timeout(absl::ToChronoSeconds(options.read_timeout));
   s->Route();
-  if (host_port.second == 0) {
-    const int port = s->server_->bind_to_any_port(host_port.first);
+  if (address.port == 0) {
+    const int port = s->server_->bind_to_any_port(address.host);
     if (port < 0) return absl::UnavailableError(absl::StrCat("HTTP listen on ", listen, " failed"));
     s->port_ = static_cast<uint16_t>(port);
   } else {
-    if (!s->server_->bind_to_port(host_port.first, host_port.second)) {
+    if (!s->server_->bind_to_port(address.host, address.port)) {
       return absl::UnavailableError(absl::StrCat("HTTP listen on ", listen, " failed"));
     }
-    s->port_ = static_cast<uint16_t>(host_port.second);
+    s->port_ = address.port;
   }
   s->thread_ = std::thread([server = s->server_.get()] { server->listen_after_bind(); });
   // stop() only stops a server already running: until then a destructor could not end it.

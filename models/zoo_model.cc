@@ -29,6 +29,23 @@ ModelOutput ZooModel::Forward(const ModelInput& input) {
   return out;
 }
 
+// The trace inputs are made on the CPU; a model already moved to a GPU needs them there.
+ModelInput ZooModel::OnModelDevice(ModelInput input) {
+  at::Device device(at::kCPU);
+  for (const auto& p : parameters()) {
+    device = p.device();
+    break;
+  }
+  if (device.is_cpu()) return input;
+  auto move = [&](at::Tensor& t) {
+    if (t.defined()) t = t.to(device);
+  };
+  move(input.input);
+  move(input.attention_mask);
+  move(input.token_type_ids);
+  return input;
+}
+
 absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
   auto& slot = layers_[is_training() ? 1 : 0];
   if (slot.has_value()) return &*slot;
@@ -44,7 +61,7 @@ absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
         torch::NoGradGuard no_grad;
         tape_.StartRecording();
         try {
-          ForwardImpl(TraceInput());
+          ForwardImpl(OnModelDevice(TraceInput()));
         } catch (...) {
           tape_.StopRecording();
           throw;

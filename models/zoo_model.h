@@ -133,6 +133,7 @@ class ZooModel : public torch::nn::Module {
   virtual ModelOutput ForwardImpl(const ModelInput& input) = 0;
   // A small input that exercises every layer of the current mode; used once to record order.
   virtual ModelInput TraceInput() const { return ExampleInput(2, 0); }
+  ModelInput OnModelDevice(ModelInput input);
   LayerTape& tape() { return tape_; }
 
  private:

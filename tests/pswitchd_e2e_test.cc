@@ -99,6 +99,14 @@ void ExpectClose(const std::vector<float>& a, const std::vector<float>& b) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5) << i;
 }
 
+// A client of `daemon` presenting `token`.
+absl::StatusOr<std::unique_ptr<client::Client>> ConnectWithToken(const e2e::TestDaemon& daemon,
+                                                                 const std::string& token) {
+  client::ClientOptions options;
+  options.token = token;
+  return client::Client::Connect(daemon.address(), options);
+}
+
 // The code of the error reply `channel` receives next; Unknown when what comes is not one.
 absl::StatusCode NextErrorCode(proto::FrameChannel& channel) {
   auto reply = channel.Receive(absl::Seconds(10));
@@ -697,11 +705,7 @@ TEST(AuthE2eTest, TokensAndRolesGuardEveryRequest) {
   TokenFile tokens(kThreeTokens);
   e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", tokens.flag()});
   ASSERT_GT(daemon.port(), 0) << daemon.log();
-  auto connect = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.token = token;
-    return client::Client::Connect(daemon.address(), options);
-  };
+  auto connect = [&](const std::string& token) { return ConnectWithToken(daemon, token); };
 
   // No token: the first request is refused and the connection closed.
   auto anonymous = connect("");
@@ -848,11 +852,7 @@ TEST(LimitsE2eTest, TaskCapsPerClientAndPerGpuAndTheBatchLimitRefuseTheExcess) {
                           "--max-tasks-per-client=2", "--max-queued-tasks=3",
                           "--max-task-time-s=30"});
   ASSERT_GT(daemon.port(), 0) << daemon.log();
-  auto connect = [&](const std::string& token) {
-    client::ClientOptions options;
-    options.token = token;
-    return client::Client::Connect(daemon.address(), options);
-  };
+  auto connect = [&](const std::string& token) { return ConnectWithToken(daemon, token); };
   auto bob = connect("user-token-bob-0123456789");
   auto carol = connect("user-token-carol-0123456789");
   auto alice = connect("admin-token-0123456789");
@@ -971,9 +971,7 @@ TEST(LimitsE2eTest, PartialFramesAndUnauthenticatedConnectionsAreCut) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_THAT(daemon.log(), HasSubstr("event=client_disconnected"));
   // An authenticated client is served, and is not held to the authentication deadline.
-  client::ClientOptions options;
-  options.token = "admin-token-0123456789";
-  auto alice = client::Client::Connect(daemon.address(), options);
+  auto alice = ConnectWithToken(daemon, "admin-token-0123456789");
   ASSERT_TRUE(alice.ok()) << alice.status();
   absl::SleepFor(absl::Seconds(1));
   EXPECT_TRUE((*alice)->ListModels().ok());

@@ -230,9 +230,14 @@ int Main() {
               out_path = (dir / "y.safetensors").string(),
               weights_path = (dir / "w.safetensors").string(),
               run_log = (dir / "run-model.log").string();
-  models::SafetensorsEntry entry{"input", models::DType::kF32, input->shape, input->data.data(),
-                                 input->data.size()};
-  absl::Status cold_status = models::WriteSafetensors(in_path, {entry});
+  // The wire and safetensors spell dtypes alike (F32, I64: BERT's token ids are I64).
+  absl::StatusOr<models::DType> input_dtype = models::ParseDType(proto::EnumNameDType(input->dtype));
+  absl::Status cold_status = input_dtype.status();
+  if (cold_status.ok()) {
+    models::SafetensorsEntry entry{"input", *input_dtype, input->shape, input->data.data(),
+                                   input->data.size()};
+    cold_status = models::WriteSafetensors(in_path, {entry});
+  }
   if (cold_status.ok()) {
     auto state = models::StateDict(**model);
     cold_status = state.ok() ? models::WriteTensors(weights_path, *state) : state.status();

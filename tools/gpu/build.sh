@@ -74,11 +74,14 @@ if ! flatc_out="$("$prefix/usr/bin/flatc" --version 2>&1)"; then
 fi
 
 # --- configure, build, test ---
+# The binaries carry the prefix as DT_RPATH, not RUNPATH: only RPATH also serves the prefix's own
+# libraries' dependencies (abseil's among themselves, cpp-httplib's Brotli), whoever starts them.
 say "configuring in $build"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" -DPSWITCH_CUDA=ON \
   -DCUDAToolkit_ROOT="$cuda_root" \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
   -DFLATC="$prefix/usr/bin/flatc" \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags \
   -DPSWITCH_PARITY_PYTHON="$(command -v "$python")" 2>&1 | tee "$build/configure.log"
 grep -q 'CUDA backend ON' "$build/configure.log" || die "the CUDA backend is off (see $build/configure.log)"
 grep -q 'CUDA worker ON' "$build/configure.log" ||

@@ -19,6 +19,9 @@ packages=(
   libasio-dev
   libgtest-dev libgmock-dev googletest
   nlohmann-json3-dev
+  # pswitchd's HTTP port: cpp-httplib is a compiled library built with OpenSSL, zlib and Brotli
+  # support, so its header needs theirs; the runtime libraries the GPU machine may lack come too.
+  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1
 )
 
 if ! command -v apt-get >/dev/null; then

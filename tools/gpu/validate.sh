@@ -117,7 +117,7 @@ cmd_selfcheck() {
 cmd_ctest() {
   local regex='Cuda|MemDaemonIpc' rc
   [ "$quick" = 1 ] && regex='Cuda'
-  (cd "$build" && ctest --output-on-failure -R "$regex" --timeout 90) | tee "$work/ctest.out"
+  (cd "$build" && ctest --output-on-failure -R "$regex" --timeout 30) | tee "$work/ctest.out"
   rc=${PIPESTATUS[0]}
   grep -E 'tests passed' "$work/ctest.out" | sed 's/^/FIG ctest -R '"$regex"': /'
   return "$rc"
@@ -268,11 +268,11 @@ start_daemon() {
   daemon_port=""
   "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --gpus=1 --preload= --standby-workers=1 \
     --arena-bytes=$((24 << 30)) --activation-bytes=$((6 << 30)) \
-    --socket="/tmp/pswitch-validate-$$-bubbles.sock" 2>"$log" &
+    --data-root="$work/bubbles" --socket="/tmp/pswitch-validate-$$-bubbles.sock" 2>"$log" &
   daemon_pid=$!
   for _ in $(seq 1 300); do
     if grep -q 'event=serving' "$log" 2>/dev/null; then
-      daemon_port="$(sed -n 's/.*event=started .*port=\([0-9]*\).*/\1/p' "$log" | head -1)"
+      daemon_port="$(sed -n 's/.*event=started.* port=\([0-9]*\).*/\1/p' "$log" | head -1)"
       break
     fi
     kill -0 "$daemon_pid" 2>/dev/null || break
@@ -341,7 +341,7 @@ PY
         --step-us 20000 --memory-bytes $((5 << 30)))"
     else
       job="$("${ctl[@]}" fill submit --kind inference --model bert_base --batch 8 \
-        --dataset "$d/bert-dataset.safetensors" --output "$d/bert-output.safetensors" \
+        --dataset bert-dataset.safetensors --output bert-output.safetensors \
         --step-us 10000 --memory-bytes $((2 << 30)))"
     fi
     echo "$job"
