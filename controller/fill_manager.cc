@@ -360,13 +360,14 @@ absl::Status FillManager::BubbleEnd(int gpu) {
     g.in_bubble = false;
     const absl::Time now = absl::Now();
     stats_.bubble_time += now - g.bubble_begin;
+    telemetry_->BubbleTime(gpu, now - g.bubble_begin);
     // A run still going from an earlier bubble keeps that bubble's end (its pause latency and
     // kill deadline count from there).
     if (!g.running_job || g.ended) return absl::OkStatus();
     g.bubble_end = now;
     g.ended = true;
     if (g.run_done) {
-      RecordPause(g);
+      RecordPause(gpu, g);
     } else {
       pause = true;
     }
@@ -375,9 +376,10 @@ absl::Status FillManager::BubbleEnd(int gpu) {
   return absl::OkStatus();
 }
 
-void FillManager::RecordPause(GpuState& g) {
+void FillManager::RecordPause(int gpu, GpuState& g) {
   // Paused before the bubble ended (the step gate) counts as zero.
   pause_latencies_.push_back(std::max(absl::ZeroDuration(), g.run_done_at - g.bubble_end));
+  telemetry_->FillPaused(gpu, pause_latencies_.back());
   // Recent samples only; dropping the older half at once keeps BubbleEnd O(1) amortized.
   if (pause_latencies_.size() > 100000) {
     pause_latencies_.erase(pause_latencies_.begin(), pause_latencies_.begin() + 50000);
@@ -391,7 +393,7 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
   if (g.running_job == id) {
     g.run_done = true;
     g.run_done_at = outcome.ok() ? outcome->paused_at : absl::Now();
-    if (g.ended) RecordPause(g);
+    if (g.ended) RecordPause(gpu, g);
   }
   Job& job = jobs_.at(id);
   if (job.machine.stopped()) {  // stopped while this run was out: drop what it saved
@@ -408,6 +410,7 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
   }
   stats_.steps += outcome->fill_steps;
   stats_.fill_step_time += outcome->fill_step_time;
+  telemetry_->FillStepTime(gpu, outcome->fill_step_time);
   if (outcome->fill_steps > 0) {
     // Across bubbles the job's step time is a smoothed measurement: one descheduled step must
     // not lock the job out of every bubble (within a bubble, the worker's gate is stricter).
@@ -471,6 +474,27 @@ absl::StatusOr<FillJobStatus> FillManager::Query(uint64_t job_id) const {
     }
   }
   return status;
+}
+
+std::map<std::string, int> FillManager::JobsByState() const {
+  std::map<std::string, int> counts;
+  using api::FillState;
+  for (FillState state : {FillState::kSubmitted, FillState::kCreated, FillState::kPaused,
+                          FillState::kRunning, FillState::kStopped}) {
+    counts[std::string(api::FillStateName(state))] = 0;
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, job] : jobs_) {
+    ++counts[std::string(api::FillStateName(job.machine.state()))];
+  }
+  return counts;
+}
+
+std::optional<fill::BubbleCycle> FillManager::Cycle(int gpu) const {
+  if (!CheckGpu(gpu).ok()) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  auto it = gpus_.find(gpu);
+  return it == gpus_.end() ? std::nullopt : it->second.cycle;
 }
 
 FillStats FillManager::Stats() const {

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "api/types.h"
+#include "controller/telemetry.h"
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "absl/synchronization/mutex.h"
@@ -41,13 +42,18 @@ struct FillManagerOptions {
   std::shared_ptr<const base::ConfinedDir> data_root;
   // A dataset is read whole (to count its rows) in pswitchd and in the worker: bounded.
   uint64_t max_dataset_bytes = 2ull << 30;
+  // Where bubble time, fill step time and pause latencies are counted (GET /metrics); null =
+  // its own.
+  std::shared_ptr<Telemetry> telemetry;
 };
 
 // Thread-safe.
 class FillManager {
  public:
   FillManager(Controller* controller, FillManagerOptions options)
-      : controller_(controller), options_(options) {}
+      : controller_(controller),
+        options_(options),
+        telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()) {}
   // Finishes the disk work already queued (an inference job's output is never lost).
   ~FillManager() { io_.wait(); }
   // Before the controller goes: submissions from now on (queued ones included) answer
@@ -82,6 +88,10 @@ class FillManager {
                            int64_t began_ns = 0);
   absl::Status BubbleEnd(int gpu);
   FillStats Stats() const;
+  // Every fill state's name (FillStateName) with its number of jobs, zeros included.
+  std::map<std::string, int> JobsByState() const;
+  // The bubble cycle registered for `gpu`; nullopt when none is (or no such GPU).
+  std::optional<fill::BubbleCycle> Cycle(int gpu) const;
 
  private:
   struct Job {
@@ -123,12 +133,13 @@ class FillManager {
   // controller; false on the I/O thread, which may run after the controller is gone).
   void Stop(uint64_t id, Job& job, absl::Status error, bool drop_checkpoint = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordPause(GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordPause(int gpu, GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                    uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Controller* const controller_;
   const FillManagerOptions options_;
+  const std::shared_ptr<Telemetry> telemetry_;
 
   // Held (shared) while a submission may call into the controller; Shutdown takes it exclusively.
   absl::Mutex lifecycle_mu_;

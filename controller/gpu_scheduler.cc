@@ -1,8 +1,10 @@
 #include "controller/gpu_scheduler.h"
 
 #include <chrono>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/worker_commands.h"
@@ -13,6 +15,13 @@
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
+namespace {
+
+// The model label of a task's metrics: fill runs run a private model per job ("fill-N"), which
+// would make one label value per job, so they share one.
+std::string MetricModel(const TaskSpec& spec) { return spec.fill ? "fill" : spec.model; }
+
+}  // namespace
 
 struct GpuScheduler::Running {
   uint64_t task_id = 0;
@@ -32,6 +41,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       queue_(options.policy, options.inference_preempts_training),
       checkpoints_(options.checkpoints ? options.checkpoints
                                        : std::make_shared<StateCheckpoints>()),
+      telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()),
       loop_(std::make_shared<EventLoop>([this] { AfterEvent(); })),
       kill_timer_(loop_->io()),
       deadline_timer_(loop_->io()),
@@ -191,6 +201,8 @@ bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const {
 
 void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) {
   switcher_->SlotDied(slot);  // a half-finished training step may have touched the weights
+  if (killed) telemetry_->WorkerKilled(options_.gpu);
+  telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
   running_.reset();  // its training state is dropped: it resumes from its last checkpoint
@@ -280,7 +292,12 @@ void GpuScheduler::MaybePreempt() {
   TaskTicket running{running_->task_id, s.model, s.kind, s.priority, s.deadline};
   running.arrival_seq = INT64_MIN;  // it was scheduled first
   // Every task outranks a fill run: fill only uses idle time.
-  if (s.fill || queue_.ShouldPreempt(running, *waiting)) StopRunning();
+  if (s.fill) {
+    StopRunning();  // a fill run's pause, counted by the fill side
+  } else if (queue_.ShouldPreempt(running, *waiting)) {
+    telemetry_->Preempted(options_.gpu);
+    StopRunning();
+  }
 }
 
 void GpuScheduler::MaybeStart() {
@@ -319,7 +336,9 @@ void GpuScheduler::MaybeStart() {
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
-  const TaskSpec& spec = specs_.at(ticket.id).first;
+  TaskSpec& started = specs_.at(ticket.id).first;
+  if (started.started_ns == 0) started.started_ns = base::MonotonicNowNs();
+  const TaskSpec& spec = started;
   auto run = std::make_unique<Running>();
   run->task_id = ticket.id;
   if (spec.fill && spec.fill->synthetic) {
@@ -395,6 +414,10 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     absl::Status copied = switcher_->Completed(run->task_id, spec.model, *run->transmission,
                                                status.ok(), outcome.timeline, outcome.switch_time);
     if (status.ok()) status = copied;
+    if (copied.ok() && run->entry != nullptr && run->entry->stored != nullptr) {
+      telemetry_->Switched(options_.gpu, MetricModel(spec), outcome.timeline,
+                           run->entry->stored->total_bytes());
+    }
   }
   if (run->training != nullptr && EndTraining(*run, spec, done, status)) return;
   if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
@@ -488,6 +511,12 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   resume_iteration_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
+  const TaskSpec& spec = it->second.first;
+  const int64_t now_ns = base::MonotonicNowNs();
+  telemetry_->TaskFinished(
+      options_.gpu, MetricModel(spec), spec.kind,
+      spec.started_ns == 0 ? absl::ZeroDuration() : absl::Nanoseconds(spec.started_ns - spec.arrival_ns),
+      absl::Nanoseconds(now_ns - spec.arrival_ns), outcome.ok());
   deadlines_.erase({it->second.first.expires, task_id});
   stop_reasons_.erase(task_id);
   TaskCallback callback = std::move(it->second.second);
@@ -500,6 +529,40 @@ absl::StatusOr<TaskStatus> GpuScheduler::Query(uint64_t task_id) const {
 }
 
 std::vector<TaskStatus> GpuScheduler::Recent(size_t limit) const { return tasks_.Recent(limit); }
+
+std::pair<uint64_t, uint64_t> GpuScheduler::ArenaUse() const {
+  uint64_t used = 0;
+  for (const memdaemon::Lease& lease : daemon_->leases().List()) used += lease.bytes;
+  return {daemon_->arena().size_bytes(), used};
+}
+
+absl::StatusOr<GpuSnapshot> GpuScheduler::Snapshot(absl::Duration timeout) const {
+  // Shared with the loop's handler, which may run after this call has timed out.
+  struct Pending {
+    absl::Notification done;
+    GpuSnapshot snapshot;
+  };
+  auto pending = std::make_shared<Pending>();
+  loop_->Post([this, pending] {
+    GpuSnapshot& s = pending->snapshot;
+    s.resident_model = switcher_->resident_model();
+    for (int slot = 0; slot < pool_->size(); ++slot) {
+      s.workers.push_back({slot, static_cast<int>(pool_->pid(slot)), pool_->StateName(slot),
+                           slot == switcher_->active_slot()});
+    }
+    pending->done.Notify();
+  });
+  if (!pending->done.WaitForNotificationWithTimeout(timeout)) {
+    // Also once the loop has ended: a posted handler is then dropped.
+    return absl::UnavailableError(absl::StrCat("GPU ", options_.gpu, " did not answer within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  GpuSnapshot s = std::move(pending->snapshot);
+  s.gpu = options_.gpu;
+  s.queue_depth = unfinished_.load();
+  std::tie(s.arena_bytes, s.arena_used_bytes) = ArenaUse();
+  return s;
+}
 
 absl::Status GpuScheduler::Cancel(uint64_t task_id) {
   PSWITCH_ASSIGN_OR_RETURN(TaskStatus info, Query(task_id));

@@ -33,6 +33,7 @@
 #include "controller/switcher.h"
 #include "controller/task_queue.h"
 #include "controller/task_registry.h"
+#include "controller/telemetry.h"
 #include "controller/task_spec.h"
 #include "controller/training_state.h"
 #include "controller/worker_pool.h"
@@ -56,6 +57,25 @@ struct SchedulerOptions {
   absl::Duration worker_silence_timeout = absl::Seconds(10);
   // Unfinished tasks (queued or running) this GPU accepts; beyond, Submit is refused.
   size_t max_queued_tasks = 4096;
+  // Where tasks, switches, preemptions and worker deaths are counted (GET /metrics), shared by
+  // every GPU's scheduler; null = its own.
+  std::shared_ptr<Telemetry> telemetry;
+};
+
+// One GPU as GET /v1/gpus shows it.
+struct GpuSnapshot {
+  struct Worker {
+    int slot = 0;
+    int pid = 0;  // 0: no live process
+    std::string state;  // WorkerPool::StateName
+    bool active = false;  // holds the resident model's region
+  };
+  int gpu = 0;
+  std::string resident_model;  // empty: none trusted
+  std::vector<Worker> workers;
+  size_t queue_depth = 0;  // unfinished tasks (queued or running), fill runs aside
+  uint64_t arena_bytes = 0;
+  uint64_t arena_used_bytes = 0;  // leased: weights region, workers' activations, fill leases
 };
 
 // Thread-safe: every public method may be called from any thread.
@@ -87,6 +107,11 @@ class GpuScheduler : private WorkerPool::Listener {
   absl::Status Cancel(uint64_t task_id);
   // Blocks until every worker slot is up and has loaded every model (tests, start-up).
   bool AwaitWorkersReady(absl::Duration timeout) const;
+  // The GPU's state, read on the loop; Unavailable when the loop does not answer within
+  // `timeout` (busy, or stopped).
+  absl::StatusOr<GpuSnapshot> Snapshot(absl::Duration timeout) const;
+  // The arena's size and leased bytes (any thread, without the loop).
+  std::pair<uint64_t, uint64_t> ArenaUse() const;
 
  private:
   struct Running;
@@ -136,6 +161,7 @@ class GpuScheduler : private WorkerPool::Listener {
   std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
   std::map<uint64_t, uint32_t> resume_iteration_;
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
+  std::shared_ptr<Telemetry> telemetry_;           // likewise
   // Why a running task was told to stop for good (cancelled, past its deadline): its answer.
   std::map<uint64_t, absl::Status> stop_reasons_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // of unfinished tasks that have one

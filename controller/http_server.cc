@@ -18,6 +18,10 @@
 #include "controller/listen_address.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "api/client_codec.h"
+#include "controller/requests.h"
+#include "fill/bubble_cycle.h"
+#include "proto/client_generated.h"
 #include "proto/host_tensor.h"
 
 namespace pswitch::controller {
@@ -226,6 +230,77 @@ absl::Status Member(const json& body, const char* key, T& out) {
   return absl::OkStatus();
 }
 
+json FillJobJson(const FillJobStatus& s) {
+  json j{{"job_id", s.job_id},
+         {"state", std::string(api::FillStateName(s.state))},
+         {"gpu", s.gpu},
+         {"steps_done", s.steps_done},
+         {"steps_total", s.steps_total},
+         {"bubbles", s.bubbles},
+         {"predicted_remaining_s", absl::ToDoubleSeconds(s.predicted_remaining)},
+         {"meets_deadline", s.meets_deadline}};
+  if (!s.error.ok()) j["error"] = std::string(s.error.message());
+  return j;
+}
+
+json CycleJson(const fill::BubbleCycle& cycle) {
+  json bubbles = json::array();
+  for (const fill::Bubble& b : cycle.bubbles) {
+    bubbles.push_back({{"offset_ns", absl::ToInt64Nanoseconds(b.offset)},
+                       {"duration_ns", absl::ToInt64Nanoseconds(b.duration)},
+                       {"free_bytes", b.free_bytes}});
+  }
+  return json{{"period_ns", absl::ToInt64Nanoseconds(cycle.period)}, {"bubbles", bubbles}};
+}
+
+// A fill job request in JSON, checked exactly as the TCP port checks its FillSubmit: the JSON
+// is turned into that message and parsed by the same ParseFill.
+absl::StatusOr<FillRequest> FillRequestFromJson(const json& body) {
+  if (!body.is_object()) return absl::InvalidArgumentError("a fill job is a JSON object");
+  static const char* const kKnown[] = {"kind",   "model",     "dataset",       "output",
+                                       "batch",  "steps",     "seed",          "step_us",
+                                       "memory_bytes", "deadline_ms", "synthetic_step_us",
+                                       "synthetic_alloc_bytes"};
+  for (const auto& [key, value] : body.items()) {
+    if (std::find_if(std::begin(kKnown), std::end(kKnown),
+                     [&key](const char* k) { return key == k; }) == std::end(kKnown)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown fill job field \"", absl::CHexEscape(key.substr(0, 64)), "\""));
+    }
+  }
+  std::string kind_name, model, dataset, output;
+  uint32_t batch = 1, steps = 0;
+  uint64_t seed = 0, step_us = 0, memory = 0, deadline_ms = 0, synthetic_us = 0, alloc = 0;
+  PSWITCH_RETURN_IF_ERROR(Member(body, "kind", kind_name));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "model", model));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "dataset", dataset));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "output", output));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "batch", batch));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "steps", steps));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "seed", seed));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "step_us", step_us));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "memory_bytes", memory));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "deadline_ms", deadline_ms));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "synthetic_step_us", synthetic_us));
+  PSWITCH_RETURN_IF_ERROR(Member(body, "synthetic_alloc_bytes", alloc));
+  proto::FillKind kind;
+  if (kind_name == "inference") {
+    kind = proto::FillKind::Inference;
+  } else if (kind_name == "training") {
+    kind = proto::FillKind::Training;
+  } else if (kind_name == "synthetic") {
+    kind = proto::FillKind::Synthetic;
+  } else {
+    return absl::InvalidArgumentError("\"kind\" must be inference, training or synthetic");
+  }
+  flatbuffers::FlatBufferBuilder b;
+  auto wire = proto::CreateFillSubmitDirect(b, kind, model.c_str(), dataset.c_str(), output.c_str(),
+                                            batch, steps, seed, step_us, memory, deadline_ms,
+                                            synthetic_us, alloc, /*test_only_ignore_pause=*/false);
+  b.Finish(wire);
+  return ParseFill(*flatbuffers::GetRoot<proto::FillSubmit>(b.GetBufferPointer()));
+}
+
 }  // namespace
 
 int HttpStatus(absl::StatusCode code) {
@@ -408,6 +483,174 @@ void HttpServer::Route() {
                 Infer(*who, req.matches[1].str(), req, res);
               }
             });
+  RouteOperations(authorize);
+}
+
+void HttpServer::RouteOperations(const Authorizer& authorize) {
+  httplib::Server& http = *server_;
+  // Bubble cycles and fill jobs are the operator's (admin), as on the TCP port.
+  auto admin = [authorize](const httplib::Request& req, httplib::Response& res) {
+    std::optional<Principal> who = authorize(req, res);
+    if (who && who->role != Role::kAdmin) {
+      ReplyError(res, absl::PermissionDeniedError(absl::StrCat(
+                          "'", who->name, "' (role user) may infer, train and see and cancel its "
+                          "own tasks; this request needs an admin token")));
+      return false;
+    }
+    return who.has_value();
+  };
+  auto fill_ready = [this](httplib::Response& res) {
+    if (options_.fill == nullptr) {
+      ReplyError(res, absl::UnavailableError("fill jobs are not served here"));
+      return false;
+    }
+    return true;
+  };
+  auto body_json = [this](const httplib::Request& req, const char* what) {
+    return base::ParseUntrustedJson(req.body, what, base::JsonLimits{options_.max_body_bytes, 32});
+  };
+
+  http.Get("/metrics", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+    if (!authorize(req, res)) return;
+    if (options_.telemetry == nullptr) {
+      return ReplyError(res, absl::UnavailableError("metrics are not kept here"));
+    }
+    std::vector<GpuGauges> gpus;
+    for (size_t g = 0; g < controller_->gpus(); ++g) {
+      GpuScheduler& s = controller_->gpu(g);
+      const auto [size, used] = s.ArenaUse();
+      absl::StatusOr<GpuSnapshot> snap = s.Snapshot(absl::Seconds(2));
+      gpus.push_back({static_cast<int>(g), snap.ok() ? snap->queue_depth : 0, used, size - used});
+    }
+    std::map<std::string, int> fill_jobs;
+    if (options_.fill != nullptr) fill_jobs = options_.fill->JobsByState();
+    res.status = 200;
+    res.set_content(options_.telemetry->Scrape(gpus, fill_jobs),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  http.Get("/v1/gpus", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+    if (!authorize(req, res)) return;
+    json gpus = json::array();
+    for (size_t g = 0; g < controller_->gpus(); ++g) {
+      absl::StatusOr<GpuSnapshot> s = controller_->gpu(g).Snapshot(absl::Seconds(2));
+      if (!s.ok()) return ReplyError(res, s.status());
+      json workers = json::array();
+      for (const GpuSnapshot::Worker& w : s->workers) {
+        workers.push_back({{"slot", w.slot},
+                           {"pid", w.pid},
+                           {"state", w.state},
+                           {"role", w.active ? "active" : "standby"}});
+      }
+      json gpu{{"gpu", s->gpu},
+               {"resident_model", s->resident_model.empty() ? json(nullptr) : json(s->resident_model)},
+               {"workers", std::move(workers)},
+               {"queue_depth", s->queue_depth},
+               {"arena_bytes", s->arena_bytes},
+               {"arena_used_bytes", s->arena_used_bytes},
+               {"arena_free_bytes", s->arena_bytes - s->arena_used_bytes},
+               {"bubble_cycle", nullptr}};
+      if (options_.fill != nullptr) {
+        if (auto cycle = options_.fill->Cycle(static_cast<int>(g))) {
+          gpu["bubble_cycle"] = CycleJson(*cycle);
+        }
+      }
+      gpus.push_back(std::move(gpu));
+    }
+    Reply(res, 200, json{{"gpus", std::move(gpus)}});
+  });
+
+  http.Put(R"(/v1/gpus/([0-9]{1,3})/bubble-cycle)",
+           [this, admin, fill_ready, body_json](const httplib::Request& req,
+                                                httplib::Response& res) {
+             if (!admin(req, res) || !fill_ready(res)) return;
+             int gpu = 0;
+             if (!absl::SimpleAtoi(req.matches[1].str(), &gpu) || gpu < 0 ||
+                 static_cast<size_t>(gpu) >= controller_->gpus()) {
+               return ReplyError(res, absl::NotFoundError(absl::StrCat(
+                                          "no GPU ", req.matches[1].str(), " (this pswitchd has ",
+                                          controller_->gpus(), ")")));
+             }
+             absl::StatusOr<json> body = body_json(req, "bubble cycle");
+             if (!body.ok()) return ReplyError(res, body.status());
+             absl::StatusOr<fill::BubbleCycle> cycle = fill::BubbleCycleFromJson(*body);
+             if (!cycle.ok()) return ReplyError(res, cycle.status());
+             if (absl::Status s = options_.fill->RegisterCycle(gpu, *cycle); !s.ok()) {
+               return ReplyError(res, s);
+             }
+             Reply(res, 200, json{{"gpu", gpu}, {"bubble_cycle", CycleJson(*cycle)}});
+           });
+
+  // Submitting and estimating may read the job's dataset: on this pool thread, never a loop.
+  auto fill_request = [body_json](const httplib::Request& req) -> absl::StatusOr<FillRequest> {
+    PSWITCH_ASSIGN_OR_RETURN(json body, body_json(req, "fill job"));
+    return FillRequestFromJson(body);
+  };
+  http.Post("/v1/fill/jobs", [this, admin, fill_ready, fill_request](
+                                 const httplib::Request& req, httplib::Response& res) {
+    if (!admin(req, res) || !fill_ready(res)) return;
+    absl::StatusOr<FillRequest> request = fill_request(req);
+    if (!request.ok()) return ReplyError(res, request.status());
+    absl::StatusOr<uint64_t> job = options_.fill->Submit(*std::move(request));
+    if (!job.ok()) return ReplyError(res, job.status());
+    absl::StatusOr<FillJobStatus> s = options_.fill->Query(*job);
+    if (!s.ok()) return ReplyError(res, s.status());
+    res.set_header("Location", absl::StrCat("/v1/fill/jobs/", *job));
+    Reply(res, 201, FillJobJson(*s));
+  });
+  http.Post("/v1/fill/estimate", [this, admin, fill_ready, fill_request](
+                                     const httplib::Request& req, httplib::Response& res) {
+    if (!admin(req, res) || !fill_ready(res)) return;
+    absl::StatusOr<FillRequest> request = fill_request(req);
+    if (!request.ok()) return ReplyError(res, request.status());
+    absl::StatusOr<FillJobStatus> s = options_.fill->Estimate(*std::move(request));
+    if (!s.ok()) return ReplyError(res, s.status());
+    Reply(res, 200, FillJobJson(*s));
+  });
+  auto job_of = [](const httplib::Request& req, httplib::Response& res) -> std::optional<uint64_t> {
+    uint64_t id = 0;
+    if (!absl::SimpleAtoi(req.matches[1].str(), &id)) {
+      ReplyError(res, absl::NotFoundError(absl::StrCat(
+                          "no fill job ", absl::CHexEscape(req.matches[1].str().substr(0, 32)))));
+      return std::nullopt;
+    }
+    return id;
+  };
+  http.Get(R"(/v1/fill/jobs/([^/]+))", [this, admin, fill_ready, job_of](
+                                           const httplib::Request& req, httplib::Response& res) {
+    if (!admin(req, res) || !fill_ready(res)) return;
+    std::optional<uint64_t> id = job_of(req, res);
+    if (!id) return;
+    absl::StatusOr<FillJobStatus> s = options_.fill->Query(*id);
+    if (!s.ok()) return ReplyError(res, s.status());
+    Reply(res, 200, FillJobJson(*s));
+  });
+  http.Delete(R"(/v1/fill/jobs/([^/]+))", [this, admin, fill_ready, job_of](
+                                              const httplib::Request& req, httplib::Response& res) {
+    if (!admin(req, res) || !fill_ready(res)) return;
+    std::optional<uint64_t> id = job_of(req, res);
+    if (!id) return;
+    if (absl::Status s = options_.fill->Cancel(*id); !s.ok()) return ReplyError(res, s);
+    absl::StatusOr<FillJobStatus> s = options_.fill->Query(*id);
+    if (!s.ok()) return ReplyError(res, s.status());
+    Reply(res, 200, FillJobJson(*s));
+  });
+  http.Get("/v1/fill/stats", [this, admin, fill_ready](const httplib::Request& req,
+                                                       httplib::Response& res) {
+    if (!admin(req, res) || !fill_ready(res)) return;
+    const FillStats s = options_.fill->Stats();
+    const double bubble_s = absl::ToDoubleSeconds(s.bubble_time);
+    const double used_s = absl::ToDoubleSeconds(s.fill_step_time);
+    Reply(res, 200,
+          json{{"bubbles", s.bubbles},
+               {"bubble_seconds", bubble_s},
+               {"fill_step_seconds", used_s},
+               {"bubble_time_used", bubble_s > 0 ? used_s / bubble_s : 0.0},
+               {"steps", s.steps},
+               {"pause_p50_seconds", absl::ToDoubleSeconds(s.pause_p50)},
+               {"pause_p99_seconds", absl::ToDoubleSeconds(s.pause_p99)},
+               {"killed", s.killed}});
+  });
 }
 
 void HttpServer::SubmitTraining(const Principal& who, const httplib::Request& req,

@@ -8,7 +8,9 @@
 #ifndef PSWITCH_CONTROLLER_HTTP_SERVER_H_
 #define PSWITCH_CONTROLLER_HTTP_SERVER_H_
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -18,6 +20,8 @@
 #include "controller/auth.h"
 #include "controller/client_quota.h"
 #include "controller/controller.h"
+#include "controller/fill_manager.h"
+#include "controller/telemetry.h"
 
 namespace httplib {
 class Server;
@@ -35,6 +39,9 @@ struct HttpServerOptions {
   TaskOwners* owners = nullptr;
   ClientQuota* quota = nullptr;
   size_t max_body_bytes = 64 << 20;
+  // GET /metrics counts from here (null: 503); fill jobs and bubble cycles go there (null: 503).
+  Telemetry* telemetry = nullptr;
+  FillManager* fill = nullptr;
   // How long an infer request waits for its answer.
   absl::Duration infer_timeout = absl::Minutes(10);
   absl::Duration read_timeout = absl::Seconds(30);
@@ -60,6 +67,10 @@ class HttpServer {
  private:
   HttpServer(Controller* controller, HttpServerOptions options);
   void Route();
+  using Authorizer =
+      std::function<std::optional<Principal>(const httplib::Request&, httplib::Response&)>;
+  // GET /metrics, /v1/gpus, bubble cycles and fill jobs: the operator's side.
+  void RouteOperations(const Authorizer& authorize);
   // /v1/tasks: training tasks, answered at once (their state is polled).
   void SubmitTraining(const Principal& who, const httplib::Request& req, httplib::Response& res);
   // POST /v2/models/{model}/infer: JSON tensors, or the binary tensor data extension.

@@ -36,6 +36,8 @@ class Residency {
     return active_slot_ >= 0 && !model_.empty() && model_ == model;
   }
   int active_slot() const { return active_slot_; }  // -1: none
+  // The model whose weights the region holds (trusted); empty when none.
+  std::string model() const { return active_slot_ >= 0 ? model_ : std::string(); }
   uint32_t epoch() const { return epoch_; }          // of the latest switch
 
  private:

@@ -72,6 +72,7 @@ class Switcher {
   void SlotDied(int slot) { residency_.SlotDied(slot); }
   bool Holds(const std::string& model) const { return residency_.Holds(model); }
   int active_slot() const { return residency_.active_slot(); }
+  std::string resident_model() const { return residency_.model(); }
 
  private:
   struct InFlight {

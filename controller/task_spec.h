@@ -49,6 +49,7 @@ struct TaskSpec {
   // task time (Controller::Submit). Kept apart so the cap does not reorder EDF.
   absl::Time expires = absl::InfiniteFuture();
   int64_t arrival_ns = 0;  // set by Submit/SubmitFill (CLOCK_MONOTONIC)
+  int64_t started_ns = 0;  // first placed on a worker (set by the scheduler; 0: never)
 };
 
 // Where a task's time went, on one clock (CLOCK_MONOTONIC ns; 0 = did not happen). The switch is

@@ -348,6 +348,20 @@ void WorkerPool::Kill(int slot, std::string reason) {
   s.process->Kill();
 }
 
+const char* WorkerPool::StateName(int slot) const {
+  switch (slots_[slot].state) {
+    case State::kStarting:
+      return "starting";
+    case State::kIdle:
+      return "idle";
+    case State::kBusy:
+      return "busy";
+    case State::kDead:
+      return "dead";
+  }
+  return "unknown";
+}
+
 pid_t WorkerPool::pid(int slot) const {
   const Slot& s = slots_[slot];
   return s.process != nullptr ? s.process->pid() : 0;

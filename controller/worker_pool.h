@@ -130,6 +130,8 @@ class WorkerPool {
   // SIGKILLs a live worker; its death reaches OnWorkerDied with `reason`.
   void Kill(int slot, std::string reason);
   pid_t pid(int slot) const;
+  // "starting", "idle", "busy" or "dead" (GET /v1/gpus).
+  const char* StateName(int slot) const;
 
   // Every slot is up and has answered every load (tests, start-up). Any thread.
   bool AwaitReady(absl::Duration timeout) const;

@@ -5,10 +5,16 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <map>
+#include <signal.h>
+#include <sstream>
+#include <cmath>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "client/client.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "models/registry.h"
@@ -266,6 +272,254 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
     EXPECT_EQ(r->status, status) << body << " -> " << r->body;
     EXPECT_TRUE(Body(r).contains("error"));
   }
+}
+
+
+// Prometheus text exposition, read strictly: every sample belongs to a family declared by HELP
+// and TYPE lines before it, label values are validly escaped, and each histogram series' buckets
+// are cumulative and end at +Inf equal to its _count. Returns samples by "name{labels}".
+std::map<std::string, double> ParsePrometheusText(const std::string& text) {
+  std::map<std::string, double> samples;
+  std::map<std::string, std::string> types;
+  std::string helped;
+  std::map<std::string, std::vector<std::pair<double, double>>> buckets;  // series -> (le, v)
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    if (line.rfind("# HELP ", 0) == 0) {
+      helped = line.substr(7, line.find(' ', 7) - 7);
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      const std::string name = line.substr(7, line.find(' ', 7) - 7);
+      EXPECT_EQ(name, helped) << "TYPE without its HELP: " << line;
+      const std::string type = line.substr(line.find(' ', 7) + 1);
+      EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram") << line;
+      types[name] = type;
+      continue;
+    }
+    EXPECT_NE(line[0], '#') << line;
+    // name{k="v",...} value
+    const size_t brace = line.find('{');
+    const size_t space = line.rfind(' ');
+    EXPECT_NE(space, std::string::npos) << line;
+    std::string name = line.substr(0, std::min(brace, space));
+    std::string labels;
+    std::string le;
+    if (brace != std::string::npos) {
+      size_t i = brace + 1;
+      while (i < line.size() && line[i] != '}') {
+        const size_t eq = line.find('=', i);
+        EXPECT_NE(eq, std::string::npos) << line;
+        const std::string key = line.substr(i, eq - i);
+        EXPECT_EQ(line[eq + 1], '"') << line;
+        std::string value;
+        size_t j = eq + 2;
+        for (; j < line.size() && line[j] != '"'; ++j) {
+          if (line[j] == '\\') {
+            ++j;
+            EXPECT_TRUE(line[j] == '\\' || line[j] == '"' || line[j] == 'n') << "bad escape: " << line;
+          }
+          value += line[j];
+        }
+        EXPECT_LT(j, line.size()) << "unterminated label value: " << line;
+        if (key == "le") {
+          le = value;
+        } else {
+          labels += key + "=" + value + ",";
+        }
+        i = j + 1;
+        if (i < line.size() && line[i] == ',') ++i;
+      }
+    }
+    double value = 0;
+    EXPECT_TRUE(absl::SimpleAtod(line.substr(space + 1), &value)) << line;
+    // The family a sample belongs to: histograms add _bucket, _sum and _count.
+    std::string family = name;
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string sfx(suffix);
+      if (!types.count(family) && name.size() > sfx.size() &&
+          name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0 &&
+          types.count(name.substr(0, name.size() - sfx.size())) &&
+          types[name.substr(0, name.size() - sfx.size())] == "histogram") {
+        family = name.substr(0, name.size() - sfx.size());
+      }
+    }
+    EXPECT_TRUE(types.count(family)) << "sample of an undeclared family: " << line;
+    if (name == family + "_bucket") {
+      double bound = 0;
+      if (le == "+Inf") {
+        bound = std::numeric_limits<double>::infinity();
+      } else {
+        EXPECT_TRUE(absl::SimpleAtod(le, &bound)) << line;
+      }
+      buckets[family + "{" + labels + "}"].push_back({bound, value});
+      continue;
+    }
+    samples[name + "{" + labels + "}"] = value;
+  }
+  for (const auto& [series, bs] : buckets) {
+    if (bs.empty()) continue;  // a series appears only with a bucket
+    for (size_t i = 1; i < bs.size(); ++i) {
+      EXPECT_LT(bs[i - 1].first, bs[i].first) << series << ": bucket bounds not increasing";
+      EXPECT_LE(bs[i - 1].second, bs[i].second) << series << ": buckets not cumulative";
+    }
+    EXPECT_TRUE(std::isinf(bs.back().first)) << series << ": last bucket is not +Inf";
+    const std::string count = series.substr(0, series.find('{')) + "_count" +
+                              series.substr(series.find('{'));
+    EXPECT_EQ(bs.back().second, samples[count]) << series << ": +Inf bucket != _count";
+  }
+  return samples;
+}
+
+TEST(ParsePrometheusTextTest, RefusesWhatAStrictScraperWouldRefuse) {
+  // The checker itself must fail on broken input, or the metrics test proves nothing.
+  EXPECT_NONFATAL_FAILURE(ParsePrometheusText("x_total 1\n"), "undeclared family");
+  EXPECT_NONFATAL_FAILURE(
+      ParsePrometheusText("# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\n"
+                          "h_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n"),
+      "not cumulative");
+  EXPECT_NONFATAL_FAILURE(
+      ParsePrometheusText("# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n"),
+      "not +Inf");
+  EXPECT_NONFATAL_FAILURE(ParsePrometheusText("# HELP g x\n# TYPE g gauge\ng{a=\"\\q\"} 1\n"),
+                          "bad escape");
+}
+
+// The operator's side of the HTTP port: GPUs, bubble cycles and fill jobs.
+TEST(HttpOperationsE2eTest, GpusBubbleCyclesAndFillJobs) {
+  TokenFile tokens(e2e::kThreeTokens);
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1", tokens.flag()});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_read_timeout(60, 0);
+  const httplib::Headers admin = {{"Authorization", "Bearer admin-token-0123456789"}};
+  const httplib::Headers bob = {{"Authorization", "Bearer user-token-bob-0123456789"}};
+  auto infer = http.Post("/v2/models/tiny_mlp/infer", admin, InferBody(Input("tiny_mlp", 1)),
+                         "application/json");
+  ASSERT_TRUE(infer);
+  ASSERT_EQ(infer->status, 200) << infer->body;
+
+  // GET /v1/gpus: the resident model, live worker processes, the arena adding up.
+  EXPECT_EQ(http.Get("/v1/gpus")->status, 401);
+  auto gpus = http.Get("/v1/gpus", bob);  // any role may look
+  ASSERT_TRUE(gpus);
+  ASSERT_EQ(gpus->status, 200) << gpus->body;
+  json g = Body(gpus)["gpus"];
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0]["gpu"], 0);
+  EXPECT_EQ(g[0]["resident_model"], "tiny_mlp");
+  ASSERT_EQ(g[0]["workers"].size(), 2u);
+  int active = 0;
+  for (const json& w : g[0]["workers"]) {
+    const int pid = w["pid"].get<int>();
+    EXPECT_GT(pid, 0);
+    EXPECT_EQ(kill(pid, 0), 0) << "worker " << pid << " is not a live process";
+    active += w["role"] == "active" ? 1 : 0;
+  }
+  EXPECT_EQ(active, 1);
+  EXPECT_EQ(g[0]["arena_used_bytes"].get<uint64_t>() + g[0]["arena_free_bytes"].get<uint64_t>(),
+            g[0]["arena_bytes"].get<uint64_t>());
+  EXPECT_GT(g[0]["arena_used_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(g[0]["queue_depth"], 0);
+  EXPECT_TRUE(g[0]["bubble_cycle"].is_null());
+
+  // PUT a bubble cycle: admin only, validated, then shown on the GPU.
+  const std::string cycle =
+      R"({"period_ns": 100000000, "bubbles": [{"offset_ns": 10000000, "duration_ns": 30000000, "free_bytes": 1000000}]})";
+  EXPECT_EQ(http.Put("/v1/gpus/0/bubble-cycle", bob, cycle, "application/json")->status, 403);
+  EXPECT_EQ(http.Put("/v1/gpus/7/bubble-cycle", admin, cycle, "application/json")->status, 404);
+  EXPECT_EQ(http.Put("/v1/gpus/0/bubble-cycle", admin, "{\"period_ns\": 10", "application/json")
+                ->status,
+            400);
+  auto past = http.Put("/v1/gpus/0/bubble-cycle", admin,
+                       R"({"period_ns": 1000, "bubbles": [{"offset_ns": 0, "duration_ns": 2000, "free_bytes": 0}]})",
+                       "application/json");
+  EXPECT_EQ(past->status, 400) << past->body;
+  auto put = http.Put("/v1/gpus/0/bubble-cycle", admin, cycle, "application/json");
+  ASSERT_EQ(put->status, 200) << put->body;
+  g = Body(http.Get("/v1/gpus", admin))["gpus"];
+  EXPECT_EQ(g[0]["bubble_cycle"]["period_ns"], 100000000);
+  EXPECT_EQ(g[0]["bubble_cycle"]["bubbles"][0]["duration_ns"], 30000000);
+
+  // Fill jobs: estimate, submit (201 + Location), query, cancel; errors with their codes.
+  const std::string job =
+      R"({"kind": "synthetic", "steps": 5, "synthetic_step_us": 1000, "memory_bytes": 1000})";
+  EXPECT_EQ(http.Post("/v1/fill/jobs", bob, job, "application/json")->status, 403);
+  auto estimate = http.Post("/v1/fill/estimate", admin, job, "application/json");
+  ASSERT_EQ(estimate->status, 200) << estimate->body;
+  EXPECT_GT(Body(estimate)["predicted_remaining_s"].get<double>(), 0);
+  EXPECT_EQ(http.Post("/v1/fill/jobs", admin, R"({"kind": "bogus"})", "application/json")->status,
+            400);
+  EXPECT_EQ(http.Post("/v1/fill/jobs", admin, R"({"kind": "synthetic", "stepz": 5})",
+                      "application/json")->status,
+            400);
+  EXPECT_EQ(http.Post("/v1/fill/jobs", admin, R"({"kind": "synthetic", "steps": "5"})",
+                      "application/json")->status,
+            400);
+  auto submitted = http.Post("/v1/fill/jobs", admin, job, "application/json");
+  ASSERT_EQ(submitted->status, 201) << submitted->body;
+  const uint64_t id = Body(submitted)["job_id"].get<uint64_t>();
+  EXPECT_EQ(submitted->get_header_value("Location"), "/v1/fill/jobs/" + std::to_string(id));
+  auto queried = http.Get("/v1/fill/jobs/" + std::to_string(id), admin);
+  ASSERT_EQ(queried->status, 200);
+  EXPECT_EQ(Body(queried)["steps_total"], 5);
+  EXPECT_EQ(http.Get("/v1/fill/jobs/999", admin)->status, 404);
+  EXPECT_EQ(http.Get("/v1/fill/jobs/abc", admin)->status, 404);
+  auto cancelled = http.Delete("/v1/fill/jobs/" + std::to_string(id), admin);
+  ASSERT_EQ(cancelled->status, 200) << cancelled->body;
+  EXPECT_EQ(Body(cancelled)["state"], "STOPPED");
+  EXPECT_EQ(http.Delete("/v1/fill/jobs/" + std::to_string(id), admin)->status, 409);
+  auto stats = http.Get("/v1/fill/stats", admin);
+  ASSERT_EQ(stats->status, 200);
+  EXPECT_TRUE(Body(stats).contains("pause_p99_seconds"));
+}
+
+// GET /metrics after real work: a strict Prometheus parse, and counts that match what was done.
+TEST(HttpMetricsE2eTest, AScrapeIsStrictPrometheusTextAndCountsWhatHappened) {
+  e2e::TestDaemon daemon({"--preload=tiny_cnn,tiny_mlp", "--standby-workers=1"});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_read_timeout(60, 0);
+  // Start-up's own requests (the preload's check) count too: compare with a scrape before.
+  const std::string latency_count =
+      "pswitch_task_latency_seconds_count{gpu=0,kind=inference,model=tiny_mlp,}";
+  auto before = http.Get("/metrics");
+  ASSERT_TRUE(before);
+  const double done_before = ParsePrometheusText(before->body)[latency_count];
+  // A long training task, then inferences that preempt it (each switches tiny_mlp in).
+  auto training = http.Post("/v1/tasks", R"({"model": "tiny_cnn", "iterations": 1000000})",
+                            "application/json");
+  ASSERT_EQ(training->status, 202) << training->body;
+  const uint64_t task = Body(training)["task_id"].get<uint64_t>();
+  for (int i = 0; i < 100; ++i) {
+    auto t = http.Get("/v1/tasks/" + std::to_string(task));
+    if (t && Body(t)["state"] == "running") break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  constexpr int kInferences = 3;
+  for (int i = 0; i < kInferences; ++i) {
+    auto r = http.Post("/v2/models/tiny_mlp/infer", InferBody(Input("tiny_mlp", 1)),
+                       "application/json");
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  auto scrape = http.Get("/metrics");
+  ASSERT_TRUE(scrape);
+  ASSERT_EQ(scrape->status, 200) << scrape->body;
+  EXPECT_EQ(scrape->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  std::map<std::string, double> m = ParsePrometheusText(scrape->body);
+  EXPECT_EQ(m[latency_count] - done_before, kInferences) << scrape->body;
+  EXPECT_GE(m["pswitch_switches_total{gpu=0,model=tiny_mlp,}"], 1);
+  EXPECT_GE(m["pswitch_preemptions_total{gpu=0,}"], 1);
+  EXPECT_GT(m["pswitch_transmitted_bytes_total{gpu=0,}"], 0);
+  EXPECT_EQ(m["pswitch_worker_kills_total{gpu=0,}"], 0);
+  EXPECT_GT(m["pswitch_arena_used_bytes{gpu=0,}"], 0);
+  EXPECT_EQ(m.count("pswitch_queue_depth{gpu=0,}"), 1u);
+  EXPECT_EQ(m.count("pswitch_fill_jobs{state=PAUSED,}"), 1u);
+  // Every phase histogram that exists comes with a count.
+  EXPECT_GE(m["pswitch_switch_phase_seconds_count{gpu=0,model=tiny_mlp,phase=result,}"], 1);
+  EXPECT_EQ(http.Delete("/v1/tasks/" + std::to_string(task))->status, 202);
 }
 
 }  // namespace

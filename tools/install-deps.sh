@@ -9,6 +9,8 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
   # pswitchd's HTTP/JSON port (Open Inference Protocol).
   libcpp-httplib-dev
+  # GET /metrics (prometheus-cpp's core; the package also brings its pull and push parts).
+  prometheus-cpp-dev
   python3-torchvision python3-numpy
   # tools/fuzz.sh: libFuzzer targets built with clang (libclang-rt-14-dev has libFuzzer and the
   # ASan/UBSan runtimes).

@@ -380,6 +380,10 @@ int Main() {
   for (const auto& d : daemons) daemon_list.push_back(d.get());
   memdaemon::MemDaemon* const first = daemons.front().get();
   controller::ControllerOptions controller_options;
+  // One set of counters for every GPU, the fill side and GET /metrics.
+  auto telemetry = std::make_shared<controller::Telemetry>();
+  controller_options.scheduler.telemetry = telemetry;
+  for (int g = 0; g < absl::GetFlag(FLAGS_gpus); ++g) telemetry->AddGpu(g);
   controller_options.scheduler.policy = *policy;
   controller_options.scheduler.inference_preempts_training =
       absl::GetFlag(FLAGS_inference_preempts_training);
@@ -432,6 +436,7 @@ int Main() {
         .Field("bandwidth_gb_per_s", *link / 1e9, 2)
         .Field("probe_bytes", probe.bytes);
     controller_options.auto_plan.bandwidth_bytes_per_s = *link;
+    for (int g = 0; g < gpus; ++g) telemetry->LinkMeasured(g, *link);  // GPU 0's stands for all
     controller_options.auto_plan.device = absl::StrCat("cuda:", options.device.device_ordinal);
   } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
     controller_options.auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
@@ -466,6 +471,7 @@ int Main() {
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
+  fill_options.telemetry = telemetry;
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
   auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);
@@ -501,6 +507,8 @@ int Main() {
     http_options.owners = &(*server)->owners();
     http_options.quota = &(*server)->quota();
     http_options.max_body_bytes = server_options.max_frame_bytes;
+    http_options.telemetry = telemetry.get();
+    http_options.fill = fill.get();
     auto started = controller::HttpServer::Start(absl::GetFlag(FLAGS_http_listen),
                                                  controller->get(), http_options);
     if (!started.ok()) {

@@ -1,0 +1,213 @@
+#include "controller/telemetry.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <sstream>
+
+namespace pswitch::controller {
+namespace {
+
+using prometheus::Labels;
+
+// Exponential bucket bounds from `start`, each `factor` times the last.
+prometheus::Histogram::BucketBoundaries Exponential(double start, double factor, int count) {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (double b = start; count-- > 0; b *= factor) bounds.push_back(b);
+  return bounds;
+}
+
+// A switch's phases: 50 us to ~13 s. Task times: 100 us to ~7 min.
+const prometheus::Histogram::BucketBoundaries& SwitchBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries(Exponential(5e-5, 2, 19));
+  return *b;
+}
+const prometheus::Histogram::BucketBoundaries& TaskBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries(Exponential(1e-4, 2, 22));
+  return *b;
+}
+
+std::string Gpu(int gpu) { return std::to_string(gpu); }
+const char* KindName(TaskKind kind) {
+  return kind == TaskKind::kTraining ? "training" : "inference";
+}
+
+}  // namespace
+
+struct Telemetry::Families {
+  explicit Families(prometheus::Registry& r)
+      : switches(prometheus::BuildCounter()
+                     .Name("pswitch_switches_total")
+                     .Help("Tasks whose model had to be transmitted to the GPU first")
+                     .Register(r)),
+        switch_phase(prometheus::BuildHistogram()
+                         .Name("pswitch_switch_phase_seconds")
+                         .Help("A switch's phases, each measured from the task's arrival "
+                               "(stop_to_drain: stop sent to old tenant drained)")
+                         .Register(r)),
+        transmitted(prometheus::BuildCounter()
+                        .Name("pswitch_transmitted_bytes_total")
+                        .Help("Model bytes copied host to device by switches")
+                        .Register(r)),
+        latency(prometheus::BuildHistogram()
+                    .Name("pswitch_task_latency_seconds")
+                    .Help("Arrival to answer of tasks that succeeded")
+                    .Register(r)),
+        queue_wait(prometheus::BuildHistogram()
+                       .Name("pswitch_task_queue_wait_seconds")
+                       .Help("Arrival to start of tasks that succeeded")
+                       .Register(r)),
+        failures(prometheus::BuildCounter()
+                     .Name("pswitch_task_failures_total")
+                     .Help("Tasks that failed or were cancelled")
+                     .Register(r)),
+        preemptions(prometheus::BuildCounter()
+                        .Name("pswitch_preemptions_total")
+                        .Help("Running tasks stopped for a waiting one")
+                        .Register(r)),
+        worker_kills(prometheus::BuildCounter()
+                         .Name("pswitch_worker_kills_total")
+                         .Help("Worker processes SIGKILLed (silent, not draining, not pausing)")
+                         .Register(r)),
+        worker_restarts(prometheus::BuildCounter()
+                            .Name("pswitch_worker_restarts_total")
+                            .Help("Worker processes that died and were replaced")
+                            .Register(r)),
+        bandwidth(prometheus::BuildGauge()
+                      .Name("pswitch_h2d_bandwidth_bytes_per_second")
+                      .Help("Host-to-device bandwidth measured at start-up")
+                      .Register(r)),
+        bubble(prometheus::BuildCounter()
+                   .Name("pswitch_bubble_seconds_total")
+                   .Help("Pipeline bubble time the main job reported")
+                   .Register(r)),
+        bubble_fill(prometheus::BuildCounter()
+                        .Name("pswitch_bubble_fill_seconds_total")
+                        .Help("Bubble time used by fill steps")
+                        .Register(r)),
+        fill_pause(prometheus::BuildHistogram()
+                       .Name("pswitch_fill_pause_seconds")
+                       .Help("Bubble end to the fill task paused")
+                       .Register(r)),
+        queue_depth(prometheus::BuildGauge()
+                        .Name("pswitch_queue_depth")
+                        .Help("Unfinished tasks (queued or running)")
+                        .Register(r)),
+        arena_used(prometheus::BuildGauge()
+                       .Name("pswitch_arena_used_bytes")
+                       .Help("Arena bytes leased (weights region, activations, fill leases)")
+                       .Register(r)),
+        arena_free(prometheus::BuildGauge()
+                       .Name("pswitch_arena_free_bytes")
+                       .Help("Arena bytes not leased")
+                       .Register(r)),
+        fill_jobs(prometheus::BuildGauge()
+                      .Name("pswitch_fill_jobs")
+                      .Help("Fill jobs by state")
+                      .Register(r)) {}
+
+  prometheus::Family<prometheus::Counter>& switches;
+  prometheus::Family<prometheus::Histogram>& switch_phase;
+  prometheus::Family<prometheus::Counter>& transmitted;
+  prometheus::Family<prometheus::Histogram>& latency;
+  prometheus::Family<prometheus::Histogram>& queue_wait;
+  prometheus::Family<prometheus::Counter>& failures;
+  prometheus::Family<prometheus::Counter>& preemptions;
+  prometheus::Family<prometheus::Counter>& worker_kills;
+  prometheus::Family<prometheus::Counter>& worker_restarts;
+  prometheus::Family<prometheus::Gauge>& bandwidth;
+  prometheus::Family<prometheus::Counter>& bubble;
+  prometheus::Family<prometheus::Counter>& bubble_fill;
+  prometheus::Family<prometheus::Histogram>& fill_pause;
+  prometheus::Family<prometheus::Gauge>& queue_depth;
+  prometheus::Family<prometheus::Gauge>& arena_used;
+  prometheus::Family<prometheus::Gauge>& arena_free;
+  prometheus::Family<prometheus::Gauge>& fill_jobs;
+};
+
+Telemetry::Telemetry()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      f_(std::make_unique<Families>(*registry_)) {}
+
+Telemetry::~Telemetry() = default;
+
+void Telemetry::TaskFinished(int gpu, const std::string& model, TaskKind kind,
+                             absl::Duration queue_wait, absl::Duration latency, bool ok) {
+  const Labels labels{{"gpu", Gpu(gpu)}, {"model", model}, {"kind", KindName(kind)}};
+  if (!ok) {
+    f_->failures.Add(labels).Increment();
+    return;
+  }
+  f_->latency.Add(labels, TaskBuckets()).Observe(absl::ToDoubleSeconds(latency));
+  f_->queue_wait.Add(labels, TaskBuckets()).Observe(absl::ToDoubleSeconds(queue_wait));
+}
+
+void Telemetry::Switched(int gpu, const std::string& model, const SwitchTimeline& t,
+                         uint64_t bytes) {
+  f_->switches.Add({{"gpu", Gpu(gpu)}, {"model", model}}).Increment();
+  f_->transmitted.Add({{"gpu", Gpu(gpu)}}).Increment(static_cast<double>(bytes));
+  // Each phase only when both its ends happened (0: did not).
+  auto observe = [&](const char* phase, int64_t from_ns, int64_t to_ns) {
+    if (from_ns == 0 || to_ns == 0 || to_ns < from_ns) return;
+    f_->switch_phase.Add({{"gpu", Gpu(gpu)}, {"model", model}, {"phase", phase}}, SwitchBuckets())
+        .Observe(static_cast<double>(to_ns - from_ns) / 1e9);
+  };
+  observe("stop_to_drain", t.stop_sent_ns, t.drained_ns);
+  observe("first_group_ready", t.arrival_ns, t.first_group_ready_ns);
+  observe("first_layer_start", t.arrival_ns, t.first_layer_start_ns);
+  observe("last_group_ready", t.arrival_ns, t.last_group_ready_ns);
+  observe("result", t.arrival_ns, t.result_ns);
+}
+
+void Telemetry::AddGpu(int gpu) {
+  const Labels labels{{"gpu", Gpu(gpu)}};
+  for (auto* family : {&f_->transmitted, &f_->preemptions, &f_->worker_kills,
+                       &f_->worker_restarts, &f_->bubble, &f_->bubble_fill}) {
+    family->Add(labels);
+  }
+}
+
+void Telemetry::Preempted(int gpu) { f_->preemptions.Add({{"gpu", Gpu(gpu)}}).Increment(); }
+void Telemetry::WorkerKilled(int gpu) { f_->worker_kills.Add({{"gpu", Gpu(gpu)}}).Increment(); }
+void Telemetry::WorkerRestarted(int gpu) {
+  f_->worker_restarts.Add({{"gpu", Gpu(gpu)}}).Increment();
+}
+void Telemetry::LinkMeasured(int gpu, double bytes_per_s) {
+  f_->bandwidth.Add({{"gpu", Gpu(gpu)}}).Set(bytes_per_s);
+}
+void Telemetry::BubbleTime(int gpu, absl::Duration bubble) {
+  if (bubble > absl::ZeroDuration()) {
+    f_->bubble.Add({{"gpu", Gpu(gpu)}}).Increment(absl::ToDoubleSeconds(bubble));
+  }
+}
+void Telemetry::FillStepTime(int gpu, absl::Duration step_time) {
+  if (step_time > absl::ZeroDuration()) {
+    f_->bubble_fill.Add({{"gpu", Gpu(gpu)}}).Increment(absl::ToDoubleSeconds(step_time));
+  }
+}
+void Telemetry::FillPaused(int gpu, absl::Duration pause_latency) {
+  f_->fill_pause.Add({{"gpu", Gpu(gpu)}}, SwitchBuckets())
+      .Observe(absl::ToDoubleSeconds(pause_latency));
+}
+
+std::string Telemetry::Scrape(const std::vector<GpuGauges>& gpus,
+                              const std::map<std::string, int>& fill_jobs) const {
+  for (const GpuGauges& g : gpus) {
+    const Labels labels{{"gpu", Gpu(g.gpu)}};
+    f_->queue_depth.Add(labels).Set(static_cast<double>(g.queue_depth));
+    f_->arena_used.Add(labels).Set(static_cast<double>(g.arena_used_bytes));
+    f_->arena_free.Add(labels).Set(static_cast<double>(g.arena_free_bytes));
+  }
+  for (const auto& [state, count] : fill_jobs) {
+    f_->fill_jobs.Add({{"state", state}}).Set(count);
+  }
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace pswitch::controller

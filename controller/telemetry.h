@@ -1,0 +1,82 @@
+// What pswitchd's parts report as they work, kept as Prometheus metrics (prometheus-cpp) for
+// GET /metrics. The scheduler, switcher, worker pool and fill manager call the event methods;
+// the HTTP port adds the gauges that are read at scrape time (queue depth, arena, fill jobs) and
+// serializes. Names follow Prometheus conventions: base units, `_total`, `_seconds`, `_bytes`;
+// labels `gpu`, `model`, `kind`.
+//
+// Thread-safe. Every event method is cheap (a few atomic adds) and never blocks on I/O, so it
+// may be called from the scheduler's event loop.
+#ifndef PSWITCH_CONTROLLER_TELEMETRY_H_
+#define PSWITCH_CONTROLLER_TELEMETRY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "controller/task_queue.h"
+#include "controller/task_spec.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace pswitch::controller {
+
+// The state of one GPU at scrape time.
+struct GpuGauges {
+  int gpu = 0;
+  size_t queue_depth = 0;  // queued and running tasks
+  uint64_t arena_used_bytes = 0;
+  uint64_t arena_free_bytes = 0;
+};
+
+class Telemetry {
+ public:
+  Telemetry();
+  ~Telemetry();
+  Telemetry(const Telemetry&) = delete;
+  Telemetry& operator=(const Telemetry&) = delete;
+
+  // A task ended. `queue_wait` is arrival to start (zero when it never started), `latency`
+  // arrival to its answer; failed tasks count in failures, not in the latency histograms.
+  void TaskFinished(int gpu, const std::string& model, TaskKind kind, absl::Duration queue_wait,
+                    absl::Duration latency, bool ok);
+  // A task whose model had to be transmitted: its switch as phases after its arrival, and the
+  // bytes copied.
+  void Switched(int gpu, const std::string& model, const SwitchTimeline& timeline,
+                uint64_t bytes);
+  void Preempted(int gpu);
+  void WorkerKilled(int gpu);
+  void WorkerRestarted(int gpu);
+  void LinkMeasured(int gpu, double bytes_per_s);
+  // Starts `gpu`'s counters at zero, so a scrape shows them before their first event (and
+  // rate() sees the first one).
+  void AddGpu(int gpu);
+  // Fill: the main job's bubble time on a GPU, fill step time spent inside bubbles, one fill
+  // run's pause latency (bubble end to paused).
+  void BubbleTime(int gpu, absl::Duration bubble);
+  void FillStepTime(int gpu, absl::Duration step_time);
+  void FillPaused(int gpu, absl::Duration pause_latency);
+
+  // The exposition text (format 0.0.4) with `gpus` and `fill_jobs` (job count by state name) as
+  // they are now.
+  std::string Scrape(const std::vector<GpuGauges>& gpus,
+                     const std::map<std::string, int>& fill_jobs) const;
+
+ private:
+  struct Families;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Families> f_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_TELEMETRY_H_
