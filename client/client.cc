@@ -385,6 +385,16 @@ absl::Status Client::Cancel(uint64_t task_id) {
       "cancel");
 }
 
+absl::Status Client::Unload(const std::string& name) {
+  return AckCall(
+      [&name](Builder& b, uint64_t id) {
+        auto body = proto::CreateUnloadModel(b, b.CreateString(name));
+        proto::Finish(b,
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::UnloadModel, body.Union()));
+      },
+      "unload");
+}
+
 absl::Status Client::SendBubble(const std::function<void(Builder&, uint64_t)>& build) {
   {
     absl::MutexLock lock(&bubble_mu_);

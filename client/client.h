@@ -149,6 +149,9 @@ class Client {
   // The `limit` most recent tasks, newest first (0 = as many as the server lists, 1000).
   absl::StatusOr<std::vector<TaskStatus>> ListTasks(uint32_t limit = 0);
   absl::Status Cancel(uint64_t task_id);
+  // Unloads a registered model (admin): its queued tasks fail, a running inference batch
+  // finishes, a running training task is cancelled; returns once its weights are freed.
+  absl::Status Unload(const std::string& name);
 
   // The bubble instruction, called by the main job around each idle wait of GPU (stage) `gpu`.
   // One send each: the call does not wait for the server. A failure (connection lost, an error

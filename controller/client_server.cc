@@ -101,6 +101,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     switch (type) {
       case proto::ClientRequestBody::RegisterModel:
         return Register(id, *(*request)->body_as_RegisterModel());
+      case proto::ClientRequestBody::UnloadModel:
+        return Unload(id, *(*request)->body_as_UnloadModel());
       case proto::ClientRequestBody::SubmitTask:
         return Submit(conn, id, *(*request)->body_as_SubmitTask());
       case proto::ClientRequestBody::QueryTask: {
@@ -263,7 +265,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         [request = std::move(request), repository = options_->repository,
          allow = options_->allow_client_paths] {
           return ResolveModelRequest(request, repository, allow);
-        }, [self = shared_from_this(), id](const absl::StatusOr<const CatalogEntry*>& entry) {
+        }, [self = shared_from_this(), id](const absl::StatusOr<EntryRef>& entry) {
           if (!entry.ok()) {
             self->PostAwaitedReply(ErrorReply(id, entry.status()));
             return;
@@ -277,6 +279,27 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                                                 registered.Union()));
           self->PostAwaitedReply(Bytes(b));
         });
+  }
+
+  void Unload(uint64_t id, const proto::UnloadModel& wire) {
+    absl::StatusOr<std::string> name = ParseUnload(wire);
+    if (!name.ok()) return PostReply(ErrorReply(id, name.status()));
+    if (fill_ != nullptr) {
+      if (absl::Status owned = fill_->CheckUnload(*name); !owned.ok()) {
+        return PostReply(ErrorReply(id, owned));
+      }
+    }
+    ++awaited_;
+    controller_->Unload(std::move(*name), [self = shared_from_this(), id](absl::Status status) {
+      if (!status.ok()) {
+        self->PostAwaitedReply(ErrorReply(id, status));
+        return;
+      }
+      Builder b;
+      auto ack = proto::CreateAck(b);
+      proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
+      self->PostAwaitedReply(Bytes(b));
+    });
   }
 
   void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
@@ -368,7 +391,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   std::vector<uint8_t> ModelListReply(uint64_t id) {
     Builder b;
     std::vector<flatbuffers::Offset<proto::ModelInfo>> models;
-    for (const CatalogEntry* entry : controller_->List()) {
+    for (const EntryRef& entry : controller_->List()) {
       models.push_back(proto::CreateModelInfo(b, b.CreateString(entry->request.name),
                                               b.CreateString(entry->request.zoo_model),
                                               entry->stored->total_bytes()));

@@ -104,7 +104,7 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
       done(request.status());
       return;
     }
-    absl::StatusOr<const CatalogEntry*> entry = catalog_->Register(*request);
+    absl::StatusOr<EntryRef> entry = catalog_->Register(*request);
     if (!entry.ok()) {
       done(entry.status());
       return;
@@ -136,8 +136,44 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
   });
 }
 
+void Controller::Unload(std::string name, std::function<void(absl::Status)> done) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    done(absl::CancelledError("pswitchd is shutting down"));
+    return;
+  }
+  registrations_.push_back([this, name = std::move(name), done = std::move(done)] {
+    absl::StatusOr<EntryRef> entry = catalog_->BeginUnload(name);
+    if (!entry.ok()) {
+      done(entry.status());
+      return;
+    }
+    struct Pending {
+      absl::Mutex mu;
+      size_t remaining;
+      absl::Status status;
+    };
+    auto pending = std::make_shared<Pending>();
+    pending->remaining = schedulers_.size();
+    for (auto& scheduler : schedulers_) {
+      scheduler->DropModel(name, [this, entry = *entry, done, pending](absl::Status dropped) {
+        absl::Status status;
+        {
+          absl::MutexLock lock(&pending->mu);
+          if (!dropped.ok() && pending->status.ok()) pending->status = dropped;
+          if (--pending->remaining > 0) return;
+          status = pending->status;
+        }
+        // Shutting down: the weights go with the process; the name stays reserved.
+        if (status.ok()) status = catalog_->FinishUnload(*entry);
+        done(status);
+      });
+    }
+  });
+}
+
 absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
-  PSWITCH_ASSIGN_OR_RETURN(const CatalogEntry* entry, catalog_->Find(spec.model));
+  PSWITCH_ASSIGN_OR_RETURN(EntryRef entry, catalog_->Find(spec.model));
   if (spec.kind == TaskKind::kInference) {
     if (spec.batch != 0) {
       return absl::InvalidArgumentError(

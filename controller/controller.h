@@ -48,19 +48,25 @@ class Controller {
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
-  using RegisterCallback = std::function<void(const absl::StatusOr<const CatalogEntry*>&)>;
+  using RegisterCallback = std::function<void(const absl::StatusOr<EntryRef>&)>;
   // Registers in the background; `done` runs once the model is in every worker.
   void Register(ModelRequest request, RegisterCallback done);
   // The same, with the request made on the registration thread (it may read files: a model
   // repository's config), never on the caller's.
   using RequestMaker = std::function<absl::StatusOr<ModelRequest>()>;
   void Register(RequestMaker make_request, RegisterCallback done);
+  // Unloads model `name` from every GPU (GpuScheduler::DropModel says what happens to its
+  // tasks), then frees its pinned weights and releases the name. Ordered with registrations (on
+  // the registration thread), so a model's load into the workers always precedes its unload.
+  // `done` gets NotFound / FailedPrecondition (ModelCatalog::BeginUnload), or OK once it is
+  // freed, from some scheduler's thread.
+  void Unload(std::string name, std::function<void(absl::Status)> done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const { return scheduler().Query(task_id); }
   std::vector<TaskStatus> RecentTasks(size_t limit) const { return scheduler().Recent(limit); }
   absl::Status Cancel(uint64_t task_id) { return scheduler().Cancel(task_id); }
-  std::vector<const CatalogEntry*> List() const { return catalog_->List(); }
+  std::vector<EntryRef> List() const { return catalog_->List(); }
   // Tasks run on GPU 0; every GPU runs fill tasks in its bubbles.
   GpuScheduler& scheduler() const { return *schedulers_[0]; }
   size_t gpus() const { return schedulers_.size(); }

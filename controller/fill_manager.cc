@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/nvtx.h"
 #include "gpu/copy_engine.h"
 #include "gpu/device.h"
 #include "models/registry.h"
@@ -218,7 +220,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
     // Its own copy of the model: its weights evolve independently of other tasks'.
     controller_->Register(
         ModelRequest{absl::StrCat(kFillModelPrefix, id), request.model, "", request.batch, "auto"},
-        [this, id](const absl::StatusOr<const CatalogEntry*>& entry) {
+        [this, id](const absl::StatusOr<EntryRef>& entry) {
           OnCreated(id, entry.status());
         });
   }
@@ -259,8 +261,13 @@ absl::Status FillManager::Cancel(uint64_t job_id) {
 void FillManager::OnCreated(uint64_t id, absl::Status created) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
-  // Gone, or cancelled while its model was being registered.
-  if (it == jobs_.end() || it->second.machine.stopped()) return;
+  if (it == jobs_.end()) return;
+  it->second.model_registered = created.ok() && !it->second.model_name.empty();
+  // Cancelled while its model was being registered: that model goes again.
+  if (it->second.machine.stopped()) {
+    UnloadModel(it->second);
+    return;
+  }
   if (!created.ok()) {
     Stop(id, it->second, created);
     return;
@@ -274,10 +281,39 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error, bool drop_chec
   job.error = std::move(error);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
   if (drop_checkpoint) controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
+  // A training job that finished keeps its model, "fill-<id>": the trained weights are its
+  // result (served like any model, unloaded by a client). Everything else goes now.
+  if (!(job.error.ok() && job.request.kind == FillKind::kTraining)) UnloadModel(job);
   base::Log(job.error.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "fill_job_stopped")
       .Field("job", id)
       .Field("steps", absl::StrCat(job.steps_done, "/", job.steps_total))
       .Field("error", job.error.ok() ? std::string() : job.error.ToString());
+}
+
+absl::Status FillManager::CheckUnload(const std::string& model) const {
+  if (!absl::StartsWith(model, kFillModelPrefix)) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, job] : jobs_) {
+    if (job.model_name == model && !job.machine.stopped()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", model, "' is fill job ", id, "'s own model: cancel the job first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillManager::UnloadModel(Job& job) {
+  if (!job.model_registered) return;
+  job.model_registered = false;
+  // Its private copy of the model (pinned weights) goes with it; a run still out finishes
+  // first (the unload waits for it).
+  controller_->Unload(job.model_name, [name = job.model_name](absl::Status status) {
+    if (!status.ok() && !absl::IsCancelled(status)) {  // cancelled: pswitchd is stopping
+      base::Log(base::LogLevel::kWarn, "fill_model_unload_failed")
+          .Field("model", name)
+          .Field("error", status);
+    }
+  });
 }
 
 TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
@@ -322,6 +358,8 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   const absl::Time now = absl::Now();
   g.in_bubble = true;
   g.bubble_begin = now;
+  base::NvtxEnd(g.bubble_nvtx);  // a begin without an end (the main job restarted)
+  g.bubble_nvtx = base::NvtxStart(absl::StrCat("bubble gpu ", gpu));
   ++stats_.bubbles;
   // No cycle registered for this GPU (nothing placed here), or its last run has not paused yet.
   if (scheduler_ == nullptr || g.running_job) return absl::OkStatus();
@@ -358,6 +396,8 @@ absl::Status FillManager::BubbleEnd(int gpu) {
     GpuState& g = gpus_[gpu];
     if (!g.in_bubble) return absl::OkStatus();
     g.in_bubble = false;
+    base::NvtxEnd(g.bubble_nvtx);
+    g.bubble_nvtx = 0;
     const absl::Time now = absl::Now();
     stats_.bubble_time += now - g.bubble_begin;
     telemetry_->BubbleTime(gpu, now - g.bubble_begin);

@@ -80,6 +80,10 @@ class FillManager {
   // Stops the job (STOPPED, error Cancelled); a run in the current bubble ends with the bubble.
   // NotFound for an unknown job, FailedPrecondition for one already stopped.
   absl::Status Cancel(uint64_t job_id);
+  // Whether a client may unload `model`: a fill job's own model only once the job has stopped
+  // (a finished training job's model is its result, kept until unloaded); FailedPrecondition
+  // while the job still runs.
+  absl::Status CheckUnload(const std::string& model) const;
   absl::StatusOr<FillJobStatus> Query(uint64_t job_id) const;
   // InvalidArgument for a GPU this daemon does not have.
   // `began_ns`: CLOCK_MONOTONIC time the bubble began at the main job (0: now); the bubble ends
@@ -102,6 +106,7 @@ class FillManager {
     int64_t steps_total = 0;
     int64_t steps_done = 0;
     uint32_t bubbles = 0;
+    bool model_registered = false;  // its own model is in the catalog (unloaded at its end)
     absl::Duration predicted_step;  // the declared profile, then the smoothed measurement
     int64_t measured_runs = 0;
     absl::Time submitted;
@@ -113,12 +118,15 @@ class FillManager {
     absl::Time cycle_origin;
     bool in_bubble = false;
     absl::Time bubble_begin, bubble_end;
+    uint64_t bubble_nvtx = 0;  // the open bubble's NVTX range (0: none, or no NVTX)
     std::optional<uint64_t> running_job;  // its run in the current (or last) bubble
     bool run_done = false;                // that run reported back (paused, done or failed)
     absl::Time run_done_at;
     bool ended = false;  // that run's bubble ended
   };
 
+  // Unloads the job's own model, once (it ended).
+  void UnloadModel(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RebuildScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckGpu(int gpu) const;
   // Checks `request` (filling in defaults) and returns the job's total steps.

@@ -28,7 +28,7 @@ struct GpuScheduler::Running {
   int slot = -1;
   bool stop_sent = false;
   std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
-  const CatalogEntry* entry = nullptr;                    // null for a synthetic fill run
+  EntryRef entry;  // null for a synthetic fill run
   std::unique_ptr<TrainingState> training;  // training runs only
   SwitchTimeline timeline;
 };
@@ -63,7 +63,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   };
   pool.models = [catalog] {
     std::vector<WorkerModel> models;
-    for (const CatalogEntry* entry : catalog->List()) {
+    for (const EntryRef& entry : catalog->List()) {
       models.push_back(WorkerModel{entry->request.name, entry->request.zoo_model,
                                    static_cast<uint32_t>(entry->stored->num_layers()),
                                    entry->stored->total_bytes()});
@@ -101,6 +101,8 @@ GpuScheduler::~GpuScheduler() {
     while (auto ticket = queue_.Pop()) {
       Finish(ticket->id, absl::CancelledError("pswitchd is shutting down"));
     }
+    for (auto& [model, done] : unloads_) done(absl::CancelledError("pswitchd is shutting down"));
+    unloads_.clear();
     StopRunning();
   });
   loop_thread_.join();
@@ -115,6 +117,7 @@ base::Log GpuScheduler::Event(base::LogLevel level, absl::string_view event) con
 void GpuScheduler::AfterEvent() {
   // A busy loop must not starve the stop deadline; its timer may not have had its turn yet.
   EnforceStop();
+  FinishUnloads();
   if (stopping_) {
     // A running task gets a bounded time to reach its sync point, then the loop ends anyway.
     if (!shutdown_timer_armed_) {
@@ -186,13 +189,68 @@ void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drai
   tasks_.RecordCleaning(task, clean, after_drain);
 }
 
-void GpuScheduler::AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done) {
+void GpuScheduler::AddModel(EntryRef entry, std::function<void(absl::Status)> done) {
   Post([this, entry, done = std::move(done)] {
     pool_->AddModel(WorkerModel{entry->request.name, entry->request.zoo_model,
                                 static_cast<uint32_t>(entry->stored->num_layers()),
                                 entry->stored->total_bytes()},
                     done);
   });
+}
+
+void GpuScheduler::DropModel(std::string model, std::function<void(absl::Status)> done) {
+  Post([this, model = std::move(model), done = std::move(done)]() mutable {
+    if (stopping_) {
+      done(absl::CancelledError("pswitchd is shutting down"));
+      return;
+    }
+    std::vector<uint64_t> queued;
+    for (const auto& [id, entry] : specs_) {
+      if (entry.first.model == model && !entry.first.fill) queued.push_back(id);
+    }
+    for (uint64_t id : queued) {
+      if (queue_.Remove(id)) {
+        Finish(id, absl::UnavailableError(absl::StrCat("task ", id, " failed: model '", model,
+                                                       "' was unloaded before it started")));
+      }
+    }
+    if (running_ != nullptr && running_->entry != nullptr &&
+        running_->entry->request.name == model) {
+      const uint64_t id = running_->task_id;
+      if (specs_.at(id).first.kind == TaskKind::kTraining) {
+        stop_reasons_.emplace(id, absl::CancelledError(absl::StrCat(
+                                      "task ", id, " cancelled: model '", model,
+                                      "' is being unloaded (its weights were saved)")));
+        StopRunning();
+      }
+      // A running inference batch finishes and is answered; the unload waits for it.
+    }
+    Event(base::LogLevel::kInfo, "model_unloading")
+        .Field("model", model)
+        .Field("queued_failed", queued.size())
+        .Field("waits_for_task", running_ != nullptr && running_->entry != nullptr &&
+                                     running_->entry->request.name == model);
+    unloads_.emplace_back(std::move(model), std::move(done));
+  });
+}
+
+void GpuScheduler::FinishUnloads() {
+  for (auto it = unloads_.begin(); it != unloads_.end();) {
+    const std::string& model = it->first;
+    const bool busy = (running_ != nullptr && running_->entry != nullptr &&
+                       running_->entry->request.name == model) ||
+                      switcher_->Copying(model) || pool_->Loading(model);
+    if (busy) {
+      ++it;
+      continue;
+    }
+    switcher_->Unloaded(model);
+    pool_->RemoveModel(model);
+    Event(base::LogLevel::kInfo, "model_unloaded").Field("model", model);
+    std::function<void(absl::Status)> done = std::move(it->second);
+    it = unloads_.erase(it);
+    done(absl::OkStatus());
+  }
 }
 
 bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const {
@@ -351,6 +409,7 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   }
   PSWITCH_ASSIGN_OR_RETURN(run->entry, catalog_->Find(spec.model));
   run->timeline.arrival_ns = spec.arrival_ns;
+  run->timeline.placed_ns = base::MonotonicNowNs();
   // The Stop that made room for it, when one went out after it arrived.
   if (switcher_->last_stop_sent_ns() >= spec.arrival_ns) {
     run->timeline.stop_sent_ns = switcher_->last_stop_sent_ns();
@@ -419,6 +478,8 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
                            run->entry->stored->total_bytes());
     }
   }
+  telemetry_->TaskRan(options_.gpu, run->task_id, MetricModel(spec), spec.kind, run->slot,
+                      outcome.timeline, status.ok());
   if (run->training != nullptr && EndTraining(*run, spec, done, status)) return;
   if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
     absl::Status why = std::move(reason->second);

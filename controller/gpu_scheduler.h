@@ -89,7 +89,14 @@ class GpuScheduler : private WorkerPool::Listener {
   ~GpuScheduler() override;
 
   // Loads a newly registered model into every worker; `done` gets the first load error or OK.
-  void AddModel(const CatalogEntry* entry, std::function<void(absl::Status)> done);
+  void AddModel(EntryRef entry, std::function<void(absl::Status)> done);
+  // Unloads `model` from this GPU (the catalog no longer lists it): its queued tasks fail
+  // (Unavailable), a running training task of it is cancelled (stopped at its next iteration,
+  // its weights saved as on any stop), a running inference batch finishes. Once none of its
+  // tasks runs, no copy of it is in flight and no worker is still loading it, the region stops
+  // counting as holding it and every worker drops it; `done` runs then, on the loop (Cancelled
+  // when pswitchd shuts down first).
+  void DropModel(std::string model, std::function<void(absl::Status)> done);
   // Queues a task (already validated); ResourceExhausted when max_queued_tasks are unfinished.
   // A task still queued or running at spec.expires fails with DeadlineExceeded (a running one
   // is told to stop, and killed if it does not). `done` runs exactly once, on the scheduler
@@ -112,6 +119,8 @@ class GpuScheduler : private WorkerPool::Listener {
   absl::StatusOr<GpuSnapshot> Snapshot(absl::Duration timeout) const;
   // The arena's size and leased bytes (any thread, without the loop).
   std::pair<uint64_t, uint64_t> ArenaUse() const;
+  // Unfinished tasks, queued or running, fill runs aside (any thread, without the loop).
+  size_t queue_depth() const { return unfinished_.load(); }
 
  private:
   struct Running;
@@ -151,6 +160,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // Fails queued tasks past their deadline and stops a running one.
   void EnforceDeadlines();
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
+  // Completes the unloads that nothing holds up any more (DropModel).
+  void FinishUnloads();
 
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
@@ -166,6 +177,8 @@ class GpuScheduler : private WorkerPool::Listener {
   std::map<uint64_t, absl::Status> stop_reasons_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // of unfinished tasks that have one
   std::unique_ptr<Running> running_;
+  // Unloads waiting for their model's last task, copy or load to end (DropModel).
+  std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_;
   TaskRegistry tasks_;
   BubbleAdmission bubble_runs_;
   StopDeadline stop_deadline_;

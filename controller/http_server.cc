@@ -6,13 +6,17 @@
 #include <limits>
 #include <type_traits>
 #include <optional>
+#include <regex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/json.h"
+#include "base/clock.h"
 #include "base/log.h"
+#include "controller/openapi_doc.h"
 #include "base/status.h"
 #include "base/text.h"
 #include "controller/listen_address.h"
@@ -28,8 +32,6 @@ namespace pswitch::controller {
 namespace {
 
 using nlohmann::json;
-
-constexpr char kModelPath[] = R"(/v2/models/([^/]+))";
 
 // Our own values only; invalid UTF-8 (never expected) is replaced rather than thrown over.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -217,6 +219,8 @@ absl::Status Member(const json& body, const char* key, T& out) {
   bool fits;
   if constexpr (std::is_same_v<T, std::string>) {
     fits = v.is_string();
+  } else if constexpr (std::is_same_v<T, bool>) {  // before the unsigned case: bool is one
+    fits = v.is_boolean();
   } else if constexpr (std::is_floating_point_v<T>) {
     fits = v.is_number();
   } else if constexpr (std::is_unsigned_v<T>) {
@@ -347,6 +351,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     }
     s->port_ = address.port;
   }
+  base::Log(base::LogLevel::kInfo, "http_routes").Field("routes", absl::StrJoin(s->routes_, ","));
   s->thread_ = std::thread([server = s->server_.get()] { server->listen_after_bind(); });
   // stop() only stops a server already running: until then a destructor could not end it.
   for (int i = 0; i < 5000 && !s->server_->is_running(); ++i) absl::SleepFor(absl::Milliseconds(1));
@@ -358,6 +363,24 @@ HttpServer::~HttpServer() {
   stopping_.Notify();
   server_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+void HttpServer::Handle(const char* method, const std::string& path,
+                        httplib::Server::Handler handler) {
+  // Each {param} matches one path segment; its value is req.matches[i], in order.
+  static const std::regex kParam(R"(\{[a-z_]+\})");
+  const std::string pattern = std::regex_replace(path, kParam, "([^/]+)");
+  const std::string m(method);
+  if (m == "GET") {
+    server_->Get(pattern, std::move(handler));
+  } else if (m == "POST") {
+    server_->Post(pattern, std::move(handler));
+  } else if (m == "PUT") {
+    server_->Put(pattern, std::move(handler));
+  } else {
+    server_->Delete(pattern, std::move(handler));
+  }
+  routes_.push_back(absl::StrCat(m, " ", path));
 }
 
 void HttpServer::Route() {
@@ -392,21 +415,26 @@ void HttpServer::Route() {
     return found;
   };
 
+  // This API's OpenAPI document (docs/openapi.json, built in): open, like the health checks.
+  Handle("GET", "/openapi.json", [](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(std::string(OpenApiDocument()), "application/json");
+  });
   // Health: open, as probes have no token.
-  http.Get("/v2/health/live", [](const httplib::Request&, httplib::Response& res) {
+  Handle("GET", "/v2/health/live", [](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, json{{"live", true}});
   });
-  http.Get("/v2/health/ready", [this](const httplib::Request&, httplib::Response& res) {
+  Handle("GET", "/v2/health/ready", [this](const httplib::Request&, httplib::Response& res) {
     const bool ready = controller_->scheduler().AwaitWorkersReady(absl::ZeroDuration());
     Reply(res, ready ? 200 : 503, json{{"ready", ready}});
   });
-  http.Get("/v2", [authorize](const httplib::Request& req, httplib::Response& res) {
+  Handle("GET", "/v2", [authorize](const httplib::Request& req, httplib::Response& res) {
     if (!authorize(req, res)) return;
-    Reply(res, 200, json{{"name", "pswitch"}, {"version", "1"}, {"extensions", json::array()}});
+    Reply(res, 200, json{{"name", "pswitch"}, {"version", "1"}, {"extensions", json::array({"binary_tensor_data", "model_repository"})}});
   });
-  http.Get(kModelPath, [this, authorize](const httplib::Request& req, httplib::Response& res) {
+  Handle("GET", "/v2/models/{model}", [this, authorize](const httplib::Request& req, httplib::Response& res) {
     if (!authorize(req, res)) return;
-    absl::StatusOr<const CatalogEntry*> entry = controller_->catalog().Find(req.matches[1].str());
+    absl::StatusOr<EntryRef> entry = controller_->catalog().Find(req.matches[1].str());
     if (!entry.ok()) return ReplyError(res, entry.status());
     const CatalogEntry& e = **entry;
     Reply(res, 200,
@@ -416,17 +444,17 @@ void HttpServer::Route() {
                {"inputs", json::array({SpecJson(e.input)})},
                {"outputs", json::array({SpecJson(e.output)})}});
   });
-  http.Get(absl::StrCat(kModelPath, "/ready"),
+  Handle("GET", "/v2/models/{model}/ready",
            [this, authorize](const httplib::Request& req, httplib::Response& res) {
              if (!authorize(req, res)) return;
              const bool ready = controller_->catalog().Find(req.matches[1].str()).ok();
              Reply(res, ready ? 200 : 404, json{{"name", req.matches[1].str()}, {"ready", ready}});
            });
   // pswitch's own resources (v1): training tasks, with the TCP port's owners and caps.
-  http.Post("/v1/tasks", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+  Handle("POST", "/v1/tasks", [this, authorize](const httplib::Request& req, httplib::Response& res) {
     if (std::optional<Principal> who = authorize(req, res)) SubmitTraining(*who, req, res);
   });
-  http.Get("/v1/tasks", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+  Handle("GET", "/v1/tasks", [this, authorize](const httplib::Request& req, httplib::Response& res) {
     std::optional<Principal> who = authorize(req, res);
     if (!who) return;
     size_t limit = 100;
@@ -458,7 +486,7 @@ void HttpServer::Route() {
     }
     return id;
   };
-  http.Get(R"(/v1/tasks/([^/]+))",
+  Handle("GET", "/v1/tasks/{task}",
            [this, task_of](const httplib::Request& req, httplib::Response& res) {
              std::optional<uint64_t> id = task_of(req, res);
              if (!id) return;
@@ -466,7 +494,7 @@ void HttpServer::Route() {
              if (!status.ok()) return ReplyError(res, status.status());
              Reply(res, 200, TaskJson(*status));
            });
-  http.Delete(R"(/v1/tasks/([^/]+))", [this, task_of](const httplib::Request& req,
+  Handle("DELETE", "/v1/tasks/{task}", [this, task_of](const httplib::Request& req,
                                                        httplib::Response& res) {
     std::optional<uint64_t> found = task_of(req, res);
     if (!found) return;
@@ -477,17 +505,154 @@ void HttpServer::Route() {
     // A training task stops at its next iteration; its state says when it has.
     Reply(res, 202, json{{"task_id", id}, {"cancel", "requested"}});
   });
-  http.Post(absl::StrCat(kModelPath, "/infer"),
+  Handle("POST", "/v2/models/{model}/infer",
             [this, authorize](const httplib::Request& req, httplib::Response& res) {
               if (std::optional<Principal> who = authorize(req, res)) {
                 Infer(*who, req.matches[1].str(), req, res);
               }
             });
   RouteOperations(authorize);
+  RouteRepository(authorize);
+}
+
+void HttpServer::RouteRepository(const Authorizer& authorize) {
+  Handle("POST", "/v2/repository/index", [this, authorize](const httplib::Request& req,
+                                                            httplib::Response& res) {
+    if (!authorize(req, res)) return;
+    bool ready_only = false;
+    if (!req.body.empty()) {
+      absl::StatusOr<json> body = base::ParseUntrustedJson(
+          req.body, "repository index request", base::JsonLimits{options_.max_body_bytes, 32});
+      if (!body.ok()) return ReplyError(res, body.status());
+      if (!body->is_object()) {
+        return ReplyError(res, absl::InvalidArgumentError("expected an object"));
+      }
+      if (absl::Status s = Member(*body, "ready", ready_only); !s.ok()) return ReplyError(res, s);
+    }
+    // Registered models (whichever way) and the repository's, each once, by name.
+    std::map<std::string, json> models;
+    for (const EntryRef& e : controller_->List()) {
+      models[e->request.name] = {{"name", e->request.name}, {"version", "1"}, {"state", "READY"},
+                                 {"reason", ""}};
+    }
+    if (options_.repository != nullptr && !ready_only) {
+      absl::StatusOr<std::vector<std::string>> index = options_.repository->Index();
+      if (!index.ok()) return ReplyError(res, index.status());
+      for (const std::string& name : *index) {
+        models.try_emplace(name, json{{"name", name}, {"version", "1"}, {"state", "UNAVAILABLE"},
+                                      {"reason", "not loaded"}});
+      }
+    }
+    json list = json::array();
+    for (auto& [name, entry] : models) list.push_back(std::move(entry));
+    Reply(res, 200, list);
+  });
+
+  Handle("POST", "/v2/repository/models/{model}/load", [this, authorize](
+                                                           const httplib::Request& req,
+                                                           httplib::Response& res) {
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return;
+    if (who->role != Role::kAdmin) {
+      return ReplyError(res, absl::PermissionDeniedError("loading a model needs an admin token"));
+    }
+    if (options_.repository == nullptr) {
+      return ReplyError(res, absl::NotFoundError("this pswitchd has no --model-repository"));
+    }
+    const std::string name = req.matches[1].str();
+    if (absl::Status text = base::CheckText(name, "model name", 128); !text.ok()) {
+      return ReplyError(res, text);
+    }
+    if (absl::StartsWith(name, kFillModelPrefix)) {
+      return ReplyError(res, absl::InvalidArgumentError(absl::StrCat(
+                                 "model names starting with '", kFillModelPrefix,
+                                 "' are reserved for fill jobs' own models")));
+    }
+    std::optional<std::string> config;
+    if (!req.body.empty()) {
+      absl::StatusOr<json> body = base::ParseUntrustedJson(
+          req.body, "load request", base::JsonLimits{options_.max_body_bytes, 32});
+      if (!body.ok()) return ReplyError(res, body.status());
+      if (!body->is_object()) {
+        return ReplyError(res, absl::InvalidArgumentError("expected an object"));
+      }
+      if (body->contains("parameters")) {
+        const json& parameters = (*body)["parameters"];
+        if (!parameters.is_object()) {
+          return ReplyError(res, absl::InvalidArgumentError("\"parameters\" must be an object"));
+        }
+        std::string text;
+        if (absl::Status s = Member(parameters, "config", text); !s.ok()) {
+          return ReplyError(res, s);
+        }
+        if (parameters.contains("config")) config = std::move(text);
+      }
+    }
+    if (controller_->catalog().Find(name).ok()) {
+      return ReplyError(res, absl::AlreadyExistsError(absl::StrCat(
+                                 "model '", name, "' is already loaded")));
+    }
+    // Registration reads the repository on the controller's registration thread; this pool
+    // thread waits for it, bounded.
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    std::future<absl::Status> registered = done->get_future();
+    controller_->Register(
+        [repository = options_.repository, name, config]() {
+          return repository->Request(name, config ? &*config : nullptr);
+        },
+        [done](const absl::StatusOr<EntryRef>& entry) { done->set_value(entry.status()); });
+    if (registered.wait_for(absl::ToChronoSeconds(options_.infer_timeout)) !=
+        std::future_status::ready) {
+      return ReplyError(res, absl::DeadlineExceededError(absl::StrCat(
+                                 "loading '", name, "' is still going on after ",
+                                 absl::FormatDuration(options_.infer_timeout))));
+    }
+    if (absl::Status s = registered.get(); !s.ok()) return ReplyError(res, s);
+    base::Log(base::LogLevel::kInfo, "model_registered").Field("model", name).Field("source", "http");
+    Reply(res, 200, json::object());
+  });
+  // Any registered model, wherever it came from. Queued tasks on it fail, a running inference
+  // batch finishes, a running training task is cancelled; the answer comes once it is freed.
+  Handle("POST", "/v2/repository/models/{model}/unload",
+         [this, authorize](const httplib::Request& req, httplib::Response& res) {
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return;
+    if (who->role != Role::kAdmin) {
+      return ReplyError(res, absl::PermissionDeniedError("unloading a model needs an admin token"));
+    }
+    const std::string name = req.matches[1].str();
+    if (absl::Status valid = CheckUnloadName(name); !valid.ok()) return ReplyError(res, valid);
+    if (options_.fill != nullptr) {
+      if (absl::Status owned = options_.fill->CheckUnload(name); !owned.ok()) {
+        return ReplyError(res, owned);
+      }
+    }
+    if (!req.body.empty()) {
+      // Triton's {"parameters": {"unload_dependents": ...}}: pswitch models have no dependents.
+      absl::StatusOr<json> body = base::ParseUntrustedJson(
+          req.body, "unload request", base::JsonLimits{options_.max_body_bytes, 32});
+      if (!body.ok()) return ReplyError(res, body.status());
+      if (!body->is_object()) {
+        return ReplyError(res, absl::InvalidArgumentError("expected an object"));
+      }
+    }
+    auto done = std::make_shared<std::promise<absl::Status>>();
+    std::future<absl::Status> unloaded = done->get_future();
+    controller_->Unload(name, [done](absl::Status status) { done->set_value(status); });
+    if (unloaded.wait_for(absl::ToChronoSeconds(options_.infer_timeout)) !=
+        std::future_status::ready) {
+      return ReplyError(res, absl::DeadlineExceededError(absl::StrCat(
+                                 "unloading '", name, "' is still going on after ",
+                                 absl::FormatDuration(options_.infer_timeout),
+                                 " (it waits for the model's running task)")));
+    }
+    if (absl::Status s = unloaded.get(); !s.ok()) return ReplyError(res, s);
+    base::Log(base::LogLevel::kInfo, "model_unloaded").Field("model", name).Field("source", "http");
+    Reply(res, 200, json::object());
+  });
 }
 
 void HttpServer::RouteOperations(const Authorizer& authorize) {
-  httplib::Server& http = *server_;
   // Bubble cycles and fill jobs are the operator's (admin), as on the TCP port.
   auto admin = [authorize](const httplib::Request& req, httplib::Response& res) {
     std::optional<Principal> who = authorize(req, res);
@@ -510,7 +675,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     return base::ParseUntrustedJson(req.body, what, base::JsonLimits{options_.max_body_bytes, 32});
   };
 
-  http.Get("/metrics", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+  Handle("GET", "/metrics", [this, authorize](const httplib::Request& req, httplib::Response& res) {
     if (!authorize(req, res)) return;
     if (options_.telemetry == nullptr) {
       return ReplyError(res, absl::UnavailableError("metrics are not kept here"));
@@ -518,18 +683,38 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     std::vector<GpuGauges> gpus;
     for (size_t g = 0; g < controller_->gpus(); ++g) {
       GpuScheduler& s = controller_->gpu(g);
+      // Read without the GPU's loop: a scrape never waits on a busy scheduler.
       const auto [size, used] = s.ArenaUse();
-      absl::StatusOr<GpuSnapshot> snap = s.Snapshot(absl::Seconds(2));
-      gpus.push_back({static_cast<int>(g), snap.ok() ? snap->queue_depth : 0, used, size - used});
+      gpus.push_back({static_cast<int>(g), s.queue_depth(), used, size - used});
     }
     std::map<std::string, int> fill_jobs;
     if (options_.fill != nullptr) fill_jobs = options_.fill->JobsByState();
     res.status = 200;
-    res.set_content(options_.telemetry->Scrape(gpus, fill_jobs),
+    const NodeGauges node{controller_->catalog().pinned_bytes(), controller_->List().size()};
+    res.set_content(options_.telemetry->Scrape(gpus, fill_jobs, node),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
 
-  http.Get("/v1/gpus", [this, authorize](const httplib::Request& req, httplib::Response& res) {
+  // The timeline of the last N seconds: every GPU's tasks, copies, bubbles (admin: it shows
+  // every user's tasks).
+  Handle("GET", "/v1/trace", [this, admin](const httplib::Request& req, httplib::Response& res) {
+    if (!admin(req, res)) return;
+    if (options_.telemetry == nullptr) {
+      return ReplyError(res, absl::UnavailableError("no trace is kept here"));
+    }
+    int seconds = 10;
+    if (req.has_param("seconds") &&
+        (!absl::SimpleAtoi(req.get_param_value("seconds"), &seconds) || seconds < 1 ||
+         seconds > 600)) {
+      return ReplyError(res, absl::InvalidArgumentError("seconds must be in [1, 600]"));
+    }
+    res.status = 200;
+    res.set_content(options_.telemetry->trace().ChromeJson(absl::Seconds(seconds),
+                                                           base::MonotonicNowNs()),
+                    "application/json");
+  });
+
+  Handle("GET", "/v1/gpus", [this, authorize](const httplib::Request& req, httplib::Response& res) {
     if (!authorize(req, res)) return;
     json gpus = json::array();
     for (size_t g = 0; g < controller_->gpus(); ++g) {
@@ -560,7 +745,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     Reply(res, 200, json{{"gpus", std::move(gpus)}});
   });
 
-  http.Put(R"(/v1/gpus/([0-9]{1,3})/bubble-cycle)",
+  Handle("PUT", "/v1/gpus/{gpu}/bubble-cycle",
            [this, admin, fill_ready, body_json](const httplib::Request& req,
                                                 httplib::Response& res) {
              if (!admin(req, res) || !fill_ready(res)) return;
@@ -586,7 +771,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     PSWITCH_ASSIGN_OR_RETURN(json body, body_json(req, "fill job"));
     return FillRequestFromJson(body);
   };
-  http.Post("/v1/fill/jobs", [this, admin, fill_ready, fill_request](
+  Handle("POST", "/v1/fill/jobs", [this, admin, fill_ready, fill_request](
                                  const httplib::Request& req, httplib::Response& res) {
     if (!admin(req, res) || !fill_ready(res)) return;
     absl::StatusOr<FillRequest> request = fill_request(req);
@@ -598,7 +783,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     res.set_header("Location", absl::StrCat("/v1/fill/jobs/", *job));
     Reply(res, 201, FillJobJson(*s));
   });
-  http.Post("/v1/fill/estimate", [this, admin, fill_ready, fill_request](
+  Handle("POST", "/v1/fill/estimate", [this, admin, fill_ready, fill_request](
                                      const httplib::Request& req, httplib::Response& res) {
     if (!admin(req, res) || !fill_ready(res)) return;
     absl::StatusOr<FillRequest> request = fill_request(req);
@@ -616,7 +801,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     }
     return id;
   };
-  http.Get(R"(/v1/fill/jobs/([^/]+))", [this, admin, fill_ready, job_of](
+  Handle("GET", "/v1/fill/jobs/{job}", [this, admin, fill_ready, job_of](
                                            const httplib::Request& req, httplib::Response& res) {
     if (!admin(req, res) || !fill_ready(res)) return;
     std::optional<uint64_t> id = job_of(req, res);
@@ -625,7 +810,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     if (!s.ok()) return ReplyError(res, s.status());
     Reply(res, 200, FillJobJson(*s));
   });
-  http.Delete(R"(/v1/fill/jobs/([^/]+))", [this, admin, fill_ready, job_of](
+  Handle("DELETE", "/v1/fill/jobs/{job}", [this, admin, fill_ready, job_of](
                                               const httplib::Request& req, httplib::Response& res) {
     if (!admin(req, res) || !fill_ready(res)) return;
     std::optional<uint64_t> id = job_of(req, res);
@@ -635,7 +820,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
     if (!s.ok()) return ReplyError(res, s.status());
     Reply(res, 200, FillJobJson(*s));
   });
-  http.Get("/v1/fill/stats", [this, admin, fill_ready](const httplib::Request& req,
+  Handle("GET", "/v1/fill/stats", [this, admin, fill_ready](const httplib::Request& req,
                                                        httplib::Response& res) {
     if (!admin(req, res) || !fill_ready(res)) return;
     const FillStats s = options_.fill->Stats();
@@ -674,6 +859,9 @@ void HttpServer::SubmitTraining(const Principal& who, const httplib::Request& re
   }
   if (absl::Status name = base::CheckText(spec.model, "model name", 128); !name.ok()) {
     return ReplyError(res, name);
+  }
+  if (spec.model.empty()) {
+    return ReplyError(res, absl::InvalidArgumentError("a training task needs \"model\""));
   }
   if (optimizer != "sgd" && optimizer != "adam") {
     return ReplyError(res, absl::InvalidArgumentError("optimizer must be \"sgd\" or \"adam\""));
@@ -725,6 +913,10 @@ void HttpServer::Infer(const Principal& who, const std::string& model,
   if (!request.ok()) return ReplyError(res, request.status());
   if (!request->is_object() || !request->contains("inputs") || !(*request)["inputs"].is_array()) {
     return ReplyError(res, absl::InvalidArgumentError("an infer request needs \"inputs\": [...]"));
+  }
+  if ((*request)["inputs"].size() > kMaxInputTensors) {
+    return ReplyError(res, absl::InvalidArgumentError(absl::StrCat(
+                               "a task takes at most ", kMaxInputTensors, " input tensors")));
   }
   TaskSpec spec;
   spec.model = model;

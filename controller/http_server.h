@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
@@ -21,6 +22,7 @@
 #include "controller/client_quota.h"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
+#include "controller/model_repository.h"
 #include "controller/telemetry.h"
 
 namespace httplib {
@@ -42,6 +44,8 @@ struct HttpServerOptions {
   // GET /metrics counts from here (null: 503); fill jobs and bubble cycles go there (null: 503).
   Telemetry* telemetry = nullptr;
   FillManager* fill = nullptr;
+  // --model-repository: what POST /v2/repository/... lists and loads (null: none).
+  const ModelRepository* repository = nullptr;
   // How long an infer request waits for its answer.
   absl::Duration infer_timeout = absl::Minutes(10);
   absl::Duration read_timeout = absl::Seconds(30);
@@ -63,14 +67,21 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   uint16_t port() const { return port_; }
+  // Every route served, as "METHOD /path/{param}" (OpenAPI's path templates), in order.
+  const std::vector<std::string>& routes() const { return routes_; }
 
  private:
   HttpServer(Controller* controller, HttpServerOptions options);
   void Route();
+  // Serves METHOD `path` (an OpenAPI path template) and lists it in routes().
+  void Handle(const char* method, const std::string& path,
+              std::function<void(const httplib::Request&, httplib::Response&)> handler);
   using Authorizer =
       std::function<std::optional<Principal>(const httplib::Request&, httplib::Response&)>;
   // GET /metrics, /v1/gpus, bubble cycles and fill jobs: the operator's side.
   void RouteOperations(const Authorizer& authorize);
+  // Triton's model repository extension: index and load.
+  void RouteRepository(const Authorizer& authorize);
   // /v1/tasks: training tasks, answered at once (their state is polled).
   void SubmitTraining(const Principal& who, const httplib::Request& req, httplib::Response& res);
   // POST /v2/models/{model}/infer: JSON tensors, or the binary tensor data extension.
@@ -82,6 +93,7 @@ class HttpServer {
   absl::Notification stopping_;
   std::unique_ptr<httplib::Server> server_;
   uint16_t port_ = 0;
+  std::vector<std::string> routes_;
   std::thread thread_;
 };
 

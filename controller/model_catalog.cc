@@ -140,7 +140,7 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
   return CoverTail(outcome.result.plan, executed_layers, layout_layers);
 }
 
-absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& request) {
+absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
   if (request.name.empty()) return absl::InvalidArgumentError("model name must not be empty");
   if (request.batch_size == 0 || request.batch_size > kMaxBatchSize) {
     return absl::InvalidArgumentError(absl::StrCat("batch size ", request.batch_size,
@@ -148,11 +148,15 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
   }
   {
     absl::MutexLock lock(&mu_);
+    if (auto busy = in_progress_.find(request.name); busy != in_progress_.end() && busy->second) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model '", request.name, "' is being unloaded; register it again once that is done"));
+    }
     if (entries_.contains(request.name) || in_progress_.contains(request.name)) {
       return absl::AlreadyExistsError(
           absl::StrCat("model '", request.name, "' already registered"));
     }
-    in_progress_[request.name] = true;
+    in_progress_[request.name] = false;
   }
   auto done = [this, &request] {
     absl::MutexLock lock(&mu_);
@@ -215,25 +219,57 @@ absl::StatusOr<const CatalogEntry*> ModelCatalog::Register(const ModelRequest& r
                                      "): ", entry.status().message()));
   }
   absl::MutexLock lock(&mu_);
-  const CatalogEntry* raw = entry->get();
-  entries_[request.name] = std::move(*entry);
-  return raw;
+  std::shared_ptr<CatalogEntry> shared = std::move(*entry);
+  pinned_bytes_ += shared->stored->total_bytes();
+  entries_[request.name] = shared;
+  return EntryRef(shared);
 }
 
-absl::StatusOr<const CatalogEntry*> ModelCatalog::Find(absl::string_view name) const {
+absl::StatusOr<EntryRef> ModelCatalog::Find(absl::string_view name) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat("model '", name, "' is not registered"));
   }
-  return it->second.get();
+  return EntryRef(it->second);
 }
 
-std::vector<const CatalogEntry*> ModelCatalog::List() const {
+std::vector<EntryRef> ModelCatalog::List() const {
   absl::MutexLock lock(&mu_);
-  std::vector<const CatalogEntry*> out;
-  for (const auto& [name, entry] : entries_) out.push_back(entry.get());
+  std::vector<EntryRef> out;
+  for (const auto& [name, entry] : entries_) out.push_back(entry);
   return out;
+}
+
+absl::StatusOr<EntryRef> ModelCatalog::BeginUnload(absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  if (auto busy = in_progress_.find(name); busy != in_progress_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", name, "' is ",
+                     busy->second ? "already being unloaded" : "still being registered"));
+  }
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not registered"));
+  }
+  EntryRef entry = it->second;
+  entries_.erase(it);
+  in_progress_[std::string(name)] = true;
+  return entry;
+}
+
+absl::Status ModelCatalog::FinishUnload(const CatalogEntry& entry) {
+  const uint64_t bytes = entry.stored->total_bytes();
+  absl::Status removed = daemon_->weights().Remove(entry.request.name);
+  absl::MutexLock lock(&mu_);
+  in_progress_.erase(entry.request.name);
+  if (removed.ok()) pinned_bytes_ -= bytes;
+  return removed;
+}
+
+uint64_t ModelCatalog::pinned_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return pinned_bytes_;
 }
 
 }  // namespace pswitch::controller

@@ -46,6 +46,9 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
+// A registered model. Held by shared pointer so a front end formatting its metadata, or a
+// running task, keeps it alive across an unload; `stored` is valid only while the model is in
+// the catalog or an unload still waits for its tasks (only the schedulers read it).
 struct CatalogEntry {
   ModelRequest request;
   TensorSpec input;   // "input"
@@ -55,6 +58,8 @@ struct CatalogEntry {
   std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it
   uint64_t optimizer_slot_bytes = 0;               // models::OptimizerSlotBytes of the model
 };
+
+using EntryRef = std::shared_ptr<const CatalogEntry>;
 
 // How "auto" plans are profiled: on the device the workers compute on, at the link speed the
 // switch sees (CUDA: measured through the memdaemon's copy engine at start-up).
@@ -76,9 +81,19 @@ class ModelCatalog {
   // Slow (builds and profiles the model): call off the scheduling thread. InvalidArgument for a
   // bad request (unknown zoo model, bad weights or plan), AlreadyExists, ResourceExhausted when
   // the model exceeds the weights region. Nothing is registered on error.
-  absl::StatusOr<const CatalogEntry*> Register(const ModelRequest& request);
-  absl::StatusOr<const CatalogEntry*> Find(absl::string_view name) const;
-  std::vector<const CatalogEntry*> List() const;
+  absl::StatusOr<EntryRef> Register(const ModelRequest& request);
+  absl::StatusOr<EntryRef> Find(absl::string_view name) const;
+  std::vector<EntryRef> List() const;
+
+  // Unload, in two steps. BeginUnload takes the model out (Find and List no longer see it, new
+  // tasks on it are refused) while its name stays reserved, so it cannot be registered again
+  // before its weights are gone. NotFound for an unknown model; FailedPrecondition while it is
+  // still being registered or already being unloaded.
+  absl::StatusOr<EntryRef> BeginUnload(absl::string_view name);
+  // Once nothing runs or copies it any more: frees its pinned weights and releases the name.
+  absl::Status FinishUnload(const CatalogEntry& entry);
+  // Pinned bytes of every registered model's weights (GET /metrics).
+  uint64_t pinned_bytes() const;
 
  private:
   // The request's plan file, or "auto": a quick profile (of `model` on the CPU, of a fresh
@@ -91,8 +106,10 @@ class ModelCatalog {
   const AutoPlanProfile auto_plan_;
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<CatalogEntry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<CatalogEntry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
+  // Names being registered (false) or unloaded (true): neither registrable nor unloadable.
   std::map<std::string, bool, std::less<>> in_progress_ ABSL_GUARDED_BY(mu_);
+  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pswitch::controller

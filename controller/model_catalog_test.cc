@@ -20,7 +20,7 @@ class ModelCatalogTest : public ::testing::Test {
 
 TEST_F(ModelCatalogTest, AutoPlanOnTheCpuCoversEveryLayer) {
   ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
-  absl::StatusOr<const CatalogEntry*> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
+  absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
   ASSERT_TRUE(entry.ok()) << entry.status();
   ASSERT_FALSE((*entry)->plan.empty());
   EXPECT_EQ((*entry)->plan.front().first, 0);
@@ -31,7 +31,7 @@ TEST_F(ModelCatalogTest, AutoPlanOnTheCpuCoversEveryLayer) {
 // registration says so and names the remedy instead of planning with CPU layer times.
 TEST_F(ModelCatalogTest, AutoPlanOnAGpuIsProfiledThereOrRefusedWithTheRemedy) {
   ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{"cuda:0", 25e9});
-  absl::StatusOr<const CatalogEntry*> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
+  absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
   if (torch::cuda::is_available()) {
     ASSERT_TRUE(entry.ok()) << entry.status();
     EXPECT_FALSE((*entry)->plan.empty());
@@ -44,6 +44,38 @@ TEST_F(ModelCatalogTest, AutoPlanOnAGpuIsProfiledThereOrRefusedWithTheRemedy) {
   EXPECT_TRUE(catalog.Register({"m", "tiny_cnn", "", 2, "auto"}).status().code() ==
               absl::StatusCode::kFailedPrecondition)
       << "the name is free again";
+}
+
+// Unload in two steps: the model leaves the catalog at once, its name stays reserved until its
+// pinned weights are freed, and a holder of its entry keeps reading valid metadata meanwhile.
+TEST_F(ModelCatalogTest, UnloadTakesTheModelOutThenFreesItsWeightsAndName) {
+  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  EXPECT_EQ(catalog.BeginUnload("m").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  ASSERT_TRUE(catalog.Register({"other", "tiny_mlp", "", 1, "auto"}).ok());
+  const uint64_t bytes = (*entry)->stored->total_bytes();
+  const uint64_t both = catalog.pinned_bytes();
+  EXPECT_GT(both, bytes);
+
+  absl::StatusOr<EntryRef> taken = catalog.BeginUnload("m");
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->get(), entry->get());
+  EXPECT_EQ(catalog.Find("m").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog.List().size(), 1u);
+  EXPECT_EQ(catalog.BeginUnload("m").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(catalog.Register({"m", "tiny_mlp", "", 1, "auto"}).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "the name stays reserved until the weights are gone";
+  EXPECT_TRUE(daemon_->weights().Find("m").ok());
+
+  ASSERT_TRUE(catalog.FinishUnload(**taken).ok());
+  EXPECT_EQ(daemon_->weights().Find("m").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(catalog.pinned_bytes(), both - bytes);
+  EXPECT_EQ((*entry)->request.zoo_model, "tiny_cnn") << "a holder's entry outlives the unload";
+  absl::StatusOr<EntryRef> again = catalog.Register({"m", "tiny_mlp", "", 1, "auto"});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->request.zoo_model, "tiny_mlp");
 }
 
 }  // namespace

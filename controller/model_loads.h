@@ -43,6 +43,18 @@ class ModelLoads {
   // loaded the whole catalog) do not count.
   void Await(const std::string& model, std::set<size_t> slots, Done done);
 
+  // An unload: no slot holds `model` any more (a later registration of the name loads afresh).
+  void Forget(const std::string& model) {
+    for (Slot& s : slots_) s.loaded.erase(model);
+  }
+  // Some slot was sent a load of `model` and has not answered yet.
+  bool AnyLoading(const std::string& model) const {
+    for (const Slot& s : slots_) {
+      if (s.loading.contains(model)) return true;
+    }
+    return false;
+  }
+
   bool Loaded(size_t slot, const std::string& model) const {
     return slots_[slot].loaded.contains(model);
   }

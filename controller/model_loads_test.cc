@@ -98,5 +98,27 @@ TEST(ModelLoadsTest, NothingToWaitForCompletesAtOnce) {
   EXPECT_TRUE(loads.Loaded(0, "unawaited"));
 }
 
+// An unload waits while any worker is still loading the model, then forgets it everywhere, so a
+// later registration of the name is sent to every worker afresh.
+TEST(ModelLoadsTest, AnUnloadedModelIsForgottenByEverySlot) {
+  ModelLoads loads(2);
+  loads.Announce(0);
+  loads.Announce(1);
+  loads.Sent(0, "bert");
+  loads.Sent(1, "bert");
+  loads.Sent(0, "gpt2");
+  loads.Answered(0, "bert", absl::OkStatus());
+  EXPECT_TRUE(loads.AnyLoading("bert"));
+  loads.Answered(1, "bert", absl::OkStatus());
+  EXPECT_FALSE(loads.AnyLoading("bert"));
+  EXPECT_TRUE(loads.AnyLoading("gpt2"));
+  loads.Forget("bert");
+  EXPECT_FALSE(loads.Loaded(0, "bert"));
+  EXPECT_FALSE(loads.Loaded(1, "bert"));
+  loads.Answered(0, "gpt2", absl::OkStatus());
+  EXPECT_TRUE(loads.Loaded(0, "gpt2")) << "other models stay";
+  EXPECT_EQ(loads.loaded_count(0), 1u);
+}
+
 }  // namespace
 }  // namespace pswitch::controller

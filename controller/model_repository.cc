@@ -1,8 +1,10 @@
 #include "controller/model_repository.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "controller/fill_request.h"
 
 namespace pswitch::controller {
 namespace {
@@ -41,14 +43,31 @@ absl::StatusOr<std::vector<std::string>> ModelRepository::Index() const {
   return models;
 }
 
-absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name) const {
+absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
+                                                     const std::string* config_text) const {
+  if (absl::StartsWith(name, kFillModelPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", name, "': names starting with '", kFillModelPrefix,
+        "' are reserved for fill jobs' own models; rename its folder"));
+  }
   absl::StatusOr<base::ConfinedDir> folder = root_.Sub(name, "model");
   if (!folder.ok()) {
     if (absl::IsInvalidArgument(folder.status())) return folder.status();
     return absl::NotFoundError(absl::StrCat("model '", name, "' is not in the model repository"));
   }
-  const std::string where = absl::StrCat("model repository: ", name, "/config.json");
-  PSWITCH_ASSIGN_OR_RETURN(std::string text, folder->Read("config.json", "config", kMaxConfigBytes));
+  std::string where = absl::StrCat("model repository: ", name, "/config.json");
+  std::string text;
+  if (config_text != nullptr) {
+    // The client's config in place of the folder's: its files still resolve in the folder.
+    if (config_text->size() > kMaxConfigBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", name, "': the config is over ",
+                                                     kMaxConfigBytes, " bytes"));
+    }
+    where = absl::StrCat("model '", name, "': the given config");
+    text = *config_text;
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(text, folder->Read("config.json", "config", kMaxConfigBytes));
+  }
   PSWITCH_ASSIGN_OR_RETURN(nlohmann::json config, base::ParseUntrustedJson(text, where));
   if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
   ModelRequest request;

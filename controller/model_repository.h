@@ -28,7 +28,13 @@ class ModelRepository {
   absl::StatusOr<std::vector<std::string>> Index() const;
   // The registration of `name` as its config says. NotFound when it has no folder;
   // InvalidArgument naming the field for a bad config.
-  absl::StatusOr<ModelRequest> Request(const std::string& name) const;
+  absl::StatusOr<ModelRequest> Request(const std::string& name) const {
+    return Request(name, nullptr);
+  }
+  // The same with `*config_text` (untrusted JSON, the same fields) in place of the folder's
+  // config.json (Triton's load with a config); the files it names resolve in the folder alike.
+  absl::StatusOr<ModelRequest> Request(const std::string& name,
+                                       const std::string* config_text) const;
 
  private:
   explicit ModelRepository(base::ConfinedDir root) : root_(std::move(root)) {}

@@ -40,6 +40,18 @@ absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel
   return r;
 }
 
+absl::Status CheckUnloadName(const std::string& name) {
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(name, "model name", kMaxNameBytes));
+  if (name.empty()) return absl::InvalidArgumentError("model name must not be empty");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ParseUnload(const proto::UnloadModel& wire) {
+  PSWITCH_ASSIGN_OR_RETURN(std::string name, Text(wire.name(), "model name", kMaxNameBytes));
+  PSWITCH_RETURN_IF_ERROR(CheckUnloadName(name));
+  return name;
+}
+
 absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
   TaskRequest r;
   PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));

@@ -34,6 +34,9 @@ struct RegistrationRequest {
   uint32_t batch_size = 0;
 };
 absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel& wire);
+// The model an unload names (whether a fill job still owns it is FillManager::CheckUnload's).
+absl::StatusOr<std::string> ParseUnload(const proto::UnloadModel& wire);
+absl::Status CheckUnloadName(const std::string& name);
 
 // An inference or training task.
 struct TaskRequest {

@@ -88,6 +88,26 @@ TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
   }
 }
 
+TEST(RequestsTest, AnUnloadNamesAClientModel) {
+  for (const auto& [name, code] : std::vector<std::pair<std::string, absl::StatusCode>>{
+           {"resnet50", absl::StatusCode::kOk},
+           {"", absl::StatusCode::kInvalidArgument},
+           {"fill-7", absl::StatusCode::kOk},
+           {"bad\xff\xfename", absl::StatusCode::kInvalidArgument},
+           {std::string(500, 'm'), absl::StatusCode::kInvalidArgument}}) {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::UnloadModel,
+                  proto::CreateUnloadModel(b, b.CreateString(name)));
+    const proto::ClientRequest* request = Verified(b);
+    ASSERT_NE(request, nullptr);
+    absl::StatusOr<std::string> parsed = ParseUnload(*request->body_as_UnloadModel());
+    EXPECT_EQ(parsed.status().code(), code) << name.substr(0, 20) << ": " << parsed.status();
+    if (parsed.ok()) {
+      EXPECT_EQ(*parsed, name);
+    }
+  }
+}
+
 TEST(RequestsTest, InputTensorNamesAreCheckedBeforeAnyErrorCanQuoteThem) {
   Builder b;
   proto::HostTensor bad{"in\x01put", proto::DType::F32, {1}, {0, 0, 0, 0}};

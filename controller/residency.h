@@ -32,6 +32,11 @@ class Residency {
     model_.clear();
   }
 
+  // `model` was unloaded: whatever the region holds is no registered model's any more.
+  void Dropped(const std::string& model) {
+    if (model_ == model) model_.clear();
+  }
+
   bool Holds(const std::string& model) const {
     return active_slot_ >= 0 && !model_.empty() && model_ == model;
   }

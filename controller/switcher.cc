@@ -65,7 +65,7 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     const uint64_t id = next_id_++;
     request.on_finished = [this, id, loop = loop_] { loop->Post([this, id] { Ended(id); }); };
     PSWITCH_ASSIGN_OR_RETURN(placement.transmission, transmitter_->Start(std::move(request)));
-    in_flight_[id] = InFlight{placement.transmission, task, drain_slot};
+    in_flight_[id] = InFlight{placement.transmission, task, drain_slot, model};
     residency_.Switched(placement.slot, model, placement.transmission->epoch());
   }
   flatbuffers::FlatBufferBuilder prepare;
@@ -114,6 +114,9 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
     timeline.drained_ns = traces->front().copy_start_ns;
     timeline.first_group_ready_ns = traces->front().ready_ns;
     timeline.last_group_ready_ns = traces->back().ready_ns;
+    for (const memdaemon::GroupTrace& g : *traces) {
+      timeline.group_copies.emplace_back(g.copy_start_ns, g.ready_ns);
+    }
   } else if (!traces.ok() && transmission.finished()) {
     failed = traces.status();
   }
@@ -134,6 +137,13 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
   // A task that failed on a switch leaves no trusted residency behind (defect 4).
   if (!task_ok || !failed.ok()) residency_.Failed(transmission.epoch());
   return failed;
+}
+
+bool Switcher::Copying(const std::string& model) const {
+  for (const auto& [id, flight] : in_flight_) {
+    if (flight.model == model) return true;
+  }
+  return false;
 }
 
 }  // namespace pswitch::controller

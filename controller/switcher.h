@@ -71,6 +71,11 @@ class Switcher {
   // The worker in `slot` died: a half-finished step may have touched the region.
   void SlotDied(int slot) { residency_.SlotDied(slot); }
   bool Holds(const std::string& model) const { return residency_.Holds(model); }
+  // A copy of `model` into the region is in flight (its end not seen yet): its pinned weights
+  // are still being read.
+  bool Copying(const std::string& model) const;
+  // `model` was unloaded: the region no longer counts as holding it.
+  void Unloaded(const std::string& model) { residency_.Dropped(model); }
   int active_slot() const { return residency_.active_slot(); }
   std::string resident_model() const { return residency_.model(); }
 
@@ -79,6 +84,7 @@ class Switcher {
     std::shared_ptr<memdaemon::Transmission> transmission;
     uint64_t task = 0;
     int drain_slot = -1;  // the old tenant whose drain it waits for; -1: none
+    std::string model;
   };
   base::Log Event(base::LogLevel level, absl::string_view event) const;
   // A transmission's end (from the copy engine's completion, on the loop).

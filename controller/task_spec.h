@@ -57,6 +57,7 @@ struct TaskSpec {
 // latency measured in the same run (bench-switch), never one of these parts alone.
 struct SwitchTimeline {
   int64_t arrival_ns = 0;           // the scheduler accepted the task
+  int64_t placed_ns = 0;            // this run was placed on a worker
   int64_t stop_sent_ns = 0;         // the old tenant was told to stop (0: it was idle)
   int64_t drained_ns = 0;           // the copy could start: the old tenant had drained
   int64_t first_group_ready_ns = 0;
@@ -64,6 +65,8 @@ struct SwitchTimeline {
   int64_t first_layer_done_ns = 0;
   int64_t last_group_ready_ns = 0;
   int64_t result_ns = 0;  // the worker's answer reached the scheduler
+  // Each group's copy (copy start, ready), for the trace; empty when nothing was copied.
+  std::vector<std::pair<int64_t, int64_t>> group_copies;
 };
 
 struct TaskOutcome {

@@ -9,6 +9,9 @@
 
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "base/clock.h"
+
 namespace pswitch::controller {
 namespace {
 
@@ -108,7 +111,15 @@ struct Telemetry::Families {
         fill_jobs(prometheus::BuildGauge()
                       .Name("pswitch_fill_jobs")
                       .Help("Fill jobs by state")
-                      .Register(r)) {}
+                      .Register(r)),
+        pinned_weights(prometheus::BuildGauge()
+                           .Name("pswitch_pinned_weight_bytes")
+                           .Help("Pinned host memory holding registered models' weights")
+                           .Register(r)),
+        models(prometheus::BuildGauge()
+                   .Name("pswitch_models")
+                   .Help("Registered models (fill jobs' own copies included)")
+                   .Register(r)) {}
 
   prometheus::Family<prometheus::Counter>& switches;
   prometheus::Family<prometheus::Histogram>& switch_phase;
@@ -127,6 +138,8 @@ struct Telemetry::Families {
   prometheus::Family<prometheus::Gauge>& arena_used;
   prometheus::Family<prometheus::Gauge>& arena_free;
   prometheus::Family<prometheus::Gauge>& fill_jobs;
+  prometheus::Family<prometheus::Gauge>& pinned_weights;
+  prometheus::Family<prometheus::Gauge>& models;
 };
 
 Telemetry::Telemetry()
@@ -171,8 +184,35 @@ void Telemetry::AddGpu(int gpu) {
   }
 }
 
-void Telemetry::Preempted(int gpu) { f_->preemptions.Add({{"gpu", Gpu(gpu)}}).Increment(); }
-void Telemetry::WorkerKilled(int gpu) { f_->worker_kills.Add({{"gpu", Gpu(gpu)}}).Increment(); }
+void Telemetry::TaskRan(int gpu, uint64_t task, const std::string& model, TaskKind kind,
+                        int slot, const SwitchTimeline& t, bool ok) {
+  const std::string label = absl::StrCat(model, " (task ", task, ")");
+  auto span = [&](std::string track, std::string name, const char* category, int64_t from_ns,
+                  int64_t to_ns, std::vector<std::pair<std::string, std::string>> args = {}) {
+    if (from_ns == 0 || to_ns < from_ns) return;
+    trace_.Record({gpu, std::move(track), std::move(name), category, from_ns, to_ns - from_ns,
+                   false, std::move(args)});
+  };
+  if (t.placed_ns > t.arrival_ns) span("queue", label, "queue", t.arrival_ns, t.placed_ns);
+  span("switch", "stop to drain", "switch", t.stop_sent_ns, t.drained_ns);
+  for (size_t i = 0; i < t.group_copies.size(); ++i) {
+    span("copy", absl::StrCat("group ", i), "copy", t.group_copies[i].first,
+         t.group_copies[i].second, {{"task", std::to_string(task)}, {"model", model}});
+  }
+  const std::string worker = absl::StrCat("worker ", slot);
+  span(worker, label, KindName(kind), t.placed_ns, t.result_ns,
+       {{"kind", KindName(kind)}, {"ok", ok ? "true" : "false"}});
+  span(worker, "first layer", "compute", t.first_layer_start_ns, t.first_layer_done_ns);
+}
+
+void Telemetry::Preempted(int gpu) {
+  f_->preemptions.Add({{"gpu", Gpu(gpu)}}).Increment();
+  trace_.Record({gpu, "scheduler", "preempt", "scheduler", base::MonotonicNowNs(), 0, true, {}});
+}
+void Telemetry::WorkerKilled(int gpu) {
+  f_->worker_kills.Add({{"gpu", Gpu(gpu)}}).Increment();
+  trace_.Record({gpu, "scheduler", "worker killed", "scheduler", base::MonotonicNowNs(), 0, true, {}});
+}
 void Telemetry::WorkerRestarted(int gpu) {
   f_->worker_restarts.Add({{"gpu", Gpu(gpu)}}).Increment();
 }
@@ -182,6 +222,9 @@ void Telemetry::LinkMeasured(int gpu, double bytes_per_s) {
 void Telemetry::BubbleTime(int gpu, absl::Duration bubble) {
   if (bubble > absl::ZeroDuration()) {
     f_->bubble.Add({{"gpu", Gpu(gpu)}}).Increment(absl::ToDoubleSeconds(bubble));
+    const int64_t end_ns = base::MonotonicNowNs();
+    const int64_t dur_ns = absl::ToInt64Nanoseconds(bubble);
+    trace_.Record({gpu, "bubbles", "bubble", "bubble", end_ns - dur_ns, dur_ns, false, {}});
   }
 }
 void Telemetry::FillStepTime(int gpu, absl::Duration step_time) {
@@ -192,10 +235,15 @@ void Telemetry::FillStepTime(int gpu, absl::Duration step_time) {
 void Telemetry::FillPaused(int gpu, absl::Duration pause_latency) {
   f_->fill_pause.Add({{"gpu", Gpu(gpu)}}, SwitchBuckets())
       .Observe(absl::ToDoubleSeconds(pause_latency));
+  trace_.Record({gpu, "fill", "paused", "fill", base::MonotonicNowNs(), 0, true,
+                 {{"pause_latency_ms", absl::StrCat(absl::ToDoubleMilliseconds(pause_latency))}}});
 }
 
 std::string Telemetry::Scrape(const std::vector<GpuGauges>& gpus,
-                              const std::map<std::string, int>& fill_jobs) const {
+                              const std::map<std::string, int>& fill_jobs,
+                              const NodeGauges& node) const {
+  f_->pinned_weights.Add({}).Set(static_cast<double>(node.pinned_weight_bytes));
+  f_->models.Add({}).Set(static_cast<double>(node.models));
   for (const GpuGauges& g : gpus) {
     const Labels labels{{"gpu", Gpu(g.gpu)}};
     f_->queue_depth.Add(labels).Set(static_cast<double>(g.queue_depth));

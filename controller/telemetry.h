@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "controller/task_queue.h"
 #include "controller/task_spec.h"
+#include "controller/trace_recorder.h"
 
 namespace prometheus {
 class Registry;
@@ -38,6 +39,12 @@ struct GpuGauges {
   uint64_t arena_free_bytes = 0;
 };
 
+// The node's state at scrape time.
+struct NodeGauges {
+  uint64_t pinned_weight_bytes = 0;  // registered models' weights in pinned host memory
+  size_t models = 0;                 // registered models
+};
+
 class Telemetry {
  public:
   Telemetry();
@@ -53,6 +60,10 @@ class Telemetry {
   // bytes copied.
   void Switched(int gpu, const std::string& model, const SwitchTimeline& timeline,
                 uint64_t bytes);
+  // One run of a task on worker `slot` ended (a preempted training task has several): its
+  // timeline goes to the trace.
+  void TaskRan(int gpu, uint64_t task, const std::string& model, TaskKind kind, int slot,
+               const SwitchTimeline& timeline, bool ok);
   void Preempted(int gpu);
   void WorkerKilled(int gpu);
   void WorkerRestarted(int gpu);
@@ -69,12 +80,14 @@ class Telemetry {
   // The exposition text (format 0.0.4) with `gpus` and `fill_jobs` (job count by state name) as
   // they are now.
   std::string Scrape(const std::vector<GpuGauges>& gpus,
-                     const std::map<std::string, int>& fill_jobs) const;
+                     const std::map<std::string, int>& fill_jobs, const NodeGauges& node) const;
+  const TraceRecorder& trace() const { return trace_; }
 
  private:
   struct Families;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Families> f_;
+  TraceRecorder trace_;
 };
 
 }  // namespace pswitch::controller

@@ -161,6 +161,22 @@ void WorkerPool::AddModel(const WorkerModel& model, std::function<void(absl::Sta
   RefreshReadiness();
 }
 
+void WorkerPool::RemoveModel(const std::string& model) {
+  flatbuffers::FlatBufferBuilder b;
+  auto drop = proto::CreateDropModel(b, b.CreateString(model));
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::DropModel,
+                                              drop.Union()));
+  int told = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (!loads_.Loaded(i, model) || s.state == State::kDead || s.process == nullptr) continue;
+    // One that cannot be reached is dying; its replacement loads only the catalog.
+    if (s.process->Send(b).ok()) ++told;
+  }
+  loads_.Forget(model);
+  Event(base::LogLevel::kInfo, "workers_unload_model").Field("model", model).Field("workers", told);
+}
+
 void WorkerPool::RefreshReadiness() {
   bool ready = true;
   for (size_t i = 0; i < slots_.size(); ++i) {

@@ -105,6 +105,12 @@ class WorkerPool {
   // OK once each worker asked has answered (or died).
   void AddModel(const WorkerModel& model, std::function<void(absl::Status)> done);
 
+  // Some worker has a load of `model` in flight: an unload waits for its answer.
+  bool Loading(const std::string& model) const { return loads_.AnyLoading(model); }
+  // Unloads `model` from every live worker (UnloadModel; commands are handled in order, so a
+  // later load of the same name finds it gone). No task of it may be running or queued.
+  void RemoveModel(const std::string& model);
+
   int size() const { return static_cast<int>(slots_.size()); }
   // Idle with every load answered.
   bool Free(int slot) const;

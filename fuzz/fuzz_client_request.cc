@@ -47,6 +47,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       PSWITCH_FUZZ_CHECK(!parsed->plan.empty(), "an empty plan is \"auto\"");
       break;
     }
+    case proto::ClientRequestBody::UnloadModel: {
+      auto parsed = controller::ParseUnload(*r.body_as_UnloadModel());
+      if (!parsed.ok()) break;
+      CheckText(*parsed, controller::kMaxNameBytes, "model name");
+      PSWITCH_FUZZ_CHECK(!parsed->empty(), "an empty model name was accepted");
+      break;
+    }
     case proto::ClientRequestBody::SubmitTask: {
       auto parsed = controller::ParseTask(*r.body_as_SubmitTask());
       if (!parsed.ok()) break;

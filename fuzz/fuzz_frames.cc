@@ -171,6 +171,12 @@ void ReadClientRequest(const proto::ClientRequest& request) {
     case ClientRequestBody::CancelTask:
       sink.Value(request.body_as_CancelTask()->task_id());
       break;
+    case ClientRequestBody::UnloadModel: {
+      const auto& body = *request.body_as_UnloadModel();
+      ReadText(sink, body.name(), "model name", 128);
+      sink.Text(body.name()->str());
+      break;
+    }
     case ClientRequestBody::ListModels:
       sink.Value(request.body_as_ListModels() != nullptr);
       break;

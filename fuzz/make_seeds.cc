@@ -113,6 +113,9 @@ std::map<std::string, std::string> EveryRequest() {
                               [](Builder& b) { return proto::CreateQueryTask(b, 42).Union(); });
   out["cancel_task"] = Request(ClientRequestBody::CancelTask,
                                [](Builder& b) { return proto::CreateCancelTask(b, 42).Union(); });
+  out["unload_model"] = Request(ClientRequestBody::UnloadModel, [](Builder& b) {
+    return proto::CreateUnloadModel(b, b.CreateString("resnet50")).Union();
+  });
   out["list_models"] = Request(ClientRequestBody::ListModels,
                                [](Builder& b) { return proto::CreateListModels(b).Union(); });
   out["list_tasks"] = Request(ClientRequestBody::ListTasks,

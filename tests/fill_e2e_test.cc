@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -306,27 +308,30 @@ TEST_F(FillTest, ATaskOverItsMemoryCapFailsAlone) {
 // A training fill task is paused at every bubble end and resumed in the next; it ends with
 // exactly the weights of an uninterrupted run (momentum included).
 TEST_F(FillTest, TrainingFillTaskSurvivesPausesExactly) {
-  const absl::Duration bubble = absl::Milliseconds(40);
+  // Enough steps that no bubble holds them all, however fast this machine steps tiny_cnn
+  // (60 steps once fit one 40 ms bubble on a fast host, and the job was never paused).
+  constexpr uint32_t kSteps = 300;
+  const absl::Duration bubble = absl::Milliseconds(20);
   RegisterCycle(bubble);
   client::FillJobOptions o;
   o.kind = client::FillKind::kTraining;
   o.model = "tiny_cnn";
   o.batch = 4;
-  o.steps = 60;
+  o.steps = kSteps;
   o.seed = 3;
   o.step = absl::Milliseconds(4);
   o.memory_bytes = 32 << 20;
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
-  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 400);
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 1000);
   ASSERT_EQ(done.state, client::FillState::kStopped);
   ASSERT_TRUE(done.error.ok()) << done.error;
-  EXPECT_EQ(done.steps_done, 60u);
+  EXPECT_EQ(done.steps_done, kSteps);
   EXPECT_GT(done.bubbles, 1u) << "it was never paused";
 
   ASSERT_TRUE(client_->Register({"reference", "tiny_cnn", "", 4, "auto"}).ok());
   client::TrainOptions train;
-  train.iterations = 60;
+  train.iterations = kSteps;
   train.seed = 3;  // same data, same SGD with momentum 0.9, lr 0.01
   ASSERT_TRUE(client_->Train("reference", train).ok());
   auto model = models::CreateModel("tiny_cnn");
@@ -337,6 +342,10 @@ TEST_F(FillTest, TrainingFillTaskSurvivesPausesExactly) {
   auto reference = client_->Infer("reference", {*probe});
   ASSERT_TRUE(filled.ok() && reference.ok()) << filled.status() << reference.status();
   EXPECT_EQ(filled->outputs[0].data, reference->outputs[0].data);
+  // The trained model is the job's result: kept until a client unloads it.
+  ASSERT_TRUE(client_->Unload(absl::StrCat("fill-", job->job_id)).ok());
+  EXPECT_EQ(client_->Infer(absl::StrCat("fill-", job->job_id), {*probe}).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 // A dataset that would block its reader (a FIFO with no writer) is refused at once, never read,
@@ -431,9 +440,22 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->steps_total, 4u);
+  const std::string own_model = absl::StrCat("fill-", job->job_id);
+  EXPECT_EQ(client_->Unload(own_model).code(), absl::StatusCode::kFailedPrecondition)
+      << "a running job's own model is the job's";
   client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 200);
   ASSERT_TRUE(done.error.ok()) << done.error;
   ASSERT_EQ(done.steps_done, 4u);
+  // Its output is the file: its own copy of the model goes (pinned weights, workers, catalog).
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    auto models = client_->ListModels();
+    ASSERT_TRUE(models.ok()) << models.status();
+    gone = std::none_of(models->begin(), models->end(),
+                        [&](const client::ModelInfo& m) { return m.name == own_model; });
+    if (!gone) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << own_model << " outlived its job";
   auto file = models::SafetensorsFile::Read(output);
   ASSERT_TRUE(file.ok()) << file.status();
   const models::SafetensorsTensor* out = file->Find("output");

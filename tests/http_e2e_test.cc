@@ -7,12 +7,17 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 #include <signal.h>
 #include <sstream>
 #include <cmath>
 #include <fstream>
+#include <atomic>
+#include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
@@ -520,6 +525,340 @@ TEST(HttpMetricsE2eTest, AScrapeIsStrictPrometheusTextAndCountsWhatHappened) {
   // Every phase histogram that exists comes with a count.
   EXPECT_GE(m["pswitch_switch_phase_seconds_count{gpu=0,model=tiny_mlp,phase=result,}"], 1);
   EXPECT_EQ(http.Delete("/v1/tasks/" + std::to_string(task))->status, 202);
+}
+
+
+// GET /v1/trace: a Chrome trace-event timeline of the last seconds, with the switch's copies on
+// the copy track, tasks on worker tracks and the preemption, in time order.
+TEST(HttpTraceE2eTest, TheTraceShowsCopiesTasksAndPreemptionsInTimeOrder) {
+  TokenFile tokens(e2e::kThreeTokens);
+  e2e::TestDaemon daemon({"--preload=tiny_cnn,tiny_mlp", "--standby-workers=1", tokens.flag()});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_read_timeout(60, 0);
+  const httplib::Headers admin = {{"Authorization", "Bearer admin-token-0123456789"}};
+  const httplib::Headers bob = {{"Authorization", "Bearer user-token-bob-0123456789"}};
+  auto training = http.Post("/v1/tasks", admin, R"({"model": "tiny_cnn", "iterations": 1000000})",
+                            "application/json");
+  ASSERT_EQ(training->status, 202) << training->body;
+  const uint64_t task = Body(training)["task_id"].get<uint64_t>();
+  for (int i = 0; i < 100; ++i) {
+    auto t = http.Get("/v1/tasks/" + std::to_string(task), admin);
+    if (t && Body(t)["state"] == "running") break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto r = http.Post("/v2/models/tiny_mlp/infer", admin, InferBody(Input("tiny_mlp", 1)),
+                       "application/json");
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  EXPECT_EQ(http.Get("/v1/trace?seconds=10", bob)->status, 403);  // every user's tasks are in it
+  EXPECT_EQ(http.Get("/v1/trace?seconds=0", admin)->status, 400);
+  EXPECT_EQ(http.Get("/v1/trace?seconds=601", admin)->status, 400);
+  auto r = http.Get("/v1/trace?seconds=60", admin);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json trace = json::parse(r->body);
+  ASSERT_TRUE(trace["traceEvents"].is_array());
+  std::map<int, std::string> tracks;  // tid -> name
+  bool gpu_named = false;
+  double last_ts = -1;
+  int copies = 0, mlp_runs = 0, preempts = 0;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") {
+      if (e["name"] == "thread_name") tracks[e["tid"].get<int>()] = e["args"]["name"];
+      if (e["name"] == "process_name") gpu_named |= e["args"]["name"] == "GPU 0";
+      continue;
+    }
+    EXPECT_EQ(e["pid"], 0);
+    ASSERT_TRUE(tracks.count(e["tid"].get<int>())) << "event on an unnamed track: " << e.dump();
+    const double ts = e["ts"].get<double>();
+    EXPECT_GE(ts, last_ts) << "events out of time order: " << e.dump();
+    last_ts = ts;
+    const std::string& track = tracks[e["tid"].get<int>()];
+    if (e["ph"] == "X") {
+      EXPECT_GE(e["dur"].get<double>(), 0) << e.dump();
+    }
+    if (track == "copy") {
+      EXPECT_EQ(e["name"].get<std::string>().rfind("group ", 0), 0u) << e.dump();
+      copies += e["args"]["model"] == "tiny_mlp" ? 1 : 0;
+    }
+    if (track.rfind("worker ", 0) == 0 && e["name"].get<std::string>().rfind("tiny_mlp (task", 0) == 0) {
+      ++mlp_runs;
+    }
+    if (track == "scheduler" && e["name"] == "preempt") ++preempts;
+  }
+  // pswitchctl trace saves the same to a new file, and never replaces one.
+  const std::string ctl = (std::filesystem::path(PSWITCHD_PATH).parent_path() / "pswitchctl").string();
+  const std::string out = "/tmp/pswitch-trace-" + std::to_string(getpid()) + ".json";
+  std::filesystem::remove(out);
+  const std::string command = ctl + " trace --http 127.0.0.1:" + std::to_string(daemon.http_port()) +
+                              " --token admin-token-0123456789 --seconds 60 --out " + out +
+                              " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream saved(out);
+  const json file = json::parse(saved, nullptr, false);
+  ASSERT_FALSE(file.is_discarded());
+  EXPECT_GT(file["traceEvents"].size(), 0u);
+  const auto size = std::filesystem::file_size(out);
+  EXPECT_NE(std::system(command.c_str()), 0) << "an existing file was replaced";
+  EXPECT_EQ(std::filesystem::file_size(out), size);
+  std::filesystem::remove(out);
+
+  EXPECT_TRUE(gpu_named);
+  EXPECT_GE(copies, 1) << r->body;
+  EXPECT_GE(mlp_runs, 2) << r->body;
+  EXPECT_GE(preempts, 1) << r->body;
+  EXPECT_EQ(http.Delete("/v1/tasks/" + std::to_string(task), admin)->status, 202);
+}
+
+// Triton's repository extension: index, then explicit loads (--load-repository=false), with a
+// config in place of the folder's, the files it names still confined to the model's folder.
+TEST(HttpRepositoryE2eTest, IndexAndLoadFollowTritonsRepositoryExtension) {
+  char tmpl[] = "/tmp/pswitch-http-repo-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path repo = tmpl;
+  std::filesystem::create_directories(repo / "mlp");
+  std::filesystem::create_directories(repo / "cnn");
+  std::ofstream(repo / "mlp" / "config.json") << R"({"architecture": "tiny_mlp", "batch": 2})";
+  std::ofstream(repo / "cnn" / "config.json") << R"({"architecture": "tiny_cnn", "batch": 2})";
+  TokenFile tokens(e2e::kThreeTokens);
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=1", tokens.flag(),
+                          "--model-repository=" + repo.string(), "--load-repository=false"});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_read_timeout(120, 0);
+  const httplib::Headers admin = {{"Authorization", "Bearer admin-token-0123456789"}};
+  const httplib::Headers bob = {{"Authorization", "Bearer user-token-bob-0123456789"}};
+  auto index = http.Post("/v2/repository/index", bob, "", "application/json");
+  ASSERT_EQ(index->status, 200) << index->body;
+  EXPECT_EQ(Body(index), json::parse(R"([
+      {"name": "cnn", "version": "1", "state": "UNAVAILABLE", "reason": "not loaded"},
+      {"name": "mlp", "version": "1", "state": "UNAVAILABLE", "reason": "not loaded"}])"));
+  EXPECT_EQ(Body(http.Post("/v2/repository/index", bob, R"({"ready": true})", "application/json")),
+            json::array());
+
+  EXPECT_EQ(http.Post("/v2/repository/models/mlp/load", bob, "", "application/json")->status, 403);
+  EXPECT_EQ(http.Post("/v2/repository/models/ghost/load", admin, "", "application/json")->status,
+            404);
+  auto loaded = http.Post("/v2/repository/models/mlp/load", admin, "", "application/json");
+  ASSERT_EQ(loaded->status, 200) << loaded->body;
+  EXPECT_EQ(http.Post("/v2/repository/models/mlp/load", admin, "", "application/json")->status,
+            409);
+  auto infer = http.Post("/v2/models/mlp/infer", bob, InferBody(Input("tiny_mlp", 2)),
+                         "application/json");
+  EXPECT_EQ(infer->status, 200) << infer->body;
+
+  // A config that names a file outside the model's folder is refused, and nothing is loaded.
+  auto escape = http.Post(
+      "/v2/repository/models/cnn/load", admin,
+      json{{"parameters", {{"config", R"({"architecture": "tiny_cnn", "weights": "../mlp/config.json"})"}}}}
+          .dump(),
+      "application/json");
+  EXPECT_EQ(escape->status, 400) << escape->body;
+  EXPECT_EQ(http.Get("/v2/models/cnn/ready", bob)->status, 404);
+  auto bad_type = http.Post("/v2/repository/models/cnn/load", admin,
+                            R"({"parameters": {"config": 5}})", "application/json");
+  EXPECT_EQ(bad_type->status, 400) << bad_type->body;
+  auto with_config = http.Post(
+      "/v2/repository/models/cnn/load", admin,
+      json{{"parameters", {{"config", R"({"architecture": "tiny_cnn", "batch": 4})"}}}}.dump(),
+      "application/json");
+  ASSERT_EQ(with_config->status, 200) << with_config->body;
+  index = http.Post("/v2/repository/index", bob, R"({"ready": true})", "application/json");
+  EXPECT_EQ(Body(index).size(), 2u) << index->body;
+  std::filesystem::remove_all(repo);
+}
+
+// A sample's value in a scrape ("name" or "name{labels}"); NaN when absent.
+double Sample(const std::string& scrape, const std::string& series) {
+  const std::map<std::string, double> samples = ParsePrometheusText(scrape);
+  auto it = samples.find(series);
+  return it == samples.end() ? std::nan("") : it->second;
+}
+
+// Unload (Triton's repository extension, the TCP protocol and pswitchctl): a running inference
+// batch finishes first, a running training task is cancelled, queued tasks fail, and the model's
+// pinned weights, catalog entry and worker structures go.
+TEST(HttpUnloadE2eTest, UnloadWaitsForInferenceCancelsTrainingAndFreesTheModel) {
+  TokenFile tokens(e2e::kThreeTokens);
+  // tiny_cnn's 9728 bytes take about 1.2 s to switch in at this cap: long enough to unload it
+  // while an inference on it is still switching.
+  e2e::TestDaemon daemon({"--preload=tiny_cnn,tiny_mlp", "--standby-workers=1", tokens.flag(),
+                          "--bandwidth-cap=8000"});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_read_timeout(120, 0);
+  const httplib::Headers admin = {{"Authorization", "Bearer admin-token-0123456789"}};
+  const httplib::Headers bob = {{"Authorization", "Bearer user-token-bob-0123456789"}};
+  auto scrape = [&] { return http.Get("/metrics", admin)->body; };
+  auto unload = [&](const std::string& model, const httplib::Headers& who) {
+    return http.Post("/v2/repository/models/" + model + "/unload", who, "", "application/json");
+  };
+  auto state_of = [&](uint64_t id) {
+    auto r = http.Get("/v1/tasks/" + std::to_string(id), admin);
+    return r && r->status == 200 ? Body(r) : json{{"state", r ? r->body : "no answer"}};
+  };
+  auto await_state = [&](uint64_t id, const std::string& want) {
+    json t = json::object();
+    for (int i = 0; i < 600 && t.value("state", "") != want; ++i) {
+      t = state_of(id);
+      if (t.value("state", "") != want) absl::SleepFor(absl::Milliseconds(50));
+    }
+    return t;
+  };
+  const double pinned_both = Sample(scrape(), "pswitch_pinned_weight_bytes{}");
+  EXPECT_EQ(Sample(scrape(), "pswitch_models{}"), 2);
+
+  EXPECT_EQ(unload("tiny_cnn", bob)->status, 403);
+  EXPECT_EQ(unload("ghost", admin)->status, 404);
+  EXPECT_EQ(unload("fill-3", admin)->status, 404);
+  EXPECT_EQ(http.Post("/v2/repository/models/tiny_cnn/unload", admin, "[", "application/json")
+                ->status,
+            400);
+
+  // 1. A running inference finishes: tiny_mlp is resident, so tiny_cnn's batch is switching
+  //    (slowly) when the unload arrives, and is answered before the unload is.
+  ASSERT_EQ(http.Post("/v2/models/tiny_mlp/infer", admin, InferBody(Input("tiny_mlp", 1)),
+                      "application/json")->status, 200);
+  int infer_status = 0;
+  std::string infer_body;
+  std::thread inference([&] {
+    httplib::Client own("127.0.0.1", daemon.http_port());
+    own.set_read_timeout(120, 0);
+    auto r = own.Post("/v2/models/tiny_cnn/infer", bob, InferBody(Input("tiny_cnn", 1)),
+                      "application/json");
+    infer_status = r ? r->status : -1;
+    infer_body = r ? r->body : "";
+  });
+  bool started = false;
+  uint64_t batch = 0;
+  std::string tasks;
+  for (int i = 0; i < 400 && !started; ++i) {
+    auto listed = http.Get("/v1/tasks", admin);
+    tasks = listed ? listed->body : "no answer";
+    const json body = Body(listed);
+    for (const json& t : body["tasks"]) {
+      if (t["model"] == "tiny_cnn" && (t["state"] == "switching" || t["state"] == "running")) {
+        started = true;
+        batch = t["task_id"].get<uint64_t>();
+      }
+    }
+    if (!started) absl::SleepFor(absl::Milliseconds(5));
+  }
+  int unload_status = 0;
+  std::string unload_body;
+  if (started) {
+    auto r = unload("tiny_cnn", admin);
+    unload_status = r ? r->status : -1;
+    unload_body = r ? r->body : "";
+  }
+  inference.join();
+  ASSERT_TRUE(started) << tasks << "\n" << daemon.log();
+  ASSERT_EQ(unload_status, 200) << unload_body;
+  EXPECT_EQ(infer_status, 200) << infer_body;
+  // On the scheduler's loop (one thread, so its log lines are in order): the batch's switch
+  // completed, then the model was dropped.
+  {
+    const std::string log = daemon.log();
+    const size_t switched =
+        log.find("event=task_switch gpu=0 task=" + std::to_string(batch) + " model=tiny_cnn");
+    const size_t dropped = log.find("event=model_unloaded gpu=0 model=tiny_cnn");
+    ASSERT_NE(switched, std::string::npos) << log;
+    ASSERT_NE(dropped, std::string::npos) << log;
+    EXPECT_LT(switched, dropped) << log;
+  }
+  EXPECT_EQ(http.Get("/v2/models/tiny_cnn", bob)->status, 404);
+  EXPECT_EQ(http.Get("/v2/models/tiny_cnn/ready", bob)->status, 404);
+  EXPECT_EQ(http.Post("/v2/models/tiny_cnn/infer", bob, InferBody(Input("tiny_cnn", 1)),
+                      "application/json")->status, 404);
+  EXPECT_EQ(unload("tiny_cnn", admin)->status, 404);
+  EXPECT_EQ(Sample(scrape(), "pswitch_models{}"), 1);
+  EXPECT_EQ(pinned_both - Sample(scrape(), "pswitch_pinned_weight_bytes{}"), 9728);
+  // Each worker that held it dropped it (both had loaded it at start-up).
+  const std::string log = daemon.log();
+  size_t drops = 0;
+  for (size_t at = log.find("event=worker_model_unloaded"); at != std::string::npos;
+       at = log.find("event=worker_model_unloaded", at + 1)) {
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    if (line.find("model=tiny_cnn") != std::string::npos &&
+        line.find("was_loaded=1") != std::string::npos) {
+      ++drops;
+    }
+  }
+  EXPECT_EQ(drops, 2u) << log;
+
+  // 2. Registered again under the same name (through the TCP client), then unloaded while one
+  //    training task on it runs and another waits: the first is cancelled, the second fails.
+  client::ClientOptions options;
+  options.token = "admin-token-0123456789";
+  auto tcp = client::Client::Connect(daemon.address(), options);
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  client::RegisterOptions again;
+  again.name = "tiny_cnn";
+  again.zoo_model = "tiny_cnn";
+  ASSERT_TRUE((*tcp)->Register(again).ok());
+  EXPECT_EQ(Sample(scrape(), "pswitch_pinned_weight_bytes{}"), pinned_both);
+  auto first = http.Post("/v1/tasks", bob, R"({"model": "tiny_cnn", "iterations": 1000000})",
+                         "application/json");
+  auto second = http.Post("/v1/tasks", bob, R"({"model": "tiny_cnn", "iterations": 5})",
+                          "application/json");
+  ASSERT_EQ(first->status, 202) << first->body;
+  ASSERT_EQ(second->status, 202) << second->body;
+  const uint64_t running = Body(first)["task_id"].get<uint64_t>();
+  const uint64_t queued = Body(second)["task_id"].get<uint64_t>();
+  EXPECT_EQ(await_state(running, "running").value("state", ""), "running");
+  EXPECT_EQ(state_of(queued).value("state", ""), "queued");
+  absl::Status by_tcp = (*tcp)->Unload("tiny_cnn");
+  ASSERT_TRUE(by_tcp.ok()) << by_tcp;
+  const json cancelled = await_state(running, "cancelled");
+  EXPECT_EQ(cancelled.value("state", ""), "cancelled") << cancelled.dump();
+  EXPECT_NE(cancelled.value("error", "").find("unloaded"), std::string::npos) << cancelled.dump();
+  const json failed = await_state(queued, "failed");
+  EXPECT_EQ(failed.value("state", ""), "failed") << failed.dump();
+  EXPECT_NE(failed.value("error", "").find("was unloaded before it started"), std::string::npos)
+      << failed.dump();
+
+  // 3. pswitchctl unload: an admin's works, a user's is refused.
+  const std::string ctl = (std::filesystem::path(PSWITCHD_PATH).parent_path() / "pswitchctl").string();
+  auto ctl_unload = [&](const std::string& token) {
+    const std::string command = ctl + " --server " + daemon.address() + " --token " + token +
+                                " unload --name tiny_mlp > /dev/null 2>&1";
+    return std::system(command.c_str());
+  };
+  EXPECT_NE(ctl_unload("user-token-bob-0123456789"), 0);
+  EXPECT_EQ(ctl_unload("admin-token-0123456789"), 0);
+  EXPECT_EQ(Sample(scrape(), "pswitch_models{}"), 0);
+  EXPECT_EQ(Sample(scrape(), "pswitch_pinned_weight_bytes{}"), 0);
+  EXPECT_EQ(Body(http.Post("/v2/repository/index", admin, "", "application/json")), json::array());
+}
+
+// The OpenAPI document served at /openapi.json (docs/openapi.json) names exactly the routes
+// the daemon serves, which it lists at start-up.
+TEST(HttpOpenApiE2eTest, TheDocumentDescribesExactlyTheRoutesServed) {
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=0"});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  auto r = http.Get("/openapi.json");  // open, like the health checks
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const json doc = json::parse(r->body);
+  EXPECT_EQ(doc["openapi"].get<std::string>().rfind("3.", 0), 0u);
+  std::set<std::string> documented;
+  for (const auto& [path, item] : doc["paths"].items()) {
+    for (const auto& [method, op] : item.items()) {
+      if (method == "parameters") continue;
+      documented.insert(absl::AsciiStrToUpper(method) + " " + path);
+    }
+  }
+  std::set<std::string> served;
+  const std::string log = daemon.log();
+  const size_t at = log.find("event=http_routes routes=");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string list = log.substr(at + std::strlen("event=http_routes routes="));
+  list = list.substr(0, list.find('\n'));
+  if (!list.empty() && list.front() == '"') list = list.substr(1, list.rfind('"') - 1);
+  for (absl::string_view route : absl::StrSplit(list, ',')) served.insert(std::string(route));
+  EXPECT_EQ(documented, served);
 }
 
 }  // namespace

@@ -209,7 +209,9 @@ TEST_F(PswitchdTest, SixtyFourClientsAlternatingTwoModelsBesideTrainingAllGetExa
   auto tasks = client_->ListTasks(1000);
   ASSERT_TRUE(tasks.ok());
   for (const client::TaskStatus& task : *tasks) {
-    if (task.state < client::TaskState::kSucceeded) EXPECT_TRUE(client_->Cancel(task.task_id).ok());
+    if (task.state < client::TaskState::kSucceeded) {
+      EXPECT_TRUE(client_->Cancel(task.task_id).ok());
+    }
   }
   EXPECT_EQ(training.get().status().code(), absl::StatusCode::kCancelled);
 }

@@ -6,7 +6,7 @@
 //              [--priority P] [--deadline-ms D]
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S]
 //              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M] [--deadline-ms D]
-//   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK
+//   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK | unload --name N
 //   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
 //   pswitchctl --server HOST:PORT fill submit|estimate --kind training|inference|synthetic
 //              [--model M] [--dataset D.safetensors --output O.safetensors] [--batch B]
@@ -15,7 +15,12 @@
 //   pswitchctl --server HOST:PORT fill status JOB | fill cancel JOB | fill stats
 //
 // `fill estimate` prints the GPU and predicted completion the job would get, submitting nothing.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -26,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "httplib.h"
 #include "models/safetensors.h"
 #include "tools/cli.h"
 
@@ -69,6 +75,9 @@ ABSL_FLAG(uint64_t, step_us, 0,
           "--synthetic-step-us");
 ABSL_FLAG(uint64_t, memory_bytes, 0, "fill submit: the job's memory cap");
 ABSL_FLAG(uint64_t, synthetic_step_us, 0, "fill submit (synthetic): each step's device time");
+ABSL_FLAG(std::string, http, "127.0.0.1:8300", "trace: pswitchd's HTTP port (HOST:PORT)");
+ABSL_FLAG(int, seconds, 10, "trace: the last this many seconds (1 to 600)");
+ABSL_FLAG(std::string, out, "", "trace: the file to create (Chrome trace JSON; opens in Perfetto)");
 
 namespace pswitch {
 namespace {
@@ -252,13 +261,63 @@ absl::Status Fill(client::Client& client, const std::vector<std::string>& args) 
   return absl::InvalidArgumentError("fill needs submit, estimate, status JOB, cancel JOB or stats");
 }
 
+// `pswitchctl trace --seconds N --out FILE`: GET /v1/trace from the HTTP port, saved to a new
+// file (an existing one is never replaced).
+absl::Status Trace() {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::InvalidArgumentError("trace needs --out FILE");
+  const std::string address = absl::GetFlag(FLAGS_http);
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("bad --http '", address, "' (HOST:PORT)"));
+  }
+  httplib::Client http(address.substr(0, colon), port);
+  http.set_read_timeout(absl::GetFlag(FLAGS_timeout_s), 0);
+  httplib::Headers headers;
+  const std::string token = tools::ClientToken(absl::GetFlag(FLAGS_token));
+  if (!token.empty()) headers.emplace("Authorization", "Bearer " + token);
+  auto r = http.Get(absl::StrCat("/v1/trace?seconds=", absl::GetFlag(FLAGS_seconds)), headers);
+  if (!r) {
+    return absl::UnavailableError(absl::StrCat("GET /v1/trace from ", address, ": ",
+                                               httplib::to_string(r.error())));
+  }
+  if (r->status != 200) {
+    return absl::UnknownError(absl::StrCat("GET /v1/trace: HTTP ", r->status, ": ", r->body));
+  }
+  const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", out, ": ", std::strerror(errno)));
+  }
+  size_t written = 0;
+  while (written < r->body.size()) {
+    const ssize_t n = write(fd, r->body.data() + written, r->body.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      unlink(out.c_str());
+      return absl::InternalError(absl::StrCat("writing ", out, ": ", std::strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0) return absl::InternalError(absl::StrCat("closing ", out));
+  std::printf("trace of the last %d s saved to %s (%zu bytes); open it in https://ui.perfetto.dev\n",
+              absl::GetFlag(FLAGS_seconds), out.c_str(), r->body.size());
+  return absl::OkStatus();
+}
+
 absl::Status Run(const std::vector<std::string>& args) {
   if (args.empty()) {
     return absl::InvalidArgumentError(
-        "no command (register, infer, train, status, models, cancel, bubble-cycle, fill; see "
+        "no command (register, infer, train, status, models, cancel, unload, bubble-cycle, fill, trace; "
+        "see "
         "--help)");
   }
   const std::string& command = args[0];
+  if (command == "trace") return Trace();
   client::ClientOptions options;
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   options.token = tools::ClientToken(absl::GetFlag(FLAGS_token));
@@ -363,6 +422,14 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::printf("cancel requested for task %llu\n", static_cast<unsigned long long>(*id));
     return absl::OkStatus();
   }
+  if (command == "unload") {
+    if (auto s = Require(!name.empty(), "--name (the registered model to unload)"); !s.ok()) {
+      return s;
+    }
+    if (auto s = client.Unload(name); !s.ok()) return s;
+    std::printf("model %s unloaded\n", name.c_str());
+    return absl::OkStatus();
+  }
   if (command == "bubble-cycle") {
     std::ifstream in(absl::GetFlag(FLAGS_cycle));
     if (!in)
@@ -383,7 +450,9 @@ absl::Status Run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args = pswitch::tools::ParseToolFlags(
       argc, argv,
-      "pswitchctl [--server HOST:PORT] register|infer|train|status|models|cancel|bubble-cycle|fill "
+      "pswitchctl [--server HOST:PORT] register|infer|train|status|models|cancel|unload|bubble-cycle|"
+      "fill|"
+      "trace "
       "...",
       /*allow_positional=*/true);
   absl::Status status = pswitch::Run(args);

@@ -92,7 +92,11 @@ ABSL_FLAG(std::string, data_root, "",
           "or write files are refused");
 ABSL_FLAG(std::string, model_repository, "",
           "a directory of models, one folder per model with a config.json (see "
-          "docs/operations.md); all are loaded at start, and clients register them by name");
+          "docs/operations.md); all are loaded at start (see --load-repository), and clients "
+          "register them by name");
+ABSL_FLAG(bool, load_repository, true,
+          "load every model of --model-repository at start; false: only those a client loads "
+          "(POST /v2/repository/models/NAME/load, Triton's explicit model control)");
 ABSL_FLAG(std::string, allow_client_paths, "auto",
           "true: registrations may name weights and plan files on this server (local use); "
           "auto: true only when --listen is a loopback address");
@@ -167,7 +171,7 @@ void LoadRepository(controller::Controller& controller, const controller::ModelR
     return;
   }
   for (const std::string& name : *index) {
-    std::promise<absl::StatusOr<const controller::CatalogEntry*>> registered;
+    std::promise<absl::StatusOr<controller::EntryRef>> registered;
     controller.Register([&repo, name] { return repo.Request(name); },
                         [&](const auto& entry) { registered.set_value(entry); });
     auto entry = registered.get_future().get();
@@ -192,7 +196,7 @@ absl::Status Preload(controller::Controller& controller) {
     controller::ModelRequest request;
     request.name = std::string(name);
     request.zoo_model = std::string(name);
-    std::promise<absl::StatusOr<const controller::CatalogEntry*>> registered;
+    std::promise<absl::StatusOr<controller::EntryRef>> registered;
     controller.Register(request, [&](const auto& entry) { registered.set_value(entry); });
     auto entry = registered.get_future().get();
     if (!entry.ok()) return entry.status();
@@ -509,6 +513,7 @@ int Main() {
     http_options.max_body_bytes = server_options.max_frame_bytes;
     http_options.telemetry = telemetry.get();
     http_options.fill = fill.get();
+    http_options.repository = repository.get();
     auto started = controller::HttpServer::Start(absl::GetFlag(FLAGS_http_listen),
                                                  controller->get(), http_options);
     if (!started.ok()) {
@@ -532,7 +537,9 @@ int Main() {
     Log(LogLevel::kError, "preload_failed").Field("error", preload);
     return 1;
   }
-  if (repository != nullptr) LoadRepository(**controller, *repository);
+  if (repository != nullptr && absl::GetFlag(FLAGS_load_repository)) {
+    LoadRepository(**controller, *repository);
+  }
   int exit_code = 0;
   if (absl::GetFlag(FLAGS_exit_after_demo)) {
     Log(LogLevel::kInfo, "stopping").Field("reason", "exit_after_demo");

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/confined_dir.h"
+#include "base/log.h"
+#include "base/nvtx.h"
 #include "gpu/copy_engine.h"
 #include "models/safetensors.h"
 #include "models/training.h"
@@ -250,6 +252,8 @@ absl::Status Worker::Execute(const std::vector<uint8_t>& payload) {
       return HandleRun(*cmd->body_as_Run());
     case proto::WorkerCommandBody::Stop:
       return HandleStop(*cmd->body_as_Stop());
+    case proto::WorkerCommandBody::DropModel:
+      return HandleDrop(*cmd->body_as_DropModel());
     default:
       return absl::InvalidArgumentError("unknown worker command");
   }
@@ -282,6 +286,19 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
   auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns);
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
   return SendEvent(b);
+}
+
+absl::Status Worker::HandleDrop(const proto::DropModel& drop) {
+  const std::string name = drop.name()->str();
+  Clean();  // the last task's leftovers may be this model's
+  const bool had = models_.erase(name) > 0;
+  if (gate_.model == name) gate_ = Gate{};
+  base::Log(base::LogLevel::kInfo, "worker_model_unloaded")
+      .Field("worker", options_.worker_id)
+      .Field("model", name)
+      .Field("was_loaded", had)
+      .Field("models_left", models_.size());
+  return absl::OkStatus();
 }
 
 absl::Status Worker::WarmUp(const std::string& name, BoundModel& bound) {
@@ -478,6 +495,11 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     int hooks = 0;
     absl::Status gate_status;
     (void)stream_->TakeMarks();  // nothing left from an earlier task
+    // Nsight Systems: the task, and within it each group from its gate to the next one (on
+    // CUDA the CPU's issue of that group's layers; the wait itself shows on the stream).
+    base::NvtxRange task_range(absl::StrCat(training ? "train " : "infer ", model_name, " task ",
+                                            run.task_id()));
+    base::NvtxRange group_range;
     // Gate every layer on its group; groups arrive in order, so waiting once per group is enough.
     bound.model().SetGateHook([&, training](int index) {
       // Marks on the stream time the first layer: started once its group was ready (mark 0),
@@ -490,6 +512,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       if (!s.ok()) throw GateFailure(s);
       if (waited_group < 0) (void)stream_->Mark();
       waited_group = group;
+      if constexpr (base::kNvtxBuilt) group_range.Restart(absl::StrCat("group ", group));
     });
     gated = true;
     ScopedLeaseAllocation from_lease(activations_);

@@ -79,6 +79,7 @@ class Worker {
   Worker() = default;
   void ControlLoop();
   absl::Status Execute(const std::vector<uint8_t>& payload);
+  absl::Status HandleDrop(const proto::DropModel& drop);
   absl::Status HandleLoad(const proto::LoadModel& load);
   absl::Status HandlePrepare(const proto::Prepare& prepare);
   absl::Status HandleRun(const proto::Run& run);

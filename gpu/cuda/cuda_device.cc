@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
+#include "base/nvtx.h"
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/cuda/cuda_memory.h"
 #include "gpu/event_timeline.h"
@@ -128,6 +129,9 @@ class CudaCopyEngine : public CopyEngine {
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaEventRecord(events_[0], s)));
     LookaheadWindow window(bytes, kLookaheadBytes);
     std::vector<EventObservation> seen(n);
+    // Nsight Systems: each group from its enqueue to its completion being seen (ended on any
+    // return by the destructors).
+    std::vector<base::NvtxRange> copy_ranges(n);
     absl::Status status;
     // The first group also waits for the drain; every later one gets the same bound from when
     // its predecessor was seen.
@@ -139,6 +143,9 @@ class CudaCopyEngine : public CopyEngine {
           break;
         }
         const size_t g = window.enqueued();
+        if constexpr (base::kNvtxBuilt) {
+          copy_ranges[g].Restart(absl::StrCat("copy group ", g, " (", bytes[g], " B)"));
+        }
         for (const CopySpan& span : job.groups[g].spans) {
           if (span.bytes == 0) continue;
           PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(arena_->base() + span.arena_offset,
@@ -168,6 +175,7 @@ class CudaCopyEngine : public CopyEngine {
       }
       PSWITCH_RETURN_IF_ERROR(CudaStatus(state, "cudaEventQuery"));
       seen[g].seen_ns = base::MonotonicNowNs();
+      copy_ranges[g].End();
       float ms = 0;
       PSWITCH_RETURN_IF_ERROR(
           PSWITCH_CUDA(cudaEventElapsedTime(&ms, events_[0], events_[g + 1])));

@@ -22,7 +22,7 @@
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
 # ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
-# -bert_base (105, 70 each), bubbles (150, 80), sanitizer (75, 50); a step reached after the
+# -bert_base (105, 70 each), bubbles (150, 80), sanitizer (75, 50), rest (120, 90); a step reached after the
 # budget is spent is recorded as SKIPPED.
 #
 # Environment:
@@ -222,6 +222,57 @@ cmd_switch() {
   rc=$?
   kill "$sampler" 2>/dev/null
   wait "$sampler" 2>/dev/null
+  return "$rc"
+}
+
+# --- rest: the HTTP port on CUDA (switches, /metrics, /v1/trace, unload), under Nsight Systems
+# when the machine has it, whose NVTX summary then shows pswitch's own ranges ---
+cmd_rest() {
+  need pswitchd pswitch-worker
+  local log="$work/rest.log" nsys="" prefix=() pid port rc=0
+  nsys="$(command -v nsys || true)"
+  for c in /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys; do
+    if [ -z "$nsys" ] && [ -x "$c" ]; then nsys="$c"; fi
+  done
+  if [ -n "$nsys" ]; then
+    prefix=("$nsys" profile --trace=cuda,nvtx --sample=none --cpuctxsw=none
+      --output="$work/rest" --force-overwrite=true)
+  else
+    echo "FIG no nsys on this machine: NVTX ranges not observed"
+  fi
+  "${prefix[@]}" "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
+    --preload=resnet18,tiny_cnn --arena-bytes=$((8 << 30)) \
+    --socket="/tmp/pswitch-validate-$$-rest.sock" 2>"$log" &
+  pid=$!
+  port=""
+  for _ in $(seq 1 600); do
+    port="$(sed -n 's/.*event=started.* http_port=\([0-9]*\).*/\1/p' "$log" | head -1)"
+    [ -n "$port" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [ -z "$port" ]; then
+    tail -20 "$log"
+    kill -KILL "$pid" 2>/dev/null
+    return 1
+  fi
+  "$python" "$repo/tools/gpu/rest_check.py" "http://127.0.0.1:$port" "$work" || rc=$?
+  # SIGTERM to pswitchd itself (under nsys, the profiler then writes its report).
+  pkill -TERM -f -- "--socket=/tmp/pswitch-validate-$$-rest.sock" 2>/dev/null
+  for _ in $(seq 1 150); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  grep -E 'event=(model_unload|workers_unload|worker_model_unloaded)' "$log" | head -5
+  if [ -n "$nsys" ] && [ -f "$work/rest.nsys-rep" ]; then
+    "$nsys" stats --report nvtx_sum --format csv --output - "$work/rest.nsys-rep" 2>&1 |
+      tee "$work/nvtx.csv" | head -40
+    echo "FIG NVTX ranges in the pswitch domain: $(grep -c 'pswitch' "$work/nvtx.csv" || true)" \
+      "distinct names (of them: $(grep -oE '(copy group|group|infer|bubble)[^,]*' \
+      "$work/nvtx.csv" | cut -d' ' -f1 | sort | uniq -c | tr '\n' ' '))"
+  fi
   return "$rc"
 }
 
@@ -541,6 +592,7 @@ do_run() {
   done
   step bubbles $((q ? 80 : 150)) "$self" _bubbles
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
+  step rest $((q ? 90 : 120)) "$self" _rest
   memory_summary
   tar -czf "$out/artifacts.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.sock' . \
     2>>"$log"
