@@ -125,6 +125,126 @@ TEST_F(HttpE2eTest, InferOverHttpGivesWhatTheTcpClientGets) {
   }
 }
 
+// REST and TCP clients at once on the same two models (so the requests switch between them):
+// every answer is the one the model gives that input alone.
+TEST_F(HttpE2eTest, ConcurrentRestAndTcpClientsOnTheSameModelsGetTheirOwnAnswers) {
+  auto reference = client::Client::Connect(daemon_->address());
+  ASSERT_TRUE(reference.ok());
+  const std::vector<std::string> models = {"tiny_mlp", "tiny_cnn"};
+  std::map<std::pair<std::string, int>, std::vector<float>> expected;
+  for (const std::string& m : models) {
+    for (int seed = 0; seed < 4; ++seed) {
+      auto r = (*reference)->Infer(m, {Input(m, seed)});
+      ASSERT_TRUE(r.ok()) << r.status();
+      expected[{m, seed}] = Floats(r->outputs[0]);
+    }
+  }
+  constexpr int kEach = 12;
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    const bool rest = c % 2 == 0;
+    clients.emplace_back([&, c, rest] {
+      std::unique_ptr<client::Client> tcp;
+      std::unique_ptr<httplib::Client> http;
+      if (rest) {
+        http = std::make_unique<httplib::Client>("127.0.0.1", daemon_->http_port());
+        http->set_read_timeout(60, 0);
+      } else {
+        auto connected = client::Client::Connect(daemon_->address());
+        if (!connected.ok()) {
+          failed += kEach;
+          return;
+        }
+        tcp = std::move(*connected);
+      }
+      for (int i = 0; i < kEach; ++i) {
+        const std::string& m = models[(c + i) % 2];
+        const int seed = (c + i) % 4;
+        std::vector<float> got;
+        if (rest) {
+          auto r = http->Post("/v2/models/" + m + "/infer", InferBody(Input(m, seed)),
+                              "application/json");
+          if (!r || r->status != 200) {
+            ++failed;
+            continue;
+          }
+          got = Body(r)["outputs"][0]["data"].get<std::vector<float>>();
+        } else {
+          auto r = tcp->Infer(m, {Input(m, seed)});
+          if (!r.ok()) {
+            ++failed;
+            continue;
+          }
+          got = Floats(r->outputs[0]);
+        }
+        if (got != expected[{m, seed}]) ++wrong;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+// 429 once the GPU's queue is full, and 503 for a waiting infer request whose model was unloaded
+// before its task started.
+TEST(HttpLimitsE2eTest, AFullQueueIs429AndAnUnloadedWaitingInferIs503) {
+  // tiny_cnn takes about 1.2 s to switch in at this cap: a window with one batch switching and
+  // one queued behind it (inference never preempts inference).
+  e2e::TestDaemon daemon({"--preload=tiny_cnn,tiny_mlp", "--standby-workers=1",
+                          "--max-queued-tasks=2", "--bandwidth-cap=8000"});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_read_timeout(60, 0);
+  auto state_of = [&](const std::string& model) {
+    const json body = Body(http.Get("/v1/tasks"));
+    for (const json& t : body["tasks"]) {
+      if (t["model"] == model) return t["state"].get<std::string>();
+    }
+    return std::string();
+  };
+  auto await_state = [&](const std::string& model, const std::string& want) {
+    for (int i = 0; i < 400 && state_of(model) != want; ++i) absl::SleepFor(absl::Milliseconds(5));
+    return state_of(model);
+  };
+  struct Answer {
+    int status = 0;
+    std::string body;
+  };
+  auto infer_in_background = [&](const std::string& model, Answer& answer) {
+    return std::thread([&, model] {
+      httplib::Client own("127.0.0.1", daemon.http_port());
+      own.set_read_timeout(60, 0);
+      auto r = own.Post("/v2/models/" + model + "/infer", InferBody(Input(model, 1)),
+                        "application/json");
+      answer = {r ? r->status : -1, r ? r->body : ""};
+    });
+  };
+  Answer switching, queued;
+  std::thread a = infer_in_background("tiny_cnn", switching);
+  const std::string a_state = await_state("tiny_cnn", "switching");
+  std::thread b = infer_in_background("tiny_mlp", queued);
+  const std::string b_state = await_state("tiny_mlp", "queued");
+  auto full = http.Post("/v1/tasks", R"({"model": "tiny_mlp", "iterations": 3})",
+                        "application/json");
+  auto unloaded = http.Post("/v2/repository/models/tiny_mlp/unload", "", "application/json");
+  a.join();
+  b.join();
+  ASSERT_EQ(a_state, "switching") << daemon.log();
+  ASSERT_EQ(b_state, "queued") << daemon.log();
+  EXPECT_EQ(full->status, 429) << full->body;
+  EXPECT_TRUE(Body(full).contains("error"));
+  EXPECT_EQ(unloaded->status, 200) << unloaded->body;
+  EXPECT_EQ(switching.status, 200) << switching.body;
+  EXPECT_EQ(queued.status, 503) << queued.body;
+  const json error = json::parse(queued.body, nullptr, false);
+  ASSERT_TRUE(error.is_object() && error.contains("error")) << queued.body;
+  EXPECT_NE(error["error"].get<std::string>().find("unloaded before it started"),
+            std::string::npos)
+      << queued.body;
+}
+
 // The binary tensor data extension, as standard clients send it by default: a JSON header of
 // Inference-Header-Content-Length bytes, then raw tensors; outputs asked for as binary come back
 // the same way, byte for byte what the TCP client gets.
