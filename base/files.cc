@@ -1,8 +1,13 @@
 #include "base/files.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -59,6 +64,20 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::strin
                                             uint64_t max_bytes) {
   PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(AT_FDCWD, path, what, max_bytes));
   return ReadAll(fd, what, max_bytes);
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  // Depth first (FTW_DEPTH: a folder after its contents), physical (FTW_PHYS: links not
+  // followed), staying on one file system (FTW_MOUNT).
+  static constexpr auto remove_one = [](const char* p, const struct stat*, int, struct FTW*) {
+    return ::remove(p) == 0 || errno == ENOENT ? 0 : -1;
+  };
+  if (::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 &&
+      errno != ENOENT) {
+    return absl::InternalError(
+        absl::StrCat("removing '", path, "' and its contents: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pswitch::base

@@ -34,6 +34,12 @@ absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::string_view what,
                                             uint64_t max_bytes);
 
+// Removes `path` and everything under it, following no symlink (a link is removed, never its
+// target). Not std::filesystem::remove_all: pip torch's libtorch_cpu.so exports its own copy of
+// std::filesystem, which binaries linked against it bind to, and its remove_all crashed
+// (SIGSEGV) in bench-switch on the GPU machine. NotFound is not an error.
+absl::Status RemoveTree(const std::string& path);
+
 }  // namespace pswitch::base
 
 #endif  // PSWITCH_BASE_FILES_H_

@@ -54,6 +54,7 @@
 #include "nlohmann/json.hpp"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
+#include "base/files.h"
 #include "base/status.h"
 #include "tools/bench_stats.h"
 #include "tools/cli.h"
@@ -619,7 +620,7 @@ int Main() {
   if (std::getenv("BENCH_BUBBLES_KEEP") != nullptr) {
     std::fprintf(stderr, "kept %s\n", dir.c_str());
   } else {
-    std::filesystem::remove_all(dir);
+    (void)base::RemoveTree(dir.string());
   }
   return 0;
 }

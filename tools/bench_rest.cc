@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -117,7 +118,7 @@ int Run() {
       if (!status.ok()) return Fail(status);
     }
   }
-  std::filesystem::remove_all(dir);
+  (void)base::RemoveTree(dir.string());
 
   auto p = [](const std::vector<double>& v, double q) { return *tools::Percentile(v, q); };
   const double base = p(tcp_ms, 50);

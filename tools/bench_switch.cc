@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -30,6 +32,7 @@
 #include "models/safetensors.h"
 #include "models/weights.h"
 #include "models/zoo_model.h"
+#include "base/files.h"
 #include "base/status.h"
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"
@@ -354,7 +357,8 @@ int Main() {
               cold.empty() ? "failed" : (Ms(cold_ms, "%.0f") + " ms").c_str(),
               overhead(rows[0]).c_str(), overhead(rows[1]).c_str(), overhead(rows[2]).c_str(),
               std::isnan(startup) ? "n/a" : (Ms(startup, "%.2f") + " ms").c_str());
-  std::filesystem::remove_all(dir);
+  std::fflush(stdout);
+  (void)base::RemoveTree(dir.string());
   return 0;
 }
 
@@ -362,6 +366,9 @@ int Main() {
 }  // namespace pswitch
 
 int main(int argc, char** argv) {
+  // A crash prints its stack instead of just "rc=139".
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   pswitch::tools::ParseToolFlags(
       argc, argv,
       "bench-switch [--backend host|cuda] [--model resnet50] [--batch 8] [--repeats N] "

@@ -54,11 +54,16 @@ def main():
         raise SystemExit("rest_check: never ready")
     status, body = call("GET", base + "/v1/gpus")
     assert status == 200, body
+    # The port serves while the start-up models still register: wait for two.
     models = []
-    status, body = call("POST", base + "/v2/repository/index", {})
-    assert status == 200, body
-    models = [m["name"] for m in json.loads(body) if m.get("state") == "READY"]
-    if len(models) < 2:
+    for _ in range(600):
+        status, body = call("POST", base + "/v2/repository/index", {})
+        assert status == 200, body
+        models = [m["name"] for m in json.loads(body) if m.get("state") == "READY"]
+        if len(models) >= 2:
+            break
+        time.sleep(0.2)
+    else:
         raise SystemExit(f"rest_check: needs two loaded models, has {models}")
     requests = {}
     for m in models:
