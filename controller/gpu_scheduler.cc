@@ -1,5 +1,7 @@
 #include "controller/gpu_scheduler.h"
 
+#include <algorithm>
+
 #include <chrono>
 #include <tuple>
 
@@ -8,6 +10,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/worker_commands.h"
+#include "gpu/device.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/state_area.h"
@@ -469,6 +472,12 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   outcome.timeline.result_ns = base::MonotonicNowNs();
   outcome.timeline.first_layer_start_ns = done.first_layer_start_ns();
   outcome.timeline.first_layer_done_ns = done.first_layer_done_ns();
+  if (const auto* gates = done.group_gates_ns(); gates != nullptr) {
+    // The worker sends at most kMaxStreamMarks; more would be a broken worker.
+    for (size_t g = 0; g < std::min<size_t>(gates->size(), gpu::kMaxStreamMarks); ++g) {
+      outcome.timeline.group_gates_ns.push_back(gates->Get(static_cast<flatbuffers::uoffset_t>(g)));
+    }
+  }
   if (run->transmission != nullptr) {
     absl::Status copied = switcher_->Completed(run->task_id, spec.model, *run->transmission,
                                                status.ok(), outcome.timeline, outcome.switch_time);

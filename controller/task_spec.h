@@ -67,6 +67,9 @@ struct SwitchTimeline {
   int64_t result_ns = 0;  // the worker's answer reached the scheduler
   // Each group's copy (copy start, ready), for the trace; empty when nothing was copied.
   std::vector<std::pair<int64_t, int64_t>> group_copies;
+  // When each later group's gate released the task's compute (groups 1, 2, ...; group 0's is
+  // first_layer_start_ns), for the trace.
+  std::vector<int64_t> group_gates_ns;
 };
 
 struct TaskOutcome {

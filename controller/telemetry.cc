@@ -203,6 +203,17 @@ void Telemetry::TaskRan(int gpu, uint64_t task, const std::string& model, TaskKi
   span(worker, label, KindName(kind), t.placed_ns, t.result_ns,
        {{"kind", KindName(kind)}, {"ok", ok ? "true" : "false"}});
   span(worker, "first layer", "compute", t.first_layer_start_ns, t.first_layer_done_ns);
+  // Each group's compute, from its gate's release to the next group's (the last one's to the
+  // answer): where the task waited for weights shows as a group starting late.
+  if (t.first_layer_start_ns != 0) {
+    std::vector<int64_t> gates = {t.first_layer_start_ns};
+    gates.insert(gates.end(), t.group_gates_ns.begin(), t.group_gates_ns.end());
+    for (size_t g = 0; g < gates.size(); ++g) {
+      const int64_t end = g + 1 < gates.size() ? gates[g + 1] : t.result_ns;
+      span(worker, absl::StrCat("group ", g), "compute", gates[g], end,
+           {{"task", std::to_string(task)}});
+    }
+  }
 }
 
 void Telemetry::Preempted(int gpu) {

@@ -154,8 +154,11 @@ void WorkerPool::AddModel(const WorkerModel& model, std::function<void(absl::Sta
     if (slots_[i].state == State::kDead || !loads_.announced(i)) continue;
     if (loads_.Loaded(i, model.name)) continue;
     if (!loads_.Loading(i, model.name)) SendLoad(static_cast<int>(i), model);
-    // Sent now, or its start-up load is in flight: either way its answer counts.
-    if (loads_.Loading(i, model.name)) answers.insert(i);
+    // Sent now, or its start-up load is in flight: either way its answer counts, unless the
+    // worker is running a task. It loads the model after that run, which may be a training
+    // task of hours: the registration must not wait for it (the slot takes tasks of the model
+    // only once its load is answered).
+    if (loads_.Loading(i, model.name) && slots_[i].state != State::kBusy) answers.insert(i);
   }
   loads_.Await(model.name, std::move(answers), std::move(done));
   RefreshReadiness();

@@ -102,7 +102,8 @@ class WorkerPool {
   void KillSilent(absl::Time now);
 
   // A newly registered model goes to every live worker; `done` gets the first load error or
-  // OK once each worker asked has answered (or died).
+  // OK once each worker asked has answered (or died). A busy worker loads it after its run and
+  // is not waited for.
   void AddModel(const WorkerModel& model, std::function<void(absl::Status)> done);
 
   // Some worker has a load of `model` in flight: an unload waits for its answer.

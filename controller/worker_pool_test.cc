@@ -140,6 +140,27 @@ TEST_F(WorkerPoolTest, ARegistrationWaitsForEveryLiveWorkerAndADeathCountsAsAnAn
   EXPECT_FALSE(deaths_[0].killed);
 }
 
+// A worker in the middle of a (possibly hours-long) run loads a new model after it; the
+// registration completes on the idle workers' answers and does not wait for that run.
+TEST_F(WorkerPoolTest, ARegistrationDoesNotWaitForABusyWorker) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  flatbuffers::FlatBufferBuilder run;
+  proto::Finish(run, proto::CreateWorkerCommand(run, 0, proto::WorkerCommandBody::NONE, 0));
+  ASSERT_TRUE(pool->SendRun(0, 7, run).ok());
+  commands_.clear();
+  std::optional<absl::Status> registered;
+  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](absl::Status s) { registered = s; });
+  EXPECT_EQ(commands_.size(), 2u) << "the busy worker is sent the load too";
+  Loaded(1, "c");
+  Drain();
+  ASSERT_TRUE(registered.has_value()) << "waited for the busy worker";
+  EXPECT_TRUE(registered->ok()) << *registered;
+  EXPECT_EQ(pool->UsableOther("c", -1), 1);
+  EXPECT_FALSE(pool->Usable(0, "c"));
+}
+
 TEST_F(WorkerPoolTest, RunsMakeAWorkerBusyUntilItsRunDone) {
   auto pool = MakePool(2);
   pool->Start();

@@ -100,7 +100,9 @@ class HostBuffer {
   virtual uint64_t size_bytes() const = 0;
 };
 
-inline constexpr size_t kMaxStreamMarks = 8;
+// A task marks its first layer's start and end and each later group's gate (the trace's
+// per-group compute): up to 62 groups are timed.
+inline constexpr size_t kMaxStreamMarks = 64;
 
 // An ordered queue of device work (host backend: runs inline on the calling thread).
 class Stream {

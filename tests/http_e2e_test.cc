@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -672,6 +673,19 @@ TEST(HttpTraceE2eTest, TheTraceShowsCopiesTasksAndPreemptionsInTimeOrder) {
                        "application/json");
     ASSERT_EQ(r->status, 200) << r->body;
   }
+  // tiny_mlp with a group per layer: its run shows each group's compute from its gate.
+  const std::string plan = (daemon.dir() / "per-layer.json").string();
+  std::ofstream(plan) << R"({"groups": [[0, 0], [1, 1], [2, 2]]})";
+  client::ClientOptions options;
+  options.token = "admin-token-0123456789";
+  auto tcp = client::Client::Connect(daemon.address(), options);
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  auto three = (*tcp)->Register({"mlp3", "tiny_mlp", "", 1, plan});
+  ASSERT_TRUE(three.ok()) << three.status();
+  ASSERT_EQ(three->groups, 3u);
+  auto grouped = http.Post("/v2/models/mlp3/infer", admin, InferBody(Input("tiny_mlp", 1)),
+                           "application/json");
+  ASSERT_EQ(grouped->status, 200) << grouped->body;
   EXPECT_EQ(http.Get("/v1/trace?seconds=10", bob)->status, 403);  // every user's tasks are in it
   EXPECT_EQ(http.Get("/v1/trace?seconds=0", admin)->status, 400);
   EXPECT_EQ(http.Get("/v1/trace?seconds=601", admin)->status, 400);
@@ -683,6 +697,7 @@ TEST(HttpTraceE2eTest, TheTraceShowsCopiesTasksAndPreemptionsInTimeOrder) {
   bool gpu_named = false;
   double last_ts = -1;
   int copies = 0, mlp_runs = 0, preempts = 0;
+  std::map<std::string, std::vector<std::string>> groups_seen;  // task -> its group spans
   for (const json& e : trace["traceEvents"]) {
     if (e["ph"] == "M") {
       if (e["name"] == "thread_name") tracks[e["tid"].get<int>()] = e["args"]["name"];
@@ -706,6 +721,11 @@ TEST(HttpTraceE2eTest, TheTraceShowsCopiesTasksAndPreemptionsInTimeOrder) {
       ++mlp_runs;
     }
     if (track == "scheduler" && e["name"] == "preempt") ++preempts;
+    // Each group's compute on its worker, from its gate's release, in group order.
+    if (track.rfind("worker ", 0) == 0 && e["name"].get<std::string>().rfind("group ", 0) == 0) {
+      const std::string task_of = e["args"]["task"];
+      groups_seen[task_of].push_back(e["name"]);
+    }
   }
   // pswitchctl trace saves the same to a new file, and never replaces one.
   const std::string ctl = (std::filesystem::path(PSWITCHD_PATH).parent_path() / "pswitchctl").string();
@@ -728,6 +748,13 @@ TEST(HttpTraceE2eTest, TheTraceShowsCopiesTasksAndPreemptionsInTimeOrder) {
   EXPECT_GE(copies, 1) << r->body;
   EXPECT_GE(mlp_runs, 2) << r->body;
   EXPECT_GE(preempts, 1) << r->body;
+  const std::vector<std::string> three_groups = {"group 0", "group 1", "group 2"};
+  EXPECT_TRUE(std::any_of(groups_seen.begin(), groups_seen.end(),
+                          [&](const auto& task) { return task.second == three_groups; }))
+      << r->body;
+  for (const auto& [task_of, names] : groups_seen) {
+    EXPECT_EQ(names.front(), "group 0") << "task " << task_of;
+  }
   EXPECT_EQ(http.Delete("/v1/tasks/" + std::to_string(task), admin)->status, 202);
 }
 

@@ -493,6 +493,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     const bool training = run.training();
     int waited_group = -1;
     int hooks = 0;
+    size_t gated_marks = 0;  // marks of groups after the first
     absl::Status gate_status;
     (void)stream_->TakeMarks();  // nothing left from an earlier task
     // Nsight Systems: the task, and within it each group from its gate to the next one (on
@@ -510,7 +511,12 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       absl::Status s = stream_->WaitFlag(arena_->ready_flags(), gate_.flag_base + group,
                                          gate_.epoch, options_.group_timeout);
       if (!s.ok()) throw GateFailure(s);
-      if (waited_group < 0) (void)stream_->Mark();
+      if (waited_group < 0) {
+        (void)stream_->Mark();
+      } else if (gated_marks + 2 < gpu::kMaxStreamMarks) {
+        (void)stream_->Mark();  // group `group`'s gate released (the trace's per-group compute)
+        ++gated_marks;
+      }
       waited_group = group;
       if constexpr (base::kNvtxBuilt) group_range.Restart(absl::StrCat("group ", group));
     });
@@ -561,6 +567,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     if (absl::StatusOr<std::vector<int64_t>> marks = stream_->TakeMarks(); marks.ok()) {
       if (!marks->empty()) progress.first_layer_start_ns = (*marks)[0];
       if (marks->size() > 1) progress.first_layer_done_ns = (*marks)[1];
+      if (marks->size() > 2) progress.group_gates_ns.assign(marks->begin() + 2, marks->end());
     }
     // The device released its waits at >= the epoch: insist that every group the task went
     // through really holds this switch's epoch, or it ran (partly) on an earlier model's
@@ -578,7 +585,8 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   auto done = proto::CreateRunDone(
       b, run.task_id(), wire_outputs, progress.iterations_done, progress.stopped_early,
       progress.loss, error, fill ? fill->step_ns() : 0, fill ? fill->steps() : 0,
-      fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns);
+      fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns,
+      b.CreateVector(progress.group_gates_ns));
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   return SendEvent(b);
 }

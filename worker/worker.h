@@ -89,6 +89,7 @@ class Worker {
     double loss = 0;
     int64_t first_layer_start_ns = 0;  // CLOCK_MONOTONIC, 0 = no gated model ran
     int64_t first_layer_done_ns = 0;
+    std::vector<int64_t> group_gates_ns;  // groups 1, 2, ...: when each gate released
   };
   // CUDA: one forward of `bound` (gates open, example input) so libtorch's lazy CUDA set-up
   // (cuBLAS/cuDNN handles, module loading) is paid at load time, not by the first task.
