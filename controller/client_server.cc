@@ -273,8 +273,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           Builder b;
           auto registered = proto::CreateRegistered(
               b, b.CreateString((*entry)->request.name),
-              static_cast<uint32_t>((*entry)->stored->num_layers()),
-              static_cast<uint32_t>((*entry)->plan.size()), (*entry)->stored->total_bytes());
+              (*entry)->layers,
+              static_cast<uint32_t>((*entry)->plan.size()), (*entry)->weight_bytes);
           proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
                                                 registered.Union()));
           self->PostAwaitedReply(Bytes(b));
@@ -394,7 +394,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     for (const EntryRef& entry : controller_->List()) {
       models.push_back(proto::CreateModelInfo(b, b.CreateString(entry->request.name),
                                               b.CreateString(entry->request.zoo_model),
-                                              entry->stored->total_bytes()));
+                                              entry->weight_bytes));
     }
     auto list = proto::CreateModelList(b, b.CreateVector(models));
     proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::ModelList, list.Union()));

@@ -164,9 +164,21 @@ void Controller::Unload(std::string name, std::function<void(absl::Status)> done
           if (--pending->remaining > 0) return;
           status = pending->status;
         }
-        // Shutting down: the weights go with the process; the name stays reserved.
-        if (status.ok()) status = catalog_->FinishUnload(*entry);
-        done(status);
+        if (!status.ok()) {  // shutting down: the weights go with the process
+          done(status);
+          return;
+        }
+        // Unpinning gigabytes takes long (and may synchronise the device): not on a scheduler's
+        // loop, but on the registration thread.
+        {
+          absl::MutexLock lock(&mu_);
+          if (!stopping_) {
+            registrations_.push_back(
+                [this, entry, done] { done(catalog_->FinishUnload(*entry)); });
+            return;
+          }
+        }
+        done(absl::CancelledError("pswitchd is shutting down"));
       });
     }
   });

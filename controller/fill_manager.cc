@@ -262,7 +262,10 @@ void FillManager::OnCreated(uint64_t id, absl::Status created) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
-  it->second.model_registered = created.ok() && !it->second.model_name.empty();
+  // In the catalog even when a worker failed to load it (Register reports that as an error):
+  // it must still go when the job ends.
+  it->second.model_registered = !it->second.model_name.empty() &&
+                                controller_->catalog().Find(it->second.model_name).ok();
   // Cancelled while its model was being registered: that model goes again.
   if (it->second.machine.stopped()) {
     UnloadModel(it->second);

@@ -242,7 +242,7 @@ void GpuScheduler::FinishUnloads() {
     const std::string& model = it->first;
     const bool busy = (running_ != nullptr && running_->entry != nullptr &&
                        running_->entry->request.name == model) ||
-                      switcher_->Copying(model) || pool_->Loading(model);
+                      switcher_->Copying(model);
     if (busy) {
       ++it;
       continue;

@@ -93,9 +93,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // Unloads `model` from this GPU (the catalog no longer lists it): its queued tasks fail
   // (Unavailable), a running training task of it is cancelled (stopped at its next iteration,
   // its weights saved as on any stop), a running inference batch finishes. Once none of its
-  // tasks runs, no copy of it is in flight and no worker is still loading it, the region stops
-  // counting as holding it and every worker drops it; `done` runs then, on the loop (Cancelled
-  // when pswitchd shuts down first).
+  // tasks runs and no copy of it is in flight, the region stops counting as holding it and
+  // every worker drops it (one still loading it, busy with another task, drops it after the
+  // load); `done` runs then, on the loop (Cancelled when pswitchd shuts down first).
   void DropModel(std::string model, std::function<void(absl::Status)> done);
   // Queues a task (already validated); ResourceExhausted when max_queued_tasks are unfinished.
   // A task still queued or running at spec.expires fails with DeadlineExceeded (a running one

@@ -209,6 +209,8 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
                        " bytes of weights; the weights region holds ", region_bytes_));
     }
     PSWITCH_ASSIGN_OR_RETURN(entry->stored, daemon_->weights().Register(weights.bytes));
+    entry->layers = static_cast<uint32_t>(entry->stored->num_layers());
+    entry->weight_bytes = entry->stored->total_bytes();
     return entry;
   };
   absl::StatusOr<std::unique_ptr<CatalogEntry>> entry = build();
@@ -220,7 +222,7 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
   }
   absl::MutexLock lock(&mu_);
   std::shared_ptr<CatalogEntry> shared = std::move(*entry);
-  pinned_bytes_ += shared->stored->total_bytes();
+  pinned_bytes_ += shared->weight_bytes;
   entries_[request.name] = shared;
   return EntryRef(shared);
 }
@@ -259,7 +261,7 @@ absl::StatusOr<EntryRef> ModelCatalog::BeginUnload(absl::string_view name) {
 }
 
 absl::Status ModelCatalog::FinishUnload(const CatalogEntry& entry) {
-  const uint64_t bytes = entry.stored->total_bytes();
+  const uint64_t bytes = entry.weight_bytes;
   absl::Status removed = daemon_->weights().Remove(entry.request.name);
   absl::MutexLock lock(&mu_);
   in_progress_.erase(entry.request.name);

@@ -54,6 +54,9 @@ struct CatalogEntry {
   TensorSpec input;   // "input"
   TensorSpec output;  // "output"
   const memdaemon::StoredModel* stored = nullptr;  // owned by the memdaemon's weight store
+  // `stored`'s layer count and bytes, for front ends (which must not read `stored`).
+  uint32_t layers = 0;
+  uint64_t weight_bytes = 0;
   grouping::GroupPlan plan;                        // covers every layout layer
   std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it
   uint64_t optimizer_slot_bytes = 0;               // models::OptimizerSlotBytes of the model

@@ -13,6 +13,11 @@ void ModelLoads::Answered(size_t slot, const std::string& model, const absl::Sta
   Slot& s = slots_[slot];
   if (s.pending > 0) --s.pending;
   s.loading.erase(model);
+  // The answer to a load made before an unload: the worker drops the model right after.
+  if (s.dropped.erase(model) > 0) {
+    CountDown(model, status, slot);
+    return;
+  }
   if (status.ok()) s.loaded.insert(model);
   CountDown(model, status, slot);
 }
@@ -21,6 +26,7 @@ void ModelLoads::Died(size_t slot) {
   // What it had loaded stays known until a fresh process takes the slot (Reset).
   const std::set<std::string> unanswered = std::move(slots_[slot].loading);
   slots_[slot].loading.clear();
+  slots_[slot].dropped.clear();
   slots_[slot].pending = 0;
   for (const std::string& model : unanswered) CountDown(model, absl::OkStatus(), slot);
 }

@@ -44,8 +44,20 @@ class ModelLoads {
   void Await(const std::string& model, std::set<size_t> slots, Done done);
 
   // An unload: no slot holds `model` any more (a later registration of the name loads afresh).
+  // A load still in flight (a busy worker loads after its run) is answered into nothing.
   void Forget(const std::string& model) {
-    for (Slot& s : slots_) s.loaded.erase(model);
+    for (Slot& s : slots_) {
+      s.loaded.erase(model);
+      if (s.loading.contains(model)) s.dropped.insert(model);
+    }
+  }
+  // `slot` holds `model` or was sent a load of it: an unload must tell it to drop it.
+  bool Holds(size_t slot, const std::string& model) const {
+    return slots_[slot].loaded.contains(model) || slots_[slot].loading.contains(model);
+  }
+  // A load of `model` was forgotten while in flight: a new registration must send its own.
+  bool Dropped(size_t slot, const std::string& model) const {
+    return slots_[slot].dropped.contains(model);
   }
   // Some slot was sent a load of `model` and has not answered yet.
   bool AnyLoading(const std::string& model) const {
@@ -70,6 +82,7 @@ class ModelLoads {
     size_t pending = 0;             // loads sent and not yet answered
     std::set<std::string> loading;  // their models
     std::set<std::string> loaded;
+    std::set<std::string> dropped;  // loading, but unloaded since: the answer is discarded
   };
   struct Registration {
     std::set<size_t> remaining;  // slots still to answer

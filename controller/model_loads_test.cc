@@ -120,5 +120,25 @@ TEST(ModelLoadsTest, AnUnloadedModelIsForgottenByEverySlot) {
   EXPECT_EQ(loads.loaded_count(0), 1u);
 }
 
+// A busy worker's load answered after the model was unloaded: it is dropped right after (the
+// unload sent DropModel behind the load), so the slot must not count as holding it, and a new
+// registration of the name sends a load of its own.
+TEST(ModelLoadsTest, ALoadAnsweredAfterItsUnloadLeavesNothingLoaded) {
+  ModelLoads loads(1);
+  loads.Announce(0);
+  loads.Sent(0, "bert");
+  EXPECT_TRUE(loads.Holds(0, "bert"));
+  loads.Forget("bert");
+  EXPECT_TRUE(loads.Dropped(0, "bert"));
+  loads.Answered(0, "bert", absl::OkStatus());
+  EXPECT_FALSE(loads.Loaded(0, "bert"));
+  EXPECT_FALSE(loads.Holds(0, "bert"));
+  EXPECT_FALSE(loads.Dropped(0, "bert"));
+  EXPECT_EQ(loads.pending(0), 0u);
+  loads.Sent(0, "bert");  // registered again
+  loads.Answered(0, "bert", absl::OkStatus());
+  EXPECT_TRUE(loads.Loaded(0, "bert"));
+}
+
 }  // namespace
 }  // namespace pswitch::controller

@@ -153,7 +153,9 @@ void WorkerPool::AddModel(const WorkerModel& model, std::function<void(absl::Sta
     // when it does; every other live one, even one still loading, is sent this model now.
     if (slots_[i].state == State::kDead || !loads_.announced(i)) continue;
     if (loads_.Loaded(i, model.name)) continue;
-    if (!loads_.Loading(i, model.name)) SendLoad(static_cast<int>(i), model);
+    if (!loads_.Loading(i, model.name) || loads_.Dropped(i, model.name)) {
+      SendLoad(static_cast<int>(i), model);
+    }
     // Sent now, or its start-up load is in flight: either way its answer counts, unless the
     // worker is running a task. It loads the model after that run, which may be a training
     // task of hours: the registration must not wait for it (the slot takes tasks of the model
@@ -172,7 +174,8 @@ void WorkerPool::RemoveModel(const std::string& model) {
   int told = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    if (!loads_.Loaded(i, model) || s.state == State::kDead || s.process == nullptr) continue;
+    // Loaded, or still loading (a busy worker loads after its run): the drop follows the load.
+    if (!loads_.Holds(i, model) || s.state == State::kDead || s.process == nullptr) continue;
     // One that cannot be reached is dying; its replacement loads only the catalog.
     if (s.process->Send(b).ok()) ++told;
   }

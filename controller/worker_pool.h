@@ -106,10 +106,9 @@ class WorkerPool {
   // is not waited for.
   void AddModel(const WorkerModel& model, std::function<void(absl::Status)> done);
 
-  // Some worker has a load of `model` in flight: an unload waits for its answer.
-  bool Loading(const std::string& model) const { return loads_.AnyLoading(model); }
-  // Unloads `model` from every live worker (UnloadModel; commands are handled in order, so a
-  // later load of the same name finds it gone). No task of it may be running or queued.
+  // Unloads `model` from every live worker that holds or is loading it (DropModel; commands are
+  // handled in order, so a later load of the same name finds it gone). No task of it may be
+  // running or queued.
   void RemoveModel(const std::string& model);
 
   int size() const { return static_cast<int>(slots_.size()); }

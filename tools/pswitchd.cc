@@ -182,9 +182,9 @@ void LoadRepository(controller::Controller& controller, const controller::ModelR
     Log(LogLevel::kInfo, "model_registered")
         .Field("model", name)
         .Field("source", "repository")
-        .Field("layers", (*entry)->stored->num_layers())
+        .Field("layers", (*entry)->layers)
         .Field("groups", (*entry)->plan.size())
-        .Field("bytes", (*entry)->stored->total_bytes());
+        .Field("bytes", (*entry)->weight_bytes);
   }
 }
 
@@ -202,9 +202,9 @@ absl::Status Preload(controller::Controller& controller) {
     if (!entry.ok()) return entry.status();
     Log(LogLevel::kInfo, "model_registered")
         .Field("model", request.name)
-        .Field("layers", (*entry)->stored->num_layers())
+        .Field("layers", (*entry)->layers)
         .Field("groups", (*entry)->plan.size())
-        .Field("bytes", (*entry)->stored->total_bytes());
+        .Field("bytes", (*entry)->weight_bytes);
   }
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     auto model = models::CreateModel(name);
