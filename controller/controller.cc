@@ -110,30 +110,37 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
       return;
     }
     // Done once every GPU's workers loaded it; the first error wins.
-    struct Pending {
-      absl::Mutex mu;
-      size_t remaining;
-      absl::Status status;
-    };
-    auto pending = std::make_shared<Pending>();
-    pending->remaining = schedulers_.size();
-    for (auto& scheduler : schedulers_) {
-      scheduler->AddModel(*entry, [entry, done, pending](absl::Status loaded) {
-        absl::Status status;
-        {
-          absl::MutexLock lock(&pending->mu);
-          if (!loaded.ok() && pending->status.ok()) pending->status = loaded;
-          if (--pending->remaining > 0) return;
-          status = pending->status;
-        }
-        if (status.ok()) {
-          done(*entry);
-        } else {
-          done(status);
-        }
-      });
-    }
+    OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(*entry, loaded); },
+               [entry = *entry, done](absl::Status status) {
+                 if (status.ok()) {
+                   done(entry);
+                 } else {
+                   done(status);
+                 }
+               });
   });
+}
+
+void Controller::OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all) {
+  struct Pending {
+    absl::Mutex mu;
+    size_t remaining;
+    absl::Status status;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->remaining = schedulers_.size();
+  for (auto& scheduler : schedulers_) {
+    start(*scheduler, [all, pending](absl::Status one) {
+      absl::Status status;
+      {
+        absl::MutexLock lock(&pending->mu);
+        if (!one.ok() && pending->status.ok()) pending->status = one;
+        if (--pending->remaining > 0) return;
+        status = pending->status;
+      }
+      all(status);
+    });
+  }
 }
 
 void Controller::Unload(std::string name, std::function<void(absl::Status)> done) {
@@ -148,39 +155,24 @@ void Controller::Unload(std::string name, std::function<void(absl::Status)> done
       done(entry.status());
       return;
     }
-    struct Pending {
-      absl::Mutex mu;
-      size_t remaining;
-      absl::Status status;
-    };
-    auto pending = std::make_shared<Pending>();
-    pending->remaining = schedulers_.size();
-    for (auto& scheduler : schedulers_) {
-      scheduler->DropModel(name, [this, entry = *entry, done, pending](absl::Status dropped) {
-        absl::Status status;
-        {
-          absl::MutexLock lock(&pending->mu);
-          if (!dropped.ok() && pending->status.ok()) pending->status = dropped;
-          if (--pending->remaining > 0) return;
-          status = pending->status;
-        }
-        if (!status.ok()) {  // shutting down: the weights go with the process
-          done(status);
-          return;
-        }
-        // Unpinning gigabytes takes long (and may synchronise the device): not on a scheduler's
-        // loop, but on the registration thread.
-        {
-          absl::MutexLock lock(&mu_);
-          if (!stopping_) {
-            registrations_.push_back(
-                [this, entry, done] { done(catalog_->FinishUnload(*entry)); });
-            return;
-          }
-        }
-        done(absl::CancelledError("pswitchd is shutting down"));
-      });
-    }
+    OnEveryGpu([&name](GpuScheduler& gpu, Done dropped) { gpu.DropModel(name, dropped); },
+               [this, entry = *entry, done](absl::Status status) {
+                 if (!status.ok()) {  // shutting down: the weights go with the process
+                   done(status);
+                   return;
+                 }
+                 // Unpinning gigabytes takes long (and may synchronise the device): not on a
+                 // scheduler's loop, but on the registration thread.
+                 {
+                   absl::MutexLock lock(&mu_);
+                   if (!stopping_) {
+                     registrations_.push_back(
+                         [this, entry, done] { done(catalog_->FinishUnload(*entry)); });
+                     return;
+                   }
+                 }
+                 done(absl::CancelledError("pswitchd is shutting down"));
+               });
   });
 }
 

@@ -77,6 +77,10 @@ class Controller {
  private:
   explicit Controller(const ControllerOptions& options) : options_(options) {}
   void RegistrarLoop();
+  using Done = std::function<void(absl::Status)>;
+  // Starts something on every GPU's scheduler (`start` hands it its callback); `all` gets the
+  // first error, or OK, once every GPU has called back.
+  void OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all);
 
   const ControllerOptions options_;
   std::unique_ptr<ModelCatalog> catalog_;

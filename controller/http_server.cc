@@ -211,6 +211,17 @@ json TaskJson(const TaskStatus& t) {
   return j;
 }
 
+// A request body that is optional but, when sent, a JSON object (the repository extension's
+// requests): an empty body is an empty object.
+absl::StatusOr<json> OptionalObjectBody(const httplib::Request& req, const char* what,
+                                        uint64_t max_bytes) {
+  if (req.body.empty()) return json::object();
+  PSWITCH_ASSIGN_OR_RETURN(json body,
+                           base::ParseUntrustedJson(req.body, what, base::JsonLimits{max_bytes, 32}));
+  if (!body.is_object()) return absl::InvalidArgumentError("expected an object");
+  return body;
+}
+
 // A JSON member `key` of `body` as T, if present; InvalidArgument if it has another type.
 template <typename T>
 absl::Status Member(const json& body, const char* key, T& out) {
@@ -520,15 +531,10 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
                                                             httplib::Response& res) {
     if (!authorize(req, res)) return;
     bool ready_only = false;
-    if (!req.body.empty()) {
-      absl::StatusOr<json> body = base::ParseUntrustedJson(
-          req.body, "repository index request", base::JsonLimits{options_.max_body_bytes, 32});
-      if (!body.ok()) return ReplyError(res, body.status());
-      if (!body->is_object()) {
-        return ReplyError(res, absl::InvalidArgumentError("expected an object"));
-      }
-      if (absl::Status s = Member(*body, "ready", ready_only); !s.ok()) return ReplyError(res, s);
-    }
+    absl::StatusOr<json> body =
+        OptionalObjectBody(req, "repository index request", options_.max_body_bytes);
+    if (!body.ok()) return ReplyError(res, body.status());
+    if (absl::Status s = Member(*body, "ready", ready_only); !s.ok()) return ReplyError(res, s);
     // Registered models (whichever way) and the repository's, each once, by name.
     std::map<std::string, json> models;
     for (const EntryRef& e : controller_->List()) {
@@ -569,24 +575,16 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
                                  "' are reserved for fill jobs' own models")));
     }
     std::optional<std::string> config;
-    if (!req.body.empty()) {
-      absl::StatusOr<json> body = base::ParseUntrustedJson(
-          req.body, "load request", base::JsonLimits{options_.max_body_bytes, 32});
-      if (!body.ok()) return ReplyError(res, body.status());
-      if (!body->is_object()) {
-        return ReplyError(res, absl::InvalidArgumentError("expected an object"));
+    absl::StatusOr<json> body = OptionalObjectBody(req, "load request", options_.max_body_bytes);
+    if (!body.ok()) return ReplyError(res, body.status());
+    if (body->contains("parameters")) {
+      const json& parameters = (*body)["parameters"];
+      if (!parameters.is_object()) {
+        return ReplyError(res, absl::InvalidArgumentError("\"parameters\" must be an object"));
       }
-      if (body->contains("parameters")) {
-        const json& parameters = (*body)["parameters"];
-        if (!parameters.is_object()) {
-          return ReplyError(res, absl::InvalidArgumentError("\"parameters\" must be an object"));
-        }
-        std::string text;
-        if (absl::Status s = Member(parameters, "config", text); !s.ok()) {
-          return ReplyError(res, s);
-        }
-        if (parameters.contains("config")) config = std::move(text);
-      }
+      std::string text;
+      if (absl::Status s = Member(parameters, "config", text); !s.ok()) return ReplyError(res, s);
+      if (parameters.contains("config")) config = std::move(text);
     }
     if (controller_->catalog().Find(name).ok()) {
       return ReplyError(res, absl::AlreadyExistsError(absl::StrCat(
@@ -627,15 +625,9 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
         return ReplyError(res, owned);
       }
     }
-    if (!req.body.empty()) {
-      // Triton's {"parameters": {"unload_dependents": ...}}: pswitch models have no dependents.
-      absl::StatusOr<json> body = base::ParseUntrustedJson(
-          req.body, "unload request", base::JsonLimits{options_.max_body_bytes, 32});
-      if (!body.ok()) return ReplyError(res, body.status());
-      if (!body->is_object()) {
-        return ReplyError(res, absl::InvalidArgumentError("expected an object"));
-      }
-    }
+    // Triton's {"parameters": {"unload_dependents": ...}}: pswitch models have no dependents.
+    absl::StatusOr<json> body = OptionalObjectBody(req, "unload request", options_.max_body_bytes);
+    if (!body.ok()) return ReplyError(res, body.status());
     auto done = std::make_shared<std::promise<absl::Status>>();
     std::future<absl::Status> unloaded = done->get_future();
     controller_->Unload(name, [done](absl::Status status) { done->set_value(status); });
