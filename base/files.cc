@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,6 +65,51 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::strin
                                             uint64_t max_bytes) {
   PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(AT_FDCWD, path, what, max_bytes));
   return ReadAll(fd, what, max_bytes);
+}
+
+absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view bytes) {
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus("memfd_create");
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::pwrite(fd.get(), bytes.data() + done,
+                         std::min<size_t>(bytes.size() - done, kFileIoChunkBytes),
+                         static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoStatus("writing a memory file");
+    done += static_cast<size_t>(n);
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
+    return ErrnoStatus("sealing a memory file");
+  }
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadSealedMemoryFile(const UniqueFd& fd, absl::string_view what,
+                                                 uint64_t max_bytes) {
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not a sealed memory file"));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", size, " bytes, over the limit of ", max_bytes));
+  }
+  std::string bytes(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd.get(), bytes.data() + done,
+                        std::min<size_t>(size - done, kFileIoChunkBytes), static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("read ", what));
+    if (n == 0) return absl::InternalError(absl::StrCat(what, ": shorter than its size"));
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
 }
 
 absl::Status RemoveTree(const std::string& path) {

@@ -34,6 +34,15 @@ absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::string_view what,
                                             uint64_t max_bytes);
 
+// An anonymous in-memory file holding `bytes`, sealed so that no one (this process included) can
+// change or resize it: handed to other processes by fd (SCM_RIGHTS), it reads the same for all.
+absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view bytes);
+// The contents of a SealedMemoryFile received from another process. InvalidArgument unless the
+// fd is one (sealed against writes and resizing) of at most `max_bytes`. Reads with pread, so
+// processes sharing the open file do not race on its offset.
+absl::StatusOr<std::string> ReadSealedMemoryFile(const UniqueFd& fd, absl::string_view what,
+                                                 uint64_t max_bytes);
+
 // Removes `path` and everything under it, following no symlink (a link is removed, never its
 // target). Not std::filesystem::remove_all: pip torch's libtorch_cpu.so exports its own copy of
 // std::filesystem, which binaries linked against it bind to, and its remove_all crashed

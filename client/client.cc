@@ -213,7 +213,8 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
         auto body = proto::CreateRegisterModel(
             b, b.CreateString(options.name), b.CreateString(options.zoo_model),
             b.CreateString(options.weights_path), options.batch_size,
-            b.CreateString(options.plan.empty() ? "auto" : options.plan));
+            b.CreateString(options.plan.empty() ? "auto" : options.plan),
+            b.CreateString(options.archive_path));
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                             body.Union()));
       },

@@ -37,6 +37,9 @@ struct RegisterOptions {
   std::string weights_path;  // safetensors on the server's file system; empty = seeded random
   uint32_t batch_size = 1;
   std::string plan;  // grouping plan JSON path on the server, or "auto" (default)
+  // Your own model: a TorchScript archive made by pswitch.export (Python), as a server path;
+  // zoo_model stays empty. Like weights_path it needs pswitchd's --allow-client-paths.
+  std::string archive_path;
 };
 
 struct RegisteredModel {

@@ -257,6 +257,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     request.name = std::move(parsed->name);
     request.zoo_model = std::move(parsed->zoo_model);
     request.weights_path = std::move(parsed->weights_path);
+    request.archive_path = std::move(parsed->archive_path);
     request.plan = std::move(parsed->plan);
     request.batch_size = parsed->batch_size;
     // Resolved on the registration thread: a repository lookup reads files.

@@ -24,6 +24,13 @@ namespace {
 // would make one label value per job, so they share one.
 std::string MetricModel(const TaskSpec& spec) { return spec.fill ? "fill" : spec.model; }
 
+// What a worker loads for `entry`.
+WorkerModel WorkerModelOf(const CatalogEntry& entry) {
+  return WorkerModel{entry.request.name, entry.request.zoo_model,
+                     static_cast<uint32_t>(entry.stored->num_layers()),
+                     entry.stored->total_bytes(), entry.archive, entry.archive_bytes};
+}
+
 }  // namespace
 
 struct GpuScheduler::Running {
@@ -67,9 +74,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   pool.models = [catalog] {
     std::vector<WorkerModel> models;
     for (const EntryRef& entry : catalog->List()) {
-      models.push_back(WorkerModel{entry->request.name, entry->request.zoo_model,
-                                   static_cast<uint32_t>(entry->stored->num_layers()),
-                                   entry->stored->total_bytes()});
+      models.push_back(WorkerModelOf(*entry));
     }
     return models;
   };
@@ -194,10 +199,7 @@ void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drai
 
 void GpuScheduler::AddModel(EntryRef entry, std::function<void(absl::Status)> done) {
   Post([this, entry, done = std::move(done)] {
-    pool_->AddModel(WorkerModel{entry->request.name, entry->request.zoo_model,
-                                static_cast<uint32_t>(entry->stored->num_layers()),
-                                entry->stored->total_bytes()},
-                    done);
+    pool_->AddModel(WorkerModelOf(*entry), done);
   });
 }
 

@@ -7,6 +7,7 @@
 #include "grouping/search.h"
 #include "models/layer_profiler.h"
 #include "models/registry.h"
+#include "models/script_model.h"
 #include "models/training.h"
 #include "models/weights.h"
 #include "nlohmann/json.hpp"
@@ -19,19 +20,29 @@ namespace pswitch::controller {
 namespace {
 
 constexpr uint64_t kMaxPlanBytes = 16 << 20;
+// An archive holds the model's weights too; the weights region bounds what can register.
+constexpr uint64_t kMaxArchiveBytes = 64ull << 30;
 
-absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const ModelRequest& request) {
-  const std::string& path = request.plan;
-  const std::string what = absl::StrCat("plan file '", path, "'");
+// A file the request names: in its repository folder, or (local use) a server path.
+absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const std::string& path,
+                                            const char* kind, uint64_t max_bytes) {
+  const std::string what = absl::StrCat(kind, " '", path, "'");
   absl::StatusOr<std::string> read = request.files != nullptr
-                                         ? request.files->Read(path, "plan file", kMaxPlanBytes)
-                                         : base::ReadRegularFile(path, what, kMaxPlanBytes);
+                                         ? request.files->Read(path, kind, max_bytes)
+                                         : base::ReadRegularFile(path, what, max_bytes);
   if (request.files == nullptr && (absl::IsNotFound(read.status()) ||
                                    absl::IsPermissionDenied(read.status()))) {
     // Existence of a server file is not a client's to learn.
     return absl::PermissionDeniedError(absl::StrCat(what, " cannot be opened by pswitchd"));
   }
-  PSWITCH_ASSIGN_OR_RETURN(std::string text, std::move(read));
+  return read;
+}
+
+absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const ModelRequest& request) {
+  const std::string& path = request.plan;
+  PSWITCH_ASSIGN_OR_RETURN(std::string text,
+                           ReadRequestFile(request, path, "plan file", kMaxPlanBytes));
+  const std::string what = absl::StrCat("plan file '", path, "'");
   PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, what));
   if (!json.is_object() || !json.contains("groups")) {
     return absl::InvalidArgumentError(
@@ -76,7 +87,8 @@ absl::StatusOr<std::pair<TensorSpec, TensorSpec>> DescribeTensors(models::ZooMod
 }  // namespace
 
 absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& request,
-                                                           models::ZooModel& model,
+                                                           const models::ModelSource& source,
+                                                           int archive_fd, models::ZooModel& model,
                                                            int layout_layers, int executed_layers) {
   if (request.plan != "auto") {
     PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request));
@@ -93,7 +105,8 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
   }
   if (auto_plan_.profiler) {
     PSWITCH_ASSIGN_OR_RETURN(grouping::Profile profile,
-                             auto_plan_.profiler(request.zoo_model, request.batch_size));
+                             auto_plan_.profiler(request.zoo_model, archive_fd,
+                                                 request.batch_size));
     PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
     PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
                              grouping::FindGrouping(cost, grouping::SearchOptions{}));
@@ -120,7 +133,7 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
     // A fresh instance: layer times do not depend on the weights, and the registered model
     // stays on the host where its bytes are collected.
     PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> probe,
-                             models::CreateModel(request.zoo_model));
+                             models::CreateModelFrom(source, request.name));
     absl::Status moved =
         models::CatchTorch("moving the model to the GPU", [&] { probe->to(*device); });
     absl::StatusOr<models::ModelProfile> measured =
@@ -163,8 +176,18 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     in_progress_.erase(request.name);
   };
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<CatalogEntry>> {
+    models::ModelSource source{request.zoo_model, nullptr, request.archive_path};
+    std::shared_ptr<const UniqueFd> archive_fd;
+    if (!request.archive_path.empty()) {
+      PSWITCH_ASSIGN_OR_RETURN(
+          std::string bytes,
+          ReadRequestFile(request, request.archive_path, "archive", kMaxArchiveBytes));
+      PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
+      archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
+      source.archive = std::make_shared<const std::string>(std::move(bytes));
+    }
     PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
-                             models::CreateModel(request.zoo_model));
+                             models::CreateModelFrom(source, request.name));
     if (!request.weights_path.empty() && request.files != nullptr) {
       const models::SafetensorsLimits limits;
       PSWITCH_ASSIGN_OR_RETURN(
@@ -195,7 +218,11 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     entry->request = request;
     entry->optimizer_slot_bytes = models::OptimizerSlotBytes(*model);
     PSWITCH_ASSIGN_OR_RETURN(std::tie(entry->input, entry->output), DescribeTensors(*model));
-    PSWITCH_ASSIGN_OR_RETURN(entry->plan, MakePlan(request, *model, layout_layers, executed));
+    PSWITCH_ASSIGN_OR_RETURN(entry->plan,
+                             MakePlan(request, source, archive_fd ? archive_fd->get() : -1, *model,
+                                      layout_layers, executed));
+    entry->archive = archive_fd;
+    entry->archive_bytes = source.archive != nullptr ? source.archive->size() : 0;
     for (const grouping::LayerGroup& g : entry->plan) {
       entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
     }

@@ -1,4 +1,5 @@
-// The registered models: registration builds the zoo model once in pswitchd, loads its weights
+// The registered models: registration builds the model (a zoo architecture, or the user's own
+// pswitch.export archive) once in pswitchd, loads its weights
 // (safetensors or seeded random), stores them in the memdaemon's pinned weight store in the
 // shared layout, and fixes the model's grouping plan (a plan file, or "auto": a quick profile
 // and the exact grouping search).
@@ -17,10 +18,12 @@
 #include "grouping/profile.h"
 #include "proto/common_generated.h"
 #include "base/confined_dir.h"
+#include "base/unique_fd.h"
 #include "memdaemon/memdaemon.h"
 
 namespace pswitch::models {
 class ZooModel;
+struct ModelSource;
 }
 
 namespace pswitch::controller {
@@ -34,9 +37,12 @@ struct ModelRequest {
   std::string weights_path;  // empty: seeded random weights
   uint32_t batch_size = 1;
   std::string plan = "auto";  // a plan JSON path, or "auto"
-  // Where weights_path and plan resolve: the model's folder in the model repository (relative
-  // names, no symlink followed). Null: they are server paths (local use: --allow-client-paths).
+  // Where weights_path, archive_path and plan resolve: the model's folder in the model
+  // repository (relative names, no symlink followed). Null: they are server paths (local use:
+  // --allow-client-paths).
   std::shared_ptr<const base::ConfinedDir> files;
+  // A pswitch.export archive (the user's own model); zoo_model is then "torchscript".
+  std::string archive_path;
 };
 
 // A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.
@@ -60,6 +66,9 @@ struct CatalogEntry {
   grouping::GroupPlan plan;                        // covers every layout layer
   std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it
   uint64_t optimizer_slot_bytes = 0;               // models::OptimizerSlotBytes of the model
+  // A script model's archive as a sealed memory file, passed to every worker that loads it.
+  std::shared_ptr<const UniqueFd> archive;
+  uint64_t archive_bytes = 0;
 };
 
 using EntryRef = std::shared_ptr<const CatalogEntry>;
@@ -69,9 +78,11 @@ using EntryRef = std::shared_ptr<const CatalogEntry>;
 struct AutoPlanProfile {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   double bandwidth_bytes_per_s = 12e9;  // host backend: the configured copy cap, or PCIe 3 x16
-  // Profiles zoo model `zoo` at `batch` on `device` at that bandwidth (pswitchd: in a bounded
-  // child process, ProfileInChild). Unset: in this process (library use, tests).
-  std::function<absl::StatusOr<grouping::Profile>(const std::string& zoo, uint32_t batch)>
+  // Profiles zoo model `zoo` (or, when `archive_fd` >= 0, the script model in that sealed memory
+  // file) at `batch` on `device` at that bandwidth (pswitchd: in a bounded child process,
+  // ProfileInChild). Unset: in this process (library use, tests).
+  std::function<absl::StatusOr<grouping::Profile>(const std::string& zoo, int archive_fd,
+                                                  uint32_t batch)>
       profiler;
 };
 
@@ -101,8 +112,10 @@ class ModelCatalog {
  private:
   // The request's plan file, or "auto": a quick profile (of `model` on the CPU, of a fresh
   // instance on a GPU) and the exact search.
-  absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request, models::ZooModel& model,
-                                               int layout_layers, int executed_layers);
+  absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request,
+                                               const models::ModelSource& source, int archive_fd,
+                                               models::ZooModel& model, int layout_layers,
+                                               int executed_layers);
 
   memdaemon::MemDaemon* const daemon_;
   const uint64_t region_bytes_;

@@ -5,6 +5,7 @@
 #include "base/json.h"
 #include "base/status.h"
 #include "controller/fill_request.h"
+#include "models/model_source.h"
 
 namespace pswitch::controller {
 namespace {
@@ -72,7 +73,18 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
   if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
   ModelRequest request;
   request.name = name;
-  PSWITCH_ASSIGN_OR_RETURN(request.zoo_model, StringField(config, where, "architecture", true));
+  PSWITCH_ASSIGN_OR_RETURN(request.archive_path, StringField(config, where, "archive", false));
+  PSWITCH_ASSIGN_OR_RETURN(request.zoo_model,
+                           StringField(config, where, "architecture", request.archive_path.empty()));
+  if (!request.archive_path.empty()) {
+    // The user's own model: its archive is its architecture.
+    if (!request.zoo_model.empty() && request.zoo_model != models::kScriptArchitecture) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": \"archive\" and \"architecture\" '", request.zoo_model,
+          "' both name the model; keep one"));
+    }
+    request.zoo_model = models::kScriptArchitecture;
+  }
   PSWITCH_ASSIGN_OR_RETURN(request.weights_path, StringField(config, where, "weights", false));
   PSWITCH_ASSIGN_OR_RETURN(request.plan, StringField(config, where, "plan", false));
   if (request.plan.empty()) request.plan = "auto";
@@ -84,7 +96,7 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
     }
     request.batch_size = static_cast<uint32_t>(batch->get<uint64_t>());
   }
-  for (const std::string* file : {&request.weights_path, &request.plan}) {
+  for (const std::string* file : {&request.weights_path, &request.plan, &request.archive_path}) {
     if (!file->empty() && *file != "auto") {
       PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(*file, where));
     }
@@ -96,7 +108,8 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
 absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
                                                  const ModelRepository* repository,
                                                  bool allow_client_paths) {
-  const bool names_files = !from_client.weights_path.empty() || from_client.plan != "auto";
+  const bool names_files = !from_client.weights_path.empty() || from_client.plan != "auto" ||
+                           !from_client.archive_path.empty();
   if (from_client.zoo_model.empty() && !names_files) {
     if (repository == nullptr) {
       return absl::NotFoundError(absl::StrCat(
@@ -111,11 +124,19 @@ absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
         "--model-repository and register it by name (or start pswitchd with "
         "--allow-client-paths=true for local use)");
   }
-  for (const std::string* path : {&from_client.weights_path, &from_client.plan}) {
+  for (const std::string* path :
+       {&from_client.weights_path, &from_client.plan, &from_client.archive_path}) {
     if (!path->empty() && *path != "auto" && path->front() != '/') {
       return absl::InvalidArgumentError(absl::StrCat(
           "'", *path, "': files named by clients must be absolute paths on the server"));
     }
+  }
+  if (!from_client.archive_path.empty()) {
+    if (!from_client.zoo_model.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", from_client.name, "': name an architecture or an archive, not both"));
+    }
+    from_client.zoo_model = models::kScriptArchitecture;
   }
   from_client.files = nullptr;
   return from_client;

@@ -56,7 +56,8 @@ class ChildGuard {
 }  // namespace
 
 absl::StatusOr<grouping::Profile> ProfileInChild(const ProfileChildOptions& options,
-                                                 const std::string& zoo, uint32_t batch) {
+                                                 const std::string& zoo, uint32_t batch,
+                                                 int archive_fd) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe for the profiler");
   UniqueFd read_end(fds[0]), write_end(fds[1]);
@@ -65,7 +66,9 @@ absl::StatusOr<grouping::Profile> ProfileInChild(const ProfileChildOptions& opti
       base::SpawnChild({.argv = {options.binary, absl::StrCat("--profile_model=", zoo),
                                  absl::StrCat("--profile_batch=", batch),
                                  absl::StrCat("--profile_device=", options.device),
-                                 absl::StrCat("--profile_bandwidth=", options.bandwidth_bytes_per_s)},
+                                 absl::StrCat("--profile_bandwidth=", options.bandwidth_bytes_per_s),
+                                 absl::StrCat("--profile_archive_fd=", archive_fd)},
+                        .inherit_fd = archive_fd,
                         .stdout_fd = write_end.get()}));
   ChildGuard child(pid);
   write_end.Reset();  // EOF once the child exits

@@ -24,11 +24,13 @@ struct ProfileChildOptions {
   absl::Duration timeout = absl::Minutes(2);
 };
 
-// The per-layer profile of zoo model `zoo` at `batch`. ResourceExhausted past the memory bound,
-// DeadlineExceeded past the timeout, Internal if the child fails otherwise (its stderr goes to
-// pswitchd's log).
+// The per-layer profile of zoo model `zoo` at `batch`, or with `archive_fd` >= 0 of the script
+// model in that sealed memory file (the child inherits it). ResourceExhausted past the memory
+// bound, DeadlineExceeded past the timeout, Internal if the child fails otherwise (its stderr goes
+// to pswitchd's log).
 absl::StatusOr<grouping::Profile> ProfileInChild(const ProfileChildOptions& options,
-                                                 const std::string& zoo, uint32_t batch);
+                                                 const std::string& zoo, uint32_t batch,
+                                                 int archive_fd = -1);
 
 }  // namespace pswitch::controller
 

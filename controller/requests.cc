@@ -31,6 +31,8 @@ absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel
   PSWITCH_ASSIGN_OR_RETURN(r.weights_path,
                            Text(wire.weights_path(), "weights path", kMaxPathBytes));
   PSWITCH_ASSIGN_OR_RETURN(r.plan, Text(wire.plan_path(), "plan path", kMaxPathBytes));
+  PSWITCH_ASSIGN_OR_RETURN(r.archive_path,
+                           Text(wire.archive_path(), "archive path", kMaxPathBytes));
   if (r.plan.empty()) r.plan = "auto";
   r.batch_size = wire.batch_size();
   if (absl::StartsWith(r.name, kFillModelPrefix)) {

@@ -30,6 +30,7 @@ struct RegistrationRequest {
   std::string name;
   std::string zoo_model;
   std::string weights_path;
+  std::string archive_path;  // TorchScript archive (pswitch.export); zoo_model is then empty
   std::string plan = "auto";
   uint32_t batch_size = 0;
 };

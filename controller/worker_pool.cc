@@ -139,9 +139,10 @@ void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
   Builder b;
   auto load = proto::CreateLoadModel(b, b.CreateString(model.name),
                                      b.CreateString(model.zoo_model), options_.region_offset,
-                                     model.layers, model.bytes);
+                                     model.layers, model.bytes, model.archive_bytes);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
-  if (s.process != nullptr && s.process->Send(b).ok()) {
+  const int fd = model.archive != nullptr ? model.archive->get() : -1;
+  if (s.process != nullptr && s.process->SendWithFd(b, fd).ok()) {
     loads_.Sent(static_cast<size_t>(slot), model.name);
   }
 }

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/log.h"
+#include "base/unique_fd.h"
 #include "controller/event_loop.h"
 #include "controller/model_loads.h"
 #include "controller/respawn_backoff.h"
@@ -38,6 +39,10 @@ struct WorkerModel {
   std::string zoo_model;
   uint32_t layers = 0;
   uint64_t bytes = 0;
+  // A pswitch.export model: its archive as a sealed memory file (shared by every worker), and
+  // its size. Null for zoo models.
+  std::shared_ptr<const UniqueFd> archive;
+  uint64_t archive_bytes = 0;
 };
 
 struct WorkerPoolOptions {

@@ -65,8 +65,12 @@ WorkerProcess::~WorkerProcess() {
 }
 
 absl::Status WorkerProcess::Send(const flatbuffers::FlatBufferBuilder& command) {
+  return SendWithFd(command, -1);
+}
+
+absl::Status WorkerProcess::SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) {
   absl::MutexLock lock(&send_mu_);
-  absl::Status sent = channel_->Send(command);
+  absl::Status sent = channel_->Send(command, fd);
   if (!sent.ok()) {
     return absl::UnavailableError(absl::StrCat("worker ", id_, ": ", sent.message()));
   }

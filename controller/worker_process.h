@@ -36,6 +36,12 @@ class WorkerLink {
  public:
   virtual ~WorkerLink() = default;
   virtual absl::Status Send(const flatbuffers::FlatBufferBuilder& command) = 0;
+  // Sends `command` with `fd` (SCM_RIGHTS; the caller keeps its copy). Links that cannot pass
+  // descriptors refuse.
+  virtual absl::Status SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) {
+    if (fd < 0) return Send(command);
+    return absl::UnimplementedError("this worker link cannot pass file descriptors");
+  }
   virtual pid_t pid() const = 0;
   // SIGKILL, unless it was already reaped; its death reaches the handler like any other.
   virtual void Kill() = 0;
@@ -56,6 +62,7 @@ class WorkerProcess : public WorkerLink {
   WorkerProcess& operator=(const WorkerProcess&) = delete;
 
   absl::Status Send(const flatbuffers::FlatBufferBuilder& command) override;
+  absl::Status SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) override;
   uint32_t id() const { return id_; }
   pid_t pid() const override { return pid_; }
   void Kill() override;

@@ -49,15 +49,27 @@ ModelInput ZooModel::OnModelDevice(ModelInput input) {
 absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
   auto& slot = layers_[is_training() ? 1 : 0];
   if (slot.has_value()) return &*slot;
+  // Recording must not change the model: keep the buffers (BatchNorm statistics move in train
+  // mode).
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", model_name_, "': saving buffers"), [&] {
+    for (auto& buffer : buffers()) saved.emplace_back(buffer, buffer.clone());
+  }));
+  absl::StatusOr<std::vector<Layer>> layers = RecordLayers();
+  PSWITCH_RETURN_IF_ERROR(
+      CatchTorch(absl::StrCat("model '", model_name_, "': restoring buffers"), [&] {
+        torch::NoGradGuard no_grad;
+        for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+      }));
+  PSWITCH_RETURN_IF_ERROR(layers.status());
+  slot = std::move(*layers);
+  return &*slot;
+}
+
+absl::StatusOr<std::vector<Layer>> ZooModel::RecordLayers() {
   std::vector<const torch::nn::Module*> calls;
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_name_, "': recording layers"), [&] {
-        // Recording must not change the model: keep the buffers
-        // (BatchNorm statistics move in train mode).
-        std::vector<std::pair<at::Tensor, at::Tensor>> saved;
-        for (auto& buffer : buffers()) {
-          saved.emplace_back(buffer, buffer.clone());
-        }
         torch::NoGradGuard no_grad;
         tape_.StartRecording();
         try {
@@ -67,10 +79,8 @@ absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
           throw;
         }
         calls = tape_.StopRecording();
-        for (auto& [buffer, copy] : saved) buffer.copy_(copy);
       }));
-  slot = BuildLayers(calls);
-  return &*slot;
+  return BuildLayers(calls);
 }
 
 std::vector<Layer> ZooModel::BuildLayers(const std::vector<const torch::nn::Module*>& calls) {

@@ -135,6 +135,9 @@ class ZooModel : public torch::nn::Module {
   virtual ModelInput TraceInput() const { return ExampleInput(2, 0); }
   ModelInput OnModelDevice(ModelInput input);
   LayerTape& tape() { return tape_; }
+  // The current mode's layers (see Layers()), from one forward pass without gradients; the
+  // caller restores the buffers afterwards. Default: leaf-module calls through the tape.
+  virtual absl::StatusOr<std::vector<Layer>> RecordLayers();
 
  private:
   std::vector<Layer> BuildLayers(const std::vector<const torch::nn::Module*>& calls);

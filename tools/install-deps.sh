@@ -12,6 +12,8 @@ packages=(
   # GET /metrics (prometheus-cpp's core; the package also brings its pull and push parts).
   prometheus-cpp-dev
   python3-torchvision python3-numpy
+  # The Python package (python/): pybind11 bindings over the C++ client, tested with pytest.
+  pybind11-dev python3-dev python3-pytest
   # tools/fuzz.sh: libFuzzer targets built with clang (libclang-rt-14-dev has libFuzzer and the
   # ASan/UBSan runtimes).
   clang-14 libclang-rt-14-dev

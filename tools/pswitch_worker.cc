@@ -5,13 +5,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "base/status.h"
 #include "models/layer_profiler.h"
 #include "models/registry.h"
+#include "models/script_model.h"
 #include "models/zoo_model.h"
 #include "tools/cli.h"
 #include "worker/worker.h"
@@ -27,6 +30,9 @@ ABSL_FLAG(std::string, profile_model, "", "profile this zoo model and exit (pswi
 ABSL_FLAG(uint32_t, profile_batch, 1, "the profile's batch");
 ABSL_FLAG(std::string, profile_device, "cpu", "cpu or cuda:N");
 ABSL_FLAG(double, profile_bandwidth, 12e9, "the link the plan is made for, bytes/s");
+ABSL_FLAG(int, profile_archive_fd, -1,
+          "profile the script model in this inherited sealed memory file (--profile_model names "
+          "it in messages)");
 
 namespace {
 
@@ -36,8 +42,17 @@ absl::Status Profile() {
   using namespace pswitch;  // NOLINT: a tool's entry point
   PSWITCH_ASSIGN_OR_RETURN(c10::Device device,
                            models::ResolveDevice(absl::GetFlag(FLAGS_profile_device)));
+  models::ModelSource source{absl::GetFlag(FLAGS_profile_model), nullptr,
+                            absl::GetFlag(FLAGS_profile_model)};
+  if (const int fd = absl::GetFlag(FLAGS_profile_archive_fd); fd >= 0) {
+    UniqueFd archive(fd);
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                             base::ReadSealedMemoryFile(archive, "the archive to profile",
+                                                        std::numeric_limits<uint64_t>::max()));
+    source.archive = std::make_shared<const std::string>(std::move(bytes));
+  }
   PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
-                           models::CreateModel(absl::GetFlag(FLAGS_profile_model)));
+                           models::CreateModelFrom(source, absl::GetFlag(FLAGS_profile_model)));
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch("moving the model", [&] { model->to(device); }));
   models::ProfileOptions options;
   options.batch = absl::GetFlag(FLAGS_profile_batch);

@@ -1,7 +1,7 @@
 // pswitchctl: the command-line client of pswitchd.
 //
-//   pswitchctl --server HOST:PORT register --name N [--model ZOO [--weights W] [--batch B]]
-//              [--plan plan.json|auto]
+//   pswitchctl --server HOST:PORT register --name N [--model ZOO | --archive A.pswitch.pt]
+//              [--weights W] [--batch B] [--plan plan.json|auto]
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S]
@@ -41,6 +41,8 @@ ABSL_FLAG(std::string, model, "",
           "register: zoo architecture (e.g. resnet152); omit to load --name from pswitchd's "
           "model repository");
 ABSL_FLAG(std::string, weights, "", "register: safetensors weights on the server");
+ABSL_FLAG(std::string, archive, "",
+          "register: your own model, a pswitch.export archive (absolute path on the server)");
 ABSL_FLAG(uint32_t, batch, 0,
           "register: batch size (default 1); train: samples per iteration (default the model's "
           "registered batch); fill submit: rows per step (default 1)");
@@ -335,7 +337,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     auto registered =
         client.Register({name, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights),
                          std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1),
-                         absl::GetFlag(FLAGS_plan)});
+                         absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_archive)});
     if (!registered.ok()) return registered.status();
     std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
                 registered->layers, registered->groups,

@@ -457,8 +457,9 @@ int Main() {
   profiling.bandwidth_bytes_per_s = controller_options.auto_plan.bandwidth_bytes_per_s;
   profiling.memory_bytes = absl::GetFlag(FLAGS_profile_memory_bytes);
   profiling.timeout = absl::Seconds(absl::GetFlag(FLAGS_profile_timeout_s));
-  controller_options.auto_plan.profiler = [profiling](const std::string& zoo, uint32_t batch) {
-    return controller::ProfileInChild(profiling, zoo, batch);
+  controller_options.auto_plan.profiler = [profiling](const std::string& zoo, int archive_fd,
+                                                      uint32_t batch) {
+    return controller::ProfileInChild(profiling, zoo, batch, archive_fd);
   };
   controller::ClientServerOptions server_options;
   if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {

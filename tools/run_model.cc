@@ -3,6 +3,7 @@
 //
 //   run-model --model NAME [--weights W.safetensors] [--input X.safetensors] --output Y.safetensors
 //             [--device cpu|cuda] [--batch N] [--config k=v,...] [--seed S]
+//   run-model --archive A.pswitch.pt ...   (your own model, made by pswitch.export)
 //
 // Input keys: `input` (images, or token ids for BERT/GPT-2), plus `attention_mask` and
 // `token_type_ids` for BERT when given. Without --input, a seeded example batch of --batch samples
@@ -23,13 +24,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/layer_profiler.h"
+#include "base/files.h"
 #include "models/registry.h"
+#include "models/script_model.h"
 #include "models/weights.h"
 #include "models/zoo_model.h"
 #include "base/status.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, model, "", "registered model name");
+ABSL_FLAG(std::string, archive, "", "your own model: a pswitch.export archive (instead of --model)");
 ABSL_FLAG(std::string, weights, "", "safetensors checkpoint (default: random weights from --seed)");
 ABSL_FLAG(std::string, input, "", "safetensors file with key 'input' (default: example input)");
 ABSL_FLAG(std::string, output, "", "safetensors file to write, key 'output'");
@@ -79,16 +83,26 @@ double SecondsSince(Clock::time_point start) {
 }
 
 absl::Status Run() {
-  const std::string name = absl::GetFlag(FLAGS_model);
+  const std::string archive = absl::GetFlag(FLAGS_archive);
+  const std::string name = archive.empty() ? absl::GetFlag(FLAGS_model) : archive;
   const std::string output_path = absl::GetFlag(FLAGS_output);
-  if (name.empty() || output_path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--model and --output are required; models: ",
-                                                   absl::StrJoin(ModelNames(), ", ")));
+  if (name.empty() || output_path.empty() ||
+      (!archive.empty() && !absl::GetFlag(FLAGS_model).empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output and one of --model or --archive are required; models: ",
+                     absl::StrJoin(ModelNames(), ", ")));
   }
   PSWITCH_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(absl::GetFlag(FLAGS_config)));
   PSWITCH_ASSIGN_OR_RETURN(c10::Device device, ResolveDevice(absl::GetFlag(FLAGS_device)));
   auto phase_start = Clock::now();
-  PSWITCH_ASSIGN_OR_RETURN(auto model, CreateModel(name, config, absl::GetFlag(FLAGS_seed)));
+  std::shared_ptr<ZooModel> model;
+  if (archive.empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(model, CreateModel(name, config, absl::GetFlag(FLAGS_seed)));
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                             base::ReadRegularFile(archive, "archive", uint64_t{64} << 30));
+    PSWITCH_ASSIGN_OR_RETURN(model, LoadScriptModel(archive, bytes, archive));
+  }
   const double create_s = SecondsSince(phase_start);
   phase_start = Clock::now();
   if (!absl::GetFlag(FLAGS_weights).empty()) {

@@ -61,13 +61,14 @@ absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<models::Laye
   return map;
 }
 
-absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const std::string& zoo_model,
+absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::ModelSource& source,
+                                                               const std::string& name,
                                                                std::byte* region,
                                                                uint32_t expected_layers,
                                                                uint64_t expected_bytes,
                                                                c10::Device device) {
   std::unique_ptr<BoundModel> bound(new BoundModel());
-  PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModel(zoo_model));
+  PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModelFrom(source, name));
   models::ZooModel& model = *bound->model_;
   // Both modes' orders are recorded now, while the weights are still the model's own: the
   // arena may hold another model's bytes at any time.
@@ -82,7 +83,7 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const std::string
                            memdaemon::ComputeWeightLayout(Specs(*eval_layers)));
   if (eval_layers->size() != expected_layers || layout.total_bytes != expected_bytes) {
     return absl::FailedPreconditionError(
-        absl::StrCat("model '", zoo_model, "': worker layout has ", eval_layers->size(),
+        absl::StrCat("model '", name, "': worker layout has ", eval_layers->size(),
                      " layers and ", layout.total_bytes, " bytes, the controller registered ",
                      expected_layers, " and ", expected_bytes, " (different pswitch builds?)"));
   }

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "memdaemon/weight_store.h"
+#include "models/script_model.h"
 #include "models/zoo_model.h"
 
 namespace pswitch::worker {
@@ -35,13 +36,15 @@ absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<models::Laye
 // memdaemon::ComputeWeightLayout. Not thread-safe.
 class BoundModel {
  public:
-  // Builds `zoo_model`, records its layer order in both modes, then rebinds every tensor into
+  // Builds `source` (a zoo model, or a pswitch.export archive) as model `name`, records its
+  // layer order in both modes, then rebinds every tensor into
   // `region` (which must stay mapped), as tensors of `device`: the CPU for a host-backend arena,
   // the GPU holding it for a CUDA arena (worker/cuda/arena_device.h). FailedPrecondition when the
   // layout disagrees with `expected_layers` / `expected_bytes` (controller and worker built
   // different models).
   static absl::StatusOr<std::unique_ptr<BoundModel>> Create(
-      const std::string& zoo_model, std::byte* region, uint32_t expected_layers,
+      const models::ModelSource& source, const std::string& name, std::byte* region,
+      uint32_t expected_layers,
       uint64_t expected_bytes, c10::Device device = c10::Device(c10::kCPU));
 
   models::ZooModel& model() { return *model_; }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/confined_dir.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "base/nvtx.h"
 #include "gpu/copy_engine.h"
@@ -216,7 +217,7 @@ void Worker::ControlLoop() {
       stops_.Received();  // seen by a running task at its next sync point
     }
     absl::MutexLock lock(&mu_);
-    commands_.push_back(Command{std::move(frame->payload)});
+    commands_.push_back(Command{std::move(frame->payload), std::move(frame->fd)});
   }
   absl::MutexLock lock(&mu_);
   control_closed_ = true;
@@ -237,15 +238,15 @@ absl::Status Worker::Serve() {
     }
     auto* cmd = flatbuffers::GetRoot<proto::WorkerCommand>(command.payload.data());
     if (cmd->body_type() == proto::WorkerCommandBody::Shutdown) return absl::OkStatus();
-    PSWITCH_RETURN_IF_ERROR(Execute(command.payload));
+    PSWITCH_RETURN_IF_ERROR(Execute(command));
   }
 }
 
-absl::Status Worker::Execute(const std::vector<uint8_t>& payload) {
-  auto* cmd = flatbuffers::GetRoot<proto::WorkerCommand>(payload.data());
+absl::Status Worker::Execute(Command& command) {
+  auto* cmd = flatbuffers::GetRoot<proto::WorkerCommand>(command.payload.data());
   switch (cmd->body_type()) {
     case proto::WorkerCommandBody::LoadModel:
-      return HandleLoad(*cmd->body_as_LoadModel());
+      return HandleLoad(*cmd->body_as_LoadModel(), std::move(command.fd));
     case proto::WorkerCommandBody::Prepare:
       return HandlePrepare(*cmd->body_as_Prepare());
     case proto::WorkerCommandBody::Run:
@@ -259,15 +260,37 @@ absl::Status Worker::Execute(const std::vector<uint8_t>& payload) {
   }
 }
 
-absl::Status Worker::HandleLoad(const proto::LoadModel& load) {
+absl::StatusOr<models::ModelSource> Worker::SourceOf(const proto::LoadModel& load,
+                                                     const UniqueFd& archive) {
+  models::ModelSource source;
+  source.zoo_model = load.zoo_model()->str();
+  if (load.archive_bytes() == 0) return source;
+  const std::string what = absl::StrCat("model '", load.name()->str(), "': archive");
+  if (!archive.valid()) return absl::InvalidArgumentError(absl::StrCat(what, " was not passed"));
+  PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                           base::ReadSealedMemoryFile(archive, what, load.archive_bytes()));
+  if (bytes.size() != load.archive_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", bytes.size(), " bytes, not ",
+                                                   load.archive_bytes()));
+  }
+  source.archive = std::make_shared<const std::string>(std::move(bytes));
+  source.archive_name = absl::StrCat("model ", load.name()->str());
+  return source;
+}
+
+absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) {
   std::string name = load.name()->str();
   absl::Status status;
-  if (load.weights_offset() > arena_->arena().size_bytes() ||
-      load.total_bytes() > arena_->arena().size_bytes() - load.weights_offset()) {
+  absl::StatusOr<models::ModelSource> source = SourceOf(load, archive);
+  archive.Reset();
+  if (!source.ok()) {
+    status = source.status();
+  } else if (load.weights_offset() > arena_->arena().size_bytes() ||
+             load.total_bytes() > arena_->arena().size_bytes() - load.weights_offset()) {
     status = absl::OutOfRangeError(absl::StrCat("model '", name, "' region outside the arena"));
   } else {
     auto bound =
-        BoundModel::Create(load.zoo_model()->str(), arena_->arena().base() + load.weights_offset(),
+        BoundModel::Create(*source, name, arena_->arena().base() + load.weights_offset(),
                            load.layers(), load.total_bytes(), tensor_device_);
     if (bound.ok()) {
       models_[name] = std::move(*bound);

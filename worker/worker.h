@@ -68,6 +68,7 @@ class Worker {
  private:
   struct Command {
     std::vector<uint8_t> payload;  // a verified WorkerCommand
+    UniqueFd fd;                   // passed with it (LoadModel: a script model's archive)
   };
   struct Gate {
     std::string model;
@@ -78,9 +79,12 @@ class Worker {
 
   Worker() = default;
   void ControlLoop();
-  absl::Status Execute(const std::vector<uint8_t>& payload);
+  absl::Status Execute(Command& command);
   absl::Status HandleDrop(const proto::DropModel& drop);
-  absl::Status HandleLoad(const proto::LoadModel& load);
+  absl::Status HandleLoad(const proto::LoadModel& load, UniqueFd archive);
+  // What `load` builds: a zoo architecture, or the archive in the memory file passed with it.
+  static absl::StatusOr<models::ModelSource> SourceOf(const proto::LoadModel& load,
+                                                      const UniqueFd& archive);
   absl::Status HandlePrepare(const proto::Prepare& prepare);
   absl::Status HandleRun(const proto::Run& run);
   struct TrainProgress {

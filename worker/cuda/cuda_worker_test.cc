@@ -138,7 +138,8 @@ TEST_F(CudaWorkerTest, BindsAModelAtArenaOffsetsAndRunsItOnTheGpu) {
   }
 
   auto bound =
-      BoundModel::Create("tiny_cnn", g.arena->base() + kRegion, static_cast<uint32_t>(specs.size()),
+      BoundModel::Create(models::ModelSource{"tiny_cnn", nullptr, ""}, "tiny_cnn",
+                         g.arena->base() + kRegion, static_cast<uint32_t>(specs.size()),
                          layout->total_bytes, *device);
   ASSERT_TRUE(bound.ok()) << bound.status();
   for (const at::Tensor& p : (*bound)->model().parameters()) {

@@ -1,0 +1,630 @@
+#include "models/script_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/library.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/script.h>
+
+#include <exception>
+#include <limits>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "models/registry.h"
+#include "models/torch_version.h"
+
+namespace pswitch::models {
+namespace {
+
+constexpr int kTableFormat = 1;
+constexpr size_t kMaxGates = 1 << 16;
+constexpr size_t kMaxTableBytes = 16 << 20;
+constexpr int64_t kMaxSampleElements = int64_t{1} << 28;
+constexpr char kRootLayerName[] = "(model)";
+
+class ScriptModel;
+
+// The model whose forward pass runs on this thread: the gate operator's target.
+thread_local ScriptModel* active_model = nullptr;
+
+void GateOp(int64_t layer);
+
+TORCH_LIBRARY(pswitch, m) {
+  // CONSERVATIVE: the call has effects TorchScript cannot see, so passes keep it in place.
+  m.def(torch::schema("gate(int layer) -> ()", c10::AliasAnalysisKind::CONSERVATIVE), &GateOp);
+}
+
+struct TensorSpecEntry {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;  // the example's, batch first
+  int64_t high = 1;            // int64: exclusive bound for random values
+};
+
+struct LayerTable {
+  std::string method;
+  std::string torch_version;
+  std::vector<std::string> gates;  // gate id -> module path; gates[0] == ""
+  TensorSpecEntry input;
+  std::optional<TensorSpecEntry> target;
+  bool loss = false;
+};
+
+absl::Status TableError(const std::string& origin, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("archive '", origin, "': layer table ", kLayerTableFile, ": ", what));
+}
+
+absl::StatusOr<TensorSpecEntry> ParseSpec(const nlohmann::json& j, const std::string& origin,
+                                          const std::string& what, bool allow_float,
+                                          bool allow_int) {
+  if (!j.is_object()) return TableError(origin, absl::StrCat(what, " is not an object"));
+  TensorSpecEntry spec;
+  auto dtype = j.find("dtype");
+  if (dtype == j.end() || !dtype->is_string()) {
+    return TableError(origin, absl::StrCat(what, " has no \"dtype\""));
+  }
+  if (*dtype == "float32" && allow_float) {
+    spec.dtype = at::kFloat;
+  } else if (*dtype == "int64" && allow_int) {
+    spec.dtype = at::kLong;
+  } else {
+    return TableError(origin, absl::StrCat(what, " dtype ", dtype->dump(), " is not supported (",
+                                           allow_float ? "float32" : "",
+                                           allow_float && allow_int ? " or " : "",
+                                           allow_int ? "int64" : "", ")"));
+  }
+  auto shape = j.find("shape");
+  if (shape == j.end() || !shape->is_array() || shape->empty() || shape->size() > 8) {
+    return TableError(origin, absl::StrCat(what, " needs a \"shape\" of 1 to 8 dimensions"));
+  }
+  int64_t elements = 1;
+  for (const auto& d : *shape) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() < 1 || d.get<uint64_t>() > (1u << 24)) {
+      return TableError(origin, absl::StrCat(what, " shape ", shape->dump(), " is not positive"));
+    }
+    spec.shape.push_back(d.get<int64_t>());
+    if (spec.shape.size() > 1) elements *= spec.shape.back();
+    if (elements > kMaxSampleElements) {
+      return TableError(origin, absl::StrCat(what, " shape ", shape->dump(), " is too large"));
+    }
+  }
+  if (spec.dtype == at::kLong) {
+    auto high = j.find("high");
+    if (high == j.end() || !high->is_number_integer() || high->get<int64_t>() < 1) {
+      return TableError(origin, absl::StrCat(what, " (int64) needs a positive \"high\""));
+    }
+    spec.high = high->get<int64_t>();
+  }
+  return spec;
+}
+
+absl::StatusOr<LayerTable> ParseTable(const std::string& text, const std::string& origin) {
+  if (text.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "archive '", origin, "' has no layer table (", kLayerTableFile,
+        "): export the model with pswitch.export; a plain torch.jit.save file has no gates"));
+  }
+  if (text.size() > kMaxTableBytes) return TableError(origin, "over 16 MiB");
+  PSWITCH_ASSIGN_OR_RETURN(nlohmann::json j,
+                           base::ParseUntrustedJson(text, absl::StrCat("archive '", origin, "'")));
+  if (!j.is_object()) return TableError(origin, "not a JSON object");
+  auto format = j.find("format");
+  if (format == j.end() || !format->is_number_integer() || format->get<int64_t>() != kTableFormat) {
+    return TableError(origin, absl::StrCat("format must be ", kTableFormat,
+                                           " (made by another pswitch version?)"));
+  }
+  LayerTable table;
+  if (auto m = j.find("method"); m != j.end() && m->is_string()) table.method = *m;
+  if (auto t = j.find("torch"); t != j.end() && t->is_string()) table.torch_version = *t;
+  auto gates = j.find("gates");
+  if (gates == j.end() || !gates->is_array() || gates->empty() || gates->size() > kMaxGates) {
+    return TableError(origin, "\"gates\" must list 1 to 65536 module paths");
+  }
+  std::set<std::string> seen;
+  for (const auto& g : *gates) {
+    if (!g.is_string()) return TableError(origin, "\"gates\" holds a non-string");
+    if (!seen.insert(g.get<std::string>()).second) {
+      return TableError(origin, absl::StrCat("module '", g.get<std::string>(), "' gated twice"));
+    }
+    table.gates.push_back(g.get<std::string>());
+  }
+  if (!table.gates[0].empty()) {
+    return TableError(origin, "gate 0 must be the model itself (\"\")");
+  }
+  auto inputs = j.find("inputs");
+  if (inputs == j.end() || !inputs->is_array() || inputs->size() != 1) {
+    return TableError(origin, "\"inputs\" must describe exactly one input tensor");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(table.input, ParseSpec((*inputs)[0], origin, "input", true, true));
+  if (auto target = j.find("target"); target != j.end() && !target->is_null()) {
+    PSWITCH_ASSIGN_OR_RETURN(table.target, ParseSpec(*target, origin, "target", true, true));
+  }
+  if (auto loss = j.find("loss"); loss != j.end()) {
+    if (!loss->is_boolean()) return TableError(origin, "\"loss\" must be a boolean");
+    table.loss = loss->get<bool>();
+  }
+  if (table.loss && !table.target.has_value()) {
+    return TableError(origin, "a loss needs a \"target\"");
+  }
+  return table;
+}
+
+// torch::jit::load's message for an operator this libtorch does not have names it.
+std::string LoadErrorMessage(const std::string& what) {
+  static const std::regex unknown(R"(Unknown (?:builtin )?op(?:erator)?:? ?'?([A-Za-z0-9_:.]+))");
+  std::smatch match;
+  if (std::regex_search(what, match, unknown)) {
+    return absl::StrCat("it needs the operator ", match[1].str(),
+                        ", which this pswitchd's libtorch (", TORCH_VERSION_MAJOR, ".",
+                        TORCH_VERSION_MINOR, ") does not have (exported with a newer torch, or a custom extension?)");
+  }
+  const std::vector<std::string> lines = absl::StrSplit(what, '\n');
+  return lines.empty() ? what : lines[0];
+}
+
+at::Tensor RandomLike(const TensorSpecEntry& spec, int64_t batch, uint64_t seed) {
+  std::vector<int64_t> shape = spec.shape;
+  shape[0] = batch;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  if (spec.dtype == at::kLong) {
+    return at::randint(spec.high, shape, gen, at::TensorOptions().dtype(at::kLong));
+  }
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+at::Tensor FirstTensor(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor();
+  if (value.isTuple()) {
+    const auto& elements = value.toTupleRef().elements();
+    TORCH_CHECK(!elements.empty() && elements[0].isTensor(),
+                "the model's output tuple does not start with a tensor");
+    return elements[0].toTensor();
+  }
+  if (value.isList()) {
+    auto list = value.toList();
+    TORCH_CHECK(list.size() > 0 && list.get(0).isTensor(),
+                "the model's output list does not start with a tensor");
+    return list.get(0).toTensor();
+  }
+  TORCH_CHECK(false, "the model returned ", value.tagKind(), "; pswitch needs a tensor");
+}
+
+std::string ParentPath(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
+}
+
+std::string LeafName(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+class ScriptModel final : public ZooModel {
+ public:
+  static absl::StatusOr<std::shared_ptr<ScriptModel>> Load(const std::string& model_name,
+                                                           absl::string_view bytes,
+                                                           const std::string& origin);
+
+  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
+    ModelInput in;
+    in.input = RandomLike(table_.input, batch, seed);
+    return in;
+  }
+  at::Tensor ExampleTarget(int64_t batch, uint64_t seed) const override {
+    if (!table_.target.has_value()) return ZooModel::ExampleTarget(batch, seed);
+    return RandomLike(*table_.target, batch, seed + 0x9e3779b97f4a7c15ull);
+  }
+  at::Tensor Loss(const ModelOutput& out, const at::Tensor& target) const override {
+    TORCH_CHECK(loss_.has_value(), "model '", model_name(),
+                "' was exported without a loss; training needs pswitch.export(..., loss=...)");
+    loss_->to(out.output.device());  // its buffers (class weights) follow the model
+    c10::IValue value = loss_->forward({out.output, target.to(out.output.device())});
+    TORCH_CHECK(value.isTensor() && value.toTensor().numel() == 1,
+                "the exported loss did not return a scalar tensor");
+    return value.toTensor().reshape({});
+  }
+  bool IsIgnorableCheckpointKey(const std::string& key) const override {
+    return aliases_.count(key) > 0;
+  }
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    module_.train(on);
+    if (loss_.has_value()) loss_->train(on);
+  }
+  using torch::nn::Module::to;
+  void to(torch::Device device, bool non_blocking = false) override {
+    torch::nn::Module::to(device, non_blocking);  // the shared tensors, in place
+    if (loss_.has_value()) loss_->to(device, non_blocking);
+  }
+
+  // The gate operator, on this model's thread.
+  void OnGate(int64_t layer) {
+    if (recording_) {
+      recorded_.push_back(layer);
+      return;
+    }
+    try {
+      tape().Enter(nullptr);
+    } catch (...) {
+      // TorchScript's interpreter rethrows what an operator throws as a plain runtime_error;
+      // the original (the worker's GateFailure with its status) is rethrown after the call.
+      gate_error_ = std::current_exception();
+      throw;
+    }
+  }
+
+ protected:
+  ModelOutput ForwardImpl(const ModelInput& input) override {
+    TORCH_CHECK(!input.attention_mask.defined() && !input.token_type_ids.defined(), "model '",
+                model_name(), "' takes one input tensor, 'input'");
+    TORCH_CHECK(input.input.defined() && input.input.scalar_type() == table_.input.dtype &&
+                    input.input.dim() == static_cast<int64_t>(table_.input.shape.size()),
+                "model '", model_name(), "' takes a ", table_.input.shape.size(), "-d ",
+                c10::toString(table_.input.dtype), " input; got ",
+                input.input.defined() ? input.input.toString() : "none", " of ",
+                input.input.defined() ? input.input.dim() : 0, " dimensions");
+    ScriptModel* previous = std::exchange(active_model, this);
+    gate_error_ = nullptr;
+    c10::IValue result;
+    try {
+      result = module_.forward({input.input});
+    } catch (...) {
+      active_model = previous;
+      if (gate_error_) std::rethrow_exception(std::exchange(gate_error_, nullptr));
+      throw;
+    }
+    active_model = previous;
+    ModelOutput out;
+    out.output = FirstTensor(result);
+    return out;
+  }
+
+  absl::StatusOr<std::vector<Layer>> RecordLayers() override;
+
+ private:
+  struct Held {
+    std::string name;  // canonical (first) state_dict name
+    at::Tensor tensor;
+    bool is_parameter = true;
+    std::vector<std::string> holders;  // module paths holding it directly
+  };
+
+  explicit ScriptModel(const std::string& model_name) : ZooModel(model_name) {}
+
+  absl::Status Adopt(const std::string& origin);
+  absl::Status AddHeld(const std::string& name, const at::Tensor& tensor, bool is_parameter,
+                       const std::string& origin);
+  absl::Status Mirror(const std::string& origin);
+  absl::StatusOr<std::vector<int64_t>> RecordGates();
+  absl::Status AssignOwners(const std::vector<int64_t>& eval_calls);
+  std::vector<Layer> BuildScriptLayers(const std::vector<int64_t>& calls) const;
+  Layer MakeLayer(int64_t gate, const std::string& name, bool with_tensors, bool executed) const;
+
+  torch::jit::Module module_;
+  mutable std::optional<torch::jit::Module> loss_;
+  LayerTable table_;
+  std::string origin_;
+  std::map<std::string, torch::jit::Module> submodules_;  // path -> module ("" = the model)
+  std::vector<Held> held_;
+  std::set<std::string> aliases_;  // state_dict names of tied duplicates
+  std::vector<std::vector<size_t>> owned_;  // gate -> indices into held_
+  bool owners_assigned_ = false;
+  bool recording_ = false;
+  std::vector<int64_t> recorded_;
+  std::exception_ptr gate_error_;
+};
+
+void GateOp(int64_t layer) {
+  if (active_model != nullptr) active_model->OnGate(layer);
+}
+
+absl::StatusOr<std::shared_ptr<ScriptModel>> ScriptModel::Load(const std::string& model_name,
+                                                               absl::string_view bytes,
+                                                               const std::string& origin) {
+  std::shared_ptr<ScriptModel> model(new ScriptModel(model_name));
+  model->origin_ = origin;
+  torch::jit::ExtraFilesMap extra{{kLayerTableFile, ""}, {kLossFile, ""}};
+  try {
+    std::istringstream in(std::string(bytes), std::ios::binary);
+    model->module_ = torch::jit::load(in, c10::Device(c10::kCPU), extra);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("archive '", origin,
+                                                   "' cannot be loaded: ", LoadErrorMessage(e.what())));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(model->table_, ParseTable(extra[kLayerTableFile], origin));
+  if (model->table_.loss) {
+    if (extra[kLossFile].empty()) {
+      return TableError(origin, absl::StrCat("says it has a loss but ", kLossFile, " is missing"));
+    }
+    try {
+      std::istringstream in(extra[kLossFile], std::ios::binary);
+      model->loss_ = torch::jit::load(in, c10::Device(c10::kCPU));
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "archive '", origin, "': its loss cannot be loaded: ", LoadErrorMessage(e.what())));
+    }
+    if (model->loss_->parameters().size() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "archive '", origin, "': its loss has parameters; pswitch trains the model's only"));
+    }
+  }
+  PSWITCH_RETURN_IF_ERROR(model->Adopt(origin));
+  model->eval();
+  return model;
+}
+
+absl::Status ScriptModel::AddHeld(const std::string& name, const at::Tensor& tensor,
+                                  bool is_parameter, const std::string& origin) {
+  const std::string what = absl::StrCat("archive '", origin, "': ",
+                                        is_parameter ? "parameter '" : "buffer '", name, "'");
+  if (!tensor.defined()) return absl::OkStatus();  // an optional slot (e.g. bias=None)
+  if (!tensor.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is on ", tensor.device().str(),
+        "; export on the CPU (pswitch moves the weights to the GPU itself)"));
+  }
+  if (is_parameter && tensor.scalar_type() != at::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has dtype ", c10::toString(tensor.scalar_type()),
+        "; pswitch serves float32 parameters (call model.float() before pswitch.export)"));
+  }
+  if (tensor.is_sparse() || !tensor.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a dense contiguous tensor"));
+  }
+  const std::string holder = ParentPath(name);
+  for (Held& held : held_) {
+    if (held.tensor.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
+      held.holders.push_back(holder);
+      aliases_.insert(name);
+      return absl::OkStatus();
+    }
+  }
+  if (tensor.nbytes() > 0) {
+    for (Held& held : held_) {
+      if (held.tensor.nbytes() == 0 ||
+          held.tensor.storage().unsafeGetStorageImpl() != tensor.storage().unsafeGetStorageImpl()) {
+        continue;
+      }
+      if (held.tensor.sizes() == tensor.sizes() && held.tensor.strides() == tensor.strides() &&
+          held.tensor.storage_offset() == tensor.storage_offset() &&
+          held.tensor.scalar_type() == tensor.scalar_type() && held.is_parameter == is_parameter) {
+        // The same tensor saved twice (ties survive torch.jit.save as shared storage): make the
+        // slot hold the first, so rebinding one rebinds both.
+        submodules_.at(holder).setattr(LeafName(name), held.tensor);
+        held.holders.push_back(holder);
+        aliases_.insert(name);
+        return absl::OkStatus();
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " shares memory with '", held.name,
+          "' as a different view; pswitch lays every tensor out on its own (tie weights by "
+          "assigning the same Parameter, not a slice or view of it)"));
+    }
+  }
+  held_.push_back(Held{name, tensor, is_parameter, {holder}});
+  return absl::OkStatus();
+}
+
+absl::Status ScriptModel::Adopt(const std::string& origin) {
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("archive '", origin, "'"), [&] {
+    for (const auto& sub : module_.named_modules()) submodules_.emplace(sub.name, sub.value);
+  }));
+  // Every gate names a module of the archive, and gated leaves have no children.
+  for (size_t g = 1; g < table_.gates.size(); ++g) {
+    auto it = submodules_.find(table_.gates[g]);
+    if (it == submodules_.end() || table_.gates[g].empty()) {
+      return TableError(origin, absl::StrCat("gate ", g, " names module '", table_.gates[g],
+                                             "', which the archive does not have"));
+    }
+  }
+  std::set<std::string> tensor_names;
+  absl::Status status;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("archive '", origin, "'"), [&] {
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+      tensor_names.insert(p.name);
+      status = AddHeld(p.name, p.value, true, origin);
+      if (!status.ok()) return;
+    }
+    for (const auto& b : module_.named_buffers(/*recurse=*/true)) {
+      tensor_names.insert(b.name);
+      status = AddHeld(b.name, b.value, false, origin);
+      if (!status.ok()) return;
+    }
+    // A tensor attribute that is neither would stay in the worker's memory, off the arena (and
+    // on the CPU when the model computes on the GPU).
+    for (const auto& a : module_.named_attributes(/*recurse=*/true)) {
+      if (a.value.isTensor() && a.value.toTensor().defined() && !tensor_names.count(a.name)) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "archive '", origin, "': tensor attribute '", a.name,
+            "' is neither a parameter nor a buffer; register it with register_buffer"));
+        return;
+      }
+    }
+  }));
+  PSWITCH_RETURN_IF_ERROR(status);
+  if (held_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("archive '", origin, "' has no parameters"));
+  }
+  return Mirror(origin);
+}
+
+absl::Status ScriptModel::Mirror(const std::string& origin) {
+  return CatchTorch(absl::StrCat("archive '", origin, "': mirroring tensors"), [&] {
+    std::map<std::string, std::shared_ptr<torch::nn::Module>> children;
+    auto module_at = [&](const std::string& path) -> torch::nn::Module& {
+      torch::nn::Module* current = this;
+      std::string prefix;
+      for (const auto& part : absl::StrSplit(path, '.', absl::SkipEmpty())) {
+        prefix = prefix.empty() ? std::string(part) : absl::StrCat(prefix, ".", part);
+        auto& child = children[prefix];
+        if (child == nullptr) {
+          child = current->register_module(std::string(part),
+                                           std::make_shared<torch::nn::Module>("ScriptModule"));
+        }
+        current = child.get();
+      }
+      return *current;
+    };
+    for (const Held& held : held_) {
+      torch::nn::Module& owner = module_at(ParentPath(held.name));
+      if (held.is_parameter) {
+        owner.register_parameter(LeafName(held.name), held.tensor, held.tensor.requires_grad());
+      } else {
+        owner.register_buffer(LeafName(held.name), held.tensor);
+      }
+    }
+  });
+}
+
+absl::StatusOr<std::vector<int64_t>> ScriptModel::RecordGates() {
+  recording_ = true;
+  recorded_.clear();
+  absl::Status ran = CatchTorch(
+      absl::StrCat("model '", model_name(), "': recording layers (", is_training() ? "train" : "eval",
+                   " mode)"),
+      [&] {
+        torch::NoGradGuard no_grad;
+        ForwardImpl(OnModelDevice(TraceInput()));
+      });
+  recording_ = false;
+  PSWITCH_RETURN_IF_ERROR(ran);
+  std::vector<int64_t> calls = std::move(recorded_);
+  if (calls.empty() || calls[0] != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "archive '", origin_, "': its forward pass does not start with gate 0 (",
+        calls.empty() ? "no gates ran" : absl::StrCat("gate ", calls[0], " ran first"),
+        "): the gates do not cover the model; export it with pswitch.export"));
+  }
+  int root_calls = 0;
+  for (int64_t g : calls) {
+    if (g < 0 || g >= static_cast<int64_t>(table_.gates.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("archive '", origin_, "': gate ", g,
+                                                     " is not in the layer table"));
+    }
+    root_calls += g == 0 ? 1 : 0;
+  }
+  if (root_calls != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("archive '", origin_, "': gate 0 ran ", root_calls, " times in one pass"));
+  }
+  return calls;
+}
+
+absl::Status ScriptModel::AssignOwners(const std::vector<int64_t>& eval_calls) {
+  std::map<std::string, int64_t> first_call;  // module path -> first position in the pass
+  for (size_t i = 0; i < eval_calls.size(); ++i) {
+    first_call.emplace(table_.gates[eval_calls[i]], static_cast<int64_t>(i));
+  }
+  std::map<std::string, int64_t> gate_of;
+  for (size_t g = 0; g < table_.gates.size(); ++g) gate_of[table_.gates[g]] = static_cast<int64_t>(g);
+  owned_.assign(table_.gates.size(), {});
+  for (size_t i = 0; i < held_.size(); ++i) {
+    int64_t owner = 0;  // gate 0 runs before anything reads a tensor
+    int64_t earliest = std::numeric_limits<int64_t>::max();
+    for (const std::string& holder : held_[i].holders) {
+      auto call = first_call.find(holder);
+      if (holder.empty() || call == first_call.end() || call->second >= earliest) continue;
+      earliest = call->second;
+      owner = gate_of.at(holder);
+    }
+    owned_[owner].push_back(i);
+  }
+  owners_assigned_ = true;
+  return absl::OkStatus();
+}
+
+Layer ScriptModel::MakeLayer(int64_t gate, const std::string& name, bool with_tensors,
+                             bool executed) const {
+  Layer layer;
+  layer.name = name;
+  layer.type = gate == 0 ? "model"
+                         : submodules_.at(table_.gates[gate]).type()->name()->qualifiedName();
+  layer.executed = executed;
+  if (with_tensors) {
+    for (size_t i : owned_[gate]) {
+      const Held& held = held_[i];
+      layer.tensors.push_back({held.name, held.tensor, held.is_parameter});
+      const int64_t bytes = static_cast<int64_t>(held.tensor.nbytes());
+      layer.total_bytes += bytes;
+      if (held.tensor.is_floating_point()) layer.param_bytes += bytes;
+    }
+  }
+  return layer;
+}
+
+std::vector<Layer> ScriptModel::BuildScriptLayers(const std::vector<int64_t>& calls) const {
+  std::vector<Layer> layers;
+  std::vector<int> seen(table_.gates.size(), 0);
+  for (int64_t gate : calls) {
+    const std::string base = gate == 0 ? std::string(kRootLayerName) : table_.gates[gate];
+    const int count = ++seen[gate];
+    layers.push_back(count == 1 ? MakeLayer(gate, base, true, true)
+                                : MakeLayer(gate, absl::StrCat(base, "#", count), false, true));
+  }
+  for (size_t gate = 1; gate < table_.gates.size(); ++gate) {
+    if (seen[gate] == 0) {
+      layers.push_back(MakeLayer(static_cast<int64_t>(gate), table_.gates[gate], true, false));
+    }
+  }
+  return layers;
+}
+
+absl::StatusOr<std::vector<Layer>> ScriptModel::RecordLayers() {
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<int64_t> calls, RecordGates());
+  if (!owners_assigned_) {
+    // Ownership follows the eval pass (the layout's order) in both modes.
+    std::vector<int64_t> eval_calls = calls;
+    if (is_training()) {
+      train(false);
+      absl::StatusOr<std::vector<int64_t>> eval = RecordGates();
+      train(true);
+      PSWITCH_ASSIGN_OR_RETURN(eval_calls, std::move(eval));
+    }
+    PSWITCH_RETURN_IF_ERROR(AssignOwners(eval_calls));
+  }
+  return BuildScriptLayers(calls);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ZooModel>> LoadScriptModel(const std::string& model_name,
+                                                          absl::string_view bytes,
+                                                          const std::string& origin) {
+  // The gates must stay where the exporter put them: without the graph executor's optimising
+  // passes, TorchScript runs the graph as written (no fusion moving a layer's operators across
+  // its gate). Zoo models do not run through TorchScript, so this costs them nothing.
+  torch::jit::setGraphExecutorOptimize(false);
+  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<ScriptModel> model,
+                           ScriptModel::Load(model_name, bytes, origin));
+  // Recorded now, so an archive whose gates do not cover the model fails here, not at serving.
+  model->train();
+  PSWITCH_RETURN_IF_ERROR(model->Layers().status());
+  model->eval();
+  PSWITCH_RETURN_IF_ERROR(model->Layers().status());
+  return model;
+}
+
+absl::StatusOr<std::shared_ptr<ZooModel>> CreateModelFrom(const ModelSource& source,
+                                                          const std::string& model_name) {
+  if (source.archive != nullptr) {
+    return LoadScriptModel(model_name, *source.archive, source.archive_name);
+  }
+  return CreateModel(source.zoo_model);
+}
+
+bool IsScriptModel(const ZooModel& model) {
+  return dynamic_cast<const ScriptModel*>(&model) != nullptr;
+}
+
+}  // namespace pswitch::models

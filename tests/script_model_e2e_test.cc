@@ -1,0 +1,207 @@
+// Your own model through pswitchd: archives made by pswitch.export (tests/data/archives, from
+// tests/data/make_archives.py) registered from the model repository and by clients, served with
+// pipelined switches, trained with preemption, and refused with clear errors when broken.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/weights.h"
+#include "tests/e2e_helpers.h"
+#include "tests/test_daemon.h"
+#include "worker/host_tensors.h"
+
+namespace pswitch {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::filesystem::path kArchives = std::filesystem::path(PSWITCH_TEST_DATA_DIR) / "archives";
+
+struct PythonIo {
+  proto::HostTensor input;
+  at::Tensor output;
+};
+
+PythonIo ReadIo(const std::string& name) {
+  auto io = models::ReadTensors((kArchives / (name + ".io.safetensors")).string());
+  EXPECT_TRUE(io.ok()) << io.status();
+  std::map<std::string, at::Tensor> by_name(io->begin(), io->end());
+  auto host = worker::ToHostTensor("input", by_name.at("input"));
+  EXPECT_TRUE(host.ok()) << host.status();
+  return {*host, by_name.at("output").contiguous()};
+}
+
+void ExpectMatches(const proto::HostTensor& got, const at::Tensor& expected) {
+  std::vector<float> values = e2e::Floats(got);
+  ASSERT_EQ(static_cast<int64_t>(values.size()), expected.numel());
+  const float* want = expected.data_ptr<float>();
+  double scale = 1, worst = 0;
+  for (int64_t i = 0; i < expected.numel(); ++i) scale = std::max(scale, double{std::abs(want[i])});
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    worst = std::max(worst, double{std::abs(values[i] - want[i])});
+  }
+  EXPECT_LT(worst, 1e-5 * scale);
+}
+
+// A model repository holding `folders` (name -> archive file), each config naming its archive.
+class Repository {
+ public:
+  explicit Repository(const std::map<std::string, std::string>& folders) {
+    char tmpl[] = "/tmp/pswitch-script-repo-XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    for (const auto& [name, archive] : folders) {
+      std::filesystem::create_directories(dir_ / name);
+      std::filesystem::copy_file(kArchives / archive, dir_ / name / "m.pswitch.pt");
+      std::ofstream(dir_ / name / "config.json") << R"({"archive": "m.pswitch.pt", "batch": 2})";
+    }
+  }
+  ~Repository() { std::filesystem::remove_all(dir_); }
+  std::string flag() const { return "--model-repository=" + dir_.string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+void AwaitListed(client::Client& client, const std::vector<std::string>& names,
+                 const e2e::TestDaemon& daemon) {
+  for (int i = 0; i < 400; ++i) {
+    auto models = client.ListModels();
+    ASSERT_TRUE(models.ok()) << models.status();
+    size_t found = 0;
+    for (const auto& m : *models) {
+      for (const auto& n : names) found += m.name == n ? 1 : 0;
+    }
+    if (found == names.size()) return;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  FAIL() << "models not registered in time\n" << daemon.log();
+}
+
+TEST(ScriptModelE2eTest, OwnModelsServeAcrossSwitchesAndMatchPython) {
+  Repository repo({{"cnn", "residual_cnn.pswitch.pt"}, {"tf", "tiny_transformer.pswitch.pt"}});
+  e2e::TestDaemon daemon({"--preload=", repo.flag(), "--allow-client-paths=false"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  AwaitListed(**client, {"cnn", "tf"}, daemon);
+  auto models = (*client)->ListModels();
+  ASSERT_TRUE(models.ok());
+  for (const auto& m : *models) EXPECT_EQ(m.zoo_model, "torchscript") << m.name;
+
+  PythonIo cnn = ReadIo("residual_cnn"), tf = ReadIo("tiny_transformer");
+  // Alternating models: every request after the first switches the GPU to the other model.
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE(round);
+    auto a = (*client)->Infer("cnn", {cnn.input});
+    ASSERT_TRUE(a.ok()) << a.status();
+    ExpectMatches(a->outputs[0], cnn.output);
+    auto b = (*client)->Infer("tf", {tf.input});
+    ASSERT_TRUE(b.ok()) << b.status();
+    ExpectMatches(b->outputs[0], tf.output);
+    if (round > 0) EXPECT_GT(b->switch_time, absl::ZeroDuration());
+  }
+  // The wrong dtype is the client's error, not the server's.
+  auto wrong = (*client)->Infer("tf", {cnn.input});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument) << wrong.status();
+}
+
+TEST(ScriptModelE2eTest, PreemptedTrainingOfAnOwnModelEndsBitIdenticalToAnUninterruptedRun) {
+  Repository repo({{"a", "residual_cnn.pswitch.pt"},
+                   {"b", "residual_cnn.pswitch.pt"},
+                   {"tf", "tiny_transformer.pswitch.pt"}});
+  e2e::TestDaemon daemon({"--preload=", repo.flag(), "--allow-client-paths=false"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  AwaitListed(**client, {"a", "b", "tf"}, daemon);
+  PythonIo cnn = ReadIo("residual_cnn"), tf = ReadIo("tiny_transformer");
+
+  client::TrainOptions options;
+  options.iterations = 200;
+  options.seed = 5;
+  options.optimizer = client::Optimizer::kAdam;
+  options.learning_rate = 1e-3;
+  options.momentum = 0;
+  auto straight = (*client)->Train("b", options);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+
+  auto training = (*client)->TrainAsync("a", options);
+  int inferences = 0;
+  while (training.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
+         inferences < 200) {
+    ASSERT_TRUE((*client)->Infer("tf", {tf.input}).ok());
+    ++inferences;
+  }
+  auto interrupted = training.get();
+  ASSERT_TRUE(interrupted.ok()) << interrupted.status();
+  auto status = (*client)->Status(interrupted->task_id);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->iterations_done, options.iterations);
+  ASSERT_GE(status->preemptions, 1u) << "inferences sent: " << inferences;
+
+  auto a = (*client)->Infer("a", {cnn.input});
+  auto b = (*client)->Infer("b", {cnn.input});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->outputs[0].data, b->outputs[0].data);  // bit for bit
+  std::vector<float> trained = e2e::Floats(a->outputs[0]);
+  std::vector<float> untrained(cnn.output.data_ptr<float>(),
+                               cnn.output.data_ptr<float>() + cnn.output.numel());
+  EXPECT_NE(trained, untrained);  // training really moved the weights
+}
+
+TEST(ScriptModelE2eTest, BrokenArchivesAreRefusedClearlyAndLeaveNothingBehind) {
+  Repository repo({{"float64", "float64.pt"},
+                   {"plain", "no_table.pt"},
+                   {"nogates", "no_gates.pt"},
+                   {"unknownop", "unknown_op.pt"}});
+  e2e::TestDaemon daemon({"--preload=", repo.flag(), "--allow-client-paths=true"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::map<std::string, std::string> expected = {
+      {"float64", "parameter 'fc.weight' has dtype Double"},
+      {"plain", "has no layer table"},
+      {"nogates", "does not start with gate 0"},
+      {"unknownop", "pswitch_missing::gate"},
+  };
+  for (const auto& [name, message] : expected) {
+    SCOPED_TRACE(name);
+    client::RegisterOptions options;
+    options.name = name;
+    auto refused = (*client)->Register(options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(message));
+  }
+  auto models = (*client)->ListModels();
+  ASSERT_TRUE(models.ok());
+  EXPECT_TRUE(models->empty());
+  // A client's own archive (server path, --allow-client-paths), under a name a failure used.
+  client::RegisterOptions own;
+  own.name = "float64";
+  own.archive_path = (kArchives / "residual_cnn.pswitch.pt").string();
+  own.batch_size = 2;
+  auto registered = (*client)->Register(own);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_GT(registered->layers, 5u);
+  PythonIo cnn = ReadIo("residual_cnn");
+  auto out = (*client)->Infer("float64", {cnn.input});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectMatches(out->outputs[0], cnn.output);
+  own.name = "both";
+  own.zoo_model = "tiny_cnn";
+  EXPECT_THAT(std::string((*client)->Register(own).status().message()),
+              HasSubstr("not both"));
+}
+
+}  // namespace
+}  // namespace pswitch
