@@ -176,6 +176,24 @@ void Controller::Unload(std::string name, std::function<void(absl::Status)> done
   });
 }
 
+namespace {
+
+// The model's input in kind (floating point or integer) and rank: the client's mistake is told
+// as such, not as the model's failure in a worker.
+absl::Status CheckInput(const CatalogEntry& entry, const proto::HostTensor& t) {
+  const bool want_float = entry.input.dtype == proto::DType::F32;
+  const bool is_float = t.dtype == proto::DType::F32;
+  if (want_float != is_float || t.shape.size() != entry.input.shape.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", entry.request.name, "' takes a ", entry.input.shape.size(), "-d ",
+        proto::EnumNameDType(entry.input.dtype), " input; got a ", t.shape.size(), "-d ",
+        proto::EnumNameDType(t.dtype), " tensor"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
   PSWITCH_ASSIGN_OR_RETURN(EntryRef entry, catalog_->Find(spec.model));
   if (spec.kind == TaskKind::kInference) {
@@ -190,6 +208,7 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
     uint64_t input_bytes = 0;
     for (const proto::HostTensor& t : spec.inputs) {
       PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(t));
+      if (t.name == entry->input.name) PSWITCH_RETURN_IF_ERROR(CheckInput(*entry, t));
       input_bytes += t.data.size();
       if (!t.shape.empty() && t.shape[0] > static_cast<int64_t>(options_.max_batch)) {
         return absl::InvalidArgumentError(

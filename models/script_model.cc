@@ -268,6 +268,12 @@ class ScriptModel final : public ZooModel {
   ModelOutput ForwardImpl(const ModelInput& input) override {
     TORCH_CHECK(!input.attention_mask.defined() && !input.token_type_ids.defined(), "model '",
                 model_name(), "' takes one input tensor, 'input'");
+    if (input.input.defined() && input.input.scalar_type() == at::kInt &&
+        table_.input.dtype == at::kLong) {
+      ModelInput widened = input;  // int32 token ids, as torch's own embedding takes them
+      widened.input = input.input.to(at::kLong);
+      return ForwardImpl(widened);
+    }
     TORCH_CHECK(input.input.defined() && input.input.scalar_type() == table_.input.dtype &&
                     input.input.dim() == static_cast<int64_t>(table_.input.shape.size()),
                 "model '", model_name(), "' takes a ", table_.input.shape.size(), "-d ",
@@ -278,6 +284,9 @@ class ScriptModel final : public ZooModel {
     gate_error_ = nullptr;
     c10::IValue result;
     try {
+      // Gate 0, the model's own tensors, before anything runs: TorchScript runs a module's
+      // pre-hooks only where a parent calls it, so the archive cannot hold this one.
+      OnGate(0);
       result = module_.forward({input.input});
     } catch (...) {
       active_model = previous;
@@ -500,12 +509,6 @@ absl::StatusOr<std::vector<int64_t>> ScriptModel::RecordGates() {
   recording_ = false;
   PSWITCH_RETURN_IF_ERROR(ran);
   std::vector<int64_t> calls = std::move(recorded_);
-  if (calls.empty() || calls[0] != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "archive '", origin_, "': its forward pass does not start with gate 0 (",
-        calls.empty() ? "no gates ran" : absl::StrCat("gate ", calls[0], " ran first"),
-        "): the gates do not cover the model; export it with pswitch.export"));
-  }
   int root_calls = 0;
   for (int64_t g : calls) {
     if (g < 0 || g >= static_cast<int64_t>(table_.gates.size())) {
@@ -515,8 +518,15 @@ absl::StatusOr<std::vector<int64_t>> ScriptModel::RecordGates() {
     root_calls += g == 0 ? 1 : 0;
   }
   if (root_calls != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("archive '", origin_, "': gate 0 ran ", root_calls, " times in one pass"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "archive '", origin_, "': gate 0 ran ", root_calls,
+        " times in one pass (it is the server's; the archive must not call it)"));
+  }
+  if (calls.size() == 1 && table_.gates.size() > 1 && !is_training()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "archive '", origin_, "': its forward pass calls none of the ", table_.gates.size() - 1,
+        " gates its layer table lists, so they cover none of its parameters (not made by "
+        "pswitch.export?)"));
   }
   return calls;
 }

@@ -3,8 +3,8 @@
 // checkpoint-exact training and fill tasks all go through the ZooModel interface.
 //
 // The archive (docs/export.md) is the model itself, scripted or traced, with a call of the
-// operator `pswitch::gate(int layer) -> ()` at the model's forward entry (gate 0) and before each
-// leaf module (gates 1..N), and the extra file `pswitch/layers.json` naming each gate's module
+// operator `pswitch::gate(int layer) -> ()` before each leaf module (gates 1..N; gate 0, the model
+// itself, is called by this loader at the forward's entry), and the extra file `pswitch/layers.json` naming each gate's module
 // path and the model's input, output and training target. This file registers that operator:
 // inside a ScriptModel's forward pass it is the layer tape's gate (the worker's wait for the
 // layer's group; on CUDA an enqueued stream wait), elsewhere a no-op.

@@ -195,7 +195,7 @@ TEST(ScriptModelTest, TrainingUsesTheExportedLossAndIsDeterministic) {
 TEST(ScriptModelTest, BadArchivesAreRefusedNamingTheProblem) {
   const std::map<std::string, std::string> cases = {
       {"no_table.pt", "has no layer table"},
-      {"no_gates.pt", "does not start with gate 0"},
+      {"no_gates.pt", "calls none of the 1 gates"},
       {"float64.pt", "parameter 'fc.weight' has dtype Double"},
       {"shared_view.pt", "shares memory with 'a'"},
       {"tensor_attribute.pt", "tensor attribute 'scale'"},

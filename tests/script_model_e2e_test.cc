@@ -171,7 +171,7 @@ TEST(ScriptModelE2eTest, BrokenArchivesAreRefusedClearlyAndLeaveNothingBehind) {
   const std::map<std::string, std::string> expected = {
       {"float64", "parameter 'fc.weight' has dtype Double"},
       {"plain", "has no layer table"},
-      {"nogates", "does not start with gate 0"},
+      {"nogates", "calls none of the 1 gates"},
       {"unknownop", "pswitch_missing::gate"},
   };
   for (const auto& [name, message] : expected) {
