@@ -143,6 +143,14 @@ void FillManager::Transition(uint64_t id, Job& job, fill::FillEvent event) {
   }
 }
 
+absl::StatusOr<EntryRef> FillManager::OwnModel(const std::string& name) const {
+  PSWITCH_ASSIGN_OR_RETURN(EntryRef entry, controller_->catalog().Find(name));
+  if (entry->archive == nullptr) {
+    return absl::NotFoundError(absl::StrCat("'", name, "' is not a model of your own"));
+  }
+  return entry;
+}
+
 absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
   if (request.batch < 1) return absl::InvalidArgumentError("batch must be >= 1");
   if (request.memory_bytes == 0) {
@@ -183,8 +191,11 @@ absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
   }
   if (request.kind != FillKind::kSynthetic) {
     std::vector<std::string> names = models::ModelNames();
-    if (std::find(names.begin(), names.end(), request.model) == names.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown zoo model '", request.model, "'"));
+    if (std::find(names.begin(), names.end(), request.model) == names.end() &&
+        !OwnModel(request.model).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown model '", request.model,
+          "': name a zoo model or a registered model of your own (pswitch.export)"));
     }
   }
   return steps;
@@ -217,9 +228,17 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
   if (request.kind == FillKind::kSynthetic) {
     OnCreated(id, absl::OkStatus());
   } else {
-    // Its own copy of the model: its weights evolve independently of other tasks'.
+    // Its own copy of the model: its weights evolve independently of other tasks'. A model of
+    // the user's own is registered again from the same archive (and weights) as the original.
+    ModelRequest own{absl::StrCat(kFillModelPrefix, id), request.model, "", request.batch, "auto"};
+    if (absl::StatusOr<EntryRef> entry = OwnModel(request.model); entry.ok()) {
+      std::string name = own.name;
+      own = (*entry)->request;
+      own.name = std::move(name);
+      own.batch_size = request.batch;
+    }
     controller_->Register(
-        ModelRequest{absl::StrCat(kFillModelPrefix, id), request.model, "", request.batch, "auto"},
+        std::move(own),
         [this, id](const absl::StatusOr<EntryRef>& entry) {
           OnCreated(id, entry.status());
         });

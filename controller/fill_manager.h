@@ -131,6 +131,9 @@ class FillManager {
   absl::Status CheckGpu(int gpu) const;
   // Checks `request` (filling in defaults) and returns the job's total steps.
   absl::StatusOr<int64_t> Validate(FillRequest& request) const;
+  // The registered model of the user's own (pswitch.export) named `name`: a fill job may run a
+  // copy of it, as of a zoo model. NotFound otherwise.
+  absl::StatusOr<EntryRef> OwnModel(const std::string& name) const;
   static fill::FillJob SchedulerJob(uint64_t id, const Job& job);
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.

@@ -159,6 +159,66 @@ TEST(ScriptModelE2eTest, PreemptedTrainingOfAnOwnModelEndsBitIdenticalToAnUninte
   EXPECT_NE(trained, untrained);  // training really moved the weights
 }
 
+TEST(ScriptModelE2eTest, AFillJobTrainsACopyOfAnOwnModelInBubblesExactly) {
+  Repository repo({{"cnn", "residual_cnn.pswitch.pt"}, {"reference", "residual_cnn.pswitch.pt"}});
+  e2e::TestDaemon daemon({"--preload=", repo.flag(), "--allow-client-paths=false",
+                          "--arena-bytes=536870912", "--standby-workers=1",
+                          "--activation-bytes=67108864", "--fill-grace-ms=30"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  AwaitListed(**client, {"cnn", "reference"}, daemon);
+  const absl::Duration bubble = absl::Milliseconds(20);
+  ASSERT_TRUE((*client)
+                  ->RegisterBubbleCycle(0, absl::StrCat(R"({"period_ns": )",
+                                                        absl::ToInt64Nanoseconds(bubble * 3),
+                                                        R"(, "bubbles": [{"offset_ns": 0, )",
+                                                        R"("duration_ns": )",
+                                                        absl::ToInt64Nanoseconds(bubble),
+                                                        R"(, "free_bytes": 67108864}]})"))
+                  .ok());
+  constexpr uint32_t kSteps = 40;
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kTraining;
+  o.model = "cnn";  // a model of the user's own, registered from its archive
+  o.batch = 2;
+  o.steps = kSteps;
+  o.seed = 9;
+  o.step = absl::Milliseconds(4);
+  o.memory_bytes = 32 << 20;
+  auto job = (*client)->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus status;
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE((*client)->BubbleBegin(0, bubble, 64 << 20).ok());
+    absl::SleepFor(bubble);
+    ASSERT_TRUE((*client)->BubbleEnd(0).ok());
+    absl::SleepFor(absl::Milliseconds(5));
+    auto s = (*client)->FillStatus(job->job_id);
+    ASSERT_TRUE(s.ok()) << s.status();
+    status = *s;
+    if (status.state == client::FillState::kStopped) break;
+  }
+  ASSERT_EQ(status.state, client::FillState::kStopped) << daemon.log();
+  ASSERT_TRUE(status.error.ok()) << status.error;
+  EXPECT_EQ(status.steps_done, kSteps);
+
+  client::TrainOptions train;
+  train.iterations = kSteps;
+  train.seed = 9;
+  train.batch = 2;
+  ASSERT_TRUE((*client)->Train("reference", train).ok());
+  PythonIo cnn = ReadIo("residual_cnn");
+  auto filled = (*client)->Infer(absl::StrCat("fill-", job->job_id), {cnn.input});
+  auto reference = (*client)->Infer("reference", {cnn.input});
+  ASSERT_TRUE(filled.ok() && reference.ok()) << filled.status() << reference.status();
+  EXPECT_EQ(filled->outputs[0].data, reference->outputs[0].data);
+  // The original is untouched: the job trained its own copy.
+  auto original = (*client)->Infer("cnn", {cnn.input});
+  ASSERT_TRUE(original.ok());
+  ExpectMatches(original->outputs[0], cnn.output);
+}
+
 TEST(ScriptModelE2eTest, BrokenArchivesAreRefusedClearlyAndLeaveNothingBehind) {
   Repository repo({{"float64", "float64.pt"},
                    {"plain", "no_table.pt"},
@@ -192,7 +252,8 @@ TEST(ScriptModelE2eTest, BrokenArchivesAreRefusedClearlyAndLeaveNothingBehind) {
   own.batch_size = 2;
   auto registered = (*client)->Register(own);
   ASSERT_TRUE(registered.ok()) << registered.status();
-  EXPECT_GT(registered->layers, 5u);
+  EXPECT_EQ(registered->layers, 14u);  // "(model)" and 13 leaf calls (one ReLU runs twice)
+  EXPECT_GE(registered->groups, 1u);
   PythonIo cnn = ReadIo("residual_cnn");
   auto out = (*client)->Infer("float64", {cnn.input});
   ASSERT_TRUE(out.ok()) << out.status();
