@@ -12,6 +12,33 @@
 namespace pswitch::base {
 namespace {
 
+TEST(SealedMemoryFileTest, ReadsBackAndRefusesEveryChange) {
+  std::string bytes(3 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+  auto fd = SealedMemoryFile("test", bytes);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(::pwrite(fd->get(), "x", 1, 0), -1);  // sealed against writes
+  EXPECT_NE(::ftruncate(fd->get(), 1), 0);        // and resizing
+  // Reads do not move a shared offset: two readers of one open file both see it all.
+  for (int reader = 0; reader < 2; ++reader) {
+    auto read = ReadSealedMemoryFile(*fd, "test", bytes.size());
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(*read, bytes);
+  }
+  EXPECT_EQ(ReadSealedMemoryFile(*fd, "test", bytes.size() - 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SealedMemoryFileTest, AnUnsealedFileIsRefused) {
+  char tmpl[] = "/tmp/pswitch-unsealed-XXXXXX";
+  UniqueFd fd(::mkstemp(tmpl));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(tmpl);
+  ASSERT_EQ(::write(fd.get(), "abc", 3), 3);
+  EXPECT_EQ(ReadSealedMemoryFile(fd, "plain", 100).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RemoveTreeTest, RemovesEverythingUnderThePathAndFollowsNoLink) {
   char tmpl[] = "/tmp/pswitch-remove-tree-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);

@@ -44,6 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CheckText(parsed->zoo_model, controller::kMaxNameBytes, "architecture");
       CheckText(parsed->weights_path, controller::kMaxPathBytes, "weights path");
       CheckText(parsed->plan, controller::kMaxPathBytes, "plan");
+      CheckText(parsed->archive_path, controller::kMaxPathBytes, "archive path");
       PSWITCH_FUZZ_CHECK(!parsed->plan.empty(), "an empty plan is \"auto\"");
       break;
     }

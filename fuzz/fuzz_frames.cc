@@ -146,6 +146,7 @@ void ReadClientRequest(const proto::ClientRequest& request) {
       sink.Text(body.zoo_model()->str());
       ReadText(sink, body.weights_path(), "weights path", 4096);
       ReadText(sink, body.plan_path(), "plan path", 4096);
+      ReadText(sink, body.archive_path(), "archive path", 4096);
       sink.Value(body.batch_size());
       break;
     }
