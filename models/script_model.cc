@@ -1,6 +1,7 @@
 #include "models/script_model.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/library.h>
 #include <torch/nn/functional/loss.h>
@@ -158,6 +159,34 @@ absl::StatusOr<LayerTable> ParseTable(const std::string& text, const std::string
     return TableError(origin, "a loss needs a \"target\"");
   }
   return table;
+}
+
+// Operators an archive must not call: they reach the file system (torch.from_file maps any file
+// the server can open, writably when shared). An archive is code pswitchd runs; this keeps the
+// obvious ways out of the tensor world closed, it does not make a hostile archive safe.
+constexpr const char* kRefusedOperators[] = {"aten::from_file"};
+
+absl::Status CheckOperators(torch::jit::Module& module, const std::string& origin,
+                            const char* what) {
+  std::shared_ptr<torch::jit::Graph> graph = module.get_method("forward").graph()->copy();
+  torch::jit::Inline(*graph);  // the submodules' and functions' code too
+  std::vector<torch::jit::Block*> blocks = {graph->block()};
+  while (!blocks.empty()) {
+    torch::jit::Block* block = blocks.back();
+    blocks.pop_back();
+    for (torch::jit::Node* node : block->nodes()) {
+      const std::string kind = node->kind().toQualString();
+      for (const char* refused : kRefusedOperators) {
+        if (kind == refused) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "archive '", origin, "': its ", what, " calls ", kind,
+              ", which reads or writes files; pswitchd does not run it"));
+        }
+      }
+      for (torch::jit::Block* inner : node->blocks()) blocks.push_back(inner);
+    }
+  }
+  return absl::OkStatus();
 }
 
 // torch::jit::load's message for an operator this libtorch does not have names it.
@@ -368,6 +397,14 @@ absl::StatusOr<std::shared_ptr<ScriptModel>> ScriptModel::Load(const std::string
           "archive '", origin, "': its loss has parameters; pswitch trains the model's only"));
     }
   }
+  absl::Status operators;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("archive '", origin, "': reading its code"), [&] {
+    operators = CheckOperators(model->module_, origin, "forward pass");
+    if (operators.ok() && model->loss_.has_value()) {
+      operators = CheckOperators(*model->loss_, origin, "loss");
+    }
+  }));
+  PSWITCH_RETURN_IF_ERROR(operators);
   PSWITCH_RETURN_IF_ERROR(model->Adopt(origin));
   model->eval();
   return model;

@@ -201,6 +201,7 @@ TEST(ScriptModelTest, BadArchivesAreRefusedNamingTheProblem) {
       {"tensor_attribute.pt", "tensor attribute 'scale'"},
       {"unknown_op.pt", "pswitch_missing::gate"},
       {"unknown_module.pt", "'no_such_module'"},
+      {"reads_file.pt", "calls aten::from_file"},
   };
   for (const auto& [file, message] : cases) {
     SCOPED_TRACE(file);

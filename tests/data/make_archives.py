@@ -16,6 +16,7 @@ Bad archives, each for one registration error:
   tensor_attribute  a tensor attribute that is neither a parameter nor a buffer
   unknown_op        an archive calling an operator no libtorch has
   unknown_module    a layer table naming a module the archive lacks
+  reads_file        a forward pass calling torch.from_file
 
 Usage: /usr/bin/python3 tests/data/make_archives.py [--out tests/data/archives]
 """
@@ -77,6 +78,16 @@ class TensorAttribute(nn.Module):
         return self.fc(x) * self.scale
 
 
+class ReadsFile(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        secret = torch.from_file("/etc/hostname", size=1, dtype=torch.uint8)
+        return self.fc(x) + secret.float().sum()
+
+
 def save_plain(module, path, extra=None):
     torch.jit.save(torch.jit.script(module), path, _extra_files=extra or {})
 
@@ -127,6 +138,8 @@ def main():
     save_plain(SharedView(), os.path.join(args.out, "shared_view.pt"),
                {TABLE: table([""], [1, 4])})
     save_plain(TensorAttribute(), os.path.join(args.out, "tensor_attribute.pt"),
+               {TABLE: table(["", "fc"], [1, 4])})
+    save_plain(ReadsFile(), os.path.join(args.out, "reads_file.pt"),
                {TABLE: table(["", "fc"], [1, 4])})
     good = os.path.join(args.out, "residual_cnn.pswitch.pt")
     rewrite_code(good, os.path.join(args.out, "unknown_op.pt"), "ops.pswitch.gate",
