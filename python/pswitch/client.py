@@ -1,0 +1,253 @@
+"""pswitch.Client: submit inference and training to pswitchd, run fill jobs, report bubbles.
+
+A thin layer over the C++ client library (the compiled pswitch._pswitch): one connection, shared
+by every call and thread; each call waits at most the client's timeout and releases the GIL
+while it waits. Errors raise pswitch.errors classes. Tensors go in as numpy arrays or torch
+tensors (CPU; float32, int64 or int32) and come back as numpy arrays, or torch tensors when the
+input was one (torch is imported only then).
+"""
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import sys
+import typing
+
+import numpy as np
+
+try:
+    from . import _pswitch
+except ImportError as error:  # the package used from its sources, unbuilt
+    raise ImportError("pswitch._pswitch, the compiled client, is missing: build it (cmake, see "
+                      "python/README.md) or pip install ./python") from error
+
+
+@dataclasses.dataclass
+class RegisteredModel:
+    name: str
+    layers: int
+    groups: int
+    param_bytes: int
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    name: str
+    architecture: str  # a zoo architecture, or "torchscript" for your own (pswitch.export)
+    param_bytes: int
+
+
+@dataclasses.dataclass
+class TaskResult:
+    task_id: int
+    outputs: dict  # name -> array (numpy, or torch when the input was torch)
+    latency_s: float  # server-side, submission to completion
+    switch_time_s: float  # the model's copy; 0 when it was resident
+
+    @property
+    def output(self):
+        """The model's output ("output")."""
+        return self.outputs["output"]
+
+
+@dataclasses.dataclass
+class TaskStatus:
+    task_id: int
+    model: str
+    state: str  # queued, switching, running, succeeded, failed, cancelled
+    iterations_done: int
+    preemptions: int
+    worker_pid: int
+    error: typing.Optional[Exception]
+    clean_time_s: float
+    cleaned_after_drain: bool
+
+
+@dataclasses.dataclass
+class FillJobStatus:
+    job_id: int
+    state: str  # submitted, created, paused, running, stopped
+    gpu: int
+    steps_done: int
+    steps_total: int
+    bubbles: int
+    predicted_remaining_s: float
+    meets_deadline: bool
+    error: typing.Optional[Exception]
+
+
+@dataclasses.dataclass
+class FillStats:
+    bubbles: int
+    bubble_time_s: float
+    fill_step_time_s: float
+    steps: int
+    pause_p50_s: float
+    pause_p99_s: float
+    killed: int
+
+
+def _is_torch(value):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _as_numpy(name, value):
+    if _is_torch(value):
+        if value.device.type != "cpu":
+            raise TypeError(f"input '{name}' is on {value.device}; pswitch takes CPU tensors "
+                            "(call .cpu() first)")
+        return value.detach().numpy()  # a view: the binding copies once, onto the wire
+    if isinstance(value, np.ndarray):
+        return value
+    raise TypeError(f"input '{name}' is a {type(value).__name__}; pass a numpy array or a "
+                    "torch tensor")
+
+
+class Client:
+    """A connection to pswitchd's TCP port. Use as a context manager, or call close()."""
+
+    def __init__(self, address="127.0.0.1:7300", token=None, timeout=600.0):
+        self._client = _pswitch.Client(address, token or "", float(timeout))
+        self._pool = None
+
+    def close(self):
+        """Closes the connection; calls still in flight fail with UnavailableError."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # --- models ---
+    def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto"):
+        """Registers `name`: a zoo `model` ("resnet50"), your own `archive` (pswitch.export,
+        a server path; needs --allow-client-paths), or, with neither, the folder `name` of
+        pswitchd's model repository."""
+        if model is not None and archive is not None:
+            raise ValueError("name a zoo model or an archive, not both")
+        r = self._client.register(name, model or "", archive or "", weights or "", int(batch),
+                                  plan or "auto")
+        return RegisteredModel(**r)
+
+    def models(self):
+        return [ModelInfo(**m) for m in self._client.models()]
+
+    def unload(self, name):
+        """Unloads `name` (admin): its queued tasks fail, then its weights are freed."""
+        self._client.unload(name)
+
+    # --- tasks ---
+    def infer(self, model, inputs, *, priority=0, deadline=None):
+        """Runs `inputs` (an array or tensor, named "input", or a dict name -> array) through
+        `model`; returns its output (an array, or a torch tensor when the input was one)."""
+        return self.infer_result(model, inputs, priority=priority, deadline=deadline).output
+
+    def infer_result(self, model, inputs, *, priority=0, deadline=None):
+        """As infer, with the task's id and timings (TaskResult)."""
+        named = inputs if isinstance(inputs, dict) else {"input": inputs}
+        to_torch = any(_is_torch(v) for v in named.values())
+        wire = [(name, _as_numpy(name, value)) for name, value in named.items()]
+        r = self._client.infer(model, wire, int(priority), float(deadline or 0))
+        return self._result(r, to_torch)
+
+    def infer_async(self, model, inputs, *, priority=0, deadline=None):
+        """As infer, returning a concurrent.futures.Future of the output."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8,
+                                                               thread_name_prefix="pswitch")
+        return self._pool.submit(self.infer, model, inputs, priority=priority, deadline=deadline)
+
+    def train(self, model, iterations, *, batch=0, seed=0, optimizer="sgd", lr=0.01,
+              momentum=0.9, priority=0, deadline=None):
+        """Trains `model` for `iterations` on seeded synthetic data (preemptible: inference
+        on the GPU interrupts it and it resumes exactly). Returns the TaskResult."""
+        r = self._client.train(model, int(iterations), int(seed), int(priority), optimizer,
+                               float(lr), float(momentum), int(batch), float(deadline or 0))
+        return self._result(r, False)
+
+    def status(self, task_id=None, *, limit=0):
+        """One task's status, or (task_id None) the most recent tasks, newest first."""
+        if task_id is None:
+            return [TaskStatus(**s) for s in self._client.list_tasks(int(limit))]
+        return TaskStatus(**self._client.status(int(task_id)))
+
+    def cancel(self, task_id):
+        self._client.cancel(int(task_id))
+
+    # --- fill jobs and the main job's bubbles ---
+    def submit_fill(self, kind, model=None, *, dataset=None, output=None, batch=1, steps=0,
+                    seed=0, step=0.001, memory_bytes=0, deadline=None, synthetic_step=0.0,
+                    synthetic_alloc_bytes=0):
+        """Submits a fill job ("training", "inference" or "synthetic") that runs only in the
+        main job's bubbles. `step`: its profiled step time in seconds."""
+        return FillJobStatus(**self._client.submit_fill(
+            self._fill(kind, model, dataset, output, batch, steps, seed, step, memory_bytes,
+                       deadline, synthetic_step, synthetic_alloc_bytes), False))
+
+    def estimate_fill(self, kind, model=None, **options):
+        """The GPU and predicted completion a submit_fill would get now; submits nothing."""
+        args = dict(dataset=None, output=None, batch=1, steps=0, seed=0, step=0.001,
+                    memory_bytes=0, deadline=None, synthetic_step=0.0, synthetic_alloc_bytes=0)
+        args.update(options)
+        return FillJobStatus(**self._client.submit_fill(
+            self._fill(kind, model, args["dataset"], args["output"], args["batch"],
+                       args["steps"], args["seed"], args["step"], args["memory_bytes"],
+                       args["deadline"], args["synthetic_step"], args["synthetic_alloc_bytes"]),
+            True))
+
+    def fill_status(self, job_id):
+        return FillJobStatus(**self._client.fill_status(int(job_id)))
+
+    def cancel_fill(self, job_id):
+        self._client.cancel_fill(int(job_id))
+
+    def fill_stats(self):
+        return FillStats(**self._client.fill_stats())
+
+    def register_bubble_cycle(self, gpu, cycle, origin_ns=0):
+        """The GPU's repeating bubble cycle: a dict or JSON text
+        {"period_ns", "bubbles": [{"offset_ns", "duration_ns", "free_bytes"}]}."""
+        text = cycle if isinstance(cycle, str) else json.dumps(cycle)
+        self._client.register_bubble_cycle(int(gpu), text, int(origin_ns))
+
+    def bubble_begin(self, gpu, expected, free_bytes=0, began_ns=0):
+        """The main job's stage `gpu` goes idle for about `expected` seconds (began_ns:
+        time.monotonic_ns() when it did; 0: now). Does not wait for the server."""
+        self._client.bubble_begin(int(gpu), float(expected), int(free_bytes), int(began_ns))
+
+    def bubble_end(self, gpu):
+        self._client.bubble_end(int(gpu))
+
+    @contextlib.contextmanager
+    def bubble(self, gpu, expected, free_bytes=0):
+        """`with client.bubble(gpu, expected):` around an idle wait; ends it even on error."""
+        self.bubble_begin(gpu, expected, free_bytes)
+        try:
+            yield
+        finally:
+            self.bubble_end(gpu)
+
+    # --- helpers ---
+    @staticmethod
+    def _fill(kind, model, dataset, output, batch, steps, seed, step, memory_bytes, deadline,
+              synthetic_step, synthetic_alloc_bytes):
+        return {"kind": kind, "model": model or "", "dataset": dataset or "",
+                "output": output or "", "batch": int(batch), "steps": int(steps),
+                "seed": int(seed), "step_s": float(step), "memory_bytes": int(memory_bytes),
+                "deadline_s": float(deadline or 0), "synthetic_step_s": float(synthetic_step),
+                "synthetic_alloc_bytes": int(synthetic_alloc_bytes)}
+
+    @staticmethod
+    def _result(r, to_torch):
+        outputs = dict(r["outputs"])
+        if to_torch:
+            import torch
+            outputs = {k: torch.from_numpy(v) for k, v in outputs.items()}  # no copy
+        return TaskResult(task_id=r["task_id"], outputs=outputs, latency_s=r["latency_s"],
+                          switch_time_s=r["switch_time_s"])
