@@ -3,6 +3,9 @@
 pswitch.export puts a call of it before each leaf module of a model; in pswitchd the operator
 is the worker's wait for the layer's group of weights (models/script_model.cc registers the C++
 side). In Python it does nothing, except tell the exporter's checks which gates ran.
+
+Importing this module twice, or after something else (a second copy of the package, a C++
+library) registered the operator, registers nothing: the first registration stands.
 """
 import torch
 
@@ -22,7 +25,7 @@ def _registered():
         return False
 
 
-_library = None
+_library = None  # kept alive for the process: dropping it would unregister the operator
 if not _registered():
     _library = torch.library.Library("pswitch", "DEF")
     # CONSERVATIVE: the call has effects TorchScript cannot see, so dead-code elimination and
@@ -32,7 +35,8 @@ if not _registered():
 
 
 class record_gates:
-    """Context manager collecting the ids of the gates that run inside it."""
+    """Context manager collecting the ids of the gates that run inside it (in this module's
+    implementation; see `records()`)."""
 
     def __enter__(self):
         self.calls = []
@@ -42,3 +46,11 @@ class record_gates:
     def __exit__(self, *exc):
         _recorders.remove(self.calls)
         return False
+
+
+def records():
+    """Whether record_gates sees gate calls: False when the operator that is registered is not
+    this module's (registered first by another copy of pswitch or by C++)."""
+    with record_gates() as calls:
+        torch.ops.pswitch.gate(0)
+    return calls == [0]

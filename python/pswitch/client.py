@@ -216,16 +216,17 @@ class Client:
         text = cycle if isinstance(cycle, str) else json.dumps(cycle)
         self._client.register_bubble_cycle(int(gpu), text, int(origin_ns))
 
-    def bubble_begin(self, gpu, expected, free_bytes=0, began_ns=0):
-        """The main job's stage `gpu` goes idle for about `expected` seconds (began_ns:
-        time.monotonic_ns() when it did; 0: now). Does not wait for the server."""
+    def bubble_begin(self, gpu, expected, free_bytes, began_ns=0):
+        """The main job's stage `gpu` goes idle for about `expected` seconds, leaving
+        `free_bytes` of device memory to fill work (a job needing more does not run in it);
+        began_ns: time.monotonic_ns() when it did (0: now). Does not wait for the server."""
         self._client.bubble_begin(int(gpu), float(expected), int(free_bytes), int(began_ns))
 
     def bubble_end(self, gpu):
         self._client.bubble_end(int(gpu))
 
     @contextlib.contextmanager
-    def bubble(self, gpu, expected, free_bytes=0):
+    def bubble(self, gpu, expected, free_bytes):
         """`with client.bubble(gpu, expected):` around an idle wait; ends it even on error."""
         self.bubble_begin(gpu, expected, free_bytes)
         try:

@@ -4,7 +4,7 @@
     for step in range(steps):
         reporter.iteration_start()
         ...
-        with reporter.idle(free_bytes=free):     # around every wait for a neighbour
+        with reporter.idle(free_bytes):          # around every wait for a neighbour
             activation = recv(...)
         ...
 
@@ -48,8 +48,9 @@ class BubbleReporter:
                 self._register(now)
 
     @contextlib.contextmanager
-    def idle(self, free_bytes=0):
-        """Wraps one idle wait of the stage."""
+    def idle(self, free_bytes):
+        """Wraps one idle wait of the stage, which leaves `free_bytes` of device memory to fill
+        work meanwhile (on a GPU, what torch.cuda.mem_get_info reports free)."""
         if not self._iterations and self.cycle is None:
             raise RuntimeError("call iteration_start() before idle()")
         position = self._position

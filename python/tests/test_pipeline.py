@@ -88,7 +88,7 @@ def test_bubbles_too_short_to_use_are_reported_not_hidden():
     client, clock = FakeClient(), FakeClock()
     reporter = pswitch.BubbleReporter(client, gpu=0, warmup_iterations=1, clock=clock)
     reporter.iteration_start()
-    with reporter.idle():
+    with reporter.idle(0):
         clock.advance(0.1)
     with pytest.warns(RuntimeWarning, match="no idle wait"):
         reporter.iteration_start()
