@@ -9,7 +9,7 @@ library) registered the operator, registers nothing: the first registration stan
 """
 import torch
 
-_recorders = []  # lists the exporter's checks append gate ids to
+_recorders = globals().get("_recorders", [])  # lists the exporter's checks append gate ids to
 
 
 def _gate(layer):
@@ -25,8 +25,10 @@ def _registered():
         return False
 
 
-_library = None  # kept alive for the process: dropping it would unregister the operator
-if not _registered():
+# Kept alive for the process, across importlib.reload too: dropping the Library would
+# unregister the operator under archives still calling it.
+_library = globals().get("_library")
+if _library is None and not _registered():
     _library = torch.library.Library("pswitch", "DEF")
     # CONSERVATIVE: the call has effects TorchScript cannot see, so dead-code elimination and
     # reordering passes leave it where it is.

@@ -321,7 +321,7 @@ def export(model, example_inputs, path, *, loss=None, example_target=None, metho
     example = example_inputs
     _check_model(model, example)
 
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # each one's: some may be frozen
     model.eval()
     try:
         gates, sequence, output = _gate_order(model, example)
@@ -348,7 +348,8 @@ def export(model, example_inputs, path, *, loss=None, example_target=None, metho
         torch.jit.save(archive, path, _extra_files=extra)
         _verify(path, model, example, output, gates, sequence, aliases)
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
     unique = {id(t): t for t in model.state_dict(keep_vars=True).values()}
     return ExportReport(
         path=str(path), method=used, script_error=script_error, gates=len(gates),

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
 import custom_models  # noqa: E402
 import safetensors_io  # noqa: E402
-from pswitch.export import export  # noqa: E402
+from pswitch.exporter import export  # noqa: E402
 
 TABLE = "pswitch/layers.json"
 

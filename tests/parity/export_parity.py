@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
 import custom_models  # noqa: E402
 import safetensors_io  # noqa: E402
-from pswitch.export import export  # noqa: E402
+from pswitch.exporter import export  # noqa: E402
 
 TOLERANCE = 1e-4
 
