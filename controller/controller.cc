@@ -222,6 +222,7 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
                        options_.max_input_bytes, " (--max-input-bytes)"));
     }
   } else {
+    PSWITCH_RETURN_IF_ERROR(entry->trainable);
     if (spec.iterations == 0 || spec.iterations > options_.max_training_iterations) {
       return absl::InvalidArgumentError(absl::StrCat("training iterations must be in [1, ",
                                                      options_.max_training_iterations, "], got ",

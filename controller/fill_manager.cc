@@ -191,11 +191,14 @@ absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
   }
   if (request.kind != FillKind::kSynthetic) {
     std::vector<std::string> names = models::ModelNames();
-    if (std::find(names.begin(), names.end(), request.model) == names.end() &&
-        !OwnModel(request.model).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown model '", request.model,
-          "': name a zoo model or a registered model of your own (pswitch.export)"));
+    if (std::find(names.begin(), names.end(), request.model) == names.end()) {
+      absl::StatusOr<EntryRef> own = OwnModel(request.model);
+      if (!own.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown model '", request.model,
+            "': name a zoo model or a registered model of your own (pswitch.export)"));
+      }
+      if (request.kind == FillKind::kTraining) PSWITCH_RETURN_IF_ERROR((*own)->trainable);
     }
   }
   return steps;

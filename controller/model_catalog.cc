@@ -1,5 +1,7 @@
 #include "controller/model_catalog.h"
 
+#include <algorithm>
+
 
 #include "absl/strings/str_cat.h"
 #include "grouping/cost_model.h"
@@ -20,8 +22,10 @@ namespace pswitch::controller {
 namespace {
 
 constexpr uint64_t kMaxPlanBytes = 16 << 20;
-// An archive holds the model's weights too; the weights region bounds what can register.
+// An archive holds the model's weights too: one larger than the weights region (plus room for
+// its code) could not register anyway, and is not read into memory.
 constexpr uint64_t kMaxArchiveBytes = 64ull << 30;
+constexpr uint64_t kArchiveCodeBytes = 256ull << 20;
 
 // A file the request names: in its repository folder, or (local use) a server path.
 absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const std::string& path,
@@ -181,7 +185,8 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     if (!request.archive_path.empty()) {
       PSWITCH_ASSIGN_OR_RETURN(
           std::string bytes,
-          ReadRequestFile(request, request.archive_path, "archive", kMaxArchiveBytes));
+          ReadRequestFile(request, request.archive_path, "archive",
+                          std::min(kMaxArchiveBytes, region_bytes_ + kArchiveCodeBytes)));
       PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
       archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
       source.archive = std::make_shared<const std::string>(std::move(bytes));
@@ -217,6 +222,7 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     auto entry = std::make_unique<CatalogEntry>();
     entry->request = request;
     entry->optimizer_slot_bytes = models::OptimizerSlotBytes(*model);
+    entry->trainable = models::CheckTrainable(*model);
     PSWITCH_ASSIGN_OR_RETURN(std::tie(entry->input, entry->output), DescribeTensors(*model));
     PSWITCH_ASSIGN_OR_RETURN(entry->plan,
                              MakePlan(request, source, archive_fd ? archive_fd->get() : -1, *model,

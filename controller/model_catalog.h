@@ -69,6 +69,8 @@ struct CatalogEntry {
   // A script model's archive as a sealed memory file, passed to every worker that loads it.
   std::shared_ptr<const UniqueFd> archive;
   uint64_t archive_bytes = 0;
+  // Whether training tasks may run on it (a script model exported without a loss may not).
+  absl::Status trainable;
 };
 
 using EntryRef = std::shared_ptr<const CatalogEntry>;

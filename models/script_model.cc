@@ -263,6 +263,7 @@ class ScriptModel final : public ZooModel {
                 "the exported loss did not return a scalar tensor");
     return value.toTensor().reshape({});
   }
+  bool has_loss() const { return loss_.has_value(); }
   bool IsIgnorableCheckpointKey(const std::string& key) const override {
     return aliases_.count(key) > 0;
   }
@@ -672,6 +673,15 @@ absl::StatusOr<std::shared_ptr<ZooModel>> CreateModelFrom(const ModelSource& sou
 
 bool IsScriptModel(const ZooModel& model) {
   return dynamic_cast<const ScriptModel*>(&model) != nullptr;
+}
+
+absl::Status CheckTrainable(const ZooModel& model) {
+  const auto* script = dynamic_cast<const ScriptModel*>(&model);
+  if (script == nullptr || script->has_loss()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", model.model_name(),
+      "' was exported without a loss, so it serves inference only; to train it, export it with "
+      "pswitch.export(..., loss=..., example_target=...)"));
 }
 
 }  // namespace pswitch::models

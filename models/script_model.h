@@ -52,6 +52,10 @@ absl::StatusOr<std::shared_ptr<ZooModel>> CreateModelFrom(const ModelSource& sou
 // True for models loaded by LoadScriptModel.
 bool IsScriptModel(const ZooModel& model);
 
+// OK unless `model` is a script model exported without a loss: FailedPrecondition saying how to
+// export one that trains.
+absl::Status CheckTrainable(const ZooModel& model);
+
 }  // namespace pswitch::models
 
 #endif  // PSWITCH_MODELS_SCRIPT_MODEL_H_

@@ -81,6 +81,15 @@ def test_bad_archives_are_refused_clearly(client, tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="absolute"):
         client.register("relative", archive="scorer.pt")
     assert "plain" not in {m.name for m in client.models()}
+    # Exported without a loss: it serves, and training is refused up front, saying why.
+    path = str(tmp_path / "noloss.pt")
+    pswitch.export(Scorer(), torch.randn(2, 12), path)
+    client.register("noloss", archive=path)
+    assert client.infer("noloss", torch.randn(2, 12)).shape == (2, 5)
+    with pytest.raises(errors.FailedPreconditionError, match="without a loss"):
+        client.train("noloss", 1)
+    with pytest.raises(errors.FailedPreconditionError, match="without a loss"):
+        client.submit_fill("training", "noloss", steps=1, step=0.001, memory_bytes=1 << 20)
 
 
 def test_the_model_repository_serves_an_exported_model(tmp_path):
