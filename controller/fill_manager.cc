@@ -144,6 +144,9 @@ void FillManager::Transition(uint64_t id, Job& job, fill::FillEvent event) {
 }
 
 absl::StatusOr<EntryRef> FillManager::OwnModel(const std::string& name) const {
+  if (absl::StartsWith(name, kFillModelPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is another fill job's model"));
+  }
   PSWITCH_ASSIGN_OR_RETURN(EntryRef entry, controller_->catalog().Find(name));
   if (entry->archive == nullptr) {
     return absl::NotFoundError(absl::StrCat("'", name, "' is not a model of your own"));
@@ -239,6 +242,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
       own = (*entry)->request;
       own.name = std::move(name);
       own.batch_size = request.batch;
+      own.archive_fd = (*entry)->archive;  // the archive registered, even if its file changed
     }
     controller_->Register(
         std::move(own),

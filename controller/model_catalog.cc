@@ -182,11 +182,17 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<CatalogEntry>> {
     models::ModelSource source{request.zoo_model, nullptr, request.archive_path};
     std::shared_ptr<const UniqueFd> archive_fd;
-    if (!request.archive_path.empty()) {
+    const uint64_t max_archive_bytes = std::min(kMaxArchiveBytes, region_bytes_ + kArchiveCodeBytes);
+    if (request.archive_fd != nullptr) {
+      PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                               base::ReadSealedMemoryFile(*request.archive_fd, "archive",
+                                                          max_archive_bytes));
+      archive_fd = request.archive_fd;
+      source.archive = std::make_shared<const std::string>(std::move(bytes));
+    } else if (!request.archive_path.empty()) {
       PSWITCH_ASSIGN_OR_RETURN(
           std::string bytes,
-          ReadRequestFile(request, request.archive_path, "archive",
-                          std::min(kMaxArchiveBytes, region_bytes_ + kArchiveCodeBytes)));
+          ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes));
       PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
       archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
       source.archive = std::make_shared<const std::string>(std::move(bytes));

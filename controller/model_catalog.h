@@ -43,6 +43,9 @@ struct ModelRequest {
   std::shared_ptr<const base::ConfinedDir> files;
   // A pswitch.export archive (the user's own model); zoo_model is then "torchscript".
   std::string archive_path;
+  // Set: the archive is this sealed memory file (a registered model's, copied for a fill job),
+  // not read from archive_path again.
+  std::shared_ptr<const UniqueFd> archive_fd;
 };
 
 // A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.

@@ -1,12 +1,13 @@
 #include "models/script_model.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/jit/passes/inliner.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/library.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/script.h>
 
+#include <array>
 #include <exception>
 #include <limits>
 #include <map>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -161,37 +163,77 @@ absl::StatusOr<LayerTable> ParseTable(const std::string& text, const std::string
   return table;
 }
 
-// Operators an archive must not call: they reach the file system (torch.from_file maps any file
-// the server can open, writably when shared). An archive is code pswitchd runs; this keeps the
-// obvious ways out of the tensor world closed, it does not make a hostile archive safe.
-constexpr const char* kRefusedOperators[] = {"aten::from_file"};
+// What an archive's code may call: ATen and TorchScript's own operators and the gate, minus those
+// that reach the file system (torch.from_file maps any file the server can open), read or write
+// memory unchecked (_unsafe_*), or run code on other threads (fork: its gates would not reach
+// the worker). Custom operators and TorchBind classes (some open files or sockets) are refused.
+// An archive is code pswitchd runs: this closes the obvious ways out of the tensor world, it
+// does not make a hostile archive safe (docs/export.md).
+constexpr const char* kAllowedNamespaces[] = {"aten::", "prim::", "pswitch::"};
+constexpr const char* kRefusedOperators[] = {
+    "aten::from_file", "aten::_unsafe_index", "aten::_unsafe_index_put",
+    "aten::_unsafe_masked_index", "aten::_unsafe_masked_index_put_accumulate",
+    "prim::fork", "aten::wait", "prim::awaitable", "aten::data_ptr"};
 
-absl::Status CheckOperators(torch::jit::Module& module, const std::string& origin,
-                            const char* what) {
-  std::shared_ptr<torch::jit::Graph> graph = module.get_method("forward").graph()->copy();
-  torch::jit::Inline(*graph);  // the submodules' and functions' code too
-  std::vector<torch::jit::Block*> blocks = {graph->block()};
-  while (!blocks.empty()) {
-    torch::jit::Block* block = blocks.back();
-    blocks.pop_back();
-    for (torch::jit::Node* node : block->nodes()) {
-      const std::string kind = node->kind().toQualString();
-      for (const char* refused : kRefusedOperators) {
-        if (kind == refused) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "archive '", origin, "': its ", what, " calls ", kind,
-              ", which reads or writes files; pswitchd does not run it"));
-        }
+absl::Status CheckNode(const torch::jit::Node& node, const std::string& origin,
+                       const std::string& function) {
+  const std::string kind = node.kind().toQualString();
+  bool allowed = false;
+  for (const char* ns : kAllowedNamespaces) allowed |= absl::StartsWith(kind, ns);
+  for (const char* refused : kRefusedOperators) allowed &= kind != refused;
+  for (const torch::jit::Value* out : node.outputs()) {
+    // Objects of TorchBind classes (torch.classes.*) are C++ code of their own.
+    allowed &= !absl::StrContains(out->type()->str(), "__torch__.torch.classes");
+  }
+  if (allowed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "archive '", origin, "': ", function, " calls ", kind,
+      ", which pswitchd does not run (file, socket or unchecked memory access, other threads, or "
+      "a custom operator)"));
+}
+
+// Every function of `module`'s compilation unit (methods, hooks, helpers), each walked once.
+absl::Status CheckOperators(const torch::jit::Module& module, const std::string& origin) {
+  for (torch::jit::Function* function : module._ivalue()->compilation_unit()->get_functions()) {
+    if (!function->isGraphFunction()) continue;
+    std::vector<torch::jit::Block*> blocks = {
+        torch::jit::toGraphFunction(*function).graph()->block()};
+    while (!blocks.empty()) {
+      torch::jit::Block* block = blocks.back();
+      blocks.pop_back();
+      for (torch::jit::Node* node : block->nodes()) {
+        PSWITCH_RETURN_IF_ERROR(CheckNode(*node, origin, function->qualname().qualifiedName()));
+        for (torch::jit::Block* inner : node->blocks()) blocks.push_back(inner);
       }
-      for (torch::jit::Block* inner : node->blocks()) blocks.push_back(inner);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Code that runs while torch::jit::load unpickles the archive (a class's __setstate__) would run
+// before CheckOperators could look at it: such archives are refused unread.
+absl::Status CheckNoSetstate(absl::string_view bytes, const std::string& origin) {
+  std::istringstream in{std::string(bytes), std::ios::binary};
+  caffe2::serialize::PyTorchStreamReader reader(&in);
+  for (const std::string& record : reader.getAllRecords()) {
+    if (!absl::StartsWith(record, "code/") || !absl::EndsWith(record, ".py")) continue;
+    auto [data, size] = reader.getRecord(record);
+    const absl::string_view code(static_cast<const char*>(data.get()), size);
+    if (absl::StrContains(code, "__setstate__")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "archive '", origin, "': ", record,
+          " defines __setstate__, code that would run while the archive loads; pswitchd does not "
+          "load it"));
     }
   }
   return absl::OkStatus();
 }
 
 // torch::jit::load's message for an operator this libtorch does not have names it.
-std::string LoadErrorMessage(const std::string& what) {
-  static const std::regex unknown(R"(Unknown (?:builtin )?op(?:erator)?:? ?'?([A-Za-z0-9_:.]+))");
+std::string LoadErrorMessage(const std::string& full) {
+  // libstdc++'s regex recurses per character: an archive-chosen name must not overflow the stack.
+  const std::string what = full.substr(0, 512);
+  static const std::regex unknown(R"(Unknown (?:builtin )?op(?:erator)?:? ?'?([A-Za-z0-9_:.]{1,200}))");
   std::smatch match;
   if (std::regex_search(what, match, unknown)) {
     return absl::StrCat("it needs the operator ", match[1].str(),
@@ -257,7 +299,11 @@ class ScriptModel final : public ZooModel {
   at::Tensor Loss(const ModelOutput& out, const at::Tensor& target) const override {
     TORCH_CHECK(loss_.has_value(), "model '", model_name(),
                 "' was exported without a loss; training needs pswitch.export(..., loss=...)");
-    loss_->to(out.output.device());  // its buffers (class weights) follow the model
+    if (loss_device_ != out.output.device()) {
+      loss_->to(out.output.device());  // its buffers (class weights) follow the model, once
+      loss_device_ = out.output.device();
+    }
+    torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
     c10::IValue value = loss_->forward({out.output, target.to(out.output.device())});
     TORCH_CHECK(value.isTensor() && value.toTensor().numel() == 1,
                 "the exported loss did not return a scalar tensor");
@@ -285,6 +331,15 @@ class ScriptModel final : public ZooModel {
       return;
     }
     try {
+      // The worker maps the k-th gate call to layer k: a pass that takes another path than the
+      // recorded one (data-dependent control flow) would wait for the wrong groups and read
+      // weights still in flight. It is stopped at the first gate off the path.
+      const std::vector<int64_t>& path = paths_[is_training() ? 1 : 0];
+      const size_t index = static_cast<size_t>(tape().calls());
+      TORCH_CHECK(index < path.size() && path[index] == layer, "model '", model_name(),
+                  "': its forward pass took another path than the one recorded at registration "
+                  "(gate ", layer, " as call ", index, "; data-dependent control flow is not "
+                  "supported: pswitch pipelines a model along one fixed layer order)");
       tape().Enter(nullptr);
     } catch (...) {
       // TorchScript's interpreter rethrows what an operator throws as a plain runtime_error;
@@ -310,6 +365,8 @@ class ScriptModel final : public ZooModel {
                 c10::toString(table_.input.dtype), " input; got ",
                 input.input.defined() ? input.input.toString() : "none", " of ",
                 input.input.defined() ? input.input.dim() : 0, " dimensions");
+    // No optimising pass may move a layer's operators across its gate (the flag is per thread).
+    torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
     ScriptModel* previous = std::exchange(active_model, this);
     gate_error_ = nullptr;
     c10::IValue result;
@@ -361,7 +418,9 @@ class ScriptModel final : public ZooModel {
   bool owners_assigned_ = false;
   bool recording_ = false;
   std::vector<int64_t> recorded_;
+  std::array<std::vector<int64_t>, 2> paths_;  // [eval, train]: the recorded gate calls
   std::exception_ptr gate_error_;
+  mutable std::optional<c10::Device> loss_device_;  // where the loss's buffers are
 };
 
 void GateOp(int64_t layer) {
@@ -375,6 +434,7 @@ absl::StatusOr<std::shared_ptr<ScriptModel>> ScriptModel::Load(const std::string
   model->origin_ = origin;
   torch::jit::ExtraFilesMap extra{{kLayerTableFile, ""}, {kLossFile, ""}};
   try {
+    PSWITCH_RETURN_IF_ERROR(CheckNoSetstate(bytes, origin));
     std::istringstream in(std::string(bytes), std::ios::binary);
     model->module_ = torch::jit::load(in, c10::Device(c10::kCPU), extra);
   } catch (const std::exception& e) {
@@ -387,6 +447,7 @@ absl::StatusOr<std::shared_ptr<ScriptModel>> ScriptModel::Load(const std::string
       return TableError(origin, absl::StrCat("says it has a loss but ", kLossFile, " is missing"));
     }
     try {
+      PSWITCH_RETURN_IF_ERROR(CheckNoSetstate(extra[kLossFile], absl::StrCat(origin, " (loss)")));
       std::istringstream in(extra[kLossFile], std::ios::binary);
       model->loss_ = torch::jit::load(in, c10::Device(c10::kCPU));
     } catch (const std::exception& e) {
@@ -400,9 +461,9 @@ absl::StatusOr<std::shared_ptr<ScriptModel>> ScriptModel::Load(const std::string
   }
   absl::Status operators;
   PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("archive '", origin, "': reading its code"), [&] {
-    operators = CheckOperators(model->module_, origin, "forward pass");
+    operators = CheckOperators(model->module_, origin);
     if (operators.ok() && model->loss_.has_value()) {
-      operators = CheckOperators(*model->loss_, origin, "loss");
+      operators = CheckOperators(*model->loss_, absl::StrCat(origin, " (loss)"));
     }
   }));
   PSWITCH_RETURN_IF_ERROR(operators);
@@ -630,6 +691,7 @@ std::vector<Layer> ScriptModel::BuildScriptLayers(const std::vector<int64_t>& ca
 
 absl::StatusOr<std::vector<Layer>> ScriptModel::RecordLayers() {
   PSWITCH_ASSIGN_OR_RETURN(std::vector<int64_t> calls, RecordGates());
+  paths_[is_training() ? 1 : 0] = calls;
   if (!owners_assigned_) {
     // Ownership follows the eval pass (the layout's order) in both modes.
     std::vector<int64_t> eval_calls = calls;
@@ -649,17 +711,24 @@ absl::StatusOr<std::vector<Layer>> ScriptModel::RecordLayers() {
 absl::StatusOr<std::shared_ptr<ZooModel>> LoadScriptModel(const std::string& model_name,
                                                           absl::string_view bytes,
                                                           const std::string& origin) {
-  // The gates must stay where the exporter put them: without the graph executor's optimising
-  // passes, TorchScript runs the graph as written (no fusion moving a layer's operators across
-  // its gate). Zoo models do not run through TorchScript, so this costs them nothing.
-  torch::jit::setGraphExecutorOptimize(false);
   PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<ScriptModel> model,
                            ScriptModel::Load(model_name, bytes, origin));
   // Recorded now, so an archive whose gates do not cover the model fails here, not at serving.
   model->train();
-  PSWITCH_RETURN_IF_ERROR(model->Layers().status());
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* train_layers, model->Layers());
   model->eval();
-  PSWITCH_RETURN_IF_ERROR(model->Layers().status());
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* eval_layers, model->Layers());
+  // Workers lay a model out in eval order and find each train-mode layer there by name.
+  std::set<std::string> laid_out;
+  for (const Layer& layer : *eval_layers) laid_out.insert(layer.name);
+  for (const Layer& layer : *train_layers) {
+    if (!laid_out.count(layer.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "archive '", origin, "': layer '", layer.name,
+          "' runs in train mode only (a module called more often when training); pswitch lays a "
+          "model out in its eval order"));
+    }
+  }
   return model;
 }
 

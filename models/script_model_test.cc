@@ -192,6 +192,22 @@ TEST(ScriptModelTest, TrainingUsesTheExportedLossAndIsDeterministic) {
   EXPECT_NE(a.front(), a.back());  // the weights moved
 }
 
+TEST(ScriptModelTest, APassOffTheRecordedPathStopsAtItsFirstGate) {
+  // Layer a runs only for inputs with a positive sum. Whichever path registration recorded, the
+  // other one would map b's call to a's layer (the wrong group): it is stopped instead.
+  auto model = Load("data_dependent.pswitch.pt");
+  ASSERT_NE(model, nullptr);
+  ModelInput positive, negative;
+  positive.input = at::ones({1, 4});
+  negative.input = -at::ones({1, 4});
+  auto a = RunForward(*model, positive);
+  auto b = RunForward(*model, negative);
+  ASSERT_NE(a.ok(), b.ok()) << a.status() << " / " << b.status();
+  const absl::Status& off = a.ok() ? b.status() : a.status();
+  EXPECT_THAT(std::string(off.message()), HasSubstr("took another path"));
+  EXPECT_EQ(RunForward(*model, a.ok() ? positive : negative).ok(), true);  // still usable
+}
+
 TEST(ScriptModelTest, BadArchivesAreRefusedNamingTheProblem) {
   const std::map<std::string, std::string> cases = {
       {"no_table.pt", "has no layer table"},
@@ -202,6 +218,8 @@ TEST(ScriptModelTest, BadArchivesAreRefusedNamingTheProblem) {
       {"unknown_op.pt", "pswitch_missing::gate"},
       {"unknown_module.pt", "'no_such_module'"},
       {"reads_file.pt", "calls aten::from_file"},
+      {"forks.pt", "calls prim::fork"},
+      {"setstate.pt", "defines __setstate__"},
   };
   for (const auto& [file, message] : cases) {
     SCOPED_TRACE(file);

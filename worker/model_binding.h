@@ -53,6 +53,10 @@ class BoundModel {
     return training ? train_to_layout_[index] : index;
   }
   size_t num_layers() const { return num_layers_; }
+  // Layers a forward pass runs in training / inference (LayoutIndex's domain).
+  size_t mode_layers(bool training) const {
+    return training ? train_to_layout_.size() : num_layers_;
+  }
 
  private:
   BoundModel() = default;

@@ -529,6 +529,11 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       // Marks on the stream time the first layer: started once its group was ready (mark 0),
       // finished when the second layer is issued (mark 1).
       if (++hooks == 2) (void)stream_->Mark();
+      if (index < 0 || static_cast<size_t>(index) >= bound.mode_layers(training)) {
+        throw GateFailure(absl::FailedPreconditionError(absl::StrCat(
+            "model '", model_name, "' ran more layers than it has (", bound.mode_layers(training),
+            ")")));
+      }
       int group = static_cast<int>(gate_.group_of_layer[bound.LayoutIndex(training, index)]);
       if (group <= waited_group) return;
       absl::Status s = stream_->WaitFlag(arena_->ready_flags(), gate_.flag_base + group,

@@ -17,6 +17,10 @@ Bad archives, each for one registration error:
   unknown_op        an archive calling an operator no libtorch has
   unknown_module    a layer table naming a module the archive lacks
   reads_file        a forward pass calling torch.from_file
+  forks             a forward pass running code on another thread (torch.jit.fork)
+  setstate          a __setstate__ (code that would run while the archive loads)
+
+And data_dependent.pswitch.pt, a valid export whose layers depend on the input's sign.
 
 Usage: /usr/bin/python3 tests/data/make_archives.py [--out tests/data/archives]
 """
@@ -26,6 +30,7 @@ import json
 import os
 import sys
 import zipfile
+from typing import Tuple
 
 import torch
 from torch import nn
@@ -88,6 +93,48 @@ class ReadsFile(nn.Module):
         return self.fc(x) + secret.float().sum()
 
 
+class Setstate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return x * self.w
+
+    @torch.jit.export
+    def __getstate__(self):
+        return (self.w, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[torch.Tensor, bool]):
+        self.w = state[0]
+        self.training = state[1]
+
+
+class Forks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        future = torch.jit.fork(torch.relu, x)
+        return self.fc(torch.jit.wait(future))
+
+
+class DataDependent(nn.Module):
+    """Which layers run depends on the input: pswitch cannot pipeline it along one order."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            x = self.a(x)
+        return self.b(x)
+
+
 def save_plain(module, path, extra=None):
     torch.jit.save(torch.jit.script(module), path, _extra_files=extra or {})
 
@@ -141,6 +188,13 @@ def main():
                {TABLE: table(["", "fc"], [1, 4])})
     save_plain(ReadsFile(), os.path.join(args.out, "reads_file.pt"),
                {TABLE: table(["", "fc"], [1, 4])})
+    save_plain(Forks(), os.path.join(args.out, "forks.pt"), {TABLE: table(["", "fc"], [1, 4])})
+    try:
+        save_plain(Setstate(), os.path.join(args.out, "setstate.pt"),
+                   {TABLE: table(["", "fc"], [1, 4])})
+    except Exception as error:  # noqa: BLE001 - say which fixture could not be made
+        raise SystemExit(f"setstate.pt: {error}")
+    export(DataDependent(), torch.ones(1, 4), os.path.join(args.out, "data_dependent.pswitch.pt"))
     good = os.path.join(args.out, "residual_cnn.pswitch.pt")
     rewrite_code(good, os.path.join(args.out, "unknown_op.pt"), "ops.pswitch.gate",
                  "ops.pswitch_missing.gate")
