@@ -388,6 +388,13 @@ class ScriptModel final : public ZooModel {
 
   absl::StatusOr<std::vector<Layer>> RecordLayers() override;
 
+ public:
+  // Emulates the switch at its finest (one layer per group): every floating-point tensor starts
+  // as NaN and gets its value back at its owner's gate. A pass that reads a tensor before then
+  // (a parent reading a child's parameter before the child runs) differs from a normal pass:
+  // served, it would read weights still in flight. InvalidArgument then.
+  absl::Status CheckReadsFollowGates();
+
  private:
   struct Held {
     std::string name;  // canonical (first) state_dict name
@@ -624,8 +631,10 @@ absl::StatusOr<std::vector<int64_t>> ScriptModel::RecordGates() {
   if (calls.size() == 1 && table_.gates.size() > 1 && !is_training()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "archive '", origin_, "': its forward pass calls none of the ", table_.gates.size() - 1,
-        " gates its layer table lists, so they cover none of its parameters (not made by "
-        "pswitch.export?)"));
+        " gates its layer table lists, so they cover none of its parameters: the modules they "
+        "gate did not run (a fused fast path, such as torch's nn.TransformerEncoderLayer in eval "
+        "mode without gradients, computes without calling its submodules), or the archive was "
+        "not made by pswitch.export"));
   }
   return calls;
 }
@@ -689,6 +698,47 @@ std::vector<Layer> ScriptModel::BuildScriptLayers(const std::vector<int64_t>& ca
   return layers;
 }
 
+absl::Status ScriptModel::CheckReadsFollowGates() {
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* layers, Layers());
+  const ModelInput input = TraceInput();
+  std::map<const c10::TensorImpl*, at::Tensor> saved;
+  at::Tensor reference, poisoned;
+  absl::Status ran = CatchTorch(absl::StrCat("archive '", origin_, "': checking reads"), [&] {
+    torch::NoGradGuard no_grad;
+    reference = ForwardImpl(input).output.clone();
+    for (const Held& held : held_) {
+      if (!held.tensor.is_floating_point()) continue;
+      saved.emplace(held.tensor.unsafeGetTensorImpl(), held.tensor.clone());
+      at::Tensor(held.tensor).fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+    SetGateHook([&](int index) {
+      for (const LayerTensor& t : (*layers)[index].tensors) {
+        auto it = saved.find(t.tensor.unsafeGetTensorImpl());
+        if (it != saved.end()) at::Tensor(t.tensor).copy_(it->second);
+      }
+    });
+    poisoned = Forward(input).output;
+  });
+  SetGateHook(nullptr);
+  absl::Status restored = CatchTorch("restoring tensors", [&] {
+    torch::NoGradGuard no_grad;
+    for (const Held& held : held_) {
+      auto it = saved.find(held.tensor.unsafeGetTensorImpl());
+      if (it != saved.end()) at::Tensor(held.tensor).copy_(it->second);
+    }
+  });
+  PSWITCH_RETURN_IF_ERROR(restored);
+  PSWITCH_RETURN_IF_ERROR(ran);
+  if (!at::equal(reference, poisoned)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "archive '", origin_, "': its forward pass reads a tensor before the layer that holds it "
+        "runs (for example a parent module using a child's parameter before calling the child); "
+        "pswitch would compute on weights still being copied. Let the child module use it, or "
+        "make it a parameter of the parent"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<Layer>> ScriptModel::RecordLayers() {
   PSWITCH_ASSIGN_OR_RETURN(std::vector<int64_t> calls, RecordGates());
   paths_[is_training() ? 1 : 0] = calls;
@@ -718,6 +768,7 @@ absl::StatusOr<std::shared_ptr<ZooModel>> LoadScriptModel(const std::string& mod
   PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* train_layers, model->Layers());
   model->eval();
   PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* eval_layers, model->Layers());
+  PSWITCH_RETURN_IF_ERROR(model->CheckReadsFollowGates());
   // Workers lay a model out in eval order and find each train-mode layer there by name.
   std::set<std::string> laid_out;
   for (const Layer& layer : *eval_layers) laid_out.insert(layer.name);

@@ -220,6 +220,7 @@ TEST(ScriptModelTest, BadArchivesAreRefusedNamingTheProblem) {
       {"reads_file.pt", "calls aten::from_file"},
       {"forks.pt", "calls prim::fork"},
       {"setstate.pt", "defines __setstate__"},
+      {"parent_reads.pt", "reads a tensor before the layer that holds it runs"},
   };
   for (const auto& [file, message] : cases) {
     SCOPED_TRACE(file);

@@ -19,6 +19,7 @@ Bad archives, each for one registration error:
   reads_file        a forward pass calling torch.from_file
   forks             a forward pass running code on another thread (torch.jit.fork)
   setstate          a __setstate__ (code that would run while the archive loads)
+  parent_reads      a valid export whose forward reads a child's weight before the child runs
 
 And data_dependent.pswitch.pt, a valid export whose layers depend on the input's sign.
 
@@ -81,6 +82,18 @@ class TensorAttribute(nn.Module):
 
     def forward(self, x):
         return self.fc(x) * self.scale
+
+
+class ParentReads(nn.Module):
+    """Reads a child's weight before the child runs: the weight would not have arrived yet."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.out(self.fc(x) * self.out.weight.sum())
 
 
 class ReadsFile(nn.Module):
@@ -195,6 +208,7 @@ def main():
     except Exception as error:  # noqa: BLE001 - say which fixture could not be made
         raise SystemExit(f"setstate.pt: {error}")
     export(DataDependent(), torch.ones(1, 4), os.path.join(args.out, "data_dependent.pswitch.pt"))
+    export(ParentReads(), torch.ones(1, 4), os.path.join(args.out, "parent_reads.pt"))
     good = os.path.join(args.out, "residual_cnn.pswitch.pt")
     rewrite_code(good, os.path.join(args.out, "unknown_op.pt"), "ops.pswitch.gate",
                  "ops.pswitch_missing.gate")
