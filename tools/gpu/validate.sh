@@ -22,7 +22,8 @@
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
 # ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
-# -bert_base (105, 70 each), bubbles (150, 80), sanitizer (75, 50), rest (120, 90); a step reached after the
+# -bert_base (105, 70 each), bubbles (150, 80), sanitizer (75, 50), rest (120, 90), script (90, 60:
+# your own model's archives through run-model and pswitchd on CUDA); a step reached after the
 # budget is spent is recorded as SKIPPED.
 #
 # Environment:
@@ -312,14 +313,15 @@ stop_daemon() {
   daemon_pid=""
 }
 
-# start_daemon LOG: pswitchd on the GPU for fill jobs; sets daemon_pid, and daemon_port once it
+# start_daemon LOG [FLAGS...]: pswitchd on the GPU (FLAGS added); sets daemon_pid, and daemon_port once it
 # serves (empty when it did not start).
 start_daemon() {
   local log="$1"
+  shift
   daemon_port=""
   "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --gpus=1 --preload= --standby-workers=1 \
     --arena-bytes=$((24 << 30)) --activation-bytes=$((6 << 30)) \
-    --data-root="$work/bubbles" --socket="/tmp/pswitch-validate-$$-bubbles.sock" 2>"$log" &
+    --data-root="$work/bubbles" --socket="/tmp/pswitch-validate-$$-bubbles.sock" "$@" 2>"$log" &
   daemon_pid=$!
   for _ in $(seq 1 300); do
     if grep -q 'event=serving' "$log" 2>/dev/null; then
@@ -329,6 +331,61 @@ start_daemon() {
     kill -0 "$daemon_pid" 2>/dev/null || break
     sleep 0.3
   done
+}
+
+# Your own model on the GPU: the exported archives of tests/data/archives (made by Debian's torch
+# 1.13) run once through run-model on CUDA, then are registered with a GPU-profiled plan, served
+# through pswitchd (gates as stream waits) and trained; every output is checked against the
+# Python output stored beside the archive.
+script_cleanup() { stop_daemon; }
+cmd_script() {
+  need pswitchd pswitch-worker pswitchctl run-model
+  local a="$repo/tests/data/archives" d="$work/script" m rc=0 ctl
+  rm -rf "$d"
+  mkdir -p "$d"
+  trap script_cleanup EXIT
+  compare() {  # compare OUT.safetensors EXPECTED.safetensors LABEL: max |diff| of key "output"
+    "$python" - "$@" <<'PY'
+import json, struct, sys, torch
+def output(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    meta = json.loads(raw[8:8 + n])["output"]
+    lo, hi = meta["data_offsets"]
+    assert meta["dtype"] == "F32", meta
+    return torch.frombuffer(bytearray(raw[8 + n + lo:8 + n + hi]), dtype=torch.float32).reshape(meta["shape"])
+got, want = output(sys.argv[1]), output(sys.argv[2])
+diff = (got - want).abs().max().item()
+print(f"FIG {sys.argv[3]}: max |diff| vs Python {diff:.2e}")
+sys.exit(0 if diff <= 1e-3 else 1)
+PY
+  }
+  for m in residual_cnn tiny_transformer; do
+    "$bin/run-model" --archive "$a/$m.pswitch.pt" --input "$a/$m.io.safetensors" \
+      --output "$d/$m.run.safetensors" --device cuda || { rc=1; continue; }
+    compare "$d/$m.run.safetensors" "$a/$m.io.safetensors" "$m run-model cuda" || rc=1
+  done
+  start_daemon "$d/pswitchd.log" --allow-client-paths=true
+  if [ -z "$daemon_port" ]; then
+    tail -20 "$d/pswitchd.log"
+    return 1
+  fi
+  ctl=("$bin/pswitchctl" --server="127.0.0.1:$daemon_port")
+  for m in residual_cnn tiny_transformer; do
+    local t0=$SECONDS
+    "${ctl[@]}" register --name "$m" --archive "$a/$m.pswitch.pt" --batch 2 --plan auto || { rc=1; continue; }
+    echo "FIG $m registered with a GPU-profiled plan in $((SECONDS - t0)) s"
+    local i
+    for i in 1 2 3; do  # the first call loads the model; the others switch back to a warm one
+      "${ctl[@]}" infer --name "$m" --input "$a/$m.io.safetensors" --output "$d/$m.serve$i.safetensors" \
+        || { rc=1; continue; }
+    done
+    compare "$d/$m.serve3.safetensors" "$a/$m.io.safetensors" "$m served by pswitchd cuda" || rc=1
+    "${ctl[@]}" train --name "$m" --iterations 5 --batch 2 || rc=1
+  done
+  "${ctl[@]}" models || true
+  grep -E 'event=(model_registered|task_done|task_failed)' "$d/pswitchd.log" | tail -12
+  return "$rc"
 }
 
 bubbles_cleanup() {
@@ -593,6 +650,7 @@ do_run() {
   step bubbles $((q ? 80 : 150)) "$self" _bubbles
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
   step rest $((q ? 90 : 120)) "$self" _rest
+  step script $((q ? 60 : 90)) "$self" _script
   memory_summary
   tar -czf "$out/artifacts.tar.gz" -C "$work" --exclude='*.safetensors' --exclude='*.sock' . \
     2>>"$log"
