@@ -4,15 +4,20 @@
 #include <linux/close_range.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 
@@ -49,10 +54,15 @@ absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec) {
     // would keep that peer's socket open after the peer is gone.
     if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) != 0) {
       for (int fd = 3; fd < max_fd; ++fd) {
-        if (fd != spec.inherit_fd && fd != status_fd) ::close(fd);
+        if (fd != status_fd &&
+            std::find(spec.inherit_fds.begin(), spec.inherit_fds.end(), fd) == spec.inherit_fds.end()) {
+          ::close(fd);
+        }
       }
     }
-    if (spec.inherit_fd >= 0) ::fcntl(spec.inherit_fd, F_SETFD, 0);  // survives exec
+    for (int fd : spec.inherit_fds) {
+      if (fd >= 0) ::fcntl(fd, F_SETFD, 0);  // survives exec
+    }
     int error = 0;
     if (spec.address_space_bytes > 0 && ::setrlimit(RLIMIT_AS, &limit) != 0) {
       error = errno;
@@ -84,6 +94,93 @@ std::string DescribeExit(int wait_status) {
     return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
   }
   return "ended";
+}
+
+namespace {
+
+// Resident bytes of `pid` (0 if it cannot be read: it is exiting).
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream statm(absl::StrCat("/proc/", pid, "/statm"));
+  uint64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Kills and reaps a child on every path out of RunBoundedChild that has not reaped it.
+class ChildGuard {
+ public:
+  explicit ChildGuard(pid_t pid) : pid_(pid) {}
+  ChildGuard(const ChildGuard&) = delete;
+  ChildGuard& operator=(const ChildGuard&) = delete;
+  ~ChildGuard() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  void Forget() { pid_ = -1; }  // the caller reaped it
+
+ private:
+  pid_t pid_;
+};
+
+constexpr absl::Duration kSample = absl::Milliseconds(10);
+
+}  // namespace
+
+absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec) {
+  // A memory file rather than a pipe: nothing to drain while waiting, and its size is the bound.
+  UniqueFd out(::memfd_create("pswitch-child-stdout", MFD_CLOEXEC));
+  if (!out.valid()) return ErrnoStatus("memfd_create for a child's output");
+  PSWITCH_ASSIGN_OR_RETURN(pid_t pid, SpawnChild({.argv = spec.argv,
+                                                  .inherit_fds = spec.inherit_fds,
+                                                  .stdout_fd = out.get()}));
+  ChildGuard child(pid);
+  const absl::Time deadline = absl::Now() + spec.timeout;
+  int status = 0;
+  while (true) {
+    const pid_t reaped = ::waitpid(pid, &status, WNOHANG);
+    if (reaped < 0 && errno != EINTR) return ErrnoStatus(absl::StrCat("waiting for ", spec.what));
+    if (reaped == pid) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          spec.what, " took longer than ", absl::FormatDuration(spec.timeout), spec.timeout_hint));
+    }
+    if (ResidentBytes(pid) > spec.memory_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          spec.what, " needed more than ", spec.memory_bytes, " bytes of memory", spec.memory_hint));
+    }
+    struct stat st {};
+    if (::fstat(out.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) > spec.max_output_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(spec.what, " wrote more than ", spec.max_output_bytes, " bytes"));
+    }
+    absl::SleepFor(kSample);
+  }
+  child.Forget();
+  BoundedChildResult result;
+  result.wait_status = status;
+  // Read through our own descriptor (the child's offset is its own), at the size it has now: a
+  // descendant left behind could still write, and what it adds is not read.
+  struct stat st {};
+  if (::fstat(out.get(), &st) != 0) return ErrnoStatus(absl::StrCat("the output of ", spec.what));
+  if (static_cast<uint64_t>(st.st_size) > spec.max_output_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(spec.what, " wrote more than ", spec.max_output_bytes, " bytes"));
+  }
+  result.output.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < result.output.size()) {
+    const ssize_t n = ::pread(out.get(), result.output.data() + done, result.output.size() - done,
+                              static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("reading the output of ", spec.what));
+    if (n == 0) break;  // truncated meanwhile
+    done += static_cast<size_t>(n);
+  }
+  result.output.resize(done);
+  return result;
 }
 
 }  // namespace pswitch::base

@@ -1,6 +1,7 @@
 // Starting a helper process from a multi-threaded daemon: fork + exec with nothing but stdio
 // and the fds named inherited, killed with its parent (PR_SET_PDEATHSIG), optionally under an
-// address-space limit. The child runs only async-signal-safe code before exec.
+// address-space limit. The child runs only async-signal-safe code before exec. RunBoundedChild
+// runs such a helper to its end within time, memory and output bounds.
 #ifndef PSWITCH_BASE_CHILD_PROCESS_H_
 #define PSWITCH_BASE_CHILD_PROCESS_H_
 
@@ -11,12 +12,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace pswitch::base {
 
 struct ChildSpec {
   std::vector<std::string> argv;  // argv[0]: the binary's path
-  int inherit_fd = -1;            // kept open across exec at its number (-1: none)
+  std::vector<int> inherit_fds;   // kept open across exec at their numbers (negative: ignored)
   int stdout_fd = -1;             // becomes the child's stdout (-1: this process's)
   uint64_t address_space_bytes = 0;  // RLIMIT_AS; 0: none (CUDA reserves far more than it uses)
 };
@@ -27,6 +29,28 @@ absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec);
 
 // "exited with status N" / "killed by signal N (name)", from a waitpid status.
 std::string DescribeExit(int wait_status);
+
+// A helper run to its end under bounds, its stdout a memory file read back afterwards.
+struct BoundedChildSpec {
+  std::vector<std::string> argv;
+  std::vector<int> inherit_fds;
+  uint64_t memory_bytes = 4ull << 30;  // resident memory, sampled every 10 ms: beyond it, killed
+  absl::Duration timeout = absl::Minutes(2);
+  uint64_t max_output_bytes = 16 << 20;  // stdout beyond it: killed
+  std::string what;                      // "profiling 'x' at batch 2", for messages
+  std::string memory_hint;               // appended to the ResourceExhausted message
+  std::string timeout_hint;              // appended to the DeadlineExceeded message
+};
+
+struct BoundedChildResult {
+  int wait_status = 0;
+  std::string output;  // its stdout: untrusted
+};
+
+// Runs the child until it exits (any status: the caller judges it) and returns what it wrote to
+// stdout. The child is killed and reaped on every error: ResourceExhausted past the memory bound,
+// DeadlineExceeded past the timeout, ResourceExhausted for output past its bound.
+absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec);
 
 }  // namespace pswitch::base
 

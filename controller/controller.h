@@ -21,6 +21,8 @@ struct ControllerOptions {
   SchedulerOptions scheduler;
   // Where and at which link speed "auto" plans are profiled.
   AutoPlanProfile auto_plan;
+  // Where pswitch.export archives are loaded and checked (ModelCatalog).
+  ArchiveInspector archive_inspector;
   uint32_t max_training_iterations = 1'000'000;
   // Bounds on what one request may ask for: samples per batch (registration, training, an
   // inference input's first dimension) and bytes of inference input.

@@ -16,7 +16,7 @@
 #include "base/files.h"
 #include "base/json.h"
 #include "base/status.h"
-#include "worker/model_binding.h"
+#include "worker/model_inspection.h"
 
 namespace pswitch::controller {
 namespace {
@@ -61,38 +61,23 @@ grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout
   return plan;
 }
 
-absl::StatusOr<proto::DType> WireDType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return proto::DType::F32;
-    case at::kLong: return proto::DType::I64;
-    case at::kInt: return proto::DType::I32;
-    default:
-      return absl::InternalError(absl::StrCat("unexpected tensor type ", c10::toString(t.scalar_type())));
+proto::DType WireDType(models::DType dtype) {
+  switch (dtype) {
+    case models::DType::kI64: return proto::DType::I64;
+    case models::DType::kI32: return proto::DType::I32;
+    default: return proto::DType::F32;  // the facts hold F32, I64 or I32 only
   }
 }
 
-// The model's input and output, from one batch-1 forward pass of its example input.
-absl::StatusOr<std::pair<TensorSpec, TensorSpec>> DescribeTensors(models::ZooModel& model) {
-  const models::ModelInput example = model.ExampleInput(1, 0);
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelOutput out, models::RunForward(model, example));
-  auto spec = [](const std::string& name, const at::Tensor& t) -> absl::StatusOr<TensorSpec> {
-    TensorSpec s;
-    s.name = name;
-    PSWITCH_ASSIGN_OR_RETURN(s.dtype, WireDType(t));
-    s.shape.assign(t.sizes().begin(), t.sizes().end());
-    if (!s.shape.empty()) s.shape[0] = -1;  // the batch
-    return s;
-  };
-  PSWITCH_ASSIGN_OR_RETURN(TensorSpec input, spec("input", example.input));
-  PSWITCH_ASSIGN_OR_RETURN(TensorSpec output, spec("output", out.output));
-  return std::make_pair(std::move(input), std::move(output));
+TensorSpec WireSpec(const std::string& name, const models::FactsTensorSpec& spec) {
+  return TensorSpec{name, WireDType(spec.dtype), spec.shape};
 }
 
 }  // namespace
 
 absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& request,
                                                            const models::ModelSource& source,
-                                                           int archive_fd, models::ZooModel& model,
+                                                           int archive_fd, models::ZooModel* model,
                                                            int layout_layers, int executed_layers) {
   if (request.plan != "auto") {
     PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request));
@@ -118,6 +103,11 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
       return CoverTail(outcome.result.plan, executed_layers, layout_layers);
     }
     return absl::InternalError("the profile does not match the model's layers");
+  }
+  if (model == nullptr) {
+    return absl::FailedPreconditionError(
+        "an \"auto\" plan for an archive checked in a child process needs the profiler child "
+        "too; register with a find-grouping plan file");
   }
   models::ProfileOptions options;
   options.batch = request.batch_size;
@@ -147,8 +137,8 @@ absl::StatusOr<grouping::GroupPlan> ModelCatalog::MakePlan(const ModelRequest& r
     models::ReleaseCachedDeviceMemory();
     PSWITCH_ASSIGN_OR_RETURN(profile, std::move(measured));
   } else {
-    PSWITCH_ASSIGN_OR_RETURN(profile, models::ProfileModel(model, *device, options));
-    model.eval();
+    PSWITCH_ASSIGN_OR_RETURN(profile, models::ProfileModel(*model, *device, options));
+    model->eval();
   }
   // The profiler's result is the search's input (Create validates it): no JSON in between.
   PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
@@ -197,57 +187,65 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
       archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
       source.archive = std::make_shared<const std::string>(std::move(bytes));
     }
-    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
-                             models::CreateModelFrom(source, request.name));
-    if (!request.weights_path.empty() && request.files != nullptr) {
+    // The checkpoint's bytes, read here: the repository's or the server's access rules apply.
+    std::string weights_bytes;
+    if (!request.weights_path.empty()) {
       const models::SafetensorsLimits limits;
-      PSWITCH_ASSIGN_OR_RETURN(
-          std::string bytes,
-          request.files->Read(request.weights_path, "weights", limits.max_file_bytes));
-      PSWITCH_ASSIGN_OR_RETURN(
-          models::SafetensorsFile file,
-          models::SafetensorsFile::Parse(std::move(bytes), request.weights_path, limits));
-      PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
-    } else if (!request.weights_path.empty()) {
-      absl::Status loaded = models::LoadWeights(*model, request.weights_path);
-      if (absl::IsNotFound(loaded) || absl::IsPermissionDenied(loaded)) {
-        // The same answer whether or not the file exists: a client learns nothing about
-        // the server's files it could not read anyway.
-        return absl::PermissionDeniedError(absl::StrCat(
-            "weights file '", request.weights_path, "' cannot be opened by pswitchd"));
-      }
-      PSWITCH_RETURN_IF_ERROR(loaded);
+      PSWITCH_ASSIGN_OR_RETURN(weights_bytes, ReadRequestFile(request, request.weights_path,
+                                                              "weights file", limits.max_file_bytes));
     }
-    model->eval();
-    PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* layers, model->Layers());
-    int layout_layers = static_cast<int>(layers->size());
+    const uint64_t archive_bytes = source.archive != nullptr ? source.archive->size() : 0;
+    models::ModelFacts facts;
+    std::shared_ptr<models::ZooModel> model;  // built in this process only without an inspector
+    if (archive_fd != nullptr && inspector_) {
+      UniqueFd weights_fd;
+      if (!request.weights_path.empty()) {
+        PSWITCH_ASSIGN_OR_RETURN(weights_fd,
+                                 base::SealedMemoryFile("pswitch-weights", weights_bytes));
+        weights_bytes.clear();
+        weights_bytes.shrink_to_fit();
+      }
+      source.archive.reset();  // only the child reads it
+      PSWITCH_ASSIGN_OR_RETURN(facts, inspector_(request.name, archive_fd->get(), weights_fd.get(),
+                                                 request.weights_path, max_archive_bytes));
+    } else {
+      PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModelFrom(source, request.name));
+      if (!request.weights_path.empty()) {
+        PSWITCH_ASSIGN_OR_RETURN(
+            models::SafetensorsFile file,
+            models::SafetensorsFile::Parse(std::move(weights_bytes), request.weights_path));
+        PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
+      }
+      PSWITCH_ASSIGN_OR_RETURN(facts, worker::InspectModel(*model));
+    }
+    const int layout_layers = static_cast<int>(facts.layers.size());
     int executed = 0;
-    for (const models::Layer& layer : *layers) executed += layer.executed ? 1 : 0;
-    PSWITCH_ASSIGN_OR_RETURN(worker::ModelWeights weights,
-                             worker::CollectWeights(*model, request.name));
+    for (const models::FactsLayer& layer : facts.layers) executed += layer.executed ? 1 : 0;
+    const memdaemon::ModelBytes weights = worker::WeightsOf(facts, request.name);
     auto entry = std::make_unique<CatalogEntry>();
     entry->request = request;
-    entry->optimizer_slot_bytes = models::OptimizerSlotBytes(*model);
-    entry->trainable = models::CheckTrainable(*model);
-    PSWITCH_ASSIGN_OR_RETURN(std::tie(entry->input, entry->output), DescribeTensors(*model));
+    entry->optimizer_slot_bytes = facts.optimizer_slot_bytes;
+    entry->trainable = facts.trainable;
+    entry->input = WireSpec("input", facts.input);
+    entry->output = WireSpec("output", facts.output);
     PSWITCH_ASSIGN_OR_RETURN(entry->plan,
-                             MakePlan(request, source, archive_fd ? archive_fd->get() : -1, *model,
-                                      layout_layers, executed));
+                             MakePlan(request, source, archive_fd ? archive_fd->get() : -1,
+                                      model.get(), layout_layers, executed));
     entry->archive = archive_fd;
-    entry->archive_bytes = source.archive != nullptr ? source.archive->size() : 0;
+    entry->archive_bytes = archive_bytes;
     for (const grouping::LayerGroup& g : entry->plan) {
       entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
     }
     // Checked before the weights are copied into pinned memory, so a refusal costs nothing.
     PSWITCH_ASSIGN_OR_RETURN(
         memdaemon::WeightLayout layout,
-        memdaemon::ComputeWeightLayout(memdaemon::LayerSpecsOf(weights.bytes)));
+        memdaemon::ComputeWeightLayout(memdaemon::LayerSpecsOf(weights)));
     if (layout.total_bytes > region_bytes_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("model '", request.name, "' needs ", layout.total_bytes,
                        " bytes of weights; the weights region holds ", region_bytes_));
     }
-    PSWITCH_ASSIGN_OR_RETURN(entry->stored, daemon_->weights().Register(weights.bytes));
+    PSWITCH_ASSIGN_OR_RETURN(entry->stored, daemon_->weights().Register(weights));
     entry->layers = static_cast<uint32_t>(entry->stored->num_layers());
     entry->weight_bytes = entry->stored->total_bytes();
     return entry;

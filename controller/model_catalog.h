@@ -20,6 +20,7 @@
 #include "base/confined_dir.h"
 #include "base/unique_fd.h"
 #include "memdaemon/memdaemon.h"
+#include "models/model_facts.h"
 
 namespace pswitch::models {
 class ZooModel;
@@ -91,11 +92,25 @@ struct AutoPlanProfile {
       profiler;
 };
 
+// The facts of the archive in sealed memory file `archive_fd` registered as `name`, with the
+// checkpoint in sealed memory file `weights_fd` (-1: none; `weights_name` for messages) applied,
+// at most `max_bytes` of them (pswitchd: in a bounded child process, InspectInChild). Unset: the
+// archive is loaded in this process (library use, tests).
+using ArchiveInspector = std::function<absl::StatusOr<models::ModelFacts>(
+    const std::string& name, int archive_fd, int weights_fd, const std::string& weights_name,
+    uint64_t max_bytes)>;
+
 // Thread-safe. `*daemon` must outlive the catalog.
 class ModelCatalog {
  public:
-  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, AutoPlanProfile auto_plan)
-      : daemon_(daemon), region_bytes_(region_bytes), auto_plan_(std::move(auto_plan)) {}
+  // With an `inspector`, "auto" plans of archives need `auto_plan.profiler` too: this process
+  // never loads an archive then.
+  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, AutoPlanProfile auto_plan,
+               ArchiveInspector inspector = nullptr)
+      : daemon_(daemon),
+        region_bytes_(region_bytes),
+        auto_plan_(std::move(auto_plan)),
+        inspector_(std::move(inspector)) {}
 
   // Slow (builds and profiles the model): call off the scheduling thread. InvalidArgument for a
   // bad request (unknown zoo model, bad weights or plan), AlreadyExists, ResourceExhausted when
@@ -115,16 +130,18 @@ class ModelCatalog {
   uint64_t pinned_bytes() const;
 
  private:
-  // The request's plan file, or "auto": a quick profile (of `model` on the CPU, of a fresh
-  // instance on a GPU) and the exact search.
+  // The request's plan file, or "auto": a quick profile (in the profiler child; without one, of
+  // `model` on the CPU or a fresh instance on a GPU) and the exact search. `model` is null when
+  // the archive was inspected in a child.
   absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request,
                                                const models::ModelSource& source, int archive_fd,
-                                               models::ZooModel& model, int layout_layers,
+                                               models::ZooModel* model, int layout_layers,
                                                int executed_layers);
 
   memdaemon::MemDaemon* const daemon_;
   const uint64_t region_bytes_;
   const AutoPlanProfile auto_plan_;
+  const ArchiveInspector inspector_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<CatalogEntry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);

@@ -4,10 +4,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "base/files.h"
 #include "gtest/gtest.h"
+#include "models/script_model.h"
+#include "worker/model_inspection.h"
 
 namespace pswitch::controller {
 namespace {
@@ -83,6 +87,99 @@ TEST(ProfileInChildTest, AFailingOrGarbledProfilerIsAnErrorNotAPlan) {
   ProfileChildOptions options = lingers.Options();
   options.timeout = absl::Milliseconds(300);
   EXPECT_EQ(ProfileInChild(options, "m", 1).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// Archives are checked in a child: pswitchd takes only their facts back, the same facts as the
+// archive loaded in this process gives.
+const std::string kArchives = std::string(PSWITCH_TEST_DATA_DIR) + "/archives/";
+
+UniqueFd ArchiveFile(const std::string& file) {
+  auto bytes = base::ReadRegularFile(kArchives + file, "archive", 64 << 20);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  auto fd = base::SealedMemoryFile("archive", bytes.ok() ? *bytes : "");
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  return fd.ok() ? std::move(*fd) : UniqueFd();
+}
+
+absl::StatusOr<models::ModelFacts> Inspect(const ProfileChildOptions& options, const UniqueFd& fd,
+                                           int weights_fd = -1) {
+  return InspectInChild(options, "m", fd.get(), weights_fd, "w.safetensors", 64 << 20);
+}
+
+ProfileChildOptions RealInspector() {
+  ProfileChildOptions options;
+  options.binary = PSWITCH_WORKER_PATH;
+  options.timeout = absl::Seconds(60);
+  return options;
+}
+
+TEST(InspectInChildTest, TheChildsFactsAreThoseOfTheArchiveLoadedHere) {
+  for (const std::string file : {"residual_cnn.pswitch.pt", "tiny_transformer.pswitch.pt"}) {
+    SCOPED_TRACE(file);
+    UniqueFd fd = ArchiveFile(file);
+    auto facts = Inspect(RealInspector(), fd);
+    ASSERT_TRUE(facts.ok()) << facts.status();
+    auto bytes = base::ReadRegularFile(kArchives + file, "archive", 64 << 20);
+    auto model = models::LoadScriptModel(file, *bytes, file);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto here = worker::InspectModel(**model);
+    ASSERT_TRUE(here.ok()) << here.status();
+    ASSERT_EQ(facts->layers.size(), here->layers.size());
+    for (size_t l = 0; l < here->layers.size(); ++l) {
+      const auto &a = facts->layers[l], &b = here->layers[l];
+      EXPECT_EQ(a.name, b.name);
+      EXPECT_EQ(a.executed, b.executed);
+      ASSERT_EQ(a.tensors.size(), b.tensors.size()) << a.name;
+      for (size_t t = 0; t < a.tensors.size(); ++t) {
+        EXPECT_EQ(a.tensors[t].name, b.tensors[t].name);
+        ASSERT_EQ(a.tensors[t].bytes.size(), b.tensors[t].bytes.size());
+        EXPECT_EQ(std::memcmp(a.tensors[t].bytes.data(), b.tensors[t].bytes.data(),
+                              a.tensors[t].bytes.size()), 0)
+            << a.name << "." << a.tensors[t].name;
+      }
+    }
+    EXPECT_EQ(facts->optimizer_slot_bytes, here->optimizer_slot_bytes);
+    EXPECT_EQ(facts->trainable, here->trainable);
+    EXPECT_EQ(facts->input.shape, here->input.shape);
+    EXPECT_EQ(facts->output.shape, here->output.shape);
+  }
+}
+
+TEST(InspectInChildTest, TheArchivesRefusalComesBackNamingTheParameter) {
+  UniqueFd fd = ArchiveFile("float64.pt");
+  auto facts = Inspect(RealInspector(), fd);
+  EXPECT_EQ(facts.status().code(), absl::StatusCode::kInvalidArgument) << facts.status();
+  EXPECT_NE(facts.status().message().find("parameter 'fc.weight'"), absl::string_view::npos)
+      << facts.status();
+  // A checkpoint that does not fit the archive: the child's LoadWeights says which key.
+  UniqueFd good = ArchiveFile("residual_cnn.pswitch.pt");
+  const std::vector<float> w(3, 1.0f);
+  auto weights = models::SerializeSafetensors({{"no.such.key", models::DType::kF32, {3}, w.data(), 12}});
+  auto weights_fd = base::SealedMemoryFile("weights", *weights);
+  auto loaded = Inspect(RealInspector(), good, weights_fd->get());
+  EXPECT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("w.safetensors"), absl::string_view::npos)
+      << loaded.status();
+}
+
+TEST(InspectInChildTest, ACrashHangOrGarbleInTheCheckerIsARefusalNotACrash) {
+  UniqueFd fd = ArchiveFile("residual_cnn.pswitch.pt");
+  FakeProfiler crashes("kill -SEGV $$");
+  auto crashed = Inspect(crashes.Options(), fd);
+  EXPECT_EQ(crashed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(crashed.status().message().find("killed by signal 11"), absl::string_view::npos)
+      << crashed.status();
+  FakeProfiler garbled("echo 'not facts'");
+  EXPECT_EQ(Inspect(garbled.Options(), fd).status().code(), absl::StatusCode::kInvalidArgument);
+  FakeProfiler lies("printf '{\"code\": 0, \"message\": \"fine\"}'; exit 3");
+  EXPECT_EQ(Inspect(lies.Options(), fd).status().code(), absl::StatusCode::kInternal);
+  FakeProfiler floods("head -c 20000000 /dev/zero");
+  auto flooded = InspectInChild(floods.Options(), "m", fd.get(), -1, "", 1 << 20);
+  EXPECT_EQ(flooded.status().code(), absl::StatusCode::kResourceExhausted) << flooded.status();
+  FakeProfiler hangs("exec sleep 60");
+  ProfileChildOptions options = hangs.Options();
+  options.timeout = absl::Milliseconds(300);
+  EXPECT_EQ(Inspect(options, fd).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
                                    absl::StrCat("--device=", options.device_ordinal),
                                    absl::StrCat("--data_root=", options.data_root)};
   PSWITCH_ASSIGN_OR_RETURN(
-      pid_t pid, base::SpawnChild({.argv = std::move(args), .inherit_fd = child_end.get()}));
+      pid_t pid, base::SpawnChild({.argv = std::move(args), .inherit_fds = {child_end.get()}}));
   child_end.Reset();
   return std::unique_ptr<WorkerProcess>(new WorkerProcess(
       options.worker_id, pid, std::make_unique<proto::FrameChannel>(std::move(parent_end)),

@@ -23,6 +23,7 @@
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
 #include "grouping/search.h"
+#include "models/model_facts.h"
 #include "models/safetensors.h"
 #include "proto/client_generated.h"
 #include "proto/framing.h"
@@ -281,6 +282,35 @@ void SafetensorsSeeds() {
             std::string(4, '\0')));
 }
 
+// ---- fuzz_model_facts
+
+void ModelFactsSeeds() {
+  const std::string t = "fuzz_model_facts";
+  const std::string w(24, '\x3f'), b = "bias";
+  models::ModelFacts facts;
+  auto span = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+  facts.layers = {{"conv1", true, {{"weight", span(w)}, {"bias", span(b)}}},
+                  {"relu", true, {}},
+                  {"aux.fc", false, {{"weight", span(b)}}}};
+  facts.optimizer_slot_bytes = 256;
+  facts.input = {models::DType::kF32, {-1, 3, 32, 32}};
+  facts.output = {models::DType::kF32, {-1, 10}};
+  absl::StatusOr<std::string> encoded = models::EncodeModelFacts(facts);
+  if (!encoded.ok()) Die(encoded.status().ToString());
+  Write(t, "three_layers", *encoded);
+  facts.trainable = absl::FailedPreconditionError("exported without a loss");
+  facts.layers.resize(1);
+  facts.input = {models::DType::kI64, {-1, 16}};
+  encoded = models::EncodeModelFacts(facts);
+  if (!encoded.ok()) Die(encoded.status().ToString());
+  Write(t, "untrainable_token_input", *encoded);
+  Write(t, "refusal", models::EncodeRefusal(absl::InvalidArgumentError("layer 'fc': float64")));
+  Write(t, "edge_facts_metadata_not_json",
+        Safetensors({}, {{"pswitch.facts", "{\"format\": 1, \"layers\": [["}}));
+}
+
 // ---- JSON targets
 
 void BubbleCycleSeeds() {
@@ -387,6 +417,7 @@ int main(int argc, char** argv) {
     pswitch::fuzz::Die("cannot create corpus dir");
   pswitch::fuzz::FrameSeeds();
   pswitch::fuzz::SafetensorsSeeds();
+  pswitch::fuzz::ModelFactsSeeds();
   pswitch::fuzz::BubbleCycleSeeds();
   pswitch::fuzz::PlanSeeds();
   pswitch::fuzz::ProfileSeeds();

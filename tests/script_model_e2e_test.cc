@@ -264,5 +264,41 @@ TEST(ScriptModelE2eTest, BrokenArchivesAreRefusedClearlyAndLeaveNothingBehind) {
               HasSubstr("not both"));
 }
 
+// pswitchd never loads an archive itself: the check runs in a child (InspectInChild), so an
+// archive that crashes libtorch's loader costs only that registration. Here the child crashes on
+// every archive (a checker that segfaults when asked to inspect, the real worker otherwise): the
+// archive is refused saying so, and pswitchd goes on serving zoo models.
+TEST(ScriptModelE2eTest, AnArchiveThatCrashesTheCheckerIsRefusedAndPswitchdServesOn) {
+  char tmpl[] = "/tmp/pswitch-crashing-checker-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path dir = tmpl;
+  const std::filesystem::path checker = dir / "checker";
+  std::ofstream(checker) << "#!/bin/sh\ncase \"$*\" in *--inspect_name=*) kill -SEGV $$;; esac\n"
+                         << "exec " << PSWITCH_WORKER_PATH << " \"$@\"\n";
+  std::filesystem::permissions(checker, std::filesystem::perms::owner_all);
+  {
+    e2e::TestDaemon daemon({"--preload=", "--allow-client-paths=true",
+                            "--profiler-binary=" + checker.string()});
+    ASSERT_GT(daemon.port(), 0) << daemon.log();
+    auto client = client::Client::Connect(daemon.address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client::RegisterOptions own;
+    own.name = "own";
+    own.archive_path = (kArchives / "residual_cnn.pswitch.pt").string();
+    auto refused = (*client)->Register(own);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("killed by signal 11"));
+    client::RegisterOptions zoo;
+    zoo.name = "own";  // the refused name is free again
+    zoo.zoo_model = "tiny_cnn";
+    auto registered = (*client)->Register(zoo);
+    ASSERT_TRUE(registered.ok()) << registered.status() << daemon.log();
+    auto models = (*client)->ListModels();
+    ASSERT_TRUE(models.ok()) << models.status();
+    EXPECT_EQ(models->size(), 1u);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace pswitch

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/, with clang-14: coverage, ASan, UBSan) into build-fuzz/ and
-# runs each for SECONDS_PER_TARGET (default 10: about a minute for all six, what CI runs) over a copy
+# runs each for SECONDS_PER_TARGET (default 10: about a minute for all seven, what CI runs) over a copy
 # of its seed corpus. Exits non-zero if any target crashes, leaks, hits UB, times out or runs out
 # of memory; the input that did it is kept under build-fuzz/crashes/<target>/.
 #

@@ -1,7 +1,10 @@
 // pswitch-worker: a worker process, spawned by pswitchd (never by hand): it inherits its control
 // socket and attaches to the memdaemon's socket. With --profile-model it is instead pswitchd's
 // profiler for "auto" plans: it profiles a fresh instance of the model and writes the profile
-// JSON to stdout, so the profile's time and memory are never pswitchd's own.
+// JSON to stdout, so the profile's time and memory are never pswitchd's own. With --inspect-name
+// it is pswitchd's inspector of a pswitch.export archive: it loads and checks the archive, applies
+// the weights checkpoint, and writes the model's facts (models/model_facts.h) to stdout, or a
+// refusal with exit status 3, so a hostile archive meets libtorch's loader outside pswitchd.
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,10 +16,14 @@
 #include "base/log.h"
 #include "base/status.h"
 #include "models/layer_profiler.h"
+#include "models/model_facts.h"
+#include "models/safetensors.h"
+#include "models/weights.h"
 #include "models/registry.h"
 #include "models/script_model.h"
 #include "models/zoo_model.h"
 #include "tools/cli.h"
+#include "worker/model_inspection.h"
 #include "worker/worker.h"
 
 ABSL_FLAG(uint32_t, worker_id, 0, "worker slot id");
@@ -34,7 +41,18 @@ ABSL_FLAG(int, profile_archive_fd, -1,
           "profile the script model in this inherited sealed memory file (--profile_model names "
           "it in messages)");
 
+ABSL_FLAG(std::string, inspect_name, "",
+          "inspect the archive of --inspect-archive-fd as this model and exit (pswitchd's "
+          "inspector)");
+ABSL_FLAG(int, inspect_archive_fd, -1, "the inherited sealed memory file holding the archive");
+ABSL_FLAG(int, inspect_weights_fd, -1,
+          "an inherited sealed memory file holding a safetensors checkpoint to apply (-1: none)");
+ABSL_FLAG(std::string, inspect_weights_name, "weights", "the checkpoint's name in messages");
+
 namespace {
+
+// Exit status of an inspection that refused the archive; its stdout holds the refusal.
+constexpr int kRefused = 3;
 
 // The profile pswitchd's ModelCatalog made in its own process before: a fresh, seeded instance
 // (layer times do not depend on the weights), 1 warm-up run, 3 measured.
@@ -69,10 +87,48 @@ absl::Status Profile() {
   return absl::OkStatus();
 }
 
+bool WriteStdout(const std::string& bytes) {
+  return std::fwrite(bytes.data(), 1, bytes.size(), stdout) == bytes.size() &&
+         std::fflush(stdout) == 0;
+}
+
+absl::StatusOr<std::string> Inspect() {
+  using namespace pswitch;  // NOLINT: a tool's entry point
+  const std::string name = absl::GetFlag(FLAGS_inspect_name);
+  if (absl::GetFlag(FLAGS_inspect_archive_fd) < 0) {
+    return absl::InvalidArgumentError("--inspect-name needs --inspect-archive-fd");
+  }
+  UniqueFd archive_fd(absl::GetFlag(FLAGS_inspect_archive_fd));
+  PSWITCH_ASSIGN_OR_RETURN(std::string archive,
+                           base::ReadSealedMemoryFile(archive_fd, "the archive to inspect",
+                                                      std::numeric_limits<uint64_t>::max()));
+  models::ModelSource source{"", std::make_shared<const std::string>(std::move(archive)), name};
+  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
+                           models::CreateModelFrom(source, name));
+  source.archive.reset();
+  if (const int fd = absl::GetFlag(FLAGS_inspect_weights_fd); fd >= 0) {
+    UniqueFd weights_fd(fd);
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                             base::ReadSealedMemoryFile(weights_fd, "the weights checkpoint",
+                                                        std::numeric_limits<uint64_t>::max()));
+    PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
+                             models::SafetensorsFile::Parse(std::move(bytes),
+                                                            absl::GetFlag(FLAGS_inspect_weights_name)));
+    PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, worker::InspectModel(*model));
+  return models::EncodeModelFacts(facts);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(argc, argv, "pswitch worker process (spawned by pswitchd).");
+  if (!absl::GetFlag(FLAGS_inspect_name).empty()) {
+    absl::StatusOr<std::string> facts = Inspect();
+    if (!facts.ok()) return WriteStdout(pswitch::models::EncodeRefusal(facts.status())) ? kRefused : 1;
+    return WriteStdout(*facts) ? 0 : 1;
+  }
   if (!absl::GetFlag(FLAGS_profile_model).empty()) {
     absl::Status profiled = Profile();
     if (!profiled.ok()) {

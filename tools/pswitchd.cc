@@ -121,8 +121,10 @@ ABSL_FLAG(uint32_t, max_batch, 256,
 ABSL_FLAG(uint64_t, max_input_bytes, 48ull << 20, "largest inference input, bytes");
 ABSL_FLAG(uint64_t, max_dataset_bytes, 2ull << 30, "largest fill-job dataset file, bytes");
 ABSL_FLAG(uint64_t, profile_memory_bytes, 4ull << 30,
-          "\"auto\" plans are profiled in a child process: its resident memory bound");
-ABSL_FLAG(int, profile_timeout_s, 120, "\"auto\" plans: the profiling child's time bound");
+          "\"auto\" plans are profiled, and archives checked, in a child process: its resident "
+          "memory bound (an archive's check may use four times the archive's size more)");
+ABSL_FLAG(int, profile_timeout_s, 120,
+          "\"auto\" plans' profiling and archives' checks: the child's time bound");
 ABSL_FLAG(int, max_task_time_s, 86400,
           "every task's deadline: a client's own is capped by it, a task without one gets it");
 ABSL_FLAG(bool, insecure, false,
@@ -460,6 +462,14 @@ int Main() {
   controller_options.auto_plan.profiler = [profiling](const std::string& zoo, int archive_fd,
                                                       uint32_t batch) {
     return controller::ProfileInChild(profiling, zoo, batch, archive_fd);
+  };
+  // pswitchd never loads an archive itself: libtorch's loader is not hardened against a crafted
+  // one.
+  controller_options.archive_inspector = [profiling](const std::string& name, int archive_fd,
+                                                     int weights_fd, const std::string& weights_name,
+                                                     uint64_t max_bytes) {
+    return controller::InspectInChild(profiling, name, archive_fd, weights_fd, weights_name,
+                                      max_bytes);
   };
   controller::ClientServerOptions server_options;
   if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {

@@ -1,0 +1,77 @@
+// What registration needs to know of a model: its layers in layout order with their weights'
+// bytes, the optimizer-slot size, whether it trains, and its input and output. For a pswitch.export
+// archive these facts are made in a bounded child process (the archive is hostile input, and
+// libtorch's loader is not hardened against it) and come back to pswitchd as a safetensors file,
+// decoded here as untrusted bytes: pswitchd never loads an archive itself.
+//
+// No libtorch: the fuzzer links this alone. Making the facts from a model is
+// worker/model_inspection.h.
+#ifndef PSWITCH_MODELS_MODEL_FACTS_H_
+#define PSWITCH_MODELS_MODEL_FACTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "models/safetensors.h"
+
+namespace pswitch::models {
+
+// A model input or output as clients see it: F32, I64 or I32; shape[0] is the batch (-1).
+struct FactsTensorSpec {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+struct FactsTensor {
+  std::string name;
+  std::span<const std::byte> bytes;  // into ModelFacts::keep_alive
+};
+
+struct FactsLayer {
+  std::string name;
+  bool executed = true;  // false: never runs in eval mode (rides in the plan's last group)
+  std::vector<FactsTensor> tensors;
+};
+
+struct ModelFacts {
+  std::vector<FactsLayer> layers;  // layout (eval) order
+  uint64_t optimizer_slot_bytes = 0;
+  absl::Status trainable;  // why training tasks are refused, or OK
+  FactsTensorSpec input, output;
+  std::shared_ptr<const void> keep_alive;  // owns the bytes the tensors' spans point into
+};
+
+// Limits a decoded file is held to (beyond SafetensorsLimits').
+struct ModelFactsLimits {
+  SafetensorsLimits file;
+  size_t max_layers = 1 << 16;
+  size_t max_name_bytes = 1024;
+  size_t max_message_bytes = 4096;
+};
+
+// The facts as a safetensors file: each tensor's bytes as a U8 vector keyed "<layer>/<tensor>" by
+// index, everything else as JSON in the metadata entry "pswitch.facts".
+absl::StatusOr<std::string> EncodeModelFacts(const ModelFacts& facts);
+
+// Parses and checks untrusted `bytes` (from a child process): InvalidArgument naming `origin` for
+// anything malformed, inconsistent or over the limits. The result owns the bytes.
+absl::StatusOr<ModelFacts> DecodeModelFacts(std::string bytes, absl::string_view origin,
+                                            const ModelFactsLimits& limits = {});
+
+// A refusal as the child reports it (JSON: code and message), and back. DecodeRefusal never
+// returns OK: an OK code or malformed text is an Internal error naming `origin`; a message over
+// `max_message_bytes` is cut.
+std::string EncodeRefusal(const absl::Status& status);
+absl::Status DecodeRefusal(absl::string_view text, absl::string_view origin,
+                           size_t max_message_bytes = 4096);
+
+}  // namespace pswitch::models
+
+#endif  // PSWITCH_MODELS_MODEL_FACTS_H_
