@@ -59,6 +59,8 @@ struct LayerTable {
   std::string torch_version;
   std::vector<std::string> gates;  // gate id -> module path; gates[0] == ""
   TensorSpecEntry input;
+  // Further inputs, in the forward's argument order after `input` (kExtraInputs' order).
+  std::optional<TensorSpecEntry> attention_mask, token_type_ids;
   std::optional<TensorSpecEntry> target;
   bool loss = false;
 };
@@ -145,11 +147,27 @@ absl::StatusOr<LayerTable> ParseTable(const std::string& text, const std::string
   if (!table.gates[0].empty()) {
     return TableError(origin, "gate 0 must be the model itself (\"\")");
   }
+  // The names clients send inputs under, in the forward's argument order.
+  static constexpr const char* kInputNames[] = {"input", "attention_mask", "token_type_ids"};
   auto inputs = j.find("inputs");
-  if (inputs == j.end() || !inputs->is_array() || inputs->size() != 1) {
-    return TableError(origin, "\"inputs\" must describe exactly one input tensor");
+  if (inputs == j.end() || !inputs->is_array() || inputs->empty() || inputs->size() > 3) {
+    return TableError(origin, "\"inputs\" must describe 1 to 3 input tensors");
   }
-  PSWITCH_ASSIGN_OR_RETURN(table.input, ParseSpec((*inputs)[0], origin, "input", true, true));
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    const nlohmann::json& entry = (*inputs)[i];
+    auto name = entry.is_object() ? entry.find("name") : entry.end();
+    if (name == entry.end() || !name->is_string() || *name != kInputNames[i]) {
+      return TableError(origin, absl::StrCat("input ", i, " must be named '", kInputNames[i],
+                                             "' (inputs follow the forward's argument order)"));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(TensorSpecEntry spec,
+                             ParseSpec(entry, origin, kInputNames[i], true, true));
+    if (i > 0 && spec.shape[0] != table.input.shape[0]) {
+      return TableError(origin, absl::StrCat(kInputNames[i], "'s batch differs from the input's"));
+    }
+    (i == 0 ? table.input : i == 1 ? table.attention_mask.emplace() : table.token_type_ids.emplace()) =
+        std::move(spec);
+  }
   if (auto target = j.find("target"); target != j.end() && !target->is_null()) {
     PSWITCH_ASSIGN_OR_RETURN(table.target, ParseSpec(*target, origin, "target", true, true));
   }
@@ -290,6 +308,15 @@ class ScriptModel final : public ZooModel {
   ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
     ModelInput in;
     in.input = RandomLike(table_.input, batch, seed);
+    // No row masked out entirely (its attention would be NaN): masks are all ones.
+    if (table_.attention_mask.has_value()) {
+      std::vector<int64_t> shape = table_.attention_mask->shape;
+      shape[0] = batch;
+      in.attention_mask = at::ones(shape, at::TensorOptions().dtype(table_.attention_mask->dtype));
+    }
+    if (table_.token_type_ids.has_value()) {
+      in.token_type_ids = RandomLike(*table_.token_type_ids, batch, seed + 1);
+    }
     return in;
   }
   at::Tensor ExampleTarget(int64_t batch, uint64_t seed) const override {
@@ -350,21 +377,34 @@ class ScriptModel final : public ZooModel {
   }
 
  protected:
-  ModelOutput ForwardImpl(const ModelInput& input) override {
-    TORCH_CHECK(!input.attention_mask.defined() && !input.token_type_ids.defined(), "model '",
-                model_name(), "' takes one input tensor, 'input'");
+  ModelOutput ForwardImpl(const ModelInput& given) override {
+    ModelInput input = given;
+    // int32 token ids, as torch's own embedding takes them.
     if (input.input.defined() && input.input.scalar_type() == at::kInt &&
         table_.input.dtype == at::kLong) {
-      ModelInput widened = input;  // int32 token ids, as torch's own embedding takes them
-      widened.input = input.input.to(at::kLong);
-      return ForwardImpl(widened);
+      input.input = input.input.to(at::kLong);
     }
-    TORCH_CHECK(input.input.defined() && input.input.scalar_type() == table_.input.dtype &&
+    TORCH_CHECK_VALUE(input.input.defined() && input.input.scalar_type() == table_.input.dtype &&
                     input.input.dim() == static_cast<int64_t>(table_.input.shape.size()),
                 "model '", model_name(), "' takes a ", table_.input.shape.size(), "-d ",
                 c10::toString(table_.input.dtype), " input; got ",
                 input.input.defined() ? input.input.toString() : "none", " of ",
                 input.input.defined() ? input.input.dim() : 0, " dimensions");
+    std::vector<c10::IValue> args = {input.input};
+    if (table_.attention_mask.has_value()) {
+      args.push_back(ExtraInput("attention_mask", input.attention_mask, *table_.attention_mask,
+                                input.input, 1));
+    } else {
+      TORCH_CHECK_VALUE(!input.attention_mask.defined(), "model '", model_name(),
+                  "' takes no 'attention_mask' (it was exported with 'input' only)");
+    }
+    if (table_.token_type_ids.has_value()) {
+      args.push_back(ExtraInput("token_type_ids", input.token_type_ids, *table_.token_type_ids,
+                                input.input, 0));
+    } else {
+      TORCH_CHECK_VALUE(!input.token_type_ids.defined(), "model '", model_name(),
+                  "' takes no 'token_type_ids' (it was exported without)");
+    }
     // No optimising pass may move a layer's operators across its gate (the flag is per thread).
     torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
     ScriptModel* previous = std::exchange(active_model, this);
@@ -374,7 +414,7 @@ class ScriptModel final : public ZooModel {
       // Gate 0, the model's own tensors, before anything runs: TorchScript runs a module's
       // pre-hooks only where a parent calls it, so the archive cannot hold this one.
       OnGate(0);
-      result = module_.forward({input.input});
+      result = module_.forward(std::move(args));
     } catch (...) {
       active_model = previous;
       if (gate_error_) std::rethrow_exception(std::exchange(gate_error_, nullptr));
@@ -387,6 +427,27 @@ class ScriptModel final : public ZooModel {
   }
 
   absl::StatusOr<std::vector<Layer>> RecordLayers() override;
+
+ private:
+  // A further input as the forward takes it: `given`, or where the client left it out and it
+  // was exported with the input's shape, `fill` in that shape (a mask of ones, type ids 0).
+  at::Tensor ExtraInput(const char* name, const at::Tensor& given, const TensorSpecEntry& spec,
+                        const at::Tensor& input, int64_t fill) const {
+    if (!given.defined()) {
+      TORCH_CHECK_VALUE(spec.shape == table_.input.shape, "model '", model_name(), "' needs '", name,
+                  "' (it was exported with one of shape [", absl::StrJoin(spec.shape, ", "), "])");
+      return at::full(input.sizes(), fill, input.options().dtype(spec.dtype));
+    }
+    at::Tensor t = given;
+    if (t.scalar_type() == at::kInt && spec.dtype == at::kLong) t = t.to(at::kLong);
+    TORCH_CHECK_VALUE(t.scalar_type() == spec.dtype &&
+                    t.dim() == static_cast<int64_t>(spec.shape.size()) &&
+                    t.size(0) == input.size(0),
+                "model '", model_name(), "' takes a ", spec.shape.size(), "-d ",
+                c10::toString(spec.dtype), " '", name, "' with the input's batch; got ",
+                t.toString(), " of shape ", t.sizes());
+    return t;
+  }
 
  public:
   // Emulates the switch at its finest (one layer per group): every floating-point tensor starts

@@ -66,6 +66,47 @@ TEST(ScriptModelTest, ATransformerWithTiedEmbeddingsMatchesPython) {
   ExpectMatchesPython(*model, "tiny_transformer");
 }
 
+// A fine-tuned-BERT shape: input, attention_mask and token_type_ids, as the protocol names them.
+TEST(ScriptModelTest, AModelWithAnAttentionMaskAndTokenTypesMatchesPython) {
+  auto model = Load("masked_classifier.pswitch.pt");
+  ASSERT_NE(model, nullptr);
+  auto io = ReadTensors(kArchives + "masked_classifier.io.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status();
+  std::map<std::string, at::Tensor> by_name(io->begin(), io->end());
+  ModelInput in;
+  in.input = by_name.at("input");
+  in.attention_mask = by_name.at("attention_mask");
+  in.token_type_ids = by_name.at("token_type_ids").to(at::kInt);  // int32, as clients may send
+  ASSERT_FALSE(in.attention_mask.all().item<bool>());  // some positions are padding
+  auto out = RunForward(*model, in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_LT((out->output - by_name.at("output")).abs().max().item<double>(), 1e-5);
+  // The mask matters: without it (all ones) the output changes.
+  ModelInput unmasked = in;
+  unmasked.attention_mask = at::ones_like(in.attention_mask);
+  auto all_ones = RunForward(*model, unmasked);
+  ASSERT_TRUE(all_ones.ok());
+  EXPECT_GT((all_ones->output - out->output).abs().max().item<double>(), 1e-4);
+  // Left out, a mask is all ones and type ids are zeros.
+  ModelInput defaults;
+  defaults.input = in.input;
+  unmasked.token_type_ids = at::zeros_like(in.input);
+  auto explicit_defaults = RunForward(*model, unmasked);
+  auto implicit_defaults = RunForward(*model, defaults);
+  ASSERT_TRUE(explicit_defaults.ok() && implicit_defaults.ok()) << implicit_defaults.status();
+  EXPECT_TRUE(at::equal(explicit_defaults->output, implicit_defaults->output));
+  // A mask of the wrong shape is an error naming it.
+  ModelInput bad = in;
+  bad.attention_mask = in.attention_mask.flatten();
+  EXPECT_THAT(std::string(RunForward(*model, bad).status().message()),
+              HasSubstr("'attention_mask'"));
+  // Training draws all three, with masks of ones.
+  ModelInput example = model->ExampleInput(3, 7);
+  ASSERT_TRUE(example.attention_mask.defined() && example.token_type_ids.defined());
+  EXPECT_TRUE(example.attention_mask.all().item<bool>());
+  EXPECT_EQ(example.attention_mask.sizes(), example.input.sizes());
+}
+
 TEST(ScriptModelTest, LayersStartWithTheModelAndCoverEveryTensorOnce) {
   for (const std::string file : {"residual_cnn.pswitch.pt", "tiny_transformer.pswitch.pt"}) {
     SCOPED_TRACE(file);
@@ -169,7 +210,7 @@ TEST(ScriptModelTest, WrongInputsAreClearErrors) {
   ModelInput two = model->ExampleInput(1, 0);
   two.attention_mask = at::ones({1, 4});
   EXPECT_THAT(std::string(RunForward(*model, two).status().message()),
-              HasSubstr("one input tensor"));
+              HasSubstr("takes no 'attention_mask'"));
 }
 
 TEST(ScriptModelTest, TrainingUsesTheExportedLossAndIsDeterministic) {

@@ -153,6 +153,9 @@ bool ZooModel::IsIgnorableCheckpointKey(const std::string& /*key*/) const { retu
 absl::Status CatchTorch(const std::string& what, const std::function<void()>& fn) {
   try {
     fn();
+  } catch (const c10::ValueError& e) {
+    // TORCH_CHECK_VALUE: what the caller passed (a model's input) is wrong, not the model.
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {

@@ -150,7 +150,8 @@ class ZooModel : public torch::nn::Module {
 // Forward with exceptions turned into a Status naming the model (for tools and workers).
 absl::StatusOr<ModelOutput> RunForward(ZooModel& model, const ModelInput& input);
 
-// Calls `fn`, converting c10::Error / std::exception into an Internal status prefixed `what`.
+// Calls `fn`, converting c10::Error / std::exception into an Internal status prefixed `what`;
+// c10::ValueError (TORCH_CHECK_VALUE: a bad input) into InvalidArgument.
 absl::Status CatchTorch(const std::string& what, const std::function<void()>& fn);
 
 }  // namespace pswitch::models

@@ -40,6 +40,9 @@ from . import _ops
 
 FORMAT = 1
 LAYER_TABLE = "pswitch/layers.json"
+# The inputs a model may take, in the order of its forward's arguments: the names clients send
+# them under (the zoo's BERT takes the same).
+INPUT_NAMES = ("input", "attention_mask", "token_type_ids")
 LOSS_FILE = "pswitch/loss.pt"
 _DTYPES = {torch.float32: "float32", torch.int64: "int64"}
 _GATE_ATTRIBUTE = "_pswitch_gate"
@@ -95,7 +98,7 @@ def _gate_order(model, example):
         handles.append(module.register_forward_pre_hook(record(name)))
     try:
         with torch.no_grad():
-            output = model(example)
+            output = model(*example)
     finally:
         for h in handles:
             h.remove()
@@ -202,7 +205,11 @@ def _check_model(model, example):
         if b.device.type != "cpu":
             raise ValueError(f"buffer '{name}' is on {b.device}; call model.float().cpu() "
                              "before pswitch.export")
-    _check_tensor("the example input", example)
+    for name, tensor in zip(INPUT_NAMES, example):
+        _check_tensor(f"the example's {name}", tensor)
+        if tensor.dim() < 1 or tensor.shape[0] != example[0].shape[0]:
+            raise ValueError(f"the example's {name} has shape {list(tensor.shape)}; every input "
+                             "starts with the batch dimension, the same for all of them")
 
 
 def _check_tensor(what, tensor):
@@ -297,7 +304,10 @@ def _export_loss(loss, example_output, example_target):
 
 def export(model, example_inputs, path, *, loss=None, example_target=None, method="auto",
            input_high=None, target_high=None):
-    """Exports `model` (an nn.Module taking one float32 or int64 tensor) to `path`.
+    """Exports `model` to `path`. The model takes one float32 or int64 tensor, or (a tuple) up
+    to three in the order of INPUT_NAMES: input, attention_mask, token_type_ids, which clients
+    then send under those names (a mask left out is all ones, type ids zeros, where they have
+    the input's shape).
 
     loss: an nn.Module or a function (output, target) -> scalar, for training in pswitchd;
     needs example_target. method: "auto" (script, else trace), "script" or "trace".
@@ -306,19 +316,21 @@ def export(model, example_inputs, path, *, loss=None, example_target=None, metho
     TypeError / ValueError for models pswitch does not take and RuntimeError when neither
     scripting nor tracing gives an archive that computes what the model does.
     """
-    if isinstance(example_inputs, (tuple, list)):
-        if len(example_inputs) != 1:
-            raise ValueError(f"pswitch models take one input tensor; got {len(example_inputs)}")
-        example_inputs = example_inputs[0]
     if isinstance(example_inputs, dict):
-        raise TypeError("pswitch models take one input tensor, not a dict")
+        raise TypeError("pass the example inputs as a tuple in the order of the model's forward "
+                        f"arguments, named {', '.join(INPUT_NAMES)} by pswitch; not a dict")
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    if not 1 <= len(example_inputs) <= len(INPUT_NAMES):
+        raise ValueError(f"pswitch models take 1 to {len(INPUT_NAMES)} input tensors "
+                         f"({', '.join(INPUT_NAMES)}); got {len(example_inputs)}")
     if method not in ("auto", "script", "trace"):
         raise ValueError(f"method must be 'auto', 'script' or 'trace', not {method!r}")
     if loss is not None and example_target is None:
         raise ValueError("a loss needs example_target (a target batch for the example input)")
     if example_target is not None:
         _check_tensor("example_target", example_target)
-    example = example_inputs
+    example = tuple(example_inputs)
     _check_model(model, example)
 
     modes = [(m, m.training) for m in model.modules()]  # each one's: some may be frozen
@@ -336,7 +348,8 @@ def export(model, example_inputs, path, *, loss=None, example_target=None, metho
             "torch": torch.__version__,
             "method": used,
             "gates": gates,
-            "inputs": [dict(name="input", **_spec(example, input_high))],
+            "inputs": [dict(name=name, **_spec(tensor, input_high if i == 0 else None))
+                       for i, (name, tensor) in enumerate(zip(INPUT_NAMES, example))],
             "output": _spec(output),
             "target": _spec(example_target, target_high) if example_target is not None else None,
             "loss": loss is not None,
@@ -388,7 +401,7 @@ def _compile(model, example, gates, method):
     try:
         with warnings.catch_warnings(record=True) as caught, torch.no_grad():
             warnings.simplefilter("always")
-            archive = torch.jit.trace(model, example, check_trace=False)
+            archive = torch.jit.trace(model, example, check_trace=False)  # a tuple: the args
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise RuntimeError(
@@ -425,7 +438,7 @@ def _verify(path, model, example, expected, gates, sequence, aliases):
     loaded.eval()
     records = _ops.records()
     with _ops.record_gates() as calls, torch.no_grad():
-        got = _first_tensor(loaded(example))
+        got = _first_tensor(loaded(*example))
     if records and calls != sequence:
         at = next((i for i, (a, b) in enumerate(zip(calls, sequence)) if a != b),
                   min(len(calls), len(sequence)))

@@ -373,8 +373,12 @@ def test_refusals_name_the_problem(tmp_path):
     with pytest.raises(TypeError, match=r"parameter 'fc.weight' has dtype torch.float64.*"
                                         r"model.float\(\).cpu\(\)"):
         pswitch.export(double.double(), torch.randn(1, 2), path)
-    with pytest.raises(ValueError, match="one input tensor; got 2"):
-        pswitch.export(nn.Linear(2, 2), (torch.randn(1, 2), torch.randn(1, 2)), path)
+    with pytest.raises(ValueError, match="1 to 3 input tensors"):
+        pswitch.export(nn.Linear(2, 2), (torch.randn(1, 2),) * 4, path)
+    with pytest.raises(ValueError, match="attention_mask has shape \\[2, 2\\]; every input starts "
+                                         "with the batch dimension"):
+        pswitch.export(nn.Linear(2, 2), (torch.randn(1, 2), torch.ones(2, 2, dtype=torch.long)),
+                       path)
     with pytest.raises(TypeError, match="not a dict"):
         pswitch.export(nn.Linear(2, 2), {"x": torch.randn(1, 2)}, path)
     with pytest.raises(TypeError, match="float32 or int64"):

@@ -71,6 +71,31 @@ def test_export_register_infer_train_and_preempt(client, tmp_path):
     assert not torch.allclose(a, expected)  # and training moved the weights
 
 
+def test_a_bert_shaped_model_takes_its_attention_mask_and_token_types(client, tmp_path):
+    # Inputs named as the protocol names them (the zoo's BERT takes the same), in the order of
+    # the model's forward arguments.
+    model = custom_models.make("masked_classifier", seed=4)
+    tokens, mask, types = custom_models.example_inputs("masked_classifier", batch=3, seed=5)
+    path = str(tmp_path / "classifier.pswitch.pt")
+    report = pswitch.export(model, (tokens, mask, types), path, loss=nn.CrossEntropyLoss(),
+                            example_target=torch.tensor([0, 2, 1]))
+    assert report.method == "script"
+    client.register("classifier", archive=path, batch=2)
+    with torch.no_grad():
+        expected = model(tokens, mask, types)
+        defaults = model(tokens, torch.ones_like(tokens), torch.zeros_like(tokens))
+    assert not torch.allclose(expected, defaults)  # the mask and the segments matter
+    got = client.infer("classifier", {"input": tokens, "attention_mask": mask,
+                                      "token_type_ids": types.numpy().astype(np.int32)})
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # Left out: a mask of ones, segment 0.
+    torch.testing.assert_close(client.infer("classifier", tokens), defaults, rtol=1e-5, atol=1e-6)
+    with pytest.raises(errors.InvalidArgumentError, match="attention_mask"):
+        client.infer("classifier", {"input": tokens, "attention_mask": mask[:, :4].reshape(-1)})
+    trained = client.train("classifier", 5, seed=1)
+    assert client.status(trained.task_id).state == "succeeded"
+
+
 def test_bad_archives_are_refused_clearly(client, tmp_path):
     plain = str(tmp_path / "plain.pt")
     torch.jit.save(torch.jit.script(Scorer()), plain)

@@ -7,6 +7,8 @@ Python (`<name>.io.safetensors`, keys `input` and `output`):
   residual_cnn      custom CNN with a residual branch and BatchNorm, with a cross-entropy loss
   tiny_transformer  token embedding tied to the output projection, a root-owned positional
                     embedding, two encoder blocks, with a loss
+  masked_classifier a fine-tuned-BERT shape taking input, attention_mask and token_type_ids
+                    (keys of the same names in its .io file), with a loss
 
 Bad archives, each for one registration error:
   no_table          a plain torch.jit.save file (no layer table, no gates)
@@ -165,29 +167,32 @@ def rewrite_code(src, dst, old, new):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "archives"))
+    parser.add_argument("--only", nargs="*", help="these good archives only (none of the bad)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    for name in ("residual_cnn", "tiny_transformer"):
+    for name in args.only or ("residual_cnn", "tiny_transformer", "masked_classifier"):
         model = custom_models.make(name, seed=1)
-        x = custom_models.example_input(name, batch=2, seed=2)
+        xs = custom_models.example_inputs(name, batch=2, seed=2)
         with torch.no_grad():
-            y = model.eval()(x)
-        target_batch = custom_models.example_input(name, batch=2, seed=3)
+            y = model.eval()(*xs)
         with torch.no_grad():
-            out = model(target_batch)
+            out = model(*custom_models.example_inputs(name, batch=2, seed=3))
         if out.dim() == 2:
             target = torch.zeros(out.shape[0], dtype=torch.long)
         else:
             target = torch.zeros(out.shape[:-1], dtype=torch.long)
         path = os.path.join(args.out, f"{name}.pswitch.pt")
-        report = export(model, x, path, loss=nn.CrossEntropyLoss() if out.dim() == 2
+        report = export(model, xs, path, loss=nn.CrossEntropyLoss() if out.dim() == 2
                         else (lambda o, t: nn.functional.cross_entropy(o.flatten(0, 1),
                                                                       t.flatten())),
                         example_target=target, target_high=out.shape[-1])
         print(report)
         safetensors_io.write(os.path.join(args.out, f"{name}.io.safetensors"),
-                             {"input": x, "output": y})
+                             {**dict(zip(("input", "attention_mask", "token_type_ids"), xs)),
+                              "output": y})
+    if args.only:
+        return
 
     torch.manual_seed(0)
     save_plain(Small(), os.path.join(args.out, "no_table.pt"))

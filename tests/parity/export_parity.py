@@ -66,6 +66,9 @@ CASES = {
                      lambda: custom_models.example_input("residual_cnn", 2, 4), "script"),
     "tiny_transformer": (lambda: custom_models.make("tiny_transformer", 3),
                          lambda: custom_models.example_input("tiny_transformer", 2, 4), "script"),
+    "masked_classifier": (lambda: custom_models.make("masked_classifier", 3),
+                          lambda: custom_models.example_inputs("masked_classifier", 2, 4),
+                          "script"),
     "resnet18": (lambda: randomise_norms(torchvision.models.resnet18()),
                  lambda: torch.randn(1, 3, 64, 64), "script"),
     "mobilenet_v2": (lambda: randomise_norms(torchvision.models.mobilenet_v2()),
@@ -78,18 +81,19 @@ def check(name, run_model, workdir):
     torch.manual_seed(0)
     constructor, make_input, method = CASES[name]
     model = constructor().eval()
-    x = make_input()
+    xs = make_input()
+    xs = xs if isinstance(xs, tuple) else (xs,)
     with torch.no_grad():
-        reference = model(x)
+        reference = model(*xs)
     archive = os.path.join(workdir, f"{name}.pswitch.pt")
     inputs = os.path.join(workdir, f"{name}.input.safetensors")
     outputs = os.path.join(workdir, f"{name}.output.safetensors")
-    report = export(model, x, archive)
+    report = export(model, xs, archive)
     if report.method != method:
         print(f"FAIL {name}: exported by {report.method}, expected {method} "
               f"({report.script_error})")
         return False
-    safetensors_io.write(inputs, {"input": x})
+    safetensors_io.write(inputs, dict(zip(("input", "attention_mask", "token_type_ids"), xs)))
     start = time.time()
     result = subprocess.run([run_model, "--archive", archive, "--input", inputs,
                              "--output", outputs], capture_output=True, text=True)

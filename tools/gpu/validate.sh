@@ -360,24 +360,43 @@ print(f"FIG {sys.argv[3]}: max |diff| vs Python {diff:.2e}")
 sys.exit(0 if diff <= 1e-3 else 1)
 PY
   }
-  for m in residual_cnn tiny_transformer; do
-    "$bin/run-model" --archive "$a/$m.pswitch.pt" --input "$a/$m.io.safetensors" \
+  for m in residual_cnn tiny_transformer masked_classifier; do
+    # The inputs alone (pswitchctl sends every tensor of its file).
+    "$python" - "$a/$m.io.safetensors" "$d/$m.in.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+out_header, blobs, offset = {}, [], 0
+for name, meta in header.items():
+    if name in ("__metadata__", "output"):
+        continue
+    lo, hi = meta["data_offsets"]
+    out_header[name] = dict(meta, data_offsets=[offset, offset + hi - lo])
+    blobs.append(data[lo:hi])
+    offset += hi - lo
+text = json.dumps(out_header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+PY
+    "$bin/run-model" --archive "$a/$m.pswitch.pt" --input "$d/$m.in.safetensors" \
       --output "$d/$m.run.safetensors" --device cuda || { rc=1; continue; }
     compare "$d/$m.run.safetensors" "$a/$m.io.safetensors" "$m run-model cuda" || rc=1
   done
+  mkdir -p "$work/bubbles"  # the daemon's data root
   start_daemon "$d/pswitchd.log" --allow-client-paths=true
   if [ -z "$daemon_port" ]; then
     tail -20 "$d/pswitchd.log"
     return 1
   fi
   ctl=("$bin/pswitchctl" --server="127.0.0.1:$daemon_port")
-  for m in residual_cnn tiny_transformer; do
+  for m in residual_cnn tiny_transformer masked_classifier; do
     local t0=$SECONDS
     "${ctl[@]}" register --name "$m" --archive "$a/$m.pswitch.pt" --batch 2 --plan auto || { rc=1; continue; }
     echo "FIG $m registered with a GPU-profiled plan in $((SECONDS - t0)) s"
     local i
     for i in 1 2 3; do  # the first call loads the model; the others switch back to a warm one
-      "${ctl[@]}" infer --name "$m" --input "$a/$m.io.safetensors" --output "$d/$m.serve$i.safetensors" \
+      "${ctl[@]}" infer --name "$m" --input "$d/$m.in.safetensors" --output "$d/$m.serve$i.safetensors" \
         || { rc=1; continue; }
     done
     compare "$d/$m.serve3.safetensors" "$a/$m.io.safetensors" "$m served by pswitchd cuda" || rc=1
