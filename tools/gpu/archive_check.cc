@@ -40,7 +40,11 @@ int main(int argc, char** argv) {
       auto io = ReadSafetensors(name + ".io.safetensors");
       m.eval();
       gates = 0;
-      at::Tensor y = m.forward({io["input"]}).toTensor();
+      std::vector<c10::IValue> inputs;  // in the forward's order, as pswitchd passes them
+      for (const char* key : {"input", "attention_mask", "token_type_ids"}) {
+        if (io.count(key)) inputs.push_back(io[key]);
+      }
+      at::Tensor y = m.forward(inputs).toTensor();
       double diff = (y - io["output"]).abs().max().item<double>();
       std::istringstream loss_bytes(extra["pswitch/loss.pt"]);
       auto loss = torch::jit::load(loss_bytes);

@@ -19,4 +19,5 @@ fi
 inc="$work/torch/include"
 g++ -std=c++17 -O1 -I"$inc" -I"$inc/torch/csrc/api/include" "$repo/tools/gpu/archive_check.cc" \
   -o archive_check -Ltorch/lib -ltorch_cpu -lc10 -Wl,-rpath,"$work/torch/lib"
-./archive_check "$repo/tests/data/archives/residual_cnn" "$repo/tests/data/archives/tiny_transformer"
+./archive_check "$repo/tests/data/archives/residual_cnn" "$repo/tests/data/archives/tiny_transformer" \
+  "$repo/tests/data/archives/masked_classifier"
