@@ -59,7 +59,7 @@ struct LayerTable {
   std::string torch_version;
   std::vector<std::string> gates;  // gate id -> module path; gates[0] == ""
   TensorSpecEntry input;
-  // Further inputs, in the forward's argument order after `input` (kExtraInputs' order).
+  // Further inputs, in the forward's argument order after `input` (kInputNames' order).
   std::optional<TensorSpecEntry> attention_mask, token_type_ids;
   std::optional<TensorSpecEntry> target;
   bool loss = false;
@@ -165,8 +165,9 @@ absl::StatusOr<LayerTable> ParseTable(const std::string& text, const std::string
     if (i > 0 && spec.shape[0] != table.input.shape[0]) {
       return TableError(origin, absl::StrCat(kInputNames[i], "'s batch differs from the input's"));
     }
-    (i == 0 ? table.input : i == 1 ? table.attention_mask.emplace() : table.token_type_ids.emplace()) =
-        std::move(spec);
+    (i == 0   ? table.input
+     : i == 1 ? table.attention_mask.emplace()
+              : table.token_type_ids.emplace()) = std::move(spec);
   }
   if (auto target = j.find("target"); target != j.end() && !target->is_null()) {
     PSWITCH_ASSIGN_OR_RETURN(table.target, ParseSpec(*target, origin, "target", true, true));
@@ -385,25 +386,25 @@ class ScriptModel final : public ZooModel {
       input.input = input.input.to(at::kLong);
     }
     TORCH_CHECK_VALUE(input.input.defined() && input.input.scalar_type() == table_.input.dtype &&
-                    input.input.dim() == static_cast<int64_t>(table_.input.shape.size()),
-                "model '", model_name(), "' takes a ", table_.input.shape.size(), "-d ",
-                c10::toString(table_.input.dtype), " input; got ",
-                input.input.defined() ? input.input.toString() : "none", " of ",
-                input.input.defined() ? input.input.dim() : 0, " dimensions");
+                          input.input.dim() == static_cast<int64_t>(table_.input.shape.size()),
+                      "model '", model_name(), "' takes a ", table_.input.shape.size(), "-d ",
+                      c10::toString(table_.input.dtype), " input; got ",
+                      input.input.defined() ? input.input.toString() : "none", " of ",
+                      input.input.defined() ? input.input.dim() : 0, " dimensions");
     std::vector<c10::IValue> args = {input.input};
     if (table_.attention_mask.has_value()) {
       args.push_back(ExtraInput("attention_mask", input.attention_mask, *table_.attention_mask,
                                 input.input, 1));
     } else {
       TORCH_CHECK_VALUE(!input.attention_mask.defined(), "model '", model_name(),
-                  "' takes no 'attention_mask' (it was exported with 'input' only)");
+                        "' takes no 'attention_mask' (it was exported with 'input' only)");
     }
     if (table_.token_type_ids.has_value()) {
       args.push_back(ExtraInput("token_type_ids", input.token_type_ids, *table_.token_type_ids,
                                 input.input, 0));
     } else {
       TORCH_CHECK_VALUE(!input.token_type_ids.defined(), "model '", model_name(),
-                  "' takes no 'token_type_ids' (it was exported without)");
+                        "' takes no 'token_type_ids' (it was exported without)");
     }
     // No optimising pass may move a layer's operators across its gate (the flag is per thread).
     torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
@@ -434,18 +435,18 @@ class ScriptModel final : public ZooModel {
   at::Tensor ExtraInput(const char* name, const at::Tensor& given, const TensorSpecEntry& spec,
                         const at::Tensor& input, int64_t fill) const {
     if (!given.defined()) {
-      TORCH_CHECK_VALUE(spec.shape == table_.input.shape, "model '", model_name(), "' needs '", name,
-                  "' (it was exported with one of shape [", absl::StrJoin(spec.shape, ", "), "])");
+      TORCH_CHECK_VALUE(spec.shape == table_.input.shape, "model '", model_name(), "' needs '",
+                        name, "' (it was exported with one of shape [",
+                        absl::StrJoin(spec.shape, ", "), "])");
       return at::full(input.sizes(), fill, input.options().dtype(spec.dtype));
     }
     at::Tensor t = given;
     if (t.scalar_type() == at::kInt && spec.dtype == at::kLong) t = t.to(at::kLong);
-    TORCH_CHECK_VALUE(t.scalar_type() == spec.dtype &&
-                    t.dim() == static_cast<int64_t>(spec.shape.size()) &&
-                    t.size(0) == input.size(0),
-                "model '", model_name(), "' takes a ", spec.shape.size(), "-d ",
-                c10::toString(spec.dtype), " '", name, "' with the input's batch; got ",
-                t.toString(), " of shape ", t.sizes());
+    TORCH_CHECK_VALUE(
+        t.scalar_type() == spec.dtype && t.dim() == static_cast<int64_t>(spec.shape.size()) &&
+            t.size(0) == input.size(0),
+        "model '", model_name(), "' takes a ", spec.shape.size(), "-d ", c10::toString(spec.dtype),
+        " '", name, "' with the input's batch; got ", t.toString(), " of shape ", t.sizes());
     return t;
   }
 
