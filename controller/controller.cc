@@ -48,6 +48,8 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     scheduler.region_offset = region.offset;
     scheduler.checkpoints = c->checkpoints_;
     scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();
+    // Only the workers this scheduler spawns attach the arena, each once (WorkerServer).
+    scheduler.spawn.attach_secret = [daemon = daemons[g]] { return daemon->IssueAttachSecret(); };
     scheduler.spawn.device_ordinal = daemons[g]->device_ordinal();
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<GpuScheduler> s,
                              GpuScheduler::Start(scheduler, daemons[g], c->catalog_.get()));

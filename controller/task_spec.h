@@ -44,6 +44,10 @@ struct TaskSpec {
   models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
   int priority = 0;
+  // Who submitted it (the authenticated principal; empty: unknown). Workers clear their
+  // activation lease between tasks of different (model, principal) pairs, and before every task
+  // whose principal is unknown.
+  std::string principal;
   absl::Time deadline = absl::InfiniteFuture();  // the client's: EDF orders by it
   // When the task fails if unfinished: the client's deadline capped by the server's maximum
   // task time (Controller::Submit). Kept apart so the cap does not reorder EDF.

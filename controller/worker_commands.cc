@@ -32,7 +32,7 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
       spec.trainer.optimizer == models::OptimizerKind::kAdam ? proto::Optimizer::Adam
                                                              : proto::Optimizer::Sgd,
       spec.trainer.learning_rate, spec.trainer.momentum, state.optimizer_offset,
-      state.optimizer_bytes, fill);
+      state.optimizer_bytes, fill, spec.principal.empty() ? 0 : b.CreateString(spec.principal));
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run.Union()));
 }
 

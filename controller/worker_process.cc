@@ -29,6 +29,21 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     return ErrnoStatus("socketpair for worker");
   }
   UniqueFd parent_end(sv[0]), child_end(sv[1]);
+  // The attach secret, through a pipe only this child inherits (argv and the environment are
+  // readable by every process of this user).
+  UniqueFd secret_read;
+  if (options.attach_secret) {
+    PSWITCH_ASSIGN_OR_RETURN(std::string secret, options.attach_secret());
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus("pipe for a worker's attach secret");
+    secret_read = UniqueFd(p[0]);
+    UniqueFd secret_write(p[1]);
+    // A pipe's buffer holds 32 bytes: the write completes before the child exists.
+    if (::write(secret_write.get(), secret.data(), secret.size()) !=
+        static_cast<ssize_t>(secret.size())) {
+      return ErrnoStatus("writing a worker's attach secret");
+    }
+  }
   std::vector<std::string> args = {options.binary,
                                    absl::StrCat("--worker_id=", options.worker_id),
                                    absl::StrCat("--control_fd=", child_end.get()),
@@ -37,9 +52,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
                                    absl::StrCat("--activation_bytes=", options.activation_bytes),
                                    absl::StrCat("--device=", options.device_ordinal),
                                    absl::StrCat("--data_root=", options.data_root)};
+  std::vector<int> inherit = {child_end.get()};
+  if (secret_read.valid()) {
+    args.push_back(absl::StrCat("--attach_secret_fd=", secret_read.get()));
+    inherit.push_back(secret_read.get());
+  }
   PSWITCH_ASSIGN_OR_RETURN(
-      pid_t pid, base::SpawnChild({.argv = std::move(args), .inherit_fds = {child_end.get()}}));
+      pid_t pid, base::SpawnChild({.argv = std::move(args), .inherit_fds = std::move(inherit)}));
   child_end.Reset();
+  secret_read.Reset();
   return std::unique_ptr<WorkerProcess>(new WorkerProcess(
       options.worker_id, pid, std::make_unique<proto::FrameChannel>(std::move(parent_end)),
       std::move(handler)));

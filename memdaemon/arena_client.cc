@@ -42,13 +42,18 @@ absl::StatusOr<proto::ReceivedFrame> ArenaClient::Call(Fn build_request) {
 
 absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::string& socket_path,
                                                                  gpu::Device* device,
-                                                                 uint32_t worker_id) {
+                                                                 uint32_t worker_id,
+                                                                 const std::string& attach_secret) {
   std::unique_ptr<ArenaClient> client(new ArenaClient());
   PSWITCH_ASSIGN_OR_RETURN(client->channel_, proto::FrameChannel::Connect(socket_path));
   uint64_t id = client->next_request_id_;
   PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
                            client->Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
-                             auto attach = proto::CreateAttachArena(b, worker_id, ::getpid());
+                             auto secret = b.CreateVector(
+                                 reinterpret_cast<const uint8_t*>(attach_secret.data()),
+                                 attach_secret.size());
+                             auto attach =
+                                 proto::CreateAttachArena(b, worker_id, ::getpid(), secret);
                              proto::Finish(b, proto::CreateMemRequest(
                                  b, rid, proto::MemRequestBody::AttachArena, attach.Union()));
                            }));

@@ -17,9 +17,12 @@ namespace pswitch::memdaemon {
 class ArenaClient {
  public:
   // Connects to `socket_path`, imports the arena on `device` and maps the flag arrays.
+  // `attach_secret` is the one-time secret pswitchd issued for this worker (empty: none, which
+  // only pswitchd's own process may use); PermissionDenied when the memdaemon refuses it.
   static absl::StatusOr<std::unique_ptr<ArenaClient>> Attach(const std::string& socket_path,
                                                              gpu::Device* device,
-                                                             uint32_t worker_id);
+                                                             uint32_t worker_id,
+                                                             const std::string& attach_secret = {});
   ArenaClient(const ArenaClient&) = delete;
   ArenaClient& operator=(const ArenaClient&) = delete;
 

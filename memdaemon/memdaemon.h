@@ -62,6 +62,12 @@ class MemDaemon {
                               std::span<std::byte>(model.host_bytes(), model.total_bytes()));
   }
   std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
+  // A one-time secret with which one worker about to be spawned may attach the arena
+  // (WorkerServer::IssueAttachSecret). FailedPrecondition when no server runs.
+  absl::StatusOr<std::string> IssueAttachSecret() {
+    if (server_ == nullptr) return absl::FailedPreconditionError("no memdaemon socket");
+    return server_->IssueAttachSecret();
+  }
   int device_ordinal() const { return device_ordinal_; }
 
  private:

@@ -1,13 +1,13 @@
 #include "memdaemon/worker_server.h"
 
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,10 +15,10 @@
 #include "base/status.h"
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/weight_layout.h"
-#include "proto/framing.h"
 #include "proto/accept_retry.h"
 #include "proto/frame_channel.h"
 #include "proto/framed_connection.h"
+#include "proto/framing.h"
 #include "proto/memdaemon_generated.h"
 #include "proto/wire_status.h"
 
@@ -44,7 +44,9 @@ std::vector<uint8_t> ErrorReply(uint64_t request_id, const absl::Status& status)
 // One worker connection's state: the leases it holds. Lives on the io thread only.
 class WorkerServer::Session {
  public:
-  Session(gpu::Arena* arena, LeaseTable* leases) : arena_(arena), leases_(leases) {}
+  // `self_peer`: the peer is this very process (it needs no attach secret).
+  Session(WorkerServer* server, bool self_peer)
+      : server_(server), arena_(server->arena_), leases_(server->leases_), self_peer_(self_peer) {}
   ~Session() {
     for (const Lease& lease : held_) (void)leases_->Release(lease.offset, lease.owner);
   }
@@ -57,8 +59,25 @@ class WorkerServer::Session {
     }
     uint64_t id = (*request)->request_id();
     flatbuffers::FlatBufferBuilder b;
+    if ((*request)->body_type() != proto::MemRequestBody::AttachArena && !attached_) {
+      conn.Reject(ErrorReply(id, absl::PermissionDeniedError("attach the arena first")));
+      return;
+    }
     switch ((*request)->body_type()) {
       case proto::MemRequestBody::AttachArena: {
+        const auto* secret = (*request)->body_as_AttachArena()->attach_secret();
+        if (!self_peer_ && (secret == nullptr ||
+                            !server_->RedeemAttachSecret(std::string(
+                                reinterpret_cast<const char*>(secret->data()), secret->size())))) {
+          base::Log(base::LogLevel::kWarn, "memdaemon_attach_refused")
+              .Field("worker", (*request)->body_as_AttachArena()->worker_id())
+              .Field("pid", (*request)->body_as_AttachArena()->pid());
+          conn.Reject(ErrorReply(
+              id, absl::PermissionDeniedError(
+                      "no valid attach secret: only workers pswitchd spawned attach the arena, "
+                      "each once")));
+          return;
+        }
         absl::StatusOr<gpu::ArenaHandle> handle = arena_->Export();
         if (!handle.ok()) {
           conn.Send(ErrorReply(id, handle.status()));
@@ -71,6 +90,7 @@ class WorkerServer::Session {
             handle->device_ordinal, handle->size_bytes, ipc, kReadyFlagsOffset, kReadyFlagCount,
             kDrainFlagCount, kWeightAlignmentBytes);
         proto::Finish(b, proto::CreateMemReply(b, id, proto::MemReplyBody::ArenaGrant, grant.Union()));
+        attached_ = true;
         conn.Send(Bytes(b), std::move(handle->fd));
         return;
       }
@@ -107,17 +127,21 @@ class WorkerServer::Session {
   }
 
  private:
+  WorkerServer* const server_;
   gpu::Arena* const arena_;
   LeaseTable* const leases_;
+  const bool self_peer_;
+  bool attached_ = false;
   std::vector<Lease> held_;
 };
 
 namespace {
 
-// The arena goes only to this user's processes that pswitchd itself started (its workers) or to
-// itself (in-process users: tests, the link probe): SO_PEERCRED, checked against the peer's
-// parent in /proc.
-absl::Status CheckPeer(int fd) {
+// The arena goes only to this user's processes that pswitchd itself started or to itself
+// (in-process users: tests, the link probe): SO_PEERCRED, checked against the peer's parent in
+// /proc. Which of those children are workers is the attach secret's job (Session). `*self` says
+// whether the peer is this process.
+absl::Status CheckPeer(int fd, bool* self) {
   struct ucred cred;
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
@@ -127,7 +151,8 @@ absl::Status CheckPeer(int fd) {
     return absl::PermissionDeniedError(
         absl::StrCat("peer pid ", cred.pid, " runs as uid ", cred.uid, ", not as pswitchd"));
   }
-  if (cred.pid == ::getpid()) return absl::OkStatus();
+  *self = cred.pid == ::getpid();
+  if (*self) return absl::OkStatus();
   std::ifstream in(absl::StrCat("/proc/", cred.pid, "/stat"));
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t close = stat.rfind(')');
@@ -185,6 +210,36 @@ WorkerServer::~WorkerServer() {
   std::filesystem::remove(socket_path_, ec);
 }
 
+absl::StatusOr<std::string> WorkerServer::IssueAttachSecret() {
+  std::string secret(32, '\0');
+  size_t filled = 0;
+  while (filled < secret.size()) {
+    const ssize_t n = ::getrandom(secret.data() + filled, secret.size() - filled, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoStatus("getrandom for an attach secret");
+    filled += static_cast<size_t>(n);
+  }
+  absl::MutexLock lock(&secrets_mu_);
+  if (unused_secrets_.size() >= kMaxUnusedSecrets) unused_secrets_.pop_front();
+  unused_secrets_.push_back(secret);
+  return secret;
+}
+
+bool WorkerServer::RedeemAttachSecret(const std::string& secret) {
+  if (secret.size() != 32) return false;
+  absl::MutexLock lock(&secrets_mu_);
+  for (auto it = unused_secrets_.begin(); it != unused_secrets_.end(); ++it) {
+    // Constant time per candidate: a peer learns nothing from how long a refusal takes.
+    unsigned char diff = 0;
+    for (size_t i = 0; i < secret.size(); ++i) diff |= (*it)[i] ^ secret[i];
+    if (diff == 0) {
+      unused_secrets_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 void WorkerServer::Accept() {
   acceptor_.async_accept(
       [this](const asio::error_code& ec, asio::local::stream_protocol::socket socket) {
@@ -192,14 +247,15 @@ void WorkerServer::Accept() {
           proto::AcceptAgainLater(acceptor_, ec, "memdaemon", [this] { Accept(); });
           return;
         }
-        if (absl::Status peer = CheckPeer(socket.native_handle()); !peer.ok()) {
+        bool self_peer = false;
+        if (absl::Status peer = CheckPeer(socket.native_handle(), &self_peer); !peer.ok()) {
           base::Log(base::LogLevel::kWarn, "memdaemon_peer_refused").Field("detail", peer);
           Accept();
           return;  // `socket` closes
         }
         proto::FramedConnection::Socket generic(
             io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
-        auto session = std::make_shared<Session>(arena_, leases_);
+        auto session = std::make_shared<Session>(this, self_peer);
         auto conn = proto::FramedConnection::Create(
             std::move(generic), proto::ConnectionLimits{.max_frame_bytes = kMaxFrameBytes},
             [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {

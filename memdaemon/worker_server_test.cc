@@ -9,10 +9,14 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "base/private_dir.h"
 #include "gtest/gtest.h"
 #include "memdaemon/memdaemon.h"
+#include "proto/framing.h"
+#include "proto/memdaemon_generated.h"
 
 namespace pswitch::memdaemon {
 namespace {
@@ -76,6 +80,76 @@ TEST_F(WorkerServerTest, TheSocketIsPrivateWhateverTheUmaskAndOnlyPswitchdsChild
     ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 3);
   }
   EXPECT_EQ(ExitCode(middle), 0) << "a process pswitchd did not start is refused";
+}
+
+// A length-prefixed AttachArena frame carrying `secret`, built before any fork.
+std::vector<uint8_t> AttachFrame(const std::string& secret) {
+  flatbuffers::FlatBufferBuilder b;
+  auto bytes = b.CreateVector(reinterpret_cast<const uint8_t*>(secret.data()), secret.size());
+  auto attach = proto::CreateAttachArena(b, /*worker_id=*/7, /*pid=*/0, bytes);
+  proto::Finish(b,
+                proto::CreateMemRequest(b, 1, proto::MemRequestBody::AttachArena, attach.Union()));
+  const uint32_t size = b.GetSize();
+  std::vector<uint8_t> frame(4 + size);
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<uint8_t>(size >> (8 * i));
+  std::memcpy(frame.data() + 4, b.GetBufferPointer(), size);
+  return frame;
+}
+
+// Sends `frame` to `path` and reports whether the reply carried the arena's fd (exit status 0:
+// granted, 1: refused, 2: could not talk). Async-signal-safe only (forked children).
+int AttachAndWatch(const char* path, const std::vector<uint8_t>& frame) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path, sizeof(addr.sun_path) - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return 2;
+  if (::write(fd, frame.data(), frame.size()) != static_cast<ssize_t>(frame.size())) return 2;
+  char data[4096];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  iovec iov{data, sizeof(data)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 5000) != 1 || ::recvmsg(fd, &msg, 0) <= 0) return 2;
+  const cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  return c != nullptr && c->cmsg_type == SCM_RIGHTS ? 0 : 1;
+}
+
+// Issue 27: the archive-checking child (pswitch-worker --inspect-name, a child of pswitchd that
+// runs a hostile archive) passed the peer check and could map the whole arena. Now a child of
+// pswitchd attaches only with the one-time secret pswitchd issued for a worker it spawned.
+TEST_F(WorkerServerTest, OnlyAChildHoldingAnUnusedAttachSecretGetsTheArena) {
+  MemDaemonOptions options;
+  options.arena_bytes = 16 << 20;
+  options.socket_path = dir_ + "/m.sock";
+  auto daemon = MemDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto secret = (*daemon)->IssueAttachSecret();
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  ASSERT_EQ(secret->size(), 32u);
+  auto other = (*daemon)->IssueAttachSecret();
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*secret, *other);
+  std::string guessed = *secret;
+  guessed[0] ^= 1;
+  const std::vector<uint8_t> without = AttachFrame(""), wrong = AttachFrame(guessed),
+                             with = AttachFrame(*secret);
+  const char* path = options.socket_path.c_str();
+  auto attach = [&](const std::vector<uint8_t>& frame) {
+    pid_t child = ::fork();
+    if (child == 0) ::_exit(AttachAndWatch(path, frame));
+    return ExitCode(child);
+  };
+  EXPECT_EQ(attach(without), 1) << "a child without a secret (an inspect child) is refused";
+  EXPECT_EQ(attach(wrong), 1) << "a wrong secret is refused";
+  EXPECT_EQ(attach(with), 0) << "a spawned worker's secret attaches";
+  EXPECT_EQ(attach(with), 1) << "a secret works once";
+  // This process (pswitchd itself: tests, the link probe) needs none.
+  EXPECT_EQ(AttachAndWatch(path, without), 0);
 }
 
 TEST_F(WorkerServerTest, RuntimeDirectoriesMustBePrivate) {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/library.h>
 #include <torch/nn/functional/loss.h>
@@ -183,32 +184,170 @@ absl::StatusOr<LayerTable> ParseTable(const std::string& text, const std::string
 }
 
 // What an archive's code may call: ATen and TorchScript's own operators and the gate, minus those
-// that reach the file system (torch.from_file maps any file the server can open), read or write
-// memory unchecked (_unsafe_*), or run code on other threads (fork: its gates would not reach
-// the worker). Custom operators and TorchBind classes (some open files or sockets) are refused.
-// An archive is code pswitchd runs: this closes the obvious ways out of the tensor world, it
-// does not make a hostile archive safe (docs/export.md).
+// that reach the file system (torch.from_file maps any file the server can open), run code on
+// other threads (fork: its gates would not reach the worker), or can address memory outside the
+// tensors they are given. Custom operators and TorchBind classes (some open files or sockets) are
+// refused. An archive is code pswitchd runs: this closes the known ways out of the tensor world,
+// it does not make a hostile archive safe (docs/export.md).
+//
+// Memory. A worker's tensors are views into one shared arena (weights, other workers' leases),
+// so an operator that builds a view from raw numbers (a storage offset, strides, a storage) reads
+// and writes neighbours when its bounds check can be overflowed or is absent: as_strided and its
+// variants, set_ with a storage or offset, _reshape_alias, empty_strided's strides, the nested
+// tensor's raw view, and every layout whose metadata is a tensor the program can write (sparse
+// indices, quantized and MKL-DNN tensors) so that later kernels index past the values. Private
+// ATen operators (aten::_x) skip argument checks by design; only those TorchScript itself emits
+// for nn modules and tracing are admitted (kAllowedPrivateOperators).
+// clang-format off
 constexpr const char* kAllowedNamespaces[] = {"aten::", "prim::", "pswitch::"};
 constexpr const char* kRefusedOperators[] = {
-    "aten::from_file", "aten::_unsafe_index", "aten::_unsafe_index_put",
-    "aten::_unsafe_masked_index", "aten::_unsafe_masked_index_put_accumulate",
-    "prim::fork", "aten::wait", "prim::awaitable", "aten::data_ptr"};
+    // Files, threads, raw pointers.
+    "aten::from_file", "prim::fork", "aten::wait", "prim::awaitable", "aten::data_ptr",
+    // Views from raw offsets and strides.
+    "aten::as_strided", "aten::as_strided_", "aten::as_strided_scatter",
+    "aten::as_strided_copy", "aten::set", "aten::set_", "aten::empty_strided",
+    "aten::new_empty_strided", "aten::segment_reduce",
+    // Storage resizing: a view grown over its storage's spare bytes.
+    "aten::resize", "aten::resize_", "aten::resize_as", "aten::resize_as_",
+    "aten::resize_as_sparse_",
+    // Unchecked by name.
+    "aten::unsafe_split", "aten::unsafe_split_with_sizes", "aten::unsafe_chunk",
+    // Tensors whose indexing metadata is itself a writable tensor (sparse indices, nested
+    // sizes) or an opaque layout.
+    "aten::indices", "aten::crow_indices", "aten::col_indices", "aten::ccol_indices",
+    "aten::row_indices", "aten::sparse_mask", "aten::int_repr", "aten::dequantize",
+    "aten::quantize_per_tensor", "aten::quantize_per_tensor_dynamic",
+    "aten::quantize_per_channel",
+};
+// Families refused by prefix (after the namespace).
+constexpr const char* kRefusedPrefixes[] = {
+    "aten::sparse_", "aten::to_sparse", "aten::to_mkldnn", "aten::mkldnn_", "aten::q_",
+    "aten::fbgemm_", "aten::nested_", "aten::unsafe_",
+};
+// Private operators that TorchScript emits for nn modules (transformer fast paths, tracing's
+// convolution, interpolation) or for script builtins; each checks its arguments.
+constexpr const char* kAllowedPrivateOperators[] = {
+    "aten::_convolution", "aten::_convolution_mode", "aten::_softmax", "aten::_log_softmax",
+    "aten::_batch_norm_impl_index", "aten::_native_multi_head_attention",
+    "aten::_transformer_encoder_layer_fwd", "aten::_nested_tensor_from_mask",
+    "aten::_nested_tensor_from_mask_left_aligned", "aten::_masked_softmax",
+    "aten::_set_item", "aten::_shape_as_tensor", "aten::_reshape_from_tensor",
+    "aten::_dim_arange", "aten::_to_copy", "aten::_adaptive_avg_pool2d",
+    "aten::_adaptive_avg_pool3d", "aten::_weight_norm", "aten::_weight_norm_interface",
+    "aten::_pack_padded_sequence", "aten::_pad_packed_sequence", "aten::_infer_size",
+    "aten::_pad_circular", "aten::_pad_enum", "aten::_unique", "aten::_unique2",
+    "aten::_aminmax", "aten::_cdist_forward", "aten::_euclidean_dist", "aten::_assert_async",
+    "aten::_scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
+    "aten::_fused_sdp_choice", "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention", "aten::_list_to_tensor",
+    "aten::_tensor_to_list", "aten::_no_grad_uniform_", "aten::_no_grad_normal_",
+    "aten::_no_grad_fill_", "aten::_no_grad_zero_", "aten::_get_tracing_state",
+    "aten::_hash_tensor",
+};
+constexpr const char* kAllowedPrivatePrefixes[] = {"aten::_upsample_", "aten::_cast_"};
+// clang-format on
+
+// OK when every element `tensor` can address lies in its own storage (strides >= 0, no overflow):
+// the archive's pickles set a tensor's offset, sizes and strides without libtorch checking them.
+absl::Status CheckInsideStorage(const at::Tensor& tensor, const std::string& what) {
+  if (!tensor.defined() || tensor.is_sparse() || tensor.is_mkldnn() || tensor.is_quantized() ||
+      tensor.is_nested()) {
+    return tensor.defined() ? absl::InvalidArgumentError(absl::StrCat(what, " is not strided"))
+                            : absl::OkStatus();
+  }
+  if (tensor.numel() == 0) return absl::OkStatus();
+  uint64_t last = 0;  // the highest element index reached, from the storage's start
+  bool overflow = tensor.storage_offset() < 0;
+  if (!overflow) last = static_cast<uint64_t>(tensor.storage_offset());
+  for (int64_t d = 0; d < tensor.dim() && !overflow; ++d) {
+    const int64_t stride = tensor.stride(d);
+    uint64_t span = 0;
+    overflow |= stride < 0 ||
+                __builtin_mul_overflow(static_cast<uint64_t>(tensor.size(d) - 1),
+                                       static_cast<uint64_t>(stride), &span) ||
+                __builtin_add_overflow(last, span, &last);
+  }
+  uint64_t end_bytes = 0;
+  overflow = overflow || __builtin_add_overflow(last, uint64_t{1}, &last) ||
+             __builtin_mul_overflow(last, static_cast<uint64_t>(tensor.element_size()), &end_bytes);
+  if (overflow || end_bytes > tensor.storage().nbytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " addresses memory outside its storage (offset ",
+                     tensor.storage_offset(), ", sizes [", absl::StrJoin(tensor.sizes(), ", "),
+                     "], strides [", absl::StrJoin(tensor.strides(), ", "), "], storage ",
+                     tensor.storage().nbytes(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+bool IsPrivateAten(const std::string& kind) {
+  return absl::StartsWith(kind, "aten::_") && !absl::StartsWith(kind, "aten::__");
+}
+
+// Why `node` may not run, or "" when it may.
+std::string RefusalOf(const torch::jit::Node& node, const std::string& kind) {
+  bool in_namespace = false;
+  for (const char* ns : kAllowedNamespaces) in_namespace |= absl::StartsWith(kind, ns);
+  if (!in_namespace) return "a custom operator";
+  for (const char* refused : kRefusedOperators) {
+    if (kind == refused) return "files, other threads, raw pointers or memory outside its tensors";
+  }
+  for (const char* prefix : kRefusedPrefixes) {
+    if (absl::StartsWith(kind, prefix)) {
+      return "a tensor layout whose metadata the program could write (sparse, quantized, "
+             "MKL-DNN, nested) or unchecked memory access";
+    }
+  }
+  if (IsPrivateAten(kind)) {
+    bool allowed = false;
+    for (const char* ok : kAllowedPrivateOperators) allowed |= kind == ok;
+    for (const char* prefix : kAllowedPrivatePrefixes) allowed |= absl::StartsWith(kind, prefix);
+    if (!allowed) return "a private ATen operator, which does not check its arguments";
+  }
+  for (const torch::jit::Value* value : node.inputs()) {
+    if (value->type()->kind() == c10::TypeKind::StorageType) return "a raw storage";
+  }
+  for (const torch::jit::Value* out : node.outputs()) {
+    // Objects of TorchBind classes (torch.classes.*) are C++ code of their own.
+    if (absl::StrContains(out->type()->str(), "__torch__.torch.classes")) {
+      return "a TorchBind class (C++ code of its own)";
+    }
+    if (out->type()->kind() == c10::TypeKind::StorageType) return "a raw storage";
+  }
+  // A layout argument other than strided makes a sparse or MKL-DNN tensor (torch.zeros(...,
+  // layout=torch.sparse_coo)): only a constant None or torch.strided passes.
+  if (const c10::FunctionSchema* schema = node.maybeSchema(); schema != nullptr) {
+    const auto& args = schema->arguments();
+    for (size_t i = 0; i < args.size() && i < node.inputs().size(); ++i) {
+      if (args[i].name() != "layout") continue;
+      auto constant = torch::jit::toIValue(node.inputs()[i]);
+      const bool strided =
+          constant.has_value() &&
+          (constant->isNone() ||
+           (constant->isInt() && constant->toInt() == static_cast<int64_t>(c10::kStrided)));
+      if (!strided) return "a layout other than a constant torch.strided";
+    }
+  }
+  // A tensor constant is unpickled with the archive's own offset and sizes: it must lie in its
+  // storage.
+  if (node.kind() == c10::prim::Constant && node.outputs().size() == 1) {
+    auto constant = torch::jit::toIValue(node.output());
+    if (constant.has_value() && constant->isTensor()) {
+      absl::Status in = CheckInsideStorage(constant->toTensor(), "a tensor constant");
+      if (!in.ok()) return std::string(in.message());
+    }
+  }
+  return "";
+}
 
 absl::Status CheckNode(const torch::jit::Node& node, const std::string& origin,
                        const std::string& function) {
   const std::string kind = node.kind().toQualString();
-  bool allowed = false;
-  for (const char* ns : kAllowedNamespaces) allowed |= absl::StartsWith(kind, ns);
-  for (const char* refused : kRefusedOperators) allowed &= kind != refused;
-  for (const torch::jit::Value* out : node.outputs()) {
-    // Objects of TorchBind classes (torch.classes.*) are C++ code of their own.
-    allowed &= !absl::StrContains(out->type()->str(), "__torch__.torch.classes");
-  }
-  if (allowed) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "archive '", origin, "': ", function, " calls ", kind,
-      ", which pswitchd does not run (file, socket or unchecked memory access, other threads, or "
-      "a custom operator)"));
+  const std::string why = RefusalOf(node, kind);
+  if (why.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("archive '", origin, "': ", function, " calls ",
+                                                 kind, ", which pswitchd does not run (", why,
+                                                 ")"));
 }
 
 // Every function of `module`'s compilation unit (methods, hooks, helpers), each walked once.
@@ -424,12 +563,41 @@ class ScriptModel final : public ZooModel {
     active_model = previous;
     ModelOutput out;
     out.output = FirstTensor(result);
+    if (!recording_ && output_spec_.has_value()) CheckOutput(out.output, input.input);
     return out;
   }
 
   absl::StatusOr<std::vector<Layer>> RecordLayers() override;
 
  private:
+  // Throws unless `output`, computed from `input`, has the recorded output's dtype and rank, and
+  // each dimension its recorded size, or, where the recorded size was one of the recorded
+  // input's dimensions (the batch, a sequence length), that dimension of `input`. An archive
+  // cannot return more (or other) than it showed at registration: a larger view is refused.
+  void CheckOutput(const at::Tensor& output, const at::Tensor& input) const {
+    const OutputSpec& spec = *output_spec_;
+    bool ok = output.scalar_type() == spec.dtype &&
+              output.dim() == static_cast<int64_t>(spec.shape.size());
+    for (int64_t d = 0; ok && d < output.dim(); ++d) {
+      bool dim_ok = output.size(d) == spec.shape[d];
+      for (size_t j = 0; !dim_ok && j < spec.input_shape.size(); ++j) {
+        // The batch follows the batch only; other dimensions follow any non-batch one.
+        if ((d == 0) != (j == 0) || static_cast<int64_t>(j) >= input.dim()) continue;
+        dim_ok = spec.input_shape[j] == spec.shape[d] && output.size(d) == input.size(j);
+      }
+      if (d == 0 && !spec.input_shape.empty() && spec.shape[0] == spec.input_shape[0]) {
+        dim_ok = input.dim() > 0 && output.size(0) == input.size(0);  // the batch, exactly
+      }
+      ok = dim_ok;
+    }
+    TORCH_CHECK(ok, "model '", model_name(), "' returned a ", c10::toString(output.scalar_type()),
+                " tensor of shape ", output.sizes(), " for an input of shape ", input.sizes(),
+                "; its recorded output is ", c10::toString(spec.dtype), " of shape ",
+                c10::IntArrayRef(spec.shape), " for an input of shape ",
+                c10::IntArrayRef(spec.input_shape),
+                ": pswitch returns only outputs of the recorded dtype and shape");
+  }
+
   // A further input as the forward takes it: `given`, or where the client left it out and it
   // was exported with the input's shape, `fill` in that shape (a mask of ones, type ids 0).
   at::Tensor ExtraInput(const char* name, const at::Tensor& given, const TensorSpecEntry& spec,
@@ -490,6 +658,13 @@ class ScriptModel final : public ZooModel {
   std::array<std::vector<int64_t>, 2> paths_;  // [eval, train]: the recorded gate calls
   std::exception_ptr gate_error_;
   mutable std::optional<c10::Device> loss_device_;  // where the loss's buffers are
+  // The output of the first eval pass (the registration's): every later output must match it.
+  struct OutputSpec {
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    std::vector<int64_t> input_shape;  // the input it was computed from
+  };
+  std::optional<OutputSpec> output_spec_;
 };
 
 void GateOp(int64_t layer) {
@@ -559,6 +734,7 @@ absl::Status ScriptModel::AddHeld(const std::string& name, const at::Tensor& ten
   if (tensor.is_sparse() || !tensor.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " is not a dense contiguous tensor"));
   }
+  PSWITCH_RETURN_IF_ERROR(CheckInsideStorage(tensor, what));
   const std::string holder = ParentPath(name);
   for (Held& held : held_) {
     if (held.tensor.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
@@ -672,7 +848,12 @@ absl::StatusOr<std::vector<int64_t>> ScriptModel::RecordGates() {
                    " mode)"),
       [&] {
         torch::NoGradGuard no_grad;
-        ForwardImpl(OnModelDevice(TraceInput()));
+        const ModelInput trace = OnModelDevice(TraceInput());
+        const at::Tensor output = ForwardImpl(trace).output;
+        if (!is_training() && !output_spec_.has_value()) {
+          output_spec_ =
+              OutputSpec{output.scalar_type(), output.sizes().vec(), trace.input.sizes().vec()};
+        }
       });
   recording_ = false;
   PSWITCH_RETURN_IF_ERROR(ran);

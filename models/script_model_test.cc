@@ -11,6 +11,7 @@
 #include "base/files.h"
 #include "models/training.h"
 #include "models/weights.h"
+#include "nlohmann/json.hpp"
 
 namespace pswitch::models {
 namespace {
@@ -271,6 +272,51 @@ TEST(ScriptModelTest, BadArchivesAreRefusedNamingTheProblem) {
   }
   EXPECT_EQ(LoadScriptModel("x", "not a zip", "garbage").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// tests/data/make_escape_archives.py: archives that would address memory outside their tensors
+// (another tenant's lease, another model's weights) if they ran, each with its refusal.
+TEST(ScriptModelTest, ArchivesThatCouldAddressMemoryOutsideTheirTensorsAreRefused) {
+  auto listing = base::ReadRegularFile(kArchives + "escapes/escapes.json", "escapes", 1 << 20);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  const nlohmann::json escapes = nlohmann::json::parse(*listing);
+  ASSERT_GE(escapes.size(), 18u);
+  for (const auto& [file, message] : escapes.items()) {
+    SCOPED_TRACE(file);
+    absl::Status status = LoadError("escapes/" + file);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(message.get<std::string>()));
+  }
+}
+
+TEST(ScriptModelTest, AnOutputOfAnotherShapeThanTheRecordedOneIsRefused) {
+  std::shared_ptr<ZooModel> model = Load("wide_output.pswitch.pt");
+  ASSERT_NE(model, nullptr);
+  ModelInput two, three;
+  two.input = torch::ones({2, 4});
+  three.input = torch::ones({3, 4});  // the archive returns 4x the registered width from 3 on
+  auto ok = RunForward(*model, two);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->output.sizes(), (std::vector<int64_t>{2, 4}));
+  auto wide = RunForward(*model, three);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_THAT(std::string(wide.status().message()),
+              HasSubstr("returned a Float tensor of shape [3, 16]"));
+  EXPECT_THAT(std::string(wide.status().message()), HasSubstr("recorded output is Float"));
+}
+
+TEST(ScriptModelTest, OutputsFollowTheInputsBatchAndSequenceLength) {
+  std::shared_ptr<ZooModel> model = Load("tiny_transformer.pswitch.pt");
+  ASSERT_NE(model, nullptr);
+  auto [input, expected] = PythonIo("tiny_transformer");
+  ASSERT_GE(input.dim(), 2);
+  // Another batch and a shorter sequence: the output's batch and length follow them.
+  ModelInput shorter;
+  shorter.input = input.narrow(1, 0, input.size(1) - 1).repeat({3, 1});
+  auto out = RunForward(*model, shorter);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->output.size(0), shorter.input.size(0));
+  EXPECT_EQ(out->output.size(1), shorter.input.size(1));
 }
 
 }  // namespace

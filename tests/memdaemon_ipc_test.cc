@@ -61,11 +61,17 @@ gpu::DeviceOptions OptionsFor(gpu::Backend backend) {
 }
 
 // The worker side. Returns an exit code; never returns into gtest.
-int WorkerMain(proto::FrameChannel& control, const std::string& socket_path,
-               gpu::Backend backend) {
+// The go-ahead: the one-time attach secret the daemon issued for this worker (as pswitchd's
+// spawn passes it).
+struct Go {
+  char secret[32];
+};
+
+int WorkerMain(proto::FrameChannel& control, const std::string& socket_path, gpu::Backend backend,
+               const std::string& secret) {
   auto device = gpu::Device::Open(OptionsFor(backend));
   if (!device.ok()) return 20;
-  auto client = ArenaClient::Attach(socket_path, device->get(), /*worker_id=*/1);
+  auto client = ArenaClient::Attach(socket_path, device->get(), /*worker_id=*/1, secret);
   if (!client.ok()) return 21;
   if (!SendPod(control, uint32_t{1}).ok()) return 22;  // attached
   SwitchOrder order;
@@ -137,9 +143,9 @@ class MemDaemonIpcTest : public ::testing::TestWithParam<gpu::Backend> {
     if (child_ == 0) {
       ::close(sv[0]);
       proto::FrameChannel control{UniqueFd(sv[1])};
-      uint32_t go = 0;
+      Go go{};
       if (!ReceivePod(control, &go)) _exit(19);
-      _exit(WorkerMain(control, socket_path_, GetParam()));
+      _exit(WorkerMain(control, socket_path_, GetParam(), std::string(go.secret, 32)));
     }
     ::close(sv[1]);
     control_ = std::make_unique<proto::FrameChannel>(UniqueFd(sv[0]));
@@ -151,7 +157,11 @@ class MemDaemonIpcTest : public ::testing::TestWithParam<gpu::Backend> {
     auto daemon = MemDaemon::Create(options);
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = std::move(*daemon);
-    ASSERT_TRUE(SendPod(*control_, uint32_t{0}).ok());
+    auto secret = daemon_->IssueAttachSecret();
+    ASSERT_TRUE(secret.ok()) << secret.status();
+    Go go{};
+    std::memcpy(go.secret, secret->data(), sizeof(go.secret));
+    ASSERT_TRUE(SendPod(*control_, go).ok());
     uint32_t attached = 0;
     ASSERT_TRUE(ReceivePod(*control_, &attached));
     ASSERT_EQ(attached, 1u);

@@ -7,7 +7,9 @@
 // refusal with exit status 3, so a hostile archive meets libtorch's loader outside pswitchd.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -17,10 +19,10 @@
 #include "base/status.h"
 #include "models/layer_profiler.h"
 #include "models/model_facts.h"
-#include "models/safetensors.h"
-#include "models/weights.h"
 #include "models/registry.h"
+#include "models/safetensors.h"
 #include "models/script_model.h"
+#include "models/weights.h"
 #include "models/zoo_model.h"
 #include "tools/cli.h"
 #include "worker/model_inspection.h"
@@ -29,6 +31,9 @@
 ABSL_FLAG(uint32_t, worker_id, 0, "worker slot id");
 ABSL_FLAG(int, control_fd, -1, "inherited control socket fd");
 ABSL_FLAG(std::string, memdaemon_socket, "", "memdaemon Unix socket");
+ABSL_FLAG(int, attach_secret_fd, -1,
+          "inherited pipe holding the one-time secret with which this worker attaches the arena "
+          "(set by pswitchd)");
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
 ABSL_FLAG(std::string, data_root, "", "fill datasets resolve under it (set by pswitchd)");
@@ -152,6 +157,17 @@ int main(int argc, char** argv) {
   options.backend = *backend;
   options.control_fd = absl::GetFlag(FLAGS_control_fd);
   options.memdaemon_socket = absl::GetFlag(FLAGS_memdaemon_socket);
+  if (const int fd = absl::GetFlag(FLAGS_attach_secret_fd); fd >= 0) {
+    // Read once and closed: nothing this process runs later can find it again.
+    char secret[64];
+    ssize_t n;
+    do {
+      n = ::read(fd, secret, sizeof(secret));
+    } while (n < 0 && errno == EINTR);
+    ::close(fd);
+    if (n > 0) options.attach_secret.assign(secret, static_cast<size_t>(n));
+    std::memset(secret, 0, sizeof(secret));
+  }
   options.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
   options.device_ordinal = absl::GetFlag(FLAGS_device);
   options.data_root = absl::GetFlag(FLAGS_data_root);

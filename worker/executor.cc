@@ -16,6 +16,12 @@ class HostExecutor final : public Executor {
     if (activations_ != nullptr) activations_->set_limit(bytes);
   }
   void MarkActivationsPersistent() override {}
+  void NewActivationOwner() override {
+    if (activations_ != nullptr) activations_->NewOwner();
+  }
+  uint64_t DirtyActivationBytes() const override {
+    return activations_ != nullptr ? activations_->dirty_bytes() : 0;
+  }
   LeaseAllocator* host_activations() const override { return activations_; }
   bool warms_up() const override { return false; }
   absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream&) override {

@@ -39,6 +39,11 @@ class Executor {
   // What was allocated so far (warm-up workspaces) stays for the process and counts against no
   // task's cap.
   virtual void MarkActivationsPersistent() = 0;
+  // The next task is another owner's (model or principal): lease bytes earlier tasks touched are
+  // zeroed before they are handed out again.
+  virtual void NewActivationOwner() = 0;
+  // Lease bytes left dirty by an owner change and not cleared yet (tests, measurements).
+  virtual uint64_t DirtyActivationBytes() const = 0;
   // The host's lease allocator, for scoping CPU allocations to a task; null on CUDA.
   virtual LeaseAllocator* host_activations() const = 0;
   // True where a model's first run pays one-off costs (CUDA context, cuBLAS/cuDNN handles, lazy

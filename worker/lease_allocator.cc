@@ -3,6 +3,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace pswitch::worker {
@@ -32,9 +35,12 @@ c10::DataPtr LeaseAllocator::Allocate(size_t n) const {
   if (!active_.load(std::memory_order_acquire)) return fallback_->allocate(n);
   // A fill task's memory cap: it fails alone instead of taking what the main job may need.
   const uint64_t limit = limit_.load(std::memory_order_acquire);
-  std::byte* ptr = blocks_.Take(n, limit);
+  std::vector<LeaseBlocks::Range> to_clear;
+  std::byte* ptr = blocks_.Take(n, limit, &to_clear);
   // Thrown as libtorch throws its own out-of-memory errors; the task boundary catches it.
   TORCH_CHECK(ptr != nullptr, blocks_.DescribeShortage(n, limit));
+  // What an earlier owner left here (torch.empty would hand it to this task).
+  for (const LeaseBlocks::Range& range : to_clear) std::memset(range.start, 0, range.bytes);
   // Context == data, as libtorch's raw interface requires.
   return c10::DataPtr(ptr, ptr, &LeaseAllocator::RawFree, c10::Device(c10::kCPU));
 }

@@ -42,6 +42,10 @@ class LeaseAllocator final : public c10::Allocator {
   void set_active(bool active) { active_.store(active, std::memory_order_release); }
   // Caps the bytes in use while active (0 = the whole lease): allocations beyond it fail.
   void set_limit(uint64_t bytes) { limit_.store(bytes, std::memory_order_release); }
+  // Another model or principal's task begins: what earlier tasks left in the lease is zeroed
+  // before any of it is handed out again (LeaseBlocks::NewOwner).
+  void NewOwner() { blocks_.NewOwner(); }
+  uint64_t dirty_bytes() const { return blocks_.dirty_bytes(); }
   uint64_t in_use_bytes() const { return blocks_.in_use_bytes(); }
   uint64_t peak_bytes() const { return blocks_.peak_bytes(); }
   uint64_t capacity_bytes() const { return blocks_.capacity_bytes(); }

@@ -3,6 +3,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -75,6 +76,31 @@ TEST(LeaseAllocatorTest, AnOversizedRequestFailsWithoutTouchingOtherBlocks) {
   // Freed neighbours coalesce: three quarters of the lease fit in one block again.
   c10::DataPtr big = allocator.allocate(kLeaseBytes * 3 / 4);
   EXPECT_TRUE(s.Inside(big.get()));
+}
+
+// An archive returning torch.empty read the previous task's activations: after an owner change
+// every block comes back zeroed, while the same owner's next task pays nothing.
+TEST(LeaseAllocatorTest, BlocksAnotherOwnerTouchedComeBackZeroed) {
+  Shared& s = Get();
+  LeaseAllocator& allocator = *s.allocator;
+  ScopedLeaseAllocation active(&allocator);
+  constexpr size_t kBytes = 64 << 10;
+  {
+    c10::DataPtr secret = allocator.allocate(kBytes);
+    std::memset(secret.get(), 0x5a, kBytes);
+  }
+  {
+    // The same owner: not cleared (and nothing dirty).
+    c10::DataPtr again = allocator.allocate(kBytes);
+    EXPECT_EQ(static_cast<unsigned char*>(again.get())[kBytes / 2], 0x5a);
+  }
+  allocator.NewOwner();
+  EXPECT_GE(allocator.dirty_bytes(), kBytes);
+  c10::DataPtr other = allocator.allocate(kBytes);
+  const auto* bytes = static_cast<const unsigned char*>(other.get());
+  size_t nonzero = 0;
+  for (size_t i = 0; i < kBytes; ++i) nonzero += bytes[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
 }
 
 }  // namespace

@@ -61,5 +61,53 @@ TEST(LeaseBlocksTest, PersistentBytesDoNotCountAgainstATaskLimit) {
   EXPECT_EQ(blocks.in_use_bytes(), 2048u);
 }
 
+TEST(LeaseBlocksTest, AfterAnOwnerChangeEveryByteAnEarlierOwnerTouchedIsReportedOnceForClearing) {
+  std::vector<std::byte> lease(4096);
+  LeaseBlocks blocks(lease.data(), 4096, 256);
+  std::vector<LeaseBlocks::Range> clear;
+  // The first owner: nothing was touched before it.
+  std::byte* a = blocks.Take(300, 0, &clear);  // [0, 512)
+  std::byte* b = blocks.Take(256, 0, &clear);  // [512, 768), in use across the change
+  EXPECT_TRUE(clear.empty());
+  ASSERT_TRUE(blocks.Give(a));
+  // The same owner again: its own bytes are not cleared.
+  ASSERT_EQ(blocks.Take(100, 0, &clear), a);
+  EXPECT_TRUE(clear.empty());
+  ASSERT_TRUE(blocks.Give(a));
+
+  blocks.NewOwner();
+  EXPECT_EQ(blocks.dirty_bytes(), 768u);
+  // A smaller block over the old one: exactly its bytes, and only once.
+  ASSERT_EQ(blocks.Take(200, 0, &clear), a);
+  ASSERT_EQ(clear.size(), 1u);
+  EXPECT_EQ(clear[0].start, a);
+  EXPECT_EQ(clear[0].bytes, 256u);
+  clear.clear();
+  std::byte* c = blocks.Take(1024, 0, &clear);  // [768, 1792): never touched
+  EXPECT_TRUE(clear.empty());
+  ASSERT_TRUE(blocks.Give(a));
+  ASSERT_EQ(blocks.Take(512, 0, &clear), a);  // [0, 512): only [256, 512) is still dirty
+  ASSERT_EQ(clear.size(), 1u);
+  EXPECT_EQ(clear[0].start, a + 256);
+  EXPECT_EQ(clear[0].bytes, 256u);
+  clear.clear();
+  // The block in use across the change is dirty when it comes back.
+  ASSERT_TRUE(blocks.Give(b));
+  ASSERT_EQ(blocks.Take(256, 0, &clear), b);
+  ASSERT_EQ(clear.size(), 1u);
+  EXPECT_EQ(clear[0].start, b);
+  EXPECT_EQ(blocks.dirty_bytes(), 0u);
+  clear.clear();
+
+  // The next owner: everything the previous one took (a, b, c) is dirty again.
+  blocks.NewOwner();
+  EXPECT_EQ(blocks.dirty_bytes(), 1792u);
+  ASSERT_TRUE(blocks.Give(c));
+  ASSERT_EQ(blocks.Take(4096 - 768, 0, &clear), c);  // [768, 4096): [768, 1792) dirty
+  ASSERT_EQ(clear.size(), 1u);
+  EXPECT_EQ(clear[0].start, c);
+  EXPECT_EQ(clear[0].bytes, 1024u);
+}
+
 }  // namespace
 }  // namespace pswitch::worker

@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   PSWITCH_ASSIGN_OR_RETURN(w->device_, gpu::Device::Open(device));
   PSWITCH_ASSIGN_OR_RETURN(
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
-                                                options.worker_id));
+                                                options.worker_id, options.attach_secret));
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
   ExecutorOptions executor;
   executor.backend = options.backend;
@@ -468,6 +468,14 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   TrainProgress progress{run.first_iteration(), false, 0, 0, 0};
   absl::Status status;
   bool gated = false;  // a model ran behind its ready flags
+  // Tenants never see each other's data: lease bytes an earlier task of another model or
+  // principal touched are zeroed before this task gets them. With no principal on the Run, any
+  // task may be another principal's, so every such task is a new owner.
+  const std::string tenant = run.tenant() != nullptr ? run.tenant()->str() : std::string();
+  const std::string owner =
+      tenant.empty() ? std::string() : absl::StrCat(model_name, std::string(1, '\0'), tenant);
+  if (owner.empty() || owner != lease_owner_) executor_->NewActivationOwner();
+  lease_owner_ = owner;
   int groups_gated = 0;  // groups whose gate this task passed (on CUDA: whose wait it enqueued)
   std::unique_ptr<FillSteps> fill;
   if (run.fill() != nullptr) {

@@ -37,6 +37,7 @@ struct WorkerOptions {
   uint32_t worker_id = 0;
   gpu::Backend backend = gpu::Backend::kHost;
   std::string memdaemon_socket;
+  std::string attach_secret;  // the one-time secret pswitchd issued for this worker's attach
   int control_fd = -1;  // connected socket to the controller, owned by the worker
   int device_ordinal = 0;  // CUDA: the device holding the arena (checked against the grant)
   absl::Duration group_timeout = absl::Seconds(30);
@@ -133,6 +134,9 @@ class Worker {
   std::unique_ptr<proto::FrameChannel> control_;
   std::map<std::string, std::unique_ptr<BoundModel>, std::less<>> models_;
   Gate gate_;
+  // The last task's (model, tenant), "" when its tenant was unknown: the activation lease is
+  // cleared before a task of another owner (worker.cc, HandleRun).
+  std::string lease_owner_;
   // What the last task left behind for Clean().
   BoundModel* dirty_model_ = nullptr;
   std::unique_ptr<models::Trainer> trainer_;

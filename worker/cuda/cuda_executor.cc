@@ -29,6 +29,8 @@ class CudaExecutor final : public Executor {
   c10::Device tensor_device() const override { return device_; }
   void SetActivationLimit(uint64_t bytes) override { activations_->set_limit(bytes); }
   void MarkActivationsPersistent() override { activations_->MarkPersistent(); }
+  void NewActivationOwner() override { activations_->NewOwner(); }
+  uint64_t DirtyActivationBytes() const override { return activations_->dirty_bytes(); }
   LeaseAllocator* host_activations() const override { return nullptr; }
   bool warms_up() const override { return true; }
   absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream& stream) override {

@@ -5,10 +5,11 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "models/zoo_model.h"
 #include "base/status.h"
+#include "models/zoo_model.h"
 
 namespace pswitch::worker::cuda {
 namespace {
@@ -69,11 +70,26 @@ void* CudaLeaseAllocator::Allocate(size_t bytes, int device) {
   TORCH_CHECK(device == device_ordinal_, "pswitch worker: CUDA allocation on device ", device,
               ", but the worker's arena lease is on device ", device_ordinal_);
   const uint64_t limit = limit_bytes_.load(std::memory_order_acquire);
-  std::byte* ptr = blocks_.Take(bytes, limit);
+  std::vector<LeaseBlocks::Range> to_clear;
+  std::byte* ptr = blocks_.Take(bytes, limit, &to_clear);
   // Thrown as c10's caching allocator throws its own out-of-memory errors: cuDNN catches it and
   // retries with a smaller workspace.
   TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "pswitch worker on cuda:", device_ordinal_,
                    ": ", blocks_.DescribeShortage(bytes, limit));
+  if (!to_clear.empty()) {
+    // What an earlier owner left here, cleared on the stream the block is used on (a task's
+    // compute stream): ordered before any kernel of the new owner, microseconds on the device.
+    const cudaStream_t stream =
+        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_ordinal_)).stream();
+    for (const LeaseBlocks::Range& range : to_clear) {
+      const cudaError_t cleared = cudaMemsetAsync(range.start, 0, range.bytes, stream);
+      if (cleared != cudaSuccess) {
+        (void)blocks_.Give(ptr);
+        TORCH_CHECK(false, "pswitch worker on cuda:", device_ordinal_,
+                    ": cudaMemsetAsync clearing a lease block: ", cudaGetErrorString(cleared));
+      }
+    }
+  }
   return ptr;
 }
 

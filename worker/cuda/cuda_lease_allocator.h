@@ -50,6 +50,11 @@ class CudaLeaseAllocator {
   // What is in use now (the warm-up's cuBLAS/cuDNN workspaces) is the process's, not a task's:
   // limits stop counting it.
   void MarkPersistent() { blocks_.MarkPersistent(); }
+  // Another model or principal's task begins: what earlier tasks left in the lease is zeroed
+  // (cudaMemsetAsync on the current stream, the task's compute stream) before any of it is
+  // handed out again (LeaseBlocks::NewOwner).
+  void NewOwner() { blocks_.NewOwner(); }
+  uint64_t dirty_bytes() const { return blocks_.dirty_bytes(); }
   uint64_t in_use_bytes() const { return blocks_.in_use_bytes(); }
   uint64_t peak_bytes() const { return blocks_.peak_bytes(); }
   uint64_t capacity_bytes() const { return blocks_.capacity_bytes(); }
