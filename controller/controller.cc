@@ -124,6 +124,38 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
   });
 }
 
+void Controller::RegisterCopy(std::string original, std::string name, std::string owner,
+                              RegisterCallback done) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    done(absl::CancelledError("pswitchd is shutting down"));
+    return;
+  }
+  // On the registration thread, where unloads finish too: the original's pinned weights stay
+  // while they are copied.
+  registrations_.push_back([this, original = std::move(original), name = std::move(name),
+                            owner = std::move(owner), done = std::move(done)] {
+    absl::StatusOr<EntryRef> from = catalog_->Find(original);
+    if (!from.ok()) {
+      done(from.status());
+      return;
+    }
+    absl::StatusOr<EntryRef> entry = catalog_->RegisterCopy(**from, name, owner);
+    if (!entry.ok()) {
+      done(entry.status());
+      return;
+    }
+    OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(*entry, loaded); },
+               [entry = *entry, done](absl::Status status) {
+                 if (status.ok()) {
+                   done(entry);
+                 } else {
+                   done(status);
+                 }
+               });
+  });
+}
+
 void Controller::OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all) {
   struct Pending {
     absl::Mutex mu;

@@ -57,6 +57,11 @@ class Controller {
   // repository's config), never on the caller's.
   using RequestMaker = std::function<absl::StatusOr<ModelRequest>()>;
   void Register(RequestMaker make_request, RegisterCallback done);
+  // Registers `name`, a copy of registered model `original` owned by `owner`
+  // (ModelCatalog::RegisterCopy: its weights as they are when the registration thread gets to
+  // it), then loads it into every worker; `done` as Register's.
+  void RegisterCopy(std::string original, std::string name, std::string owner,
+                    RegisterCallback done);
   // Unloads model `name` from every GPU (GpuScheduler::DropModel says what happens to its
   // tasks), then frees its pinned weights and releases the name. Ordered with registrations (on
   // the registration thread), so a model's load into the workers always precedes its unload.

@@ -454,10 +454,17 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec,
   return absl::OkStatus();
 }
 
+void GpuScheduler::OnProgress(int slot, uint64_t task, uint32_t iterations) {
+  if (running_ == nullptr || running_->slot != slot || running_->task_id != task) return;
+  tasks_.Progress(task, iterations);
+}
+
 void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   if (running_ == nullptr || running_->slot != slot || running_->task_id != done.task_id()) return;
   std::unique_ptr<Running> run = std::move(running_);
   const TaskSpec& spec = specs_.at(run->task_id).first;
+  // What the run did stays in the task's status however it ends (a cancel's error says it too).
+  if (spec.kind == TaskKind::kTraining) tasks_.Progress(run->task_id, done.iterations_done());
   stop_deadline_.Met(run->task_id);
   absl::Status status =
       done.error() != nullptr ? proto::FromWireError(done.error()) : absl::OkStatus();

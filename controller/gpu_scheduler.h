@@ -141,6 +141,7 @@ class GpuScheduler : private WorkerPool::Listener {
   // WorkerPool::Listener.
   void OnRunDone(int slot, const proto::RunDone& done) override;
   void OnDrained(int slot, uint64_t task, const proto::Drained& drained) override;
+  void OnProgress(int slot, uint64_t task, uint32_t iterations) override;
   void OnWorkerDied(int slot, const absl::Status& why, bool killed) override;
 
   void MaybeStart();

@@ -264,6 +264,57 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
   return EntryRef(shared);
 }
 
+absl::StatusOr<EntryRef> ModelCatalog::RegisterCopy(const CatalogEntry& original,
+                                                    const std::string& name,
+                                                    const std::string& owner) {
+  if (name.empty()) return absl::InvalidArgumentError("model name must not be empty");
+  if (original.stored == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", original.request.name, "' has no stored weights to copy"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.contains(name) || in_progress_.contains(name)) {
+      return absl::AlreadyExistsError(absl::StrCat("model '", name, "' already registered"));
+    }
+    in_progress_[name] = false;
+  }
+  // The original's pinned bytes as they are now, tensor by tensor in its layout: the copy gets
+  // the same layout, so its plan and group boundaries carry over unchanged.
+  const memdaemon::StoredModel& stored = *original.stored;
+  memdaemon::ModelBytes bytes;
+  bytes.name = name;
+  for (size_t l = 0; l < stored.layers().size(); ++l) {
+    const memdaemon::LayerSpec& layer = stored.layers()[l];
+    memdaemon::LayerBytes out{layer.name, {}};
+    for (size_t t = 0; t < layer.tensors.size(); ++t) {
+      const memdaemon::TensorPlacement& at = stored.layout().placements[l][t];
+      out.tensors.push_back(
+          {layer.tensors[t].name,
+           std::span<const std::byte>(stored.host_bytes() + at.offset, at.bytes)});
+    }
+    bytes.layers.push_back(std::move(out));
+  }
+  absl::StatusOr<const memdaemon::StoredModel*> copied = daemon_->weights().Register(bytes);
+  absl::MutexLock lock(&mu_);
+  in_progress_.erase(name);
+  if (!copied.ok()) {
+    return absl::Status(copied.status().code(),
+                        absl::StrCat("copying '", original.request.name, "' as '", name,
+                                     "': ", copied.status().message()));
+  }
+  auto entry = std::make_shared<CatalogEntry>(original);
+  entry->request.name = name;
+  entry->request.owner = owner;
+  entry->request.trainers.clear();
+  entry->stored = *copied;
+  entry->layers = static_cast<uint32_t>((*copied)->num_layers());
+  entry->weight_bytes = (*copied)->total_bytes();
+  pinned_bytes_ += entry->weight_bytes;
+  entries_[name] = entry;
+  return EntryRef(entry);
+}
+
 absl::StatusOr<EntryRef> ModelCatalog::Find(absl::string_view name) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);

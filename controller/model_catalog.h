@@ -47,6 +47,12 @@ struct ModelRequest {
   // Set: the archive is this sealed memory file (a registered model's, copied for a fill job),
   // not read from archive_path again.
   std::shared_ptr<const UniqueFd> archive_fd;
+  // Principals who may train and unload the model besides admins: the repository config's
+  // "trainers", or the registering admin's.
+  std::vector<std::string> trainers;
+  // Set for a user's own copy (a training task's copy name): only this principal and admins see,
+  // serve, train or unload it. Empty: every principal sees it.
+  std::string owner;
 };
 
 // A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.
@@ -116,6 +122,12 @@ class ModelCatalog {
   // bad request (unknown zoo model, bad weights or plan), AlreadyExists, ResourceExhausted when
   // the model exceeds the weights region. Nothing is registered on error.
   absl::StatusOr<EntryRef> Register(const ModelRequest& request);
+  // Registers `name`, a copy of registered model `original` owned by `owner`: the same definition,
+  // archive and plan, and the weights `original`'s pinned store holds now. Call where `original`
+  // cannot be unloaded meanwhile (the registration thread). AlreadyExists, ResourceExhausted as
+  // Register; nothing is registered on error.
+  absl::StatusOr<EntryRef> RegisterCopy(const CatalogEntry& original, const std::string& name,
+                                        const std::string& owner);
   absl::StatusOr<EntryRef> Find(absl::string_view name) const;
   std::vector<EntryRef> List() const;
 

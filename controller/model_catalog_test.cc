@@ -2,6 +2,8 @@
 
 #include <torch/cuda.h>
 
+#include <cstring>
+
 #include "gtest/gtest.h"
 #include "memdaemon/host_test_daemon.h"
 
@@ -44,6 +46,45 @@ TEST_F(ModelCatalogTest, AutoPlanOnAGpuIsProfiledThereOrRefusedWithTheRemedy) {
   EXPECT_TRUE(catalog.Register({"m", "tiny_cnn", "", 2, "auto"}).status().code() ==
               absl::StatusCode::kFailedPrecondition)
       << "the name is free again";
+}
+
+// Issue 27 item 8: a user's training trains its own copy. The copy has the original's definition
+// and plan and a snapshot of its weights in a store of its own, so training either leaves the
+// other alone.
+TEST_F(ModelCatalogTest, ACopyHasTheOriginalsWeightsInItsOwnStore) {
+  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  ModelRequest shared{"shared", "tiny_cnn", "", 2, "auto"};
+  shared.trainers = {"carol"};
+  absl::StatusOr<EntryRef> original = catalog.Register(shared);
+  ASSERT_TRUE(original.ok()) << original.status();
+  const memdaemon::StoredModel& from = *(*original)->stored;
+  absl::StatusOr<EntryRef> copy = catalog.RegisterCopy(**original, "bobs", "bob");
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ((*copy)->request.name, "bobs");
+  EXPECT_EQ((*copy)->request.owner, "bob");
+  EXPECT_TRUE((*copy)->request.trainers.empty()) << "a copy is its owner's alone";
+  EXPECT_EQ((*copy)->request.zoo_model, "tiny_cnn");
+  EXPECT_EQ((*copy)->group_last_layer, (*original)->group_last_layer);
+  const memdaemon::StoredModel& to = *(*copy)->stored;
+  ASSERT_NE(&to, &from);
+  ASSERT_EQ(to.total_bytes(), from.total_bytes());
+  EXPECT_EQ(std::memcmp(to.host_bytes(), from.host_bytes(), to.total_bytes()), 0);
+  from.host_bytes()[0] = std::byte{0x5a};  // the original trains on: the copy stays
+  to.host_bytes()[1] = std::byte{0x33};
+  EXPECT_NE(std::memcmp(to.host_bytes(), from.host_bytes(), 2), 0);
+  EXPECT_NE(to.host_bytes()[0], std::byte{0x5a});
+  EXPECT_EQ(catalog.Find("bobs")->get(), copy->get());
+  EXPECT_EQ(catalog.pinned_bytes(), 2 * from.total_bytes());
+  EXPECT_EQ(catalog.RegisterCopy(**original, "bobs", "bob").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(catalog.RegisterCopy(**original, "shared", "bob").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // Unloaded like any model.
+  absl::StatusOr<EntryRef> taken = catalog.BeginUnload("bobs");
+  ASSERT_TRUE(taken.ok());
+  ASSERT_TRUE(catalog.FinishUnload(**taken).ok());
+  EXPECT_TRUE(catalog.Find("shared").ok());
+  EXPECT_EQ(catalog.pinned_bytes(), from.total_bytes());
 }
 
 // Unload in two steps: the model leaves the catalog at once, its name stays reserved until its

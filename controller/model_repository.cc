@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
 #include "base/status.h"
+#include "base/text.h"
 #include "controller/fill_request.h"
 #include "models/model_source.h"
 
@@ -11,6 +12,7 @@ namespace pswitch::controller {
 namespace {
 
 constexpr uint64_t kMaxConfigBytes = 64 << 10;
+constexpr size_t kMaxTrainers = 256;
 
 absl::StatusOr<std::string> StringField(const nlohmann::json& config, const std::string& where,
                                         const char* field, bool required) {
@@ -23,6 +25,27 @@ absl::StatusOr<std::string> StringField(const nlohmann::json& config, const std:
     return absl::InvalidArgumentError(absl::StrCat(where, ": \"", field, "\" must be a string"));
   }
   return it->get<std::string>();
+}
+
+// "trainers": the principals (token names) who may train and unload the model besides admins.
+absl::StatusOr<std::vector<std::string>> TrainersField(const nlohmann::json& config,
+                                                       const std::string& where) {
+  std::vector<std::string> trainers;
+  auto it = config.find("trainers");
+  if (it == config.end()) return trainers;
+  if (!it->is_array() || it->size() > kMaxTrainers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": \"trainers\" must be an array of at most ", kMaxTrainers, " names"));
+  }
+  for (const nlohmann::json& name : *it) {
+    if (!name.is_string() || name.get<std::string>().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"trainers\" must hold non-empty strings"));
+    }
+    PSWITCH_RETURN_IF_ERROR(base::CheckText(name.get<std::string>(), "trainer name", 128));
+    trainers.push_back(name.get<std::string>());
+  }
+  return trainers;
 }
 
 }  // namespace
@@ -96,6 +119,7 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
     }
     request.batch_size = static_cast<uint32_t>(batch->get<uint64_t>());
   }
+  PSWITCH_ASSIGN_OR_RETURN(request.trainers, TrainersField(config, where));
   for (const std::string* file : {&request.weights_path, &request.plan, &request.archive_path}) {
     if (!file->empty() && *file != "auto") {
       PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(*file, where));
@@ -116,7 +140,11 @@ absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
           "model '", from_client.name,
           "': this pswitchd has no --model-repository; name an architecture to register"));
     }
-    return repository->Request(from_client.name);
+    PSWITCH_ASSIGN_OR_RETURN(ModelRequest request, repository->Request(from_client.name));
+    // The registering admin's trainers join the config's.
+    request.trainers.insert(request.trainers.end(), from_client.trainers.begin(),
+                            from_client.trainers.end());
+    return request;
   }
   if (names_files && !allow_client_paths) {
     return absl::PermissionDeniedError(

@@ -4,7 +4,9 @@
 //
 //   {"architecture": "resnet50", "weights": "weights.safetensors", "batch": 8, "plan": "auto"}
 //
-// ("weights" optional: seeded random weights; "plan": "auto" or a find-grouping plan file).
+// ("weights" optional: seeded random weights; "plan": "auto" or a find-grouping plan file;
+// "trainers": ["alice", ...] optional, the token names who may train and unload it besides
+// admins — everyone else trains a copy of their own).
 // Clients name models; only the repository names files, and every one resolves inside the
 // model's folder (base::ConfinedDir: no symlink followed, no "..").
 #ifndef PSWITCH_CONTROLLER_MODEL_REPOSITORY_H_

@@ -66,6 +66,27 @@ TEST_F(ModelRepositoryTest, BadConfigsAreRefusedNamingTheField) {
   EXPECT_FALSE(repo_->Request("escape").ok());
 }
 
+// Issue 27 item 8: a model's config names who besides admins may train and unload it.
+TEST_F(ModelRepositoryTest, TheConfigNamesTheModelsTrainers) {
+  Model("team", R"({"architecture": "tiny_mlp", "trainers": ["alice", "bob"]})");
+  Model("bad5", R"({"architecture": "tiny_mlp", "trainers": "alice"})");
+  Model("bad6", R"({"architecture": "tiny_mlp", "trainers": [""]})");
+  auto team = repo_->Request("team");
+  ASSERT_TRUE(team.ok()) << team.status();
+  EXPECT_EQ(team->trainers, (std::vector<std::string>{"alice", "bob"}));
+  EXPECT_TRUE(repo_->Request("mlp")->trainers.empty()) << "none named: admins only";
+  EXPECT_NE(repo_->Request("bad5").status().message().find("trainers"), absl::string_view::npos);
+  EXPECT_NE(repo_->Request("bad6").status().message().find("trainers"), absl::string_view::npos);
+  // The registering admin's trainers join the config's.
+  ModelRequest by_name;
+  by_name.name = "team";
+  by_name.plan = "auto";
+  by_name.trainers = {"carol"};
+  auto resolved = ResolveModelRequest(by_name, &*repo_, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->trainers, (std::vector<std::string>{"alice", "bob", "carol"}));
+}
+
 // Trust-boundary issue, item 3: clients name models, not server files, unless allowed.
 TEST_F(ModelRepositoryTest, ClientsNameModelsAndServerFilesOnlyWhenAllowed) {
   ModelRequest by_name;

@@ -1,5 +1,7 @@
 #include "controller/task_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
@@ -59,6 +61,13 @@ void TaskRegistry::RecordCleaning(uint64_t task_id, absl::Duration clean, bool a
   if (it == infos_.end()) return;
   it->second.clean_time = clean;
   it->second.cleaned_after_drain = after_drain;
+}
+
+void TaskRegistry::Progress(uint64_t task_id, uint32_t iterations) {
+  absl::MutexLock lock(&mu_);
+  auto it = infos_.find(task_id);
+  if (it == infos_.end() || it->second.state >= TaskState::kSucceeded) return;
+  it->second.iterations_done = std::max(it->second.iterations_done, iterations);
 }
 
 void TaskRegistry::Finish(uint64_t task_id, const absl::Status& error, uint32_t iterations) {

@@ -41,7 +41,10 @@ class TaskRegistry {
   // Preempted: back in the queue with `iterations` done.
   void Requeue(uint64_t task_id, uint32_t iterations);
   void RecordCleaning(uint64_t task_id, absl::Duration clean, bool after_drain);
-  // Succeeded with `iterations` done, or failed / cancelled (Cancelled code) with `error`.
+  // A running task, or one whose run just ended, has `iterations` done (never fewer than known).
+  void Progress(uint64_t task_id, uint32_t iterations);
+  // Succeeded with `iterations` done, or failed / cancelled (Cancelled code) with `error`,
+  // keeping the iterations done so far (Progress).
   void Finish(uint64_t task_id, const absl::Status& error, uint32_t iterations);
 
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const;

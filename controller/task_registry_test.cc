@@ -40,6 +40,26 @@ TEST(TaskRegistryTest, ATaskGoesFromQueuedThroughItsPhasesToItsEnd) {
   EXPECT_TRUE(info->cleaned_after_drain);
 }
 
+// Issue 27 item 9: iterations_done stayed 0 while a training task ran and after its cancel.
+TEST(TaskRegistryTest, ProgressShowsWhileRunningAndStaysAfterACancel) {
+  TaskRegistry tasks;
+  const uint64_t id = tasks.Add("m");
+  tasks.SetState(id, TaskState::kRunning, 0, 1234);
+  tasks.Progress(id, 5);
+  EXPECT_EQ(tasks.Query(id)->iterations_done, 5u);
+  tasks.Progress(id, 3);  // a late report never moves it back
+  EXPECT_EQ(tasks.Query(id)->iterations_done, 5u);
+  tasks.Progress(id, 5685);
+  tasks.Finish(id, absl::CancelledError("task 1 cancelled after 5685 iterations"), 0);
+  absl::StatusOr<TaskStatus> info = tasks.Query(id);
+  EXPECT_EQ(info->state, TaskState::kCancelled);
+  EXPECT_EQ(info->iterations_done, 5685u);
+  tasks.Progress(id, 9000);  // finished: nothing changes it
+  EXPECT_EQ(tasks.Query(id)->iterations_done, 5685u);
+  tasks.Progress(99, 1);  // unknown: ignored
+  EXPECT_EQ(tasks.Query(99).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(TaskRegistryTest, FailuresAndCancellationsKeepTheirError) {
   TaskRegistry tasks;
   const uint64_t failed = tasks.Add("m"), cancelled = tasks.Add("m");

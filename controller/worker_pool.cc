@@ -107,6 +107,13 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
       if (slots_[slot].state == State::kBusy) slots_[slot].state = State::kIdle;
       listener_->OnRunDone(slot, *e->body_as_RunDone());
       break;
+    case proto::WorkerEventBody::Heartbeat: {
+      auto* beat = e->body_as_Heartbeat();
+      if (beat->task_id() != 0 && slots_[slot].state == State::kBusy) {
+        listener_->OnProgress(slot, beat->task_id(), beat->iterations_done());
+      }
+      break;
+    }
     case proto::WorkerEventBody::Drained:
       // The copy engine waits on the drain flag itself; this reports the cleaning.
       if (slots_[slot].last_task != 0) {

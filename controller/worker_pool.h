@@ -75,6 +75,8 @@ class WorkerPool {
     virtual void OnRunDone(int slot, const proto::RunDone& done) = 0;
     // The slot's worker drained after `task` and cleaned up.
     virtual void OnDrained(int slot, uint64_t task, const proto::Drained& drained) = 0;
+    // The slot's worker, running `task`, has done `iterations` of it (its heartbeat says).
+    virtual void OnProgress(int /*slot*/, uint64_t /*task*/, uint32_t /*iterations*/) {}
     // The slot's worker died. `why` says how; `killed` when the pool killed it (Kill), `why`
     // then being the kill's reason. A replacement is already scheduled.
     virtual void OnWorkerDied(int slot, const absl::Status& why, bool killed) = 0;

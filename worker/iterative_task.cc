@@ -7,6 +7,7 @@ namespace pswitch::worker {
 absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
                       const std::atomic<bool>& stop, FillSteps* fill, StepProgress* progress) {
   progress->steps_done = first;
+  if (progress->live_steps != nullptr) progress->live_steps->store(first);
   PSWITCH_RETURN_IF_ERROR(task.Init());
   for (uint32_t i = first; i < total; ++i) {
     if (fill != nullptr ? !fill->MayStart() : stop.load()) {
@@ -23,6 +24,7 @@ absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
       }
     }
     progress->steps_done = i + 1;
+    if (progress->live_steps != nullptr) progress->live_steps->store(i + 1);
   }
   return task.Finish();
 }

@@ -28,6 +28,8 @@ class IterativeTask {
 struct StepProgress {
   uint32_t steps_done = 0;     // steps of the whole task completed
   bool stopped_early = false;  // the run ended before the task's last step
+  // Set: steps_done is also published here as it grows, for another thread (the heartbeat's).
+  std::atomic<uint32_t>* live_steps = nullptr;
 };
 
 // Runs steps [first, total) of `task`: Init, the steps the framework lets start, Finish. A step

@@ -181,7 +181,8 @@ void Worker::HeartbeatLoop() {
   while (!mu_.AwaitWithTimeout(absl::Condition(&done), kWorkerHeartbeatInterval)) {
     mu_.Unlock();
     flatbuffers::FlatBufferBuilder b;
-    auto beat = proto::CreateHeartbeat(b);
+    const uint64_t task = live_task_.load();
+    auto beat = proto::CreateHeartbeat(b, task, task != 0 ? live_steps_.load() : 0);
     proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Heartbeat, beat.Union()));
     const bool sent = SendEvent(b).ok();
     mu_.Lock();
@@ -443,8 +444,12 @@ absl::Status Worker::AwaitModel(int64_t deadline_ns) {
 absl::Status Worker::RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
                              TrainProgress* progress) {
   StepProgress steps;
+  steps.live_steps = &live_steps_;
+  live_steps_.store(run.first_iteration());
+  live_task_.store(run.task_id());
   absl::Status status =
       RunSteps(task, run.first_iteration(), run.iterations(), stops_.pending(), fill, &steps);
+  live_task_.store(0);
   progress->iterations_done = steps.steps_done;
   progress->stopped_early = steps.stopped_early;
   return status;

@@ -144,6 +144,10 @@ class Worker {
   std::string dataset_path_;
   at::Tensor dataset_;
   StopRequests stops_;
+  // The iterative run in progress (0: none) and its steps done, for the heartbeat's progress.
+  // Written by the main thread (steps before the task, the task cleared after the run).
+  std::atomic<uint64_t> live_task_{0};
+  std::atomic<uint32_t> live_steps_{0};
 
   absl::Mutex send_mu_;
   absl::Mutex mu_;
