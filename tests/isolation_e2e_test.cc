@@ -81,9 +81,12 @@ TEST(IsolationE2eTest, OneUsersArchiveGetsNothingOfAnotherUsersInputsOrAnotherMo
     EXPECT_THAT(std::string(refused.message()), HasSubstr(message.get<std::string>()));
   }
 
-  ASSERT_TRUE(Register(*alice, "victim", "passthrough.pswitch.pt").ok()) << daemon.log();
-  ASSERT_TRUE(Register(*alice, "reader", "lease_reader.pswitch.pt").ok()) << daemon.log();
-  ASSERT_TRUE(Register(*alice, "wide", "wide_output.pswitch.pt").ok()) << daemon.log();
+  for (const auto& [name, file] : {std::pair<std::string, std::string>{"victim", "passthrough"},
+                                   {"reader", "lease_reader"},
+                                   {"wide", "wide_output"}}) {
+    absl::Status registered = Register(*alice, name, file + ".pswitch.pt");
+    ASSERT_TRUE(registered.ok()) << name << ": " << registered << "\n" << daemon.log();
+  }
 
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(round);
