@@ -214,7 +214,8 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             b, b.CreateString(options.name), b.CreateString(options.zoo_model),
             b.CreateString(options.weights_path), options.batch_size,
             b.CreateString(options.plan.empty() ? "auto" : options.plan),
-            b.CreateString(options.archive_path));
+            b.CreateString(options.archive_path),
+            options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers));
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                             body.Union()));
       },
@@ -317,7 +318,8 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
             options.seed, options.priority,
             static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
             options.optimizer == Optimizer::kAdam ? proto::Optimizer::Adam : proto::Optimizer::Sgd,
-            options.learning_rate, options.momentum, options.batch);
+            options.learning_rate, options.momentum, options.batch,
+            options.as_model.empty() ? 0 : b.CreateString(options.as_model));
         proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },

@@ -40,6 +40,9 @@ struct RegisterOptions {
   // Your own model: a TorchScript archive made by pswitch.export (Python), as a server path;
   // zoo_model stays empty. Like weights_path it needs pswitchd's --allow-client-paths.
   std::string archive_path;
+  // Token names who may train the model in place and unload it besides admins; everyone else
+  // trains a copy of their own (TrainOptions::as_model).
+  std::vector<std::string> trainers;
 };
 
 struct RegisteredModel {
@@ -75,6 +78,10 @@ struct TrainOptions {
   // From submission; the task fails (weights saved) if unfinished by then. Zero: the server's
   // maximum task time, which also caps this.
   absl::Duration deadline = absl::ZeroDuration();
+  // Non-empty: register a copy of the model under this new name, yours alone (only you and
+  // admins see, serve, train and unload it), and train the copy. Empty: train the model itself,
+  // which needs an admin token or one its configuration names as a trainer.
+  std::string as_model;
 };
 
 // Where a task's server-side time went, each measured from its arrival at the scheduler on one
@@ -152,8 +159,9 @@ class Client {
   // The `limit` most recent tasks, newest first (0 = as many as the server lists, 1000).
   absl::StatusOr<std::vector<TaskStatus>> ListTasks(uint32_t limit = 0);
   absl::Status Cancel(uint64_t task_id);
-  // Unloads a registered model (admin): its queued tasks fail, a running inference batch
-  // finishes, a running training task is cancelled; returns once its weights are freed.
+  // Unloads a registered model (an admin, its trainers, or a copy's owner): its queued tasks
+  // fail, a running inference batch finishes, a running training task is cancelled; returns once
+  // its weights are freed.
   absl::Status Unload(const std::string& name);
 
   // The bubble instruction, called by the main job around each idle wait of GPU (stage) `gpu`.

@@ -110,6 +110,18 @@ std::map<std::string, std::string> EveryRequest() {
                                    1e-3, 0.9, /*batch_size=*/16)
         .Union();
   });
+  out["submit_training_copy"] = Request(ClientRequestBody::SubmitTask, [](Builder& b) {
+    return proto::CreateSubmitTask(b, b.CreateString("tiny_cnn"), proto::TaskKind::Training, 0,
+                                   /*iterations=*/10, /*seed=*/3, 0, 0, proto::Optimizer::Sgd, 10,
+                                   0.9, /*batch_size=*/0, b.CreateString("my-cnn"))
+        .Union();
+  });
+  out["register_model_trainers"] = Request(ClientRequestBody::RegisterModel, [](Builder& b) {
+    auto trainers = b.CreateVectorOfStrings(std::vector<std::string>{"alice", "bob"});
+    return proto::CreateRegisterModel(b, b.CreateString("shared"), b.CreateString("tiny_cnn"), 0, 1,
+                                      0, 0, trainers)
+        .Union();
+  });
   out["query_task"] = Request(ClientRequestBody::QueryTask,
                               [](Builder& b) { return proto::CreateQueryTask(b, 42).Union(); });
   out["cancel_task"] = Request(ClientRequestBody::CancelTask,

@@ -1,11 +1,12 @@
 // pswitchctl: the command-line client of pswitchd.
 //
 //   pswitchctl --server HOST:PORT register --name N [--model ZOO | --archive A.pswitch.pt]
-//              [--weights W] [--batch B] [--plan plan.json|auto]
+//              [--weights W] [--batch B] [--plan plan.json|auto] [--trainers alice,bob]
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
 //              [--priority P] [--deadline-ms D]
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S]
 //              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M] [--deadline-ms D]
+//              [--as COPY]
 //   pswitchctl --server HOST:PORT status [TASK] | models | cancel TASK | unload --name N
 //   pswitchctl --server HOST:PORT bubble-cycle --gpu G --cycle cycle.json
 //   pswitchctl --server HOST:PORT fill submit|estimate --kind training|inference|synthetic
@@ -61,6 +62,11 @@ ABSL_FLAG(uint64_t, seed, 0, "train: data and dropout seed");
 ABSL_FLAG(std::string, optimizer, "sgd", "train: sgd or adam");
 ABSL_FLAG(double, lr, 0.01, "train: learning rate");
 ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum (0 = plain SGD)");
+ABSL_FLAG(std::string, as, "",
+          "train: register a copy of --name under this new name, yours alone, and train the copy "
+          "(needed unless you are an admin or one of the model's trainers)");
+ABSL_FLAG(std::vector<std::string>, trainers, {},
+          "register: token names who may train the model in place and unload it besides admins");
 ABSL_FLAG(std::string, token, "",
           "bearer token for a pswitchd with --auth-tokens (default: $PSWITCH_TOKEN, which keeps "
           "it out of the process list)");
@@ -337,7 +343,8 @@ absl::Status Run(const std::vector<std::string>& args) {
     auto registered =
         client.Register({name, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights),
                          std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1),
-                         absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_archive)});
+                         absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_archive),
+                         absl::GetFlag(FLAGS_trainers)});
     if (!registered.ok()) return registered.status();
     std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
                 registered->layers, registered->groups,
@@ -386,6 +393,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     options.learning_rate = absl::GetFlag(FLAGS_lr);
     options.momentum = absl::GetFlag(FLAGS_momentum);
     options.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+    options.as_model = absl::GetFlag(FLAGS_as);
     auto result = client.Train(name, options);
     if (!result.ok()) return result.status();
     std::printf("task %llu: %u iterations in %.3f ms\n",

@@ -125,21 +125,26 @@ class Client:
         return False
 
     # --- models ---
-    def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto"):
-        """Registers `name`: a zoo `model` ("resnet50"), your own `archive` (pswitch.export,
-        a server path; needs --allow-client-paths), or, with neither, the folder `name` of
-        pswitchd's model repository."""
+    def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto",
+                 trainers=()):
+        """Registers `name` (admin): a zoo `model` ("resnet50"), your own `archive`
+        (pswitch.export, a server path; needs --allow-client-paths), or, with neither, the folder
+        `name` of pswitchd's model repository. `trainers`: token names who may train it in place
+        and unload it besides admins; everyone else trains a copy (train(..., as_model=))."""
         if model is not None and archive is not None:
             raise ValueError("name a zoo model or an archive, not both")
+        if isinstance(trainers, str):
+            raise TypeError("trainers is a list of names")
         r = self._client.register(name, model or "", archive or "", weights or "", int(batch),
-                                  plan or "auto")
+                                  plan or "auto", [str(t) for t in trainers])
         return RegisteredModel(**r)
 
     def models(self):
         return [ModelInfo(**m) for m in self._client.models()]
 
     def unload(self, name):
-        """Unloads `name` (admin): its queued tasks fail, then its weights are freed."""
+        """Unloads `name` (an admin, one of its trainers, or a copy's owner): its queued tasks
+        fail, then its weights are freed."""
         self._client.unload(name)
 
     # --- tasks ---
@@ -164,11 +169,16 @@ class Client:
         return self._pool.submit(self.infer, model, inputs, priority=priority, deadline=deadline)
 
     def train(self, model, iterations, *, batch=0, seed=0, optimizer="sgd", lr=0.01,
-              momentum=0.9, priority=0, deadline=None):
+              momentum=0.9, priority=0, deadline=None, as_model=None):
         """Trains `model` for `iterations` on seeded synthetic data (preemptible: inference
-        on the GPU interrupts it and it resumes exactly). Returns the TaskResult."""
+        on the GPU interrupts it and it resumes exactly). Returns the TaskResult.
+
+        `as_model`: register a copy of `model` under this new name, yours alone (only you and
+        admins see, serve, train and unload it), and train the copy; needed unless you are an
+        admin or one of the model's trainers. Later training of the copy names it as `model`."""
         r = self._client.train(model, int(iterations), int(seed), int(priority), optimizer,
-                               float(lr), float(momentum), int(batch), float(deadline or 0))
+                               float(lr), float(momentum), int(batch), float(deadline or 0),
+                               as_model or "")
         return self._result(r, False)
 
     def status(self, task_id=None, *, limit=0):

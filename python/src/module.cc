@@ -184,8 +184,10 @@ class PyClient {
   }
 
   py::dict Register(const std::string& name, const std::string& model, const std::string& archive,
-                    const std::string& weights, uint32_t batch, const std::string& plan) {
+                    const std::string& weights, uint32_t batch, const std::string& plan,
+                    const std::vector<std::string>& trainers) {
     client::RegisterOptions options;
+    options.trainers = trainers;
     options.name = name;
     options.zoo_model = model;
     options.archive_path = archive;
@@ -246,7 +248,7 @@ class PyClient {
 
   py::dict Train(const std::string& model, uint32_t iterations, uint64_t seed, int priority,
                  const std::string& optimizer, double lr, double momentum, uint32_t batch,
-                 double deadline_s) {
+                 double deadline_s, const std::string& as_model) {
     client::TrainOptions options;
     options.iterations = iterations;
     options.seed = seed;
@@ -263,6 +265,7 @@ class PyClient {
     options.momentum = momentum;
     options.batch = batch;
     options.deadline = Seconds(deadline_s);
+    options.as_model = as_model;
     absl::StatusOr<client::TaskResult> r;
     client::Client& c = Get();  // raises (needs the GIL) when closed
     {
