@@ -797,7 +797,15 @@ absl::Status ScriptModel::Adopt(const std::string& origin) {
     // A tensor attribute that is neither would stay in the worker's memory, off the arena (and
     // on the CPU when the model computes on the GPU).
     for (const auto& a : module_.named_attributes(/*recurse=*/true)) {
-      if (a.value.isTensor() && a.value.toTensor().defined() && !tensor_names.count(a.name)) {
+      bool holds_tensor = a.value.isTensor() && a.value.toTensor().defined();
+      if (!holds_tensor && (a.value.isList() || a.value.isTuple() || a.value.isGenericDict())) {
+        // Tensors in a list, tuple or dict attribute would stay off the arena too, unpickled with
+        // whatever offset the archive gave them.
+        c10::IValue::HashAliasedIValues inside;
+        a.value.getSubValues(inside);
+        for (const c10::IValue& v : inside) holds_tensor |= v.isTensor() && v.toTensor().defined();
+      }
+      if (holds_tensor && !tensor_names.count(a.name)) {
         status = absl::InvalidArgumentError(absl::StrCat(
             "archive '", origin, "': tensor attribute '", a.name,
             "' is neither a parameter nor a buffer; register it with register_buffer"));

@@ -26,6 +26,7 @@ import pickletools
 import sys
 import tempfile
 import zipfile
+from typing import List
 
 import torch
 from torch import nn
@@ -134,10 +135,26 @@ class OutOfStorageBuffer(nn.Module):
         return self.fc(x) + self.window.sum()
 
 
-def make_oob_buffer(path):
+class OutOfStorageList(nn.Module):
+    """The same window in a List[Tensor] attribute: neither a parameter nor a buffer, so it would
+    stay in the worker's own memory, read past its storage."""
+
+    window_list: List[torch.Tensor]
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        big = torch.arange(8, dtype=torch.float32)
+        self.window_list = [big[5:8]]  # storage offset 5: patched to 100000
+
+    def forward(self, x):
+        return self.fc(x) + self.window_list[0].sum()
+
+
+def make_oob_buffer(path, module):
     """The unpickler rebuilds a tensor with the archive's offset and sizes and checks neither."""
     buf = io.BytesIO()
-    save_plain(OutOfStorageBuffer(), buf, ["", "fc"], [1, 4])
+    save_plain(module, buf, ["", "fc"], [1, 4])
     buf.seek(0)
     with zipfile.ZipFile(buf) as zin, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
         for item in zin.infolist():
@@ -204,8 +221,10 @@ def main():
         path = os.path.join(out, f"{name}.pt")
         save_plain(escape(body), path, ["", "fc"], [1, 4])
         expected[f"{name}.pt"] = refusal
-    make_oob_buffer(os.path.join(out, "oob_buffer.pt"))
+    make_oob_buffer(os.path.join(out, "oob_buffer.pt"), OutOfStorageBuffer())
     expected["oob_buffer.pt"] = "buffer 'window' addresses memory outside its storage"
+    make_oob_buffer(os.path.join(out, "oob_list_attribute.pt"), OutOfStorageList())
+    expected["oob_list_attribute.pt"] = "tensor attribute 'window_list' is neither"
     with open(os.path.join(out, "escapes.json"), "w") as f:
         json.dump(expected, f, indent=1, sort_keys=True)
         f.write("\n")
