@@ -740,6 +740,133 @@ TEST(AuthE2eTest, TokensAndRolesGuardEveryRequest) {
   EXPECT_TRUE((*alice)->Register({"x", "tiny_cnn", "", 1, "auto"}).ok());
 }
 
+// Issue 27 item 8: any user could change any model's weights for everyone (a training task at lr
+// 10 on a shared model changed every other user's answers). Now a user trains a copy of its own;
+// the original, and everyone's answers on it, stay as they were.
+TEST(AuthE2eTest, AUsersTrainingChangesOnlyItsOwnCopy) {
+  TokenFile tokens(kThreeTokens);
+  e2e::TestDaemon daemon({"--preload=tiny_cnn", "--standby-workers=1", tokens.flag()});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto bob = ConnectWithToken(daemon, "user-token-bob-0123456789");
+  auto carol = ConnectWithToken(daemon, "user-token-carol-0123456789");
+  auto alice = ConnectWithToken(daemon, "admin-token-0123456789");
+  ASSERT_TRUE(bob.ok() && carol.ok() && alice.ok());
+  const proto::HostTensor probe = Input("tiny_cnn", 11);
+  auto before = (*carol)->Infer("tiny_cnn", {probe});
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  client::TrainOptions wild;
+  wild.iterations = 20;
+  wild.learning_rate = 10;
+  auto refused = (*bob)->Train("tiny_cnn", wild);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("copy name"));
+
+  wild.as_model = "bobs-cnn";
+  auto trained = (*bob)->Train("tiny_cnn", wild);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto status = (*bob)->Status(trained->task_id);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->model, "bobs-cnn");
+  EXPECT_EQ(status->iterations_done, 20u);
+  // Bob's copy changed; carol's answers on the original are bit for bit what they were.
+  auto mine = (*bob)->Infer("bobs-cnn", {probe});
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_NE(mine->outputs[0].data, before->outputs[0].data);
+  auto after = (*carol)->Infer("tiny_cnn", {probe});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->outputs[0].data, before->outputs[0].data);
+  // The copy's name is taken; bob trains the copy itself from now on.
+  EXPECT_EQ((*bob)->Train("tiny_cnn", wild).status().code(), absl::StatusCode::kAlreadyExists);
+  wild.as_model.clear();
+  wild.iterations = 2;
+  EXPECT_TRUE((*bob)->Train("bobs-cnn", wild).ok());
+
+  // Carol sees nothing of bob's copy: not listed, not served, not trained, not unloaded.
+  auto names = [](client::Client& c) {
+    std::vector<std::string> out;
+    auto models = c.ListModels();
+    EXPECT_TRUE(models.ok()) << models.status();
+    if (models.ok()) {
+      for (const client::ModelInfo& m : *models) out.push_back(m.name);
+    }
+    return out;
+  };
+  EXPECT_THAT(names(**carol), ::testing::ElementsAre("tiny_cnn"));
+  EXPECT_THAT(names(**bob), ::testing::ElementsAre("bobs-cnn", "tiny_cnn"));
+  EXPECT_THAT(names(**alice), ::testing::ElementsAre("bobs-cnn", "tiny_cnn"));
+  EXPECT_EQ((*carol)->Infer("bobs-cnn", {probe}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*carol)->Train("bobs-cnn", wild).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*carol)->Unload("bobs-cnn").code(), absl::StatusCode::kNotFound);
+  // Neither user may unload the shared model; bob unloads his own copy.
+  EXPECT_EQ((*bob)->Unload("tiny_cnn").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*bob)->Unload("bobs-cnn").ok());
+  EXPECT_EQ((*bob)->Infer("bobs-cnn", {probe}).status().code(), absl::StatusCode::kNotFound);
+  auto still = (*carol)->Infer("tiny_cnn", {probe});
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->outputs[0].data, before->outputs[0].data);
+}
+
+// The principals a model's registration names as trainers change it in place; others may not.
+TEST(AuthE2eTest, AModelsTrainersTrainAndUnloadItInPlace) {
+  TokenFile tokens(kThreeTokens);
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=1", tokens.flag()});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto bob = ConnectWithToken(daemon, "user-token-bob-0123456789");
+  auto carol = ConnectWithToken(daemon, "user-token-carol-0123456789");
+  auto alice = ConnectWithToken(daemon, "admin-token-0123456789");
+  ASSERT_TRUE(bob.ok() && carol.ok() && alice.ok());
+  client::RegisterOptions team{"team", "tiny_mlp", "", 1, "auto"};
+  team.trainers = {"carol"};
+  ASSERT_TRUE((*alice)->Register(team).ok());
+  client::TrainOptions options;
+  options.iterations = 3;
+  EXPECT_EQ((*bob)->Train("team", options).status().code(), absl::StatusCode::kPermissionDenied);
+  auto trained = (*carol)->Train("team", options);
+  EXPECT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ((*bob)->Unload("team").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*carol)->Unload("team").ok());
+}
+
+// Issue 27 item 9: iterations_done stayed 0 while a training task ran and after its cancel, while
+// the error said "cancelled after 5685 iterations". It now grows while the task runs, and after a
+// cancel it is the count the error names.
+TEST(ProgressE2eTest, IterationsDoneGrowWhileTrainingAndMatchTheCancelsCount) {
+  e2e::TestDaemon daemon({"--preload=tiny_cnn", "--standby-workers=1"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto c = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(c.ok()) << c.status();
+  client::Client& client = **c;
+  client::TrainOptions endless;
+  endless.iterations = 1000000;
+  auto training = client.TrainAsync("tiny_cnn", endless);
+  uint64_t task = 0;
+  std::vector<uint32_t> seen;
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < give_up && (seen.size() < 3 || seen.back() == 0)) {
+    auto tasks = client.ListTasks(1);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    if (!tasks->empty() && (*tasks)[0].state == client::TaskState::kRunning) {
+      task = (*tasks)[0].task_id;
+      if (seen.empty() || (*tasks)[0].iterations_done > seen.back()) {
+        seen.push_back((*tasks)[0].iterations_done);
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GE(seen.size(), 3u) << "iterations_done never grew while the task ran";
+  EXPECT_GT(seen.back(), 0u);
+  ASSERT_TRUE(client.Cancel(task).ok());
+  auto cancelled = training.get();
+  ASSERT_FALSE(cancelled.ok());
+  auto status = client.Status(task);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state, client::TaskState::kCancelled);
+  EXPECT_GE(status->iterations_done, seen.back());
+  EXPECT_THAT(std::string(cancelled.status().message()),
+              HasSubstr(absl::StrCat("after ", status->iterations_done, " iterations")));
+}
+
 // Listening beyond loopback without tokens is refused unless --insecure says so.
 TEST(AuthE2eTest, ListeningBeyondLoopbackNeedsTokensOrInsecure) {
   const std::string base = std::string(PSWITCHD_PATH) +
@@ -861,15 +988,21 @@ TEST(LimitsE2eTest, TaskCapsPerClientAndPerGpuAndTheBatchLimitRefuseTheExcess) {
   ASSERT_TRUE(bob.ok() && carol.ok() && alice.ok());
   client::TrainOptions endless;
   endless.iterations = 1000000;
+  // Users train copies of their own (a shared model is the admins' and its trainers' to change).
+  auto copy = [&endless](const std::string& name) {
+    client::TrainOptions options = endless;
+    options.as_model = name;
+    return options;
+  };
   std::vector<std::future<absl::StatusOr<client::TaskResult>>> pending;
-  pending.push_back((*bob)->TrainAsync("tiny_mlp", endless));
-  pending.push_back((*bob)->TrainAsync("tiny_mlp", endless));
-  auto third = (*bob)->TrainAsync("tiny_mlp", endless).get();
+  pending.push_back((*bob)->TrainAsync("tiny_mlp", copy("bob-1")));
+  pending.push_back((*bob)->TrainAsync("tiny_mlp", copy("bob-2")));
+  auto third = (*bob)->TrainAsync("tiny_mlp", copy("bob-3")).get();
   EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
   EXPECT_THAT(third.status().message(), HasSubstr("--max-tasks-per-client"));
-  pending.push_back((*carol)->TrainAsync("tiny_mlp", endless));  // carol has her own cap
+  pending.push_back((*carol)->TrainAsync("tiny_mlp", copy("carol-1")));  // her own cap
   // Three unfinished tasks fill the GPU: carol's second is refused for the GPU's sake.
-  auto full = (*carol)->TrainAsync("tiny_mlp", endless).get();
+  auto full = (*carol)->TrainAsync("tiny_mlp", copy("carol-2")).get();
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
   EXPECT_THAT(full.status().message(), HasSubstr("--max-queued-tasks"));
   // Batches beyond --max-batch (default 256): training and registration.

@@ -153,6 +153,49 @@ def test_tokens_and_a_server_that_goes_away(tmp_path):
         d.stop()
 
 
+def test_a_user_trains_its_own_copy_and_progress_shows_while_training(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin-token-0123456789 alice admin\n"
+                      "user-token-bob-0123456789 bob user\n"
+                      "user-token-carol-0123456789 carol user\n")
+    tokens.chmod(0o600)
+    d = Daemon("--preload=tiny_cnn", f"--auth-tokens={tokens}")
+    try:
+        with pswitch.Client(d.address, token="user-token-bob-0123456789", timeout=60) as bob, \
+                pswitch.Client(d.address, token="user-token-carol-0123456789", timeout=60) as carol:
+            x = image(3)
+            before = carol.infer("tiny_cnn", x)
+            # A shared model is not bob's to change: he trains a copy of his own.
+            with pytest.raises(errors.PermissionDeniedError, match="copy name"):
+                bob.train("tiny_cnn", 5, lr=10)
+            bob.train("tiny_cnn", 5, lr=10, as_model="bobs")
+            assert not np.array_equal(bob.infer("bobs", x), before)
+            np.testing.assert_array_equal(carol.infer("tiny_cnn", x), before)
+            assert [m.name for m in carol.models()] == ["tiny_cnn"]
+            with pytest.raises(errors.NotFoundError):
+                carol.infer("bobs", x)
+            # Progress: iterations_done grows while the copy trains, and stays after a cancel.
+            worker = threading.Thread(target=lambda: pytest.raises(errors.PswitchError, bob.train,
+                                                                   "bobs", 1000000))
+            worker.start()
+            running = wait_for(lambda: [s for s in bob.status(limit=5)
+                                        if s.model == "bobs" and s.state == "running" and
+                                        s.iterations_done > 0],
+                               what="progress of the running task")
+            task = running[0].task_id
+            later = wait_for(lambda: bob.status(task).iterations_done > running[0].iterations_done,
+                             what="more progress")
+            assert later
+            bob.cancel(task)
+            worker.join(timeout=60)
+            done = bob.status(task)
+            assert done.state == "cancelled"
+            assert f"after {done.iterations_done} iterations" in str(done.error)
+            bob.unload("bobs")
+    finally:
+        d.stop()
+
+
 def test_a_closed_client_says_so(daemon):
     c = pswitch.Client(daemon.address)
     c.close()

@@ -1,0 +1,275 @@
+#include "frontend/admission.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/status.h"
+#include "base/text.h"
+#include "controller/controller.h"
+#include "controller/fill_request.h"
+#include "frontend/requests.h"
+
+namespace pswitch::frontend {
+namespace {
+
+using controller::CatalogEntry;
+using controller::EntryRef;
+using controller::TaskOutcome;
+using controller::TaskSpec;
+
+// The answer for a model `who` may not see: the catalog's own for an unknown one.
+absl::Status NoModel(absl::string_view model) {
+  return absl::NotFoundError(absl::StrCat("model '", model, "' is not registered"));
+}
+
+bool DTypeFits(proto::DType want, proto::DType got) {
+  // The worker widens int32 token ids to a model's int64 (models/script_model.cc).
+  return got == want || (want == proto::DType::I64 && got == proto::DType::I32);
+}
+
+class ControllerSink : public TaskSink {
+ public:
+  explicit ControllerSink(controller::Controller* controller) : controller_(controller) {}
+  absl::StatusOr<EntryRef> Find(absl::string_view model) const override {
+    return controller_->catalog().Find(model);
+  }
+  std::vector<EntryRef> List() const override { return controller_->List(); }
+  absl::StatusOr<uint64_t> Queue(TaskSpec spec, controller::TaskCallback done) override {
+    return controller_->Submit(std::move(spec), std::move(done));
+  }
+  void RegisterCopy(std::string original, std::string name, std::string owner,
+                    std::function<void(const absl::StatusOr<EntryRef>&)> done) override {
+    controller_->RegisterCopy(std::move(original), std::move(name), std::move(owner),
+                              std::move(done));
+  }
+
+ private:
+  controller::Controller* const controller_;
+};
+
+}  // namespace
+
+bool MaySee(const Principal& who, const CatalogEntry& model) {
+  return who.role == Role::kAdmin || model.request.owner.empty() || model.request.owner == who.name;
+}
+
+bool MayChange(const Principal& who, const CatalogEntry& model) {
+  if (who.role == Role::kAdmin) return true;
+  if (!model.request.owner.empty()) return model.request.owner == who.name;
+  const std::vector<std::string>& trainers = model.request.trainers;
+  return std::find(trainers.begin(), trainers.end(), who.name) != trainers.end();
+}
+
+absl::Status CheckCopyName(const std::string& name) {
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(name, "copy name", kMaxNameBytes));
+  if (name.empty()) return absl::InvalidArgumentError("the copy name must not be empty");
+  if (absl::StartsWith(name, controller::kFillModelPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat("model names starting with '",
+                                                   controller::kFillModelPrefix,
+                                                   "' are reserved for fill jobs' own models"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInputs(const CatalogEntry& model, const std::vector<proto::HostTensor>& inputs) {
+  static constexpr const char* kNames[] = {"input", "attention_mask", "token_type_ids"};
+  const std::string& name = model.request.name;
+  const controller::TensorSpec& want = model.input;
+  const proto::HostTensor* input = nullptr;
+  std::set<std::string> seen;
+  for (const proto::HostTensor& t : inputs) {
+    if (std::find(std::begin(kNames), std::end(kNames), t.name) == std::end(kNames)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", name, "' has no input '", t.name,
+                       "' (it takes 'input', optionally 'attention_mask' and 'token_type_ids')"));
+    }
+    if (!seen.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", name, "': input '", t.name, "' is given twice"));
+    }
+    if (t.name == want.name) input = &t;
+  }
+  if (input == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inference on '", name, "' needs an '", want.name, "' tensor"));
+  }
+  if (!DTypeFits(want.dtype, input->dtype) || input->shape.size() != want.shape.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", name, "' takes a ", want.shape.size(), "-d ",
+                     proto::EnumNameDType(want.dtype), " '", want.name, "'; got a ",
+                     input->shape.size(), "-d ", proto::EnumNameDType(input->dtype), " tensor"));
+  }
+  for (const proto::HostTensor& t : inputs) {
+    if (&t == input) continue;
+    if (t.shape != input->shape) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", name, "': '", t.name,
+                                                     "' must have the shape of '", want.name, "'"));
+    }
+    if (t.dtype != proto::DType::I64 && t.dtype != proto::DType::I32) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", name, "': '", t.name,
+                                                     "' must be int64 or int32, got ",
+                                                     proto::EnumNameDType(t.dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller) {
+  return std::make_unique<ControllerSink>(controller);
+}
+
+absl::StatusOr<EntryRef> TaskAdmission::FindModel(const Principal& who,
+                                                  absl::string_view model) const {
+  absl::StatusOr<EntryRef> entry = sink_->Find(model);
+  if (!entry.ok()) return entry.status();
+  if (!MaySee(who, **entry)) return NoModel(model);
+  return entry;
+}
+
+std::vector<EntryRef> TaskAdmission::ListModels(const Principal& who) const {
+  std::vector<EntryRef> models = sink_->List();
+  std::erase_if(models, [&who](const EntryRef& e) { return !MaySee(who, *e); });
+  std::sort(models.begin(), models.end(),
+            [](const EntryRef& a, const EntryRef& b) { return a->request.name < b->request.name; });
+  return models;
+}
+
+absl::Status TaskAdmission::CheckUnload(const Principal& who, absl::string_view model) const {
+  PSWITCH_ASSIGN_OR_RETURN(EntryRef entry, FindModel(who, model));
+  if (!MayChange(who, *entry)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("'", who.name, "' may not unload model '", model,
+                     "': only admins and the principals its configuration names may"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TaskAdmission::Check(const Principal& who, const CatalogEntry& model,
+                                  TaskSpec& spec) const {
+  if (spec.kind == controller::TaskKind::kTraining) {
+    if (!MayChange(who, model)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "'", who.name, "' may not change model '", model.request.name,
+          "' for everyone (only admins and the principals its configuration names may): pass a "
+          "copy name to train a copy of your own (pswitchctl train --as NAME, Python "
+          "train(..., as_model=NAME))"));
+    }
+  } else {
+    PSWITCH_RETURN_IF_ERROR(CheckInputs(model, spec.inputs));
+  }
+  spec.deadline = std::min(spec.deadline, absl::Now() + kMaxTaskDeadline);
+  spec.principal = who.name;  // workers clear their lease between owners
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> TaskAdmission::Submit(const Principal& who, const std::string& client,
+                                               TaskSpec spec, Done done) {
+  PSWITCH_ASSIGN_OR_RETURN(EntryRef model, FindModel(who, spec.model));
+  PSWITCH_RETURN_IF_ERROR(Check(who, *model, spec));
+  PSWITCH_RETURN_IF_ERROR(quota_->Admit(client));
+  ClientQuota* quota = quota_;
+  absl::StatusOr<uint64_t> task = sink_->Queue(
+      std::move(spec),
+      [quota, client, done = std::move(done)](const absl::StatusOr<TaskOutcome>& outcome) {
+        quota->Done(client);
+        done(outcome);
+      });
+  if (!task.ok()) {
+    quota_->Done(client);
+    return task.status();
+  }
+  owners_->Record(*task, who.name);
+  return task;
+}
+
+void TaskAdmission::SubmitOnCopy(const Principal& who, const std::string& client, TaskSpec spec,
+                                 std::string copy_name, Accepted accepted, Done done) {
+  auto refuse = [&accepted](const absl::Status& why) { accepted(why); };
+  if (spec.kind != controller::TaskKind::kTraining) {
+    return refuse(absl::InvalidArgumentError("only a training task trains a copy"));
+  }
+  if (absl::Status name = CheckCopyName(copy_name); !name.ok()) return refuse(name);
+  absl::StatusOr<EntryRef> original = FindModel(who, spec.model);
+  if (!original.ok()) return refuse(original.status());
+  if (!(*original)->trainable.ok()) return refuse((*original)->trainable);
+  if (sink_->Find(copy_name).ok()) {
+    return refuse(absl::AlreadyExistsError(
+        absl::StrCat("model '", copy_name, "' already exists: choose another copy name")));
+  }
+  if (who.role != Role::kAdmin) {
+    const std::vector<EntryRef> all = sink_->List();
+    const size_t owned = std::count_if(
+        all.begin(), all.end(), [&who](const EntryRef& e) { return e->request.owner == who.name; });
+    if (owned >= max_copies_) {
+      return refuse(
+          absl::ResourceExhaustedError(absl::StrCat("'", who.name, "' already has ", owned,
+                                                    " copies, the most one principal "
+                                                    "may have; unload one first")));
+    }
+  }
+  spec.deadline = std::min(spec.deadline, absl::Now() + kMaxTaskDeadline);
+  spec.principal = who.name;
+  if (absl::Status admitted = quota_->Admit(client); !admitted.ok()) return refuse(admitted);
+
+  // The answer may come (on a scheduler thread) before `accepted` has run (on the registration
+  // thread): it then waits, so a port always tells the task's id before its result.
+  struct Order {
+    explicit Order(Done d) : done(std::move(d)) {}
+    const Done done;
+    absl::Mutex mu;
+    bool accepted ABSL_GUARDED_BY(mu) = false;
+    std::optional<absl::StatusOr<TaskOutcome>> early ABSL_GUARDED_BY(mu);
+  };
+  auto order = std::make_shared<Order>(std::move(done));
+  ClientQuota* quota = quota_;
+  TaskOwners* owners = owners_;
+  TaskSink* sink = sink_;
+  const std::string original_name = spec.model;
+  sink_->RegisterCopy(
+      original_name, copy_name, who.name,
+      [sink, quota, owners, client, who, copy_name, order, spec = std::move(spec),
+       accepted = std::move(accepted)](const absl::StatusOr<EntryRef>& copy) mutable {
+        if (!copy.ok()) {
+          quota->Done(client);
+          accepted(copy.status());
+          return;
+        }
+        spec.model = copy_name;
+        absl::StatusOr<uint64_t> task = sink->Queue(
+            std::move(spec), [quota, client, order](const absl::StatusOr<TaskOutcome>& outcome) {
+              quota->Done(client);
+              {
+                absl::MutexLock lock(&order->mu);
+                if (!order->accepted) {
+                  order->early = outcome;
+                  return;
+                }
+              }
+              order->done(outcome);
+            });
+        if (!task.ok()) {
+          quota->Done(client);
+          accepted(absl::Status(
+              task.status().code(),
+              absl::StrCat("copy '", copy_name, "' is registered for '", who.name,
+                           "', but its training was refused: ", task.status().message())));
+          return;
+        }
+        owners->Record(*task, who.name);
+        accepted(*task);
+        std::optional<absl::StatusOr<TaskOutcome>> early;
+        {
+          absl::MutexLock lock(&order->mu);
+          order->accepted = true;
+          early = std::move(order->early);
+        }
+        if (early) order->done(*early);
+      });
+}
+
+}  // namespace pswitch::frontend

@@ -1,0 +1,128 @@
+// The one way a task gets from any port (TCP, HTTP) into the scheduler. Every port parses its
+// own request into a controller::TaskSpec and hands it here with who sent it; admission then
+// decides, in one place, what each port once decided for itself:
+//   - the model: one the principal may see (another user's copy is NotFound, as a model that
+//     does not exist), and for training one it may change (admins, the model's trainers, a copy's
+//     owner), else PermissionDenied telling it to train a copy of its own;
+//   - the inputs: names, dtypes and ranks against the model's recorded input;
+//   - the deadline: at most kMaxTaskDeadline from now;
+//   - the client's quota (ClientQuota), held until the task's answer;
+//   - the task's owner (TaskOwners), so only it (and admins) see and cancel the task, and its
+//     principal (TaskSpec::principal), so workers clear their lease between owners.
+// Only then is the task queued; on any refusal nothing is queued and nothing is counted.
+//
+// Training a copy (SubmitOnCopy) first registers the copy, owned by the principal, with the
+// original's weights as they are then (Controller::RegisterCopy), and trains that: nobody else's
+// answers change.
+#ifndef PSWITCH_FRONTEND_ADMISSION_H_
+#define PSWITCH_FRONTEND_ADMISSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "controller/model_catalog.h"
+#include "controller/task_spec.h"
+#include "frontend/auth.h"
+#include "frontend/client_quota.h"
+
+namespace pswitch::controller {
+class Controller;
+}
+
+namespace pswitch::frontend {
+
+// A client's deadline is capped at this (the scheduler caps tasks further: --max-task-time).
+inline constexpr absl::Duration kMaxTaskDeadline = absl::Hours(24);
+
+// Whether `who` may see, list and serve `model`: a copy only its owner and admins.
+bool MaySee(const Principal& who, const controller::CatalogEntry& model);
+// Whether `who` may train `model` in place or unload it: admins, the principals the model's
+// configuration names (trainers), and a copy's owner.
+bool MayChange(const Principal& who, const controller::CatalogEntry& model);
+// A copy name a client chose: text within kMaxNameBytes, not empty, not the fill jobs' prefix.
+absl::Status CheckCopyName(const std::string& name);
+// `inputs` against `model`'s recorded input: known names ("input", and optionally
+// "attention_mask" and "token_type_ids"), each at most once, "input" present with the model's
+// dtype (int32 accepted for int64) and rank, the others of the input's shape. InvalidArgument
+// naming the model and the tensor.
+absl::Status CheckInputs(const controller::CatalogEntry& model,
+                         const std::vector<proto::HostTensor>& inputs);
+
+// Where admitted tasks go: pswitchd's Controller (ControllerTaskSink), a fake in tests.
+class TaskSink {
+ public:
+  virtual ~TaskSink() = default;
+  virtual absl::StatusOr<controller::EntryRef> Find(absl::string_view model) const = 0;
+  virtual std::vector<controller::EntryRef> List() const = 0;
+  // Queues the task (Controller::Submit's checks and limits apply); `done` runs once if queued.
+  virtual absl::StatusOr<uint64_t> Queue(controller::TaskSpec spec,
+                                         controller::TaskCallback done) = 0;
+  // Controller::RegisterCopy: `done` runs once, on another thread.
+  virtual void RegisterCopy(
+      std::string original, std::string name, std::string owner,
+      std::function<void(const absl::StatusOr<controller::EntryRef>&)> done) = 0;
+};
+
+// `*controller` must outlive the sink.
+std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller);
+
+// Thread-safe: ports call it from their own threads; answers arrive on scheduler threads.
+// `*sink`, `*quota` and `*owners` must outlive it.
+class TaskAdmission {
+ public:
+  // A principal may own at most `max_copies` copies at once (each holds a model's weights in
+  // pinned memory); admins are not capped.
+  TaskAdmission(TaskSink* sink, ClientQuota* quota, TaskOwners* owners, size_t max_copies = 8)
+      : sink_(sink), quota_(quota), owners_(owners), max_copies_(max_copies) {}
+  TaskAdmission(const TaskAdmission&) = delete;
+  TaskAdmission& operator=(const TaskAdmission&) = delete;
+
+  using Done = std::function<void(const absl::StatusOr<controller::TaskOutcome>&)>;
+  // Admits and queues `spec` for `who`, counted against `client` (its quota's key: a token's
+  // name, or a port's name for one unauthenticated connection). The task id, or the refusal
+  // (NotFound, PermissionDenied, InvalidArgument, ResourceExhausted, ...): then nothing is queued
+  // and `done` never runs. Otherwise `done` runs exactly once, on a scheduler thread, after the
+  // quota is released.
+  absl::StatusOr<uint64_t> Submit(const Principal& who, const std::string& client,
+                                  controller::TaskSpec spec, Done done);
+
+  using Accepted = std::function<void(const absl::StatusOr<uint64_t>&)>;
+  // A training task on a new copy of `spec.model` named `copy_name`, registered for `who`.
+  // `accepted` runs exactly once: with the task id once the copy is registered and the task
+  // queued, or with the refusal (then `done` never runs; a copy registered before its task was
+  // refused stays, its owner's to unload). ResourceExhausted when `who` already owns
+  // `max_copies` copies. Refusals found before anything is registered run
+  // `accepted` before this returns; the rest run it on another thread. `done` as Submit's, never
+  // before `accepted`.
+  void SubmitOnCopy(const Principal& who, const std::string& client, controller::TaskSpec spec,
+                    std::string copy_name, Accepted accepted, Done done);
+
+  // The model `who` names, if it may see it; NotFound otherwise, as for an unknown model.
+  absl::StatusOr<controller::EntryRef> FindModel(const Principal& who,
+                                                 absl::string_view model) const;
+  // The models `who` may see, in name order.
+  std::vector<controller::EntryRef> ListModels(const Principal& who) const;
+  // Whether `who` may unload `model`: NotFound if it may not see it, PermissionDenied if it may
+  // not change it.
+  absl::Status CheckUnload(const Principal& who, absl::string_view model) const;
+
+ private:
+  // Everything but the quota and the queue: the model's access, the inputs, the deadline.
+  absl::Status Check(const Principal& who, const controller::CatalogEntry& model,
+                     controller::TaskSpec& spec) const;
+
+  TaskSink* const sink_;
+  ClientQuota* const quota_;
+  TaskOwners* const owners_;
+  const size_t max_copies_;
+};
+
+}  // namespace pswitch::frontend
+
+#endif  // PSWITCH_FRONTEND_ADMISSION_H_

@@ -1,0 +1,327 @@
+#include "frontend/admission.h"
+
+#include <deque>
+#include <map>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pswitch::frontend {
+namespace {
+
+using controller::CatalogEntry;
+using controller::EntryRef;
+using controller::TaskKind;
+using controller::TaskOutcome;
+using controller::TaskSpec;
+using ::testing::HasSubstr;
+
+// The catalog and queue admission talks to, held in memory. Copies register when the test says
+// (as the registration thread would, later); queued tasks are answered when the test says.
+class FakeSink : public TaskSink {
+ public:
+  void Add(const std::string& name, std::vector<std::string> trainers = {},
+           std::string owner = "") {
+    auto entry = std::make_shared<CatalogEntry>();
+    entry->request.name = name;
+    entry->request.trainers = std::move(trainers);
+    entry->request.owner = std::move(owner);
+    entry->input = {"input", proto::DType::F32, {-1, 3, 8, 8}};
+    models_[name] = entry;
+  }
+  absl::StatusOr<EntryRef> Find(absl::string_view model) const override {
+    auto it = models_.find(std::string(model));
+    if (it == models_.end()) return absl::NotFoundError("model is not registered");
+    return EntryRef(it->second);
+  }
+  std::vector<EntryRef> List() const override {
+    std::vector<EntryRef> out;
+    for (const auto& [name, entry] : models_) out.push_back(entry);
+    return out;
+  }
+  absl::StatusOr<uint64_t> Queue(TaskSpec spec, controller::TaskCallback done) override {
+    if (!queue_error.ok()) return queue_error;
+    const uint64_t id = next_id_++;
+    queued.push_back({id, std::move(spec), std::move(done)});
+    if (answer_at_once) Answer(queued.size() - 1, TaskOutcome{});
+    return id;
+  }
+  void RegisterCopy(std::string original, std::string name, std::string owner,
+                    std::function<void(const absl::StatusOr<EntryRef>&)> done) override {
+    copies.push_back({std::move(original), std::move(name), std::move(owner), std::move(done)});
+  }
+  // Finishes the oldest pending copy registration (as Controller::RegisterCopy would).
+  void RegisterNextCopy() {
+    Copy copy = std::move(copies.front());
+    copies.pop_front();
+    Add(copy.name, {}, copy.owner);
+    copy.done(EntryRef(models_[copy.name]));
+  }
+  void Answer(size_t index, const absl::StatusOr<TaskOutcome>& outcome) {
+    controller::TaskCallback done = std::move(queued[index].done);
+    done(outcome);
+  }
+
+  struct Queued {
+    uint64_t id;
+    TaskSpec spec;
+    controller::TaskCallback done;
+  };
+  struct Copy {
+    std::string original, name, owner;
+    std::function<void(const absl::StatusOr<EntryRef>&)> done;
+  };
+  std::vector<Queued> queued;
+  std::deque<Copy> copies;
+  absl::Status queue_error;
+  bool answer_at_once = false;
+
+ private:
+  std::map<std::string, std::shared_ptr<CatalogEntry>> models_;
+  uint64_t next_id_ = 1;
+};
+
+proto::HostTensor Tensor(std::string name, proto::DType dtype, std::vector<int64_t> shape) {
+  return proto::HostTensor{std::move(name), dtype, std::move(shape), {}};
+}
+
+TaskSpec Inference(const std::string& model, std::vector<proto::HostTensor> inputs) {
+  TaskSpec spec;
+  spec.model = model;
+  spec.kind = TaskKind::kInference;
+  spec.inputs = std::move(inputs);
+  return spec;
+}
+
+TaskSpec Training(const std::string& model) {
+  TaskSpec spec;
+  spec.model = model;
+  spec.kind = TaskKind::kTraining;
+  spec.iterations = 5;
+  spec.trainer.learning_rate = 10;
+  return spec;
+}
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  AdmissionTest() : quota_(2), admission_(&sink_, &quota_, &owners_) {
+    sink_.Add("shared");
+    sink_.Add("team", {"carol"});
+  }
+  const Principal alice_{"alice", Role::kUser};
+  const Principal bob_{"bob", Role::kUser};
+  const Principal carol_{"carol", Role::kUser};
+  const Principal root_{"root", Role::kAdmin};
+  FakeSink sink_;
+  ClientQuota quota_;
+  TaskOwners owners_;
+  TaskAdmission admission_;
+};
+
+TEST_F(AdmissionTest, QueuesWithOwnerAndQuotaAndAnswersOnceAfterTheQuotaIsFreed) {
+  int answers = 0;
+  size_t unfinished_at_answer = 99;
+  absl::StatusOr<uint64_t> task = admission_.Submit(
+      alice_, "alice", Inference("shared", {Tensor("input", proto::DType::F32, {2, 3, 8, 8})}),
+      [&](const absl::StatusOr<TaskOutcome>& out) {
+        ++answers;
+        unfinished_at_answer = quota_.unfinished("alice");
+        EXPECT_TRUE(out.ok());
+      });
+  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_EQ(sink_.queued.size(), 1u);
+  EXPECT_EQ(sink_.queued[0].spec.principal, "alice") << "workers key lease owners by it";
+  EXPECT_EQ(quota_.unfinished("alice"), 1u);
+  EXPECT_TRUE(owners_.MayAccess(alice_, *task));
+  EXPECT_FALSE(owners_.MayAccess(bob_, *task));
+  EXPECT_EQ(answers, 0);
+  sink_.Answer(0, TaskOutcome{});
+  EXPECT_EQ(answers, 1);
+  EXPECT_EQ(unfinished_at_answer, 0u) << "the quota is released before the answer";
+}
+
+TEST_F(AdmissionTest, RefusalsQueueNothingAndCountNothing) {
+  auto refused = [&](const Principal& who, TaskSpec spec) {
+    bool answered = false;
+    absl::StatusOr<uint64_t> task =
+        admission_.Submit(who, who.name, std::move(spec),
+                          [&](const absl::StatusOr<TaskOutcome>&) { answered = true; });
+    EXPECT_TRUE(sink_.queued.empty());
+    EXPECT_EQ(quota_.unfinished(who.name), 0u);
+    EXPECT_FALSE(answered);
+    return task.status();
+  };
+  const auto f32 = proto::DType::F32;
+  EXPECT_EQ(refused(alice_, Inference("nope", {Tensor("input", f32, {1, 3, 8, 8})})).code(),
+            absl::StatusCode::kNotFound);
+  // Inputs against the model's recorded input: name, dtype, rank, duplicates, extras' shape.
+  for (std::vector<proto::HostTensor> bad : std::vector<std::vector<proto::HostTensor>>{
+           {},
+           {Tensor("pixels", f32, {1, 3, 8, 8})},
+           {Tensor("input", proto::DType::I64, {1, 3, 8, 8})},
+           {Tensor("input", f32, {1, 192})},
+           {Tensor("input", f32, {1, 3, 8, 8}), Tensor("input", f32, {1, 3, 8, 8})},
+           {Tensor("input", f32, {1, 3, 8, 8}), Tensor("attention_mask", proto::DType::I64, {1})},
+       }) {
+    absl::Status status = refused(alice_, Inference("shared", bad));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), HasSubstr("'shared'"));
+  }
+  // Another user's copy is as absent as a model that does not exist.
+  sink_.Add("bobs", {}, "bob");
+  absl::Status hidden = refused(alice_, Inference("bobs", {Tensor("input", f32, {1, 3, 8, 8})}));
+  EXPECT_EQ(hidden.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(hidden.message(), HasSubstr("not registered"));
+  // The scheduler's own refusal.
+  sink_.queue_error = absl::ResourceExhaustedError("queue full");
+  EXPECT_EQ(refused(alice_, Inference("shared", {Tensor("input", f32, {1, 3, 8, 8})})).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(AdmissionTest, TheClientsQuotaCapsUnfinishedTasks) {
+  auto submit = [&] {
+    return admission_.Submit(
+        alice_, "alice", Inference("shared", {Tensor("input", proto::DType::F32, {1, 3, 8, 8})}),
+        [](const absl::StatusOr<TaskOutcome>&) {});
+  };
+  ASSERT_TRUE(submit().ok());
+  ASSERT_TRUE(submit().ok());
+  EXPECT_EQ(submit().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(sink_.queued.size(), 2u);
+  sink_.Answer(0, absl::CancelledError("cancelled"));
+  EXPECT_TRUE(submit().ok()) << "a finished task frees its place, failed or not";
+}
+
+TEST_F(AdmissionTest, DeadlinesAreCappedAtADay) {
+  TaskSpec spec = Inference("shared", {Tensor("input", proto::DType::F32, {1, 3, 8, 8})});
+  spec.deadline = absl::Now() + absl::Hours(24 * 365);
+  ASSERT_TRUE(admission_.Submit(alice_, "alice", spec, [](const auto&) {}).ok());
+  spec.deadline = absl::Now() + absl::Seconds(5);
+  ASSERT_TRUE(admission_.Submit(alice_, "alice", spec, [](const auto&) {}).ok());
+  ASSERT_EQ(sink_.queued.size(), 2u);
+  EXPECT_LE(sink_.queued[0].spec.deadline, absl::Now() + kMaxTaskDeadline);
+  EXPECT_GT(sink_.queued[0].spec.deadline, absl::Now() + kMaxTaskDeadline - absl::Minutes(1));
+  EXPECT_EQ(sink_.queued[1].spec.deadline, spec.deadline) << "a nearer deadline is kept";
+}
+
+TEST_F(AdmissionTest, OnlyAdminsAndNamedTrainersTrainAModelInPlace) {
+  absl::StatusOr<uint64_t> denied =
+      admission_.Submit(bob_, "bob", Training("shared"), [](const auto&) {});
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(denied.status().message(), HasSubstr("copy name"));
+  EXPECT_EQ(admission_.Submit(bob_, "bob", Training("team"), [](const auto&) {}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(sink_.queued.empty());
+  EXPECT_TRUE(admission_.Submit(carol_, "carol", Training("team"), [](const auto&) {}).ok());
+  EXPECT_TRUE(admission_.Submit(root_, "root", Training("shared"), [](const auto&) {}).ok());
+  ASSERT_EQ(sink_.queued.size(), 2u);
+  EXPECT_EQ(sink_.queued[0].spec.model, "team");
+  EXPECT_EQ(sink_.queued[1].spec.model, "shared");
+}
+
+TEST_F(AdmissionTest, AUsersTrainingTrainsItsOwnCopyAnsweredAfterItsAcceptance) {
+  sink_.answer_at_once = true;  // the answer races the acceptance: it must wait for it
+  std::vector<std::string> events;
+  admission_.SubmitOnCopy(
+      bob_, "bob", Training("shared"), "bobs-shared",
+      [&](const absl::StatusOr<uint64_t>& task) {
+        ASSERT_TRUE(task.ok()) << task.status();
+        events.push_back(absl::StrCat("accepted ", *task));
+      },
+      [&](const absl::StatusOr<TaskOutcome>& out) {
+        EXPECT_TRUE(out.ok());
+        EXPECT_EQ(quota_.unfinished("bob"), 0u);
+        events.push_back("done");
+      });
+  ASSERT_EQ(sink_.copies.size(), 1u);
+  EXPECT_EQ(sink_.copies[0].original, "shared");
+  EXPECT_EQ(sink_.copies[0].owner, "bob");
+  EXPECT_EQ(quota_.unfinished("bob"), 1u) << "the copy and its training count from the start";
+  EXPECT_TRUE(events.empty());
+  sink_.RegisterNextCopy();
+  ASSERT_EQ(sink_.queued.size(), 1u);
+  EXPECT_EQ(sink_.queued[0].spec.model, "bobs-shared") << "the copy is trained, not the original";
+  EXPECT_EQ(sink_.queued[0].spec.principal, "bob");
+  EXPECT_THAT(events, ::testing::ElementsAre("accepted 1", "done"));
+  EXPECT_TRUE(owners_.MayAccess(bob_, 1));
+
+  // The copy is bob's: he sees, trains and unloads it; alice sees nothing of it.
+  EXPECT_TRUE(admission_.FindModel(bob_, "bobs-shared").ok());
+  EXPECT_EQ(admission_.FindModel(alice_, "bobs-shared").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(admission_.FindModel(root_, "bobs-shared").ok());
+  auto names = [&](const Principal& who) {
+    std::vector<std::string> out;
+    for (const EntryRef& e : admission_.ListModels(who)) out.push_back(e->request.name);
+    return out;
+  };
+  EXPECT_THAT(names(alice_), ::testing::ElementsAre("shared", "team"));
+  EXPECT_THAT(names(bob_), ::testing::ElementsAre("bobs-shared", "shared", "team"));
+  EXPECT_TRUE(admission_.Submit(bob_, "bob", Training("bobs-shared"), [](const auto&) {}).ok());
+  EXPECT_EQ(admission_.Submit(alice_, "alice", Training("bobs-shared"), [](const auto&) {})
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(admission_.CheckUnload(bob_, "bobs-shared").ok());
+  EXPECT_TRUE(admission_.CheckUnload(root_, "bobs-shared").ok());
+  EXPECT_EQ(admission_.CheckUnload(alice_, "bobs-shared").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(admission_.CheckUnload(bob_, "shared").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(admission_.CheckUnload(carol_, "team").ok());
+}
+
+TEST_F(AdmissionTest, CopyRefusalsRegisterNothingAndAnswerOnlyTheRefusal) {
+  sink_.Add("bobs", {}, "bob");
+  auto refused = [&](const Principal& who, TaskSpec spec, std::string copy) {
+    absl::Status status;
+    int acceptances = 0;
+    bool answered = false;
+    admission_.SubmitOnCopy(
+        who, who.name, std::move(spec), std::move(copy),
+        [&](const absl::StatusOr<uint64_t>& task) {
+          ++acceptances;
+          status = task.status();
+        },
+        [&](const absl::StatusOr<TaskOutcome>&) { answered = true; });
+    EXPECT_EQ(acceptances, 1);
+    EXPECT_FALSE(answered);
+    EXPECT_TRUE(sink_.copies.empty());
+    EXPECT_EQ(quota_.unfinished(who.name), 0u);
+    return status.code();
+  };
+  EXPECT_EQ(refused(alice_, Training("shared"), ""), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused(alice_, Training("shared"), "fill-7"), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused(alice_, Training("shared"), "team"), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(refused(alice_, Training("bobs"), "mine"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(refused(alice_, Inference("shared", {}), "mine"), absl::StatusCode::kInvalidArgument);
+  // Each copy holds a model's weights in pinned memory: a user's are capped, an admin's not.
+  TaskAdmission capped(&sink_, &quota_, &owners_, /*max_copies=*/1);
+  auto capped_code = [&](const Principal& who, std::string copy) {
+    absl::Status status;
+    capped.SubmitOnCopy(
+        who, who.name, Training("shared"), std::move(copy),
+        [&](const absl::StatusOr<uint64_t>& task) { status = task.status(); },
+        [](const absl::StatusOr<TaskOutcome>&) {});
+    return status.code();
+  };
+  EXPECT_EQ(capped_code(bob_, "bobs-2"), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(sink_.copies.empty());
+  EXPECT_EQ(capped_code(root_, "roots"), absl::StatusCode::kOk);
+  ASSERT_EQ(sink_.copies.size(), 1u);
+  sink_.copies.clear();
+  quota_.Done("root");
+
+  // A copy registered, then its training refused: one refusal, the quota freed.
+  sink_.queue_error = absl::ResourceExhaustedError("queue full");
+  absl::Status status;
+  admission_.SubmitOnCopy(
+      alice_, "alice", Training("shared"), "mine",
+      [&](const absl::StatusOr<uint64_t>& task) { status = task.status(); },
+      [](const absl::StatusOr<TaskOutcome>&) { ADD_FAILURE() << "no answer after a refusal"; });
+  sink_.RegisterNextCopy();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(), HasSubstr("'mine' is registered"));
+  EXPECT_EQ(quota_.unfinished("alice"), 0u);
+}
+
+}  // namespace
+}  // namespace pswitch::frontend
