@@ -4,11 +4,12 @@
 // Why it stayed (issue 27, item 7: 1.2 GB resident after six connections with unread replies
 // closed): glibc serves allocations below its mmap threshold from its heaps, and frees them into
 // free lists that it returns to the kernel only from the very top of a heap. Queued replies are
-// mostly such allocations (a task list of 100 KB, thousands of acknowledgements), made on the
-// event-loop thread's own arena and interleaved with allocations that live on, so after the
-// connection closes almost nothing sat at a heap's top. Large buffers (frames of megabytes) have
-// the opposite problem: glibc's threshold is dynamic and rises to the size of the largest block
-// freed, after which those too come from the heaps.
+// mostly such allocations (a 1,000-task list is 44 KB, an acknowledgement 100 bytes), made on
+// the event loop's own arena and interleaved with allocations that live on, so after the
+// connections close little sits at a heap's top: measured, 207 of 336 MiB of such replies stayed
+// resident after their connections closed, none once malloc_trim ran. Large buffers (frames of
+// megabytes) have another problem: glibc's threshold is dynamic and rises to the size of the
+// largest block freed, after which those too come from the heaps.
 #ifndef PSWITCH_FRONTEND_MEMORY_RETURN_H_
 #define PSWITCH_FRONTEND_MEMORY_RETURN_H_
 

@@ -137,9 +137,83 @@ TEST(ClientBudgetE2eTest, UnreadRepliesStayWithinTheBudgetAndTheirMemoryComesBac
   std::printf("pswitchd RSS: %lld MiB after they closed\n", static_cast<long long>(Mib(after)));
   EXPECT_LT(after, before + (32ull << 20))
       << "kept " << Mib(after - before) << " MiB after the connections closed";
+  EXPECT_THAT(daemon.log(), HasSubstr("event=memory_returned"));
   // Served on, with the budget whole again.
   auto again = (*client)->ListTasks(1000);
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// A raw connection authenticated with `token` (its Ack read), or null.
+std::unique_ptr<proto::FrameChannel> Authenticated(const std::string& address,
+                                                   const std::string& token) {
+  auto raw = proto::FrameChannel::ConnectTcp(address);
+  if (!raw.ok()) return nullptr;
+  flatbuffers::FlatBufferBuilder b;
+  auto body = proto::CreateAuthenticateDirect(b, token.c_str());
+  proto::Finish(
+      b, proto::CreateClientRequest(b, 1, proto::ClientRequestBody::Authenticate, body.Union()));
+  if (!(*raw)->Send(b).ok()) return nullptr;
+  auto ack = (*raw)->Receive(absl::Seconds(10));
+  if (!ack.ok()) return nullptr;
+  auto reply = proto::VerifyPayload<proto::ControllerReply>(ack->payload, "reply");
+  if (!reply.ok() || (*reply)->body_type() != proto::ControllerReplyBody::Ack) return nullptr;
+  return std::move(*raw);
+}
+
+// With tokens a connection's bytes are its principal's once it authenticates: two connections of
+// one token share its --max-client-bytes (the second to overflow it is cut), while another
+// token's connection, holding as much, is served on.
+TEST(ClientBudgetE2eTest, AClientsConnectionsShareItsTokensShare) {
+  TokenFile tokens(
+      "admin-token-alice-0123456789 alice admin\n"
+      "admin-token-dave-0123456789 dave admin\n");
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=0", tokens.flag(),
+                          "--max-buffered-bytes=268435456", "--max-client-bytes=67108864",
+                          "--arena-bytes=536870912", "--activation-bytes=67108864"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  client::ClientOptions options;
+  options.token = "admin-token-alice-0123456789";
+  auto client = client::Client::Connect(daemon.address(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::future<absl::StatusOr<client::TaskResult>>> pending;
+    for (int i = 0; i < 200; ++i) {
+      pending.push_back((*client)->InferAsync("tiny_mlp", {Input("tiny_mlp", i)}));
+    }
+    for (auto& p : pending) ASSERT_TRUE(p.get().ok());
+  }
+  // ~46 MiB of task lists each: two fit one share only.
+  std::vector<uint8_t> requests;
+  for (int i = 0; i < 1100; ++i) {
+    std::vector<uint8_t> frame = *proto::EncodeFrame(ListTasksRequest(i + 2));
+    requests.insert(requests.end(), frame.begin(), frame.end());
+  }
+  auto alice_1 = Authenticated(daemon.address(), "admin-token-alice-0123456789");
+  auto dave = Authenticated(daemon.address(), "admin-token-dave-0123456789");
+  ASSERT_TRUE(alice_1 != nullptr && dave != nullptr);
+  ASSERT_TRUE(WriteAll(alice_1->fd(), requests));
+  ASSERT_TRUE(WriteAll(dave->fd(), requests));
+  (void)SettledResidentBytes(daemon.pid(), absl::Seconds(1), absl::Seconds(30));
+  EXPECT_THAT(daemon.log(), ::testing::Not(HasSubstr("does not fit")));
+  auto alice_2 = Authenticated(daemon.address(), "admin-token-alice-0123456789");
+  ASSERT_TRUE(alice_2 != nullptr);
+  (void)WriteAll(alice_2->fd(), requests);  // may be cut short: closed
+  for (int i = 0; i < 300 && daemon.log().find("does not fit") == std::string::npos; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const std::string log = daemon.log();
+  EXPECT_THAT(log, HasSubstr("does not fit: one client may hold 67108864 bytes"));
+  size_t cut = 0;
+  for (size_t p = log.find("does not fit"); p != std::string::npos;
+       p = log.find("does not fit", p + 1)) {
+    ++cut;
+  }
+  EXPECT_EQ(cut, 1u) << log;
+  // dave's replies are all there to read.
+  for (int i = 0; i < 1100; ++i) {
+    auto reply = dave->Receive(absl::Seconds(10));
+    ASSERT_TRUE(reply.ok()) << i << ": " << reply.status();
+  }
 }
 
 // A TCP connection to `address`, or -1.
