@@ -1,4 +1,4 @@
-// A client's fill job as pswitchd's fill manager takes it (validated: controller/requests.h).
+// A client's fill job as pswitchd's fill manager takes it (validated: frontend/requests.h).
 #ifndef PSWITCH_CONTROLLER_FILL_REQUEST_H_
 #define PSWITCH_CONTROLLER_FILL_REQUEST_H_
 

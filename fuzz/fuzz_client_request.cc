@@ -10,8 +10,9 @@
 #include <span>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "base/text.h"
-#include "controller/requests.h"
+#include "frontend/requests.h"
 #include "fuzz/check.h"
 #include "proto/framing.h"
 
@@ -38,34 +39,45 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const proto::ClientRequest& r = **request;
   switch (r.body_type()) {
     case proto::ClientRequestBody::RegisterModel: {
-      auto parsed = controller::ParseRegistration(*r.body_as_RegisterModel());
+      auto parsed = frontend::ParseRegistration(*r.body_as_RegisterModel());
       if (!parsed.ok()) break;
-      CheckText(parsed->name, controller::kMaxNameBytes, "model name");
-      CheckText(parsed->zoo_model, controller::kMaxNameBytes, "architecture");
-      CheckText(parsed->weights_path, controller::kMaxPathBytes, "weights path");
-      CheckText(parsed->plan, controller::kMaxPathBytes, "plan");
-      CheckText(parsed->archive_path, controller::kMaxPathBytes, "archive path");
+      CheckText(parsed->name, frontend::kMaxNameBytes, "model name");
+      CheckText(parsed->zoo_model, frontend::kMaxNameBytes, "architecture");
+      CheckText(parsed->weights_path, frontend::kMaxPathBytes, "weights path");
+      CheckText(parsed->plan, frontend::kMaxPathBytes, "plan");
+      CheckText(parsed->archive_path, frontend::kMaxPathBytes, "archive path");
       PSWITCH_FUZZ_CHECK(!parsed->plan.empty(), "an empty plan is \"auto\"");
+      PSWITCH_FUZZ_CHECK(parsed->trainers.size() <= frontend::kMaxTrainers, "too many trainers");
+      for (const std::string& trainer : parsed->trainers) {
+        CheckText(trainer, frontend::kMaxNameBytes, "trainer name");
+        PSWITCH_FUZZ_CHECK(!trainer.empty(), "an empty trainer name was accepted");
+      }
       break;
     }
     case proto::ClientRequestBody::UnloadModel: {
-      auto parsed = controller::ParseUnload(*r.body_as_UnloadModel());
+      auto parsed = frontend::ParseUnload(*r.body_as_UnloadModel());
       if (!parsed.ok()) break;
-      CheckText(*parsed, controller::kMaxNameBytes, "model name");
+      CheckText(*parsed, frontend::kMaxNameBytes, "model name");
       PSWITCH_FUZZ_CHECK(!parsed->empty(), "an empty model name was accepted");
       break;
     }
     case proto::ClientRequestBody::SubmitTask: {
-      auto parsed = controller::ParseTask(*r.body_as_SubmitTask());
+      auto parsed = frontend::ParseTask(*r.body_as_SubmitTask());
       if (!parsed.ok()) break;
-      CheckText(parsed->model, controller::kMaxNameBytes, "model name");
-      PSWITCH_FUZZ_CHECK(parsed->inputs.size() <= controller::kMaxInputTensors, "too many inputs");
+      CheckText(parsed->model, frontend::kMaxNameBytes, "model name");
+      PSWITCH_FUZZ_CHECK(parsed->inputs.size() <= frontend::kMaxInputTensors, "too many inputs");
       for (const proto::HostTensor& t : parsed->inputs) {
-        CheckText(t.name, controller::kMaxNameBytes, "input name");
+        CheckText(t.name, frontend::kMaxNameBytes, "input name");
         PSWITCH_FUZZ_CHECK(proto::ValidateHostTensor(t).ok(), "an invalid tensor was accepted");
       }
       if (parsed->deadline) CheckDuration(*parsed->deadline, "task deadline");
       PSWITCH_FUZZ_CHECK(!parsed->adam || parsed->momentum == 0, "Adam has no momentum");
+      CheckText(parsed->as_model, frontend::kMaxNameBytes, "copy name");
+      PSWITCH_FUZZ_CHECK(
+          parsed->as_model.empty() || parsed->kind == controller::TaskKind::kTraining,
+          "only training trains a copy");
+      PSWITCH_FUZZ_CHECK(!absl::StartsWith(parsed->as_model, controller::kFillModelPrefix),
+                         "a copy took a fill job's name");
       break;
     }
     case proto::ClientRequestBody::FillSubmit:
@@ -73,11 +85,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const proto::FillSubmit& wire = r.body_type() == proto::ClientRequestBody::FillSubmit
                                           ? *r.body_as_FillSubmit()
                                           : *r.body_as_FillEstimateQuery()->job();
-      auto parsed = controller::ParseFill(wire);
+      auto parsed = frontend::ParseFill(wire);
       if (!parsed.ok()) break;
-      CheckText(parsed->model, controller::kMaxNameBytes, "fill model");
-      CheckText(parsed->dataset_path, controller::kMaxPathBytes, "dataset");
-      CheckText(parsed->output_path, controller::kMaxPathBytes, "output");
+      CheckText(parsed->model, frontend::kMaxNameBytes, "fill model");
+      CheckText(parsed->dataset_path, frontend::kMaxPathBytes, "dataset");
+      CheckText(parsed->output_path, frontend::kMaxPathBytes, "output");
       CheckDuration(parsed->step, "fill step");
       CheckDuration(parsed->synthetic_step, "synthetic step");
       if (parsed->deadline) CheckDuration(*parsed->deadline, "fill deadline");
@@ -87,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // A fixed clock: the origin arithmetic must hold for any origin_ns.
       const uint64_t now_ns = 1'000'000'000'000ull;
       const absl::Time now = absl::FromUnixSeconds(2'000'000'000);
-      auto parsed = controller::ParseCycle(*r.body_as_RegisterBubbleCycle(), now_ns, now);
+      auto parsed = frontend::ParseCycle(*r.body_as_RegisterBubbleCycle(), now_ns, now);
       if (!parsed.ok()) break;
       if (parsed->origin) {
         PSWITCH_FUZZ_CHECK(*parsed->origin <= now && *parsed->origin > absl::InfinitePast(),
@@ -96,8 +108,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case proto::ClientRequestBody::BubbleBegin: {
-      const controller::BubbleBeginRequest begin =
-          controller::ParseBubbleBegin(*r.body_as_BubbleBegin());
+      const frontend::BubbleBeginRequest begin =
+          frontend::ParseBubbleBegin(*r.body_as_BubbleBegin());
       CheckDuration(begin.expected, "bubble duration");
       break;
     }

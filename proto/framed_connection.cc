@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-
 #include "proto/frame_channel.h"
 
 namespace pswitch::proto {
@@ -14,14 +13,6 @@ namespace {
 constexpr absl::Duration kLinger = absl::Seconds(10);
 
 }  // namespace
-
-bool ByteBudget::TryCharge(size_t bytes) {
-  size_t used = used_.load(std::memory_order_relaxed);
-  do {
-    if (bytes > limit_ - std::min(used, limit_)) return false;
-  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
-  return true;
-}
 
 std::shared_ptr<FramedConnection> FramedConnection::Create(Socket socket, ConnectionLimits limits,
                                                            FrameHandler on_frame,
@@ -74,10 +65,12 @@ void FramedConnection::ReadMore() {
       self->on_frame_(*self, std::move(**next));
     }
     if (self->closed_ || self->close_after_writes_) return;
-    if (!self->ChargeBuffered()) {
-      self->Reject(self->error_reply_(absl::ResourceExhaustedError(absl::StrCat(
-          "pswitchd holds ", self->limits_.budget->limit(),
-          " bytes of incomplete frames from all clients; try again later"))));
+    if (absl::Status held = self->UpdateHeld(); !held.ok()) {
+      // Its partial frame is dropped first, so the error reply fits where the frame did not.
+      self->decoder_.Discard();
+      self->frame_started_ = absl::InfiniteFuture();
+      (void)self->UpdateHeld();
+      self->Reject(self->error_reply_(held));
       return;
     }
     self->ArmTimer();
@@ -85,17 +78,15 @@ void FramedConnection::ReadMore() {
   });
 }
 
-bool FramedConnection::ChargeBuffered() {
-  if (limits_.budget == nullptr) return true;
-  const size_t now = decoder_.buffered();
-  if (now <= charged_) {
-    limits_.budget->Release(charged_ - now);
-    charged_ = now;
-    return true;
+absl::Status FramedConnection::UpdateHeld() {
+  const size_t now = decoder_.buffered() + queued_bytes_;
+  if (now == held_ || !limits_.held_bytes) {
+    held_ = now;
+    return absl::OkStatus();
   }
-  if (!limits_.budget->TryCharge(now - charged_)) return false;
-  charged_ = now;
-  return true;
+  if (absl::Status s = limits_.held_bytes(now); !s.ok() && now > held_) return s;
+  held_ = now;
+  return absl::OkStatus();
 }
 
 void FramedConnection::ArmTimer() {
@@ -120,14 +111,15 @@ void FramedConnection::ArmTimer() {
   ++timer_generation_;
   timer_.cancel();
   if (due == absl::InfiniteFuture()) return;
-  timer_.expires_after(absl::ToChronoNanoseconds(std::max(due - absl::Now(), absl::ZeroDuration())));
-  timer_.async_wait([self = shared_from_this(), generation = timer_generation_](
-                        const asio::error_code& ec) {
-    // A handler already queued when the timer was re-armed runs without an error: ignored.
-    if (ec || self->closed_ || generation != self->timer_generation_) return;
-    self->armed_for_ = absl::InfiniteFuture();
-    self->OnTimer();
-  });
+  timer_.expires_after(
+      absl::ToChronoNanoseconds(std::max(due - absl::Now(), absl::ZeroDuration())));
+  timer_.async_wait(
+      [self = shared_from_this(), generation = timer_generation_](const asio::error_code& ec) {
+        // A handler already queued when the timer was re-armed runs without an error: ignored.
+        if (ec || self->closed_ || generation != self->timer_generation_) return;
+        self->armed_for_ = absl::InfiniteFuture();
+        self->OnTimer();
+      });
 }
 
 void FramedConnection::OnTimer() {
@@ -141,8 +133,7 @@ void FramedConnection::OnTimer() {
     }
     return;
   }
-  if (frame_started_ != absl::InfiniteFuture() &&
-      now >= frame_started_ + limits_.frame_timeout) {
+  if (frame_started_ != absl::InfiniteFuture() && now >= frame_started_ + limits_.frame_timeout) {
     Reject(error_reply_(absl::DeadlineExceededError(
         absl::StrCat("a frame was not completed within ",
                      absl::FormatDuration(limits_.frame_timeout), " of its first byte"))));
@@ -151,8 +142,8 @@ void FramedConnection::OnTimer() {
   if (idle_policy_) {
     const absl::Duration idle = idle_policy_();
     if (idle != absl::InfiniteDuration() && now >= last_activity_ + idle) {
-      CloseAfterWrites(absl::DeadlineExceededError(
-          absl::StrCat("no request for ", absl::FormatDuration(idle))));
+      CloseAfterWrites(
+          absl::DeadlineExceededError(absl::StrCat("no request for ", absl::FormatDuration(idle))));
       return;
     }
   }
@@ -172,13 +163,21 @@ void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
     frame = std::move(error);
     fd.Reset();
   }
-  if (!outgoing_.empty() && queued_bytes_ + frame->size() > limits_.max_queued_bytes) {
+  const size_t cost = frame->size() + kQueuedFrameOverheadBytes;
+  if (!outgoing_.empty() && queued_bytes_ + cost > limits_.max_queued_bytes) {
     // A peer that does not read its replies must not make us hold them without bound.
     Close(absl::ResourceExhaustedError(absl::StrCat(
         "the peer left ", queued_bytes_, " bytes of replies unread; connection closed")));
     return;
   }
-  queued_bytes_ += frame->size();
+  queued_bytes_ += cost;
+  if (absl::Status held = UpdateHeld(); !held.ok()) {
+    // Nor beyond what the server lets this peer hold in all (its share of a shared budget).
+    queued_bytes_ -= cost;
+    Close(absl::ResourceExhaustedError(
+        absl::StrCat("a reply of ", frame->size(), " bytes does not fit: ", held.message())));
+    return;
+  }
   outgoing_.push_back(Outgoing{std::move(*frame), std::move(fd)});
   last_activity_ = absl::Now();  // a reply: the peer may have waited for it, not idled
   WriteNext();
@@ -210,13 +209,17 @@ void FramedConnection::WriteNext() {
   Outgoing& front = outgoing_.front();
   auto done = [self = shared_from_this()](const asio::error_code& ec, size_t /*n*/) {
     self->writing_ = false;
-    if (self->closed_) return;
+    if (self->closed_) {
+      self->outgoing_.clear();  // the frame the write was given is no longer in use
+      return;
+    }
     if (ec) {
       self->Close(absl::UnavailableError("write failed: " + ec.message()));
       return;
     }
-    self->queued_bytes_ -= self->outgoing_.front().frame.size();
+    self->queued_bytes_ -= self->outgoing_.front().frame.size() + kQueuedFrameOverheadBytes;
     self->outgoing_.pop_front();
+    (void)self->UpdateHeld();  // less than before: cannot fail
     self->WriteNext();
   };
   if (!front.fd.valid()) {
@@ -240,8 +243,12 @@ void FramedConnection::Close(const absl::Status& why) {
   if (closed_) return;
   closed_ = true;
   timer_.cancel();
-  if (limits_.budget != nullptr) limits_.budget->Release(charged_);
-  charged_ = 0;
+  // What it held goes back now, not when the last handler lets the object go. A write in flight
+  // keeps its frame until its handler runs, which the socket's close makes immediate.
+  decoder_.Discard();
+  while (outgoing_.size() > (writing_ ? 1u : 0u)) outgoing_.pop_back();
+  queued_bytes_ = 0;
+  (void)UpdateHeld();
   asio::error_code ignored;
   socket_.shutdown(Socket::shutdown_both, ignored);
   socket_.close(ignored);

@@ -10,31 +10,24 @@
 #include <memory>
 #include <vector>
 
-#include <atomic>
-
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "asio.hpp"
-#include "proto/framing.h"
 #include "base/unique_fd.h"
+#include "proto/framing.h"
 
 namespace pswitch::proto {
 
-// Bytes of incomplete frames buffered by every connection of one server: many slow connections
-// each part-way through a large frame must not add up to unbounded memory. Thread-safe.
-class ByteBudget {
- public:
-  explicit ByteBudget(size_t limit) : limit_(limit) {}
-  // Charges `bytes`; false (and nothing charged) when that would exceed the limit.
-  bool TryCharge(size_t bytes);
-  void Release(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
-  size_t used() const { return used_.load(std::memory_order_relaxed); }
-  size_t limit() const { return limit_; }
+// Keeps count of what one connection holds for its peer (incomplete frames and queued replies)
+// against bounds kept elsewhere, e.g. a byte budget every connection of a server shares.
+// `held_bytes` is what the connection holds from now on. Growing may fail (ResourceExhausted
+// naming the bound reached; nothing is charged then), shrinking must not. Called on the
+// connection's executor; proto/ knows nothing of whom the bytes are charged to.
+using HeldBytesHook = std::function<absl::Status(size_t held_bytes)>;
 
- private:
-  const size_t limit_;
-  std::atomic<size_t> used_{0};
-};
+// What a connection counts for each queued reply beside its bytes (the deque slot and the
+// allocation's header): a peer asking for many tiny replies pays for them too.
+inline constexpr size_t kQueuedFrameOverheadBytes = 64;
 
 // What one connection may hold and for how long, as a server configures it (nginx's
 // client_body_timeout, keepalive_timeout and buffer limits play the same roles).
@@ -46,8 +39,10 @@ struct ConnectionLimits {
   // Replies queued for a peer that does not read them; beyond this the connection is closed
   // (one reply larger than this is still sent when nothing else is queued).
   size_t max_queued_bytes = SIZE_MAX;
-  // Shared by the server's connections (null: no shared bound).
-  std::shared_ptr<ByteBudget> budget;
+  // Told every change of what the connection holds (unset: no bound beyond the above). An
+  // incomplete frame that does not fit is answered with the hook's error before the close; a
+  // reply that does not fit closes the connection with it.
+  HeldBytesHook held_bytes;
 };
 
 // Thread-safety: every member must run on the socket's executor (one io_context thread);
@@ -99,8 +94,9 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
                    ErrorReplyBuilder error_reply, CloseHandler on_close);
   void ReadMore();
   void WriteNext();
-  // Charges the budget for what the decoder now buffers; false when over it.
-  bool ChargeBuffered();
+  // Tells the hook what the connection now holds (the decoder's bytes and the queued replies);
+  // its error when that is more than it may.
+  absl::Status UpdateHeld();
   // Re-arms the timer for whichever comes first: the frame deadline or the idle deadline.
   void ArmTimer();
   void OnTimer();
@@ -113,8 +109,8 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   FrameDecoder decoder_;
   std::vector<uint8_t> read_buffer_;
   std::deque<Outgoing> outgoing_;
-  size_t queued_bytes_ = 0;  // in outgoing_
-  size_t charged_ = 0;       // of limits_.budget
+  size_t queued_bytes_ = 0;  // in outgoing_, each with kQueuedFrameOverheadBytes
+  size_t held_ = 0;          // as the hook last accepted
   IdlePolicy idle_policy_;
   asio::steady_timer timer_;
   absl::Time frame_started_ = absl::InfiniteFuture();  // first byte of a frame not yet complete

@@ -44,6 +44,11 @@ class FrameDecoder {
   size_t BytesNeeded() const;
   // Bytes received and not yet returned by Next (0: between frames).
   size_t buffered() const { return buffer_.size() - consumed_; }
+  // Drops (and frees) every byte buffered: for a connection that is being closed.
+  void Discard() {
+    std::vector<uint8_t>().swap(buffer_);
+    consumed_ = 0;
+  }
 
  private:
   const uint32_t max_frame_bytes_;

@@ -7,8 +7,10 @@ packages=(
   cmake ninja-build g++ pkg-config
   libtorch-dev libasio-dev libflatbuffers-dev flatbuffers-compiler
   libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev
-  # pswitchd's HTTP/JSON port (Open Inference Protocol).
-  libcpp-httplib-dev
+  # pswitchd's HTTP/JSON port (Open Inference Protocol): Boost.Beast (header-only, in
+  # libboost-dev) gives the limits a hostile network needs (docs/architecture.md); the C++ and
+  # bench clients still use cpp-httplib.
+  libboost-dev libcpp-httplib-dev
   # GET /metrics (prometheus-cpp's core; the package also brings its pull and push parts).
   prometheus-cpp-dev
   python3-torchvision python3-numpy

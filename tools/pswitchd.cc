@@ -3,7 +3,6 @@
 // GPU between their models with pipelined transmission. At start it registers the embedded
 // default models and runs one inference on each through the whole path, then serves until
 // SIGINT/SIGTERM (graceful: in-flight tasks answered, workers reaped).
-#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,8 +20,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "controller/client_server.h"
-#include "controller/http_server.h"
+#include "frontend/byte_budget.h"
+#include "frontend/client_server.h"
+#include "frontend/fd_budget.h"
+#include "frontend/memory_return.h"
+#include "frontend/http_server.h"
 #include "controller/model_repository.h"
 #include "controller/controller.h"
 #include "controller/profile_process.h"
@@ -103,12 +105,34 @@ ABSL_FLAG(std::string, allow_client_paths, "auto",
 ABSL_FLAG(std::string, auth_tokens, "",
           "file of bearer tokens, one \"TOKEN NAME ROLE\" per line (role admin or user), mode "
           "0600: every client connection must present one; empty = no authentication");
-ABSL_FLAG(int, max_connections, 256, "client connections beyond this many are closed on accept");
+ABSL_FLAG(int, max_connections, 256,
+          "TCP client connections beyond this many are closed on accept (with --auth-tokens: "
+          "authenticated ones, refused when they authenticate)");
+ABSL_FLAG(int, max_unauthenticated_connections, 32,
+          "with --auth-tokens: TCP connections still to authenticate, beside --max-connections; "
+          "a newcomer beyond them closes the oldest");
+ABSL_FLAG(int, http_max_connections, 256,
+          "HTTP connections; at the cap a newcomer closes the one waiting longest for its headers");
+ABSL_FLAG(int, http_header_timeout_ms, 10000,
+          "HTTP: a request's headers must arrive whole within this (also the keep-alive idle limit)");
+ABSL_FLAG(int, http_request_timeout_ms, 60000,
+          "HTTP: a request's headers and body together must arrive within this");
+ABSL_FLAG(uint32_t, http_max_header_bytes, 16u << 10, "HTTP: request line and headers, bytes");
+ABSL_FLAG(int, http_handler_threads, 4, "HTTP: threads running handlers (not connections)");
 ABSL_FLAG(uint32_t, max_frame_bytes, 64u << 20, "largest client frame (request) accepted");
-ABSL_FLAG(uint64_t, max_buffered_bytes, 256ull << 20,
-          "bytes of incomplete frames held for all client connections together");
+ABSL_FLAG(uint64_t, max_buffered_bytes, 1ull << 30,
+          "bytes pswitchd holds for all clients together, both ports: incomplete frames, queued "
+          "replies, HTTP bodies and their decoded tensors");
+ABSL_FLAG(uint64_t, max_client_bytes, 256ull << 20,
+          "of --max-buffered-bytes, what one client may hold (its token's name; without "
+          "--auth-tokens, one connection); beyond, its request or reply fails and that "
+          "connection is closed");
+ABSL_FLAG(uint64_t, max_unauthenticated_bytes, 16ull << 20,
+          "of --max-buffered-bytes, what all connections that have not authenticated yet may "
+          "hold together");
 ABSL_FLAG(uint64_t, max_queued_reply_bytes, 256ull << 20,
-          "replies held for one client that does not read them; beyond, it is disconnected");
+          "replies held for one TCP connection that does not read them; beyond, it is "
+          "disconnected");
 ABSL_FLAG(int, frame_timeout_ms, 30000, "a request frame begun must be complete within this");
 ABSL_FLAG(int, idle_timeout_s, 600,
           "a connection with no request and no answer owed for this long is closed (0 = never)");
@@ -246,7 +270,7 @@ struct OwnedRuntimeDir {
 
 // The bounds on what clients may ask for and hold (issue 14's resource limits), from the flags.
 absl::Status ApplyLimits(controller::ControllerOptions& controller,
-                         controller::ClientServerOptions& server) {
+                         frontend::ClientServerOptions& server) {
   auto positive = [](int value, absl::string_view flag) {
     return value >= 1 ? absl::OkStatus()
                       : absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1"));
@@ -266,10 +290,23 @@ absl::Status ApplyLimits(controller::ControllerOptions& controller,
     return absl::InvalidArgumentError(absl::StrCat("--max-frame-bytes must be in [4096, ",
                                                    proto::kMaxFrameBytesLimit, "]"));
   }
-  if (absl::GetFlag(FLAGS_max_buffered_bytes) < frame) {
+  const uint64_t total = absl::GetFlag(FLAGS_max_buffered_bytes);
+  // A client's share is at most the total: a small total bounds everyone.
+  const uint64_t per_client = std::min(absl::GetFlag(FLAGS_max_client_bytes), total);
+  if (per_client < frame) {
     return absl::InvalidArgumentError(
-        "--max-buffered-bytes must hold at least one frame of --max-frame-bytes");
+        "--max-buffered-bytes and --max-client-bytes must hold at least one frame of "
+        "--max-frame-bytes");
   }
+  const uint64_t unauthenticated = absl::GetFlag(FLAGS_max_unauthenticated_bytes);
+  if (unauthenticated < (64u << 10) || unauthenticated > total) {
+    return absl::InvalidArgumentError(
+        "--max-unauthenticated-bytes must be in [65536, --max-buffered-bytes]");
+  }
+  PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_max_unauthenticated_connections),
+                                   "max-unauthenticated-connections"));
+  PSWITCH_RETURN_IF_ERROR(
+      positive(absl::GetFlag(FLAGS_http_max_connections), "http-max-connections"));
   if (absl::GetFlag(FLAGS_max_queued_reply_bytes) < 2ull * frame) {
     // A client reading promptly may still have two large results in flight.
     return absl::InvalidArgumentError(
@@ -282,7 +319,13 @@ absl::Status ApplyLimits(controller::ControllerOptions& controller,
   }
   server.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   server.max_frame_bytes = frame;
-  server.max_buffered_bytes = absl::GetFlag(FLAGS_max_buffered_bytes);
+  // One budget for both ports (the HTTP server is given the same object).
+  server.budget = std::make_shared<frontend::ByteBudget>(
+      frontend::ByteBudgetLimits{.total_bytes = total,
+                                 .per_client_bytes = per_client,
+                                 .unauthenticated_bytes = unauthenticated});
+  server.max_unauthenticated_connections =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_unauthenticated_connections));
   server.max_queued_reply_bytes = absl::GetFlag(FLAGS_max_queued_reply_bytes);
   server.frame_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_frame_timeout_ms));
   server.idle_timeout = absl::GetFlag(FLAGS_idle_timeout_s) == 0
@@ -297,10 +340,36 @@ absl::Status ApplyLimits(controller::ControllerOptions& controller,
   return absl::OkStatus();
 }
 
+// Raises the soft RLIMIT_NOFILE to the hard limit and checks it covers every connection the
+// caps admit, the workers and files: better refused at start than "Too many open files" for
+// the next client or a worker's respawn under load.
+absl::Status CheckFileDescriptors(bool with_tokens) {
+  PSWITCH_ASSIGN_OR_RETURN(frontend::FdLimit limit, frontend::RaiseFdLimit());
+  frontend::FdDemand demand;
+  demand.tcp_connections = static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_max_connections)));
+  if (with_tokens) {
+    demand.unauthenticated_connections =
+        static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_max_unauthenticated_connections)));
+  }
+  if (!absl::GetFlag(FLAGS_http_listen).empty()) {
+    demand.http_connections =
+        static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_http_max_connections)));
+  }
+  demand.gpus = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_gpus)));
+  demand.workers_per_gpu =
+      1 + static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_standby_workers)));
+  PSWITCH_RETURN_IF_ERROR(frontend::CheckFdBudget(demand, limit.soft));
+  Log(LogLevel::kInfo, "fd_limit")
+      .Field("soft", limit.soft)
+      .Field("hard", limit.hard)
+      .Field("needed", frontend::FdsNeeded(demand));
+  return absl::OkStatus();
+}
+
 int Main() {
   // A fixed mmap threshold: a client's large frame buffer goes back to the kernel when freed,
   // instead of raising glibc's dynamic threshold and staying in the heap after the connection.
-  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  frontend::FixMmapThreshold(1 << 20);
   OwnedRuntimeDir runtime_dir;  // outlives the memory daemons and their sockets
   // Block the stop signals before any thread starts, so only sigwait below receives them.
   sigset_t stop_signals;
@@ -310,17 +379,17 @@ int Main() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   // Who may connect is settled before anything is set up: a misconfigured exposure fails fast.
-  std::unique_ptr<controller::TokenTable> tokens;
+  std::unique_ptr<frontend::TokenTable> tokens;
   if (!absl::GetFlag(FLAGS_auth_tokens).empty()) {
-    auto table = controller::TokenTable::Load(absl::GetFlag(FLAGS_auth_tokens));
+    auto table = frontend::TokenTable::Load(absl::GetFlag(FLAGS_auth_tokens));
     if (!table.ok()) {
       StartFailed(table.status().ToString());
       return 2;
     }
-    tokens = std::make_unique<controller::TokenTable>(std::move(*table));
-  } else if (!controller::IsLoopbackListen(absl::GetFlag(FLAGS_listen)) ||
+    tokens = std::make_unique<frontend::TokenTable>(std::move(*table));
+  } else if (!frontend::IsLoopbackListen(absl::GetFlag(FLAGS_listen)) ||
              (!absl::GetFlag(FLAGS_http_listen).empty() &&
-              !controller::IsLoopbackListen(absl::GetFlag(FLAGS_http_listen)))) {
+              !frontend::IsLoopbackListen(absl::GetFlag(FLAGS_http_listen)))) {
     if (!absl::GetFlag(FLAGS_insecure)) {
       StartFailed(absl::StrCat("--listen ", absl::GetFlag(FLAGS_listen), " / --http-listen ",
                                absl::GetFlag(FLAGS_http_listen),
@@ -331,6 +400,10 @@ int Main() {
     Log(LogLevel::kWarn, "insecure")
         .Field("detail", "listening beyond loopback without --auth-tokens: anyone who can reach "
                          "the port can register models, train and cancel any task");
+  }
+  if (absl::Status fds = CheckFileDescriptors(tokens != nullptr); !fds.ok()) {
+    StartFailed(fds.ToString());
+    return 2;
   }
   auto device_options = ChooseDevice();
   auto policy = controller::ParsePolicy(absl::GetFlag(FLAGS_policy));
@@ -471,7 +544,7 @@ int Main() {
     return controller::InspectInChild(profiling, name, archive_fd, weights_fd, weights_name,
                                       max_bytes);
   };
-  controller::ClientServerOptions server_options;
+  frontend::ClientServerOptions server_options;
   if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {
     StartFailed(limits.ToString());
     return 2;
@@ -508,24 +581,35 @@ int Main() {
   }
   server_options.allow_client_paths =
       client_paths == "true" ||
-      (client_paths == "auto" && controller::IsLoopbackListen(absl::GetFlag(FLAGS_listen)));
-  auto server = controller::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
+      (client_paths == "auto" && frontend::IsLoopbackListen(absl::GetFlag(FLAGS_listen)));
+  auto server = frontend::ClientServer::Start(absl::GetFlag(FLAGS_listen), controller->get(),
                                                 fill.get(), server_options);
   if (!server.ok()) {
     StartFailed(server.status().ToString());
     return 1;
   }
-  std::unique_ptr<controller::HttpServer> http;
+  std::unique_ptr<frontend::HttpServer> http;
   if (!absl::GetFlag(FLAGS_http_listen).empty()) {
-    controller::HttpServerOptions http_options;
+    frontend::HttpServerOptions http_options;
     http_options.tokens = tokens.get();
     http_options.owners = &(*server)->owners();
     http_options.quota = &(*server)->quota();
-    http_options.max_body_bytes = server_options.max_frame_bytes;
+    http_options.limits.max_body_bytes = server_options.max_frame_bytes;
+    http_options.limits.max_connections =
+        static_cast<size_t>(absl::GetFlag(FLAGS_http_max_connections));
+    http_options.limits.budget = server_options.budget;  // one budget for both ports
+    http_options.limits.header_timeout =
+        absl::Milliseconds(std::max(1, absl::GetFlag(FLAGS_http_header_timeout_ms)));
+    http_options.limits.request_timeout =
+        absl::Milliseconds(std::max(1, absl::GetFlag(FLAGS_http_request_timeout_ms)));
+    http_options.limits.max_header_bytes = std::max<uint32_t>(
+        absl::GetFlag(FLAGS_http_max_header_bytes), 1024);
+    http_options.handler_threads =
+        static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_http_handler_threads)));
     http_options.telemetry = telemetry.get();
     http_options.fill = fill.get();
     http_options.repository = repository.get();
-    auto started = controller::HttpServer::Start(absl::GetFlag(FLAGS_http_listen),
+    auto started = frontend::HttpServer::Start(absl::GetFlag(FLAGS_http_listen),
                                                  controller->get(), http_options);
     if (!started.ok()) {
       StartFailed(started.status().ToString());

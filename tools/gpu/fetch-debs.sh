@@ -21,6 +21,8 @@ packages=(
   nlohmann-json3-dev
   # pswitchd's HTTP port: cpp-httplib is a compiled library built with OpenSSL, zlib and Brotli
   # support, so its header needs theirs; the runtime libraries the GPU machine may lack come too.
+  # Boost.Beast (header-only) serves the HTTP port; cpp-httplib is the bench and test clients'.
+  libboost1.74-dev libboost-dev
   libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1
   # GET /metrics: prometheus-cpp's headers and its core library (found by path, not its config).
   prometheus-cpp-dev libprometheus-cpp-core1.0

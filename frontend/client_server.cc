@@ -1,8 +1,10 @@
-#include "controller/client_server.h"
+#include "frontend/client_server.h"
 
-#include "controller/listen_address.h"
-#include "controller/requests.h"
+#include "frontend/listen_address.h"
+#include "frontend/memory_return.h"
+#include "frontend/requests.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -21,8 +23,25 @@
 #include "proto/host_tensor.h"
 #include "proto/wire_status.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
+
+using controller::EntryRef;
+using controller::FillJobStatus;
+using controller::ModelRequest;
+using controller::SwitchTimeline;
+using controller::TaskOutcome;
+using controller::TaskSpec;
+using controller::TaskStatus;
+using controller::TaskKind;
+using controller::FillStats;
+using controller::GpuScheduler;
 namespace {
+
+// What a connection may hold before it authenticates (an Authenticate is far smaller), so the
+// unauthenticated pool of the byte budget is never one connection's to fill.
+constexpr size_t kMaxUnauthenticatedConnectionBytes = 64 << 10;
+// A connection that held this much at some point leaves enough free memory to return.
+constexpr size_t kReturnMemoryAfterBytes = 4 << 20;
 
 using Builder = flatbuffers::FlatBufferBuilder;
 using proto::ControllerReplyBody;
@@ -48,7 +67,7 @@ constexpr uint32_t kMaxListedTasks = 1000;
 class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill,
-          const ClientServerOptions* options, TaskOwners* owners, ClientQuota* quota,
+          const ClientServerOptions* options, TaskOwners* owners, TaskAdmission* admission,
           std::string address, uint64_t connection)
       : io_(io),
         serving_(serving),
@@ -56,11 +75,45 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         fill_(fill),
         options_(options),
         owners_(owners),
-        quota_(quota),
+        admission_(admission),
         address_(std::move(address)),
         connection_(connection) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
+  // Where this connection's slot is counted and what it holds is charged, from now on. Without
+  // tokens the connection takes one of --max-connections' slots at once.
+  void Admit(ClientServer* server, BudgetCharge charge) {
+    server_ = server;
+    charge_ = std::move(charge);
+    if (options_->tokens == nullptr) {
+      ++server_->admitted_;
+      counted_ = true;
+    }
+  }
+
+  // The connection's hook: what it holds now (incomplete frames, queued replies), charged to
+  // its client. Before authenticating a connection holds little: an Authenticate is small.
+  absl::Status Hold(size_t bytes) {
+    if (options_->tokens != nullptr && !principal_ && bytes > kMaxUnauthenticatedConnectionBytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a connection may hold ", kMaxUnauthenticatedConnectionBytes,
+                       " bytes before it authenticates; authenticate first"));
+    }
+    PSWITCH_RETURN_IF_ERROR(charge_.Resize(bytes));
+    peak_held_bytes_ = std::max(peak_held_bytes_, bytes);
+    return absl::OkStatus();
+  }
+
+  // Its connection closed: its slot and its bytes go back.
+  void Closed() {
+    charge_.Reset();
+    server_->unauthenticated_.erase(connection_);
+    if (counted_) --server_->admitted_;
+    counted_ = false;
+    // Many freed bytes may sit in the allocator's free lists (replies are mostly small
+    // allocations, below the mmap threshold): give them back rather than stay large.
+    if (peak_held_bytes_ >= kReturnMemoryAfterBytes) server_->ReturnMemorySoon();
+  }
 
   // How long the connection may sit idle now: for ever while it awaits an answer, briefly
   // before it authenticates.
@@ -95,14 +148,15 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!RoleAllows(principal_->role, type)) {
       return conn.Send(ErrorReply(
           id, absl::PermissionDeniedError(absl::StrCat(
-                  "'", principal_->name, "' (role user) may infer, train and see and cancel its "
-                  "own tasks; this request needs an admin token"))));
+                  "'", principal_->name, "' (role user) may infer, train, unload the models it "
+                  "may change and see and cancel its own tasks; this request needs an admin "
+                  "token"))));
     }
     switch (type) {
       case proto::ClientRequestBody::RegisterModel:
         return Register(id, *(*request)->body_as_RegisterModel());
       case proto::ClientRequestBody::UnloadModel:
-        return Unload(id, *(*request)->body_as_UnloadModel());
+        return Unload(conn, id, *(*request)->body_as_UnloadModel());
       case proto::ClientRequestBody::SubmitTask:
         return Submit(conn, id, *(*request)->body_as_SubmitTask());
       case proto::ClientRequestBody::QueryTask: {
@@ -172,6 +226,22 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       base::Log(base::LogLevel::kWarn, "auth_failed").Field("request", id);
       return conn.Reject(ErrorReply(id, absl::UnauthenticatedError("invalid token")));
     }
+    // Its slot and its bytes move from the unauthenticated pool to the principal's.
+    if (server_->admitted_ >= options_->max_connections) {
+      base::Log(base::LogLevel::kWarn, "connection_refused")
+          .Field("reason", "max_connections")
+          .Field("limit", options_->max_connections);
+      return conn.Reject(
+          ErrorReply(id, absl::ResourceExhaustedError(absl::StrCat(
+                             "pswitchd serves at most ", options_->max_connections,
+                             " authenticated connections (--max-connections); try again later"))));
+    }
+    if (absl::Status moved = charge_.Rebind(found->name); !moved.ok()) {
+      return conn.Reject(ErrorReply(id, moved));
+    }
+    server_->unauthenticated_.erase(connection_);
+    ++server_->admitted_;
+    counted_ = true;
     principal_ = std::move(*found);
     conn.Send(AckReply(id));
   }
@@ -260,6 +330,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     request.archive_path = std::move(parsed->archive_path);
     request.plan = std::move(parsed->plan);
     request.batch_size = parsed->batch_size;
+    request.trainers = std::move(parsed->trainers);
     // Resolved on the registration thread: a repository lookup reads files.
     ++awaited_;
     controller_->Register(
@@ -282,9 +353,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         });
   }
 
-  void Unload(uint64_t id, const proto::UnloadModel& wire) {
+  void Unload(proto::FramedConnection& conn, uint64_t id, const proto::UnloadModel& wire) {
     absl::StatusOr<std::string> name = ParseUnload(wire);
     if (!name.ok()) return PostReply(ErrorReply(id, name.status()));
+    if (absl::Status allowed = admission_->CheckUnload(*principal_, *name); !allowed.ok()) {
+      return conn.Send(ErrorReply(id, allowed));
+    }
     if (fill_ != nullptr) {
       if (absl::Status owned = fill_->CheckUnload(*name); !owned.ok()) {
         return PostReply(ErrorReply(id, owned));
@@ -322,50 +396,65 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     // Without tokens, one connection is one client: local clients share an address.
     const std::string client =
         options_->tokens != nullptr ? principal_->name : absl::StrCat(address_, "#", connection_);
-    if (absl::Status admitted = quota_->Admit(client); !admitted.ok()) {
-      return conn.Send(ErrorReply(id, admitted));
+    auto answer = [self = shared_from_this(), id](const absl::StatusOr<TaskOutcome>& out) {
+      self->PostAwaitedReply(out.ok() ? ResultReply(id, *out) : ErrorReply(id, out.status()));
+    };
+    if (!parsed->as_model.empty()) {
+      // The copy registers on the registration thread: its acceptance comes from there.
+      ++awaited_;  // the acceptance
+      ++awaited_;  // the result
+      admission_->SubmitOnCopy(
+          *principal_, client, std::move(spec), std::move(parsed->as_model),
+          [self = shared_from_this(), id](const absl::StatusOr<uint64_t>& task) {
+            if (!task.ok()) {
+              // No result follows a refusal.
+              asio::post(*self->io_, [self] { --self->awaited_; });
+              self->PostAwaitedReply(ErrorReply(id, task.status()));
+              return;
+            }
+            self->PostAwaitedReply(AcceptedReply(id, *task));
+          },
+          std::move(answer));
+      return;
     }
     ++awaited_;
-    auto task_id = controller_->Submit(
-        std::move(spec),
-        [self = shared_from_this(), id, client](const absl::StatusOr<TaskOutcome>& out) {
-          self->quota_->Done(client);
-          if (!out.ok()) {
-            self->PostAwaitedReply(ErrorReply(id, out.status()));
-            return;
-          }
-          Builder b;
-          auto outputs = proto::CreateWireTensors(b, out->outputs);
-          const SwitchTimeline& t = out->timeline;
-          // Microseconds after arrival, rounded up so a step that happened never reads as 0.
-          auto since_arrival = [&t](int64_t ns) -> uint64_t {
-            if (ns == 0 || t.arrival_ns == 0 || ns < t.arrival_ns) return 0;
-            return static_cast<uint64_t>((ns - t.arrival_ns + 999) / 1000);
-          };
-          auto result = proto::CreateTaskResult(
-              b, out->task_id, outputs,
-              static_cast<uint64_t>(absl::ToInt64Microseconds(out->latency)),
-              // Rounded up: a sub-microsecond switch (a tiny model) still reads as one.
-              static_cast<uint64_t>(
-                  absl::ToInt64Microseconds(absl::Ceil(out->switch_time, absl::Microseconds(1)))),
-              since_arrival(t.stop_sent_ns), since_arrival(t.drained_ns),
-              since_arrival(t.first_group_ready_ns), since_arrival(t.first_layer_start_ns),
-              since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
-          proto::Finish(b,
-              proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
-          self->PostAwaitedReply(Bytes(b));
-        });
+    absl::StatusOr<uint64_t> task_id =
+        admission_->Submit(*principal_, client, std::move(spec), std::move(answer));
     if (!task_id.ok()) {
       --awaited_;
-      quota_->Done(client);
       return conn.Send(ErrorReply(id, task_id.status()));
     }
-    owners_->Record(*task_id, principal_->name);
+    conn.Send(AcceptedReply(id, *task_id));
+  }
+
+  static std::vector<uint8_t> AcceptedReply(uint64_t id, uint64_t task_id) {
     Builder b;
-    auto accepted = proto::CreateTaskAccepted(b, *task_id);
-    proto::Finish(b,
-        proto::CreateControllerReply(b, id, ControllerReplyBody::TaskAccepted, accepted.Union()));
-    conn.Send(Bytes(b));
+    auto accepted = proto::CreateTaskAccepted(b, task_id);
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskAccepted,
+                                                  accepted.Union()));
+    return Bytes(b);
+  }
+
+  static std::vector<uint8_t> ResultReply(uint64_t id, const TaskOutcome& out) {
+    Builder b;
+    auto outputs = proto::CreateWireTensors(b, out.outputs);
+    const SwitchTimeline& t = out.timeline;
+    // Microseconds after arrival, rounded up so a step that happened never reads as 0.
+    auto since_arrival = [&t](int64_t ns) -> uint64_t {
+      if (ns == 0 || t.arrival_ns == 0 || ns < t.arrival_ns) return 0;
+      return static_cast<uint64_t>((ns - t.arrival_ns + 999) / 1000);
+    };
+    auto result = proto::CreateTaskResult(
+        b, out.task_id, outputs, static_cast<uint64_t>(absl::ToInt64Microseconds(out.latency)),
+        // Rounded up: a sub-microsecond switch (a tiny model) still reads as one.
+        static_cast<uint64_t>(
+            absl::ToInt64Microseconds(absl::Ceil(out.switch_time, absl::Microseconds(1)))),
+        since_arrival(t.stop_sent_ns), since_arrival(t.drained_ns),
+        since_arrival(t.first_group_ready_ns), since_arrival(t.first_layer_start_ns),
+        since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
+    proto::Finish(
+        b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
+    return Bytes(b);
   }
 
   std::vector<uint8_t> StatusReply(uint64_t id, uint64_t task_id) {
@@ -392,7 +481,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   std::vector<uint8_t> ModelListReply(uint64_t id) {
     Builder b;
     std::vector<flatbuffers::Offset<proto::ModelInfo>> models;
-    for (const EntryRef& entry : controller_->List()) {
+    for (const EntryRef& entry : admission_->ListModels(*principal_)) {
       models.push_back(proto::CreateModelInfo(b, b.CreateString(entry->request.name),
                                               b.CreateString(entry->request.zoo_model),
                                               entry->weight_bytes));
@@ -408,12 +497,17 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   FillManager* const fill_;
   const ClientServerOptions* const options_;  // the server's, which outlives its sessions
   TaskOwners* const owners_;                   // the server's
-  ClientQuota* const quota_;                   // the server's
+  TaskAdmission* const admission_;             // the server's
   const std::string address_;                  // the peer's
   const uint64_t connection_;                  // this connection's number, naming it without tokens
   std::optional<Principal> principal_;         // who this connection is, once known
   std::weak_ptr<proto::FramedConnection> conn_;
   int awaited_ = 0;  // answers this client waits for (event loop only)
+  // Event loop only, as the server's members they update.
+  ClientServer* server_ = nullptr;  // which outlives its sessions' close
+  BudgetCharge charge_;             // what the connection holds, charged to its client
+  size_t peak_held_bytes_ = 0;
+  bool counted_ = false;  // holds one of the server's max_connections slots
 };
 
 namespace {
@@ -491,7 +585,13 @@ void ClientServer::Accept() {
     }
     asio::error_code ignored;
     std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-    if (connections_.size() >= options_.max_connections) {
+    if (options_.tokens != nullptr) {
+      // Unauthenticated connections have slots of their own: a newcomer beyond them closes the
+      // oldest, so idlers can neither crowd out authenticated clients nor the next one to come.
+      if (unauthenticated_.size() >= options_.max_unauthenticated_connections) {
+        EvictOldestUnauthenticated();
+      }
+    } else if (admitted_ >= options_.max_connections) {
       // Refused at once rather than left to pile up: each holds buffers and a session.
       base::Log(base::LogLevel::kWarn, "connection_refused")
           .Field("reason", "max_connections")
@@ -506,19 +606,27 @@ void ClientServer::Accept() {
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
     auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
-                                             &owners_, &quota_, address, ++connections_accepted_);
+                                             &owners_, &admission_, address,
+                                             ++connections_accepted_);
     proto::ConnectionLimits limits;
     limits.max_frame_bytes = options_.max_frame_bytes;
     limits.frame_timeout = options_.frame_timeout;
     limits.max_queued_bytes = options_.max_queued_reply_bytes;
-    limits.budget = budget_;
+    // Without tokens each connection is a client of its own (as the task quota counts them).
+    const uint64_t number = connections_accepted_;
+    session->Admit(this,
+                   BudgetCharge(budget_, options_.tokens != nullptr
+                                             ? std::string(kUnauthenticatedClient)
+                                             : absl::StrCat(address, "#", number)));
+    limits.held_bytes = [session](size_t bytes) { return session->Hold(bytes); };
     auto conn = proto::FramedConnection::Create(
         std::move(generic), std::move(limits),
         [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
           session->Handle(c, std::move(payload));
         },
         [](const absl::Status& status) { return ErrorReply(0, status); },
-        [address](proto::FramedConnection&, const absl::Status& why) {
+        [session, address](proto::FramedConnection&, const absl::Status& why) {
+          session->Closed();
           // Limits at work (timeouts, budgets, bad frames) are the operator's to see.
           if (!why.ok()) {
             base::Log(base::LogLevel::kInfo, "client_disconnected")
@@ -527,6 +635,7 @@ void ClientServer::Accept() {
           }
         });
     session->Attach(conn);
+    if (options_.tokens != nullptr) unauthenticated_.emplace(number, conn);
     conn->SetIdlePolicy([session] { return session->IdleAllowance(); });
     conn->Start();
     connections_.push_back(conn);
@@ -534,4 +643,34 @@ void ClientServer::Accept() {
   });
 }
 
-}  // namespace pswitch::controller
+void ClientServer::EvictOldestUnauthenticated() {
+  while (!unauthenticated_.empty()) {
+    std::shared_ptr<proto::FramedConnection> oldest = unauthenticated_.begin()->second.lock();
+    if (oldest == nullptr || oldest->closed()) {
+      unauthenticated_.erase(unauthenticated_.begin());
+      continue;
+    }
+    // Its close handler takes it off the list.
+    oldest->Close(absl::ResourceExhaustedError(absl::StrCat(
+        "evicted: ", unauthenticated_.size(),
+        " connections were waiting to authenticate (--max-unauthenticated-connections); the "
+        "oldest makes room for a newcomer")));
+    return;
+  }
+}
+
+void ClientServer::ReturnMemorySoon() {
+  if (return_memory_due_) return;
+  return_memory_due_ = true;
+  // Once for every connection that closes about now (a flood's connections close together).
+  return_memory_.expires_after(std::chrono::milliseconds(200));
+  return_memory_.async_wait([this](const asio::error_code&) {
+    return_memory_due_ = false;
+    const absl::Time start = absl::Now();
+    ReturnFreedMemory();
+    base::Log(base::LogLevel::kInfo, "memory_returned")
+        .FieldMs("took_ms", absl::Now() - start);
+  });
+}
+
+}  // namespace pswitch::frontend

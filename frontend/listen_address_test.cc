@@ -1,8 +1,8 @@
-#include "controller/listen_address.h"
+#include "frontend/listen_address.h"
 
 #include <gtest/gtest.h>
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 namespace {
 
 TEST(ListenAddressTest, SplitsHostAndPortWithIpv6InBrackets) {
@@ -31,4 +31,4 @@ TEST(ListenAddressTest, RefusesWhatIsNotHostColonPort) {
 }
 
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

@@ -1,14 +1,14 @@
 // A listen address as pswitchd's flags give it: "HOST:PORT", an IPv6 host in brackets, port 0
 // for any free one. Shared by the TCP and HTTP ports.
-#ifndef PSWITCH_CONTROLLER_LISTEN_ADDRESS_H_
-#define PSWITCH_CONTROLLER_LISTEN_ADDRESS_H_
+#ifndef PSWITCH_FRONTEND_LISTEN_ADDRESS_H_
+#define PSWITCH_FRONTEND_LISTEN_ADDRESS_H_
 
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 
 struct ListenAddress {
   std::string host;  // without brackets
@@ -18,6 +18,6 @@ struct ListenAddress {
 // InvalidArgument naming `listen` unless it is HOST:PORT with a port in [0, 65535].
 absl::StatusOr<ListenAddress> SplitListen(const std::string& listen);
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend
 
-#endif  // PSWITCH_CONTROLLER_LISTEN_ADDRESS_H_
+#endif  // PSWITCH_FRONTEND_LISTEN_ADDRESS_H_

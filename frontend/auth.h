@@ -2,10 +2,12 @@
 // (--auth-tokens FILE, lines "TOKEN NAME ROLE"); a connection presents its token in its first
 // frame (Authenticate). Roles:
 //   admin: everything (register models, bubble instructions and cycles, fill jobs, any task);
-//   user:  inference and training, and the status and cancel of its own tasks.
+//   user:  inference on the models it may see, training (in place only where the model's
+//          configuration names it a trainer, else of a copy of its own), unloading the models it
+//          may change, and the status and cancel of its own tasks (frontend/admission.h).
 // Tokens are compared in constant time; a file others can read is refused.
-#ifndef PSWITCH_CONTROLLER_AUTH_H_
-#define PSWITCH_CONTROLLER_AUTH_H_
+#ifndef PSWITCH_FRONTEND_AUTH_H_
+#define PSWITCH_FRONTEND_AUTH_H_
 
 #include <cstdint>
 #include <map>
@@ -18,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/client_generated.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 
 enum class Role { kUser, kAdmin };
 
@@ -66,6 +68,6 @@ class TaskOwners {
   std::map<uint64_t, std::string> owners_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend
 
-#endif  // PSWITCH_CONTROLLER_AUTH_H_
+#endif  // PSWITCH_FRONTEND_AUTH_H_

@@ -1,8 +1,8 @@
-#include "controller/client_quota.h"
+#include "frontend/client_quota.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 
 absl::Status ClientQuota::Admit(const std::string& client) {
   absl::MutexLock lock(&mu_);
@@ -31,4 +31,4 @@ size_t ClientQuota::unfinished(const std::string& client) const {
   return it == unfinished_.end() ? 0 : it->second;
 }
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

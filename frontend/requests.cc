@@ -1,4 +1,4 @@
-#include "controller/requests.h"
+#include "frontend/requests.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 #include "base/status.h"
 #include "base/text.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 namespace {
 
 // Keeps every Duration and deadline sum finite; a day-long bubble or step is not one.
@@ -35,6 +35,17 @@ absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel
                            Text(wire.archive_path(), "archive path", kMaxPathBytes));
   if (r.plan.empty()) r.plan = "auto";
   r.batch_size = wire.batch_size();
+  if (wire.trainers() != nullptr) {
+    if (wire.trainers()->size() > kMaxTrainers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a model names at most ", kMaxTrainers, " trainers"));
+    }
+    for (const flatbuffers::String* trainer : *wire.trainers()) {
+      PSWITCH_ASSIGN_OR_RETURN(std::string name, Text(trainer, "trainer name", kMaxNameBytes));
+      if (name.empty()) return absl::InvalidArgumentError("a trainer name must not be empty");
+      r.trainers.push_back(std::move(name));
+    }
+  }
   if (absl::StartsWith(r.name, kFillModelPrefix)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model names starting with '", kFillModelPrefix, "' are reserved for fill jobs' own models"));
@@ -92,6 +103,14 @@ absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
   if (wire.deadline_ms() > 0) {
     r.deadline = absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(
         wire.deadline_ms(), kMaxUs / 1000)));  // the server's own maximum is shorter anyway
+  }
+  PSWITCH_ASSIGN_OR_RETURN(r.as_model, Text(wire.as_model(), "copy name", kMaxNameBytes));
+  if (!r.as_model.empty() && r.kind != TaskKind::kTraining) {
+    return absl::InvalidArgumentError("only a training task trains a copy (as_model)");
+  }
+  if (!r.as_model.empty() && absl::StartsWith(r.as_model, kFillModelPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat("model names starting with '", kFillModelPrefix,
+                                                   "' are reserved for fill jobs' own models"));
   }
   return r;
 }
@@ -155,4 +174,4 @@ BubbleBeginRequest ParseBubbleBegin(const proto::BubbleBegin& wire) {
   return r;
 }
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

@@ -1,9 +1,10 @@
 // pswitchd's TCP front end for clients: length-prefixed, verified FlatBuffers (proto/client.fbs)
 // on an Asio event loop. A malformed frame gets an error reply and closes that connection only;
 // results of long tasks are pushed on the connection that submitted them.
-#ifndef PSWITCH_CONTROLLER_CLIENT_SERVER_H_
-#define PSWITCH_CONTROLLER_CLIENT_SERVER_H_
+#ifndef PSWITCH_FRONTEND_CLIENT_SERVER_H_
+#define PSWITCH_FRONTEND_CLIENT_SERVER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,13 +14,20 @@
 #include "absl/synchronization/notification.h"
 #include "asio.hpp"
 #include "controller/controller.h"
-#include "controller/auth.h"
-#include "controller/client_quota.h"
+#include "frontend/admission.h"
+#include "frontend/auth.h"
+#include "frontend/byte_budget.h"
+#include "frontend/client_quota.h"
 #include "controller/fill_manager.h"
 #include "controller/model_repository.h"
 #include "proto/framed_connection.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
+
+using controller::Controller;
+using controller::FillManager;
+using controller::ModelRepository;
+
 
 struct ClientServerOptions {
   uint32_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
@@ -27,8 +35,13 @@ struct ClientServerOptions {
   const ModelRepository* repository = nullptr;
   // Registrations may name server files (weights, plans): local use only.
   bool allow_client_paths = false;
-  // Connections beyond this many are closed on accept.
+  // Connections beyond this many are closed on accept (with tokens: authenticated ones, refused
+  // when they authenticate).
   size_t max_connections = 256;
+  // With tokens: connections still to authenticate, beside max_connections. A newcomer beyond
+  // this closes the oldest of them: a real client authenticates within milliseconds, so the
+  // oldest are the idlers.
+  size_t max_unauthenticated_connections = 32;
   // Bearer tokens every connection must present first (null: no authentication).
   const TokenTable* tokens = nullptr;
   // A frame begun must arrive whole within this; slower senders are cut.
@@ -37,9 +50,12 @@ struct ClientServerOptions {
   absl::Duration idle_timeout = absl::Minutes(10);
   // With tokens: a connection must authenticate within this of connecting.
   absl::Duration auth_timeout = absl::Seconds(10);
-  // Bytes of incomplete frames held for all connections together.
-  size_t max_buffered_bytes = 256 << 20;
-  // Replies queued for one client that does not read them (at least two frames).
+  // What every client may make pswitchd hold: incomplete frames and queued replies are charged
+  // to the connection's client (its token's name; kUnauthenticatedClient before it
+  // authenticates; without tokens, the connection itself). Shared with the HTTP port; null: a
+  // budget of this server's own with ByteBudgetLimits' defaults.
+  std::shared_ptr<ByteBudget> budget;
+  // Replies queued on one connection whose peer does not read them (at least two frames).
   size_t max_queued_reply_bytes = 256 << 20;
   // Unfinished tasks one client may have (a client: its token's name, or without tokens one
   // connection).
@@ -68,6 +84,9 @@ class ClientServer {
   // Shared with the HTTP port, so a client's tasks and cap are the same on both.
   TaskOwners& owners() { return owners_; }
   ClientQuota& quota() { return quota_; }
+  // Every port's way to queue a task (quota, owners, model access, inputs, deadline), with this
+  // port's owners and quota.
+  TaskAdmission& admission() { return admission_; }
 
   // Graceful shutdown, first step: refuses new connections and answers every new request with
   // Unavailable, so the controller and fill manager are no longer called; replies to requests
@@ -81,16 +100,26 @@ class ClientServer {
         fill_(fill),
         options_(options),
         quota_(options.max_tasks_per_client),
-        budget_(std::make_shared<proto::ByteBudget>(options.max_buffered_bytes)),
+        sink_(ControllerTaskSink(controller)),
+        admission_(sink_.get(), &quota_, &owners_),
+        budget_(options.budget != nullptr ? options.budget
+                                          : std::make_shared<ByteBudget>(ByteBudgetLimits{})),
         acceptor_(io_) {}
   void Accept();
+  // Closes the connection that has waited longest to authenticate.
+  void EvictOldestUnauthenticated();
+  // A connection that held many bytes closed: soon, once for all that close about then, the
+  // allocator gives its free pages back to the system.
+  void ReturnMemorySoon();
 
   Controller* const controller_;
   FillManager* const fill_;
   const ClientServerOptions options_;
   TaskOwners owners_;
   ClientQuota quota_;
-  const std::shared_ptr<proto::ByteBudget> budget_;
+  const std::unique_ptr<TaskSink> sink_;
+  TaskAdmission admission_;
+  const std::shared_ptr<ByteBudget> budget_;
   asio::io_context io_;
   // Keeps the event loop running (posts always execute) until the destructor lets it run dry.
   asio::executor_work_guard<asio::io_context::executor_type> keep_running_{io_.get_executor()};
@@ -100,10 +129,15 @@ class ClientServer {
   bool serving_ = true;
   uint64_t connections_accepted_ = 0;
   std::vector<std::weak_ptr<proto::FramedConnection>> connections_;
+  size_t admitted_ = 0;  // connections counted against max_connections
+  // Connections still to authenticate, by number: the oldest first.
+  std::map<uint64_t, std::weak_ptr<proto::FramedConnection>> unauthenticated_;
+  asio::steady_timer return_memory_{io_};  // ReturnMemorySoon's
+  bool return_memory_due_ = false;
   absl::Notification io_done_;  // the event loop has returned
   std::thread thread_;
 };
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend
 
-#endif  // PSWITCH_CONTROLLER_CLIENT_SERVER_H_
+#endif  // PSWITCH_FRONTEND_CLIENT_SERVER_H_

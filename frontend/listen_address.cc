@@ -1,9 +1,9 @@
-#include "controller/listen_address.h"
+#include "frontend/listen_address.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 
 absl::StatusOr<ListenAddress> SplitListen(const std::string& listen) {
   const size_t colon = listen.rfind(':');
@@ -20,4 +20,4 @@ absl::StatusOr<ListenAddress> SplitListen(const std::string& listen) {
   return address;
 }
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

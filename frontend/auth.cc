@@ -1,4 +1,4 @@
-#include "controller/auth.h"
+#include "frontend/auth.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include "base/files.h"
 #include "base/status.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 namespace {
 
 constexpr size_t kMinTokenLength = 16;
@@ -90,6 +90,8 @@ bool RoleAllows(Role role, proto::ClientRequestBody type) {
     case proto::ClientRequestBody::ListModels:
     case proto::ClientRequestBody::ListTasks:
     case proto::ClientRequestBody::Authenticate:
+    // Which models a user may unload is the model's to say (TaskAdmission::CheckUnload).
+    case proto::ClientRequestBody::UnloadModel:
       return true;
     default:
       return false;
@@ -109,4 +111,4 @@ bool TaskOwners::MayAccess(const Principal& principal, uint64_t task) const {
   return it != owners_.end() && it->second == principal.name;
 }
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

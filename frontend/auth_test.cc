@@ -1,4 +1,4 @@
-#include "controller/auth.h"
+#include "frontend/auth.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 namespace {
 
 class TokenFileTest : public ::testing::Test {
@@ -61,8 +61,9 @@ TEST_F(TokenFileTest, BadFilesAreRefusedWithoutEchoingTokens) {
 
 TEST(RolesTest, UsersInferTrainAndSeeTheirOwnTasksOnly) {
   using Body = proto::ClientRequestBody;
+  // UnloadModel: the model decides who may (TaskAdmission::CheckUnload).
   for (Body allowed : {Body::SubmitTask, Body::QueryTask, Body::CancelTask, Body::ListModels,
-                       Body::ListTasks}) {
+                       Body::ListTasks, Body::UnloadModel}) {
     EXPECT_TRUE(RoleAllows(Role::kUser, allowed));
   }
   for (Body admin_only : {Body::RegisterModel, Body::BubbleBegin, Body::BubbleEnd,
@@ -84,4 +85,4 @@ TEST(RolesTest, UsersInferTrainAndSeeTheirOwnTasksOnly) {
 }
 
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

@@ -1,8 +1,8 @@
-#include "controller/client_quota.h"
+#include "frontend/client_quota.h"
 
 #include "gtest/gtest.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 namespace {
 
 TEST(ClientQuotaTest, EachClientHasItsOwnCapAndFinishedTasksFreeIt) {
@@ -26,4 +26,4 @@ TEST(ClientQuotaTest, EachClientHasItsOwnCapAndFinishedTasksFreeIt) {
 }
 
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

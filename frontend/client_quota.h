@@ -1,8 +1,8 @@
 // How many tasks each client may have unfinished at once (queued or running), so one client
 // cannot fill a GPU's queue for everyone else. A client is its token's name, or, without
 // tokens, its address. Thread-safe: tasks finish on scheduler threads.
-#ifndef PSWITCH_CONTROLLER_CLIENT_QUOTA_H_
-#define PSWITCH_CONTROLLER_CLIENT_QUOTA_H_
+#ifndef PSWITCH_FRONTEND_CLIENT_QUOTA_H_
+#define PSWITCH_FRONTEND_CLIENT_QUOTA_H_
 
 #include <cstddef>
 #include <map>
@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 
 class ClientQuota {
  public:
@@ -28,6 +28,6 @@ class ClientQuota {
   std::map<std::string, size_t> unfinished_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend
 
-#endif  // PSWITCH_CONTROLLER_CLIENT_QUOTA_H_
+#endif  // PSWITCH_FRONTEND_CLIENT_QUOTA_H_

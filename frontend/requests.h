@@ -3,8 +3,8 @@
 // length, enums are known values, durations are bounded. Nothing a client sent is echoed in an
 // error. Pure functions of the message, without torch, so the fuzzer drives them directly
 // (fuzz/fuzz_client_request.cc).
-#ifndef PSWITCH_CONTROLLER_REQUESTS_H_
-#define PSWITCH_CONTROLLER_REQUESTS_H_
+#ifndef PSWITCH_FRONTEND_REQUESTS_H_
+#define PSWITCH_FRONTEND_REQUESTS_H_
 
 #include <cstdint>
 #include <optional>
@@ -19,11 +19,17 @@
 #include "proto/client_generated.h"
 #include "proto/host_tensor.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
+
+using controller::FillRequest;
+using controller::TaskKind;
+using controller::kFillModelPrefix;
+
 
 inline constexpr size_t kMaxNameBytes = 128;
 inline constexpr size_t kMaxPathBytes = 4096;
 inline constexpr size_t kMaxInputTensors = 16;
+inline constexpr size_t kMaxTrainers = 256;
 
 // A model registration: a repository name, or (local use) an architecture and server files.
 struct RegistrationRequest {
@@ -33,6 +39,7 @@ struct RegistrationRequest {
   std::string archive_path;  // TorchScript archive (pswitch.export); zoo_model is then empty
   std::string plan = "auto";
   uint32_t batch_size = 0;
+  std::vector<std::string> trainers;  // who may train and unload it besides admins
 };
 absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel& wire);
 // The model an unload names (whether a fill job still owns it is FillManager::CheckUnload's).
@@ -52,6 +59,7 @@ struct TaskRequest {
   double momentum = 0;  // SGD only
   int priority = 0;
   std::optional<absl::Duration> deadline;  // from submission
+  std::string as_model;  // training: a new copy's name (TaskAdmission::SubmitOnCopy); empty: none
 };
 absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire);
 
@@ -77,6 +85,6 @@ struct BubbleBeginRequest {
 };
 BubbleBeginRequest ParseBubbleBegin(const proto::BubbleBegin& wire);
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend
 
-#endif  // PSWITCH_CONTROLLER_REQUESTS_H_
+#endif  // PSWITCH_FRONTEND_REQUESTS_H_

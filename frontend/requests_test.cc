@@ -1,9 +1,9 @@
-#include "controller/requests.h"
+#include "frontend/requests.h"
 
 #include "gtest/gtest.h"
 #include "proto/framing.h"
 
-namespace pswitch::controller {
+namespace pswitch::frontend {
 namespace {
 
 using Builder = flatbuffers::FlatBufferBuilder;
@@ -88,6 +88,24 @@ TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
   }
 }
 
+// Issue 27 item 8: a copy's name is checked text, never a fill job's, and only training copies.
+TEST(RequestsTest, ACopyNameIsCheckedText) {
+  for (const auto& [kind, name] : std::vector<std::pair<proto::TaskKind, std::string>>{
+           {proto::TaskKind::Training, "bad\xff\xfename"},
+           {proto::TaskKind::Training, "fill-3"},
+           {proto::TaskKind::Inference, "mine"},
+       }) {
+    Builder b;
+    FinishRequest(b, proto::ClientRequestBody::SubmitTask,
+                  proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0,
+                                          proto::Optimizer::Sgd, 0.01, 0.9, 0,
+                                          b.CreateString(name)));
+    auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+    EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_EQ(task.status().message().find("bad"), absl::string_view::npos) << task.status();
+  }
+}
+
 TEST(RequestsTest, AnUnloadNamesAClientModel) {
   for (const auto& [name, code] : std::vector<std::pair<std::string, absl::StatusCode>>{
            {"resnet50", absl::StatusCode::kOk},
@@ -137,6 +155,25 @@ TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
   ASSERT_TRUE(task->deadline.has_value());
   EXPECT_LE(*task->deadline, absl::Hours(24)) << "a deadline of 2^64 ms stays finite";
 
+  Builder copy;
+  FinishRequest(copy, proto::ClientRequestBody::SubmitTask,
+                proto::CreateSubmitTask(copy, copy.CreateString("bert"), proto::TaskKind::Training,
+                                        0, 1, 0, 0, 0, proto::Optimizer::Sgd, 10, 0.9, 0,
+                                        copy.CreateString("my-bert")));
+  auto on_copy = ParseTask(*Verified(copy)->body_as_SubmitTask());
+  ASSERT_TRUE(on_copy.ok()) << on_copy.status();
+  EXPECT_EQ(on_copy->as_model, "my-bert");
+  EXPECT_TRUE(task->as_model.empty()) << "no copy unless asked";
+
+  Builder trainers;
+  auto names = trainers.CreateVectorOfStrings(std::vector<std::string>{"alice", "bob"});
+  FinishRequest(trainers, proto::ClientRequestBody::RegisterModel,
+                proto::CreateRegisterModel(trainers, trainers.CreateString("shared"),
+                                           trainers.CreateString("tiny_cnn"), 0, 1, 0, 0, names));
+  auto registration = ParseRegistration(*Verified(trainers)->body_as_RegisterModel());
+  ASSERT_TRUE(registration.ok()) << registration.status();
+  EXPECT_EQ(registration->trainers, (std::vector<std::string>{"alice", "bob"}));
+
   Builder begin;
   FinishRequest(begin, proto::ClientRequestBody::BubbleBegin,
                 proto::CreateBubbleBegin(begin, 1, ~uint64_t{0}, 5, 6));
@@ -146,4 +183,4 @@ TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
 }
 
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::frontend

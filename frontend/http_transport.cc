@@ -1,0 +1,457 @@
+#include "frontend/http_transport.h"
+
+// One event-loop thread owns every connection. A connection is a Session in one of four states:
+// waiting for a request's headers (or idle between requests), reading a body, serving (the
+// request is with the service, nothing is read), and writing the response. Its deadlines are
+// the tcp_stream's: a whole-headers deadline when it starts waiting, the rest of the request's
+// deadline for the body, a write deadline for the response; Beast cancels the operation and
+// the session closes. Responders post back to the loop and hold only a weak reference, so a
+// closed connection's late answer is dropped.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <list>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "base/log.h"
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "frontend/listen_address.h"
+
+namespace pswitch::frontend {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
+  return std::chrono::duration_cast<Clock::duration>(absl::ToChronoNanoseconds(d));
+}
+
+HttpResponse ErrorResponse(int status, std::string message) {
+  HttpResponse r;
+  r.status = status;
+  // Our own text; quotes and backslashes cannot occur in it.
+  r.body = absl::StrCat("{\"error\":\"", message, "\"}");
+  return r;
+}
+
+// %XX and '+' decoded; a malformed escape is kept as it is.
+std::string DecodeQueryPart(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%' && i + 2 < text.size() && absl::ascii_isxdigit(text[i + 1]) &&
+               absl::ascii_isxdigit(text[i + 2])) {
+      auto hex = [](char h) {
+        return absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10;
+      };
+      out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+class HttpTransport::Impl {
+ public:
+  Impl(HttpLimits limits, HttpService* service) : limits_(std::move(limits)), service_(service) {}
+
+  absl::Status Listen(const std::string& listen);
+  void Run() {
+    {
+      absl::MutexLock lock(&loop_ref_->mu);
+      loop_ref_->io = &io_;
+    }
+    thread_ = std::thread([this] {
+      io_.run();
+      io_done_.Notify();
+    });
+  }
+  void Shutdown(absl::Duration grace);
+  uint16_t port() const { return port_; }
+  size_t connections() const { return open_.load(std::memory_order_relaxed); }
+
+  class Session;
+
+ private:
+  friend class Session;
+  void Accept();
+  void Admit(tcp::socket socket);
+  // Closes the session that has waited longest for its headers; false if none waits.
+  bool EvictOldestWaiting();
+
+  const HttpLimits limits_;
+  HttpService* const service_;
+  // Declared before io_: sessions that io_'s destructor destroys still count themselves out.
+  std::atomic<size_t> open_{0};
+  // Responders post through this; it forgets io_ once the loop has stopped, so an answer that
+  // comes later (a task finishing after shutdown) is dropped instead of posted to a dead loop.
+  struct LoopRef {
+    absl::Mutex mu;
+    net::io_context* io ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  const std::shared_ptr<LoopRef> loop_ref_ = std::make_shared<LoopRef>();
+  net::io_context io_{1};
+  net::executor_work_guard<net::io_context::executor_type> keep_running_{io_.get_executor()};
+  tcp::acceptor acceptor_{io_};
+  uint16_t port_ = 0;
+  // Event-loop thread only.
+  std::list<std::weak_ptr<Session>> sessions_;
+  bool shut_down_ = false;
+  absl::Notification io_done_;
+  std::thread thread_;
+};
+
+class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session> {
+ public:
+  enum class State { kWaiting, kBody, kServing, kWriting, kLingering, kClosed };
+  static constexpr size_t kMaxLingerBytes = 1 << 20;
+
+  Session(Impl* owner, tcp::socket socket) : owner_(owner), stream_(std::move(socket)) {
+    owner_->open_.fetch_add(1, std::memory_order_relaxed);
+    beast::error_code ec;
+    const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) peer_ = peer.address().to_string();
+    // Headers and body go out as separate segments: no Nagle delay on the second.
+    stream_.socket().set_option(tcp::no_delay(true), ec);
+  }
+  ~Session() { owner_->open_.fetch_sub(1, std::memory_order_relaxed); }
+
+  State state() const { return state_; }
+  Clock::time_point waiting_since() const { return waiting_since_; }
+
+  void Start() {
+    state_ = State::kWaiting;
+    waiting_since_ = Clock::now();
+    request_deadline_ = waiting_since_ + ToChrono(owner_->limits_.request_timeout);
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(owner_->limits_.max_header_bytes));
+    parser_->body_limit(owner_->limits_.max_body_bytes);
+    stream_.expires_after(ToChrono(owner_->limits_.header_timeout));
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  // After a last response: stops sending and reads (and drops) what the peer still sends, for a
+  // short while, before closing. Closing with unread bytes would send a reset, which can destroy
+  // the response before the peer reads it (nginx's lingering_close).
+  void Linger() {
+    if (state_ == State::kClosed) return;
+    state_ = State::kLingering;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    linger_left_ = kMaxLingerBytes;
+    stream_.expires_after(std::chrono::seconds(1));
+    DrainSome();
+  }
+
+  void Close() {
+    if (state_ == State::kClosed) return;
+    state_ = State::kClosed;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+  }
+
+ private:
+  void OnHeader(beast::error_code ec) {
+    if (state_ == State::kClosed) return;
+    if (ec == http::error::header_limit) {
+      return Fail(431, "request headers too large");
+    }
+    if (ec == http::error::body_limit) {  // a Content-Length over the cap, seen with the headers
+      return Fail(413,
+                  absl::StrCat("request body over ", owner_->limits_.max_body_bytes, " bytes"));
+    }
+    if (ec) {
+      // Timeouts and peers that hang up are cut silently; garbage gets a 400.
+      if (ec == beast::error::timeout || ec == http::error::end_of_stream ||
+          ec == net::error::eof || ec == net::error::operation_aborted ||
+          ec == net::error::connection_reset) {
+        return Close();
+      }
+      return Fail(400, "malformed request");
+    }
+    const auto& head = parser_->get();
+    size_t fields = 0;
+    for (auto it = head.begin(); it != head.end(); ++it) ++fields;
+    if (fields > owner_->limits_.max_header_fields) {
+      return Fail(431,
+                  absl::StrCat("more than ", owner_->limits_.max_header_fields, " header fields"));
+    }
+    if (parser_->chunked()) {
+      return Fail(411, "send the body with a Content-Length (chunked bodies are not taken)");
+    }
+    keep_alive_ = head.keep_alive();
+    client_ = std::string(kUnauthenticatedClient);
+    request_ = HttpRequest{};
+    request_.method = std::string(head.method_string());
+    const absl::string_view target(head.target().data(), head.target().size());
+    const size_t question = target.find('?');
+    request_.path = std::string(target.substr(0, question));
+    if (question != absl::string_view::npos) {
+      for (absl::string_view pair :
+           absl::StrSplit(target.substr(question + 1), '&', absl::SkipEmpty())) {
+        std::pair<absl::string_view, absl::string_view> kv =
+            absl::StrSplit(pair, absl::MaxSplits('=', 1));
+        request_.query[DecodeQueryPart(kv.first)] = DecodeQueryPart(kv.second);
+      }
+    }
+    for (const auto& field : head) {
+      request_.headers[absl::AsciiStrToLower(absl::string_view(
+          field.name_string().data(), field.name_string().size()))] = std::string(field.value());
+    }
+    request_.peer = peer_;
+    const uint64_t body_bytes = parser_->content_length().value_or(0);
+    if (body_bytes > owner_->limits_.max_body_bytes) {
+      return Fail(413,
+                  absl::StrCat("request body over ", owner_->limits_.max_body_bytes, " bytes"));
+    }
+    std::variant<std::string, HttpResponse> admitted = owner_->service_->Admit(request_);
+    if (auto* answer = std::get_if<HttpResponse>(&admitted)) {
+      // The body, if any, is not read: the connection cannot carry another request.
+      if (body_bytes > 0) keep_alive_ = false;
+      return Write(std::move(*answer));
+    }
+    client_ = std::get<std::string>(admitted);
+    request_.charge = BudgetCharge(owner_->limits_.budget, client_);
+    if (absl::Status s = request_.charge.Resize(body_bytes); !s.ok()) {
+      HttpResponse busy = ErrorResponse(503, std::string(s.message()));
+      busy.set_header("Retry-After", "1");
+      keep_alive_ = false;
+      return Write(std::move(busy));
+    }
+    if (parser_->is_done()) return Serve();
+    state_ = State::kBody;
+    stream_.expires_at(request_deadline_);
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+  }
+
+  void DrainSome() {
+    stream_.async_read_some(net::buffer(drain_),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec || n >= self->linger_left_) return self->Close();
+                              self->linger_left_ -= n;
+                              self->DrainSome();
+                            });
+  }
+
+  void OnBody(beast::error_code ec) {
+    if (state_ == State::kClosed) return;
+    if (ec == http::error::body_limit) return Fail(413, "request body too large");
+    // A timeout has already closed the socket (Beast's tcp_stream): nothing can be answered.
+    if (ec) return Close();
+    Serve();
+  }
+
+  void Serve() {
+    state_ = State::kServing;
+    stream_.expires_never();
+    request_.body = std::move(parser_->get().body());
+    parser_.reset();
+    // The body's bytes are the request's now; the charge follows it. The responder keeps the
+    // session alive until it answers (or is dropped unanswered, which closes the connection).
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    HttpRespond respond = [self = shared_from_this(), loop = owner_->loop_ref_,
+                           answered](HttpResponse response) {
+      if (answered->exchange(true)) return;
+      absl::MutexLock lock(&loop->mu);
+      if (loop->io == nullptr) return;
+      net::post(*loop->io, [self, response = std::move(response)]() mutable {
+        self->Write(std::move(response));
+      });
+    };
+    owner_->service_->Serve(std::move(request_), std::move(respond));
+  }
+
+  void Fail(int status, std::string message) {
+    keep_alive_ = false;
+    Write(ErrorResponse(status, std::move(message)));
+  }
+
+  void Write(HttpResponse response) {
+    if (state_ == State::kClosed) return;
+    state_ = State::kWriting;
+    reply_charge_ = BudgetCharge(owner_->limits_.budget, client_);
+    request_.charge.Reset();
+    if (absl::Status s = reply_charge_.Resize(response.body.size()); !s.ok()) {
+      response = ErrorResponse(503, absl::StrCat("the reply of ", response.body.size(),
+                                                 " bytes does not fit: ", s.message()));
+      keep_alive_ = false;
+    }
+    auto reply = std::make_shared<http::response<http::string_body>>();
+    reply->version(11);
+    reply->result(static_cast<unsigned>(response.status));
+    reply->set(http::field::server, "pswitchd");
+    reply->set(http::field::content_type, response.content_type);
+    for (auto& [name, value] : response.headers) reply->set(name, value);
+    reply->body() = std::move(response.body);
+    reply->keep_alive(keep_alive_ && !owner_->shut_down_);
+    reply->prepare_payload();
+    stream_.expires_after(ToChrono(owner_->limits_.write_timeout));
+    http::async_write(stream_, *reply,
+                      [self = shared_from_this(), reply](beast::error_code ec, size_t) {
+                        self->reply_charge_.Reset();
+                        if (ec) return self->Close();
+                        if (!reply->keep_alive()) return self->Linger();
+                        self->Start();
+                      });
+  }
+
+  Impl* const owner_;
+  beast::tcp_stream stream_;
+  // Bounded: the header limit plus one read's worth of body.
+  beast::flat_buffer buffer_{(size_t{64} << 10) + owner_->limits_.max_header_bytes};
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string peer_;
+  std::string client_;  // the current request's, as the service admitted it
+  HttpRequest request_;
+  BudgetCharge reply_charge_;
+  size_t linger_left_ = 0;
+  std::array<char, 16 << 10> drain_;
+  State state_ = State::kWaiting;
+  bool keep_alive_ = false;
+  Clock::time_point waiting_since_;
+  Clock::time_point request_deadline_;
+};
+
+absl::Status HttpTransport::Impl::Listen(const std::string& listen) {
+  absl::StatusOr<ListenAddress> split = SplitListen(listen);
+  if (!split.ok()) return split.status();
+  beast::error_code ec;
+  const net::ip::address address = net::ip::make_address(split->host, ec);
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("bad HTTP listen host '", split->host, "'"));
+  const tcp::endpoint endpoint(address, split->port);
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("HTTP listen on ", listen, " failed: ", ec.message()));
+  }
+  port_ = acceptor_.local_endpoint().port();
+  Accept();
+  return absl::OkStatus();
+}
+
+void HttpTransport::Impl::Accept() {
+  acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (!acceptor_.is_open() || ec == net::error::operation_aborted) return;
+      // Out of fds and the like: try again shortly rather than spin or stop for good.
+      base::Log(base::LogLevel::kError, "accept_failed")
+          .Field("server", "http")
+          .Field("error", ec.message());
+      auto timer = std::make_shared<net::steady_timer>(io_, std::chrono::milliseconds(100));
+      timer->async_wait([this, timer](beast::error_code) {
+        if (acceptor_.is_open()) Accept();
+      });
+      return;
+    }
+    Admit(std::move(socket));
+    Accept();
+  });
+}
+
+bool HttpTransport::Impl::EvictOldestWaiting() {
+  std::shared_ptr<Session> oldest;
+  for (const std::weak_ptr<Session>& weak : sessions_) {
+    std::shared_ptr<Session> s = weak.lock();
+    if (s == nullptr || s->state() != Session::State::kWaiting) continue;
+    if (oldest == nullptr || s->waiting_since() < oldest->waiting_since()) oldest = s;
+  }
+  if (oldest == nullptr) return false;
+  oldest->Close();
+  return true;
+}
+
+void HttpTransport::Impl::Admit(tcp::socket socket) {
+  if (shut_down_) return;
+  sessions_.remove_if([](const std::weak_ptr<Session>& s) {
+    std::shared_ptr<Session> live = s.lock();
+    return live == nullptr || live->state() == Session::State::kClosed;
+  });
+  if (sessions_.size() >= limits_.max_connections && !EvictOldestWaiting()) {
+    base::Log(base::LogLevel::kWarn, "http_connection_refused")
+        .Field("connections", sessions_.size())
+        .Field("reason", "every connection is busy with a request");
+    beast::error_code ec;
+    socket.close(ec);
+    return;
+  }
+  auto session = std::make_shared<Session>(this, std::move(socket));
+  sessions_.push_back(session);
+  session->Start();
+}
+
+void HttpTransport::Impl::Shutdown(absl::Duration grace) {
+  if (!thread_.joinable()) return;
+  net::post(io_, [this] {
+    shut_down_ = true;
+    beast::error_code ec;
+    acceptor_.close(ec);
+    // Connections not writing a response are closed now; those writing get `grace`.
+    for (const std::weak_ptr<Session>& weak : sessions_) {
+      if (std::shared_ptr<Session> s = weak.lock(); s && s->state() != Session::State::kWriting) {
+        s->Close();
+      }
+    }
+  });
+  keep_running_.reset();
+  if (!io_done_.WaitForNotificationWithTimeout(grace)) {
+    net::post(io_, [this] {
+      for (const std::weak_ptr<Session>& weak : sessions_) {
+        if (std::shared_ptr<Session> s = weak.lock()) s->Close();
+      }
+    });
+    if (!io_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) io_.stop();
+  }
+  thread_.join();
+  absl::MutexLock lock(&loop_ref_->mu);
+  loop_ref_->io = nullptr;
+}
+
+HttpTransport::HttpTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<HttpTransport>> HttpTransport::Start(const std::string& listen,
+                                                                    HttpLimits limits,
+                                                                    HttpService* service) {
+  auto impl = std::make_unique<Impl>(std::move(limits), service);
+  if (absl::Status s = impl->Listen(listen); !s.ok()) return s;
+  impl->Run();
+  return std::unique_ptr<HttpTransport>(new HttpTransport(std::move(impl)));
+}
+
+HttpTransport::~HttpTransport() { impl_->Shutdown(absl::Seconds(2)); }
+
+uint16_t HttpTransport::port() const { return impl_->port(); }
+size_t HttpTransport::connections() const { return impl_->connections(); }
+void HttpTransport::Shutdown(absl::Duration grace) { impl_->Shutdown(grace); }
+
+}  // namespace pswitch::frontend

@@ -1,0 +1,289 @@
+// The HTTP port's connection limits against real sockets: slow senders, floods of connections,
+// oversized headers and bodies, the byte budget.
+#include "frontend/http_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace pswitch::frontend {
+namespace {
+
+class EchoService : public HttpService {
+ public:
+  std::variant<std::string, HttpResponse> Admit(const HttpRequest& head) override {
+    if (head.path == "/deny") {
+      HttpResponse r;
+      r.status = 401;
+      r.body = "{\"error\":\"no\"}";
+      return r;
+    }
+    return std::string("client");
+  }
+  void Serve(HttpRequest request, HttpRespond respond) override {
+    served_.fetch_add(1);
+    HttpResponse r;
+    r.body = absl::StrCat("{\"bytes\":", request.body.size(), "}");
+    respond(std::move(r));
+  }
+  int served() const { return served_.load(); }
+
+ private:
+  std::atomic<int> served_{0};
+};
+
+int Connect(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool Send(int fd, absl::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+// What the peer sends until it closes, or until `timeout`; `closed` says which.
+std::string ReadUntilClose(int fd, absl::Duration timeout, bool* closed = nullptr) {
+  std::string out;
+  const absl::Time end = absl::Now() + timeout;
+  for (;;) {
+    const int64_t left_ms = absl::ToInt64Milliseconds(end - absl::Now());
+    if (left_ms <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left_ms)) <= 0) break;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) {
+      if (closed != nullptr) *closed = true;
+      return out;
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  if (closed != nullptr) *closed = false;
+  return out;
+}
+
+// One response's status line and body, read from a keep-alive connection.
+std::string ReadOneResponse(int fd, absl::Duration timeout) {
+  std::string out;
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    const size_t header_end = out.find("\r\n\r\n");
+    if (header_end != std::string::npos) {
+      size_t length = 0;
+      const size_t at = out.find("Content-Length: ");
+      if (at != std::string::npos) {
+        (void)absl::SimpleAtoi(out.substr(at + 16, out.find("\r\n", at) - at - 16), &length);
+      }
+      if (out.size() >= header_end + 4 + length) return out;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string Status(const std::string& response) { return response.substr(0, 12); }
+
+class HttpTransportTest : public ::testing::Test {
+ protected:
+  void Start(HttpLimits limits) {
+    auto t = HttpTransport::Start("127.0.0.1:0", std::move(limits), &service_);
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = *std::move(t);
+  }
+  // A GET on a new connection; its status line, or "" if not answered within `timeout`.
+  std::string Probe(absl::Duration timeout = absl::Seconds(2)) {
+    const int fd = Connect(transport_->port());
+    if (fd < 0) return "";
+    Send(fd, "GET /live HTTP/1.1\r\nHost: x\r\n\r\n");
+    std::string r = ReadOneResponse(fd, timeout);
+    ::close(fd);
+    return Status(r);
+  }
+  EchoService service_;
+  std::unique_ptr<HttpTransport> transport_;
+};
+
+// Before: eight connections sending a header byte every 10 s stopped the port for good.
+TEST_F(HttpTransportTest, SlowHeadersAreCutAtTheirDeadlineWhileProbesAreAnswered) {
+  HttpLimits limits;
+  limits.header_timeout = absl::Milliseconds(1500);
+  limits.max_connections = 8;
+  Start(limits);
+  std::vector<int> slow;
+  for (int i = 0; i < 16; ++i) {
+    const int fd = Connect(transport_->port());
+    ASSERT_GE(fd, 0);
+    Send(fd, "GET /live HTTP/1.1\r\n");
+    slow.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    while (!stop.load()) {
+      for (int fd : slow) Send(fd, "X");
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  });
+  int answered = 0;
+  const absl::Time begin = absl::Now();
+  for (int i = 0; i < 10; ++i) {
+    const absl::Time t0 = absl::Now();
+    EXPECT_EQ(Probe(), "HTTP/1.1 200");
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+    ++answered;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(answered, 10);
+  // Every trickler is closed by its whole-headers deadline, however steadily it sends.
+  for (int fd : slow) {
+    bool closed = false;
+    ReadUntilClose(fd, begin + absl::Seconds(4) - absl::Now(), &closed);
+    EXPECT_TRUE(closed);
+  }
+  stop = true;
+  trickle.join();
+  for (int fd : slow) ::close(fd);
+}
+
+// Before: connections were accepted without limit until pswitchd ran out of descriptors.
+TEST_F(HttpTransportTest, AtTheCapTheConnectionWaitingLongestMakesRoom) {
+  HttpLimits limits;
+  limits.max_connections = 4;
+  Start(limits);
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(Connect(transport_->port()));
+    absl::SleepFor(absl::Milliseconds(20));  // a defined order of arrival
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(transport_->connections(), 4u);
+  EXPECT_EQ(Probe(), "HTTP/1.1 200");
+  bool closed = false;
+  ReadUntilClose(idle[0], absl::Seconds(2), &closed);
+  EXPECT_TRUE(closed) << "the oldest idle connection makes room";
+  ReadUntilClose(idle[3], absl::Milliseconds(100), &closed);
+  EXPECT_FALSE(closed);
+  EXPECT_LE(transport_->connections(), 4u);
+  for (int fd : idle) ::close(fd);
+}
+
+// Before: 39,287 header lines of 8 KB were buffered (467 MB) and answered 200.
+TEST_F(HttpTransportTest, HeadersOverTheCapAre431AndNeverBuffered) {
+  HttpLimits limits;
+  limits.max_header_bytes = 8 << 10;
+  Start(limits);
+  const int fd = Connect(transport_->port());
+  Send(fd, "GET /live HTTP/1.1\r\n");
+  const std::string line = "X-Filler: " + std::string(8 << 10, 'a') + "\r\n";
+  size_t sent = 0;
+  while (sent < (size_t{64} << 20) && Send(fd, line)) sent += line.size();
+  bool closed = false;
+  const std::string r = ReadUntilClose(fd, absl::Seconds(5), &closed);
+  EXPECT_EQ(Status(r), "HTTP/1.1 431");
+  EXPECT_TRUE(closed);
+  EXPECT_LT(sent, size_t{64} << 20) << "the server stopped reading at its cap";
+  ::close(fd);
+  EXPECT_EQ(service_.served(), 0);
+  limits = HttpLimits{};
+  limits.max_header_fields = 3;
+  transport_.reset();
+  Start(limits);
+  const int many = Connect(transport_->port());
+  Send(many, "GET /live HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n");
+  EXPECT_EQ(Status(ReadUntilClose(many, absl::Seconds(2))), "HTTP/1.1 431");
+  ::close(many);
+}
+
+TEST_F(HttpTransportTest, BodiesAreRefusedBeforeTheyAreRead) {
+  HttpLimits limits;
+  limits.max_body_bytes = 1000;
+  limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{100000, 500, 100});
+  Start(limits);
+  auto ask = [this](const std::string& head) {
+    const int fd = Connect(transport_->port());
+    Send(fd, head);  // the body is never sent: the answer must not wait for it
+    const std::string r = ReadUntilClose(fd, absl::Seconds(2));
+    ::close(fd);
+    return Status(r);
+  };
+  EXPECT_EQ(ask("POST /x HTTP/1.1\r\nContent-Length: 5000\r\n\r\n"), "HTTP/1.1 413");
+  EXPECT_EQ(ask("POST /x HTTP/1.1\r\nContent-Length: 800\r\n\r\n"), "HTTP/1.1 503");  // budget
+  EXPECT_EQ(ask("POST /deny HTTP/1.1\r\nContent-Length: 800\r\n\r\n"), "HTTP/1.1 401");
+  EXPECT_EQ(ask("POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), "HTTP/1.1 411");
+  EXPECT_EQ(service_.served(), 0);
+  EXPECT_EQ(limits.budget->used(), 0u);
+  // Within the budget it is read and served, then released.
+  const int fd = Connect(transport_->port());
+  Send(fd, "POST /x HTTP/1.1\r\nContent-Length: 400\r\n\r\n" + std::string(400, 'b'));
+  const std::string r = ReadOneResponse(fd, absl::Seconds(2));
+  EXPECT_EQ(Status(r), "HTTP/1.1 200");
+  EXPECT_NE(r.find("{\"bytes\":400}"), std::string::npos);
+  ::close(fd);
+  for (int i = 0; i < 100 && limits.budget->used() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(limits.budget->used(), 0u);
+}
+
+// Before: a POST without a body (the README's own curl) hung 30 s, then got 400.
+TEST_F(HttpTransportTest, ABodilessPostIsServedAtOnce) {
+  Start(HttpLimits{});
+  const int fd = Connect(transport_->port());
+  const absl::Time t0 = absl::Now();
+  Send(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(5))), "HTTP/1.1 200");
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  // And the connection carries the next request.
+  Send(fd, "GET /live HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(5))), "HTTP/1.1 200");
+  ::close(fd);
+}
+
+TEST_F(HttpTransportTest, ABodyTrickledPastTheRequestDeadlineIsCut) {
+  HttpLimits limits;
+  limits.request_timeout = absl::Seconds(1);
+  Start(limits);
+  const int fd = Connect(transport_->port());
+  Send(fd, "POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+  const absl::Time t0 = absl::Now();
+  bool closed = false;
+  std::string answer;
+  for (int i = 0; i < 40 && !closed; ++i) {
+    if (!Send(fd, "b")) break;
+    answer += ReadUntilClose(fd, absl::Milliseconds(100), &closed);
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  EXPECT_EQ(service_.served(), 0);
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace pswitch::frontend

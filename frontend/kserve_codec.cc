@@ -1,0 +1,475 @@
+#include "frontend/kserve_codec.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "base/text.h"
+#include "nlohmann/json.hpp"
+
+namespace pswitch::frontend {
+namespace {
+
+using nlohmann::json;
+using Event = json::parse_event_t;
+
+// Where the parser is, in the request's shape: {"inputs": [{..., "data": [...]}, ...], ...}.
+// Depths as nlohmann reports them: root keys at 1, an input's keys at 3, data elements at 4+.
+constexpr int kRootKeyDepth = 1;
+constexpr int kInputDepth = 2;
+constexpr int kInputKeyDepth = 3;
+
+// Pass one: the request without its "data" elements, which are counted per input instead.
+class StructurePass {
+ public:
+  explicit StructurePass(size_t max_inputs) : max_inputs_(max_inputs) {}
+
+  bool operator()(int depth, Event event, json& parsed) {
+    if (!error_.ok()) return false;
+    if (depth == kRootKeyDepth && event == Event::key) {
+      in_inputs_ = parsed == "inputs";
+      if (in_inputs_ && seen_inputs_) Fail("\"inputs\" appears twice");
+      seen_inputs_ = seen_inputs_ || in_inputs_;
+      return true;
+    }
+    if (!in_inputs_) return true;
+    if (depth == kInputDepth && event == Event::object_start) {
+      if (counts_.size() >= max_inputs_) {
+        Fail(absl::StrCat("a task takes at most ", max_inputs_, " input tensors"));
+      }
+      counts_.push_back(0);
+      has_data_.push_back(false);
+      return true;
+    }
+    if (depth == kInputKeyDepth && event == Event::key) {
+      in_data_ = parsed == "data";
+      if (in_data_ && !has_data_.empty()) {
+        if (has_data_.back()) Fail("an input's \"data\" appears twice");
+        has_data_.back() = true;
+      }
+      return true;
+    }
+    if (!in_data_ || counts_.empty()) return true;
+    // Inside an input's "data": count its elements and keep none of them.
+    if (event == Event::value && depth >= kInputKeyDepth) {
+      if (!parsed.is_number()) Fail("tensor data must be numbers");
+      ++counts_.back();
+      return false;
+    }
+    if (event == Event::array_end && depth > kInputKeyDepth) return false;
+    if ((event == Event::array_end || event == Event::object_end) && depth == kInputKeyDepth) {
+      in_data_ = false;
+    }
+    if (event == Event::object_start && depth >= kInputKeyDepth) {
+      Fail("tensor data must be numbers");
+    }
+    return true;
+  }
+
+  void Fail(std::string why) {
+    if (error_.ok()) error_ = absl::InvalidArgumentError(std::move(why));
+  }
+  const absl::Status& error() const { return error_; }
+  const std::vector<uint64_t>& counts() const { return counts_; }
+  const std::vector<bool>& has_data() const { return has_data_; }
+
+ private:
+  const size_t max_inputs_;
+  absl::Status error_;
+  bool seen_inputs_ = false;
+  bool in_inputs_ = false;
+  bool in_data_ = false;
+  std::vector<uint64_t> counts_;
+  std::vector<bool> has_data_;
+};
+
+// Pass two: each "data" element written straight into its tensor (sized by pass one), as SAX
+// events so nothing is built. Only the elements' positions are tracked; pass one checked shape.
+class DataPass : public nlohmann::json_sax<json> {
+ public:
+  explicit DataPass(std::vector<proto::HostTensor*> tensors) : tensors_(std::move(tensors)) {}
+
+  bool null() override { return Scalar(); }
+  bool boolean(bool) override { return Scalar(); }
+  bool number_integer(number_integer_t v) override { return Integer(v, v >= 0); }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (InData() && v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Put(static_cast<double>(v), /*integral=*/false, 0);
+    }
+    return Integer(static_cast<int64_t>(v), true);
+  }
+  bool number_float(number_float_t v, const string_t&) override {
+    return InData() ? Put(v, /*integral=*/false, 0) : Scalar();
+  }
+  bool string(string_t&) override { return Scalar(); }
+  bool binary(binary_t&) override { return Scalar(); }
+  bool start_object(std::size_t) override {
+    ++depth_;
+    if (depth_ == kInputDepth + 1 && key_at_root_ == "inputs") ++input_;
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (depth_ == kRootKeyDepth) key_at_root_ = k;
+    if (depth_ == kInputKeyDepth) key_in_input_ = k;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    ++depth_;
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    error_ = absl::InvalidArgumentError("the infer request changed between passes");
+    return false;
+  }
+  const absl::Status& error() const { return error_; }
+
+ private:
+  // A value inside inputs[input_].data (depth_ counts containers around the value).
+  bool InData() const {
+    return key_at_root_ == "inputs" && key_in_input_ == "data" && depth_ >= kInputKeyDepth &&
+           input_ >= 0 && static_cast<size_t>(input_) < tensors_.size() &&
+           tensors_[static_cast<size_t>(input_)] != nullptr;
+  }
+  bool Scalar() { return true; }
+  bool Integer(int64_t v, bool) {
+    if (!InData()) return true;
+    return Put(static_cast<double>(v), /*integral=*/true, v);
+  }
+  // Appends one element as its tensor's dtype; range and kind errors stop the parse.
+  bool Put(double as_double, bool integral, int64_t as_int) {
+    proto::HostTensor& t = *tensors_[static_cast<size_t>(input_)];
+    const size_t width = proto::DTypeBytes(t.dtype);
+    size_t& at = written_.try_emplace(input_, 0).first->second;
+    if (at + width > t.data.size()) {
+      error_ = absl::InvalidArgumentError("more data elements than the shape holds");
+      return false;
+    }
+    uint8_t* dst = t.data.data() + at;
+    at += width;
+    auto store = [dst](auto v) { std::memcpy(dst, &v, sizeof(v)); };
+    switch (t.dtype) {
+      case proto::DType::F32:
+        store(static_cast<float>(as_double));
+        return true;
+      case proto::DType::I64:
+      case proto::DType::I32:
+      case proto::DType::U8:
+        break;
+      default:
+        error_ = absl::InvalidArgumentError("unsupported datatype");
+        return false;
+    }
+    if (!integral) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat(KserveDTypeName(t.dtype), " data must be integers"));
+      return false;
+    }
+    if (t.dtype == proto::DType::I64) {
+      store(as_int);
+    } else if (t.dtype == proto::DType::I32) {
+      if (as_int < std::numeric_limits<int32_t>::min() ||
+          as_int > std::numeric_limits<int32_t>::max()) {
+        error_ = absl::InvalidArgumentError("INT32 data out of range");
+        return false;
+      }
+      store(static_cast<int32_t>(as_int));
+    } else {
+      if (as_int < 0 || as_int > 255) {
+        error_ = absl::InvalidArgumentError("UINT8 data out of range");
+        return false;
+      }
+      store(static_cast<uint8_t>(as_int));
+    }
+    return true;
+  }
+
+  std::vector<proto::HostTensor*> tensors_;
+  absl::Status error_;
+  int depth_ = 0;
+  int input_ = -1;
+  std::string key_at_root_;
+  std::string key_in_input_;
+  std::map<int, size_t> written_;
+};
+
+// A tensor's "parameters"."binary_data_size" (the binary tensor data extension), if given.
+absl::StatusOr<std::optional<uint64_t>> BinarySize(const json& tensor) {
+  auto p = tensor.find("parameters");
+  if (p == tensor.end() || !p->is_object()) return std::nullopt;
+  auto size = p->find("binary_data_size");
+  if (size == p->end()) return std::nullopt;
+  if (!size->is_number_unsigned()) {
+    return absl::InvalidArgumentError("binary_data_size must be a byte count");
+  }
+  return size->get<uint64_t>();
+}
+
+// One input's name, dtype and shape, and its bytes when they come as binary data.
+absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint64_t count,
+                                            absl::string_view& binary, size_t* json_bytes) {
+  if (!in.is_object() || !in.contains("name") || !in["name"].is_string() || !in.contains("shape") ||
+      !in["shape"].is_array() || !in.contains("datatype") || !in["datatype"].is_string()) {
+    return absl::InvalidArgumentError(
+        "each input needs \"name\", \"shape\", \"datatype\" and its data");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::optional<uint64_t> binary_size, BinarySize(in));
+  if (!binary_size && !has_data) {
+    return absl::InvalidArgumentError("an input needs \"data\" or a binary_data_size");
+  }
+  proto::HostTensor t;
+  t.name = in["name"].get<std::string>();
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(t.name, "input name", 128));
+  std::optional<proto::DType> dtype = KserveDType(in["datatype"].get<std::string>());
+  if (!dtype) {
+    return absl::InvalidArgumentError(
+        "datatype must be FP32, INT64, INT32 or UINT8 (as the model's metadata says)");
+  }
+  t.dtype = *dtype;
+  for (const json& d : in["shape"]) {
+    if (!d.is_number_integer()) return absl::InvalidArgumentError("shape must be integers");
+    t.shape.push_back(d.get<int64_t>());
+  }
+  PSWITCH_ASSIGN_OR_RETURN(uint64_t elements, proto::ElementCount(t.shape));
+  if (binary_size) {
+    if (*binary_size > binary.size()) {
+      return absl::InvalidArgumentError(
+          "binary_data_size runs past the end of the request's binary data");
+    }
+    t.data.assign(binary.begin(), binary.begin() + static_cast<ptrdiff_t>(*binary_size));
+    binary.remove_prefix(*binary_size);
+    PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(t));
+    *json_bytes = 0;
+  } else {
+    if (count != elements) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': shape holds ", elements,
+                                                     " elements, data has ", count));
+    }
+    *json_bytes = static_cast<size_t>(elements) * proto::DTypeBytes(t.dtype);
+  }
+  return t;
+}
+
+bool IsTrue(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_boolean() && it->get<bool>();
+}
+
+// Appends `t`'s elements as JSON numbers, row-major and flat (as the protocol allows).
+void AppendNumbers(const proto::HostTensor& t, std::string& out) {
+  const size_t width = std::max<size_t>(proto::DTypeBytes(t.dtype), 1);
+  const size_t n = t.data.size() / width;
+  out.reserve(out.size() + n * (t.dtype == proto::DType::F32 ? 14 : 4) + 2);
+  out.push_back('[');
+  char buf[32];
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) out.push_back(',');
+    const uint8_t* p = t.data.data() + i * width;
+    std::to_chars_result r{buf, std::errc()};
+    switch (t.dtype) {
+      case proto::DType::F32: {
+        float v;
+        std::memcpy(&v, p, 4);
+        if (!std::isfinite(v)) {  // JSON has no NaN or infinity (nlohmann also writes null)
+          out.append("null");
+          continue;
+        }
+        r = std::to_chars(buf, buf + sizeof(buf), v);
+        break;
+      }
+      case proto::DType::I64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        r = std::to_chars(buf, buf + sizeof(buf), v);
+        break;
+      }
+      case proto::DType::I32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        r = std::to_chars(buf, buf + sizeof(buf), v);
+        break;
+      }
+      case proto::DType::U8:
+        r = std::to_chars(buf, buf + sizeof(buf), static_cast<int>(*p));
+        break;
+      default:
+        out.append("null");
+        continue;
+    }
+    out.append(buf, r.ptr);
+  }
+  out.push_back(']');
+}
+
+}  // namespace
+
+std::optional<proto::DType> KserveDType(absl::string_view name) {
+  if (name == "FP32") return proto::DType::F32;
+  if (name == "INT64") return proto::DType::I64;
+  if (name == "INT32") return proto::DType::I32;
+  if (name == "UINT8") return proto::DType::U8;
+  return std::nullopt;
+}
+
+const char* KserveDTypeName(proto::DType dtype) {
+  switch (dtype) {
+    case proto::DType::F32:
+      return "FP32";
+    case proto::DType::I64:
+      return "INT64";
+    case proto::DType::I32:
+      return "INT32";
+    case proto::DType::U8:
+      return "UINT8";
+    case proto::DType::F16:
+      return "FP16";
+    case proto::DType::BF16:
+      return "BF16";
+  }
+  return "UNKNOWN";
+}
+
+bool InferRequest::WantsBinary(const std::string& output) const {
+  return all_outputs_binary ||
+         std::find(binary_outputs.begin(), binary_outputs.end(), output) != binary_outputs.end();
+}
+
+absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
+                                                absl::string_view binary,
+                                                const InferRequestLimits& limits,
+                                                const ReserveBytes& reserve) {
+  PSWITCH_RETURN_IF_ERROR(base::CheckJsonLimits(
+      json_text, "infer request", base::JsonLimits{limits.max_json_bytes, limits.max_depth}));
+  StructurePass structure(limits.max_inputs);
+  json request = json::parse(json_text.begin(), json_text.end(), std::ref(structure),
+                             /*allow_exceptions=*/false);
+  PSWITCH_RETURN_IF_ERROR(structure.error());
+  if (request.is_discarded()) return absl::InvalidArgumentError("the infer request is not JSON");
+  if (!request.is_object() || !request.contains("inputs") || !request["inputs"].is_array()) {
+    return absl::InvalidArgumentError("an infer request needs \"inputs\": [...]");
+  }
+  const json& inputs = request["inputs"];
+  if (inputs.size() != structure.counts().size()) {
+    return absl::InvalidArgumentError("each input must be an object");
+  }
+  InferRequest out;
+  std::vector<size_t> json_bytes(inputs.size(), 0);
+  size_t decoded_bytes = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor t,
+                             InputHead(inputs[i], structure.has_data()[i], structure.counts()[i],
+                                       binary, &json_bytes[i]));
+    decoded_bytes += json_bytes[i] + t.data.size();
+    out.inputs.push_back(std::move(t));
+  }
+  if (!binary.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(binary.size(), " bytes of binary data belong to no input"));
+  }
+  if (reserve) PSWITCH_RETURN_IF_ERROR(reserve(decoded_bytes));
+  std::vector<proto::HostTensor*> targets(out.inputs.size(), nullptr);
+  bool any_json = false;
+  for (size_t i = 0; i < out.inputs.size(); ++i) {
+    if (json_bytes[i] == 0 && structure.has_data()[i] && out.inputs[i].data.empty()) {
+      targets[i] = &out.inputs[i];  // an empty tensor given as "data": []
+    }
+    if (json_bytes[i] > 0) {
+      out.inputs[i].data.resize(json_bytes[i]);
+      targets[i] = &out.inputs[i];
+      any_json = true;
+    }
+  }
+  if (any_json) {
+    // Binary inputs' targets are null: DataPass writes only where a buffer is.
+    DataPass data(targets);
+    const bool parsed = json::sax_parse(json_text.begin(), json_text.end(), &data);
+    PSWITCH_RETURN_IF_ERROR(data.error());
+    if (!parsed) return absl::InvalidArgumentError("the infer request is not JSON");
+  }
+  for (const proto::HostTensor& t : out.inputs) {
+    PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(t));
+  }
+  // Triton's request parameters: priority, and timeout in microseconds.
+  if (auto p = request.find("parameters"); p != request.end() && p->is_object()) {
+    if (auto priority = p->find("priority"); priority != p->end()) {
+      if (!priority->is_number_integer()) {
+        return absl::InvalidArgumentError("priority must be an integer");
+      }
+      out.priority =
+          static_cast<int>(std::clamp<int64_t>(priority->get<int64_t>(), -1000000, 1000000));
+    }
+    if (auto timeout = p->find("timeout"); timeout != p->end()) {
+      if (!timeout->is_number_unsigned()) {
+        return absl::InvalidArgumentError("timeout must be microseconds");
+      }
+      const uint64_t us = std::min<uint64_t>(timeout->get<uint64_t>(), 86400ull * 1000000);
+      if (us > 0) out.timeout_us = us;
+    }
+    out.all_outputs_binary = IsTrue(*p, "binary_data_output");
+  }
+  if (auto outputs = request.find("outputs"); outputs != request.end() && outputs->is_array()) {
+    for (const json& o : *outputs) {
+      if (!o.is_object() || !o.contains("name") || !o["name"].is_string()) continue;
+      auto p = o.find("parameters");
+      if (p != o.end() && p->is_object() && IsTrue(*p, "binary_data")) {
+        out.binary_outputs.push_back(o["name"].get<std::string>());
+      }
+    }
+  }
+  if (auto id = request.find("id"); id != request.end() && id->is_string()) {
+    out.id = id->get<std::string>();
+    if (!base::CheckText(out.id, "request id", 256).ok()) out.id.clear();
+  }
+  return out;
+}
+
+std::string EncodeInferResponse(const std::string& model, const InferRequest& request,
+                                const std::vector<proto::HostTensor>& outputs, size_t* json_bytes) {
+  // Names are checked text (model, request id, output names from the model's spec); dump()
+  // escapes them.
+  std::string body = "{\"model_name\":" + json(model).dump() + ",\"model_version\":\"1\"";
+  if (!request.id.empty()) body += ",\"id\":" + json(request.id).dump();
+  body += ",\"outputs\":[";
+  size_t binary_bytes = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const proto::HostTensor& t = outputs[i];
+    if (i > 0) body.push_back(',');
+    body += "{\"name\":" + json(t.name).dump() + ",\"datatype\":\"" + KserveDTypeName(t.dtype) +
+            "\",\"shape\":" + json(t.shape).dump();
+    if (request.WantsBinary(t.name)) {
+      body += ",\"parameters\":{\"binary_data_size\":" + std::to_string(t.data.size()) + "}}";
+      binary_bytes += t.data.size();
+      continue;
+    }
+    body += ",\"data\":";
+    AppendNumbers(t, body);
+    body.push_back('}');
+  }
+  body += "]}";
+  *json_bytes = 0;
+  if (binary_bytes == 0) return body;
+  *json_bytes = body.size();
+  body.reserve(body.size() + binary_bytes);
+  for (const proto::HostTensor& t : outputs) {
+    if (request.WantsBinary(t.name)) {
+      body.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+    }
+  }
+  return body;
+}
+
+}  // namespace pswitch::frontend

@@ -1,0 +1,65 @@
+// The Open Inference Protocol's (KServe v2) infer request and response as JSON, with Triton's
+// binary tensor data extension: the one place the HTTP port turns bytes into tensors and back.
+//
+// A JSON body is decoded without building its tensors as a JSON document (which costs about 17x
+// the body's size): a first pass keeps the request's structure and drops every "data" element,
+// counting them; the decoded size is then reserved from the caller's budget; a second pass
+// writes each element straight into its tensor's buffer. Peak memory is the body plus the
+// tensors, both charged. No torch, no controller: the fuzzer links it alone.
+#ifndef PSWITCH_FRONTEND_KSERVE_CODEC_H_
+#define PSWITCH_FRONTEND_KSERVE_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/host_tensor.h"
+
+namespace pswitch::frontend {
+
+// KServe v2 datatype names ("FP32", ...) of the dtypes the protocol carries; nullopt otherwise.
+std::optional<proto::DType> KserveDType(absl::string_view name);
+const char* KserveDTypeName(proto::DType dtype);
+
+struct InferRequestLimits {
+  size_t max_json_bytes = 64 << 20;
+  int max_depth = 32;
+  size_t max_inputs = 16;
+};
+
+struct InferRequest {
+  std::vector<proto::HostTensor> inputs;
+  std::optional<int> priority;              // "parameters"."priority", clamped to +-1e6
+  std::optional<uint64_t> timeout_us;       // "parameters"."timeout", at most a day
+  std::string id;                           // echoed in the response ("" if absent or not text)
+  bool all_outputs_binary = false;          // "parameters"."binary_data_output"
+  std::vector<std::string> binary_outputs;  // outputs asked for one by one as binary data
+  bool WantsBinary(const std::string& output) const;
+};
+
+// Called once, before any tensor is built, with the bytes the decoded inputs will take; an error
+// stops the decoding and is returned.
+using ReserveBytes = std::function<absl::Status(size_t bytes)>;
+
+// Decodes a request: `json_text` (the whole body, or the header that
+// Inference-Header-Content-Length delimits) and `binary` (the bytes after it). InvalidArgument
+// saying what is wrong, never echoing the text.
+absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
+                                                absl::string_view binary,
+                                                const InferRequestLimits& limits,
+                                                const ReserveBytes& reserve);
+
+// The response body. Outputs `request.WantsBinary` are sent as binary data after the JSON
+// header; `*json_bytes` is then that header's size (for Inference-Header-Content-Length), else 0.
+std::string EncodeInferResponse(const std::string& model, const InferRequest& request,
+                                const std::vector<proto::HostTensor>& outputs, size_t* json_bytes);
+
+}  // namespace pswitch::frontend
+
+#endif  // PSWITCH_FRONTEND_KSERVE_CODEC_H_

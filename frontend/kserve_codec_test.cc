@@ -1,0 +1,148 @@
+#include "frontend/kserve_codec.h"
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pswitch::frontend {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+absl::StatusOr<InferRequest> Decode(const std::string& text, absl::string_view binary = {},
+                                    size_t* reserved = nullptr) {
+  return DecodeInferRequest(text, binary, InferRequestLimits{}, [reserved](size_t bytes) {
+    if (reserved != nullptr) *reserved = bytes;
+    return absl::OkStatus();
+  });
+}
+
+template <typename T>
+std::vector<T> Values(const proto::HostTensor& t) {
+  std::vector<T> out(t.data.size() / sizeof(T));
+  std::memcpy(out.data(), t.data.data(), t.data.size());
+  return out;
+}
+
+TEST(KserveCodecTest, NestedDataIsWrittenRowMajorAsItsDtype) {
+  size_t reserved = 0;
+  auto r = Decode(R"({"id": "a", "inputs": [
+      {"data": [[1.5, 2], [3, -4e1]], "name": "x", "shape": [2, 2], "datatype": "FP32"},
+      {"name": "ids", "shape": [3], "datatype": "INT64", "data": [1, -2, 9007199254740993]},
+      {"name": "m", "shape": [2], "datatype": "INT32", "data": [7, -7]},
+      {"name": "b", "shape": [2], "datatype": "UINT8", "data": [0, 255]}]})",
+                  {}, &reserved);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->inputs.size(), 4u);
+  EXPECT_EQ(reserved, 16u + 24u + 8u + 2u);  // exactly the decoded bytes, before any is built
+  EXPECT_EQ(Values<float>(r->inputs[0]), (std::vector<float>{1.5f, 2.f, 3.f, -40.f}));
+  EXPECT_EQ(Values<int64_t>(r->inputs[1]), (std::vector<int64_t>{1, -2, 9007199254740993}));
+  EXPECT_EQ(Values<int32_t>(r->inputs[2]), (std::vector<int32_t>{7, -7}));
+  EXPECT_EQ(Values<uint8_t>(r->inputs[3]), (std::vector<uint8_t>{0, 255}));
+  EXPECT_EQ(r->id, "a");
+}
+
+TEST(KserveCodecTest, BinaryInputsComeFromTheBytesAfterTheHeader) {
+  const float v[2] = {1.f, 2.f};
+  const std::string binary(reinterpret_cast<const char*>(v), sizeof(v));
+  auto r = Decode(R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
+                                  "parameters": {"binary_data_size": 8}}],
+                      "outputs": [{"name": "y", "parameters": {"binary_data": true}}]})",
+                  binary);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Values<float>(r->inputs[0]), (std::vector<float>{1.f, 2.f}));
+  EXPECT_TRUE(r->WantsBinary("y"));
+  EXPECT_FALSE(r->WantsBinary("z"));
+  // Bytes that belong to no input, and sizes past the end, are refused.
+  EXPECT_FALSE(Decode(R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+                                      "parameters": {"binary_data_size": 4}}]})",
+                      binary)
+                   .ok());
+  EXPECT_FALSE(Decode(R"({"inputs": [{"name": "x", "shape": [4], "datatype": "FP32",
+                                      "parameters": {"binary_data_size": 16}}]})",
+                      binary)
+                   .ok());
+}
+
+TEST(KserveCodecTest, BadRequestsAreInvalidArgumentsThatSayWhy) {
+  struct Case {
+    std::string text, why;
+  };
+  const std::vector<Case> cases = {
+      {"{not json", "not JSON"},
+      {R"({"inputs": 3})", "needs \"inputs\""},
+      {R"({"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2]}]})",
+       "shape holds 3 elements, data has 2"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP64", "data": [1]}]})",
+       "datatype must be"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "INT64", "data": [1.5]}]})",
+       "must be integers"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [3000000000]}]})",
+       "out of range"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "UINT8", "data": [-1]}]})",
+       "out of range"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ["1"]}]})",
+       "must be numbers"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [{"a": 1}]}]})",
+       "must be numbers"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1],
+                        "data": [2]}]})",
+       "appears twice"},
+      {R"({"inputs": [], "inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+                                      "data": [1]}]})",
+       "appears twice"},
+      {R"({"inputs": [7]})", "must be an object"},
+      {R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]})", "needs \"data\""},
+  };
+  for (const Case& c : cases) {
+    auto r = Decode(c.text);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.why)) << c.text;
+  }
+  std::string many = R"({"inputs": [)";
+  for (int i = 0; i < 17; ++i) {
+    many += std::string(i ? "," : "") +
+            R"({"name": "x", "shape": [1], "datatype": "FP32", "data": [1]})";
+  }
+  EXPECT_THAT(Decode(many + "]}").status().message(), HasSubstr("at most 16"));
+  EXPECT_FALSE(Decode(std::string(100, '[') + std::string(100, ']')).ok());  // too deep
+}
+
+TEST(KserveCodecTest, ARefusedReservationBuildsNothing) {
+  const std::string text =
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})";
+  auto r = DecodeInferRequest(text, {}, InferRequestLimits{},
+                              [](size_t) { return absl::ResourceExhaustedError("full"); });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(KserveCodecTest, TheResponseRoundTripsThroughAJsonParser) {
+  proto::HostTensor y{"y", proto::DType::F32, {2}, {}};
+  const float v[2] = {0.1f, -3e-20f};
+  y.data.assign(reinterpret_cast<const uint8_t*>(v), reinterpret_cast<const uint8_t*>(v) + 8);
+  proto::HostTensor z{"z", proto::DType::I64, {1}, std::vector<uint8_t>(8, 0)};
+  z.data[0] = 5;
+  InferRequest request;
+  request.id = "q\"1";
+  size_t json_bytes = 99;
+  std::string body = EncodeInferResponse("m", request, {y, z}, &json_bytes);
+  EXPECT_EQ(json_bytes, 0u);
+  json j = json::parse(body);
+  EXPECT_EQ(j["id"], "q\"1");
+  EXPECT_EQ(j["outputs"][0]["data"][0].get<float>(), 0.1f);  // shortest text, same float
+  EXPECT_EQ(j["outputs"][0]["data"][1].get<float>(), -3e-20f);
+  EXPECT_EQ(j["outputs"][1]["data"][0], 5);
+  request.binary_outputs = {"y"};
+  body = EncodeInferResponse("m", request, {y, z}, &json_bytes);
+  ASSERT_GT(json_bytes, 0u);
+  j = json::parse(body.substr(0, json_bytes));
+  EXPECT_EQ(j["outputs"][0]["parameters"]["binary_data_size"], 8);
+  EXPECT_EQ(body.substr(json_bytes), std::string(reinterpret_cast<const char*>(v), 8));
+}
+
+}  // namespace
+}  // namespace pswitch::frontend
