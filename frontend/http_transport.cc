@@ -26,6 +26,7 @@
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "frontend/http_target.h"
 #include "frontend/listen_address.h"
 
 namespace pswitch::frontend {
@@ -47,28 +48,6 @@ HttpResponse ErrorResponse(int status, std::string message) {
   // Our own text; quotes and backslashes cannot occur in it.
   r.body = absl::StrCat("{\"error\":\"", message, "\"}");
   return r;
-}
-
-// %XX and '+' decoded; a malformed escape is kept as it is.
-std::string DecodeQueryPart(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '+') {
-      out.push_back(' ');
-    } else if (c == '%' && i + 2 < text.size() && absl::ascii_isxdigit(text[i + 1]) &&
-               absl::ascii_isxdigit(text[i + 2])) {
-      auto hex = [](char h) {
-        return absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10;
-      };
-      out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
-      i += 2;
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -208,17 +187,8 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     client_ = std::string(kUnauthenticatedClient);
     request_ = HttpRequest{};
     request_.method = std::string(head.method_string());
-    const absl::string_view target(head.target().data(), head.target().size());
-    const size_t question = target.find('?');
-    request_.path = std::string(target.substr(0, question));
-    if (question != absl::string_view::npos) {
-      for (absl::string_view pair :
-           absl::StrSplit(target.substr(question + 1), '&', absl::SkipEmpty())) {
-        std::pair<absl::string_view, absl::string_view> kv =
-            absl::StrSplit(pair, absl::MaxSplits('=', 1));
-        request_.query[DecodeQueryPart(kv.first)] = DecodeQueryPart(kv.second);
-      }
-    }
+    SplitTarget(absl::string_view(head.target().data(), head.target().size()), &request_.path,
+                &request_.query);
     for (const auto& field : head) {
       request_.headers[absl::AsciiStrToLower(absl::string_view(
           field.name_string().data(), field.name_string().size()))] = std::string(field.value());
