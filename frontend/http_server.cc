@@ -21,6 +21,7 @@
 #include "fill/bubble_cycle.h"
 #include "frontend/kserve_codec.h"
 #include "frontend/listen_address.h"
+#include "frontend/memory_return.h"
 #include "frontend/openapi_doc.h"
 #include "frontend/requests.h"
 #include "nlohmann/json.hpp"
@@ -51,6 +52,9 @@ using nlohmann::json;
 // Our own values only; invalid UTF-8 (never expected) is replaced rather than thrown over.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// A request that held this much makes its release give memory back to the system.
+constexpr size_t kTrimAfterBytes = size_t{16} << 20;
+
 void Reply(HttpResponse& res, int status, const json& body) {
   res.status = status;
   res.set_content(Dump(body), "application/json");
@@ -58,6 +62,14 @@ void Reply(HttpResponse& res, int status, const json& body) {
 
 void ReplyError(HttpResponse& res, const absl::Status& status) {
   Reply(res, HttpStatus(status.code()), json{{"error", std::string(status.message())}});
+}
+
+// Releases a request's charge; after a large one, gives the freed pages back to the system
+// (a trim locks the allocator's arenas briefly, so not after every small request).
+void ReleaseBody(BudgetCharge& charge) {
+  const size_t bytes = charge.bytes();
+  charge.Reset();
+  if (bytes >= kTrimAfterBytes) ReturnFreedMemory();
 }
 
 // ReplyError, for checks that answer whether the request may go on.
@@ -465,8 +477,10 @@ void HttpServer::AddRoutes() {
                {"extensions", json::array({"binary_tensor_data", "model_repository"})}});
   });
   Handle("GET", "/v2/models/{model}", [this, authorize](const HttpRequest& req, HttpResponse& res) {
-    if (!authorize(req, res)) return;
-    absl::StatusOr<EntryRef> entry = controller_->catalog().Find(req.params[0]);
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return;
+    // Another user's copy is answered as absent.
+    absl::StatusOr<EntryRef> entry = options_.admission->FindModel(*who, req.params[0]);
     if (!entry.ok()) return ReplyError(res, entry.status());
     const CatalogEntry& e = **entry;
     Reply(res, 200,
@@ -478,13 +492,17 @@ void HttpServer::AddRoutes() {
   });
   Handle("GET", "/v2/models/{model}/ready",
          [this, authorize](const HttpRequest& req, HttpResponse& res) {
-           if (!authorize(req, res)) return;
-           const bool ready = controller_->catalog().Find(req.params[0]).ok();
+           std::optional<Principal> who = authorize(req, res);
+           if (!who) return;
+           const bool ready = options_.admission->FindModel(*who, req.params[0]).ok();
            Reply(res, ready ? 200 : 404, json{{"name", req.params[0]}, {"ready", ready}});
          });
   // pswitch's own resources (v1): training tasks, with the TCP port's owners and caps.
-  Handle("POST", "/v1/tasks", [this, authorize](const HttpRequest& req, HttpResponse& res) {
-    if (std::optional<Principal> who = authorize(req, res)) SubmitTraining(*who, req, res);
+  HandleAsync("POST", "/v1/tasks", [this, authorize](HttpRequest req, HttpRespond respond) {
+    HttpResponse res;
+    std::optional<Principal> who = authorize(req, res);
+    if (!who) return respond(std::move(res));
+    SubmitTraining(*who, req, std::move(respond));
   });
   Handle("GET", "/v1/tasks", [this, authorize](const HttpRequest& req, HttpResponse& res) {
     std::optional<Principal> who = authorize(req, res);
@@ -550,7 +568,8 @@ void HttpServer::AddRoutes() {
 void HttpServer::RouteRepository(const Authorizer& authorize) {
   Handle("POST", "/v2/repository/index",
          [this, authorize](const HttpRequest& req, HttpResponse& res) {
-           if (!authorize(req, res)) return;
+           std::optional<Principal> who = authorize(req, res);
+           if (!who) return;
            bool ready_only = false;
            absl::StatusOr<json> body =
                OptionalObjectBody(req, "repository index request", kMaxControlBodyBytes);
@@ -559,7 +578,7 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
              return ReplyError(res, s);
            // Registered models (whichever way) and the repository's, each once, by name.
            std::map<std::string, json> models;
-           for (const EntryRef& e : controller_->List()) {
+           for (const EntryRef& e : options_.admission->ListModels(*who)) {
              models[e->request.name] = {
                  {"name", e->request.name}, {"version", "1"}, {"state", "READY"}, {"reason", ""}};
            }
@@ -640,11 +659,12 @@ bool HttpServer::CheckUnload(const Authorizer& authorize, const HttpRequest& req
                              HttpResponse& res) {
   std::optional<Principal> who = authorize(req, res);
   if (!who) return false;
-  if (who->role != Role::kAdmin) {
-    return Refuse(res, absl::PermissionDeniedError("unloading a model needs an admin token"));
-  }
   const std::string name = req.params[0];
   if (absl::Status valid = CheckUnloadName(name); !valid.ok()) return Refuse(res, valid);
+  // Admins, the model's trainers, and a copy's owner (another user's copy: NotFound).
+  if (absl::Status may = options_.admission->CheckUnload(*who, name); !may.ok()) {
+    return Refuse(res, may);
+  }
   if (options_.fill != nullptr) {
     if (absl::Status owned = options_.fill->CheckUnload(name); !owned.ok()) {
       return Refuse(res, owned);
@@ -881,32 +901,38 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
          });
 }
 
-void HttpServer::SubmitTraining(const Principal& who, const HttpRequest& req, HttpResponse& res) {
+void HttpServer::SubmitTraining(const Principal& who, const HttpRequest& req, HttpRespond respond) {
+  auto fail = [&respond](const absl::Status& status) {
+    HttpResponse res;
+    ReplyError(res, status);
+    respond(std::move(res));
+  };
   absl::StatusOr<json> body = base::ParseUntrustedJson(req.body, "task request",
                                                        base::JsonLimits{kMaxControlBodyBytes, 32});
-  if (!body.ok()) return ReplyError(res, body.status());
-  if (!body->is_object()) return ReplyError(res, absl::InvalidArgumentError("expected an object"));
+  if (!body.ok()) return fail(body.status());
+  if (!body->is_object()) return fail(absl::InvalidArgumentError("expected an object"));
   TaskSpec spec;
   spec.kind = TaskKind::kTraining;
   std::string optimizer = "sgd";
   uint64_t deadline_ms = 0;
+  std::string copy_name;  // "as_model": train a copy of one's own under this name
   for (absl::Status s :
        {Member(*body, "model", spec.model), Member(*body, "iterations", spec.iterations),
         Member(*body, "batch", spec.batch), Member(*body, "seed", spec.seed),
         Member(*body, "priority", spec.priority), Member(*body, "optimizer", optimizer),
         Member(*body, "learning_rate", spec.trainer.learning_rate),
-        Member(*body, "momentum", spec.trainer.momentum),
-        Member(*body, "deadline_ms", deadline_ms)}) {
-    if (!s.ok()) return ReplyError(res, s);
+        Member(*body, "momentum", spec.trainer.momentum), Member(*body, "deadline_ms", deadline_ms),
+        Member(*body, "as_model", copy_name)}) {
+    if (!s.ok()) return fail(s);
   }
   if (absl::Status name = base::CheckText(spec.model, "model name", 128); !name.ok()) {
-    return ReplyError(res, name);
+    return fail(name);
   }
   if (spec.model.empty()) {
-    return ReplyError(res, absl::InvalidArgumentError("a training task needs \"model\""));
+    return fail(absl::InvalidArgumentError("a training task needs \"model\""));
   }
   if (optimizer != "sgd" && optimizer != "adam") {
-    return ReplyError(res, absl::InvalidArgumentError("optimizer must be \"sgd\" or \"adam\""));
+    return fail(absl::InvalidArgumentError("optimizer must be \"sgd\" or \"adam\""));
   }
   spec.trainer.optimizer =
       optimizer == "adam" ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
@@ -916,24 +942,27 @@ void HttpServer::SubmitTraining(const Principal& who, const HttpRequest& req, Ht
         absl::Now() +
         absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(deadline_ms, 86400ull * 1000)));
   }
-  const std::string client = options_.tokens != nullptr ? who.name : "http";
-  if (options_.quota != nullptr) {
-    if (absl::Status admitted = options_.quota->Admit(client); !admitted.ok()) {
-      return ReplyError(res, admitted);
+  const std::string client =
+      options_.tokens != nullptr ? who.name : absl::StrCat("http:", req.peer);
+  auto accepted = [respond, model = copy_name.empty() ? spec.model : copy_name](
+                      const absl::StatusOr<uint64_t>& task) {
+    HttpResponse res;
+    if (!task.ok()) {
+      ReplyError(res, task.status());
+    } else {
+      res.set_header("Location", absl::StrCat("/v1/tasks/", *task));
+      Reply(res, 202, json{{"task_id", *task}, {"model", model}});
     }
+    respond(std::move(res));
+  };
+  // A training task is polled, not waited for: its answer is dropped.
+  auto done = [](const absl::StatusOr<TaskOutcome>&) {};
+  if (!copy_name.empty()) {
+    // The copy registers on the registration thread; `accepted` answers from there.
+    return options_.admission->SubmitOnCopy(who, client, std::move(spec), std::move(copy_name),
+                                            std::move(accepted), std::move(done));
   }
-  ClientQuota* quota = options_.quota;
-  absl::StatusOr<uint64_t> task =
-      controller_->Submit(std::move(spec), [quota, client](const absl::StatusOr<TaskOutcome>&) {
-        if (quota != nullptr) quota->Done(client);
-      });
-  if (!task.ok()) {
-    if (quota != nullptr) quota->Done(client);
-    return ReplyError(res, task.status());
-  }
-  if (options_.owners != nullptr) options_.owners->Record(*task, who.name);
-  res.set_header("Location", absl::StrCat("/v1/tasks/", *task));
-  Reply(res, 202, json{{"task_id", *task}});
+  accepted(options_.admission->Submit(who, client, std::move(spec), std::move(done)));
 }
 
 void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respond) {
@@ -979,25 +1008,17 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   spec.deadline = absl::Now() + wait;
   const std::string client =
       options_.tokens != nullptr ? who.name : absl::StrCat("http:", req.peer);
-  ClientQuota* quota = options_.quota;
-  if (quota != nullptr) {
-    if (absl::Status admitted = quota->Admit(client); !admitted.ok()) return fail(admitted);
-  }
   const uint64_t waiting =
       AddWaiting(std::move(respond), absl::StrCat("the infer request on '", model, "'"));
-  if (waiting == 0) {
-    if (quota != nullptr) quota->Done(client);
-    return;
-  }
+  if (waiting == 0) return;
   // What the answer needs, apart from the outputs: the request's id and binary wishes.
   auto shape = std::make_shared<InferRequest>(std::move(*request));
   shape->inputs.clear();
   auto held = std::make_shared<BudgetCharge>(std::move(req.charge));
-  absl::StatusOr<uint64_t> task = controller_->Submit(
-      std::move(spec),
-      [this, waiting, quota, client, model, shape, held](const absl::StatusOr<TaskOutcome>& out) {
-        if (quota != nullptr) quota->Done(client);
-        held->Reset();
+  absl::StatusOr<uint64_t> task = options_.admission->Submit(
+      who, client, std::move(spec),
+      [this, waiting, model, shape, held](const absl::StatusOr<TaskOutcome>& out) {
+        ReleaseBody(*held);
         HttpRespond respond = TakeWaiting(waiting);
         if (respond == nullptr) return;  // answered at shutdown
         // Encoding is CPU work: on a handler thread, never the scheduler's loop.
@@ -1022,7 +1043,7 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
         }
       });
   if (!task.ok()) {
-    if (quota != nullptr) quota->Done(client);
+    ReleaseBody(*held);
     if (HttpRespond r = TakeWaiting(waiting)) {
       HttpResponse res;
       ReplyError(res, task.status());
@@ -1030,7 +1051,6 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
     }
     return;
   }
-  if (options_.owners != nullptr) options_.owners->Record(*task, who.name);
 }
 
 }  // namespace pswitch::frontend

@@ -26,6 +26,7 @@
 #include "controller/fill_manager.h"
 #include "controller/model_repository.h"
 #include "controller/telemetry.h"
+#include "frontend/admission.h"
 #include "frontend/auth.h"
 #include "frontend/client_quota.h"
 #include "frontend/handler_pool.h"
@@ -50,6 +51,9 @@ struct HttpServerOptions {
   // Who owns each task and each client's cap of unfinished tasks: the TCP port's, shared.
   TaskOwners* owners = nullptr;
   ClientQuota* quota = nullptr;
+  // The one admission path (quota, owners, who may see and change a model, input checks): the
+  // TCP port's, shared. Required.
+  TaskAdmission* admission = nullptr;
   // Connections, deadlines, header and body caps, and the byte budget shared with the TCP port.
   HttpLimits limits;
   // Handler threads, and requests that may wait for one (beyond: 503).
@@ -117,7 +121,7 @@ class HttpServer : private HttpService {
   // Triton's model repository extension: index, load and unload.
   void RouteRepository(const Authorizer& authorize);
   // /v1/tasks: training tasks, answered at once (their state is polled).
-  void SubmitTraining(const Principal& who, const HttpRequest& req, HttpResponse& res);
+  void SubmitTraining(const Principal& who, const HttpRequest& req, HttpRespond respond);
   // POST /v2/models/{model}/infer: JSON tensors, or the binary tensor data extension.
   void Infer(const Principal& who, HttpRequest req, HttpRespond respond);
 

@@ -359,11 +359,19 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
     return state;
   };
 
-  auto submitted = http.Post("/v1/tasks", bob,
-                             R"({"model": "tiny_mlp", "iterations": 3, "optimizer": "adam"})",
-                             "application/json");
+  // A user may not change a shared model for everyone: it trains a copy of its own.
+  auto refused = http.Post("/v1/tasks", bob,
+                           R"({"model": "tiny_mlp", "iterations": 3, "optimizer": "adam"})",
+                           "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 403) << refused->body;
+  auto submitted = http.Post(
+      "/v1/tasks", bob,
+      R"({"model": "tiny_mlp", "iterations": 3, "optimizer": "adam", "as_model": "bob_mlp"})",
+      "application/json");
   ASSERT_TRUE(submitted);
   ASSERT_EQ(submitted->status, 202) << submitted->body;
+  EXPECT_EQ(Body(submitted)["model"], "bob_mlp");
   const uint64_t id = Body(submitted)["task_id"].get<uint64_t>();
   EXPECT_EQ(submitted->get_header_value("Location"), "/v1/tasks/" + std::to_string(id));
   EXPECT_EQ(await_state(id, "succeeded"), "succeeded");
@@ -377,7 +385,8 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
   EXPECT_FALSE(Body(bobs)["tasks"].empty());
   EXPECT_TRUE(Body(carols)["tasks"].empty()) << carols->body;
 
-  auto endless = http.Post("/v1/tasks", bob, R"({"model": "tiny_mlp", "iterations": 1000000})",
+  // Its copy is its own: it trains it in place; nobody else sees it.
+  auto endless = http.Post("/v1/tasks", bob, R"({"model": "bob_mlp", "iterations": 1000000})",
                            "application/json");
   ASSERT_TRUE(endless);
   ASSERT_EQ(endless->status, 202) << endless->body;
@@ -387,6 +396,28 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
   ASSERT_TRUE(cancelled);
   EXPECT_EQ(cancelled->status, 202) << cancelled->body;
   EXPECT_EQ(await_state(long_id, "cancelled"), "cancelled");
+  auto task_after = http.Get("/v1/tasks/" + std::to_string(long_id), bob);
+  ASSERT_TRUE(task_after);
+  EXPECT_GT(Body(task_after)["iterations_done"].get<uint64_t>(), 0u) << task_after->body;
+  EXPECT_EQ(http.Get("/v2/models/bob_mlp", bob)->status, 200);
+  EXPECT_EQ(http.Get("/v2/models/bob_mlp", carol)->status, 404);
+  auto carol_index = http.Post("/v2/repository/index", carol, "", "application/json");
+  ASSERT_TRUE(carol_index);
+  EXPECT_EQ(carol_index->body.find("bob_mlp"), std::string::npos) << carol_index->body;
+  auto bob_index = http.Post("/v2/repository/index", bob, "", "application/json");
+  ASSERT_TRUE(bob_index);
+  EXPECT_NE(bob_index->body.find("bob_mlp"), std::string::npos) << bob_index->body;
+  const std::string row = R"({"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
+                                          "data": [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}]})";
+  EXPECT_EQ(http.Post("/v2/models/bob_mlp/infer", carol, row, "application/json")->status, 404);
+  EXPECT_EQ(http.Post("/v2/repository/models/bob_mlp/unload", carol, "", "application/json")->status,
+            404);
+  EXPECT_EQ(http.Post("/v2/repository/models/tiny_mlp/unload", bob, "", "application/json")->status,
+            403);
+  auto unloaded = http.Post("/v2/repository/models/bob_mlp/unload", bob, "", "application/json");
+  ASSERT_TRUE(unloaded);
+  EXPECT_EQ(unloaded->status, 200) << unloaded->body;
+  EXPECT_EQ(http.Get("/v2/models/bob_mlp", bob)->status, 404);
 
   for (const auto& [body, status] : std::vector<std::pair<std::string, int>>{
            {"[1]", 400},
@@ -945,9 +976,9 @@ TEST(HttpUnloadE2eTest, UnloadWaitsForInferenceCancelsTrainingAndFreesTheModel) 
   again.zoo_model = "tiny_cnn";
   ASSERT_TRUE((*tcp)->Register(again).ok());
   EXPECT_EQ(Sample(scrape(), "pswitch_pinned_weight_bytes{}"), pinned_both);
-  auto first = http.Post("/v1/tasks", bob, R"({"model": "tiny_cnn", "iterations": 1000000})",
+  auto first = http.Post("/v1/tasks", admin, R"({"model": "tiny_cnn", "iterations": 1000000})",
                          "application/json");
-  auto second = http.Post("/v1/tasks", bob, R"({"model": "tiny_cnn", "iterations": 5})",
+  auto second = http.Post("/v1/tasks", admin, R"({"model": "tiny_cnn", "iterations": 5})",
                           "application/json");
   ASSERT_EQ(first->status, 202) << first->body;
   ASSERT_EQ(second->status, 202) << second->body;
