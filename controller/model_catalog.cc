@@ -7,6 +7,7 @@
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
 #include "grouping/search.h"
+#include "proto/dtype.h"
 #include "models/layer_profiler.h"
 #include "models/registry.h"
 #include "models/script_model.h"
@@ -62,11 +63,9 @@ grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout
 }
 
 proto::DType WireDType(models::DType dtype) {
-  switch (dtype) {
-    case models::DType::kI64: return proto::DType::I64;
-    case models::DType::kI32: return proto::DType::I32;
-    default: return proto::DType::F32;  // the facts hold F32, I64 or I32 only
-  }
+  // The facts hold F32, I64 or I32 only (checked when they are decoded).
+  const proto::DTypeInfo* info = proto::DTypeByName(models::DTypeName(dtype));
+  return info == nullptr ? proto::DType::F32 : info->wire;
 }
 
 TensorSpec WireSpec(const std::string& name, const models::FactsTensorSpec& spec) {

@@ -356,13 +356,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   void Unload(proto::FramedConnection& conn, uint64_t id, const proto::UnloadModel& wire) {
     absl::StatusOr<std::string> name = ParseUnload(wire);
     if (!name.ok()) return PostReply(ErrorReply(id, name.status()));
-    if (absl::Status allowed = admission_->CheckUnload(*principal_, *name); !allowed.ok()) {
-      return conn.Send(ErrorReply(id, allowed));
-    }
+    // A fill job's own model is the job's, whoever asks (its name says no more than that).
     if (fill_ != nullptr) {
       if (absl::Status owned = fill_->CheckUnload(*name); !owned.ok()) {
         return PostReply(ErrorReply(id, owned));
       }
+    }
+    if (absl::Status allowed = admission_->CheckUnload(*principal_, *name); !allowed.ok()) {
+      return conn.Send(ErrorReply(id, allowed));
     }
     ++awaited_;
     controller_->Unload(std::move(*name), [self = shared_from_this(), id](absl::Status status) {
@@ -539,6 +540,11 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
   if (!ec) server->acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) server->acceptor_.bind(endpoint, ec);
   if (!ec) server->acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  // Connections that never send (an unauthenticated flood) wait in the kernel, not in a slot.
+  if (!ec) {
+    DeferAcceptUntilData(server->acceptor_.native_handle(),
+                         static_cast<int>(absl::ToInt64Seconds(options.auth_timeout)));
+  }
   if (ec) return absl::UnavailableError(absl::StrCat("listen on ", listen, ": ", ec.message()));
   server->port_ = server->acceptor_.local_endpoint().port();
   server->Accept();
@@ -644,19 +650,29 @@ void ClientServer::Accept() {
 }
 
 void ClientServer::EvictOldestUnauthenticated() {
-  while (!unauthenticated_.empty()) {
-    std::shared_ptr<proto::FramedConnection> oldest = unauthenticated_.begin()->second.lock();
-    if (oldest == nullptr || oldest->closed()) {
-      unauthenticated_.erase(unauthenticated_.begin());
-      continue;
+  std::erase_if(unauthenticated_, [](const auto& entry) {
+    std::shared_ptr<proto::FramedConnection> c = entry.second.lock();
+    return c == nullptr || c->closed();
+  });
+  if (unauthenticated_.empty()) return;
+  // The oldest that has nothing waiting to be read: a client whose token is already in its
+  // socket (sent, not yet read by this loop) is about to authenticate, and a flood of newcomers
+  // must not evict it in that moment. Only when every one has bytes waiting, the oldest.
+  std::shared_ptr<proto::FramedConnection> victim;
+  for (const auto& [number, weak] : unauthenticated_) {
+    std::shared_ptr<proto::FramedConnection> c = weak.lock();
+    asio::error_code ec;
+    if (c != nullptr && c->socket().available(ec) == 0 && !ec) {
+      victim = std::move(c);
+      break;
     }
-    // Its close handler takes it off the list.
-    oldest->Close(absl::ResourceExhaustedError(absl::StrCat(
-        "evicted: ", unauthenticated_.size(),
-        " connections were waiting to authenticate (--max-unauthenticated-connections); the "
-        "oldest makes room for a newcomer")));
-    return;
   }
+  if (victim == nullptr) victim = unauthenticated_.begin()->second.lock();
+  // Its close handler takes it off the list.
+  victim->Close(absl::ResourceExhaustedError(absl::StrCat(
+      "evicted: ", unauthenticated_.size(),
+      " connections were waiting to authenticate (--max-unauthenticated-connections); the "
+      "oldest with nothing sent makes room for a newcomer")));
 }
 
 void ClientServer::ReturnMemorySoon() {

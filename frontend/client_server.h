@@ -106,7 +106,8 @@ class ClientServer {
                                           : std::make_shared<ByteBudget>(ByteBudgetLimits{})),
         acceptor_(io_) {}
   void Accept();
-  // Closes the connection that has waited longest to authenticate.
+  // Closes the connection that has waited longest to authenticate and has sent nothing yet
+  // (else the oldest).
   void EvictOldestUnauthenticated();
   // A connection that held many bytes closed: soon, once for all that close about then, the
   // allocator gives its free pages back to the system.

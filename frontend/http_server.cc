@@ -661,14 +661,15 @@ bool HttpServer::CheckUnload(const Authorizer& authorize, const HttpRequest& req
   if (!who) return false;
   const std::string name = req.params[0];
   if (absl::Status valid = CheckUnloadName(name); !valid.ok()) return Refuse(res, valid);
-  // Admins, the model's trainers, and a copy's owner (another user's copy: NotFound).
-  if (absl::Status may = options_.admission->CheckUnload(*who, name); !may.ok()) {
-    return Refuse(res, may);
-  }
+  // A fill job's own model is the job's, whoever asks (its name says no more than that).
   if (options_.fill != nullptr) {
     if (absl::Status owned = options_.fill->CheckUnload(name); !owned.ok()) {
       return Refuse(res, owned);
     }
+  }
+  // Admins, the model's trainers, and a copy's owner (another user's copy: NotFound).
+  if (absl::Status may = options_.admission->CheckUnload(*who, name); !may.ok()) {
+    return Refuse(res, may);
   }
   // Triton's {"parameters": {"unload_dependents": ...}}: pswitch models have no dependents.
   absl::StatusOr<json> body = OptionalObjectBody(req, "unload request", kMaxControlBodyBytes);

@@ -321,6 +321,11 @@ absl::Status HttpTransport::Impl::Listen(const std::string& listen) {
   if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  // A connection that never sends waits in the kernel, not in one of our slots.
+  if (!ec) {
+    DeferAcceptUntilData(acceptor_.native_handle(),
+                         static_cast<int>(absl::ToInt64Seconds(limits_.header_timeout)));
+  }
   if (ec) {
     return absl::UnavailableError(
         absl::StrCat("HTTP listen on ", listen, " failed: ", ec.message()));

@@ -182,6 +182,8 @@ TEST_F(HttpTransportTest, AtTheCapTheConnectionWaitingLongestMakesRoom) {
   std::vector<int> idle;
   for (int i = 0; i < 4; ++i) {
     idle.push_back(Connect(transport_->port()));
+    // A first byte: a connection that never sends waits in the kernel (TCP_DEFER_ACCEPT).
+    Send(idle.back(), "G");
     absl::SleepFor(absl::Milliseconds(20));  // a defined order of arrival
   }
   absl::SleepFor(absl::Milliseconds(100));

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "base/text.h"
 #include "nlohmann/json.hpp"
+#include "proto/dtype.h"
 
 namespace pswitch::frontend {
 namespace {
@@ -318,29 +319,14 @@ void AppendNumbers(const proto::HostTensor& t, std::string& out) {
 }  // namespace
 
 std::optional<proto::DType> KserveDType(absl::string_view name) {
-  if (name == "FP32") return proto::DType::F32;
-  if (name == "INT64") return proto::DType::I64;
-  if (name == "INT32") return proto::DType::I32;
-  if (name == "UINT8") return proto::DType::U8;
-  return std::nullopt;
+  const proto::DTypeInfo* info = proto::DTypeByKserve(name);
+  if (info == nullptr || !info->kserve_input) return std::nullopt;
+  return info->wire;
 }
 
 const char* KserveDTypeName(proto::DType dtype) {
-  switch (dtype) {
-    case proto::DType::F32:
-      return "FP32";
-    case proto::DType::I64:
-      return "INT64";
-    case proto::DType::I32:
-      return "INT32";
-    case proto::DType::U8:
-      return "UINT8";
-    case proto::DType::F16:
-      return "FP16";
-    case proto::DType::BF16:
-      return "BF16";
-  }
-  return "UNKNOWN";
+  const proto::DTypeInfo* info = proto::FindDType(dtype);
+  return info == nullptr ? "UNKNOWN" : info->kserve;
 }
 
 bool InferRequest::WantsBinary(const std::string& output) const {

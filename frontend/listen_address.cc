@@ -1,5 +1,9 @@
 #include "frontend/listen_address.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -18,6 +22,16 @@ absl::StatusOr<ListenAddress> SplitListen(const std::string& listen) {
     address.host = address.host.substr(1, address.host.size() - 2);
   }
   return address;
+}
+
+void DeferAcceptUntilData(int listening_fd, int max_wait_s) {
+#ifdef TCP_DEFER_ACCEPT
+  const int seconds = max_wait_s < 1 ? 1 : max_wait_s;
+  (void)::setsockopt(listening_fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &seconds, sizeof(seconds));
+#else
+  (void)listening_fd;
+  (void)max_wait_s;
+#endif
 }
 
 }  // namespace pswitch::frontend

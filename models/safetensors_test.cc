@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/dtype.h"
 
 namespace pswitch::models {
 namespace {
@@ -23,6 +24,16 @@ std::string RawFile(const std::string& header, const std::string& data) {
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   return out + header + data;
+}
+
+// The wire's dtypes are safetensors' by name (proto/dtype.h): each must parse here, same size.
+TEST(SafetensorsTest, EveryWireDTypeIsASafetensorsDTypeOfTheSameSize) {
+  for (const proto::DTypeInfo& row : proto::kDTypes) {
+    absl::StatusOr<DType> dtype = ParseDType(row.name);
+    ASSERT_TRUE(dtype.ok()) << row.name;
+    EXPECT_EQ(DTypeBytes(*dtype), row.bytes) << row.name;
+    EXPECT_EQ(DTypeName(*dtype), row.name);
+  }
 }
 
 TEST(SafetensorsTest, RoundTripKeepsOrderDtypesShapesAndBytes) {

@@ -4,23 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "proto/dtype.h"
 
 namespace pswitch::proto {
 
 size_t DTypeBytes(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-    case DType::I32:
-      return 4;
-    case DType::F16:
-    case DType::BF16:
-      return 2;
-    case DType::I64:
-      return 8;
-    case DType::U8:
-      return 1;
-  }
-  return 0;
+  const DTypeInfo* info = FindDType(dtype);
+  return info == nullptr ? 0 : info->bytes;
 }
 
 absl::StatusOr<uint64_t> ElementCount(const std::vector<int64_t>& shape) {

@@ -216,11 +216,19 @@ TEST(ClientBudgetE2eTest, AClientsConnectionsShareItsTokensShare) {
   }
 }
 
-// A TCP connection to `address`, or -1.
+// A TCP connection to `address` that has sent one byte of a frame's length prefix (so pswitchd,
+// which defers accepting until a connection's first bytes, takes it into an unauthenticated
+// slot and holds it there until the authentication timeout or an eviction), or -1.
 int ConnectRaw(const std::string& address) {
   auto channel = proto::FrameChannel::ConnectTcp(address);
   if (!channel.ok()) return -1;
-  return ::dup((*channel)->fd());
+  const int fd = ::dup((*channel)->fd());
+  const char first = 0;
+  if (fd >= 0 && ::send(fd, &first, 1, MSG_NOSIGNAL) != 1) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // Issue 27, item 11: 256 unauthenticated connections, each reopened after its authentication

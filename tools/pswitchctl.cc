@@ -34,6 +34,7 @@
 #include "client/client.h"
 #include "httplib.h"
 #include "models/safetensors.h"
+#include "proto/dtype.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:7300", "pswitchd address");
@@ -92,42 +93,20 @@ namespace {
 
 using models::DType;
 
+// Safetensors' dtypes and the wire's share their names (proto/dtype.h).
 absl::StatusOr<proto::DType> ToWire(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return proto::DType::F32;
-    case DType::kF16:
-      return proto::DType::F16;
-    case DType::kBF16:
-      return proto::DType::BF16;
-    case DType::kI64:
-      return proto::DType::I64;
-    case DType::kI32:
-      return proto::DType::I32;
-    case DType::kU8:
-      return proto::DType::U8;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", models::DTypeName(dtype), " is not accepted as a task input"));
+  const proto::DTypeInfo* info = proto::DTypeByName(models::DTypeName(dtype));
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", models::DTypeName(dtype), " is not accepted as a task input"));
   }
+  return info->wire;
 }
 
 absl::StatusOr<DType> FromWire(proto::DType dtype) {
-  switch (dtype) {
-    case proto::DType::F32:
-      return DType::kF32;
-    case proto::DType::F16:
-      return DType::kF16;
-    case proto::DType::BF16:
-      return DType::kBF16;
-    case proto::DType::I64:
-      return DType::kI64;
-    case proto::DType::I32:
-      return DType::kI32;
-    case proto::DType::U8:
-      return DType::kU8;
-  }
-  return absl::InvalidArgumentError("unknown output dtype");
+  const proto::DTypeInfo* info = proto::FindDType(dtype);
+  if (info == nullptr) return absl::InvalidArgumentError("unknown output dtype");
+  return models::ParseDType(info->name);
 }
 
 absl::StatusOr<std::vector<proto::HostTensor>> ReadInputs(const std::string& path) {

@@ -6,46 +6,32 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "proto/dtype.h"
 
 namespace pswitch::worker {
 namespace {
 
+// proto/dtype.h keeps libtorch's scalar types as numbers; each must be the one libtorch means.
+static_assert(static_cast<int>(at::kFloat) == 6 && static_cast<int>(at::kHalf) == 5 &&
+                  static_cast<int>(at::kBFloat16) == 15 && static_cast<int>(at::kLong) == 4 &&
+                  static_cast<int>(at::kInt) == 3 && static_cast<int>(at::kByte) == 0,
+              "proto/dtype.h's torch_scalar_type column no longer matches c10::ScalarType");
+
 absl::StatusOr<at::ScalarType> ToScalarType(proto::DType dtype) {
-  switch (dtype) {
-    case proto::DType::F32:
-      return at::kFloat;
-    case proto::DType::F16:
-      return at::kHalf;
-    case proto::DType::BF16:
-      return at::kBFloat16;
-    case proto::DType::I64:
-      return at::kLong;
-    case proto::DType::I32:
-      return at::kInt;
-    case proto::DType::U8:
-      return at::kByte;
+  const proto::DTypeInfo* info = proto::FindDType(dtype);
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  return static_cast<at::ScalarType>(info->torch_scalar_type);
 }
 
 absl::StatusOr<proto::DType> ToWireDType(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat:
-      return proto::DType::F32;
-    case at::kHalf:
-      return proto::DType::F16;
-    case at::kBFloat16:
-      return proto::DType::BF16;
-    case at::kLong:
-      return proto::DType::I64;
-    case at::kInt:
-      return proto::DType::I32;
-    case at::kByte:
-      return proto::DType::U8;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", c10::toString(type), " cannot be sent over the wire"));
+  const proto::DTypeInfo* info = proto::DTypeByTorch(static_cast<int>(type));
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", c10::toString(type), " cannot be sent over the wire"));
   }
+  return info->wire;
 }
 
 }  // namespace

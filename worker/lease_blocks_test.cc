@@ -1,5 +1,6 @@
 #include "worker/lease_blocks.h"
 
+#include <array>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -62,7 +63,9 @@ TEST(LeaseBlocksTest, PersistentBytesDoNotCountAgainstATaskLimit) {
 }
 
 TEST(LeaseBlocksTest, AfterAnOwnerChangeEveryByteAnEarlierOwnerTouchedIsReportedOnceForClearing) {
-  std::vector<std::byte> lease(4096);
+  // Aligned, so the offsets below are the blocks' (a vector's storage need not be: the blocks
+  // would then start at the first multiple of 256 inside it, and the tail would not fit).
+  alignas(256) std::array<std::byte, 4096> lease{};
   LeaseBlocks blocks(lease.data(), 4096, 256);
   std::vector<LeaseBlocks::Range> clear;
   // The first owner: nothing was touched before it.

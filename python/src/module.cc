@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "proto/dtype.h"
 
 namespace py = pybind11;
 
@@ -57,17 +58,17 @@ proto::HostTensor FromNumpy(const std::string& name, const py::array& array) {
   proto::HostTensor t;
   t.name = name;
   const py::dtype dtype = array.dtype();
-  if (dtype.is(py::dtype::of<float>())) {
-    t.dtype = proto::DType::F32;
-  } else if (dtype.is(py::dtype::of<int64_t>())) {
-    t.dtype = proto::DType::I64;
-  } else if (dtype.is(py::dtype::of<int32_t>())) {
-    t.dtype = proto::DType::I32;
-  } else {
+  // numpy's names for pswitch's dtypes come from the one table (proto/dtype.h).
+  const proto::DTypeInfo* info = nullptr;
+  for (const proto::DTypeInfo& row : proto::kDTypes) {
+    if (row.numpy != nullptr && dtype.is(py::dtype(std::string(row.numpy)))) info = &row;
+  }
+  if (info == nullptr) {
     throw py::type_error(absl::StrCat("input '", name, "' has dtype ",
                                       std::string(py::str(py::handle(dtype))),
-                                      "; pswitch takes float32, int64 or int32"));
+                                      "; pswitch takes float32, float16, int64, int32 or uint8"));
   }
+  t.dtype = info->wire;
   auto contiguous = py::array::ensure(array, py::array::c_style);
   if (!contiguous) throw py::type_error("input is not convertible to a contiguous array");
   t.shape.assign(contiguous.shape(), contiguous.shape() + contiguous.ndim());
@@ -78,15 +79,11 @@ proto::HostTensor FromNumpy(const std::string& name, const py::array& array) {
 
 // The output's bytes become the numpy array's memory (no copy): a capsule owns them.
 py::array ToNumpy(proto::HostTensor tensor) {
-  py::dtype dtype;
-  switch (tensor.dtype) {
-    case proto::DType::F32: dtype = py::dtype::of<float>(); break;
-    case proto::DType::I64: dtype = py::dtype::of<int64_t>(); break;
-    case proto::DType::I32: dtype = py::dtype::of<int32_t>(); break;
-    case proto::DType::U8: dtype = py::dtype::of<uint8_t>(); break;
-    default:
-      throw py::type_error(absl::StrCat("output '", tensor.name, "' has a dtype numpy lacks"));
+  const proto::DTypeInfo* info = proto::FindDType(tensor.dtype);
+  if (info == nullptr || info->numpy == nullptr) {
+    throw py::type_error(absl::StrCat("output '", tensor.name, "' has a dtype numpy lacks"));
   }
+  const py::dtype dtype(std::string(info->numpy));
   auto* owned = new std::vector<uint8_t>(std::move(tensor.data));
   py::capsule free(owned, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
   return py::array(dtype, tensor.shape, owned->data(), free);
