@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -107,6 +109,41 @@ TEST_F(CudaWorkerTest, ServesTensorsFromTheLeaseAndFailsClearlyBeyondIt) {
     g.allocator->set_limit(0);
   }
   EXPECT_EQ(g.allocator->in_use_bytes(), before);
+}
+
+// Issue 27: a block another owner touched comes back zeroed on the device (cudaMemsetAsync on
+// the compute stream), never holding the earlier owner's bytes; the same owner's blocks are not
+// cleared. Prints what the clearing cost against the same owner's allocation, same run.
+TEST_F(CudaWorkerTest, BlocksAnotherOwnerTouchedComeBackZeroedOnTheDevice) {
+  Gpu& g = Get();
+  constexpr int64_t kElements = 16 << 20;  // 64 MiB of floats
+  auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+  auto timed_empty = [&options](double* ms) {
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor t = at::empty({kElements}, options);
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+    return t;
+  };
+  {
+    at::Tensor secret = at::full({kElements}, 7.0f, options);
+    c10::cuda::getCurrentCUDAStream().synchronize();
+  }
+  double same_ms = 0, other_ms = 0;
+  {
+    at::Tensor again = timed_empty(&same_ms);  // the same owner: its own bytes, not cleared
+    EXPECT_EQ(again.max().item<float>(), 7.0f) << "a block is cleared for its own owner";
+  }
+  g.allocator->NewOwner();
+  EXPECT_GE(g.allocator->dirty_bytes(), static_cast<uint64_t>(kElements) * 4);
+  {
+    at::Tensor next = timed_empty(&other_ms);
+    EXPECT_EQ(next.abs().max().item<float>(), 0.0f) << "another owner's bytes leaked";
+  }
+  std::printf("lease clear, 64 MiB: same owner %.3f ms, another owner %.3f ms (+%.3f ms)\n",
+              same_ms, other_ms, other_ms - same_ms);
 }
 
 TEST_F(CudaWorkerTest, BindsAModelAtArenaOffsetsAndRunsItOnTheGpu) {
