@@ -45,7 +45,8 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     ++line_number;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line.front() == '#') continue;
-    std::vector<std::string> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    std::vector<std::string> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     const std::string where = absl::StrCat(what, " line ", line_number);
     if (fields.size() != 3) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": want TOKEN NAME ROLE"));

@@ -29,10 +29,11 @@ class TokenFileTest : public ::testing::Test {
 };
 
 TEST_F(TokenFileTest, LoadsTokensNamesAndRoles) {
-  auto table = TokenTable::Load(Write("# operators\n"
-                                      "aaaaaaaaaaaaaaaaaaaa  alice admin\n"
-                                      "\n"
-                                      "bbbbbbbbbbbbbbbbbbbb\tbob user\n"));
+  auto table =
+      TokenTable::Load(Write("# operators\n"
+                             "aaaaaaaaaaaaaaaaaaaa  alice admin\n"
+                             "\n"
+                             "bbbbbbbbbbbbbbbbbbbb\tbob user\n"));
   ASSERT_TRUE(table.ok()) << table.status();
   EXPECT_EQ(table->size(), 2u);
   auto alice = table->Find("aaaaaaaaaaaaaaaaaaaa");

@@ -1,25 +1,24 @@
 #include "frontend/client_server.h"
 
-#include "frontend/listen_address.h"
-#include "frontend/memory_return.h"
-#include "frontend/requests.h"
-
 #include <algorithm>
 #include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "base/log.h"
-#include "base/text.h"
 #include "api/client_codec.h"
 #include "base/clock.h"
+#include "base/log.h"
 #include "base/status.h"
+#include "base/text.h"
+#include "frontend/listen_address.h"
+#include "frontend/memory_return.h"
+#include "frontend/requests.h"
 #include "gpu/copy_engine.h"
-#include "proto/framing.h"
 #include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
+#include "proto/framing.h"
 #include "proto/host_tensor.h"
 #include "proto/wire_status.h"
 
@@ -27,14 +26,14 @@ namespace pswitch::frontend {
 
 using controller::EntryRef;
 using controller::FillJobStatus;
+using controller::FillStats;
+using controller::GpuScheduler;
 using controller::ModelRequest;
 using controller::SwitchTimeline;
+using controller::TaskKind;
 using controller::TaskOutcome;
 using controller::TaskSpec;
 using controller::TaskStatus;
-using controller::TaskKind;
-using controller::FillStats;
-using controller::GpuScheduler;
 namespace {
 
 // What a connection may hold before it authenticates (an Authenticate is far smaller), so the
@@ -148,7 +147,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!RoleAllows(principal_->role, type)) {
       return conn.Send(ErrorReply(
           id, absl::PermissionDeniedError(absl::StrCat(
-                  "'", principal_->name, "' (role user) may infer, train, unload the models it "
+                  "'", principal_->name,
+                  "' (role user) may infer, train, unload the models it "
                   "may change and see and cancel its own tasks; this request needs an admin "
                   "token"))));
     }
@@ -171,7 +171,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         if (!cancelled.ok()) return conn.Send(ErrorReply(id, cancelled));
         Builder b;
         auto ack = proto::CreateAck(b);
-        proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
+        proto::Finish(b,
+                      proto::CreateControllerReply(b, id, ControllerReplyBody::Ack, ack.Union()));
         return conn.Send(Bytes(b));
       }
       case proto::ClientRequestBody::ListModels:
@@ -180,23 +181,21 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         return conn.Send(TaskListReply(id, (*request)->body_as_ListTasks()->limit()));
       case proto::ClientRequestBody::BubbleBegin: {
         const BubbleBeginRequest begin = ParseBubbleBegin(*(*request)->body_as_BubbleBegin());
-        return conn.Send(AckOrError(id, fill_->BubbleBegin(begin.gpu, begin.expected,
-                                                           begin.free_bytes, begin.began_ns)));
+        return conn.Send(AckOrError(
+            id, fill_->BubbleBegin(begin.gpu, begin.expected, begin.free_bytes, begin.began_ns)));
       }
       case proto::ClientRequestBody::BubbleEnd:
         return conn.Send(AckOrError(
             id, fill_->BubbleEnd(static_cast<int>((*request)->body_as_BubbleEnd()->gpu()))));
       case proto::ClientRequestBody::RegisterBubbleCycle:
-        return conn.Send(
-            AckOrError(id, RegisterCycle(*(*request)->body_as_RegisterBubbleCycle())));
+        return conn.Send(AckOrError(id, RegisterCycle(*(*request)->body_as_RegisterBubbleCycle())));
       case proto::ClientRequestBody::FillSubmit:
         return FillSubmit(conn, id, *(*request)->body_as_FillSubmit(), /*estimate=*/false);
       case proto::ClientRequestBody::FillEstimateQuery:
         return FillSubmit(conn, id, *(*request)->body_as_FillEstimateQuery()->job(),
                           /*estimate=*/true);
       case proto::ClientRequestBody::FillCancel:
-        return conn.Send(
-            AckOrError(id, fill_->Cancel((*request)->body_as_FillCancel()->job_id())));
+        return conn.Send(AckOrError(id, fill_->Cancel((*request)->body_as_FillCancel()->job_id())));
       case proto::ClientRequestBody::FillQuery:
         return conn.Send(FillStatusReply(id, (*request)->body_as_FillQuery()->job_id()));
       case proto::ClientRequestBody::FillStatsQuery:
@@ -271,18 +270,18 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     absl::StatusOr<FillRequest> request = ParseFill(wire);
     if (!request.ok()) return conn.Send(ErrorReply(id, request.status()));
     ++awaited_;
-    fill_->Background([self = shared_from_this(), id, estimate,
-                       request = *std::move(request)]() mutable {
-      if (estimate) {
-        absl::StatusOr<FillJobStatus> predicted = self->fill_->Estimate(std::move(request));
-        self->PostAwaitedReply(predicted.ok() ? self->FillStatusReply(id, *predicted)
-                                              : ErrorReply(id, predicted.status()));
-        return;
-      }
-      absl::StatusOr<uint64_t> job = self->fill_->Submit(std::move(request));
-      self->PostAwaitedReply(job.ok() ? self->FillStatusReply(id, *job)
-                                      : ErrorReply(id, job.status()));
-    });
+    fill_->Background(
+        [self = shared_from_this(), id, estimate, request = *std::move(request)]() mutable {
+          if (estimate) {
+            absl::StatusOr<FillJobStatus> predicted = self->fill_->Estimate(std::move(request));
+            self->PostAwaitedReply(predicted.ok() ? self->FillStatusReply(id, *predicted)
+                                                  : ErrorReply(id, predicted.status()));
+            return;
+          }
+          absl::StatusOr<uint64_t> job = self->fill_->Submit(std::move(request));
+          self->PostAwaitedReply(job.ok() ? self->FillStatusReply(id, *job)
+                                          : ErrorReply(id, job.status()));
+        });
   }
 
   std::vector<uint8_t> FillStatusReply(uint64_t id, uint64_t job_id) {
@@ -294,14 +293,16 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   static std::vector<uint8_t> FillStatusReply(uint64_t id, const FillJobStatus& s) {
     Builder b;
     auto status = api::Encode(b, s);
-    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
+    proto::Finish(
+        b, proto::CreateControllerReply(b, id, ControllerReplyBody::FillStatus, status.Union()));
     return Bytes(b);
   }
 
   std::vector<uint8_t> FillStatsReply(uint64_t id) {
     Builder b;
     auto stats = api::Encode(b, fill_->Stats());
-    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::FillStats, stats.Union()));
+    proto::Finish(
+        b, proto::CreateControllerReply(b, id, ControllerReplyBody::FillStats, stats.Union()));
     return Bytes(b);
   }
 
@@ -337,18 +338,18 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         [request = std::move(request), repository = options_->repository,
          allow = options_->allow_client_paths] {
           return ResolveModelRequest(request, repository, allow);
-        }, [self = shared_from_this(), id](const absl::StatusOr<EntryRef>& entry) {
+        },
+        [self = shared_from_this(), id](const absl::StatusOr<EntryRef>& entry) {
           if (!entry.ok()) {
             self->PostAwaitedReply(ErrorReply(id, entry.status()));
             return;
           }
           Builder b;
           auto registered = proto::CreateRegistered(
-              b, b.CreateString((*entry)->request.name),
-              (*entry)->layers,
+              b, b.CreateString((*entry)->request.name), (*entry)->layers,
               static_cast<uint32_t>((*entry)->plan.size()), (*entry)->weight_bytes);
           proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
-                                                registered.Union()));
+                                                        registered.Union()));
           self->PostAwaitedReply(Bytes(b));
         });
   }
@@ -388,8 +389,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     spec.iterations = parsed->iterations;
     spec.batch = parsed->batch;
     spec.seed = parsed->seed;
-    spec.trainer.optimizer = parsed->adam ? models::OptimizerKind::kAdam
-                                          : models::OptimizerKind::kSgd;
+    spec.trainer.optimizer =
+        parsed->adam ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
     spec.trainer.learning_rate = parsed->learning_rate;
     spec.trainer.momentum = parsed->momentum;
     spec.priority = parsed->priority;
@@ -463,7 +464,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!info.ok()) return ErrorReply(id, info.status());
     Builder b;
     auto status = api::Encode(b, *info);
-    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
+    proto::Finish(
+        b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskStatus, status.Union()));
     return Bytes(b);
   }
 
@@ -475,7 +477,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       if (owners_->MayAccess(*principal_, info.task_id)) tasks.push_back(api::Encode(b, info));
     }
     auto list = proto::CreateTaskList(b, b.CreateVector(tasks));
-    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskList, list.Union()));
+    proto::Finish(b,
+                  proto::CreateControllerReply(b, id, ControllerReplyBody::TaskList, list.Union()));
     return Bytes(b);
   }
 
@@ -488,7 +491,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                                               entry->weight_bytes));
     }
     auto list = proto::CreateModelList(b, b.CreateVector(models));
-    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::ModelList, list.Union()));
+    proto::Finish(
+        b, proto::CreateControllerReply(b, id, ControllerReplyBody::ModelList, list.Union()));
     return Bytes(b);
   }
 
@@ -497,11 +501,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   Controller* const controller_;
   FillManager* const fill_;
   const ClientServerOptions* const options_;  // the server's, which outlives its sessions
-  TaskOwners* const owners_;                   // the server's
-  TaskAdmission* const admission_;             // the server's
-  const std::string address_;                  // the peer's
-  const uint64_t connection_;                  // this connection's number, naming it without tokens
-  std::optional<Principal> principal_;         // who this connection is, once known
+  TaskOwners* const owners_;                  // the server's
+  TaskAdmission* const admission_;            // the server's
+  const std::string address_;                 // the peer's
+  const uint64_t connection_;                 // this connection's number, naming it without tokens
+  std::optional<Principal> principal_;        // who this connection is, once known
   std::weak_ptr<proto::FramedConnection> conn_;
   int awaited_ = 0;  // answers this client waits for (event loop only)
   // Event loop only, as the server's members they update.
@@ -611,19 +615,18 @@ void ClientServer::Accept() {
     const std::string address = socket.remote_endpoint(ignored).address().to_string();
     proto::FramedConnection::Socket generic(
         io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
-    auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
-                                             &owners_, &admission_, address,
-                                             ++connections_accepted_);
+    auto session =
+        std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_, &owners_,
+                                  &admission_, address, ++connections_accepted_);
     proto::ConnectionLimits limits;
     limits.max_frame_bytes = options_.max_frame_bytes;
     limits.frame_timeout = options_.frame_timeout;
     limits.max_queued_bytes = options_.max_queued_reply_bytes;
     // Without tokens each connection is a client of its own (as the task quota counts them).
     const uint64_t number = connections_accepted_;
-    session->Admit(this,
-                   BudgetCharge(budget_, options_.tokens != nullptr
-                                             ? std::string(kUnauthenticatedClient)
-                                             : absl::StrCat(address, "#", number)));
+    session->Admit(this, BudgetCharge(budget_, options_.tokens != nullptr
+                                                   ? std::string(kUnauthenticatedClient)
+                                                   : absl::StrCat(address, "#", number)));
     limits.held_bytes = [session](size_t bytes) { return session->Hold(bytes); };
     auto conn = proto::FramedConnection::Create(
         std::move(generic), std::move(limits),
@@ -684,8 +687,7 @@ void ClientServer::ReturnMemorySoon() {
     return_memory_due_ = false;
     const absl::Time start = absl::Now();
     ReturnFreedMemory();
-    base::Log(base::LogLevel::kInfo, "memory_returned")
-        .FieldMs("took_ms", absl::Now() - start);
+    base::Log(base::LogLevel::kInfo, "memory_returned").FieldMs("took_ms", absl::Now() - start);
   });
 }
 

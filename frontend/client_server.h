@@ -14,12 +14,12 @@
 #include "absl/synchronization/notification.h"
 #include "asio.hpp"
 #include "controller/controller.h"
+#include "controller/fill_manager.h"
+#include "controller/model_repository.h"
 #include "frontend/admission.h"
 #include "frontend/auth.h"
 #include "frontend/byte_budget.h"
 #include "frontend/client_quota.h"
-#include "controller/fill_manager.h"
-#include "controller/model_repository.h"
 #include "proto/framed_connection.h"
 
 namespace pswitch::frontend {
@@ -27,7 +27,6 @@ namespace pswitch::frontend {
 using controller::Controller;
 using controller::FillManager;
 using controller::ModelRepository;
-
 
 struct ClientServerOptions {
   uint32_t max_frame_bytes = proto::kDefaultMaxFrameBytes;

@@ -66,10 +66,11 @@ void ReplyError(HttpResponse& res, const absl::Status& status) {
 
 // Releases a request's charge; after a large one, gives the freed pages back to the system
 // (a trim locks the allocator's arenas briefly, so not after every small request).
-void ReleaseBody(BudgetCharge& charge) {
+void ReleaseBody(BudgetCharge& charge, WaitingRequests& waiting) {
   const size_t bytes = charge.bytes();
   charge.Reset();
-  if (bytes >= kTrimAfterBytes) ReturnFreedMemory();
+  // On a handler thread: the release may come from a scheduler's loop, which a trim must not stall.
+  if (bytes >= kTrimAfterBytes) waiting.Run([] { ReturnFreedMemory(); });
 }
 
 // ReplyError, for checks that answer whether the request may go on.
@@ -258,7 +259,8 @@ int HttpStatus(absl::StatusCode code) {
 HttpServer::HttpServer(Controller* controller, HttpServerOptions options)
     : controller_(controller),
       options_(std::move(options)),
-      pool_(std::max<size_t>(options_.handler_threads, 1), options_.max_queued_requests) {}
+      pool_(std::max<size_t>(options_.handler_threads, 1), options_.max_queued_requests),
+      waiting_(std::make_shared<WaitingRequests>(&pool_, options_.infer_timeout)) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
                                                               Controller* controller,
@@ -267,25 +269,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   s->AddRoutes();
   PSWITCH_ASSIGN_OR_RETURN(s->transport_,
                            HttpTransport::Start(listen, s->options_.limits, s.get()));
-  s->sweeper_ = std::thread([server = s.get()] { server->SweepWaiting(); });
+  s->sweeper_ = std::thread([waiting = s->waiting_] {
+    while (waiting->SweepAndWait(absl::Seconds(1))) {
+    }
+  });
   base::Log(base::LogLevel::kInfo, "http_routes").Field("routes", absl::StrJoin(s->routes(), ","));
   return s;
 }
 
 HttpServer::~HttpServer() {
-  std::map<uint64_t, Waiting> waiting;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    waiting.swap(waiting_);
-  }
-  // Their tasks may still finish; the answer is dropped (TakeWaiting finds nothing).
+  // Waiting requests are answered 503 and the pool forgotten: a controller callback that fires
+  // later finds nothing to answer and nowhere to run.
+  waiting_->Stop();
   if (sweeper_.joinable()) sweeper_.join();
-  for (auto& [id, w] : waiting) {
-    HttpResponse res;
-    ReplyError(res, absl::UnavailableError("pswitchd is shutting down"));
-    w.respond(std::move(res));
-  }
   // Handlers in flight finish (their answers are written within the grace), then connections
   // close; the pool is stopped after the transport, so no request reaches a stopped pool.
   if (transport_ != nullptr) transport_->Shutdown(absl::Seconds(2));
@@ -304,6 +300,8 @@ HttpServer::Route& HttpServer::Handle(const char* method, const std::string& pat
   r.method = method;
   r.path = path;
   r.segments = absl::StrSplit(path, '/');
+  // A GET or DELETE has no body: one announced is refused before it is read.
+  if (r.method == "GET" || r.method == "DELETE") r.max_body_bytes = 0;
   r.handler = std::move(handler);
   routes_.push_back(std::move(r));
   return routes_.back();
@@ -400,48 +398,6 @@ void HttpServer::Serve(HttpRequest request, HttpRespond respond) {
   ReplyError(busy, absl::UnavailableError("pswitchd's HTTP handlers are all busy; try again"));
   busy.set_header("Retry-After", "1");
   respond(std::move(busy));
-}
-
-uint64_t HttpServer::AddWaiting(HttpRespond respond, std::string what) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    HttpResponse res;
-    ReplyError(res, absl::UnavailableError("pswitchd is shutting down"));
-    respond(std::move(res));
-    return 0;
-  }
-  const uint64_t id = ++next_waiting_;
-  waiting_.emplace(
-      id, Waiting{std::move(respond), absl::Now() + options_.infer_timeout, std::move(what)});
-  return id;
-}
-
-HttpRespond HttpServer::TakeWaiting(uint64_t id) {
-  absl::MutexLock lock(&mu_);
-  auto it = waiting_.find(id);
-  if (it == waiting_.end()) return nullptr;
-  HttpRespond respond = std::move(it->second.respond);
-  waiting_.erase(it);
-  return respond;
-}
-
-void HttpServer::SweepWaiting() {
-  absl::MutexLock lock(&mu_);
-  while (!mu_.AwaitWithTimeout(absl::Condition(this, &HttpServer::Stopping), absl::Seconds(1))) {
-    const absl::Time now = absl::Now();
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (it->second.deadline > now) {
-        ++it;
-        continue;
-      }
-      HttpResponse res;
-      ReplyError(res, absl::DeadlineExceededError(
-                          absl::StrCat(it->second.what, " is still going on after ",
-                                       absl::FormatDuration(options_.infer_timeout))));
-      it->second.respond(std::move(res));  // posts to the transport's loop; never blocks
-      it = waiting_.erase(it);
-    }
-  }
 }
 
 void HttpServer::AddRoutes() {
@@ -606,14 +562,14 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
                 // Registration runs on the controller's registration thread; the answer comes from
                 // there.
                 const uint64_t waiting =
-                    AddWaiting(std::move(respond), absl::StrCat("loading '", name, "'"));
+                    waiting_->Add(std::move(respond), absl::StrCat("loading '", name, "'"));
                 if (waiting == 0) return;
                 controller_->Register(
                     [repository = options_.repository, name, config]() {
                       return repository->Request(name, config ? &*config : nullptr);
                     },
-                    [this, waiting, name](const absl::StatusOr<EntryRef>& entry) {
-                      HttpRespond respond = TakeWaiting(waiting);
+                    [table = waiting_, waiting, name](const absl::StatusOr<EntryRef>& entry) {
+                      HttpRespond respond = table->Take(waiting);
                       if (respond == nullptr) return;
                       HttpResponse res;
                       if (!entry.ok()) {
@@ -634,12 +590,12 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
                 HttpResponse res;
                 if (!CheckUnload(authorize, req, res)) return respond(std::move(res));
                 const std::string name = req.params[0];
-                const uint64_t waiting = AddWaiting(
+                const uint64_t waiting = waiting_->Add(
                     std::move(respond),
                     absl::StrCat("unloading '", name, "' (it waits for the model's running task)"));
                 if (waiting == 0) return;
-                controller_->Unload(name, [this, waiting, name](absl::Status status) {
-                  HttpRespond respond = TakeWaiting(waiting);
+                controller_->Unload(name, [table = waiting_, waiting, name](absl::Status status) {
+                  HttpRespond respond = table->Take(waiting);
                   if (respond == nullptr) return;
                   HttpResponse res;
                   if (!status.ok()) {
@@ -945,8 +901,8 @@ void HttpServer::SubmitTraining(const Principal& who, const HttpRequest& req, Ht
   }
   const std::string client =
       options_.tokens != nullptr ? who.name : absl::StrCat("http:", req.peer);
-  auto accepted = [respond, model = copy_name.empty() ? spec.model : copy_name](
-                      const absl::StatusOr<uint64_t>& task) {
+  auto answer = [model = copy_name.empty() ? spec.model
+                                           : copy_name](const absl::StatusOr<uint64_t>& task) {
     HttpResponse res;
     if (!task.ok()) {
       ReplyError(res, task.status());
@@ -954,16 +910,25 @@ void HttpServer::SubmitTraining(const Principal& who, const HttpRequest& req, Ht
       res.set_header("Location", absl::StrCat("/v1/tasks/", *task));
       Reply(res, 202, json{{"task_id", *task}, {"model", model}});
     }
-    respond(std::move(res));
+    return res;
   };
   // A training task is polled, not waited for: its answer is dropped.
   auto done = [](const absl::StatusOr<TaskOutcome>&) {};
-  if (!copy_name.empty()) {
-    // The copy registers on the registration thread; `accepted` answers from there.
-    return options_.admission->SubmitOnCopy(who, client, std::move(spec), std::move(copy_name),
-                                            std::move(accepted), std::move(done));
+  if (copy_name.empty()) {
+    return respond(
+        answer(options_.admission->Submit(who, client, std::move(spec), std::move(done))));
   }
-  accepted(options_.admission->Submit(who, client, std::move(spec), std::move(done)));
+  // The copy registers on the registration thread, which answers; until then the request
+  // waits like an infer (504 past the timeout, 503 at shutdown).
+  const uint64_t waiting =
+      waiting_->Add(std::move(respond), absl::StrCat("registering the copy '", copy_name, "'"));
+  if (waiting == 0) return;
+  options_.admission->SubmitOnCopy(
+      who, client, std::move(spec), std::move(copy_name),
+      [table = waiting_, waiting, answer](const absl::StatusOr<uint64_t>& task) {
+        if (HttpRespond respond = table->Take(waiting)) respond(answer(task));
+      },
+      std::move(done));
 }
 
 void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respond) {
@@ -1010,7 +975,7 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   const std::string client =
       options_.tokens != nullptr ? who.name : absl::StrCat("http:", req.peer);
   const uint64_t waiting =
-      AddWaiting(std::move(respond), absl::StrCat("the infer request on '", model, "'"));
+      waiting_->Add(std::move(respond), absl::StrCat("the infer request on '", model, "'"));
   if (waiting == 0) return;
   // What the answer needs, apart from the outputs: the request's id and binary wishes.
   auto shape = std::make_shared<InferRequest>(std::move(*request));
@@ -1018,9 +983,9 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   auto held = std::make_shared<BudgetCharge>(std::move(req.charge));
   absl::StatusOr<uint64_t> task = options_.admission->Submit(
       who, client, std::move(spec),
-      [this, waiting, model, shape, held](const absl::StatusOr<TaskOutcome>& out) {
-        ReleaseBody(*held);
-        HttpRespond respond = TakeWaiting(waiting);
+      [table = waiting_, waiting, model, shape, held](const absl::StatusOr<TaskOutcome>& out) {
+        ReleaseBody(*held, *table);
+        HttpRespond respond = table->Take(waiting);
         if (respond == nullptr) return;  // answered at shutdown
         // Encoding is CPU work: on a handler thread, never the scheduler's loop.
         auto encode = [out, model, shape, respond]() {
@@ -1037,15 +1002,15 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
           }
           respond(std::move(res));
         };
-        if (!pool_.Submit(encode)) {
+        if (!table->Run(encode)) {
           HttpResponse res;
           ReplyError(res, absl::UnavailableError("pswitchd is shutting down"));
           respond(std::move(res));
         }
       });
   if (!task.ok()) {
-    ReleaseBody(*held);
-    if (HttpRespond r = TakeWaiting(waiting)) {
+    ReleaseBody(*held, *waiting_);
+    if (HttpRespond r = waiting_->Take(waiting)) {
       HttpResponse res;
       ReplyError(res, task.status());
       r(std::move(res));

@@ -32,6 +32,7 @@
 #include "frontend/handler_pool.h"
 #include "frontend/http_message.h"
 #include "frontend/http_transport.h"
+#include "frontend/waiting_requests.h"
 
 namespace pswitch::frontend {
 
@@ -130,30 +131,13 @@ class HttpServer : private HttpService {
                  std::optional<std::string>* config);
   bool CheckUnload(const Authorizer& authorize, const HttpRequest& req, HttpResponse& res);
 
-  // Requests waiting on the controller (a task, a load, an unload): answered 504 naming `what`
-  // if still waiting after infer_timeout, 503 at shutdown. 0: already answered (shutting down).
-  uint64_t AddWaiting(HttpRespond respond, std::string what);
-  // The waiting request's responder, once (null if it was answered already).
-  HttpRespond TakeWaiting(uint64_t id);
-  // The sweeper thread: answers waiting requests past their deadline.
-  void SweepWaiting();
-  bool Stopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }
-
-  struct Waiting {
-    HttpRespond respond;
-    absl::Time deadline;
-    std::string what;
-  };
-
   Controller* const controller_;
   const HttpServerOptions options_;
   std::vector<Route> routes_;  // fixed after AddRoutes()
   HandlerPool pool_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_waiting_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, Waiting> waiting_ ABSL_GUARDED_BY(mu_);
-  std::thread sweeper_;
+  // Held by the controller's callbacks too, so one that fires after the server is gone is safe.
+  const std::shared_ptr<WaitingRequests> waiting_;
+  std::thread sweeper_;  // answers waiting requests past their deadline
   // Last: destroyed (and so stopped) first, while the members its calls use still exist.
   std::unique_ptr<HttpTransport> transport_;
 };

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <list>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -97,6 +98,8 @@ class HttpTransport::Impl {
   uint16_t port_ = 0;
   // Event-loop thread only.
   std::list<std::weak_ptr<Session>> sessions_;
+  // Sessions whose request is with the service: kept alive here, not by their responders.
+  std::set<std::shared_ptr<Session>> serving_;
   bool shut_down_ = false;
   absl::Notification io_done_;
   std::thread thread_;
@@ -118,6 +121,8 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   ~Session() { owner_->open_.fetch_sub(1, std::memory_order_relaxed); }
 
   State state() const { return state_; }
+  // Whether the current request was admitted for no client (an open route, or not yet admitted).
+  bool admitted_nobody() const { return client_ == kUnauthenticatedClient; }
   Clock::time_point waiting_since() const { return waiting_since_; }
 
   void Start() {
@@ -149,6 +154,7 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   void Close() {
     if (state_ == State::kClosed) return;
     state_ = State::kClosed;
+    owner_->serving_.erase(shared_from_this());
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
@@ -157,6 +163,8 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
  private:
   void OnHeader(beast::error_code ec) {
     if (state_ == State::kClosed) return;
+    // Until the service admits this request, what it costs is nobody's (not the last request's).
+    client_ = std::string(kUnauthenticatedClient);
     if (ec == http::error::header_limit) {
       return Fail(431, "request headers too large");
     }
@@ -184,7 +192,6 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
       return Fail(411, "send the body with a Content-Length (chunked bodies are not taken)");
     }
     keep_alive_ = head.keep_alive();
-    client_ = std::string(kUnauthenticatedClient);
     request_ = HttpRequest{};
     request_.method = std::string(head.method_string());
     SplitTarget(absl::string_view(head.target().data(), head.target().size()), &request_.path,
@@ -243,16 +250,18 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     stream_.expires_never();
     request_.body = std::move(parser_->get().body());
     parser_.reset();
-    // The body's bytes are the request's now; the charge follows it. The responder keeps the
-    // session alive until it answers (or is dropped unanswered, which closes the connection).
+    // The body's bytes are the request's now; the charge follows it. The loop keeps the session
+    // alive while it is served (Impl::serving_); the responder holds it weakly, so an answer that
+    // comes after the connection or the transport is gone is dropped.
+    owner_->serving_.insert(shared_from_this());
     auto answered = std::make_shared<std::atomic<bool>>(false);
-    HttpRespond respond = [self = shared_from_this(), loop = owner_->loop_ref_,
+    HttpRespond respond = [weak = weak_from_this(), loop = owner_->loop_ref_,
                            answered](HttpResponse response) {
       if (answered->exchange(true)) return;
       absl::MutexLock lock(&loop->mu);
       if (loop->io == nullptr) return;
-      net::post(*loop->io, [self, response = std::move(response)]() mutable {
-        self->Write(std::move(response));
+      net::post(*loop->io, [weak, response = std::move(response)]() mutable {
+        if (std::shared_ptr<Session> self = weak.lock()) self->Write(std::move(response));
       });
     };
     owner_->service_->Serve(std::move(request_), std::move(respond));
@@ -266,8 +275,13 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   void Write(HttpResponse response) {
     if (state_ == State::kClosed) return;
     state_ = State::kWriting;
-    reply_charge_ = BudgetCharge(owner_->limits_.budget, client_);
     request_.charge.Reset();
+    owner_->serving_.erase(shared_from_this());
+    // Replies to requests no client was admitted for (errors, health probes, the API document)
+    // are small and bounded by the connection cap; charging them to the unauthenticated pool
+    // would let a flood of unread ones turn every probe's answer into a 503.
+    reply_charge_ =
+        BudgetCharge(client_ == kUnauthenticatedClient ? nullptr : owner_->limits_.budget, client_);
     if (absl::Status s = reply_charge_.Resize(response.body.size()); !s.ok()) {
       response = ErrorResponse(503, absl::StrCat("the reply of ", response.body.size(),
                                                  " bytes does not fit: ", s.message()));
@@ -355,14 +369,36 @@ void HttpTransport::Impl::Accept() {
 }
 
 bool HttpTransport::Impl::EvictOldestWaiting() {
-  std::shared_ptr<Session> oldest;
+  // Cheapest to lose first: a connection already closing (lingering after its last answer),
+  // then one waiting for its headers (idle or slow), then one whose request no client was
+  // admitted for (an open route's body or reply, unauthenticated). Oldest first within each.
+  auto rank = [](const Session& s) {
+    switch (s.state()) {
+      case Session::State::kLingering:
+        return 0;
+      case Session::State::kWaiting:
+        return 1;
+      case Session::State::kBody:
+      case Session::State::kWriting:
+        return s.admitted_nobody() ? 2 : 3;
+      default:
+        return 3;
+    }
+  };
+  std::shared_ptr<Session> victim;
+  int victim_rank = 3;
   for (const std::weak_ptr<Session>& weak : sessions_) {
     std::shared_ptr<Session> s = weak.lock();
-    if (s == nullptr || s->state() != Session::State::kWaiting) continue;
-    if (oldest == nullptr || s->waiting_since() < oldest->waiting_since()) oldest = s;
+    if (s == nullptr) continue;
+    const int r = rank(*s);
+    if (r < victim_rank ||
+        (r == victim_rank && victim != nullptr && s->waiting_since() < victim->waiting_since())) {
+      victim = std::move(s);
+      victim_rank = r;
+    }
   }
-  if (oldest == nullptr) return false;
-  oldest->Close();
+  if (victim == nullptr) return false;
+  victim->Close();
   return true;
 }
 

@@ -30,6 +30,7 @@ class EchoService : public HttpService {
       r.body = "{\"error\":\"no\"}";
       return r;
     }
+    if (head.path == "/open") return std::string(kUnauthenticatedClient);
     return std::string("client");
   }
   void Serve(HttpRequest request, HttpRespond respond) override {
@@ -252,6 +253,18 @@ TEST_F(HttpTransportTest, BodiesAreRefusedBeforeTheyAreRead) {
   ::close(fd);
   for (int i = 0; i < 100 && limits.budget->used() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(limits.budget->used(), 0u);
+}
+
+// Before: replies to requests admitted for nobody (health probes, errors) were charged to the
+// unauthenticated pool, so connections that never read theirs turned every probe into a 503.
+TEST_F(HttpTransportTest, RepliesToOpenRoutesAreNotChargedToTheUnauthenticatedPool) {
+  HttpLimits limits;
+  limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{100000, 5000, 4});
+  Start(limits);
+  const int fd = Connect(transport_->port());
+  Send(fd, "GET /open HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(2))), "HTTP/1.1 200");
+  ::close(fd);
 }
 
 // Before: a POST without a body (the README's own curl) hung 30 s, then got 400.

@@ -27,6 +27,11 @@ constexpr int kRootKeyDepth = 1;
 constexpr int kInputDepth = 2;
 constexpr int kInputKeyDepth = 3;
 
+// Values pass one may keep outside the tensor data: far beyond what a request needs (names,
+// shapes, parameters, a few outputs), and small enough that nlohmann's callback parser, which
+// scans an object's parent when it closes, stays cheap and the document small.
+constexpr size_t kMaxStructureValues = 4096;
+
 // Pass one: the request without its "data" elements, which are counted per input instead.
 class StructurePass {
  public:
@@ -34,6 +39,7 @@ class StructurePass {
 
   bool operator()(int depth, Event event, json& parsed) {
     if (!error_.ok()) return false;
+    if (!Keep(depth, event)) return false;
     if (depth == kRootKeyDepth && event == Event::key) {
       in_inputs_ = parsed == "inputs";
       if (in_inputs_ && seen_inputs_) Fail("\"inputs\" appears twice");
@@ -77,12 +83,25 @@ class StructurePass {
   void Fail(std::string why) {
     if (error_.ok()) error_ = absl::InvalidArgumentError(std::move(why));
   }
+
+  // Counts the values kept outside "data" (elements inside it are dropped, not kept).
+  bool Keep(int depth, Event event) {
+    const bool makes_value =
+        event == Event::value || event == Event::object_start || event == Event::array_start;
+    const bool inside_data = in_data_ && depth > kInputKeyDepth;
+    if (!makes_value || inside_data) return true;
+    if (++kept_ <= kMaxStructureValues) return true;
+    Fail(absl::StrCat("an infer request may hold at most ", kMaxStructureValues,
+                      " values besides its tensor data"));
+    return false;
+  }
   const absl::Status& error() const { return error_; }
   const std::vector<uint64_t>& counts() const { return counts_; }
   const std::vector<bool>& has_data() const { return has_data_; }
 
  private:
   const size_t max_inputs_;
+  size_t kept_ = 0;
   absl::Status error_;
   bool seen_inputs_ = false;
   bool in_inputs_ = false;
@@ -138,6 +157,11 @@ class DataPass : public nlohmann::json_sax<json> {
     return false;
   }
   const absl::Status& error() const { return error_; }
+  // Bytes written into inputs[i]'s buffer.
+  size_t written(int i) const {
+    auto it = written_.find(i);
+    return it == written_.end() ? 0 : it->second;
+  }
 
  private:
   // A value inside inputs[input_].data (depth_ counts containers around the value).
@@ -385,6 +409,11 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
     const bool parsed = json::sax_parse(json_text.begin(), json_text.end(), &data);
     PSWITCH_RETURN_IF_ERROR(data.error());
     if (!parsed) return absl::InvalidArgumentError("the infer request is not JSON");
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (targets[i] != nullptr && data.written(static_cast<int>(i)) != targets[i]->data.size()) {
+        return absl::InvalidArgumentError("the infer request's data changed between passes");
+      }
+    }
   }
   for (const proto::HostTensor& t : out.inputs) {
     PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(t));
@@ -427,15 +456,18 @@ std::string EncodeInferResponse(const std::string& model, const InferRequest& re
                                 const std::vector<proto::HostTensor>& outputs, size_t* json_bytes) {
   // Names are checked text (model, request id, output names from the model's spec); dump()
   // escapes them.
-  std::string body = "{\"model_name\":" + json(model).dump() + ",\"model_version\":\"1\"";
-  if (!request.id.empty()) body += ",\"id\":" + json(request.id).dump();
+  std::string body =
+      "{\"model_name\":" + json(model).dump(-1, ' ', false, json::error_handler_t::replace) +
+      ",\"model_version\":\"1\"";
+  if (!request.id.empty())
+    body += ",\"id\":" + json(request.id).dump(-1, ' ', false, json::error_handler_t::replace);
   body += ",\"outputs\":[";
   size_t binary_bytes = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const proto::HostTensor& t = outputs[i];
     if (i > 0) body.push_back(',');
-    body += "{\"name\":" + json(t.name).dump() + ",\"datatype\":\"" + KserveDTypeName(t.dtype) +
-            "\",\"shape\":" + json(t.shape).dump();
+    body += "{\"name\":" + json(t.name).dump(-1, ' ', false, json::error_handler_t::replace) +
+            ",\"datatype\":\"" + KserveDTypeName(t.dtype) + "\",\"shape\":" + json(t.shape).dump();
     if (request.WantsBinary(t.name)) {
       body += ",\"parameters\":{\"binary_data_size\":" + std::to_string(t.data.size()) + "}}";
       binary_bytes += t.data.size();

@@ -112,6 +112,22 @@ TEST(KserveCodecTest, BadRequestsAreInvalidArgumentsThatSayWhy) {
   EXPECT_FALSE(Decode(std::string(100, '[') + std::string(100, ']')).ok());  // too deep
 }
 
+// Before: everything but "data" was kept as a document, uncharged, and nlohmann's callback
+// parser scans an object's parent as it closes (quadratic): a million "outputs" pinned a thread.
+TEST(KserveCodecTest, ValuesBesidesTheTensorDataAreCapped) {
+  std::string text =
+      R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}], "outputs": [)";
+  for (int i = 0; i < 5000; ++i) text += i ? ",{}" : "{}";
+  text += "]}";
+  auto r = Decode(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("at most 4096 values besides its tensor data"));
+  // Tensor data does not count against it.
+  std::string big = R"({"inputs": [{"name": "x", "shape": [100000], "datatype": "FP32", "data": [)";
+  for (int i = 0; i < 100000; ++i) big += i ? ",1" : "1";
+  EXPECT_TRUE(Decode(big + "]}]}").ok());
+}
+
 TEST(KserveCodecTest, ARefusedReservationBuildsNothing) {
   const std::string text =
       R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}]})";

@@ -20,7 +20,8 @@ TEST(ListenAddressTest, SplitsHostAndPortWithIpv6InBrackets) {
 }
 
 TEST(ListenAddressTest, RefusesWhatIsNotHostColonPort) {
-  for (const char* bad : {"", "8300", "host:", "host:65536", "host:-1", "host:80x", ":99999999999"}) {
+  for (const char* bad :
+       {"", "8300", "host:", "host:65536", "host:-1", "host:80x", ":99999999999"}) {
     auto r = SplitListen(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }

@@ -47,8 +47,8 @@ absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel
     }
   }
   if (absl::StartsWith(r.name, kFillModelPrefix)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model names starting with '", kFillModelPrefix, "' are reserved for fill jobs' own models"));
+    return absl::InvalidArgumentError(absl::StrCat("model names starting with '", kFillModelPrefix,
+                                                   "' are reserved for fill jobs' own models"));
   }
   return r;
 }

@@ -22,9 +22,8 @@
 namespace pswitch::frontend {
 
 using controller::FillRequest;
-using controller::TaskKind;
 using controller::kFillModelPrefix;
-
+using controller::TaskKind;
 
 inline constexpr size_t kMaxNameBytes = 128;
 inline constexpr size_t kMaxPathBytes = 4096;

@@ -81,8 +81,9 @@ TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
   }
   {
     Builder b;
-    FinishRequest(b, proto::ClientRequestBody::RegisterModel,
-                  proto::CreateRegisterModel(b, b.CreateString("fill-7"), b.CreateString("tiny_cnn")));
+    FinishRequest(
+        b, proto::ClientRequestBody::RegisterModel,
+        proto::CreateRegisterModel(b, b.CreateString("fill-7"), b.CreateString("tiny_cnn")));
     EXPECT_EQ(ParseRegistration(*Verified(b)->body_as_RegisterModel()).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
@@ -96,10 +97,10 @@ TEST(RequestsTest, ACopyNameIsCheckedText) {
            {proto::TaskKind::Inference, "mine"},
        }) {
     Builder b;
-    FinishRequest(b, proto::ClientRequestBody::SubmitTask,
-                  proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0,
-                                          proto::Optimizer::Sgd, 0.01, 0.9, 0,
-                                          b.CreateString(name)));
+    FinishRequest(
+        b, proto::ClientRequestBody::SubmitTask,
+        proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0, proto::Optimizer::Sgd,
+                                0.01, 0.9, 0, b.CreateString(name)));
     auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
     EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_EQ(task.status().message().find("bad"), absl::string_view::npos) << task.status();
@@ -130,8 +131,9 @@ TEST(RequestsTest, InputTensorNamesAreCheckedBeforeAnyErrorCanQuoteThem) {
   Builder b;
   proto::HostTensor bad{"in\x01put", proto::DType::F32, {1}, {0, 0, 0, 0}};
   auto inputs = proto::CreateWireTensors(b, {bad});
-  FinishRequest(b, proto::ClientRequestBody::SubmitTask,
-                proto::CreateSubmitTask(b, b.CreateString("m"), proto::TaskKind::Inference, inputs));
+  FinishRequest(
+      b, proto::ClientRequestBody::SubmitTask,
+      proto::CreateSubmitTask(b, b.CreateString("m"), proto::TaskKind::Inference, inputs));
   auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(task.status().message().find("in\x01put"), absl::string_view::npos) << task.status();

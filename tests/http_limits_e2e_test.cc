@@ -292,6 +292,12 @@ TEST(HttpLimitsE2eTest, BodilessPostsAreAnsweredAtOnce) {
     EXPECT_EQ(answer.substr(0, 9), "HTTP/1.1 ") << path;
     EXPECT_NE(answer.substr(9, 3), "400") << path << ": " << answer;
   }
+  // A GET that announces a body is refused at once, before any of it is read (it would have
+  // held the unauthenticated pool while its body trickled in).
+  const int fd = Connect(daemon.http_port());
+  Send(fd, "GET /v2/health/live HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n");
+  EXPECT_EQ(ReadUntilClose(fd, absl::Seconds(5)).substr(0, 12), "HTTP/1.1 413");
+  ::close(fd);
 }
 
 }  // namespace
