@@ -244,9 +244,11 @@ absl::StatusOr<std::optional<uint64_t>> BinarySize(const json& tensor) {
   return size->get<uint64_t>();
 }
 
-// One input's name, dtype and shape, and its bytes when they come as binary data.
+// One input's name, dtype and shape; `*json_bytes` its size when its data is JSON, or
+// `*binary_part` its bytes when they come as binary data (copied only once reserved).
 absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint64_t count,
-                                            absl::string_view& binary, size_t* json_bytes) {
+                                            absl::string_view& binary, size_t* json_bytes,
+                                            absl::string_view* binary_part) {
   if (!in.is_object() || !in.contains("name") || !in["name"].is_string() || !in.contains("shape") ||
       !in["shape"].is_array() || !in.contains("datatype") || !in["datatype"].is_string()) {
     return absl::InvalidArgumentError(
@@ -275,9 +277,15 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
       return absl::InvalidArgumentError(
           "binary_data_size runs past the end of the request's binary data");
     }
-    t.data.assign(binary.begin(), binary.begin() + static_cast<ptrdiff_t>(*binary_size));
+    const size_t width = proto::DTypeBytes(t.dtype);
+    if (elements > std::numeric_limits<uint64_t>::max() / width ||
+        elements * width != *binary_size) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': shape holds ", elements,
+                                                     " elements, binary_data_size is ",
+                                                     *binary_size, " bytes"));
+    }
+    *binary_part = binary.substr(0, *binary_size);
     binary.remove_prefix(*binary_size);
-    PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(t));
     *json_bytes = 0;
   } else {
     if (count != elements) {
@@ -378,12 +386,13 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   }
   InferRequest out;
   std::vector<size_t> json_bytes(inputs.size(), 0);
+  std::vector<absl::string_view> binary_parts(inputs.size());
   size_t decoded_bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor t,
                              InputHead(inputs[i], structure.has_data()[i], structure.counts()[i],
-                                       binary, &json_bytes[i]));
-    decoded_bytes += json_bytes[i] + t.data.size();
+                                       binary, &json_bytes[i], &binary_parts[i]));
+    decoded_bytes += json_bytes[i] + binary_parts[i].size();
     out.inputs.push_back(std::move(t));
   }
   if (!binary.empty()) {
@@ -391,6 +400,12 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
         absl::StrCat(binary.size(), " bytes of binary data belong to no input"));
   }
   if (reserve) PSWITCH_RETURN_IF_ERROR(reserve(decoded_bytes));
+  // Reserved: now the binary inputs' bytes are copied out of the body (the one copy they take).
+  for (size_t i = 0; i < out.inputs.size(); ++i) {
+    if (!binary_parts[i].empty()) {
+      out.inputs[i].data.assign(binary_parts[i].begin(), binary_parts[i].end());
+    }
+  }
   std::vector<proto::HostTensor*> targets(out.inputs.size(), nullptr);
   bool any_json = false;
   for (size_t i = 0; i < out.inputs.size(); ++i) {

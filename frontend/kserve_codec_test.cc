@@ -48,11 +48,13 @@ TEST(KserveCodecTest, NestedDataIsWrittenRowMajorAsItsDtype) {
 TEST(KserveCodecTest, BinaryInputsComeFromTheBytesAfterTheHeader) {
   const float v[2] = {1.f, 2.f};
   const std::string binary(reinterpret_cast<const char*>(v), sizeof(v));
+  size_t reserved = 0;
   auto r = Decode(R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
                                   "parameters": {"binary_data_size": 8}}],
                       "outputs": [{"name": "y", "parameters": {"binary_data": true}}]})",
-                  binary);
+                  binary, &reserved);
   ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(reserved, 8u) << "binary inputs are reserved before they are copied";
   EXPECT_EQ(Values<float>(r->inputs[0]), (std::vector<float>{1.f, 2.f}));
   EXPECT_TRUE(r->WantsBinary("y"));
   EXPECT_FALSE(r->WantsBinary("z"));
@@ -65,6 +67,12 @@ TEST(KserveCodecTest, BinaryInputsComeFromTheBytesAfterTheHeader) {
                                       "parameters": {"binary_data_size": 16}}]})",
                       binary)
                    .ok());
+  auto wrong = Decode(R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32",
+                                      "parameters": {"binary_data_size": 4}},
+                                     {"name": "z", "shape": [1], "datatype": "FP32",
+                                      "parameters": {"binary_data_size": 4}}]})",
+                      binary);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("binary_data_size is 4 bytes"));
 }
 
 TEST(KserveCodecTest, BadRequestsAreInvalidArgumentsThatSayWhy) {
