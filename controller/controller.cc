@@ -33,11 +33,11 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
           " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
           "--activation-bytes / --optimizer-state-bytes)"));
     }
-    region_bytes = std::min(region_bytes,
-                            (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
+    region_bytes =
+        std::min(region_bytes, (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
   }
   c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.auto_plan,
-                                             options.archive_inspector);
+                                               options.archive_inspector);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
   for (size_t g = 0; g < daemons.size(); ++g) {
     PSWITCH_ASSIGN_OR_RETURN(
@@ -99,9 +99,9 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
   registrations_.push_back([this, make_request = std::move(make_request), done = std::move(done)] {
     absl::StatusOr<ModelRequest> request = make_request();
     if (request.ok() && (request->batch_size == 0 || request->batch_size > options_.max_batch)) {
-      request = absl::InvalidArgumentError(absl::StrCat(
-          "batch size ", request->batch_size, " out of range [1, ", options_.max_batch,
-          "] (--max-batch)"));
+      request = absl::InvalidArgumentError(absl::StrCat("batch size ", request->batch_size,
+                                                        " out of range [1, ", options_.max_batch,
+                                                        "] (--max-batch)"));
     }
     if (!request.ok()) {
       done(request.status());
@@ -112,15 +112,7 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
       done(entry.status());
       return;
     }
-    // Done once every GPU's workers loaded it; the first error wins.
-    OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(*entry, loaded); },
-               [entry = *entry, done](absl::Status status) {
-                 if (status.ok()) {
-                   done(entry);
-                 } else {
-                   done(status);
-                 }
-               });
+    LoadEverywhere(*std::move(entry), std::move(done));
   });
 }
 
@@ -145,15 +137,20 @@ void Controller::RegisterCopy(std::string original, std::string name, std::strin
       done(entry.status());
       return;
     }
-    OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(*entry, loaded); },
-               [entry = *entry, done](absl::Status status) {
-                 if (status.ok()) {
-                   done(entry);
-                 } else {
-                   done(status);
-                 }
-               });
+    LoadEverywhere(*std::move(entry), std::move(done));
   });
+}
+
+void Controller::LoadEverywhere(EntryRef entry, RegisterCallback done) {
+  // Done once every GPU's workers loaded it; the first error wins.
+  OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(entry, loaded); },
+             [entry, done = std::move(done)](absl::Status status) {
+               if (status.ok()) {
+                 done(entry);
+               } else {
+                 done(status);
+               }
+             });
 }
 
 void Controller::OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all) {
@@ -219,10 +216,10 @@ absl::Status CheckInput(const CatalogEntry& entry, const proto::HostTensor& t) {
   const bool want_float = entry.input.dtype == proto::DType::F32;
   const bool is_float = t.dtype == proto::DType::F32;
   if (want_float != is_float || t.shape.size() != entry.input.shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model '", entry.request.name, "' takes a ", entry.input.shape.size(), "-d ",
-        proto::EnumNameDType(entry.input.dtype), " input; got a ", t.shape.size(), "-d ",
-        proto::EnumNameDType(t.dtype), " tensor"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", entry.request.name, "' takes a ", entry.input.shape.size(), "-d ",
+                     proto::EnumNameDType(entry.input.dtype), " input; got a ", t.shape.size(),
+                     "-d ", proto::EnumNameDType(t.dtype), " tensor"));
   }
   return absl::OkStatus();
 }
@@ -246,15 +243,15 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
       if (t.name == entry->input.name) PSWITCH_RETURN_IF_ERROR(CheckInput(*entry, t));
       input_bytes += t.data.size();
       if (!t.shape.empty() && t.shape[0] > static_cast<int64_t>(options_.max_batch)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("an input's first dimension (its batch) is ", t.shape[0],
-                         "; the most is ", options_.max_batch, " (--max-batch)"));
+        return absl::InvalidArgumentError(absl::StrCat("an input's first dimension (its batch) is ",
+                                                       t.shape[0], "; the most is ",
+                                                       options_.max_batch, " (--max-batch)"));
       }
     }
     if (input_bytes > options_.max_input_bytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("inputs of ", input_bytes, " bytes; the most is ",
-                       options_.max_input_bytes, " (--max-input-bytes)"));
+          absl::StrCat("inputs of ", input_bytes, " bytes; the most is ", options_.max_input_bytes,
+                       " (--max-input-bytes)"));
     }
   } else {
     PSWITCH_RETURN_IF_ERROR(entry->trainable);

@@ -88,6 +88,8 @@ class Controller {
   // Starts something on every GPU's scheduler (`start` hands it its callback); `all` gets the
   // first error, or OK, once every GPU has called back.
   void OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all);
+  // Has every GPU's workers load a newly registered `entry`; `done` gets it, or the first error.
+  void LoadEverywhere(EntryRef entry, RegisterCallback done);
 
   const ControllerOptions options_;
   std::unique_ptr<ModelCatalog> catalog_;

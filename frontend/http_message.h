@@ -56,6 +56,15 @@ struct HttpResponse {
   }
 };
 
+// Makes `res` the port's error answer: `status` with {"error": message} (invalid UTF-8 in the
+// message replaced, never thrown over). Headers already set stay.
+void SetJsonError(HttpResponse& res, int status, absl::string_view message);
+inline HttpResponse JsonError(int status, absl::string_view message) {
+  HttpResponse res;
+  SetJsonError(res, status, message);
+  return res;
+}
+
 // Answers a request; callable from any thread. Only the first call of a request's responder
 // counts (a timeout and a late answer may race).
 using HttpRespond = std::function<void(HttpResponse)>;

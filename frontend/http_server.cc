@@ -61,7 +61,7 @@ void Reply(HttpResponse& res, int status, const json& body) {
 }
 
 void ReplyError(HttpResponse& res, const absl::Status& status) {
-  Reply(res, HttpStatus(status.code()), json{{"error", std::string(status.message())}});
+  SetJsonError(res, HttpStatus(status.code()), status.message());
 }
 
 // Releases a request's charge; after a large one, gives the freed pages back to the system
@@ -350,10 +350,9 @@ std::variant<std::string, HttpResponse> HttpServer::Admit(const HttpRequest& hea
     return res;
   }
   if (body_bytes > route->max_body_bytes) {
-    res.status = 413;
-    res.set_content(Dump(json{{"error", absl::StrCat("this request's body may have at most ",
-                                                     route->max_body_bytes, " bytes")}}),
-                    "application/json");
+    SetJsonError(
+        res, 413,
+        absl::StrCat("this request's body may have at most ", route->max_body_bytes, " bytes"));
     return res;
   }
   if (route->open) return std::string(kUnauthenticatedClient);

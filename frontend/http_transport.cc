@@ -43,14 +43,6 @@ std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
   return std::chrono::duration_cast<Clock::duration>(absl::ToChronoNanoseconds(d));
 }
 
-HttpResponse ErrorResponse(int status, std::string message) {
-  HttpResponse r;
-  r.status = status;
-  // Our own text; quotes and backslashes cannot occur in it.
-  r.body = absl::StrCat("{\"error\":\"", message, "\"}");
-  return r;
-}
-
 }  // namespace
 
 class HttpTransport::Impl {
@@ -215,7 +207,7 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     client_ = std::get<std::string>(admitted);
     request_.charge = BudgetCharge(owner_->limits_.budget, client_);
     if (absl::Status s = request_.charge.Resize(body_bytes); !s.ok()) {
-      HttpResponse busy = ErrorResponse(503, std::string(s.message()));
+      HttpResponse busy = JsonError(503, std::string(s.message()));
       busy.set_header("Retry-After", "1");
       keep_alive_ = false;
       return Write(std::move(busy));
@@ -269,7 +261,7 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
 
   void Fail(int status, std::string message) {
     keep_alive_ = false;
-    Write(ErrorResponse(status, std::move(message)));
+    Write(JsonError(status, std::move(message)));
   }
 
   void Write(HttpResponse response) {
@@ -283,8 +275,8 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     reply_charge_ =
         BudgetCharge(client_ == kUnauthenticatedClient ? nullptr : owner_->limits_.budget, client_);
     if (absl::Status s = reply_charge_.Resize(response.body.size()); !s.ok()) {
-      response = ErrorResponse(503, absl::StrCat("the reply of ", response.body.size(),
-                                                 " bytes does not fit: ", s.message()));
+      response = JsonError(503, absl::StrCat("the reply of ", response.body.size(),
+                                             " bytes does not fit: ", s.message()));
       keep_alive_ = false;
     }
     auto reply = std::make_shared<http::response<http::string_body>>();

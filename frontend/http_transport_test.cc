@@ -17,9 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/raw_socket.h"
 
 namespace pswitch::frontend {
 namespace {
+
+using testing::ConnectLoopback;
+using testing::ReadUntilClose;
+using testing::SendAll;
 
 class EchoService : public HttpService {
  public:
@@ -44,49 +49,6 @@ class EchoService : public HttpService {
  private:
   std::atomic<int> served_{0};
 };
-
-int Connect(uint16_t port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool Send(int fd, absl::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
-// What the peer sends until it closes, or until `timeout`; `closed` says which.
-std::string ReadUntilClose(int fd, absl::Duration timeout, bool* closed = nullptr) {
-  std::string out;
-  const absl::Time end = absl::Now() + timeout;
-  for (;;) {
-    const int64_t left_ms = absl::ToInt64Milliseconds(end - absl::Now());
-    if (left_ms <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left_ms)) <= 0) break;
-    char buf[4096];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) {
-      if (closed != nullptr) *closed = true;
-      return out;
-    }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  if (closed != nullptr) *closed = false;
-  return out;
-}
 
 // One response's status line and body, read from a keep-alive connection.
 std::string ReadOneResponse(int fd, absl::Duration timeout) {
@@ -123,9 +85,9 @@ class HttpTransportTest : public ::testing::Test {
   }
   // A GET on a new connection; its status line, or "" if not answered within `timeout`.
   std::string Probe(absl::Duration timeout = absl::Seconds(2)) {
-    const int fd = Connect(transport_->port());
+    const int fd = ConnectLoopback(transport_->port());
     if (fd < 0) return "";
-    Send(fd, "GET /live HTTP/1.1\r\nHost: x\r\n\r\n");
+    SendAll(fd, "GET /live HTTP/1.1\r\nHost: x\r\n\r\n");
     std::string r = ReadOneResponse(fd, timeout);
     ::close(fd);
     return Status(r);
@@ -142,15 +104,15 @@ TEST_F(HttpTransportTest, SlowHeadersAreCutAtTheirDeadlineWhileProbesAreAnswered
   Start(limits);
   std::vector<int> slow;
   for (int i = 0; i < 16; ++i) {
-    const int fd = Connect(transport_->port());
+    const int fd = ConnectLoopback(transport_->port());
     ASSERT_GE(fd, 0);
-    Send(fd, "GET /live HTTP/1.1\r\n");
+    SendAll(fd, "GET /live HTTP/1.1\r\n");
     slow.push_back(fd);
   }
   std::atomic<bool> stop{false};
   std::thread trickle([&] {
     while (!stop.load()) {
-      for (int fd : slow) Send(fd, "X");
+      for (int fd : slow) SendAll(fd, "X");
       absl::SleepFor(absl::Milliseconds(200));
     }
   });
@@ -182,9 +144,9 @@ TEST_F(HttpTransportTest, AtTheCapTheConnectionWaitingLongestMakesRoom) {
   Start(limits);
   std::vector<int> idle;
   for (int i = 0; i < 4; ++i) {
-    idle.push_back(Connect(transport_->port()));
+    idle.push_back(ConnectLoopback(transport_->port()));
     // A first byte: a connection that never sends waits in the kernel (TCP_DEFER_ACCEPT).
-    Send(idle.back(), "G");
+    SendAll(idle.back(), "G");
     absl::SleepFor(absl::Milliseconds(20));  // a defined order of arrival
   }
   absl::SleepFor(absl::Milliseconds(100));
@@ -204,11 +166,11 @@ TEST_F(HttpTransportTest, HeadersOverTheCapAre431AndNeverBuffered) {
   HttpLimits limits;
   limits.max_header_bytes = 8 << 10;
   Start(limits);
-  const int fd = Connect(transport_->port());
-  Send(fd, "GET /live HTTP/1.1\r\n");
+  const int fd = ConnectLoopback(transport_->port());
+  SendAll(fd, "GET /live HTTP/1.1\r\n");
   const std::string line = "X-Filler: " + std::string(8 << 10, 'a') + "\r\n";
   size_t sent = 0;
-  while (sent < (size_t{64} << 20) && Send(fd, line)) sent += line.size();
+  while (sent < (size_t{64} << 20) && SendAll(fd, line)) sent += line.size();
   bool closed = false;
   const std::string r = ReadUntilClose(fd, absl::Seconds(5), &closed);
   EXPECT_EQ(Status(r), "HTTP/1.1 431");
@@ -220,8 +182,8 @@ TEST_F(HttpTransportTest, HeadersOverTheCapAre431AndNeverBuffered) {
   limits.max_header_fields = 3;
   transport_.reset();
   Start(limits);
-  const int many = Connect(transport_->port());
-  Send(many, "GET /live HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n");
+  const int many = ConnectLoopback(transport_->port());
+  SendAll(many, "GET /live HTTP/1.1\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n");
   EXPECT_EQ(Status(ReadUntilClose(many, absl::Seconds(2))), "HTTP/1.1 431");
   ::close(many);
 }
@@ -232,8 +194,8 @@ TEST_F(HttpTransportTest, BodiesAreRefusedBeforeTheyAreRead) {
   limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{100000, 500, 100});
   Start(limits);
   auto ask = [this](const std::string& head) {
-    const int fd = Connect(transport_->port());
-    Send(fd, head);  // the body is never sent: the answer must not wait for it
+    const int fd = ConnectLoopback(transport_->port());
+    SendAll(fd, head);  // the body is never sent: the answer must not wait for it
     const std::string r = ReadUntilClose(fd, absl::Seconds(2));
     ::close(fd);
     return Status(r);
@@ -245,8 +207,8 @@ TEST_F(HttpTransportTest, BodiesAreRefusedBeforeTheyAreRead) {
   EXPECT_EQ(service_.served(), 0);
   EXPECT_EQ(limits.budget->used(), 0u);
   // Within the budget it is read and served, then released.
-  const int fd = Connect(transport_->port());
-  Send(fd, "POST /x HTTP/1.1\r\nContent-Length: 400\r\n\r\n" + std::string(400, 'b'));
+  const int fd = ConnectLoopback(transport_->port());
+  SendAll(fd, "POST /x HTTP/1.1\r\nContent-Length: 400\r\n\r\n" + std::string(400, 'b'));
   const std::string r = ReadOneResponse(fd, absl::Seconds(2));
   EXPECT_EQ(Status(r), "HTTP/1.1 200");
   EXPECT_NE(r.find("{\"bytes\":400}"), std::string::npos);
@@ -261,8 +223,8 @@ TEST_F(HttpTransportTest, RepliesToOpenRoutesAreNotChargedToTheUnauthenticatedPo
   HttpLimits limits;
   limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{100000, 5000, 4});
   Start(limits);
-  const int fd = Connect(transport_->port());
-  Send(fd, "GET /open HTTP/1.1\r\n\r\n");
+  const int fd = ConnectLoopback(transport_->port());
+  SendAll(fd, "GET /open HTTP/1.1\r\n\r\n");
   EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(2))), "HTTP/1.1 200");
   ::close(fd);
 }
@@ -270,13 +232,13 @@ TEST_F(HttpTransportTest, RepliesToOpenRoutesAreNotChargedToTheUnauthenticatedPo
 // Before: a POST without a body (the README's own curl) hung 30 s, then got 400.
 TEST_F(HttpTransportTest, ABodilessPostIsServedAtOnce) {
   Start(HttpLimits{});
-  const int fd = Connect(transport_->port());
+  const int fd = ConnectLoopback(transport_->port());
   const absl::Time t0 = absl::Now();
-  Send(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n");
+  SendAll(fd, "POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(5))), "HTTP/1.1 200");
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
   // And the connection carries the next request.
-  Send(fd, "GET /live HTTP/1.1\r\n\r\n");
+  SendAll(fd, "GET /live HTTP/1.1\r\n\r\n");
   EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(5))), "HTTP/1.1 200");
   ::close(fd);
 }
@@ -285,13 +247,13 @@ TEST_F(HttpTransportTest, ABodyTrickledPastTheRequestDeadlineIsCut) {
   HttpLimits limits;
   limits.request_timeout = absl::Seconds(1);
   Start(limits);
-  const int fd = Connect(transport_->port());
-  Send(fd, "POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+  const int fd = ConnectLoopback(transport_->port());
+  SendAll(fd, "POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
   const absl::Time t0 = absl::Now();
   bool closed = false;
   std::string answer;
   for (int i = 0; i < 40 && !closed; ++i) {
-    if (!Send(fd, "b")) break;
+    if (!SendAll(fd, "b")) break;
     answer += ReadUntilClose(fd, absl::Milliseconds(100), &closed);
   }
   EXPECT_TRUE(closed);

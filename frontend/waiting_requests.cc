@@ -4,21 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 
 namespace pswitch::frontend {
-namespace {
-
-HttpResponse ErrorAnswer(int status, const std::string& message) {
-  HttpResponse r;
-  r.status = status;
-  r.body = nlohmann::json{{"error", message}}.dump(-1, ' ', false,
-                                                   nlohmann::json::error_handler_t::replace);
-  return r;
-}
-
-}  // namespace
-
 uint64_t WaitingRequests::Add(HttpRespond respond, std::string what) {
   {
     absl::MutexLock lock(&mu_);
@@ -28,7 +15,7 @@ uint64_t WaitingRequests::Add(HttpRespond respond, std::string what) {
       return id;
     }
   }
-  respond(ErrorAnswer(503, "pswitchd is shutting down"));
+  respond(JsonError(503, "pswitchd is shutting down"));
   return 0;
 }
 
@@ -62,7 +49,7 @@ bool WaitingRequests::SweepAndWait(absl::Duration period) {
     }
   }
   for (Waiting& w : late) {
-    w.respond(ErrorAnswer(
+    w.respond(JsonError(
         504, absl::StrCat(w.what, " is still going on after ", absl::FormatDuration(timeout_))));
   }
   absl::MutexLock lock(&mu_);
@@ -78,7 +65,7 @@ void WaitingRequests::Stop() {
     left.swap(waiting_);
   }
   // Their tasks may still finish; the answer is dropped (Take finds nothing).
-  for (auto& [id, w] : left) w.respond(ErrorAnswer(503, "pswitchd is shutting down"));
+  for (auto& [id, w] : left) w.respond(JsonError(503, "pswitchd is shutting down"));
 }
 
 }  // namespace pswitch::frontend

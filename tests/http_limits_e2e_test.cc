@@ -2,12 +2,8 @@
 // test is an attack that hurt the daemon before the HTTP port was rebuilt on Boost.Beast
 // (issue 27): slow headers, floods of idle connections under a low fd limit, endless headers,
 // large JSON bodies from several clients, bodiless POSTs.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tests/raw_socket.h"
 #include "tests/test_daemon.h"
 #include "tools/pswitchd_process.h"
 
@@ -31,44 +28,9 @@ namespace pswitch {
 namespace {
 
 using nlohmann::json;
-
-int Connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-bool Send(int fd, absl::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
-std::string ReadUntilClose(int fd, absl::Duration timeout) {
-  std::string out;
-  const absl::Time end = absl::Now() + timeout;
-  for (;;) {
-    const int64_t left_ms = absl::ToInt64Milliseconds(end - absl::Now());
-    if (left_ms <= 0) return out;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left_ms)) <= 0) return out;
-    char buf[4096];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return out;
-    out.append(buf, static_cast<size_t>(n));
-  }
-}
+using testing::ConnectLoopback;
+using testing::ReadUntilClose;
+using testing::SendAll;
 
 // A /proc/PID/status field in kB ("VmHWM", "VmRSS").
 int64_t StatusKb(pid_t pid, const std::string& field) {
@@ -127,15 +89,15 @@ TEST(HttpLimitsE2eTest, SlowHeadersNeverStopTheHealthProbes) {
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   std::vector<int> slow;
   for (int i = 0; i < 32; ++i) {
-    const int fd = Connect(daemon.http_port());
+    const int fd = ConnectLoopback(daemon.http_port());
     ASSERT_GE(fd, 0);
-    Send(fd, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n");
+    SendAll(fd, "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n");
     slow.push_back(fd);
   }
   std::atomic<bool> stop{false};
   std::thread trickle([&] {
     while (!stop.load()) {
-      for (int fd : slow) Send(fd, "X");
+      for (int fd : slow) SendAll(fd, "X");
       absl::SleepFor(absl::Milliseconds(500));
     }
   });
@@ -168,11 +130,11 @@ TEST(HttpLimitsE2eTest, TwoThousandIdleConnectionsUnderA1024FdLimitCrowdOutNothi
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   std::vector<int> idle;
   for (int i = 0; i < 2000; ++i) {
-    const int fd = Connect(daemon.http_port());
+    const int fd = ConnectLoopback(daemon.http_port());
     if (fd < 0) continue;
     // One byte of a request line: pswitchd defers accepting a connection until its first bytes
     // (a silent one waits in the kernel), so these reach its connection cap.
-    Send(fd, "G");
+    SendAll(fd, "G");
     idle.push_back(fd);
   }
   absl::SleepFor(absl::Milliseconds(500));
@@ -221,11 +183,11 @@ TEST(HttpLimitsE2eTest, ThreeHundredMegabytesOfHeadersAreRefusedUnread) {
   e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=1"});
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   const int64_t rss_before = StatusKb(daemon.pid(), "VmRSS");
-  const int fd = Connect(daemon.http_port());
-  Send(fd, "GET /v2/health/live HTTP/1.1\r\n");
+  const int fd = ConnectLoopback(daemon.http_port());
+  SendAll(fd, "GET /v2/health/live HTTP/1.1\r\n");
   const std::string line = "X-Filler: " + std::string(8 << 10, 'a') + "\r\n";
   size_t sent = 0;
-  while (sent < (size_t{300} << 20) && Send(fd, line)) sent += line.size();
+  while (sent < (size_t{300} << 20) && SendAll(fd, line)) sent += line.size();
   const std::string answer = ReadUntilClose(fd, absl::Seconds(5));
   ::close(fd);
   EXPECT_EQ(answer.substr(0, 12), "HTTP/1.1 431");
@@ -283,9 +245,9 @@ TEST(HttpLimitsE2eTest, BodilessPostsAreAnsweredAtOnce) {
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   for (const char* path : {"/v2/repository/index", "/v2/repository/models/nope/load",
                            "/v2/repository/models/nope/unload"}) {
-    const int fd = Connect(daemon.http_port());
+    const int fd = ConnectLoopback(daemon.http_port());
     const absl::Time t0 = absl::Now();
-    Send(fd, absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    SendAll(fd, absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
     const std::string answer = ReadUntilClose(fd, absl::Seconds(10));
     ::close(fd);
     EXPECT_LT(absl::Now() - t0, absl::Seconds(2)) << path;
@@ -294,8 +256,8 @@ TEST(HttpLimitsE2eTest, BodilessPostsAreAnsweredAtOnce) {
   }
   // A GET that announces a body is refused at once, before any of it is read (it would have
   // held the unauthenticated pool while its body trickled in).
-  const int fd = Connect(daemon.http_port());
-  Send(fd, "GET /v2/health/live HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n");
+  const int fd = ConnectLoopback(daemon.http_port());
+  SendAll(fd, "GET /v2/health/live HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n");
   EXPECT_EQ(ReadUntilClose(fd, absl::Seconds(5)).substr(0, 12), "HTTP/1.1 413");
   ::close(fd);
 }
