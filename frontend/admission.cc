@@ -162,9 +162,13 @@ absl::Status TaskAdmission::Check(const Principal& who, const CatalogEntry& mode
   } else {
     PSWITCH_RETURN_IF_ERROR(CheckInputs(model, spec.inputs));
   }
+  Stamp(who, spec);
+  return absl::OkStatus();
+}
+
+void TaskAdmission::Stamp(const Principal& who, TaskSpec& spec) {
   spec.deadline = std::min(spec.deadline, absl::Now() + kMaxTaskDeadline);
   spec.principal = who.name;  // workers clear their lease between owners
-  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> TaskAdmission::Submit(const Principal& who, const std::string& client,
@@ -212,8 +216,7 @@ void TaskAdmission::SubmitOnCopy(const Principal& who, const std::string& client
                                                     "may have; unload one first")));
     }
   }
-  spec.deadline = std::min(spec.deadline, absl::Now() + kMaxTaskDeadline);
-  spec.principal = who.name;
+  Stamp(who, spec);
   if (absl::Status admitted = quota_->Admit(client); !admitted.ok()) return refuse(admitted);
 
   // The answer may come (on a scheduler thread) before `accepted` has run (on the registration

@@ -116,6 +116,8 @@ class TaskAdmission {
   // Everything but the quota and the queue: the model's access, the inputs, the deadline.
   absl::Status Check(const Principal& who, const controller::CatalogEntry& model,
                      controller::TaskSpec& spec) const;
+  // What every admitted task carries: the deadline clamp and its principal.
+  static void Stamp(const Principal& who, controller::TaskSpec& spec);
 
   TaskSink* const sink_;
   ClientQuota* const quota_;
