@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "controller/task_queue.h"
 #include "controller/state_checkpoints.h"
+#include "dataplane/transfer_region.h"
 #include "models/training.h"
 #include "proto/host_tensor.h"
 
@@ -37,7 +38,14 @@ struct FillRunSpec {
 struct TaskSpec {
   std::string model;
   TaskKind kind = TaskKind::kInference;
+  // Inline, or (Place::Region) slices of `regions` by region id: docs/dataplane.md.
   std::vector<proto::HostTensor> inputs;
+  // The transfer regions its tensors lie in, held until the task ends so none is unmapped under
+  // it; each was checked at admission to be the submitter's.
+  std::vector<std::shared_ptr<const dataplane::TransferRegion>> regions;
+  // Where the outputs go: a slice of one of `regions` (written there by the worker); nullopt:
+  // inline in the outcome.
+  std::optional<proto::ByteSlice> outputs_to;
   uint32_t iterations = 1;  // training
   uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
   uint64_t seed = 0;
@@ -78,6 +86,7 @@ struct SwitchTimeline {
 
 struct TaskOutcome {
   uint64_t task_id = 0;
+  // Inline, or (the spec had outputs_to) Place::Region slices inside it.
   std::vector<proto::HostTensor> outputs;
   uint32_t iterations_done = 0;
   double loss = 0;

@@ -29,21 +29,58 @@ absl::StatusOr<uint64_t> ElementCount(const std::vector<int64_t>& shape) {
   return count;
 }
 
-absl::Status ValidateHostTensor(const HostTensor& tensor) {
-  size_t element_bytes = DTypeBytes(tensor.dtype);
+absl::StatusOr<uint64_t> ShapeBytes(DType dtype, const std::vector<int64_t>& shape) {
+  const size_t element_bytes = DTypeBytes(dtype);
   if (element_bytes == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", tensor.name, "': unknown dtype ", static_cast<int>(tensor.dtype)));
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
   }
-  absl::StatusOr<uint64_t> count = ElementCount(tensor.shape);
-  if (!count.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", tensor.name, "': ", count.status().message()));
+  PSWITCH_ASSIGN_OR_RETURN(uint64_t count, ElementCount(shape));
+  if (count > UINT64_MAX / element_bytes) {
+    return absl::InvalidArgumentError("shape's byte size overflows 64 bits");
   }
-  if (*count > UINT64_MAX / element_bytes || *count * element_bytes != tensor.data.size()) {
+  return count * element_bytes;
+}
+
+uint64_t ByteLength(const HostTensor& tensor) {
+  return tensor.place == Place::Inline ? tensor.data.size() : tensor.slice.length;
+}
+
+absl::Status ValidateHostTensor(const HostTensor& tensor) {
+  absl::StatusOr<uint64_t> bytes = ShapeBytes(tensor.dtype, tensor.shape);
+  if (!bytes.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", tensor.name, "': shape needs ", *count, " elements of ",
-                     element_bytes, " bytes but ", tensor.data.size(), " bytes were given"));
+        absl::StrCat("tensor '", tensor.name, "': ", bytes.status().message()));
+  }
+  switch (tensor.place) {
+    case Place::Inline:
+      if (tensor.slice != ByteSlice{}) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", tensor.name, "': inline data with a slice"));
+      }
+      break;
+    case Place::Region:
+    case Place::Payload:
+      if (!tensor.data.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", tensor.name, "': both inline data and a slice"));
+      }
+      if (tensor.place == Place::Payload && tensor.slice.region != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", tensor.name, "': a payload slice names a region"));
+      }
+      if (tensor.slice.offset > UINT64_MAX - tensor.slice.length) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", tensor.name, "': slice offset + length overflows"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", tensor.name, "': unknown place ", static_cast<int>(tensor.place)));
+  }
+  if (*bytes != ByteLength(tensor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor.name, "': shape needs ", *bytes, " bytes but ",
+                     ByteLength(tensor), " bytes were given"));
   }
   return absl::OkStatus();
 }
@@ -52,10 +89,15 @@ flatbuffers::Offset<Tensor> CreateWireTensor(flatbuffers::FlatBufferBuilder& bui
                                              const HostTensor& tensor) {
   auto name = builder.CreateString(tensor.name);
   auto shape = builder.CreateVector(tensor.shape);
-  // Tensor payloads are read as typed arrays on the other side: align them.
-  builder.ForceVectorAlignment(tensor.data.size(), sizeof(uint8_t), 16);
-  auto data = builder.CreateVector(tensor.data);
-  return CreateTensor(builder, name, tensor.dtype, shape, data);
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> data = 0;
+  if (tensor.place == Place::Inline) {
+    // Tensor payloads are read as typed arrays on the other side: align them.
+    builder.ForceVectorAlignment(tensor.data.size(), sizeof(uint8_t), 16);
+    data = builder.CreateVector(tensor.data);
+  }
+  const Slice slice(tensor.slice.region, tensor.slice.offset, tensor.slice.length);
+  return CreateTensor(builder, name, tensor.dtype, shape, data, tensor.place,
+                      tensor.place == Place::Inline ? nullptr : &slice);
 }
 
 flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<Tensor>>> CreateWireTensors(
@@ -83,6 +125,10 @@ absl::StatusOr<HostTensor> FromWireTensor(const Tensor& tensor) {
     }
   }
   if (tensor.data() != nullptr) out.data.assign(tensor.data()->begin(), tensor.data()->end());
+  out.place = tensor.place();
+  if (const Slice* slice = tensor.slice(); slice != nullptr) {
+    out.slice = ByteSlice{slice->region(), slice->offset(), slice->length()};
+  }
   PSWITCH_RETURN_IF_ERROR(ValidateHostTensor(out));
   return out;
 }
