@@ -68,5 +68,36 @@ TEST(HostTensorTest, RejectsInconsistentTensorsNamingThem) {
   EXPECT_TRUE(ValidateHostTensor({"e", DType::BF16, {0, 5}, {}}).ok());
 }
 
+HostTensor Placed(Place place, ByteSlice slice, std::vector<int64_t> shape = {2, 3}) {
+  HostTensor t{"p", DType::F32, std::move(shape), {}};
+  t.place = place;
+  t.slice = slice;
+  return t;
+}
+
+TEST(HostTensorTest, PlacedTensorsAreCheckedAgainstTheirSliceAndSurviveTheWire) {
+  EXPECT_TRUE(ValidateHostTensor(Placed(Place::Region, {7, 64, 24})).ok());
+  EXPECT_TRUE(ValidateHostTensor(Placed(Place::Payload, {0, 0, 24})).ok());
+  EXPECT_FALSE(ValidateHostTensor(Placed(Place::Region, {7, 64, 23})).ok());
+  EXPECT_FALSE(ValidateHostTensor(Placed(Place::Payload, {3, 0, 24})).ok());  // names a region
+  EXPECT_FALSE(ValidateHostTensor(Placed(Place::Region, {7, UINT64_MAX - 8, 24})).ok());
+  EXPECT_FALSE(ValidateHostTensor(Placed(static_cast<Place>(9), {7, 0, 24})).ok());
+  HostTensor both = Placed(Place::Region, {7, 0, 24});
+  both.data.resize(24);
+  EXPECT_FALSE(ValidateHostTensor(both).ok());
+  HostTensor inline_with_slice{"i", DType::F32, {1}, std::vector<uint8_t>(4)};
+  inline_with_slice.slice = {1, 0, 4};
+  EXPECT_FALSE(ValidateHostTensor(inline_with_slice).ok());
+  EXPECT_EQ(ByteLength(Placed(Place::Region, {7, 64, 24})), 24u);
+
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(CreateWireTensor(b, Placed(Place::Region, {7, 64, 24})));
+  auto back = FromWireTensor(*flatbuffers::GetRoot<Tensor>(b.GetBufferPointer()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->place, Place::Region);
+  EXPECT_EQ(back->slice, (ByteSlice{7, 64, 24}));
+  EXPECT_TRUE(back->data.empty());
+}
+
 }  // namespace
 }  // namespace pswitch::proto
