@@ -5,6 +5,7 @@
 
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -38,8 +39,9 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
         absl::StrCat(what, " is readable or writable by others: make it 0600 (or 0400)"));
   }
   PSWITCH_ASSIGN_OR_RETURN(std::string text, base::ReadAll(fd, what, 1 << 20));
-  std::vector<std::pair<std::string, Principal>> tokens;
+  std::vector<TokenEntry> tokens;
   std::set<std::string> seen;
+  std::set<uid_t> seen_uids;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
@@ -48,8 +50,8 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     std::vector<std::string> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     const std::string where = absl::StrCat(what, " line ", line_number);
-    if (fields.size() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": want TOKEN NAME ROLE"));
+    if (fields.size() != 3 && fields.size() != 4) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": want TOKEN NAME ROLE [UID]"));
     }
     if (fields[0].size() < kMinTokenLength) {
       return absl::InvalidArgumentError(
@@ -67,7 +69,23 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(where, ": role must be admin or user"));
     }
-    tokens.emplace_back(fields[0], std::move(principal));
+    std::optional<uid_t> uid;
+    if (fields.size() == 4) {
+      uint32_t parsed = 0;
+      // (uid_t)-1 is "no uid" to the kernel's chown and setresuid: never a peer's.
+      if (!absl::SimpleAtoi(fields[3], &parsed) || fields[3].front() == '-' ||
+          fields[3].front() == '+' || parsed == static_cast<uint32_t>(-1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": UID must be a decimal uid, got '", fields[3], "'"));
+      }
+      if (!seen_uids.insert(parsed).second) {
+        // Two principals for one uid would make the peer's identity depend on line order.
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": uid ", parsed, " is already mapped by another line"));
+      }
+      uid = static_cast<uid_t>(parsed);
+    }
+    tokens.push_back(TokenEntry{fields[0], std::move(principal), uid});
   }
   if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " lists no token"));
   return TokenTable(std::move(tokens));
@@ -76,10 +94,29 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
 std::optional<Principal> TokenTable::Find(absl::string_view token) const {
   std::optional<Principal> found;
   // Every entry is compared, matched or not.
-  for (const auto& [candidate, principal] : tokens_) {
-    if (ConstantTimeEquals(candidate, token) && !found) found = principal;
+  for (const TokenEntry& entry : entries_) {
+    if (ConstantTimeEquals(entry.token, token) && !found) found = entry.principal;
   }
   return found;
+}
+
+std::optional<uid_t> TokenTable::FindTokenUid(absl::string_view token) const {
+  std::optional<uid_t> found;
+  bool matched = false;
+  for (const TokenEntry& entry : entries_) {
+    if (ConstantTimeEquals(entry.token, token) && !matched) {
+      matched = true;
+      found = entry.uid;
+    }
+  }
+  return found;
+}
+
+std::optional<Principal> TokenTable::FindUid(uid_t uid) const {
+  for (const TokenEntry& entry : entries_) {
+    if (entry.uid == uid) return entry.principal;
+  }
+  return std::nullopt;
 }
 
 bool RoleAllows(Role role, proto::ClientRequestBody type) {

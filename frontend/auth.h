@@ -1,6 +1,7 @@
 // Who may do what on pswitchd's client port. Operators give each client a bearer token in a file
-// (--auth-tokens FILE, lines "TOKEN NAME ROLE"); a connection presents its token in its first
-// frame (Authenticate). Roles:
+// (--auth-tokens FILE, lines "TOKEN NAME ROLE [UID]"); a connection presents its token in its first
+// frame (Authenticate). The optional UID maps a local uid to that line's principal for the peers
+// the kernel names (the Unix socket, loopback TCP and HTTP: frontend/peer_identity.h). Roles:
 //   admin: everything (register models, bubble instructions and cycles, fill jobs, any task);
 //   user:  inference on the models it may see, training (in place only where the model's
 //          configuration names it a trainer, else of a copy of its own), unloading the models it
@@ -8,6 +9,8 @@
 // Tokens are compared in constant time; a file others can read is refused.
 #ifndef PSWITCH_FRONTEND_AUTH_H_
 #define PSWITCH_FRONTEND_AUTH_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -29,25 +32,45 @@ struct Principal {
   Role role = Role::kUser;
 };
 
+// One line of the token file: its principal and, where the operator gave one, the local uid that
+// is that principal without presenting the token.
+struct TokenEntry {
+  std::string token;
+  Principal principal;
+  std::optional<uid_t> uid;
+};
+
 // Immutable after Load: thread-safe.
 class TokenTable {
  public:
-  // Lines "TOKEN NAME ROLE" ('#' comments, blank lines skipped); tokens of at least 16
-  // characters, unique; role admin or user. FailedPrecondition for a file group or others can
-  // read or write, InvalidArgument naming the line for a bad one (never echoing a token).
+  // Lines "TOKEN NAME ROLE [UID]" ('#' comments, blank lines skipped); tokens of at least 16
+  // characters, unique; role admin or user; UID a decimal uid listed on one line at most.
+  // FailedPrecondition for a file group or others can read or write, InvalidArgument naming the
+  // line for a bad one (never echoing a token).
   static absl::StatusOr<TokenTable> Load(const std::string& path);
   static TokenTable ForTest(std::vector<std::pair<std::string, Principal>> tokens) {
-    return TokenTable(std::move(tokens));
+    std::vector<TokenEntry> entries;
+    for (auto& [token, principal] : tokens) {
+      entries.push_back(TokenEntry{std::move(token), std::move(principal), std::nullopt});
+    }
+    return TokenTable(std::move(entries));
+  }
+  static TokenTable ForTestEntries(std::vector<TokenEntry> entries) {
+    return TokenTable(std::move(entries));
   }
 
   // The token's principal, or nullopt. Takes the same time whichever token (if any) matches.
   std::optional<Principal> Find(absl::string_view token) const;
-  size_t size() const { return tokens_.size(); }
+  // The principal of the line whose UID column is `uid`, or nullopt.
+  std::optional<Principal> FindUid(uid_t uid) const;
+  // The UID column of the token's line, or nullopt (no such token, or no UID given). Constant
+  // time as Find.
+  std::optional<uid_t> FindTokenUid(absl::string_view token) const;
+  size_t size() const { return entries_.size(); }
 
  private:
-  explicit TokenTable(std::vector<std::pair<std::string, Principal>> tokens)
-      : tokens_(std::move(tokens)) {}
-  std::vector<std::pair<std::string, Principal>> tokens_;
+  explicit TokenTable(std::vector<TokenEntry> entries) : entries_(std::move(entries)) {}
+  std::vector<TokenEntry> entries_;
 };
 
 // Whether `role` may send a request of `type`. Ownership of tasks is checked separately.

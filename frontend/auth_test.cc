@@ -60,6 +60,34 @@ TEST_F(TokenFileTest, BadFilesAreRefusedWithoutEchoingTokens) {
   }
 }
 
+TEST_F(TokenFileTest, AnOptionalUidColumnMapsLocalPeers) {
+  auto table = TokenTable::Load(Write("aaaaaaaaaaaaaaaaaaaa alice admin 1000\n"
+                                      "bbbbbbbbbbbbbbbbbbbb bob user 1001\n"
+                                      "cccccccccccccccccccc carol user\n"));
+  ASSERT_TRUE(table.ok()) << table.status();
+  ASSERT_TRUE(table->FindUid(1000).has_value());
+  EXPECT_EQ(table->FindUid(1000)->name, "alice");
+  EXPECT_EQ(table->FindUid(1000)->role, Role::kAdmin);
+  EXPECT_EQ(table->FindUid(1001)->name, "bob");
+  EXPECT_EQ(table->FindUid(1001)->role, Role::kUser);
+  EXPECT_FALSE(table->FindUid(1002).has_value());
+  EXPECT_FALSE(table->FindUid(0).has_value());
+  EXPECT_EQ(table->Find("cccccccccccccccccccc")->name, "carol");
+}
+
+TEST_F(TokenFileTest, AUidMappedTwiceOrMalformedIsRefused) {
+  auto twice = TokenTable::Load(Write("aaaaaaaaaaaaaaaaaaaa alice admin 1000\n"
+                                      "bbbbbbbbbbbbbbbbbbbb bob user 1000\n"));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(std::string(twice.status().message()).find("line 2"), std::string::npos);
+  EXPECT_NE(std::string(twice.status().message()).find("1000"), std::string::npos);
+  for (const std::string& uid : {"-1", "abc", "4294967295", "99999999999", "+5", "12x"}) {
+    auto table = TokenTable::Load(Write("aaaaaaaaaaaaaaaaaaaa alice admin " + uid + "\n"));
+    EXPECT_EQ(table.status().code(), absl::StatusCode::kInvalidArgument) << uid;
+  }
+  EXPECT_FALSE(TokenTable::Load(Write("aaaaaaaaaaaaaaaaaaaa alice admin 7 extra\n")).ok());
+}
+
 TEST(RolesTest, UsersInferTrainAndSeeTheirOwnTasksOnly) {
   using Body = proto::ClientRequestBody;
   // UnloadModel: the model decides who may (TaskAdmission::CheckUnload).
