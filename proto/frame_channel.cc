@@ -16,36 +16,76 @@
 
 namespace pswitch::proto {
 
-absl::Status SendAllWithFd(int socket_fd, std::span<const uint8_t> bytes, int fd_to_pass) {
+absl::StatusOr<size_t> SendPartsOnce(int socket_fd,
+                                     std::span<const std::span<const uint8_t>> parts,
+                                     size_t offset, int fd_to_pass) {
+  constexpr size_t kMaxParts = 8;
+  iovec iov[kMaxParts];
+  size_t count = 0, skip = offset;
+  for (std::span<const uint8_t> part : parts) {
+    if (skip >= part.size()) {
+      skip -= part.size();
+      continue;
+    }
+    if (count == kMaxParts) return absl::InvalidArgumentError("too many parts for one sendmsg");
+    iov[count++] = iovec{const_cast<uint8_t*>(part.data() + skip), part.size() - skip};
+    skip = 0;
+  }
+  if (count == 0) return 0;
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = count;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd_to_pass >= 0 && offset == 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &fd_to_pass, sizeof(int));
+  }
+  while (true) {
+    const ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return ErrnoStatus("sendmsg");
+  }
+}
+
+namespace {
+
+// Sends every byte of `parts`, waiting for the socket whenever it is full.
+absl::Status SendAllParts(int socket_fd, std::span<const std::span<const uint8_t>> parts,
+                          int fd_to_pass) {
+  size_t total = 0;
+  for (std::span<const uint8_t> part : parts) total += part.size();
   size_t sent = 0;
-  while (sent < bytes.size()) {
-    iovec iov{const_cast<uint8_t*>(bytes.data() + sent), bytes.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd_to_pass >= 0 && sent == 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-      cmsg->cmsg_level = SOL_SOCKET;
-      cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cmsg), &fd_to_pass, sizeof(int));
+  while (sent < total) {
+    PSWITCH_ASSIGN_OR_RETURN(size_t n, SendPartsOnce(socket_fd, parts, sent, fd_to_pass));
+    if (n == 0) {
+      pollfd pfd{socket_fd, POLLOUT, 0};
+      ::poll(&pfd, 1, -1);
+      continue;
     }
-    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd pfd{socket_fd, POLLOUT, 0};
-        ::poll(&pfd, 1, -1);
-        continue;
-      }
-      return ErrnoStatus("sendmsg");
-    }
-    sent += static_cast<size_t>(n);
+    sent += n;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SendAllWithFd(int socket_fd, std::span<const uint8_t> bytes, int fd_to_pass) {
+  const std::span<const uint8_t> parts[] = {bytes};
+  return SendAllParts(socket_fd, parts, fd_to_pass);
+}
+
+absl::Status SendFrameWithFd(int socket_fd, std::span<const uint8_t> payload, int fd_to_pass,
+                             uint32_t max_frame_bytes) {
+  PSWITCH_ASSIGN_OR_RETURN(auto header, EncodeFrameHeader(payload.size(), max_frame_bytes));
+  const std::span<const uint8_t> parts[] = {header, payload};
+  return SendAllParts(socket_fd, parts, fd_to_pass);
 }
 
 FrameChannel::FrameChannel(UniqueFd socket, uint32_t max_frame_bytes)
@@ -108,8 +148,7 @@ absl::StatusOr<std::unique_ptr<FrameChannel>> FrameChannel::ConnectTcp(absl::str
 }
 
 absl::Status FrameChannel::Send(std::span<const uint8_t> payload, int fd_to_pass) {
-  PSWITCH_ASSIGN_OR_RETURN(std::vector<uint8_t> frame, EncodeFrame(payload));
-  return SendAllWithFd(socket_.get(), frame, fd_to_pass);
+  return SendFrameWithFd(socket_.get(), payload, fd_to_pass);
 }
 
 absl::Status FrameChannel::Send(const flatbuffers::FlatBufferBuilder& builder, int fd_to_pass) {
@@ -135,9 +174,11 @@ absl::Status FrameChannel::ReadSome(absl::Time deadline, UniqueFd* passed_fd) {
     if (ready == 0) continue;  // re-checks the deadline
 
     // Never read past the current frame: Linux delivers an fd with whatever read first touches
-    // its segment, so reading frame by frame is what ties each fd to its own frame.
-    uint8_t buffer[64 * 1024];
-    iovec iov{buffer, std::min(sizeof(buffer), decoder_.BytesNeeded())};
+    // its segment, so reading frame by frame is what ties each fd to its own frame. The bytes
+    // land where the decoder keeps them (a large frame: its payload), not in a bounce buffer.
+    std::span<uint8_t> space = decoder_.ReceiveSpace();
+    if (space.empty()) return absl::InternalError("frame decoder offered no receive space");
+    iovec iov{space.data(), space.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -145,8 +186,11 @@ absl::Status FrameChannel::ReadSome(absl::Time deadline, UniqueFd* passed_fd) {
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(socket_.get(), &msg, MSG_CMSG_CLOEXEC);
+    const int recv_errno = errno;
+    decoder_.Commit(n > 0 ? static_cast<size_t>(n) : 0);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (recv_errno == EINTR || recv_errno == EAGAIN) continue;
+      errno = recv_errno;
       return ErrnoStatus("recvmsg");
     }
     // Take ownership of every passed fd first so none leaks, whatever happens next.
@@ -164,7 +208,6 @@ absl::Status FrameChannel::ReadSome(absl::Time deadline, UniqueFd* passed_fd) {
       return absl::InvalidArgumentError("peer passed more file descriptors than expected");
     }
     if (n == 0) return absl::UnavailableError("peer closed the connection");
-    decoder_.Append(std::span<const uint8_t>(buffer, static_cast<size_t>(n)));
     return absl::OkStatus();
   }
 }

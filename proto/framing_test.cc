@@ -1,5 +1,6 @@
 #include "proto/framing.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -67,6 +68,160 @@ TEST(FramingTest, EncodeRejectsEmptyAndOversizePayloads) {
   std::vector<uint8_t> big(33);
   EXPECT_EQ(EncodeFrame(big, 32).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(EncodeFrame(big, 33).ok());
+}
+
+std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> out(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(seed + i * 31 + (i >> 12));
+  return out;
+}
+
+TEST(FramingTest, EncodeFrameHeaderIsTheFramesFirstFourBytes) {
+  std::vector<uint8_t> payload = Pattern(70000, 3);
+  auto frame = EncodeFrame(payload);
+  auto header = EncodeFrameHeader(payload.size());
+  ASSERT_TRUE(frame.ok() && header.ok());
+  EXPECT_TRUE(std::equal(header->begin(), header->end(), frame->begin()));
+  EXPECT_TRUE(std::equal(payload.begin(), payload.end(), frame->begin() + 4));
+  EXPECT_FALSE(EncodeFrameHeader(0).ok());
+  EXPECT_EQ(EncodeFrameHeader(33, 32).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Large and small frames interleaved, fed in odd-sized chunks: each large payload is received
+// into its own vector (whole, in order) and the small frames around it are unaffected.
+TEST(FramingTest, LargeFramesSplitAcrossReadsDecodeExactly) {
+  std::vector<std::vector<uint8_t>> payloads = {Pattern(10, 1), Pattern(3 << 20, 2),
+                                                Pattern(FrameDecoder::kDirectBodyBytes, 3),
+                                                Pattern(5, 4), Pattern(200000, 5)};
+  std::vector<uint8_t> stream;
+  for (const auto& p : payloads) {
+    auto frame = EncodeFrame(p);
+    ASSERT_TRUE(frame.ok());
+    stream.insert(stream.end(), frame->begin(), frame->end());
+  }
+  for (size_t chunk : {size_t{3}, size_t{4099}, size_t{65536}, stream.size()}) {
+    FrameDecoder decoder;
+    std::vector<std::vector<uint8_t>> got;
+    for (size_t pos = 0; pos < stream.size(); pos += chunk) {
+      const size_t n = std::min(chunk, stream.size() - pos);
+      decoder.Append(std::span<const uint8_t>(stream.data() + pos, n));
+      while (true) {
+        auto next = decoder.Next();
+        ASSERT_TRUE(next.ok()) << next.status();
+        if (!next->has_value()) break;
+        got.push_back(std::move(**next));
+      }
+    }
+    ASSERT_EQ(got.size(), payloads.size()) << "chunk " << chunk;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], payloads[i]) << i;
+    EXPECT_EQ(decoder.buffered(), 0u);
+  }
+}
+
+// The receive buffer is kept between small frames (no free and re-fault per frame), a large
+// frame never passes through it, and a burst that grew it past the cap gives the memory back.
+TEST(FramingTest, TheReceiveBufferIsReusedAndBounded) {
+  FrameDecoder decoder;
+  auto small = EncodeFrame(Pattern(1000, 9));
+  ASSERT_TRUE(small.ok());
+  decoder.Append(*small);
+  ASSERT_TRUE(decoder.Next()->has_value());
+  const size_t kept = decoder.retained_bytes();
+  EXPECT_GT(kept, 0u);  // cleared, not freed
+  EXPECT_LE(kept, FrameDecoder::kKeptBufferBytes);
+  for (int i = 0; i < 100; ++i) {
+    decoder.Append(*small);
+    ASSERT_TRUE(decoder.Next()->has_value());
+    EXPECT_EQ(decoder.retained_bytes(), kept) << i;
+  }
+  // A large frame goes straight to its payload: afterwards only the small buffer is held.
+  auto large = EncodeFrame(Pattern(8 << 20, 1));
+  ASSERT_TRUE(large.ok());
+  for (size_t pos = 0; pos < large->size(); pos += 65536) {
+    decoder.Append(std::span<const uint8_t>(large->data() + pos,
+                                            std::min<size_t>(65536, large->size() - pos)));
+    EXPECT_LE(decoder.buffered(), pos + 65536);  // what arrived, never the declared size
+  }
+  auto payload = decoder.Next();
+  ASSERT_TRUE(payload.ok() && payload->has_value());
+  EXPECT_EQ((*payload)->size(), size_t{8} << 20);
+  EXPECT_LE(decoder.retained_bytes(), FrameDecoder::kKeptBufferBytes);
+  // A burst of 2 MiB of small frames in one read grows the buffer; once they are all taken the
+  // decoder is between frames and holds at most the cap again.
+  std::vector<uint8_t> burst;
+  for (int i = 0; i < 2000; ++i) burst.insert(burst.end(), small->begin(), small->end());
+  decoder.Append(*small);  // the first frame's header routes the rest behind it
+  decoder.Append(burst);
+  int frames = 0;
+  while (true) {
+    auto next = decoder.Next();
+    ASSERT_TRUE(next.ok());
+    if (!next->has_value()) break;
+    ++frames;
+  }
+  EXPECT_EQ(frames, 2001);
+  EXPECT_LE(decoder.retained_bytes(), FrameDecoder::kKeptBufferBytes);
+}
+
+// A recycled payload's memory receives the next large frame (already faulted in), and the
+// kept spare is bounded.
+TEST(FramingTest, ARecycledPayloadReceivesTheNextLargeFrame) {
+  FrameDecoder decoder;
+  auto first = EncodeFrame(Pattern(4 << 20, 1));
+  auto second = EncodeFrame(Pattern(3 << 20, 2));
+  ASSERT_TRUE(first.ok() && second.ok());
+  decoder.Append(*first);
+  auto one = decoder.Next();
+  ASSERT_TRUE(one.ok() && one->has_value());
+  const uint8_t* memory = (*one)->data();
+  decoder.Recycle(std::move(**one));
+  decoder.Append(*second);
+  auto two = decoder.Next();
+  ASSERT_TRUE(two.ok() && two->has_value());
+  EXPECT_EQ((*two)->data(), memory);
+  EXPECT_EQ(**two, Pattern(3 << 20, 2));
+  // Beyond the cap a spare is not kept; Discard frees everything.
+  decoder.Recycle(std::vector<uint8_t>(FrameDecoder::kKeptSpareBytes + 1));
+  EXPECT_LE(decoder.retained_bytes(), FrameDecoder::kKeptBufferBytes);
+  decoder.Recycle(std::move(**two));
+  EXPECT_GT(decoder.retained_bytes(), size_t{3} << 20);
+  decoder.Discard();
+  EXPECT_EQ(decoder.retained_bytes(), 0u);
+}
+
+// In-place receiving: the offered space never crosses the frame's end (fd-per-frame), and the
+// payload comes out whole.
+TEST(FramingTest, ReceiveSpaceNeverCrossesAFrameBoundary) {
+  std::vector<uint8_t> stream;
+  std::vector<std::vector<uint8_t>> payloads = {Pattern(300, 1), Pattern(3 << 20, 2),
+                                                Pattern(2, 3)};
+  std::vector<size_t> ends;
+  for (const auto& p : payloads) {
+    auto frame = EncodeFrame(p);
+    stream.insert(stream.end(), frame->begin(), frame->end());
+    ends.push_back(stream.size());
+  }
+  FrameDecoder decoder;
+  size_t pos = 0, frame = 0;
+  while (frame < payloads.size()) {
+    auto next = decoder.Next();
+    ASSERT_TRUE(next.ok());
+    if (next->has_value()) {
+      EXPECT_EQ(**next, payloads[frame]);
+      ++frame;
+      continue;
+    }
+    std::span<uint8_t> space = decoder.ReceiveSpace();
+    ASSERT_FALSE(space.empty());
+    ASSERT_LE(pos + space.size(), ends[frame]) << "offered space crosses frame " << frame;
+    // A short read: only part of what was offered arrives.
+    const size_t n = std::min(space.size(), std::max<size_t>(1, space.size() / 2 + 1));
+    std::memcpy(space.data(), stream.data() + pos, n);
+    decoder.Commit(n);
+    pos += n;
+  }
+  EXPECT_EQ(pos, stream.size());
+  EXPECT_EQ(decoder.buffered(), 0u);
 }
 
 TEST(FramingTest, VerifierRejectsGarbageAndTruncation) {
