@@ -3,6 +3,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include "worker/lease_allocator.h"
+#include "worker/region_map.h"
 
 namespace pswitch::worker {
 namespace {
@@ -27,6 +28,7 @@ class HostExecutor final : public Executor {
   absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream&) override {
     return std::unique_ptr<ComputeSection>();
   }
+  RegionDevice& region_device() override { return HostRegionDevice(); }
 
  private:
   LeaseAllocator* const activations_;  // process lifetime: tensors it served may outlive us

@@ -19,6 +19,7 @@
 namespace pswitch::worker {
 
 class LeaseAllocator;
+class RegionDevice;
 
 // A task's kernels, on the worker's stream while it lives.
 class ComputeSection {
@@ -51,6 +52,9 @@ class Executor {
   virtual bool warms_up() const = 0;
   // Starts a section on `stream`; null when the backend needs none (the host computes in line).
   virtual absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream& stream) = 0;
+  // What the backend does with mapped transfer regions (worker/region_map.h); lives as long as
+  // the executor.
+  virtual RegionDevice& region_device() = 0;
 };
 
 struct ExecutorOptions {

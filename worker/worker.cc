@@ -162,6 +162,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   // Installed once, before any task; libtorch keeps using its allocator for the process's life.
   PSWITCH_ASSIGN_OR_RETURN(w->executor_, CreateExecutor(executor));
   w->tensor_device_ = w->executor_->tensor_device();
+  w->regions_ = std::make_unique<RegionMap>(&w->executor_->region_device());
   w->activations_ = w->executor_->host_activations();
   flatbuffers::FlatBufferBuilder b;
   auto ready = proto::CreateWorkerReady(b, ::getpid(), options.worker_id);
@@ -256,6 +257,10 @@ absl::Status Worker::Execute(Command& command) {
       return HandleStop(*cmd->body_as_Stop());
     case proto::WorkerCommandBody::DropModel:
       return HandleDrop(*cmd->body_as_DropModel());
+    case proto::WorkerCommandBody::MapRegion:
+      return HandleMapRegion(*cmd->body_as_MapRegion(), std::move(command.fd));
+    case proto::WorkerCommandBody::UnmapRegion:
+      return HandleUnmapRegion(*cmd->body_as_UnmapRegion());
     default:
       return absl::InvalidArgumentError("unknown worker command");
   }
@@ -312,6 +317,46 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) 
   return SendEvent(b);
 }
 
+absl::Status Worker::SendError(const absl::Status& status) {
+  flatbuffers::FlatBufferBuilder b;
+  auto error = proto::CreateWireError(b, status);
+  proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::Error, error.Union()));
+  return SendEvent(b);
+}
+
+absl::Status Worker::HandleMapRegion(const proto::MapRegion& map, UniqueFd fd) {
+  RegionSpec spec;
+  spec.region = map.region();
+  spec.bytes = map.bytes();
+  spec.file_offset = map.file_offset();
+  if (const auto* handle = map.cuda_ipc_handle(); handle != nullptr && handle->size() > 0) {
+    spec.cuda_ipc_handle.assign(reinterpret_cast<const char*>(handle->data()), handle->size());
+  }
+  spec.device = map.device();
+  absl::Status mapped = regions_->Map(spec, std::move(fd));
+  base::Log(mapped.ok() ? base::LogLevel::kDebug : base::LogLevel::kWarn, "worker_region_mapped")
+      .Field("worker", options_.worker_id)
+      .Field("region", spec.region)
+      .Field("bytes", spec.bytes)
+      .Field("regions", regions_->size())
+      .Field("error", std::string(mapped.message()));
+  if (mapped.ok()) return absl::OkStatus();
+  // Not the worker's failure: pswitchd hears why, and the Runs naming the region fail alone.
+  return SendError(mapped);
+}
+
+absl::Status Worker::HandleUnmapRegion(const proto::UnmapRegion& unmap) {
+  // Commands run in order, so no Run that names the region is still in flight: every Run before
+  // this one has finished with its stream synchronised (HandleRun), its DMA included.
+  absl::Status unmapped = regions_->Unmap(unmap.region());
+  if (!unmapped.ok()) {
+    base::Log(base::LogLevel::kWarn, "worker_region_unmap_failed")
+        .Field("worker", options_.worker_id)
+        .Field("error", std::string(unmapped.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Worker::HandleDrop(const proto::DropModel& drop) {
   const std::string name = drop.name()->str();
   Clean();  // the last task's leftovers may be this model's
@@ -366,8 +411,16 @@ absl::StatusOr<std::vector<proto::HostTensor>> Worker::Infer(BoundModel& bound,
   torch::NoGradGuard no_grad;
   PSWITCH_ASSIGN_OR_RETURN(std::vector<proto::HostTensor> inputs,
                            proto::FromWireTensors(run.inputs()));
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelInput input, ToModelInput(inputs));
-  models::ModelOutput out = bound.model().Forward(ModelInputOn(input, tensor_device_));
+  // Each input copied once into a tensor of the task's own, before the first layer's gate (on
+  // CUDA: queued on the compute stream ahead of group 0's wait, overlapping the transmission).
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelInput input,
+                           TaskInputOn(inputs, *regions_, tensor_device_));
+  models::ModelOutput out = bound.model().Forward(input);
+  if (const proto::Slice* to = run.outputs_to(); to != nullptr) {
+    return WriteOutputsToRegion({NamedTensor{"output", out.output}},
+                                proto::ByteSlice{to->region(), to->offset(), to->length()},
+                                *regions_);
+  }
   PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor output, ToHostTensor("output", out.output));
   return std::vector<proto::HostTensor>{std::move(output)};
 }

@@ -30,6 +30,7 @@
 #include "worker/iterative_task.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
+#include "worker/region_map.h"
 
 namespace pswitch::worker {
 
@@ -87,6 +88,11 @@ class Worker {
   static absl::StatusOr<models::ModelSource> SourceOf(const proto::LoadModel& load,
                                                       const UniqueFd& archive);
   absl::Status HandlePrepare(const proto::Prepare& prepare);
+  // MapRegion/UnmapRegion. A region that cannot be mapped is reported with an Error event and
+  // the worker goes on: the Runs naming it fail on their own ("not mapped").
+  absl::Status HandleMapRegion(const proto::MapRegion& map, UniqueFd fd);
+  absl::Status HandleUnmapRegion(const proto::UnmapRegion& unmap);
+  absl::Status SendError(const absl::Status& status);
   absl::Status HandleRun(const proto::Run& run);
   struct TrainProgress {
     uint32_t iterations_done = 0;
@@ -129,6 +135,8 @@ class Worker {
   std::unique_ptr<gpu::Stream> stream_;
   LeaseAllocator* activations_ = nullptr;  // process lifetime: tensors it served may outlive us
   std::unique_ptr<Executor> executor_;  // the backend's way of computing
+  // The transfer regions Runs' inputs and outputs_to name; uses executor_'s RegionDevice.
+  std::unique_ptr<RegionMap> regions_;
   // Where tasks' tensors live: the CPU on the host backend, the GPU holding the arena on CUDA.
   c10::Device tensor_device_ = c10::Device(c10::kCPU);
   std::unique_ptr<proto::FrameChannel> control_;

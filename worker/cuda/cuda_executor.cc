@@ -5,6 +5,7 @@
 #include "worker/cuda/arena_device.h"
 #include "worker/cuda/compute_stream.h"
 #include "worker/cuda/cuda_lease_allocator.h"
+#include "worker/cuda/cuda_region_device.h"
 #include "worker/executor.h"
 
 namespace pswitch::worker {
@@ -25,7 +26,9 @@ class CudaSection final : public ComputeSection {
 class CudaExecutor final : public Executor {
  public:
   CudaExecutor(cuda::CudaLeaseAllocator* activations, c10::Device device)
-      : activations_(activations), device_(device) {}
+      : activations_(activations),
+        device_(device),
+        regions_(cuda::CreateCudaRegionDevice(device.index())) {}
   c10::Device tensor_device() const override { return device_; }
   void SetActivationLimit(uint64_t bytes) override { activations_->set_limit(bytes); }
   void MarkActivationsPersistent() override { activations_->MarkPersistent(); }
@@ -38,10 +41,12 @@ class CudaExecutor final : public Executor {
                              cuda::ComputeStreamScope::Enter(stream, device_.index()));
     return std::unique_ptr<ComputeSection>(std::make_unique<CudaSection>(std::move(scope)));
   }
+  RegionDevice& region_device() override { return *regions_; }
 
  private:
   cuda::CudaLeaseAllocator* const activations_;  // process lifetime
   const c10::Device device_;
+  const std::unique_ptr<RegionDevice> regions_;
 };
 
 }  // namespace
