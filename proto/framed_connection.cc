@@ -1,6 +1,11 @@
 #include "proto/framed_connection.h"
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,12 +23,26 @@ std::shared_ptr<FramedConnection> FramedConnection::Create(Socket socket, Connec
                                                            FrameHandler on_frame,
                                                            ErrorReplyBuilder error_reply,
                                                            CloseHandler on_close) {
+  FrameWithFdsHandler with_fds = [on_frame = std::move(on_frame)](
+                                     FramedConnection& c, std::vector<uint8_t> payload,
+                                     std::vector<UniqueFd> /*fds: none asked for; closed*/) {
+    on_frame(c, std::move(payload));
+  };
+  return Create(std::move(socket), std::move(limits), std::move(with_fds), std::move(error_reply),
+                std::move(on_close));
+}
+
+std::shared_ptr<FramedConnection> FramedConnection::Create(Socket socket, ConnectionLimits limits,
+                                                           FrameWithFdsHandler on_frame,
+                                                           ErrorReplyBuilder error_reply,
+                                                           CloseHandler on_close) {
   return std::shared_ptr<FramedConnection>(
       new FramedConnection(std::move(socket), std::move(limits), std::move(on_frame),
                            std::move(error_reply), std::move(on_close)));
 }
 
-FramedConnection::FramedConnection(Socket socket, ConnectionLimits limits, FrameHandler on_frame,
+FramedConnection::FramedConnection(Socket socket, ConnectionLimits limits,
+                                   FrameWithFdsHandler on_frame,
                                    ErrorReplyBuilder error_reply, CloseHandler on_close)
     : socket_(std::move(socket)),
       limits_(std::move(limits)),
@@ -42,6 +61,10 @@ void FramedConnection::Start() {
 
 void FramedConnection::ReadMore() {
   if (closed_ || close_after_writes_) return;
+  if (limits_.max_fds_per_frame > 0) {
+    ReadWithFds();
+    return;
+  }
   socket_.async_read_some(asio::buffer(read_buffer_), [self = shared_from_this()](
                                                           const asio::error_code& ec, size_t n) {
     if (self->closed_) return;
@@ -50,32 +73,94 @@ void FramedConnection::ReadMore() {
                                          : absl::UnavailableError("read failed: " + ec.message()));
       return;
     }
-    if (self->decoder_.buffered() == 0) self->frame_started_ = absl::Now();
-    self->decoder_.Append(std::span<const uint8_t>(self->read_buffer_.data(), n));
-    while (!self->closed_ && !self->close_after_writes_) {
-      auto next = self->decoder_.Next();
-      if (!next.ok()) {
-        self->Reject(self->error_reply_(next.status()));
-        return;
-      }
-      if (!next->has_value()) break;
-      self->last_activity_ = absl::Now();
-      self->frame_started_ =
-          self->decoder_.buffered() > 0 ? self->last_activity_ : absl::InfiniteFuture();
-      self->on_frame_(*self, std::move(**next));
-    }
-    if (self->closed_ || self->close_after_writes_) return;
-    if (absl::Status held = self->UpdateHeld(); !held.ok()) {
-      // Its partial frame is dropped first, so the error reply fits where the frame did not.
-      self->decoder_.Discard();
-      self->frame_started_ = absl::InfiniteFuture();
-      (void)self->UpdateHeld();
-      self->Reject(self->error_reply_(held));
+    self->OnBytes(n);
+  });
+}
+
+void FramedConnection::ReadWithFds() {
+  // Asio has no ancillary-data read: wait for readability, then recvmsg directly.
+  socket_.async_wait(Socket::wait_read, [self = shared_from_this()](const asio::error_code& ec) {
+    if (self->closed_) return;
+    if (ec) {
+      self->Close(absl::UnavailableError("read failed: " + ec.message()));
       return;
     }
-    self->ArmTimer();
-    self->ReadMore();
+    // Never past this frame: fds that come with the next frame must not be taken for this one's.
+    const size_t want = std::min(self->read_buffer_.size(), self->decoder_.BytesNeeded());
+    iovec iov{self->read_buffer_.data(), want};
+    const size_t max_fds = self->limits_.max_fds_per_frame;
+    std::vector<char> control(CMSG_SPACE(max_fds * sizeof(int)));
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    const ssize_t n =
+        ::recvmsg(self->socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        self->ReadWithFds();
+        return;
+      }
+      self->Close(absl::UnavailableError(absl::StrCat("read failed: ", std::strerror(errno))));
+      return;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        // Owned from here: each is closed unless the handler keeps it.
+        self->frame_fds_.emplace_back(fd);
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0 || self->frame_fds_.size() > max_fds) {
+      // The kernel closed what did not fit; what did is closed with frame_fds_.
+      self->frame_fds_.clear();
+      self->Reject(self->error_reply_(absl::InvalidArgumentError(
+          absl::StrCat("at most ", max_fds, " files may be passed with one frame"))));
+      return;
+    }
+    if (n == 0) {
+      self->frame_fds_.clear();
+      self->Close(absl::OkStatus());
+      return;
+    }
+    self->OnBytes(static_cast<size_t>(n));
   });
+}
+
+void FramedConnection::OnBytes(size_t n) {
+  if (decoder_.buffered() == 0) frame_started_ = absl::Now();
+  decoder_.Append(std::span<const uint8_t>(read_buffer_.data(), n));
+  while (!closed_ && !close_after_writes_) {
+    auto next = decoder_.Next();
+    if (!next.ok()) {
+      frame_fds_.clear();
+      Reject(error_reply_(next.status()));
+      return;
+    }
+    if (!next->has_value()) break;
+    last_activity_ = absl::Now();
+    frame_started_ = decoder_.buffered() > 0 ? last_activity_ : absl::InfiniteFuture();
+    // With fds, reads stop at the frame's end: these are this frame's, and only this frame's.
+    std::vector<UniqueFd> fds = std::move(frame_fds_);
+    frame_fds_.clear();
+    on_frame_(*this, std::move(**next), std::move(fds));
+  }
+  if (closed_ || close_after_writes_) return;
+  if (absl::Status held = UpdateHeld(); !held.ok()) {
+    // Its partial frame is dropped first, so the error reply fits where the frame did not.
+    decoder_.Discard();
+    frame_fds_.clear();
+    frame_started_ = absl::InfiniteFuture();
+    (void)UpdateHeld();
+    Reject(error_reply_(held));
+    return;
+  }
+  ArmTimer();
+  ReadMore();
 }
 
 absl::Status FramedConnection::UpdateHeld() {
@@ -246,6 +331,7 @@ void FramedConnection::Close(const absl::Status& why) {
   // What it held goes back now, not when the last handler lets the object go. A write in flight
   // keeps its frame until its handler runs, which the socket's close makes immediate.
   decoder_.Discard();
+  frame_fds_.clear();
   while (outgoing_.size() > (writing_ ? 1u : 0u)) outgoing_.pop_back();
   queued_bytes_ = 0;
   (void)UpdateHeld();

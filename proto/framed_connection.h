@@ -1,6 +1,12 @@
 // One framed, asynchronous connection on an Asio stream socket (TCP or Unix), as the servers
-// (controller, memdaemon) use it: frames in, frames (optionally with one fd) out, and a bad
-// frame answered with an error reply before that connection alone is closed.
+// (controller, memdaemon) use it: frames (on a Unix socket optionally with fds) in, frames
+// (optionally with one fd) out, and a bad frame answered with an error reply before that
+// connection alone is closed.
+//
+// Files passed with a frame (SCM_RIGHTS) arrive with the first bytes of the sender's sendmsg,
+// which start the frame. A connection that receives fds therefore never reads past the end of
+// the frame it is reading (the header first, then exactly the rest), so every fd received while
+// a frame is read is that frame's, and the handler gets them together.
 #ifndef PSWITCH_PROTO_FRAMED_CONNECTION_H_
 #define PSWITCH_PROTO_FRAMED_CONNECTION_H_
 
@@ -43,6 +49,10 @@ struct ConnectionLimits {
   // incomplete frame that does not fit is answered with the hook's error before the close; a
   // reply that does not fit closes the connection with it.
   HeldBytesHook held_bytes;
+  // Unix sockets only: files a peer may pass with one frame (SCM_RIGHTS); more close the
+  // connection with an error reply, and the extras are closed. 0: none are received (any a peer
+  // sends are closed by the kernel unread), and reads may span frames.
+  size_t max_fds_per_frame = 0;
 };
 
 // Thread-safety: every member must run on the socket's executor (one io_context thread);
@@ -53,6 +63,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   using Socket = asio::generic::stream_protocol::socket;
   // Called once per complete frame; the handler verifies the payload itself.
   using FrameHandler = std::function<void(FramedConnection&, std::vector<uint8_t> payload)>;
+  // The same, with the files passed with the frame (at most max_fds_per_frame; the handler owns
+  // them, and those it drops are closed).
+  using FrameWithFdsHandler =
+      std::function<void(FramedConnection&, std::vector<uint8_t> payload, std::vector<UniqueFd>)>;
   // Builds the protocol's error reply for a connection-level failure (bad length prefix).
   using ErrorReplyBuilder = std::function<std::vector<uint8_t>(const absl::Status&)>;
   // Called exactly once when the connection closes, with the reason (OK for a clean close).
@@ -60,6 +74,10 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 
   static std::shared_ptr<FramedConnection> Create(Socket socket, ConnectionLimits limits,
                                                   FrameHandler on_frame,
+                                                  ErrorReplyBuilder error_reply,
+                                                  CloseHandler on_close);
+  static std::shared_ptr<FramedConnection> Create(Socket socket, ConnectionLimits limits,
+                                                  FrameWithFdsHandler on_frame,
                                                   ErrorReplyBuilder error_reply,
                                                   CloseHandler on_close);
   // How long the connection may now sit with no complete frame and no reply before it is closed
@@ -90,9 +108,14 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
     std::vector<uint8_t> frame;
     UniqueFd fd;
   };
-  FramedConnection(Socket socket, ConnectionLimits limits, FrameHandler on_frame,
+  FramedConnection(Socket socket, ConnectionLimits limits, FrameWithFdsHandler on_frame,
                    ErrorReplyBuilder error_reply, CloseHandler on_close);
   void ReadMore();
+  // ReadMore for a connection that receives fds: recvmsg of at most the current frame's rest.
+  void ReadWithFds();
+  // Feeds `n` bytes just read into read_buffer_ to the decoder and hands out complete frames;
+  // then reads on, unless the connection is closing.
+  void OnBytes(size_t n);
   void WriteNext();
   // Tells the hook what the connection now holds (the decoder's bytes and the queued replies);
   // its error when that is more than it may.
@@ -103,11 +126,12 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
 
   Socket socket_;
   const ConnectionLimits limits_;
-  FrameHandler on_frame_;
+  FrameWithFdsHandler on_frame_;
   ErrorReplyBuilder error_reply_;
   CloseHandler on_close_;
   FrameDecoder decoder_;
   std::vector<uint8_t> read_buffer_;
+  std::vector<UniqueFd> frame_fds_;  // received with the frame being read
   std::deque<Outgoing> outgoing_;
   size_t queued_bytes_ = 0;  // in outgoing_, each with kQueuedFrameOverheadBytes
   size_t held_ = 0;          // as the hook last accepted

@@ -1,9 +1,13 @@
 #include "proto/framed_connection.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -399,6 +403,182 @@ TEST(AcceptAgainLaterTest, RetriesATransientFailureButNotAClosedAcceptor) {
   AcceptAgainLater(acceptor, asio::error::no_descriptors, "test", [&] { ++accepts; });
   io.run();
   EXPECT_EQ(accepts, 1);
+}
+
+// Sends `bytes` with `fds` attached (SCM_RIGHTS) in one sendmsg.
+void SendWithFds(int sock, const std::vector<uint8_t>& bytes, const std::vector<int>& fds) {
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  }
+  ASSERT_EQ(::sendmsg(sock, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+}
+
+// A frame of `size` bytes (framed), each byte `tag`.
+std::vector<uint8_t> TaggedFrame(uint8_t tag, uint32_t size) {
+  std::vector<uint8_t> frame = Header(size);
+  frame.insert(frame.end(), size, tag);
+  return frame;
+}
+
+// A memory file of `bytes` bytes: its size names it when it comes back.
+UniqueFd MemFileOfSize(size_t bytes) {
+  UniqueFd fd(::memfd_create("framed-connection-test", MFD_CLOEXEC));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
+  return fd;
+}
+
+size_t OpenFdCount() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+// A connection that takes fds with its frames, recording each frame's tag and the sizes of the
+// files that came with it; every frame is answered with an empty-ish reply.
+class FdReceiver {
+ public:
+  explicit FdReceiver(size_t max_fds) {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    peer_ = UniqueFd(fds[1]);
+    conn_ = FramedConnection::Create(
+        FramedConnection::Socket(io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fds[0]),
+        ConnectionLimits{.max_frame_bytes = 1 << 20, .max_fds_per_frame = max_fds},
+        [this](FramedConnection& c, std::vector<uint8_t> payload, std::vector<UniqueFd> files) {
+          std::vector<off_t> sizes;
+          for (const UniqueFd& f : files) {
+            struct stat st;
+            sizes.push_back(::fstat(f.get(), &st) == 0 ? st.st_size : -1);
+          }
+          {
+            absl::MutexLock lock(&mu_);
+            frames_.emplace_back(payload.empty() ? 0 : payload[0], std::move(sizes));
+          }
+          c.Send(std::vector<uint8_t>{payload[0]});
+        },
+        ErrorReply,
+        [this](FramedConnection&, const absl::Status& why) {
+          closed_with_ = why;
+          closed_.Notify();
+        });
+    conn_->Start();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~FdReceiver() {
+    peer_.Reset();
+    if (!closed_.WaitForNotificationWithTimeout(absl::Seconds(20))) io_.stop();
+    thread_.join();
+  }
+  int peer() const { return peer_.get(); }
+  // Waits (bounded) for `n` frames and returns them.
+  std::vector<std::pair<uint8_t, std::vector<off_t>>> Frames(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return frames_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return frames_;
+  }
+  std::optional<absl::Status> ClosedWithin(absl::Duration wait) {
+    if (!closed_.WaitForNotificationWithTimeout(wait)) return std::nullopt;
+    return closed_with_;
+  }
+
+ private:
+  asio::io_context io_;
+  UniqueFd peer_;
+  std::shared_ptr<FramedConnection> conn_;
+  absl::Mutex mu_;
+  std::vector<std::pair<uint8_t, std::vector<off_t>>> frames_ ABSL_GUARDED_BY(mu_);
+  absl::Notification closed_;
+  absl::Status closed_with_;
+  std::thread thread_;
+};
+
+// Issue 26: areas and files travel as fds with their frame. Three frames in two sendmsgs (the
+// first carrying two frames' bytes and two files, the second one frame with one file): each
+// frame gets exactly the files sent with its first byte, never its neighbour's.
+TEST(FramedConnectionFdsTest, FilesArriveWithTheFrameTheyWereSentWith) {
+  FdReceiver receiver(/*max_fds=*/4);
+  UniqueFd a = MemFileOfSize(111), b = MemFileOfSize(222), c = MemFileOfSize(333);
+  std::vector<uint8_t> first = TaggedFrame(1, 100);
+  std::vector<uint8_t> second = TaggedFrame(2, 70000);  // more than one read buffer
+  first.insert(first.end(), second.begin(), second.end());
+  SendWithFds(receiver.peer(), first, {a.get(), b.get()});
+  SendWithFds(receiver.peer(), TaggedFrame(3, 5), {c.get()});
+  auto frames = receiver.Frames(3);
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(frames[0].first, 1);
+  EXPECT_THAT(frames[0].second, ::testing::ElementsAre(111, 222));
+  EXPECT_EQ(frames[1].first, 2);
+  EXPECT_TRUE(frames[1].second.empty());
+  EXPECT_EQ(frames[2].first, 3);
+  EXPECT_THAT(frames[2].second, ::testing::ElementsAre(333));
+  // Each reply came back; the connection is still open.
+  uint8_t replies[3 * 5];
+  size_t got = 0;
+  while (got < sizeof(replies)) {
+    const ssize_t n = ::read(receiver.peer(), replies + got, sizeof(replies) - got);
+    ASSERT_GT(n, 0);
+    got += static_cast<size_t>(n);
+  }
+  EXPECT_FALSE(receiver.ClosedWithin(absl::ZeroDuration()).has_value());
+}
+
+// More files than a frame may carry: an error reply, the connection closed, and none of the
+// files kept open here (the kernel drops what does not fit, the connection closes the rest).
+TEST(FramedConnectionFdsTest, TooManyFilesCloseTheConnectionAndLeakNone) {
+  std::vector<UniqueFd> files;
+  std::vector<int> raw;
+  for (int i = 0; i < 6; ++i) {
+    files.push_back(MemFileOfSize(10 + i));
+    raw.push_back(files.back().get());
+  }
+  const size_t before = OpenFdCount();
+  {
+    FdReceiver receiver(/*max_fds=*/2);
+    const size_t with_receiver = OpenFdCount();
+    SendWithFds(receiver.peer(), TaggedFrame(9, 8), raw);
+    std::optional<absl::Status> closed = receiver.ClosedWithin(absl::Seconds(10));
+    ASSERT_TRUE(closed.has_value());
+    EXPECT_FALSE(closed->ok());
+    EXPECT_TRUE(receiver.Frames(0).empty());
+    // The error reply came back before the close.
+    std::vector<uint8_t> reply(4096);
+    EXPECT_GT(::read(receiver.peer(), reply.data(), reply.size()), 4);
+    // Only the test's peer end stays (the served end is closed).
+    EXPECT_EQ(OpenFdCount(), with_receiver - 1);
+  }
+  EXPECT_EQ(OpenFdCount(), before);
+}
+
+// A connection that does not take fds (TCP, or a Unix peer that must not pass any) never keeps
+// one: the kernel closes files sent to a plain read.
+TEST(FramedConnectionFdsTest, AConnectionWithoutFdsKeepsNone) {
+  UniqueFd file = MemFileOfSize(5);
+  const size_t before = OpenFdCount();
+  {
+    FdReceiver receiver(/*max_fds=*/0);
+    const size_t with_receiver = OpenFdCount();
+    SendWithFds(receiver.peer(), TaggedFrame(4, 8), {file.get()});
+    auto frames = receiver.Frames(1);
+    ASSERT_EQ(frames.size(), 1u);
+    EXPECT_TRUE(frames[0].second.empty());
+    EXPECT_EQ(OpenFdCount(), with_receiver);
+  }
+  EXPECT_EQ(OpenFdCount(), before);
 }
 
 }  // namespace
