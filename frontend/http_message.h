@@ -3,6 +3,7 @@
 #ifndef PSWITCH_FRONTEND_HTTP_MESSAGE_H_
 #define PSWITCH_FRONTEND_HTTP_MESSAGE_H_
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -23,6 +24,9 @@ struct HttpRequest {
   std::string body;
   std::vector<std::string> params;  // the route's {param} segments, in order
   std::string peer;                 // the client's address
+  uint16_t peer_port = 0;
+  std::string local_address;  // the server's end of the connection
+  uint16_t local_port = 0;
   // The bytes this request holds (its body, and what is decoded from it) on the shared budget;
   // released when the request (or whoever the charge is moved to) goes.
   BudgetCharge charge;

@@ -1,6 +1,7 @@
 #include "frontend/http_server.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include "frontend/listen_address.h"
 #include "frontend/memory_return.h"
 #include "frontend/openapi_doc.h"
+#include "frontend/peer_identity.h"
 #include "frontend/requests.h"
 #include "nlohmann/json.hpp"
 #include "proto/client_generated.h"
@@ -251,6 +253,8 @@ int HttpStatus(absl::StatusCode code) {
       return 503;
     case absl::StatusCode::kDeadlineExceeded:
       return 504;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
     default:
       return 500;
   }
@@ -260,6 +264,10 @@ HttpServer::HttpServer(Controller* controller, HttpServerOptions options)
     : controller_(controller),
       options_(std::move(options)),
       pool_(std::max<size_t>(options_.handler_threads, 1), options_.max_queued_requests),
+      own_regions_(options_.regions == nullptr ? std::make_unique<dataplane::RegionTable>()
+                                               : nullptr),
+      regions_(options_.regions != nullptr ? options_.regions : own_regions_.get()),
+      triton_regions_(regions_, options_.shm_dir),
       waiting_(std::make_shared<WaitingRequests>(&pool_, options_.infer_timeout)) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& listen,
@@ -399,10 +407,38 @@ void HttpServer::Serve(HttpRequest request, HttpRespond respond) {
   respond(std::move(busy));
 }
 
+std::optional<HttpServer::Caller> HttpServer::Identify(const HttpRequest& req,
+                                                       HttpResponse& res) const {
+  if (options_.tokens != nullptr) {
+    std::optional<Principal> who = Authorize(options_.tokens, req, res);
+    if (!who) return std::nullopt;
+    // The uid the token's line names (the token file's UID column), if any.
+    const std::string header = req.header("Authorization");
+    std::optional<uid_t> uid =
+        options_.tokens->FindTokenUid(absl::string_view(header).substr(strlen("Bearer ")));
+    return Caller{*std::move(who), uid};
+  }
+  // Without tokens only loopback is served (pswitchd refuses otherwise unless --insecure): the
+  // kernel says which uid owns the peer's socket, and that uid is the principal.
+  asio::error_code ec;
+  const asio::ip::address local = asio::ip::make_address(req.local_address, ec);
+  const asio::ip::address remote = asio::ip::make_address(req.peer, ec);
+  if (ec || !remote.is_loopback()) return Caller{Principal{"anonymous", Role::kAdmin}, std::nullopt};
+  absl::StatusOr<uid_t> uid = LoopbackPeerUid(asio::ip::tcp::endpoint(local, req.local_port),
+                                              asio::ip::tcp::endpoint(remote, req.peer_port));
+  if (!uid.ok()) {
+    ReplyError(res, absl::UnavailableError(absl::StrCat(
+                        "could not tell which local user this connection is: ", uid.status().message())));
+    return std::nullopt;
+  }
+  return Caller{PrincipalOfUid(*uid, nullptr), *uid};
+}
+
 void HttpServer::AddRoutes() {
   auto authorize = [this](const HttpRequest& req, HttpResponse& res) -> std::optional<Principal> {
-    if (options_.tokens == nullptr) return Principal{"anonymous", Role::kAdmin};
-    return Authorize(options_.tokens, req, res);
+    std::optional<Caller> caller = Identify(req, res);
+    if (!caller) return std::nullopt;
+    return std::move(caller->principal);
   };
 
   // This API's OpenAPI document (docs/openapi.json, built in): open, like the health checks.
@@ -424,12 +460,17 @@ void HttpServer::AddRoutes() {
   });
   ready.open = true;
   ready.where = Where::kEventLoop;
-  Handle("GET", "/v2", [authorize](const HttpRequest& req, HttpResponse& res) {
+  Handle("GET", "/v2", [authorize, cuda_shm = options_.cuda_shared_memory](const HttpRequest& req,
+                                                                          HttpResponse& res) {
     if (!authorize(req, res)) return;
     Reply(res, 200,
           json{{"name", "pswitch"},
                {"version", "1"},
-               {"extensions", json::array({"binary_tensor_data", "model_repository"})}});
+               {"extensions", cuda_shm ? json::array({"binary_tensor_data", "model_repository",
+                                                      "system_shared_memory",
+                                                      "cuda_shared_memory"})
+                                       : json::array({"binary_tensor_data", "model_repository",
+                                                      "system_shared_memory"})}});
   });
   Handle("GET", "/v2/models/{model}", [this, authorize](const HttpRequest& req, HttpResponse& res) {
     std::optional<Principal> who = authorize(req, res);
@@ -518,6 +559,7 @@ void HttpServer::AddRoutes() {
       .max_body_bytes = options_.limits.max_body_bytes;
   RouteOperations(authorize);
   RouteRepository(authorize);
+  RouteSharedMemory();
 }
 
 void HttpServer::RouteRepository(const Authorizer& authorize) {
@@ -963,6 +1005,13 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
 
   TaskSpec spec;
   spec.model = model;
+  // Triton's shared-memory parameters name the caller's regions: slices of them from here on
+  // (admission checks them again, as for every port).
+  if (absl::Status placed =
+          PlaceInRegions(*regions_, who.name, *request, &spec.regions, &spec.outputs_to);
+      !placed.ok()) {
+    return fail(placed);
+  }
   spec.inputs = std::move(request->inputs);
   if (request->priority) spec.priority = *request->priority;
   absl::Duration wait = options_.infer_timeout;

@@ -6,9 +6,12 @@
 // waits for a task or a registration on a thread: those answer when the controller calls back.
 //
 // Every error is {"error": "..."} with the status code the code maps to (400 bad input,
-// 401/403, 404 unknown model, 409 conflict, 413 too large, 429 queue full, 503 not ready).
+// 401/403, 404 unknown model, 409 conflict, 413 too large, 429 queue full, 501 not served by
+// this backend, 503 not ready).
 #ifndef PSWITCH_FRONTEND_HTTP_SERVER_H_
 #define PSWITCH_FRONTEND_HTTP_SERVER_H_
+
+#include <sys/types.h>
 
 #include <functional>
 #include <map>
@@ -26,12 +29,14 @@
 #include "controller/fill_manager.h"
 #include "controller/model_repository.h"
 #include "controller/telemetry.h"
+#include "dataplane/region_table.h"
 #include "frontend/admission.h"
 #include "frontend/auth.h"
 #include "frontend/client_quota.h"
 #include "frontend/handler_pool.h"
 #include "frontend/http_message.h"
 #include "frontend/http_transport.h"
+#include "frontend/triton_shm.h"
 #include "frontend/waiting_requests.h"
 
 namespace pswitch::frontend {
@@ -67,6 +72,14 @@ struct HttpServerOptions {
   const ModelRepository* repository = nullptr;
   // The longest an infer request, a load or an unload waits for its answer.
   absl::Duration infer_timeout = absl::Minutes(10);
+  // Where Triton's shared-memory regions are registered: the transfer regions every port shares
+  // (docs/dataplane.md), so admission finds them whichever port a task comes from. Null: the
+  // server keeps a table of its own (tests).
+  dataplane::RegionTable* regions = nullptr;
+  // /v2/cudasharedmemory is served on the CUDA backend only (the host backend answers 501).
+  bool cuda_shared_memory = false;
+  // Where system shared-memory keys are looked up; a test's own directory in tests.
+  std::string shm_dir = "/dev/shm";
 };
 
 // HTTP status for an absl status code.
@@ -116,11 +129,23 @@ class HttpServer : private HttpService {
   std::variant<std::string, HttpResponse> Admit(const HttpRequest& head) override;
   void Serve(HttpRequest request, HttpRespond respond) override;
 
+  // Who sent a request: its principal and, where the kernel or the token file says, its uid on
+  // this machine (which shared-memory segments it may have mapped).
+  struct Caller {
+    Principal principal;
+    std::optional<uid_t> uid;
+  };
+  // The caller, or nullopt with the refusal (401, 503) written to `res`. Without tokens, a
+  // loopback peer is the uid that owns its socket (PrincipalOfUid); a peer beyond loopback
+  // (only with --insecure) is an anonymous admin, as before.
+  std::optional<Caller> Identify(const HttpRequest& req, HttpResponse& res) const;
   using Authorizer = std::function<std::optional<Principal>(const HttpRequest&, HttpResponse&)>;
   // GET /metrics, /v1/gpus, bubble cycles and fill jobs: the operator's side.
   void RouteOperations(const Authorizer& authorize);
   // Triton's model repository extension: index, load and unload.
   void RouteRepository(const Authorizer& authorize);
+  // Triton's system and CUDA shared-memory extensions (frontend/http_shared_memory.cc).
+  void RouteSharedMemory();
   // /v1/tasks: training tasks, answered at once (their state is polled).
   void SubmitTraining(const Principal& who, const HttpRequest& req, HttpRespond respond);
   // POST /v2/models/{model}/infer: JSON tensors, or the binary tensor data extension.
@@ -135,6 +160,9 @@ class HttpServer : private HttpService {
   const HttpServerOptions options_;
   std::vector<Route> routes_;  // fixed after AddRoutes()
   HandlerPool pool_;
+  std::unique_ptr<dataplane::RegionTable> own_regions_;  // when the options gave none
+  dataplane::RegionTable* const regions_;
+  TritonRegions triton_regions_;
   // Held by the controller's callbacks too, so one that fires after the server is gone is safe.
   const std::shared_ptr<WaitingRequests> waiting_;
   std::thread sweeper_;  // answers waiting requests past their deadline

@@ -106,7 +106,16 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     owner_->open_.fetch_add(1, std::memory_order_relaxed);
     beast::error_code ec;
     const tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
-    if (!ec) peer_ = peer.address().to_string();
+    if (!ec) {
+      peer_ = peer.address().to_string();
+      peer_port_ = peer.port();
+    }
+    // Both ends, so a route can ask the kernel who owns a loopback peer's socket.
+    const tcp::endpoint local = stream_.socket().local_endpoint(ec);
+    if (!ec) {
+      local_address_ = local.address().to_string();
+      local_port_ = local.port();
+    }
     // Headers and body go out as separate segments: no Nagle delay on the second.
     stream_.socket().set_option(tcp::no_delay(true), ec);
   }
@@ -193,6 +202,9 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
           field.name_string().data(), field.name_string().size()))] = std::string(field.value());
     }
     request_.peer = peer_;
+    request_.peer_port = peer_port_;
+    request_.local_address = local_address_;
+    request_.local_port = local_port_;
     const uint64_t body_bytes = parser_->content_length().value_or(0);
     if (body_bytes > owner_->limits_.max_body_bytes) {
       return Fail(413,
@@ -304,6 +316,9 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   beast::flat_buffer buffer_{(size_t{64} << 10) + owner_->limits_.max_header_bytes};
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string peer_;
+  uint16_t peer_port_ = 0;
+  std::string local_address_;
+  uint16_t local_port_ = 0;
   std::string client_;  // the current request's, as the service admitted it
   HttpRequest request_;
   BudgetCharge reply_charge_;

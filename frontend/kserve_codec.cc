@@ -244,19 +244,58 @@ absl::StatusOr<std::optional<uint64_t>> BinarySize(const json& tensor) {
   return size->get<uint64_t>();
 }
 
+// A tensor's Triton shared-memory parameters, if it names a region.
+absl::StatusOr<std::optional<ShmReference>> ShmParameters(const json& tensor) {
+  auto p = tensor.find("parameters");
+  if (p == tensor.end() || !p->is_object()) return std::nullopt;
+  auto region = p->find("shared_memory_region");
+  if (region == p->end()) return std::nullopt;
+  if (!region->is_string()) {
+    return absl::InvalidArgumentError("shared_memory_region must be a region's name");
+  }
+  ShmReference ref;
+  ref.region = region->get<std::string>();
+  if (ref.region.empty()) return absl::InvalidArgumentError("shared_memory_region is empty");
+  PSWITCH_RETURN_IF_ERROR(base::CheckText(ref.region, "shared_memory_region", 128));
+  auto size = p->find("shared_memory_byte_size");
+  if (size == p->end() || !size->is_number_unsigned()) {
+    return absl::InvalidArgumentError(
+        "a tensor in shared memory needs shared_memory_byte_size (a byte count)");
+  }
+  ref.bytes = size->get<uint64_t>();
+  if (auto offset = p->find("shared_memory_offset"); offset != p->end()) {
+    if (!offset->is_number_unsigned()) {
+      return absl::InvalidArgumentError("shared_memory_offset must be a byte count");
+    }
+    ref.offset = offset->get<uint64_t>();
+  }
+  if (ref.offset > std::numeric_limits<uint64_t>::max() - ref.bytes) {
+    return absl::InvalidArgumentError("shared_memory_offset + shared_memory_byte_size overflows");
+  }
+  return ref;
+}
+
 // One input's name, dtype and shape; `*json_bytes` its size when its data is JSON, or
-// `*binary_part` its bytes when they come as binary data (copied only once reserved).
+// `*binary_part` its bytes when they come as binary data (copied only once reserved), or
+// `*shm` the region slice it lies in (then neither: the bytes never pass through here).
 absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint64_t count,
                                             absl::string_view& binary, size_t* json_bytes,
-                                            absl::string_view* binary_part) {
+                                            absl::string_view* binary_part,
+                                            std::optional<ShmReference>* shm) {
   if (!in.is_object() || !in.contains("name") || !in["name"].is_string() || !in.contains("shape") ||
       !in["shape"].is_array() || !in.contains("datatype") || !in["datatype"].is_string()) {
     return absl::InvalidArgumentError(
         "each input needs \"name\", \"shape\", \"datatype\" and its data");
   }
   PSWITCH_ASSIGN_OR_RETURN(std::optional<uint64_t> binary_size, BinarySize(in));
-  if (!binary_size && !has_data) {
-    return absl::InvalidArgumentError("an input needs \"data\" or a binary_data_size");
+  PSWITCH_ASSIGN_OR_RETURN(*shm, ShmParameters(in));
+  if (shm->has_value() && (binary_size || has_data)) {
+    return absl::InvalidArgumentError(
+        "an input in shared memory has no \"data\" and no binary_data_size");
+  }
+  if (!binary_size && !has_data && !shm->has_value()) {
+    return absl::InvalidArgumentError(
+        "an input needs \"data\", a binary_data_size or a shared_memory_region");
   }
   proto::HostTensor t;
   t.name = in["name"].get<std::string>();
@@ -272,6 +311,21 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
     t.shape.push_back(d.get<int64_t>());
   }
   PSWITCH_ASSIGN_OR_RETURN(uint64_t elements, proto::ElementCount(t.shape));
+  *json_bytes = 0;
+  if (shm->has_value()) {
+    const ShmReference& ref = **shm;
+    const size_t width = proto::DTypeBytes(t.dtype);
+    if (elements > std::numeric_limits<uint64_t>::max() / width ||
+        elements * width != ref.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': shape holds ", elements,
+                                                     " elements of ", width,
+                                                     " bytes, shared_memory_byte_size is ",
+                                                     ref.bytes));
+    }
+    t.place = proto::Place::Region;
+    t.slice = proto::ByteSlice{0, ref.offset, ref.bytes};
+    return t;
+  }
   if (binary_size) {
     if (*binary_size > binary.size()) {
       return absl::InvalidArgumentError(
@@ -286,7 +340,6 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
     }
     *binary_part = binary.substr(0, *binary_size);
     binary.remove_prefix(*binary_size);
-    *json_bytes = 0;
   } else {
     if (count != elements) {
       return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': shape holds ", elements,
@@ -295,6 +348,15 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
     *json_bytes = static_cast<size_t>(elements) * proto::DTypeBytes(t.dtype);
   }
   return t;
+}
+
+// The region a request asked output `name` into; with one output in shared memory, that one
+// (the model's output may be named otherwise than the request guessed).
+std::string OutputRegionName(const InferRequest& request, const std::string& name) {
+  for (const auto& [output, ref] : request.output_regions) {
+    if (output == name) return ref.region;
+  }
+  return request.output_regions.empty() ? std::string() : request.output_regions.front().second.region;
 }
 
 bool IsTrue(const json& object, const char* key) {
@@ -389,11 +451,13 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   std::vector<absl::string_view> binary_parts(inputs.size());
   size_t decoded_bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
+    std::optional<ShmReference> shm;
     PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor t,
                              InputHead(inputs[i], structure.has_data()[i], structure.counts()[i],
-                                       binary, &json_bytes[i], &binary_parts[i]));
+                                       binary, &json_bytes[i], &binary_parts[i], &shm));
     decoded_bytes += json_bytes[i] + binary_parts[i].size();
     out.inputs.push_back(std::move(t));
+    out.input_regions.push_back(std::move(shm));
   }
   if (!binary.empty()) {
     return absl::InvalidArgumentError(
@@ -458,6 +522,8 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
       if (p != o.end() && p->is_object() && IsTrue(*p, "binary_data")) {
         out.binary_outputs.push_back(o["name"].get<std::string>());
       }
+      PSWITCH_ASSIGN_OR_RETURN(std::optional<ShmReference> shm, ShmParameters(o));
+      if (shm) out.output_regions.emplace_back(o["name"].get<std::string>(), *std::move(shm));
     }
   }
   if (auto id = request.find("id"); id != request.end() && id->is_string()) {
@@ -483,6 +549,14 @@ std::string EncodeInferResponse(const std::string& model, const InferRequest& re
     if (i > 0) body.push_back(',');
     body += "{\"name\":" + json(t.name).dump(-1, ' ', false, json::error_handler_t::replace) +
             ",\"datatype\":\"" + KserveDTypeName(t.dtype) + "\",\"shape\":" + json(t.shape).dump();
+    if (t.place == proto::Place::Region) {
+      body += ",\"parameters\":{\"shared_memory_region\":" +
+              json(OutputRegionName(request, t.name))
+                  .dump(-1, ' ', false, json::error_handler_t::replace) +
+              ",\"shared_memory_byte_size\":" + std::to_string(t.slice.length) +
+              ",\"shared_memory_offset\":" + std::to_string(t.slice.offset) + "}}";
+      continue;
+    }
     if (request.WantsBinary(t.name)) {
       body += ",\"parameters\":{\"binary_data_size\":" + std::to_string(t.data.size()) + "}}";
       binary_bytes += t.data.size();
@@ -498,7 +572,7 @@ std::string EncodeInferResponse(const std::string& model, const InferRequest& re
   *json_bytes = body.size();
   body.reserve(body.size() + binary_bytes);
   for (const proto::HostTensor& t : outputs) {
-    if (request.WantsBinary(t.name)) {
+    if (t.place == proto::Place::Inline && request.WantsBinary(t.name)) {
       body.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
     }
   }

@@ -33,8 +33,21 @@ struct InferRequestLimits {
   size_t max_inputs = 16;
 };
 
+// Triton's shared-memory parameters on a tensor ("shared_memory_region", "..._byte_size",
+// "..._offset"): `bytes` at `offset` of the caller's registered region `region`.
+struct ShmReference {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
 struct InferRequest {
+  // Inline, or (an input given as shared memory) Place::Region with slice.offset/length set and
+  // slice.region 0: the port resolves `input_regions[i]`, the region's name, to its id.
   std::vector<proto::HostTensor> inputs;
+  std::vector<std::optional<ShmReference>> input_regions;  // parallel to `inputs`
+  // Outputs asked for in shared memory, by output name, in request order.
+  std::vector<std::pair<std::string, ShmReference>> output_regions;
   std::optional<int> priority;              // "parameters"."priority", clamped to +-1e6
   std::optional<uint64_t> timeout_us;       // "parameters"."timeout", at most a day
   std::string id;                           // echoed in the response ("" if absent or not text)
@@ -57,6 +70,8 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
 
 // The response body. Outputs `request.WantsBinary` are sent as binary data after the JSON
 // header; `*json_bytes` is then that header's size (for Inference-Header-Content-Length), else 0.
+// An output in a region (Place::Region, written where the request's output_regions said) is
+// listed with its shared_memory_* parameters and no data, as Triton does.
 std::string EncodeInferResponse(const std::string& model, const InferRequest& request,
                                 const std::vector<proto::HostTensor>& outputs, size_t* json_bytes);
 

@@ -168,5 +168,85 @@ TEST(KserveCodecTest, TheResponseRoundTripsThroughAJsonParser) {
   EXPECT_EQ(body.substr(json_bytes), std::string(reinterpret_cast<const char*>(v), 8));
 }
 
+// Triton's shared-memory parameters (as tritonclient's set_shared_memory sends them): the input
+// becomes a slice of the named region, its bytes never pass through the codec.
+TEST(KserveCodecTest, SharedMemoryInputsAndOutputsAreSlicesNotData) {
+  size_t reserved = 99;
+  auto r = Decode(R"({"inputs": [
+      {"name": "x", "shape": [2, 4], "datatype": "FP32",
+       "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 32,
+                      "shared_memory_offset": 64}},
+      {"name": "m", "shape": [2], "datatype": "INT32", "data": [1, 2]}],
+      "outputs": [{"name": "output", "parameters": {"shared_memory_region": "out",
+                                                    "shared_memory_byte_size": 4096}}]})",
+                  {}, &reserved);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(reserved, 8u) << "only the JSON input is decoded here";
+  ASSERT_EQ(r->inputs.size(), 2u);
+  EXPECT_EQ(r->inputs[0].place, proto::Place::Region);
+  EXPECT_TRUE(r->inputs[0].data.empty());
+  EXPECT_EQ(r->inputs[0].slice, (proto::ByteSlice{0, 64, 32}));
+  ASSERT_TRUE(r->input_regions[0].has_value());
+  EXPECT_EQ(r->input_regions[0]->region, "in");
+  EXPECT_FALSE(r->input_regions[1].has_value());
+  EXPECT_EQ(r->inputs[1].place, proto::Place::Inline);
+  ASSERT_EQ(r->output_regions.size(), 1u);
+  EXPECT_EQ(r->output_regions[0].first, "output");
+  EXPECT_EQ(r->output_regions[0].second.region, "out");
+  EXPECT_EQ(r->output_regions[0].second.offset, 0u);
+  EXPECT_EQ(r->output_regions[0].second.bytes, 4096u);
+}
+
+TEST(KserveCodecTest, SharedMemoryParametersAreChecked) {
+  const char* bad[] = {
+      // byte size does not match the shape
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters":
+          {"shared_memory_region": "in", "shared_memory_byte_size": 12}}]})",
+      // no byte size
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters":
+          {"shared_memory_region": "in"}}]})",
+      // data as well
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2],
+          "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 8}}]})",
+      // offset + size overflows
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters":
+          {"shared_memory_region": "in", "shared_memory_byte_size": 8,
+           "shared_memory_offset": 18446744073709551615}}]})",
+      // a region that is not a name
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters":
+          {"shared_memory_region": 7, "shared_memory_byte_size": 8}}]})",
+      R"({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}],
+          "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out",
+                                                   "shared_memory_byte_size": -1}}]})",
+  };
+  for (const char* text : bad) {
+    auto r = Decode(text);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << text << " -> " << r.status();
+  }
+}
+
+TEST(KserveCodecTest, AnOutputInSharedMemoryIsListedWithoutData) {
+  InferRequest request;
+  request.all_outputs_binary = true;  // shared memory wins over binary data
+  request.output_regions.emplace_back("output", ShmReference{"out", 0, 4096});
+  proto::HostTensor t;
+  t.name = "output";
+  t.dtype = proto::DType::F32;
+  t.shape = {1, 10};
+  t.place = proto::Place::Region;
+  t.slice = proto::ByteSlice{7, 0, 40};
+  size_t json_bytes = 1;
+  const std::string body = EncodeInferResponse("m", request, {t}, &json_bytes);
+  EXPECT_EQ(json_bytes, 0u) << "no binary part";
+  const json j = json::parse(body);
+  const json& out = j["outputs"][0];
+  EXPECT_EQ(out["name"], "output");
+  EXPECT_EQ(out["shape"], json({1, 10}));
+  EXPECT_FALSE(out.contains("data"));
+  EXPECT_EQ(out["parameters"]["shared_memory_region"], "out");
+  EXPECT_EQ(out["parameters"]["shared_memory_byte_size"], 40);
+  EXPECT_EQ(out["parameters"]["shared_memory_offset"], 0);
+}
+
 }  // namespace
 }  // namespace pswitch::frontend
