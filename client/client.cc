@@ -1,11 +1,19 @@
 #include "client/client.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "api/client_codec.h"
@@ -29,10 +37,10 @@ absl::Status ReplyError(const ControllerReply* reply) {
   return proto::FromWireError(reply->body_as_Error());
 }
 
-TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor> outputs) {
-  TaskResult result;
+// The fields TaskResult and AreaResult share.
+template <typename Result>
+void FillTimes(const proto::TaskResult& wire, Result& result) {
   result.task_id = wire.task_id();
-  result.outputs = std::move(outputs);
   result.latency = absl::Microseconds(wire.latency_us());
   result.switch_time = absl::Microseconds(wire.switch_us());
   result.breakdown.stop_sent = absl::Microseconds(wire.stop_sent_us());
@@ -41,7 +49,42 @@ TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor
   result.breakdown.first_layer_start = absl::Microseconds(wire.first_layer_start_us());
   result.breakdown.first_layer_done = absl::Microseconds(wire.first_layer_done_us());
   result.breakdown.last_group = absl::Microseconds(wire.last_group_us());
+}
+
+TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor> outputs) {
+  TaskResult result;
+  FillTimes(wire, result);
+  result.outputs = std::move(outputs);
   return result;
+}
+
+// One frame with every fd of `fds` attached to its first byte (one SCM_RIGHTS message), as
+// proto::SendAllWithFd does for one fd: pswitchd takes them as the frame's passed_files.
+absl::Status SendFrameWithFds(int socket_fd, std::span<const uint8_t> frame,
+                              const std::vector<int>& fds) {
+  if (fds.size() <= 1) return proto::SendAllWithFd(socket_fd, frame, fds.empty() ? -1 : fds[0]);
+  constexpr size_t kMaxFds = 8;
+  if (fds.size() > kMaxFds) return absl::InvalidArgumentError("too many files for one request");
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  iovec iov{const_cast<uint8_t*>(frame.data()), 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+  // The first byte carries the fds; the rest of the frame follows as plain bytes.
+  while (true) {
+    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+    if (n == 1) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoStatus("sendmsg");
+  }
+  return proto::SendAllWithFd(socket_fd, frame.subspan(1), -1);
 }
 
 }  // namespace
@@ -57,8 +100,10 @@ class Client::Connection {
     reader_.join();
   }
 
-  // Sends the request `build` makes (given its id); `handler` gets every reply to it.
-  void Call(const std::function<void(Builder&, uint64_t)>& build, ReplyHandler handler) {
+  // Sends the request `build` makes (given its id), with `fds` passed (Unix socket); `handler`
+  // gets every reply to it.
+  void Call(const std::function<void(Builder&, uint64_t)>& build, ReplyHandler handler,
+            const std::vector<int>& fds = {}) {
     Builder b;
     uint64_t id;
     absl::Status closed;
@@ -78,7 +123,12 @@ class Client::Connection {
     absl::Status sent;
     {
       absl::MutexLock lock(&send_mu_);
-      sent = channel_->Send(b);
+      if (fds.empty()) {
+        sent = channel_->Send(b);
+      } else {
+        absl::StatusOr<std::vector<uint8_t>> frame = proto::EncodeFrame(b);
+        sent = frame.ok() ? SendFrameWithFds(channel_->fd(), *frame, fds) : frame.status();
+      }
     }
     if (!sent.ok()) Complete(id, sent);
   }
@@ -86,6 +136,20 @@ class Client::Connection {
   void Forget(uint64_t id) {
     absl::MutexLock lock(&mu_);
     pending_.erase(id);
+  }
+
+  // `on_closed` runs once when the connection is lost (at once if it already is).
+  void OnClosed(std::function<void(const absl::Status&)> on_closed) {
+    absl::Status why;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_.ok()) {
+        on_closed_ = std::move(on_closed);
+        return;
+      }
+      why = closed_;
+    }
+    on_closed(why);
   }
 
  private:
@@ -122,11 +186,14 @@ class Client::Connection {
       Complete((*reply)->request_id(), *reply);
     }
     absl::flat_hash_map<uint64_t, ReplyHandler> orphans;
+    std::function<void(const absl::Status&)> on_closed;
     {
       absl::MutexLock lock(&mu_);
       closed_ = why;
       orphans.swap(pending_);
+      on_closed.swap(on_closed_);
     }
+    if (on_closed) on_closed(why);
     for (auto& [id, handler] : orphans) handler(why);
   }
 
@@ -136,21 +203,106 @@ class Client::Connection {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, ReplyHandler> pending_ ABSL_GUARDED_BY(mu_);
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const absl::Status&)> on_closed_ ABSL_GUARDED_BY(mu_);
   std::thread reader_;  // last: starts once the members it uses exist
 };
 
-Client::Client(std::unique_ptr<Connection> connection, const ClientOptions& options)
-    : options_(options), connection_(std::move(connection)) {}
+std::string DefaultUnixSocketPath() {
+  const char* env = std::getenv("PSWITCH_UNIX_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  return "/run/pswitch/pswitchd.sock";
+}
 
-Client::~Client() = default;
+namespace {
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view host_port,
+constexpr absl::string_view kUnixPrefix = "unix:";
+
+// "localhost", an IPv4 address in 127.0.0.0/8, or ::1 (bracketed or not).
+bool IsLoopbackHost(std::string host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost" || host == "ip6-localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+// Whether a TCP "HOST:PORT" names pswitchd's default port on this machine.
+bool IsLocalDefaultPort(absl::string_view host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == absl::string_view::npos) return false;
+  int port = 0;
+  return absl::SimpleAtoi(host_port.substr(colon + 1), &port) && port == kDefaultPort &&
+         IsLoopbackHost(std::string(host_port.substr(0, colon)));
+}
+
+// The channel Connect's rules (client.h) pick for `address`; `local` says whether it is the
+// Unix socket.
+absl::StatusOr<std::unique_ptr<proto::FrameChannel>> Dial(absl::string_view address,
+                                                          const ClientOptions& options,
+                                                          bool* local) {
+  const std::string default_tcp = absl::StrCat("127.0.0.1:", kDefaultPort);
+  *local = false;
+  if (absl::StartsWith(address, kUnixPrefix)) {
+    if (options.transport == Transport::kTcp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("address '", address, "' is a Unix socket but TCP was asked for"));
+    }
+    *local = true;
+    return proto::FrameChannel::Connect(address.substr(kUnixPrefix.size()),
+                                        options.max_frame_bytes);
+  }
+  const std::string tcp = address.empty() ? default_tcp : std::string(address);
+  if (options.transport == Transport::kAuto && (address.empty() || IsLocalDefaultPort(address))) {
+    // A socket that is missing, refuses us, or has nobody listening: the TCP port instead.
+    auto unix = proto::FrameChannel::Connect(DefaultUnixSocketPath(), options.max_frame_bytes);
+    if (unix.ok()) {
+      *local = true;
+      return unix;
+    }
+  }
+  return proto::FrameChannel::ConnectTcp(tcp, options.max_frame_bytes);
+}
+
+}  // namespace
+
+Client::Client(std::unique_ptr<Connection> connection, const ClientOptions& options, bool local)
+    : options_(options) {
+  if (local) {
+    areas_ = AreaAllocator::Create(
+        options.areas, [this](const TransferArea& area) { return RegisterArea(area); });
+  }
+  connection_ = std::move(connection);
+  if (areas_ != nullptr) {
+    // The areas die with the connection on pswitchd's side: later allocations would name ids
+    // it no longer knows. Spans already out stay mapped here.
+    std::weak_ptr<AreaAllocator> areas = areas_;
+    connection_->OnClosed([areas](const absl::Status& why) {
+      if (auto a = areas.lock()) a->Close(why);
+    });
+  }
+}
+
+Client::~Client() {
+  if (areas_ != nullptr) areas_->Close(absl::FailedPreconditionError("the client is closed"));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view address,
                                                         const ClientOptions& options) {
+  bool local = false;
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<proto::FrameChannel> channel,
-                           proto::FrameChannel::ConnectTcp(host_port, options.max_frame_bytes));
+                           Dial(address, options, &local));
   std::unique_ptr<Client> client(
-      new Client(std::make_unique<Connection>(std::move(channel)), options));
+      new Client(std::make_unique<Connection>(std::move(channel)), options, local));
   if (!options.token.empty()) PSWITCH_RETURN_IF_ERROR(client->Authenticate(options.token));
+  if (local) {
+    absl::Status reserved = client->areas_->Reserve(options.areas.first_area_bytes);
+    // pswitchd's per-principal bound on areas: the client still works, with HostTensor calls
+    // sent in the frame (Infer's fallback); a caller asking for area tensors gets the error.
+    if (!reserved.ok() && !absl::IsResourceExhausted(reserved)) return reserved;
+  }
   return client;
 }
 
@@ -174,7 +326,8 @@ absl::StatusOr<T> CallAndAwait(Connection& connection, absl::Duration timeout,
                                absl::string_view what,
                                const std::function<void(Builder&, uint64_t)>& build,
                                ControllerReplyBody expected,
-                               std::function<absl::StatusOr<T>(const ControllerReply*)> parse) {
+                               std::function<absl::StatusOr<T>(const ControllerReply*)> parse,
+                               const std::vector<int>& fds = {}) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   auto future = promise->get_future();
   connection.Call(build, [promise, expected, parse = std::move(parse)](
@@ -190,7 +343,7 @@ absl::StatusOr<T> CallAndAwait(Connection& connection, absl::Duration timeout,
       promise->set_value(parse(*reply));
     }
     return true;
-  });
+  }, fds);
   return Await(future, timeout, what);
 }
 
@@ -207,7 +360,83 @@ absl::Status Client::Authenticate(const std::string& token) {
       [](const ControllerReply*) -> absl::StatusOr<bool> { return true; }).status();
 }
 
+namespace {
+
+// Files a request names, opened by the client with its own rights for pswitchd to use by fd
+// (Unix socket only): pswitchd never opens a path a client names.
+class PassedFiles {
+ public:
+  // Opens `path` to be read (a regular file) for `role`; nothing when `path` is empty.
+  absl::Status Read(const std::string& path, proto::FileRole role) {
+    if (path.empty()) return absl::OkStatus();
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+    if (!fd.valid()) return ErrnoStatus(absl::StrCat("open '", path, "'"));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat '", path, "'"));
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
+    }
+    Add(std::move(fd), role);
+    return absl::OkStatus();
+  }
+  // Creates `path` (a new file, never an existing one) to be written for `role`.
+  absl::Status Create(const std::string& path, proto::FileRole role) {
+    if (path.empty()) return absl::OkStatus();
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644));
+    if (!fd.valid()) return ErrnoStatus(absl::StrCat("create '", path, "'"));
+    created_.push_back(path);
+    Add(std::move(fd), role);
+    return absl::OkStatus();
+  }
+  // Removes the files Create made (the request failed: nothing will be written to them).
+  void UnlinkCreated() {
+    for (const std::string& path : created_) ::unlink(path.c_str());
+    created_.clear();
+  }
+
+  const std::vector<int>& fds() const { return fds_; }
+  flatbuffers::Offset<flatbuffers::Vector<proto::FileRole>> Roles(Builder& b) const {
+    return roles_.empty() ? 0 : b.CreateVector(roles_);
+  }
+
+ private:
+  void Add(UniqueFd fd, proto::FileRole role) {
+    fds_.push_back(fd.get());
+    owned_.push_back(std::move(fd));
+    roles_.push_back(role);
+  }
+
+  std::vector<UniqueFd> owned_;
+  std::vector<int> fds_;
+  std::vector<proto::FileRole> roles_;
+  std::vector<std::string> created_;
+};
+
+// Every int64 of a verified [long] vector, read bytewise (the verifier does not check its
+// alignment; proto/host_tensor.cc reads shapes the same way).
+std::vector<int64_t> ReadLongs(const flatbuffers::Vector<int64_t>* wire) {
+  std::vector<int64_t> out;
+  if (wire == nullptr) return out;
+  out.resize(wire->size());
+  for (flatbuffers::uoffset_t i = 0; i < wire->size(); ++i) {
+    int64_t value;
+    std::memcpy(&value, wire->Data() + i * sizeof(int64_t), sizeof(value));
+    out[i] = flatbuffers::EndianScalar(value);
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options) {
+  PassedFiles files;
+  if (local()) {
+    PSWITCH_RETURN_IF_ERROR(files.Read(options.weights_path, proto::FileRole::Weights));
+    PSWITCH_RETURN_IF_ERROR(files.Read(options.archive_path, proto::FileRole::Archive));
+    if (options.plan != "auto") {
+      PSWITCH_RETURN_IF_ERROR(files.Read(options.plan, proto::FileRole::Plan));
+    }
+  }
   return CallAndAwait<RegisteredModel>(*connection_, options_.timeout, "register",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterModel(
@@ -216,15 +445,17 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             b.CreateString(options.plan.empty() ? "auto" : options.plan),
             b.CreateString(options.archive_path),
             options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers));
+        auto roles = files.Roles(b);
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
-                                            body.Union()));
+                                                    body.Union(), 0, roles));
       },
       ControllerReplyBody::Registered,
       [](const ControllerReply* reply) -> absl::StatusOr<RegisteredModel> {
         auto* r = reply->body_as_Registered();
         return RegisteredModel{r->name() ? r->name()->str() : "", r->layers(), r->groups(),
                                r->param_bytes()};
-      });
+      },
+      files.fds());
 }
 
 absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
@@ -242,10 +473,54 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
         for (const proto::ModelInfo* m : *list) {
           models.push_back(ModelInfo{m->name() ? m->name()->str() : "",
                                      m->zoo_model() ? m->zoo_model()->str() : "",
-                                     m->param_bytes()});
+                                     m->param_bytes(), m->output_dtype(),
+                                     ReadLongs(m->output_shape())});
         }
         return models;
       });
+}
+
+absl::StatusOr<uint64_t> Client::RegisterArea(const TransferArea& area) {
+  const uint64_t bytes = area.bytes();
+  return CallAndAwait<uint64_t>(*connection_, options_.timeout, "register transfer area",
+      [bytes](Builder& b, uint64_t id) {
+        auto body = proto::CreateRegisterArea(b, bytes);
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterArea,
+                                                    body.Union()));
+      },
+      ControllerReplyBody::AreaRegistered,
+      [bytes](const ControllerReply* reply) -> absl::StatusOr<uint64_t> {
+        auto* r = reply->body_as_AreaRegistered();
+        if (r->area() == 0 || r->bytes() != bytes) {
+          return absl::InternalError(absl::StrCat("pswitchd registered area ", r->area(), " of ",
+                                                  r->bytes(), " bytes for one of ", bytes));
+        }
+        return r->area();
+      },
+      {area.fd()});
+}
+
+absl::StatusOr<Client::OutputSpec> Client::OutputSpecOf(const std::string& model) {
+  {
+    absl::MutexLock lock(&specs_mu_);
+    auto it = output_specs_.find(model);
+    if (it != output_specs_.end()) return it->second;
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<ModelInfo> models, ListModels());
+  OutputSpec spec;  // unknown unless listed: the task's own answer names the model's problem
+  for (const ModelInfo& m : models) {
+    if (m.name == model) spec = OutputSpec{m.output_dtype, m.output_shape};
+  }
+  if (!spec.shape.empty()) {
+    absl::MutexLock lock(&specs_mu_);
+    output_specs_[model] = spec;
+  }
+  return spec;
+}
+
+void Client::ForgetOutputSpec(const std::string& model) {
+  absl::MutexLock lock(&specs_mu_);
+  output_specs_.erase(model);
 }
 
 namespace {
@@ -282,6 +557,206 @@ ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResul
 
 }  // namespace
 
+namespace {
+
+// The bytes a task's outputs need under `spec` (-1 = the first input's batch), rounded to the
+// area's alignment; 0 when the spec is unknown.
+absl::StatusOr<uint64_t> OutputBytes(proto::DType dtype, std::vector<int64_t> shape,
+                                     const std::vector<AreaTensor>& inputs) {
+  if (shape.empty()) return 0;
+  const int64_t batch =
+      inputs.empty() || inputs[0].shape().empty() ? 1 : inputs[0].shape()[0];
+  for (int64_t& dim : shape) {
+    if (dim == -1) dim = batch;
+  }
+  absl::StatusOr<uint64_t> bytes = proto::ShapeBytes(dtype, shape);
+  if (!bytes.ok()) {
+    return absl::InternalError(
+        absl::StrCat("pswitchd's output spec is unusable: ", bytes.status().message()));
+  }
+  if (*bytes > UINT64_MAX - kAreaAlignment) return absl::InternalError("output spec overflows");
+  return (*bytes + kAreaAlignment - 1) / kAreaAlignment * kAreaAlignment;
+}
+
+// What one area inference holds until pswitchd's final answer: its inputs' and outputs' spans
+// (a worker may read or write them until then, timeout or not) and whom to tell.
+struct AreaCall {
+  std::vector<AreaTensor> inputs;
+  std::shared_ptr<AreaSpan> outputs;  // null: outputs come inline (the spec was unknown)
+  std::vector<proto::HostTensor> sent;
+  std::function<void(absl::StatusOr<AreaResult>)> done;
+};
+
+// The result's outputs as views of the span the request gave them. pswitchd is checked like
+// any peer: an output outside that span is refused, never read.
+absl::StatusOr<AreaResult> ToAreaResult(const proto::TaskResult& wire, const AreaCall& call,
+                                        AreaAllocator& areas) {
+  AreaResult result;
+  FillTimes(wire, result);
+  result.sent_inputs = call.sent;
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<proto::HostTensor> outputs,
+                           proto::FromWireTensors(wire.outputs()));
+  for (proto::HostTensor& t : outputs) {
+    if (t.place == proto::Place::Region) {
+      const AreaSpan* space = call.outputs.get();
+      if (space == nullptr || t.slice.region != space->area_id() ||
+          t.slice.offset < space->offset() ||
+          t.slice.offset - space->offset() > space->length() ||
+          t.slice.length > space->length() - (t.slice.offset - space->offset())) {
+        return absl::InternalError(absl::StrCat(
+            "pswitchd placed output '", t.name, "' at area ", t.slice.region, " offset ",
+            t.slice.offset, " (", t.slice.length, " bytes), outside the space the request gave"));
+      }
+      result.outputs.emplace_back(t.name, t.dtype, std::move(t.shape), call.outputs,
+                                  t.slice.offset - space->offset(), t.slice.length);
+    } else if (t.place == proto::Place::Inline) {
+      // Only when the spec was unknown. This runs on the reader thread, which must not wait for
+      // a reply (registering an area would): existing room only.
+      PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<AreaSpan> span,
+                               areas.Allocate(t.data.size(), /*may_grow=*/false));
+      std::memcpy(span->data(), t.data.data(), t.data.size());
+      const uint64_t length = t.data.size();
+      result.outputs.emplace_back(t.name, t.dtype, std::move(t.shape), std::move(span), 0,
+                                  length);
+    } else {
+      return absl::InternalError(
+          absl::StrCat("pswitchd sent output '", t.name, "' as a payload to a Unix client"));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<AreaTensor> Client::Tensor(std::vector<int64_t> shape, proto::DType dtype,
+                                          std::string name) {
+  if (!local()) {
+    return absl::FailedPreconditionError(
+        "area tensors need a Unix-socket connection to pswitchd (this client uses TCP)");
+  }
+  absl::StatusOr<uint64_t> bytes = proto::ShapeBytes(dtype, shape);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", bytes.status().message()));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<AreaSpan> span, areas_->Allocate(*bytes));
+  return AreaTensor(std::move(name), dtype, std::move(shape), std::move(span), 0, *bytes);
+}
+
+absl::StatusOr<AreaTensor> Client::CopyToArea(const proto::HostTensor& tensor) {
+  PSWITCH_RETURN_IF_ERROR(proto::ValidateHostTensor(tensor));
+  if (tensor.place != proto::Place::Inline) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor.name, "' has no bytes here to copy (it names a slice)"));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(AreaTensor placed, Tensor(tensor.shape, tensor.dtype, tensor.name));
+  std::memcpy(placed.data(), tensor.data.data(), tensor.data.size());
+  return placed;
+}
+
+void Client::SubmitArea(const std::string& model, std::vector<AreaTensor> inputs,
+                        const InferOptions& options,
+                        std::function<void(absl::StatusOr<AreaResult>)> done) {
+  if (!local()) {
+    done(absl::FailedPreconditionError("area inference needs a Unix-socket connection"));
+    return;
+  }
+  auto call = std::make_shared<AreaCall>();
+  for (const AreaTensor& t : inputs) {
+    if (!t.valid()) {
+      done(absl::InvalidArgumentError(absl::StrCat("input '", t.name(), "' has no area span")));
+      return;
+    }
+    call->sent.push_back(t.Descriptor());
+  }
+  absl::StatusOr<OutputSpec> spec = OutputSpecOf(model);
+  if (!spec.ok()) {
+    done(spec.status());
+    return;
+  }
+  absl::StatusOr<uint64_t> output_bytes = OutputBytes(spec->dtype, spec->shape, inputs);
+  if (!output_bytes.ok()) {
+    done(output_bytes.status());
+    return;
+  }
+  if (*output_bytes > 0) {
+    absl::StatusOr<std::shared_ptr<AreaSpan>> span = areas_->Allocate(*output_bytes);
+    if (!span.ok()) {
+      done(span.status());
+      return;
+    }
+    call->outputs = std::move(*span);
+  }
+  call->inputs = std::move(inputs);
+  call->done = std::move(done);
+  std::shared_ptr<AreaAllocator> areas = areas_;
+  connection_->Call(
+      [&](Builder& b, uint64_t id) {
+        auto wire_inputs = proto::CreateWireTensors(b, call->sent);
+        auto model_name = b.CreateString(model);
+        proto::Slice outputs_to;
+        if (call->outputs != nullptr) {
+          const proto::ByteSlice slice = call->outputs->Slice(0, call->outputs->length());
+          outputs_to = proto::Slice(slice.region, slice.offset, slice.length);
+        }
+        auto body = proto::CreateSubmitTask(
+            b, model_name, proto::TaskKind::Inference, wire_inputs, 1, 0, options.priority,
+            static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
+            proto::Optimizer::Sgd, 0.01, 0.9, 0, 0,
+            call->outputs != nullptr ? proto::Place::Region : proto::Place::Inline,
+            call->outputs != nullptr ? &outputs_to : nullptr);
+        proto::Finish(b,
+            proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
+      },
+      [this, call, areas, model](const absl::StatusOr<const ControllerReply*>& reply) {
+        // The task is over (or its connection is, and with it every later allocation): the spans
+        // it held go back before the caller hears, so what the caller then sees is settled.
+        auto finish = [&call](absl::StatusOr<AreaResult> result) {
+          call->inputs.clear();
+          call->outputs.reset();
+          call->done(std::move(result));
+        };
+        if (!reply.ok()) {
+          finish(reply.status());
+          return true;
+        }
+        switch ((*reply)->body_type()) {
+          case ControllerReplyBody::TaskAccepted:
+            return false;
+          case ControllerReplyBody::TaskResult:
+            finish(ToAreaResult(*(*reply)->body_as_TaskResult(), *call, *areas));
+            return true;
+          case ControllerReplyBody::Error: {
+            absl::Status error = ReplyError(*reply);
+            // Too small an output space: the model may have been registered anew under its name.
+            if (absl::IsResourceExhausted(error)) ForgetOutputSpec(model);
+            finish(error);
+            return true;
+          }
+          default:
+            finish(absl::InternalError("unexpected reply to a task submission"));
+            return true;
+        }
+      });
+}
+
+std::future<absl::StatusOr<AreaResult>> Client::InferAreaAsync(const std::string& model,
+                                                               std::vector<AreaTensor> inputs,
+                                                               const InferOptions& options) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<AreaResult>>>();
+  auto future = promise->get_future();
+  SubmitArea(model, std::move(inputs), options,
+             [promise](absl::StatusOr<AreaResult> r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+absl::StatusOr<AreaResult> Client::InferArea(const std::string& model,
+                                             std::vector<AreaTensor> inputs,
+                                             const InferOptions& options) {
+  auto future = InferAreaAsync(model, std::move(inputs), options);
+  return Await(future, options_.timeout, "inference");
+}
+
 std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& model,
                                                            std::vector<proto::HostTensor> inputs,
                                                            const InferOptions& options) {
@@ -291,6 +766,42 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
     absl::Status valid = proto::ValidateHostTensor(t);
     if (!valid.ok()) {
       promise->set_value(valid);
+      return future;
+    }
+  }
+  if (local()) {
+    // One copy in, one out. Full areas (this client's bound or pswitchd's) send the frame.
+    std::vector<AreaTensor> placed;
+    absl::Status status;
+    for (const proto::HostTensor& t : inputs) {
+      absl::StatusOr<AreaTensor> p = CopyToArea(t);
+      if (!p.ok()) {
+        status = p.status();
+        break;
+      }
+      placed.push_back(std::move(*p));
+    }
+    if (status.ok()) {
+      SubmitArea(model, std::move(placed), options, [promise](absl::StatusOr<AreaResult> r) {
+        if (!r.ok()) {
+          promise->set_value(r.status());
+          return;
+        }
+        std::vector<proto::HostTensor> outputs;
+        for (const AreaTensor& t : r->outputs) outputs.push_back(t.ToHost());
+        r->outputs.clear();  // copied out: the space goes back before the caller hears
+        TaskResult result;
+        result.task_id = r->task_id;
+        result.outputs = std::move(outputs);
+        result.latency = r->latency;
+        result.switch_time = r->switch_time;
+        result.breakdown = r->breakdown;
+        promise->set_value(std::move(result));
+      });
+      return future;
+    }
+    if (!absl::IsResourceExhausted(status) && !absl::IsFailedPrecondition(status)) {
+      promise->set_value(status);
       return future;
     }
   }
@@ -473,24 +984,40 @@ flatbuffers::Offset<proto::FillSubmit> CreateFillSubmit(Builder& b, const FillJo
 }  // namespace
 
 absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
-  return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill submit",
+  PassedFiles files;
+  if (local()) {
+    PSWITCH_RETURN_IF_ERROR(files.Read(o.dataset_path, proto::FileRole::Dataset));
+    PSWITCH_RETURN_IF_ERROR(files.Create(o.output_path, proto::FileRole::Output));
+  }
+  absl::StatusOr<FillJobStatus> status = CallAndAwait<FillJobStatus>(
+      *connection_, options_.timeout, "fill submit",
       [&](Builder& b, uint64_t id) {
         auto body = CreateFillSubmit(b, o);
-        proto::Finish(b,
-            proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillSubmit, body.Union()));
+        auto roles = files.Roles(b);
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillSubmit,
+                                                    body.Union(), 0, roles));
       },
-      ControllerReplyBody::FillStatus, ParseFillStatus);
+      ControllerReplyBody::FillStatus, ParseFillStatus, files.fds());
+  // A refused job writes nothing: the empty file this call created goes. (After a timeout the
+  // job may yet run, so its file stays.)
+  if (!status.ok() && !absl::IsDeadlineExceeded(status.status())) files.UnlinkCreated();
+  return status;
 }
 
 absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
+  // The estimate counts the dataset's rows; it writes nothing, so no output file is made.
+  PassedFiles files;
+  if (local()) PSWITCH_RETURN_IF_ERROR(files.Read(o.dataset_path, proto::FileRole::Dataset));
   return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill estimate",
       [&](Builder& b, uint64_t id) {
         auto job = CreateFillSubmit(b, o);
         auto body = proto::CreateFillEstimateQuery(b, job);
-        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillEstimateQuery,
-                                            body.Union()));
+        auto roles = files.Roles(b);
+        proto::Finish(b, proto::CreateClientRequest(
+                             b, id, proto::ClientRequestBody::FillEstimateQuery, body.Union(), 0,
+                             roles));
       },
-      ControllerReplyBody::FillStatus, ParseFillStatus);
+      ControllerReplyBody::FillStatus, ParseFillStatus, files.fds());
 }
 
 absl::Status Client::CancelFill(uint64_t job_id) {

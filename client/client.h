@@ -1,7 +1,8 @@
 // The pswitch client library: what users link to submit inference and training tasks to
-// pswitchd over TCP. One connection, reused by every call; calls from many threads share it
-// (requests carry ids, replies are matched to them), each synchronous call has a timeout, and
-// errors come back as absl::Status with the server's code and message.
+// pswitchd, over its Unix socket when the server is local (tensors then travel through shared
+// transfer areas, docs/dataplane.md) or over TCP. One connection, reused by every call; calls
+// from many threads share it (requests carry ids, replies are matched to them), each synchronous
+// call has a timeout, and errors come back as absl::Status with the server's code and message.
 #ifndef PSWITCH_CLIENT_CLIENT_H_
 #define PSWITCH_CLIENT_CLIENT_H_
 
@@ -11,16 +12,31 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "api/types.h"
+#include "client/transfer_area.h"
 #include "flatbuffers/flatbuffers.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
 
 namespace pswitch::client {
+
+// pswitchd's default Unix socket: $PSWITCH_UNIX_SOCKET when set and not empty, else
+// /run/pswitch/pswitchd.sock (pswitchd's default outside a systemd RuntimeDirectory).
+std::string DefaultUnixSocketPath();
+// The TCP port pswitchd listens on by default (--listen=127.0.0.1:7300).
+inline constexpr int kDefaultPort = 7300;
+
+enum class Transport {
+  // The Unix socket when the address says so or the server is local (Client::Connect), else TCP.
+  kAuto,
+  // TCP always, even to a local server (e.g. to measure or test the TCP path).
+  kTcp,
+};
 
 struct ClientOptions {
   // Bound on every synchronous call, including waiting for a task's result.
@@ -29,16 +45,25 @@ struct ClientOptions {
   // The bearer token pswitchd's --auth-tokens file lists for this client; sent first on
   // connecting (Connect fails with Unauthenticated when pswitchd refuses it). Empty: none.
   std::string token;
+  Transport transport = Transport::kAuto;
+  // The transfer areas of a Unix-socket connection: the first is registered on connecting; more
+  // (each at least first_area_bytes) when the calls in flight and the results alive fill them,
+  // up to these bounds (then ResourceExhausted). pswitchd bounds them too, per principal.
+  AreaAllocatorOptions areas;
 };
 
 struct RegisterOptions {
   std::string name;          // the name tasks use
   std::string zoo_model;     // e.g. "resnet152"
-  std::string weights_path;  // safetensors on the server's file system; empty = seeded random
+  // Safetensors; empty = seeded random. Over TCP a path on the server's file system (needs
+  // pswitchd's --allow-client-paths); over the Unix socket the client opens it (relative to its
+  // own working directory, with its own rights) and passes the open file, as for archive_path
+  // and plan.
+  std::string weights_path;
   uint32_t batch_size = 1;
   std::string plan;  // grouping plan JSON path on the server, or "auto" (default)
-  // Your own model: a TorchScript archive made by pswitch.export (Python), as a server path;
-  // zoo_model stays empty. Like weights_path it needs pswitchd's --allow-client-paths.
+  // Your own model: a TorchScript archive made by pswitch.export (Python); zoo_model stays
+  // empty. Named and passed like weights_path.
   std::string archive_path;
   // Token names who may train the model in place and unload it besides admins; everyone else
   // trains a copy of their own (TrainOptions::as_model).
@@ -56,6 +81,10 @@ struct ModelInfo {
   std::string name;
   std::string zoo_model;
   uint64_t param_bytes = 0;
+  // The model's output as recorded at registration; -1 marks the batch dimension. Empty shape:
+  // not known (then outputs come back inline).
+  proto::DType output_dtype = proto::DType::F32;
+  std::vector<int64_t> output_shape;
 };
 
 struct InferOptions {
@@ -105,6 +134,20 @@ struct TaskResult {
   SwitchBreakdown breakdown;
 };
 
+// An inference's result over the Unix socket: its outputs are views into the client's transfer
+// area (no copy), valid while any AreaTensor of them lives; their space goes back to the client
+// when the last one is destroyed. AreaTensor::ToHost copies one out.
+struct AreaResult {
+  uint64_t task_id = 0;
+  std::vector<AreaTensor> outputs;
+  absl::Duration latency;
+  absl::Duration switch_time;
+  SwitchBreakdown breakdown;
+  // What the request named for its inputs (Place::Region descriptors): an area tensor passed in
+  // is sent as its own slice, never copied.
+  std::vector<proto::HostTensor> sent_inputs;
+};
+
 // The types clients and pswitchd share (api/types.h), under the client's names.
 using api::TaskState;
 using api::TaskStateName;
@@ -119,8 +162,12 @@ using FillServerStats = api::FillStats;
 struct FillJobOptions {
   FillKind kind = FillKind::kSynthetic;
   std::string model;         // zoo model (inference, training)
-  std::string dataset_path;  // inference: safetensors "input" rows, on the server
-  std::string output_path;   // inference: where "output" is written when the job ends
+  // Inference: safetensors "input" rows, and the new file "output" is written to when the job
+  // ends. Over TCP named on the server (relative to pswitchd's --data-root); over the Unix
+  // socket the client opens the dataset and creates the output itself (relative to its own
+  // working directory) and passes the open files.
+  std::string dataset_path;
+  std::string output_path;
   uint32_t batch = 1;
   uint32_t steps = 0;  // training iterations / synthetic steps
   uint64_t seed = 0;
@@ -135,7 +182,16 @@ struct FillJobOptions {
 // Thread-safe. Destroying the client fails calls still in flight with Unavailable.
 class Client {
  public:
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(absl::string_view host_port,
+  // `address`:
+  //  - "unix:/path": pswitchd's Unix socket at /path;
+  //  - "" : the default Unix socket (DefaultUnixSocketPath) when it exists and accepts the
+  //    connection, else TCP to 127.0.0.1:7300;
+  //  - "HOST:PORT": TCP, except that a loopback HOST ("localhost", 127.0.0.0/8, "::1") with the
+  //    default port 7300 uses the default Unix socket when it exists and accepts the connection
+  //    (the same local pswitchd). Another port always means TCP: it may be another pswitchd.
+  // options.transport = kTcp never uses the Unix socket. Over the Unix socket the client
+  // registers its first transfer area before returning.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(absl::string_view address,
                                                          const ClientOptions& options = {});
   ~Client();
   Client(const Client&) = delete;
@@ -150,10 +206,35 @@ class Client {
                                                      const InferOptions& options = {});
   std::future<absl::StatusOr<TaskResult>> TrainAsync(const std::string& model,
                                                      const TrainOptions& options);
+  // Over the Unix socket the inputs are copied once into the transfer area and the outputs once
+  // out of it; over TCP they travel in the frame.
   // Synchronous forms: DeadlineExceeded after the client's timeout.
   absl::StatusOr<TaskResult> Infer(const std::string& model, std::vector<proto::HostTensor> inputs,
                                    const InferOptions& options = {});
   absl::StatusOr<TaskResult> Train(const std::string& model, const TrainOptions& options);
+
+  // --- The local data plane (Unix socket only; FailedPrecondition over TCP) ---
+  // Whether this client talks to pswitchd over its Unix socket, with transfer areas.
+  bool local() const { return areas_ != nullptr; }
+  // A `dtype` tensor of `shape` in the transfer area, for the caller to fill in place (contents
+  // unspecified); passing it to InferArea sends its slice only. ResourceExhausted at the bounds.
+  absl::StatusOr<AreaTensor> Tensor(std::vector<int64_t> shape, proto::DType dtype,
+                                    std::string name = "input");
+  // `tensor`'s bytes copied into a new area tensor (one copy).
+  absl::StatusOr<AreaTensor> CopyToArea(const proto::HostTensor& tensor);
+  // Inference on area tensors: requests carry their slices only, and the outputs are written
+  // by the worker into a span of the area sized from the model's output spec (ModelInfo,
+  // fetched once per model; -1 = the first input's batch). The inputs' spans stay held until
+  // pswitchd's final answer, even past a timeout, so nothing reuses bytes a worker may still
+  // read or write.
+  std::future<absl::StatusOr<AreaResult>> InferAreaAsync(const std::string& model,
+                                                         std::vector<AreaTensor> inputs,
+                                                         const InferOptions& options = {});
+  absl::StatusOr<AreaResult> InferArea(const std::string& model, std::vector<AreaTensor> inputs,
+                                       const InferOptions& options = {});
+  // The allocator of the transfer areas (null over TCP): the Python package finds the area
+  // tensor behind an array with it; tests read its figures.
+  AreaAllocator* areas() const { return areas_.get(); }
 
   absl::StatusOr<TaskStatus> Status(uint64_t task_id);
   // The `limit` most recent tasks, newest first (0 = as many as the server lists, 1000).
@@ -190,17 +271,34 @@ class Client {
   // Presents `token` (pswitchd's Authenticate); Unauthenticated when refused.
   absl::Status Authenticate(const std::string& token);
   class Connection;
-  explicit Client(std::unique_ptr<Connection> connection, const ClientOptions& options);
+  Client(std::unique_ptr<Connection> connection, const ClientOptions& options, bool local);
 
   absl::Status SendBubble(
       const std::function<void(flatbuffers::FlatBufferBuilder&, uint64_t)>& build);
   // A request answered by Ack (or an error): waits for it within the client's timeout.
   absl::Status AckCall(std::function<void(flatbuffers::FlatBufferBuilder&, uint64_t)> build,
                        const char* what);
+  // Registers `area` with pswitchd (RegisterArea with its fd); the id it gave.
+  absl::StatusOr<uint64_t> RegisterArea(const TransferArea& area);
+  struct OutputSpec {
+    proto::DType dtype = proto::DType::F32;
+    std::vector<int64_t> shape;  // empty: unknown
+  };
+  // `model`'s output spec, from the cache or ListModels.
+  absl::StatusOr<OutputSpec> OutputSpecOf(const std::string& model);
+  void ForgetOutputSpec(const std::string& model);
+  // Submits an area inference; `done` gets its outcome (on the connection's reader thread, or
+  // on this one when it fails before sending).
+  void SubmitArea(const std::string& model, std::vector<AreaTensor> inputs,
+                  const InferOptions& options,
+                  std::function<void(absl::StatusOr<AreaResult>)> done);
 
   const ClientOptions options_;
   absl::Mutex bubble_mu_;
   absl::Status bubble_error_ ABSL_GUARDED_BY(bubble_mu_);  // sticky
+  absl::Mutex specs_mu_;
+  absl::flat_hash_map<std::string, OutputSpec> output_specs_ ABSL_GUARDED_BY(specs_mu_);
+  std::shared_ptr<AreaAllocator> areas_;  // Unix socket only; spans out may outlive the client
   std::unique_ptr<Connection> connection_;  // last: its reader may call into the above
 };
 
