@@ -6,11 +6,17 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -22,6 +28,7 @@
 #include "worker/cuda/arena_device.h"
 #include "worker/cuda/compute_stream.h"
 #include "worker/cuda/cuda_lease_allocator.h"
+#include "worker/cuda/cuda_region_device.h"
 #include "worker/host_tensors.h"
 #include "worker/model_binding.h"
 
@@ -238,6 +245,110 @@ TEST_F(CudaWorkerTest, KernelsOnTheComputeStreamWaitForTheReadyFlag) {
   scope->reset();
   EXPECT_NE(static_cast<void*>(c10::cuda::getCurrentCUDAStream(0).stream()),
             (*stream)->native_handle());
+}
+
+// A client's memory file, mapped here as the client maps it.
+struct ClientArea {
+  explicit ClientArea(uint64_t bytes, bool sealed) : bytes(bytes) {
+    fd.Reset(::memfd_create("cuda-worker-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
+    if (sealed) {
+      EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
+    data = static_cast<uint8_t*>(
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0));
+  }
+  ~ClientArea() { ::munmap(data, bytes); }
+  UniqueFd Pass() const { return UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0)); }
+  const uint64_t bytes;
+  UniqueFd fd;
+  uint8_t* data = nullptr;
+};
+
+std::vector<uint8_t> BytesOf(const at::Tensor& t) {
+  at::Tensor c = t.cpu().contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return std::vector<uint8_t>(p, p + c.nbytes());
+}
+
+// Issue 26: an input in a registered area reaches the device by one asynchronous copy on the
+// compute stream. Enqueued behind a ready-flag wait, it must neither block the CPU (it was
+// non_blocking) nor run before the flag (it went to that stream); once released, its bytes equal
+// the framed path's. Then the outputs go device-to-host straight into the area.
+TEST_F(CudaWorkerTest, RegionInputsAreOneAsyncCopyOnTheComputeStream) {
+  Gpu& g = Get();
+  std::unique_ptr<RegionDevice> region_device = CreateCudaRegionDevice(0);
+  RegionMap regions(region_device.get());
+  constexpr uint64_t kAreaBytes = 8 << 20;
+  ClientArea area(kAreaBytes, /*sealed=*/true);
+  ClientArea shm(kAreaBytes, /*sealed=*/false);
+  RegionSpec spec;
+  spec.region = 1;
+  spec.bytes = kAreaBytes;
+  ASSERT_TRUE(regions.Map(spec, area.Pass()).ok());
+  spec.region = 2;
+  ASSERT_TRUE(regions.Map(spec, shm.Pass()).ok());
+  ASSERT_TRUE(regions.Slice({1, 0, 1})->registered);
+  ASSERT_FALSE(regions.Slice({2, 0, 1})->registered);
+
+  at::Tensor images = torch::randn({8, 3, 224, 224});  // 4.8 MB
+  absl::StatusOr<proto::HostTensor> framed = ToHostTensor("input", images);
+  ASSERT_TRUE(framed.ok());
+  proto::HostTensor in_area = *framed;
+  in_area.place = proto::Place::Region;
+  in_area.slice = proto::ByteSlice{1, 0, framed->data.size()};
+  in_area.data.clear();
+  std::memcpy(area.data, framed->data.data(), framed->data.size());
+  std::memcpy(shm.data, framed->data.data(), framed->data.size());
+  proto::HostTensor in_shm = in_area;
+  in_shm.slice.region = 2;
+
+  auto flags = g.arena->Flags(0, 4);
+  auto stream = g.device->CreateStream();
+  ASSERT_TRUE(flags.ok() && stream.ok());
+  ASSERT_TRUE((*flags)->Store(1, 0).ok());
+  auto scope = ComputeStreamScope::Enter(**stream, 0);
+  ASSERT_TRUE(scope.ok()) << scope.status();
+  const c10::Device device(c10::kCUDA, 0);
+  {  // load the copy kernels' modules, and cache a pinned block, before any wait (see above)
+    auto warm = TaskInputOn({in_area, in_shm}, regions, device);
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE((*scope)->Synchronize("warm", absl::Seconds(10)).ok());
+  }
+  ASSERT_TRUE((*stream)->WaitFlag(**flags, 1, 1, absl::Seconds(10)).ok());
+  std::atomic<bool> released{false};
+  std::thread release([&] {
+    absl::SleepFor(absl::Seconds(2));  // a blocking copy would still be waiting
+    released = true;
+    (void)(*flags)->Store(1, 1);
+  });
+  absl::StatusOr<models::ModelInput> from_area = TaskInputOn({in_area}, regions, device);
+  absl::StatusOr<models::ModelInput> from_shm = TaskInputOn({in_shm}, regions, device);
+  const bool returned_before_release = !released;
+  const bool queued = !c10::cuda::getCurrentCUDAStream(0).query();
+  release.join();
+  ASSERT_TRUE(from_area.ok()) << from_area.status();
+  ASSERT_TRUE(from_shm.ok()) << from_shm.status();
+  EXPECT_TRUE(returned_before_release) << "the input copy blocked the CPU";
+  EXPECT_TRUE(queued) << "the input copy did not wait behind the compute stream's flag";
+  ASSERT_TRUE((*scope)->Synchronize("test task", absl::Seconds(10)).ok());
+  EXPECT_TRUE(from_area->input.is_cuda());
+  EXPECT_EQ(BytesOf(from_area->input), framed->data);
+  EXPECT_EQ(BytesOf(from_shm->input), framed->data);
+
+  // Outputs: device-to-host into the registered area, packed after a 64-byte boundary.
+  at::Tensor logits = from_area->input.sum({2, 3});  // [8, 3]
+  absl::StatusOr<std::vector<proto::HostTensor>> written =
+      WriteOutputsToRegion({{"output", logits}}, {1, 4096, 4096}, regions);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_TRUE((*scope)->Synchronize("test task", absl::Seconds(10)).ok());
+  const std::vector<uint8_t> expected = BytesOf(logits);
+  EXPECT_EQ(std::vector<uint8_t>(area.data + 4096, area.data + 4096 + expected.size()), expected);
+  written = WriteOutputsToRegion({{"output", logits}}, {2, 4096, 4096}, regions);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(std::vector<uint8_t>(shm.data + 4096, shm.data + 4096 + expected.size()), expected);
+  scope->reset();
+  EXPECT_TRUE(regions.Unmap(1).ok());  // cudaHostUnregister
 }
 
 TEST(CudaWorkerHostTest, TheComputeStreamNeedsACudaStream) {
