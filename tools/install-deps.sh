@@ -21,6 +21,8 @@ packages=(
   clang-14 libclang-rt-14-dev
   # tools/gpu/check-torch2.sh downloads pip's torch 2.x headers (CUDA) to compile-check against.
   python3-pip
+  # tests/tritonclient: PyPI's tritonclient[http] in a virtual environment (below).
+  python3-venv
   # Debian's libtorch calls the system libblas.so.3; the reference BLAS is ~100x slower than
   # OpenBLAS on BERT's matrix products, so install OpenBLAS (it takes over the alternative).
   libopenblas0-pthread
@@ -35,11 +37,25 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo_cmd=()
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+  echo "install-deps: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-sudo_cmd=()
-if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-echo "install-deps: installing ${missing[*]}"
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Triton's own client (tests/tritonclient drives pswitchd's shared-memory extension with it) is
+# on PyPI only: a virtual environment of its own, on Debian's python3 with its system packages
+# (numpy), where CMake looks for it (PSWITCH_TRITONCLIENT_VENV; the same default there). Set
+# PSWITCH_SKIP_TRITONCLIENT=1 on a machine without PyPI: the test then reports SKIPPED.
+venv=${PSWITCH_TRITONCLIENT_VENV:-${HOME}/.cache/pswitch/tritonclient-venv}
+if [ "${PSWITCH_SKIP_TRITONCLIENT:-0}" = 1 ]; then
+  echo "install-deps: tritonclient skipped (PSWITCH_SKIP_TRITONCLIENT=1)"
+elif "$venv/bin/python" -c 'import tritonclient.http, tritonclient.utils.shared_memory' 2>/dev/null; then
+  echo "install-deps: tritonclient present in $venv"
+else
+  echo "install-deps: installing tritonclient[http] into $venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check 'tritonclient[http]'
+fi
