@@ -28,10 +28,13 @@ constexpr uint64_t kMaxPlanBytes = 16 << 20;
 constexpr uint64_t kMaxArchiveBytes = 64ull << 30;
 constexpr uint64_t kArchiveCodeBytes = 256ull << 20;
 
-// A file the request names: in its repository folder, or (local use) a server path.
+// A file the request names: in its repository folder, or (local use) a server path; or the copy
+// of a file the client passed (`passed`), never opened by path.
 absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const std::string& path,
-                                            const char* kind, uint64_t max_bytes) {
+                                            const char* kind, uint64_t max_bytes,
+                                            const std::shared_ptr<const UniqueFd>& passed) {
   const std::string what = absl::StrCat(kind, " '", path, "'");
+  if (passed != nullptr) return base::ReadSealedMemoryFile(*passed, what, max_bytes);
   absl::StatusOr<std::string> read = request.files != nullptr
                                          ? request.files->Read(path, kind, max_bytes)
                                          : base::ReadRegularFile(path, what, max_bytes);
@@ -46,7 +49,8 @@ absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const s
 absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const ModelRequest& request) {
   const std::string& path = request.plan;
   PSWITCH_ASSIGN_OR_RETURN(std::string text,
-                           ReadRequestFile(request, path, "plan file", kMaxPlanBytes));
+                           ReadRequestFile(request, path, "plan file", kMaxPlanBytes,
+                                           request.plan_fd));
   const std::string what = absl::StrCat("plan file '", path, "'");
   PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, what));
   if (!json.is_object() || !json.contains("groups")) {
@@ -181,7 +185,8 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     } else if (!request.archive_path.empty()) {
       PSWITCH_ASSIGN_OR_RETURN(
           std::string bytes,
-          ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes));
+          ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes,
+                          nullptr));
       PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
       archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
       source.archive = std::make_shared<const std::string>(std::move(bytes));
@@ -190,8 +195,9 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     std::string weights_bytes;
     if (!request.weights_path.empty()) {
       const models::SafetensorsLimits limits;
-      PSWITCH_ASSIGN_OR_RETURN(weights_bytes, ReadRequestFile(request, request.weights_path,
-                                                              "weights file", limits.max_file_bytes));
+      PSWITCH_ASSIGN_OR_RETURN(weights_bytes,
+                               ReadRequestFile(request, request.weights_path, "weights file",
+                                               limits.max_file_bytes, request.weights_fd));
     }
     const uint64_t archive_bytes = source.archive != nullptr ? source.archive->size() : 0;
     models::ModelFacts facts;
@@ -223,6 +229,9 @@ absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request) {
     const memdaemon::ModelBytes weights = worker::WeightsOf(facts, request.name);
     auto entry = std::make_unique<CatalogEntry>();
     entry->request = request;
+    // Read once: a passed file's copy is not kept for the model's life.
+    entry->request.weights_fd.reset();
+    entry->request.plan_fd.reset();
     entry->optimizer_slot_bytes = facts.optimizer_slot_bytes;
     entry->trainable = facts.trainable;
     entry->input = WireSpec("input", facts.input);

@@ -47,6 +47,10 @@ struct ModelRequest {
   // Set: the archive is this sealed memory file (a registered model's, copied for a fill job),
   // not read from archive_path again.
   std::shared_ptr<const UniqueFd> archive_fd;
+  // Set: the weights / the plan are these sealed memory files (copies of files a client passed
+  // by fd: frontend/passed_files.h), not read from weights_path / plan, which only name them.
+  std::shared_ptr<const UniqueFd> weights_fd;
+  std::shared_ptr<const UniqueFd> plan_fd;
   // Principals who may train and unload the model besides admins: the repository config's
   // "trainers", or the registering admin's.
   std::vector<std::string> trainers;

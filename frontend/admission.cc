@@ -119,6 +119,111 @@ absl::Status CheckInputs(const CatalogEntry& model, const std::vector<proto::Hos
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> OutputBytesNeeded(const CatalogEntry& model,
+                                           const std::vector<proto::HostTensor>& inputs) {
+  const std::string& name = model.request.name;
+  const controller::TensorSpec& in = model.input;
+  const proto::HostTensor* input = nullptr;
+  for (const proto::HostTensor& t : inputs) {
+    if (t.name == in.name) input = &t;
+  }
+  int64_t batch = 1;
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    if (in.shape[d] != -1) continue;
+    if (input == nullptr || d >= input->shape.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", name, "': the batch cannot be told from the inputs"));
+    }
+    batch = input->shape[d];
+    break;
+  }
+  std::vector<int64_t> shape = model.output.shape;
+  for (int64_t& dim : shape) {
+    if (dim == -1) dim = batch;
+  }
+  absl::StatusOr<uint64_t> bytes = proto::ShapeBytes(model.output.dtype, shape);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", name, "': its recorded output does not give a size: ", bytes.status().message()));
+  }
+  return *bytes;
+}
+
+absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Principal& who,
+                              const CatalogEntry& model, TaskSpec& spec) {
+  const std::string& name = model.request.name;
+  // Regions a port found already (by a Triton name) are kept only if they are the caller's.
+  for (const auto& region : spec.regions) {
+    if (region == nullptr || region->owner() != who.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", name, "': the task holds a region that is not the caller's"));
+    }
+  }
+  auto hold = [&spec](std::shared_ptr<const dataplane::TransferRegion> region) {
+    const bool held = std::any_of(spec.regions.begin(), spec.regions.end(),
+                                  [&](const auto& r) { return r->id() == region->id(); });
+    if (!held) spec.regions.push_back(std::move(region));
+  };
+  // The caller's region `slice` names, with the slice inside it.
+  auto resolve = [&](const proto::ByteSlice& slice, const std::string& what) -> absl::Status {
+    if (table == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": this port serves no transfer regions: send the bytes inline"));
+    }
+    absl::StatusOr<std::shared_ptr<const dataplane::TransferRegion>> region =
+        table->Find(who.name, slice.region);
+    if (!region.ok()) {
+      // Another principal's region and a missing one: the same answer.
+      return absl::NotFoundError(
+          absl::StrCat(what, ": no transfer region ", slice.region, " of yours"));
+    }
+    if (absl::Status inside = (*region)->CheckSlice(slice.offset, slice.length); !inside.ok()) {
+      return absl::Status(inside.code(), absl::StrCat(what, ": ", inside.message()));
+    }
+    hold(*std::move(region));
+    return absl::OkStatus();
+  };
+  for (const proto::HostTensor& t : spec.inputs) {
+    const std::string what = absl::StrCat("model '", name, "': input '", t.name, "'");
+    if (t.place == proto::Place::Inline) continue;
+    if (t.place == proto::Place::Payload) {
+      return absl::UnimplementedError(absl::StrCat(
+          what, " lies in a raw payload, which this pswitchd does not take yet: send it inline "
+                "or in a transfer area"));
+    }
+    if (t.place != proto::Place::Region) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown place"));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(uint64_t bytes, proto::ShapeBytes(t.dtype, t.shape));
+    if (bytes != t.slice.length) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": its dtype and shape need ", bytes,
+                                                     " bytes; the slice holds ", t.slice.length));
+    }
+    PSWITCH_RETURN_IF_ERROR(resolve(t.slice, what));
+  }
+  if (!spec.outputs_to) return absl::OkStatus();
+  const proto::ByteSlice& out = *spec.outputs_to;
+  const std::string what = absl::StrCat("model '", name, "': the output space");
+  PSWITCH_RETURN_IF_ERROR(resolve(out, what));
+  for (const proto::HostTensor& t : spec.inputs) {
+    if (t.place != proto::Place::Region || t.slice.region != out.region) continue;
+    // Both lie inside one region (checked above): no sum overflows.
+    const bool apart = out.offset + out.length <= t.slice.offset ||
+                       t.slice.offset + t.slice.length <= out.offset;
+    if (!apart) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " overlaps input '", t.name,
+                       "': the worker would overwrite an input it may still read"));
+    }
+  }
+  PSWITCH_ASSIGN_OR_RETURN(uint64_t needed, OutputBytesNeeded(model, spec.inputs));
+  if (out.length < needed) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " holds ", out.length,
+                                                     " bytes; the output needs ", needed));
+  }
+  return absl::OkStatus();
+}
+
 std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller) {
   return std::make_unique<ControllerSink>(controller);
 }
@@ -159,8 +264,14 @@ absl::Status TaskAdmission::Check(const Principal& who, const CatalogEntry& mode
           "copy name to train a copy of your own (pswitchctl train --as NAME, Python "
           "train(..., as_model=NAME))"));
     }
+    if (spec.outputs_to || !spec.regions.empty() ||
+        std::any_of(spec.inputs.begin(), spec.inputs.end(),
+                    [](const proto::HostTensor& t) { return t.place != proto::Place::Inline; })) {
+      return absl::InvalidArgumentError("a training task's tensors are inline");
+    }
   } else {
     PSWITCH_RETURN_IF_ERROR(CheckInputs(model, spec.inputs));
+    PSWITCH_RETURN_IF_ERROR(ResolvePlacement(regions_, who, model, spec));
   }
   Stamp(who, spec);
   return absl::OkStatus();

@@ -5,6 +5,10 @@
 //     does not exist), and for training one it may change (admins, the model's trainers, a copy's
 //     owner), else PermissionDenied telling it to train a copy of its own;
 //   - the inputs: names, dtypes and ranks against the model's recorded input;
+//   - where the tensors lie (docs/dataplane.md): every Place::Region slice in one of the
+//     principal's own transfer regions, inside it, as long as its dtype and shape need; the
+//     output space (TaskSpec::outputs_to) in one of them too, overlapping no input and large
+//     enough for the model's recorded output at this batch; the regions held by the task;
 //   - the deadline: at most kMaxTaskDeadline from now;
 //   - the client's quota (ClientQuota), held until the task's answer;
 //   - the task's owner (TaskOwners), so only it (and admins) see and cancel the task, and its
@@ -28,6 +32,7 @@
 #include "absl/time/time.h"
 #include "controller/model_catalog.h"
 #include "controller/task_spec.h"
+#include "dataplane/region_table.h"
 #include "frontend/auth.h"
 #include "frontend/client_quota.h"
 
@@ -53,6 +58,19 @@ absl::Status CheckCopyName(const std::string& name);
 // naming the model and the tensor.
 absl::Status CheckInputs(const controller::CatalogEntry& model,
                          const std::vector<proto::HostTensor>& inputs);
+// The bytes `model`'s output needs for a task whose inputs are `inputs` (the recorded output
+// shape with its batch dimension, -1, set from the input's). InvalidArgument when it cannot be
+// told.
+absl::StatusOr<uint64_t> OutputBytesNeeded(const controller::CatalogEntry& model,
+                                           const std::vector<proto::HostTensor>& inputs);
+// Resolves where `spec`'s tensors lie for `who`: each Place::Region input and `outputs_to` in
+// one of `who`'s regions of `table` (another's and a missing one: the same NotFound), inside it
+// (OutOfRange), the input as long as its dtype and shape need (InvalidArgument), the output
+// overlapping no input (InvalidArgument) and at least OutputBytesNeeded (ResourceExhausted naming
+// both sizes). Fills `spec.regions` with each region once. Place::Payload is refused
+// (Unimplemented); `table` null refuses any region (FailedPrecondition).
+absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Principal& who,
+                              const controller::CatalogEntry& model, controller::TaskSpec& spec);
 
 // Where admitted tasks go: pswitchd's Controller (ControllerTaskSink), a fake in tests.
 class TaskSink {
@@ -78,8 +96,15 @@ class TaskAdmission {
  public:
   // A principal may own at most `max_copies` copies at once (each holds a model's weights in
   // pinned memory); admins are not capped.
-  TaskAdmission(TaskSink* sink, ClientQuota* quota, TaskOwners* owners, size_t max_copies = 8)
-      : sink_(sink), quota_(quota), owners_(owners), max_copies_(max_copies) {}
+  // `regions`: the transfer regions every port shares (null: tensors must be inline); it must
+  // outlive the admission.
+  TaskAdmission(TaskSink* sink, ClientQuota* quota, TaskOwners* owners, size_t max_copies = 8,
+                const dataplane::RegionTable* regions = nullptr)
+      : sink_(sink),
+        quota_(quota),
+        owners_(owners),
+        max_copies_(max_copies),
+        regions_(regions) {}
   TaskAdmission(const TaskAdmission&) = delete;
   TaskAdmission& operator=(const TaskAdmission&) = delete;
 
@@ -123,6 +148,7 @@ class TaskAdmission {
   ClientQuota* const quota_;
   TaskOwners* const owners_;
   const size_t max_copies_;
+  const dataplane::RegionTable* const regions_;
 };
 
 }  // namespace pswitch::frontend

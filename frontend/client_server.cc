@@ -1,6 +1,12 @@
 #include "frontend/client_server.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -13,6 +19,9 @@
 #include "base/text.h"
 #include "frontend/listen_address.h"
 #include "frontend/memory_return.h"
+#include "frontend/passed_files.h"
+#include "frontend/peer_identity.h"
+#include "models/model_source.h"
 #include "frontend/requests.h"
 #include "gpu/copy_engine.h"
 #include "proto/accept_retry.h"
@@ -67,7 +76,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
  public:
   Session(asio::io_context* io, const bool* serving, Controller* controller, FillManager* fill,
           const ClientServerOptions* options, TaskOwners* owners, TaskAdmission* admission,
-          std::string address, uint64_t connection)
+          dataplane::RegionTable* regions, Peer peer, uint64_t connection)
       : io_(io),
         serving_(serving),
         controller_(controller),
@@ -75,8 +84,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         options_(options),
         owners_(owners),
         admission_(admission),
-        address_(std::move(address)),
-        connection_(connection) {}
+        regions_(regions),
+        address_(std::move(peer.address)),
+        unix_(peer.unix_socket),
+        connection_(connection),
+        principal_(std::move(peer.principal)) {}
 
   void Attach(std::weak_ptr<proto::FramedConnection> conn) { conn_ = std::move(conn); }
   // Where this connection's slot is counted and what it holds is charged, from now on. Without
@@ -84,7 +96,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   void Admit(ClientServer* server, BudgetCharge charge) {
     server_ = server;
     charge_ = std::move(charge);
-    if (options_->tokens == nullptr) {
+    // The Unix socket's peers are known from the start: they need no token.
+    if (options_->tokens == nullptr || unix_) {
       ++server_->admitted_;
       counted_ = true;
     }
@@ -93,7 +106,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   // The connection's hook: what it holds now (incomplete frames, queued replies), charged to
   // its client. Before authenticating a connection holds little: an Authenticate is small.
   absl::Status Hold(size_t bytes) {
-    if (options_->tokens != nullptr && !principal_ && bytes > kMaxUnauthenticatedConnectionBytes) {
+    if (!principal_ && options_->tokens != nullptr && bytes > kMaxUnauthenticatedConnectionBytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat("a connection may hold ", kMaxUnauthenticatedConnectionBytes,
                        " bytes before it authenticates; authenticate first"));
@@ -105,6 +118,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
 
   // Its connection closed: its slot and its bytes go back.
   void Closed() {
+    // Its areas end with it; tasks that hold one keep it until they end.
+    for (const auto& [owner, ids] : areas_) regions_->RemoveIds(owner, ids);
+    areas_.clear();
     charge_.Reset();
     server_->unauthenticated_.erase(connection_);
     if (counted_) --server_->admitted_;
@@ -122,18 +138,26 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     return options_->idle_timeout;
   }
 
-  void Handle(proto::FramedConnection& conn, std::vector<uint8_t> payload) {
+  void Handle(proto::FramedConnection& conn, std::vector<uint8_t> payload,
+              std::vector<UniqueFd> fds) {
     auto request = proto::VerifyPayload<proto::ClientRequest>(payload, "client request");
     if (!request.ok()) {
       conn.Reject(ErrorReply(0, request.status()));
       return;
     }
     const uint64_t id = (*request)->request_id();
+    if ((*request)->payload_bytes() != 0) {
+      // Its raw bytes would follow on the stream and be read as frames: the stream is lost.
+      return conn.Reject(ErrorReply(
+          id, absl::UnimplementedError("this pswitchd takes no raw payload after a request: send "
+                                       "tensors inline or in a transfer area")));
+    }
     if (!*serving_) {
       return conn.Send(ErrorReply(id, absl::UnavailableError("pswitchd is shutting down")));
     }
     const proto::ClientRequestBody type = (*request)->body_type();
     if (type == proto::ClientRequestBody::Authenticate) {
+      if (!fds.empty()) return conn.Send(ErrorReply(id, UnexpectedFiles()));
       return Authenticate(conn, id, *(*request)->body_as_Authenticate());
     }
     if (!principal_) {
@@ -142,8 +166,21 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
             id, absl::UnauthenticatedError("this pswitchd needs a token: authenticate first "
                                            "(pswitchctl --token or PSWITCH_TOKEN)")));
       }
-      principal_ = Principal{"anonymous", Role::kAdmin};  // no tokens configured
+      // Only a peer beyond loopback without tokens gets here (--insecure: the operator's choice
+      // that whoever reaches the port controls pswitchd). Local peers are named by the kernel.
+      principal_ = Principal{"anonymous", Role::kAdmin};
     }
+    // Files travel with the requests that name them, as many as they declare, and only there.
+    const auto* roles = (*request)->passed_files();
+    const size_t declared = roles != nullptr ? roles->size() : 0;
+    const bool takes_files = type == proto::ClientRequestBody::RegisterModel ||
+                             type == proto::ClientRequestBody::RegisterArea;
+    if (type == proto::ClientRequestBody::RegisterArea ? declared != 0 : declared != fds.size()) {
+      return conn.Send(ErrorReply(
+          id, absl::InvalidArgumentError(absl::StrCat(
+                  "passed_files names ", declared, " files; ", fds.size(), " came with the frame"))));
+    }
+    if (!takes_files && !fds.empty()) return conn.Send(ErrorReply(id, UnexpectedFiles()));
     if (!RoleAllows(principal_->role, type)) {
       return conn.Send(ErrorReply(
           id, absl::PermissionDeniedError(absl::StrCat(
@@ -154,7 +191,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     }
     switch (type) {
       case proto::ClientRequestBody::RegisterModel:
-        return Register(id, *(*request)->body_as_RegisterModel());
+        return Register(id, *(*request)->body_as_RegisterModel(), roles, std::move(fds));
+      case proto::ClientRequestBody::RegisterArea:
+        return RegisterArea(conn, id, *(*request)->body_as_RegisterArea(), std::move(fds));
+      case proto::ClientRequestBody::ReleaseArea:
+        return ReleaseArea(conn, id, *(*request)->body_as_ReleaseArea());
       case proto::ClientRequestBody::UnloadModel:
         return Unload(conn, id, *(*request)->body_as_UnloadModel());
       case proto::ClientRequestBody::SubmitTask:
@@ -212,11 +253,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Authenticate(proto::FramedConnection& conn, uint64_t id, const proto::Authenticate& wire) {
-    if (principal_ && options_->tokens != nullptr) {
+    if (token_authenticated_) {
       return conn.Send(ErrorReply(id, absl::FailedPreconditionError("already authenticated")));
     }
     if (options_->tokens == nullptr) {
-      principal_ = Principal{"anonymous", Role::kAdmin};  // no tokens configured: any is fine
+      // No tokens configured: any is fine, and who the kernel says the peer is stays.
+      if (!principal_) principal_ = Principal{"anonymous", Role::kAdmin};
       return conn.Send(AckReply(id));
     }
     std::optional<Principal> found =
@@ -224,6 +266,16 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!found) {
       base::Log(base::LogLevel::kWarn, "auth_failed").Field("request", id);
       return conn.Reject(ErrorReply(id, absl::UnauthenticatedError("invalid token")));
+    }
+    // A token presented on the Unix socket wins over the peer's uid; the connection already
+    // holds its slot there.
+    if (unix_) {
+      if (absl::Status moved = charge_.Rebind(found->name); !moved.ok()) {
+        return conn.Reject(ErrorReply(id, moved));
+      }
+      token_authenticated_ = true;
+      principal_ = std::move(*found);
+      return conn.Send(AckReply(id));
     }
     // Its slot and its bytes move from the unauthenticated pool to the principal's.
     if (server_->admitted_ >= options_->max_connections) {
@@ -241,8 +293,62 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     server_->unauthenticated_.erase(connection_);
     ++server_->admitted_;
     counted_ = true;
+    token_authenticated_ = true;
     principal_ = std::move(*found);
     conn.Send(AckReply(id));
+  }
+
+  static absl::Status UnexpectedFiles() {
+    return absl::InvalidArgumentError(
+        "files may be passed only with RegisterArea (one memfd) and RegisterModel (as its "
+        "passed_files say); they were closed");
+  }
+
+  // A transfer area: the memfd passed with the frame, sealed against shrinking, becomes one of
+  // the principal's regions until ReleaseArea or this connection closes.
+  void RegisterArea(proto::FramedConnection& conn, uint64_t id, const proto::RegisterArea& wire,
+                    std::vector<UniqueFd> fds) {
+    if (!unix_) {
+      return conn.Send(ErrorReply(
+          id, absl::InvalidArgumentError("transfer areas are registered over pswitchd's Unix "
+                                         "socket only (the memfd travels as an fd)")));
+    }
+    if (fds.size() != 1) {
+      return conn.Send(ErrorReply(
+          id, absl::InvalidArgumentError(absl::StrCat(
+                  "RegisterArea takes exactly one memfd with its frame; got ", fds.size()))));
+    }
+    absl::StatusOr<std::shared_ptr<const dataplane::TransferRegion>> area =
+        dataplane::TransferRegion::FromSealedMemfd(std::move(fds.front()), wire.bytes(),
+                                                   principal_->name);
+    if (!area.ok()) return conn.Send(ErrorReply(id, area.status()));
+    const uint64_t area_id = (*area)->id();
+    const uint64_t bytes = (*area)->bytes();
+    if (absl::Status added = regions_->Add("", *std::move(area)); !added.ok()) {
+      return conn.Send(ErrorReply(id, added));
+    }
+    areas_[principal_->name].push_back(area_id);
+    Builder b;
+    auto registered = proto::CreateAreaRegistered(b, area_id, bytes);
+    proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::AreaRegistered,
+                                                  registered.Union()));
+    conn.Send(Bytes(b));
+  }
+
+  void ReleaseArea(proto::FramedConnection& conn, uint64_t id, const proto::ReleaseArea& wire) {
+    const uint64_t area = wire.area();
+    // Only this connection's own areas: a region of the principal's from another port (a Triton
+    // region) or connection is not this one's to release.
+    auto owned = areas_.find(principal_->name);
+    auto it = owned == areas_.end()
+                  ? std::vector<uint64_t>::iterator()
+                  : std::find(owned->second.begin(), owned->second.end(), area);
+    if (owned == areas_.end() || it == owned->second.end()) {
+      return conn.Send(ErrorReply(
+          id, absl::NotFoundError(absl::StrCat("no transfer area ", area, " of this connection"))));
+    }
+    owned->second.erase(it);
+    conn.Send(AckOrError(id, regions_->Remove(principal_->name, area)));
   }
 
   static std::vector<uint8_t> AckReply(uint64_t id) {
@@ -321,9 +427,20 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  void Register(uint64_t id, const proto::RegisterModel& wire) {
+  void Register(uint64_t id, const proto::RegisterModel& wire,
+                const flatbuffers::Vector<proto::FileRole>* roles, std::vector<UniqueFd> fds) {
     absl::StatusOr<RegistrationRequest> parsed = ParseRegistration(wire);
     if (!parsed.ok()) return PostReply(ErrorReply(id, parsed.status()));
+    absl::StatusOr<RegistrationFiles> files = SortRegistrationFiles(roles, std::move(fds));
+    if (!files.ok()) return PostReply(ErrorReply(id, files.status()));
+    // A passed file stands for its path: the path, if any, is not opened.
+    if (files->weights.valid()) parsed->weights_path.clear();
+    if (files->plan.valid()) parsed->plan = "auto";
+    if (files->archive.valid()) {
+      parsed->archive_path.clear();
+      if (parsed->zoo_model.empty()) parsed->zoo_model = models::kScriptArchitecture;
+    }
+    auto passed = std::make_shared<RegistrationFiles>(*std::move(files));
     ModelRequest request;
     request.name = std::move(parsed->name);
     request.zoo_model = std::move(parsed->zoo_model);
@@ -336,8 +453,13 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     ++awaited_;
     controller_->Register(
         [request = std::move(request), repository = options_->repository,
-         allow = options_->allow_client_paths] {
-          return ResolveModelRequest(request, repository, allow);
+         allow = options_->allow_client_paths,
+         passed]() -> absl::StatusOr<ModelRequest> {
+          PSWITCH_ASSIGN_OR_RETURN(ModelRequest resolved,
+                                   ResolveModelRequest(request, repository, allow));
+          // Read here, on the registration thread: a passed file may be large or slow.
+          PSWITCH_RETURN_IF_ERROR(AttachRegistrationFiles(std::move(*passed), &resolved));
+          return resolved;
         },
         [self = shared_from_this(), id](const absl::StatusOr<EntryRef>& entry) {
           if (!entry.ok()) {
@@ -395,6 +517,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     spec.trainer.momentum = parsed->momentum;
     spec.priority = parsed->priority;
     if (parsed->deadline) spec.deadline = absl::Now() + *parsed->deadline;
+    if (parsed->outputs_place == proto::Place::Payload) {
+      return conn.Send(ErrorReply(
+          id, absl::UnimplementedError("outputs in a raw payload are not served yet: give an "
+                                       "area's slice (outputs_to) or take them inline")));
+    }
+    if (parsed->outputs_place == proto::Place::Region) spec.outputs_to = parsed->outputs_to;
     // Without tokens, one connection is one client: local clients share an address.
     const std::string client =
         options_->tokens != nullptr ? principal_->name : absl::StrCat(address_, "#", connection_);
@@ -486,9 +614,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     Builder b;
     std::vector<flatbuffers::Offset<proto::ModelInfo>> models;
     for (const EntryRef& entry : admission_->ListModels(*principal_)) {
-      models.push_back(proto::CreateModelInfo(b, b.CreateString(entry->request.name),
-                                              b.CreateString(entry->request.zoo_model),
-                                              entry->weight_bytes));
+      models.push_back(proto::CreateModelInfo(
+          b, b.CreateString(entry->request.name), b.CreateString(entry->request.zoo_model),
+          entry->weight_bytes, entry->output.dtype, b.CreateVector(entry->output.shape)));
     }
     auto list = proto::CreateModelList(b, b.CreateVector(models));
     proto::Finish(
@@ -503,9 +631,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   const ClientServerOptions* const options_;  // the server's, which outlives its sessions
   TaskOwners* const owners_;                  // the server's
   TaskAdmission* const admission_;            // the server's
+  dataplane::RegionTable* const regions_;     // every port's, which outlives the server
   const std::string address_;                 // the peer's
+  const bool unix_;                           // on the Unix socket (else TCP)
   const uint64_t connection_;                 // this connection's number, naming it without tokens
   std::optional<Principal> principal_;        // who this connection is, once known
+  bool token_authenticated_ = false;          // principal_ is a token's
+  // This connection's areas by the principal that registered them (event loop only).
+  std::map<std::string, std::vector<uint64_t>> areas_;
   std::weak_ptr<proto::FramedConnection> conn_;
   int awaited_ = 0;  // answers this client waits for (event loop only)
   // Event loop only, as the server's members they update.
@@ -552,6 +685,7 @@ absl::StatusOr<std::unique_ptr<ClientServer>> ClientServer::Start(const std::str
   if (ec) return absl::UnavailableError(absl::StrCat("listen on ", listen, ": ", ec.message()));
   server->port_ = server->acceptor_.local_endpoint().port();
   server->Accept();
+  if (!options.unix_socket.empty()) PSWITCH_RETURN_IF_ERROR(server->ListenUnix());
   server->thread_ = std::thread([s = server.get()] {
     s->io_.run();
     s->io_done_.Notify();
@@ -566,6 +700,7 @@ void ClientServer::StopServing() {
     serving_ = false;
     asio::error_code ignored;
     acceptor_.close(ignored);
+    unix_acceptor_.close(ignored);
     stopped.Notify();
   });
   stopped.WaitForNotification();
@@ -585,6 +720,8 @@ ClientServer::~ClientServer() {
   });
   if (!io_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) io_.stop();
   if (thread_.joinable()) thread_.join();
+  // Ours to remove: no one can connect to it any more.
+  if (unix_listening_) ::unlink(options_.unix_socket.c_str());
 }
 
 void ClientServer::Accept() {
@@ -594,62 +731,166 @@ void ClientServer::Accept() {
       return;
     }
     asio::error_code ignored;
-    std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-    if (options_.tokens != nullptr) {
-      // Unauthenticated connections have slots of their own: a newcomer beyond them closes the
-      // oldest, so idlers can neither crowd out authenticated clients nor the next one to come.
-      if (unauthenticated_.size() >= options_.max_unauthenticated_connections) {
-        EvictOldestUnauthenticated();
-      }
-    } else if (admitted_ >= options_.max_connections) {
-      // Refused at once rather than left to pile up: each holds buffers and a session.
-      base::Log(base::LogLevel::kWarn, "connection_refused")
-          .Field("reason", "max_connections")
-          .Field("limit", options_.max_connections);
-      socket.close(ignored);
-      Accept();
-      return;
-    }
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-    int family = socket.local_endpoint(ignored).protocol().family();
-    const std::string address = socket.remote_endpoint(ignored).address().to_string();
-    proto::FramedConnection::Socket generic(
-        io_, asio::generic::stream_protocol(family, IPPROTO_TCP), socket.release());
-    auto session =
-        std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_, &owners_,
-                                  &admission_, address, ++connections_accepted_);
-    proto::ConnectionLimits limits;
-    limits.max_frame_bytes = options_.max_frame_bytes;
-    limits.frame_timeout = options_.frame_timeout;
-    limits.max_queued_bytes = options_.max_queued_reply_bytes;
-    // Without tokens each connection is a client of its own (as the task quota counts them).
-    const uint64_t number = connections_accepted_;
-    session->Admit(this, BudgetCharge(budget_, options_.tokens != nullptr
-                                                   ? std::string(kUnauthenticatedClient)
-                                                   : absl::StrCat(address, "#", number)));
-    limits.held_bytes = [session](size_t bytes) { return session->Hold(bytes); };
-    auto conn = proto::FramedConnection::Create(
-        std::move(generic), std::move(limits),
-        [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
-          session->Handle(c, std::move(payload));
-        },
-        [](const absl::Status& status) { return ErrorReply(0, status); },
-        [session, address](proto::FramedConnection&, const absl::Status& why) {
-          session->Closed();
-          // Limits at work (timeouts, budgets, bad frames) are the operator's to see.
-          if (!why.ok()) {
-            base::Log(base::LogLevel::kInfo, "client_disconnected")
-                .Field("peer", address)
-                .Field("reason", why.message());
-          }
-        });
-    session->Attach(conn);
-    if (options_.tokens != nullptr) unauthenticated_.emplace(number, conn);
-    conn->SetIdlePolicy([session] { return session->IdleAllowance(); });
-    conn->Start();
-    connections_.push_back(conn);
+    const asio::ip::tcp::endpoint local = socket.local_endpoint(ignored);
+    const asio::ip::tcp::endpoint remote = socket.remote_endpoint(ignored);
+    Peer peer;
+    peer.address = remote.address().to_string();
+    if (options_.tokens == nullptr && remote.address().is_loopback()) {
+      // Without tokens a loopback peer is whoever the kernel says owns its socket, never an
+      // admin for connecting alone. Asked now, while the peer's socket surely exists.
+      absl::StatusOr<uid_t> uid = LoopbackPeerUid(local, remote);
+      if (!uid.ok()) {
+        base::Log(base::LogLevel::kWarn, "connection_refused")
+            .Field("reason", "peer_unknown")
+            .Field("peer", peer.address)
+            .Field("detail", uid.status().message());
+        socket.close(ignored);
+        Accept();
+        return;
+      }
+      peer.principal = PrincipalOfUid(*uid, options_.tokens);
+    }
+    const int family = local.protocol().family();
+    Serve(proto::FramedConnection::Socket(io_, asio::generic::stream_protocol(family, IPPROTO_TCP),
+                                          socket.release()),
+          std::move(peer));
     Accept();
   });
+}
+
+void ClientServer::AcceptUnix() {
+  unix_acceptor_.async_accept(
+      [this](const asio::error_code& ec, asio::local::stream_protocol::socket socket) {
+        if (ec) {
+          proto::AcceptAgainLater(unix_acceptor_, ec, "unix client", [this] { AcceptUnix(); });
+          return;
+        }
+        asio::error_code ignored;
+        absl::StatusOr<uid_t> uid = UnixPeerUid(socket.native_handle());
+        if (!uid.ok()) {
+          base::Log(base::LogLevel::kWarn, "connection_refused")
+              .Field("reason", "peer_unknown")
+              .Field("detail", uid.status().message());
+          socket.close(ignored);
+          AcceptUnix();
+          return;
+        }
+        Peer peer;
+        peer.address = absl::StrCat("unix:uid:", *uid);
+        peer.unix_socket = true;
+        peer.principal = PrincipalOfUid(*uid, options_.tokens);
+        Serve(proto::FramedConnection::Socket(
+                  io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release()),
+              std::move(peer));
+        AcceptUnix();
+      });
+}
+
+void ClientServer::Serve(proto::FramedConnection::Socket socket, Peer peer) {
+  asio::error_code ignored;
+  std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+  // A TCP connection with tokens must authenticate; the Unix socket's peers are known already.
+  const bool must_authenticate = options_.tokens != nullptr && !peer.unix_socket;
+  if (must_authenticate) {
+    // Unauthenticated connections have slots of their own: a newcomer beyond them closes the
+    // oldest, so idlers can neither crowd out authenticated clients nor the next one to come.
+    if (unauthenticated_.size() >= options_.max_unauthenticated_connections) {
+      EvictOldestUnauthenticated();
+    }
+  } else if (admitted_ >= options_.max_connections) {
+    // Refused at once rather than left to pile up: each holds buffers and a session.
+    base::Log(base::LogLevel::kWarn, "connection_refused")
+        .Field("reason", "max_connections")
+        .Field("limit", options_.max_connections);
+    socket.close(ignored);
+    return;
+  }
+  const std::string address = peer.address;
+  const bool unix_socket = peer.unix_socket;
+  // With tokens the bytes are the principal's (a Unix peer's is known now); without, each
+  // connection is a client of its own (as the task quota counts them).
+  const uint64_t number = ++connections_accepted_;
+  std::string charged_to = absl::StrCat(address, "#", number);
+  if (options_.tokens != nullptr) {
+    charged_to = unix_socket ? peer.principal->name : std::string(kUnauthenticatedClient);
+  }
+  auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
+                                           &owners_, &admission_, regions_, std::move(peer),
+                                           number);
+  proto::ConnectionLimits limits;
+  limits.max_frame_bytes = options_.max_frame_bytes;
+  limits.frame_timeout = options_.frame_timeout;
+  limits.max_queued_bytes = options_.max_queued_reply_bytes;
+  // Files travel only over the Unix socket; TCP reads never take any.
+  limits.max_fds_per_frame = unix_socket ? kMaxFilesPerFrame : 0;
+  session->Admit(this, BudgetCharge(budget_, charged_to));
+  limits.held_bytes = [session](size_t bytes) { return session->Hold(bytes); };
+  auto conn = proto::FramedConnection::Create(
+      std::move(socket), std::move(limits),
+      [session](proto::FramedConnection& c, std::vector<uint8_t> payload,
+                std::vector<UniqueFd> fds) {
+        session->Handle(c, std::move(payload), std::move(fds));
+      },
+      [](const absl::Status& status) { return ErrorReply(0, status); },
+      [session, address](proto::FramedConnection&, const absl::Status& why) {
+        session->Closed();
+        // Limits at work (timeouts, budgets, bad frames) are the operator's to see.
+        if (!why.ok()) {
+          base::Log(base::LogLevel::kInfo, "client_disconnected")
+              .Field("peer", address)
+              .Field("reason", why.message());
+        }
+      });
+  session->Attach(conn);
+  if (must_authenticate) unauthenticated_.emplace(number, conn);
+  conn->SetIdlePolicy([session] { return session->IdleAllowance(); });
+  conn->Start();
+  connections_.push_back(conn);
+}
+
+absl::Status ClientServer::ListenUnix() {
+  const std::string& path = options_.unix_socket;
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("unix socket path '", path, "' is too long"));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' exists and is not a socket: not replacing it"));
+    }
+    // A socket someone still serves is theirs; one nobody answers is a stale one of ours.
+    asio::local::stream_protocol::socket probe(io_);
+    asio::error_code ec;
+    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+    if (!ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' is served by another process (another pswitchd?)"));
+    }
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return ErrnoStatus(absl::StrCat("remove stale socket '", path, "'"));
+    }
+  }
+  asio::error_code ec;
+  const asio::local::stream_protocol::endpoint endpoint(path);
+  unix_acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) unix_acceptor_.bind(endpoint, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("bind ", path, ": ", ec.message()));
+  // 0660: pswitchd's user and group connect; the directory decides who reaches it at all.
+  if (::chmod(path.c_str(), 0660) != 0) {
+    absl::Status failed = ErrnoStatus(absl::StrCat("chmod 0660 ", path));
+    ::unlink(path.c_str());
+    return failed;
+  }
+  unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    ::unlink(path.c_str());
+    return absl::UnavailableError(absl::StrCat("listen on ", path, ": ", ec.message()));
+  }
+  unix_listening_ = true;
+  AcceptUnix();
+  return absl::OkStatus();
 }
 
 void ClientServer::EvictOldestUnauthenticated() {

@@ -1,10 +1,22 @@
-// pswitchd's TCP front end for clients: length-prefixed, verified FlatBuffers (proto/client.fbs)
-// on an Asio event loop. A malformed frame gets an error reply and closes that connection only;
-// results of long tasks are pushed on the connection that submitted them.
+// pswitchd's TCP and Unix-socket front end for clients: length-prefixed, verified FlatBuffers
+// (proto/client.fbs) on one Asio event loop, with the same framing and limits on both. A
+// malformed frame gets an error reply and closes that connection only; results of long tasks are
+// pushed on the connection that submitted them.
+//
+// Who a connection is (docs/dataplane.md, "Identity on the local path"): a token's principal
+// once it authenticates; else, on the Unix socket, the peer's uid (SO_PEERCRED) and, on TCP from
+// loopback without tokens, the uid that owns the peer's socket (the kernel's socket diagnostics),
+// each through PrincipalOfUid: pswitchd's own uid is an admin, every other a user, unless the
+// token file maps it. A token presented on the Unix socket wins over the uid. Only a TCP peer
+// beyond loopback without tokens (--insecure) is an anonymous admin.
+//
+// The Unix socket also takes files with frames (SCM_RIGHTS): a transfer area's memfd with
+// RegisterArea, and a registration's weights, archive and plan (ClientRequest.passed_files).
 #ifndef PSWITCH_FRONTEND_CLIENT_SERVER_H_
 #define PSWITCH_FRONTEND_CLIENT_SERVER_H_
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,6 +28,7 @@
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
 #include "controller/model_repository.h"
+#include "dataplane/region_table.h"
 #include "frontend/admission.h"
 #include "frontend/auth.h"
 #include "frontend/byte_budget.h"
@@ -59,7 +72,16 @@ struct ClientServerOptions {
   // Unfinished tasks one client may have (a client: its token's name, or without tokens one
   // connection).
   size_t max_tasks_per_client = 256;
+  // Also serve clients on this Unix socket path (empty: TCP only). Created 0660 (the directory
+  // decides who may reach it); a stale socket there is replaced, anything else is refused.
+  std::string unix_socket;
+  // The transfer regions every port shares (areas, Triton regions); must outlive the server.
+  // Null: a table of the server's own with RegionLimits' defaults.
+  dataplane::RegionTable* regions = nullptr;
 };
+
+// Files one frame may carry on the Unix socket: a registration's weights, archive and plan.
+inline constexpr size_t kMaxFilesPerFrame = 4;
 
 // Whether `listen` ("HOST:PORT", as ClientServer::Start takes it) admits only this machine.
 bool IsLoopbackListen(const std::string& listen);
@@ -80,6 +102,11 @@ class ClientServer {
   ClientServer& operator=(const ClientServer&) = delete;
 
   uint16_t port() const { return port_; }
+  // The Unix socket served ("" if none).
+  const std::string& unix_socket() const { return options_.unix_socket; }
+  // The transfer regions this server's admission resolves tensors in: give the same table to
+  // the other ports.
+  dataplane::RegionTable& regions() { return *regions_; }
   // Shared with the HTTP port, so a client's tasks and cap are the same on both.
   TaskOwners& owners() { return owners_; }
   ClientQuota& quota() { return quota_; }
@@ -94,17 +121,31 @@ class ClientServer {
 
  private:
   class Session;
+  // Who is on the other end, as far as the transport tells.
+  struct Peer {
+    std::string address;  // the TCP peer's address, or "unix:uid:N"
+    bool unix_socket = false;
+    std::optional<Principal> principal;  // from the kernel (PrincipalOfUid); none: a token's
+  };
   ClientServer(Controller* controller, FillManager* fill, ClientServerOptions options)
       : controller_(controller),
         fill_(fill),
         options_(options),
+        own_regions_(options.regions == nullptr ? std::make_unique<dataplane::RegionTable>()
+                                                : nullptr),
+        regions_(options.regions != nullptr ? options.regions : own_regions_.get()),
         quota_(options.max_tasks_per_client),
         sink_(ControllerTaskSink(controller)),
-        admission_(sink_.get(), &quota_, &owners_),
+        admission_(sink_.get(), &quota_, &owners_, /*max_copies=*/8, regions_),
         budget_(options.budget != nullptr ? options.budget
                                           : std::make_shared<ByteBudget>(ByteBudgetLimits{})),
         acceptor_(io_) {}
   void Accept();
+  void AcceptUnix();
+  // Binds the Unix socket (replacing a stale one), 0660, and starts accepting on it.
+  absl::Status ListenUnix();
+  // Serves one accepted connection of either transport.
+  void Serve(proto::FramedConnection::Socket socket, Peer peer);
   // Closes the connection that has waited longest to authenticate and has sent nothing yet
   // (else the oldest).
   void EvictOldestUnauthenticated();
@@ -115,6 +156,8 @@ class ClientServer {
   Controller* const controller_;
   FillManager* const fill_;
   const ClientServerOptions options_;
+  const std::unique_ptr<dataplane::RegionTable> own_regions_;  // when the options gave none
+  dataplane::RegionTable* const regions_;
   TaskOwners owners_;
   ClientQuota quota_;
   const std::unique_ptr<TaskSink> sink_;
@@ -124,6 +167,8 @@ class ClientServer {
   // Keeps the event loop running (posts always execute) until the destructor lets it run dry.
   asio::executor_work_guard<asio::io_context::executor_type> keep_running_{io_.get_executor()};
   asio::ip::tcp::acceptor acceptor_;
+  asio::local::stream_protocol::acceptor unix_acceptor_{io_};
+  bool unix_listening_ = false;  // the socket file is ours to remove
   uint16_t port_ = 0;
   // Event-loop thread only.
   bool serving_ = true;

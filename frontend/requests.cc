@@ -1,6 +1,7 @@
 #include "frontend/requests.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -107,6 +108,34 @@ absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
   PSWITCH_ASSIGN_OR_RETURN(r.as_model, Text(wire.as_model(), "copy name", kMaxNameBytes));
   if (!r.as_model.empty() && r.kind != TaskKind::kTraining) {
     return absl::InvalidArgumentError("only a training task trains a copy (as_model)");
+  }
+  r.outputs_place = wire.outputs_place();
+  if (const proto::Slice* to = wire.outputs_to(); to != nullptr) {
+    r.outputs_to = proto::ByteSlice{to->region(), to->offset(), to->length()};
+  }
+  switch (r.outputs_place) {
+    case proto::Place::Inline:
+      if (r.outputs_to != proto::ByteSlice{}) {
+        return absl::InvalidArgumentError("outputs_to is given but outputs_place is Inline");
+      }
+      break;
+    case proto::Place::Region:
+      if (r.outputs_to.region == 0 || r.outputs_to.length == 0) {
+        return absl::InvalidArgumentError(
+            "outputs_place Region needs outputs_to: a region id and a length");
+      }
+      if (r.outputs_to.offset > UINT64_MAX - r.outputs_to.length) {
+        return absl::InvalidArgumentError("outputs_to: offset + length overflows");
+      }
+      break;
+    case proto::Place::Payload:
+      break;  // admission refuses it for now, as it does payload inputs
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown outputs_place ", static_cast<int>(r.outputs_place)));
+  }
+  if (r.kind == TaskKind::kTraining && r.outputs_place != proto::Place::Inline) {
+    return absl::InvalidArgumentError("a training task has no outputs to place");
   }
   if (!r.as_model.empty() && absl::StartsWith(r.as_model, kFillModelPrefix)) {
     return absl::InvalidArgumentError(absl::StrCat("model names starting with '", kFillModelPrefix,

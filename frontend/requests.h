@@ -59,6 +59,10 @@ struct TaskRequest {
   int priority = 0;
   std::optional<absl::Duration> deadline;  // from submission
   std::string as_model;  // training: a new copy's name (TaskAdmission::SubmitOnCopy); empty: none
+  // Where the outputs go (SubmitTask.outputs_place/outputs_to): Inline (in the reply), Region
+  // (`outputs_to` names a region slice; admission checks it is the caller's) or Payload.
+  proto::Place outputs_place = proto::Place::Inline;
+  proto::ByteSlice outputs_to;
 };
 absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire);
 

@@ -53,6 +53,17 @@ ABSL_FLAG(
     double, bandwidth_cap, 0,
     "host backend: copy bandwidth cap in bytes/s to model PCIe (12e9 = PCIe 3 x16); 0 = none");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7300", "client TCP address (port 0 = any free port)");
+ABSL_FLAG(std::string, unix_socket, "auto",
+          "client Unix socket (local clients: transfer areas and files passed by fd; the peer's "
+          "uid is its principal). auto = pswitchd.sock in $RUNTIME_DIRECTORY (systemd), else "
+          "beside the memdaemon socket (/run/pswitch for root, $XDG_RUNTIME_DIR/pswitch, or "
+          "pswitchd's /tmp/pswitch-XXXXXX); created 0660, so whoever may enter its directory "
+          "and is in pswitchd's group connects; empty = none");
+ABSL_FLAG(int, max_regions_per_client, 64,
+          "transfer regions (Unix-socket areas, Triton shared-memory regions) one principal may "
+          "have registered at once");
+ABSL_FLAG(uint64_t, max_region_bytes_per_client, 16ull << 30,
+          "bytes of transfer regions one principal may have registered at once");
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8300",
           "HTTP/JSON address (Open Inference Protocol; port 0 = any free port; empty = off)");
 ABSL_FLAG(std::string, socket, "",
@@ -100,11 +111,15 @@ ABSL_FLAG(bool, load_repository, true,
           "load every model of --model-repository at start; false: only those a client loads "
           "(POST /v2/repository/models/NAME/load, Triton's explicit model control)");
 ABSL_FLAG(std::string, allow_client_paths, "auto",
-          "true: registrations may name weights and plan files on this server (local use); "
-          "auto: true only when --listen is a loopback address");
+          "true: admins' registrations may name weights, archive and plan files on this server, "
+          "opened with pswitchd's privileges (local use; files passed by fd over the Unix socket "
+          "need no such flag); auto: true only when --listen is a loopback address");
 ABSL_FLAG(std::string, auth_tokens, "",
-          "file of bearer tokens, one \"TOKEN NAME ROLE\" per line (role admin or user), mode "
-          "0600: every client connection must present one; empty = no authentication");
+          "file of bearer tokens, one \"TOKEN NAME ROLE [UID]\" per line (role admin or user; "
+          "UID: the local uid that is this principal on the Unix socket and on loopback), mode "
+          "0600: every TCP and HTTP connection must present one; empty = no authentication "
+          "(then local peers are who the kernel says: pswitchd's own uid an admin, others "
+          "users)");
 ABSL_FLAG(int, max_connections, 256,
           "TCP client connections beyond this many are closed on accept (with --auth-tokens: "
           "authenticated ones, refused when they authenticate)");
@@ -268,6 +283,21 @@ struct OwnedRuntimeDir {
   }
 };
 
+// The Unix socket --unix-socket names: systemd's runtime directory (the unit chooses its mode),
+// else the directory of the memdaemon socket (private to pswitchd's user unless the operator
+// made it otherwise).
+std::string UnixSocketPath(const std::string& memdaemon_socket) {
+  const std::string flag = absl::GetFlag(FLAGS_unix_socket);
+  if (flag != "auto") return flag;
+  if (const char* runtime = ::getenv("RUNTIME_DIRECTORY"); runtime != nullptr && runtime[0] == '/') {
+    // systemd lists one directory per RuntimeDirectory= entry, ':'-separated: the first.
+    return absl::StrCat(std::string(absl::string_view(runtime).substr(
+                            0, absl::string_view(runtime).find(':'))),
+                        "/pswitchd.sock");
+  }
+  return (std::filesystem::path(memdaemon_socket).parent_path() / "pswitchd.sock").string();
+}
+
 // The bounds on what clients may ask for and hold (issue 14's resource limits), from the flags.
 absl::Status ApplyLimits(controller::ControllerOptions& controller,
                          frontend::ClientServerOptions& server) {
@@ -276,6 +306,11 @@ absl::Status ApplyLimits(controller::ControllerOptions& controller,
                       : absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1"));
   };
   PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_max_connections), "max-connections"));
+  PSWITCH_RETURN_IF_ERROR(
+      positive(absl::GetFlag(FLAGS_max_regions_per_client), "max-regions-per-client"));
+  if (absl::GetFlag(FLAGS_max_region_bytes_per_client) == 0) {
+    return absl::InvalidArgumentError("--max-region-bytes-per-client must be > 0");
+  }
   PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_frame_timeout_ms), "frame-timeout-ms"));
   PSWITCH_RETURN_IF_ERROR(positive(absl::GetFlag(FLAGS_auth_timeout_ms), "auth-timeout-ms"));
   PSWITCH_RETURN_IF_ERROR(
@@ -574,6 +609,13 @@ int Main() {
   }
   server_options.repository = repository.get();
   server_options.tokens = tokens.get();
+  // One table of transfer regions for every port: Unix-socket areas and Triton's regions, each
+  // principal bounded across both.
+  dataplane::RegionTable regions(dataplane::RegionLimits{
+      .max_regions_per_principal = static_cast<size_t>(absl::GetFlag(FLAGS_max_regions_per_client)),
+      .max_bytes_per_principal = absl::GetFlag(FLAGS_max_region_bytes_per_client)});
+  server_options.regions = &regions;
+  server_options.unix_socket = UnixSocketPath(options.socket_path);
   const std::string client_paths = absl::GetFlag(FLAGS_allow_client_paths);
   if (client_paths != "auto" && client_paths != "true" && client_paths != "false") {
     StartFailed("--allow-client-paths must be auto, true or false");
@@ -625,6 +667,7 @@ int Main() {
       .Field("workers", 1 + standby)
       .Field("policy", controller::PolicyName(*policy))
       .Field("port", (*server)->port())
+      .Field("unix_socket", (*server)->unix_socket())
       .Field("http_port", http != nullptr ? http->port() : 0)
       .Field("client_paths", server_options.allow_client_paths)
       .Field("auth_tokens", tokens != nullptr ? tokens->size() : 0);
