@@ -637,6 +637,7 @@ int Main() {
     http_options.owners = &(*server)->owners();
     http_options.quota = &(*server)->quota();
     http_options.admission = &(*server)->admission();
+    http_options.regions = &regions;
     http_options.limits.max_body_bytes = server_options.max_frame_bytes;
     http_options.limits.max_connections =
         static_cast<size_t>(absl::GetFlag(FLAGS_http_max_connections));
