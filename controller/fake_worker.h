@@ -20,6 +20,12 @@ class FakeWorker : public WorkerLink {
   FakeWorker(pid_t pid, WorkerProcess::EventHandler handler, std::vector<std::string>* log)
       : pid_(pid), handler_(std::move(handler)), log_(log) {}
   absl::Status Send(const flatbuffers::FlatBufferBuilder& command) override {
+    return SendWithFd(command, -1);
+  }
+  // Records the command (a MapRegion with "fd" when one came with it); fails with send_error
+  // instead when that is set, recording nothing (a worker whose backlog is full).
+  absl::Status SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) override {
+    if (!send_error.ok()) return send_error;
     auto* c = flatbuffers::GetRoot<proto::WorkerCommand>(command.GetBufferPointer());
     std::string line = absl::StrCat(pid_, " ", proto::EnumNameWorkerCommandBody(c->body_type()));
     if (auto* load = c->body_as_LoadModel()) absl::StrAppend(&line, " ", load->name()->str());
@@ -27,11 +33,17 @@ class FakeWorker : public WorkerLink {
     if (auto* prepare = c->body_as_Prepare()) {
       absl::StrAppend(&line, " ", prepare->model()->str(), " epoch ", prepare->epoch());
     }
+    if (auto* run = c->body_as_Run()) absl::StrAppend(&line, " ", run->task_id());
+    if (auto* map = c->body_as_MapRegion()) {
+      absl::StrAppend(&line, " ", map->region(), " ", map->bytes(), fd >= 0 ? " fd" : "");
+    }
+    if (auto* unmap = c->body_as_UnmapRegion()) absl::StrAppend(&line, " ", unmap->region());
     log_->push_back(line);
     return absl::OkStatus();
   }
   pid_t pid() const override { return pid_; }
   void Kill() override { ++kills; }
+  absl::Time UnsentSince() const override { return unsent_since; }
 
   // The worker's side: what a real one would report.
   void Ready(int slot) {
@@ -65,6 +77,8 @@ class FakeWorker : public WorkerLink {
   void Die(absl::string_view how) { handler_(0, absl::UnavailableError(how)); }
 
   int kills = 0;
+  absl::Status send_error;  // what every send returns while not OK
+  absl::Time unsent_since = absl::InfiniteFuture();  // what UnsentSince reports
 
  private:
   const pid_t pid_;

@@ -400,6 +400,8 @@ void GpuScheduler::MaybeStart() {
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   TaskSpec& started = specs_.at(ticket.id).first;
+  // Before anything is placed or sent: a shared-memory file may have shrunk since admission.
+  PSWITCH_RETURN_IF_ERROR(CheckRegionSlices(started));
   if (started.started_ns == 0) started.started_ns = base::MonotonicNowNs();
   const TaskSpec& spec = started;
   auto run = std::make_unique<Running>();
@@ -447,7 +449,7 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec,
   }
   flatbuffers::FlatBufferBuilder b;
   BuildRun(b, run.task_id, spec, batch, state);
-  PSWITCH_RETURN_IF_ERROR(pool_->SendRun(slot, run.task_id, b));
+  PSWITCH_RETURN_IF_ERROR(pool_->SendRun(slot, run.task_id, b, spec.regions));
   run.slot = slot;
   tasks_.SetState(run.task_id, run.transmission ? TaskState::kSwitching : TaskState::kRunning,
                   state.first_iteration, pool_->pid(slot));
@@ -511,6 +513,11 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   auto outputs = proto::FromWireTensors(done.outputs());
   if (!outputs.ok()) {
     Finish(run->task_id, outputs.status());
+    return;
+  }
+  // Placed outputs must lie where the task said; they reach the outcome as they are.
+  if (absl::Status placed = CheckRunOutputs(*outputs, spec.outputs_to); !placed.ok()) {
+    Finish(run->task_id, placed);
     return;
   }
   outcome.outputs = std::move(*outputs);

@@ -1,5 +1,7 @@
 #include "controller/worker_commands.h"
 
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "proto/framing.h"
 #include "proto/worker_generated.h"
 
@@ -14,7 +16,12 @@ void BuildPrepare(flatbuffers::FlatBufferBuilder& b, const std::string& model, u
 
 void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpec& spec,
               uint32_t batch, const RunState& state) {
+  // Placed inputs go as their slices (CreateWireTensor writes no bytes for them).
   auto inputs = proto::CreateWireTensors(b, spec.inputs);
+  std::optional<proto::Slice> outputs_to;
+  if (spec.outputs_to) {
+    outputs_to.emplace(spec.outputs_to->region, spec.outputs_to->offset, spec.outputs_to->length);
+  }
   flatbuffers::Offset<proto::FillRun> fill = 0;
   if (spec.fill) {
     const FillRunSpec& f = *spec.fill;
@@ -32,8 +39,83 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
       spec.trainer.optimizer == models::OptimizerKind::kAdam ? proto::Optimizer::Adam
                                                              : proto::Optimizer::Sgd,
       spec.trainer.learning_rate, spec.trainer.momentum, state.optimizer_offset,
-      state.optimizer_bytes, fill, spec.principal.empty() ? 0 : b.CreateString(spec.principal));
+      state.optimizer_bytes, fill, spec.principal.empty() ? 0 : b.CreateString(spec.principal),
+      outputs_to ? &*outputs_to : nullptr);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run.Union()));
+}
+
+void BuildMapRegion(flatbuffers::FlatBufferBuilder& b, const dataplane::TransferRegion& region) {
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> handle = 0;
+  if (!region.cuda_ipc_handle().empty()) {
+    handle = b.CreateVector(reinterpret_cast<const uint8_t*>(region.cuda_ipc_handle().data()),
+                            region.cuda_ipc_handle().size());
+  }
+  auto map = proto::CreateMapRegion(b, region.id(), region.bytes(), region.file_offset(), handle,
+                                    region.device());
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::MapRegion,
+                                              map.Union()));
+}
+
+void BuildUnmapRegion(flatbuffers::FlatBufferBuilder& b, uint64_t region_id) {
+  auto unmap = proto::CreateUnmapRegion(b, region_id);
+  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::UnmapRegion,
+                                              unmap.Union()));
+}
+
+namespace {
+
+absl::Status CheckSlice(const TaskSpec& spec, const proto::ByteSlice& slice,
+                        absl::string_view what) {
+  for (const auto& region : spec.regions) {
+    if (region == nullptr || region->id() != slice.region) continue;
+    absl::Status inside = region->CheckSlice(slice.offset, slice.length);
+    if (!inside.ok()) {
+      return absl::Status(inside.code(), absl::StrCat(what, ": ", inside.message()));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InternalError(
+      absl::StrCat(what, " names region ", slice.region, ", which the task does not hold"));
+}
+
+}  // namespace
+
+absl::Status CheckRegionSlices(const TaskSpec& spec) {
+  for (const proto::HostTensor& input : spec.inputs) {
+    const std::string what = absl::StrCat("input '", input.name, "'");
+    if (input.place == proto::Place::Payload) {
+      return absl::InternalError(absl::StrCat(what, " is still in a frame's payload"));
+    }
+    if (input.place == proto::Place::Region) {
+      PSWITCH_RETURN_IF_ERROR(CheckSlice(spec, input.slice, what));
+    }
+  }
+  if (spec.outputs_to) {
+    PSWITCH_RETURN_IF_ERROR(CheckSlice(spec, *spec.outputs_to, "the output space"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRunOutputs(const std::vector<proto::HostTensor>& outputs,
+                             const std::optional<proto::ByteSlice>& outputs_to) {
+  for (const proto::HostTensor& output : outputs) {
+    if (output.place == proto::Place::Inline) continue;
+    const proto::ByteSlice& s = output.slice;
+    const bool inside =
+        output.place == proto::Place::Region && outputs_to.has_value() &&
+        s.region == outputs_to->region && s.offset >= outputs_to->offset &&
+        s.length <= outputs_to->length &&
+        s.offset - outputs_to->offset <= outputs_to->length - s.length;  // no overflow
+    if (!inside) {
+      return absl::InternalError(absl::StrCat(
+          "worker wrote outputs outside the task's output space: output '", output.name,
+          "' at region ", s.region, " offset ", s.offset, " length ", s.length,
+          outputs_to ? absl::StrCat(" (the space: region ", outputs_to->region, " offset ",
+                                    outputs_to->offset, " length ", outputs_to->length, ")")
+                     : std::string(" (the task named none)")));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pswitch::controller

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
@@ -108,6 +109,8 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
       listener_->OnRunDone(slot, *e->body_as_RunDone());
       break;
     case proto::WorkerEventBody::Heartbeat: {
+      // The pool's periodic tick: regions whose last holder ended since the last Run go now.
+      SweepRegions(slot);
       auto* beat = e->body_as_Heartbeat();
       if (beat->task_id() != 0 && slots_[slot].state == State::kBusy) {
         listener_->OnProgress(slot, beat->task_id(), beat->iterations_done());
@@ -149,7 +152,7 @@ void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
                                      model.layers, model.bytes, model.archive_bytes);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
   const int fd = model.archive != nullptr ? model.archive->get() : -1;
-  if (s.process != nullptr && s.process->SendWithFd(b, fd).ok()) {
+  if (s.process != nullptr && SendTo(slot, b, fd).ok()) {
     loads_.Sent(static_cast<size_t>(slot), model.name);
   }
 }
@@ -185,7 +188,7 @@ void WorkerPool::RemoveModel(const std::string& model) {
     // Loaded, or still loading (a busy worker loads after its run): the drop follows the load.
     if (!loads_.Holds(i, model) || s.state == State::kDead || s.process == nullptr) continue;
     // One that cannot be reached is dying; its replacement loads only the catalog.
-    if (s.process->Send(b).ok()) ++told;
+    if (SendTo(static_cast<int>(i), b, -1).ok()) ++told;
   }
   loads_.Forget(model);
   Event(base::LogLevel::kInfo, "workers_unload_model").Field("model", model).Field("workers", told);
@@ -237,6 +240,13 @@ absl::Time WorkerPool::NextSilenceDeadline() const {
   absl::Time next = absl::InfiniteFuture();
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
+    // Commands left unread count from the first one queued, announced or not.
+    if (s.process != nullptr && s.state != State::kDead && s.kill_reason.empty()) {
+      const absl::Time unsent = s.process->UnsentSince();
+      if (unsent != absl::InfiniteFuture()) {
+        next = std::min(next, unsent + options_.silence_timeout);
+      }
+    }
     // Heartbeats start once it announced itself; before, it may still be setting up a device.
     if (s.process == nullptr || s.state == State::kDead || !loads_.announced(i) ||
         !s.kill_reason.empty()) {
@@ -250,6 +260,16 @@ absl::Time WorkerPool::NextSilenceDeadline() const {
 void WorkerPool::KillSilent(absl::Time now) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
+    if (s.process != nullptr && s.state != State::kDead && s.kill_reason.empty()) {
+      const absl::Time unsent = s.process->UnsentSince();
+      if (unsent != absl::InfiniteFuture() && now >= unsent + options_.silence_timeout) {
+        Kill(static_cast<int>(i),
+             absl::StrCat("killed: the worker took none of its commands for ",
+                          absl::FormatDuration(now - unsent),
+                          " (it stopped reading its socket: stopped or wedged)"));
+        continue;
+      }
+    }
     if (s.process == nullptr || s.state == State::kDead || !loads_.announced(i) ||
         !s.kill_reason.empty() || now < s.last_heard + options_.silence_timeout) {
       continue;
@@ -275,6 +295,7 @@ void WorkerPool::OnDied(int slot, const absl::Status& why) {
   // Its unanswered loads never will be: they stop holding up registrations.
   loads_.Died(static_cast<size_t>(slot));
   s.process.reset();
+  s.regions = RegionMappings();  // its mappings died with it
   const bool killed = !s.kill_reason.empty();
   listener_->OnWorkerDied(slot, killed ? absl::UnavailableError(s.kill_reason) : why, killed);
   ScheduleRespawn(slot, was_ready, why);
@@ -340,15 +361,51 @@ int WorkerPool::UsableOther(const std::string& model, int except) const {
 }
 
 absl::Status WorkerPool::Send(int slot, const flatbuffers::FlatBufferBuilder& command) {
-  Slot& s = slots_[slot];
-  if (s.process == nullptr) {
-    return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
-  }
-  return s.process->Send(command);
+  return SendTo(slot, command, -1);
 }
 
-absl::Status WorkerPool::SendRun(int slot, uint64_t task,
-                                 const flatbuffers::FlatBufferBuilder& run) {
+absl::Status WorkerPool::SendTo(int slot, const flatbuffers::FlatBufferBuilder& command, int fd) {
+  Slot& s = slots_[slot];
+  if (s.process == nullptr || s.state == State::kDead) {
+    return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
+  }
+  absl::Status sent = fd >= 0 ? s.process->SendWithFd(command, fd) : s.process->Send(command);
+  if (sent.code() == absl::StatusCode::kResourceExhausted && s.kill_reason.empty()) {
+    // The worker is not reading: its backlog would grow without bound. It is replaced.
+    Kill(slot, absl::StrCat("killed: ", sent.message()));
+  }
+  return sent;
+}
+
+void WorkerPool::SweepRegions(int slot) {
+  Slot& s = slots_[slot];
+  if (s.process == nullptr || s.state == State::kDead || s.regions.size() == 0) return;
+  const size_t unmapped = s.regions.UnmapExpired(
+      [this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) { return SendTo(slot, b, fd); });
+  if (unmapped > 0) {
+    Event(base::LogLevel::kDebug, "worker_regions_unmapped")
+        .Field("slot", slot)
+        .Field("regions", unmapped)
+        .Field("still_mapped", s.regions.size());
+  }
+}
+
+void WorkerPool::SweepRegions() {
+  for (int i = 0; i < size(); ++i) SweepRegions(i);
+}
+
+absl::Status WorkerPool::SendRun(
+    int slot, uint64_t task, const flatbuffers::FlatBufferBuilder& run,
+    const std::vector<std::shared_ptr<const dataplane::TransferRegion>>& regions) {
+  SweepRegions(slot);
+  Slot& s = slots_[slot];
+  if (s.process == nullptr || s.state == State::kDead) {
+    return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
+  }
+  // Commands are handled in order: each region is mapped before the Run that reads it.
+  PSWITCH_RETURN_IF_ERROR(s.regions.MapMissing(
+      regions,
+      [this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) { return SendTo(slot, b, fd); }));
   absl::Status sent = Send(slot, run);
   if (!sent.ok()) return sent;
   slots_[slot].state = State::kBusy;

@@ -2,7 +2,14 @@
 // replacing the dead ones (at once when they had been serving, with a growing back-off when
 // they fail to start), loading every registered model into each, and knowing which can take a
 // task now. Commands go out through it; RunDone, Drained and deaths come back to its Listener.
-// It decides nothing about tasks: the scheduler does.
+// It decides nothing about tasks: the scheduler does. It keeps what each worker has mapped of
+// the transfer regions (docs/dataplane.md): a Run's regions are mapped before it, and unmapped
+// once nothing holds them (checked at every Run and every heartbeat).
+//
+// Sending never blocks the loop (WorkerLink::Send queues). A worker whose unread backlog passes
+// its bound is killed at once; one that takes none of its commands for silence_timeout is
+// killed by the same watchdog as a silent one (KillSilent). Either way its task fails with the
+// reason and the slot is respawned.
 //
 // Loop thread only (every method, and the Listener's calls), except AwaitReady. Its workers'
 // events are posted to the loop with a raw `this`: destroy it only after the loop has ended.
@@ -21,8 +28,10 @@
 #include "absl/time/time.h"
 #include "base/log.h"
 #include "base/unique_fd.h"
+#include "dataplane/transfer_region.h"
 #include "controller/event_loop.h"
 #include "controller/model_loads.h"
+#include "controller/region_mappings.h"
 #include "controller/respawn_backoff.h"
 #include "controller/worker_process.h"
 
@@ -54,7 +63,8 @@ struct WorkerPoolOptions {
                                                             WorkerProcess::EventHandler)>
       launch;
   // A worker that announced itself and then says nothing this long (it sends a heartbeat every
-  // worker::kWorkerHeartbeatInterval) is stopped or wedged: it is killed and replaced.
+  // worker::kWorkerHeartbeatInterval) is stopped or wedged: it is killed and replaced. So is
+  // one that takes none of the commands waiting for it this long (it stopped reading).
   absl::Duration silence_timeout = absl::Seconds(10);
   // A ready worker silent this long (three missed 500 ms heartbeats) gets no new task until it
   // is heard again or killed: a stopped worker must not take the task the last one failed.
@@ -134,9 +144,20 @@ class WorkerPool {
   // A slot other than `except` that can run `model` now; -1 when none.
   int UsableOther(const std::string& model, int except) const;
 
+  // Sends (queues) a command. A worker whose backlog is past its bound is killed here, with
+  // the error as its reason (its death follows); the error is returned.
   absl::Status Send(int slot, const flatbuffers::FlatBufferBuilder& command);
-  // Sends a Run of `task`: the slot is busy until its RunDone.
-  absl::Status SendRun(int slot, uint64_t task, const flatbuffers::FlatBufferBuilder& run);
+  // Sends a Run of `task` whose tensors lie in `regions`: first an UnmapRegion for each region
+  // the worker maps that nothing holds any more, then a MapRegion (with the region's fd) for
+  // each of `regions` it has not mapped, then the Run. The slot is busy until its RunDone.
+  // ResourceExhausted (nothing sent) when the worker would map too many regions.
+  absl::Status SendRun(
+      int slot, uint64_t task, const flatbuffers::FlatBufferBuilder& run,
+      const std::vector<std::shared_ptr<const dataplane::TransferRegion>>& regions = {});
+  // Unmaps, on every live worker, the regions nothing holds any more.
+  void SweepRegions();
+  // Whether `slot`'s current process has region `region_id` mapped (tests, diagnostics).
+  bool Maps(int slot, uint64_t region_id) const { return slots_[slot].regions.mapped(region_id); }
   // Tells the worker to stop at its next sync point and drain; returns the drain value it will
   // write, or nullopt when it cannot be reached (its death event follows).
   std::optional<uint32_t> SendStop(int slot);
@@ -158,6 +179,7 @@ class WorkerPool {
     uint64_t last_task = 0;    // whose leftovers its next drain cleans
     std::string kill_reason;   // set by Kill
     absl::Time last_heard;     // its latest event (any counts as a heartbeat)
+    RegionMappings regions;    // what this process has mapped
   };
 
   base::Log Event(base::LogLevel level, absl::string_view event) const;
@@ -166,6 +188,9 @@ class WorkerPool {
   void OnDied(int slot, const absl::Status& why);
   void ScheduleRespawn(int slot, bool was_ready, const absl::Status& why);
   void SendLoad(int slot, const WorkerModel& model);
+  // Every command goes out here: Send's backlog rule, with an fd (-1: none).
+  absl::Status SendTo(int slot, const flatbuffers::FlatBufferBuilder& command, int fd);
+  void SweepRegions(int slot);
   // kStarting -> kIdle once the worker announced itself and answered every load it was sent.
   void MarkIdleOnceLoaded(int slot);
   void RefreshReadiness();

@@ -3,7 +3,12 @@
 #include "controller/fake_worker.h"
 
 #include <deque>
+#include <functional>
 #include <map>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "base/status.h"
 
 #include "gtest/gtest.h"
 #include "proto/framing.h"
@@ -61,6 +66,7 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
   void OnDrained(int, uint64_t, const proto::Drained&) override {}
   void OnWorkerDied(int slot, const absl::Status& why, bool killed) override {
     deaths_.push_back({slot, std::string(why.message()), killed});
+    if (on_death_) on_death_();
   }
 
   struct Death {
@@ -76,7 +82,20 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
   std::vector<std::pair<uint32_t, uint32_t>> released_;
   std::vector<std::pair<int, uint64_t>> runs_done_;
   std::vector<Death> deaths_;
+  std::function<void()> on_death_;  // runs on the loop after each death is recorded
 };
+
+flatbuffers::FlatBufferBuilder EmptyRun() {
+  flatbuffers::FlatBufferBuilder run;
+  proto::Finish(run, proto::CreateWorkerCommand(run, 0, proto::WorkerCommandBody::NONE, 0));
+  return run;
+}
+
+std::shared_ptr<const dataplane::TransferRegion> Staging(uint64_t bytes) {
+  auto region = dataplane::TransferRegion::NewStaging(bytes, "alice");
+  EXPECT_TRUE(region.ok()) << region.status();
+  return *region;
+}
 
 TEST_F(WorkerPoolTest, AWorkerIsFreeOnlyOnceItAnnouncedItselfAndLoadedTheCatalog) {
   auto pool = MakePool(2);
@@ -274,6 +293,191 @@ TEST_F(WorkerPoolTest, ASuspectlySilentWorkerGetsNoNewTaskUntilHeardAgain) {
   workers_[0]->Heartbeat();
   Drain();
   EXPECT_TRUE(pool->Usable(0, "a"));
+}
+
+// A Run's regions are mapped (with their fds) before it, once per worker process: a second Run
+// on the same region sends no MapRegion, a new process maps it again.
+TEST_F(WorkerPoolTest, ARegionIsMappedBeforeTheFirstRunThatUsesItOncePerProcess) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  auto region = Staging(8192);
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(0, 7, EmptyRun(), {region}).ok());
+  const std::string map = absl::StrCat("100 MapRegion ", region->id(), " 8192 fd");
+  EXPECT_EQ(commands_, (std::vector<std::string>{map, "100 NONE"}));
+  EXPECT_TRUE(pool->Maps(0, region->id()));
+  RunDone(0, 7);
+  Drain();
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(0, 8, EmptyRun(), {region}).ok());
+  EXPECT_EQ(commands_, (std::vector<std::string>{"100 NONE"}));
+  // A worker that dies maps nothing: its replacement is sent the region again.
+  workers_[0]->Die("killed by signal 9");
+  Drain();
+  BringUp(1);
+  EXPECT_FALSE(pool->Maps(0, region->id()));
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(0, 9, EmptyRun(), {region}).ok());
+  EXPECT_EQ(commands_, (std::vector<std::string>{
+                           absl::StrCat("101 MapRegion ", region->id(), " 8192 fd"), "101 NONE"}));
+}
+
+// Once nothing holds a region (its task ended, its table let go), each worker that maps it is
+// told to unmap it: at the next heartbeat, or before the next Run.
+TEST_F(WorkerPoolTest, AnExpiredRegionIsUnmappedAtTheNextHeartbeatOrRun) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  auto kept = Staging(4096);
+  auto region = Staging(4096);
+  const uint64_t id = region->id();
+  ASSERT_TRUE(pool->SendRun(0, 7, EmptyRun(), {region, kept}).ok());
+  ASSERT_TRUE(pool->SendRun(1, 8, EmptyRun(), {region}).ok());
+  RunDone(0, 7);
+  RunDone(1, 8);
+  workers_[0]->Heartbeat();
+  Drain();
+  commands_.clear();
+  region.reset();  // the last holder lets go
+  workers_[0]->Heartbeat();
+  Drain();
+  EXPECT_EQ(commands_, (std::vector<std::string>{absl::StrCat("100 UnmapRegion ", id)}));
+  EXPECT_FALSE(pool->Maps(0, id));
+  EXPECT_TRUE(pool->Maps(0, kept->id()));  // still held
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(1, 9, EmptyRun(), {}).ok());
+  EXPECT_EQ(commands_,
+            (std::vector<std::string>{absl::StrCat("101 UnmapRegion ", id), "101 NONE"}));
+  // Sent once: nothing more to unmap.
+  commands_.clear();
+  pool->SweepRegions();
+  EXPECT_TRUE(commands_.empty());
+}
+
+TEST_F(WorkerPoolTest, AWorkerMapsABoundedNumberOfRegions) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  // CUDA IPC regions need no fd: a thousand of them cost nothing to make.
+  std::vector<std::shared_ptr<const dataplane::TransferRegion>> regions;
+  for (size_t i = 0; i <= RegionMappings::kMaxMappedRegions; ++i) {
+    auto region = dataplane::TransferRegion::FromCudaIpc(std::string(64, 'h'), 0, 4096, "alice");
+    ASSERT_TRUE(region.ok()) << region.status();
+    regions.push_back(*region);
+  }
+  commands_.clear();
+  absl::Status refused = pool->SendRun(0, 7, EmptyRun(), regions);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(commands_.empty()) << "nothing is sent for a task that cannot be mapped";
+  EXPECT_TRUE(pool->Idle(0));
+  regions.pop_back();
+  ASSERT_TRUE(pool->SendRun(0, 7, EmptyRun(), regions).ok());
+  EXPECT_EQ(commands_.size(), RegionMappings::kMaxMappedRegions + 1);
+  EXPECT_EQ(commands_.front().find("100 MapRegion "), 0u);
+  EXPECT_EQ(commands_.front().find(" fd"), std::string::npos);  // CUDA IPC: no fd
+}
+
+// A worker whose unread backlog is past its bound is killed at once, and the send fails with
+// the reason: the scheduler fails the task with it.
+TEST_F(WorkerPoolTest, AWorkerWhoseBacklogIsFullIsKilledAndTheRunFails) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  FakeWorker* worker = workers_[0];
+  worker->send_error = absl::ResourceExhaustedError("the worker has not taken its commands");
+  absl::Status sent = pool->SendRun(0, 7, EmptyRun(), {Staging(4096)});
+  EXPECT_EQ(sent.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(pool->Idle(0));  // no run went out
+  EXPECT_EQ(worker->kills, 1);
+  worker->Die("killed by signal 9");
+  Drain();
+  ASSERT_EQ(deaths_.size(), 1u);
+  EXPECT_TRUE(deaths_[0].killed);
+  EXPECT_NE(deaths_[0].why.find("has not taken its commands"), std::string::npos)
+      << deaths_[0].why;
+}
+
+// The watchdog also judges commands left unread: a worker that took none of them for the
+// silence timeout is killed, though it still sends heartbeats (its reader may be wedged alone).
+TEST_F(WorkerPoolTest, AWorkerThatLeavesItsCommandsUnreadIsKilledByTheWatchdog) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  const absl::Time unsent = absl::Now();
+  workers_[0]->unsent_since = unsent;
+  workers_[0]->Heartbeat();
+  Drain();
+  EXPECT_EQ(pool->NextSilenceDeadline(), unsent + absl::Seconds(1));
+  pool->KillSilent(unsent + absl::Milliseconds(999));
+  EXPECT_EQ(workers_[0]->kills, 0);
+  pool->KillSilent(unsent + absl::Seconds(1));
+  EXPECT_EQ(workers_[0]->kills, 1);
+  workers_[0]->Die("killed by signal 9");
+  Drain();
+  ASSERT_EQ(deaths_.size(), 1u);
+  EXPECT_TRUE(deaths_[0].killed);
+  EXPECT_NE(deaths_[0].why.find("took none of its commands"), std::string::npos)
+      << deaths_[0].why;
+}
+
+// End to end with a real process that never reads its control socket: the loop sends it large
+// commands and stays responsive (the next handler runs at once; a blocking send would hang the
+// loop forever), and the watchdog kills the worker.
+TEST_F(WorkerPoolTest, AProcessThatStopsReadingNeverBlocksTheLoopAndIsKilled) {
+  WorkerPoolOptions options;
+  options.workers = 1;
+  options.silence_timeout = absl::Seconds(30);
+  options.launch = [](uint32_t id, WorkerProcess::EventHandler handler)
+      -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
+    PSWITCH_ASSIGN_OR_RETURN(
+        auto process,
+        WorkerProcess::SpawnCommand(id, {"/bin/sh", "-c", "exec sleep 60", "sh"},
+                                    std::move(handler)));
+    return std::unique_ptr<WorkerLink>(std::move(process));
+  };
+  options.models = [] { return std::vector<WorkerModel>(); };
+  options.release_drain = [](uint32_t, uint32_t) {};
+  auto pool = std::make_unique<WorkerPool>(std::move(options), loop_, this);
+  std::thread loop_thread([this] { loop_->Run(); });
+
+  flatbuffers::FlatBufferBuilder big;
+  auto load = proto::CreateLoadModel(big, big.CreateString(std::string(4 << 20, 'x')),
+                                     big.CreateString("tiny_mlp"));
+  proto::Finish(big, proto::CreateWorkerCommand(big, 0, proto::WorkerCommandBody::LoadModel,
+                                                load.Union()));
+  absl::Notification flooded, answered, died;
+  std::vector<absl::Status> sends;
+  absl::Time deadline;
+  on_death_ = [&] { died.Notify(); };
+  loop_->Post([&] {
+    pool->Start();
+    // 32 MiB, against a socket buffer of a few hundred kilobytes that no one reads.
+    for (int i = 0; i < 8; ++i) sends.push_back(pool->Send(0, big));
+    deadline = pool->NextSilenceDeadline();
+    flooded.Notify();
+  });
+  loop_->Post([&] { answered.Notify(); });  // another command, handled promptly
+  ASSERT_TRUE(answered.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "the loop blocked on a worker that does not read";
+  ASSERT_TRUE(flooded.HasBeenNotified());
+  for (const absl::Status& sent : sends) EXPECT_TRUE(sent.ok()) << sent;
+  ASSERT_NE(deadline, absl::InfiniteFuture()) << "the watchdog does not see the backlog";
+  loop_->Post([&] { pool->KillSilent(deadline); });
+  ASSERT_TRUE(died.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  absl::Notification stopped;
+  loop_->Post([&] {
+    pool->StopRespawning();
+    pool->Close();
+    stopped.Notify();
+    loop_->Stop();
+  });
+  loop_thread.join();
+  ASSERT_TRUE(stopped.HasBeenNotified());
+  ASSERT_EQ(deaths_.size(), 1u);
+  EXPECT_TRUE(deaths_[0].killed);
+  EXPECT_NE(deaths_[0].why.find("took none of its commands"), std::string::npos)
+      << deaths_[0].why;
 }
 
 TEST_F(WorkerPoolTest, CloseShutsEveryWorkerDownAndReleasesItsDrain) {

@@ -63,15 +63,32 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
   secret_read.Reset();
   return std::unique_ptr<WorkerProcess>(new WorkerProcess(
       options.worker_id, pid, std::make_unique<proto::FrameChannel>(std::move(parent_end)),
-      std::move(handler)));
+      std::move(handler), OutboxLimits()));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::SpawnCommand(
+    uint32_t id, std::vector<std::string> argv, EventHandler handler, OutboxLimits limits) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return ErrnoStatus("socketpair for worker");
+  }
+  UniqueFd parent_end(sv[0]), child_end(sv[1]);
+  argv.push_back(absl::StrCat("--control_fd=", child_end.get()));
+  PSWITCH_ASSIGN_OR_RETURN(
+      pid_t pid, base::SpawnChild({.argv = std::move(argv), .inherit_fds = {child_end.get()}}));
+  child_end.Reset();
+  return std::unique_ptr<WorkerProcess>(
+      new WorkerProcess(id, pid, std::make_unique<proto::FrameChannel>(std::move(parent_end)),
+                        std::move(handler), limits));
 }
 
 WorkerProcess::WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::FrameChannel> channel,
-                             EventHandler handler)
+                             EventHandler handler, OutboxLimits limits)
     : id_(id),
       pid_(pid),
       channel_(std::move(channel)),
       handler_(std::move(handler)),
+      outbox_(channel_->fd(), limits),
       pidfd_(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0))),
       reader_([this] { ReadLoop(); }) {}
 
@@ -80,7 +97,10 @@ WorkerProcess::~WorkerProcess() {
   auto body = proto::CreateShutdown(b);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Shutdown, body.Union()));
   (void)Send(b);
+  // The writer sends the Shutdown while the child winds down; one that never reads it is killed
+  // after the grace period, which ends the writer's wait too (the peer is gone).
   Reap(absl::Seconds(5));
+  outbox_.Close();
   ::shutdown(channel_->fd(), SHUT_RDWR);
   reader_.join();
 }
@@ -90,10 +110,10 @@ absl::Status WorkerProcess::Send(const flatbuffers::FlatBufferBuilder& command) 
 }
 
 absl::Status WorkerProcess::SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) {
-  absl::MutexLock lock(&send_mu_);
-  absl::Status sent = channel_->Send(command, fd);
+  absl::Status sent = outbox_.Send(
+      std::span<const uint8_t>(command.GetBufferPointer(), command.GetSize()), fd);
   if (!sent.ok()) {
-    return absl::UnavailableError(absl::StrCat("worker ", id_, ": ", sent.message()));
+    return absl::Status(sent.code(), absl::StrCat("worker ", id_, ": ", sent.message()));
   }
   return sent;
 }

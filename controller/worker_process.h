@@ -1,6 +1,7 @@
 // One worker child process: spawned with its control socket, commanded with framed
-// WorkerCommands, heard through a reader thread, and reaped exactly once. A worker that dies
-// (crash, abort, OOM kill) is reported through the event handler with how it died.
+// WorkerCommands (queued, never blocking the sender: WorkerOutbox), heard through a reader
+// thread, and reaped exactly once. A worker that dies (crash, abort, OOM kill) is reported
+// through the event handler with how it died.
 #ifndef PSWITCH_CONTROLLER_WORKER_PROCESS_H_
 #define PSWITCH_CONTROLLER_WORKER_PROCESS_H_
 
@@ -15,6 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/worker_outbox.h"
 #include "proto/frame_channel.h"
 
 namespace pswitch::controller {
@@ -39,9 +42,11 @@ struct WorkerSpawnOptions {
 class WorkerLink {
  public:
   virtual ~WorkerLink() = default;
+  // Sends `command`, or queues it: never waits for the worker to read. ResourceExhausted when
+  // the worker has left too much unread (its owner kills it); Unavailable when it is gone.
   virtual absl::Status Send(const flatbuffers::FlatBufferBuilder& command) = 0;
-  // Sends `command` with `fd` (SCM_RIGHTS; the caller keeps its copy). Links that cannot pass
-  // descriptors refuse.
+  // Sends `command` with `fd` (SCM_RIGHTS; the caller keeps its copy, the link holds its own
+  // until the frame is sent). Links that cannot pass descriptors refuse.
   virtual absl::Status SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) {
     if (fd < 0) return Send(command);
     return absl::UnimplementedError("this worker link cannot pass file descriptors");
@@ -49,6 +54,9 @@ class WorkerLink {
   virtual pid_t pid() const = 0;
   // SIGKILL, unless it was already reaped; its death reaches the handler like any other.
   virtual void Kill() = 0;
+  // Since when commands have waited without the worker taking a byte of them (it stopped
+  // reading its socket); InfiniteFuture while nothing waits.
+  virtual absl::Time UnsentSince() const { return absl::InfiniteFuture(); }
 };
 
 // Thread-safe. The handler runs on the reader thread: with a verified WorkerEvent payload, or,
@@ -60,6 +68,11 @@ class WorkerProcess : public WorkerLink {
 
   static absl::StatusOr<std::unique_ptr<WorkerProcess>> Spawn(const WorkerSpawnOptions& options,
                                                               EventHandler handler);
+  // Tests: runs `argv` (with "--control_fd=N" appended) as worker `id`, e.g. a peer that never
+  // reads its socket.
+  static absl::StatusOr<std::unique_ptr<WorkerProcess>> SpawnCommand(
+      uint32_t id, std::vector<std::string> argv, EventHandler handler,
+      OutboxLimits limits = OutboxLimits());
   // Asks the worker to shut down, kills it after a grace period, and reaps it.
   ~WorkerProcess();
   WorkerProcess(const WorkerProcess&) = delete;
@@ -70,10 +83,11 @@ class WorkerProcess : public WorkerLink {
   uint32_t id() const { return id_; }
   pid_t pid() const override { return pid_; }
   void Kill() override;
+  absl::Time UnsentSince() const override { return outbox_.UnsentSince(); }
 
  private:
   WorkerProcess(uint32_t id, pid_t pid, std::unique_ptr<proto::FrameChannel> channel,
-                EventHandler handler);
+                EventHandler handler, OutboxLimits limits);
   void ReadLoop();
   // Waits for the child (once) and describes how it ended.
   std::string Reap(absl::Duration grace);
@@ -82,7 +96,7 @@ class WorkerProcess : public WorkerLink {
   const pid_t pid_;
   std::unique_ptr<proto::FrameChannel> channel_;
   EventHandler handler_;
-  absl::Mutex send_mu_;
+  WorkerOutbox outbox_;  // writes to channel_'s socket; closed before the socket
   absl::Mutex reap_mu_;  // one Reap at a time
   bool reaped_ ABSL_GUARDED_BY(reap_mu_) = false;
   std::string exit_description_ ABSL_GUARDED_BY(reap_mu_);
