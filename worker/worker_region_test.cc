@@ -1,0 +1,372 @@
+// A real worker process (host backend) driven over its control socket as pswitchd drives it:
+// MapRegion with the region's memory file, Runs whose inputs and outputs lie in the region, a
+// client that shrinks its shared-memory file mid-stream, and UnmapRegion. The worker must answer
+// every Run (failing only the Runs the region's owner broke) and keep serving.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grouping/baselines.h"
+#include "gtest/gtest.h"
+#include "memdaemon/memdaemon.h"
+#include "models/registry.h"
+#include "proto/frame_channel.h"
+#include "proto/framing.h"
+#include "proto/host_tensor.h"
+#include "proto/worker_generated.h"
+#include "worker/host_tensors.h"
+#include "worker/model_binding.h"
+
+namespace pswitch::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kRegion = 11;
+constexpr uint64_t kRegionBytes = 1 << 20;
+constexpr uint64_t kOutputsAt = 512 << 10;
+const absl::Duration kAnswerTimeout = absl::Seconds(60);
+
+// A client's /dev/shm-like segment: a memory file with no seals, which it may shrink at will.
+class ClientSegment {
+ public:
+  ClientSegment() {
+    fd_.Reset(::memfd_create("worker-region-test", MFD_CLOEXEC));
+    Resize(kRegionBytes);
+    data_ = static_cast<uint8_t*>(
+        ::mmap(nullptr, kRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0));
+  }
+  ~ClientSegment() { ::munmap(data_, kRegionBytes); }
+  void Resize(uint64_t bytes) { ASSERT_EQ(::ftruncate(fd_.get(), static_cast<off_t>(bytes)), 0); }
+  uint8_t* data() { return data_; }
+  int fd() const { return fd_.get(); }
+
+ private:
+  UniqueFd fd_;
+  uint8_t* data_ = nullptr;
+};
+
+struct RunAnswer {
+  absl::Status status;
+  std::vector<proto::HostTensor> outputs;
+};
+
+class WorkerRegionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pswitch-worker-region-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    const std::string socket_path = (dir_ / "m.sock").string();
+    memdaemon::MemDaemonOptions options;
+    options.arena_bytes = 64 << 20;
+    options.device.backend = gpu::Backend::kHost;
+    options.device.lock_host_memory = false;
+    options.socket_path = socket_path;
+    absl::StatusOr<std::unique_ptr<memdaemon::MemDaemon>> daemon =
+        memdaemon::MemDaemon::Create(options);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+
+    // The real worker binary, spawned as pswitchd spawns it: an inherited control socket and a
+    // pipe with the one-time attach secret.
+    int control[2];
+    int secret[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control), 0);
+    ASSERT_EQ(::pipe2(secret, O_CLOEXEC), 0);
+    control_ = std::make_unique<proto::FrameChannel>(UniqueFd(control[0]));
+    UniqueFd child_control(control[1]);
+    UniqueFd secret_in(secret[0]);
+    UniqueFd secret_out(secret[1]);
+    // Inheritable copies, made before the fork: the child only execs.
+    UniqueFd inherited_control(::fcntl(child_control.get(), F_DUPFD, 100));
+    UniqueFd inherited_secret(::fcntl(secret_in.get(), F_DUPFD, 100));
+    ASSERT_TRUE(inherited_control.valid() && inherited_secret.valid());
+    std::vector<std::string> args = {PSWITCH_WORKER_PATH,
+                                     "--worker_id=1",
+                                     "--backend=host",
+                                     "--control_fd=" + std::to_string(inherited_control.get()),
+                                     "--attach_secret_fd=" + std::to_string(inherited_secret.get()),
+                                     "--memdaemon_socket=" + socket_path};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    child_ = ::fork();
+    ASSERT_GE(child_, 0);
+    if (child_ == 0) {
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    inherited_control.Reset();
+    inherited_secret.Reset();
+    child_control.Reset();
+    secret_in.Reset();
+    absl::StatusOr<std::string> issued = daemon_->IssueAttachSecret();
+    ASSERT_TRUE(issued.ok()) << issued.status();
+    ASSERT_EQ(::write(secret_out.get(), issued->data(), issued->size()),
+              static_cast<ssize_t>(issued->size()));
+    secret_out.Reset();
+    ASSERT_TRUE(Next(proto::WorkerEventBody::WorkerReady).ok());
+    LoadTinyCnn();
+  }
+
+  void TearDown() override {
+    control_.reset();  // EOF: the worker's Serve returns
+    if (child_ > 0) {
+      int wstatus = 0;
+      EXPECT_EQ(::waitpid(child_, &wstatus, 0), child_);
+      EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+          << "the worker ended with status " << wstatus;
+    }
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // The next event of `type`, skipping heartbeats; its frame is kept in last_.
+  absl::Status Next(proto::WorkerEventBody type) {
+    while (true) {
+      absl::StatusOr<proto::ReceivedFrame> frame = control_->Receive(kAnswerTimeout);
+      if (!frame.ok()) return frame.status();
+      last_ = std::move(frame->payload);
+      auto event = flatbuffers::GetRoot<proto::WorkerEvent>(last_.data());
+      if (event->body_type() == proto::WorkerEventBody::Heartbeat) continue;
+      if (event->body_type() != type) {
+        return absl::InternalError(
+            absl::StrCat("expected event ", proto::EnumNameWorkerEventBody(type), ", got ",
+                         proto::EnumNameWorkerEventBody(event->body_type())));
+      }
+      return absl::OkStatus();
+    }
+  }
+  const proto::WorkerEvent& LastEvent() const {
+    return *flatbuffers::GetRoot<proto::WorkerEvent>(last_.data());
+  }
+
+  void Send(flatbuffers::FlatBufferBuilder& b, int fd = -1) {
+    ASSERT_TRUE(control_->Send(b, fd).ok());
+  }
+
+  // The controller's side of a switch, done by hand: the weights into the arena under a fresh
+  // epoch, LoadModel, Prepare.
+  void LoadTinyCnn() {
+    auto model = models::CreateModel("tiny_cnn");
+    ASSERT_TRUE(model.ok()) << model.status();
+    example_ = (*model)->ExampleInput(2, 7).input;
+    absl::StatusOr<ModelWeights> weights = CollectWeights(**model, "tiny_cnn");
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    absl::StatusOr<const memdaemon::StoredModel*> stored =
+        daemon_->weights().Register(weights->bytes);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    const auto layers = static_cast<uint32_t>((*stored)->num_layers());
+    absl::StatusOr<memdaemon::Lease> region =
+        daemon_->leases().Acquire("weights", (*stored)->total_bytes());
+    ASSERT_TRUE(region.ok()) << region.status();
+    absl::StatusOr<grouping::GroupPlan> plan =
+        grouping::EveryKPlan(static_cast<int>(layers), static_cast<int>(layers));
+    ASSERT_TRUE(plan.ok());
+    memdaemon::TransmitRequest request;
+    request.model = *stored;
+    request.groups = *plan;
+    request.weights_offset = region->offset;
+    auto sent = daemon_->transmitter().Start(std::move(request));
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    ASSERT_TRUE((*sent)->Wait(kAnswerTimeout).ok());
+
+    flatbuffers::FlatBufferBuilder load;
+    proto::Finish(load, proto::CreateWorkerCommand(
+                            load, 0, proto::WorkerCommandBody::LoadModel,
+                            proto::CreateLoadModel(load, load.CreateString("tiny"),
+                                                   load.CreateString("tiny_cnn"), region->offset,
+                                                   layers, (*stored)->total_bytes())
+                                .Union()));
+    Send(load);
+    ASSERT_TRUE(Next(proto::WorkerEventBody::ModelLoaded).ok());
+    ASSERT_EQ(LastEvent().body_as_ModelLoaded()->error(), nullptr);
+    flatbuffers::FlatBufferBuilder prepare;
+    const std::vector<uint32_t> last_layer = {layers - 1};
+    proto::Finish(prepare,
+                  proto::CreateWorkerCommand(
+                      prepare, 0, proto::WorkerCommandBody::Prepare,
+                      proto::CreatePrepare(prepare, prepare.CreateString("tiny"), (*sent)->epoch(),
+                                           0, prepare.CreateVector(last_layer))
+                          .Union()));
+    Send(prepare);
+  }
+
+  void MapRegion(uint64_t region, int fd, const std::string& cuda_ipc_handle = "") {
+    flatbuffers::FlatBufferBuilder b;
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> handle = 0;
+    if (!cuda_ipc_handle.empty()) {
+      handle = b.CreateVector(reinterpret_cast<const uint8_t*>(cuda_ipc_handle.data()),
+                              cuda_ipc_handle.size());
+    }
+    auto map = proto::CreateMapRegion(b, region, kRegionBytes, 0, handle, 0);
+    proto::Finish(
+        b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::MapRegion, map.Union()));
+    Send(b, fd);
+  }
+
+  void UnmapRegion(uint64_t region) {
+    flatbuffers::FlatBufferBuilder b;
+    proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::UnmapRegion,
+                                                proto::CreateUnmapRegion(b, region).Union()));
+    Send(b);
+  }
+
+  // One inference Run of `input`; outputs inline unless `outputs_to` is set.
+  RunAnswer Run(const proto::HostTensor& input, const proto::ByteSlice* outputs_to = nullptr) {
+    flatbuffers::FlatBufferBuilder b;
+    auto inputs = proto::CreateWireTensors(b, {input});
+    auto model = b.CreateString("tiny");
+    proto::RunBuilder run(b);
+    run.add_task_id(++task_);
+    run.add_model(model);
+    run.add_inputs(inputs);
+    run.add_batch(2);
+    run.add_iterations(1);
+    const proto::Slice to =
+        outputs_to != nullptr
+            ? proto::Slice(outputs_to->region, outputs_to->offset, outputs_to->length)
+            : proto::Slice();
+    if (outputs_to != nullptr) run.add_outputs_to(&to);
+    auto body = run.Finish();
+    proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, body.Union()));
+    RunAnswer answer;
+    if (!control_->Send(b).ok()) {
+      answer.status = absl::InternalError("send failed");
+      return answer;
+    }
+    if (absl::Status got = Next(proto::WorkerEventBody::RunDone); !got.ok()) {
+      answer.status = got;
+      return answer;
+    }
+    const proto::RunDone& done = *LastEvent().body_as_RunDone();
+    EXPECT_EQ(done.task_id(), task_);
+    if (done.error() != nullptr) {
+      answer.status = absl::Status(static_cast<absl::StatusCode>(done.error()->code()),
+                                   done.error()->message() ? done.error()->message()->str() : "");
+      return answer;
+    }
+    absl::StatusOr<std::vector<proto::HostTensor>> outputs = proto::FromWireTensors(done.outputs());
+    if (!outputs.ok()) {
+      answer.status = outputs.status();
+    } else {
+      answer.outputs = std::move(*outputs);
+    }
+    return answer;
+  }
+
+  // `example_` as the framed path carries it, and as a Region tensor at `offset` of `segment`.
+  proto::HostTensor InlineInput() const { return *ToHostTensor("input", example_); }
+  proto::HostTensor RegionInput(ClientSegment& segment, uint64_t offset,
+                                uint64_t region = kRegion) const {
+    proto::HostTensor host = InlineInput();
+    std::memcpy(segment.data() + offset, host.data.data(), host.data.size());
+    host.place = proto::Place::Region;
+    host.slice = proto::ByteSlice{region, offset, host.data.size()};
+    host.data.clear();
+    return host;
+  }
+
+  std::filesystem::path dir_;
+  pid_t child_ = -1;
+  std::unique_ptr<proto::FrameChannel> control_;
+  std::unique_ptr<memdaemon::MemDaemon> daemon_;
+  std::vector<uint8_t> last_;
+  at::Tensor example_;
+  uint64_t task_ = 0;
+};
+
+TEST_F(WorkerRegionTest, RegionRunsMatchTheFramedPathAndAShrunkSegmentFailsOnlyItsTask) {
+  // The framed baseline.
+  RunAnswer framed = Run(InlineInput());
+  ASSERT_TRUE(framed.status.ok()) << framed.status;
+  ASSERT_EQ(framed.outputs.size(), 1u);
+  ASSERT_EQ(framed.outputs[0].place, proto::Place::Inline);
+  const std::vector<uint8_t>& expected = framed.outputs[0].data;
+
+  ClientSegment segment;
+  MapRegion(kRegion, segment.fd());
+
+  // Inputs from the region, outputs into it: the same bytes as the framed path's.
+  const proto::ByteSlice to{kRegion, kOutputsAt, 4096};
+  std::memset(segment.data() + kOutputsAt, 0xee, 4096);
+  RunAnswer mapped = Run(RegionInput(segment, 64), &to);
+  ASSERT_TRUE(mapped.status.ok()) << mapped.status;
+  ASSERT_EQ(mapped.outputs.size(), 1u);
+  const proto::HostTensor& out = mapped.outputs[0];
+  EXPECT_EQ(out.place, proto::Place::Region);
+  EXPECT_EQ(out.slice, (proto::ByteSlice{kRegion, kOutputsAt, expected.size()}));
+  EXPECT_EQ(out.shape, framed.outputs[0].shape);
+  EXPECT_EQ(std::vector<uint8_t>(segment.data() + kOutputsAt,
+                                 segment.data() + kOutputsAt + expected.size()),
+            expected);
+  EXPECT_EQ(segment.data()[kOutputsAt + expected.size()], 0xee);  // nothing past the outputs
+
+  // Outputs that do not fit: the task fails, nothing is written.
+  std::memset(segment.data() + kOutputsAt, 0xee, 4096);
+  const proto::ByteSlice small{kRegion, kOutputsAt, expected.size() - 1};
+  RunAnswer cramped = Run(RegionInput(segment, 64), &small);
+  EXPECT_EQ(cramped.status.code(), absl::StatusCode::kResourceExhausted) << cramped.status;
+  EXPECT_THAT(cramped.status.message(), HasSubstr(absl::StrCat("need ", expected.size())));
+  EXPECT_EQ(segment.data()[kOutputsAt], 0xee);
+
+  // The client truncates its segment: that task fails, naming the region...
+  const proto::HostTensor input = RegionInput(segment, 64);
+  segment.Resize(0);
+  RunAnswer lost = Run(input, &to);
+  EXPECT_EQ(lost.status.code(), absl::StatusCode::kDataLoss) << lost.status;
+  EXPECT_THAT(lost.status.message(), HasSubstr("region 11"));
+  // ...and the worker serves on: the framed path, then the region once the client restored it.
+  RunAnswer after = Run(InlineInput());
+  ASSERT_TRUE(after.status.ok()) << after.status;
+  EXPECT_EQ(after.outputs[0].data, expected);
+  segment.Resize(kRegionBytes);
+  RunAnswer restored = Run(RegionInput(segment, 64), &to);
+  ASSERT_TRUE(restored.status.ok()) << restored.status;
+  EXPECT_EQ(std::vector<uint8_t>(segment.data() + kOutputsAt,
+                                 segment.data() + kOutputsAt + expected.size()),
+            expected);
+}
+
+TEST_F(WorkerRegionTest, HostileSlicesAndUnmappedRegionsAreRefusedPerTask) {
+  ClientSegment segment;
+  MapRegion(kRegion, segment.fd());
+  proto::HostTensor past = RegionInput(segment, 0);
+  past.slice.offset = kRegionBytes - past.slice.length + 4;
+  RunAnswer answer = Run(past);
+  EXPECT_EQ(answer.status.code(), absl::StatusCode::kOutOfRange) << answer.status;
+  EXPECT_THAT(answer.status.message(), HasSubstr("region 11"));
+
+  const proto::ByteSlice outside{kRegion, kRegionBytes - 16, 64};
+  answer = Run(RegionInput(segment, 0), &outside);
+  EXPECT_EQ(answer.status.code(), absl::StatusCode::kOutOfRange) << answer.status;
+
+  answer = Run(RegionInput(segment, 0, /*region=*/12));
+  EXPECT_EQ(answer.status.code(), absl::StatusCode::kNotFound) << answer.status;
+
+  // A CUDA IPC handle on the host backend: an Error event, and the region stays unmapped.
+  MapRegion(13, -1, std::string(64, 'h'));
+  ASSERT_TRUE(Next(proto::WorkerEventBody::Error).ok());
+  EXPECT_THAT(LastEvent().body_as_Error()->message()->str(), HasSubstr("CUDA backend"));
+  answer = Run(RegionInput(segment, 0, /*region=*/13));
+  EXPECT_EQ(answer.status.code(), absl::StatusCode::kNotFound) << answer.status;
+
+  UnmapRegion(kRegion);
+  answer = Run(RegionInput(segment, 0));
+  EXPECT_EQ(answer.status.code(), absl::StatusCode::kNotFound) << answer.status;
+  EXPECT_TRUE(Run(InlineInput()).status.ok());
+}
+
+}  // namespace
+}  // namespace pswitch::worker
