@@ -16,6 +16,14 @@
 //   pswitchctl --server HOST:PORT fill status JOB | fill cancel JOB | fill stats
 //
 // `fill estimate` prints the GPU and predicted completion the job would get, submitting nothing.
+//
+// --server "unix:/path" is pswitchd's Unix socket. The default (127.0.0.1:7300) and any loopback
+// address with port 7300 use pswitchd's default Unix socket ($PSWITCH_UNIX_SOCKET, else
+// /run/pswitch/pswitchd.sock) when it accepts the connection, else TCP (--tcp: always TCP). Over
+// the Unix socket the files register and fill name (--weights, --archive, --plan, --dataset,
+// --output) are opened by pswitchctl itself, relative to its working directory and with its
+// user's rights, and passed to pswitchd as open files; infer's tensors travel through a shared
+// transfer area. Over TCP those files are paths on the server (--allow-client-paths).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -37,24 +45,32 @@
 #include "proto/dtype.h"
 #include "tools/cli.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:7300", "pswitchd address");
+ABSL_FLAG(std::string, server, "127.0.0.1:7300",
+          "pswitchd address: HOST:PORT, or unix:/path (a loopback address with port 7300 uses "
+          "pswitchd's default Unix socket when it answers)");
+ABSL_FLAG(bool, tcp, false, "always TCP, never the Unix socket");
 ABSL_FLAG(std::string, name, "", "registered model name");
 ABSL_FLAG(std::string, model, "",
           "register: zoo architecture (e.g. resnet152); omit to load --name from pswitchd's "
           "model repository");
-ABSL_FLAG(std::string, weights, "", "register: safetensors weights on the server");
+ABSL_FLAG(std::string, weights, "",
+          "register: safetensors weights (Unix socket: opened here and passed; TCP: a path on "
+          "the server)");
 ABSL_FLAG(std::string, archive, "",
-          "register: your own model, a pswitch.export archive (absolute path on the server)");
+          "register: your own model, a pswitch.export archive (Unix socket: opened here and "
+          "passed; TCP: an absolute path on the server)");
 ABSL_FLAG(uint32_t, batch, 0,
           "register: batch size (default 1); train: samples per iteration (default the model's "
           "registered batch); fill submit: rows per step (default 1)");
-ABSL_FLAG(std::string, plan, "auto", "register: grouping plan JSON on the server, or auto");
+ABSL_FLAG(std::string, plan, "auto",
+          "register: grouping plan JSON (passed like --weights), or auto");
 ABSL_FLAG(std::string, input, "",
           "infer: input safetensors ('input', optional "
           "'attention_mask', 'token_type_ids')");
 ABSL_FLAG(std::string, output, "",
-          "infer: local file for the 'output' tensor; fill submit (inference): a new file, "
-          "named relative to pswitchd's --data-root");
+          "infer: local file for the 'output' tensor; fill submit (inference): a new file "
+          "(Unix socket: created here and passed; TCP: named relative to pswitchd's "
+          "--data-root)");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0,
           "infer, train, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none (pswitchd's --max-task-time-s)");
@@ -76,8 +92,8 @@ ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
 ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
 ABSL_FLAG(std::string, kind, "", "fill submit: training, inference or synthetic (required)");
 ABSL_FLAG(std::string, dataset, "",
-          "fill submit (inference): safetensors with 'input' rows, named relative to "
-          "pswitchd's --data-root");
+          "fill submit (inference): safetensors with 'input' rows (Unix socket: opened here "
+          "and passed; TCP: named relative to pswitchd's --data-root)");
 ABSL_FLAG(uint32_t, steps, 0, "fill submit: training iterations / synthetic steps");
 ABSL_FLAG(uint64_t, step_us, 0,
           "fill submit: profiled step duration (profile-model); synthetic: default "
@@ -123,6 +139,47 @@ absl::StatusOr<std::vector<proto::HostTensor>> ReadInputs(const std::string& pat
         proto::HostTensor{t.name, *dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
   }
   return inputs;
+}
+
+absl::StatusOr<client::TaskResult> InferFramed(client::Client& client, const std::string& name,
+                                               const client::InferOptions& options) {
+  auto inputs = ReadInputs(absl::GetFlag(FLAGS_input));
+  if (!inputs.ok()) return inputs.status();
+  return client.Infer(name, std::move(*inputs), options);
+}
+
+// The Unix socket: the file's tensors are copied once, straight into the transfer area, and the
+// outputs once out of it (into the result, for the output file).
+absl::StatusOr<client::TaskResult> InferInArea(client::Client& client, const std::string& name,
+                                               const client::InferOptions& options) {
+  const std::string path = absl::GetFlag(FLAGS_input);
+  auto file = models::SafetensorsFile::Read(path);
+  if (!file.ok()) return file.status();
+  std::vector<client::AreaTensor> inputs;
+  for (const models::SafetensorsTensor& t : file->tensors()) {
+    auto dtype = ToWire(t.dtype);
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": '", t.name, "': ", dtype.status().message()));
+    }
+    auto placed = client.Tensor(t.shape, *dtype, t.name);
+    if (!placed.ok()) return placed.status();
+    if (placed->length() != t.bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": '", t.name, "' holds ", t.bytes, " bytes for its shape's ",
+                       placed->length()));
+    }
+    std::memcpy(placed->data(), t.data, t.bytes);
+    inputs.push_back(std::move(*placed));
+  }
+  auto result = client.InferArea(name, std::move(inputs), options);
+  if (!result.ok()) return result.status();
+  client::TaskResult copied;
+  copied.task_id = result->task_id;
+  copied.latency = result->latency;
+  copied.switch_time = result->switch_time;
+  for (const client::AreaTensor& t : result->outputs) copied.outputs.push_back(t.ToHost());
+  return copied;
 }
 
 absl::Status WriteOutputs(const std::string& path, const std::vector<proto::HostTensor>& outputs) {
@@ -308,6 +365,7 @@ absl::Status Run(const std::vector<std::string>& args) {
   client::ClientOptions options;
   options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   options.token = tools::ClientToken(absl::GetFlag(FLAGS_token));
+  if (absl::GetFlag(FLAGS_tcp)) options.transport = client::Transport::kTcp;
   auto c = client::Client::Connect(absl::GetFlag(FLAGS_server), options);
   if (!c.ok()) return c.status();
   client::Client& client = **c;
@@ -337,12 +395,11 @@ absl::Status Run(const std::vector<std::string>& args) {
         !s.ok()) {
       return s;
     }
-    auto inputs = ReadInputs(absl::GetFlag(FLAGS_input));
-    if (!inputs.ok()) return inputs.status();
     client::InferOptions infer;
     infer.priority = absl::GetFlag(FLAGS_priority);
     infer.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
-    auto result = client.Infer(name, std::move(*inputs), infer);
+    auto result = client.local() ? InferInArea(client, name, infer)
+                                 : InferFramed(client, name, infer);
     if (!result.ok()) return result.status();
     if (auto s = WriteOutputs(absl::GetFlag(FLAGS_output), result->outputs); !s.ok()) return s;
     std::printf("task %llu: latency %.3f ms (switch %.3f ms), output written to %s\n",
@@ -439,7 +496,7 @@ absl::Status Run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args = pswitch::tools::ParseToolFlags(
       argc, argv,
-      "pswitchctl [--server HOST:PORT] register|infer|train|status|models|cancel|unload|bubble-cycle|"
+      "pswitchctl [--server HOST:PORT|unix:/path] [--tcp] register|infer|train|status|models|cancel|unload|bubble-cycle|"
       "fill|"
       "trace "
       "...",

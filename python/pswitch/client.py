@@ -5,6 +5,13 @@ by every call and thread; each call waits at most the client's timeout and relea
 while it waits. Errors raise pswitch.errors classes. Tensors go in as numpy arrays or torch
 tensors (CPU; float32, int64 or int32) and come back as numpy arrays, or torch tensors when the
 input was one (torch is imported only then).
+
+With a local pswitchd the client talks over its Unix socket and tensors travel through a shared
+transfer area instead of the socket (docs/python.md): Client.tensor gives an array to fill in
+place (sent with no copy), any other input is copied into the area once, and outputs are arrays
+viewing the area. Such an output stays valid as long as it, or any view or torch tensor made from
+it, is referenced; its space goes back to the client when the last reference goes. Keep the data
+while giving the space back with .copy() (or TaskResult.copy()).
 """
 import concurrent.futures
 import contextlib
@@ -35,6 +42,8 @@ class ModelInfo:
     name: str
     architecture: str  # a zoo architecture, or "torchscript" for your own (pswitch.export)
     param_bytes: int
+    output_dtype: str = ""  # numpy's name; "" when pswitchd did not record it
+    output_shape: list = dataclasses.field(default_factory=list)  # -1 = the input's batch
 
 
 @dataclasses.dataclass
@@ -43,11 +52,25 @@ class TaskResult:
     outputs: dict  # name -> array (numpy, or torch when the input was torch)
     latency_s: float  # server-side, submission to completion
     switch_time_s: float  # the model's copy; 0 when it was resident
+    # Over the Unix socket: name -> (area, offset, length), the slice each input was sent as
+    # (an array from Client.tensor is sent as its own bytes: Client.area_slice(array)).
+    sent_inputs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def output(self):
         """The model's output ("output")."""
         return self.outputs["output"]
+
+    def copy(self):
+        """A TaskResult whose outputs are copies, independent of the transfer area."""
+        return dataclasses.replace(self, outputs={k: v.copy() if hasattr(v, "copy")
+                                                  else v.clone()
+                                                  for k, v in self.outputs.items()})
+
+    def release(self):
+        """Drops this result's references to its outputs: once no other reference to them (or to
+        views of them) is left, their space in the transfer area goes back to the client."""
+        self.outputs = {}
 
 
 @dataclasses.dataclass
@@ -97,7 +120,7 @@ def _as_numpy(name, value):
         if value.device.type != "cpu":
             raise TypeError(f"input '{name}' is on {value.device}; pswitch takes CPU tensors "
                             "(call .cpu() first)")
-        return value.detach().numpy()  # a view: the binding copies once, onto the wire
+        return value.detach().numpy()  # a view: the same bytes (an area tensor's are not copied)
     if isinstance(value, np.ndarray):
         return value
     raise TypeError(f"input '{name}' is a {type(value).__name__}; pass a numpy array or a "
@@ -105,11 +128,52 @@ def _as_numpy(name, value):
 
 
 class Client:
-    """A connection to pswitchd's TCP port. Use as a context manager, or call close()."""
+    """A connection to pswitchd. Use as a context manager, or call close().
 
-    def __init__(self, address="127.0.0.1:7300", token=None, timeout=600.0):
-        self._client = _pswitch.Client(address, token or "", float(timeout))
+    `address`: "unix:/path" (pswitchd's Unix socket), "HOST:PORT" (TCP), or None. None, and a
+    loopback address with pswitchd's default port 7300 ("127.0.0.1:7300", "localhost:7300",
+    "[::1]:7300"), use the default Unix socket ($PSWITCH_UNIX_SOCKET, else
+    /run/pswitch/pswitchd.sock) when it exists and accepts the connection, else TCP to that
+    address (None: 127.0.0.1:7300). Any other address is TCP. transport="tcp" never uses the
+    Unix socket."""
+
+    def __init__(self, address=None, token=None, timeout=600.0, *, transport="auto"):
+        self._client = _pswitch.Client(address or "", token or "", float(timeout), transport)
         self._pool = None
+
+    @property
+    def local(self):
+        """Whether tensors travel through a transfer area (the Unix socket) rather than TCP."""
+        return self._client.local()
+
+    def tensor(self, shape, dtype="float32", *, torch=False):
+        """A new array of `shape` and `dtype` (contents unspecified) to fill in place and pass to
+        infer: over the Unix socket it views the transfer area, so infer sends it with no copy
+        (a C-contiguous slice of it too). Its space is the client's until the array and every
+        view of it are gone. Over TCP an ordinary array. torch=True: a torch tensor sharing it.
+        Do not write into an input while an infer that uses it runs."""
+        shape = [int(d) for d in (shape if isinstance(shape, (list, tuple)) else (shape,))]
+        if self.local:
+            array = self._client.tensor(shape, np.dtype(dtype))
+        else:
+            array = np.empty(shape, dtype=dtype)
+        if torch:
+            import torch as _torch
+            return _torch.from_numpy(array)  # shares the memory
+        return array
+
+    def area_slice(self, array):
+        """(area, offset, length) of the transfer-area bytes `array` (numpy or CPU torch) views,
+        or None when it views none (then infer copies it into the area once)."""
+        if _is_torch(array):
+            array = array.detach().numpy()
+        if not isinstance(array, np.ndarray):
+            return None
+        return self._client.area_slice(array)
+
+    def area_stats(self):
+        """The transfer areas: {"areas", "area_bytes", "allocated_bytes" (held by live arrays)}."""
+        return self._client.area_stats()
 
     def close(self):
         """Closes the connection; calls still in flight fail with UnavailableError."""
@@ -128,8 +192,10 @@ class Client:
     def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto",
                  trainers=()):
         """Registers `name` (admin): a zoo `model` ("resnet50"), your own `archive`
-        (pswitch.export, a server path; needs --allow-client-paths), or, with neither, the folder
-        `name` of pswitchd's model repository. `trainers`: token names who may train it in place
+        (pswitch.export), or, with neither, the folder `name` of pswitchd's model repository.
+        Over the Unix socket this client opens `archive`, `weights` and `plan` itself (paths
+        relative to its working directory) and passes the open files; over TCP they are paths
+        on the server and need pswitchd's --allow-client-paths. `trainers`: token names who may train it in place
         and unload it besides admins; everyone else trains a copy (train(..., as_model=))."""
         if model is not None and archive is not None:
             raise ValueError("name a zoo model or an archive, not both")
@@ -195,7 +261,9 @@ class Client:
                     seed=0, step=0.001, memory_bytes=0, deadline=None, synthetic_step=0.0,
                     synthetic_alloc_bytes=0):
         """Submits a fill job ("training", "inference" or "synthetic") that runs only in the
-        main job's bubbles. `step`: its profiled step time in seconds."""
+        main job's bubbles. `step`: its profiled step time in seconds. Inference's `dataset` and
+        new `output` file: over the Unix socket opened (the output created) by this client and
+        passed to pswitchd; over TCP named relative to pswitchd's --data-root."""
         return FillJobStatus(**self._client.submit_fill(
             self._fill(kind, model, dataset, output, batch, steps, seed, step, memory_bytes,
                        deadline, synthetic_step, synthetic_alloc_bytes), False))
@@ -261,4 +329,5 @@ class Client:
             import torch
             outputs = {k: torch.from_numpy(v) for k, v in outputs.items()}  # no copy
         return TaskResult(task_id=r["task_id"], outputs=outputs, latency_s=r["latency_s"],
-                          switch_time_s=r["switch_time_s"])
+                          switch_time_s=r["switch_time_s"],
+                          sent_inputs={name: tuple(s) for name, s in r["sent_inputs"]})

@@ -1,7 +1,10 @@
 // pswitch._pswitch: the C++ client library (client/client.h) for Python. One implementation: this
 // file only converts. Every call that waits on the server releases the GIL; errors raise the
 // exception class pswitch.errors maps the absl status code to. Results are plain dicts and
-// numpy arrays; pswitch/client.py turns them into the package's types.
+// numpy arrays; pswitch/client.py turns them into the package's types. Over the Unix socket,
+// inputs are area tensors (an array that already views the area is sent as its slice, anything
+// else is copied in once) and outputs are numpy views of the area (docs/python.md's lifetime
+// rule).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -52,23 +55,22 @@ py::object StatusOrNone(const absl::Status& status) {
                                     std::string(status.message()));
 }
 
+// pswitch's dtype for numpy's `dtype` (the one table, proto/dtype.h); TypeError naming `name`.
+const proto::DTypeInfo& NumpyDType(const std::string& name, const py::dtype& dtype) {
+  for (const proto::DTypeInfo& row : proto::kDTypes) {
+    if (row.numpy != nullptr && dtype.is(py::dtype(std::string(row.numpy)))) return row;
+  }
+  throw py::type_error(absl::StrCat("input '", name, "' has dtype ",
+                                    std::string(py::str(py::handle(dtype))),
+                                    "; pswitch takes float32, float16, int64, int32 or uint8"));
+}
+
 // A numpy array (float32, int64 or int32, any layout) as the wire's tensor: one copy, made
 // while the GIL is held.
 proto::HostTensor FromNumpy(const std::string& name, const py::array& array) {
   proto::HostTensor t;
   t.name = name;
-  const py::dtype dtype = array.dtype();
-  // numpy's names for pswitch's dtypes come from the one table (proto/dtype.h).
-  const proto::DTypeInfo* info = nullptr;
-  for (const proto::DTypeInfo& row : proto::kDTypes) {
-    if (row.numpy != nullptr && dtype.is(py::dtype(std::string(row.numpy)))) info = &row;
-  }
-  if (info == nullptr) {
-    throw py::type_error(absl::StrCat("input '", name, "' has dtype ",
-                                      std::string(py::str(py::handle(dtype))),
-                                      "; pswitch takes float32, float16, int64, int32 or uint8"));
-  }
-  t.dtype = info->wire;
+  t.dtype = NumpyDType(name, array.dtype()).wire;
   auto contiguous = py::array::ensure(array, py::array::c_style);
   if (!contiguous) throw py::type_error("input is not convertible to a contiguous array");
   t.shape.assign(contiguous.shape(), contiguous.shape() + contiguous.ndim());
@@ -87,6 +89,42 @@ py::array ToNumpy(proto::HostTensor tensor) {
   auto* owned = new std::vector<uint8_t>(std::move(tensor.data));
   py::capsule free(owned, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
   return py::array(dtype, tensor.shape, owned->data(), free);
+}
+
+// A numpy view of an area tensor (no copy). The array's capsule holds the tensor, so its span
+// stays out of the allocator's hands while the array, or any view or torch tensor made from it,
+// lives; the last one's collection gives the space back.
+py::array AreaToNumpy(client::AreaTensor tensor) {
+  const proto::DTypeInfo* info = proto::FindDType(tensor.dtype());
+  if (info == nullptr || info->numpy == nullptr) {
+    throw py::type_error(absl::StrCat("output '", tensor.name(), "' has a dtype numpy lacks"));
+  }
+  const py::dtype dtype(std::string(info->numpy));
+  auto* owned = new client::AreaTensor(std::move(tensor));
+  py::capsule free(owned, [](void* p) { delete static_cast<client::AreaTensor*>(p); });
+  return py::array(dtype, owned->shape(), owned->data(), free);
+}
+
+// An input array as an area tensor: its own bytes when it is a C-contiguous view inside a live
+// span (Client.tensor's arrays and views of them: sent with no copy), else one copy into a new
+// span, strided or not. Holds the GIL.
+client::AreaTensor ToArea(client::Client& c, const std::string& name, const py::array& array) {
+  const proto::DTypeInfo& info = NumpyDType(name, array.dtype());
+  std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
+  const uint64_t bytes = static_cast<uint64_t>(array.nbytes());
+  if ((array.flags() & py::array::c_style) != 0 && bytes > 0) {
+    if (std::shared_ptr<client::AreaSpan> span = c.areas()->Find(array.data(), bytes)) {
+      const uint64_t offset =
+          static_cast<uint64_t>(static_cast<const uint8_t*>(array.data()) - span->data());
+      return client::AreaTensor(name, info.wire, std::move(shape), std::move(span), offset, bytes);
+    }
+  }
+  absl::StatusOr<client::AreaTensor> placed = c.Tensor(shape, info.wire, name);
+  if (!placed.ok()) Raise(placed.status());
+  // numpy copies into the area view, whatever the source's strides: the one copy.
+  py::array view = AreaToNumpy(*placed);
+  py::module_::import("numpy").attr("copyto")(view, array);
+  return *std::move(placed);
 }
 
 py::dict TaskStatusDict(const client::TaskStatus& s) {
@@ -117,6 +155,29 @@ py::dict FillStatusDict(const client::FillJobStatus& s) {
   return d;
 }
 
+py::tuple SliceTuple(const proto::ByteSlice& slice) {
+  return py::make_tuple(slice.region, slice.offset, slice.length);
+}
+
+py::dict AreaResultDict(client::AreaResult r) {
+  py::dict d;
+  d["task_id"] = r.task_id;
+  py::list outputs;
+  for (client::AreaTensor& t : r.outputs) {
+    std::string name = t.name();
+    outputs.append(py::make_tuple(name, AreaToNumpy(std::move(t))));
+  }
+  d["outputs"] = outputs;
+  py::list sent;
+  for (const proto::HostTensor& t : r.sent_inputs) {
+    sent.append(py::make_tuple(t.name, SliceTuple(t.slice)));
+  }
+  d["sent_inputs"] = sent;
+  d["latency_s"] = ToSeconds(r.latency);
+  d["switch_time_s"] = ToSeconds(r.switch_time);
+  return d;
+}
+
 py::dict TaskResultDict(client::TaskResult r) {
   py::dict d;
   d["task_id"] = r.task_id;
@@ -126,6 +187,7 @@ py::dict TaskResultDict(client::TaskResult r) {
     outputs.append(py::make_tuple(name, ToNumpy(std::move(t))));
   }
   d["outputs"] = outputs;
+  d["sent_inputs"] = py::list();
   d["latency_s"] = ToSeconds(r.latency);
   d["switch_time_s"] = ToSeconds(r.switch_time);
   return d;
@@ -161,10 +223,17 @@ client::FillJobOptions FillOptions(const py::dict& o) {
 // Owns the C++ client; closing (or collecting) it fails calls still in flight with Unavailable.
 class PyClient {
  public:
-  PyClient(const std::string& address, const std::string& token, double timeout_s) {
+  PyClient(const std::string& address, const std::string& token, double timeout_s,
+           const std::string& transport) {
     client::ClientOptions options;
     options.token = token;
     options.timeout = Seconds(timeout_s);
+    if (transport == "tcp") {
+      options.transport = client::Transport::kTcp;
+    } else if (transport != "auto") {
+      throw py::value_error(
+          absl::StrCat("transport must be 'auto' or 'tcp', not '", transport, "'"));
+    }
     absl::StatusOr<std::unique_ptr<client::Client>> connected;
     {
       py::gil_scoped_release release;
@@ -219,6 +288,11 @@ class PyClient {
       d["name"] = m.name;
       d["architecture"] = m.zoo_model;
       d["param_bytes"] = m.param_bytes;
+      const proto::DTypeInfo* dtype = proto::FindDType(m.output_dtype);
+      d["output_dtype"] = m.output_shape.empty() || dtype == nullptr ? std::string()
+                          : dtype->numpy != nullptr                  ? std::string(dtype->numpy)
+                                                                     : std::string(dtype->name);
+      d["output_shape"] = m.output_shape;
       out.append(d);
     }
     return out;
@@ -226,21 +300,74 @@ class PyClient {
 
   py::dict Infer(const std::string& model, const py::list& inputs, int priority,
                  double deadline_s) {
+    client::Client& c = Get();  // raises (needs the GIL) when closed
+    client::InferOptions options;
+    options.priority = priority;
+    options.deadline = Seconds(deadline_s);
+    if (c.local()) {
+      std::vector<client::AreaTensor> tensors;
+      for (const py::handle item : inputs) {
+        auto pair = item.cast<py::tuple>();
+        tensors.push_back(ToArea(c, pair[0].cast<std::string>(), pair[1].cast<py::array>()));
+      }
+      absl::StatusOr<client::AreaResult> r;
+      {
+        py::gil_scoped_release release;
+        r = c.InferArea(model, std::move(tensors), options);
+      }
+      return AreaResultDict(Check(std::move(r)));
+    }
     std::vector<proto::HostTensor> tensors;
     for (const py::handle item : inputs) {
       auto pair = item.cast<py::tuple>();
       tensors.push_back(FromNumpy(pair[0].cast<std::string>(), pair[1].cast<py::array>()));
     }
-    client::InferOptions options;
-    options.priority = priority;
-    options.deadline = Seconds(deadline_s);
     absl::StatusOr<client::TaskResult> r;
-    client::Client& c = Get();  // raises (needs the GIL) when closed
     {
       py::gil_scoped_release release;
       r = c.Infer(model, std::move(tensors), options);
     }
     return TaskResultDict(Check(std::move(r)));
+  }
+
+  bool Local() { return Get().local(); }
+
+  // A new area tensor of `shape` and numpy `dtype` as a numpy view (Unix socket only).
+  py::array Tensor(const std::vector<int64_t>& shape, const py::dtype& dtype) {
+    client::Client& c = Get();
+    const proto::DTypeInfo& info = NumpyDType("tensor", dtype);
+    absl::StatusOr<client::AreaTensor> t;
+    {
+      py::gil_scoped_release release;  // may register another area: a round trip
+      t = c.Tensor(shape, info.wire);
+    }
+    return AreaToNumpy(Check(std::move(t)));
+  }
+
+  // (area, offset, length) of the live area span `array` views, or None: what infer would send
+  // for it without a copy.
+  py::object AreaSlice(const py::array& array) {
+    client::Client& c = Get();
+    if (!c.local() || (array.flags() & py::array::c_style) == 0 || array.nbytes() == 0) {
+      return py::none();
+    }
+    const uint64_t bytes = static_cast<uint64_t>(array.nbytes());
+    std::shared_ptr<client::AreaSpan> span = c.areas()->Find(array.data(), bytes);
+    if (span == nullptr) return py::none();
+    const uint64_t offset =
+        static_cast<uint64_t>(static_cast<const uint8_t*>(array.data()) - span->data());
+    return SliceTuple(span->Slice(offset, bytes));
+  }
+
+  // The allocator's figures: areas, their bytes, and the bytes live spans hold.
+  py::dict AreaStats() {
+    client::Client& c = Get();
+    py::dict d;
+    client::AreaAllocator* areas = c.areas();
+    d["areas"] = areas != nullptr ? areas->area_count() : 0u;
+    d["area_bytes"] = areas != nullptr ? areas->area_bytes() : 0u;
+    d["allocated_bytes"] = areas != nullptr ? areas->allocated_bytes() : 0u;
+    return d;
   }
 
   py::dict Train(const std::string& model, uint32_t iterations, uint64_t seed, int priority,
@@ -371,8 +498,12 @@ PYBIND11_MODULE(_pswitch, m) {
   using pswitch::python::PyClient;
   m.doc() = "pswitch's C++ client library; use pswitch.Client";
   py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&, const std::string&, double>(), py::arg("address"),
-           py::arg("token"), py::arg("timeout_s"))
+      .def(py::init<const std::string&, const std::string&, double, const std::string&>(),
+           py::arg("address"), py::arg("token"), py::arg("timeout_s"), py::arg("transport"))
+      .def("local", &PyClient::Local)
+      .def("tensor", &PyClient::Tensor)
+      .def("area_slice", &PyClient::AreaSlice)
+      .def("area_stats", &PyClient::AreaStats)
       .def("close", &PyClient::Close)
       .def("register", &PyClient::Register)
       .def("models", &PyClient::Models)
