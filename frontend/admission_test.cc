@@ -1,8 +1,14 @@
 #include "frontend/admission.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <deque>
 #include <map>
 
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -321,6 +327,159 @@ TEST_F(AdmissionTest, CopyRefusalsRegisterNothingAndAnswerOnlyTheRefusal) {
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(status.message(), HasSubstr("'mine' is registered"));
   EXPECT_EQ(quota_.unfinished("alice"), 0u);
+}
+
+// A client's transfer area of `bytes`: a memfd sealed against shrinking, as the Unix socket
+// takes it.
+std::shared_ptr<const dataplane::TransferRegion> Area(uint64_t bytes, const std::string& owner) {
+  UniqueFd fd(::memfd_create("admission-test-area", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(bytes)), 0);
+  EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto area = dataplane::TransferRegion::FromSealedMemfd(std::move(fd), bytes, owner);
+  EXPECT_TRUE(area.ok()) << area.status();
+  return *area;
+}
+
+// Issue 26: the descriptors a client sends name bytes pswitchd never looks at, so every one is
+// checked against the caller's own regions before anything runs.
+class PlacementTest : public ::testing::Test {
+ protected:
+  PlacementTest() {
+    model_.request.name = "m";
+    model_.input = {"input", proto::DType::F32, {-1, 3, 8, 8}};
+    model_.output = {"output", proto::DType::F32, {-1, 10}};
+    area_ = Area(1 << 20, "alice");
+    EXPECT_TRUE(regions_.Add("", area_).ok());
+    bobs_ = Area(1 << 20, "bob");
+    EXPECT_TRUE(regions_.Add("", bobs_).ok());
+  }
+  // A batch-2 input at `offset` of region `region`, and (output_length > 0) an output space.
+  TaskSpec Spec(uint64_t region, uint64_t offset, uint64_t output_offset = 1 << 19,
+                uint64_t output_length = 80) {
+    TaskSpec spec;
+    spec.model = "m";
+    proto::HostTensor input;
+    input.name = "input";
+    input.dtype = proto::DType::F32;
+    input.shape = {2, 3, 8, 8};  // 1,536 bytes
+    input.place = proto::Place::Region;
+    input.slice = proto::ByteSlice{region, offset, 1536};
+    spec.inputs.push_back(std::move(input));
+    if (output_length > 0) {
+      spec.outputs_to = proto::ByteSlice{region, output_offset, output_length};
+    }
+    return spec;
+  }
+  absl::Status Resolve(TaskSpec& spec, const Principal& who) {
+    return ResolvePlacement(&regions_, who, model_, spec);
+  }
+
+  CatalogEntry model_;
+  dataplane::RegionTable regions_;
+  std::shared_ptr<const dataplane::TransferRegion> area_, bobs_;
+  const Principal alice_{"alice", Role::kUser};
+};
+
+TEST_F(PlacementTest, InputsAndOutputsInTheCallersAreaHoldItOnce) {
+  TaskSpec spec = Spec(area_->id(), 0);
+  ASSERT_TRUE(Resolve(spec, alice_).ok()) << Resolve(spec, alice_);
+  ASSERT_EQ(spec.regions.size(), 1u);
+  EXPECT_EQ(spec.regions[0]->id(), area_->id());
+  // The output needs 2 x 10 floats at batch 2.
+  EXPECT_EQ(*OutputBytesNeeded(model_, spec.inputs), 80u);
+}
+
+TEST_F(PlacementTest, SlicesOutsideTheAreaAreRefusedWithoutOverflow) {
+  TaskSpec past_end = Spec(area_->id(), (1 << 20) - 1000);
+  EXPECT_EQ(Resolve(past_end, alice_).code(), absl::StatusCode::kOutOfRange);
+  TaskSpec overflow = Spec(area_->id(), UINT64_MAX - 100);
+  EXPECT_EQ(Resolve(overflow, alice_).code(), absl::StatusCode::kOutOfRange);
+  TaskSpec output_past_end = Spec(area_->id(), 0, (1 << 20) - 40, 80);
+  EXPECT_EQ(Resolve(output_past_end, alice_).code(), absl::StatusCode::kOutOfRange);
+  TaskSpec output_overflow = Spec(area_->id(), 0, UINT64_MAX - 10, 80);
+  EXPECT_EQ(Resolve(output_overflow, alice_).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(past_end.regions.empty());
+}
+
+TEST_F(PlacementTest, AnotherPrincipalsAreaLooksMissing) {
+  TaskSpec foreign = Spec(bobs_->id(), 0);
+  TaskSpec missing = Spec(999999, 0);
+  const absl::Status a = Resolve(foreign, alice_);
+  const absl::Status b = Resolve(missing, alice_);
+  EXPECT_EQ(a.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(b.code(), absl::StatusCode::kNotFound);
+  // The same words, but for the id the caller gave.
+  EXPECT_EQ(absl::StrReplaceAll(a.message(), {{std::to_string(bobs_->id()), "N"}}),
+            absl::StrReplaceAll(b.message(), {{"999999", "N"}}));
+  // Bob's own area is his, as an output space too.
+  TaskSpec bobs = Spec(bobs_->id(), 0);
+  EXPECT_TRUE(Resolve(bobs, Principal{"bob", Role::kUser}).ok());
+  // An output space in another's area, with the input in one's own.
+  TaskSpec split = Spec(area_->id(), 0, 0, 0);
+  split.outputs_to = proto::ByteSlice{bobs_->id(), 0, 80};
+  EXPECT_EQ(Resolve(split, alice_).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(PlacementTest, AnOutputOverlappingAnInputIsRefused) {
+  TaskSpec overlap = Spec(area_->id(), 1000, 2000, 80);  // input [1000, 2536)
+  const absl::Status status = Resolve(overlap, alice_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("overlaps input 'input'"));
+  TaskSpec touching = Spec(area_->id(), 1000, 2536, 80);  // adjacent is fine
+  EXPECT_TRUE(Resolve(touching, alice_).ok());
+  TaskSpec before = Spec(area_->id(), 1000, 920, 80);  // ends where the input starts
+  EXPECT_TRUE(Resolve(before, alice_).ok());
+}
+
+TEST_F(PlacementTest, AnOutputSpaceTooSmallNamesBothSizes) {
+  TaskSpec small = Spec(area_->id(), 0, 4096, 64);
+  const absl::Status status = Resolve(small, alice_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(), HasSubstr("64"));
+  EXPECT_THAT(status.message(), HasSubstr("80"));
+}
+
+TEST_F(PlacementTest, ALengthUnlikeTheShapeAndRawPayloadsAreRefused) {
+  TaskSpec short_slice = Spec(area_->id(), 0);
+  short_slice.inputs[0].slice.length = 1535;
+  EXPECT_EQ(Resolve(short_slice, alice_).code(), absl::StatusCode::kInvalidArgument);
+  TaskSpec payload = Spec(area_->id(), 0);
+  payload.inputs[0].place = proto::Place::Payload;
+  payload.inputs[0].slice.region = 0;
+  EXPECT_EQ(Resolve(payload, alice_).code(), absl::StatusCode::kUnimplemented);
+  TaskSpec no_table = Spec(area_->id(), 0);
+  EXPECT_EQ(ResolvePlacement(nullptr, alice_, model_, no_table).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(AdmissionTest, ARegionRefusalQueuesNothingAndAnAcceptedTaskHoldsItsArea) {
+  dataplane::RegionTable regions;
+  auto area = Area(1 << 16, "alice");
+  ASSERT_TRUE(regions.Add("", area).ok());
+  TaskAdmission admission(&sink_, &quota_, &owners_, 8, &regions);
+  TaskSpec spec;
+  spec.model = "shared";
+  proto::HostTensor input;
+  input.name = "input";
+  input.dtype = proto::DType::F32;
+  input.shape = {1, 3, 8, 8};
+  input.place = proto::Place::Region;
+  input.slice = proto::ByteSlice{area->id(), 64, 768};
+  spec.inputs.push_back(input);
+  // As Bob: Alice's area is not his.
+  auto refused = admission.Submit(bob_, "bob", spec, [](const auto&) {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(sink_.queued.empty());
+  EXPECT_EQ(quota_.unfinished("bob"), 0u);
+  auto accepted = admission.Submit(alice_, "alice", spec, [](const auto&) {});
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  ASSERT_EQ(sink_.queued.size(), 1u);
+  ASSERT_EQ(sink_.queued[0].spec.regions.size(), 1u);
+  EXPECT_EQ(sink_.queued[0].spec.regions[0].get(), area.get());
+  // Released from the table, the area lives on while the task holds it.
+  ASSERT_TRUE(regions.Remove("alice", area->id()).ok());
+  EXPECT_EQ(sink_.queued[0].spec.regions[0]->bytes(), uint64_t{1} << 16);
 }
 
 }  // namespace
