@@ -77,7 +77,7 @@ class FakeWorker : public WorkerLink {
   void Die(absl::string_view how) { handler_(0, absl::UnavailableError(how)); }
 
   int kills = 0;
-  absl::Status send_error;  // what every send returns while not OK
+  absl::Status send_error;                           // what every send returns while not OK
   absl::Time unsent_since = absl::InfiniteFuture();  // what UnsentSince reports
 
  private:

@@ -31,8 +31,9 @@ class RegionMappings {
   // Sends a MapRegion for each of `regions` the worker has not mapped. ResourceExhausted (and
   // nothing sent) when the worker would map more than kMaxMappedRegions; a send's error
   // otherwise (those sent before it stay recorded).
-  absl::Status MapMissing(const std::vector<std::shared_ptr<const dataplane::TransferRegion>>& regions,
-                          const SendFn& send);
+  absl::Status MapMissing(
+      const std::vector<std::shared_ptr<const dataplane::TransferRegion>>& regions,
+      const SendFn& send);
   // Sends an UnmapRegion for each mapped region nothing holds any more; returns how many. A
   // region whose UnmapRegion cannot be sent is forgotten all the same (its worker is dying).
   size_t UnmapExpired(const SendFn& send);

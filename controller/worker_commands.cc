@@ -52,14 +52,14 @@ void BuildMapRegion(flatbuffers::FlatBufferBuilder& b, const dataplane::Transfer
   }
   auto map = proto::CreateMapRegion(b, region.id(), region.bytes(), region.file_offset(), handle,
                                     region.device());
-  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::MapRegion,
-                                              map.Union()));
+  proto::Finish(b,
+                proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::MapRegion, map.Union()));
 }
 
 void BuildUnmapRegion(flatbuffers::FlatBufferBuilder& b, uint64_t region_id) {
   auto unmap = proto::CreateUnmapRegion(b, region_id);
-  proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::UnmapRegion,
-                                              unmap.Union()));
+  proto::Finish(
+      b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::UnmapRegion, unmap.Union()));
 }
 
 namespace {

@@ -82,7 +82,8 @@ TEST(WorkerCommandsTest, MapRegionNamesTheRegionAndUnmapRegionItsId) {
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   flatbuffers::FlatBufferBuilder c;
   BuildMapRegion(c, **cuda);
-  auto* cmap = flatbuffers::GetRoot<proto::WorkerCommand>(c.GetBufferPointer())->body_as_MapRegion();
+  auto* cmap =
+      flatbuffers::GetRoot<proto::WorkerCommand>(c.GetBufferPointer())->body_as_MapRegion();
   ASSERT_NE(cmap->cuda_ipc_handle(), nullptr);
   EXPECT_EQ(cmap->cuda_ipc_handle()->size(), 64u);
   EXPECT_EQ(cmap->device(), 1);
@@ -150,11 +151,11 @@ TEST(WorkerCommandsTest, OutputsOutsideTheOutputSpaceAreRefused) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << t.slice.offset;
     EXPECT_NE(s.message().find("worker wrote outputs outside"), absl::string_view::npos) << s;
   };
-  refused(RegionTensor("y", 8, 4096, 16), space);          // another region
-  refused(RegionTensor("y", 7, 0, 16), space);             // before the space
-  refused(RegionTensor("y", 7, 12288 - 8, 16), space);     // past its end
+  refused(RegionTensor("y", 8, 4096, 16), space);       // another region
+  refused(RegionTensor("y", 7, 0, 16), space);          // before the space
+  refused(RegionTensor("y", 7, 12288 - 8, 16), space);  // past its end
   proto::HostTensor wraps = RegionTensor("y", 7, 0, 16);
-  wraps.slice = {7, UINT64_MAX - 8, 64};                   // offset + length overflows
+  wraps.slice = {7, UINT64_MAX - 8, 64};  // offset + length overflows
   refused(wraps, space);
   refused(RegionTensor("y", 7, 4096, 16), std::nullopt);  // the task named no space
   proto::HostTensor payload = RegionTensor("y", 0, 0, 16);

@@ -26,10 +26,10 @@ absl::Status WorkerOutbox::Send(std::span<const uint8_t> payload, int fd_to_pass
   if (!failed_.ok()) return failed_;
   if (closing_) return absl::UnavailableError("the worker's command queue is closed");
   if (queue_.size() >= limits_.max_frames || queued_bytes_ + bytes > limits_.max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the worker has not taken its commands: ", queue_.size(), " frames (", queued_bytes_,
-        " bytes) wait, and ", bytes, " more would pass the limit of ", limits_.max_frames,
-        " frames or ", limits_.max_bytes, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the worker has not taken its commands: ", queue_.size(), " frames (",
+                     queued_bytes_, " bytes) wait, and ", bytes, " more would pass the limit of ",
+                     limits_.max_frames, " frames or ", limits_.max_bytes, " bytes"));
   }
   Frame frame{header, std::vector<uint8_t>(payload.begin(), payload.end()), UniqueFd()};
   if (fd_to_pass >= 0) {
@@ -75,7 +75,8 @@ bool WorkerOutbox::WriteFrame(const Frame& frame) {
     absl::StatusOr<size_t> n = proto::SendPartsOnce(socket_, parts, sent, frame.fd.get());
     if (!n.ok()) {
       absl::MutexLock lock(&mu_);
-      failed_ = absl::UnavailableError(absl::StrCat("sending to the worker: ", n.status().message()));
+      failed_ =
+          absl::UnavailableError(absl::StrCat("sending to the worker: ", n.status().message()));
       return false;
     }
     if (*n > 0) {

@@ -370,9 +370,12 @@ absl::Status WorkerPool::SendTo(int slot, const flatbuffers::FlatBufferBuilder& 
     return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
   }
   absl::Status sent = fd >= 0 ? s.process->SendWithFd(command, fd) : s.process->Send(command);
-  if (sent.code() == absl::StatusCode::kResourceExhausted && s.kill_reason.empty()) {
-    // The worker is not reading: its backlog would grow without bound. It is replaced.
-    Kill(slot, absl::StrCat("killed: ", sent.message()));
+  if (sent.code() == absl::StatusCode::kResourceExhausted) {
+    // The worker is not reading: its backlog would grow without bound. It is replaced, and what
+    // was to be sent fails as its task will: the worker is gone (not the caller's quota).
+    std::string reason = absl::StrCat("killed: ", sent.message());
+    if (s.kill_reason.empty()) Kill(slot, reason);
+    return absl::UnavailableError(std::move(reason));
   }
   return sent;
 }
@@ -380,8 +383,10 @@ absl::Status WorkerPool::SendTo(int slot, const flatbuffers::FlatBufferBuilder& 
 void WorkerPool::SweepRegions(int slot) {
   Slot& s = slots_[slot];
   if (s.process == nullptr || s.state == State::kDead || s.regions.size() == 0) return;
-  const size_t unmapped = s.regions.UnmapExpired(
-      [this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) { return SendTo(slot, b, fd); });
+  const size_t unmapped =
+      s.regions.UnmapExpired([this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) {
+        return SendTo(slot, b, fd);
+      });
   if (unmapped > 0) {
     Event(base::LogLevel::kDebug, "worker_regions_unmapped")
         .Field("slot", slot)
@@ -403,9 +408,10 @@ absl::Status WorkerPool::SendRun(
     return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
   }
   // Commands are handled in order: each region is mapped before the Run that reads it.
-  PSWITCH_RETURN_IF_ERROR(s.regions.MapMissing(
-      regions,
-      [this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) { return SendTo(slot, b, fd); }));
+  PSWITCH_RETURN_IF_ERROR(
+      s.regions.MapMissing(regions, [this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) {
+        return SendTo(slot, b, fd);
+      }));
   absl::Status sent = Send(slot, run);
   if (!sent.ok()) return sent;
   slots_[slot].state = State::kBusy;

@@ -28,12 +28,12 @@
 #include "absl/time/time.h"
 #include "base/log.h"
 #include "base/unique_fd.h"
-#include "dataplane/transfer_region.h"
 #include "controller/event_loop.h"
 #include "controller/model_loads.h"
 #include "controller/region_mappings.h"
 #include "controller/respawn_backoff.h"
 #include "controller/worker_process.h"
+#include "dataplane/transfer_region.h"
 
 namespace pswitch::proto {
 struct RunDone;
@@ -144,8 +144,8 @@ class WorkerPool {
   // A slot other than `except` that can run `model` now; -1 when none.
   int UsableOther(const std::string& model, int except) const;
 
-  // Sends (queues) a command. A worker whose backlog is past its bound is killed here, with
-  // the error as its reason (its death follows); the error is returned.
+  // Sends (queues) a command. A worker whose backlog is past its bound is killed here (its
+  // death follows) and Unavailable names why.
   absl::Status Send(int slot, const flatbuffers::FlatBufferBuilder& command);
   // Sends a Run of `task` whose tensors lie in `regions`: first an UnmapRegion for each region
   // the worker maps that nothing holds any more, then a MapRegion (with the region's fd) for

@@ -110,8 +110,8 @@ absl::Status WorkerProcess::Send(const flatbuffers::FlatBufferBuilder& command) 
 }
 
 absl::Status WorkerProcess::SendWithFd(const flatbuffers::FlatBufferBuilder& command, int fd) {
-  absl::Status sent = outbox_.Send(
-      std::span<const uint8_t>(command.GetBufferPointer(), command.GetSize()), fd);
+  absl::Status sent =
+      outbox_.Send(std::span<const uint8_t>(command.GetBufferPointer(), command.GetSize()), fd);
   if (!sent.ok()) {
     return absl::Status(sent.code(), absl::StrCat("worker ", id_, ": ", sent.message()));
   }

@@ -16,8 +16,7 @@
 
 namespace pswitch::proto {
 
-absl::StatusOr<size_t> SendPartsOnce(int socket_fd,
-                                     std::span<const std::span<const uint8_t>> parts,
+absl::StatusOr<size_t> SendPartsOnce(int socket_fd, std::span<const std::span<const uint8_t>> parts,
                                      size_t offset, int fd_to_pass) {
   constexpr size_t kMaxParts = 8;
   iovec iov[kMaxParts];

@@ -21,7 +21,7 @@ uint32_t GetLe32(const uint8_t* in) {
 }  // namespace
 
 absl::StatusOr<std::array<uint8_t, kFrameHeaderBytes>> EncodeFrameHeader(size_t payload_bytes,
-                                                                        uint32_t max_frame_bytes) {
+                                                                         uint32_t max_frame_bytes) {
   if (payload_bytes == 0) return absl::InvalidArgumentError("cannot frame an empty payload");
   if (payload_bytes > max_frame_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -98,9 +98,9 @@ class FrameDecoder {
   const uint32_t max_frame_bytes_;
   std::vector<uint8_t> buffer_;
   size_t consumed_ = 0;
-  std::vector<uint8_t> body_;  // a large frame's payload, received in place
-  size_t body_length_ = 0;     // its declared length; 0: no large frame in progress
-  size_t offered_ = 0;         // bytes ReceiveSpace handed out, not yet committed
+  std::vector<uint8_t> body_;   // a large frame's payload, received in place
+  size_t body_length_ = 0;      // its declared length; 0: no large frame in progress
+  size_t offered_ = 0;          // bytes ReceiveSpace handed out, not yet committed
   std::vector<uint8_t> spare_;  // a recycled payload's memory
   absl::Status error_;
 };
