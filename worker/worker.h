@@ -6,6 +6,10 @@
 // once; the main thread computes, in command order. Stop is honoured at synchronisation points
 // only (after an inference batch, between training iterations); the worker then reports the
 // drain on its drain flag, which is what lets the next model overwrite the weights.
+//
+// A Run's tensors may lie in transfer regions pswitchd had the worker map (MapRegion,
+// worker/region_map.h): each input is copied once into a tensor of the task's own before the
+// first gate, and outputs go straight into Run.outputs_to (docs/dataplane.md).
 #ifndef PSWITCH_WORKER_WORKER_H_
 #define PSWITCH_WORKER_WORKER_H_
 
