@@ -308,7 +308,10 @@ void GpuScheduler::EnforceDeadlines() {
 
 void GpuScheduler::EnforceStop() {
   std::optional<StopDeadline::Expired> expired = stop_deadline_.Due(absl::Now());
-  if (!expired || running_ == nullptr || running_->task_id != expired->task) return;
+  // A run whose checkpoint is being written (slot -1) has no worker left to kill.
+  if (!expired || running_ == nullptr || running_->task_id != expired->task || running_->slot < 0) {
+    return;
+  }
   // Its death event fails the run and respawns the worker.
   pool_->Kill(running_->slot, std::move(expired->reason));
 }
@@ -500,7 +503,7 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   }
   telemetry_->TaskRan(options_.gpu, run->task_id, MetricModel(spec), spec.kind, run->slot,
                       outcome.timeline, status.ok());
-  if (run->training != nullptr && EndTraining(*run, spec, done, status)) return;
+  if (run->training != nullptr && EndTraining(*run, spec, done, outcome, status)) return;
   if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
     absl::Status why = std::move(reason->second);
     stop_reasons_.erase(reason);
@@ -525,35 +528,79 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
 }
 
 bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const proto::RunDone& done,
-                               absl::Status& status) {
-  // The stopped worker has nothing in flight: save what it trained before anyone overwrites it.
-  absl::Status saved = run.training->SaveWeights(options_.region_offset, *run.entry->stored);
-  if (!saved.ok() && status.ok()) status = saved;
+                               const TaskOutcome& outcome, absl::Status& status) {
+  const uint64_t id = run.task_id;
+  const uint32_t first_iteration = spec.fill                        ? spec.fill->first_iteration
+                                   : resume_iteration_.contains(id) ? resume_iteration_.at(id)
+                                                                    : 0;
+  TrainingState::Ending ending;
+  ending.run_ok = status.ok();
+  ending.trained = done.iterations_done() > first_iteration;
+  ending.transmission = run.transmission;
+  ending.region_offset = options_.region_offset;
+  ending.model = run.entry != nullptr ? run.entry->stored : nullptr;
+  // A run that resumes keeps its optimizer state: one stopped early, not for good. A cancel that
+  // comes while the checkpoint runs still wins (TrainingSaved looks again).
+  ending.keep_optimizer = status.ok() && !stop_reasons_.contains(id) && done.stopped_early() &&
+                          done.iterations_done() < spec.iterations;
+  // The GPU stays held until the checkpoint has read the region: no switch may overwrite it,
+  // and an unload of the model waits (FinishUnloads sees the entry). No slot: the worker is
+  // idle, and its death or a message of it no longer concerns this run.
+  auto hold = std::make_unique<Running>();
+  hold->task_id = id;
+  hold->entry = run.entry;
+  hold->stop_sent = true;  // nothing to stop: MaybePreempt and StopRunning leave it alone
+  hold->timeline = run.timeline;
+  running_ = std::move(hold);
+  // What the job uses it owns (the training state, the entry keeping the model registered); the
+  // loop only gets the result, dropped if the loop has ended by then.
+  // (std::function needs a copyable job, hence shared_ptr; the job holds the only reference.)
+  checkpointing_.Add([this, id, ending = std::move(ending),
+                      training = std::shared_ptr<TrainingState>(std::move(run.training)),
+                      entry = run.entry, loop = loop_, run_status = status,
+                      iterations = done.iterations_done(), outcome]() mutable {
+    bool kept = false;
+    absl::Status saved = training->End(ending, kept);
+    training.reset();  // the lease and any staging buffer go here, off the loop
+    entry.reset();
+    absl::Status status = run_status.ok() ? saved : run_status;
+    loop->Post([this, id, status = std::move(status), kept, iterations,
+                outcome = std::move(outcome)]() mutable {
+      TrainingSaved(id, std::move(status), kept, iterations, std::move(outcome));
+    });
+  });
+  return true;
+}
+
+void GpuScheduler::TrainingSaved(uint64_t task_id, absl::Status status, bool resumable,
+                                 uint32_t iterations, TaskOutcome outcome) {
+  if (running_ != nullptr && running_->task_id == task_id && running_->slot < 0) running_.reset();
+  auto entry = specs_.find(task_id);
+  if (entry == specs_.end()) return;  // answered meanwhile (shutdown)
+  const TaskSpec& spec = entry->second.first;
   std::optional<absl::Status> stopped_for_good;
-  if (auto reason = stop_reasons_.find(run.task_id); reason != stop_reasons_.end()) {
+  if (auto reason = stop_reasons_.find(task_id); reason != stop_reasons_.end()) {
     stopped_for_good = std::move(reason->second);
     stop_reasons_.erase(reason);
   }
-  const bool unfinished = status.ok() && !stopped_for_good && done.stopped_early() &&
-                          done.iterations_done() < spec.iterations;
   // A fill run goes back to its fill manager, which brings it back at its next bubble.
-  const bool resumes = unfinished && !spec.fill;
-  absl::Status state_saved = run.training->EndOptimizer(/*keep=*/unfinished);
-  if (!state_saved.ok() && status.ok()) status = state_saved;
-  if (resumes && state_saved.ok()) {
-    resume_iteration_[run.task_id] = done.iterations_done();
-    queue_.PushFront(TaskTicket{run.task_id, spec.model, spec.kind, spec.priority, spec.deadline});
-    tasks_.Requeue(run.task_id, done.iterations_done());
-    return true;
+  if (resumable && status.ok() && !stopped_for_good && !spec.fill) {
+    resume_iteration_[task_id] = iterations;
+    queue_.PushFront(TaskTicket{task_id, spec.model, spec.kind, spec.priority, spec.deadline});
+    tasks_.Requeue(task_id, iterations);
+    return;
   }
   if (stopped_for_good && status.ok()) {
-    Finish(run.task_id, absl::Status(stopped_for_good->code(),
-                                     absl::StrCat(stopped_for_good->message(), " after ",
-                                                  done.iterations_done(),
-                                                  " iterations (weights saved)")));
-    return true;
+    Finish(task_id, absl::Status(stopped_for_good->code(),
+                                 absl::StrCat(stopped_for_good->message(), " after ", iterations,
+                                              " iterations (weights saved)")));
+    return;
   }
-  return false;
+  if (!status.ok()) {
+    Finish(task_id, status);
+    return;
+  }
+  Finish(task_id, outcome);  // training answers carry no tensors
 }
 
 absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) {

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "asio/steady_timer.hpp"
 #include "base/log.h"
+#include "controller/blocking_work.h"
 #include "controller/bubble_admission.h"
 #include "controller/event_loop.h"
 #include "controller/model_catalog.h"
@@ -150,10 +151,18 @@ class GpuScheduler : private WorkerPool::Listener {
   absl::Status StartTask(const TaskTicket& ticket);
   // Sends the Run; the task is then running (or switching) on `slot`.
   absl::Status SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch);
-  // A training run ended: its weights are saved to the pinned store, and an unfinished one goes
-  // back to the queue (true: it was requeued or answered here).
+  // A training run ended (true: it is answered or requeued here, later). Its checkpoint runs
+  // off the loop (checkpointing_): its weights go back to the pinned store unless the run failed
+  // or its switch's copy did not complete, and an unfinished run's optimizer state is saved; the
+  // GPU stays held meanwhile (running_ is a placeholder with no slot), so nothing overwrites the
+  // region or unloads the model before the checkpoint read them. TrainingSaved then requeues
+  // the run or answers it with `outcome`.
   bool EndTraining(Running& run, const TaskSpec& spec, const proto::RunDone& done,
-                   absl::Status& status);
+                   const TaskOutcome& outcome, absl::Status& status);
+  // A training run's checkpoint ended (loop): `status` is the run's, or why its state was not
+  // saved; `resumable` when its optimizer state was kept for a resume.
+  void TrainingSaved(uint64_t task_id, absl::Status status, bool resumable, uint32_t iterations,
+                     TaskOutcome outcome);
   // Tells the running task to stop at its next sync point, once; it is killed if it has not
   // answered within the drain timeout.
   void StopRunning();
@@ -203,6 +212,9 @@ class GpuScheduler : private WorkerPool::Listener {
   absl::Time armed_silence_ = absl::InfiniteFuture();
   bool shutdown_timer_armed_ = false;
   std::thread loop_thread_;
+  // Training checkpoints, off the loop (EndTraining). Last: destroyed first, once the loop has
+  // ended, it finishes the checkpoints still queued before anything they use goes.
+  BlockingWork checkpointing_;
 };
 
 }  // namespace pswitch::controller

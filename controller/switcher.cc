@@ -64,6 +64,9 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     // in_flight_ holds the transmission.
     const uint64_t id = next_id_++;
     request.on_finished = [this, id, loop = loop_] { loop->Post([this, id] { Ended(id); }); };
+    request.on_stalled = [this, id, loop = loop_](const absl::Status& why) {
+      loop->Post([this, id, why] { Stalled(id, why); });
+    };
     PSWITCH_ASSIGN_OR_RETURN(placement.transmission, transmitter_->Start(std::move(request)));
     in_flight_[id] = InFlight{placement.transmission, task, drain_slot, model};
     residency_.Switched(placement.slot, model, placement.transmission->epoch());
@@ -72,6 +75,29 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
   BuildPrepare(prepare, model, residency_.epoch(), entry.group_last_layer);
   PSWITCH_RETURN_IF_ERROR(pool_->Send(placement.slot, prepare));
   return placement;
+}
+
+void Switcher::Stalled(uint64_t id, const absl::Status& why) {
+  auto it = in_flight_.find(id);
+  if (it == in_flight_.end()) return;
+  Event(base::LogLevel::kWarn, "transmission_stalled")
+      .Field("task", it->second.task)
+      .Field("epoch", it->second.transmission->epoch())
+      .Field("error", why);
+  // Whatever the device still does, this switch did not complete.
+  residency_.Failed(it->second.transmission->epoch());
+  KillUndrained(it->second, why);
+}
+
+void Switcher::KillUndrained(InFlight& flight, const absl::Status& why) {
+  // The old tenant never wrote its drain value: its stream may wait on a flag no one will
+  // write, so it is never reused. Its death releases the drain (WorkerPool), which lets the
+  // copy stream behind it go on. Once: the slot may hold a fresh worker by the copy's end.
+  if (!absl::IsDeadlineExceeded(why) || flight.drain_slot < 0) return;
+  pool_->Kill(flight.drain_slot,
+              absl::StrCat("killed: the worker did not drain within ",
+                           absl::FormatDuration(options_.drain_timeout), " of being told to stop"));
+  flight.drain_slot = -1;
 }
 
 void Switcher::Ended(uint64_t id) {
@@ -92,22 +118,20 @@ void Switcher::Ended(uint64_t id) {
   // The region holds part of this model and part of whatever was there: a later task for it
   // must transmit again rather than run on partly old weights.
   residency_.Failed(ended.transmission->epoch());
-  // The old tenant never wrote its drain value: its stream may wait on a flag no one will
-  // write, so it is never reused. Its death releases the drain (WorkerPool), which lets the
-  // copy stream behind it go on.
-  if (absl::IsDeadlineExceeded(status) && ended.drain_slot >= 0) {
-    pool_->Kill(ended.drain_slot, absl::StrCat("killed: the worker did not drain within ",
-                                               absl::FormatDuration(options_.drain_timeout),
-                                               " of being told to stop"));
-  }
+  KillUndrained(ended, status);
 }
 
 absl::Status Switcher::Completed(uint64_t task, const std::string& model,
                                  memdaemon::Transmission& transmission, bool task_ok,
                                  SwitchTimeline& timeline, absl::Duration& copy_time) {
-  // Every group was ready before the worker could finish, so the copy has (almost) ended;
-  // bounded all the same: the loop never waits unboundedly.
-  auto traces = transmission.Wait(absl::Milliseconds(200));
+  // Never waits: the loop must not. A copy still running is not taken for a success (its
+  // phases stay unknown and the region's trust waits for its end, Ended); the task's answer
+  // stands on its worker's check of every group it used.
+  const bool ended = transmission.finished();
+  absl::StatusOr<std::vector<memdaemon::GroupTrace>> traces =
+      ended ? transmission.Wait(absl::ZeroDuration())
+            : absl::StatusOr<std::vector<memdaemon::GroupTrace>>(
+                  absl::UnavailableError("the copy was still running when the task answered"));
   absl::Status failed;
   if (traces.ok() && !traces->empty()) {
     copy_time = absl::Nanoseconds(traces->back().ready_ns - traces->front().copy_start_ns);
@@ -117,7 +141,7 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
     for (const memdaemon::GroupTrace& g : *traces) {
       timeline.group_copies.emplace_back(g.copy_start_ns, g.ready_ns);
     }
-  } else if (!traces.ok() && transmission.finished()) {
+  } else if (!traces.ok() && ended) {
     failed = traces.status();
   }
   // The switch as its parts, on one clock, in ms after the task's arrival (-1: did not happen).
@@ -126,6 +150,7 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
   Event(base::LogLevel::kInfo, "task_switch")
       .Field("task", task)
       .Field("model", model)
+      .Field("copy_ended", ended)
       .FieldMs("copy_ms", copy_time)
       .Field("stop_sent_ms", ms(t.stop_sent_ns))
       .Field("drained_ms", ms(t.drained_ns))

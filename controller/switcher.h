@@ -9,7 +9,9 @@
 //      no CPU round trip sits between a group and its compute.
 //   4. The copy's end is reported by the copy engine itself (no thread waits for it); a copy
 //      that never saw its old tenant drain gets that tenant killed, since its stream may wait on
-//      a flag no one will write.
+//      a flag no one will write. On CUDA that copy is reported *stalled* first (its work is
+//      still queued behind the drain wait): the kill comes then, and the copy counts as in
+//      flight (Copying) until the engine reports its end, once the device is done with it.
 // Residency tracks which model the region holds and whether it can be trusted.
 //
 // Loop thread only. Copy ends are posted to the loop with a raw `this`: destroy it only after
@@ -63,16 +65,20 @@ class Switcher {
   int64_t last_stop_sent_ns() const { return last_stop_sent_ns_; }
 
   // Task `task`, run on a switch (`placement.transmission` set), answered: its timeline gets
-  // the copy's phases and the switch is logged. A failed task, or a copy that failed, leaves
-  // the region untrusted; the copy's failure is returned.
+  // the copy's phases and the switch is logged. Never waits. A failed task, or a copy that
+  // failed, leaves the region untrusted; the copy's failure is returned. A copy still running
+  // (or stalled) is no success: OK is returned only for the task's own answer, which its worker
+  // checked against the flags of every group it used; the copy's phases are then missing, its
+  // end is still handled when it comes, and whoever needs the region's bytes (a training run's
+  // checkpoint) must wait for the transmission's end itself, off the loop.
   absl::Status Completed(uint64_t task, const std::string& model,
                          memdaemon::Transmission& transmission, bool task_ok,
                          SwitchTimeline& timeline, absl::Duration& copy_time);
   // The worker in `slot` died: a half-finished step may have touched the region.
   void SlotDied(int slot) { residency_.SlotDied(slot); }
   bool Holds(const std::string& model) const { return residency_.Holds(model); }
-  // A copy of `model` into the region is in flight (its end not seen yet): its pinned weights
-  // are still being read.
+  // A copy of `model` into the region is in flight (its end not seen yet, also while it is
+  // stalled on the device): its pinned weights may still be read.
   bool Copying(const std::string& model) const;
   // `model` was unloaded: the region no longer counts as holding it.
   void Unloaded(const std::string& model) { residency_.Dropped(model); }
@@ -83,12 +89,17 @@ class Switcher {
   struct InFlight {
     std::shared_ptr<memdaemon::Transmission> transmission;
     uint64_t task = 0;
-    int drain_slot = -1;  // the old tenant whose drain it waits for; -1: none
+    int drain_slot = -1;  // the old tenant whose drain it waits for; -1: none (or killed)
     std::string model;
   };
   base::Log Event(base::LogLevel level, absl::string_view event) const;
+  // A transmission failed with work still queued on the device (on the loop): the tenant it
+  // waits for is killed now, so the work can run and the copy end.
+  void Stalled(uint64_t id, const absl::Status& why);
   // A transmission's end (from the copy engine's completion, on the loop).
   void Ended(uint64_t id);
+  // Kills `flight`'s old tenant when `why` says it never drained; once per transmission.
+  void KillUndrained(InFlight& flight, const absl::Status& why);
 
   const SwitcherOptions options_;
   memdaemon::Transmitter* const transmitter_;

@@ -1,6 +1,7 @@
 #include "controller/training_state.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace pswitch::controller {
 
@@ -17,6 +18,42 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Begin(
   }
   return std::unique_ptr<TrainingState>(
       new TrainingState(daemon, checkpoints, key, std::move(area)));
+}
+
+absl::Status TrainingState::End(const Ending& ending, bool& optimizer_kept) {
+  optimizer_kept = false;
+  if (!ending.run_ok) {
+    // The region may hold a half-done step or partly copied weights: nothing of it is saved.
+    (void)EndOptimizer(/*keep=*/false);
+    return absl::OkStatus();
+  }
+  if (ending.trained) {
+    if (ending.model == nullptr) {
+      (void)EndOptimizer(/*keep=*/false);
+      return absl::InternalError("training state without its model");
+    }
+    if (ending.transmission != nullptr) {
+      // The worker checked every group it used, so the copy has ended or is about to: this
+      // only waits for the copy engine to have seen it. A copy that failed or never ended
+      // left bytes of another model in the region.
+      absl::Status copied = ending.transmission->Wait(ending.copy_timeout).status();
+      if (!copied.ok()) {
+        (void)EndOptimizer(/*keep=*/false);
+        return absl::Status(copied.code(),
+                            absl::StrCat("weights not saved: the transmission that brought them "
+                                         "did not complete (",
+                                         copied.message(), ")"));
+      }
+    }
+    absl::Status saved = SaveWeights(ending.region_offset, *ending.model);
+    if (!saved.ok()) {
+      (void)EndOptimizer(/*keep=*/false);
+      return saved;
+    }
+  }
+  PSWITCH_RETURN_IF_ERROR(EndOptimizer(ending.keep_optimizer));
+  optimizer_kept = ending.keep_optimizer;
+  return absl::OkStatus();
 }
 
 absl::Status TrainingState::SaveWeights(uint64_t region_offset,

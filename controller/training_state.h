@@ -2,7 +2,9 @@
 // is an arena area while the run is on the GPU, filled from the task's host checkpoint, and goes
 // back to a host checkpoint when the run is preempted, so the preempting model gets the memory.
 // Its trained weights are copied from the region back to the model's pinned store whenever it
-// stops. Both copies are the memdaemon's; this only decides when. Loop thread only.
+// stops. Both copies are the memdaemon's; this only decides when. Begin runs on the loop; a
+// stopped run's state is saved by End, which blocks and runs off the loop (BlockingWork).
+// Not thread-safe: one thread at a time.
 #ifndef PSWITCH_CONTROLLER_TRAINING_STATE_H_
 #define PSWITCH_CONTROLLER_TRAINING_STATE_H_
 
@@ -13,6 +15,7 @@
 #include "controller/state_checkpoints.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/state_area.h"
+#include "memdaemon/transmitter.h"
 
 namespace pswitch::controller {
 
@@ -31,6 +34,26 @@ class TrainingState {
   // Where the worker trains the optimizer state in place; 0 bytes: none.
   uint64_t optimizer_offset() const { return area_ ? area_->offset() : 0; }
   uint64_t optimizer_bytes() const { return area_ ? area_->bytes() : 0; }
+
+  // How a stopped run's state is saved, decided on the loop when its RunDone came.
+  struct Ending {
+    bool run_ok = false;   // the run, and its switch as far as known then, succeeded
+    bool trained = false;  // it completed at least one iteration (else its weights are as loaded)
+    // The transmission that brought the model's weights for the run; null: they were resident.
+    std::shared_ptr<memdaemon::Transmission> transmission;
+    absl::Duration copy_timeout = absl::Seconds(10);  // how long End waits for its end
+    uint64_t region_offset = 0;
+    const memdaemon::StoredModel* model = nullptr;  // must stay registered until End returns
+    bool keep_optimizer = false;  // the run resumes later: checkpoint its optimizer state
+  };
+  // Saves what a stopped run leaves (blocks: call it off the loop). Its weights go back to the
+  // pinned store only when the run succeeded, trained, and the transmission that brought them
+  // ended without error (waited for up to copy_timeout): a failed run, or one whose copy did not
+  // complete, never overwrites the master weights, and then its optimizer state is dropped too.
+  // The optimizer state is checkpointed when keep_optimizer (and nothing failed), dropped
+  // otherwise. Returns why something asked for was not saved (a failed run's own error is the
+  // caller's); `optimizer_kept` says whether the state was checkpointed.
+  absl::Status End(const Ending& ending, bool& optimizer_kept);
 
   // The run stopped (nothing writes the region): its weights go back to the pinned store.
   absl::Status SaveWeights(uint64_t region_offset, const memdaemon::StoredModel& model);

@@ -43,6 +43,13 @@ struct CopyJob {
   // returns at once by then), however it ended, so an owner learns of the end without a thread
   // of its own waiting. Must not block: post to a loop.
   std::function<void()> on_finished;
+  // Optional: runs once on the copy thread when the job has failed (a timeout) while work it
+  // queued may still run on the device: a copy stream waiting on a drain flag no one writes.
+  // The job is not finished then: its pinned sources are still read and its flags may still be
+  // written, so it finishes (on_finished) only once that work has run, or once the engine
+  // declares the device lost. The owner must release what the work waits for (kill the tenant
+  // that never drained). Must not block: post to a loop.
+  std::function<void(const absl::Status&)> on_stalled;
 };
 
 // Per-group record for traces and benchmarks (CLOCK_MONOTONIC ns).
@@ -61,8 +68,12 @@ class CopyTicket {
   // Waits up to `timeout` for the job to finish: its per-group timings, Cancelled, or the
   // failure; DeadlineExceeded when it is still running then (it goes on).
   virtual absl::StatusOr<std::vector<GroupTiming>> Wait(absl::Duration timeout) = 0;
-  // True once the job finished (Wait returns at once).
+  // True once the job finished (Wait returns at once). Never before the device is done with
+  // the job's sources and flags (or was declared lost).
   virtual bool finished() const = 0;
+  // True once the job failed while work of it may still be on the device (on_stalled ran); it
+  // stays unfinished until that work has run.
+  virtual bool stalled() const = 0;
   // Groups whose flag is published so far.
   virtual size_t groups_done() const = 0;
 };

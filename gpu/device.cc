@@ -144,6 +144,12 @@ void JobTicket::RecordGroup(size_t group, const GroupTiming& timing) {
   groups_done_.store(group + 1, std::memory_order_release);
 }
 
+void JobTicket::Stall(const absl::Status& status) {
+  if (stalled_.exchange(true, std::memory_order_acq_rel)) return;
+  // Dropped after the call, as on_finished: what it captured must not live as long as the ticket.
+  if (std::function<void(const absl::Status&)> stalled = std::move(on_stalled_)) stalled(status);
+}
+
 void JobTicket::Finish(absl::Status status) {
   {
     absl::MutexLock lock(&mu_);

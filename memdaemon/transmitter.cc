@@ -28,8 +28,9 @@ absl::StatusOr<std::vector<GroupTrace>> Transmission::Wait(absl::Duration timeou
   absl::StatusOr<std::vector<gpu::GroupTiming>> timings = ticket_->Wait(timeout);
   if (!timings.ok() && !ticket_->finished()) {
     return absl::DeadlineExceededError(
-        absl::StrCat("transmission of '", request_.model->name(), "' (epoch ", epoch_,
-                     ") still running: ", timings.status().message()));
+        absl::StrCat("transmission of '", request_.model->name(), "' (epoch ", epoch_, ") still ",
+                     ticket_->stalled() ? "stalled on the device" : "running", ": ",
+                     timings.status().message()));
   }
   if (!timings.ok()) {
     absl::MutexLock lock(&mu_);
@@ -82,6 +83,7 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
     job.drain_timeout = request.drain->timeout;
   }
   job.on_finished = std::move(request.on_finished);  // not kept by the Transmission
+  job.on_stalled = std::move(request.on_stalled);
 
   absl::MutexLock lock(&mu_);
   // A newer switch supersedes the one in flight: stop it before queueing behind it.

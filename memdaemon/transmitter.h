@@ -7,6 +7,13 @@
 // released (and told it was superseded) instead of hanging, while waiters on the next
 // transmission's epoch E + 2 are not released by it. This is also how a GPU-side wait
 // (cuStreamWaitValue32, which the CPU cannot interrupt) is always unblocked.
+//
+// Retiring waits for the device. A copy that failed with work still queued on the device (a
+// copy stream stuck behind a drain flag no one writes) is *stalled*, not finished: its queued
+// copies still read the pinned store and its queued flag writes still write E. Its flags are
+// retired to E + 1 only once the copy engine reports it finished, after that work has run (or
+// the device was declared lost), so a late write of E never lands on top of E + 1; and the
+// model's pinned store must not be freed before then either (Transmission::finished()).
 #ifndef PSWITCH_MEMDAEMON_TRANSMITTER_H_
 #define PSWITCH_MEMDAEMON_TRANSMITTER_H_
 
@@ -39,6 +46,10 @@ struct TransmitRequest {
   // Runs once on the copy thread when the copy ended, however (CopyJob::on_finished); the
   // Transmission's Wait then returns at once.
   std::function<void()> on_finished;
+  // Runs once on the copy thread when the copy failed while work of it is still queued on the
+  // device (CopyJob::on_stalled): the owner must release what that work waits for (kill the
+  // tenant that never drained). on_finished follows once the work has run.
+  std::function<void(const absl::Status&)> on_stalled;
 };
 
 struct GroupTrace {
@@ -63,12 +74,16 @@ class Transmission {
   const TransmitRequest& request() const { return request_; }
   // Waits up to `timeout`. On success, per-group traces; otherwise the failure (Cancelled when
   // cancelled or superseded), after the unpublished groups were retired; DeadlineExceeded with
-  // finished() false when the copy is still running (nothing retired yet).
+  // finished() false when the copy is still running or stalled (nothing retired yet: the device
+  // may still write this epoch).
   absl::StatusOr<std::vector<GroupTrace>> Wait(absl::Duration timeout);
   // Asks the copy to stop within about one look-ahead window; returns at once. The unpublished
   // groups are retired by the Wait that sees the job end.
   void Cancel() { ticket_->Cancel(); }
+  // True once the device is done with the copy: its pinned sources may be freed.
   bool finished() const { return ticket_->finished(); }
+  // True once the copy failed with work still queued on the device (see the file comment).
+  bool stalled() const { return ticket_->stalled(); }
   size_t groups_done() const { return ticket_->groups_done(); }
 
  private:

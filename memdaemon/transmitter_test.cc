@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "gpu/internal/job_ticket.h"
 #include "grouping/baselines.h"
 #include "gtest/gtest.h"
 #include "memdaemon/memdaemon.h"
@@ -221,6 +222,61 @@ TEST_F(TransmitterTest, TellsItsOwnerOnceWhenTheCopyEndsHoweverItEnds) {
                       absl::Seconds(10));
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(finished_when_called);
+}
+
+// A copy engine whose jobs the test ends by hand, as a CUDA engine's stream would: a job can
+// stall (fail with its work still queued on the device) long before it finishes.
+class ManualCopyEngine : public gpu::CopyEngine {
+ public:
+  absl::StatusOr<std::shared_ptr<gpu::CopyTicket>> Submit(gpu::CopyJob job) override {
+    auto ticket = std::make_shared<gpu::internal::JobTicket>(
+        job.groups.size(), std::move(job.on_finished), std::move(job.on_stalled));
+    tickets.push_back(ticket);
+    return ticket;
+  }
+  std::vector<std::shared_ptr<gpu::internal::JobTicket>> tickets;
+};
+
+// Issue 26, item 2: after a copy timed out with its drain wait, copies and flag writes still
+// queued, the flags are not retired to E + 1 until the device is done: a late write of E must
+// not land on top of E + 1 (which would release the next waiter on E as if the group were in).
+TEST_F(TransmitterTest, AStalledCopyIsRetiredOnlyOnceTheDeviceIsDoneWithIt) {
+  Open();
+  const StoredModel* model = Register("m", 8, 1 << 20, 9);
+  ManualCopyEngine engine;
+  Transmitter transmitter(&engine, &daemon_->ready_flags(), &daemon_->drain_flags(),
+                          daemon_->arena().size_bytes());
+  TransmitRequest request{model, EveryK(8, 4), 2 << 20};
+  absl::Status stall_seen;
+  int ends = 0;
+  request.on_stalled = [&](const absl::Status& why) { stall_seen = why; };
+  request.on_finished = [&] { ++ends; };
+  auto t = transmitter.Start(request);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const uint32_t epoch = (*t)->epoch();
+  gpu::FlagArray& flags = daemon_->ready_flags();
+
+  engine.tickets[0]->Stall(absl::DeadlineExceededError("previous tenant did not drain"));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(stall_seen)) << stall_seen;
+  EXPECT_TRUE((*t)->stalled());
+  EXPECT_FALSE((*t)->finished()) << "its pinned sources are still read";
+  auto early = (*t)->Wait(absl::ZeroDuration());
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(early.status().message().find("stalled"), absl::string_view::npos) << early.status();
+  EXPECT_EQ(*flags.Load(0), 0u) << "nothing retired while the device may still write";
+  EXPECT_EQ(ends, 0);
+
+  // The killed tenant's drain is released; the queued copy and flag write of group 0 run.
+  ASSERT_TRUE(flags.Store(0, epoch).ok());
+  engine.tickets[0]->Finish(absl::DeadlineExceededError("previous tenant did not drain"));
+  EXPECT_EQ(ends, 1);
+  EXPECT_EQ((*t)->Wait(absl::ZeroDuration()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE((*t)->finished());
+  // Retired after the late write: every waiter on this epoch is released as superseded.
+  for (uint32_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(*flags.Load(g), epoch + 1) << "group " << g;
+    EXPECT_EQ(flags.WaitReady(g, epoch, absl::Seconds(1)).code(), absl::StatusCode::kAborted);
+  }
 }
 
 }  // namespace

@@ -7,11 +7,12 @@
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "base/nvtx.h"
+#include "base/status.h"
 #include "gpu/cuda/cuda_check.h"
 #include "gpu/cuda/cuda_memory.h"
 #include "gpu/event_timeline.h"
 #include "gpu/internal/job_ticket.h"
-#include "base/status.h"
+#include "gpu/timer_slack.h"
 
 namespace pswitch::gpu::cuda {
 namespace {
@@ -25,6 +26,11 @@ constexpr uint64_t kLookaheadBytes = 64ull << 20;
 constexpr absl::Duration kPollInterval = absl::Microseconds(5);
 // Events are made once and reused (creating one costs microseconds on the switch path).
 constexpr size_t kInitialEvents = 1024;
+// How long a failed job's queued work may take to leave the stream (its owner kills the tenant
+// that never drained, which releases the drain wait it is stuck on) before the engine declares
+// the device lost.
+constexpr absl::Duration kSettleTimeout = absl::Seconds(30);
+constexpr absl::Duration kSettlePollInterval = absl::Microseconds(200);
 
 // RAII for the engine's timing events.
 class EventPool {
@@ -75,6 +81,10 @@ class CudaCopyEngine : public CopyEngine {
   }
 
   absl::StatusOr<std::shared_ptr<CopyTicket>> Submit(CopyJob job) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!lost_.ok()) return lost_;
+    }
     PSWITCH_RETURN_IF_ERROR(ValidateCopyJob(job, arena_->size_bytes()));
     for (size_t g = 0; g < job.groups.size(); ++g) {
       PSWITCH_RETURN_IF_ERROR(
@@ -83,7 +93,8 @@ class CudaCopyEngine : public CopyEngine {
     if (job.drain_flags != nullptr) {
       PSWITCH_RETURN_IF_ERROR(FlagAddress(*job.drain_flags, job.drain_index).status());
     }
-    auto ticket = std::make_shared<internal::JobTicket>(job.groups.size(), std::move(job.on_finished));
+    auto ticket = std::make_shared<internal::JobTicket>(
+        job.groups.size(), std::move(job.on_finished), std::move(job.on_stalled));
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("copy engine is shutting down");
     queue_.emplace_back(std::move(job), ticket);
@@ -94,6 +105,9 @@ class CudaCopyEngine : public CopyEngine {
   void Run() {
     // Every thread that touches CUDA names its device: the runtime's current device is per thread.
     absl::Status device = PSWITCH_CUDA(cudaSetDevice(device_));
+    // This thread sleeps kPollInterval between looks at the stream; under the default 50 us
+    // timer slack each look, and so each observed group time, would be that late.
+    (void)SetThreadTimerSlackNs(1);
     while (true) {
       std::pair<CopyJob, std::shared_ptr<internal::JobTicket>> next;
       {
@@ -106,8 +120,49 @@ class CudaCopyEngine : public CopyEngine {
         next = std::move(queue_.front());
         queue_.pop_front();
       }
-      next.second->Finish(device.ok() ? Execute(next.first, *next.second) : device);
+      absl::Status lost;
+      {
+        absl::MutexLock lock(&mu_);
+        lost = lost_;
+      }
+      absl::Status status = !device.ok() ? device
+                            : !lost.ok() ? lost
+                                         : Execute(next.first, *next.second);
+      next.second->Finish(Settle(std::move(status), *next.second));
     }
+  }
+
+  // A job counts as finished only once the stream has nothing of it left: its owner then frees
+  // the pinned sources and retires the unpublished flags to E + 1, and a copy or a flag write of
+  // E still queued would read freed memory or move a flag back from E + 1 to E. A job that
+  // failed (a timeout, a CUDA error) with work still queued is reported stalled, so its owner
+  // releases what the work waits for, and finishes once the stream is idle; a stream still busy
+  // kSettleTimeout later is lost, and so is the engine: every later job fails.
+  absl::Status Settle(absl::Status status, internal::JobTicket& ticket) {
+    cudaError_t state = cudaStreamQuery(stream_->get());
+    if (state == cudaSuccess) return status;
+    if (state != cudaErrorNotReady) return DeclareLost(CudaStatus(state, "cudaStreamQuery"));
+    ticket.Stall(status);
+    const absl::Time give_up = absl::Now() + kSettleTimeout;
+    while ((state = cudaStreamQuery(stream_->get())) == cudaErrorNotReady) {
+      if (absl::Now() > give_up) {
+        return DeclareLost(absl::DeadlineExceededError(absl::StrCat(
+            "the copy stream still holds work of a failed job ",
+            absl::FormatDuration(kSettleTimeout), " after it failed (", status.message(), ")")));
+      }
+      absl::SleepFor(kSettlePollInterval);
+    }
+    if (state != cudaSuccess) return DeclareLost(CudaStatus(state, "cudaStreamQuery"));
+    return status;
+  }
+
+  absl::Status DeclareLost(const absl::Status& why) {
+    absl::Status lost = absl::InternalError(
+        absl::StrCat("CUDA copy engine lost: ", why.message(),
+                     "; no further copies run (restart pswitchd, and check the GPU)"));
+    absl::MutexLock lock(&mu_);
+    if (lost_.ok()) lost_ = lost;
+    return lost_;
   }
 
   absl::Status Execute(const CopyJob& job, internal::JobTicket& ticket) {
@@ -200,13 +255,19 @@ class CudaCopyEngine : public CopyEngine {
   absl::Mutex mu_;
   std::deque<std::pair<CopyJob, std::shared_ptr<internal::JobTicket>>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once the stream held a failed job's work past kSettleTimeout, or failed: why no job
+  // runs any more.
+  absl::Status lost_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
 class CudaDevice : public Device {
  public:
   CudaDevice(int device, const DriverApi* api, std::string name)
-      : device_(device), api_(api), name_(std::move(name)) {}
+      : device_(device),
+        api_(api),
+        name_(std::move(name)),
+        releaser_(std::make_shared<PinnedReleaser>(device)) {}
 
   Backend backend() const override { return Backend::kCuda; }
   std::string description() const override { return name_; }
@@ -224,7 +285,7 @@ class CudaDevice : public Device {
   }
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocatePinned(uint64_t bytes) override {
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
-    return CudaHostBuffer::Allocate(bytes);
+    return CudaHostBuffer::Allocate(bytes, releaser_);
   }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override {
     PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
@@ -246,6 +307,8 @@ class CudaDevice : public Device {
   const int device_;
   const DriverApi* const api_;
   const std::string name_;
+  // Frees this device's pinned buffers off their owners' threads; shared with each buffer.
+  const std::shared_ptr<PinnedReleaser> releaser_;
 };
 
 }  // namespace

@@ -2,8 +2,9 @@
 #include <cstring>
 #include <vector>
 
-#include "gpu/device.h"
+#include "absl/synchronization/notification.h"
 #include "base/clock.h"
+#include "gpu/device.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::gpu {
@@ -106,6 +107,62 @@ TEST_F(CudaDeviceTest, UndrainedTenantFailsTheJobInBoundedTime) {
   ASSERT_TRUE(next.ok());
   ASSERT_TRUE((*next)->Wait(absl::Seconds(30)).ok());
   EXPECT_EQ(*(*ready)->Load(0), 3u);
+}
+
+// Issue 26, item 2: a job that timed out with its drain wait and copies still queued on the
+// stream is reported stalled, not finished, so its owner neither retires its flags (a late
+// write of its epoch would land on top) nor frees its sources; it finishes once the stream ran
+// what it held.
+TEST_F(CudaDeviceTest, ATimedOutJobFinishesOnlyOnceItsQueuedWorkHasRun) {
+  auto arena = device_->CreateArena(16 << 20);
+  auto pinned = device_->AllocatePinned(1 << 20);
+  ASSERT_TRUE(arena.ok() && pinned.ok());
+  auto ready = (*arena)->Flags(0, 8);
+  auto drain = (*arena)->Flags(64, 2);
+  auto engine = device_->CreateCopyEngine(**arena);
+  ASSERT_TRUE(ready.ok() && drain.ok() && engine.ok());
+  absl::Notification stalled;
+  CopyJob job;
+  job.epoch = 5;
+  job.ready_flags = ready->get();
+  job.groups.push_back(CopyGroup{{CopySpan{(*pinned)->data(), 1 << 20, 1 << 20}}});
+  job.drain_flags = drain->get();
+  job.drain_index = 0;
+  job.drain_value = 3;
+  job.drain_timeout = absl::Milliseconds(50);
+  job.on_stalled = [&](const absl::Status& why) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(why)) << why;
+    stalled.Notify();
+  };
+  auto stuck = (*engine)->Submit(job);
+  ASSERT_TRUE(stuck.ok());
+  ASSERT_TRUE(stalled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE((*stuck)->stalled());
+  EXPECT_FALSE((*stuck)->finished()) << "its copy and flag write are still queued";
+  EXPECT_EQ(*(*ready)->Load(0), 0u);
+  ASSERT_TRUE((*drain)->Store(0, 3).ok());  // what killing the tenant does
+  auto ended = (*stuck)->Wait(absl::Seconds(30));
+  EXPECT_TRUE((*stuck)->finished());
+  EXPECT_EQ(ended.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(*(*ready)->Load(0), 5u) << "the late write landed before the job counted as ended";
+}
+
+// Issue 26, item 4: a device-side wait honours its own timeout: a synchronize with a longer
+// bound fails as soon as the wait is past its timeout, naming the flag.
+TEST_F(CudaDeviceTest, AWaitPastItsTimeoutFailsTheSynchronizeEarly) {
+  auto arena = device_->CreateArena(16 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto flags = (*arena)->Flags(0, 4);
+  auto stream = device_->CreateStream();
+  ASSERT_TRUE(flags.ok() && stream.ok());
+  ASSERT_TRUE((*stream)->WaitFlag(**flags, 2, 9, absl::Milliseconds(20)).ok());
+  const absl::Time start = absl::Now();
+  absl::Status synced = (*stream)->Synchronize(absl::Seconds(30));
+  EXPECT_EQ(synced.code(), absl::StatusCode::kDeadlineExceeded) << synced;
+  EXPECT_NE(synced.message().find("flag 2"), absl::string_view::npos) << synced;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_TRUE((*flags)->Store(2, 9).ok());
+  ASSERT_TRUE((*stream)->Synchronize(absl::Seconds(10)).ok());
 }
 
 // Defect 1: group times are anchored on the start event, not on when group 0 was seen.

@@ -145,10 +145,32 @@ absl::StatusOr<std::vector<int64_t>> CudaStream::TakeMarks() {
 }
 
 absl::Status CudaStream::WaitFlag(const FlagArray& flags, uint32_t index, uint32_t epoch,
-                                  absl::Duration /*timeout*/) {
+                                  absl::Duration timeout) {
   PSWITCH_ASSIGN_OR_RETURN(CUdeviceptr address, FlagAddress(flags, index));
-  return PSWITCH_CU(api_->stream_wait_value32(reinterpret_cast<CUstream>(stream_), address, epoch,
-                                              CU_STREAM_WAIT_VALUE_GEQ));
+  absl::MutexLock lock(&waits_mu_);
+  // Forget the waits of work that has finished, so the list stays as short as the stream's
+  // backlog (cudaStreamQuery costs about a microsecond).
+  if (!waits_.empty() && cudaStreamQuery(stream_) == cudaSuccess) waits_.clear();
+  // Fail now rather than enqueue behind a wait that has already outlived its bound.
+  PSWITCH_RETURN_IF_ERROR(CheckWaits(absl::Now()));
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(api_->stream_wait_value32(
+      reinterpret_cast<CUstream>(stream_), address, epoch, CU_STREAM_WAIT_VALUE_GEQ)));
+  waits_.push_back(PendingWait{&flags, index, epoch, absl::Now() + timeout});
+  return absl::OkStatus();
+}
+
+absl::Status CudaStream::CheckWaits(absl::Time now) const {
+  for (const PendingWait& wait : waits_) {
+    if (now <= wait.deadline) continue;
+    absl::StatusOr<uint32_t> seen = wait.flags->Load(wait.index);
+    if (seen.ok() && EpochReached(*seen, wait.epoch)) continue;
+    return absl::DeadlineExceededError(
+        absl::StrCat("the stream waits on flag ", wait.index, " for epoch ", wait.epoch,
+                     ", which it has not reached past the wait's timeout (it holds ",
+                     seen.ok() ? absl::StrCat(*seen) : std::string(seen.status().message()),
+                     "); the work behind the wait stays queued until the flag is written"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaStream::WriteFlag(FlagArray& flags, uint32_t index, uint32_t value) {
@@ -163,9 +185,20 @@ absl::Status CudaStream::Synchronize(absl::Duration timeout) {
   absl::Duration pause = absl::Microseconds(1);
   while (true) {
     cudaError_t state = cudaStreamQuery(stream_);
-    if (state == cudaSuccess) return absl::OkStatus();
+    if (state == cudaSuccess) {
+      // Asked again under the lock: a wait enqueued since the first look is kept.
+      absl::MutexLock lock(&waits_mu_);
+      if (cudaStreamQuery(stream_) == cudaSuccess) waits_.clear();
+      return absl::OkStatus();
+    }
     if (state != cudaErrorNotReady) return CudaStatus(state, "cudaStreamQuery");
-    if (absl::Now() >= deadline) {
+    const absl::Time now = absl::Now();
+    {
+      // A wait past its own timeout fails the synchronize now, naming its flag.
+      absl::MutexLock lock(&waits_mu_);
+      PSWITCH_RETURN_IF_ERROR(CheckWaits(now));
+    }
+    if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "stream still busy after ", absl::FormatDuration(timeout),
           " (waiting on a flag that was never written?)"));
@@ -279,13 +312,48 @@ absl::StatusOr<std::unique_ptr<FlagArray>> CudaArena::Flags(uint64_t offset, uin
                                          flag_window_->device_words(offset), count, offset);
 }
 
-absl::StatusOr<std::unique_ptr<CudaHostBuffer>> CudaHostBuffer::Allocate(uint64_t bytes) {
-  if (bytes == 0) return absl::InvalidArgumentError("pinned buffer size must be positive");
-  void* data = nullptr;
-  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocPortable)));
-  return std::unique_ptr<CudaHostBuffer>(new CudaHostBuffer(static_cast<std::byte*>(data), bytes));
+PinnedReleaser::PinnedReleaser(int device) : device_(device), thread_([this] { Run(); }) {}
+
+PinnedReleaser::~PinnedReleaser() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
 }
 
-CudaHostBuffer::~CudaHostBuffer() { (void)cudaFreeHost(data_); }
+void PinnedReleaser::Release(void* data) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(data);
+}
+
+void PinnedReleaser::Run() {
+  (void)cudaSetDevice(device_);
+  while (true) {
+    std::vector<void*> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, and everything queued is freed
+      batch.swap(queue_);
+    }
+    // A failure here leaves nothing to undo; the buffer's owner is long gone.
+    for (void* data : batch) (void)cudaFreeHost(data);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CudaHostBuffer>> CudaHostBuffer::Allocate(
+    uint64_t bytes, std::shared_ptr<PinnedReleaser> releaser) {
+  if (bytes == 0) return absl::InvalidArgumentError("pinned buffer size must be positive");
+  if (releaser == nullptr) return absl::InvalidArgumentError("pinned buffer without a releaser");
+  void* data = nullptr;
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocPortable)));
+  return std::unique_ptr<CudaHostBuffer>(
+      new CudaHostBuffer(static_cast<std::byte*>(data), bytes, std::move(releaser)));
+}
+
+CudaHostBuffer::~CudaHostBuffer() { releaser_->Release(data_); }
 
 }  // namespace pswitch::gpu::cuda

@@ -15,15 +15,26 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/unique_fd.h"
 #include "gpu/cuda/driver_api.h"
 #include "gpu/device.h"
-#include "base/unique_fd.h"
 
 namespace pswitch::gpu::cuda {
 
-// A non-blocking stream, destroyed with the object.
+// A non-blocking stream, destroyed with the object. WaitFlag and Synchronize may be called from
+// different threads; Mark and TakeMarks from one.
+//
+// Timeouts of device-side waits. The device cannot abandon a cuStreamWaitValue32; only a write
+// of the flag releases it. WaitFlag therefore records each wait with its deadline, and
+// Synchronize fails as soon as a recorded wait has outlived its own timeout with its flag still
+// short of the epoch, naming the flag, instead of sitting out its (usually longer) bound. The
+// work stays queued: the caller must treat the stream as unusable until the flag is written
+// (the scheduler retires flags of a failed switch to E + 1, and kills an undrained tenant).
 class CudaStream : public Stream {
  public:
   static absl::StatusOr<std::unique_ptr<CudaStream>> Create(const DriverApi* api);
@@ -39,8 +50,23 @@ class CudaStream : public Stream {
 
  private:
   CudaStream(cudaStream_t stream, const DriverApi* api) : stream_(stream), api_(api) {}
+  // A device-side wait enqueued by WaitFlag that the stream may not have passed yet. `flags`
+  // is borrowed (it must outlive the wait, as the device wait itself requires).
+  struct PendingWait {
+    const FlagArray* flags;
+    uint32_t index;
+    uint32_t epoch;
+    absl::Time deadline;
+  };
+  // DeadlineExceeded naming the first recorded wait that is past its deadline with its flag
+  // still short of its epoch; OK otherwise.
+  absl::Status CheckWaits(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(waits_mu_);
+
   cudaStream_t const stream_;
   const DriverApi* const api_;
+  mutable absl::Mutex waits_mu_;
+  // Since the stream was last seen idle, in order.
+  std::vector<PendingWait> waits_ ABSL_GUARDED_BY(waits_mu_);
   // Timing events for Mark, made on first use and reused; [kMaxStreamMarks] is the end mark.
   std::vector<cudaEvent_t> mark_events_;
   size_t marks_ = 0;
@@ -81,17 +107,44 @@ class CudaArena : public Arena {
   std::unique_ptr<CudaStream> side_stream_;
 };
 
+// Frees pinned buffers on a thread of its own. cudaFreeHost unpins every page and may wait for
+// the device: milliseconds for a large buffer, on whichever thread drops the last reference (a
+// scheduler's event loop, when a task's optimizer checkpoint is dropped). Thread-safe; its
+// destructor frees what is still queued and joins the thread.
+class PinnedReleaser {
+ public:
+  explicit PinnedReleaser(int device);
+  ~PinnedReleaser();
+  PinnedReleaser(const PinnedReleaser&) = delete;
+  PinnedReleaser& operator=(const PinnedReleaser&) = delete;
+  // Queues `data` (from cudaHostAlloc) for cudaFreeHost; returns at once.
+  void Release(void* data);
+
+ private:
+  void Run();
+  const int device_;
+  absl::Mutex mu_;
+  std::vector<void*> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+// Pinned memory from cudaHostAlloc; freed by `releaser` (shared: the buffer may outlive the
+// device that made it, e.g. a checkpoint kept for another GPU).
 class CudaHostBuffer : public HostBuffer {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaHostBuffer>> Allocate(uint64_t bytes);
+  static absl::StatusOr<std::unique_ptr<CudaHostBuffer>> Allocate(
+      uint64_t bytes, std::shared_ptr<PinnedReleaser> releaser);
   ~CudaHostBuffer() override;
   std::byte* data() const override { return data_; }
   uint64_t size_bytes() const override { return size_bytes_; }
 
  private:
-  CudaHostBuffer(std::byte* data, uint64_t bytes) : data_(data), size_bytes_(bytes) {}
+  CudaHostBuffer(std::byte* data, uint64_t bytes, std::shared_ptr<PinnedReleaser> releaser)
+      : data_(data), size_bytes_(bytes), releaser_(std::move(releaser)) {}
   std::byte* const data_;
   const uint64_t size_bytes_;
+  const std::shared_ptr<PinnedReleaser> releaser_;
 };
 
 // Device address (the registered host page's device alias) of flag word `index`; the flag array

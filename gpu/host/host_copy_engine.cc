@@ -38,7 +38,8 @@ HostCopyEngine::~HostCopyEngine() {
 
 absl::StatusOr<std::shared_ptr<CopyTicket>> HostCopyEngine::Submit(CopyJob job) {
   PSWITCH_RETURN_IF_ERROR(ValidateCopyJob(job, arena_->size_bytes()));
-  auto ticket = std::make_shared<internal::JobTicket>(job.groups.size(), std::move(job.on_finished));
+  auto ticket = std::make_shared<internal::JobTicket>(job.groups.size(), std::move(job.on_finished),
+                                                      std::move(job.on_stalled));
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::CancelledError("copy engine is shutting down");
   queue_.push_back(Queued{std::move(job), ticket});
