@@ -37,12 +37,16 @@ constexpr uint64_t kRegionBytes = 1 << 20;
 constexpr uint64_t kOutputsAt = 512 << 10;
 const absl::Duration kAnswerTimeout = absl::Seconds(60);
 
-// A client's /dev/shm-like segment: a memory file with no seals, which it may shrink at will.
+// A client's /dev/shm-like segment: a memory file with no seals, which it may shrink at will;
+// or (`sealed`) a Unix-socket client's area, sealed against shrinking.
 class ClientSegment {
  public:
-  ClientSegment() {
-    fd_.Reset(::memfd_create("worker-region-test", MFD_CLOEXEC));
+  explicit ClientSegment(bool sealed = false) {
+    fd_.Reset(::memfd_create("worker-region-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     Resize(kRegionBytes);
+    if (sealed) {
+      EXPECT_EQ(::fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
     data_ = static_cast<uint8_t*>(
         ::mmap(nullptr, kRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0));
   }
@@ -312,6 +316,18 @@ TEST_F(WorkerRegionTest, RegionRunsMatchTheFramedPathAndAShrunkSegmentFailsOnlyI
                                  segment.data() + kOutputsAt + expected.size()),
             expected);
   EXPECT_EQ(segment.data()[kOutputsAt + expected.size()], 0xee);  // nothing past the outputs
+
+  // The same from a sealed area (read in place, no guard).
+  ClientSegment area(/*sealed=*/true);
+  MapRegion(kRegion + 1, area.fd());
+  const proto::ByteSlice in_area{kRegion + 1, kOutputsAt, 4096};
+  RunAnswer from_area = Run(RegionInput(area, 128, kRegion + 1), &in_area);
+  ASSERT_TRUE(from_area.status.ok()) << from_area.status;
+  EXPECT_EQ(from_area.outputs[0].slice,
+            (proto::ByteSlice{kRegion + 1, kOutputsAt, expected.size()}));
+  EXPECT_EQ(
+      std::vector<uint8_t>(area.data() + kOutputsAt, area.data() + kOutputsAt + expected.size()),
+      expected);
 
   // Outputs that do not fit: the task fails, nothing is written.
   std::memset(segment.data() + kOutputsAt, 0xee, 4096);
