@@ -128,6 +128,9 @@ bool RoleAllows(Role role, proto::ClientRequestBody type) {
     case proto::ClientRequestBody::ListModels:
     case proto::ClientRequestBody::ListTasks:
     case proto::ClientRequestBody::Authenticate:
+    // Their own transfer areas (Unix socket), bounded per principal by the RegionTable.
+    case proto::ClientRequestBody::RegisterArea:
+    case proto::ClientRequestBody::ReleaseArea:
     // Which models a user may unload is the model's to say (TaskAdmission::CheckUnload).
     case proto::ClientRequestBody::UnloadModel:
       return true;

@@ -92,7 +92,8 @@ TEST(RolesTest, UsersInferTrainAndSeeTheirOwnTasksOnly) {
   using Body = proto::ClientRequestBody;
   // UnloadModel: the model decides who may (TaskAdmission::CheckUnload).
   for (Body allowed : {Body::SubmitTask, Body::QueryTask, Body::CancelTask, Body::ListModels,
-                       Body::ListTasks, Body::UnloadModel}) {
+                       Body::ListTasks, Body::UnloadModel, Body::RegisterArea,
+                       Body::ReleaseArea}) {
     EXPECT_TRUE(RoleAllows(Role::kUser, allowed));
   }
   for (Body admin_only : {Body::RegisterModel, Body::BubbleBegin, Body::BubbleEnd,
