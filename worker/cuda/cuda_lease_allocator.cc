@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -17,13 +18,22 @@ namespace {
 // c10's caching allocator rounds every block to 512 bytes; kernels tuned for it may assume that
 // alignment for vectorised access.
 constexpr uint64_t kAlignment = 512;
+// How long an allocation the lease cannot serve now waits for blocks freed on other streams.
+constexpr absl::Duration kPendingFreeTimeout = absl::Seconds(10);
 
 std::atomic<CudaLeaseAllocator*> g_installed{nullptr};
 
 }  // namespace
 
 CudaLeaseAllocator::CudaLeaseAllocator(std::byte* base, uint64_t bytes, int device_ordinal)
-    : device_ordinal_(device_ordinal), blocks_(base, bytes, kAlignment) {}
+    : device_ordinal_(device_ordinal),
+      blocks_(base, bytes, kAlignment),
+      freed_(StreamFrees::EventOps{[this](void* stream) { return RecordEvent(stream); },
+                                   [](void* event) {
+                                     return cudaEventQuery(static_cast<cudaEvent_t>(event)) ==
+                                            cudaSuccess;
+                                   },
+                                   [this](void* event) { RecycleEvent(event); }}) {}
 
 absl::StatusOr<CudaLeaseAllocator*> CudaLeaseAllocator::Install(std::byte* base, uint64_t bytes,
                                                                 int device_ordinal) {
@@ -40,8 +50,10 @@ absl::StatusOr<CudaLeaseAllocator*> CudaLeaseAllocator::Install(std::byte* base,
   absl::Status installed = models::CatchTorch("installing the CUDA lease allocator", [&] {
     std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator =
         pluggable::createCustomAllocator(
-            [raw](size_t size, int device, cudaStream_t) { return raw->Allocate(size, device); },
-            [raw](void* ptr, size_t, int, cudaStream_t) { raw->Free(ptr); });
+            [raw](size_t size, int device, cudaStream_t stream) {
+              return raw->Allocate(size, device, stream);
+            },
+            [raw](void* ptr, size_t, int, cudaStream_t stream) { raw->Free(ptr, stream); });
     auto* plugged = dynamic_cast<pluggable::CUDAPluggableAllocator*>(allocator.get());
     TORCH_CHECK(plugged != nullptr, "createCustomAllocator returned an unexpected type");
     plugged->set_record_stream_fn([raw](void* ptr, cudaStream_t stream) {
@@ -66,23 +78,27 @@ absl::StatusOr<CudaLeaseAllocator*> CudaLeaseAllocator::Install(std::byte* base,
   return raw;
 }
 
-void* CudaLeaseAllocator::Allocate(size_t bytes, int device) {
+void* CudaLeaseAllocator::Allocate(size_t bytes, int device, void* stream) {
   TORCH_CHECK(device == device_ordinal_, "pswitch worker: CUDA allocation on device ", device,
               ", but the worker's arena lease is on device ", device_ordinal_);
   const uint64_t limit = limit_bytes_.load(std::memory_order_acquire);
   std::vector<LeaseBlocks::Range> to_clear;
+  // Blocks freed on this stream come back at once; other streams' once their fence completed.
+  (void)Reclaim(stream, /*fence=*/false, absl::InfinitePast());
   std::byte* ptr = blocks_.Take(bytes, limit, &to_clear);
-  // Thrown as c10's caching allocator throws its own out-of-memory errors: cuDNN catches it and
-  // retries with a smaller workspace.
-  TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "pswitch worker on cuda:", device_ordinal_,
-                   ": ", blocks_.DescribeShortage(bytes, limit));
+  // Short of memory: wait for blocks other streams still use. Bounded, since a stream stuck on
+  // a flag no one writes must not hang the allocation.
+  const absl::Time give_up = absl::Now() + kPendingFreeTimeout;
+  while (ptr == nullptr && Reclaim(stream, /*fence=*/true, give_up)) {
+    ptr = blocks_.Take(bytes, limit, &to_clear);
+  }
   if (!to_clear.empty()) {
-    // What an earlier owner left here, cleared on the stream the block is used on (a task's
-    // compute stream): ordered before any kernel of the new owner, microseconds on the device.
-    const cudaStream_t stream =
-        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_ordinal_)).stream();
+    // What an earlier owner left here, cleared on the stream the block is allocated for (a
+    // task's compute stream): ordered before any kernel of the new owner, microseconds on the
+    // device.
     for (const LeaseBlocks::Range& range : to_clear) {
-      const cudaError_t cleared = cudaMemsetAsync(range.start, 0, range.bytes, stream);
+      const cudaError_t cleared =
+          cudaMemsetAsync(range.start, 0, range.bytes, static_cast<cudaStream_t>(stream));
       if (cleared != cudaSuccess) {
         (void)blocks_.Give(ptr);
         TORCH_CHECK(false, "pswitch worker on cuda:", device_ordinal_,
@@ -93,12 +109,51 @@ void* CudaLeaseAllocator::Allocate(size_t bytes, int device) {
   return ptr;
 }
 
-void CudaLeaseAllocator::Free(void* ptr) {
+void CudaLeaseAllocator::Free(void* ptr, void* stream) {
   // Called from tensor destructors: a pointer that is not ours is a bug worth a warning, not a
   // throw from a destructor.
-  if (!blocks_.Give(ptr)) {
+  if (!blocks_.Contains(ptr)) {
     TORCH_WARN("pswitch worker: freeing ", ptr, ", which the CUDA lease allocator never served");
+    return;
   }
+  freed_.Freed(ptr, stream);
+}
+
+bool CudaLeaseAllocator::Reclaim(void* stream, bool fence, absl::Time wait_until) {
+  absl::Duration pause = absl::Microseconds(2);
+  while (true) {
+    std::vector<void*> reusable = freed_.Reusable(stream, fence);
+    for (void* ptr : reusable) (void)blocks_.Give(ptr);
+    if (!reusable.empty()) return true;
+    if (!fence || !freed_.waiting() || absl::Now() >= wait_until) return false;
+    fence = false;  // fenced once; now only wait for those events
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Microseconds(100));
+  }
+}
+
+void* CudaLeaseAllocator::RecordEvent(void* stream) {
+  cudaEvent_t event = nullptr;
+  {
+    absl::MutexLock lock(&events_mu_);
+    if (!spare_events_.empty()) {
+      event = static_cast<cudaEvent_t>(spare_events_.back());
+      spare_events_.pop_back();
+    }
+  }
+  if (event == nullptr && cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+    return nullptr;  // the blocks stay for their own stream's reuse
+  }
+  if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+    RecycleEvent(event);
+    return nullptr;
+  }
+  return event;
+}
+
+void CudaLeaseAllocator::RecycleEvent(void* event) {
+  absl::MutexLock lock(&events_mu_);
+  spare_events_.push_back(event);
 }
 
 }  // namespace pswitch::worker::cuda

@@ -10,12 +10,16 @@
 // run before the process's first CUDA allocation: before the first model is bound to the arena
 // (binding asks libtorch which device holds the arena, which initialises CUDA).
 //
-// Streams. A freed block returns to the free list at once, with no event. That is safe because a
-// worker runs every kernel of a task on one stream (compute_stream.h; autograd runs each backward
-// op on its forward op's stream): a kernel that reuses a block is enqueued after every kernel
-// that used it before, exactly the argument c10's caching allocator makes for single-stream
-// blocks. Recording a block on another stream (Tensor::record_stream) would need events and is
-// refused with an error instead of racing.
+// Streams. libtorch frees a tensor when its last CPU reference goes, while kernels using it may
+// still be queued on the stream it was allocated on. A freed block therefore goes back to the
+// free list in stream order (StreamFrees, worker/stream_frees.h), as in c10's caching allocator:
+// an allocation on the block's own stream reuses it at once; one on another stream (the default
+// stream while a model is bound or warmed up outside the task's compute stream) that the free
+// list cannot serve fences the other streams' freed blocks with one event each and waits,
+// bounded, for those events before it fails. Frees cost no CUDA call; events are recorded only
+// when memory runs short across streams. Recording a block on a second stream
+// (Tensor::record_stream) would need more bookkeeping and is refused with an error instead of
+// racing.
 //
 // Limits of the pluggable allocator: it answers no statistics (cacheInfo, getDeviceStats throw),
 // so cuDNN's benchmark mode (at::globalContext().setBenchmarkCuDNN), which sizes workspaces with
@@ -26,9 +30,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/lease_blocks.h"
+#include "worker/stream_frees.h"
 
 namespace pswitch::worker::cuda {
 
@@ -62,14 +70,25 @@ class CudaLeaseAllocator {
 
  private:
   CudaLeaseAllocator(std::byte* base, uint64_t bytes, int device_ordinal);
-  // The pluggable allocator's callbacks. Allocate throws c10::OutOfMemoryError (a c10::Error,
-  // caught at the worker's task boundary) when the lease cannot serve `bytes`.
-  void* Allocate(size_t bytes, int device);
-  void Free(void* ptr);
+  // The pluggable allocator's callbacks (`stream`: the cudaStream_t the block is for, or was
+  // allocated on). Allocate throws c10::OutOfMemoryError (a c10::Error, caught at the worker's
+  // task boundary) when the lease cannot serve `bytes`.
+  void* Allocate(size_t bytes, int device, void* stream);
+  void Free(void* ptr, void* stream);
+  // Gives back to the lease the freed blocks an allocation on `stream` may use now. With
+  // `fence`, fences the other streams' blocks and polls until some come back or `wait_until`
+  // passed. True when any block came back.
+  bool Reclaim(void* stream, bool fence, absl::Time wait_until);
+  // StreamFrees' events: cudaEvent_t, made once and reused.
+  void* RecordEvent(void* stream);
+  void RecycleEvent(void* event);
 
   const int device_ordinal_;
   std::atomic<uint64_t> limit_bytes_{0};
   LeaseBlocks blocks_;
+  absl::Mutex events_mu_;
+  std::vector<void*> spare_events_ ABSL_GUARDED_BY(events_mu_);
+  StreamFrees freed_;  // last: its callbacks use the members above
 };
 
 }  // namespace pswitch::worker::cuda
