@@ -234,10 +234,23 @@ def check_unit():
         error(f"TimeoutStopSec={last('TimeoutStopSec')!r} is missing or not a time span")
     socket_dir = values.get("socket", "").rsplit("/", 1)[0]
     runtime_dirs = ["/run/" + d for d in last("RuntimeDirectory").split()]
-    if socket_dir not in runtime_dirs:
-        error(f"--socket's directory {socket_dir} is not a RuntimeDirectory= ({runtime_dirs})")
-    if last("RuntimeDirectoryMode") != "0700":
-        error("RuntimeDirectoryMode= should be 0700 (pswitchd wants the socket directory private)")
+    # The memdaemon socket: in a RuntimeDirectory= kept private (0700), or in a directory
+    # pswitchd creates 0700 right beneath one that lets only the group traverse (0710), where
+    # the client Unix socket (--unix-socket, 0660) lives.
+    socket_parent = socket_dir.rsplit("/", 1)[0]
+    mode = last("RuntimeDirectoryMode")
+    if socket_dir in runtime_dirs:
+        if mode != "0700":
+            error("RuntimeDirectoryMode= should be 0700: the memdaemon socket's directory is private")
+    elif socket_parent in runtime_dirs:
+        if mode not in ("0700", "0710"):
+            error("RuntimeDirectoryMode= should be 0700 or 0710 (the group may traverse, not list)")
+    else:
+        error(f"--socket's directory {socket_dir} is not in or right beneath a RuntimeDirectory= "
+              f"({runtime_dirs})")
+    unix_socket = values.get("unix_socket")
+    if unix_socket and unix_socket.rsplit("/", 1)[0] not in runtime_dirs:
+        error(f"--unix-socket={unix_socket} is not in a RuntimeDirectory= ({runtime_dirs})")
     data_root = values.get("data_root")
     if data_root and data_root not in " ".join(service.get("ReadWritePaths", [])).split():
         error(f"--data-root={data_root} is not in ReadWritePaths= (ProtectSystem=strict)")
