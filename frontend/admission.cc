@@ -166,6 +166,16 @@ absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Princip
   };
   // The caller's region `slice` names, with the slice inside it.
   auto resolve = [&](const proto::ByteSlice& slice, const std::string& what) -> absl::Status {
+    // A staging region a port filled from this request's own body (HTTP) is pswitchd's, held by
+    // the task already (and the caller's, checked above): it is in no table.
+    for (const auto& held : spec.regions) {
+      if (held->id() == slice.region && held->kind() == dataplane::RegionKind::kStaging) {
+        if (absl::Status inside = held->CheckSlice(slice.offset, slice.length); !inside.ok()) {
+          return absl::Status(inside.code(), absl::StrCat(what, ": ", inside.message()));
+        }
+        return absl::OkStatus();
+      }
+    }
     if (table == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, ": this port serves no transfer regions: send the bytes inline"));

@@ -26,6 +26,7 @@
 #include "frontend/openapi_doc.h"
 #include "frontend/peer_identity.h"
 #include "frontend/requests.h"
+#include "frontend/staging_mapping.h"
 #include "nlohmann/json.hpp"
 #include "proto/client_generated.h"
 #include "proto/host_tensor.h"
@@ -994,9 +995,33 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   }
   // The decoded tensors are charged before they are built, beside the body they come from.
   BudgetCharge& charge = req.charge;
+  // They are decoded into a staging region of pswitchd's own that the worker maps
+  // (docs/dataplane.md), followed by room for the output when the model's recorded output tells
+  // its size: the worker writes it there and the answer is encoded from it. A model the caller
+  // may not see is admission's to refuse; then no room is made for the output.
+  const absl::StatusOr<EntryRef> entry = options_.admission->FindModel(who, model);
+  std::unique_ptr<StagingMapping> staging;
+  std::optional<proto::ByteSlice> staged_output;  // its region is set once the region exists
+  auto place = [&](size_t bytes,
+                   const std::vector<proto::HostTensor>& heads) -> absl::StatusOr<uint8_t*> {
+    uint64_t total = bytes;
+    if (entry.ok()) {
+      absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
+      if (out.ok() && *out > 0) {
+        const uint64_t at = (bytes + kPlacementAlignment - 1) / kPlacementAlignment *
+                            kPlacementAlignment;
+        PSWITCH_RETURN_IF_ERROR(charge.Grow(at - bytes + *out));
+        staged_output = proto::ByteSlice{0, at, *out};
+        total = at + *out;
+      }
+    }
+    if (total == 0) return nullptr;
+    PSWITCH_ASSIGN_OR_RETURN(staging, StagingMapping::Create(total, who.name));
+    return staging->data();
+  };
   absl::StatusOr<InferRequest> request = DecodeInferRequest(
       header, binary, InferRequestLimits{options_.limits.max_body_bytes, 32, kMaxInputTensors},
-      [&charge](size_t bytes) { return charge.Grow(bytes); });
+      [&charge](size_t bytes) { return charge.Grow(bytes); }, place);
   if (!request.ok()) return fail(request.status());
   // The body is decoded: only the tensors stay charged, until the task answers.
   const size_t body_bytes = req.body.size();
@@ -1005,12 +1030,27 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
 
   TaskSpec spec;
   spec.model = model;
+  std::shared_ptr<const dataplane::TransferRegion> staged;
+  if (staging != nullptr) {
+    staged = staging->region();
+    staging.reset();  // written: pswitchd's mapping goes, the worker maps the file itself
+    for (size_t i = 0; i < request->inputs.size(); ++i) {
+      proto::HostTensor& t = request->inputs[i];
+      const bool in_shared_memory = i < request->input_regions.size() && request->input_regions[i];
+      if (t.place == proto::Place::Region && !in_shared_memory) t.slice.region = staged->id();
+    }
+    spec.regions.push_back(staged);
+  }
   // Triton's shared-memory parameters name the caller's regions: slices of them from here on
   // (admission checks them again, as for every port).
   if (absl::Status placed =
           PlaceInRegions(*regions_, who.name, *request, &spec.regions, &spec.outputs_to);
       !placed.ok()) {
     return fail(placed);
+  }
+  if (staged != nullptr && staged_output && !spec.outputs_to) {
+    staged_output->region = staged->id();
+    spec.outputs_to = staged_output;
   }
   spec.inputs = std::move(request->inputs);
   if (request->priority) spec.priority = *request->priority;
@@ -1031,13 +1071,25 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   auto held = std::make_shared<BudgetCharge>(std::move(req.charge));
   absl::StatusOr<uint64_t> task = options_.admission->Submit(
       who, client, std::move(spec),
-      [table = waiting_, waiting, model, shape, held](const absl::StatusOr<TaskOutcome>& out) {
-        ReleaseBody(*held, *table);
+      [table = waiting_, waiting, model, shape, held,
+       staged](const absl::StatusOr<TaskOutcome>& out) {
         HttpRespond respond = table->Take(waiting);
-        if (respond == nullptr) return;  // answered at shutdown
-        // Encoding is CPU work: on a handler thread, never the scheduler's loop.
-        auto encode = [out, model, shape, respond]() {
+        if (respond == nullptr) {  // answered at shutdown
+          ReleaseBody(*held, *table);
+          return;
+        }
+        // Encoding is CPU work: on a handler thread, never the scheduler's loop. The staging
+        // region stays charged until its outputs are copied out of it.
+        auto encode = [out = absl::StatusOr<TaskOutcome>(out), model, shape, respond, held, table,
+                       staged]() mutable {
           HttpResponse res;
+          if (out.ok() && staged != nullptr) {
+            if (absl::Status read = InlineOutputsFrom(staged, out->outputs); !read.ok()) {
+              out = read;
+            }
+          }
+          staged.reset();
+          ReleaseBody(*held, *table);
           if (!out.ok()) {
             ReplyError(res, out.status());
             return respond(std::move(res));
@@ -1051,6 +1103,7 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
           respond(std::move(res));
         };
         if (!table->Run(encode)) {
+          ReleaseBody(*held, *table);
           HttpResponse res;
           ReplyError(res, absl::UnavailableError("pswitchd is shutting down"));
           respond(std::move(res));

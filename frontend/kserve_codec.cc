@@ -112,9 +112,17 @@ class StructurePass {
 
 // Pass two: each "data" element written straight into its tensor (sized by pass one), as SAX
 // events so nothing is built. Only the elements' positions are tracked; pass one checked shape.
+// Where one input's decoded elements go: its `data`, or its slice of the caller's placement.
+struct DataTarget {
+  proto::DType dtype = proto::DType::F32;
+  uint8_t* bytes = nullptr;
+  size_t size = 0;
+};
+
 class DataPass : public nlohmann::json_sax<json> {
  public:
-  explicit DataPass(std::vector<proto::HostTensor*> tensors) : tensors_(std::move(tensors)) {}
+  // A null target's elements are skipped (inputs given as binary data or in shared memory).
+  explicit DataPass(std::vector<const DataTarget*> tensors) : tensors_(std::move(tensors)) {}
 
   bool null() override { return Scalar(); }
   bool boolean(bool) override { return Scalar(); }
@@ -177,14 +185,14 @@ class DataPass : public nlohmann::json_sax<json> {
   }
   // Appends one element as its tensor's dtype; range and kind errors stop the parse.
   bool Put(double as_double, bool integral, int64_t as_int) {
-    proto::HostTensor& t = *tensors_[static_cast<size_t>(input_)];
+    const DataTarget& t = *tensors_[static_cast<size_t>(input_)];
     const size_t width = proto::DTypeBytes(t.dtype);
     size_t& at = written_.try_emplace(input_, 0).first->second;
-    if (at + width > t.data.size()) {
+    if (at + width > t.size) {
       error_ = absl::InvalidArgumentError("more data elements than the shape holds");
       return false;
     }
-    uint8_t* dst = t.data.data() + at;
+    uint8_t* dst = t.bytes + at;
     at += width;
     auto store = [dst](auto v) { std::memcpy(dst, &v, sizeof(v)); };
     switch (t.dtype) {
@@ -223,7 +231,7 @@ class DataPass : public nlohmann::json_sax<json> {
     return true;
   }
 
-  std::vector<proto::HostTensor*> tensors_;
+  std::vector<const DataTarget*> tensors_;
   absl::Status error_;
   int depth_ = 0;
   int input_ = -1;
@@ -431,7 +439,8 @@ bool InferRequest::WantsBinary(const std::string& output) const {
 absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
                                                 absl::string_view binary,
                                                 const InferRequestLimits& limits,
-                                                const ReserveBytes& reserve) {
+                                                const ReserveBytes& reserve,
+                                                const PlaceInputs& place) {
   PSWITCH_RETURN_IF_ERROR(base::CheckJsonLimits(
       json_text, "infer request", base::JsonLimits{limits.max_json_bytes, limits.max_depth}));
   StructurePass structure(limits.max_inputs);
@@ -464,32 +473,61 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
         absl::StrCat(binary.size(), " bytes of binary data belong to no input"));
   }
   if (reserve) PSWITCH_RETURN_IF_ERROR(reserve(decoded_bytes));
-  // Reserved: now the binary inputs' bytes are copied out of the body (the one copy they take).
+  // Where each input's bytes go: packed into the caller's placement (each at a 64-byte-aligned
+  // offset), or each into its own `data`.
+  std::vector<uint64_t> offsets(out.inputs.size(), 0);
+  uint64_t placed_bytes = 0;
   for (size_t i = 0; i < out.inputs.size(); ++i) {
-    if (!binary_parts[i].empty()) {
-      out.inputs[i].data.assign(binary_parts[i].begin(), binary_parts[i].end());
+    const size_t bytes = json_bytes[i] + binary_parts[i].size();
+    if (bytes == 0) continue;
+    placed_bytes = (placed_bytes + kPlacementAlignment - 1) / kPlacementAlignment *
+                   kPlacementAlignment;
+    offsets[i] = placed_bytes;
+    placed_bytes += bytes;
+  }
+  uint8_t* placement = nullptr;
+  if (place) {
+    PSWITCH_ASSIGN_OR_RETURN(placement, place(placed_bytes, out.inputs));
+    if (placement == nullptr && placed_bytes > 0) {
+      return absl::InternalError("no memory was given for the decoded inputs");
     }
   }
-  std::vector<proto::HostTensor*> targets(out.inputs.size(), nullptr);
+  std::vector<DataTarget> targets(out.inputs.size());
+  for (size_t i = 0; i < out.inputs.size(); ++i) {
+    proto::HostTensor& t = out.inputs[i];
+    const size_t bytes = json_bytes[i] + binary_parts[i].size();
+    targets[i].dtype = t.dtype;
+    targets[i].size = bytes;
+    if (bytes == 0) continue;
+    if (placement != nullptr) {
+      t.place = proto::Place::Region;
+      t.slice = proto::ByteSlice{0, offsets[i], bytes};
+      targets[i].bytes = placement + offsets[i];
+    } else {
+      t.data.resize(bytes);
+      targets[i].bytes = t.data.data();
+    }
+    // Reserved: now the binary inputs' bytes are copied out of the body (the one copy they take).
+    if (!binary_parts[i].empty()) {
+      std::memcpy(targets[i].bytes, binary_parts[i].data(), binary_parts[i].size());
+    }
+  }
+  std::vector<const DataTarget*> json_targets(out.inputs.size(), nullptr);
   bool any_json = false;
   for (size_t i = 0; i < out.inputs.size(); ++i) {
-    if (json_bytes[i] == 0 && structure.has_data()[i] && out.inputs[i].data.empty()) {
-      targets[i] = &out.inputs[i];  // an empty tensor given as "data": []
-    }
-    if (json_bytes[i] > 0) {
-      out.inputs[i].data.resize(json_bytes[i]);
-      targets[i] = &out.inputs[i];
-      any_json = true;
+    if (json_bytes[i] > 0 || (structure.has_data()[i] && targets[i].size == 0)) {
+      json_targets[i] = &targets[i];  // an empty tensor given as "data": [] is checked too
+      any_json = any_json || json_bytes[i] > 0;
     }
   }
   if (any_json) {
-    // Binary inputs' targets are null: DataPass writes only where a buffer is.
-    DataPass data(targets);
+    // Binary and shared-memory inputs' targets are null: DataPass writes only where a buffer is.
+    DataPass data(json_targets);
     const bool parsed = json::sax_parse(json_text.begin(), json_text.end(), &data);
     PSWITCH_RETURN_IF_ERROR(data.error());
     if (!parsed) return absl::InvalidArgumentError("the infer request is not JSON");
-    for (size_t i = 0; i < targets.size(); ++i) {
-      if (targets[i] != nullptr && data.written(static_cast<int>(i)) != targets[i]->data.size()) {
+    for (size_t i = 0; i < json_targets.size(); ++i) {
+      if (json_targets[i] != nullptr && data.written(static_cast<int>(i)) != targets[i].size) {
         return absl::InvalidArgumentError("the infer request's data changed between passes");
       }
     }

@@ -60,13 +60,24 @@ struct InferRequest {
 // stops the decoding and is returned.
 using ReserveBytes = std::function<absl::Status(size_t bytes)>;
 
+// Where decoded inputs go instead of their own `data`: called once, after `reserve`, with the
+// bytes the inputs take packed (each at a multiple of kPlacementAlignment; 0 when none is decoded
+// here) and the inputs' names, dtypes and shapes; returns memory of at least that many bytes for
+// the codec to fill (null only for 0 bytes), or an error, which stops the decoding. The inputs
+// are then Place::Region slices of it (slice.region 0, for the caller to set), an empty input
+// staying inline.
+using PlaceInputs = std::function<absl::StatusOr<uint8_t*>(
+    size_t bytes, const std::vector<proto::HostTensor>& heads)>;
+inline constexpr uint64_t kPlacementAlignment = 64;
+
 // Decodes a request: `json_text` (the whole body, or the header that
 // Inference-Header-Content-Length delimits) and `binary` (the bytes after it). InvalidArgument
-// saying what is wrong, never echoing the text.
+// saying what is wrong, never echoing the text. Without `place`, each input gets its own `data`.
 absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
                                                 absl::string_view binary,
                                                 const InferRequestLimits& limits,
-                                                const ReserveBytes& reserve);
+                                                const ReserveBytes& reserve,
+                                                const PlaceInputs& place = nullptr);
 
 // The response body. Outputs `request.WantsBinary` are sent as binary data after the JSON
 // header; `*json_bytes` is then that header's size (for Inference-Header-Content-Length), else 0.

@@ -248,5 +248,52 @@ TEST(KserveCodecTest, AnOutputInSharedMemoryIsListedWithoutData) {
   EXPECT_EQ(out["parameters"]["shared_memory_offset"], 0);
 }
 
+// With a placement (the HTTP port's staging region), inputs are decoded straight into it, packed
+// at 64-byte-aligned offsets, and become slices of it; shared-memory inputs stay where they are.
+TEST(KserveCodecTest, PlacedInputsAreDecodedIntoTheGivenMemory) {
+  const int32_t binary_values[3] = {5, 6, 7};
+  const std::string binary(reinterpret_cast<const char*>(binary_values), sizeof(binary_values));
+  std::vector<uint8_t> memory(256, 0xaa);
+  size_t asked = 0;
+  std::vector<std::string> heads;
+  auto r = DecodeInferRequest(
+      R"({"inputs": [
+          {"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2.5, -3]},
+          {"name": "s", "shape": [2], "datatype": "FP32", "parameters":
+              {"shared_memory_region": "in", "shared_memory_byte_size": 8}},
+          {"name": "b", "shape": [3], "datatype": "INT32", "parameters": {"binary_data_size": 12}}]})",
+      binary, InferRequestLimits{}, [](size_t) { return absl::OkStatus(); },
+      [&](size_t bytes, const std::vector<proto::HostTensor>& inputs) -> absl::StatusOr<uint8_t*> {
+        asked = bytes;
+        for (const proto::HostTensor& t : inputs) heads.push_back(t.name);
+        return memory.data();
+      });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(asked, 64u + 12u) << "x at 0, b at the next 64-byte boundary";
+  EXPECT_EQ(heads, (std::vector<std::string>{"x", "s", "b"}));
+  EXPECT_EQ(r->inputs[0].place, proto::Place::Region);
+  EXPECT_EQ(r->inputs[0].slice, (proto::ByteSlice{0, 0, 12}));
+  EXPECT_TRUE(r->inputs[0].data.empty());
+  float x[3];
+  std::memcpy(x, memory.data(), sizeof(x));
+  EXPECT_EQ(x[0], 1.f);
+  EXPECT_EQ(x[1], 2.5f);
+  EXPECT_EQ(x[2], -3.f);
+  EXPECT_EQ(r->inputs[1].slice, (proto::ByteSlice{0, 0, 8})) << "shared memory: not placed";
+  ASSERT_TRUE(r->input_regions[1].has_value());
+  EXPECT_EQ(r->inputs[2].slice, (proto::ByteSlice{0, 64, 12}));
+  EXPECT_EQ(std::memcmp(memory.data() + 64, binary.data(), 12), 0);
+  EXPECT_EQ(memory[76], 0xaa) << "nothing written past the inputs";
+
+  // A placement that fails stops the decoding with its error.
+  auto refused = DecodeInferRequest(
+      R"({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]})", {},
+      InferRequestLimits{}, nullptr,
+      [](size_t, const std::vector<proto::HostTensor>&) -> absl::StatusOr<uint8_t*> {
+        return absl::ResourceExhaustedError("no room");
+      });
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+}
+
 }  // namespace
 }  // namespace pswitch::frontend
