@@ -19,9 +19,9 @@
 #include "api/client_codec.h"
 #include "base/clock.h"
 #include "base/status.h"
-#include "proto/framing.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
+#include "proto/framing.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::client {
@@ -271,8 +271,8 @@ absl::StatusOr<std::unique_ptr<proto::FrameChannel>> Dial(absl::string_view addr
 Client::Client(std::unique_ptr<Connection> connection, const ClientOptions& options, bool local)
     : options_(options) {
   if (local) {
-    areas_ = AreaAllocator::Create(
-        options.areas, [this](const TransferArea& area) { return RegisterArea(area); });
+    areas_ = AreaAllocator::Create(options.areas,
+                                   [this](const TransferArea& area) { return RegisterArea(area); });
   }
   connection_ = std::move(connection);
   if (areas_ != nullptr) {
@@ -330,20 +330,23 @@ absl::StatusOr<T> CallAndAwait(Connection& connection, absl::Duration timeout,
                                const std::vector<int>& fds = {}) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   auto future = promise->get_future();
-  connection.Call(build, [promise, expected, parse = std::move(parse)](
-                             const absl::StatusOr<const ControllerReply*>& reply) {
-    if (!reply.ok()) {
-      promise->set_value(reply.status());
-    } else if ((*reply)->body_type() == ControllerReplyBody::Error) {
-      promise->set_value(ReplyError(*reply));
-    } else if ((*reply)->body_type() != expected) {
-      promise->set_value(absl::InternalError(absl::StrCat(
-          "unexpected reply ", proto::EnumNameControllerReplyBody((*reply)->body_type()))));
-    } else {
-      promise->set_value(parse(*reply));
-    }
-    return true;
-  }, fds);
+  connection.Call(
+      build,
+      [promise, expected,
+       parse = std::move(parse)](const absl::StatusOr<const ControllerReply*>& reply) {
+        if (!reply.ok()) {
+          promise->set_value(reply.status());
+        } else if ((*reply)->body_type() == ControllerReplyBody::Error) {
+          promise->set_value(ReplyError(*reply));
+        } else if ((*reply)->body_type() != expected) {
+          promise->set_value(absl::InternalError(absl::StrCat(
+              "unexpected reply ", proto::EnumNameControllerReplyBody((*reply)->body_type()))));
+        } else {
+          promise->set_value(parse(*reply));
+        }
+        return true;
+      },
+      fds);
   return Await(future, timeout, what);
 }
 
@@ -437,7 +440,8 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
       PSWITCH_RETURN_IF_ERROR(files.Read(options.plan, proto::FileRole::Plan));
     }
   }
-  return CallAndAwait<RegisteredModel>(*connection_, options_.timeout, "register",
+  return CallAndAwait<RegisteredModel>(
+      *connection_, options_.timeout, "register",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterModel(
             b, b.CreateString(options.name), b.CreateString(options.zoo_model),
@@ -472,9 +476,8 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
         if (list == nullptr) return models;
         for (const proto::ModelInfo* m : *list) {
           models.push_back(ModelInfo{m->name() ? m->name()->str() : "",
-                                     m->zoo_model() ? m->zoo_model()->str() : "",
-                                     m->param_bytes(), m->output_dtype(),
-                                     ReadLongs(m->output_shape())});
+                                     m->zoo_model() ? m->zoo_model()->str() : "", m->param_bytes(),
+                                     m->output_dtype(), ReadLongs(m->output_shape())});
         }
         return models;
       });
@@ -482,7 +485,8 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
 
 absl::StatusOr<uint64_t> Client::RegisterArea(const TransferArea& area) {
   const uint64_t bytes = area.bytes();
-  return CallAndAwait<uint64_t>(*connection_, options_.timeout, "register transfer area",
+  return CallAndAwait<uint64_t>(
+      *connection_, options_.timeout, "register transfer area",
       [bytes](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterArea(b, bytes);
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterArea,
@@ -564,8 +568,7 @@ namespace {
 absl::StatusOr<uint64_t> OutputBytes(proto::DType dtype, std::vector<int64_t> shape,
                                      const std::vector<AreaTensor>& inputs) {
   if (shape.empty()) return 0;
-  const int64_t batch =
-      inputs.empty() || inputs[0].shape().empty() ? 1 : inputs[0].shape()[0];
+  const int64_t batch = inputs.empty() || inputs[0].shape().empty() ? 1 : inputs[0].shape()[0];
   for (int64_t& dim : shape) {
     if (dim == -1) dim = batch;
   }
@@ -600,8 +603,7 @@ absl::StatusOr<AreaResult> ToAreaResult(const proto::TaskResult& wire, const Are
     if (t.place == proto::Place::Region) {
       const AreaSpan* space = call.outputs.get();
       if (space == nullptr || t.slice.region != space->area_id() ||
-          t.slice.offset < space->offset() ||
-          t.slice.offset - space->offset() > space->length() ||
+          t.slice.offset < space->offset() || t.slice.offset - space->offset() > space->length() ||
           t.slice.length > space->length() - (t.slice.offset - space->offset())) {
         return absl::InternalError(absl::StrCat(
             "pswitchd placed output '", t.name, "' at area ", t.slice.region, " offset ",
@@ -616,8 +618,7 @@ absl::StatusOr<AreaResult> ToAreaResult(const proto::TaskResult& wire, const Are
                                areas.Allocate(t.data.size(), /*may_grow=*/false));
       std::memcpy(span->data(), t.data.data(), t.data.size());
       const uint64_t length = t.data.size();
-      result.outputs.emplace_back(t.name, t.dtype, std::move(t.shape), std::move(span), 0,
-                                  length);
+      result.outputs.emplace_back(t.name, t.dtype, std::move(t.shape), std::move(span), 0, length);
     } else {
       return absl::InternalError(
           absl::StrCat("pswitchd sent output '", t.name, "' as a payload to a Unix client"));
@@ -705,8 +706,8 @@ void Client::SubmitArea(const std::string& model, std::vector<AreaTensor> inputs
             proto::Optimizer::Sgd, 0.01, 0.9, 0, 0,
             call->outputs != nullptr ? proto::Place::Region : proto::Place::Inline,
             call->outputs != nullptr ? &outputs_to : nullptr);
-        proto::Finish(b,
-            proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
+        proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask,
+                                                    body.Union()));
       },
       [this, call, areas, model](const absl::StatusOr<const ControllerReply*>& reply) {
         // The task is over (or its connection is, and with it every later allocation): the spans
@@ -1008,14 +1009,15 @@ absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
   // The estimate counts the dataset's rows; it writes nothing, so no output file is made.
   PassedFiles files;
   if (local()) PSWITCH_RETURN_IF_ERROR(files.Read(o.dataset_path, proto::FileRole::Dataset));
-  return CallAndAwait<FillJobStatus>(*connection_, options_.timeout, "fill estimate",
+  return CallAndAwait<FillJobStatus>(
+      *connection_, options_.timeout, "fill estimate",
       [&](Builder& b, uint64_t id) {
         auto job = CreateFillSubmit(b, o);
         auto body = proto::CreateFillEstimateQuery(b, job);
         auto roles = files.Roles(b);
-        proto::Finish(b, proto::CreateClientRequest(
-                             b, id, proto::ClientRequestBody::FillEstimateQuery, body.Union(), 0,
-                             roles));
+        proto::Finish(b,
+                      proto::CreateClientRequest(b, id, proto::ClientRequestBody::FillEstimateQuery,
+                                                 body.Union(), 0, roles));
       },
       ControllerReplyBody::FillStatus, ParseFillStatus, files.fds());
 }

@@ -298,7 +298,7 @@ class Client {
   absl::Status bubble_error_ ABSL_GUARDED_BY(bubble_mu_);  // sticky
   absl::Mutex specs_mu_;
   absl::flat_hash_map<std::string, OutputSpec> output_specs_ ABSL_GUARDED_BY(specs_mu_);
-  std::shared_ptr<AreaAllocator> areas_;  // Unix socket only; spans out may outlive the client
+  std::shared_ptr<AreaAllocator> areas_;    // Unix socket only; spans out may outlive the client
   std::unique_ptr<Connection> connection_;  // last: its reader may call into the above
 };
 

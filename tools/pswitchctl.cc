@@ -165,9 +165,8 @@ absl::StatusOr<client::TaskResult> InferInArea(client::Client& client, const std
     auto placed = client.Tensor(t.shape, *dtype, t.name);
     if (!placed.ok()) return placed.status();
     if (placed->length() != t.bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": '", t.name, "' holds ", t.bytes, " bytes for its shape's ",
-                       placed->length()));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": '", t.name, "' holds ", t.bytes,
+                                                     " bytes for its shape's ", placed->length()));
     }
     std::memcpy(placed->data(), t.data, t.bytes);
     inputs.push_back(std::move(*placed));
@@ -398,8 +397,8 @@ absl::Status Run(const std::vector<std::string>& args) {
     client::InferOptions infer;
     infer.priority = absl::GetFlag(FLAGS_priority);
     infer.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
-    auto result = client.local() ? InferInArea(client, name, infer)
-                                 : InferFramed(client, name, infer);
+    auto result =
+        client.local() ? InferInArea(client, name, infer) : InferFramed(client, name, infer);
     if (!result.ok()) return result.status();
     if (auto s = WriteOutputs(absl::GetFlag(FLAGS_output), result->outputs); !s.ok()) return s;
     std::printf("task %llu: latency %.3f ms (switch %.3f ms), output written to %s\n",
@@ -496,7 +495,8 @@ absl::Status Run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args = pswitch::tools::ParseToolFlags(
       argc, argv,
-      "pswitchctl [--server HOST:PORT|unix:/path] [--tcp] register|infer|train|status|models|cancel|unload|bubble-cycle|"
+      "pswitchctl [--server HOST:PORT|unix:/path] [--tcp] "
+      "register|infer|train|status|models|cancel|unload|bubble-cycle|"
       "fill|"
       "trace "
       "...",
