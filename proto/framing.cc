@@ -117,7 +117,7 @@ void FrameDecoder::Append(std::span<const uint8_t> bytes) {
 }
 
 std::span<uint8_t> FrameDecoder::ReceiveSpace() {
-  offered_ = 0;
+  if (offered_ > 0) Commit(0);  // an offer never committed: its space holds no bytes
   if (!error_.ok()) return {};
   if (in_body()) {
     if (body_complete()) return {};

@@ -71,7 +71,9 @@ class FrameDecoder {
   size_t BytesNeeded() const;
   // Bytes received and not yet returned by Next (0: between frames).
   size_t buffered() const {
-    return buffer_.size() - consumed_ + (in_body() ? kFrameHeaderBytes + body_.size() : 0);
+    // Space offered by ReceiveSpace and not yet committed holds no bytes yet.
+    return buffer_.size() - consumed_ + (in_body() ? kFrameHeaderBytes + body_.size() : 0) -
+           offered_;
   }
   // Capacity the decoder holds on to (its buffer, a large frame's reserved payload, the spare).
   size_t retained_bytes() const {

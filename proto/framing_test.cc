@@ -222,6 +222,10 @@ TEST(FramingTest, ReceiveSpaceNeverCrossesAFrameBoundary) {
   }
   EXPECT_EQ(pos, stream.size());
   EXPECT_EQ(decoder.buffered(), 0u);
+  // Space offered and never committed holds no bytes: asking again offers the same place.
+  ASSERT_EQ(decoder.ReceiveSpace().size(), kFrameHeaderBytes);
+  ASSERT_EQ(decoder.ReceiveSpace().size(), kFrameHeaderBytes);
+  EXPECT_EQ(decoder.buffered(), 0u);
 }
 
 TEST(FramingTest, VerifierRejectsGarbageAndTruncation) {
