@@ -185,9 +185,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       return conn.Send(ErrorReply(
           id, absl::PermissionDeniedError(absl::StrCat(
                   "'", principal_->name,
-                  "' (role user) may infer, train, unload the models it "
-                  "may change and see and cancel its own tasks; this request needs an admin "
-                  "token"))));
+                  "' (role user) may infer, train, register transfer areas, unload the models "
+                  "it may change and see and cancel its own tasks; this request needs an admin "
+                  "(an admin token, or pswitchd's own uid on the local path)"))));
     }
     switch (type) {
       case proto::ClientRequestBody::RegisterModel:
