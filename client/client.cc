@@ -207,10 +207,15 @@ class Client::Connection {
   std::thread reader_;  // last: starts once the members it uses exist
 };
 
-std::string DefaultUnixSocketPath() {
+std::vector<std::string> DefaultUnixSocketPaths() {
   const char* env = std::getenv("PSWITCH_UNIX_SOCKET");
-  if (env != nullptr && env[0] != '\0') return env;
-  return "/run/pswitch/pswitchd.sock";
+  if (env != nullptr && env[0] != '\0') return {env};
+  std::vector<std::string> paths = {"/run/pswitch/pswitchd.sock"};
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime != nullptr && runtime[0] == '/') {
+    paths.push_back(absl::StrCat(runtime, "/pswitch/pswitchd.sock"));
+  }
+  return paths;
 }
 
 namespace {
@@ -256,11 +261,13 @@ absl::StatusOr<std::unique_ptr<proto::FrameChannel>> Dial(absl::string_view addr
   }
   const std::string tcp = address.empty() ? default_tcp : std::string(address);
   if (options.transport == Transport::kAuto && (address.empty() || IsLocalDefaultPort(address))) {
-    // A socket that is missing, refuses us, or has nobody listening: the TCP port instead.
-    auto unix = proto::FrameChannel::Connect(DefaultUnixSocketPath(), options.max_frame_bytes);
-    if (unix.ok()) {
-      *local = true;
-      return unix;
+    // A socket that is missing, refuses us, or has nobody listening: the next, then TCP.
+    for (const std::string& path : DefaultUnixSocketPaths()) {
+      auto unix = proto::FrameChannel::Connect(path, options.max_frame_bytes);
+      if (unix.ok()) {
+        *local = true;
+        return unix;
+      }
     }
   }
   return proto::FrameChannel::ConnectTcp(tcp, options.max_frame_bytes);

@@ -25,9 +25,11 @@
 
 namespace pswitch::client {
 
-// pswitchd's default Unix socket: $PSWITCH_UNIX_SOCKET when set and not empty, else
-// /run/pswitch/pswitchd.sock (pswitchd's default outside a systemd RuntimeDirectory).
-std::string DefaultUnixSocketPath();
+// Where pswitchd's default Unix socket may be, in the order tried: $PSWITCH_UNIX_SOCKET alone when
+// it is set and not empty; else /run/pswitch/pswitchd.sock (pswitchd under systemd's
+// RuntimeDirectory=pswitch, or run as root), then $XDG_RUNTIME_DIR/pswitch/pswitchd.sock
+// (pswitchd run by hand by this user).
+std::vector<std::string> DefaultUnixSocketPaths();
 // The TCP port pswitchd listens on by default (--listen=127.0.0.1:7300).
 inline constexpr int kDefaultPort = 7300;
 
@@ -184,7 +186,7 @@ class Client {
  public:
   // `address`:
   //  - "unix:/path": pswitchd's Unix socket at /path;
-  //  - "" : the default Unix socket (DefaultUnixSocketPath) when it exists and accepts the
+  //  - "" : the first default Unix socket (DefaultUnixSocketPaths) that accepts the
   //    connection, else TCP to 127.0.0.1:7300;
   //  - "HOST:PORT": TCP, except that a loopback HOST ("localhost", 127.0.0.0/8, "::1") with the
   //    default port 7300 uses the default Unix socket when it exists and accepts the connection

@@ -562,11 +562,32 @@ TEST(LocalClientTest, LocalAddressesUseTheDefaultUnixSocket) {
   EXPECT_EQ(Client::Connect("unix:" + server.path(), tcp).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(server.seen().areas.size(), 4u);
-  // A default socket nobody serves: the TCP port instead (here refused too).
+  // The variable, when set, is the only place looked at.
   ::setenv("PSWITCH_UNIX_SOCKET", (server.dir() + "/nobody.sock").c_str(), 1);
-  EXPECT_EQ(DefaultUnixSocketPath(), server.dir() + "/nobody.sock");
+  EXPECT_THAT(DefaultUnixSocketPaths(), ElementsAre(server.dir() + "/nobody.sock"));
+  // Without the variable: the system's socket, then this user's own pswitchd's.
   ::unsetenv("PSWITCH_UNIX_SOCKET");
-  EXPECT_EQ(DefaultUnixSocketPath(), "/run/pswitch/pswitchd.sock");
+  const std::string runtime = server.dir() + "/xdg";
+  ASSERT_EQ(::mkdir(runtime.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((runtime + "/pswitch").c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(server.path().c_str(), (runtime + "/pswitch/pswitchd.sock").c_str()), 0);
+  const char* saved = std::getenv("XDG_RUNTIME_DIR");
+  const std::string saved_runtime = saved != nullptr ? saved : "";
+  ::setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+  EXPECT_THAT(DefaultUnixSocketPaths(),
+              ElementsAre("/run/pswitch/pswitchd.sock", runtime + "/pswitch/pswitchd.sock"));
+  auto own = Client::Connect("", SmallAreas());
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_TRUE((*own)->local());
+  own->reset();
+  if (saved != nullptr) {
+    ::setenv("XDG_RUNTIME_DIR", saved_runtime.c_str(), 1);
+  } else {
+    ::unsetenv("XDG_RUNTIME_DIR");
+  }
+  ::unlink((runtime + "/pswitch/pswitchd.sock").c_str());
+  ::rmdir((runtime + "/pswitch").c_str());
+  ::rmdir(runtime.c_str());
 }
 
 TEST(LocalClientTest, AreaCallsNeedTheUnixSocket) {

@@ -19,7 +19,8 @@
 //
 // --server "unix:/path" is pswitchd's Unix socket. The default (127.0.0.1:7300) and any loopback
 // address with port 7300 use pswitchd's default Unix socket ($PSWITCH_UNIX_SOCKET, else
-// /run/pswitch/pswitchd.sock) when it accepts the connection, else TCP (--tcp: always TCP). Over
+// /run/pswitch/pswitchd.sock, then $XDG_RUNTIME_DIR/pswitch/pswitchd.sock) when one accepts the
+// connection, else TCP (--tcp: always TCP). Over
 // the Unix socket the files register and fill name (--weights, --archive, --plan, --dataset,
 // --output) are opened by pswitchctl itself, relative to its working directory and with its
 // user's rights, and passed to pswitchd as open files; infer's tensors travel through a shared

@@ -133,8 +133,8 @@ class Client:
     `address`: "unix:/path" (pswitchd's Unix socket), "HOST:PORT" (TCP), or None. None, and a
     loopback address with pswitchd's default port 7300 ("127.0.0.1:7300", "localhost:7300",
     "[::1]:7300"), use the default Unix socket ($PSWITCH_UNIX_SOCKET, else
-    /run/pswitch/pswitchd.sock) when it exists and accepts the connection, else TCP to that
-    address (None: 127.0.0.1:7300). Any other address is TCP. transport="tcp" never uses the
+    /run/pswitch/pswitchd.sock, then $XDG_RUNTIME_DIR/pswitch/pswitchd.sock) when one accepts
+    the connection, else TCP to that address (None: 127.0.0.1:7300). Any other address is TCP. transport="tcp" never uses the
     Unix socket."""
 
     def __init__(self, address=None, token=None, timeout=600.0, *, transport="auto"):
