@@ -1005,7 +1005,9 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   auto place = [&](size_t bytes,
                    const std::vector<proto::HostTensor>& heads) -> absl::StatusOr<uint8_t*> {
     uint64_t total = bytes;
-    if (entry.ok()) {
+    // Inputs admission will refuse (names, dtypes, ranks) get no room: their refusal is theirs,
+    // not the budget's for an output of a shape that cannot be.
+    if (entry.ok() && CheckInputs(**entry, heads).ok()) {
       absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
       if (out.ok() && *out > 0) {
         const uint64_t at = (bytes + kPlacementAlignment - 1) / kPlacementAlignment *
