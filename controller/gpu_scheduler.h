@@ -8,8 +8,9 @@
 // deadlines are handlers on it; other threads post to it.
 //
 // Training stops at iteration boundaries; its weights (and buffers) are checkpointed from the
-// region back to the pinned store whenever it stops, and its optimizer state to host memory when
-// it is preempted, so a preempted task resumes exactly.
+// region back to the pinned store whenever it stops cleanly (never after a failed run, nor from
+// a switch whose copy did not complete), and its optimizer state to host memory when it is
+// preempted, so a preempted task resumes exactly. Those copies run off the loop (EndTraining).
 #ifndef PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 #define PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 
