@@ -638,6 +638,8 @@ int Main() {
     http_options.quota = &(*server)->quota();
     http_options.admission = &(*server)->admission();
     http_options.regions = &regions;
+    // Triton's CUDA shared memory (a client's IPC handle) needs a device to open it on.
+    http_options.cuda_shared_memory = options.device.backend == gpu::Backend::kCuda;
     http_options.limits.max_body_bytes = server_options.max_frame_bytes;
     http_options.limits.max_connections =
         static_cast<size_t>(absl::GetFlag(FLAGS_http_max_connections));
