@@ -47,7 +47,7 @@ budget="${PSWITCH_VALIDATE_BUDGET_S:-565}"
 reserve=20  # seconds kept back at the end of a phase: kill grace, summary, artifacts
 models=(resnet152 inception_v3 bert_base)
 targets=(pswitchd pswitch-worker pswitchctl run-model profile-model find-grouping bench-transfer
-  bench-switch pipetrain gpu_test memdaemon_ipc_test worker_cuda_test)
+  bench-switch bench-dataplane pipetrain gpu_test memdaemon_ipc_test worker_cuda_test)
 export PYTHONUNBUFFERED=1
 
 say() { echo "validate: $*"; }
@@ -229,6 +229,21 @@ cmd_switch() {
   rc=$?
   kill "$sampler" 2>/dev/null
   wait "$sampler" 2>/dev/null
+  return "$rc"
+}
+
+# --- dataplane: a request's tensors per data path (Unix area, Triton shm, TCP payload, HTTP
+# binary, the framed baseline) on the CUDA backend, against memcpy in the same run (issue 26) ---
+cmd_dataplane() {
+  need bench-dataplane pswitchd pswitch-worker
+  local requests=20
+  [ "$quick" = 1 ] && requests=6
+  "$bin/bench-dataplane" --backend=cuda --requests="$requests" \
+    --archive="$repo/tests/data/archives/corner_probe.pswitch.pt" | tee "$work/dataplane.out"
+  local rc=${PIPESTATUS[0]}
+  # One figure per size and path: p50 ms, GB/s, ratio to memcpy + 0.2 ms.
+  awk '$1 ~ /^[0-9.]+$/ && NF >= 5 { printf "FIG dataplane %s MB %s: p50 %s ms, %s GB/s%s\n", $1, $2, $3, $5, (NF >= 6 ? ", " $6 " x memcpy+0.2ms" : "") }' \
+    "$work/dataplane.out"
   return "$rc"
 }
 
@@ -672,6 +687,7 @@ do_run() {
   for m in "${models[@]}"; do
     step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"
   done
+  step dataplane $((q ? 60 : 90)) "$self" _dataplane
   step bubbles $((q ? 80 : 150)) "$self" _bubbles
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
   step rest $((q ? 90 : 120)) "$self" _rest

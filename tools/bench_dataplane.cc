@@ -1,0 +1,379 @@
+// bench-dataplane: how fast a request's own tensors reach the worker and come back, path by path,
+// against a memcpy of the same bytes in the same run (docs/dataplane.md). One pswitchd, one
+// resident model with almost no compute (corner_probe: one pixel per image), inputs of 0.6, 4.8,
+// 8.6 and 34 MB, every path interleaved request by request:
+//
+//   unix-area    the C++ client over the Unix socket, inputs produced in its transfer area
+//                (Client::Tensor), outputs read where the worker wrote them
+//   unix-copy    the same through the HostTensor API: one client-side copy into the area
+//   http-shm     Triton system shared memory over HTTP (a /dev/shm segment registered by name)
+//   tcp-payload  the C++ client over TCP, tensors as the raw payload after the frame
+//   http-binary  KServe's binary extension over HTTP
+//   tcp-framed   the C++ client over TCP, tensors inside the FlatBuffers frame (the baseline:
+//                the path every request took before issue 26)
+//
+//   bench-dataplane [--requests 30] [--backend host] [--sizes 0.6,4.8,8.6,34]
+//
+// Prints, per size and path, the client latency p50/p99, the effective GB/s (input bytes / p50),
+// and the ratio to memcpy's p50 + 0.2 ms (the target for the shared-memory paths: <= 1.5), and
+// the framed path's p50 as the baseline.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/files.h"
+#include "base/unique_fd.h"
+#include "client/client.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tools/bench_stats.h"
+#include "tools/cli.h"
+#include "tools/pswitchd_process.h"
+
+ABSL_FLAG(int, requests, 30, "measured requests per path and size");
+ABSL_FLAG(std::string, backend, "host", "pswitchd's backend");
+ABSL_FLAG(std::string, sizes, "0.6,4.8,8.6,34",
+          "input sizes in MB (each rounded to a [N, 3, H, W] float32 image batch)");
+ABSL_FLAG(std::string, archive, PSWITCH_TEST_DATA_DIR "/archives/corner_probe.pswitch.pt",
+          "the model: a pswitch.export archive taking [N, 3, H, W] float32");
+
+namespace pswitch {
+namespace {
+
+using nlohmann::json;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "bench-dataplane: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+// The image batch closest to `mb` megabytes: ResNet's 224 x 224 up to 8 images, Inception's
+// 299 x 299 beyond (0.6 MB = 1 x 224², 4.8 = 8 x 224², 8.6 = 8 x 299², 34 = 32 x 299²).
+std::vector<int64_t> ShapeFor(double mb) {
+  const double bytes = mb * 1e6;
+  const int64_t side = bytes > 5e6 ? 299 : 224;
+  const double per_image = 3.0 * side * side * 4;
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(bytes / per_image + 0.5));
+  return {n, 3, side, side};
+}
+
+// What every path is given: the input's values (the same for every path and request, so the
+// answers can be compared bit for bit) and its shape.
+struct Case {
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  std::vector<uint8_t> expected_output;  // the framed path's answer
+};
+
+// A POSIX shared-memory segment (/dev/shm/NAME), unlinked when destroyed.
+class ShmSegment {
+ public:
+  static absl::StatusOr<ShmSegment> Create(std::string name, size_t size) {
+    const std::string path = "/" + name;
+    UniqueFd fd(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd.valid()) return absl::InternalError("shm_open " + path + " failed");
+    if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+      ::shm_unlink(path.c_str());
+      return absl::InternalError("sizing " + path + " failed");
+    }
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (base == MAP_FAILED) {
+      ::shm_unlink(path.c_str());
+      return absl::InternalError("mapping " + path + " failed");
+    }
+    return ShmSegment(std::move(name), static_cast<uint8_t*>(base), size);
+  }
+  ShmSegment(ShmSegment&& other) noexcept
+      : name_(std::move(other.name_)), data_(std::exchange(other.data_, nullptr)),
+        size_(other.size_) {}
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ShmSegment& operator=(ShmSegment&&) = delete;
+  ~ShmSegment() {
+    if (data_ == nullptr) return;
+    ::munmap(data_, size_);
+    ::shm_unlink(("/" + name_).c_str());
+  }
+  const std::string& name() const { return name_; }
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  ShmSegment(std::string name, uint8_t* data, size_t size)
+      : name_(std::move(name)), data_(data), size_(size) {}
+  std::string name_;
+  uint8_t* data_;
+  size_t size_;
+};
+
+using PathCall = std::function<absl::StatusOr<std::vector<uint8_t>>(const Case&)>;
+
+struct Path {
+  std::string name;
+  PathCall call;
+  std::map<size_t, std::vector<double>> ms;  // by case index
+};
+
+double MemcpyMs(const Case& c, std::vector<uint8_t>& into) {
+  const absl::Time start = absl::Now();
+  std::memcpy(into.data(), c.bytes.data(), c.bytes.size());
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  // Keeps the copy from being optimised away.
+  if (into[into.size() / 2] != c.bytes[c.bytes.size() / 2]) std::abort();
+  return ms;
+}
+
+int Run() {
+  const int n = absl::GetFlag(FLAGS_requests);
+  if (n < 5) return Fail(absl::InvalidArgumentError("--requests must be >= 5"));
+  std::vector<Case> cases;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',')) {
+    double mb = 0;
+    if (!absl::SimpleAtod(s, &mb) || mb <= 0 || mb > 512) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("bad size '", s, "'")));
+    }
+    Case c;
+    c.shape = ShapeFor(mb);
+    c.bytes.resize(static_cast<size_t>(c.shape[0] * c.shape[1] * c.shape[2] * c.shape[3] * 4));
+    for (size_t i = 0; i < c.bytes.size(); ++i) c.bytes[i] = static_cast<uint8_t>(i * 131 + 7);
+    // Keep the floats finite and small: every 4th byte (the exponent's high bits) is 0x3f.
+    for (size_t i = 3; i < c.bytes.size(); i += 4) c.bytes[i] = 0x3f;
+    cases.push_back(std::move(c));
+  }
+
+  char tmpl[] = "/tmp/bench-dataplane-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return Fail(absl::InternalError("mkdtemp failed"));
+  const std::filesystem::path dir = tmpl;
+  tools::PswitchdProcess daemon(
+      tools::SiblingBinary("pswitchd"),
+      {"--backend=" + absl::GetFlag(FLAGS_backend), "--listen=127.0.0.1:0",
+       "--http-listen=127.0.0.1:0", "--standby-workers=1", "--allow-client-paths=true",
+       "--unix-socket=" + (dir / "pswitchd.sock").string(), "--socket=" + (dir / "m.sock").string()},
+      (dir / "pswitchd.log").string());
+  if (daemon.port() == 0 || daemon.http_port() == 0) {
+    return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
+  }
+  client::ClientOptions tcp_options;
+  tcp_options.transport = client::Transport::kTcp;  // the framed baseline, never the Unix socket
+  auto tcp = client::Client::Connect(daemon.address(), tcp_options);
+  if (!tcp.ok()) return Fail(tcp.status());
+  auto local = client::Client::Connect("unix:" + (dir / "pswitchd.sock").string());
+  if (!local.ok()) return Fail(local.status());
+  if (!(*local)->local()) return Fail(absl::InternalError("the Unix client has no transfer area"));
+  // Each case's input as an area tensor filled once in place, as a caller that produces its
+  // input straight into the area does (Client::Tensor): a request then moves no input byte
+  // before the worker's one copy.
+  std::vector<client::AreaTensor> area_inputs;
+  const std::string model = "probe";
+  {
+    client::RegisterOptions reg;
+    reg.name = model;
+    reg.archive_path = absl::GetFlag(FLAGS_archive);
+    reg.batch_size = 1;
+    auto registered = (*tcp)->Register(reg);
+    if (!registered.ok()) return Fail(registered.status());
+  }
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  http.set_keep_alive(true);
+  http.set_tcp_nodelay(true);
+  http.set_read_timeout(120, 0);
+  const std::string infer_path = "/v2/models/" + model + "/infer";
+
+  std::vector<Path> paths;
+  // The baseline: tensors inside the FlatBuffers frame.
+  paths.push_back({"tcp-framed", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
+                     proto::HostTensor input{"input", proto::DType::F32, c.shape, c.bytes};
+                     auto result = (*tcp)->Infer(model, {std::move(input)});
+                     if (!result.ok()) return result.status();
+                     if (result->outputs.empty()) return absl::InternalError("no output");
+                     return result->outputs[0].data;
+                   }});
+  paths.push_back({"http-binary", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
+                     const std::string header =
+                         json{{"inputs", {{{"name", "input"},
+                                           {"shape", c.shape},
+                                           {"datatype", "FP32"},
+                                           {"parameters", {{"binary_data_size", c.bytes.size()}}}}}},
+                              {"outputs",
+                               {{{"name", "output"}, {"parameters", {{"binary_data", true}}}}}}}
+                             .dump();
+                     std::string body = header;
+                     body.append(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size());
+                     auto r = http.Post(
+                         infer_path,
+                         {{"Inference-Header-Content-Length", std::to_string(header.size())}}, body,
+                         "application/octet-stream");
+                     if (!r) return absl::UnavailableError("HTTP request failed");
+                     if (r->status != 200) {
+                       return absl::InternalError(absl::StrCat("HTTP ", r->status, ": ", r->body));
+                     }
+                     auto length = r->get_header_value("Inference-Header-Content-Length");
+                     size_t json_bytes = 0;
+                     if (!absl::SimpleAtoi(length, &json_bytes) || json_bytes > r->body.size()) {
+                       return absl::InternalError("bad binary response");
+                     }
+                     return std::vector<uint8_t>(r->body.begin() + json_bytes, r->body.end());
+                   }});
+
+  for (const Case& c : cases) {
+    auto t = (*local)->Tensor(c.shape, proto::DType::F32);
+    if (!t.ok()) return Fail(t.status());
+    std::memcpy(t->data(), c.bytes.data(), c.bytes.size());
+    area_inputs.push_back(std::move(*t));
+  }
+  auto case_index = [&](const Case& c) { return static_cast<size_t>(&c - cases.data()); };
+  paths.push_back({"unix-area", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
+                     auto result = (*local)->InferArea(model, {area_inputs[case_index(c)]});
+                     if (!result.ok()) return result.status();
+                     if (result->outputs.empty()) return absl::InternalError("no output");
+                     auto bytes = result->outputs[0].bytes();
+                     return std::vector<uint8_t>(bytes.begin(), bytes.end());
+                   }});
+  // The same over the HostTensor API: the client copies the input into its area once.
+  paths.push_back({"unix-copy", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
+                     proto::HostTensor input{"input", proto::DType::F32, c.shape, c.bytes};
+                     auto result = (*local)->Infer(model, {std::move(input)});
+                     if (!result.ok()) return result.status();
+                     if (result->outputs.empty()) return absl::InternalError("no output");
+                     return result->outputs[0].data;
+                   }});
+
+  // Triton system shared memory: one /dev/shm segment per case holding its input (filled once,
+  // as a Triton client does with set_shared_memory_region), one for the outputs.
+  std::vector<ShmSegment> shm_inputs;
+  const std::string shm_prefix = absl::StrCat("pswitch-bench-", ::getpid(), "-");
+  for (size_t k = 0; k < cases.size(); ++k) {
+    auto seg = ShmSegment::Create(absl::StrCat(shm_prefix, "in", k), cases[k].bytes.size());
+    if (!seg.ok()) return Fail(seg.status());
+    std::memcpy(seg->data(), cases[k].bytes.data(), cases[k].bytes.size());
+    shm_inputs.push_back(std::move(*seg));
+  }
+  auto shm_output = ShmSegment::Create(shm_prefix + "out", 1 << 20);
+  if (!shm_output.ok()) return Fail(shm_output.status());
+  std::vector<const ShmSegment*> segments;
+  for (const ShmSegment& s : shm_inputs) segments.push_back(&s);
+  segments.push_back(&*shm_output);
+  for (const ShmSegment* seg : segments) {
+    auto r = http.Post("/v2/systemsharedmemory/region/" + seg->name() + "/register",
+                       json{{"key", "/" + seg->name()}, {"offset", 0}, {"byte_size", seg->size()}}
+                           .dump(),
+                       "application/json");
+    if (!r || r->status != 200) {
+      return Fail(absl::InternalError("registering a shared-memory region: " +
+                                      (r ? r->body : std::string("no answer"))));
+    }
+  }
+  paths.push_back({"http-shm", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
+                     const ShmSegment& in = shm_inputs[case_index(c)];
+                     const std::string body =
+                         json{{"inputs", {{{"name", "input"},
+                                           {"shape", c.shape},
+                                           {"datatype", "FP32"},
+                                           {"parameters",
+                                            {{"shared_memory_region", in.name()},
+                                             {"shared_memory_byte_size", in.size()}}}}}},
+                              {"outputs", {{{"name", "output"},
+                                            {"parameters",
+                                             {{"shared_memory_region", shm_output->name()},
+                                              {"shared_memory_byte_size", shm_output->size()}}}}}}}
+                             .dump();
+                     auto r = http.Post(infer_path, body, "application/json");
+                     if (!r) return absl::UnavailableError("HTTP request failed");
+                     if (r->status != 200) {
+                       return absl::InternalError(absl::StrCat("HTTP ", r->status, ": ", r->body));
+                     }
+                     // The output's size is in the answer; its bytes are in the segment.
+                     const json answer = json::parse(r->body, nullptr, false);
+                     if (answer.is_discarded() || !answer.contains("outputs")) {
+                       return absl::InternalError("bad answer: " + r->body);
+                     }
+                     const json& out = answer["outputs"][0];
+                     const uint64_t size =
+                         out["parameters"]["shared_memory_byte_size"].get<uint64_t>();
+                     if (size > shm_output->size()) return absl::InternalError("output too large");
+                     return std::vector<uint8_t>(shm_output->data(), shm_output->data() + size);
+                   }});
+
+  // The framed path's answers are the reference every path must match bit for bit.
+  for (Case& c : cases) {
+    auto out = paths[0].call(c);
+    if (!out.ok()) return Fail(out.status());
+    c.expected_output = *out;
+  }
+  std::fprintf(stderr, "warming up...\n");
+  for (int i = 0; i < 3; ++i) {
+    for (Path& p : paths) {
+      for (const Case& c : cases) {
+        auto out = p.call(c);
+        if (!out.ok()) return Fail(absl::Status(out.status().code(), p.name + ": " + std::string(out.status().message())));
+        if (*out != c.expected_output) {
+          return Fail(absl::InternalError(p.name + ": answer differs from the framed path's"));
+        }
+      }
+    }
+  }
+  std::fprintf(stderr, "measuring %d requests per path and size, interleaved...\n", n);
+  std::map<size_t, std::vector<double>> memcpy_ms;
+  std::vector<uint8_t> scratch;
+  for (int i = 0; i < n; ++i) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      scratch.resize(cases[k].bytes.size());
+      std::memset(scratch.data(), 0, scratch.size());  // faulted in: memcpy's best case
+      memcpy_ms[k].push_back(MemcpyMs(cases[k], scratch));
+      for (Path& p : paths) {
+        const absl::Time start = absl::Now();
+        auto out = p.call(cases[k]);
+        p.ms[k].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+        if (!out.ok()) return Fail(out.status());
+        if (*out != cases[k].expected_output) {
+          return Fail(absl::InternalError(p.name + ": answer differs from the framed path's"));
+        }
+      }
+    }
+  }
+  (void)base::RemoveTree(dir.string());
+
+  auto pct = [](const std::vector<double>& v, double q) { return *tools::Percentile(v, q); };
+  std::printf(
+      "bench-dataplane: %s backend, corner_probe (almost no compute), %d requests per path and "
+      "size, interleaved; baseline: tcp-framed and memcpy of the same bytes, same run\n",
+      absl::GetFlag(FLAGS_backend).c_str(), n);
+  std::printf("%-8s %-12s %9s %9s %8s %14s %12s\n", "MB", "path", "p50_ms", "p99_ms", "GB/s",
+              "vs_memcpy+0.2", "vs_framed");
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const double mb = static_cast<double>(cases[k].bytes.size()) / 1e6;
+    const double copy = pct(memcpy_ms[k], 50);
+    std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14s %12s\n", mb, "memcpy", copy,
+                pct(memcpy_ms[k], 99), mb / 1e3 / (copy / 1e3), "", "");
+    const double framed = pct(paths[0].ms[k], 50);
+    for (Path& p : paths) {
+      const double p50 = pct(p.ms[k], 50);
+      std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14.2f %12.2f\n", mb, p.name.c_str(), p50,
+                  pct(p.ms[k], 99), mb / 1e3 / (p50 / 1e3), p50 / (copy + 0.2), p50 / framed);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace pswitch
+
+int main(int argc, char** argv) {
+  pswitch::tools::ParseToolFlags(
+      argc, argv, "Tensor transfer latency per data path against memcpy, in the same run.");
+  return pswitch::Run();
+}
