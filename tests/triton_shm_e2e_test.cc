@@ -2,8 +2,10 @@
 // against a real daemon: registration and its checks, and inference whose tensors lie in the
 // client's segments, compared with the same request's bytes sent in the body.
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -17,6 +19,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e_helpers.h"
+#include "tests/raw_socket.h"
 #include "tests/test_daemon.h"
 
 namespace pswitch {
@@ -208,6 +211,95 @@ TEST_F(TritonShmE2eTest, AnotherUsersMissingAndLinkedSegmentsGetOneAnswer) {
     // owner comparison itself (OpenShmSegmentTest).
     GTEST_LOG_(INFO) << "not root: another user's segment is checked in triton_shm_test";
   }
+  EXPECT_TRUE(Status().empty());
+}
+
+// One HTTP request (Connection: close) on a new loopback connection: "STATUS BODY".
+std::string RawRequest(int port, const std::string& method, const std::string& path,
+                       const std::string& body) {
+  const int fd = testing::ConnectLoopback(port);
+  if (fd < 0) return "connect failed";
+  testing::SendAll(fd, absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: x\r\n",
+                                    "Content-Type: application/json\r\nContent-Length: ",
+                                    body.size(), "\r\nConnection: close\r\n\r\n", body));
+  const std::string answer = testing::ReadUntilClose(fd, absl::Seconds(30));
+  ::close(fd);
+  const size_t body_at = answer.find("\r\n\r\n");
+  if (answer.size() < 12 || body_at == std::string::npos) return "no answer";
+  return answer.substr(9, 3) + " " + answer.substr(body_at + 4);
+}
+
+// Root's pswitchd, a client running as another user (nobody): each maps only its own segments.
+// The other user cannot map root's segment, root (pswitchd's own uid, an admin) cannot map the
+// other user's, and each sees only its own regions.
+TEST_F(TritonShmE2eTest, EachUserMapsOnlyItsOwnSegments) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user";
+  constexpr uid_t kNobody = 65534;
+  Segment roots(4096);
+  const std::string their_key = Segment::NewKey();
+  const std::string missing_key = Segment::NewKey();
+  const int port = daemon_->http_port();
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The client: nobody, with a segment of its own.
+    ::close(pipe_fds[0]);
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(kNobody, kNobody, kNobody) != 0 ||
+        ::setresuid(kNobody, kNobody, kNobody) != 0) {
+      ::_exit(3);
+    }
+    const int fd = ::open(("/dev/shm" + their_key).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) ::_exit(4);
+    ::close(fd);
+    auto reg = [&](const std::string& name, const std::string& key) {
+      return RawRequest(port, "POST", "/v2/systemsharedmemory/region/" + name + "/register",
+                        json{{"key", key}, {"byte_size", 64}}.dump());
+    };
+    const std::string lines[] = {reg("mine", their_key), reg("roots", roots.key()),
+                                 reg("missing", missing_key),
+                                 RawRequest(port, "GET", "/v2/systemsharedmemory/status", "")};
+    std::string out;
+    for (const std::string& line : lines) out += line + "\n";
+    if (::write(pipe_fds[1], out.data(), out.size()) != static_cast<ssize_t>(out.size())) {
+      ::_exit(5);
+    }
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0;) out.append(buf, n);
+  ::close(pipe_fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::vector<std::string> answers;
+  for (size_t at = 0, nl; (nl = out.find('\n', at)) != std::string::npos; at = nl + 1) {
+    answers.push_back(out.substr(at, nl - at));
+  }
+  ASSERT_EQ(answers.size(), 4u) << out;
+  EXPECT_EQ(answers[0].substr(0, 3), "200") << answers[0];
+  // Root's segment and a missing one: the same answer, but for the key named.
+  std::string roots_answer = answers[1], missing_answer = answers[2];
+  ASSERT_NE(roots_answer.find(roots.key()), std::string::npos) << roots_answer;
+  roots_answer.replace(roots_answer.find(roots.key()), roots.key().size(), "KEY");
+  ASSERT_NE(missing_answer.find(missing_key), std::string::npos) << missing_answer;
+  missing_answer.replace(missing_answer.find(missing_key), missing_key.size(), "KEY");
+  EXPECT_EQ(roots_answer.substr(0, 3), "404");
+  EXPECT_EQ(roots_answer, missing_answer);
+  // Nobody sees its own region only.
+  const json theirs = json::parse(answers[3].substr(4));
+  ASSERT_EQ(theirs.size(), 1u) << theirs;
+  EXPECT_EQ(theirs[0]["name"], "mine");
+
+  // Root (pswitchd's own uid) neither sees nobody's region nor may map nobody's segment.
+  EXPECT_TRUE(Status().empty());
+  auto r = Register("theirs", their_key, 0, 64);
+  ::unlink(("/dev/shm" + their_key).c_str());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404) << r->body;
   EXPECT_TRUE(Status().empty());
 }
 
