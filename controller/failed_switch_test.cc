@@ -2,6 +2,7 @@
 // device keeps counting as in flight and gets its undrained tenant killed at once; the
 // scheduler's loop never waits for a copy's end; and a training run that failed, or whose
 // weights' copy did not complete, never overwrites the master weights in the pinned store.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -19,17 +20,28 @@
 namespace pswitch::controller {
 namespace {
 
+// A ticket that remembers the longest anyone was prepared to wait on it.
+class RecordingTicket : public gpu::internal::JobTicket {
+ public:
+  using JobTicket::JobTicket;
+  absl::StatusOr<std::vector<gpu::GroupTiming>> Wait(absl::Duration timeout) override {
+    longest_wait = std::max(longest_wait, timeout);
+    return JobTicket::Wait(timeout);
+  }
+  absl::Duration longest_wait = absl::ZeroDuration();
+};
+
 // A copy engine whose jobs the test ends by hand, as a CUDA engine's stream would: a job can
 // stall (fail with its work still queued on the device) long before it finishes.
 class ManualCopyEngine : public gpu::CopyEngine {
  public:
   absl::StatusOr<std::shared_ptr<gpu::CopyTicket>> Submit(gpu::CopyJob job) override {
-    auto ticket = std::make_shared<gpu::internal::JobTicket>(
-        job.groups.size(), std::move(job.on_finished), std::move(job.on_stalled));
+    auto ticket = std::make_shared<RecordingTicket>(job.groups.size(), std::move(job.on_finished),
+                                                    std::move(job.on_stalled));
     tickets.push_back(ticket);
     return ticket;
   }
-  std::vector<std::shared_ptr<gpu::internal::JobTicket>> tickets;
+  std::vector<std::shared_ptr<RecordingTicket>> tickets;
 };
 
 class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
@@ -179,7 +191,8 @@ TEST_F(FailedSwitchTest, ATaskAnsweredWhileItsCopyRunsIsHandledWithoutWaiting) {
   absl::Status answered =
       switcher_->Completed(1, "a", *a->transmission, /*task_ok=*/true, timeline, copy_time);
   EXPECT_TRUE(answered.ok()) << answered;
-  EXPECT_FALSE(a->transmission->finished()) << "Completed returned without the copy's end";
+  EXPECT_FALSE(a->transmission->finished());
+  EXPECT_EQ(engine_.tickets[0]->longest_wait, absl::ZeroDuration()) << "the loop waited";
   EXPECT_EQ(copy_time, absl::ZeroDuration());
   EXPECT_EQ(timeline.first_group_ready_ns, 0);
   EXPECT_TRUE(timeline.group_copies.empty());
