@@ -421,15 +421,23 @@ std::optional<HttpServer::Caller> HttpServer::Identify(const HttpRequest& req,
   }
   // Without tokens only loopback is served (pswitchd refuses otherwise unless --insecure): the
   // kernel says which uid owns the peer's socket, and that uid is the principal.
-  asio::error_code ec;
-  const asio::ip::address local = asio::ip::make_address(req.local_address, ec);
-  const asio::ip::address remote = asio::ip::make_address(req.peer, ec);
-  if (ec || !remote.is_loopback()) return Caller{Principal{"anonymous", Role::kAdmin}, std::nullopt};
-  absl::StatusOr<uid_t> uid = LoopbackPeerUid(asio::ip::tcp::endpoint(local, req.local_port),
-                                              asio::ip::tcp::endpoint(remote, req.peer_port));
+  asio::error_code local_ec, remote_ec;
+  const asio::ip::address local = asio::ip::make_address(req.local_address, local_ec);
+  const asio::ip::address remote = asio::ip::make_address(req.peer, remote_ec);
+  if (!local_ec && !remote_ec && !remote.is_loopback()) {
+    // Beyond loopback without tokens: only with --insecure, the operator's choice.
+    return Caller{Principal{"anonymous", Role::kAdmin}, std::nullopt};
+  }
+  // Ends the transport could not tell are no one's: refused below, never an admin.
+  absl::StatusOr<uid_t> uid =
+      local_ec || remote_ec
+          ? absl::StatusOr<uid_t>(absl::UnavailableError("the connection's ends are unknown"))
+          : LoopbackPeerUid(asio::ip::tcp::endpoint(local, req.local_port),
+                            asio::ip::tcp::endpoint(remote, req.peer_port));
   if (!uid.ok()) {
-    ReplyError(res, absl::UnavailableError(absl::StrCat(
-                        "could not tell which local user this connection is: ", uid.status().message())));
+    ReplyError(
+        res, absl::UnavailableError(absl::StrCat(
+                 "could not tell which local user this connection is: ", uid.status().message())));
     return std::nullopt;
   }
   return Caller{PrincipalOfUid(*uid, nullptr), *uid};
@@ -461,18 +469,19 @@ void HttpServer::AddRoutes() {
   });
   ready.open = true;
   ready.where = Where::kEventLoop;
-  Handle("GET", "/v2", [authorize, cuda_shm = options_.cuda_shared_memory](const HttpRequest& req,
-                                                                          HttpResponse& res) {
-    if (!authorize(req, res)) return;
-    Reply(res, 200,
-          json{{"name", "pswitch"},
-               {"version", "1"},
-               {"extensions", cuda_shm ? json::array({"binary_tensor_data", "model_repository",
-                                                      "system_shared_memory",
-                                                      "cuda_shared_memory"})
-                                       : json::array({"binary_tensor_data", "model_repository",
-                                                      "system_shared_memory"})}});
-  });
+  Handle("GET", "/v2",
+         [authorize, cuda_shm = options_.cuda_shared_memory](const HttpRequest& req,
+                                                             HttpResponse& res) {
+           if (!authorize(req, res)) return;
+           Reply(res, 200,
+                 json{{"name", "pswitch"},
+                      {"version", "1"},
+                      {"extensions",
+                       cuda_shm ? json::array({"binary_tensor_data", "model_repository",
+                                               "system_shared_memory", "cuda_shared_memory"})
+                                : json::array({"binary_tensor_data", "model_repository",
+                                               "system_shared_memory"})}});
+         });
   Handle("GET", "/v2/models/{model}", [this, authorize](const HttpRequest& req, HttpResponse& res) {
     std::optional<Principal> who = authorize(req, res);
     if (!who) return;
@@ -1010,8 +1019,8 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
     if (entry.ok() && CheckInputs(**entry, heads).ok()) {
       absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
       if (out.ok() && *out > 0) {
-        const uint64_t at = (bytes + kPlacementAlignment - 1) / kPlacementAlignment *
-                            kPlacementAlignment;
+        const uint64_t at =
+            (bytes + kPlacementAlignment - 1) / kPlacementAlignment * kPlacementAlignment;
         PSWITCH_RETURN_IF_ERROR(charge.Grow(at - bytes + *out));
         staged_output = proto::ByteSlice{0, at, *out};
         total = at + *out;

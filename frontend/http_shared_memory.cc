@@ -32,8 +32,8 @@ void ReplyError(HttpResponse& res, const absl::Status& status) {
 // A register request's body: a JSON object of at most 4 KiB.
 absl::StatusOr<json> RegisterBody(const HttpRequest& req) {
   constexpr uint64_t kMaxRegisterBodyBytes = 4096;
-  absl::StatusOr<json> body = base::ParseUntrustedJson(
-      req.body, "shared-memory registration", base::JsonLimits{kMaxRegisterBodyBytes, 8});
+  absl::StatusOr<json> body = base::ParseUntrustedJson(req.body, "shared-memory registration",
+                                                       base::JsonLimits{kMaxRegisterBodyBytes, 8});
   if (!body.ok()) return body.status();
   if (!body->is_object()) return absl::InvalidArgumentError("expected an object");
   return body;
@@ -85,35 +85,35 @@ void HttpServer::RouteSharedMemory() {
            }
            Reply(res, list);
          });
-  Handle("POST", "/v2/systemsharedmemory/region/{name}/register",
-         [this, caller](const HttpRequest& req, HttpResponse& res) {
-           std::optional<Caller> who = caller(req, res);
-           if (!who) return;
-           absl::StatusOr<json> body = RegisterBody(req);
-           if (!body.ok()) return ReplyError(res, body.status());
-           auto key = body->find("key");
-           if (key == body->end() || !key->is_string()) {
-             return ReplyError(res, absl::InvalidArgumentError(
-                                        "\"key\" (the segment's shm_open name, \"/name\") is "
-                                        "required"));
-           }
-           absl::StatusOr<uint64_t> offset = Count(*body, "offset", false);
-           if (!offset.ok()) return ReplyError(res, offset.status());
-           absl::StatusOr<uint64_t> bytes = Count(*body, "byte_size", true);
-           if (!bytes.ok()) return ReplyError(res, bytes.status());
-           absl::Status registered =
-               triton_regions_.RegisterSystem(who->principal.name, who->uid, req.params[0],
-                                              key->get<std::string>(), *offset, *bytes);
-           if (!registered.ok()) return ReplyError(res, registered);
-           Reply(res, json::object());
-         });
+  Handle(
+      "POST", "/v2/systemsharedmemory/region/{name}/register",
+      [this, caller](const HttpRequest& req, HttpResponse& res) {
+        std::optional<Caller> who = caller(req, res);
+        if (!who) return;
+        absl::StatusOr<json> body = RegisterBody(req);
+        if (!body.ok()) return ReplyError(res, body.status());
+        auto key = body->find("key");
+        if (key == body->end() || !key->is_string()) {
+          return ReplyError(
+              res, absl::InvalidArgumentError("\"key\" (the segment's shm_open name, \"/name\") is "
+                                              "required"));
+        }
+        absl::StatusOr<uint64_t> offset = Count(*body, "offset", false);
+        if (!offset.ok()) return ReplyError(res, offset.status());
+        absl::StatusOr<uint64_t> bytes = Count(*body, "byte_size", true);
+        if (!bytes.ok()) return ReplyError(res, bytes.status());
+        absl::Status registered = triton_regions_.RegisterSystem(
+            who->principal.name, who->uid, req.params[0], key->get<std::string>(), *offset, *bytes);
+        if (!registered.ok()) return ReplyError(res, registered);
+        Reply(res, json::object());
+      });
   Handle("POST", "/v2/systemsharedmemory/region/{name}/unregister",
          [this, caller](const HttpRequest& req, HttpResponse& res) {
            std::optional<Caller> who = caller(req, res);
            if (!who) return;
            if (absl::Status s = CheckRegionName(req.params[0]); !s.ok()) return ReplyError(res, s);
-           absl::Status removed = triton_regions_.Unregister(who->principal.name,
-                                                             RegionKind::kShmFile, req.params[0]);
+           absl::Status removed =
+               triton_regions_.Unregister(who->principal.name, RegionKind::kShmFile, req.params[0]);
            if (!removed.ok()) return ReplyError(res, removed);
            Reply(res, json::object());
          });
@@ -188,8 +188,8 @@ void HttpServer::RouteSharedMemory() {
            std::optional<Caller> who = caller(req, res);
            if (!who || !cuda_served(res)) return;
            if (absl::Status s = CheckRegionName(req.params[0]); !s.ok()) return ReplyError(res, s);
-           absl::Status removed = triton_regions_.Unregister(who->principal.name,
-                                                             RegionKind::kCudaIpc, req.params[0]);
+           absl::Status removed =
+               triton_regions_.Unregister(who->principal.name, RegionKind::kCudaIpc, req.params[0]);
            if (!removed.ok()) return ReplyError(res, removed);
            Reply(res, json::object());
          });

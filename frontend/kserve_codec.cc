@@ -323,12 +323,10 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
   if (shm->has_value()) {
     const ShmReference& ref = **shm;
     const size_t width = proto::DTypeBytes(t.dtype);
-    if (elements > std::numeric_limits<uint64_t>::max() / width ||
-        elements * width != ref.bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': shape holds ", elements,
-                                                     " elements of ", width,
-                                                     " bytes, shared_memory_byte_size is ",
-                                                     ref.bytes));
+    if (elements > std::numeric_limits<uint64_t>::max() / width || elements * width != ref.bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", t.name, "': shape holds ", elements, " elements of ", width,
+                       " bytes, shared_memory_byte_size is ", ref.bytes));
     }
     t.place = proto::Place::Region;
     t.slice = proto::ByteSlice{0, ref.offset, ref.bytes};
@@ -364,7 +362,8 @@ std::string OutputRegionName(const InferRequest& request, const std::string& nam
   for (const auto& [output, ref] : request.output_regions) {
     if (output == name) return ref.region;
   }
-  return request.output_regions.empty() ? std::string() : request.output_regions.front().second.region;
+  return request.output_regions.empty() ? std::string()
+                                        : request.output_regions.front().second.region;
 }
 
 bool IsTrue(const json& object, const char* key) {
@@ -480,8 +479,8 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   for (size_t i = 0; i < out.inputs.size(); ++i) {
     const size_t bytes = json_bytes[i] + binary_parts[i].size();
     if (bytes == 0) continue;
-    placed_bytes = (placed_bytes + kPlacementAlignment - 1) / kPlacementAlignment *
-                   kPlacementAlignment;
+    placed_bytes =
+        (placed_bytes + kPlacementAlignment - 1) / kPlacementAlignment * kPlacementAlignment;
     offsets[i] = placed_bytes;
     placed_bytes += bytes;
   }

@@ -129,8 +129,9 @@ absl::Status TritonRegions::RegisterCuda(const std::string& owner, const std::st
   return table_->Add(name, std::move(region));
 }
 
-absl::StatusOr<std::vector<RegisteredRegion>> TritonRegions::Select(
-    const std::string& owner, RegionKind kind, const std::string& name) const {
+absl::StatusOr<std::vector<RegisteredRegion>> TritonRegions::Select(const std::string& owner,
+                                                                    RegionKind kind,
+                                                                    const std::string& name) const {
   std::vector<RegisteredRegion> regions = table_->List(owner, kind);
   if (name.empty()) return regions;
   for (RegisteredRegion& r : regions) {

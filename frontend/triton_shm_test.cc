@@ -81,13 +81,17 @@ TEST(OpenShmSegmentTest, AnotherUsersMissingLinkAndNonFileLookTheSame) {
 
 TEST(OpenShmSegmentTest, KeysThatLeaveTheDirectoryAreRefused) {
   ShmDir dir;
-  const std::vector<std::string> keys = {"",     "/",    "/..",
-                                         "/.",   "..",   "/a/b",
-                                         "/../etc/shadow", std::string("/a\0b", 4),
+  const std::vector<std::string> keys = {"",
+                                         "/",
+                                         "/..",
+                                         "/.",
+                                         "..",
+                                         "/a/b",
+                                         "/../etc/shadow",
+                                         std::string("/a\0b", 4),
                                          "/" + std::string(300, 'x')};
   for (const std::string& key : keys) {
-    EXPECT_TRUE(absl::IsInvalidArgument(OpenShmSegment(dir.fd(), key, ::getuid()).status()))
-        << key;
+    EXPECT_TRUE(absl::IsInvalidArgument(OpenShmSegment(dir.fd(), key, ::getuid()).status())) << key;
   }
 }
 
@@ -98,8 +102,8 @@ TEST(TritonRegionsTest, RegisterStatusUnregister) {
   TritonRegions regions(&table, dir.path());
   ASSERT_TRUE(regions.RegisterSystem("alice", ::getuid(), "in", "/seg", 4096, 4096).ok());
   // The same name twice is a conflict.
-  EXPECT_TRUE(absl::IsAlreadyExists(
-      regions.RegisterSystem("alice", ::getuid(), "in", "/seg", 0, 16)));
+  EXPECT_TRUE(
+      absl::IsAlreadyExists(regions.RegisterSystem("alice", ::getuid(), "in", "/seg", 0, 16)));
   auto status = regions.SystemStatus("alice", "");
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->size(), 1u);
@@ -125,9 +129,10 @@ TEST(TritonRegionsTest, RangeMustLieInTheFileAndUidMustBeKnown) {
   EXPECT_FALSE(regions.RegisterSystem("alice", ::getuid(), "r", "/seg", 0, 8192).ok());
   EXPECT_FALSE(regions.RegisterSystem("alice", ::getuid(), "r", "/seg", 4096, 1).ok());
   EXPECT_FALSE(regions.RegisterSystem("alice", ::getuid(), "r", "/seg", 0, 0).ok());
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      regions.RegisterSystem("alice", std::nullopt, "r", "/seg", 0, 16)));
-  EXPECT_TRUE(absl::IsNotFound(regions.RegisterSystem("alice", ::getuid() + 1, "r", "/seg", 0, 16)));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(regions.RegisterSystem("alice", std::nullopt, "r", "/seg", 0, 16)));
+  EXPECT_TRUE(
+      absl::IsNotFound(regions.RegisterSystem("alice", ::getuid() + 1, "r", "/seg", 0, 16)));
   EXPECT_EQ(table.size(), 0u);
 }
 

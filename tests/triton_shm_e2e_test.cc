@@ -91,8 +91,7 @@ class TritonShmE2eTest : public ::testing::Test {
   // The infer body whose input "input" lies in region `in` (at `in_offset`) and whose output
   // goes to region `out`.
   static std::string ShmInferBody(const proto::HostTensor& t, const std::string& in,
-                                  uint64_t in_offset, const std::string& out,
-                                  uint64_t out_bytes) {
+                                  uint64_t in_offset, const std::string& out, uint64_t out_bytes) {
     return json{{"inputs",
                  {{{"name", t.name},
                    {"shape", t.shape},
@@ -109,14 +108,13 @@ class TritonShmE2eTest : public ::testing::Test {
   }
   // The same input in the body, its output as binary data: the bytes the JSON path answers.
   std::string OutputBytesInBody(const proto::HostTensor& t, json* output) {
-    const std::string header =
-        json{{"inputs",
-              {{{"name", t.name},
-                {"shape", t.shape},
-                {"datatype", "FP32"},
-                {"parameters", {{"binary_data_size", t.data.size()}}}}}},
-             {"parameters", {{"binary_data_output", true}}}}
-            .dump();
+    const std::string header = json{{"inputs",
+                                     {{{"name", t.name},
+                                       {"shape", t.shape},
+                                       {"datatype", "FP32"},
+                                       {"parameters", {{"binary_data_size", t.data.size()}}}}}},
+                                    {"parameters", {{"binary_data_output", true}}}}
+                                   .dump();
     std::string body = header;
     body.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
     httplib::Headers headers{{"Inference-Header-Content-Length", std::to_string(header.size())}};
@@ -149,8 +147,8 @@ TEST_F(TritonShmE2eTest, RegisterStatusUnregister) {
 
   json status = Status();
   ASSERT_EQ(status.size(), 2u) << status;
-  EXPECT_EQ(status[0], (json{{"name", "in"}, {"key", seg.key()}, {"offset", 4096},
-                             {"byte_size", 4096}}));
+  EXPECT_EQ(status[0],
+            (json{{"name", "in"}, {"key", seg.key()}, {"offset", 4096}, {"byte_size", 4096}}));
   auto one = http_->Get("/v2/systemsharedmemory/region/out/status");
   ASSERT_EQ(one->status, 200) << one->body;
   EXPECT_EQ(Body(one)[0]["byte_size"], 100);
@@ -319,8 +317,7 @@ TEST_F(TritonShmE2eTest, TenThousandRegistrationsAreBounded) {
   EXPECT_EQ(accepted, 64) << "--max-regions-per-client's default";
   EXPECT_EQ(refused, 10000 - 64);
   EXPECT_EQ(Status().size(), 64u);
-  ASSERT_EQ(http_->Post("/v2/systemsharedmemory/unregister", "", "application/json")->status,
-            200);
+  ASSERT_EQ(http_->Post("/v2/systemsharedmemory/unregister", "", "application/json")->status, 200);
   EXPECT_TRUE(Status().empty());
 }
 
@@ -337,8 +334,8 @@ TEST_F(TritonShmE2eTest, InferInSharedMemoryIsBitIdenticalToTheBody) {
   ASSERT_EQ(Register("in", seg.key(), 0, 4096)->status, 200);
   ASSERT_EQ(Register("out", seg.key(), 4096, 2 * 4096)->status, 200);
   std::memset(seg.data() + 4096, 0xee, 2 * 4096);
-  auto r = http_->Post("/v2/models/tiny_mlp/infer",
-                       ShmInferBody(in, "in", 128, "out", 2 * 4096), "application/json");
+  auto r = http_->Post("/v2/models/tiny_mlp/infer", ShmInferBody(in, "in", 128, "out", 2 * 4096),
+                       "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body << daemon_->log();
   const json out = Body(r)["outputs"][0];
