@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "base/unique_fd.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
@@ -137,6 +138,8 @@ class FakePswitchd {
     return seen_;
   }
   void RefuseFills() { refuse_fills_ = true; }
+  // Model "slow" is answered only once this is called (bounded: 10 s).
+  void ReleaseSlow() { slow_.Notify(); }
   // The next ListModels is answered by closing the connection (the server going away).
   void CloseOnList() { close_on_list_ = true; }
 
@@ -210,7 +213,7 @@ class FakePswitchd {
             return;
           }
           std::vector<flatbuffers::Offset<proto::ModelInfo>> models;
-          for (const char* name : {"double", "hostile"}) {
+          for (const char* name : {"double", "hostile", "slow"}) {
             models.push_back(proto::CreateModelInfo(b, b.CreateString(name), b.CreateString("fake"),
                                                     0, proto::DType::F32,
                                                     b.CreateVector<int64_t>({-1, 4})));
@@ -296,6 +299,7 @@ class FakePswitchd {
                                 accepted, id, proto::ControllerReplyBody::TaskAccepted,
                                 proto::CreateTaskAccepted(accepted, 77).Union()));
     Reply(fd, accepted);
+    if (task.model()->str() == "slow") slow_.WaitForNotificationWithTimeout(absl::Seconds(10));
     ASSERT_EQ(task.outputs_place(), proto::Place::Region);
     ASSERT_NE(to, nullptr);
     const uint64_t out_bytes = values.size() * sizeof(float);
@@ -325,6 +329,7 @@ class FakePswitchd {
   std::atomic<uint64_t> next_area_{100};
   std::atomic<bool> refuse_fills_{false};
   std::atomic<bool> close_on_list_{false};
+  absl::Notification slow_;
   std::thread acceptor_;
   absl::Mutex mu_;
   std::vector<int> connections_ ABSL_GUARDED_BY(mu_);
@@ -442,6 +447,31 @@ TEST(LocalClientTest, HostTensorInferCopiesOnceIntoTheArea) {
   const auto* y = reinterpret_cast<const float*>(result->outputs[0].data.data());
   EXPECT_EQ(y[11], 24.0f);
   EXPECT_EQ(client->areas()->allocated_bytes(), 0u);  // nothing held once copied out
+}
+
+TEST(LocalClientTest, ATimedOutCallHoldsItsSpansUntilTheFinalAnswer) {
+  FakePswitchd server;
+  ClientOptions o = SmallAreas();
+  o.timeout = absl::Milliseconds(100);  // the fake holds "slow"'s answer until released
+  auto client = ConnectTo(server, o);
+  ASSERT_NE(client, nullptr);
+  AreaAllocator& areas = *client->areas();
+  {
+    auto x = client->Tensor({2, 4}, proto::DType::F32);
+    ASSERT_TRUE(x.ok());
+    auto result = client->InferArea("slow", {*x});
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  }
+  // The caller let go of the input, but the worker may still read it and write the output: the
+  // call keeps both spans away from other callers.
+  EXPECT_EQ(areas.allocated_bytes(), 2 * kAreaAlignment);  // input and output, 32 bytes each
+  server.ReleaseSlow();
+  // Replies come in order on the connection: once a later call's is back, the late TaskResult
+  // has been handled and its spans returned. (The async form's wait is this test's own.)
+  auto later = client->InferAreaAsync("double", {*client->Tensor({1, 4}, proto::DType::F32)});
+  ASSERT_EQ(later.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  ASSERT_TRUE(later.get().ok());
+  EXPECT_EQ(areas.allocated_bytes(), 0u);
 }
 
 TEST(LocalClientTest, AnOutputOutsideTheGivenSpaceIsRefused) {

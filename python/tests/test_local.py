@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import pswitch
+from pswitch import errors
 from conftest import ARCHIVES, BIN
 
 
@@ -144,3 +145,17 @@ def test_pswitchctl_register_passes_the_archive_as_a_file(unix_path, tmp_path):
     assert "registered ctl_probe" in run.stdout
     subprocess.run([ctl, "--server", "unix:" + unix_path, "unload", "--name", "ctl_probe"],
                    check=True, capture_output=True, timeout=120)
+
+
+def test_area_arrays_outlive_the_client(unix_path):
+    client = pswitch.Client("unix:" + unix_path, timeout=60)
+    t = client.tensor((2, 3, 32, 32))
+    t[...] = image(9)
+    y = client.infer("tiny_cnn", t)
+    client.close()
+    # Still mapped: the arrays hold the memory, whatever became of the connection.
+    t[...] = 1.0
+    assert float(t.sum()) == t.size
+    assert np.isfinite(y).all()
+    with pytest.raises(errors.FailedPreconditionError, match="closed"):
+        client.tensor((1,))
