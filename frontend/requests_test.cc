@@ -1,5 +1,7 @@
 #include "frontend/requests.h"
 
+#include <cstdint>
+
 #include "gtest/gtest.h"
 #include "proto/framing.h"
 
@@ -182,6 +184,40 @@ TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
   const BubbleBeginRequest bubble = ParseBubbleBegin(*Verified(begin)->body_as_BubbleBegin());
   EXPECT_EQ(bubble.gpu, 1);
   EXPECT_EQ(bubble.expected, absl::Hours(24));
+}
+
+// Where outputs go is the client's to say, within what the wire allows: a region slice needs a
+// region and a length that do not overflow, Inline takes no slice, training places nothing.
+TEST(RequestsTest, OutputPlacesAreCheckedBeforeAdmission) {
+  auto parse = [](proto::TaskKind kind, proto::Place place, const proto::Slice* to) {
+    Builder b;
+    auto body = proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0,
+                                        proto::Optimizer::Sgd, 0.01, 0.9, 0, 0, place, to);
+    FinishRequest(b, proto::ClientRequestBody::SubmitTask, body);
+    return ParseTask(*Verified(b)->body_as_SubmitTask());
+  };
+  const proto::Slice good(7, 128, 4096);
+  auto region = parse(proto::TaskKind::Inference, proto::Place::Region, &good);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ(region->outputs_place, proto::Place::Region);
+  EXPECT_EQ(region->outputs_to, (proto::ByteSlice{7, 128, 4096}));
+  auto inline_default = parse(proto::TaskKind::Inference, proto::Place::Inline, nullptr);
+  ASSERT_TRUE(inline_default.ok());
+  EXPECT_EQ(inline_default->outputs_place, proto::Place::Inline);
+
+  const proto::Slice no_region(0, 0, 4096), empty(7, 0, 0), overflow(7, UINT64_MAX - 10, 4096);
+  for (const proto::Slice* bad : {&no_region, &empty, &overflow}) {
+    EXPECT_EQ(parse(proto::TaskKind::Inference, proto::Place::Region, bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(parse(proto::TaskKind::Inference, proto::Place::Region, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse(proto::TaskKind::Inference, proto::Place::Inline, &good).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse(proto::TaskKind::Training, proto::Place::Region, &good).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse(proto::TaskKind::Inference, static_cast<proto::Place>(9), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
