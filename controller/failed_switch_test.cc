@@ -91,7 +91,10 @@ class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
     ASSERT_TRUE(pool_->AwaitReady(absl::ZeroDuration()));
     switcher_ = std::make_unique<Switcher>(SwitcherOptions{0, kRegion, absl::Seconds(30)},
                                            transmitter_.get(), pool_.get(), loop_,
-                                           [this](uint64_t task) { transmitted_.push_back(task); });
+                                           [this](uint64_t task, const absl::Status& copied) {
+                                             ended_.emplace_back(task, copied);
+                                             if (copied.ok()) transmitted_.push_back(task);
+                                           });
   }
 
   void Add(const std::string& name, uint32_t seed) {
@@ -143,6 +146,7 @@ class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Switcher> switcher_;
   std::vector<uint64_t> transmitted_;
+  std::vector<std::pair<uint64_t, absl::Status>> ended_;  // every copy end reported, in order
   std::vector<std::shared_ptr<gpu::internal::JobTicket>> transmission_tickets_;
   StateCheckpoints checkpoints_;
 };
@@ -204,6 +208,82 @@ TEST_F(FailedSwitchTest, ATaskAnsweredWhileItsCopyRunsIsHandledWithoutWaiting) {
   EXPECT_FALSE(switcher_->Holds("a"));
   EXPECT_FALSE(switcher_->Copying("a"));
   EXPECT_TRUE(transmitted_.empty());
+}
+
+// Item 6, Completed without a wait: a task whose worker answered before the copy engine
+// retired its copy (the host backend's observer often lags the worker) is answered once the
+// Switcher reports the copy's end, and its answer then carries every phase of the copy. The
+// end is reported once, only when the copy ended, and only after Copying() stopped counting it.
+TEST_F(FailedSwitchTest, ACopyThatEndsAfterItsTaskAnsweredReportsItsEndAndThenHasItsPhases) {
+  StartPool();
+  SwitchTimeline timeline;
+  timeline.arrival_ns = 1000;
+  auto a = switcher_->Place(1, entries_.at("a"), timeline);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(engine_.tickets.size(), 1u);
+  // The worker saw every group's flag; the engine has not retired the job yet.
+  const int64_t start = 5000;
+  for (size_t g = 0; g < 4; ++g) {
+    engine_.tickets[0]->RecordGroup(
+        g, gpu::GroupTiming{start + static_cast<int64_t>(g) * 100,
+                            start + static_cast<int64_t>(g) * 100 + 80, 2 << 20});
+  }
+  Drain();
+  EXPECT_FALSE(a->transmission->finished());
+  EXPECT_TRUE(ended_.empty()) << "no end reported before the copy ended";
+  EXPECT_TRUE(switcher_->Copying("a"));
+
+  engine_.tickets[0]->Finish(absl::OkStatus());
+  EXPECT_TRUE(ended_.empty()) << "the end is handled on the loop, not on the copy thread";
+  Drain();
+  ASSERT_EQ(ended_.size(), 1u);
+  EXPECT_EQ(ended_[0].first, 1u);
+  EXPECT_TRUE(ended_[0].second.ok()) << ended_[0].second;
+  EXPECT_FALSE(switcher_->Copying("a")) << "the end comes after the copy stopped counting";
+
+  // What the scheduler does with the answer it held: the copy's phases are all there.
+  absl::Duration copy_time = absl::ZeroDuration();
+  absl::Status answered =
+      switcher_->Completed(1, "a", *a->transmission, /*task_ok=*/true, timeline, copy_time);
+  EXPECT_TRUE(answered.ok()) << answered;
+  EXPECT_EQ(engine_.tickets[0]->longest_wait, absl::ZeroDuration()) << "the loop waited";
+  EXPECT_EQ(copy_time, absl::Nanoseconds(3 * 100 + 80));
+  EXPECT_EQ(timeline.drained_ns, start);
+  EXPECT_EQ(timeline.first_group_ready_ns, start + 80);
+  EXPECT_EQ(timeline.last_group_ready_ns, start + 380);
+  ASSERT_EQ(timeline.group_copies.size(), 4u);
+  EXPECT_EQ(timeline.group_copies[2], std::make_pair(start + 200, start + 280));
+  EXPECT_TRUE(switcher_->Holds("a"));
+  EXPECT_EQ(ended_.size(), 1u) << "reported once";
+}
+
+// The same wait when the copy fails: a stall is not its end (the device still works on it), the
+// failure that ends it is reported with its reason, and the held answer fails with it.
+TEST_F(FailedSwitchTest, ACopyThatFailsAfterItsTaskAnsweredReportsWhyAndFailsTheAnswer) {
+  StartPool();
+  SwitchTimeline timeline;
+  auto a = switcher_->Place(1, entries_.at("a"), timeline);
+  ASSERT_TRUE(a.ok()) << a.status();
+  engine_.tickets[0]->Stall(absl::DeadlineExceededError("the copy stream is stuck"));
+  Drain();
+  EXPECT_TRUE(ended_.empty()) << "a stalled copy has not ended";
+  EXPECT_TRUE(switcher_->Copying("a"));
+
+  engine_.tickets[0]->Finish(absl::UnavailableError("device lost"));
+  Drain();
+  ASSERT_EQ(ended_.size(), 1u);
+  EXPECT_EQ(ended_[0].first, 1u);
+  EXPECT_EQ(ended_[0].second.code(), absl::StatusCode::kUnavailable) << ended_[0].second;
+  EXPECT_NE(ended_[0].second.message().find("device lost"), absl::string_view::npos);
+  EXPECT_FALSE(switcher_->Holds("a")) << "the region is untrusted before the end is reported";
+  EXPECT_TRUE(transmitted_.empty());
+
+  absl::Duration copy_time = absl::ZeroDuration();
+  absl::Status answered =
+      switcher_->Completed(1, "a", *a->transmission, /*task_ok=*/true, timeline, copy_time);
+  EXPECT_EQ(answered.code(), absl::StatusCode::kUnavailable) << answered;
+  EXPECT_EQ(copy_time, absl::ZeroDuration());
+  EXPECT_TRUE(timeline.group_copies.empty());
 }
 
 // Item 1: a failed run (a gate or epoch mismatch, any error) leaves the master weights alone,

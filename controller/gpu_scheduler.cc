@@ -33,14 +33,26 @@ WorkerModel WorkerModelOf(const CatalogEntry& entry) {
 
 }  // namespace
 
+struct GpuScheduler::RunResult {
+  int slot = -1;        // the worker that ran it
+  absl::Status status;  // the worker's verdict
+  // What the run did; its timeline is the run's, with the worker's marks and the answer's time.
+  TaskOutcome outcome;
+  // The outputs the worker listed, copied out of the message (or why they could not be read).
+  absl::StatusOr<std::vector<proto::HostTensor>> outputs;
+};
+
 struct GpuScheduler::Running {
   uint64_t task_id = 0;
-  int slot = -1;
+  int slot = -1;  // -1: a placeholder holding the GPU (no worker of it runs)
   bool stop_sent = false;
   std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
   EntryRef entry;  // null for a synthetic fill run
   std::unique_ptr<TrainingState> training;  // training runs only
   SwitchTimeline timeline;
+  // Set once its worker answered before its switch's copy ended: the answer, completed when the
+  // Switcher reports the copy's end (CopyEnded). The run then has no slot.
+  std::unique_ptr<RunResult> answered;
 };
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
@@ -84,9 +96,8 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   pool_ = std::make_unique<WorkerPool>(std::move(pool), loop_, static_cast<WorkerPool::Listener*>(this));
   switcher_ = std::make_unique<Switcher>(
       SwitcherOptions{options.gpu, options.region_offset, options.drain_timeout},
-      &daemon->transmitter(), pool_.get(), loop_, [this](uint64_t task) {
-        if (running_ != nullptr && running_->task_id == task) tasks_.MarkTransmitted(task);
-      });
+      &daemon->transmitter(), pool_.get(), loop_,
+      [this](uint64_t task, const absl::Status& copied) { CopyEnded(task, copied); });
 }
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
@@ -464,17 +475,13 @@ void GpuScheduler::OnProgress(int slot, uint64_t task, uint32_t iterations) {
   tasks_.Progress(task, iterations);
 }
 
-void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
-  if (running_ == nullptr || running_->slot != slot || running_->task_id != done.task_id()) return;
-  std::unique_ptr<Running> run = std::move(running_);
-  const TaskSpec& spec = specs_.at(run->task_id).first;
-  // What the run did stays in the task's status however it ends (a cancel's error says it too).
-  if (spec.kind == TaskKind::kTraining) tasks_.Progress(run->task_id, done.iterations_done());
-  stop_deadline_.Met(run->task_id);
-  absl::Status status =
-      done.error() != nullptr ? proto::FromWireError(done.error()) : absl::OkStatus();
-  TaskOutcome outcome;
-  outcome.task_id = run->task_id;
+GpuScheduler::RunResult GpuScheduler::ReadRunDone(int slot, const SwitchTimeline& placed,
+                                                  const proto::RunDone& done) {
+  RunResult result;
+  result.slot = slot;
+  result.status = done.error() != nullptr ? proto::FromWireError(done.error()) : absl::OkStatus();
+  TaskOutcome& outcome = result.outcome;
+  outcome.task_id = done.task_id();
   outcome.iterations_done = done.iterations_done();
   outcome.loss = done.loss();
   outcome.stopped_early = done.stopped_early();
@@ -482,7 +489,8 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   outcome.fill_step_time = absl::Nanoseconds(done.step_ns());
   outcome.fill_steps = done.steps();
   outcome.fill_predicted_step = absl::Nanoseconds(done.last_step_ns());
-  outcome.timeline = run->timeline;
+  outcome.timeline = placed;
+  // The answer's time is when the worker's came, however long its copy's end takes after it.
   outcome.timeline.result_ns = base::MonotonicNowNs();
   outcome.timeline.first_layer_start_ns = done.first_layer_start_ns();
   outcome.timeline.first_layer_done_ns = done.first_layer_done_ns();
@@ -492,6 +500,55 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
       outcome.timeline.group_gates_ns.push_back(gates->Get(static_cast<flatbuffers::uoffset_t>(g)));
     }
   }
+  result.outputs = proto::FromWireTensors(done.outputs());
+  return result;
+}
+
+void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
+  if (running_ == nullptr || running_->slot != slot || running_->task_id != done.task_id()) return;
+  std::unique_ptr<Running> run = std::move(running_);
+  RunResult result = ReadRunDone(slot, run->timeline, done);
+  // What the run did stays in the task's status however it ends (a cancel's error says it too).
+  if (specs_.at(run->task_id).first.kind == TaskKind::kTraining) {
+    tasks_.Progress(run->task_id, result.outcome.iterations_done);
+  }
+  stop_deadline_.Met(run->task_id);
+  if (run->transmission != nullptr && !run->transmission->finished()) {
+    // The worker saw every group's flag, but the copy engine has not retired the copy yet (on
+    // the host backend its observer often lags the worker). The answer waits for the copy's end
+    // rather than go out without its phases (or with a copy that then fails): the switch's
+    // timeline is the headline figure. The loop does not wait; the copy engine bounds the copy
+    // (a stall ends it, a lost device fails it). The GPU stays held, with no slot: the worker is
+    // idle, and its death or a message of it no longer concerns this run (nothing to stop or
+    // kill: EnforceStop, StopRunning and MaybePreempt leave it alone).
+    Event(base::LogLevel::kDebug, "answer_waits_for_copy")
+        .Field("task", run->task_id)
+        .Field("slot", slot);
+    run->slot = -1;
+    run->stop_sent = true;
+    run->answered = std::make_unique<RunResult>(std::move(result));
+    running_ = std::move(run);
+    return;
+  }
+  CompleteRun(std::move(run), std::move(result));
+}
+
+void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
+  if (running_ == nullptr || running_->task_id != task) return;
+  if (copied.ok()) tasks_.MarkTransmitted(task);
+  // A run still running, or one whose checkpoint is being written, has nothing waiting here.
+  if (running_->answered == nullptr) return;
+  std::unique_ptr<Running> run = std::move(running_);
+  std::unique_ptr<RunResult> result = std::move(run->answered);
+  CompleteRun(std::move(run), std::move(*result));
+}
+
+void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
+  auto entry = specs_.find(run->task_id);
+  if (entry == specs_.end()) return;  // answered meanwhile
+  const TaskSpec& spec = entry->second.first;
+  absl::Status status = std::move(result.status);
+  TaskOutcome& outcome = result.outcome;
   if (run->transmission != nullptr) {
     absl::Status copied = switcher_->Completed(run->task_id, spec.model, *run->transmission,
                                                status.ok(), outcome.timeline, outcome.switch_time);
@@ -501,9 +558,9 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
                            run->entry->stored->total_bytes());
     }
   }
-  telemetry_->TaskRan(options_.gpu, run->task_id, MetricModel(spec), spec.kind, run->slot,
+  telemetry_->TaskRan(options_.gpu, run->task_id, MetricModel(spec), spec.kind, result.slot,
                       outcome.timeline, status.ok());
-  if (run->training != nullptr && EndTraining(*run, spec, done, outcome, status)) return;
+  if (run->training != nullptr && EndTraining(*run, spec, outcome, status)) return;
   if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
     absl::Status why = std::move(reason->second);
     stop_reasons_.erase(reason);
@@ -513,36 +570,35 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     Finish(run->task_id, status);
     return;
   }
-  auto outputs = proto::FromWireTensors(done.outputs());
-  if (!outputs.ok()) {
-    Finish(run->task_id, outputs.status());
+  if (!result.outputs.ok()) {
+    Finish(run->task_id, result.outputs.status());
     return;
   }
   // Placed outputs must lie where the task said; they reach the outcome as they are.
-  if (absl::Status placed = CheckRunOutputs(*outputs, spec.outputs_to); !placed.ok()) {
+  if (absl::Status placed = CheckRunOutputs(*result.outputs, spec.outputs_to); !placed.ok()) {
     Finish(run->task_id, placed);
     return;
   }
-  outcome.outputs = std::move(*outputs);
+  outcome.outputs = std::move(*result.outputs);
   Finish(run->task_id, outcome);
 }
 
-bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const proto::RunDone& done,
-                               const TaskOutcome& outcome, absl::Status& status) {
+bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOutcome& outcome,
+                               absl::Status& status) {
   const uint64_t id = run.task_id;
   const uint32_t first_iteration = spec.fill                        ? spec.fill->first_iteration
                                    : resume_iteration_.contains(id) ? resume_iteration_.at(id)
                                                                     : 0;
   TrainingState::Ending ending;
   ending.run_ok = status.ok();
-  ending.trained = done.iterations_done() > first_iteration;
+  ending.trained = outcome.iterations_done > first_iteration;
   ending.transmission = run.transmission;
   ending.region_offset = options_.region_offset;
   ending.model = run.entry != nullptr ? run.entry->stored : nullptr;
   // A run that resumes keeps its optimizer state: one stopped early, not for good. A cancel that
   // comes while the checkpoint runs still wins (TrainingSaved looks again).
-  ending.keep_optimizer = status.ok() && !stop_reasons_.contains(id) && done.stopped_early() &&
-                          done.iterations_done() < spec.iterations;
+  ending.keep_optimizer = status.ok() && !stop_reasons_.contains(id) && outcome.stopped_early &&
+                          outcome.iterations_done < spec.iterations;
   // The GPU stays held until the checkpoint has read the region: no switch may overwrite it,
   // and an unload of the model waits (FinishUnloads sees the entry). No slot: the worker is
   // idle, and its death or a message of it no longer concerns this run.
@@ -558,7 +614,7 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const proto::
   checkpointing_.Add([this, id, ending = std::move(ending),
                       training = std::shared_ptr<TrainingState>(std::move(run.training)),
                       entry = run.entry, loop = loop_, run_status = status,
-                      iterations = done.iterations_done(), outcome]() mutable {
+                      iterations = outcome.iterations_done, outcome]() mutable {
     bool kept = false;
     absl::Status saved = training->End(ending, kept);
     training.reset();  // the lease and any staging buffer go here, off the loop

@@ -152,14 +152,27 @@ class GpuScheduler : private WorkerPool::Listener {
   absl::Status StartTask(const TaskTicket& ticket);
   // Sends the Run; the task is then running (or switching) on `slot`.
   absl::Status SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch);
+  // What a RunDone said, copied out of its frame (ReadRunDone) so it can wait for the switch's
+  // copy to end: no flatbuffer pointer outlives the message.
+  struct RunResult;
+  // `placed`: the run's timeline so far.
+  static RunResult ReadRunDone(int slot, const SwitchTimeline& placed,
+                               const proto::RunDone& done);
+  // Answers (or, for training, checkpoints) the run `run` whose worker reported `result`; its
+  // switch's copy has ended, if it had one, so the answer carries the copy's phases (or fails
+  // with the copy's error). The one completion of a run, whenever its RunDone came.
+  void CompleteRun(std::unique_ptr<Running> run, RunResult result);
+  // The Switcher saw task `task`'s copy end (`copied`: OK, or why it failed): a run answered
+  // before it, held since, is completed now.
+  void CopyEnded(uint64_t task, const absl::Status& copied);
   // A training run ended (true: it is answered or requeued here, later). Its checkpoint runs
   // off the loop (checkpointing_): its weights go back to the pinned store unless the run failed
   // or its switch's copy did not complete, and an unfinished run's optimizer state is saved; the
   // GPU stays held meanwhile (running_ is a placeholder with no slot), so nothing overwrites the
   // region or unloads the model before the checkpoint read them. TrainingSaved then requeues
   // the run or answers it with `outcome`.
-  bool EndTraining(Running& run, const TaskSpec& spec, const proto::RunDone& done,
-                   const TaskOutcome& outcome, absl::Status& status);
+  bool EndTraining(Running& run, const TaskSpec& spec, const TaskOutcome& outcome,
+                   absl::Status& status);
   // A training run's checkpoint ended (loop): `status` is the run's, or why its state was not
   // saved; `resumable` when its optimizer state was kept for a resume.
   void TrainingSaved(uint64_t task_id, absl::Status status, bool resumable, uint32_t iterations,

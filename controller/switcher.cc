@@ -9,12 +9,12 @@ namespace pswitch::controller {
 
 Switcher::Switcher(SwitcherOptions options, memdaemon::Transmitter* transmitter, WorkerPool* pool,
                    std::shared_ptr<EventLoop> loop,
-                   std::function<void(uint64_t task)> on_transmitted)
+                   CopyEnded on_copy_ended)
     : options_(options),
       transmitter_(transmitter),
       pool_(pool),
       loop_(std::move(loop)),
-      on_transmitted_(std::move(on_transmitted)) {}
+      on_copy_ended_(std::move(on_copy_ended)) {}
 
 base::Log Switcher::Event(base::LogLevel level, absl::string_view event) const {
   base::Log line(level, event);
@@ -108,7 +108,7 @@ void Switcher::Ended(uint64_t id) {
   // Finished: returns at once, after retiring the groups it never published.
   absl::Status status = ended.transmission->Wait(absl::ZeroDuration()).status();
   if (status.ok()) {
-    on_transmitted_(ended.task);
+    on_copy_ended_(ended.task, status);
     return;
   }
   Event(base::LogLevel::kWarn, "transmission_failed")
@@ -119,6 +119,7 @@ void Switcher::Ended(uint64_t id) {
   // must transmit again rather than run on partly old weights.
   residency_.Failed(ended.transmission->epoch());
   KillUndrained(ended, status);
+  on_copy_ended_(ended.task, status);
 }
 
 absl::Status Switcher::Completed(uint64_t task, const std::string& model,

@@ -45,10 +45,14 @@ struct SwitcherOptions {
 
 class Switcher {
  public:
-  // `transmitter` and `pool` must outlive it. `on_transmitted(task)` runs on the loop once
-  // `task`'s model is fully in place.
+  // Task `task`'s copy ended (on the loop): OK once its model is fully in place, else why not
+  // (then the region is already untrusted). Runs once per switch, success or failure, after
+  // Copying() stopped counting it, so whoever waits for the copy's end (a task answered before
+  // it) gets it either way; the copy engine's own bounds (stall, device lost) bound the wait.
+  using CopyEnded = std::function<void(uint64_t task, const absl::Status& status)>;
+  // `transmitter` and `pool` must outlive it.
   Switcher(SwitcherOptions options, memdaemon::Transmitter* transmitter, WorkerPool* pool,
-           std::shared_ptr<EventLoop> loop, std::function<void(uint64_t task)> on_transmitted);
+           std::shared_ptr<EventLoop> loop, CopyEnded on_copy_ended);
 
   struct Placement {
     int slot = -1;
@@ -69,8 +73,8 @@ class Switcher {
   // failed, leaves the region untrusted; the copy's failure is returned. A copy still running
   // (or stalled) is no success: OK is returned only for the task's own answer, which its worker
   // checked against the flags of every group it used; the copy's phases are then missing, its
-  // end is still handled when it comes, and whoever needs the region's bytes (a training run's
-  // checkpoint) must wait for the transmission's end itself, off the loop.
+  // end is still handled when it comes (on_copy_ended), and whoever wants the phases calls this
+  // again then (GpuScheduler holds such a task's answer until the copy ended).
   absl::Status Completed(uint64_t task, const std::string& model,
                          memdaemon::Transmission& transmission, bool task_ok,
                          SwitchTimeline& timeline, absl::Duration& copy_time);
@@ -105,7 +109,7 @@ class Switcher {
   memdaemon::Transmitter* const transmitter_;
   WorkerPool* const pool_;
   const std::shared_ptr<EventLoop> loop_;
-  const std::function<void(uint64_t)> on_transmitted_;
+  const CopyEnded on_copy_ended_;
 
   Residency residency_;
   int64_t last_stop_sent_ns_ = 0;

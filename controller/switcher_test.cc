@@ -56,7 +56,9 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
   std::unique_ptr<Switcher> MakeSwitcher(absl::Duration drain_timeout = absl::Seconds(30)) {
     return std::make_unique<Switcher>(
         SwitcherOptions{0, /*region_offset=*/4 << 20, drain_timeout}, &daemon_->transmitter(),
-        pool_.get(), loop_, [this](uint64_t task) { transmitted_.push_back(task); });
+        pool_.get(), loop_, [this](uint64_t task, const absl::Status& copied) {
+          if (copied.ok()) transmitted_.push_back(task);
+        });
   }
 
   void Add(const std::string& name, uint32_t seed) {
