@@ -39,15 +39,25 @@ class EchoService : public HttpService {
     return std::string("client");
   }
   void Serve(HttpRequest request, HttpRespond respond) override {
+    peer_port_.store(request.peer_port);
+    local_port_.store(request.local_port);
+    local_is_loopback_.store(request.local_address == "127.0.0.1" && request.peer == "127.0.0.1");
     served_.fetch_add(1);
     HttpResponse r;
     r.body = absl::StrCat("{\"bytes\":", request.body.size(), "}");
     respond(std::move(r));
   }
   int served() const { return served_.load(); }
+  // The last request's connection ends, as the transport reported them.
+  uint16_t peer_port() const { return peer_port_.load(); }
+  uint16_t local_port() const { return local_port_.load(); }
+  bool local_is_loopback() const { return local_is_loopback_.load(); }
 
  private:
   std::atomic<int> served_{0};
+  std::atomic<uint16_t> peer_port_{0};
+  std::atomic<uint16_t> local_port_{0};
+  std::atomic<bool> local_is_loopback_{false};
 };
 
 // One response's status line and body, read from a keep-alive connection.
@@ -95,6 +105,23 @@ class HttpTransportTest : public ::testing::Test {
   EchoService service_;
   std::unique_ptr<HttpTransport> transport_;
 };
+
+// A request names both ends of its connection, so a route can ask the kernel who owns the peer's
+// socket (frontend/peer_identity.h).
+TEST_F(HttpTransportTest, RequestsNameBothEndsOfTheirConnection) {
+  Start(HttpLimits{});
+  const int fd = ConnectLoopback(transport_->port());
+  ASSERT_GE(fd, 0);
+  sockaddr_in mine{};
+  socklen_t length = sizeof(mine);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &length), 0);
+  SendAll(fd, "GET /live HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(2))), "HTTP/1.1 200");
+  ::close(fd);
+  EXPECT_EQ(service_.peer_port(), ntohs(mine.sin_port));
+  EXPECT_EQ(service_.local_port(), transport_->port());
+  EXPECT_TRUE(service_.local_is_loopback());
+}
 
 // Before: eight connections sending a header byte every 10 s stopped the port for good.
 TEST_F(HttpTransportTest, SlowHeadersAreCutAtTheirDeadlineWhileProbesAreAnswered) {
