@@ -662,6 +662,14 @@ absl::StatusOr<AreaTensor> Client::CopyToArea(const proto::HostTensor& tensor) {
   return placed;
 }
 
+absl::StatusOr<std::shared_ptr<AreaSpan>> Client::AllocateOutputs(
+    const std::string& model, const std::vector<AreaTensor>& inputs) {
+  PSWITCH_ASSIGN_OR_RETURN(OutputSpec spec, OutputSpecOf(model));
+  PSWITCH_ASSIGN_OR_RETURN(uint64_t bytes, OutputBytes(spec.dtype, spec.shape, inputs));
+  if (bytes == 0) return std::shared_ptr<AreaSpan>();
+  return areas_->Allocate(bytes);
+}
+
 void Client::SubmitArea(const std::string& model, std::vector<AreaTensor> inputs,
                         const InferOptions& options,
                         std::function<void(absl::StatusOr<AreaResult>)> done) {
@@ -669,6 +677,17 @@ void Client::SubmitArea(const std::string& model, std::vector<AreaTensor> inputs
     done(absl::FailedPreconditionError("area inference needs a Unix-socket connection"));
     return;
   }
+  absl::StatusOr<std::shared_ptr<AreaSpan>> outputs = AllocateOutputs(model, inputs);
+  if (!outputs.ok()) {
+    done(outputs.status());
+    return;
+  }
+  SendArea(model, std::move(inputs), *std::move(outputs), options, std::move(done));
+}
+
+void Client::SendArea(const std::string& model, std::vector<AreaTensor> inputs,
+                      std::shared_ptr<AreaSpan> outputs, const InferOptions& options,
+                      std::function<void(absl::StatusOr<AreaResult>)> done) {
   auto call = std::make_shared<AreaCall>();
   for (const AreaTensor& t : inputs) {
     if (!t.valid()) {
@@ -677,24 +696,7 @@ void Client::SubmitArea(const std::string& model, std::vector<AreaTensor> inputs
     }
     call->sent.push_back(t.Descriptor());
   }
-  absl::StatusOr<OutputSpec> spec = OutputSpecOf(model);
-  if (!spec.ok()) {
-    done(spec.status());
-    return;
-  }
-  absl::StatusOr<uint64_t> output_bytes = OutputBytes(spec->dtype, spec->shape, inputs);
-  if (!output_bytes.ok()) {
-    done(output_bytes.status());
-    return;
-  }
-  if (*output_bytes > 0) {
-    absl::StatusOr<std::shared_ptr<AreaSpan>> span = areas_->Allocate(*output_bytes);
-    if (!span.ok()) {
-      done(span.status());
-      return;
-    }
-    call->outputs = std::move(*span);
-  }
+  call->outputs = std::move(outputs);
   call->inputs = std::move(inputs);
   call->done = std::move(done);
   std::shared_ptr<AreaAllocator> areas = areas_;
@@ -789,8 +791,14 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
       }
       placed.push_back(std::move(*p));
     }
+    absl::StatusOr<std::shared_ptr<AreaSpan>> outputs;
     if (status.ok()) {
-      SubmitArea(model, std::move(placed), options, [promise](absl::StatusOr<AreaResult> r) {
+      outputs = AllocateOutputs(model, placed);
+      status = outputs.status();
+    }
+    if (status.ok()) {
+      SendArea(model, std::move(placed), *std::move(outputs), options,
+               [promise](absl::StatusOr<AreaResult> r) {
         if (!r.ok()) {
           promise->set_value(r.status());
           return;

@@ -289,11 +289,18 @@ class Client {
   // `model`'s output spec, from the cache or ListModels.
   absl::StatusOr<OutputSpec> OutputSpecOf(const std::string& model);
   void ForgetOutputSpec(const std::string& model);
-  // Submits an area inference; `done` gets its outcome (on the connection's reader thread, or
-  // on this one when it fails before sending).
+  // The space for `model`'s outputs given `inputs` (from its output spec); null when the spec
+  // is unknown (the outputs then come inline).
+  absl::StatusOr<std::shared_ptr<AreaSpan>> AllocateOutputs(const std::string& model,
+                                                            const std::vector<AreaTensor>& inputs);
+  // Submits an area inference (SendArea with AllocateOutputs' space); `done` gets its outcome
+  // (on the connection's reader thread, or on this one when it fails before sending).
   void SubmitArea(const std::string& model, std::vector<AreaTensor> inputs,
                   const InferOptions& options,
                   std::function<void(absl::StatusOr<AreaResult>)> done);
+  void SendArea(const std::string& model, std::vector<AreaTensor> inputs,
+                std::shared_ptr<AreaSpan> outputs, const InferOptions& options,
+                std::function<void(absl::StatusOr<AreaResult>)> done);
 
   const ClientOptions options_;
   absl::Mutex bubble_mu_;

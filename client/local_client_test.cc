@@ -277,7 +277,12 @@ class FakePswitchd {
     ASSERT_TRUE(inputs.ok());
     std::vector<float> values;
     for (const proto::HostTensor& t : *inputs) {
-      ASSERT_EQ(t.place, proto::Place::Region) << "the input travelled in the frame";
+      if (t.place == proto::Place::Inline) {  // the framed path (areas full)
+        const auto* x = reinterpret_cast<const float*>(t.data.data());
+        values.assign(x, x + t.data.size() / sizeof(float));
+        continue;
+      }
+      ASSERT_EQ(t.place, proto::Place::Region);
       auto area = areas.find(t.slice.region);
       ASSERT_NE(area, areas.end());
       ASSERT_LE(t.slice.offset + t.slice.length, area->second.bytes);
@@ -300,6 +305,19 @@ class FakePswitchd {
                                 proto::CreateTaskAccepted(accepted, 77).Union()));
     Reply(fd, accepted);
     if (task.model()->str() == "slow") slow_.WaitForNotificationWithTimeout(absl::Seconds(10));
+    if (task.outputs_place() == proto::Place::Inline) {
+      proto::HostTensor out;
+      out.name = "output";
+      out.shape = {static_cast<int64_t>(values.size() / 4), 4};
+      out.data.resize(values.size() * sizeof(float));
+      auto* y = reinterpret_cast<float*>(out.data.data());
+      for (size_t i = 0; i < values.size(); ++i) y[i] = 2 * values[i];
+      Builder b;
+      auto body = proto::CreateTaskResult(b, 77, proto::CreateWireTensors(b, {out}));
+      proto::Finish(b, proto::CreateControllerReply(b, id, proto::ControllerReplyBody::TaskResult,
+                                                    body.Union()));
+      return Reply(fd, b);
+    }
     ASSERT_EQ(task.outputs_place(), proto::Place::Region);
     ASSERT_NE(to, nullptr);
     const uint64_t out_bytes = values.size() * sizeof(float);
@@ -472,6 +490,31 @@ TEST(LocalClientTest, ATimedOutCallHoldsItsSpansUntilTheFinalAnswer) {
   ASSERT_EQ(later.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   ASSERT_TRUE(later.get().ok());
   EXPECT_EQ(areas.allocated_bytes(), 0u);
+}
+
+TEST(LocalClientTest, HostTensorInferSendsTheFrameWhenTheAreasAreFull) {
+  FakePswitchd server;
+  ClientOptions o = SmallAreas();
+  o.areas.max_areas = 1;
+  auto client = ConnectTo(server, o);
+  ASSERT_NE(client, nullptr);
+  proto::HostTensor x;
+  x.name = "input";
+  x.shape = {2, 4};
+  x.data.resize(32);
+  for (int i = 0; i < 8; ++i) reinterpret_cast<float*>(x.data.data())[i] = static_cast<float>(i);
+  // The input fits in what is left, its output does not: neither goes in the area.
+  auto hog = client->Tensor({(1 << 20) / 4 - 16}, proto::DType::F32);
+  ASSERT_TRUE(hog.ok()) << hog.status();
+  auto result = client->Infer("double", {x});
+  ASSERT_TRUE(result.ok()) << result.status();
+  Seen seen = server.seen();
+  EXPECT_EQ(seen.inputs[0].place, proto::Place::Inline);
+  EXPECT_EQ(seen.outputs_place, proto::Place::Inline);
+  EXPECT_EQ(reinterpret_cast<const float*>(result->outputs[0].data.data())[7], 14.0f);
+  // Area calls say why they cannot run.
+  EXPECT_EQ(client->Tensor({64}, proto::DType::F32).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(LocalClientTest, AnOutputOutsideTheGivenSpaceIsRefused) {
