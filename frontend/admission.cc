@@ -143,8 +143,9 @@ absl::StatusOr<uint64_t> OutputBytesNeeded(const CatalogEntry& model,
   }
   absl::StatusOr<uint64_t> bytes = proto::ShapeBytes(model.output.dtype, shape);
   if (!bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model '", name, "': its recorded output does not give a size: ", bytes.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", name,
+                     "': its recorded output does not give a size: ", bytes.status().message()));
   }
   return *bytes;
 }
@@ -198,8 +199,9 @@ absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Princip
     if (t.place == proto::Place::Inline) continue;
     if (t.place == proto::Place::Payload) {
       return absl::UnimplementedError(absl::StrCat(
-          what, " lies in a raw payload, which this pswitchd does not take yet: send it inline "
-                "or in a transfer area"));
+          what,
+          " lies in a raw payload, which this pswitchd does not take yet: send it inline "
+          "or in a transfer area"));
     }
     if (t.place != proto::Place::Region) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown place"));
@@ -218,8 +220,8 @@ absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Princip
   for (const proto::HostTensor& t : spec.inputs) {
     if (t.place != proto::Place::Region || t.slice.region != out.region) continue;
     // Both lie inside one region (checked above): no sum overflows.
-    const bool apart = out.offset + out.length <= t.slice.offset ||
-                       t.slice.offset + t.slice.length <= out.offset;
+    const bool apart =
+        out.offset + out.length <= t.slice.offset || t.slice.offset + t.slice.length <= out.offset;
     if (!apart) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " overlaps input '", t.name,
@@ -228,8 +230,8 @@ absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Princip
   }
   PSWITCH_ASSIGN_OR_RETURN(uint64_t needed, OutputBytesNeeded(model, spec.inputs));
   if (out.length < needed) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " holds ", out.length,
-                                                     " bytes; the output needs ", needed));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " holds ", out.length, " bytes; the output needs ", needed));
   }
   return absl::OkStatus();
 }

@@ -100,11 +100,7 @@ class TaskAdmission {
   // outlive the admission.
   TaskAdmission(TaskSink* sink, ClientQuota* quota, TaskOwners* owners, size_t max_copies = 8,
                 const dataplane::RegionTable* regions = nullptr)
-      : sink_(sink),
-        quota_(quota),
-        owners_(owners),
-        max_copies_(max_copies),
-        regions_(regions) {}
+      : sink_(sink), quota_(quota), owners_(owners), max_copies_(max_copies), regions_(regions) {}
   TaskAdmission(const TaskAdmission&) = delete;
   TaskAdmission& operator=(const TaskAdmission&) = delete;
 

@@ -21,9 +21,9 @@
 #include "frontend/memory_return.h"
 #include "frontend/passed_files.h"
 #include "frontend/peer_identity.h"
-#include "models/model_source.h"
 #include "frontend/requests.h"
 #include "gpu/copy_engine.h"
+#include "models/model_source.h"
 #include "proto/accept_retry.h"
 #include "proto/client_generated.h"
 #include "proto/framed_connection.h"
@@ -177,8 +177,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                              type == proto::ClientRequestBody::RegisterArea;
     if (type == proto::ClientRequestBody::RegisterArea ? declared != 0 : declared != fds.size()) {
       return conn.Send(ErrorReply(
-          id, absl::InvalidArgumentError(absl::StrCat(
-                  "passed_files names ", declared, " files; ", fds.size(), " came with the frame"))));
+          id, absl::InvalidArgumentError(absl::StrCat("passed_files names ", declared, " files; ",
+                                                      fds.size(), " came with the frame"))));
     }
     if (!takes_files && !fds.empty()) return conn.Send(ErrorReply(id, UnexpectedFiles()));
     if (!RoleAllows(principal_->role, type)) {
@@ -340,9 +340,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     // Only this connection's own areas: a region of the principal's from another port (a Triton
     // region) or connection is not this one's to release.
     auto owned = areas_.find(principal_->name);
-    auto it = owned == areas_.end()
-                  ? std::vector<uint64_t>::iterator()
-                  : std::find(owned->second.begin(), owned->second.end(), area);
+    auto it = owned == areas_.end() ? std::vector<uint64_t>::iterator()
+                                    : std::find(owned->second.begin(), owned->second.end(), area);
     if (owned == areas_.end() || it == owned->second.end()) {
       return conn.Send(ErrorReply(
           id, absl::NotFoundError(absl::StrCat("no transfer area ", area, " of this connection"))));
@@ -453,8 +452,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     ++awaited_;
     controller_->Register(
         [request = std::move(request), repository = options_->repository,
-         allow = options_->allow_client_paths,
-         passed]() -> absl::StatusOr<ModelRequest> {
+         allow = options_->allow_client_paths, passed]() -> absl::StatusOr<ModelRequest> {
           PSWITCH_ASSIGN_OR_RETURN(ModelRequest resolved,
                                    ResolveModelRequest(request, repository, allow));
           // Read here, on the registration thread: a passed file may be large or slow.
@@ -815,9 +813,8 @@ void ClientServer::Serve(proto::FramedConnection::Socket socket, Peer peer) {
   if (options_.tokens != nullptr) {
     charged_to = unix_socket ? peer.principal->name : std::string(kUnauthenticatedClient);
   }
-  auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_,
-                                           &owners_, &admission_, regions_, std::move(peer),
-                                           number);
+  auto session = std::make_shared<Session>(&io_, &serving_, controller_, fill_, &options_, &owners_,
+                                           &admission_, regions_, std::move(peer), number);
   proto::ConnectionLimits limits;
   limits.max_frame_bytes = options_.max_frame_bytes;
   limits.frame_timeout = options_.frame_timeout;

@@ -16,8 +16,8 @@
 #define PSWITCH_FRONTEND_CLIENT_SERVER_H_
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>

@@ -113,9 +113,9 @@ absl::Status AttachRegistrationFiles(RegistrationFiles files, controller::ModelR
     request->archive_path.clear();
   }
   if (files.weights.valid()) {
-    PSWITCH_ASSIGN_OR_RETURN(
-        UniqueFd sealed, SealPassedFile(files.weights, "the passed weights file",
-                                        models::SafetensorsLimits{}.max_file_bytes));
+    PSWITCH_ASSIGN_OR_RETURN(UniqueFd sealed,
+                             SealPassedFile(files.weights, "the passed weights file",
+                                            models::SafetensorsLimits{}.max_file_bytes));
     request->weights_fd = std::make_shared<const UniqueFd>(std::move(sealed));
     request->weights_path = "(passed weights file)";
   }

@@ -154,8 +154,8 @@ absl::StatusOr<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
     }
     const auto* error = static_cast<const nlmsgerr*>(NLMSG_DATA(header));
     if (error->error == -ENOENT) {
-      return absl::NotFoundError(absl::StrCat("no local socket at ", remote.address().to_string(),
-                                              ":", remote.port()));
+      return absl::NotFoundError(
+          absl::StrCat("no local socket at ", remote.address().to_string(), ":", remote.port()));
     }
     return absl::InternalError(
         absl::StrCat("sock_diag: ", std::strerror(error->error < 0 ? -error->error : EIO)));

@@ -216,8 +216,9 @@ TEST(RequestsTest, OutputPlacesAreCheckedBeforeAdmission) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(parse(proto::TaskKind::Training, proto::Place::Region, &good).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(parse(proto::TaskKind::Inference, static_cast<proto::Place>(9), nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      parse(proto::TaskKind::Inference, static_cast<proto::Place>(9), nullptr).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

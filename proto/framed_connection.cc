@@ -42,8 +42,8 @@ std::shared_ptr<FramedConnection> FramedConnection::Create(Socket socket, Connec
 }
 
 FramedConnection::FramedConnection(Socket socket, ConnectionLimits limits,
-                                   FrameWithFdsHandler on_frame,
-                                   ErrorReplyBuilder error_reply, CloseHandler on_close)
+                                   FrameWithFdsHandler on_frame, ErrorReplyBuilder error_reply,
+                                   CloseHandler on_close)
     : socket_(std::move(socket)),
       limits_(std::move(limits)),
       on_frame_(std::move(on_frame)),

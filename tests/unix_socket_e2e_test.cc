@@ -90,9 +90,9 @@ class RawConnection {
     const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
     if (n < 0) return false;
     // The rest (a large frame) without the fds, which went with the first byte.
-    return testing::SendAll(fd_.get(), absl::string_view(reinterpret_cast<const char*>(
-                                                             frame->data() + n),
-                                                         frame->size() - static_cast<size_t>(n)));
+    return testing::SendAll(fd_.get(),
+                            absl::string_view(reinterpret_cast<const char*>(frame->data() + n),
+                                              frame->size() - static_cast<size_t>(n)));
   }
 
   // The next reply's payload, or empty when none came within the timeout (or the peer closed).
@@ -100,8 +100,8 @@ class RawConnection {
     const absl::Time deadline = absl::Now() + timeout;
     uint8_t header[4];
     if (!ReadExactly(header, 4, deadline)) return {};
-    const uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) |
-                            (static_cast<uint32_t>(header[3]) << 24);
+    const uint32_t length =
+        header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<uint32_t>(header[3]) << 24);
     std::vector<uint8_t> payload(length);
     if (!ReadExactly(payload.data(), length, deadline)) return {};
     return payload;
@@ -155,14 +155,13 @@ std::string ErrorMessage(const std::vector<uint8_t>& bytes) {
 
 void RegisterAreaRequest(Builder& b, uint64_t id, uint64_t bytes) {
   auto body = proto::CreateRegisterArea(b, bytes);
-  proto::Finish(b, proto::CreateClientRequest(b, id, ClientRequestBody::RegisterArea,
-                                              body.Union()));
+  proto::Finish(b,
+                proto::CreateClientRequest(b, id, ClientRequestBody::RegisterArea, body.Union()));
 }
 
 void ReleaseAreaRequest(Builder& b, uint64_t id, uint64_t area) {
   auto body = proto::CreateReleaseArea(b, area);
-  proto::Finish(b, proto::CreateClientRequest(b, id, ClientRequestBody::ReleaseArea,
-                                              body.Union()));
+  proto::Finish(b, proto::CreateClientRequest(b, id, ClientRequestBody::ReleaseArea, body.Union()));
 }
 
 // An inference of `model` on `inputs`; outputs inline, or (`outputs_to`) in that region slice.
@@ -171,13 +170,12 @@ void SubmitRequest(Builder& b, uint64_t id, const std::string& model,
                    std::optional<proto::ByteSlice> outputs_to = std::nullopt) {
   auto tensors = proto::CreateWireTensors(b, inputs);
   auto name = b.CreateString(model);
-  const proto::Slice to = outputs_to ? proto::Slice(outputs_to->region, outputs_to->offset,
-                                                    outputs_to->length)
-                                     : proto::Slice();
+  const proto::Slice to =
+      outputs_to ? proto::Slice(outputs_to->region, outputs_to->offset, outputs_to->length)
+                 : proto::Slice();
   auto body = proto::CreateSubmitTask(
-      b, name, proto::TaskKind::Inference, tensors, 1, 0, 0, 0, proto::Optimizer::Sgd, 0.01, 0.9,
-      0, 0, outputs_to ? proto::Place::Region : proto::Place::Inline,
-      outputs_to ? &to : nullptr);
+      b, name, proto::TaskKind::Inference, tensors, 1, 0, 0, 0, proto::Optimizer::Sgd, 0.01, 0.9, 0,
+      0, outputs_to ? proto::Place::Region : proto::Place::Inline, outputs_to ? &to : nullptr);
   proto::Finish(b, proto::CreateClientRequest(b, id, ClientRequestBody::SubmitTask, body.Union()));
 }
 
@@ -347,8 +345,8 @@ TEST_F(UnixSocketTest, InferenceInAnAreaIsBitIdenticalToTheFramedPath) {
   const proto::HostTensor placed = PlaceIn(area, area_id, 4096, input);
   const uint64_t out_offset = 512 << 10;
   std::memset(area.memory + out_offset, 0xAB, output_bytes);
-  const Outcome in_area = Infer(*conn, 5, "tiny_cnn", {placed},
-                                proto::ByteSlice{area_id, out_offset, output_bytes});
+  const Outcome in_area =
+      Infer(*conn, 5, "tiny_cnn", {placed}, proto::ByteSlice{area_id, out_offset, output_bytes});
   ASSERT_EQ(in_area.code, absl::StatusCode::kOk) << in_area.message << "\n" << daemon.log();
   ASSERT_EQ(in_area.outputs.size(), 1u);
   const proto::HostTensor& out = in_area.outputs[0];
@@ -357,9 +355,8 @@ TEST_F(UnixSocketTest, InferenceInAnAreaIsBitIdenticalToTheFramedPath) {
   EXPECT_EQ(out.slice.offset, out_offset);  // the first output at the start of the space
   ASSERT_EQ(out.slice.length, output_bytes);
   EXPECT_EQ(out.shape, framed.outputs[0].shape);
-  EXPECT_EQ(std::memcmp(area.memory + out.slice.offset, framed.outputs[0].data.data(),
-                        output_bytes),
-            0);
+  EXPECT_EQ(
+      std::memcmp(area.memory + out.slice.offset, framed.outputs[0].data.data(), output_bytes), 0);
   // The input is still the client's (the worker reads, never writes, it).
   EXPECT_EQ(std::memcmp(area.memory + 4096, input.data.data(), input.data.size()), 0);
 }
@@ -514,8 +511,8 @@ TEST_F(UnixSocketTest, AnotherPrincipalsOrAClosedConnectionsAreaIsNotFound) {
   Builder auth;
   auto token = auth.CreateString("user-token-bob-0123456789");
   auto body = proto::CreateAuthenticate(auth, token);
-  proto::Finish(auth, proto::CreateClientRequest(auth, 1, ClientRequestBody::Authenticate,
-                                                 body.Union()));
+  proto::Finish(auth,
+                proto::CreateClientRequest(auth, 1, ClientRequestBody::Authenticate, body.Union()));
   ASSERT_EQ(ErrorCode(bob->Call(auth)), absl::StatusCode::kOk);
   const Outcome foreign = Infer(*bob, 2, "tiny_cnn", {placed});
   proto::HostTensor never = placed;
@@ -565,11 +562,11 @@ TEST_F(UnixSocketTest, WeightsPassedByFdAreTheOnesServed) {
   auto body = proto::CreateRegisterModelDirect(b, "zeros", "tiny_cnn", nullptr, 2);
   std::vector<proto::FileRole> roles = {proto::FileRole::Weights};
   auto passed = b.CreateVector(roles);
-  proto::Finish(b, proto::CreateClientRequest(b, 1, ClientRequestBody::RegisterModel,
-                                              body.Union(), 0, passed));
+  proto::Finish(b, proto::CreateClientRequest(b, 1, ClientRequestBody::RegisterModel, body.Union(),
+                                              0, passed));
   std::vector<uint8_t> registered = conn->Call(b, {weights.get()});
-  ASSERT_EQ(ErrorCode(registered), absl::StatusCode::kOk)
-      << ErrorMessage(registered) << "\n" << daemon.log();
+  ASSERT_EQ(ErrorCode(registered), absl::StatusCode::kOk) << ErrorMessage(registered) << "\n"
+                                                          << daemon.log();
   const proto::HostTensor input = Input("tiny_cnn", 9);
   const Outcome zeros = Infer(*conn, 2, "zeros", {input});
   ASSERT_EQ(zeros.code, absl::StatusCode::kOk) << zeros.message;
@@ -591,8 +588,9 @@ TEST_F(UnixSocketTest, WeightsPassedByFdAreTheOnesServed) {
   Builder with_pipe;
   auto body3 = proto::CreateRegisterModelDirect(with_pipe, "piped", "tiny_cnn", nullptr, 2);
   auto passed3 = with_pipe.CreateVector(roles);
-  proto::Finish(with_pipe, proto::CreateClientRequest(with_pipe, 5, ClientRequestBody::RegisterModel,
-                                                      body3.Union(), 0, passed3));
+  proto::Finish(with_pipe,
+                proto::CreateClientRequest(with_pipe, 5, ClientRequestBody::RegisterModel,
+                                           body3.Union(), 0, passed3));
   std::vector<uint8_t> piped = conn->Call(with_pipe, {pipe_read.get()});
   EXPECT_EQ(ErrorCode(piped), absl::StatusCode::kInvalidArgument) << ErrorMessage(piped);
   UniqueFd write_only(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
@@ -635,18 +633,18 @@ TEST_F(UnixSocketTest, WithoutTokensALocalPeerIsItsUid) {
     if (auto conn = RawConnection::Tcp(daemon.port())) {
       Builder reg;
       auto body = proto::CreateRegisterModelDirect(reg, "shadow", "tiny_cnn", "/etc/shadow", 1);
-      proto::Finish(reg, proto::CreateClientRequest(reg, 1, ClientRequestBody::RegisterModel,
-                                                    body.Union()));
+      proto::Finish(
+          reg, proto::CreateClientRequest(reg, 1, ClientRequestBody::RegisterModel, body.Union()));
       codes[0] = static_cast<int>(ErrorCode(conn->Call(reg)));
       Builder query;
       auto q = proto::CreateQueryTask(query, root_task);
-      proto::Finish(query, proto::CreateClientRequest(query, 2, ClientRequestBody::QueryTask,
-                                                      q.Union()));
+      proto::Finish(query,
+                    proto::CreateClientRequest(query, 2, ClientRequestBody::QueryTask, q.Union()));
       codes[1] = static_cast<int>(ErrorCode(conn->Call(query)));
       Builder cancel;
       auto c = proto::CreateCancelTask(cancel, root_task);
-      proto::Finish(cancel, proto::CreateClientRequest(cancel, 3, ClientRequestBody::CancelTask,
-                                                       c.Union()));
+      proto::Finish(
+          cancel, proto::CreateClientRequest(cancel, 3, ClientRequestBody::CancelTask, c.Union()));
       codes[2] = static_cast<int>(ErrorCode(conn->Call(cancel)));
     }
     codes[3] = RawConnection::Unix(SocketOf(daemon)).has_value() ? 1 : 0;
