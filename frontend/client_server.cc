@@ -180,6 +180,14 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           id, absl::InvalidArgumentError(absl::StrCat("passed_files names ", declared, " files; ",
                                                       fds.size(), " came with the frame"))));
     }
+    if (!fds.empty() && (type == proto::ClientRequestBody::FillSubmit ||
+                         type == proto::ClientRequestBody::FillEstimateQuery)) {
+      // The fill path reads datasets and writes outputs in its workers, by name under
+      // --data-root; files by fd do not reach them yet.
+      return conn.Send(ErrorReply(
+          id, absl::UnimplementedError("fill jobs' datasets and outputs are not taken by fd yet: "
+                                       "name them under pswitchd's --data-root")));
+    }
     if (!takes_files && !fds.empty()) return conn.Send(ErrorReply(id, UnexpectedFiles()));
     if (!RoleAllows(principal_->role, type)) {
       return conn.Send(ErrorReply(
