@@ -1059,9 +1059,16 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
       !placed.ok()) {
     return fail(placed);
   }
-  if (staged != nullptr && staged_output && !spec.outputs_to) {
-    staged_output->region = staged->id();
-    spec.outputs_to = staged_output;
+  if (staged != nullptr && staged_output) {
+    if (!spec.outputs_to) {
+      staged_output->region = staged->id();
+      spec.outputs_to = staged_output;
+    } else {
+      // The output goes to the caller's shared memory: the room made for it is never touched
+      // (a memfd's pages exist once written), so it is not charged either.
+      (void)charge.Resize(
+          charge.bytes() > staged_output->length ? charge.bytes() - staged_output->length : 0);
+    }
   }
   spec.inputs = std::move(request->inputs);
   if (request->priority) spec.priority = *request->priority;
