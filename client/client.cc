@@ -1,24 +1,19 @@
 #include "client/client.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "api/client_codec.h"
 #include "base/clock.h"
 #include "base/status.h"
+#include "client/local_address.h"
+#include "client/passed_files.h"
 #include "proto/client_generated.h"
 #include "proto/frame_channel.h"
 #include "proto/framing.h"
@@ -56,35 +51,6 @@ TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor
   FillTimes(wire, result);
   result.outputs = std::move(outputs);
   return result;
-}
-
-// One frame with every fd of `fds` attached to its first byte (one SCM_RIGHTS message), as
-// proto::SendAllWithFd does for one fd: pswitchd takes them as the frame's passed_files.
-absl::Status SendFrameWithFds(int socket_fd, std::span<const uint8_t> frame,
-                              const std::vector<int>& fds) {
-  if (fds.size() <= 1) return proto::SendAllWithFd(socket_fd, frame, fds.empty() ? -1 : fds[0]);
-  constexpr size_t kMaxFds = 8;
-  if (fds.size() > kMaxFds) return absl::InvalidArgumentError("too many files for one request");
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
-  iovec iov{const_cast<uint8_t*>(frame.data()), 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  cmsg->cmsg_level = SOL_SOCKET;
-  cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
-  // The first byte carries the fds; the rest of the frame follows as plain bytes.
-  while (true) {
-    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
-    if (n == 1) break;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return ErrnoStatus("sendmsg");
-  }
-  return proto::SendAllWithFd(socket_fd, frame.subspan(1), -1);
 }
 
 }  // namespace
@@ -207,73 +173,6 @@ class Client::Connection {
   std::thread reader_;  // last: starts once the members it uses exist
 };
 
-std::vector<std::string> DefaultUnixSocketPaths() {
-  const char* env = std::getenv("PSWITCH_UNIX_SOCKET");
-  if (env != nullptr && env[0] != '\0') return {env};
-  std::vector<std::string> paths = {"/run/pswitch/pswitchd.sock"};
-  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime != nullptr && runtime[0] == '/') {
-    paths.push_back(absl::StrCat(runtime, "/pswitch/pswitchd.sock"));
-  }
-  return paths;
-}
-
-namespace {
-
-constexpr absl::string_view kUnixPrefix = "unix:";
-
-// "localhost", an IPv4 address in 127.0.0.0/8, or ::1 (bracketed or not).
-bool IsLoopbackHost(std::string host) {
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host == "localhost" || host == "ip6-localhost") return true;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
-}
-
-// Whether a TCP "HOST:PORT" names pswitchd's default port on this machine.
-bool IsLocalDefaultPort(absl::string_view host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == absl::string_view::npos) return false;
-  int port = 0;
-  return absl::SimpleAtoi(host_port.substr(colon + 1), &port) && port == kDefaultPort &&
-         IsLoopbackHost(std::string(host_port.substr(0, colon)));
-}
-
-// The channel Connect's rules (client.h) pick for `address`; `local` says whether it is the
-// Unix socket.
-absl::StatusOr<std::unique_ptr<proto::FrameChannel>> Dial(absl::string_view address,
-                                                          const ClientOptions& options,
-                                                          bool* local) {
-  const std::string default_tcp = absl::StrCat("127.0.0.1:", kDefaultPort);
-  *local = false;
-  if (absl::StartsWith(address, kUnixPrefix)) {
-    if (options.transport == Transport::kTcp) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("address '", address, "' is a Unix socket but TCP was asked for"));
-    }
-    *local = true;
-    return proto::FrameChannel::Connect(address.substr(kUnixPrefix.size()),
-                                        options.max_frame_bytes);
-  }
-  const std::string tcp = address.empty() ? default_tcp : std::string(address);
-  if (options.transport == Transport::kAuto && (address.empty() || IsLocalDefaultPort(address))) {
-    // A socket that is missing, refuses us, or has nobody listening: the next, then TCP.
-    for (const std::string& path : DefaultUnixSocketPaths()) {
-      auto unix = proto::FrameChannel::Connect(path, options.max_frame_bytes);
-      if (unix.ok()) {
-        *local = true;
-        return unix;
-      }
-    }
-  }
-  return proto::FrameChannel::ConnectTcp(tcp, options.max_frame_bytes);
-}
-
-}  // namespace
 
 Client::Client(std::unique_ptr<Connection> connection, const ClientOptions& options, bool local)
     : options_(options) {
@@ -298,11 +197,12 @@ Client::~Client() {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view address,
                                                         const ClientOptions& options) {
-  bool local = false;
-  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<proto::FrameChannel> channel,
-                           Dial(address, options, &local));
+  PSWITCH_ASSIGN_OR_RETURN(
+      DialedChannel dialed,
+      DialPswitchd(address, options.transport, options.max_frame_bytes));
+  const bool local = dialed.local;
   std::unique_ptr<Client> client(
-      new Client(std::make_unique<Connection>(std::move(channel)), options, local));
+      new Client(std::make_unique<Connection>(std::move(dialed.channel)), options, local));
   if (!options.token.empty()) PSWITCH_RETURN_IF_ERROR(client->Authenticate(options.token));
   if (local) {
     absl::Status reserved = client->areas_->Reserve(options.areas.first_area_bytes);
@@ -371,56 +271,6 @@ absl::Status Client::Authenticate(const std::string& token) {
 }
 
 namespace {
-
-// Files a request names, opened by the client with its own rights for pswitchd to use by fd
-// (Unix socket only): pswitchd never opens a path a client names.
-class PassedFiles {
- public:
-  // Opens `path` to be read (a regular file) for `role`; nothing when `path` is empty.
-  absl::Status Read(const std::string& path, proto::FileRole role) {
-    if (path.empty()) return absl::OkStatus();
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
-    if (!fd.valid()) return ErrnoStatus(absl::StrCat("open '", path, "'"));
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat '", path, "'"));
-    if (!S_ISREG(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not a regular file"));
-    }
-    Add(std::move(fd), role);
-    return absl::OkStatus();
-  }
-  // Creates `path` (a new file, never an existing one) to be written for `role`.
-  absl::Status Create(const std::string& path, proto::FileRole role) {
-    if (path.empty()) return absl::OkStatus();
-    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644));
-    if (!fd.valid()) return ErrnoStatus(absl::StrCat("create '", path, "'"));
-    created_.push_back(path);
-    Add(std::move(fd), role);
-    return absl::OkStatus();
-  }
-  // Removes the files Create made (the request failed: nothing will be written to them).
-  void UnlinkCreated() {
-    for (const std::string& path : created_) ::unlink(path.c_str());
-    created_.clear();
-  }
-
-  const std::vector<int>& fds() const { return fds_; }
-  flatbuffers::Offset<flatbuffers::Vector<proto::FileRole>> Roles(Builder& b) const {
-    return roles_.empty() ? 0 : b.CreateVector(roles_);
-  }
-
- private:
-  void Add(UniqueFd fd, proto::FileRole role) {
-    fds_.push_back(fd.get());
-    owned_.push_back(std::move(fd));
-    roles_.push_back(role);
-  }
-
-  std::vector<UniqueFd> owned_;
-  std::vector<int> fds_;
-  std::vector<proto::FileRole> roles_;
-  std::vector<std::string> created_;
-};
 
 // Every int64 of a verified [long] vector, read bytewise (the verifier does not check its
 // alignment; proto/host_tensor.cc reads shapes the same way).

@@ -18,27 +18,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "api/types.h"
+#include "client/local_address.h"
 #include "client/transfer_area.h"
 #include "flatbuffers/flatbuffers.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
 
 namespace pswitch::client {
-
-// Where pswitchd's default Unix socket may be, in the order tried: $PSWITCH_UNIX_SOCKET alone when
-// it is set and not empty; else /run/pswitch/pswitchd.sock (pswitchd under systemd's
-// RuntimeDirectory=pswitch, or run as root), then $XDG_RUNTIME_DIR/pswitch/pswitchd.sock
-// (pswitchd run by hand by this user).
-std::vector<std::string> DefaultUnixSocketPaths();
-// The TCP port pswitchd listens on by default (--listen=127.0.0.1:7300).
-inline constexpr int kDefaultPort = 7300;
-
-enum class Transport {
-  // The Unix socket when the address says so or the server is local (Client::Connect), else TCP.
-  kAuto,
-  // TCP always, even to a local server (e.g. to measure or test the TCP path).
-  kTcp,
-};
 
 struct ClientOptions {
   // Bound on every synchronous call, including waiting for a task's result.
