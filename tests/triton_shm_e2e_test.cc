@@ -301,6 +301,37 @@ TEST_F(TritonShmE2eTest, EachUserMapsOnlyItsOwnSegments) {
   EXPECT_TRUE(Status().empty());
 }
 
+// With tokens, the uid a segment must belong to is the one the token's line names (the token
+// file's UID column); a token without one maps nothing by name. Each token sees its own regions.
+TEST(TritonShmTokensE2eTest, TheTokensUidColumnSaysWhoseSegmentsItMayMap) {
+  e2e::TokenFile tokens(absl::StrCat("user-token-alice-0123456789 alice user ", ::getuid(),
+                                     "\nuser-token-bob-0123456789 bob user\n"));
+  e2e::TestDaemon daemon({"--preload=tiny_mlp", "--standby-workers=0", tokens.flag()});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  Segment seg(4096);
+  const std::string body = json{{"key", seg.key()}, {"byte_size", 4096}}.dump();
+  const std::string path = "/v2/systemsharedmemory/region/r/register";
+  auto as = [](const std::string& token) {
+    return httplib::Headers{{"Authorization", "Bearer " + token}};
+  };
+  auto none = http.Post(path, body, "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  auto bob = http.Post(path, as("user-token-bob-0123456789"), body, "application/json");
+  ASSERT_TRUE(bob);
+  EXPECT_EQ(bob->status, 403) << bob->body;
+  auto alice = http.Post(path, as("user-token-alice-0123456789"), body, "application/json");
+  ASSERT_TRUE(alice);
+  EXPECT_EQ(alice->status, 200) << alice->body;
+  auto alices = http.Get("/v2/systemsharedmemory/status", as("user-token-alice-0123456789"));
+  ASSERT_TRUE(alices);
+  EXPECT_EQ(json::parse(alices->body).size(), 1u) << alices->body;
+  auto bobs = http.Get("/v2/systemsharedmemory/status", as("user-token-bob-0123456789"));
+  ASSERT_TRUE(bobs);
+  EXPECT_EQ(json::parse(bobs->body).size(), 0u) << bobs->body;
+}
+
 TEST_F(TritonShmE2eTest, TenThousandRegistrationsAreBounded) {
   Segment seg(4096);
   int accepted = 0, refused = 0;
