@@ -521,7 +521,7 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     // (a stall ends it, a lost device fails it). The GPU stays held, with no slot: the worker is
     // idle, and its death or a message of it no longer concerns this run (nothing to stop or
     // kill: EnforceStop, StopRunning and MaybePreempt leave it alone).
-    Event(base::LogLevel::kDebug, "answer_waits_for_copy")
+    Event(base::LogLevel::kInfo, "answer_waits_for_copy")
         .Field("task", run->task_id)
         .Field("slot", slot);
     run->slot = -1;
@@ -547,6 +547,8 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
   auto entry = specs_.find(run->task_id);
   if (entry == specs_.end()) return;  // answered meanwhile
   const TaskSpec& spec = entry->second.first;
+  // A fill run's bubble may have ended while its answer waited for the copy: nothing to kill.
+  stop_deadline_.Met(run->task_id);
   absl::Status status = std::move(result.status);
   TaskOutcome& outcome = result.outcome;
   if (run->transmission != nullptr) {

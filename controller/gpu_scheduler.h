@@ -7,6 +7,11 @@
 // Everything runs on one event-loop thread (EventLoop): requests, worker messages, copy ends and
 // deadlines are handlers on it; other threads post to it.
 //
+// A task answered by its worker before its switch's copy ended (the worker saw every group's
+// flag; the copy engine has not retired the job) is answered when the Switcher reports that end
+// (CopyEnded), with the copy's phases or its failure; the GPU stays held meanwhile, and the loop
+// never waits for it.
+//
 // Training stops at iteration boundaries; its weights (and buffers) are checkpointed from the
 // region back to the pinned store whenever it stops cleanly (never after a failed run, nor from
 // a switch whose copy did not complete), and its optimizer state to host memory when it is
