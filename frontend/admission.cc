@@ -150,6 +150,33 @@ absl::StatusOr<uint64_t> OutputBytesNeeded(const CatalogEntry& model,
   return *bytes;
 }
 
+absl::Status PlacePayload(std::vector<proto::HostTensor>& inputs, uint64_t payload_bytes,
+                          const dataplane::TransferRegion& staging) {
+  if (staging.bytes() < payload_bytes) {
+    return absl::InternalError(absl::StrCat("a staging region of ", staging.bytes(),
+                                            " bytes for a payload of ", payload_bytes));
+  }
+  for (proto::HostTensor& t : inputs) {
+    if (t.place != proto::Place::Payload) continue;
+    const std::string what = absl::StrCat("input '", t.name, "'");
+    // Subtraction, not addition: a hostile offset near 2^64 must not wrap into range.
+    if (t.slice.offset > payload_bytes || t.slice.length > payload_bytes - t.slice.offset) {
+      return absl::OutOfRangeError(absl::StrCat(what, ": bytes [", t.slice.offset, ", +",
+                                                t.slice.length, ") lie outside the raw payload's ",
+                                                payload_bytes, " bytes"));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(uint64_t bytes, proto::ShapeBytes(t.dtype, t.shape));
+    if (bytes != t.slice.length) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": its dtype and shape need ", bytes,
+                                                     " bytes; the payload slice holds ",
+                                                     t.slice.length));
+    }
+    t.place = proto::Place::Region;
+    t.slice.region = staging.id();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Principal& who,
                               const CatalogEntry& model, TaskSpec& spec) {
   const std::string& name = model.request.name;
@@ -198,10 +225,10 @@ absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Princip
     const std::string what = absl::StrCat("model '", name, "': input '", t.name, "'");
     if (t.place == proto::Place::Inline) continue;
     if (t.place == proto::Place::Payload) {
-      return absl::UnimplementedError(absl::StrCat(
-          what,
-          " lies in a raw payload, which this pswitchd does not take yet: send it inline "
-          "or in a transfer area"));
+      // Only a port that received the payload can say where it lies (PlacePayload did).
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " lies in a raw payload, which only a TCP request's own payload may carry "
+                "(ClientRequest.payload_bytes)"));
     }
     if (t.place != proto::Place::Region) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown place"));

@@ -68,7 +68,15 @@ absl::StatusOr<uint64_t> OutputBytesNeeded(const controller::CatalogEntry& model
 // (OutOfRange), the input as long as its dtype and shape need (InvalidArgument), the output
 // overlapping no input (InvalidArgument) and at least OutputBytesNeeded (ResourceExhausted naming
 // both sizes). Fills `spec.regions` with each region once. Place::Payload is refused
-// (Unimplemented); `table` null refuses any region (FailedPrecondition).
+// (InvalidArgument: a port that takes raw payloads places them first, PlacePayload); `table`
+// null refuses any region (FailedPrecondition).
+// A request's raw payload (TCP, docs/dataplane.md) received into `staging`, at offset 0: each
+// Place::Payload input of `inputs` becomes a Place::Region slice of it. Each slice must lie
+// inside the payload's `payload_bytes` (OutOfRange, never overflowing) and be exactly as long
+// as its dtype and shape need (InvalidArgument); slices may overlap one another (they are only
+// read). Other inputs are left alone. `staging` must hold at least `payload_bytes`.
+absl::Status PlacePayload(std::vector<proto::HostTensor>& inputs, uint64_t payload_bytes,
+                          const dataplane::TransferRegion& staging);
 absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Principal& who,
                               const controller::CatalogEntry& model, controller::TaskSpec& spec);
 

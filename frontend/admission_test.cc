@@ -447,10 +447,40 @@ TEST_F(PlacementTest, ALengthUnlikeTheShapeAndRawPayloadsAreRefused) {
   TaskSpec payload = Spec(area_->id(), 0);
   payload.inputs[0].place = proto::Place::Payload;
   payload.inputs[0].slice.region = 0;
-  EXPECT_EQ(Resolve(payload, alice_).code(), absl::StatusCode::kUnimplemented);
+  // A Payload slice no port placed (PlacePayload) is refused, never taken for a region.
+  EXPECT_EQ(Resolve(payload, alice_).code(), absl::StatusCode::kInvalidArgument);
   TaskSpec no_table = Spec(area_->id(), 0);
   EXPECT_EQ(ResolvePlacement(nullptr, alice_, model_, no_table).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(PlacementTest, PayloadSlicesBecomeSlicesOfTheStagingRegionOnlyInsideThePayload) {
+  auto staging = dataplane::TransferRegion::NewStaging(1 << 16, "alice");
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  auto payload_input = [this](uint64_t offset, uint64_t length) {
+    TaskSpec spec = Spec(0, 0, 0, 0);
+    spec.inputs[0].place = proto::Place::Payload;
+    spec.inputs[0].slice = proto::ByteSlice{0, offset, length};
+    return spec;
+  };
+  const uint64_t bytes = 1536;  // the input's dtype and shape
+  TaskSpec placed = payload_input(64, bytes);
+  ASSERT_TRUE(PlacePayload(placed.inputs, 64 + bytes, **staging).ok());
+  EXPECT_EQ(placed.inputs[0].place, proto::Place::Region);
+  EXPECT_EQ(placed.inputs[0].slice.region, (*staging)->id());
+  EXPECT_EQ(placed.inputs[0].slice.offset, 64u);
+  // One byte past the payload's end, an offset that would wrap, and a length unlike the shape.
+  TaskSpec past = payload_input(65, bytes);
+  EXPECT_EQ(PlacePayload(past.inputs, 64 + bytes, **staging).code(), absl::StatusCode::kOutOfRange);
+  TaskSpec wrap = payload_input(UINT64_MAX - 8, bytes);
+  EXPECT_EQ(PlacePayload(wrap.inputs, 64 + bytes, **staging).code(), absl::StatusCode::kOutOfRange);
+  TaskSpec short_slice = payload_input(0, bytes - 1);
+  EXPECT_EQ(PlacePayload(short_slice.inputs, 64 + bytes, **staging).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A payload larger than its staging region is the port's bug, not the client's.
+  TaskSpec big = payload_input(0, bytes);
+  EXPECT_EQ(PlacePayload(big.inputs, (1 << 16) + 1, **staging).code(),
+            absl::StatusCode::kInternal);
 }
 
 TEST_F(AdmissionTest, ARegionRefusalQueuesNothingAndAnAcceptedTaskHoldsItsArea) {

@@ -22,6 +22,7 @@
 #include "frontend/passed_files.h"
 #include "frontend/peer_identity.h"
 #include "frontend/requests.h"
+#include "frontend/staging_pool.h"
 #include "gpu/copy_engine.h"
 #include "models/model_source.h"
 #include "proto/accept_retry.h"
@@ -63,6 +64,11 @@ std::vector<uint8_t> ErrorReply(uint64_t id, const absl::Status& status) {
   auto error = proto::CreateWireError(b, status);
   proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Error, error.Union()));
   return Bytes(b);
+}
+
+uint64_t MaxPayloadBytes(const ClientServerOptions& options) {
+  return options.max_payload_bytes != 0 ? options.max_payload_bytes
+                                        : uint64_t{4} * options.max_frame_bytes;
 }
 
 // A task list reply stays far below the frame limit (about 100 bytes a task).
@@ -121,6 +127,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     // Its areas end with it; tasks that hold one keep it until they end.
     for (const auto& [owner, ids] : areas_) regions_->RemoveIds(owner, ids);
     areas_.clear();
+    // Its idle staging goes now; regions still in use return when their tasks end.
+    if (pool_ != nullptr) pool_->DropIdle();
+    pool_.reset();
     charge_.Reset();
     server_->unauthenticated_.erase(connection_);
     if (counted_) --server_->admitted_;
@@ -146,16 +155,26 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       return;
     }
     const uint64_t id = (*request)->request_id();
-    if ((*request)->payload_bytes() != 0) {
-      // Its raw bytes would follow on the stream and be read as frames: the stream is lost.
+    const proto::ClientRequestBody type = (*request)->body_type();
+    // Every refusal below that closes the connection is taken before the payload is read: its
+    // raw bytes would otherwise be read as frames.
+    const uint64_t payload_bytes = (*request)->payload_bytes();
+    if (payload_bytes != 0 && type != proto::ClientRequestBody::SubmitTask) {
       return conn.Reject(ErrorReply(
-          id, absl::UnimplementedError("this pswitchd takes no raw payload after a request: send "
-                                       "tensors inline or in a transfer area")));
+          id, absl::InvalidArgumentError("only SubmitTask may be followed by a raw payload")));
+    }
+    if (payload_bytes > MaxPayloadBytes(*options_)) {
+      // Skipping it would mean reading it all: refused before a byte of it is read.
+      return conn.Reject(ErrorReply(
+          id, absl::ResourceExhaustedError(absl::StrCat(
+                  "a raw payload of ", payload_bytes, " bytes; this pswitchd takes at most ",
+                  MaxPayloadBytes(*options_), " (4 x --max-frame-bytes)"))));
     }
     if (!*serving_) {
-      return conn.Send(ErrorReply(id, absl::UnavailableError("pswitchd is shutting down")));
+      absl::Status closing = absl::UnavailableError("pswitchd is shutting down");
+      if (payload_bytes != 0) return conn.Reject(ErrorReply(id, closing));
+      return conn.Send(ErrorReply(id, closing));
     }
-    const proto::ClientRequestBody type = (*request)->body_type();
     if (type == proto::ClientRequestBody::Authenticate) {
       if (!fds.empty()) return conn.Send(ErrorReply(id, UnexpectedFiles()));
       return Authenticate(conn, id, *(*request)->body_as_Authenticate());
@@ -169,6 +188,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       // Only a peer beyond loopback without tokens gets here (--insecure: the operator's choice
       // that whoever reaches the port controls pswitchd). Local peers are named by the kernel.
       principal_ = Principal{"anonymous", Role::kAdmin};
+    }
+    if (payload_bytes != 0) {
+      return SubmitWithPayload(conn, id, **request, payload_bytes, std::move(fds));
     }
     // Files travel with the requests that name them, as many as they declare, and only there.
     const auto* roles = (*request)->passed_files();
@@ -507,31 +529,183 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  static TaskSpec SpecOf(TaskRequest& parsed) {
+    TaskSpec spec;
+    spec.model = std::move(parsed.model);
+    spec.kind = parsed.kind;
+    spec.inputs = std::move(parsed.inputs);
+    spec.iterations = parsed.iterations;
+    spec.batch = parsed.batch;
+    spec.seed = parsed.seed;
+    spec.trainer.optimizer =
+        parsed.adam ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
+    spec.trainer.learning_rate = parsed.learning_rate;
+    spec.trainer.momentum = parsed.momentum;
+    spec.priority = parsed.priority;
+    if (parsed.deadline) spec.deadline = absl::Now() + *parsed.deadline;
+    return spec;
+  }
+
+  // Without tokens, one connection is one client: local clients share an address.
+  std::string QuotaClient() const {
+    return options_->tokens != nullptr ? principal_->name
+                                       : absl::StrCat(address_, "#", connection_);
+  }
+
+  // This connection's staging regions, for its principal and charged to its client.
+  StagingPool& Pool() {
+    if (pool_ == nullptr || pool_->owner() != principal_->name ||
+        pool_client_ != charge_.client()) {
+      if (pool_ != nullptr) pool_->DropIdle();
+      pool_client_ = charge_.client();
+      pool_ = StagingPool::Create(principal_->name, BudgetCharge(server_->budget_, pool_client_));
+    }
+    return *pool_;
+  }
+
+  // Reads and drops a refused request's payload, then sends the refusal: the stream stays in
+  // step and the connection goes on.
+  static void RefuseAfterPayload(proto::FramedConnection& conn, uint64_t id, uint64_t bytes,
+                                 const absl::Status& why) {
+    absl::Status reading = conn.ReceivePayload(
+        bytes, nullptr, nullptr, [id, why](proto::FramedConnection& c, const absl::Status& got) {
+          if (got.ok()) c.Send(ErrorReply(id, why));
+        });
+    if (!reading.ok()) conn.Reject(ErrorReply(id, why));
+  }
+
+  // A SubmitTask followed by `payload_bytes` raw bytes (its Place::Payload inputs): checked from
+  // the header alone, then received into a staging region, then admitted like any task.
+  void SubmitWithPayload(proto::FramedConnection& conn, uint64_t id,
+                         const proto::ClientRequest& request, uint64_t payload_bytes,
+                         std::vector<UniqueFd> fds) {
+    auto refuse = [&](const absl::Status& why) {
+      RefuseAfterPayload(conn, id, payload_bytes, why);
+    };
+    if (!fds.empty() || (request.passed_files() != nullptr && request.passed_files()->size() > 0)) {
+      return refuse(UnexpectedFiles());
+    }
+    if (!RoleAllows(principal_->role, proto::ClientRequestBody::SubmitTask)) {
+      return refuse(absl::PermissionDeniedError(
+          absl::StrCat("'", principal_->name, "' may not submit tasks")));
+    }
+    absl::StatusOr<TaskRequest> parsed = ParseTask(*request.body_as_SubmitTask());
+    if (!parsed.ok()) return refuse(parsed.status());
+    if (parsed->kind != TaskKind::kInference || !parsed->as_model.empty()) {
+      return refuse(absl::InvalidArgumentError(
+          "a raw payload carries an inference's inputs only; a training task's are inline"));
+    }
+    auto spec = std::make_shared<TaskSpec>(SpecOf(*parsed));
+    // The outputs' room sits after the inputs, 64-byte aligned, sized from the model's output.
+    std::optional<proto::ByteSlice> payload_outputs;
+    uint64_t staging_bytes = payload_bytes;
+    if (parsed->outputs_place == proto::Place::Payload) {
+      absl::StatusOr<EntryRef> model = admission_->FindModel(*principal_, spec->model);
+      if (!model.ok()) return refuse(model.status());
+      absl::StatusOr<uint64_t> out_bytes = OutputBytesNeeded(**model, spec->inputs);
+      if (!out_bytes.ok()) return refuse(out_bytes.status());
+      const uint64_t out_offset = (payload_bytes + 63) / 64 * 64;
+      payload_outputs = proto::ByteSlice{0, out_offset, *out_bytes};
+      staging_bytes = out_offset + *out_bytes;
+    } else if (parsed->outputs_place == proto::Place::Region) {
+      spec->outputs_to = parsed->outputs_to;
+    }
+    // Charged (and mapped) before a byte of the payload is read; refused: closed, unread.
+    absl::StatusOr<std::shared_ptr<StagingPool::Lease>> lease = Pool().Acquire(staging_bytes);
+    if (!lease.ok()) return conn.Reject(ErrorReply(id, lease.status()));
+    if (absl::Status placed = PlacePayload(spec->inputs, payload_bytes, *(*lease)->region());
+        !placed.ok()) {
+      return refuse(placed);
+    }
+    spec->regions.push_back((*lease)->region());
+    if (payload_outputs) {
+      payload_outputs->region = (*lease)->region()->id();
+      spec->outputs_to = *payload_outputs;
+    }
+    // The request arrived with its first byte: the breakdown shows the payload's receipt too.
+    spec->arrival_ns = conn.frame_arrival_ns();
+    ++awaited_;  // no idle limit while its payload arrives and its answer is owed
+    std::shared_ptr<StagingPool::Lease> held = *std::move(lease);
+    absl::Status reading = conn.ReceivePayload(
+        payload_bytes, held->data(), held,
+        [self = shared_from_this(), id, spec, held, payload_outputs](
+            proto::FramedConnection& c, const absl::Status& got) {
+          if (!got.ok()) {
+            --self->awaited_;  // the connection is closing: no answer is owed
+            return;
+          }
+          self->SubmitStaged(c, id, std::move(*spec), held, payload_outputs);
+        });
+    if (!reading.ok()) {
+      --awaited_;
+      conn.Reject(ErrorReply(id, reading));
+    }
+  }
+
+  // The payload is in: admitted and queued as any task; the lease is held until the answer (and
+  // with payload outputs, until the reply's bytes are written).
+  void SubmitStaged(proto::FramedConnection& conn, uint64_t id, TaskSpec spec,
+                    std::shared_ptr<StagingPool::Lease> lease,
+                    std::optional<proto::ByteSlice> payload_outputs) {
+    auto answer = [self = shared_from_this(), id, lease,
+                   payload_outputs](const absl::StatusOr<TaskOutcome>& out) {
+      if (!out.ok()) return self->PostAwaitedReply(ErrorReply(id, out.status()));
+      if (!payload_outputs) return self->PostAwaitedReply(ResultReply(id, *out));
+      TaskOutcome outcome = *out;  // descriptors only: the bytes stay in the staging region
+      absl::StatusOr<uint64_t> raw = ToPayloadOutputs(*payload_outputs, outcome.outputs);
+      if (!raw.ok()) return self->PostAwaitedReply(ErrorReply(id, raw.status()));
+      std::vector<uint8_t> reply = ResultReply(id, outcome, *raw);
+      const std::span<const uint8_t> bytes(lease->data() + payload_outputs->offset, *raw);
+      asio::post(*self->io_, [self, reply = std::move(reply), bytes, lease]() mutable {
+        --self->awaited_;
+        if (auto c = self->conn_.lock()) c->SendWithPayload(std::move(reply), bytes, lease);
+      });
+    };
+    absl::StatusOr<uint64_t> task_id =
+        admission_->Submit(*principal_, QuotaClient(), std::move(spec), std::move(answer));
+    if (!task_id.ok()) {
+      --awaited_;
+      return conn.Send(ErrorReply(id, task_id.status()));
+    }
+    conn.Send(AcceptedReply(id, *task_id));
+  }
+
+  // Outputs the worker wrote into `room` (Place::Region slices of its staging region) as
+  // Place::Payload slices of the reply's raw payload, which starts at room's offset. The raw
+  // payload's length, or Internal for an output outside the room.
+  static absl::StatusOr<uint64_t> ToPayloadOutputs(const proto::ByteSlice& room,
+                                                   std::vector<proto::HostTensor>& outputs) {
+    uint64_t end = 0;
+    for (proto::HostTensor& t : outputs) {
+      if (t.place == proto::Place::Inline) continue;
+      const bool inside = t.place == proto::Place::Region && t.slice.region == room.region &&
+                          t.slice.offset >= room.offset &&
+                          t.slice.offset - room.offset <= room.length &&
+                          t.slice.length <= room.length - (t.slice.offset - room.offset);
+      if (!inside) {
+        return absl::InternalError(
+            absl::StrCat("output '", t.name, "' lies outside the room the task was given"));
+      }
+      t.place = proto::Place::Payload;
+      t.slice.region = 0;
+      t.slice.offset -= room.offset;
+      end = std::max(end, t.slice.offset + t.slice.length);
+    }
+    return end;
+  }
+
   void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
     absl::StatusOr<TaskRequest> parsed = ParseTask(wire);
     if (!parsed.ok()) return conn.Send(ErrorReply(id, parsed.status()));
-    TaskSpec spec;
-    spec.model = std::move(parsed->model);
-    spec.kind = parsed->kind;
-    spec.inputs = std::move(parsed->inputs);
-    spec.iterations = parsed->iterations;
-    spec.batch = parsed->batch;
-    spec.seed = parsed->seed;
-    spec.trainer.optimizer =
-        parsed->adam ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
-    spec.trainer.learning_rate = parsed->learning_rate;
-    spec.trainer.momentum = parsed->momentum;
-    spec.priority = parsed->priority;
-    if (parsed->deadline) spec.deadline = absl::Now() + *parsed->deadline;
+    TaskSpec spec = SpecOf(*parsed);
+    spec.arrival_ns = conn.frame_arrival_ns();  // its first byte
     if (parsed->outputs_place == proto::Place::Payload) {
       return conn.Send(ErrorReply(
-          id, absl::UnimplementedError("outputs in a raw payload are not served yet: give an "
-                                       "area's slice (outputs_to) or take them inline")));
+          id, absl::InvalidArgumentError("outputs in a raw payload need a raw payload request "
+                                         "(ClientRequest.payload_bytes > 0)")));
     }
     if (parsed->outputs_place == proto::Place::Region) spec.outputs_to = parsed->outputs_to;
-    // Without tokens, one connection is one client: local clients share an address.
-    const std::string client =
-        options_->tokens != nullptr ? principal_->name : absl::StrCat(address_, "#", connection_);
+    const std::string client = QuotaClient();
     auto answer = [self = shared_from_this(), id](const absl::StatusOr<TaskOutcome>& out) {
       self->PostAwaitedReply(out.ok() ? ResultReply(id, *out) : ErrorReply(id, out.status()));
     };
@@ -571,7 +745,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     return Bytes(b);
   }
 
-  static std::vector<uint8_t> ResultReply(uint64_t id, const TaskOutcome& out) {
+  // `payload_bytes`: the raw bytes that follow the reply (Place::Payload outputs).
+  static std::vector<uint8_t> ResultReply(uint64_t id, const TaskOutcome& out,
+                                          uint64_t payload_bytes = 0) {
     Builder b;
     auto outputs = proto::CreateWireTensors(b, out.outputs);
     const SwitchTimeline& t = out.timeline;
@@ -589,7 +765,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         since_arrival(t.first_group_ready_ns), since_arrival(t.first_layer_start_ns),
         since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
     proto::Finish(
-        b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union()));
+        b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union(),
+                                        payload_bytes));
     return Bytes(b);
   }
 
@@ -650,6 +827,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   // Event loop only, as the server's members they update.
   ClientServer* server_ = nullptr;  // which outlives its sessions' close
   BudgetCharge charge_;             // what the connection holds, charged to its client
+  std::shared_ptr<StagingPool> pool_;  // raw payloads' staging (Pool())
+  std::string pool_client_;            // whom pool_ charges
   size_t peak_held_bytes_ = 0;
   bool counted_ = false;  // holds one of the server's max_connections slots
 };
@@ -829,6 +1008,7 @@ void ClientServer::Serve(proto::FramedConnection::Socket socket, Peer peer) {
   limits.max_queued_bytes = options_.max_queued_reply_bytes;
   // Files travel only over the Unix socket; TCP reads never take any.
   limits.max_fds_per_frame = unix_socket ? kMaxFilesPerFrame : 0;
+  limits.max_payload_bytes = MaxPayloadBytes(options_);
   session->Admit(this, BudgetCharge(budget_, charged_to));
   limits.held_bytes = [session](size_t bytes) { return session->Hold(bytes); };
   auto conn = proto::FramedConnection::Create(

@@ -10,6 +10,14 @@
 // token file maps it. A token presented on the Unix socket wins over the uid. Only a TCP peer
 // beyond loopback without tokens (--insecure) is an anonymous admin.
 //
+// A SubmitTask may be followed by a raw payload (docs/dataplane.md, "TCP raw payload"): its
+// Place::Payload inputs are received straight into a staging region of the connection's
+// StagingPool, the worker reads them there and writes the outputs beside them, and with
+// outputs_place Payload the reply's outputs are sent from there (one scatter-gather write). A
+// payload refused for its size or its memory closes the connection after the error reply (the
+// bytes would still have to be read to skip them); a request refused for anything else has its
+// payload read and dropped, then the error reply, and the connection goes on.
+//
 // The Unix socket also takes files with frames (SCM_RIGHTS): a transfer area's memfd with
 // RegisterArea, and a registration's weights, archive and plan (ClientRequest.passed_files).
 #ifndef PSWITCH_FRONTEND_CLIENT_SERVER_H_
@@ -43,6 +51,10 @@ using controller::ModelRepository;
 
 struct ClientServerOptions {
   uint32_t max_frame_bytes = proto::kDefaultMaxFrameBytes;
+  // Raw payload one SubmitTask may carry (ClientRequest.payload_bytes: tensors received straight
+  // into a staging region); 0: 4 x max_frame_bytes. Larger ones are refused before a byte of
+  // them is read.
+  uint64_t max_payload_bytes = 0;
   // Registrations that name models only are loaded from it (null: none).
   const ModelRepository* repository = nullptr;
   // Registrations may name server files (weights, plans): local use only.

@@ -4,11 +4,13 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "proto/frame_channel.h"
 
 namespace pswitch::proto {
@@ -60,12 +62,17 @@ void FramedConnection::Start() {
 }
 
 void FramedConnection::ReadMore() {
-  if (closed_ || close_after_writes_) return;
+  if (closed_ || close_after_writes_ || payload_done_) return;
   if (limits_.max_fds_per_frame > 0) {
     ReadWithFds();
     return;
   }
-  socket_.async_read_some(asio::buffer(read_buffer_), [self = shared_from_this()](
+  // A frame may be followed by its raw payload: never read past the frame's end, so the payload
+  // is still in the socket when the handler says where it goes.
+  const size_t want = limits_.max_payload_bytes > 0
+                          ? std::min(read_buffer_.size(), decoder_.BytesNeeded())
+                          : read_buffer_.size();
+  socket_.async_read_some(asio::buffer(read_buffer_.data(), want), [self = shared_from_this()](
                                                           const asio::error_code& ec, size_t n) {
     if (self->closed_) return;
     if (ec) {
@@ -132,7 +139,10 @@ void FramedConnection::ReadWithFds() {
 }
 
 void FramedConnection::OnBytes(size_t n) {
-  if (decoder_.buffered() == 0) frame_started_ = absl::Now();
+  if (decoder_.buffered() == 0) {
+    frame_started_ = absl::Now();
+    frame_started_ns_ = base::MonotonicNowNs();
+  }
   decoder_.Append(std::span<const uint8_t>(read_buffer_.data(), n));
   while (!closed_ && !close_after_writes_) {
     auto next = decoder_.Next();
@@ -143,11 +153,21 @@ void FramedConnection::OnBytes(size_t n) {
     }
     if (!next->has_value()) break;
     last_activity_ = absl::Now();
+    handled_frame_started_ = frame_started_;
+    handled_frame_ns_ = frame_started_ns_;
     frame_started_ = decoder_.buffered() > 0 ? last_activity_ : absl::InfiniteFuture();
+    if (decoder_.buffered() > 0) frame_started_ns_ = base::MonotonicNowNs();
     // With fds, reads stop at the frame's end: these are this frame's, and only this frame's.
     std::vector<UniqueFd> fds = std::move(frame_fds_);
     frame_fds_.clear();
     on_frame_(*this, std::move(**next), std::move(fds));
+    if (payload_done_ && !closed_ && !close_after_writes_) {
+      // The handler announced a raw payload: it is part of this frame (its deadline too).
+      frame_started_ = handled_frame_started_;
+      ArmTimer();
+      ReadPayload();
+      return;
+    }
   }
   if (closed_ || close_after_writes_) return;
   if (absl::Status held = UpdateHeld(); !held.ok()) {
@@ -235,7 +255,72 @@ void FramedConnection::OnTimer() {
   ArmTimer();
 }
 
+absl::Status FramedConnection::ReceivePayload(uint64_t bytes, uint8_t* into,
+                                              std::shared_ptr<const void> keep,
+                                              PayloadDone done) {
+  if (payload_done_) return absl::FailedPreconditionError("a payload is already being received");
+  if (bytes == 0 || bytes > limits_.max_payload_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a raw payload of ", bytes,
+                                                   " bytes; this connection takes 1 to ",
+                                                   limits_.max_payload_bytes));
+  }
+  payload_left_ = bytes;
+  payload_into_ = into;
+  payload_keep_ = std::move(keep);
+  payload_done_ = std::move(done);
+  return absl::OkStatus();
+}
+
+void FramedConnection::ReadPayload() {
+  // Straight into the caller's memory; a dropped payload goes through the read buffer.
+  uint8_t* dest = payload_into_ != nullptr ? payload_into_ : read_buffer_.data();
+  const size_t want = payload_into_ != nullptr
+                          ? static_cast<size_t>(payload_left_)
+                          : static_cast<size_t>(std::min<uint64_t>(payload_left_,
+                                                                   read_buffer_.size()));
+  // The handler holds the destination: a read cancelled by a close completes (aborted) only
+  // after the kernel can no longer write into it.
+  socket_.async_read_some(asio::buffer(dest, want), [self = shared_from_this(),
+                                                     keep = payload_keep_](
+                                                        const asio::error_code& ec, size_t n) {
+    if (self->closed_ || !self->payload_done_) return;
+    if (ec) {
+      self->Close(absl::UnavailableError(
+          absl::StrCat("read failed with ", self->payload_left_,
+                       " bytes of a raw payload still to come: ", ec.message())));
+      return;
+    }
+    self->payload_left_ -= n;
+    if (self->payload_into_ != nullptr) self->payload_into_ += n;
+    if (self->payload_left_ > 0) {
+      self->ReadPayload();
+      return;
+    }
+    self->payload_into_ = nullptr;
+    self->payload_keep_.reset();
+    self->last_activity_ = absl::Now();
+    self->frame_started_ = absl::InfiniteFuture();
+    PayloadDone done = std::move(self->payload_done_);
+    self->payload_done_ = nullptr;
+    done(*self, absl::OkStatus());
+    if (self->closed_ || self->close_after_writes_) return;
+    self->ArmTimer();
+    self->ReadMore();
+  });
+}
+
 void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
+  Queue(std::move(payload), std::move(fd), {}, nullptr);
+}
+
+void FramedConnection::SendWithPayload(std::vector<uint8_t> payload,
+                                       std::span<const uint8_t> raw,
+                                       std::shared_ptr<const void> keep) {
+  Queue(std::move(payload), UniqueFd(), raw, std::move(keep));
+}
+
+void FramedConnection::Queue(std::vector<uint8_t> payload, UniqueFd fd,
+                             std::span<const uint8_t> raw, std::shared_ptr<const void> keep) {
   if (closed_) return;
   auto frame = EncodeFrame(payload, limits_.max_frame_bytes);
   if (!frame.ok()) {
@@ -247,6 +332,8 @@ void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
     }
     frame = std::move(error);
     fd.Reset();
+    raw = {};
+    keep.reset();
   }
   const size_t cost = frame->size() + kQueuedFrameOverheadBytes;
   if (!outgoing_.empty() && queued_bytes_ + cost > limits_.max_queued_bytes) {
@@ -263,7 +350,9 @@ void FramedConnection::Send(std::vector<uint8_t> payload, UniqueFd fd) {
         absl::StrCat("a reply of ", frame->size(), " bytes does not fit: ", held.message())));
     return;
   }
-  outgoing_.push_back(Outgoing{std::move(*frame), std::move(fd)});
+  // `raw` is not counted here: it lies in memory its owner has charged already (a staging
+  // region), and is not copied.
+  outgoing_.push_back(Outgoing{std::move(*frame), std::move(fd), raw, std::move(keep)});
   last_activity_ = absl::Now();  // a reply: the peer may have waited for it, not idled
   WriteNext();
   ArmTimer();
@@ -275,8 +364,21 @@ void FramedConnection::Reject(std::vector<uint8_t> error_payload) {
   CloseAfterWrites(absl::InvalidArgumentError("closed after a bad frame"));
 }
 
+void FramedConnection::FailPayload(const absl::Status& why) {
+  if (!payload_done_) return;
+  PayloadDone done = std::move(payload_done_);
+  payload_done_ = nullptr;
+  payload_into_ = nullptr;
+  payload_keep_.reset();
+  payload_left_ = 0;
+  done(*this, why.ok() ? absl::UnavailableError("the connection closed before its payload arrived")
+                       : why);
+}
+
 void FramedConnection::CloseAfterWrites(const absl::Status& why) {
   if (closed_ || close_after_writes_) return;
+  // No more is read: a payload under way never arrives.
+  FailPayload(why);
   close_after_writes_ = true;
   close_after_writes_why_ = why;
   closing_since_ = absl::Now();
@@ -307,6 +409,14 @@ void FramedConnection::WriteNext() {
     (void)self->UpdateHeld();  // less than before: cannot fail
     self->WriteNext();
   };
+  if (!front.raw.empty()) {
+    // One scatter-gather write: the frame, then the raw bytes from where they lie.
+    const std::array<asio::const_buffer, 2> buffers{asio::buffer(front.frame),
+                                                    asio::buffer(front.raw.data(),
+                                                                 front.raw.size())};
+    asio::async_write(socket_, buffers, std::move(done));
+    return;
+  }
   if (!front.fd.valid()) {
     asio::async_write(socket_, asio::buffer(front.frame), std::move(done));
     return;
@@ -328,6 +438,7 @@ void FramedConnection::Close(const absl::Status& why) {
   if (closed_) return;
   closed_ = true;
   timer_.cancel();
+  FailPayload(why);
   // What it held goes back now, not when the last handler lets the object go. A write in flight
   // keeps its frame until its handler runs, which the socket's close makes immediate.
   decoder_.Discard();

@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +54,10 @@ struct ConnectionLimits {
   // connection with an error reply, and the extras are closed. 0: none are received (any a peer
   // sends are closed by the kernel unread), and reads may span frames.
   size_t max_fds_per_frame = 0;
+  // Raw bytes a frame may be followed by (ReceivePayload: ClientRequest.payload_bytes); 0: none.
+  // With payloads allowed, reads never span a frame's end (as with fds), so whatever follows a
+  // frame is still in the socket when its handler decides where that frame's payload goes.
+  uint64_t max_payload_bytes = 0;
 };
 
 // Thread-safety: every member must run on the socket's executor (one io_context thread);
@@ -93,6 +98,29 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   void Start();
   // Queues one frame; `fd` (if valid) is passed with it over a Unix socket (SCM_RIGHTS).
   void Send(std::vector<uint8_t> payload, UniqueFd fd = UniqueFd());
+  // Queues one frame followed by `raw` (ControllerReply.payload_bytes), both sent by one
+  // scatter-gather write from where they lie: `raw` is not copied, and `keep` (which must keep
+  // `raw` valid) is held until the write completes or the connection drops it.
+  void SendWithPayload(std::vector<uint8_t> payload, std::span<const uint8_t> raw,
+                       std::shared_ptr<const void> keep);
+
+  // Called when a frame's raw payload has been received (OK) or will never be (the connection
+  // closed: the deadline, the peer went away; the reason). Runs exactly once, on the executor.
+  using PayloadDone = std::function<void(FramedConnection&, const absl::Status&)>;
+  // From the frame handler only, for the frame it was just handed: that frame is followed on
+  // the stream by `bytes` raw bytes (at most max_payload_bytes, else InvalidArgument and nothing
+  // changes). They are read straight into `into` (`bytes` long; the caller keeps it valid until
+  // `done` runs), or read and dropped when `into` is null (a refused request's payload: the
+  // stream stays in step). No frame is read meanwhile, and the frame's deadline (from its first
+  // byte) covers the payload too. `keep` keeps `into` valid: it is held until no read into it
+  // can still be outstanding, which may be after `done` reported a failure. The caller accounts
+  // for `into`'s memory; dropping holds none.
+  absl::Status ReceivePayload(uint64_t bytes, uint8_t* into, std::shared_ptr<const void> keep,
+                              PayloadDone done);
+  // When the first byte of the frame being handled arrived (CLOCK_MONOTONIC ns), for the frame
+  // handler and a PayloadDone: a request's arrival, payload included.
+  int64_t frame_arrival_ns() const { return handled_frame_ns_; }
+
   // Sends `error_payload`, then closes: the policy for any malformed input on this connection.
   void Reject(std::vector<uint8_t> error_payload);
   // Stops reading, sends what is queued, then closes with `why` (graceful shutdown).
@@ -107,7 +135,16 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   struct Outgoing {
     std::vector<uint8_t> frame;
     UniqueFd fd;
+    std::span<const uint8_t> raw;       // sent after `frame` (SendWithPayload)
+    std::shared_ptr<const void> keep;   // keeps `raw` valid
   };
+  // Reads the rest of the payload ReceivePayload announced; then frames again.
+  void ReadPayload();
+  // Runs a pending PayloadDone with `why` (an error): the payload will not arrive.
+  void FailPayload(const absl::Status& why);
+  // Queues `frame` (encoded) with its raw tail; the checks Send makes.
+  void Queue(std::vector<uint8_t> payload, UniqueFd fd, std::span<const uint8_t> raw,
+             std::shared_ptr<const void> keep);
   FramedConnection(Socket socket, ConnectionLimits limits, FrameWithFdsHandler on_frame,
                    ErrorReplyBuilder error_reply, CloseHandler on_close);
   void ReadMore();
@@ -138,6 +175,14 @@ class FramedConnection : public std::enable_shared_from_this<FramedConnection> {
   IdlePolicy idle_policy_;
   asio::steady_timer timer_;
   absl::Time frame_started_ = absl::InfiniteFuture();  // first byte of a frame not yet complete
+  int64_t frame_started_ns_ = 0;  // the same, CLOCK_MONOTONIC
+  int64_t handled_frame_ns_ = 0;  // frame_started_ns_ of the frame last handed out
+  absl::Time handled_frame_started_ = absl::InfiniteFuture();
+  // A payload being received (ReceivePayload): what is left, where it goes (null: dropped).
+  uint64_t payload_left_ = 0;
+  uint8_t* payload_into_ = nullptr;
+  std::shared_ptr<const void> payload_keep_;  // keeps payload_into_ valid
+  PayloadDone payload_done_;
   absl::Time last_activity_;  // the last complete frame or reply (or Start)
   absl::Time closing_since_;  // CloseAfterWrites
   absl::Time armed_for_ = absl::InfiniteFuture();

@@ -1,0 +1,94 @@
+#include "frontend/staging_pool.h"
+
+#include <memory>
+
+#include "gtest/gtest.h"
+
+namespace pswitch::frontend {
+namespace {
+
+class StagingPoolTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<ByteBudget> budget_ = std::make_shared<ByteBudget>(
+      ByteBudgetLimits{.total_bytes = 8 << 20, .per_client_bytes = 4 << 20});
+  std::shared_ptr<StagingPool> pool_ = StagingPool::Create("alice", BudgetCharge(budget_, "c"));
+};
+
+TEST_F(StagingPoolTest, AReturnedRegionIsReusedWithItsMappingAndStaysCharged) {
+  uint64_t id = 0;
+  uint8_t* data = nullptr;
+  {
+    auto lease = pool_->Acquire(1'000'000);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_GE((*lease)->bytes(), 1'000'000u);
+    EXPECT_EQ((*lease)->region()->owner(), "alice");
+    EXPECT_EQ(budget_->used_by("c"), (*lease)->bytes());  // charged before use
+    id = (*lease)->region()->id();
+    data = (*lease)->data();
+    data[999'999] = 7;
+  }
+  EXPECT_EQ(pool_->idle(), 1u);
+  auto again = pool_->Acquire(900'000);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->region()->id(), id);
+  EXPECT_EQ((*again)->data(), data);  // the same pages, faulted in already
+  EXPECT_EQ(pool_->created(), 1u);
+  EXPECT_EQ((*again)->data()[999'999], 7);
+  again->reset();
+  // A request far smaller does not take a large region.
+  auto small = pool_->Acquire(1000);
+  ASSERT_TRUE(small.ok());
+  EXPECT_NE((*small)->region()->id(), id);
+}
+
+TEST_F(StagingPoolTest, ARegionATaskStillHoldsIsNotReusedUntilItLetsGo) {
+  std::shared_ptr<const dataplane::TransferRegion> task_holds;
+  {
+    auto lease = pool_->Acquire(4096);
+    ASSERT_TRUE(lease.ok());
+    task_holds = (*lease)->region();
+  }
+  EXPECT_EQ(pool_->idle(), 0u);
+  auto other = pool_->Acquire(4096);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE((*other)->region()->id(), task_holds->id());
+  other->reset();
+  task_holds.reset();
+  auto reused = pool_->Acquire(4096);
+  ASSERT_TRUE(reused.ok());
+  EXPECT_EQ(pool_->created(), 2u);
+}
+
+TEST_F(StagingPoolTest, TheBudgetBoundsMappedBytesAndIdleRegionsMakeRoom) {
+  auto a = pool_->Acquire(3 << 20);
+  ASSERT_TRUE(a.ok());
+  // 3 MiB in use: another 2 MiB exceeds the client's 4 MiB.
+  auto b = pool_->Acquire(2 << 20);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  a->reset();  // idle now, still charged
+  EXPECT_EQ(budget_->used_by("c"), 3u << 20);
+  // Too small to reuse it (it would waste more than it uses), too large to fit beside it.
+  auto c = pool_->Acquire(5 << 18);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(budget_->used_by("c"), 5u << 18);
+  EXPECT_EQ(pool_->idle(), 0u);
+  c->reset();
+  pool_->DropIdle();
+  EXPECT_EQ(budget_->used_by("c"), 0u);
+  EXPECT_EQ(pool_->mapped_bytes(), 0u);
+}
+
+TEST_F(StagingPoolTest, AtMostMaxIdleRegionsStayMapped) {
+  std::vector<std::shared_ptr<StagingPool::Lease>> leases;
+  for (int i = 0; i < 4; ++i) {
+    auto lease = pool_->Acquire(64 << 10);
+    ASSERT_TRUE(lease.ok());
+    leases.push_back(*std::move(lease));
+  }
+  leases.clear();
+  EXPECT_EQ(pool_->idle(), 2u);
+  EXPECT_EQ(budget_->used_by("c"), 2u * (64 << 10));
+}
+
+}  // namespace
+}  // namespace pswitch::frontend
