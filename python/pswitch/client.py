@@ -134,11 +134,18 @@ class Client:
     loopback address with pswitchd's default port 7300 ("127.0.0.1:7300", "localhost:7300",
     "[::1]:7300"), use the default Unix socket ($PSWITCH_UNIX_SOCKET, else
     /run/pswitch/pswitchd.sock, then $XDG_RUNTIME_DIR/pswitch/pswitchd.sock) when one accepts
-    the connection, else TCP to that address (None: 127.0.0.1:7300). Any other address is TCP. transport="tcp" never uses the
-    Unix socket."""
+    the connection, else TCP to that address (None: 127.0.0.1:7300). Any other address is
+    TCP. transport="tcp" never uses the Unix socket.
 
-    def __init__(self, address=None, token=None, timeout=600.0, *, transport="auto"):
-        self._client = _pswitch.Client(address or "", token or "", float(timeout), transport)
+    Over the Unix socket: `area_bytes` is the first transfer area's size (default 64 MiB; more
+    areas are added as live arrays fill them) and `max_area_bytes` the bound on all of them
+    (default 4 GiB); inputs that find no room are sent in the request instead, and
+    Client.tensor and outputs that find none raise ResourceExhaustedError."""
+
+    def __init__(self, address=None, token=None, timeout=600.0, *, transport="auto",
+                 area_bytes=None, max_area_bytes=None):
+        self._client = _pswitch.Client(address or "", token or "", float(timeout), transport,
+                                       int(area_bytes or 0), int(max_area_bytes or 0))
         self._pool = None
 
     @property

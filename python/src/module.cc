@@ -107,8 +107,10 @@ py::array AreaToNumpy(client::AreaTensor tensor) {
 
 // An input array as an area tensor: its own bytes when it is a C-contiguous view inside a live
 // span (Client.tensor's arrays and views of them: sent with no copy), else one copy into a new
-// span, strided or not. Holds the GIL.
-client::AreaTensor ToArea(client::Client& c, const std::string& name, const py::array& array) {
+// span, strided or not. Holds the GIL except while a span is allocated (that may register an
+// area: a round trip); the allocator's error (ResourceExhausted when the areas are full).
+absl::StatusOr<client::AreaTensor> ToArea(client::Client& c, const std::string& name,
+                                          const py::array& array) {
   const proto::DTypeInfo& info = NumpyDType(name, array.dtype());
   std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
   const uint64_t bytes = static_cast<uint64_t>(array.nbytes());
@@ -119,12 +121,16 @@ client::AreaTensor ToArea(client::Client& c, const std::string& name, const py::
       return client::AreaTensor(name, info.wire, std::move(shape), std::move(span), offset, bytes);
     }
   }
-  absl::StatusOr<client::AreaTensor> placed = c.Tensor(shape, info.wire, name);
-  if (!placed.ok()) Raise(placed.status());
+  absl::StatusOr<client::AreaTensor> placed;
+  {
+    py::gil_scoped_release release;
+    placed = c.Tensor(shape, info.wire, name);
+  }
+  if (!placed.ok()) return placed.status();
   // numpy copies into the area view, whatever the source's strides: the one copy.
   py::array view = AreaToNumpy(*placed);
   py::module_::import("numpy").attr("copyto")(view, array);
-  return *std::move(placed);
+  return placed;
 }
 
 py::dict TaskStatusDict(const client::TaskStatus& s) {
@@ -224,10 +230,12 @@ client::FillJobOptions FillOptions(const py::dict& o) {
 class PyClient {
  public:
   PyClient(const std::string& address, const std::string& token, double timeout_s,
-           const std::string& transport) {
+           const std::string& transport, uint64_t area_bytes, uint64_t max_area_bytes) {
     client::ClientOptions options;
     options.token = token;
     options.timeout = Seconds(timeout_s);
+    if (area_bytes > 0) options.areas.first_area_bytes = area_bytes;
+    if (max_area_bytes > 0) options.areas.max_total_bytes = max_area_bytes;
     if (transport == "tcp") {
       options.transport = client::Transport::kTcp;
     } else if (transport != "auto") {
@@ -306,16 +314,28 @@ class PyClient {
     options.deadline = Seconds(deadline_s);
     if (c.local()) {
       std::vector<client::AreaTensor> tensors;
+      absl::Status placed;
       for (const py::handle item : inputs) {
         auto pair = item.cast<py::tuple>();
-        tensors.push_back(ToArea(c, pair[0].cast<std::string>(), pair[1].cast<py::array>()));
+        absl::StatusOr<client::AreaTensor> t =
+            ToArea(c, pair[0].cast<std::string>(), pair[1].cast<py::array>());
+        if (!t.ok()) {
+          placed = t.status();
+          break;
+        }
+        tensors.push_back(*std::move(t));
       }
-      absl::StatusOr<client::AreaResult> r;
-      {
-        py::gil_scoped_release release;
-        r = c.InferArea(model, std::move(tensors), options);
+      if (placed.ok()) {
+        absl::StatusOr<client::AreaResult> r;
+        {
+          py::gil_scoped_release release;
+          r = c.InferArea(model, std::move(tensors), options);
+        }
+        return AreaResultDict(Check(std::move(r)));
       }
-      return AreaResultDict(Check(std::move(r)));
+      // No room in the areas for the inputs (held results, or pswitchd's bound on areas): the
+      // tensors travel in the frame (the C++ Infer falls back the same way for its outputs).
+      if (!absl::IsResourceExhausted(placed)) Raise(placed);
     }
     std::vector<proto::HostTensor> tensors;
     for (const py::handle item : inputs) {
@@ -498,8 +518,10 @@ PYBIND11_MODULE(_pswitch, m) {
   using pswitch::python::PyClient;
   m.doc() = "pswitch's C++ client library; use pswitch.Client";
   py::class_<PyClient>(m, "Client")
-      .def(py::init<const std::string&, const std::string&, double, const std::string&>(),
-           py::arg("address"), py::arg("token"), py::arg("timeout_s"), py::arg("transport"))
+      .def(py::init<const std::string&, const std::string&, double, const std::string&, uint64_t,
+                    uint64_t>(),
+           py::arg("address"), py::arg("token"), py::arg("timeout_s"), py::arg("transport"),
+           py::arg("area_bytes"), py::arg("max_area_bytes"))
       .def("local", &PyClient::Local)
       .def("tensor", &PyClient::Tensor)
       .def("area_slice", &PyClient::AreaSlice)

@@ -159,3 +159,18 @@ def test_area_arrays_outlive_the_client(unix_path):
     assert np.isfinite(y).all()
     with pytest.raises(errors.FailedPreconditionError, match="closed"):
         client.tensor((1,))
+
+
+def test_inputs_without_room_in_the_areas_travel_in_the_request(unix_path, tcp):
+    with pswitch.Client("unix:" + unix_path, timeout=60, area_bytes=1 << 20,
+                        max_area_bytes=1 << 20) as small:
+        x = image(10)
+        hog = small.tensor(((1 << 20) // 4 - 16,))  # leaves 64 bytes: no room for x
+        r = small.infer_result("tiny_cnn", x)
+        assert r.sent_inputs == {}  # sent in the request, answered in the reply
+        assert small.area_slice(r.output) is None
+        np.testing.assert_array_equal(r.output, tcp.infer("tiny_cnn", x))
+        with pytest.raises(errors.ResourceExhaustedError, match="transfer areas full"):
+            small.tensor((32,))  # 128 bytes
+        del hog
+        assert small.infer_result("tiny_cnn", x).sent_inputs != {}  # room again
