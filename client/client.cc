@@ -851,7 +851,7 @@ flatbuffers::Offset<proto::FillSubmit> CreateFillSubmit(Builder& b, const FillJo
 
 absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
   PassedFiles files;
-  if (local()) {
+  if (local() && options_.pass_fill_files) {
     PSWITCH_RETURN_IF_ERROR(files.Read(o.dataset_path, proto::FileRole::Dataset));
     PSWITCH_RETURN_IF_ERROR(files.Create(o.output_path, proto::FileRole::Output));
   }
@@ -873,7 +873,9 @@ absl::StatusOr<FillJobStatus> Client::SubmitFill(const FillJobOptions& o) {
 absl::StatusOr<FillJobStatus> Client::EstimateFill(const FillJobOptions& o) {
   // The estimate counts the dataset's rows; it writes nothing, so no output file is made.
   PassedFiles files;
-  if (local()) PSWITCH_RETURN_IF_ERROR(files.Read(o.dataset_path, proto::FileRole::Dataset));
+  if (local() && options_.pass_fill_files) {
+    PSWITCH_RETURN_IF_ERROR(files.Read(o.dataset_path, proto::FileRole::Dataset));
+  }
   return CallAndAwait<FillJobStatus>(
       *connection_, options_.timeout, "fill estimate",
       [&](Builder& b, uint64_t id) {

@@ -592,7 +592,9 @@ TEST(LocalClientTest, RegisterPassesTheNamedFilesAsFds) {
 
 TEST(LocalClientTest, FillPassesItsDatasetAndANewOutputFile) {
   FakePswitchd server;
-  auto client = ConnectTo(server);
+  ClientOptions options = SmallAreas();
+  options.pass_fill_files = true;
+  auto client = ConnectTo(server, options);
   ASSERT_NE(client, nullptr);
   FillJobOptions o;
   o.kind = FillKind::kInference;
@@ -616,6 +618,22 @@ TEST(LocalClientTest, FillPassesItsDatasetAndANewOutputFile) {
   EXPECT_NE(::access(o.output_path.c_str(), F_OK), 0);
   ::unlink((server.dir() + "/out.safetensors").c_str());
   ::unlink((server.dir() + "/rows.safetensors").c_str());
+}
+
+TEST(LocalClientTest, FillFilesAreNamedNotPassedByDefault) {
+  // pswitchd does not take fill files by fd yet: by default they travel as names.
+  FakePswitchd server;
+  auto client = ConnectTo(server);
+  ASSERT_NE(client, nullptr);
+  FillJobOptions o;
+  o.kind = FillKind::kInference;
+  o.model = "m";
+  o.dataset_path = "rows.safetensors";
+  o.output_path = server.dir() + "/not-created-here.safetensors";
+  ASSERT_TRUE(client->SubmitFill(o).ok());
+  EXPECT_TRUE(server.seen().roles.empty());
+  EXPECT_TRUE(server.seen().passed_contents.empty());
+  EXPECT_NE(::access(o.output_path.c_str(), F_OK), 0);
 }
 
 TEST(LocalClientTest, LocalAddressesUseTheDefaultUnixSocket) {

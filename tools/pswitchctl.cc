@@ -21,10 +21,11 @@
 // address with port 7300 use pswitchd's default Unix socket ($PSWITCH_UNIX_SOCKET, else
 // /run/pswitch/pswitchd.sock, then $XDG_RUNTIME_DIR/pswitch/pswitchd.sock) when one accepts the
 // connection, else TCP (--tcp: always TCP). Over
-// the Unix socket the files register and fill name (--weights, --archive, --plan, --dataset,
-// --output) are opened by pswitchctl itself, relative to its working directory and with its
-// user's rights, and passed to pswitchd as open files; infer's tensors travel through a shared
-// transfer area. Over TCP those files are paths on the server (--allow-client-paths).
+// the Unix socket the files register names (--weights, --archive, --plan) are opened by
+// pswitchctl itself, relative to its working directory and with its user's rights, and passed to
+// pswitchd as open files; infer's tensors travel through a shared transfer area. Over TCP those
+// files are paths on the server (--allow-client-paths). A fill job's --dataset and --output are
+// named under pswitchd's --data-root either way (pswitchd does not take them by fd yet).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -69,9 +70,8 @@ ABSL_FLAG(std::string, input, "",
           "infer: input safetensors ('input', optional "
           "'attention_mask', 'token_type_ids')");
 ABSL_FLAG(std::string, output, "",
-          "infer: local file for the 'output' tensor; fill submit (inference): a new file "
-          "(Unix socket: created here and passed; TCP: named relative to pswitchd's "
-          "--data-root)");
+          "infer: local file for the 'output' tensor; fill submit (inference): a new file, "
+          "named relative to pswitchd's --data-root");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0,
           "infer, train, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none (pswitchd's --max-task-time-s)");
@@ -93,8 +93,8 @@ ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
 ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
 ABSL_FLAG(std::string, kind, "", "fill submit: training, inference or synthetic (required)");
 ABSL_FLAG(std::string, dataset, "",
-          "fill submit (inference): safetensors with 'input' rows (Unix socket: opened here "
-          "and passed; TCP: named relative to pswitchd's --data-root)");
+          "fill submit (inference): safetensors with 'input' rows, named relative to "
+          "pswitchd's --data-root");
 ABSL_FLAG(uint32_t, steps, 0, "fill submit: training iterations / synthetic steps");
 ABSL_FLAG(uint64_t, step_us, 0,
           "fill submit: profiled step duration (profile-model); synthetic: default "

@@ -269,8 +269,8 @@ class Client:
                     synthetic_alloc_bytes=0):
         """Submits a fill job ("training", "inference" or "synthetic") that runs only in the
         main job's bubbles. `step`: its profiled step time in seconds. Inference's `dataset` and
-        new `output` file: over the Unix socket opened (the output created) by this client and
-        passed to pswitchd; over TCP named relative to pswitchd's --data-root."""
+        new `output` file are named relative to pswitchd's --data-root (it does not take them
+        as passed files yet)."""
         return FillJobStatus(**self._client.submit_fill(
             self._fill(kind, model, dataset, output, batch, steps, seed, step, memory_bytes,
                        deadline, synthetic_step, synthetic_alloc_bytes), False))
