@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <string>
@@ -33,6 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/files.h"
@@ -48,6 +50,10 @@ ABSL_FLAG(int, requests, 30, "measured requests per path and size");
 ABSL_FLAG(std::string, backend, "host", "pswitchd's backend");
 ABSL_FLAG(std::string, sizes, "0.6,4.8,8.6,34",
           "input sizes in MB (each rounded to a [N, 3, H, W] float32 image batch)");
+ABSL_FLAG(std::string, paths, "",
+          "comma-separated paths to measure (empty: all); tcp-framed computes the reference "
+          "answers either way");
+ABSL_FLAG(bool, keep_dir, false, "keep the scratch directory (pswitchd's log) and print it");
 ABSL_FLAG(std::string, archive, PSWITCH_TEST_DATA_DIR "/archives/corner_probe.pswitch.pt",
           "the model: a pswitch.export archive taking [N, 3, H, W] float32");
 
@@ -308,9 +314,22 @@ int Run() {
                      return std::vector<uint8_t>(shm_output->data(), shm_output->data() + size);
                    }});
 
+  // The framed path computes the reference answers; it is measured only when asked for.
+  const Path reference = paths[0];
+  if (const std::string only = absl::GetFlag(FLAGS_paths); !only.empty()) {
+    const std::vector<std::string> wanted = absl::StrSplit(only, ',');
+    std::vector<Path> kept;
+    for (Path& p : paths) {
+      if (std::find(wanted.begin(), wanted.end(), p.name) != wanted.end()) kept.push_back(p);
+    }
+    if (kept.size() != wanted.size()) {
+      return Fail(absl::InvalidArgumentError("--paths names an unknown path"));
+    }
+    paths = std::move(kept);
+  }
   // The framed path's answers are the reference every path must match bit for bit.
   for (Case& c : cases) {
-    auto out = paths[0].call(c);
+    auto out = reference.call(c);
     if (!out.ok()) return Fail(out.status());
     c.expected_output = *out;
   }
@@ -345,7 +364,11 @@ int Run() {
       }
     }
   }
-  (void)base::RemoveTree(dir.string());
+  if (absl::GetFlag(FLAGS_keep_dir)) {
+    std::fprintf(stderr, "scratch directory kept: %s\n", dir.c_str());
+  } else {
+    (void)base::RemoveTree(dir.string());
+  }
 
   auto pct = [](const std::vector<double>& v, double q) { return *tools::Percentile(v, q); };
   std::printf(
@@ -359,11 +382,13 @@ int Run() {
     const double copy = pct(memcpy_ms[k], 50);
     std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14s %12s\n", mb, "memcpy", copy,
                 pct(memcpy_ms[k], 99), mb / 1e3 / (copy / 1e3), "", "");
-    const double framed = pct(paths[0].ms[k], 50);
+    const bool framed_measured = paths[0].name == "tcp-framed";
+    const double framed = framed_measured ? pct(paths[0].ms[k], 50) : 0;
     for (Path& p : paths) {
       const double p50 = pct(p.ms[k], 50);
-      std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14.2f %12.2f\n", mb, p.name.c_str(), p50,
-                  pct(p.ms[k], 99), mb / 1e3 / (p50 / 1e3), p50 / (copy + 0.2), p50 / framed);
+      std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14.2f %12s\n", mb, p.name.c_str(), p50,
+                  pct(p.ms[k], 99), mb / 1e3 / (p50 / 1e3), p50 / (copy + 0.2),
+                  framed_measured ? absl::StrFormat("%.2f", p50 / framed).c_str() : "-");
     }
   }
   return 0;
