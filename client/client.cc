@@ -1,9 +1,15 @@
 #include "client/client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -58,18 +64,24 @@ TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor
 // The socket, a reader thread, and the table of requests awaiting replies.
 class Client::Connection {
  public:
-  explicit Connection(std::unique_ptr<proto::FrameChannel> channel)
-      : channel_(std::move(channel)), reader_([this] { ReadLoop(); }) {}
+  // Replies may be followed by at most `max_payload_bytes` raw bytes (4 x the frame bound, as
+  // pswitchd's requests).
+  Connection(std::unique_ptr<proto::FrameChannel> channel, uint64_t max_payload_bytes)
+      : channel_(std::move(channel)),
+        max_payload_bytes_(max_payload_bytes),
+        reader_([this] { ReadLoop(); }) {}
 
   ~Connection() {
     ::shutdown(channel_->fd(), SHUT_RDWR);  // unblocks the reader
     reader_.join();
   }
 
-  // Sends the request `build` makes (given its id), with `fds` passed (Unix socket); `handler`
-  // gets every reply to it.
+  // Sends the request `build` makes (given its id), with `fds` passed (Unix socket), followed by
+  // the bytes of `raw` (its ClientRequest.payload_bytes) in the same scatter-gather write;
+  // `handler` gets every reply to it. `raw` is only read during the call.
   void Call(const std::function<void(Builder&, uint64_t)>& build, ReplyHandler handler,
-            const std::vector<int>& fds = {}) {
+            const std::vector<int>& fds = {},
+            const std::vector<std::span<const uint8_t>>& raw = {}) {
     Builder b;
     uint64_t id;
     absl::Status closed;
@@ -89,7 +101,9 @@ class Client::Connection {
     absl::Status sent;
     {
       absl::MutexLock lock(&send_mu_);
-      if (fds.empty()) {
+      if (!raw.empty()) {
+        sent = SendWithRaw(b, raw);
+      } else if (fds.empty()) {
         sent = channel_->Send(b);
       } else {
         absl::StatusOr<std::vector<uint8_t>> frame = proto::EncodeFrame(b);
@@ -98,6 +112,10 @@ class Client::Connection {
     }
     if (!sent.ok()) Complete(id, sent);
   }
+
+  // For a handler, while it runs (on the reader thread): the outputs of the reply it is handling
+  // when that reply carried a raw payload, each received straight into its own buffer (inline).
+  std::vector<proto::HostTensor> TakePayloadOutputs() { return std::move(payload_outputs_); }
 
   void Forget(uint64_t id) {
     absl::MutexLock lock(&mu_);
@@ -149,7 +167,15 @@ class Client::Connection {
         why = ReplyError(*reply);
         break;
       }
+      if ((*reply)->payload_bytes() > 0) {
+        // Read before the next frame: the raw bytes follow this reply on the stream.
+        if (absl::Status raw = ReceivePayload(**reply); !raw.ok()) {
+          why = raw;
+          break;
+        }
+      }
       Complete((*reply)->request_id(), *reply);
+      payload_outputs_.clear();
     }
     absl::flat_hash_map<uint64_t, ReplyHandler> orphans;
     std::function<void(const absl::Status&)> on_closed;
@@ -163,7 +189,109 @@ class Client::Connection {
     for (auto& [id, handler] : orphans) handler(why);
   }
 
+  // The frame in `b`, then `raw`, with as few sendmsg calls as the socket allows (no copy).
+  absl::Status SendWithRaw(const Builder& b, const std::vector<std::span<const uint8_t>>& raw) {
+    PSWITCH_ASSIGN_OR_RETURN(auto header, proto::EncodeFrameHeader(b.GetSize()));
+    std::vector<iovec> iov;
+    iov.reserve(raw.size() + 2);
+    iov.push_back({header.data(), header.size()});
+    iov.push_back({b.GetBufferPointer(), b.GetSize()});
+    for (std::span<const uint8_t> part : raw) {
+      if (!part.empty()) iov.push_back({const_cast<uint8_t*>(part.data()), part.size()});
+    }
+    size_t first = 0;
+    while (first < iov.size()) {
+      msghdr msg{};
+      msg.msg_iov = iov.data() + first;
+      msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+      const ssize_t n = ::sendmsg(channel_->fd(), &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          pollfd p{channel_->fd(), POLLOUT, 0};
+          (void)::poll(&p, 1, -1);
+          continue;
+        }
+        return ErrnoStatus("sending a request's raw payload");
+      }
+      // Drop what was sent from the front of the iovec list.
+      size_t left = static_cast<size_t>(n);
+      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+      if (left > 0) {
+        iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Reads exactly `n` bytes into `into` (null: dropped) from the socket, which holds nothing
+  // buffered past the reply (FrameChannel never reads beyond a frame's end).
+  absl::Status ReadRaw(uint8_t* into, size_t n) {
+    uint8_t scratch[64 << 10];
+    while (n > 0) {
+      uint8_t* dest = into != nullptr ? into : scratch;
+      const size_t want = into != nullptr ? n : std::min(n, sizeof(scratch));
+      const ssize_t r = ::recv(channel_->fd(), dest, want, 0);
+      if (r == 0) return absl::UnavailableError("pswitchd closed mid-payload");
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          pollfd p{channel_->fd(), POLLIN, 0};
+          (void)::poll(&p, 1, -1);
+          continue;
+        }
+        return ErrnoStatus("receiving a reply's raw payload");
+      }
+      n -= static_cast<size_t>(r);
+      if (into != nullptr) into += r;
+    }
+    return absl::OkStatus();
+  }
+
+  // A TaskResult's raw payload, each Payload output received straight into its own buffer; the
+  // outputs wait in payload_outputs_ for the reply's handler. Errors lose the stream.
+  absl::Status ReceivePayload(const ControllerReply& reply) {
+    const uint64_t bytes = reply.payload_bytes();
+    if (bytes > max_payload_bytes_ || reply.body_type() != ControllerReplyBody::TaskResult) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pswitchd sent a raw payload of ", bytes, " bytes after a reply that cannot carry it"));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(std::vector<proto::HostTensor> outputs,
+                             proto::FromWireTensors(reply.body_as_TaskResult()->outputs()));
+    std::vector<proto::HostTensor*> order;
+    for (proto::HostTensor& t : outputs) {
+      if (t.place != proto::Place::Payload) continue;
+      if (t.slice.offset > bytes || t.slice.length > bytes - t.slice.offset) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("output '", t.name, "' lies outside the reply's raw payload"));
+      }
+      order.push_back(&t);
+    }
+    std::sort(order.begin(), order.end(), [](const proto::HostTensor* a,
+                                             const proto::HostTensor* b) {
+      return a->slice.offset < b->slice.offset;
+    });
+    uint64_t at = 0;
+    for (proto::HostTensor* t : order) {
+      if (t->slice.offset < at) {
+        return absl::InvalidArgumentError("outputs overlap in the reply's raw payload");
+      }
+      PSWITCH_RETURN_IF_ERROR(ReadRaw(nullptr, t->slice.offset - at));  // alignment padding
+      t->data.resize(t->slice.length);
+      PSWITCH_RETURN_IF_ERROR(ReadRaw(t->data.data(), t->data.size()));
+      at = t->slice.offset + t->slice.length;
+      t->place = proto::Place::Inline;
+      t->slice = proto::ByteSlice{};
+    }
+    PSWITCH_RETURN_IF_ERROR(ReadRaw(nullptr, bytes - at));
+    payload_outputs_ = std::move(outputs);
+    return absl::OkStatus();
+  }
+
   std::unique_ptr<proto::FrameChannel> channel_;
+  const uint64_t max_payload_bytes_;
+  std::vector<proto::HostTensor> payload_outputs_;  // reader thread only
   absl::Mutex send_mu_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -202,7 +330,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(absl::string_view addres
       DialPswitchd(address, options.transport, options.max_frame_bytes));
   const bool local = dialed.local;
   std::unique_ptr<Client> client(
-      new Client(std::make_unique<Connection>(std::move(dialed.channel)), options, local));
+      new Client(std::make_unique<Connection>(std::move(dialed.channel),
+                                              uint64_t{4} * options.max_frame_bytes),
+                 options, local));
   if (!options.token.empty()) PSWITCH_RETURN_IF_ERROR(client->Authenticate(options.token));
   if (local) {
     absl::Status reserved = client->areas_->Reserve(options.areas.first_area_bytes);
@@ -387,8 +517,13 @@ void Client::ForgetOutputSpec(const std::string& model) {
 namespace {
 
 // Submission replies come twice: TaskAccepted at once, TaskResult (or Error) at the end.
-ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResult>>> promise) {
-  return [promise](const absl::StatusOr<const ControllerReply*>& reply) {
+// Hands over (on the reader thread, while the handler runs) the outputs that came as a raw
+// payload after the reply.
+using PayloadOutputs = std::function<std::vector<proto::HostTensor>()>;
+
+ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResult>>> promise,
+                           PayloadOutputs payload_outputs) {
+  return [promise, payload_outputs](const absl::StatusOr<const ControllerReply*>& reply) {
     if (!reply.ok()) {
       promise->set_value(reply.status());
       return true;
@@ -398,7 +533,9 @@ ReplyHandler SubmitHandler(std::shared_ptr<std::promise<absl::StatusOr<TaskResul
         return false;
       case ControllerReplyBody::TaskResult: {
         auto* wire = (*reply)->body_as_TaskResult();
-        auto outputs = proto::FromWireTensors(wire->outputs());
+        absl::StatusOr<std::vector<proto::HostTensor>> outputs =
+            (*reply)->payload_bytes() > 0 ? payload_outputs()
+                                          : proto::FromWireTensors(wire->outputs());
         if (!outputs.ok()) {
           promise->set_value(outputs.status());
         } else {
@@ -671,6 +808,44 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
       return future;
     }
   }
+  if (!local() && options_.tcp_framing == TcpFraming::kPayload) {
+    // The inputs' bytes follow the frame from the caller's own buffers (one writev, no copy into
+    // the builder), each at a 64-byte-aligned offset; the outputs come back the same way.
+    static constexpr uint8_t kPad[64] = {};
+    std::vector<proto::HostTensor> described;
+    std::vector<std::span<const uint8_t>> raw;
+    uint64_t at = 0;
+    bool all_inline = true;
+    for (const proto::HostTensor& t : inputs) {
+      all_inline = all_inline && t.place == proto::Place::Inline;
+      const uint64_t aligned = (at + 63) / 64 * 64;
+      if (aligned > at) raw.push_back(std::span<const uint8_t>(kPad, aligned - at));
+      proto::HostTensor d;
+      d.name = t.name;
+      d.dtype = t.dtype;
+      d.shape = t.shape;
+      d.place = proto::Place::Payload;
+      d.slice = proto::ByteSlice{0, aligned, t.data.size()};
+      described.push_back(std::move(d));
+      raw.push_back(std::span<const uint8_t>(t.data));
+      at = aligned + t.data.size();
+    }
+    if (all_inline && at > 0) {
+      connection_->Call(
+          [&](Builder& b, uint64_t id) {
+            auto wire_inputs = proto::CreateWireTensors(b, described);
+            auto body = proto::CreateSubmitTask(
+                b, b.CreateString(model), proto::TaskKind::Inference, wire_inputs, 1, 0,
+                options.priority,
+                static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
+                proto::Optimizer::Sgd, 0.01, 0.9, 0, 0, proto::Place::Payload);
+            proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask,
+                                                        body.Union(), at));
+          },
+          SubmitHandler(promise, [c = connection_.get()] { return c->TakePayloadOutputs(); }), {}, raw);
+      return future;
+    }
+  }
   connection_->Call(
       [&](Builder& b, uint64_t id) {
         auto wire_inputs = proto::CreateWireTensors(b, inputs);
@@ -680,7 +855,7 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
         proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
-      SubmitHandler(promise));
+      SubmitHandler(promise, [c = connection_.get()] { return c->TakePayloadOutputs(); }));
   return future;
 }
 
@@ -700,7 +875,7 @@ std::future<absl::StatusOr<TaskResult>> Client::TrainAsync(const std::string& mo
         proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },
-      SubmitHandler(promise));
+      SubmitHandler(promise, [c = connection_.get()] { return c->TakePayloadOutputs(); }));
   return future;
 }
 

@@ -26,6 +26,16 @@
 
 namespace pswitch::client {
 
+// How Infer sends HostTensors over TCP.
+enum class TcpFraming {
+  // Inputs as a raw payload after the request's frame, written from the caller's buffers with
+  // one writev; outputs back the same way, received straight into the result's tensors.
+  kPayload,
+  // Inputs copied into the request's FlatBuffer and outputs inside the reply (the old form,
+  // kept as bench-dataplane's "tcp-framed" baseline).
+  kInline,
+};
+
 struct ClientOptions {
   // Bound on every synchronous call, including waiting for a task's result.
   absl::Duration timeout = absl::Minutes(10);
@@ -34,6 +44,7 @@ struct ClientOptions {
   // connecting (Connect fails with Unauthenticated when pswitchd refuses it). Empty: none.
   std::string token;
   Transport transport = Transport::kAuto;
+  TcpFraming tcp_framing = TcpFraming::kPayload;
   // The transfer areas of a Unix-socket connection: the first is registered on connecting; more
   // (each at least first_area_bytes) when the calls in flight and the results alive fill them,
   // up to these bounds (then ResourceExhausted). pswitchd bounds them too, per principal.

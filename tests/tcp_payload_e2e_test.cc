@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "client/client.h"
 #include "proto/client_generated.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
@@ -361,6 +362,70 @@ TEST_F(TcpPayloadTest, ManyRequestsPipelinedOnOneConnectionEachGetTheirOwnAnswer
   for (int i = 0; i < kRequests; ++i) {
     EXPECT_EQ(answers[i + 1], expected[i % kSeeds]) << "request " << i + 1;
   }
+}
+
+// The client library over TCP: Infer sends its HostTensors as a raw payload (one writev from the
+// caller's buffers) and receives the outputs straight into the result's tensors; the old framed
+// form (tcp_framing = kInline) gives the same bytes.
+TEST_F(TcpPayloadTest, TheClientLibrarySendsAndReceivesRawPayloadsOverTcp) {
+  TestDaemon daemon({"--preload=tiny_cnn"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  client::ClientOptions payload_options;
+  payload_options.transport = client::Transport::kTcp;
+  payload_options.timeout = absl::Seconds(60);
+  client::ClientOptions framed_options = payload_options;
+  framed_options.tcp_framing = client::TcpFraming::kInline;
+  auto payload_client = client::Client::Connect(daemon.address(), payload_options);
+  ASSERT_TRUE(payload_client.ok()) << payload_client.status();
+  auto framed_client = client::Client::Connect(daemon.address(), framed_options);
+  ASSERT_TRUE(framed_client.ok()) << framed_client.status();
+  for (uint64_t seed : {11, 12}) {
+    const proto::HostTensor input = Input("tiny_cnn", seed);
+    auto framed = (*framed_client)->Infer("tiny_cnn", {input});
+    ASSERT_TRUE(framed.ok()) << framed.status();
+    auto raw = (*payload_client)->Infer("tiny_cnn", {input});
+    ASSERT_TRUE(raw.ok()) << raw.status() << daemon.log();
+    ASSERT_EQ(raw->outputs.size(), 1u);
+    EXPECT_EQ(raw->outputs[0].place, proto::Place::Inline);
+    EXPECT_EQ(raw->outputs[0].data, framed->outputs[0].data);
+    EXPECT_EQ(raw->outputs[0].shape, framed->outputs[0].shape);
+  }
+  // Many at once on one connection: each answer is its own.
+  std::vector<std::future<absl::StatusOr<client::TaskResult>>> futures;
+  std::vector<std::vector<uint8_t>> expected;
+  for (uint64_t seed = 20; seed < 28; ++seed) {
+    const proto::HostTensor input = Input("tiny_cnn", seed);
+    auto framed = (*framed_client)->Infer("tiny_cnn", {input});
+    ASSERT_TRUE(framed.ok()) << framed.status();
+    expected.push_back(framed->outputs[0].data);
+    futures.push_back((*payload_client)->InferAsync("tiny_cnn", {input}));
+  }
+  for (size_t i = 0; i < futures.size(); ++i) {
+    auto r = futures[i].get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outputs[0].data, expected[i]) << i;
+  }
+}
+
+// The bytes really travel after the frame: with frames bounded at 4 KiB, an input too large for
+// any frame still gets through as a raw payload (at most 4 x 4 KiB), and only that way.
+TEST_F(TcpPayloadTest, TheClientsPayloadIsNotInTheFrame) {
+  TestDaemon daemon({"--preload=tiny_cnn", "--max-frame-bytes=4096"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  const proto::HostTensor input = Input("tiny_cnn", 3);
+  ASSERT_GT(input.data.size(), 4096u);
+  ASSERT_LE(input.data.size(), 4u * 4096);
+  client::ClientOptions options;
+  options.transport = client::Transport::kTcp;
+  options.timeout = absl::Seconds(60);
+  auto payload_client = client::Client::Connect(daemon.address(), options);
+  ASSERT_TRUE(payload_client.ok()) << payload_client.status();
+  auto raw = (*payload_client)->Infer("tiny_cnn", {input});
+  ASSERT_TRUE(raw.ok()) << raw.status() << daemon.log();
+  options.tcp_framing = client::TcpFraming::kInline;
+  auto framed_client = client::Client::Connect(daemon.address(), options);
+  ASSERT_TRUE(framed_client.ok()) << framed_client.status();
+  EXPECT_FALSE((*framed_client)->Infer("tiny_cnn", {input}).ok());
 }
 
 }  // namespace
