@@ -10,7 +10,10 @@
 //   tcp-payload  the C++ client over TCP, tensors as the raw payload after the frame
 //   http-binary  KServe's binary extension over HTTP
 //   tcp-framed   the C++ client over TCP, tensors inside the FlatBuffers frame (the baseline:
-//                the path every request took before issue 26)
+//                the path every request took before issue 26; ClientOptions::tcp_framing kInline)
+//   tcp-payload  the C++ client over TCP, tensors as a raw payload after the frame (one writev
+//                from the caller's buffer, received into a staging region; outputs back the same
+//                way)
 //
 //   bench-dataplane [--requests 30] [--backend host] [--sizes 0.6,4.8,8.6,34]
 //
@@ -175,8 +178,12 @@ int Run() {
   }
   client::ClientOptions tcp_options;
   tcp_options.transport = client::Transport::kTcp;  // the framed baseline, never the Unix socket
+  client::ClientOptions payload_options = tcp_options;
+  tcp_options.tcp_framing = client::TcpFraming::kInline;
   auto tcp = client::Client::Connect(daemon.address(), tcp_options);
   if (!tcp.ok()) return Fail(tcp.status());
+  auto tcp_payload = client::Client::Connect(daemon.address(), payload_options);
+  if (!tcp_payload.ok()) return Fail(tcp_payload.status());
   auto local = client::Client::Connect("unix:" + (dir / "pswitchd.sock").string());
   if (!local.ok()) return Fail(local.status());
   if (!(*local)->local()) return Fail(absl::InternalError("the Unix client has no transfer area"));
@@ -204,6 +211,13 @@ int Run() {
   paths.push_back({"tcp-framed", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
                      proto::HostTensor input{"input", proto::DType::F32, c.shape, c.bytes};
                      auto result = (*tcp)->Infer(model, {std::move(input)});
+                     if (!result.ok()) return result.status();
+                     if (result->outputs.empty()) return absl::InternalError("no output");
+                     return result->outputs[0].data;
+                   }});
+  paths.push_back({"tcp-payload", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
+                     proto::HostTensor input = take_input(c);
+                     auto result = (*tcp_payload)->Infer(model, {std::move(input)});
                      if (!result.ok()) return result.status();
                      if (result->outputs.empty()) return absl::InternalError("no output");
                      return result->outputs[0].data;
