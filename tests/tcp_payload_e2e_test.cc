@@ -7,10 +7,13 @@
 // many requests pipelined on one connection.
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -228,6 +231,43 @@ TEST_F(TcpPayloadTest, PayloadInputsAndOutputsAreBitIdenticalToTheFramedPath) {
   const Outcome again = Infer(conn, 5, {input}, {}, proto::Place::Inline);
   ASSERT_EQ(again.code, absl::StatusCode::kOk) << again.message;
   EXPECT_EQ(again.outputs[0].data, framed.outputs[0].data);
+}
+
+// The staging memfds pswitchd `pid` holds open now, by inode.
+std::set<ino_t> StagingFiles(pid_t pid) {
+  std::set<ino_t> files;
+  for (const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string().find("memfd:pswitch-staging") ==
+        std::string::npos) {
+      continue;
+    }
+    struct stat st;
+    if (::stat(e.path().c_str(), &st) == 0) files.insert(st.st_ino);
+  }
+  return files;
+}
+
+// One connection's requests reuse its staging (its pages faulted in once, the worker's mapping
+// kept), never a new region per request.
+TEST_F(TcpPayloadTest, SequentialRequestsReuseTheConnectionsStaging) {
+  TestDaemon daemon({"--preload=tiny_cnn"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  Conn conn(daemon.port());
+  ASSERT_TRUE(conn.ok());
+  // 8 MiB, as large requests are (the tensor is a slice at its start).
+  std::vector<uint8_t> payload(8u << 20);
+  const proto::HostTensor placed = InPayload(Input("tiny_cnn", 2), 0, payload);
+  std::set<ino_t> seen;
+  for (uint64_t id = 1; id <= 12; ++id) {
+    const Outcome out = Infer(conn, id, {placed}, payload, proto::Place::Payload);
+    ASSERT_EQ(out.code, absl::StatusCode::kOk) << out.message;
+    const std::set<ino_t> now = StagingFiles(daemon.pid());
+    seen.insert(now.begin(), now.end());
+  }
+  EXPECT_GE(seen.size(), 1u);
+  EXPECT_LE(seen.size(), 2u) << "a staging region per request";
 }
 
 TEST_F(TcpPayloadTest, APayloadOverTheBoundIsRefusedBeforeAByteOfItIsRead) {
