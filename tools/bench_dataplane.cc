@@ -216,8 +216,10 @@ int Run() {
                      return result->outputs[0].data;
                    }});
   paths.push_back({"tcp-payload", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
-                     proto::HostTensor input = take_input(c);
-                     auto result = (*tcp_payload)->Infer(model, {std::move(input)});
+                     // Moved in, not through an initializer list (which would copy the bytes).
+                     std::vector<proto::HostTensor> inputs;
+                     inputs.push_back(proto::HostTensor{"input", proto::DType::F32, c.shape, c.bytes});
+                     auto result = (*tcp_payload)->Infer(model, std::move(inputs));
                      if (!result.ok()) return result.status();
                      if (result->outputs.empty()) return absl::InternalError("no output");
                      return result->outputs[0].data;
