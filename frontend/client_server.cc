@@ -93,6 +93,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         regions_(regions),
         address_(std::move(peer.address)),
         unix_(peer.unix_socket),
+        insecure_remote_(peer.insecure_remote),
         connection_(connection),
         principal_(std::move(peer.principal)) {}
 
@@ -185,8 +186,12 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
             id, absl::UnauthenticatedError("this pswitchd needs a token: authenticate first "
                                            "(pswitchctl --token or PSWITCH_TOKEN)")));
       }
-      // Only a peer beyond loopback without tokens gets here (--insecure: the operator's choice
-      // that whoever reaches the port controls pswitchd). Local peers are named by the kernel.
+      // Local peers are named by the kernel at accept; only a peer beyond loopback without
+      // tokens (--insecure: the operator's choice) is an anonymous admin. Anyone else is no one.
+      if (!insecure_remote_) {
+        return conn.Reject(ErrorReply(
+            id, absl::UnauthenticatedError("pswitchd could not tell who this connection is")));
+      }
       principal_ = Principal{"anonymous", Role::kAdmin};
     }
     if (payload_bytes != 0) {
@@ -288,6 +293,10 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     }
     if (options_->tokens == nullptr) {
       // No tokens configured: any is fine, and who the kernel says the peer is stays.
+      if (!principal_ && !insecure_remote_) {
+        return conn.Reject(ErrorReply(
+            id, absl::UnauthenticatedError("pswitchd could not tell who this connection is")));
+      }
       if (!principal_) principal_ = Principal{"anonymous", Role::kAdmin};
       return conn.Send(AckReply(id));
     }
@@ -817,6 +826,7 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   dataplane::RegionTable* const regions_;     // every port's, which outlives the server
   const std::string address_;                 // the peer's
   const bool unix_;                           // on the Unix socket (else TCP)
+  const bool insecure_remote_;                // Peer::insecure_remote
   const uint64_t connection_;                 // this connection's number, naming it without tokens
   std::optional<Principal> principal_;        // who this connection is, once known
   bool token_authenticated_ = false;          // principal_ is a token's
@@ -917,11 +927,24 @@ void ClientServer::Accept() {
     }
     asio::error_code ignored;
     socket.set_option(asio::ip::tcp::no_delay(true), ignored);
-    const asio::ip::tcp::endpoint local = socket.local_endpoint(ignored);
-    const asio::ip::tcp::endpoint remote = socket.remote_endpoint(ignored);
+    asio::error_code local_ec, remote_ec;
+    const asio::ip::tcp::endpoint local = socket.local_endpoint(local_ec);
+    const asio::ip::tcp::endpoint remote = socket.remote_endpoint(remote_ec);
+    if (local_ec || remote_ec) {
+      // A peer that reset before the accept has no address (getpeername: ENOTCONN); its queued
+      // bytes are still readable. Whoever it was, it is no one pswitchd can name: refused.
+      base::Log(base::LogLevel::kInfo, "connection_refused")
+          .Field("reason", "peer_gone")
+          .Field("detail", (local_ec ? local_ec : remote_ec).message());
+      socket.close(ignored);
+      Accept();
+      return;
+    }
     Peer peer;
     peer.address = remote.address().to_string();
-    if (options_.tokens == nullptr && remote.address().is_loopback()) {
+    const bool loopback = IsLoopbackAddress(remote.address());
+    peer.insecure_remote = options_.tokens == nullptr && !loopback;
+    if (options_.tokens == nullptr && loopback) {
       // Without tokens a loopback peer is whoever the kernel says owns its socket, never an
       // admin for connecting alone. Asked now, while the peer's socket surely exists.
       absl::StatusOr<uid_t> uid = LoopbackPeerUid(local, remote);

@@ -137,6 +137,9 @@ class ClientServer {
   struct Peer {
     std::string address;  // the TCP peer's address, or "unix:uid:N"
     bool unix_socket = false;
+    // Without tokens, beyond loopback (only with --insecure): whoever reaches the port is an
+    // anonymous admin, the operator's choice. Decided at accept, from ends the kernel gave.
+    bool insecure_remote = false;
     std::optional<Principal> principal;  // from the kernel (PrincipalOfUid); none: a token's
   };
   ClientServer(Controller* controller, FillManager* fill, ClientServerOptions options)

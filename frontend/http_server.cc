@@ -424,7 +424,7 @@ std::optional<HttpServer::Caller> HttpServer::Identify(const HttpRequest& req,
   asio::error_code local_ec, remote_ec;
   const asio::ip::address local = asio::ip::make_address(req.local_address, local_ec);
   const asio::ip::address remote = asio::ip::make_address(req.peer, remote_ec);
-  if (!local_ec && !remote_ec && !remote.is_loopback()) {
+  if (!local_ec && !remote_ec && !IsLoopbackAddress(remote)) {
     // Beyond loopback without tokens: only with --insecure, the operator's choice.
     return Caller{Principal{"anonymous", Role::kAdmin}, std::nullopt};
   }

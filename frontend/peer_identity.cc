@@ -70,6 +70,8 @@ struct DiagRequest {
 
 }  // namespace
 
+bool IsLoopbackAddress(const asio::ip::address& address) { return IsLoopback(address); }
+
 absl::StatusOr<uid_t> UnixPeerUid(int fd) {
   ucred credentials{};
   socklen_t length = sizeof(credentials);
@@ -165,7 +167,16 @@ absl::StatusOr<uid_t> LoopbackPeerUid(const asio::ip::tcp::endpoint& local,
     return absl::InternalError("sock_diag: unexpected answer");
   }
   const auto* msg = static_cast<const inet_diag_msg*>(NLMSG_DATA(header));
-  // The record must be the client's connected socket, not a listener or another connection.
+  // The record must be the client's connected socket, not a listener or another connection,
+  // and still a file some process holds: a socket its owner closed (orphaned, TIME_WAIT) reports
+  // uid 0 and inode 0, which must never pass for root.
+  const bool live = msg->idiag_inode != 0 &&
+                    (msg->idiag_state == TCP_ESTABLISHED || msg->idiag_state == TCP_FIN_WAIT1 ||
+                     msg->idiag_state == TCP_FIN_WAIT2 || msg->idiag_state == TCP_CLOSE_WAIT);
+  if (!live) {
+    return absl::NotFoundError(absl::StrCat("the local socket at ", remote.address().to_string(),
+                                            ":", remote.port(), " is closed"));
+  }
   if (msg->idiag_family != request.body.sdiag_family || msg->idiag_state == TCP_LISTEN ||
       msg->id.idiag_sport != request.body.id.idiag_sport ||
       msg->id.idiag_dport != request.body.id.idiag_dport ||

@@ -15,6 +15,9 @@
 
 namespace pswitch::frontend {
 
+// Whether `address` is a loopback address, an IPv4-mapped one (::ffff:127.0.0.1) included.
+bool IsLoopbackAddress(const asio::ip::address& address);
+
 // The uid of the process that connected Unix socket `fd` (SO_PEERCRED).
 absl::StatusOr<uid_t> UnixPeerUid(int fd);
 

@@ -67,6 +67,35 @@ TEST(LoopbackPeerUidTest, AClosedPeerOrAWrongPortIsNotFound) {
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
 }
 
+// A client that closed normally leaves an orphaned socket (FIN_WAIT2, then TIME_WAIT) that no
+// process holds: the kernel reports it with inode 0, and from TIME_WAIT on with uid 0. Its uid
+// must never be lent to whoever asks (a closed socket passing for root's).
+TEST(LoopbackPeerUidTest, AClosedClientsOrphanedSocketIsNoOnesNotRoots) {
+  LoopbackPair pair(asio::ip::make_address("127.0.0.1"));
+  const tcp::endpoint local = pair.server.local_endpoint();
+  const tcp::endpoint remote = pair.server.remote_endpoint();
+  pair.client.close();  // a FIN, not a reset: the socket stays in the kernel's table
+  auto orphan = LoopbackPeerUid(local, remote);
+  ASSERT_FALSE(orphan.ok()) << "an orphaned socket was taken for uid " << *orphan;
+  EXPECT_EQ(orphan.status().code(), absl::StatusCode::kNotFound) << orphan.status();
+  // Once the server closes too, the client's end sits in TIME_WAIT (uid 0 in the kernel's
+  // answer): still no one.
+  pair.server.close();
+  for (int i = 0; i < 50; ++i) {
+    auto later = LoopbackPeerUid(local, remote);
+    ASSERT_FALSE(later.ok()) << "a closed socket was taken for uid " << *later;
+    ::usleep(2000);
+  }
+}
+
+TEST(LoopbackPeerUidTest, IPv4MappedLoopbackIsLoopback) {
+  EXPECT_TRUE(IsLoopbackAddress(asio::ip::make_address("::ffff:127.0.0.1")));
+  EXPECT_TRUE(IsLoopbackAddress(asio::ip::make_address("127.0.0.9")));
+  EXPECT_TRUE(IsLoopbackAddress(asio::ip::make_address("::1")));
+  EXPECT_FALSE(IsLoopbackAddress(asio::ip::make_address("::ffff:192.0.2.7")));
+  EXPECT_FALSE(IsLoopbackAddress(asio::ip::make_address("0.0.0.0")));
+}
+
 TEST(LoopbackPeerUidTest, ARemoteAddressIsRefused) {
   auto uid = LoopbackPeerUid(tcp::endpoint(asio::ip::make_address("127.0.0.1"), 7000),
                              tcp::endpoint(asio::ip::make_address("192.0.2.7"), 40000));
