@@ -583,3 +583,178 @@ TEST(FramedConnectionFdsTest, AConnectionWithoutFdsKeepsNone) {
 
 }  // namespace
 }  // namespace pswitch::proto
+
+namespace pswitch::proto {
+namespace {
+
+// A frame of 9 bytes announces a raw payload: 8 bytes of its length, then 1 to receive it into
+// a buffer (answered with a one-byte frame followed by the same bytes as a raw payload, from
+// that buffer) or 0 to drop it (answered with a frame "dropped"). Any other frame is echoed.
+class PayloadServed {
+ public:
+  explicit PayloadServed(ConnectionLimits limits) {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    peer_ = std::make_unique<FrameChannel>(UniqueFd(fds[1]));
+    conn_ = FramedConnection::Create(
+        FramedConnection::Socket(io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), fds[0]),
+        std::move(limits),
+        [this](FramedConnection& c, std::vector<uint8_t> frame) { Handle(c, std::move(frame)); },
+        ErrorReply,
+        [this](FramedConnection&, const absl::Status& why) {
+          closed_with_ = why;
+          closed_.Notify();
+        });
+    conn_->Start();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~PayloadServed() {
+    ::shutdown(peer_->fd(), SHUT_RDWR);
+    if (!closed_.WaitForNotificationWithTimeout(absl::Seconds(20))) io_.stop();
+    thread_.join();
+  }
+  FrameChannel& peer() { return *peer_; }
+  std::optional<absl::Status> ClosedWithin(absl::Duration wait) {
+    if (!closed_.WaitForNotificationWithTimeout(wait)) return std::nullopt;
+    return closed_with_;
+  }
+  // The last payload buffer, while anything (a read, a reply) still holds it.
+  std::weak_ptr<std::vector<uint8_t>> last_buffer() {
+    absl::MutexLock lock(&mu_);
+    return last_buffer_;
+  }
+  std::optional<absl::Status> payload_failure() {
+    absl::MutexLock lock(&mu_);
+    return payload_failure_;
+  }
+
+  static std::vector<uint8_t> Announce(uint64_t bytes, bool keep) {
+    std::vector<uint8_t> frame(9);
+    std::memcpy(frame.data(), &bytes, 8);
+    frame[8] = keep ? 1 : 0;
+    return frame;
+  }
+
+ private:
+  void Handle(FramedConnection& c, std::vector<uint8_t> frame) {
+    if (frame.size() != 9) return c.Send(std::move(frame));
+    uint64_t bytes;
+    std::memcpy(&bytes, frame.data(), 8);
+    if (frame[8] == 0) {
+      absl::Status s = c.ReceivePayload(bytes, nullptr, nullptr,
+                                        [](FramedConnection& c, const absl::Status& got) {
+                                          if (got.ok()) c.Send({'d', 'r', 'o', 'p', 'p', 'e', 'd'});
+                                        });
+      if (!s.ok()) c.Reject(ErrorReply(s));
+      return;
+    }
+    auto buffer = std::make_shared<std::vector<uint8_t>>(bytes);
+    {
+      absl::MutexLock lock(&mu_);
+      last_buffer_ = buffer;
+    }
+    absl::Status s = c.ReceivePayload(
+        bytes, buffer->data(), buffer, [this, buffer](FramedConnection& c, const absl::Status& got) {
+          if (!got.ok()) {
+            absl::MutexLock lock(&mu_);
+            payload_failure_ = got;
+            return;
+          }
+          c.SendWithPayload({'r'}, *buffer, buffer);
+        });
+    if (!s.ok()) c.Reject(ErrorReply(s));
+  }
+
+  asio::io_context io_;
+  std::unique_ptr<FrameChannel> peer_;
+  std::shared_ptr<FramedConnection> conn_;
+  absl::Notification closed_;
+  absl::Status closed_with_;
+  absl::Mutex mu_;
+  std::weak_ptr<std::vector<uint8_t>> last_buffer_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> payload_failure_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed);
+  return v;
+}
+
+// Reads exactly `n` raw bytes from `fd` (FrameChannel never reads past a frame's end).
+std::vector<uint8_t> ReadRaw(int fd, size_t n) {
+  std::vector<uint8_t> out(n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::recv(fd, out.data() + got, n - got, 0);
+    if (r <= 0) return {};
+    got += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+TEST(FramedConnectionPayloadTest, APayloadIsReadIntoItsBufferAndTheStreamGoesOnAfterIt) {
+  PayloadServed served(ConnectionLimits{.max_frame_bytes = 4096, .max_payload_bytes = 1 << 20});
+  const std::vector<uint8_t> kept = Pattern(300'000, 1), dropped = Pattern(200'000, 2);
+  const std::vector<uint8_t> echo = {'e', 'c', 'h', 'o'};
+  // Everything at once, from another thread (more than the socket holds): frames and raw bytes
+  // must be told apart by the announcements alone.
+  std::thread writer([&] {
+    auto send_frame = [&](const std::vector<uint8_t>& f) { ASSERT_TRUE(served.peer().Send(f).ok()); };
+    send_frame(PayloadServed::Announce(kept.size(), true));
+    ASSERT_TRUE(SendAllWithFd(served.peer().fd(), kept, -1).ok());
+    send_frame(PayloadServed::Announce(dropped.size(), false));
+    ASSERT_TRUE(SendAllWithFd(served.peer().fd(), dropped, -1).ok());
+    send_frame(echo);
+  });
+  auto reply = served.peer().Receive(absl::Seconds(10));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->payload, std::vector<uint8_t>{'r'});
+  EXPECT_EQ(ReadRaw(served.peer().fd(), kept.size()), kept);  // sent from the buffer itself
+  auto second = served.peer().Receive(absl::Seconds(10));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->payload, (std::vector<uint8_t>{'d', 'r', 'o', 'p', 'p', 'e', 'd'}));
+  auto third = served.peer().Receive(absl::Seconds(10));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->payload, echo);
+  writer.join();
+  EXPECT_FALSE(served.ClosedWithin(absl::ZeroDuration()).has_value());
+}
+
+TEST(FramedConnectionPayloadTest, APayloadOverTheBoundIsRefused) {
+  PayloadServed served(ConnectionLimits{.max_frame_bytes = 4096, .max_payload_bytes = 1000});
+  ASSERT_TRUE(served.peer().Send(PayloadServed::Announce(1001, true)).ok());
+  auto reply = served.peer().Receive(absl::Seconds(10));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto error = VerifyPayload<MemReply>(reply->payload, "reply");
+  ASSERT_TRUE(error.ok());
+  EXPECT_EQ(FromWireError((*error)->body_as_Error()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(served.ClosedWithin(absl::Seconds(10)).has_value());
+}
+
+TEST(FramedConnectionPayloadTest, AStalledPayloadIsCutAtTheFrameDeadlineAndItsBufferLetGo) {
+  PayloadServed served(ConnectionLimits{.max_frame_bytes = 4096,
+                                        .frame_timeout = absl::Milliseconds(200),
+                                        .max_payload_bytes = 1 << 20});
+  ASSERT_TRUE(served.peer().Send(PayloadServed::Announce(100'000, true)).ok());
+  ASSERT_TRUE(SendAllWithFd(served.peer().fd(), Pattern(1000, 3), -1).ok());
+  auto cut = served.peer().Receive(absl::Seconds(10));
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  auto error = VerifyPayload<MemReply>(cut->payload, "reply");
+  ASSERT_TRUE(error.ok());
+  EXPECT_EQ(FromWireError((*error)->body_as_Error()).code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(served.ClosedWithin(absl::Seconds(10)).has_value());
+  const std::optional<absl::Status> failure = served.payload_failure();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_FALSE(failure->ok());
+  // Nothing holds the buffer once the connection has closed: no read can still land in it.
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!served.last_buffer().expired() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(served.last_buffer().expired());
+}
+
+}  // namespace
+}  // namespace pswitch::proto
