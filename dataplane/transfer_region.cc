@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +16,19 @@ namespace pswitch::dataplane {
 namespace {
 
 std::atomic<uint64_t> next_region_id{1};
+
+// Never huge pages: a hugetlbfs file (MFD_HUGETLB) can lose its pages' reservation (a hole
+// punched, the pool exhausted) whatever its seals, and fault whoever maps it.
+absl::Status CheckShmem(int fd, const char* what) {
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) != 0) return ErrnoStatus(absl::StrCat("fstatfs of ", what));
+  if (fs.f_type == HUGETLBFS_MAGIC) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " must be ordinary shared memory (memfd_create without MFD_HUGETLB, or a file "
+              "under /dev/shm)"));
+  }
+  return absl::OkStatus();
+}
 
 // The file's size now; a region on a file that shrank past its end must not be touched.
 absl::StatusOr<uint64_t> FileBytes(int fd) {
@@ -61,6 +76,7 @@ absl::StatusOr<std::shared_ptr<const TransferRegion>> TransferRegion::FromSealed
         "an area must be sealed against shrinking (fcntl F_ADD_SEALS F_SEAL_SHRINK), so that no "
         "one can make its mappings fault");
   }
+  PSWITCH_RETURN_IF_ERROR(CheckShmem(fd.get(), "an area"));
   PSWITCH_ASSIGN_OR_RETURN(uint64_t size, FileBytes(fd.get()));
   if (size < bytes) {
     return absl::InvalidArgumentError(
@@ -82,6 +98,7 @@ absl::StatusOr<std::shared_ptr<const TransferRegion>> TransferRegion::FromShmFil
   if (file_offset > UINT64_MAX - bytes) {
     return absl::InvalidArgumentError("a shared-memory region's offset + size overflows");
   }
+  PSWITCH_RETURN_IF_ERROR(CheckShmem(fd.get(), "a shared-memory region"));
   auto region = std::shared_ptr<const TransferRegion>(
       new TransferRegion(RegionKind::kShmFile, std::move(fd), file_offset, bytes, std::move(owner)));
   // The whole region must exist now; it is checked again on every use.

@@ -35,6 +35,17 @@ TEST(TransferRegionTest, AreaMustBeASealedMemfdHoldingItsDeclaredBytes) {
   EXPECT_NE((*area)->id(), 0u);
 }
 
+TEST(TransferRegionTest, AHugePageMemfdIsRefused) {
+  // Its pages' reservation can be taken away whatever its seals (a hole punched, the pool
+  // exhausted): whoever maps it could fault.
+  UniqueFd fd(::memfd_create("huge-area", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB));
+  if (!fd.valid()) GTEST_SKIP() << "no hugetlbfs memfds here";
+  ASSERT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  auto area = TransferRegion::FromSealedMemfd(std::move(fd), 1, "mallory");
+  ASSERT_FALSE(area.ok());
+  EXPECT_EQ(area.status().code(), absl::StatusCode::kFailedPrecondition) << area.status();
+}
+
 TEST(TransferRegionTest, SlicesAreCheckedWithoutOverflow) {
   auto area = TransferRegion::FromSealedMemfd(Memfd(4096, F_SEAL_SHRINK), 4096, "alice");
   ASSERT_TRUE(area.ok());

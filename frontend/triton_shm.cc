@@ -42,13 +42,22 @@ absl::StatusOr<UniqueFd> OpenShmSegment(int shm_dir_fd, absl::string_view key, u
         absl::StrCat("a shared-memory key is \"/name\" (one name under /dev/shm, at most ",
                      NAME_MAX, " bytes), not '", absl::CHexEscape(key.substr(0, 64)), "'"));
   }
-  // O_NONBLOCK: a FIFO planted under the name must not hang the open; O_NOFOLLOW: a link to
-  // another user's file (or /etc/shadow) is not followed, even our own.
-  UniqueFd fd(::openat(shm_dir_fd, std::string(name).c_str(),
-                       O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-  if (!fd.valid()) return NoSegment(key);
+  // First a path handle (O_PATH opens nothing: no lease is broken, no open or close-write event
+  // reaches another user's watches), checked; only the caller's own regular file is then opened
+  // for reading and writing, through that same handle, so no rename in between can swap it.
+  // O_NOFOLLOW: a link to another user's file (or /etc/shadow) is not followed, even our own.
+  UniqueFd path(::openat(shm_dir_fd, std::string(name).c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!path.valid()) return NoSegment(key);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != owner_uid) {
+  if (::fstat(path.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != owner_uid) {
+    return NoSegment(key);
+  }
+  // O_NONBLOCK: harmless for a regular file, and what a FIFO would need (it is refused above).
+  UniqueFd fd(::open(absl::StrCat("/proc/self/fd/", path.get()).c_str(),
+                     O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd.valid()) return NoSegment(key);
+  struct stat opened {};
+  if (::fstat(fd.get(), &opened) != 0 || opened.st_ino != st.st_ino || opened.st_dev != st.st_dev) {
     return NoSegment(key);
   }
   return fd;

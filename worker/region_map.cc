@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -109,8 +111,13 @@ absl::Status RegionMap::Map(const RegionSpec& spec, UniqueFd fd) {
     }
     // A file that cannot shrink can be touched without a guard; anything else (a regular
     // /dev/shm file has no seals at all) may lose pages under us.
+    // Only off hugetlbfs is "cannot shrink" a promise: a hugetlbfs file's pages can
+    // be taken away (a hole punched, the pool exhausted) whatever its seals, so it counts as one
+    // that may shrink and is touched only under the guard.
+    struct statfs fs {};
+    const bool shmem = ::fstatfs(fd.get(), &fs) == 0 && fs.f_type != HUGETLBFS_MAGIC;
     const int seals = ::fcntl(fd.get(), F_GET_SEALS);
-    whole.may_shrink = seals < 0 || (seals & F_SEAL_SHRINK) == 0;
+    whole.may_shrink = !shmem || seals < 0 || (seals & F_SEAL_SHRINK) == 0;
     whole.what =
         absl::StrCat(name, whole.may_shrink ? " (shared-memory file)" : " (sealed memory file)");
     if (!whole.may_shrink) {
