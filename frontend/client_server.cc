@@ -611,6 +611,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (parsed->outputs_place == proto::Place::Payload) {
       absl::StatusOr<EntryRef> model = admission_->FindModel(*principal_, spec->model);
       if (!model.ok()) return refuse(model.status());
+      // The inputs first (admission checks them again): a wrong name is named, not taken for
+      // an output that cannot be sized.
+      if (absl::Status inputs = CheckInputs(**model, spec->inputs); !inputs.ok()) {
+        return refuse(inputs);
+      }
       absl::StatusOr<uint64_t> out_bytes = OutputBytesNeeded(**model, spec->inputs);
       if (!out_bytes.ok()) return refuse(out_bytes.status());
       const uint64_t out_offset = (payload_bytes + 63) / 64 * 64;
