@@ -770,8 +770,15 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       if (ns == 0 || t.arrival_ns == 0 || ns < t.arrival_ns) return 0;
       return static_cast<uint64_t>((ns - t.arrival_ns + 999) / 1000);
     };
+    // The whole server-side time, on the breakdown's clock: from the request's first byte
+    // (arrival_ns, stamped by this port; the scheduler's own count starts when it was queued,
+    // after a raw payload's receipt) to now.
+    absl::Duration latency = out.latency;
+    if (t.arrival_ns > 0) {
+      latency = std::max(latency, absl::Nanoseconds(base::MonotonicNowNs() - t.arrival_ns));
+    }
     auto result = proto::CreateTaskResult(
-        b, out.task_id, outputs, static_cast<uint64_t>(absl::ToInt64Microseconds(out.latency)),
+        b, out.task_id, outputs, static_cast<uint64_t>(absl::ToInt64Microseconds(latency)),
         // Rounded up: a sub-microsecond switch (a tiny model) still reads as one.
         static_cast<uint64_t>(
             absl::ToInt64Microseconds(absl::Ceil(out.switch_time, absl::Microseconds(1)))),
