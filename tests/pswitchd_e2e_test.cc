@@ -518,7 +518,8 @@ TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
   wrong.name = "pixels";
   auto bad_name = client_->Infer("tiny_cnn", {wrong});
   EXPECT_FALSE(bad_name.ok());
-  EXPECT_NE(bad_name.status().message().find("'pixels'"), absl::string_view::npos);
+  EXPECT_NE(bad_name.status().message().find("'pixels'"), absl::string_view::npos)
+      << bad_name.status();
   auto bad_zoo = client_->Register({"x", "resnet9000", "", 1, "auto"});
   EXPECT_EQ(bad_zoo.status().code(), absl::StatusCode::kNotFound) << bad_zoo.status();
   auto duplicate = client_->Register({"tiny_cnn", "tiny_cnn", "", 1, "auto"});
