@@ -42,6 +42,9 @@ ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(std::string, model, "resnet50", "zoo model served by inference");
 ABSL_FLAG(std::string, trainer, "tiny_cnn", "zoo model of the running training task");
 ABSL_FLAG(uint32_t, batch, 8, "inference batch size");
+ABSL_FLAG(std::string, data_path, "unix",
+          "how requests' tensors travel: unix (the local client's transfer area, the default "
+          "for a local pswitchd) or tcp (the raw payload after the frame)");
 ABSL_FLAG(double, bandwidth_cap, 0, "host backend: copy cap in bytes/s (12e9 = PCIe 3 x16)");
 ABSL_FLAG(int, repeats, 10, "measured requests per row (median reported)");
 ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "arena size for the pswitchd it starts");
@@ -189,12 +192,21 @@ int Main() {
       {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
        absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
        "--http-listen=127.0.0.1:0",
-       "--preload=", "--socket=" + (dir / "m.sock").string()},
+       "--preload=", "--socket=" + (dir / "m.sock").string(),
+       "--unix-socket=" + (dir / "pswitchd.sock").string()},
       (dir / "pswitchd.log").string());
   if (daemon.port() == 0) {
     return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
   }
-  auto c = client::Client::Connect(daemon.address());
+  const std::string data_path = absl::GetFlag(FLAGS_data_path);
+  if (data_path != "unix" && data_path != "tcp") {
+    return Fail(absl::InvalidArgumentError("--data_path is unix or tcp"));
+  }
+  client::ClientOptions client_options;
+  if (data_path == "tcp") client_options.transport = client::Transport::kTcp;
+  auto c = client::Client::Connect(
+      data_path == "unix" ? "unix:" + (dir / "pswitchd.sock").string() : daemon.address(),
+      client_options);
   if (!c.ok()) return Fail(c.status());
   client::Client& client = **c;
 
@@ -315,7 +327,9 @@ int Main() {
           ? absl::StrCat(" (copy cap ", absl::GetFlag(FLAGS_bandwidth_cap) / 1e9, " GB/s)").c_str()
           : "",
       absl::GetFlag(FLAGS_trainer).c_str(), repeats, cold.size(), device.c_str());
-  std::printf("optimal plan: %s (%u groups)\n", optimal_plan.c_str(), optimal->groups);
+  std::printf("optimal plan: %s (%u groups); requests' tensors: %s\n", optimal_plan.c_str(),
+              optimal->groups,
+              data_path == "unix" ? "the Unix socket's transfer area" : "TCP raw payloads");
   std::printf("%-18s %12s %14s %16s %12s\n", "method", "latency ms", "overhead ms",
               "transmission ms", "startup ms");
   std::printf("%-18s %12.3f %14s %16s %12s\n", "ready model", base, "-", "-",
