@@ -123,6 +123,16 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
         listener_->OnDrained(slot, slots_[slot].last_task, *e->body_as_Drained());
       }
       break;
+    case proto::WorkerEventBody::Error: {
+      // A command the worker could not honour and that has no answer of its own (a MapRegion:
+      // the Runs naming that region then fail NotFound, each with its task). Said, not hidden.
+      auto* error = e->body_as_Error();
+      Event(base::LogLevel::kWarn, "worker_command_failed")
+          .Field("slot", slot)
+          .Field("error", error != nullptr ? proto::FromWireError(error)
+                                           : absl::UnknownError("no detail"));
+      break;
+    }
     default:
       break;
   }

@@ -159,6 +159,14 @@ void HttpServer::RouteSharedMemory() {
          [this, caller, cuda_served](const HttpRequest& req, HttpResponse& res) {
            std::optional<Caller> who = caller(req, res);
            if (!who || !cuda_served(res)) return;
+           // A CUDA IPC handle names some process's device memory, and nothing tells pswitchd
+           // whose: mapping one for a user could hand it another tenant's tensors. Admins only.
+           if (who->principal.role != Role::kAdmin) {
+             return ReplyError(res, absl::PermissionDeniedError(
+                                        "CUDA shared memory is registered by admins only: "
+                                        "pswitchd cannot tell whose device memory an IPC handle "
+                                        "names; use system shared memory"));
+           }
            absl::StatusOr<json> body = RegisterBody(req);
            if (!body.ok()) return ReplyError(res, body.status());
            std::string handle;
