@@ -27,6 +27,7 @@
 #include "proto/client_generated.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
+#include "tests/controller_replies.h"
 #include "tests/e2e_helpers.h"
 #include "tests/raw_socket.h"
 #include "tests/test_daemon.h"
@@ -40,6 +41,9 @@ using ::testing::HasSubstr;
 using Builder = flatbuffers::FlatBufferBuilder;
 using proto::ClientRequestBody;
 using proto::ControllerReplyBody;
+using testing::ErrorCode;
+using testing::ErrorMessage;
+using testing::Reply;
 
 constexpr absl::Duration kReplyTimeout = absl::Seconds(60);
 
@@ -63,16 +67,16 @@ class Conn {
   std::vector<uint8_t> Next(absl::Duration timeout = kReplyTimeout) {
     const absl::Time deadline = absl::Now() + timeout;
     uint8_t header[4];
-    if (!ReadExactly(header, 4, deadline)) return {};
+    if (!testing::ReadExactly(fd_.get(), header, 4, deadline)) return {};
     const uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) |
                             (static_cast<uint32_t>(header[3]) << 24);
     std::vector<uint8_t> payload(length);
-    if (!ReadExactly(payload.data(), length, deadline)) return {};
+    if (!testing::ReadExactly(fd_.get(), payload.data(), length, deadline)) return {};
     return payload;
   }
   std::vector<uint8_t> Raw(size_t n) {
     std::vector<uint8_t> out(n);
-    if (!ReadExactly(out.data(), n, absl::Now() + kReplyTimeout)) return {};
+    if (!testing::ReadExactly(fd_.get(), out.data(), n, absl::Now() + kReplyTimeout)) return {};
     return out;
   }
   // Whether the peer closed within `timeout` (nothing more to read).
@@ -83,40 +87,11 @@ class Conn {
   }
 
  private:
-  bool ReadExactly(uint8_t* out, size_t n, absl::Time deadline) {
-    size_t got = 0;
-    while (got < n) {
-      const int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (left_ms <= 0) return false;
-      pollfd p{fd_.get(), POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left_ms)) <= 0) return false;
-      const ssize_t r = ::recv(fd_.get(), out + got, n - got, 0);
-      if (r <= 0) return false;
-      got += static_cast<size_t>(r);
-    }
-    return true;
-  }
   UniqueFd fd_;
 };
 
-const proto::ControllerReply* Reply(const std::vector<uint8_t>& bytes) {
-  auto reply = proto::VerifyPayload<proto::ControllerReply>(bytes, "reply");
-  return reply.ok() ? *reply : nullptr;
-}
 
-absl::StatusCode ErrorCode(const std::vector<uint8_t>& bytes) {
-  const proto::ControllerReply* reply = Reply(bytes);
-  if (reply == nullptr) return absl::StatusCode::kUnknown;
-  if (reply->body_type() != ControllerReplyBody::Error) return absl::StatusCode::kOk;
-  return static_cast<absl::StatusCode>(reply->body_as_Error()->code());
-}
 
-std::string ErrorMessage(const std::vector<uint8_t>& bytes) {
-  const proto::ControllerReply* reply = Reply(bytes);
-  if (reply == nullptr || reply->body_type() != ControllerReplyBody::Error) return "";
-  return reply->body_as_Error()->message() != nullptr ? reply->body_as_Error()->message()->str()
-                                                      : "";
-}
 
 // A SubmitTask of `model` on `inputs`, `payload_bytes` of raw payload announced.
 void SubmitRequest(Builder& b, uint64_t id, const std::vector<proto::HostTensor>& inputs,
