@@ -57,33 +57,28 @@ void HttpServer::RouteSharedMemory() {
   auto caller = [this](const HttpRequest& req, HttpResponse& res) { return Identify(req, res); };
 
   // System shared memory: a segment under /dev/shm the caller owns.
+  // Status of all the caller's regions (`name` empty) or of one.
+  auto system_status = [this, caller](const HttpRequest& req, HttpResponse& res,
+                                      const std::string& name) {
+    std::optional<Caller> who = caller(req, res);
+    if (!who) return;
+    absl::StatusOr<std::vector<SystemRegionStatus>> regions =
+        triton_regions_.SystemStatus(who->principal.name, name);
+    if (!regions.ok()) return ReplyError(res, regions.status());
+    json list = json::array();
+    for (const SystemRegionStatus& r : *regions) {
+      list.push_back(
+          {{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.bytes}});
+    }
+    Reply(res, list);
+  };
   Handle("GET", "/v2/systemsharedmemory/status",
-         [this, caller](const HttpRequest& req, HttpResponse& res) {
-           std::optional<Caller> who = caller(req, res);
-           if (!who) return;
-           absl::StatusOr<std::vector<SystemRegionStatus>> regions =
-               triton_regions_.SystemStatus(who->principal.name, "");
-           if (!regions.ok()) return ReplyError(res, regions.status());
-           json list = json::array();
-           for (const SystemRegionStatus& r : *regions) {
-             list.push_back(
-                 {{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.bytes}});
-           }
-           Reply(res, list);
+         [system_status](const HttpRequest& req, HttpResponse& res) {
+           system_status(req, res, "");
          });
   Handle("GET", "/v2/systemsharedmemory/region/{name}/status",
-         [this, caller](const HttpRequest& req, HttpResponse& res) {
-           std::optional<Caller> who = caller(req, res);
-           if (!who) return;
-           absl::StatusOr<std::vector<SystemRegionStatus>> regions =
-               triton_regions_.SystemStatus(who->principal.name, req.params[0]);
-           if (!regions.ok()) return ReplyError(res, regions.status());
-           json list = json::array();
-           for (const SystemRegionStatus& r : *regions) {
-             list.push_back(
-                 {{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.bytes}});
-           }
-           Reply(res, list);
+         [system_status](const HttpRequest& req, HttpResponse& res) {
+           system_status(req, res, req.params[0]);
          });
   Handle(
       "POST", "/v2/systemsharedmemory/region/{name}/register",
