@@ -3,6 +3,15 @@
 // task or table holds it any more. Held weakly, so the mapping never keeps a region alive. A
 // new process starts with nothing mapped (a fresh RegionMappings).
 //
+// The worker's mappings are bounded (kMaxMappedRegions) but shared by every principal whose
+// tasks it runs, so the bound must never let one principal's regions (registered areas and
+// shared memory stay mapped while registered) make another's task fail. When a task needs room,
+// mappings the task does not use are unmapped first: those of the principal that holds the most
+// mappings, least recently used first. That is safe while regions are still registered or held:
+// the worker runs its commands in order, so every Run before the UnmapRegion has finished with
+// the region, and a later task that needs it again maps it again. Only a task that alone needs
+// more regions than the bound is refused.
+//
 // Loop thread only, like its WorkerPool.
 #ifndef PSWITCH_CONTROLLER_REGION_MAPPINGS_H_
 #define PSWITCH_CONTROLLER_REGION_MAPPINGS_H_
@@ -12,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,14 +33,16 @@ namespace pswitch::controller {
 class RegionMappings {
  public:
   // How many regions one worker keeps mapped at most (its address space and fd table are
-  // finite; RegionTable bounds each client to 64 by default).
+  // finite; the worker itself refuses beyond 4,096). RegionTable bounds each principal's
+  // registered regions (--max-regions-per-client, 64 by default); this bound is the worker's.
   static constexpr size_t kMaxMappedRegions = 1024;
   // Sends one command to the worker, with `fd` (-1: none).
   using SendFn = std::function<absl::Status(const flatbuffers::FlatBufferBuilder&, int fd)>;
 
-  // Sends a MapRegion for each of `regions` the worker has not mapped. ResourceExhausted (and
-  // nothing sent) when the worker would map more than kMaxMappedRegions; a send's error
-  // otherwise (those sent before it stay recorded).
+  // Sends a MapRegion for each of `regions` the worker has not mapped, after an UnmapRegion for
+  // each mapping evicted to make room (see the file comment). ResourceExhausted naming the bound
+  // (nothing sent) when `regions` alone are more than kMaxMappedRegions distinct regions; a
+  // send's error otherwise (what was sent before it stays recorded).
   absl::Status MapMissing(
       const std::vector<std::shared_ptr<const dataplane::TransferRegion>>& regions,
       const SendFn& send);
@@ -39,9 +51,22 @@ class RegionMappings {
   size_t UnmapExpired(const SendFn& send);
   bool mapped(uint64_t region_id) const { return mapped_.contains(region_id); }
   size_t size() const { return mapped_.size(); }
+  // Mappings of regions still held that were unmapped to make room (logs, tests).
+  uint64_t evicted() const { return evicted_; }
 
  private:
-  std::map<uint64_t, std::weak_ptr<const dataplane::TransferRegion>> mapped_;
+  struct Mapping {
+    std::weak_ptr<const dataplane::TransferRegion> region;
+    std::string owner;   // the principal whose region it is
+    uint64_t last_used;  // use_clock_ at the last Run that named it
+  };
+  // The mapping to evict for room: any expired one, else the least recently used of the
+  // principal holding the most mappings; never one in `keep`. end() when there is none.
+  std::map<uint64_t, Mapping>::iterator Victim(const std::vector<uint64_t>& keep);
+
+  std::map<uint64_t, Mapping> mapped_;
+  uint64_t use_clock_ = 0;
+  uint64_t evicted_ = 0;
 };
 
 }  // namespace pswitch::controller

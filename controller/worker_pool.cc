@@ -418,10 +418,18 @@ absl::Status WorkerPool::SendRun(
     return absl::UnavailableError(absl::StrCat("worker slot ", slot, " has no process"));
   }
   // Commands are handled in order: each region is mapped before the Run that reads it.
+  const uint64_t evicted_before = s.regions.evicted();
   PSWITCH_RETURN_IF_ERROR(
       s.regions.MapMissing(regions, [this, slot](const flatbuffers::FlatBufferBuilder& b, int fd) {
         return SendTo(slot, b, fd);
       }));
+  if (s.regions.evicted() != evicted_before) {
+    Event(base::LogLevel::kInfo, "worker_regions_evicted")
+        .Field("slot", slot)
+        .Field("task", task)
+        .Field("evicted", s.regions.evicted() - evicted_before)
+        .Field("limit", RegionMappings::kMaxMappedRegions);
+  }
   absl::Status sent = Send(slot, run);
   if (!sent.ok()) return sent;
   slots_[slot].state = State::kBusy;

@@ -365,8 +365,11 @@ TEST_F(WorkerPoolTest, AWorkerMapsABoundedNumberOfRegions) {
     regions.push_back(*region);
   }
   commands_.clear();
+  // Only a task that alone needs more regions than a worker maps is refused, naming the bound.
   absl::Status refused = pool->SendRun(0, 7, EmptyRun(), regions);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("1025 transfer regions"), absl::string_view::npos) << refused;
+  EXPECT_NE(refused.message().find("at most 1024"), absl::string_view::npos) << refused;
   EXPECT_TRUE(commands_.empty()) << "nothing is sent for a task that cannot be mapped";
   EXPECT_TRUE(pool->Idle(0));
   regions.pop_back();
@@ -374,6 +377,65 @@ TEST_F(WorkerPoolTest, AWorkerMapsABoundedNumberOfRegions) {
   EXPECT_EQ(commands_.size(), RegionMappings::kMaxMappedRegions + 1);
   EXPECT_EQ(commands_.front().find("100 MapRegion "), 0u);
   EXPECT_EQ(commands_.front().find(" fd"), std::string::npos);  // CUDA IPC: no fd
+}
+
+std::vector<std::shared_ptr<const dataplane::TransferRegion>> IpcRegions(size_t n,
+                                                                         const std::string& owner) {
+  std::vector<std::shared_ptr<const dataplane::TransferRegion>> regions;
+  for (size_t i = 0; i < n; ++i) {
+    auto region = dataplane::TransferRegion::FromCudaIpc(std::string(64, 'h'), 0, 4096, owner);
+    EXPECT_TRUE(region.ok()) << region.status();
+    regions.push_back(*region);
+  }
+  return regions;
+}
+
+// The worker's bound is shared by every principal: alice's many regions, all still registered
+// (held), must not make bob's task fail. Alice's least recently used mappings give way, unmapped
+// before bob's are mapped, and the worker never maps more than the bound.
+TEST_F(WorkerPoolTest, OnePrincipalsRegionsNeverCrowdOutAnothersTask) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  const size_t kMax = RegionMappings::kMaxMappedRegions;
+  auto alice = IpcRegions(kMax, "alice");  // held, as a RegionTable holds registered regions
+  uint64_t task = 10;
+  for (size_t i = 0; i < kMax; i += 64) {  // alice's tasks, 64 regions each
+    std::vector<std::shared_ptr<const dataplane::TransferRegion>> some(
+        alice.begin() + static_cast<ptrdiff_t>(i), alice.begin() + static_cast<ptrdiff_t>(i + 64));
+    ASSERT_TRUE(pool->SendRun(0, task, EmptyRun(), some).ok());
+    RunDone(0, task++);
+    Drain();
+  }
+  // Alice uses her first region again: it is now her most recently used.
+  ASSERT_TRUE(pool->SendRun(0, task, EmptyRun(), {alice[0]}).ok());
+  RunDone(0, task++);
+  Drain();
+  commands_.clear();
+  auto bob = IpcRegions(2, "bob");
+  absl::Status sent = pool->SendRun(0, task, EmptyRun(), {bob[0]});
+  ASSERT_TRUE(sent.ok()) << sent;
+  RunDone(0, task++);
+  Drain();
+  ASSERT_EQ(commands_.size(), 3u);
+  EXPECT_EQ(commands_[0], absl::StrCat("100 UnmapRegion ", alice[1]->id()));  // her LRU
+  EXPECT_EQ(commands_[1].find(absl::StrCat("100 MapRegion ", bob[0]->id())), 0u) << commands_[1];
+  EXPECT_EQ(commands_[2].find("100 NONE"), 0u) << commands_[2];
+  EXPECT_TRUE(pool->Maps(0, alice[0]->id()));
+  EXPECT_FALSE(pool->Maps(0, alice[1]->id()));
+  // Bob's next region again displaces alice's (she holds the most), never bob's first.
+  ASSERT_TRUE(pool->SendRun(0, task, EmptyRun(), {bob[1]}).ok());
+  RunDone(0, task++);
+  Drain();
+  EXPECT_TRUE(pool->Maps(0, bob[0]->id()));
+  EXPECT_TRUE(pool->Maps(0, bob[1]->id()));
+  EXPECT_FALSE(pool->Maps(0, alice[2]->id()));
+  // Alice's evicted region is mapped again when she needs it: her task does not fail either.
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(0, task, EmptyRun(), {alice[1]}).ok());
+  EXPECT_TRUE(pool->Maps(0, alice[1]->id()));
+  EXPECT_TRUE(pool->Maps(0, bob[0]->id()));
+  EXPECT_TRUE(pool->Maps(0, bob[1]->id()));
 }
 
 // A worker whose unread backlog is past its bound is killed at once, and the send fails with
