@@ -19,9 +19,15 @@
 //
 // Prints, per size and path, the client latency p50/p99, the effective GB/s (input bytes / p50),
 // and the ratio to memcpy's p50 + 0.2 ms (the target for the shared-memory paths: <= 1.5), and
-// the framed path's p50 as the baseline.
+// the framed path's p50 as the baseline. Two more baselines in the same run: a memcpy of the same
+// bytes, and a bare loopback TCP connection moving them (tcp-loopback: the kernel's own ceiling
+// for the TCP paths on this machine).
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,9 +36,11 @@
 #include <functional>
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -143,6 +151,101 @@ struct Path {
   std::string name;
   PathCall call;
   std::map<size_t, std::vector<double>> ms;  // by case index
+  // pswitchd's own side where the path's answer tells it (the C++ client's breakdown): from the
+  // request's first byte to the answer, and to the first layer's start (the worker's copy of
+  // the input is before it).
+  std::map<size_t, std::vector<double>> server_ms;
+  std::map<size_t, std::vector<double>> first_layer_ms;
+};
+
+// What the last call's answer said of pswitchd's side; unset for paths whose answer does not.
+struct ServerSide {
+  double server_ms = -1;
+  double first_layer_ms = -1;
+};
+ServerSide last_server_side;
+
+template <typename Result>
+void NoteServerSide(const Result& r) {
+  last_server_side.server_ms = absl::ToDoubleMilliseconds(r.latency);
+  last_server_side.first_layer_ms = absl::ToDoubleMilliseconds(r.breakdown.first_layer_start);
+}
+
+// A bare loopback TCP connection in this process: what the kernel alone takes to move the
+// bytes (the ceiling for the TCP paths on this machine). One length-prefixed message, received
+// into memory already faulted in by a thread, answered with one byte.
+class LoopbackPair {
+ public:
+  static absl::StatusOr<std::unique_ptr<LoopbackPair>> Create() {
+    UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (!listener.valid() || ::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(listener.get(), 1) != 0 ||
+        ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return absl::InternalError("loopback baseline: cannot listen");
+    }
+    UniqueFd sender(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!sender.valid() ||
+        ::connect(sender.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return absl::InternalError("loopback baseline: cannot connect");
+    }
+    UniqueFd receiver(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!receiver.valid()) return absl::InternalError("loopback baseline: cannot accept");
+    const int one = 1;  // as the client and pswitchd do
+    (void)::setsockopt(sender.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    (void)::setsockopt(receiver.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return std::unique_ptr<LoopbackPair>(new LoopbackPair(std::move(sender), std::move(receiver)));
+  }
+  ~LoopbackPair() {
+    sender_.Reset();  // the receiver sees end of stream and stops
+    thread_.join();
+  }
+
+  // Sends `bytes` and waits for the receiver's acknowledgement; -1 on a socket error.
+  double SendMs(const std::vector<uint8_t>& bytes) {
+    const absl::Time start = absl::Now();
+    const uint64_t n = bytes.size();
+    if (!SendAll(reinterpret_cast<const uint8_t*>(&n), sizeof(n)) ||
+        !SendAll(bytes.data(), bytes.size())) {
+      return -1;
+    }
+    uint8_t ack = 0;
+    if (::recv(sender_.get(), &ack, 1, MSG_WAITALL) != 1) return -1;
+    return absl::ToDoubleMilliseconds(absl::Now() - start);
+  }
+
+ private:
+  LoopbackPair(UniqueFd sender, UniqueFd receiver)
+      : sender_(std::move(sender)), receiver_(std::move(receiver)) {
+    thread_ = std::thread([this] { Receive(); });
+  }
+  bool SendAll(const uint8_t* data, size_t n) {
+    while (n > 0) {
+      const ssize_t k = ::send(sender_.get(), data, n, MSG_NOSIGNAL);
+      if (k <= 0) return false;
+      data += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  }
+  void Receive() {
+    std::vector<uint8_t> into;
+    while (true) {
+      uint64_t n = 0;
+      if (::recv(receiver_.get(), &n, sizeof(n), MSG_WAITALL) != sizeof(n)) return;
+      if (into.size() < n) into.assign(n, 0);  // faulted in once, before the clock matters
+      if (::recv(receiver_.get(), into.data(), n, MSG_WAITALL) != static_cast<ssize_t>(n)) return;
+      const uint8_t ack = 1;
+      if (::send(receiver_.get(), &ack, 1, MSG_NOSIGNAL) != 1) return;
+    }
+  }
+
+  UniqueFd sender_;
+  UniqueFd receiver_;
+  std::thread thread_;
 };
 
 double MemcpyMs(const Case& c, std::vector<uint8_t>& into) {
@@ -231,6 +334,7 @@ int Run() {
                      proto::HostTensor input = take_input(c);
                      auto result = (*tcp)->Infer(model, Inputs(std::move(input)));
                      if (!result.ok()) return result.status();
+                     NoteServerSide(*result);
                      if (result->outputs.empty()) return absl::InternalError("no output");
                      return result->outputs[0].data;
                    }});
@@ -240,6 +344,7 @@ int Run() {
                      inputs.push_back(take_input(c));
                      auto result = (*tcp_payload)->Infer(model, std::move(inputs));
                      if (!result.ok()) return result.status();
+                     NoteServerSide(*result);
                      if (result->outputs.empty()) return absl::InternalError("no output");
                      return result->outputs[0].data;
                    }});
@@ -280,6 +385,7 @@ int Run() {
   paths.push_back({"unix-area", [&](const Case& c) -> absl::StatusOr<std::vector<uint8_t>> {
                      auto result = (*local)->InferArea(model, {area_inputs[case_index(c)]});
                      if (!result.ok()) return result.status();
+                     NoteServerSide(*result);
                      if (result->outputs.empty()) return absl::InternalError("no output");
                      auto bytes = result->outputs[0].bytes();
                      return std::vector<uint8_t>(bytes.begin(), bytes.end());
@@ -289,6 +395,7 @@ int Run() {
                      proto::HostTensor input = take_input(c);
                      auto result = (*local)->Infer(model, Inputs(std::move(input)));
                      if (!result.ok()) return result.status();
+                     NoteServerSide(*result);
                      if (result->outputs.empty()) return absl::InternalError("no output");
                      return result->outputs[0].data;
                    }});
@@ -382,18 +489,30 @@ int Run() {
   }
   std::fprintf(stderr, "measuring %d requests per path and size, interleaved...\n", n);
   std::map<size_t, std::vector<double>> memcpy_ms;
+  std::map<size_t, std::vector<double>> loopback_ms;
+  auto loopback = LoopbackPair::Create();
+  if (!loopback.ok()) return Fail(loopback.status());
+  for (const Case& c : cases) (void)(*loopback)->SendMs(c.bytes);  // the receiver's buffer
   std::vector<uint8_t> scratch;
   for (int i = 0; i < n; ++i) {
     for (size_t k = 0; k < cases.size(); ++k) {
       scratch.resize(cases[k].bytes.size());
       std::memset(scratch.data(), 0, scratch.size());  // faulted in: memcpy's best case
       memcpy_ms[k].push_back(MemcpyMs(cases[k], scratch));
+      const double bare = (*loopback)->SendMs(cases[k].bytes);
+      if (bare < 0) return Fail(absl::InternalError("the loopback baseline's socket failed"));
+      loopback_ms[k].push_back(bare);
       for (Path& p : paths) {
         staged_input = proto::HostTensor{"input", proto::DType::F32, cases[k].shape, cases[k].bytes};
+        last_server_side = ServerSide{};
         const absl::Time start = absl::Now();
         auto out = p.call(cases[k]);
         staged_input.reset();
         p.ms[k].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+        if (last_server_side.server_ms >= 0) {
+          p.server_ms[k].push_back(last_server_side.server_ms);
+          p.first_layer_ms[k].push_back(last_server_side.first_layer_ms);
+        }
         if (!out.ok()) return Fail(out.status());
         if (*out != cases[k].expected_output) {
           return Fail(absl::InternalError(p.name + ": answer differs from the framed path's"));
@@ -412,20 +531,30 @@ int Run() {
       "bench-dataplane: %s backend, corner_probe (almost no compute), %d requests per path and "
       "size, interleaved; baseline: tcp-framed and memcpy of the same bytes, same run\n",
       absl::GetFlag(FLAGS_backend).c_str(), n);
-  std::printf("%-8s %-12s %9s %9s %8s %14s %12s\n", "MB", "path", "p50_ms", "p99_ms", "GB/s",
-              "vs_memcpy+0.2", "vs_framed");
+  std::printf("%-8s %-12s %9s %9s %8s %14s %12s %10s %15s\n", "MB", "path", "p50_ms", "p99_ms",
+              "GB/s", "vs_memcpy+0.2", "vs_framed", "server_ms", "first_layer_ms");
   for (size_t k = 0; k < cases.size(); ++k) {
     const double mb = static_cast<double>(cases[k].bytes.size()) / 1e6;
     const double copy = pct(memcpy_ms[k], 50);
     std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14s %12s\n", mb, "memcpy", copy,
                 pct(memcpy_ms[k], 99), mb / 1e3 / (copy / 1e3), "", "");
+    const double bare = pct(loopback_ms[k], 50);
+    std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14s %12s\n", mb, "tcp-loopback", bare,
+                pct(loopback_ms[k], 99), mb / 1e3 / (bare / 1e3), "", "");
     const bool framed_measured = paths[0].name == "tcp-framed";
     const double framed = framed_measured ? pct(paths[0].ms[k], 50) : 0;
     for (Path& p : paths) {
       const double p50 = pct(p.ms[k], 50);
-      std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14.2f %12s\n", mb, p.name.c_str(), p50,
+      // pswitchd's side (p50), where the path's answer tells it.
+      auto side = [&](const std::map<size_t, std::vector<double>>& v) {
+        auto it = v.find(k);
+        return it == v.end() || it->second.empty() ? std::string("-")
+                                                   : absl::StrFormat("%.3f", pct(it->second, 50));
+      };
+      std::printf("%-8.1f %-12s %9.3f %9.3f %8.2f %14.2f %12s %10s %15s\n", mb, p.name.c_str(), p50,
                   pct(p.ms[k], 99), mb / 1e3 / (p50 / 1e3), p50 / (copy + 0.2),
-                  framed_measured ? absl::StrFormat("%.2f", p50 / framed).c_str() : "-");
+                  framed_measured ? absl::StrFormat("%.2f", p50 / framed).c_str() : "-",
+                  side(p.server_ms).c_str(), side(p.first_layer_ms).c_str());
     }
   }
   return 0;
