@@ -23,6 +23,7 @@
 #include "frontend/peer_identity.h"
 #include "frontend/requests.h"
 #include "frontend/staging_pool.h"
+#include "frontend/unix_socket_file.h"
 #include "gpu/copy_engine.h"
 #include "models/model_source.h"
 #include "proto/accept_retry.h"
@@ -928,7 +929,7 @@ ClientServer::~ClientServer() {
   if (!io_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) io_.stop();
   if (thread_.joinable()) thread_.join();
   // Ours to remove: no one can connect to it any more.
-  if (unix_listening_) ::unlink(options_.unix_socket.c_str());
+  if (unix_listening_) RemoveUnixSocketFile(options_.unix_socket, unix_file_);
 }
 
 void ClientServer::Accept() {
@@ -1071,43 +1072,16 @@ void ClientServer::Serve(proto::FramedConnection::Socket socket, Peer peer) {
 
 absl::Status ClientServer::ListenUnix() {
   const std::string& path = options_.unix_socket;
-  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("unix socket path '", path, "' is too long"));
-  }
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", path, "' exists and is not a socket: not replacing it"));
-    }
-    // A socket someone still serves is theirs; one nobody answers is a stale one of ours.
-    asio::local::stream_protocol::socket probe(io_);
-    asio::error_code ec;
-    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
-    if (!ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", path, "' is served by another process (another pswitchd?)"));
-    }
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return ErrnoStatus(absl::StrCat("remove stale socket '", path, "'"));
-    }
-  }
+  // 0660: pswitchd's user and group connect; the directory decides who reaches it at all. Made
+  // with that mode from the start, and never over another user's socket (unix_socket_file.h).
+  PSWITCH_ASSIGN_OR_RETURN(unix_file_, CreateUnixSocketFile(path, 0660));
   asio::error_code ec;
-  const asio::local::stream_protocol::endpoint endpoint(path);
-  unix_acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) unix_acceptor_.bind(endpoint, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("bind ", path, ": ", ec.message()));
-  // 0660: pswitchd's user and group connect; the directory decides who reaches it at all.
-  if (::chmod(path.c_str(), 0660) != 0) {
-    absl::Status failed = ErrnoStatus(absl::StrCat("chmod 0660 ", path));
-    ::unlink(path.c_str());
-    return failed;
-  }
-  unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  unix_acceptor_.assign(asio::local::stream_protocol(), unix_file_.fd.get(), ec);
   if (ec) {
-    ::unlink(path.c_str());
+    RemoveUnixSocketFile(path, unix_file_);
     return absl::UnavailableError(absl::StrCat("listen on ", path, ": ", ec.message()));
   }
+  (void)unix_file_.fd.Release();  // the acceptor's now
   unix_listening_ = true;
   AcceptUnix();
   return absl::OkStatus();

@@ -41,6 +41,7 @@
 #include "frontend/auth.h"
 #include "frontend/byte_budget.h"
 #include "frontend/client_quota.h"
+#include "frontend/unix_socket_file.h"
 #include "proto/framed_connection.h"
 
 namespace pswitch::frontend {
@@ -184,6 +185,7 @@ class ClientServer {
   asio::ip::tcp::acceptor acceptor_;
   asio::local::stream_protocol::acceptor unix_acceptor_{io_};
   bool unix_listening_ = false;  // the socket file is ours to remove
+  UnixSocketFile unix_file_;     // its file (its fd is the acceptor's)
   uint16_t port_ = 0;
   // Event-loop thread only.
   bool serving_ = true;
