@@ -31,6 +31,12 @@ WorkerModel WorkerModelOf(const CatalogEntry& entry) {
                      entry.stored->total_bytes(), entry.archive, entry.archive_bytes};
 }
 
+// Task `task`'s failure when its inputs' arrival ended with `why`.
+absl::Status InputsNeverArrived(uint64_t task, const absl::Status& why) {
+  return absl::Status(why.code(),
+                      absl::StrCat("task ", task, ": its inputs never arrived: ", why.message()));
+}
+
 }  // namespace
 
 struct GpuScheduler::RunResult {
@@ -40,6 +46,9 @@ struct GpuScheduler::RunResult {
   TaskOutcome outcome;
   // The outputs the worker listed, copied out of the message (or why they could not be read).
   absl::StatusOr<std::vector<proto::HostTensor>> outputs;
+  // False for a task abandoned before its Run went out (AbandonUnrun): it never touched the
+  // weights, so its failure does not make the region untrusted.
+  bool ran = true;
 };
 
 struct GpuScheduler::Running {
@@ -53,6 +62,11 @@ struct GpuScheduler::Running {
   // Set once its worker answered before its switch's copy ended: the answer, completed when the
   // Switcher reports the copy's end (CopyEnded). The run then has no slot.
   std::unique_ptr<RunResult> answered;
+  // Placed on `slot` (Prepare sent, its copy started) with its Run held until its inputs arrive
+  // (InputsEnded); `batch` is the Run's.
+  bool awaiting_inputs = false;
+  uint32_t batch = 0;
+  bool copied = false;  // its switch's copy ended well (CopyEnded)
 };
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
@@ -75,7 +89,9 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   pool.workers = options.workers;
   pool.region_offset = options.region_offset;
   pool.silence_timeout = options.worker_silence_timeout;
-  pool.launch = [spawn = options.spawn](uint32_t id, WorkerProcess::EventHandler handler)
+  pool.launch = options.launch
+                    ? options.launch
+                    : [spawn = options.spawn](uint32_t id, WorkerProcess::EventHandler handler)
       -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
     WorkerSpawnOptions with_id = spawn;
     with_id.worker_id = id;
@@ -287,6 +303,17 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
 
 void GpuScheduler::StopRunning() {
   if (running_ == nullptr || running_->stop_sent) return;
+  if (running_->awaiting_inputs) {
+    // No Run went out: nothing to stop, the task is abandoned (with the reason it stops for).
+    const uint64_t id = running_->task_id;
+    absl::Status why =
+        stop_reasons_.contains(id) ? stop_reasons_.at(id)
+        : stopping_
+            ? absl::CancelledError("pswitchd is shutting down")
+            : absl::CancelledError(absl::StrCat("task ", id, " stopped before its inputs arrived"));
+    AbandonUnrun(std::move(why));
+    return;
+  }
   // An unreachable worker is dead; its death event fails the task.
   (void)switcher_->Stop(running_->slot);
   running_->stop_sent = true;
@@ -365,6 +392,9 @@ void GpuScheduler::MaybePreempt() {
   const TaskTicket* waiting = queue_.Peek();
   auto spec = specs_.find(running_->task_id);
   if (waiting == nullptr || running_->stop_sent || spec == specs_.end()) return;
+  // A task waiting for its inputs holds its place, as the inference it is would once running:
+  // the front end's frame deadline bounds how long.
+  if (running_->awaiting_inputs) return;
   const TaskSpec& s = spec->second.first;
   TaskTicket running{running_->task_id, s.model, s.kind, s.priority, s.deadline};
   running.arrival_seq = INT64_MIN;  // it was scheduled first
@@ -414,6 +444,10 @@ void GpuScheduler::MaybeStart() {
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   TaskSpec& started = specs_.at(ticket.id).first;
+  // Inputs that will never come need no switch (the failure's own event may still be queued).
+  std::optional<absl::Status> inputs_ended =
+      started.inputs_arrival ? started.inputs_arrival->ended() : absl::OkStatus();
+  if (inputs_ended && !inputs_ended->ok()) return InputsNeverArrived(ticket.id, *inputs_ended);
   // Before anything is placed or sent: a shared-memory file may have shrunk since admission.
   PSWITCH_RETURN_IF_ERROR(CheckRegionSlices(started));
   if (started.started_ns == 0) started.started_ns = base::MonotonicNowNs();
@@ -446,10 +480,82 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   PSWITCH_ASSIGN_OR_RETURN(Switcher::Placement placed,
                            switcher_->Place(ticket.id, *run->entry, run->timeline));
   run->transmission = placed.transmission;
-  PSWITCH_RETURN_IF_ERROR(SendRun(*run, placed.slot, spec,
-                                  spec.batch > 0 ? spec.batch : run->entry->request.batch_size));
+  const uint32_t batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;
+  if (!inputs_ended) {
+    // The switch is under way; the Run waits for the bytes (InputsEnded).
+    run->slot = placed.slot;
+    run->batch = batch;
+    run->awaiting_inputs = true;
+    if (run->transmission != nullptr) {
+      tasks_.SetState(ticket.id, TaskState::kSwitching, 0, pool_->pid(placed.slot));
+    }
+    Event(base::LogLevel::kInfo, "task_awaits_inputs")
+        .Field("task", ticket.id)
+        .Field("model", spec.model)
+        .Field("slot", placed.slot)
+        .Field("switching", run->transmission != nullptr);
+    running_ = std::move(run);
+    return absl::OkStatus();
+  }
+  if (spec.inputs_arrival) run->timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
+  PSWITCH_RETURN_IF_ERROR(SendRun(*run, placed.slot, spec, batch));
   running_ = std::move(run);
   return absl::OkStatus();
+}
+
+void GpuScheduler::InputsEnded(uint64_t task_id) {
+  auto entry = specs_.find(task_id);
+  if (entry == specs_.end()) return;  // answered meanwhile
+  const TaskSpec& spec = entry->second.first;
+  std::optional<absl::Status> ended = spec.inputs_arrival->ended();
+  if (!ended) return;
+  if (!ended->ok()) {
+    absl::Status failed = InputsNeverArrived(task_id, *ended);
+    Event(base::LogLevel::kInfo, "task_inputs_failed")
+        .Field("task", task_id)
+        .Field("error", failed);
+    if (queue_.Remove(task_id)) {
+      Finish(task_id, failed);
+    } else if (running_ != nullptr && running_->task_id == task_id && running_->awaiting_inputs) {
+      AbandonUnrun(std::move(failed));
+    }
+    return;
+  }
+  // Still queued: it runs when its turn comes, as any task.
+  if (running_ == nullptr || running_->task_id != task_id || !running_->awaiting_inputs) return;
+  Running& run = *running_;
+  run.awaiting_inputs = false;
+  run.timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
+  absl::Status sent = CheckRegionSlices(spec);
+  if (sent.ok()) sent = SendRun(run, run.slot, spec, run.batch);
+  if (!sent.ok()) AbandonUnrun(std::move(sent));
+}
+
+void GpuScheduler::AbandonUnrun(absl::Status why) {
+  std::unique_ptr<Running> run = std::move(running_);
+  run->awaiting_inputs = false;
+  RunResult result;
+  result.slot = run->slot;
+  result.status = std::move(why);
+  result.ran = false;
+  result.outcome.task_id = run->task_id;
+  result.outcome.timeline = run->timeline;
+  result.outcome.timeline.result_ns = base::MonotonicNowNs();
+  result.outputs = std::vector<proto::HostTensor>();
+  Event(base::LogLevel::kInfo, "task_abandoned_unrun")
+      .Field("task", run->task_id)
+      .Field("slot", run->slot)
+      .Field("error", result.status);
+  if (run->transmission != nullptr && !run->transmission->finished()) {
+    // As a task answered before its copy ended (OnRunDone): the GPU stays held, with no slot,
+    // until the Switcher reports the copy's end; the worker is idle.
+    run->slot = -1;
+    run->stop_sent = true;
+    run->answered = std::make_unique<RunResult>(std::move(result));
+    running_ = std::move(run);
+    return;
+  }
+  CompleteRun(std::move(run), std::move(result));
 }
 
 absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch) {
@@ -465,7 +571,8 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec,
   BuildRun(b, run.task_id, spec, batch, state);
   PSWITCH_RETURN_IF_ERROR(pool_->SendRun(slot, run.task_id, b, spec.regions));
   run.slot = slot;
-  tasks_.SetState(run.task_id, run.transmission ? TaskState::kSwitching : TaskState::kRunning,
+  tasks_.SetState(run.task_id,
+                  run.transmission && !run.copied ? TaskState::kSwitching : TaskState::kRunning,
                   state.first_iteration, pool_->pid(slot));
   return absl::OkStatus();
 }
@@ -535,7 +642,16 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
 
 void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
   if (running_ == nullptr || running_->task_id != task) return;
-  if (copied.ok()) tasks_.MarkTransmitted(task);
+  if (copied.ok()) {
+    running_->copied = true;
+    // A task still waiting for its inputs stays "switching" until its Run goes out (SendRun).
+    if (!running_->awaiting_inputs) tasks_.MarkTransmitted(task);
+  }
+  if (running_->awaiting_inputs) {
+    // Its switch failed: no Run will find its weights.
+    if (!copied.ok()) AbandonUnrun(copied);
+    return;
+  }
   // A run still running, or one whose checkpoint is being written, has nothing waiting here.
   if (running_->answered == nullptr) return;
   std::unique_ptr<Running> run = std::move(running_);
@@ -552,8 +668,10 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
   absl::Status status = std::move(result.status);
   TaskOutcome& outcome = result.outcome;
   if (run->transmission != nullptr) {
-    absl::Status copied = switcher_->Completed(run->task_id, spec.model, *run->transmission,
-                                               status.ok(), outcome.timeline, outcome.switch_time);
+    // A task abandoned before its Run never touched the weights: its failure is not theirs.
+    absl::Status copied =
+        switcher_->Completed(run->task_id, spec.model, *run->transmission,
+                             status.ok() || !result.ran, outcome.timeline, outcome.switch_time);
     if (status.ok()) status = copied;
     if (copied.ok() && run->entry != nullptr && run->entry->stored != nullptr) {
       telemetry_->Switched(options_.gpu, MetricModel(spec), outcome.timeline,
@@ -690,8 +808,14 @@ absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) 
       return;
     }
     if (spec.expires != absl::InfiniteFuture()) deadlines_.emplace(spec.expires, id);
+    std::shared_ptr<InputsArrival> arrival = spec.inputs_arrival;
     specs_[id] = {std::move(spec), std::move(timed)};
     queue_.Push(ticket);
+    if (arrival != nullptr) {
+      // Its end comes on a front end's thread (or at once, if it already came): handled on the
+      // loop. Dropped once the loop has ended; Finish unwatches.
+      arrival->Watch([this, id, loop = loop_] { loop->Post([this, id] { InputsEnded(id); }); });
+    }
   });
   return id;
 }
@@ -703,6 +827,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
   const TaskSpec& spec = it->second.first;
+  if (spec.inputs_arrival) spec.inputs_arrival->Unwatch();
   const int64_t now_ns = base::MonotonicNowNs();
   telemetry_->TaskFinished(
       options_.gpu, MetricModel(spec), spec.kind,
@@ -767,6 +892,11 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
       return;
     }
     auto spec = specs_.find(task_id);
+    if (running_ != nullptr && running_->task_id == task_id && running_->awaiting_inputs) {
+      // Placed, but not running yet: it gives the GPU back.
+      AbandonUnrun(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      return;
+    }
     if (running_ != nullptr && running_->task_id == task_id && spec != specs_.end() &&
         spec->second.first.kind == TaskKind::kTraining) {
       stop_reasons_.emplace(task_id,

@@ -16,6 +16,16 @@
 // region back to the pinned store whenever it stops cleanly (never after a failed run, nor from
 // a switch whose copy did not complete), and its optimizer state to host memory when it is
 // preempted, so a preempted task resumes exactly. Those copies run off the loop (EndTraining).
+//
+// A task whose inputs are still arriving (TaskSpec::inputs_arrival: a raw TCP payload) is queued
+// and started like any other: when its turn comes it is placed, the old tenant told to stop and
+// its model's copy started, but its Run waits for the arrival's end (InputsEnded), so the switch
+// overlaps the payload's receipt. Meanwhile it holds its place: it owns the GPU, as a running
+// inference does (nothing preempts one), for as long as the front end's frame deadline lets the
+// bytes take. An arrival that fails, a deadline, a cancel or shutdown abandon it unrun
+// (AbandonUnrun): its switch is completed as a task that never touched the weights, so the region
+// stays trusted once the copy ends, the worker is idle (a Prepare is only the worker's gate
+// state), and the GPU goes to the next task.
 #ifndef PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 #define PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 
@@ -67,6 +77,11 @@ struct SchedulerOptions {
   // Where tasks, switches, preemptions and worker deaths are counted (GET /metrics), shared by
   // every GPU's scheduler; null = its own.
   std::shared_ptr<Telemetry> telemetry;
+  // Starts slot `worker_id`'s worker (tests: a fake one); unset: spawns a worker process with
+  // `spawn`.
+  std::function<absl::StatusOr<std::unique_ptr<WorkerLink>>(uint32_t worker_id,
+                                                            WorkerProcess::EventHandler)>
+      launch;
 };
 
 // One GPU as GET /v1/gpus shows it.
@@ -107,7 +122,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // Queues a task (already validated); ResourceExhausted when max_queued_tasks are unfinished.
   // A task still queued or running at spec.expires fails with DeadlineExceeded (a running one
   // is told to stop, and killed if it does not). `done` runs exactly once, on the scheduler
-  // thread.
+  // thread. With spec.inputs_arrival set, its Run waits for the arrival's end, and an arrival
+  // that fails fails it with that status.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
   // Runs a fill task's bubble run (spec.fill set) when nothing else is queued or running; any
   // queued task preempts it. It stops at its bubble end by itself (step gate) or at EndBubble.
@@ -155,6 +171,12 @@ class GpuScheduler : private WorkerPool::Listener {
   // Whether the running task yields to what waits (preemption, or a fill run to any task).
   void MaybePreempt();
   absl::Status StartTask(const TaskTicket& ticket);
+  // Task `task_id`'s inputs arrival ended (posted by its watcher): a task placed and waiting for
+  // them gets its Run now; one whose bytes will never come fails, queued or placed.
+  void InputsEnded(uint64_t task_id);
+  // The running task, placed but never sent its Run (its inputs had not arrived), fails with
+  // `why` and gives the GPU back: at once, or when its switch's copy ends.
+  void AbandonUnrun(absl::Status why);
   // Sends the Run; the task is then running (or switching) on `slot`.
   absl::Status SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch);
   // What a RunDone said, copied out of its frame (ReadRunDone) so it can wait for the switch's

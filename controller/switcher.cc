@@ -153,6 +153,7 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
       .Field("model", model)
       .Field("copy_ended", ended)
       .FieldMs("copy_ms", copy_time)
+      .Field("inputs_ms", ms(t.inputs_ns))  // a raw payload's end: the switch overlapped it
       .Field("stop_sent_ms", ms(t.stop_sent_ns))
       .Field("drained_ms", ms(t.drained_ns))
       .Field("first_group_ms", ms(t.first_group_ready_ns))

@@ -11,8 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "controller/task_queue.h"
+#include "controller/inputs_arrival.h"
 #include "controller/state_checkpoints.h"
+#include "controller/task_queue.h"
 #include "dataplane/transfer_region.h"
 #include "models/training.h"
 #include "proto/host_tensor.h"
@@ -48,6 +49,10 @@ struct TaskSpec {
   std::optional<proto::ByteSlice> outputs_to;
   uint32_t iterations = 1;  // training
   uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
+  // Set when the inputs' bytes were still arriving at submission (a raw TCP payload): the task
+  // is queued and may be placed and switched in meanwhile, but its Run waits for the arrival's
+  // end, and an arrival that fails fails the task. Null: the inputs are all there.
+  std::shared_ptr<InputsArrival> inputs_arrival;
   uint64_t seed = 0;
   models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
@@ -68,7 +73,8 @@ struct TaskSpec {
 // reported as these parts; "switch overhead" is only ever client latency minus a ready model's
 // latency measured in the same run (bench-switch), never one of these parts alone.
 struct SwitchTimeline {
-  int64_t arrival_ns = 0;           // the scheduler accepted the task
+  int64_t arrival_ns = 0;           // the request's first byte (else: the scheduler accepted it)
+  int64_t inputs_ns = 0;            // its inputs' last byte arrived (a raw payload; 0: with it)
   int64_t placed_ns = 0;            // this run was placed on a worker
   int64_t stop_sent_ns = 0;         // the old tenant was told to stop (0: it was idle)
   int64_t drained_ns = 0;           // the copy could start: the old tenant had drained

@@ -72,6 +72,26 @@ uint64_t MaxPayloadBytes(const ClientServerOptions& options) {
                                         : uint64_t{4} * options.max_frame_bytes;
 }
 
+// Ends a raw payload task's InputsArrival once: with the read's outcome, or, should the
+// connection drop the read's callback without running it, with an error when the last holder
+// goes, so the task never waits for bytes no one reads.
+class ArrivalEnder {
+ public:
+  ArrivalEnder(std::shared_ptr<controller::InputsArrival> arrival, uint64_t task)
+      : arrival_(std::move(arrival)), task_(task) {}
+  ~ArrivalEnder() {
+    arrival_->End(absl::AbortedError(
+        absl::StrCat("task ", task_, ": the connection dropped its raw payload unread")));
+  }
+  ArrivalEnder(const ArrivalEnder&) = delete;
+  ArrivalEnder& operator=(const ArrivalEnder&) = delete;
+  void End(absl::Status status) { arrival_->End(std::move(status)); }  // the first end counts
+
+ private:
+  const std::shared_ptr<controller::InputsArrival> arrival_;
+  const uint64_t task_;
+};
+
 // A task list reply stays far below the frame limit (about 100 bytes a task).
 constexpr uint32_t kMaxListedTasks = 1000;
 
@@ -584,8 +604,9 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     if (!reading.ok()) conn.Reject(ErrorReply(id, why));
   }
 
-  // A SubmitTask followed by `payload_bytes` raw bytes (its Place::Payload inputs): checked from
-  // the header alone, then received into a staging region, then admitted like any task.
+  // A SubmitTask followed by `payload_bytes` raw bytes (its Place::Payload inputs): checked and
+  // admitted from the header alone, queued with its inputs arriving, then received into a
+  // staging region; TaskAccepted once they are in.
   void SubmitWithPayload(proto::FramedConnection& conn, uint64_t id,
                          const proto::ClientRequest& request, uint64_t payload_bytes,
                          std::vector<UniqueFd> fds) {
@@ -639,50 +660,104 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     }
     // The request arrived with its first byte: the breakdown shows the payload's receipt too.
     spec->arrival_ns = conn.frame_arrival_ns();
-    ++awaited_;  // no idle limit while its payload arrives and its answer is owed
+    // Admitted and queued from the header alone, so the switch starts while the payload arrives
+    // (docs/dataplane.md); its Run waits for the arrival's end.
+    auto arrival = std::make_shared<controller::InputsArrival>();
+    spec->inputs_arrival = arrival;
     std::shared_ptr<StagingPool::Lease> held = *std::move(lease);
-    absl::Status reading = conn.ReceivePayload(
-        payload_bytes, held->data(), held,
-        [self = shared_from_this(), id, spec, held, payload_outputs](
-            proto::FramedConnection& c, const absl::Status& got) {
-          if (!got.ok()) {
-            --self->awaited_;  // the connection is closing: no answer is owed
-            return;
-          }
-          self->SubmitStaged(c, id, std::move(*spec), held, payload_outputs);
-        });
-    if (!reading.ok()) {
+    auto exchange = std::make_shared<PayloadExchange>();
+    ++awaited_;  // no idle limit while its payload arrives and its answer is owed
+    absl::StatusOr<uint64_t> task_id =
+        admission_->Submit(*principal_, QuotaClient(), std::move(*spec),
+                           PayloadAnswer(id, held, payload_outputs, exchange));
+    if (!task_id.ok()) {
       --awaited_;
+      return refuse(task_id.status());
+    }
+    // Ends the arrival whatever becomes of the read: a callback dropped unrun fails it too.
+    auto ender = std::make_shared<ArrivalEnder>(arrival, *task_id);
+    auto received = [self = shared_from_this(), id, task = *task_id, ender, exchange](
+                        proto::FramedConnection& c, const absl::Status& got) {
+      std::function<void()> held_answer = std::move(exchange->held_answer);
+      exchange->held_answer = nullptr;
+      if (!got.ok()) {
+        // The connection is closing with the reason: the task fails, no answer is owed.
+        exchange->payload = PayloadExchange::kFailed;
+        if (held_answer) --self->awaited_;
+        ender->End(got);
+        return;
+      }
+      // Accepted once the request is all in, as before, and always ahead of its answer.
+      exchange->payload = PayloadExchange::kIn;
+      c.Send(AcceptedReply(id, task));
+      if (held_answer) held_answer();
+      ender->End(absl::OkStatus());
+    };
+    absl::Status reading =
+        conn.ReceivePayload(payload_bytes, held->data(), held, std::move(received));
+    if (!reading.ok()) {
+      exchange->payload = PayloadExchange::kFailed;
+      ender->End(reading);
       conn.Reject(ErrorReply(id, reading));
     }
   }
 
-  // The payload is in: admitted and queued as any task; the lease is held until the answer (and
-  // with payload outputs, until the reply's bytes are written).
-  void SubmitStaged(proto::FramedConnection& conn, uint64_t id, TaskSpec spec,
-                    std::shared_ptr<StagingPool::Lease> lease,
-                    std::optional<proto::ByteSlice> payload_outputs) {
-    auto answer = [self = shared_from_this(), id, lease,
-                   payload_outputs](const absl::StatusOr<TaskOutcome>& out) {
-      if (!out.ok()) return self->PostAwaitedReply(ErrorReply(id, out.status()));
-      if (!payload_outputs) return self->PostAwaitedReply(ResultReply(id, *out));
-      TaskOutcome outcome = *out;  // descriptors only: the bytes stay in the staging region
-      absl::StatusOr<uint64_t> raw = ToPayloadOutputs(*payload_outputs, outcome.outputs);
-      if (!raw.ok()) return self->PostAwaitedReply(ErrorReply(id, raw.status()));
-      std::vector<uint8_t> reply = ResultReply(id, outcome, *raw);
-      const std::span<const uint8_t> bytes(lease->data() + payload_outputs->offset, *raw);
-      asio::post(*self->io_, [self, reply = std::move(reply), bytes, lease]() mutable {
+  // A raw payload request's answer and its payload's receipt, on this connection's loop: the
+  // answer goes out after the TaskAccepted that the payload's end sends.
+  struct PayloadExchange {
+    enum { kArriving, kIn, kFailed } payload = kArriving;
+    // An answer that came while the payload arrived (the task failed first): sent once it is in.
+    std::function<void()> held_answer;
+  };
+
+  // The answer to a raw payload request: its lease is held until then (and with payload
+  // outputs, until the reply's bytes are written). None when its payload never arrived: its
+  // connection closed with the reason.
+  controller::TaskCallback PayloadAnswer(uint64_t id, std::shared_ptr<StagingPool::Lease> lease,
+                                         std::optional<proto::ByteSlice> payload_outputs,
+                                         std::shared_ptr<PayloadExchange> exchange) {
+    return [self = shared_from_this(), id, lease, payload_outputs,
+            exchange](const absl::StatusOr<TaskOutcome>& out) {
+      // Built here, on the scheduler's thread; sent on the loop.
+      std::vector<uint8_t> reply;
+      std::span<const uint8_t> raw;
+      if (!out.ok()) {
+        reply = ErrorReply(id, out.status());
+      } else if (!payload_outputs) {
+        reply = ResultReply(id, *out);
+      } else {
+        TaskOutcome outcome = *out;  // descriptors only: the bytes stay in the staging region
+        absl::StatusOr<uint64_t> raw_bytes = ToPayloadOutputs(*payload_outputs, outcome.outputs);
+        if (raw_bytes.ok()) {
+          reply = ResultReply(id, outcome, *raw_bytes);
+          raw = std::span<const uint8_t>(lease->data() + payload_outputs->offset, *raw_bytes);
+        } else {
+          reply = ErrorReply(id, raw_bytes.status());
+        }
+      }
+      std::function<void()> send = [self, reply = std::move(reply), raw, lease]() mutable {
         --self->awaited_;
-        if (auto c = self->conn_.lock()) c->SendWithPayload(std::move(reply), bytes, lease);
+        auto c = self->conn_.lock();
+        if (c == nullptr) return;
+        if (raw.empty()) {
+          c->Send(std::move(reply));
+        } else {
+          c->SendWithPayload(std::move(reply), raw, lease);
+        }
+      };
+      asio::post(*self->io_, [self, exchange, send = std::move(send)]() mutable {
+        switch (exchange->payload) {
+          case PayloadExchange::kIn:
+            return send();
+          case PayloadExchange::kFailed:
+            --self->awaited_;
+            return;
+          case PayloadExchange::kArriving:
+            exchange->held_answer = std::move(send);
+            return;
+        }
       });
     };
-    absl::StatusOr<uint64_t> task_id =
-        admission_->Submit(*principal_, QuotaClient(), std::move(spec), std::move(answer));
-    if (!task_id.ok()) {
-      --awaited_;
-      return conn.Send(ErrorReply(id, task_id.status()));
-    }
-    conn.Send(AcceptedReply(id, *task_id));
   }
 
   // Outputs the worker wrote into `room` (Place::Region slices of its staging region) as

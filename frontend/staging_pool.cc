@@ -23,15 +23,23 @@ std::shared_ptr<StagingPool> StagingPool::Create(std::string owner, BudgetCharge
 StagingPool::Lease::~Lease() { pool_->Return(std::move(mapping_)); }
 
 absl::StatusOr<std::shared_ptr<StagingPool::Lease>> StagingPool::Acquire(uint64_t bytes) {
+  return Acquire(bytes, owner_);
+}
+
+absl::StatusOr<std::shared_ptr<StagingPool::Lease>> StagingPool::Acquire(
+    uint64_t bytes, const std::string& holder) {
   if (bytes == 0 || bytes > UINT64_MAX - kGranuleBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a staging region of ", bytes, " bytes"));
   }
   const uint64_t size = RoundUp(bytes);
   absl::MutexLock lock(&mu_);
   SweepReturnedLocked();
-  // The smallest idle region that fits and wastes no more than the request itself.
+  // The smallest idle region of the holder's that fits and wastes no more than the request
+  // itself. Never another principal's: its bytes (and the slack between its tensors) are still
+  // there; a fresh region's pages are zeros.
   auto best = idle_.end();
   for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+    if ((*it)->region()->owner() != holder) continue;
     const uint64_t have = (*it)->region()->bytes();
     if (have < size || have - size > size) continue;
     if (best == idle_.end() || have < (*best)->region()->bytes()) best = it;
@@ -53,7 +61,7 @@ absl::StatusOr<std::shared_ptr<StagingPool::Lease>> StagingPool::Acquire(uint64_
         absl::StrCat("a raw payload's staging of ", size, " bytes does not fit: ",
                      charged.message()));
   }
-  absl::StatusOr<std::unique_ptr<StagingMapping>> mapping = StagingMapping::Create(size, owner_);
+  absl::StatusOr<std::unique_ptr<StagingMapping>> mapping = StagingMapping::Create(size, holder);
   if (!mapping.ok()) {
     (void)charge_.Resize(mapped_);
     return mapping.status();

@@ -7,7 +7,10 @@
 // Every byte the pool maps (in use or idle) is charged to the connection's client before it is
 // mapped: a connection cannot make pswitchd hold more staging than its share of the byte budget.
 // A returned region is reused only once nothing else holds it (the task that used it may end a
-// moment after its answer: a worker's late write must never land in another request's bytes).
+// moment after its answer: a worker's late write must never land in another request's bytes),
+// and only for the principal it was made for: a region never holds two principals' bytes, so
+// nothing one principal's requests left in it (tensors, the gaps between them, outputs) can
+// reach another's request, its output room, or the worker running it. A new region is zeros.
 #ifndef PSWITCH_FRONTEND_STAGING_POOL_H_
 #define PSWITCH_FRONTEND_STAGING_POOL_H_
 
@@ -28,8 +31,9 @@ namespace pswitch::frontend {
 // Thread-safe (leases may end on scheduler threads). Leases keep their pool alive.
 class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
-  // Regions are owned by `owner` (the principal whose requests fill them); `charge` is where
-  // their bytes are counted. At most `max_idle` unused regions stay mapped.
+  // Regions are owned by `owner` (the principal whose requests fill them) unless Acquire names
+  // another holder; `charge` is where their bytes are counted. At most `max_idle` unused regions
+  // stay mapped.
   static std::shared_ptr<StagingPool> Create(std::string owner, BudgetCharge charge,
                                              size_t max_idle = 2);
   StagingPool(const StagingPool&) = delete;
@@ -55,10 +59,14 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
     std::unique_ptr<StagingMapping> mapping_;
   };
 
-  // A mapped region of at least `bytes` (> 0): an idle one that fits (and is not more than
-  // about twice as large), else a new one. ResourceExhausted when its bytes do not fit the
-  // client's budget even after idle regions are dropped; the mapping's errors otherwise.
+  // A mapped region of at least `bytes` (> 0) for the pool's owner: Acquire(bytes, owner()).
   absl::StatusOr<std::shared_ptr<Lease>> Acquire(uint64_t bytes);
+  // A mapped region of at least `bytes` (> 0) owned by `holder` (the principal whose request
+  // fills it): an idle one of `holder`'s that fits (and is not more than about twice as large),
+  // else a new one (zeros); another principal's idle region is never handed out. ResourceExhausted
+  // when its bytes do not fit the client's budget even after idle regions are dropped; the
+  // mapping's errors otherwise.
+  absl::StatusOr<std::shared_ptr<Lease>> Acquire(uint64_t bytes, const std::string& holder);
   // Drops (unmaps) every idle region: the connection closed.
   void DropIdle();
 

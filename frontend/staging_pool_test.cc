@@ -1,5 +1,7 @@
 #include "frontend/staging_pool.h"
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "gtest/gtest.h"
@@ -88,6 +90,39 @@ TEST_F(StagingPoolTest, AtMostMaxIdleRegionsStayMapped) {
   leases.clear();
   EXPECT_EQ(pool_->idle(), 2u);
   EXPECT_EQ(budget_->used_by("c"), 2u * (64 << 10));
+}
+
+// A staging region a principal's request filled (its tensors, the gaps between them, its
+// outputs) is never handed to another principal's request: bob's region is all zeros wherever
+// alice wrote, and is bob's. Alice's idle region is still hers to reuse.
+TEST_F(StagingPoolTest, AnotherPrincipalNeverGetsARegionWithThePreviousHoldersBytes) {
+  uint64_t alices = 0;
+  {
+    auto lease = pool_->Acquire(200'000, "alice");
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    alices = (*lease)->region()->id();
+    std::memset((*lease)->data(), 0xAB, (*lease)->bytes());  // inputs, slack, outputs
+  }
+  ASSERT_EQ(pool_->idle(), 1u);
+  {
+    auto bobs = pool_->Acquire(200'000, "bob");
+    ASSERT_TRUE(bobs.ok()) << bobs.status();
+    EXPECT_NE((*bobs)->region()->id(), alices);
+    EXPECT_EQ((*bobs)->region()->owner(), "bob");
+    const uint8_t* data = (*bobs)->data();
+    EXPECT_TRUE(std::all_of(data, data + (*bobs)->bytes(), [](uint8_t b) { return b == 0; }))
+        << "bob sees bytes alice's request left";
+    std::memset((*bobs)->data(), 0xCD, (*bobs)->bytes());
+  }
+  // Each idle region goes back to its own principal only.
+  auto alice_again = pool_->Acquire(200'000, "alice");
+  ASSERT_TRUE(alice_again.ok());
+  EXPECT_EQ((*alice_again)->region()->id(), alices);
+  EXPECT_EQ((*alice_again)->data()[0], 0xAB);
+  auto owner_default = pool_->Acquire(200'000);  // the pool's owner: alice
+  ASSERT_TRUE(owner_default.ok());
+  EXPECT_EQ((*owner_default)->region()->owner(), "alice");
+  EXPECT_EQ((*owner_default)->data()[0], 0) << "bob's idle region is not alice's";
 }
 
 }  // namespace

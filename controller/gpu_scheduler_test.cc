@@ -1,0 +1,304 @@
+// The scheduler with a task whose inputs are still arriving (issue 26, item 3: a raw TCP
+// payload): its switch starts from the header, its Run waits for the inputs, and inputs that
+// never arrive fail it cleanly and give the GPU to the next task. Fake workers (the test plays
+// their side), an in-process memdaemon on the host backend, a real catalog of tiny models.
+#include "controller/gpu_scheduler.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/inputs_arrival.h"
+#include "gtest/gtest.h"
+#include "memdaemon/host_test_daemon.h"
+#include "proto/framing.h"
+#include "proto/worker_generated.h"
+
+namespace pswitch::controller {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+// What every fake worker was sent and what every task was answered, for the test thread to wait
+// on (the scheduler's loop writes both).
+class Record {
+ public:
+  void Command(std::string line) {
+    absl::MutexLock lock(&mu_);
+    commands_.push_back(std::move(line));
+  }
+  void Answer(uint64_t task, absl::StatusOr<TaskOutcome> outcome) {
+    absl::MutexLock lock(&mu_);
+    answers_.emplace(task, std::move(outcome));
+  }
+  // Whether a command starting with `prefix` was sent within `timeout`.
+  bool AwaitCommand(const std::string& prefix, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto sent = [&] {
+      for (const std::string& c : commands_) {
+        if (absl::StartsWith(c, prefix)) return true;
+      }
+      return false;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&sent), timeout);
+  }
+  bool Sent(const std::string& prefix) { return AwaitCommand(prefix, absl::ZeroDuration()); }
+  // Task `task`'s answer, once it came (within `timeout`); Unknown when none did.
+  absl::StatusOr<TaskOutcome> AwaitAnswer(uint64_t task, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto answered = [&] { return answers_.contains(task); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&answered), timeout)) {
+      return absl::UnknownError(absl::StrCat("task ", task, " was not answered"));
+    }
+    return answers_.at(task);
+  }
+  std::string Commands() {
+    absl::MutexLock lock(&mu_);
+    std::string all;
+    for (const std::string& c : commands_) absl::StrAppend(&all, c, "\n");
+    return all;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> commands_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, absl::StatusOr<TaskOutcome>> answers_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker that is only its commands: each is recorded as "<kind> <slot> <details>"; the test
+// plays its side (Ready, Loaded, RunDone) through the pool's handler.
+class ScriptedWorker : public WorkerLink {
+ public:
+  ScriptedWorker(int slot, WorkerProcess::EventHandler handler, Record* record)
+      : slot_(slot), handler_(std::move(handler)), record_(record) {}
+  absl::Status Send(const flatbuffers::FlatBufferBuilder& command) override {
+    return SendWithFd(command, -1);
+  }
+  absl::Status SendWithFd(const flatbuffers::FlatBufferBuilder& command, int) override {
+    auto* c = flatbuffers::GetRoot<proto::WorkerCommand>(command.GetBufferPointer());
+    std::string line = absl::StrCat(proto::EnumNameWorkerCommandBody(c->body_type()), " ");
+    if (auto* load = c->body_as_LoadModel()) absl::StrAppend(&line, load->name()->str(), " ");
+    if (auto* prepare = c->body_as_Prepare()) absl::StrAppend(&line, prepare->model()->str(), " ");
+    if (auto* run = c->body_as_Run()) absl::StrAppend(&line, run->task_id(), " ");
+    absl::StrAppend(&line, "slot ", slot_);
+    record_->Command(std::move(line));
+    return absl::OkStatus();
+  }
+  pid_t pid() const override { return 1000 + slot_; }
+  void Kill() override { handler_(0, absl::UnavailableError("killed")); }
+
+  void Ready() {
+    flatbuffers::FlatBufferBuilder b;
+    auto body = proto::CreateWorkerReady(b, 0, static_cast<uint32_t>(slot_));
+    proto::Finish(
+        b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, body.Union()));
+    Emit(b);
+  }
+  void Loaded(const std::string& model) {
+    flatbuffers::FlatBufferBuilder b;
+    auto body = proto::CreateModelLoaded(b, b.CreateString(model), 0);
+    proto::Finish(
+        b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, body.Union()));
+    Emit(b);
+  }
+  void RunDone(uint64_t task) {
+    flatbuffers::FlatBufferBuilder b;
+    auto body = proto::CreateRunDone(b, task);
+    proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
+    Emit(b);
+  }
+
+ private:
+  void Emit(const flatbuffers::FlatBufferBuilder& b) {
+    handler_(0, std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()));
+  }
+  const int slot_;
+  WorkerProcess::EventHandler handler_;
+  Record* const record_;
+};
+
+class InputsArrivingTest : public ::testing::Test {
+ protected:
+  static constexpr int kWorkers = 2;
+
+  void SetUp() override {
+    auto daemon = memdaemon::HostTestDaemon();
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = std::move(*daemon);
+    catalog_ = std::make_unique<ModelCatalog>(daemon_.get(), 16 << 20, AutoPlanProfile{});
+    for (const char* name : {"a", "b"}) {
+      ASSERT_TRUE(catalog_->Register({name, "tiny_mlp", "", 1, "auto"}).ok());
+    }
+    SchedulerOptions options;
+    options.workers = kWorkers;
+    options.region_offset = 32 << 20;                 // clear of any lease
+    options.worker_silence_timeout = absl::Hours(1);  // the scripted workers send no heartbeat
+    options.launch =
+        [this](uint32_t slot,
+               WorkerProcess::EventHandler handler) -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
+      auto worker =
+          std::make_unique<ScriptedWorker>(static_cast<int>(slot), std::move(handler), &record_);
+      absl::MutexLock lock(&workers_mu_);
+      workers_[static_cast<int>(slot)] = worker.get();
+      return std::unique_ptr<WorkerLink>(std::move(worker));
+    };
+    auto scheduler = GpuScheduler::Start(options, daemon_.get(), catalog_.get());
+    ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+    scheduler_ = std::move(*scheduler);
+    {
+      absl::MutexLock lock(&workers_mu_);
+      auto launched = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(workers_mu_) {
+        return workers_.size() == kWorkers;
+      };
+      ASSERT_TRUE(workers_mu_.AwaitWithTimeout(absl::Condition(&launched), kWait));
+    }
+    // Each worker announces itself, is told to load every model, and does.
+    for (int slot = 0; slot < kWorkers; ++slot) {
+      Worker(slot)->Ready();
+      for (const char* model : {"a", "b"}) {
+        ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("LoadModel ", model, " slot ", slot), kWait))
+            << record_.Commands();
+        Worker(slot)->Loaded(model);
+      }
+    }
+    ASSERT_TRUE(scheduler_->AwaitWorkersReady(kWait));
+  }
+  void TearDown() override { scheduler_.reset(); }
+
+  ScriptedWorker* Worker(int slot) {
+    absl::MutexLock lock(&workers_mu_);
+    return workers_.at(slot);
+  }
+  // An inference of `model` whose inputs are still arriving when `arrival` is set.
+  uint64_t Submit(const std::string& model, std::shared_ptr<InputsArrival> arrival = nullptr) {
+    TaskSpec spec;
+    spec.model = model;
+    proto::HostTensor input;
+    input.name = "input";
+    input.dtype = proto::DType::F32;
+    input.shape = {1, 4};
+    input.data.assign(16, 0);
+    spec.inputs.push_back(std::move(input));
+    spec.inputs_arrival = std::move(arrival);
+    // A failure is answered only after the test acts, by when the id is set.
+    auto id = std::make_shared<std::atomic<uint64_t>>(0);
+    absl::StatusOr<uint64_t> task =
+        scheduler_->Submit(std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
+          record_.Answer(outcome.ok() ? outcome->task_id : id->load(), outcome);
+        });
+    EXPECT_TRUE(task.ok()) << task.status();
+    id->store(task.ok() ? *task : 0);
+    return id->load();
+  }
+  // The slot a command starting with `prefix` went to (-1: none did).
+  int SlotOf(const std::string& prefix) {
+    for (int slot = 0; slot < kWorkers; ++slot) {
+      if (record_.Sent(absl::StrCat(prefix, "slot ", slot))) return slot;
+    }
+    return -1;
+  }
+  // Every event posted before this call has been handled.
+  void Settle() { ASSERT_TRUE(scheduler_->Snapshot(kWait).ok()); }
+
+  Record record_;
+  std::unique_ptr<memdaemon::MemDaemon> daemon_;
+  std::unique_ptr<ModelCatalog> catalog_;
+  absl::Mutex workers_mu_;
+  std::map<int, ScriptedWorker*> workers_ ABSL_GUARDED_BY(workers_mu_);
+  std::unique_ptr<GpuScheduler> scheduler_;
+};
+
+TEST_F(InputsArrivingTest, TheSwitchStartsBeforeTheInputsArriveAndTheRunWaitsForThem) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t task = Submit("a", arrival);
+  // Placed and switched in: the worker got its Prepare, the model's copy started.
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const int slot = SlotOf("Prepare a ");
+  ASSERT_GE(slot, 0);
+  Settle();
+  auto status = scheduler_->Query(task);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state, TaskState::kSwitching);
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", task, " "))) << "ran before its inputs arrived";
+
+  arrival->End(absl::OkStatus());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " slot ", slot), kWait))
+      << "the Run goes to the worker that was prepared\n"
+      << record_.Commands();
+  Worker(slot)->RunDone(task);
+  absl::StatusOr<TaskOutcome> outcome = record_.AwaitAnswer(task, kWait);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  const SwitchTimeline& t = outcome->timeline;
+  EXPECT_GT(t.inputs_ns, t.placed_ns) << "the inputs' end is in the breakdown, after placement";
+  EXPECT_GE(t.result_ns, t.inputs_ns);
+}
+
+TEST_F(InputsArrivingTest, InputsThatNeverArriveFailThePlacedTaskAndTheNextTaskRuns) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t stalled = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const uint64_t next = Submit("b");
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", next, " ")))
+      << "a task waiting for its inputs holds its place\n"
+      << record_.Commands();
+
+  arrival->End(absl::DeadlineExceededError("the frame deadline passed"));
+  absl::StatusOr<TaskOutcome> failed = record_.AwaitAnswer(stalled, kWait);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kDeadlineExceeded) << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "inputs never arrived"))
+      << failed.status();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", stalled, " ")));
+  auto status = scheduler_->Query(stalled);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state, TaskState::kFailed);
+
+  // The GPU is free: the next task is switched in and runs.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", next, " "), kWait)) << record_.Commands();
+  const int slot = SlotOf(absl::StrCat("Run ", next, " "));
+  ASSERT_GE(slot, 0);
+  Worker(slot)->RunDone(next);
+  absl::StatusOr<TaskOutcome> ran = record_.AwaitAnswer(next, kWait);
+  EXPECT_TRUE(ran.ok()) << ran.status();
+
+  // The abandoned switch left "a" trusted in no worse state: a later task of it runs.
+  const uint64_t again = Submit("a");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", again, " "), kWait)) << record_.Commands();
+  Worker(SlotOf(absl::StrCat("Run ", again, " ")))->RunDone(again);
+  EXPECT_TRUE(record_.AwaitAnswer(again, kWait).ok());
+}
+
+TEST_F(InputsArrivingTest, InputsThatNeverArriveFailAQueuedTaskWithoutASwitch) {
+  const uint64_t running = Submit("a");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", running, " "), kWait));
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t queued = Submit("b", arrival);
+  Settle();
+  arrival->End(absl::UnavailableError("the client went away"));
+  absl::StatusOr<TaskOutcome> failed = record_.AwaitAnswer(queued, kWait);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  Worker(SlotOf(absl::StrCat("Run ", running, " ")))->RunDone(running);
+  EXPECT_TRUE(record_.AwaitAnswer(running, kWait).ok());
+  Settle();
+  EXPECT_FALSE(record_.Sent("Prepare b ")) << "no switch for inputs that will never come";
+}
+
+TEST_F(InputsArrivingTest, InputsAlreadyInWhenItsTurnComesRunAtOnce) {
+  auto arrival = std::make_shared<InputsArrival>();
+  arrival->End(absl::OkStatus());
+  const uint64_t task = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " "), kWait)) << record_.Commands();
+  Worker(SlotOf(absl::StrCat("Run ", task, " ")))->RunDone(task);
+  absl::StatusOr<TaskOutcome> outcome = record_.AwaitAnswer(task, kWait);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_GT(outcome->timeline.inputs_ns, 0);
+  EXPECT_LE(outcome->timeline.inputs_ns, outcome->timeline.placed_ns);
+}
+
+}  // namespace
+}  // namespace pswitch::controller
