@@ -47,12 +47,12 @@ struct TaskSpec {
   // Where the outputs go: a slice of one of `regions` (written there by the worker); nullopt:
   // inline in the outcome.
   std::optional<proto::ByteSlice> outputs_to;
-  uint32_t iterations = 1;  // training
-  uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
   // Set when the inputs' bytes were still arriving at submission (a raw TCP payload): the task
   // is queued and may be placed and switched in meanwhile, but its Run waits for the arrival's
   // end, and an arrival that fails fails the task. Null: the inputs are all there.
   std::shared_ptr<InputsArrival> inputs_arrival;
+  uint32_t iterations = 1;  // training
+  uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
   uint64_t seed = 0;
   models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
