@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -83,6 +84,69 @@ absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view by
     return ErrnoStatus("sealing a memory file");
   }
   return fd;
+}
+
+absl::StatusOr<UniqueFd> SealedCopyOfFile(int fd, absl::string_view what, uint64_t max_bytes,
+                                          absl::Duration timeout) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": file of ", st.st_size,
+                                                   " bytes exceeds the limit of ", max_bytes));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0) return ErrnoStatus(absl::StrCat("fcntl ", what));
+  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " was not opened for reading"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  UniqueFd copy(::memfd_create("pswitch-file-copy", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!copy.valid()) return ErrnoStatus("memfd_create");
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t done = 0;
+  bool by_kernel = true;
+  std::string buffer;
+  while (done < size) {
+    // A file on a slow or hostile file system must not hold the calling thread for ever.
+    if (done > 0 && absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("copying ", what, " took longer than ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size - done, kFileIoChunkBytes));
+    ssize_t n;
+    if (by_kernel) {
+      off_t from = static_cast<off_t>(done);  // sendfile reads at `from`, leaving fd's offset
+      n = ::sendfile(copy.get(), fd, &from, chunk);
+      if (n < 0 && (errno == EINVAL || errno == ENOSYS) && done == 0) {
+        by_kernel = false;  // a file system sendfile cannot read from: copy through a buffer
+        continue;
+      }
+    } else {
+      buffer.resize(chunk);
+      n = ::pread(fd, buffer.data(), chunk, static_cast<off_t>(done));
+      if (n > 0) {
+        for (ssize_t put = 0; put < n;) {
+          const ssize_t w = ::pwrite(copy.get(), buffer.data() + put, static_cast<size_t>(n - put),
+                                     static_cast<off_t>(done) + put);
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) return ErrnoStatus("writing a memory file");
+          put += w;
+        }
+      }
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(absl::StrCat("read ", what));
+    if (n == 0) break;  // it shrank meanwhile: what was there is what it holds
+    done += static_cast<uint64_t>(n);
+  }
+  if (::fcntl(copy.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
+      0) {
+    return ErrnoStatus("sealing a memory file");
+  }
+  return copy;
 }
 
 absl::StatusOr<std::string> ReadSealedMemoryFile(const UniqueFd& fd, absl::string_view what,

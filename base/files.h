@@ -37,6 +37,13 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::strin
 // An anonymous in-memory file holding `bytes`, sealed so that no one (this process included) can
 // change or resize it: handed to other processes by fd (SCM_RIGHTS), it reads the same for all.
 absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view bytes);
+// A SealedMemoryFile holding a copy of regular file `fd` (at most `max_bytes`), copied by the
+// kernel (sendfile, no buffer here) from offset 0 with positional reads, so fd's own offset is
+// neither used nor moved. A file that shrinks meanwhile yields what it still held; one that grows
+// is copied up to its size at the start. InvalidArgument naming `what` unless fd is a regular file
+// (memfds are) of at most `max_bytes` opened for reading; DeadlineExceeded past `timeout`.
+absl::StatusOr<UniqueFd> SealedCopyOfFile(int fd, absl::string_view what, uint64_t max_bytes,
+                                          absl::Duration timeout = kFileIoTimeout);
 // The contents of a SealedMemoryFile received from another process. InvalidArgument unless the
 // fd is one (sealed against writes and resizing) of at most `max_bytes`. Reads with pread, so
 // processes sharing the open file do not race on its offset.

@@ -49,10 +49,11 @@ struct ClientOptions {
   // (each at least first_area_bytes) when the calls in flight and the results alive fill them,
   // up to these bounds (then ResourceExhausted). pswitchd bounds them too, per principal.
   AreaAllocatorOptions areas;
-  // Over the Unix socket, open a fill job's dataset and create its output here and pass them
-  // (FillJobOptions). Off: pswitchd does not take fill files by fd yet (it answers
-  // Unimplemented), so they are named under its --data-root as over TCP.
-  bool pass_fill_files = false;
+  // Over the Unix socket, open a fill job's dataset and create its output here, with this
+  // process's rights and relative to its working directory, and pass them (FillJobOptions), so
+  // pswitchd opens no path of the client's. Off: they are names under pswitchd's --data-root, as
+  // over TCP (where they always are).
+  bool pass_fill_files = true;
 };
 
 struct RegisterOptions {
@@ -166,9 +167,10 @@ struct FillJobOptions {
   FillKind kind = FillKind::kSynthetic;
   std::string model;         // zoo model (inference, training)
   // Inference: safetensors "input" rows, and the new file "output" is written to when the job
-  // ends. Named on the server, relative to pswitchd's --data-root; with
-  // ClientOptions::pass_fill_files over the Unix socket, the client opens the dataset and creates
-  // the output itself (relative to its own working directory) and passes the open files.
+  // ends. Over the Unix socket (ClientOptions::pass_fill_files, the default) the client opens the
+  // dataset and creates the output itself (relative to its own working directory; never over an
+  // existing file, and removed again if the job is refused) and passes the open files; over TCP
+  // they are names on the server, relative to pswitchd's --data-root.
   std::string dataset_path;
   std::string output_path;
   uint32_t batch = 1;

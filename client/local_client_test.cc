@@ -591,10 +591,9 @@ TEST(LocalClientTest, RegisterPassesTheNamedFilesAsFds) {
 }
 
 TEST(LocalClientTest, FillPassesItsDatasetAndANewOutputFile) {
+  // The default over the Unix socket.
   FakePswitchd server;
-  ClientOptions options = SmallAreas();
-  options.pass_fill_files = true;
-  auto client = ConnectTo(server, options);
+  auto client = ConnectTo(server);
   ASSERT_NE(client, nullptr);
   FillJobOptions o;
   o.kind = FillKind::kInference;
@@ -620,10 +619,12 @@ TEST(LocalClientTest, FillPassesItsDatasetAndANewOutputFile) {
   ::unlink((server.dir() + "/rows.safetensors").c_str());
 }
 
-TEST(LocalClientTest, FillFilesAreNamedNotPassedByDefault) {
-  // pswitchd does not take fill files by fd yet: by default they travel as names.
+TEST(LocalClientTest, FillFilesAreNamedWhenPassingIsOff) {
+  // Off, they travel as names under pswitchd's --data-root, as over TCP.
   FakePswitchd server;
-  auto client = ConnectTo(server);
+  ClientOptions options = SmallAreas();
+  options.pass_fill_files = false;
+  auto client = ConnectTo(server, options);
   ASSERT_NE(client, nullptr);
   FillJobOptions o;
   o.kind = FillKind::kInference;

@@ -7,6 +7,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/nvtx.h"
+#include "controller/fill_dataset.h"
 #include "gpu/copy_engine.h"
 #include "gpu/device.h"
 #include "models/registry.h"
@@ -25,28 +26,8 @@ absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
   return v[std::min(index, v.size() - 1)];
 }
 
-// Rows of `dataset`'s "input" tensor, checked the way the worker will read it.
-absl::StatusOr<int64_t> DatasetRows(const base::ConfinedDir& root, const std::string& path,
-                                    uint64_t max_bytes) {
-  models::SafetensorsLimits limits;
-  limits.max_file_bytes = max_bytes;
-  PSWITCH_ASSIGN_OR_RETURN(std::string bytes, root.Read(path, "dataset", limits.max_file_bytes));
-  PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
-                           models::SafetensorsFile::Parse(std::move(bytes), path, limits));
-  const models::SafetensorsTensor* input = file.Find("input");
-  if (input == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' tensor"));
-  }
-  if (input->shape.empty() || input->shape[0] < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dataset ", path, ": 'input' needs at least one row"));
-  }
-  return input->shape[0];
-}
-
-// The inference job's output: its runs' "output" rows, concatenated.
-absl::Status WriteOutputs(const base::ConfinedDir& root, const std::string& path,
-                          const std::vector<proto::HostTensor>& parts) {
+// The inference job's output: its runs' "output" rows, concatenated, as a safetensors file.
+absl::StatusOr<std::string> SerializeOutputs(const std::vector<proto::HostTensor>& parts) {
   if (parts.empty()) return absl::InternalError("inference fill job produced no output");
   std::vector<int64_t> shape = parts[0].shape;
   std::vector<uint8_t> data;
@@ -58,12 +39,20 @@ absl::Status WriteOutputs(const base::ConfinedDir& root, const std::string& path
     shape[0] += t.shape[0];
     data.insert(data.end(), t.data.begin(), t.data.end());
   }
-  PSWITCH_ASSIGN_OR_RETURN(
-      std::string bytes,
-      models::SerializeSafetensors({models::SafetensorsEntry{"output", models::DType::kF32, shape,
-                                                             data.data(), data.size()}},
-                                   {}));
-  return root.Create(path, bytes, "output");
+  return models::SerializeSafetensors(
+      {models::SafetensorsEntry{"output", models::DType::kF32, shape, data.data(), data.size()}},
+      {});
+}
+
+// Where the output goes: the client's own file (passed by fd), or a new file under the root.
+absl::Status WriteOutputs(const base::ConfinedDir* root, const FillRequest& request,
+                          const std::vector<proto::HostTensor>& parts) {
+  PSWITCH_ASSIGN_OR_RETURN(std::string bytes, SerializeOutputs(parts));
+  if (request.output_fd != nullptr) {
+    return WriteOutputFile(request.output_fd->get(), bytes, "the passed output file");
+  }
+  if (root == nullptr) return absl::FailedPreconditionError("no --data-root to write outputs to");
+  return root->Create(request.output_path, bytes, "output");
 }
 
 absl::Status NoCycleError() {
@@ -154,26 +143,42 @@ absl::StatusOr<EntryRef> FillManager::OwnModel(const std::string& name) const {
   return entry;
 }
 
-absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
+absl::StatusOr<FillManager::Validated> FillManager::Validate(FillRequest& request,
+                                                             bool estimate) const {
   if (request.batch < 1) return absl::InvalidArgumentError("batch must be >= 1");
   if (request.memory_bytes == 0) {
     return absl::InvalidArgumentError("memory_bytes (the job's memory cap) must be > 0");
   }
+  Validated validated;
   int64_t steps = request.steps;
   switch (request.kind) {
     case FillKind::kInference: {
-      if (options_.data_root == nullptr) {
+      // Passed files (Unix socket) are the client's own; names resolve under --data-root.
+      const bool named_output = !estimate && request.output_fd == nullptr;
+      if ((request.dataset_fd == nullptr || named_output) && options_.data_root == nullptr) {
         return absl::FailedPreconditionError(
-            "this pswitchd has no --data_root: fill jobs that read datasets are off");
+            "this pswitchd has no --data_root: fill jobs that name their dataset or output are "
+            "off (pass the files over the Unix socket instead)");
       }
-      PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(request.dataset_path, "dataset"));
+      if (request.dataset_fd == nullptr) {
+        PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(request.dataset_path, "dataset"));
+      }
       // Checked now so a job does not run for hours to find its output taken; created new at
-      // the end all the same (never over anything).
-      PSWITCH_RETURN_IF_ERROR(options_.data_root->CheckCreatable(request.output_path, "output"));
+      // the end all the same (never over anything). An estimate writes nothing.
+      if (named_output) {
+        PSWITCH_RETURN_IF_ERROR(options_.data_root->CheckCreatable(request.output_path, "output"));
+      }
+      UniqueFd opened;
+      if (request.dataset_fd == nullptr) {
+        PSWITCH_ASSIGN_OR_RETURN(opened,
+                                 options_.data_root->OpenForRead(request.dataset_path, "dataset",
+                                                                 options_.max_dataset_bytes));
+      }
       PSWITCH_ASSIGN_OR_RETURN(
-          int64_t rows,
-          DatasetRows(*options_.data_root, request.dataset_path, options_.max_dataset_bytes));
-      steps = (rows + request.batch - 1) / request.batch;
+          validated.dataset,
+          LoadFillDataset(request.dataset_fd != nullptr ? request.dataset_fd->get() : opened.get(),
+                          request.dataset_path, options_.max_dataset_bytes));
+      steps = (validated.dataset->num_rows + request.batch - 1) / request.batch;
       break;
     }
     case FillKind::kTraining:
@@ -202,9 +207,14 @@ absl::StatusOr<int64_t> FillManager::Validate(FillRequest& request) const {
             "': name a zoo model or a registered model of your own (pswitch.export)"));
       }
       if (request.kind == FillKind::kTraining) PSWITCH_RETURN_IF_ERROR((*own)->trainable);
+      // A zoo model's input is known once the job's copy is registered (OnCreated).
+      if (validated.dataset != nullptr) {
+        PSWITCH_RETURN_IF_ERROR(CheckDatasetFitsModel(*validated.dataset, **own));
+      }
     }
   }
-  return steps;
+  validated.steps = steps;
+  return validated;
 }
 
 void FillManager::Shutdown() {
@@ -213,7 +223,8 @@ void FillManager::Shutdown() {
 }
 
 absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
-  PSWITCH_ASSIGN_OR_RETURN(const int64_t steps, Validate(request));
+  PSWITCH_ASSIGN_OR_RETURN(Validated validated, Validate(request, /*estimate=*/false));
+  const int64_t steps = validated.steps;
   absl::ReaderMutexLock alive(&lifecycle_mu_);
   if (shut_down_) return absl::UnavailableError("pswitchd is shutting down");
   uint64_t id;
@@ -223,6 +234,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
     id = next_id_++;
     Job job;
     job.request = request;
+    job.dataset = std::move(validated.dataset);
     job.steps_total = steps;
     job.predicted_step = request.step;
     job.submitted = absl::Now();
@@ -254,7 +266,8 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
 }
 
 absl::StatusOr<FillJobStatus> FillManager::Estimate(FillRequest request) {
-  PSWITCH_ASSIGN_OR_RETURN(const int64_t steps, Validate(request));
+  PSWITCH_ASSIGN_OR_RETURN(Validated validated, Validate(request, /*estimate=*/true));
+  const int64_t steps = validated.steps;
   absl::MutexLock lock(&mu_);
   if (scheduler_ == nullptr) return NoCycleError();
   Job job;
@@ -301,6 +314,17 @@ void FillManager::OnCreated(uint64_t id, absl::Status created) {
     Stop(id, it->second, created);
     return;
   }
+  // Its dataset against the model's input, now that the copy's input is recorded: a mismatch
+  // fails here, before any bubble runs it.
+  if (it->second.dataset != nullptr) {
+    absl::StatusOr<EntryRef> entry = controller_->catalog().Find(it->second.model_name);
+    absl::Status fits =
+        entry.ok() ? CheckDatasetFitsModel(*it->second.dataset, **entry) : entry.status();
+    if (!fits.ok()) {
+      Stop(id, it->second, fits);
+      return;
+    }
+  }
   Transition(id, it->second, fill::FillEvent::kInit);  // CREATED -> PAUSED
 }
 
@@ -313,6 +337,11 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error, bool drop_chec
   // A training job that finished keeps its model, "fill-<id>": the trained weights are its
   // result (served like any model, unloaded by a client). Everything else goes now.
   if (!(job.error.ok() && job.request.kind == FillKind::kTraining)) UnloadModel(job);
+  // Its dataset's copy goes (a run still out holds the region until it ends), and the client's
+  // files are closed.
+  job.dataset.reset();
+  job.request.dataset_fd.reset();
+  job.request.output_fd.reset();
   base::Log(job.error.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "fill_job_stopped")
       .Field("job", id)
       .Field("steps", absl::StrCat(job.steps_done, "/", job.steps_total))
@@ -360,7 +389,10 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubb
   f.step = job.predicted_step;
   f.memory_cap = std::min<uint64_t>(r.memory_bytes, free_bytes);
   f.synthetic = r.kind == FillKind::kSynthetic;
-  f.dataset_path = r.dataset_path;
+  if (job.dataset != nullptr) {
+    f.dataset = job.dataset->rows;
+    spec.regions.push_back(job.dataset->region);
+  }
   f.synthetic_step = r.synthetic_step;
   f.synthetic_alloc_bytes = r.synthetic_alloc_bytes;
   f.ignore_pause = r.ignore_pause;
@@ -498,8 +530,8 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     // Every row is computed; the job stops once its output is on disk, written on the I/O
     // thread while this lock (which every bubble signal takes) stays free.
     controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
-    Background([this, id, path = job.request.output_path, outputs = std::move(job.outputs)] {
-      absl::Status written = WriteOutputs(*options_.data_root, path, outputs);
+    Background([this, id, request = job.request, outputs = std::move(job.outputs)] {
+      absl::Status written = WriteOutputs(options_.data_root.get(), request, outputs);
       absl::MutexLock lock(&mu_);
       Stop(id, jobs_.at(id), written, /*drop_checkpoint=*/false);
     });

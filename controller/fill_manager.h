@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/confined_dir.h"
 #include "controller/controller.h"
+#include "controller/fill_dataset.h"
 #include "controller/fill_request.h"
 #include "fill/bubble_cycle.h"
 #include "fill/scheduler.h"
@@ -38,9 +39,11 @@ struct FillManagerOptions {
   absl::Duration margin = absl::Microseconds(300);  // step gate safety margin
   absl::Duration switch_overhead = absl::Milliseconds(1);  // planning: per-bubble switch-in
   bool host_compute_lock = false;  // fill steps hold gpu::ComputeLock::DefaultPath(gpu)
-  // Where clients' dataset and output names resolve; null: inference fill jobs are refused.
+  // Where clients' dataset and output names resolve; null: only jobs whose files are passed by
+  // fd (FillRequest::dataset_fd, output_fd) may infer over a dataset.
   std::shared_ptr<const base::ConfinedDir> data_root;
-  // A dataset is read whole (to count its rows) in pswitchd and in the worker: bounded.
+  // A dataset is copied into a sealed memory file of pswitchd's (held while its job lives) and
+  // read whole once to parse it, then copied once into the worker: bounded.
   uint64_t max_dataset_bytes = 2ull << 30;
   // Where bubble time, fill step time and pause latencies are counted (GET /metrics); null =
   // its own.
@@ -112,6 +115,13 @@ class FillManager {
     absl::Time submitted;
     absl::Status error;
     std::vector<proto::HostTensor> outputs;  // inference, in step order
+    // Dataset inference: pswitchd's sealed copy of the dataset, lent to its runs' workers as a
+    // transfer region; dropped when the job stops.
+    std::shared_ptr<const FillDataset> dataset;
+  };
+  struct Validated {
+    int64_t steps = 0;
+    std::shared_ptr<const FillDataset> dataset;  // dataset inference
   };
   struct GpuState {
     std::optional<fill::BubbleCycle> cycle;
@@ -129,8 +139,10 @@ class FillManager {
   void UnloadModel(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RebuildScheduler() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckGpu(int gpu) const;
-  // Checks `request` (filling in defaults) and returns the job's total steps.
-  absl::StatusOr<int64_t> Validate(FillRequest& request) const;
+  // Checks `request` (filling in defaults) and returns the job's total steps and, for dataset
+  // inference, its dataset, loaded (copied and parsed: call it on the I/O thread). An estimate
+  // (`estimate`) writes nothing, so its output is not checked.
+  absl::StatusOr<Validated> Validate(FillRequest& request, bool estimate) const;
   // The registered model of the user's own (pswitch.export) named `name`: a fill job may run a
   // copy of it, as of a zoo model. NotFound otherwise.
   absl::StatusOr<EntryRef> OwnModel(const std::string& name) const;

@@ -3,11 +3,13 @@
 #define PSWITCH_CONTROLLER_FILL_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/time/time.h"
 #include "api/types.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::controller {
 
@@ -19,8 +21,14 @@ inline constexpr char kFillModelPrefix[] = "fill-";
 struct FillRequest {
   FillKind kind = FillKind::kSynthetic;
   std::string model;         // zoo model (inference, training)
-  std::string dataset_path;  // inference: safetensors with "input" rows
-  std::string output_path;   // inference: where "output" goes when the job ends
+  // Inference: safetensors with "input" rows, and where "output" goes when the job ends: names
+  // under pswitchd's --data-root, or (passed by fd over the Unix socket, docs/dataplane.md) the
+  // client's open files, and then the names only label them in messages. The dataset fd is
+  // read, never written; the output fd is written from offset 0 and truncated to the output.
+  std::string dataset_path;
+  std::string output_path;
+  std::shared_ptr<const UniqueFd> dataset_fd;
+  std::shared_ptr<const UniqueFd> output_fd;
   uint32_t batch = 1;
   int64_t steps = 0;  // training iterations / synthetic steps (inference: from the dataset)
   uint64_t seed = 0;

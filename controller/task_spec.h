@@ -27,7 +27,9 @@ struct FillRunSpec {
   absl::Duration step;      // the step's predicted duration so far
   uint64_t memory_cap = 0;  // bytes; 0 = the worker's activation lease
   bool synthetic = false;
-  std::string dataset_path;  // dataset inference
+  // Dataset inference: the dataset's "input" rows, a Place::Region slice of a region the
+  // TaskSpec holds (controller/fill_dataset.h).
+  std::optional<proto::HostTensor> dataset;
   absl::Duration synthetic_step;
   uint64_t synthetic_alloc_bytes = 0;
   bool ignore_pause = false;

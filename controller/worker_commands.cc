@@ -27,11 +27,12 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
     const FillRunSpec& f = *spec.fill;
     const proto::FillRunKind kind =
         f.synthetic ? proto::FillRunKind::Synthetic : proto::FillRunKind::Model;
+    // The dataset as its slice only: its bytes reach the worker through the region's memfd.
+    auto dataset = f.dataset ? proto::CreateWireTensor(b, *f.dataset) : 0;
     fill = proto::CreateFillRun(b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin),
                                 absl::ToInt64Nanoseconds(f.step), f.memory_cap, kind,
-                                b.CreateString(f.dataset_path),
                                 absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
-                                f.ignore_pause, b.CreateString(f.device_lock_path));
+                                f.ignore_pause, b.CreateString(f.device_lock_path), dataset);
   }
   auto run = proto::CreateRun(
       b, task_id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining,
@@ -92,6 +93,9 @@ absl::Status CheckRegionSlices(const TaskSpec& spec) {
   }
   if (spec.outputs_to) {
     PSWITCH_RETURN_IF_ERROR(CheckSlice(spec, *spec.outputs_to, "the output space"));
+  }
+  if (spec.fill && spec.fill->dataset) {
+    PSWITCH_RETURN_IF_ERROR(CheckSlice(spec, spec.fill->dataset->slice, "the fill dataset"));
   }
   return absl::OkStatus();
 }

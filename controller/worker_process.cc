@@ -50,8 +50,7 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
                                    absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
                                    absl::StrCat("--backend=", options.backend),
                                    absl::StrCat("--activation_bytes=", options.activation_bytes),
-                                   absl::StrCat("--device=", options.device_ordinal),
-                                   absl::StrCat("--data_root=", options.data_root)};
+                                   absl::StrCat("--device=", options.device_ordinal)};
   std::vector<int> inherit = {child_end.get()};
   if (secret_read.valid()) {
     args.push_back(absl::StrCat("--attach_secret_fd=", secret_read.get()));

@@ -29,7 +29,6 @@ struct WorkerSpawnOptions {
   std::string backend = "host";
   uint64_t activation_bytes = 0;  // each worker's arena lease for intermediate tensors
   int device_ordinal = 0;         // CUDA: the device holding the arena
-  std::string data_root;          // fill datasets resolve under it (base::ConfinedDir)
   // Issues the one-time secret with which the worker attaches the memdaemon's arena
   // (memdaemon::MemDaemon::IssueAttachSecret); it reaches the worker through an inherited pipe.
   // Unset: none (a memdaemon in this process's tests that admits the worker otherwise).

@@ -222,19 +222,13 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     const auto* roles = (*request)->passed_files();
     const size_t declared = roles != nullptr ? roles->size() : 0;
     const bool takes_files = type == proto::ClientRequestBody::RegisterModel ||
-                             type == proto::ClientRequestBody::RegisterArea;
+                             type == proto::ClientRequestBody::RegisterArea ||
+                             type == proto::ClientRequestBody::FillSubmit ||
+                             type == proto::ClientRequestBody::FillEstimateQuery;
     if (type == proto::ClientRequestBody::RegisterArea ? declared != 0 : declared != fds.size()) {
       return conn.Send(ErrorReply(
           id, absl::InvalidArgumentError(absl::StrCat("passed_files names ", declared, " files; ",
                                                       fds.size(), " came with the frame"))));
-    }
-    if (!fds.empty() && (type == proto::ClientRequestBody::FillSubmit ||
-                         type == proto::ClientRequestBody::FillEstimateQuery)) {
-      // The fill path reads datasets and writes outputs in its workers, by name under
-      // --data-root; files by fd do not reach them yet.
-      return conn.Send(ErrorReply(
-          id, absl::UnimplementedError("fill jobs' datasets and outputs are not taken by fd yet: "
-                                       "name them under pswitchd's --data-root")));
     }
     if (!takes_files && !fds.empty()) return conn.Send(ErrorReply(id, UnexpectedFiles()));
     if (!RoleAllows(principal_->role, type)) {
@@ -287,10 +281,11 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       case proto::ClientRequestBody::RegisterBubbleCycle:
         return conn.Send(AckOrError(id, RegisterCycle(*(*request)->body_as_RegisterBubbleCycle())));
       case proto::ClientRequestBody::FillSubmit:
-        return FillSubmit(conn, id, *(*request)->body_as_FillSubmit(), /*estimate=*/false);
+        return FillSubmit(conn, id, *(*request)->body_as_FillSubmit(), roles, std::move(fds),
+                          /*estimate=*/false);
       case proto::ClientRequestBody::FillEstimateQuery:
-        return FillSubmit(conn, id, *(*request)->body_as_FillEstimateQuery()->job(),
-                          /*estimate=*/true);
+        return FillSubmit(conn, id, *(*request)->body_as_FillEstimateQuery()->job(), roles,
+                          std::move(fds), /*estimate=*/true);
       case proto::ClientRequestBody::FillCancel:
         return conn.Send(AckOrError(id, fill_->Cancel((*request)->body_as_FillCancel()->job_id())));
       case proto::ClientRequestBody::FillQuery:
@@ -429,11 +424,24 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   // Submitting or estimating reads the job's dataset: on the fill manager's I/O thread, so this
-  // event loop (every client's) never waits on a disk; the reply follows from there.
+  // event loop (every client's) never waits on a disk; the reply follows from there. Files passed
+  // with the frame (Unix socket: the dataset, the output) stand for the job's paths.
   void FillSubmit(proto::FramedConnection& conn, uint64_t id, const proto::FillSubmit& wire,
+                  const flatbuffers::Vector<proto::FileRole>* roles, std::vector<UniqueFd> fds,
                   bool estimate) {
     absl::StatusOr<FillRequest> request = ParseFill(wire);
     if (!request.ok()) return conn.Send(ErrorReply(id, request.status()));
+    if (!fds.empty()) {
+      absl::StatusOr<FillFiles> files = SortFillFiles(roles, std::move(fds));
+      if (!files.ok()) return conn.Send(ErrorReply(id, files.status()));
+      if (estimate && files->output.valid()) {
+        return conn.Send(ErrorReply(
+            id, absl::InvalidArgumentError("an estimate writes nothing: pass no output file")));
+      }
+      if (absl::Status attached = AttachFillFiles(*std::move(files), &*request); !attached.ok()) {
+        return conn.Send(ErrorReply(id, attached));
+      }
+    }
     ++awaited_;
     fill_->Background(
         [self = shared_from_this(), id, estimate, request = *std::move(request)]() mutable {

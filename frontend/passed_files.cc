@@ -45,27 +45,31 @@ absl::Status CheckPassedInput(int fd, absl::string_view what, uint64_t max_bytes
 absl::StatusOr<UniqueFd> SealPassedFile(const UniqueFd& fd, absl::string_view what,
                                         uint64_t max_bytes) {
   PSWITCH_RETURN_IF_ERROR(CheckPassedInput(fd.get(), what, max_bytes));
+  // Copied by the kernel, page by page, never whole through a buffer of ours.
+  return base::SealedCopyOfFile(fd.get(), what, max_bytes);
+}
+
+absl::Status CheckPassedOutput(int fd, absl::string_view what) {
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  const absl::Time deadline = absl::Now() + base::kFileIoTimeout;
-  size_t done = 0;
-  while (done < bytes.size()) {
-    // A file on a slow or hostile file system must not hold the registration thread for ever.
-    if (done > 0 && absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("reading ", what, " took longer than ",
-                                                      absl::FormatDuration(base::kFileIoTimeout)));
-    }
-    const ssize_t n = ::pread(fd.get(), bytes.data() + done,
-                              std::min<size_t>(bytes.size() - done, base::kFileIoChunkBytes),
-                              static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(absl::StrCat("read ", what));
-    if (n == 0) break;  // it shrank meanwhile: what was there is what it holds
-    done += static_cast<size_t>(n);
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
   }
-  bytes.resize(done);
-  return base::SealedMemoryFile("pswitch-passed-file", bytes);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0) return ErrnoStatus(absl::StrCat("fcntl ", what));
+  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_RDONLY) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " was not opened for writing"));
+  }
+  // pwrite on an O_APPEND file appends: the output would not be the file.
+  if ((flags & O_APPEND) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " was opened to append (O_APPEND)"));
+  }
+  // Sealed against writes or resizing (a memfd): nothing could be written to it.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals > 0 && (seals & (F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE))) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is sealed against writing"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RegistrationFiles> SortRegistrationFiles(
@@ -98,6 +102,48 @@ absl::StatusOr<RegistrationFiles> SortRegistrationFiles(
     *slot = std::move(fds[i]);
   }
   return files;
+}
+
+absl::StatusOr<FillFiles> SortFillFiles(const flatbuffers::Vector<proto::FileRole>* roles,
+                                        std::vector<UniqueFd> fds) {
+  const size_t declared = roles != nullptr ? roles->size() : 0;
+  if (declared != fds.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("passed_files names ", declared, " files; ",
+                                                   fds.size(), " came with the frame"));
+  }
+  FillFiles files;
+  for (size_t i = 0; i < declared; ++i) {
+    UniqueFd* slot = nullptr;
+    switch (roles->Get(static_cast<flatbuffers::uoffset_t>(i))) {
+      case proto::FileRole::Dataset:
+        slot = &files.dataset;
+        break;
+      case proto::FileRole::Output:
+        slot = &files.output;
+        break;
+      default:
+        return absl::InvalidArgumentError("a fill job takes dataset and output files only");
+    }
+    if (slot->valid()) return absl::InvalidArgumentError("passed_files names one role twice");
+    *slot = std::move(fds[i]);
+  }
+  return files;
+}
+
+absl::Status AttachFillFiles(FillFiles files, controller::FillRequest* request) {
+  if (files.dataset.valid()) {
+    // Its size is the fill manager's to bound (--max-dataset-bytes), as it copies it.
+    PSWITCH_RETURN_IF_ERROR(
+        CheckPassedInput(files.dataset.get(), "the passed dataset", UINT64_MAX));
+    request->dataset_fd = std::make_shared<const UniqueFd>(std::move(files.dataset));
+    request->dataset_path = "(passed dataset)";
+  }
+  if (files.output.valid()) {
+    PSWITCH_RETURN_IF_ERROR(CheckPassedOutput(files.output.get(), "the passed output file"));
+    request->output_fd = std::make_shared<const UniqueFd>(std::move(files.output));
+    request->output_path = "(passed output file)";
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AttachRegistrationFiles(RegistrationFiles files, controller::ModelRequest* request) {

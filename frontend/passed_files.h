@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "base/unique_fd.h"
+#include "controller/fill_request.h"
 #include "controller/model_catalog.h"
 #include "proto/client_generated.h"
 
@@ -24,11 +25,15 @@ namespace pswitch::frontend {
 // opened for reading.
 absl::Status CheckPassedInput(int fd, absl::string_view what, uint64_t max_bytes);
 
-// The passed file's bytes (CheckPassedInput first; read with pread from offset 0, so the
-// client's offset neither steers nor is moved) in a sealed memory file of pswitchd's own, which
-// the file's later changes cannot reach.
+// The passed file's bytes (CheckPassedInput first; copied by the kernel from offset 0, so the
+// client's offset neither steers nor is moved: base::SealedCopyOfFile) in a sealed memory file of
+// pswitchd's own, which the file's later changes cannot reach.
 absl::StatusOr<UniqueFd> SealPassedFile(const UniqueFd& fd, absl::string_view what,
                                         uint64_t max_bytes);
+
+// InvalidArgument naming `what` unless `fd` is a regular file opened for writing, not to append
+// (pwrite would append) and not sealed against writing: where a fill job's output goes.
+absl::Status CheckPassedOutput(int fd, absl::string_view what);
 
 // The files of a registration, by role (FileRole Weights, Archive, Plan), each at most once.
 // InvalidArgument for another role, a role given twice, or a count unlike the fds'.
@@ -45,6 +50,20 @@ absl::StatusOr<RegistrationFiles> SortRegistrationFiles(
 // registration thread (it reads files). An archive passed without an architecture makes the
 // model a script model.
 absl::Status AttachRegistrationFiles(RegistrationFiles files, controller::ModelRequest* request);
+
+// The files of a fill job (FillSubmit, FillEstimateQuery), by role (FileRole Dataset, Output),
+// each at most once; InvalidArgument as SortRegistrationFiles.
+struct FillFiles {
+  UniqueFd dataset;
+  UniqueFd output;
+};
+absl::StatusOr<FillFiles> SortFillFiles(const flatbuffers::Vector<proto::FileRole>* roles,
+                                        std::vector<UniqueFd> fds);
+
+// Checks `files` (the dataset CheckPassedInput, the output CheckPassedOutput; both cheap: fstat
+// and fcntl, nothing read) and puts them in `*request` in place of its paths, which become only
+// names in messages. The dataset is copied and bounded later, on the fill manager's I/O thread.
+absl::Status AttachFillFiles(FillFiles files, controller::FillRequest* request);
 
 }  // namespace pswitch::frontend
 

@@ -1,6 +1,9 @@
 // Fill tasks end to end: a real pswitchd, this test playing the main job (bubble instruction,
 // bubble cycle, and the device's compute lock between bubbles).
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -26,6 +29,7 @@
 #include "models/registry.h"
 #include "models/safetensors.h"
 #include "models/zoo_model.h"
+#include "tests/e2e_helpers.h"
 #include "tests/test_daemon.h"
 #include "worker/host_tensors.h"
 
@@ -46,15 +50,21 @@ constexpr uint64_t kFreeBytes = 64ull << 20;
 class FillTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    daemon_ = std::make_unique<e2e::TestDaemon>(
-        std::vector<std::string>{"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
-                                 "--activation-bytes=67108864", "--fill-grace-ms=30"});
+    std::vector<std::string> flags{"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
+                                   "--activation-bytes=67108864", "--fill-grace-ms=30"};
+    for (std::string& flag : ExtraFlags()) flags.push_back(std::move(flag));
+    daemon_ = std::make_unique<e2e::TestDaemon>(std::move(flags));
     // The host device's compute lock is a per-machine file: these tests run serially.
     ASSERT_GT(daemon_->port(), 0) << daemon_->log();
-    auto c = client::Client::Connect(daemon_->address());
+    auto c = client::Client::Connect(ClientAddress());
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
   }
+
+  virtual std::vector<std::string> ExtraFlags() { return {}; }
+  // TCP (a test port is never the default one, so the client does not take the Unix socket).
+  virtual std::string ClientAddress() { return daemon_->address(); }
+  std::string SocketPath() const { return (daemon_->dir() / "pswitchd.sock").string(); }
 
   void RegisterCycle(absl::Duration bubble) {
     std::string json =
@@ -470,6 +480,127 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
   for (int64_t i = 0; i < want.numel(); ++i) {
     ASSERT_NEAR(got[i], want.data_ptr<float>()[i], 1e-5) << i;
   }
+}
+
+// Issue 26, item 1: over the Unix socket a local user's fill job reads the dataset the user
+// opened and writes the output into the file the user created; pswitchd opens neither path.
+// The user here is `nobody`, not pswitchd's uid (root), mapped by the token file to a principal
+// that may submit fill jobs (fill jobs are admins' to submit); it keeps root's group only to
+// reach the socket (0660, the operator's group).
+class LocalFillTest : public FillTest {
+ protected:
+  static constexpr uid_t kNobody = 65534;
+  std::vector<std::string> ExtraFlags() override { return {tokens_.flag()}; }
+  std::string ClientAddress() override { return "unix:" + SocketPath(); }
+
+  e2e::TokenFile tokens_{"fill-operator-token-0123456789 nobody-operator admin 65534\n"};
+};
+
+TEST_F(LocalFillTest, AnotherUsersDatasetOutsideTheDataRootIsPassedAndItsOutputIsItsOwnFile) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  const absl::Duration bubble = absl::Milliseconds(30);
+  RegisterCycle(bubble);
+  auto model = models::CreateModel("tiny_mlp");
+  ASSERT_TRUE(model.ok());
+  at::Tensor rows = (*model)->ExampleInput(7, 5).input.contiguous();
+  // nobody's own directory (0700), which pswitchd's --data-root does not contain.
+  char tmpl[] = "/tmp/pswitch-nobody-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string home = tmpl;
+  ASSERT_TRUE(
+      models::WriteSafetensors(
+          home + "/rows.safetensors",
+          {models::SafetensorsEntry{"input", models::DType::kF32, rows.sizes().vec(),
+                                    rows.data_ptr(), static_cast<size_t>(rows.nbytes())}})
+          .ok());
+  std::ofstream(home + "/garbage.safetensors") << "not a safetensors file";
+  for (const std::string& path :
+       {home, home + "/rows.safetensors", home + "/garbage.safetensors"}) {
+    ASSERT_EQ(::chown(path.c_str(), kNobody, kNobody), 0) << path;
+    ASSERT_EQ(::chmod(path.c_str(), path == home ? 0700 : 0600), 0) << path;
+  }
+
+  // The user's side, in a child that becomes nobody; its answers come back through a pipe.
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const std::string socket = SocketPath();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(report[0]);
+    if (::setgroups(0, nullptr) != 0 || ::setgid(0) != 0 || ::setuid(kNobody) != 0) ::_exit(2);
+    if (::chdir(home.c_str()) != 0) ::_exit(3);
+    int64_t answers[6] = {-1, -1, -1, -1, -1, -1};
+    auto c = client::Client::Connect("unix:" + socket);
+    if (c.ok()) {
+      client::FillJobOptions o;
+      o.kind = client::FillKind::kInference;
+      o.model = "tiny_mlp";
+      o.dataset_path = "rows.safetensors";  // relative to the user's own working directory
+      o.output_path = "out.safetensors";
+      o.batch = 2;  // 7 rows: 4 steps
+      o.step = absl::Milliseconds(3);
+      o.memory_bytes = 16 << 20;
+      auto estimate = (*c)->EstimateFill(o);
+      answers[0] = estimate.ok() ? static_cast<int64_t>(estimate->steps_total)
+                                 : -static_cast<int64_t>(estimate.status().code());
+      client::FillJobOptions bad = o;
+      bad.dataset_path = "garbage.safetensors";
+      bad.output_path = "refused.safetensors";
+      answers[1] = static_cast<int64_t>((*c)->SubmitFill(bad).status().code());
+      answers[2] = ::access("refused.safetensors", F_OK) == 0 ? 1 : 0;
+      auto job = (*c)->SubmitFill(o);
+      answers[3] = job.ok() ? static_cast<int64_t>(job->job_id)
+                            : -static_cast<int64_t>(job.status().code());
+      answers[4] = job.ok() ? static_cast<int64_t>(job->steps_total) : -1;
+    } else {
+      answers[5] = static_cast<int64_t>(c.status().code());
+    }
+    (void)!::write(report[1], answers, sizeof(answers));
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  int64_t answers[6] = {-2, -2, -2, -2, -2, -2};
+  const ssize_t got = ::read(report[0], answers, sizeof(answers));
+  ::close(report[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof(answers)));
+  ASSERT_EQ(answers[5], -1) << "nobody could not connect: code " << answers[5];
+  EXPECT_EQ(answers[0], 4) << "the estimate, from the passed dataset";
+  EXPECT_EQ(answers[1], static_cast<int64_t>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(answers[2], 0) << "a refused job's output file stays behind";
+  ASSERT_GT(answers[3], 0) << "submit failed: code " << -answers[3] << "\n" << daemon_->log();
+  EXPECT_EQ(answers[4], 4);
+
+  client::FillJobStatus done = RunUntilStopped(static_cast<uint64_t>(answers[3]), bubble, 200);
+  ASSERT_EQ(done.state, client::FillState::kStopped);
+  ASSERT_TRUE(done.error.ok()) << done.error;
+  ASSERT_EQ(done.steps_done, 4u);
+  // The output is the user's own file, written through its fd; nothing appeared in the root.
+  const std::string output = home + "/out.safetensors";
+  struct stat st {};
+  ASSERT_EQ(::stat(output.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, kNobody);
+  EXPECT_FALSE(std::filesystem::exists(daemon_->dir() / "out.safetensors"));
+  auto file = models::SafetensorsFile::Read(output);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const models::SafetensorsTensor* out = file->Find("output");
+  ASSERT_NE(out, nullptr);
+  torch::NoGradGuard no_grad;
+  (*model)->eval();
+  models::ModelInput in;
+  in.input = rows;
+  at::Tensor want = (*model)->Forward(in).output.contiguous();
+  ASSERT_EQ(out->shape, want.sizes().vec());
+  const float* values = reinterpret_cast<const float*>(out->data);
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    ASSERT_NEAR(values[i], want.data_ptr<float>()[i], 1e-5) << i;
+  }
+  // pswitchd was never told where the user's files are.
+  EXPECT_THAT(daemon_->log(), Not(HasSubstr(home)));
+  std::filesystem::remove_all(home);
 }
 
 // The real main job: pipetrain measures each stage's bubble cycle over its warm-up, registers

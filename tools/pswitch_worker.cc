@@ -36,7 +36,6 @@ ABSL_FLAG(int, attach_secret_fd, -1,
           "(set by pswitchd)");
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
-ABSL_FLAG(std::string, data_root, "", "fill datasets resolve under it (set by pswitchd)");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
 ABSL_FLAG(std::string, profile_model, "", "profile this zoo model and exit (pswitchd's profiler)");
 ABSL_FLAG(uint32_t, profile_batch, 1, "the profile's batch");
@@ -170,7 +169,6 @@ int main(int argc, char** argv) {
   }
   options.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
   options.device_ordinal = absl::GetFlag(FLAGS_device);
-  options.data_root = absl::GetFlag(FLAGS_data_root);
   auto worker = pswitch::worker::Worker::Start(options);
   if (!worker.ok()) {
     pswitch::base::Log(pswitch::base::LogLevel::kError, "worker_start_failed")

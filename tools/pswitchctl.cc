@@ -25,7 +25,8 @@
 // pswitchctl itself, relative to its working directory and with its user's rights, and passed to
 // pswitchd as open files; infer's tensors travel through a shared transfer area. Over TCP those
 // files are paths on the server (--allow-client-paths). A fill job's --dataset and --output are
-// named under pswitchd's --data-root either way (pswitchd does not take them by fd yet).
+// opened and created by pswitchctl and passed the same way over the Unix socket; over TCP they
+// are named under pswitchd's --data-root.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -71,7 +72,7 @@ ABSL_FLAG(std::string, input, "",
           "'attention_mask', 'token_type_ids')");
 ABSL_FLAG(std::string, output, "",
           "infer: local file for the 'output' tensor; fill submit (inference): a new file, "
-          "named relative to pswitchd's --data-root");
+          "created here over the Unix socket, else named relative to pswitchd's --data-root");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
 ABSL_FLAG(uint64_t, deadline_ms, 0,
           "infer, train, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none (pswitchd's --max-task-time-s)");
@@ -93,8 +94,8 @@ ABSL_FLAG(uint32_t, gpu, 0, "bubble-cycle: the GPU (pipeline stage)");
 ABSL_FLAG(std::string, cycle, "", "bubble-cycle: the cycle JSON file");
 ABSL_FLAG(std::string, kind, "", "fill submit: training, inference or synthetic (required)");
 ABSL_FLAG(std::string, dataset, "",
-          "fill submit (inference): safetensors with 'input' rows, named relative to "
-          "pswitchd's --data-root");
+          "fill submit (inference): safetensors with 'input' rows, opened here over the Unix "
+          "socket, else named relative to pswitchd's --data-root");
 ABSL_FLAG(uint32_t, steps, 0, "fill submit: training iterations / synthetic steps");
 ABSL_FLAG(uint64_t, step_us, 0,
           "fill submit: profiled step duration (profile-model); synthetic: default "

@@ -100,9 +100,9 @@ ABSL_FLAG(int, worker_silence_timeout_ms, 10000,
           "a worker that sends no heartbeat this long (stopped, wedged) is killed and replaced; "
           "the task it ran fails with the reason");
 ABSL_FLAG(std::string, data_root, "",
-          "the directory fill jobs' datasets and outputs are named under (relative names only, "
-          "symlinks never followed, outputs never replace a file); empty = fill jobs that read "
-          "or write files are refused");
+          "the directory fill jobs' datasets and outputs are named under over TCP (relative "
+          "names only, symlinks never followed, outputs never replace a file); empty = only "
+          "fill jobs that pass their files over the Unix socket may read or write files");
 ABSL_FLAG(std::string, model_repository, "",
           "a directory of models, one folder per model with a config.json (see "
           "docs/operations.md); all are loaded at start (see --load-repository), and clients "
@@ -516,7 +516,6 @@ int Main() {
       return 2;
     }
     data_root = std::make_shared<const base::ConfinedDir>(std::move(*root));
-    controller_options.scheduler.spawn.data_root = data_root->path();
   }
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));

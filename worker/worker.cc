@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
-#include "base/confined_dir.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "base/nvtx.h"
@@ -451,27 +450,26 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
 absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
                                   TrainProgress* progress,
                                   std::vector<proto::HostTensor>* outputs) {
-  const std::string path = run.fill()->dataset_path() ? run.fill()->dataset_path()->str() : "";
-  if (dataset_path_ != path) {
-    if (options_.data_root.empty()) {
-      return absl::FailedPreconditionError("this worker has no data root to read datasets from");
-    }
-    PSWITCH_ASSIGN_OR_RETURN(base::ConfinedDir root, base::ConfinedDir::Open(options_.data_root));
-    const models::SafetensorsLimits limits;
-    PSWITCH_ASSIGN_OR_RETURN(std::string bytes, root.Read(path, "dataset", limits.max_file_bytes));
-    PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
-                             models::SafetensorsFile::Parse(std::move(bytes), path, limits));
-    const models::SafetensorsTensor* input = file.Find("input");
-    if (input == nullptr || input->shape.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset ", path, " has no 'input' rows"));
-    }
-    PSWITCH_ASSIGN_OR_RETURN(at::Tensor rows, models::ToTorch(*input));
+  // The rows lie in pswitchd's sealed copy of the dataset, mapped like any transfer region: no
+  // path is opened here, and the slice is checked against this worker's own mapping.
+  if (run.fill()->dataset() == nullptr) {
+    return absl::InvalidArgumentError("a dataset-inference fill run names no dataset");
+  }
+  PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor rows, proto::FromWireTensor(*run.fill()->dataset()));
+  if (rows.place != proto::Place::Region || rows.shape.empty()) {
+    return absl::InvalidArgumentError("a fill run's dataset must be rows in a region");
+  }
+  if (dataset_region_ != rows.slice.region || !dataset_.defined()) {
+    dataset_ = at::Tensor();
+    dataset_region_ = 0;
     // Kept across bubbles, so not in the task's lease (it would count against every later
-    // task's memory); the file's buffer goes away with `file`.
+    // task's memory).
     if (activations_ != nullptr) activations_->set_active(false);
-    dataset_ = rows.clone();
+    absl::StatusOr<at::Tensor> copied = TensorFromRegion(rows, *regions_, c10::Device(c10::kCPU));
     if (activations_ != nullptr) activations_->set_active(true);
-    dataset_path_ = path;
+    PSWITCH_RETURN_IF_ERROR(copied.status());
+    dataset_ = *std::move(copied);
+    dataset_region_ = rows.slice.region;
   }
   DatasetInferenceTask task(bound, dataset_, run.batch(), tensor_device_, outputs);
   return RunTask(task, run, &fill, progress);

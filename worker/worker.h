@@ -51,8 +51,6 @@ struct WorkerOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // Arena lease for intermediate tensors while a task runs; 0 = libtorch's own allocator.
   uint64_t activation_bytes = 0;
-  // Fill datasets are named relative to it and read through base::ConfinedDir; empty: none.
-  std::string data_root;
 };
 
 // OK when workers can execute tasks on `backend`. The CUDA execution path (worker/cuda/) is built
@@ -152,8 +150,9 @@ class Worker {
   // What the last task left behind for Clean().
   BoundModel* dirty_model_ = nullptr;
   std::unique_ptr<models::Trainer> trainer_;
-  // The dataset of the last dataset-inference fill task (kept across its bubbles).
-  std::string dataset_path_;
+  // The dataset of the last dataset-inference fill task (kept across its bubbles), copied out of
+  // region dataset_region_ (ids are never reused; 0: none).
+  uint64_t dataset_region_ = 0;
   at::Tensor dataset_;
   StopRequests stops_;
   // The iterative run in progress (0: none) and its steps done, for the heartbeat's progress.
