@@ -31,8 +31,25 @@ absl::Status WorkerOutbox::Send(std::span<const uint8_t> payload, int fd_to_pass
                      queued_bytes_, " bytes) wait, and ", bytes, " more would pass the limit of ",
                      limits_.max_frames, " frames or ", limits_.max_bytes, " bytes"));
   }
-  Frame frame{header, std::vector<uint8_t>(payload.begin(), payload.end()), UniqueFd()};
-  if (fd_to_pass >= 0) {
+  size_t sent = 0;
+  if (queue_.empty()) {
+    // The writer is idle (it keeps the frame it sends at the queue's front), so this thread may
+    // write: one non-blocking sendmsg, under the lock so no later frame can overtake it. A Run
+    // (descriptors only) almost always fits the socket whole, and then reaches the worker
+    // without a hand-over to the writer thread and its wake-up.
+    const std::span<const uint8_t> parts[] = {header, payload};
+    absl::StatusOr<size_t> n = proto::SendPartsOnce(socket_, parts, 0, fd_to_pass);
+    if (!n.ok()) {
+      failed_ =
+          absl::UnavailableError(absl::StrCat("sending to the worker: ", n.status().message()));
+      return failed_;
+    }
+    if (*n == bytes) return absl::OkStatus();
+    sent = *n;
+  }
+  // The rest waits for the writer. A passed fd travelled with the first byte if any was sent.
+  Frame frame{header, std::vector<uint8_t>(payload.begin(), payload.end()), UniqueFd(), sent};
+  if (fd_to_pass >= 0 && sent == 0) {
     // The queued frame owns its own copy until the kernel has taken it: the caller's may close.
     frame.fd = UniqueFd(::fcntl(fd_to_pass, F_DUPFD_CLOEXEC, 0));
     if (!frame.fd.valid()) return ErrnoStatus("dup of a descriptor for a worker command");
@@ -70,7 +87,7 @@ void WorkerOutbox::Close() {
 bool WorkerOutbox::WriteFrame(const Frame& frame) {
   const std::span<const uint8_t> parts[] = {frame.header, frame.payload};
   const size_t total = frame.header.size() + frame.payload.size();
-  size_t sent = 0;
+  size_t sent = frame.sent;
   while (sent < total) {
     absl::StatusOr<size_t> n = proto::SendPartsOnce(socket_, parts, sent, frame.fd.get());
     if (!n.ok()) {

@@ -2,14 +2,16 @@
 //
 // Design (issue 26 item 5): the scheduler's loop must never wait on a worker, yet a worker's
 // control socket holds only a few hundred kilobytes and a wedged or stopped worker never drains
-// it. So Send only queues: it copies the frame's payload (the Run is descriptors only, so this
-// is small) and dups the fd passed with it (the queued frame owns that copy until the kernel has
-// taken it), and returns at once. One writer thread per worker drains the queue into the socket
-// with non-blocking scatter-gather sendmsg (header + payload, no framing copy), waiting for
-// writability with poll between partial writes. The queue is bounded in bytes and frames: past
-// the bound Send refuses (ResourceExhausted) and the owner kills the worker. A worker that takes
-// no byte for a while is visible through UnsentSince, which the pool's watchdog checks beside
-// the heartbeat (WorkerPool::KillSilent).
+// it. So Send never waits: when nothing is queued it offers the frame to the socket itself with
+// one non-blocking sendmsg (a Run is descriptors only, so it almost always fits whole, and then
+// costs no hand-over to another thread); whatever the socket did not take is queued (the payload
+// copied, a passed fd dup'ed unless it already travelled with the first byte) and Send returns.
+// One writer thread per worker drains the queue into the socket with non-blocking
+// scatter-gather sendmsg (header + payload, no framing copy), waiting for writability with poll
+// between partial writes. The queue is bounded in bytes and frames: past the bound Send refuses
+// (ResourceExhausted) and the owner kills the worker. A worker that takes no byte for a while is
+// visible through UnsentSince, which the pool's watchdog checks beside the heartbeat
+// (WorkerPool::KillSilent).
 #ifndef PSWITCH_CONTROLLER_WORKER_OUTBOX_H_
 #define PSWITCH_CONTROLLER_WORKER_OUTBOX_H_
 
@@ -66,6 +68,7 @@ class WorkerOutbox {
     std::array<uint8_t, proto::kFrameHeaderBytes> header;
     std::vector<uint8_t> payload;
     UniqueFd fd;
+    size_t sent = 0;  // bytes of header + payload Send already wrote itself
   };
   void WriteLoop();
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || !queue_.empty(); }

@@ -82,5 +82,53 @@ TEST(WorkerOutboxTest, FramesArriveInOrderWithTheirFdsAfterTheCallerClosedItsCop
   EXPECT_EQ(outbox.UnsentSince(), absl::InfiniteFuture());
 }
 
+// A frame bigger than the socket holds, with an fd: Send writes what the socket takes itself (the
+// fd with the first byte) and the writer sends the rest; a frame sent after it waits its turn.
+TEST(WorkerOutboxTest, AFrameTheSocketTakesInPartArrivesWholeWithItsFdAndInOrder) {
+  Pair sockets = SocketPair();
+  WorkerOutbox outbox(sockets.ours.get(), OutboxLimits());
+  proto::FrameChannel peer{std::move(sockets.peer)};
+  std::vector<uint8_t> big(8 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7 + 1);
+  const uint8_t small[] = {9, 8, 7};
+  {
+    UniqueFd memfd(::memfd_create("outbox-test", MFD_CLOEXEC));
+    ASSERT_TRUE(memfd.valid());
+    ASSERT_EQ(::write(memfd.get(), "first", 5), 5);
+    ASSERT_TRUE(outbox.Send(big, memfd.get()).ok());
+    // The socket took part of it (it holds far less than 8 MiB): the rest is queued.
+    EXPECT_GT(outbox.queued_bytes(), 0u);
+    ASSERT_TRUE(outbox.Send(small, -1).ok());
+  }
+  auto first = peer.Receive(absl::Seconds(10));
+  auto second = peer.Receive(absl::Seconds(10));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(first->payload, big);
+  ASSERT_TRUE(first->fd.valid());
+  char content[5];
+  ASSERT_EQ(::pread(first->fd.get(), content, 5, 0), 5);
+  EXPECT_EQ(std::memcmp(content, "first", 5), 0);
+  EXPECT_EQ(second->payload, std::vector<uint8_t>(small, small + 3));
+  EXPECT_FALSE(second->fd.valid());
+}
+
+// With nothing queued and room in the socket, a small command is in the socket when Send
+// returns (written by the caller itself, not handed to the writer thread).
+TEST(WorkerOutboxTest, ASmallCommandIsInTheSocketWhenSendReturns) {
+  Pair sockets = SocketPair();
+  WorkerOutbox outbox(sockets.ours.get(), OutboxLimits());
+  const uint8_t small[] = {4, 5, 6, 7};
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(outbox.Send(small, -1).ok());
+    EXPECT_EQ(outbox.queued_bytes(), 0u);
+    uint8_t got[proto::kFrameHeaderBytes + sizeof(small)];
+    // MSG_DONTWAIT: the bytes must already be there.
+    ASSERT_EQ(::recv(sockets.peer.get(), got, sizeof(got), MSG_DONTWAIT | MSG_WAITALL),
+              static_cast<ssize_t>(sizeof(got)));
+    EXPECT_EQ(std::memcmp(got + proto::kFrameHeaderBytes, small, sizeof(small)), 0);
+  }
+}
+
 }  // namespace
 }  // namespace pswitch::controller
