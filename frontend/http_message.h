@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
 #include "frontend/byte_budget.h"
+#include "frontend/peer_uid_memo.h"
 
 namespace pswitch::frontend {
 
@@ -27,6 +29,8 @@ struct HttpRequest {
   uint16_t peer_port = 0;
   std::string local_address;  // the server's end of the connection
   uint16_t local_port = 0;
+  // The connection's, shared by its requests: its peer's uid, asked of the kernel once.
+  std::shared_ptr<PeerUidMemo> peer_uid;
   // The bytes this request holds (its body, and what is decoded from it) on the shared budget;
   // released when the request (or whoever the charge is moved to) goes.
   BudgetCharge charge;

@@ -428,12 +428,16 @@ std::optional<HttpServer::Caller> HttpServer::Identify(const HttpRequest& req,
     // Beyond loopback without tokens: only with --insecure, the operator's choice.
     return Caller{Principal{"anonymous", Role::kAdmin}, std::nullopt};
   }
-  // Ends the transport could not tell are no one's: refused below, never an admin.
+  // Ends the transport could not tell are no one's: refused below, never an admin. The kernel
+  // is asked once per connection (its peer's socket, and so its uid, never changes).
+  auto lookup = [&]() -> absl::StatusOr<uid_t> {
+    return LoopbackPeerUid(asio::ip::tcp::endpoint(local, req.local_port),
+                           asio::ip::tcp::endpoint(remote, req.peer_port));
+  };
   absl::StatusOr<uid_t> uid =
       local_ec || remote_ec
           ? absl::StatusOr<uid_t>(absl::UnavailableError("the connection's ends are unknown"))
-          : LoopbackPeerUid(asio::ip::tcp::endpoint(local, req.local_port),
-                            asio::ip::tcp::endpoint(remote, req.peer_port));
+          : (req.peer_uid != nullptr ? req.peer_uid->Get(lookup) : lookup());
   if (!uid.ok()) {
     ReplyError(
         res, absl::UnavailableError(absl::StrCat(

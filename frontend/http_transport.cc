@@ -205,6 +205,7 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     request_.peer_port = peer_port_;
     request_.local_address = local_address_;
     request_.local_port = local_port_;
+    request_.peer_uid = peer_uid_;
     const uint64_t body_bytes = parser_->content_length().value_or(0);
     if (body_bytes > owner_->limits_.max_body_bytes) {
       return Fail(413,
@@ -319,6 +320,8 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   uint16_t peer_port_ = 0;
   std::string local_address_;
   uint16_t local_port_ = 0;
+  // Who the peer is never changes on a connection: looked up once, by its first request.
+  const std::shared_ptr<PeerUidMemo> peer_uid_ = std::make_shared<PeerUidMemo>();
   std::string client_;  // the current request's, as the service admitted it
   HttpRequest request_;
   BudgetCharge reply_charge_;

@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/raw_socket.h"
@@ -42,6 +43,10 @@ class EchoService : public HttpService {
     peer_port_.store(request.peer_port);
     local_port_.store(request.local_port);
     local_is_loopback_.store(request.local_address == "127.0.0.1" && request.peer == "127.0.0.1");
+    {
+      absl::MutexLock lock(&mu_);
+      memos_.push_back(request.peer_uid);
+    }
     served_.fetch_add(1);
     HttpResponse r;
     r.body = absl::StrCat("{\"bytes\":", request.body.size(), "}");
@@ -52,8 +57,15 @@ class EchoService : public HttpService {
   uint16_t peer_port() const { return peer_port_.load(); }
   uint16_t local_port() const { return local_port_.load(); }
   bool local_is_loopback() const { return local_is_loopback_.load(); }
+  // Each served request's connection memo of its peer's uid, in order.
+  std::vector<std::shared_ptr<PeerUidMemo>> memos() const {
+    absl::MutexLock lock(&mu_);
+    return memos_;
+  }
 
  private:
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<PeerUidMemo>> memos_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> served_{0};
   std::atomic<uint16_t> peer_port_{0};
   std::atomic<uint16_t> local_port_{0};
@@ -121,6 +133,27 @@ TEST_F(HttpTransportTest, RequestsNameBothEndsOfTheirConnection) {
   EXPECT_EQ(service_.peer_port(), ntohs(mine.sin_port));
   EXPECT_EQ(service_.local_port(), transport_->port());
   EXPECT_TRUE(service_.local_is_loopback());
+}
+
+// A connection's requests share one memo of its peer's uid (so the kernel is asked once per
+// connection, not per request); another connection has its own.
+TEST_F(HttpTransportTest, AConnectionsRequestsShareOneMemoOfItsPeersUid) {
+  Start(HttpLimits{});
+  const int first = ConnectLoopback(transport_->port());
+  const int second = ConnectLoopback(transport_->port());
+  ASSERT_GE(first, 0);
+  ASSERT_GE(second, 0);
+  for (int fd : {first, first, second}) {
+    SendAll(fd, "GET /live HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(Status(ReadOneResponse(fd, absl::Seconds(2))), "HTTP/1.1 200");
+  }
+  ::close(first);
+  ::close(second);
+  const std::vector<std::shared_ptr<PeerUidMemo>> memos = service_.memos();
+  ASSERT_EQ(memos.size(), 3u);
+  ASSERT_NE(memos[0], nullptr);
+  EXPECT_EQ(memos[0], memos[1]);
+  EXPECT_NE(memos[0], memos[2]);
 }
 
 // Before: eight connections sending a header byte every 10 s stopped the port for good.

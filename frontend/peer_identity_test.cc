@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "frontend/peer_uid_memo.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::frontend {
@@ -169,6 +170,32 @@ TEST(PrincipalOfUidTest, OurOwnUidIsAdminOthersAreUsersUnlessTheTokenFileMapsThe
   // A table that does not name our uid leaves it the default.
   EXPECT_EQ(PrincipalOfUid(self, &tokens).role, Role::kAdmin);
   EXPECT_EQ(PrincipalOfUid(other + 1, &tokens).role, Role::kUser);
+}
+
+// A connection's uid is asked of the kernel once; its later requests get the same answer
+// without a lookup. A failed lookup is not kept: the next request asks again.
+TEST(PeerUidMemoTest, LooksUpOnceAndKeepsOnlyAFoundUid) {
+  PeerUidMemo memo;
+  int lookups = 0;
+  auto failing = [&]() -> absl::StatusOr<uid_t> {
+    ++lookups;
+    return absl::NotFoundError("no such socket");
+  };
+  EXPECT_EQ(memo.Get(failing).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(memo.Get(failing).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(lookups, 2);
+  // A real loopback connection's owner, as the HTTP port finds it.
+  LoopbackPair pair(asio::ip::make_address("127.0.0.1"));
+  auto real = [&]() -> absl::StatusOr<uid_t> {
+    ++lookups;
+    return LoopbackPeerUid(pair.server.local_endpoint(), pair.server.remote_endpoint());
+  };
+  for (int request = 0; request < 3; ++request) {
+    absl::StatusOr<uid_t> uid = memo.Get(real);
+    ASSERT_TRUE(uid.ok()) << uid.status();
+    EXPECT_EQ(*uid, ::geteuid());
+  }
+  EXPECT_EQ(lookups, 3) << "one lookup for three requests";
 }
 
 }  // namespace
