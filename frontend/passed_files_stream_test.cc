@@ -54,8 +54,7 @@ TEST(PassedFilesStreamTest, ALargeFileIsCopiedWithoutHoldingItInMemory) {
     std::vector<char> chunk(size_t{1} << 20);
     for (size_t done = 0; done < kFileBytes; done += chunk.size()) {
       std::memset(chunk.data(), static_cast<int>('a' + (done >> 20) % 26), chunk.size());
-      ASSERT_EQ(::write(out.get(), chunk.data(), chunk.size()),
-                static_cast<ssize_t>(chunk.size()));
+      ASSERT_EQ(::write(out.get(), chunk.data(), chunk.size()), static_cast<ssize_t>(chunk.size()));
     }
   }
   UniqueFd passed(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
