@@ -49,6 +49,8 @@ struct GpuScheduler::RunResult {
   // False for a task abandoned before its Run went out (AbandonUnrun): it never touched the
   // weights, so its failure does not make the region untrusted.
   bool ran = true;
+  // It gave the GPU back before its Run (YieldUnrun): it goes back to the queue, unanswered.
+  bool requeue = false;
 };
 
 struct GpuScheduler::Running {
@@ -63,10 +65,15 @@ struct GpuScheduler::Running {
   // Switcher reports the copy's end (CopyEnded). The run then has no slot.
   std::unique_ptr<RunResult> answered;
   // Placed on `slot` (Prepare sent, its copy started) with its Run held until its inputs arrive
-  // (InputsEnded); `batch` is the Run's.
+  // (InputsEnded) and its optimizer state is restored off the loop (RestoreEnded); `batch` is
+  // the Run's. While `restoring`, `training` is the restore's and the run holds the GPU whatever
+  // happens to it, until RestoreEnded.
   bool awaiting_inputs = false;
+  bool restoring = false;
   uint32_t batch = 0;
+  absl::Time placed_at = absl::InfinitePast();  // when it was placed (its inputs' hold)
   bool copied = false;  // its switch's copy ended well (CopyEnded)
+  bool RunHeld() const { return awaiting_inputs || restoring; }
 };
 
 GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
@@ -83,7 +90,8 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       deadline_timer_(loop_->io()),
       respawn_timer_(loop_->io()),
       silence_timer_(loop_->io()),
-      shutdown_timer_(loop_->io()) {
+      shutdown_timer_(loop_->io()),
+      inputs_hold_timer_(loop_->io()) {
   WorkerPoolOptions pool;
   pool.gpu = options.gpu;
   pool.workers = options.workers;
@@ -179,6 +187,8 @@ void GpuScheduler::AfterEvent() {
   ArmTimer(silence_timer_, armed_silence_,
            stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline(),
            [this] { pool_->KillSilent(absl::Now()); });
+  ArmTimer(inputs_hold_timer_, armed_inputs_hold_,
+           stopping_ ? absl::InfiniteFuture() : InputsHoldEnds(), [] {});
 }
 
 void GpuScheduler::ArmTimer(asio::steady_timer& timer, absl::Time& armed, absl::Time deadline,
@@ -295,9 +305,14 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
-  running_.reset();  // its training state is dropped: it resumes from its last checkpoint
   absl::Status failed = absl::UnavailableError(absl::StrCat(
       "task ", id, " failed: ", why.message(), "; the task's model state is its last checkpoint"));
+  if (running_->restoring) {
+    // Its state is still being copied into the arena: the GPU stays held until that ends.
+    AbandonUnrun(killed ? MarkKilled(std::move(failed)) : failed);
+    return;
+  }
+  running_.reset();  // its training state is dropped: it resumes from its last checkpoint
   Finish(id, killed ? MarkKilled(std::move(failed)) : failed);
 }
 
@@ -312,6 +327,12 @@ void GpuScheduler::StopRunning() {
             ? absl::CancelledError("pswitchd is shutting down")
             : absl::CancelledError(absl::StrCat("task ", id, " stopped before its inputs arrived"));
     AbandonUnrun(std::move(why));
+    return;
+  }
+  if (running_->restoring) {
+    // No Run went out yet and none will: the restore's end completes it as a run stopped
+    // before its first iteration (RestoreEnded). Nothing to kill meanwhile.
+    running_->stop_sent = true;
     return;
   }
   // An unreachable worker is dead; its death event fails the task.
@@ -347,7 +368,9 @@ void GpuScheduler::EnforceDeadlines() {
 void GpuScheduler::EnforceStop() {
   std::optional<StopDeadline::Expired> expired = stop_deadline_.Due(absl::Now());
   // A run whose checkpoint is being written (slot -1) has no worker left to kill.
-  if (!expired || running_ == nullptr || running_->task_id != expired->task || running_->slot < 0) {
+  // Nor does one whose state is being restored (its Run never went out; the restore is bounded).
+  if (!expired || running_ == nullptr || running_->task_id != expired->task || running_->slot < 0 ||
+      running_->restoring) {
     return;
   }
   // Its death event fails the run and respawns the worker.
@@ -389,12 +412,18 @@ void GpuScheduler::EndBubble(absl::Duration grace) {
 }
 
 void GpuScheduler::MaybePreempt() {
-  const TaskTicket* waiting = queue_.Peek();
+  // A task that yielded while its inputs arrive preempts nothing until they are in.
+  const TaskTicket* waiting = queue_.PeekIf([this](const TaskTicket& t) { return !Parked(t.id); });
   auto spec = specs_.find(running_->task_id);
   if (waiting == nullptr || running_->stop_sent || spec == specs_.end()) return;
-  // A task waiting for its inputs holds its place, as the inference it is would once running:
-  // the front end's frame deadline bounds how long.
-  if (running_->awaiting_inputs) return;
+  if (running_->awaiting_inputs) {
+    // It holds its place, as the inference it is would once running, but only for its hold
+    // while a task that can run at once waits.
+    const TaskTicket* ready =
+        queue_.PeekIf([this](const TaskTicket& t) { return !InputsArriving(t.id); });
+    if (ready != nullptr && absl::Now() >= InputsHoldEnds()) YieldUnrun(ready->id);
+    return;
+  }
   const TaskSpec& s = spec->second.first;
   TaskTicket running{running_->task_id, s.model, s.kind, s.priority, s.deadline};
   running.arrival_seq = INT64_MIN;  // it was scheduled first
@@ -410,10 +439,12 @@ void GpuScheduler::MaybePreempt() {
 void GpuScheduler::MaybeStart() {
   while (true) {
     if (running_ != nullptr) {
-      MaybePreempt();
-      return;
+      MaybePreempt();  // a task that yields unrun may give the GPU back at once
+      if (running_ != nullptr) return;
     }
-    const TaskTicket* next = queue_.Peek();
+    // A task that yielded while its inputs arrive waits for them, unless nothing else waits.
+    const TaskTicket* next = queue_.PeekIf([this](const TaskTicket& t) { return !Parked(t.id); });
+    if (next == nullptr) next = queue_.Peek();
     const TaskTicket* fill_run = bubble_runs_.Next(/*tasks_waiting=*/next != nullptr);
     const bool fill = fill_run != nullptr;
     if (next == nullptr && !fill) return;
@@ -435,7 +466,7 @@ void GpuScheduler::MaybeStart() {
     if (fill) {
       bubble_runs_.Taken();
     } else {
-      queue_.Pop();
+      queue_.Remove(ticket.id);
     }
     absl::Status started = outlook == WorkerPool::Outlook::kNever ? never : StartTask(ticket);
     if (!started.ok()) Finish(ticket.id, started);
@@ -469,32 +500,39 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   if (switcher_->last_stop_sent_ns() >= spec.arrival_ns) {
     run->timeline.stop_sent_ns = switcher_->last_stop_sent_ns();
   }
-  if (spec.kind == TaskKind::kTraining) {
+  const CheckpointKey state_key = spec.fill ? spec.fill->state_key : CheckpointKey::Task(ticket.id);
+  const uint64_t optimizer_bytes =
+      spec.kind == TaskKind::kTraining
+          ? models::OptimizerStateSlots(spec.trainer) * run->entry->optimizer_slot_bytes
+          : 0;
+  if (spec.kind == TaskKind::kTraining && optimizer_bytes == 0) {
+    // A stateless optimizer: no area, nothing to copy.
     PSWITCH_ASSIGN_OR_RETURN(
-        run->training,
-        TrainingState::Begin(daemon_, checkpoints_.get(), ticket.id,
-                             spec.fill ? spec.fill->state_key : CheckpointKey::Task(ticket.id),
-                             models::OptimizerStateSlots(spec.trainer) *
-                                 run->entry->optimizer_slot_bytes));
+        run->training, TrainingState::Begin(daemon_, checkpoints_.get(), ticket.id, state_key, 0));
   }
   PSWITCH_ASSIGN_OR_RETURN(Switcher::Placement placed,
                            switcher_->Place(ticket.id, *run->entry, run->timeline));
   run->transmission = placed.transmission;
   const uint32_t batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;
-  if (!inputs_ended) {
-    // The switch is under way; the Run waits for the bytes (InputsEnded).
+  if (!inputs_ended || optimizer_bytes > 0) {
+    // The switch is under way; the Run waits for the bytes (InputsEnded) and for the optimizer
+    // state's restore (RestoreEnded), which overlaps the weights' copy.
     run->slot = placed.slot;
     run->batch = batch;
-    run->awaiting_inputs = true;
+    run->placed_at = absl::Now();
+    run->awaiting_inputs = !inputs_ended;
+    run->restoring = optimizer_bytes > 0;
     if (run->transmission != nullptr) {
       tasks_.SetState(ticket.id, TaskState::kSwitching, 0, pool_->pid(placed.slot));
     }
-    Event(base::LogLevel::kInfo, "task_awaits_inputs")
+    Event(base::LogLevel::kInfo, run->awaiting_inputs ? "task_awaits_inputs" : "task_awaits_state")
         .Field("task", ticket.id)
         .Field("model", spec.model)
         .Field("slot", placed.slot)
+        .Field("optimizer_bytes", optimizer_bytes)
         .Field("switching", run->transmission != nullptr);
     running_ = std::move(run);
+    if (optimizer_bytes > 0) RestoreState(ticket.id, state_key, optimizer_bytes);
     return absl::OkStatus();
   }
   if (spec.inputs_arrival) run->timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
@@ -523,32 +561,102 @@ void GpuScheduler::InputsEnded(uint64_t task_id) {
   }
   // Still queued: it runs when its turn comes, as any task.
   if (running_ == nullptr || running_->task_id != task_id || !running_->awaiting_inputs) return;
+  running_->awaiting_inputs = false;
+  SendHeldRun();
+}
+
+void GpuScheduler::SendHeldRun() {
   Running& run = *running_;
-  run.awaiting_inputs = false;
-  run.timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
+  if (run.RunHeld() || run.stop_sent) return;
+  const TaskSpec& spec = specs_.at(run.task_id).first;
+  if (spec.inputs_arrival) run.timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
   absl::Status sent = CheckRegionSlices(spec);
   if (sent.ok()) sent = SendRun(run, run.slot, spec, run.batch);
   if (!sent.ok()) AbandonUnrun(std::move(sent));
 }
 
-void GpuScheduler::AbandonUnrun(absl::Status why) {
-  std::unique_ptr<Running> run = std::move(running_);
-  run->awaiting_inputs = false;
+void GpuScheduler::RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes) {
+  // The job owns what it makes until the loop takes it; if the loop has ended by then, the
+  // state (its lease, its pinned staging) goes with the dropped post, off the loop.
+  checkpointing_.Add([this, task_id, key, optimizer_bytes, daemon = daemon_,
+                      checkpoints = checkpoints_, loop = loop_,
+                      before = options_.before_state_restore] {
+    if (before) before(task_id);
+    auto state = std::make_shared<absl::StatusOr<std::unique_ptr<TrainingState>>>(
+        TrainingState::Begin(daemon, checkpoints.get(), task_id, key, optimizer_bytes));
+    loop->Post([this, task_id, state] { RestoreEnded(task_id, std::move(*state)); });
+  });
+}
+
+void GpuScheduler::RestoreEnded(uint64_t task_id,
+                                absl::StatusOr<std::unique_ptr<TrainingState>> state) {
+  if (running_ == nullptr || running_->task_id != task_id || !running_->restoring) {
+    // Every run whose state is being restored holds the GPU until this end; should one not,
+    // its state still goes off the loop.
+    Event(base::LogLevel::kWarn, "state_restore_orphaned").Field("task", task_id);
+    checkpointing_.Add([orphan = std::make_shared<decltype(state)>(std::move(state))]() mutable {
+      orphan.reset();
+    });
+    return;
+  }
+  running_->restoring = false;
+  absl::Status restored = state.status();
+  if (restored.ok()) running_->training = std::move(*state);
+  Event(base::LogLevel::kInfo, "task_state_restored")
+      .Field("task", task_id)
+      .Field("ok", restored.ok())
+      .FieldMs("after_placed_ms", absl::Now() - running_->placed_at);
+  if (running_->answered != nullptr) {
+    // Abandoned while its state was copied: answered now, or when its copy ends.
+    std::unique_ptr<Running> run = std::move(running_);
+    std::unique_ptr<RunResult> result = std::move(run->answered);
+    HoldOrComplete(std::move(run), std::move(*result));
+    return;
+  }
+  if (!restored.ok()) {
+    AbandonUnrun(absl::Status(restored.code(), absl::StrCat("task ", task_id,
+                                                            ": its optimizer state could not be "
+                                                            "restored: ",
+                                                            restored.message())));
+    return;
+  }
+  if (running_->stop_sent) {
+    // Told to stop (preempted, cancelled, its bubble ended, shutdown) before its Run: it ends as
+    // a run stopped before its first iteration, and EndTraining saves its state (unchanged) for
+    // its resume or drops it, as for any stopped run.
+    std::unique_ptr<Running> run = std::move(running_);
+    RunResult result = Unrun(*run, absl::OkStatus());
+    const TaskSpec& spec = specs_.at(task_id).first;
+    result.outcome.stopped_early = true;
+    result.outcome.paused_at = absl::Now();
+    result.outcome.iterations_done = spec.fill ? spec.fill->first_iteration
+                                     : resume_iteration_.contains(task_id)
+                                         ? resume_iteration_.at(task_id)
+                                         : 0;
+    HoldOrComplete(std::move(run), std::move(result));
+    return;
+  }
+  SendHeldRun();
+}
+
+GpuScheduler::RunResult GpuScheduler::Unrun(const Running& run, absl::Status why) {
   RunResult result;
-  result.slot = run->slot;
+  result.slot = run.slot;
   result.status = std::move(why);
   result.ran = false;
-  result.outcome.task_id = run->task_id;
-  result.outcome.timeline = run->timeline;
+  result.outcome.task_id = run.task_id;
+  result.outcome.timeline = run.timeline;
   result.outcome.timeline.result_ns = base::MonotonicNowNs();
   result.outputs = std::vector<proto::HostTensor>();
-  Event(base::LogLevel::kInfo, "task_abandoned_unrun")
-      .Field("task", run->task_id)
-      .Field("slot", run->slot)
-      .Field("error", result.status);
-  if (run->transmission != nullptr && !run->transmission->finished()) {
+  return result;
+}
+
+void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result) {
+  run->awaiting_inputs = false;
+  if (run->restoring || (run->transmission != nullptr && !run->transmission->finished())) {
     // As a task answered before its copy ended (OnRunDone): the GPU stays held, with no slot,
-    // until the Switcher reports the copy's end; the worker is idle.
+    // until the Switcher reports the copy's end (CopyEnded) and the state's restore has ended
+    // (RestoreEnded); the worker is idle (a Prepare only set its gate).
     run->slot = -1;
     run->stop_sent = true;
     run->answered = std::make_unique<RunResult>(std::move(result));
@@ -556,6 +664,50 @@ void GpuScheduler::AbandonUnrun(absl::Status why) {
     return;
   }
   CompleteRun(std::move(run), std::move(result));
+}
+
+void GpuScheduler::AbandonUnrun(absl::Status why) {
+  std::unique_ptr<Running> run = std::move(running_);
+  RunResult result = Unrun(*run, std::move(why));
+  Event(base::LogLevel::kInfo, "task_abandoned_unrun")
+      .Field("task", run->task_id)
+      .Field("slot", run->slot)
+      .Field("error", result.status);
+  HoldOrComplete(std::move(run), std::move(result));
+}
+
+void GpuScheduler::YieldUnrun(uint64_t to_task) {
+  std::unique_ptr<Running> run = std::move(running_);
+  const absl::Duration held = absl::Now() - run->placed_at;
+  inputs_yielded_.insert(run->task_id);
+  Event(base::LogLevel::kInfo, "task_yields_gpu")
+      .Field("task", run->task_id)
+      .Field("model", specs_.at(run->task_id).first.model)
+      .Field("slot", run->slot)
+      .FieldMs("held_ms", held)
+      .Field("to_task", to_task)
+      .Field("reason", "inputs still arriving");
+  RunResult result = Unrun(*run, absl::OkStatus());
+  result.requeue = true;
+  HoldOrComplete(std::move(run), std::move(result));
+}
+
+bool GpuScheduler::InputsArriving(uint64_t id) const {
+  auto entry = specs_.find(id);
+  return entry != specs_.end() && entry->second.first.inputs_arrival != nullptr &&
+         !entry->second.first.inputs_arrival->ended().has_value();
+}
+
+absl::Time GpuScheduler::InputsHoldEnds() const {
+  if (running_ == nullptr || !running_->awaiting_inputs || running_->stop_sent) {
+    return absl::InfiniteFuture();
+  }
+  const TaskTicket* ready =
+      queue_.PeekIf([this](const TaskTicket& t) { return !InputsArriving(t.id); });
+  if (ready == nullptr) return absl::InfiniteFuture();
+  // A task that yielded once holds the GPU only while nothing else can run.
+  return running_->placed_at + (inputs_yielded_.contains(running_->task_id) ? absl::ZeroDuration()
+                                                                            : options_.inputs_hold);
 }
 
 absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch) {
@@ -644,16 +796,17 @@ void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
   if (running_ == nullptr || running_->task_id != task) return;
   if (copied.ok()) {
     running_->copied = true;
-    // A task still waiting for its inputs stays "switching" until its Run goes out (SendRun).
-    if (!running_->awaiting_inputs) tasks_.MarkTransmitted(task);
+    // A task still waiting for its inputs or state stays "switching" until its Run goes out.
+    if (!running_->RunHeld()) tasks_.MarkTransmitted(task);
   }
-  if (running_->awaiting_inputs) {
+  if (running_->RunHeld() && running_->answered == nullptr) {
     // Its switch failed: no Run will find its weights.
     if (!copied.ok()) AbandonUnrun(copied);
     return;
   }
-  // A run still running, or one whose checkpoint is being written, has nothing waiting here.
-  if (running_->answered == nullptr) return;
+  // A run still running, or one whose checkpoint is being written, has nothing waiting here;
+  // one whose state's restore is still in flight is completed at its end (RestoreEnded).
+  if (running_->answered == nullptr || running_->restoring) return;
   std::unique_ptr<Running> run = std::move(running_);
   std::unique_ptr<RunResult> result = std::move(run->answered);
   CompleteRun(std::move(run), std::move(*result));
@@ -677,6 +830,19 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
       telemetry_->Switched(options_.gpu, MetricModel(spec), outcome.timeline,
                            run->entry->stored->total_bytes());
     }
+  }
+  if (result.requeue) {
+    // It gave the GPU back before its Run, its inputs still arriving: back to the queue's head,
+    // unless it was cancelled or missed its deadline meanwhile.
+    if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
+      absl::Status why = std::move(reason->second);
+      stop_reasons_.erase(reason);
+      Finish(run->task_id, why);
+      return;
+    }
+    queue_.PushFront(TaskTicket{run->task_id, spec.model, spec.kind, spec.priority, spec.deadline});
+    tasks_.SetState(run->task_id, TaskState::kQueued);
+    return;
   }
   telemetry_->TaskRan(options_.gpu, run->task_id, MetricModel(spec), spec.kind, result.slot,
                       outcome.timeline, status.ok());
@@ -824,6 +990,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   auto it = specs_.find(task_id);
   tasks_.Finish(task_id, outcome.status(), outcome.ok() ? outcome->iterations_done : 0);
   resume_iteration_.erase(task_id);
+  inputs_yielded_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
   const TaskSpec& spec = it->second.first;
@@ -895,6 +1062,13 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
     if (running_ != nullptr && running_->task_id == task_id && running_->awaiting_inputs) {
       // Placed, but not running yet: it gives the GPU back.
       AbandonUnrun(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      return;
+    }
+    if (running_ != nullptr && running_->task_id == task_id && running_->answered != nullptr &&
+        running_->answered->requeue) {
+      // It yielded unrun and waits for its copy's end to go back to the queue: it goes nowhere.
+      stop_reasons_.emplace(task_id,
+                            absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       return;
     }
     if (running_ != nullptr && running_->task_id == task_id && spec != specs_.end() &&

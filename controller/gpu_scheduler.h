@@ -15,14 +15,20 @@
 // Training stops at iteration boundaries; its weights (and buffers) are checkpointed from the
 // region back to the pinned store whenever it stops cleanly (never after a failed run, nor from
 // a switch whose copy did not complete), and its optimizer state to host memory when it is
-// preempted, so a preempted task resumes exactly. Those copies run off the loop (EndTraining).
+// preempted, so a preempted task resumes exactly. Those copies run off the loop (EndTraining),
+// and so does the restore of a starting run's optimizer state from its checkpoint (lease, copy
+// into the arena, pinned staging): the run is placed and its switch started meanwhile, its Run
+// waits for the restore's end (RestoreEnded), and the GPU stays held until that end whatever
+// happens to the task, so nothing is freed or reused under the copy.
 //
 // A task whose inputs are still arriving (TaskSpec::inputs_arrival: a raw TCP payload) is queued
 // and started like any other: when its turn comes it is placed, the old tenant told to stop and
 // its model's copy started, but its Run waits for the arrival's end (InputsEnded), so the switch
-// overlaps the payload's receipt. Meanwhile it holds its place: it owns the GPU, as a running
-// inference does (nothing preempts one), for as long as the front end's frame deadline lets the
-// bytes take. An arrival that fails, a deadline, a cancel or shutdown abandon it unrun
+// overlaps the payload's receipt. Meanwhile it owns the GPU, as a running inference does, but
+// only for SchedulerOptions::inputs_hold while a task that can run at once waits: then it yields
+// unrun (YieldUnrun) and goes back to the queue's head, its bytes still arriving; it is placed
+// again once they are in, or earlier only when nothing else can run (and then yields at once to
+// a ready task). An arrival that fails, a deadline, a cancel or shutdown abandon it unrun
 // (AbandonUnrun): its switch is completed as a task that never touched the weights, so the region
 // stays trusted once the copy ends, the worker is idle (a Prepare is only the worker's gate
 // state), and the GPU goes to the next task.
@@ -72,6 +78,9 @@ struct SchedulerOptions {
   absl::Duration drain_timeout = absl::Seconds(30);
   // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails.
   absl::Duration worker_silence_timeout = absl::Seconds(10);
+  // A task placed while its raw payload still arrives keeps the GPU at most this long after its
+  // placement while a task that can run at once waits; then it yields unrun to the queue's head.
+  absl::Duration inputs_hold = absl::Milliseconds(100);
   // Unfinished tasks (queued or running) this GPU accepts; beyond, Submit is refused.
   size_t max_queued_tasks = 4096;
   // Where tasks, switches, preemptions and worker deaths are counted (GET /metrics), shared by
@@ -82,6 +91,9 @@ struct SchedulerOptions {
   std::function<absl::StatusOr<std::unique_ptr<WorkerLink>>(uint32_t worker_id,
                                                             WorkerProcess::EventHandler)>
       launch;
+  // Tests: runs off the loop, on the state-copy thread, before a training run's optimizer state
+  // is restored (e.g. to make the restore slow).
+  std::function<void(uint64_t task)> before_state_restore;
 };
 
 // One GPU as GET /v1/gpus shows it.
@@ -177,6 +189,28 @@ class GpuScheduler : private WorkerPool::Listener {
   // The running task, placed but never sent its Run (its inputs had not arrived), fails with
   // `why` and gives the GPU back: at once, or when its switch's copy ends.
   void AbandonUnrun(absl::Status why);
+  // The running task's Run, held until its inputs arrived and its optimizer state was restored,
+  // goes out once neither is awaited (and it was not told to stop); a failed send abandons it.
+  void SendHeldRun();
+  // Task `task_id`'s optimizer state (`optimizer_bytes` > 0, checkpointed under `key`) is
+  // restored off the loop; RestoreEnded gets the result.
+  void RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes);
+  // The restore of task `task_id`'s optimizer state ended (loop): the run gets its state and its
+  // Run, or fails with why the state could not be restored; a run stopped meanwhile ends as a
+  // run stopped before its first iteration (its state saved again when it resumes later), and
+  // one abandoned meanwhile is answered now.
+  void RestoreEnded(uint64_t task_id, absl::StatusOr<std::unique_ptr<TrainingState>> state);
+  // The running task, placed but waiting for its inputs past its hold while `to_task` could run
+  // at once, gives the GPU back unrun: to the queue's head, its payload still arriving.
+  void YieldUnrun(uint64_t to_task);
+  // Whether task `id`'s inputs are still arriving (a raw payload not yet all in).
+  bool InputsArriving(uint64_t id) const;
+  // Whether task `id` yielded the GPU and its inputs are still arriving: it is placed again
+  // only when no other task waits.
+  bool Parked(uint64_t id) const { return inputs_yielded_.contains(id) && InputsArriving(id); }
+  // When the running task, waiting for its inputs, must yield to a ready queued task;
+  // InfiniteFuture when it need not.
+  absl::Time InputsHoldEnds() const;
   // Sends the Run; the task is then running (or switching) on `slot`.
   absl::Status SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch);
   // What a RunDone said, copied out of its frame (ReadRunDone) so it can wait for the switch's
@@ -185,6 +219,11 @@ class GpuScheduler : private WorkerPool::Listener {
   // `placed`: the run's timeline so far.
   static RunResult ReadRunDone(int slot, const SwitchTimeline& placed,
                                const proto::RunDone& done);
+  // What a run placed but never sent its Run ends with: `why` (OK for one stopped or yielded).
+  static RunResult Unrun(const Running& run, absl::Status why);
+  // Completes `run` with `result`, or, while its copy or its state's restore is in flight, keeps
+  // it as a placeholder holding the GPU (no slot) that CopyEnded or RestoreEnded completes.
+  void HoldOrComplete(std::unique_ptr<Running> run, RunResult result);
   // Answers (or, for training, checkpoints) the run `run` whose worker reported `result`; its
   // switch's copy has ended, if it had one, so the answer carries the copy's phases (or fails
   // with the copy's error). The one completion of a run, whenever its RunDone came.
@@ -227,6 +266,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // Why a running task was told to stop for good (cancelled, past its deadline): its answer.
   std::map<uint64_t, absl::Status> stop_reasons_;
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // of unfinished tasks that have one
+  // Tasks that yielded the GPU while their inputs arrived (YieldUnrun): no second hold.
+  std::set<uint64_t> inputs_yielded_;
   std::unique_ptr<Running> running_;
   // Unloads waiting for their model's last task, copy or load to end (DropModel).
   std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_;
@@ -247,14 +288,18 @@ class GpuScheduler : private WorkerPool::Listener {
   asio::steady_timer respawn_timer_;   // the pool's next restart
   asio::steady_timer silence_timer_;   // the pool's next worker silent too long
   asio::steady_timer shutdown_timer_;  // shutdown's bound on a running task
+  asio::steady_timer inputs_hold_timer_;  // InputsHoldEnds
   absl::Time armed_kill_ = absl::InfiniteFuture();
   absl::Time armed_deadline_ = absl::InfiniteFuture();
   absl::Time armed_respawn_ = absl::InfiniteFuture();
   absl::Time armed_silence_ = absl::InfiniteFuture();
+  absl::Time armed_inputs_hold_ = absl::InfiniteFuture();
   bool shutdown_timer_armed_ = false;
   std::thread loop_thread_;
-  // Training checkpoints, off the loop (EndTraining). Last: destroyed first, once the loop has
-  // ended, it finishes the checkpoints still queued before anything they use goes.
+  // Training state copies, off the loop: checkpoints (EndTraining) and restores (RestoreState),
+  // one at a time in order, so a restore finds the checkpoint saved before it. Last: destroyed
+  // first, once the loop has ended, it finishes the copies still queued before anything they
+  // use goes.
   BlockingWork checkpointing_;
 };
 

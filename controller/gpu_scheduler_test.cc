@@ -1,7 +1,10 @@
 // The scheduler with a task whose inputs are still arriving (issue 26, item 3: a raw TCP
-// payload): its switch starts from the header, its Run waits for the inputs, and inputs that
-// never arrive fail it cleanly and give the GPU to the next task. Fake workers (the test plays
-// their side), an in-process memdaemon on the host backend, a real catalog of tiny models.
+// payload): its switch starts from the header, its Run waits for the inputs, inputs that never
+// arrive fail it cleanly and give the GPU to the next task, and a trickling payload gives the GPU
+// back to a ready task after its hold. And a training run's optimizer state is restored off the
+// loop (issue 26, item 6): its Run waits for the restore, which blocks nothing else, and a
+// preempted run resumes from exactly the state it left. Fake workers (the test plays their
+// side), an in-process memdaemon on the host backend, a real catalog of tiny models.
 #include "controller/gpu_scheduler.h"
 
 #include <atomic>
@@ -13,6 +16,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "base/log.h"
 #include "controller/inputs_arrival.h"
 #include "gtest/gtest.h"
 #include "memdaemon/host_test_daemon.h"
@@ -32,18 +37,31 @@ class Record {
     absl::MutexLock lock(&mu_);
     commands_.push_back(std::move(line));
   }
+  // A Run's optimizer area and first iteration.
+  struct RunState {
+    uint64_t optimizer_offset = 0;
+    uint64_t optimizer_bytes = 0;
+    uint32_t first_iteration = 0;
+  };
+  void Run(uint64_t task, RunState state) {
+    absl::MutexLock lock(&mu_);
+    runs_[task] = state;
+  }
+  RunState LastRun(uint64_t task) {
+    absl::MutexLock lock(&mu_);
+    return runs_[task];
+  }
   void Answer(uint64_t task, absl::StatusOr<TaskOutcome> outcome) {
     absl::MutexLock lock(&mu_);
     answers_.emplace(task, std::move(outcome));
   }
-  // Whether a command starting with `prefix` was sent within `timeout`.
-  bool AwaitCommand(const std::string& prefix, absl::Duration timeout) {
+  // Whether `count` commands starting with `prefix` were sent within `timeout`.
+  bool AwaitCommand(const std::string& prefix, absl::Duration timeout, int count = 1) {
     absl::MutexLock lock(&mu_);
     auto sent = [&] {
-      for (const std::string& c : commands_) {
-        if (absl::StartsWith(c, prefix)) return true;
-      }
-      return false;
+      int n = 0;
+      for (const std::string& c : commands_) n += absl::StartsWith(c, prefix) ? 1 : 0;
+      return n >= count;
     };
     return mu_.AwaitWithTimeout(absl::Condition(&sent), timeout);
   }
@@ -68,6 +86,7 @@ class Record {
   absl::Mutex mu_;
   std::vector<std::string> commands_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::StatusOr<TaskOutcome>> answers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, RunState> runs_ ABSL_GUARDED_BY(mu_);
 };
 
 // A worker that is only its commands: each is recorded as "<kind> <slot> <details>"; the test
@@ -84,7 +103,11 @@ class ScriptedWorker : public WorkerLink {
     std::string line = absl::StrCat(proto::EnumNameWorkerCommandBody(c->body_type()), " ");
     if (auto* load = c->body_as_LoadModel()) absl::StrAppend(&line, load->name()->str(), " ");
     if (auto* prepare = c->body_as_Prepare()) absl::StrAppend(&line, prepare->model()->str(), " ");
-    if (auto* run = c->body_as_Run()) absl::StrAppend(&line, run->task_id(), " ");
+    if (auto* run = c->body_as_Run()) {
+      absl::StrAppend(&line, run->task_id(), " ");
+      record_->Run(run->task_id(), {run->optimizer_state_offset(), run->optimizer_state_bytes(),
+                                    run->first_iteration()});
+    }
     absl::StrAppend(&line, "slot ", slot_);
     record_->Command(std::move(line));
     return absl::OkStatus();
@@ -106,9 +129,9 @@ class ScriptedWorker : public WorkerLink {
         b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, body.Union()));
     Emit(b);
   }
-  void RunDone(uint64_t task) {
+  void RunDone(uint64_t task, uint32_t iterations_done = 0, bool stopped_early = false) {
     flatbuffers::FlatBufferBuilder b;
-    auto body = proto::CreateRunDone(b, task);
+    auto body = proto::CreateRunDone(b, task, 0, iterations_done, stopped_early);
     proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
     Emit(b);
   }
@@ -138,6 +161,11 @@ class InputsArrivingTest : public ::testing::Test {
     options.workers = kWorkers;
     options.region_offset = 32 << 20;                 // clear of any lease
     options.worker_silence_timeout = absl::Hours(1);  // the scripted workers send no heartbeat
+    options.inputs_hold = inputs_hold_;
+    options.before_state_restore = [this](uint64_t) {
+      absl::MutexLock lock(&gate_mu_);
+      gate_mu_.Await(absl::Condition(&restores_open_));
+    };
     options.launch =
         [this](uint32_t slot,
                WorkerProcess::EventHandler handler) -> absl::StatusOr<std::unique_ptr<WorkerLink>> {
@@ -168,7 +196,41 @@ class InputsArrivingTest : public ::testing::Test {
     }
     ASSERT_TRUE(scheduler_->AwaitWorkersReady(kWait));
   }
-  void TearDown() override { scheduler_.reset(); }
+  void TearDown() override {
+    OpenRestores();  // a restore still held must end for the scheduler to shut down
+    scheduler_.reset();
+  }
+  // Restores of optimizer state wait (off the loop) until OpenRestores.
+  void HoldRestores() {
+    absl::MutexLock lock(&gate_mu_);
+    restores_open_ = false;
+  }
+  void OpenRestores() {
+    absl::MutexLock lock(&gate_mu_);
+    restores_open_ = true;
+  }
+  // A training task of `model` for `iterations` (SGD with momentum: one slot of state).
+  uint64_t SubmitTraining(const std::string& model, uint32_t iterations) {
+    TaskSpec spec;
+    spec.model = model;
+    spec.kind = TaskKind::kTraining;
+    spec.iterations = iterations;
+    auto id = std::make_shared<std::atomic<uint64_t>>(0);
+    absl::StatusOr<uint64_t> task =
+        scheduler_->Submit(std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
+          record_.Answer(id->load(), outcome);
+        });
+    EXPECT_TRUE(task.ok()) << task.status();
+    id->store(task.ok() ? *task : 0);
+    return id->load();
+  }
+  size_t OptimizerLeases() const {
+    size_t n = 0;
+    for (const memdaemon::Lease& l : daemon_->leases().List()) {
+      n += l.owner.ends_with("-optimizer") ? 1 : 0;
+    }
+    return n;
+  }
 
   ScriptedWorker* Worker(int slot) {
     absl::MutexLock lock(&workers_mu_);
@@ -205,6 +267,10 @@ class InputsArrivingTest : public ::testing::Test {
   // Every event posted before this call has been handled.
   void Settle() { ASSERT_TRUE(scheduler_->Snapshot(kWait).ok()); }
 
+  // Long by default: a task waiting for its inputs keeps the GPU for these tests' whole length.
+  absl::Duration inputs_hold_ = absl::Hours(1);
+  absl::Mutex gate_mu_;
+  bool restores_open_ ABSL_GUARDED_BY(gate_mu_) = true;
   Record record_;
   std::unique_ptr<memdaemon::MemDaemon> daemon_;
   std::unique_ptr<ModelCatalog> catalog_;
@@ -298,6 +364,162 @@ TEST_F(InputsArrivingTest, InputsAlreadyInWhenItsTurnComesRunAtOnce) {
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_GT(outcome->timeline.inputs_ns, 0);
   EXPECT_LE(outcome->timeline.inputs_ns, outcome->timeline.placed_ns);
+}
+
+// A client that trickles its payload holds the GPU only for the hold while another task could
+// run: it yields unrun, the ready task runs, and the trickler runs once its bytes are in.
+class InputsHoldTest : public InputsArrivingTest {
+ protected:
+  void SetUp() override {
+    inputs_hold_ = absl::Milliseconds(50);
+    base::SetLogSink(sink_);
+    InputsArrivingTest::SetUp();
+  }
+  void TearDown() override {
+    InputsArrivingTest::TearDown();
+    base::SetLogSink(std::make_shared<base::FdLogSink>());
+  }
+  std::shared_ptr<base::MemoryLogSink> sink_ = std::make_shared<base::MemoryLogSink>();
+};
+
+TEST_F(InputsHoldTest, ATricklingTaskYieldsToAReadyTaskAfterItsHoldAndRunsOnceItsInputsAreIn) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t trickling = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const absl::Time ready_submitted = absl::Now();
+  const uint64_t ready = Submit("b");
+  // The ready task runs while the trickler's bytes are still arriving, once its hold is over.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", ready, " "), kWait)) << record_.Commands();
+  EXPECT_GE(absl::Now() - ready_submitted, absl::Milliseconds(40)) << "the trickler kept its hold";
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", trickling, " ")));
+  ASSERT_TRUE(sink_->AwaitEvent("task_yields_gpu",
+                                {absl::StrCat("task=", trickling), absl::StrCat("to_task=", ready)},
+                                kWait));
+  EXPECT_NE(sink_->Events("task_yields_gpu")[0].find("held_ms="), std::string::npos);
+  auto status = scheduler_->Query(trickling);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state, TaskState::kQueued) << "back in the queue, not failed";
+  Worker(SlotOf(absl::StrCat("Run ", ready, " ")))->RunDone(ready);
+  ASSERT_TRUE(record_.AwaitAnswer(ready, kWait).ok());
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", trickling, " "))) << "it ran without its inputs";
+
+  // Its bytes come in: it is placed again and runs like any task.
+  arrival->End(absl::OkStatus());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", trickling, " "), kWait))
+      << record_.Commands();
+  Worker(SlotOf(absl::StrCat("Run ", trickling, " ")))->RunDone(trickling);
+  absl::StatusOr<TaskOutcome> outcome = record_.AwaitAnswer(trickling, kWait);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(record_.AwaitAnswer(trickling, kWait)->task_id, trickling);
+}
+
+TEST_F(InputsHoldTest, WithNothingElseWaitingATricklingTaskKeepsTheGpu) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t trickling = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  absl::SleepFor(absl::Milliseconds(150));  // three holds: nothing waits, nothing yields
+  Settle();
+  EXPECT_TRUE(sink_->Events("task_yields_gpu").empty());
+  arrival->End(absl::OkStatus());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", trickling, " "), kWait));
+  Worker(SlotOf(absl::StrCat("Run ", trickling, " ")))->RunDone(trickling);
+  EXPECT_TRUE(record_.AwaitAnswer(trickling, kWait).ok());
+}
+
+TEST_F(InputsHoldTest, ACancelOfAYieldedTaskStillArrivingAnswersIt) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t trickling = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const uint64_t ready = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", ready, " "), kWait)) << record_.Commands();
+  ASSERT_TRUE(scheduler_->Cancel(trickling).ok());
+  absl::StatusOr<TaskOutcome> cancelled = record_.AwaitAnswer(trickling, kWait);
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  Worker(SlotOf(absl::StrCat("Run ", ready, " ")))->RunDone(ready);
+  EXPECT_TRUE(record_.AwaitAnswer(ready, kWait).ok());
+  arrival->End(absl::OkStatus());
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", trickling, " ")));
+}
+
+TEST_F(InputsArrivingTest, ASlowStateRestoreBlocksNothingAndAPreemptedRunResumesFromItsExactState) {
+  ASSERT_GT(catalog_->Find("a").value()->optimizer_slot_bytes, 0u);
+  HoldRestores();
+  const uint64_t training = SubmitTraining("a", 10);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  // The restore is held off the loop: the loop still answers, and the Run waits.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(scheduler_->Snapshot(absl::Seconds(2)).ok());
+  auto status = scheduler_->Query(training);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->state, TaskState::kSwitching);
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", training, " ")))
+      << "the Run went out before the state was restored";
+  OpenRestores();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait))
+      << record_.Commands();
+  const int slot = SlotOf(absl::StrCat("Run ", training, " "));
+  const Record::RunState first = record_.LastRun(training);
+  ASSERT_GT(first.optimizer_bytes, 0u);
+  EXPECT_EQ(first.first_iteration, 0u);
+
+  // The worker trains: the state changes in place. Then an inference preempts it.
+  std::vector<std::byte> trained(first.optimizer_bytes);
+  for (size_t i = 0; i < trained.size(); ++i) trained[i] = std::byte((i * 13 + 5) & 0xff);
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, trained).ok());
+  const uint64_t inference = Submit("a");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", slot), kWait)) << record_.Commands();
+  Worker(slot)->RunDone(training, 3, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
+      << record_.Commands();
+  // The preempted run's state was saved and its area freed; scribble where it was.
+  std::vector<std::byte> junk(first.optimizer_bytes, std::byte{0x5a});
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, junk).ok());
+  HoldRestores();
+  Worker(SlotOf(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+
+  // It resumes: its state is restored (off the loop again) before its Run, byte for byte.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare a slot ", slot), kWait, 3))
+      << record_.Commands();
+  ASSERT_TRUE(scheduler_->Snapshot(absl::Seconds(2)).ok());
+  EXPECT_FALSE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), absl::ZeroDuration(), 2));
+  OpenRestores();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " slot ", slot), kWait, 2))
+      << record_.Commands();
+  const Record::RunState resumed = record_.LastRun(training);
+  ASSERT_EQ(resumed.first_iteration, 3u) << record_.Commands();
+  ASSERT_EQ(resumed.optimizer_bytes, first.optimizer_bytes);
+  std::vector<std::byte> seen(resumed.optimizer_bytes);
+  ASSERT_TRUE(daemon_->arena().CopyToHost(resumed.optimizer_offset, seen).ok());
+  EXPECT_EQ(seen, trained) << "the resumed run does not train on the state it left";
+  Worker(slot)->RunDone(training, 10);
+  absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(training, kWait);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->iterations_done, 10u);
+  Settle();
+  EXPECT_EQ(OptimizerLeases(), 0u);
+}
+
+TEST_F(InputsArrivingTest, ACancelDuringTheRestoreFreesNothingUnderItAndTheNextTaskRuns) {
+  HoldRestores();
+  const uint64_t training = SubmitTraining("a", 10);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  Settle();
+  EXPECT_EQ(OptimizerLeases(), 0u) << "the restore (lease included) waits off the loop";
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  const uint64_t next = Submit("b");
+  Settle();
+  // The GPU stays held while the restore is in flight: nothing may reuse what it writes.
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", next, " "))) << record_.Commands();
+  OpenRestores();
+  absl::StatusOr<TaskOutcome> cancelled = record_.AwaitAnswer(training, kWait);
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", next, " "), kWait)) << record_.Commands();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", training, " ")));
+  Worker(SlotOf(absl::StrCat("Run ", next, " ")))->RunDone(next);
+  EXPECT_TRUE(record_.AwaitAnswer(next, kWait).ok());
+  EXPECT_EQ(OptimizerLeases(), 0u) << "the cancelled run's lease was released after its restore";
 }
 
 }  // namespace

@@ -73,6 +73,14 @@ const TaskTicket* TaskQueue::Peek() const {
   return &*Best();
 }
 
+const TaskTicket* TaskQueue::PeekIf(absl::FunctionRef<bool(const TaskTicket&)> eligible) const {
+  const TaskTicket* best = nullptr;
+  for (const TaskTicket& task : tasks_) {
+    if (eligible(task) && (best == nullptr || RanksBefore(task, *best))) best = &task;
+  }
+  return best;
+}
+
 bool TaskQueue::Remove(uint64_t id) {
   for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
     if (it->id == id) {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -52,6 +53,8 @@ class TaskQueue {
   // The next task per policy, removed from the queue; nullopt when empty.
   std::optional<TaskTicket> Pop();
   const TaskTicket* Peek() const;
+  // The next task per policy among those `eligible` accepts; null when none.
+  const TaskTicket* PeekIf(absl::FunctionRef<bool(const TaskTicket&)> eligible) const;
   // Removes a waiting task (cancel); false when it is not waiting.
   bool Remove(uint64_t id);
   size_t size() const { return tasks_.size(); }

@@ -2,8 +2,9 @@
 // is an arena area while the run is on the GPU, filled from the task's host checkpoint, and goes
 // back to a host checkpoint when the run is preempted, so the preempting model gets the memory.
 // Its trained weights are copied from the region back to the model's pinned store whenever it
-// stops. Both copies are the memdaemon's; this only decides when. Begin runs on the loop; a
-// stopped run's state is saved by End, which blocks and runs off the loop (BlockingWork).
+// stops. Both copies are the memdaemon's; this only decides when. Begin (a restore, for a run
+// with optimizer state) and End (a stopped run's save) block: the scheduler runs both off its
+// loop (BlockingWork), in order, so a restore finds the checkpoint saved before it.
 // Not thread-safe: one thread at a time.
 #ifndef PSWITCH_CONTROLLER_TRAINING_STATE_H_
 #define PSWITCH_CONTROLLER_TRAINING_STATE_H_
@@ -22,8 +23,9 @@ namespace pswitch::controller {
 class TrainingState {
  public:
   // The state of a run of task `task` whose checkpoints are `key`'s (the task's, or its fill
-  // job's across bubbles). `optimizer_bytes` 0 (inference, a stateless optimizer): no area.
-  // ResourceExhausted when the arena cannot hold the state.
+  // job's across bubbles): leases its optimizer area and copies the checkpoint into it (blocks
+  // for that copy; call it off the loop). `optimizer_bytes` 0 (inference, a stateless
+  // optimizer): no area, nothing copied. ResourceExhausted when the arena cannot hold the state.
   static absl::StatusOr<std::unique_ptr<TrainingState>> Begin(memdaemon::MemDaemon* daemon,
                                                               StateCheckpoints* checkpoints,
                                                               uint64_t task, CheckpointKey key,

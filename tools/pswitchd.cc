@@ -91,6 +91,10 @@ ABSL_FLAG(std::string, fill_policy, "fifo", "fill-job policy: fifo, sjf, makespa
 ABSL_FLAG(int, drain_timeout_ms, 30000,
           "a worker told to stop that has not drained this long into a switch is killed and "
           "replaced, and the switch fails (its stream may wait on a flag no one will write)");
+ABSL_FLAG(int, inputs_hold_ms, 100,
+          "a task placed while its raw TCP payload still arrives gives the GPU back (to the "
+          "queue's head, its payload still arriving) this long after its placement when another "
+          "task could run at once; 0 = at once");
 ABSL_FLAG(int, fill_grace_ms, 20,
           "a fill task not paused this long after its bubble ends is SIGKILLed");
 ABSL_FLAG(bool, fill_device_lock, true,
@@ -528,6 +532,12 @@ int Main() {
   }
   controller_options.scheduler.drain_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  if (absl::GetFlag(FLAGS_inputs_hold_ms) < 0) {
+    StartFailed("--inputs-hold-ms must be >= 0");
+    return 2;
+  }
+  controller_options.scheduler.inputs_hold =
+      absl::Milliseconds(absl::GetFlag(FLAGS_inputs_hold_ms));
   if (absl::GetFlag(FLAGS_worker_silence_timeout_ms) < 1000) {
     StartFailed("--worker-silence-timeout-ms must be >= 1000 (workers beat every 500 ms)");
     return 2;
