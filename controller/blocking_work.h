@@ -1,7 +1,8 @@
 // One thread for the work a scheduler's event loop must not wait for: a stopped training run's
 // checkpoint (waiting for its transmission's end, copying its weights and optimizer state out of
-// the arena, allocating and freeing pinned memory). Jobs run one at a time, in order, and post
-// their results back to the loop themselves.
+// the arena, allocating and freeing pinned memory) and a starting run's restore (leasing its
+// optimizer area, copying its checkpoint in). Jobs run one at a time, in order, and post their
+// results back to the loop themselves.
 #ifndef PSWITCH_CONTROLLER_BLOCKING_WORK_H_
 #define PSWITCH_CONTROLLER_BLOCKING_WORK_H_
 
