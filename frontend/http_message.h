@@ -13,17 +13,32 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "frontend/byte_budget.h"
 #include "frontend/peer_uid_memo.h"
 
 namespace pswitch::frontend {
+
+// Where the rest of a request's body was received (HttpService::PlaceBody): memory the service
+// gave, written by the kernel's recv alone. The service subclasses it to keep what the memory
+// belongs to (a staging lease, the decoded header); the transport only fills `spans`.
+class PlacedBody {
+ public:
+  virtual ~PlacedBody() = default;
+  // The body after its prefix, in the order it arrives: each span filled whole before the next.
+  // Their sizes add up to the bytes PlaceBody was asked to place. Must stay valid while the
+  // PlacedBody lives.
+  std::vector<absl::Span<uint8_t>> spans;
+};
 
 struct HttpRequest {
   std::string method;                          // "GET", "POST", ...
   std::string path;                            // the target without its query
   std::map<std::string, std::string> query;    // decoded parameters
   std::map<std::string, std::string> headers;  // names in lower case; a repeated one: the last
+  // The whole body, or (a body placed by the service, `placed` set) only its prefix.
   std::string body;
+  std::shared_ptr<PlacedBody> placed;
   std::vector<std::string> params;  // the route's {param} segments, in order
   std::string peer;                 // the client's address
   uint16_t peer_port = 0;
@@ -54,6 +69,12 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // Bytes sent after `body` as they lie (one gathered write, never copied into a string), e.g.
+  // binary outputs in a staging region; `tail_owner` keeps them valid until they are written.
+  // Content-Length counts them. Bytes the owner holds are charged where the owner says, not as
+  // the reply's.
+  std::vector<absl::Span<const uint8_t>> tail;
+  std::shared_ptr<const void> tail_owner;
 
   void set_header(std::string name, std::string value) {
     headers.emplace_back(std::move(name), std::move(value));

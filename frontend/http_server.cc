@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "base/text.h"
 #include "fill/bubble_cycle.h"
+#include "frontend/http_staging.h"
 #include "frontend/kserve_codec.h"
 #include "frontend/listen_address.h"
 #include "frontend/memory_return.h"
@@ -55,7 +56,7 @@ using nlohmann::json;
 // Our own values only; invalid UTF-8 (never expected) is replaced rather than thrown over.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// A request that held this much makes its release give memory back to the system.
+// A request body this large, once freed, makes the server give memory back to the system.
 constexpr size_t kTrimAfterBytes = size_t{16} << 20;
 
 void Reply(HttpResponse& res, int status, const json& body) {
@@ -65,15 +66,6 @@ void Reply(HttpResponse& res, int status, const json& body) {
 
 void ReplyError(HttpResponse& res, const absl::Status& status) {
   SetJsonError(res, HttpStatus(status.code()), status.message());
-}
-
-// Releases a request's charge; after a large one, gives the freed pages back to the system
-// (a trim locks the allocator's arenas briefly, so not after every small request).
-void ReleaseBody(BudgetCharge& charge, WaitingRequests& waiting) {
-  const size_t bytes = charge.bytes();
-  charge.Reset();
-  // On a handler thread: the release may come from a scheduler's loop, which a trim must not stall.
-  if (bytes >= kTrimAfterBytes) waiting.Run([] { ReturnFreedMemory(); });
 }
 
 // ReplyError, for checks that answer whether the request may go on.
@@ -406,6 +398,52 @@ void HttpServer::Serve(HttpRequest request, HttpRespond respond) {
   ReplyError(busy, absl::UnavailableError("pswitchd's HTTP handlers are all busy; try again"));
   busy.set_header("Retry-After", "1");
   respond(std::move(busy));
+}
+
+std::optional<uint64_t> HttpServer::BodyPrefix(const HttpRequest& head, uint64_t body_bytes) {
+  std::vector<std::string> params;
+  const Route* route = Find(head.method, head.path, &params);
+  if (route == nullptr || route->path != "/v2/models/{model}/infer") return std::nullopt;
+  return PlacedHeaderBytes(head, body_bytes);
+}
+
+std::variant<std::shared_ptr<PlacedBody>, HttpResponse> HttpServer::PlaceBody(
+    HttpRequest& request, uint64_t rest_bytes, std::shared_ptr<void>& connection) {
+  HttpResponse res;
+  std::vector<std::string> params;
+  if (Find(request.method, request.path, &params) == nullptr || params.size() != 1) {
+    ReplyError(res, absl::NotFoundError("no such route"));
+    return res;
+  }
+  // Who, as the route's handler will ask again: the staging is theirs.
+  std::optional<Caller> caller = Identify(request, res);
+  if (!caller) return res;
+  const Principal& who = caller->principal;
+  // The header is read and the binary data will be charged as the staging it lands in: only the
+  // header stays charged to the request.
+  (void)request.charge.Resize(request.body.size());
+  // A model the caller may not see is admission's to refuse; then no room is made for the
+  // output, and inputs admission will refuse get none either (their refusal is theirs).
+  const absl::StatusOr<EntryRef> entry = options_.admission->FindModel(who, params[0]);
+  OutputBytesFor output_bytes =
+      [&entry](const std::vector<proto::HostTensor>& heads) -> std::optional<uint64_t> {
+    if (!entry.ok() || !CheckInputs(**entry, heads).ok()) return std::nullopt;
+    absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
+    if (!out.ok()) return std::nullopt;
+    return *out;
+  };
+  if (connection == nullptr) connection = std::make_shared<ConnectionStaging>();
+  StagingPool& pool = static_cast<ConnectionStaging*>(connection.get())
+                          ->PoolFor(who.name, options_.limits.budget, request.charge.client());
+  absl::StatusOr<std::shared_ptr<StagedInfer>> staged =
+      StageInfer(request.body, rest_bytes,
+                 InferRequestLimits{options_.limits.max_body_bytes, 32, kMaxInputTensors}, who.name,
+                 pool, output_bytes);
+  if (!staged.ok()) {
+    ReplyError(res, staged.status());
+    return res;
+  }
+  return std::shared_ptr<PlacedBody>(*std::move(staged));
 }
 
 std::optional<HttpServer::Caller> HttpServer::Identify(const HttpRequest& req,
@@ -993,69 +1031,90 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
     respond(std::move(res));
   };
   const std::string model = req.params[0];
-  // The binary tensor data extension: a JSON header of this many bytes, then raw tensors.
-  absl::string_view header = req.body;
-  absl::string_view binary;
-  if (req.has_header("Inference-Header-Content-Length")) {
-    size_t json_bytes = 0;
-    if (!absl::SimpleAtoi(req.header("Inference-Header-Content-Length"), &json_bytes) ||
-        json_bytes > req.body.size()) {
-      return fail(
-          absl::InvalidArgumentError("Inference-Header-Content-Length must be within the body"));
-    }
-    header = header.substr(0, json_bytes);
-    binary = absl::string_view(req.body).substr(json_bytes);
-  }
-  // The decoded tensors are charged before they are built, beside the body they come from.
-  BudgetCharge& charge = req.charge;
-  // They are decoded into a staging region of pswitchd's own that the worker maps
-  // (docs/dataplane.md), followed by room for the output when the model's recorded output tells
-  // its size: the worker writes it there and the answer is encoded from it. A model the caller
-  // may not see is admission's to refuse; then no room is made for the output.
-  const absl::StatusOr<EntryRef> entry = options_.admission->FindModel(who, model);
-  std::unique_ptr<StagingMapping> staging;
+  // The staging region the inputs lie in and the outputs go to, and what maps it for pswitchd:
+  // the connection's lease (a binary body received in place), or a region of this request's
+  // own, decoded into here and mapped again to answer.
+  std::shared_ptr<const dataplane::TransferRegion> staged;
+  std::shared_ptr<StagingPool::Lease> lease;
   std::optional<proto::ByteSlice> staged_output;  // its region is set once the region exists
-  auto place = [&](size_t bytes,
-                   const std::vector<proto::HostTensor>& heads) -> absl::StatusOr<uint8_t*> {
-    uint64_t total = bytes;
-    // Inputs admission will refuse (names, dtypes, ranks) get no room: their refusal is theirs,
-    // not the budget's for an output of a shape that cannot be.
-    if (entry.ok() && CheckInputs(**entry, heads).ok()) {
-      absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
-      if (out.ok() && *out > 0) {
-        const uint64_t at =
-            (bytes + kPlacementAlignment - 1) / kPlacementAlignment * kPlacementAlignment;
-        PSWITCH_RETURN_IF_ERROR(charge.Grow(at - bytes + *out));
-        staged_output = proto::ByteSlice{0, at, *out};
-        total = at + *out;
+  absl::StatusOr<InferRequest> request = absl::InternalError("not decoded");
+  if (req.placed != nullptr) {
+    // PlaceBody decoded the header and the kernel wrote the binary data into the lease.
+    auto placed = std::dynamic_pointer_cast<StagedInfer>(req.placed);
+    if (placed == nullptr || placed->owner != who.name) {
+      return fail(absl::InternalError("the request's body was placed for someone else"));
+    }
+    lease = std::move(placed->lease);
+    staged = lease->region();
+    staged_output = placed->output_room;
+    request = std::move(placed->request);
+    req.placed.reset();
+    req.charge.Reset();  // the header's bytes; the staging is charged by its pool
+  } else {
+    // The binary tensor data extension: a JSON header of this many bytes, then raw tensors.
+    absl::string_view header = req.body;
+    absl::string_view binary;
+    if (req.has_header("Inference-Header-Content-Length")) {
+      size_t json_bytes = 0;
+      if (!absl::SimpleAtoi(req.header("Inference-Header-Content-Length"), &json_bytes) ||
+          json_bytes > req.body.size()) {
+        return fail(
+            absl::InvalidArgumentError("Inference-Header-Content-Length must be within the body"));
+      }
+      header = header.substr(0, json_bytes);
+      binary = absl::string_view(req.body).substr(json_bytes);
+    }
+    // The decoded tensors are charged before they are built, beside the body they come from.
+    BudgetCharge& charge = req.charge;
+    // They are decoded into a staging region of pswitchd's own that the worker maps
+    // (docs/dataplane.md), followed by room for the output when the model's recorded output
+    // tells its size: the worker writes it there and the answer is encoded from it. A model the
+    // caller may not see is admission's to refuse; then no room is made for the output.
+    const absl::StatusOr<EntryRef> entry = options_.admission->FindModel(who, model);
+    std::unique_ptr<StagingMapping> staging;
+    auto place = [&](size_t bytes,
+                     const std::vector<proto::HostTensor>& heads) -> absl::StatusOr<uint8_t*> {
+      uint64_t total = bytes;
+      // Inputs admission will refuse (names, dtypes, ranks) get no room: their refusal is
+      // theirs, not the budget's for an output of a shape that cannot be.
+      if (entry.ok() && CheckInputs(**entry, heads).ok()) {
+        absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
+        if (out.ok() && *out > 0) {
+          const uint64_t at =
+              (bytes + kPlacementAlignment - 1) / kPlacementAlignment * kPlacementAlignment;
+          PSWITCH_RETURN_IF_ERROR(charge.Grow(at - bytes + *out));
+          staged_output = proto::ByteSlice{0, at, *out};
+          total = at + *out;
+        }
+      }
+      if (total == 0) return nullptr;
+      PSWITCH_ASSIGN_OR_RETURN(staging, StagingMapping::Create(total, who.name));
+      return staging->data();
+    };
+    request = DecodeInferRequest(
+        header, binary, InferRequestLimits{options_.limits.max_body_bytes, 32, kMaxInputTensors},
+        [&charge](size_t bytes) { return charge.Grow(bytes); }, place);
+    if (!request.ok()) return fail(request.status());
+    // The body is decoded: only the tensors stay charged, until the task answers.
+    const size_t body_bytes = req.body.size();
+    std::string().swap(req.body);
+    (void)charge.Resize(charge.bytes() > body_bytes ? charge.bytes() - body_bytes : 0);
+    if (body_bytes >= kTrimAfterBytes) waiting_->Run([] { ReturnFreedMemory(); });
+    if (staging != nullptr) {
+      staged = staging->region();
+      staging.reset();  // written: pswitchd's mapping goes, the worker maps the file itself
+      for (size_t i = 0; i < request->inputs.size(); ++i) {
+        proto::HostTensor& t = request->inputs[i];
+        const bool in_shared_memory =
+            i < request->input_regions.size() && request->input_regions[i];
+        if (t.place == proto::Place::Region && !in_shared_memory) t.slice.region = staged->id();
       }
     }
-    if (total == 0) return nullptr;
-    PSWITCH_ASSIGN_OR_RETURN(staging, StagingMapping::Create(total, who.name));
-    return staging->data();
-  };
-  absl::StatusOr<InferRequest> request = DecodeInferRequest(
-      header, binary, InferRequestLimits{options_.limits.max_body_bytes, 32, kMaxInputTensors},
-      [&charge](size_t bytes) { return charge.Grow(bytes); }, place);
-  if (!request.ok()) return fail(request.status());
-  // The body is decoded: only the tensors stay charged, until the task answers.
-  const size_t body_bytes = req.body.size();
-  std::string().swap(req.body);
-  (void)charge.Resize(charge.bytes() > body_bytes ? charge.bytes() - body_bytes : 0);
+  }
 
   TaskSpec spec;
   spec.model = model;
-  std::shared_ptr<const dataplane::TransferRegion> staged;
-  if (staging != nullptr) {
-    staged = staging->region();
-    staging.reset();  // written: pswitchd's mapping goes, the worker maps the file itself
-    for (size_t i = 0; i < request->inputs.size(); ++i) {
-      proto::HostTensor& t = request->inputs[i];
-      const bool in_shared_memory = i < request->input_regions.size() && request->input_regions[i];
-      if (t.place == proto::Place::Region && !in_shared_memory) t.slice.region = staged->id();
-    }
-    spec.regions.push_back(staged);
-  }
+  if (staged != nullptr) spec.regions.push_back(staged);
   // Triton's shared-memory parameters name the caller's regions: slices of them from here on
   // (admission checks them again, as for every port).
   if (absl::Status placed =
@@ -1067,11 +1126,12 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
     if (!spec.outputs_to) {
       staged_output->region = staged->id();
       spec.outputs_to = staged_output;
-    } else {
+    } else if (lease == nullptr) {
       // The output goes to the caller's shared memory: the room made for it is never touched
       // (a memfd's pages exist once written), so it is not charged either.
-      (void)charge.Resize(
-          charge.bytes() > staged_output->length ? charge.bytes() - staged_output->length : 0);
+      (void)req.charge.Resize(req.charge.bytes() > staged_output->length
+                                  ? req.charge.bytes() - staged_output->length
+                                  : 0);
     }
   }
   spec.inputs = std::move(request->inputs);
@@ -1093,46 +1153,42 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   auto held = std::make_shared<BudgetCharge>(std::move(req.charge));
   absl::StatusOr<uint64_t> task = options_.admission->Submit(
       who, client, std::move(spec),
-      [table = waiting_, waiting, model, shape, held,
-       staged](const absl::StatusOr<TaskOutcome>& out) {
+      [table = waiting_, waiting, model, shape, held, staged,
+       lease](const absl::StatusOr<TaskOutcome>& out) {
         HttpRespond respond = table->Take(waiting);
         if (respond == nullptr) {  // answered at shutdown
-          ReleaseBody(*held, *table);
+          held->Reset();
           return;
         }
         // Encoding is CPU work: on a handler thread, never the scheduler's loop. The staging
-        // region stays charged until its outputs are copied out of it.
-        auto encode = [out = absl::StatusOr<TaskOutcome>(out), model, shape, respond, held, table,
-                       staged]() mutable {
+        // region stays charged (and leased) until its outputs are written to the client.
+        auto encode = [out = absl::StatusOr<TaskOutcome>(out), model, shape, respond, held, staged,
+                       lease]() mutable {
           HttpResponse res;
-          if (out.ok() && staged != nullptr) {
-            if (absl::Status read = InlineOutputsFrom(staged, out->outputs); !read.ok()) {
-              out = read;
-            }
-          }
-          staged.reset();
-          ReleaseBody(*held, *table);
           if (!out.ok()) {
+            held->Reset();
             ReplyError(res, out.status());
             return respond(std::move(res));
           }
-          size_t json_bytes = 0;
-          res.body = EncodeInferResponse(model, *shape, out->outputs, &json_bytes);
-          if (json_bytes > 0) {
-            res.content_type = "application/octet-stream";
-            res.set_header("Inference-Header-Content-Length", std::to_string(json_bytes));
+          absl::StatusOr<HttpResponse> answer = EncodeInferAnswer(
+              model, *shape, out->outputs, staged, std::move(lease), std::move(*held));
+          staged.reset();
+          if (!answer.ok()) {
+            held->Reset();
+            ReplyError(res, answer.status());
+            return respond(std::move(res));
           }
-          respond(std::move(res));
+          respond(*std::move(answer));
         };
         if (!table->Run(encode)) {
-          ReleaseBody(*held, *table);
+          held->Reset();
           HttpResponse res;
           ReplyError(res, absl::UnavailableError("pswitchd is shutting down"));
           respond(std::move(res));
         }
       });
   if (!task.ok()) {
-    ReleaseBody(*held, *waiting_);
+    held->Reset();
     if (HttpRespond r = waiting_->Take(waiting)) {
       HttpResponse res;
       ReplyError(res, task.status());

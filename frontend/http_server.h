@@ -128,6 +128,11 @@ class HttpServer : private HttpService {
   // HttpService, on the transport's event loop.
   std::variant<std::string, HttpResponse> Admit(const HttpRequest& head) override;
   void Serve(HttpRequest request, HttpRespond respond) override;
+  // An infer body with binary tensor data: its JSON header read first, decoded here, and its
+  // binary data received straight into a staging region of the connection's (http_staging.h).
+  std::optional<uint64_t> BodyPrefix(const HttpRequest& head, uint64_t body_bytes) override;
+  std::variant<std::shared_ptr<PlacedBody>, HttpResponse> PlaceBody(
+      HttpRequest& request, uint64_t rest_bytes, std::shared_ptr<void>& connection) override;
 
   // Who sent a request: its principal and, where the kernel or the token file says, its uid on
   // this machine (which shared-memory segments it may have mapped).

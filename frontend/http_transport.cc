@@ -7,13 +7,22 @@
 // deadline for the body, a write deadline for the response; Beast cancels the operation and
 // the session closes. Responders post back to the loop and hold only a weak reference, so a
 // closed connection's late answer is dropped.
+//
+// A body the service places (HttpService::BodyPrefix/PlaceBody) leaves Beast's parser after the
+// headers: its prefix is read into a string, then the rest straight into the service's spans
+// with reads as large as the spans (Asio's default completion conditions stop each read at
+// 64 KB). Only bytes that arrived with the headers, in the header buffer, are copied out of it.
+// Responses go out as one gathered write: Beast's serialized header, the body string, and the
+// service's tail spans where they lie.
 
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <list>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -42,6 +51,32 @@ using Clock = std::chrono::steady_clock;
 std::chrono::steady_clock::duration ToChrono(absl::Duration d) {
   return std::chrono::duration_cast<Clock::duration>(absl::ToChronoNanoseconds(d));
 }
+
+// A completion condition for reading or writing buffers whole, in as few system calls as the
+// kernel allows: Asio's transfer_all caps each read or write at 64 KB.
+struct TransferWhole {
+  size_t operator()(const beast::error_code& ec, size_t) const { return ec ? 0 : size_t{1} << 30; }
+};
+
+// A response on its way out: the buffers of one gathered write, kept alive until it completes.
+struct Outgoing {
+  std::string head;  // status line and fields
+  std::string body;
+  std::vector<absl::Span<const uint8_t>> tail;
+  std::shared_ptr<const void> tail_owner;
+  bool keep_alive = false;
+
+  std::vector<net::const_buffer> Buffers() const {
+    std::vector<net::const_buffer> out;
+    out.reserve(2 + tail.size());
+    out.emplace_back(head.data(), head.size());
+    if (!body.empty()) out.emplace_back(body.data(), body.size());
+    for (absl::Span<const uint8_t> t : tail) {
+      if (!t.empty()) out.emplace_back(t.data(), t.size());
+    }
+    return out;
+  }
+};
 
 }  // namespace
 
@@ -159,6 +194,10 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.close();
+    // A body cut short gives back what it was received into (a staging lease) and its charge
+    // now, not when the last pending handler lets the session go.
+    request_ = HttpRequest{};
+    service_state_.reset();
   }
 
  private:
@@ -228,6 +267,10 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
     if (parser_->is_done()) return Serve();
     state_ = State::kBody;
     stream_.expires_at(request_deadline_);
+    if (std::optional<uint64_t> prefix = owner_->service_->BodyPrefix(request_, body_bytes);
+        prefix.has_value() && *prefix <= body_bytes) {
+      return ReadPrefix(*prefix, body_bytes - *prefix);
+    }
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
@@ -242,6 +285,84 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
                             });
   }
 
+  // Copies up to `bytes` of what arrived with the headers (the header buffer) to `to`.
+  size_t TakeBuffered(uint8_t* to, size_t bytes) {
+    const size_t n = std::min(bytes, buffer_.size());
+    if (n == 0) return 0;
+    std::memcpy(to, buffer_.data().data(), n);
+    buffer_.consume(n);
+    return n;
+  }
+
+  // A placed body: its first `prefix` bytes into the request's body, then OnPrefix.
+  void ReadPrefix(uint64_t prefix, uint64_t rest) {
+    parser_.reset();  // the body is read here, not by Beast
+    placed_rest_ = rest;
+    request_.body.resize(prefix);  // within the body's charge
+    uint8_t* to = reinterpret_cast<uint8_t*>(request_.body.data());
+    const size_t have = TakeBuffered(to, prefix);
+    if (have == prefix) return OnPrefix({});
+    net::async_read(
+        stream_, net::buffer(to + have, prefix - have), TransferWhole{},
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnPrefix(ec); });
+  }
+
+  void OnPrefix(beast::error_code ec) {
+    if (state_ == State::kClosed) return;
+    if (ec) return Close();  // a timeout or a peer gone: nothing can be answered
+    if (placed_rest_ == 0) return Serve();
+    auto placed = owner_->service_->PlaceBody(request_, placed_rest_, service_state_);
+    if (auto* answer = std::get_if<HttpResponse>(&placed)) {
+      request_.charge.Reset();  // dropped bytes are held nowhere
+      return Discard(placed_rest_, std::move(*answer));
+    }
+    std::shared_ptr<PlacedBody> body = std::move(std::get<std::shared_ptr<PlacedBody>>(placed));
+    uint64_t spanned = 0;
+    if (body != nullptr) {
+      for (absl::Span<uint8_t> span : body->spans) spanned += span.size();
+    }
+    if (body == nullptr || spanned != placed_rest_) {
+      request_.charge.Reset();
+      return Discard(placed_rest_, JsonError(500, "the body's placement does not match its size"));
+    }
+    request_.placed = body;
+    // What arrived with the headers first, then the rest straight from the socket.
+    std::vector<net::mutable_buffer> unread;
+    for (absl::Span<uint8_t> span : body->spans) {
+      const size_t have = TakeBuffered(span.data(), span.size());
+      if (have < span.size()) unread.emplace_back(span.data() + have, span.size() - have);
+    }
+    if (unread.empty()) return Serve();
+    net::async_read(stream_, unread, TransferWhole{},
+                    [self = shared_from_this(), body](beast::error_code ec, size_t) {
+                      if (self->state_ == State::kClosed) return;
+                      if (ec) return self->Close();
+                      self->Serve();
+                    });
+  }
+
+  // Reads and drops the body's last `rest` bytes, then sends `answer`: a request refused after
+  // its headers were read keeps the connection in step (within the request's deadline).
+  void Discard(uint64_t rest, HttpResponse answer) {
+    const size_t buffered = std::min<uint64_t>(rest, buffer_.size());
+    buffer_.consume(buffered);
+    discard_left_ = rest - buffered;
+    pending_answer_ = std::move(answer);
+    DiscardSome();
+  }
+
+  void DiscardSome() {
+    if (discard_left_ == 0) return Write(std::move(pending_answer_));
+    const size_t n = std::min<uint64_t>(discard_left_, drain_.size());
+    stream_.async_read_some(net::buffer(drain_.data(), n),
+                            [self = shared_from_this()](beast::error_code ec, size_t got) {
+                              if (self->state_ == State::kClosed) return;
+                              if (ec) return self->Close();
+                              self->discard_left_ -= got;
+                              self->DiscardSome();
+                            });
+  }
+
   void OnBody(beast::error_code ec) {
     if (state_ == State::kClosed) return;
     if (ec == http::error::body_limit) return Fail(413, "request body too large");
@@ -253,8 +374,10 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   void Serve() {
     state_ = State::kServing;
     stream_.expires_never();
-    request_.body = std::move(parser_->get().body());
-    parser_.reset();
+    if (parser_.has_value()) {  // a placed body's prefix is in request_.body already
+      request_.body = std::move(parser_->get().body());
+      parser_.reset();
+    }
     // The body's bytes are the request's now; the charge follows it. The loop keeps the session
     // alive while it is served (Impl::serving_); the responder holds it weakly, so an answer that
     // comes after the connection or the transport is gone is dropped.
@@ -292,23 +415,32 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
                                              " bytes does not fit: ", s.message()));
       keep_alive_ = false;
     }
-    auto reply = std::make_shared<http::response<http::string_body>>();
-    reply->version(11);
-    reply->result(static_cast<unsigned>(response.status));
-    reply->set(http::field::server, "pswitchd");
-    reply->set(http::field::content_type, response.content_type);
-    for (auto& [name, value] : response.headers) reply->set(name, value);
-    reply->body() = std::move(response.body);
-    reply->keep_alive(keep_alive_ && !owner_->shut_down_);
-    reply->prepare_payload();
+    auto out = std::make_shared<Outgoing>();
+    uint64_t length = response.body.size();
+    for (absl::Span<const uint8_t> t : response.tail) length += t.size();
+    http::response<http::empty_body> head;
+    head.version(11);
+    head.result(static_cast<unsigned>(response.status));
+    head.set(http::field::server, "pswitchd");
+    head.set(http::field::content_type, response.content_type);
+    for (auto& [name, value] : response.headers) head.set(name, value);
+    out->keep_alive = keep_alive_ && !owner_->shut_down_;
+    head.keep_alive(out->keep_alive);
+    head.content_length(length);
+    std::ostringstream serialized;
+    serialized << head;
+    out->head = std::move(serialized).str();
+    out->body = std::move(response.body);
+    out->tail = std::move(response.tail);
+    out->tail_owner = std::move(response.tail_owner);
     stream_.expires_after(ToChrono(owner_->limits_.write_timeout));
-    http::async_write(stream_, *reply,
-                      [self = shared_from_this(), reply](beast::error_code ec, size_t) {
-                        self->reply_charge_.Reset();
-                        if (ec) return self->Close();
-                        if (!reply->keep_alive()) return self->Linger();
-                        self->Start();
-                      });
+    net::async_write(stream_, out->Buffers(), TransferWhole{},
+                     [self = shared_from_this(), out](beast::error_code ec, size_t) {
+                       self->reply_charge_.Reset();
+                       if (ec) return self->Close();
+                       if (!out->keep_alive) return self->Linger();
+                       self->Start();
+                     });
   }
 
   Impl* const owner_;
@@ -327,6 +459,10 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
   BudgetCharge reply_charge_;
   size_t linger_left_ = 0;
   std::array<char, 16 << 10> drain_;
+  uint64_t placed_rest_ = 0;             // a placed body's bytes after its prefix
+  uint64_t discard_left_ = 0;            // a refused body's bytes still to drop
+  HttpResponse pending_answer_;          // sent once they are dropped
+  std::shared_ptr<void> service_state_;  // HttpService::PlaceBody's, for this connection
   State state_ = State::kWaiting;
   bool keep_alive_ = false;
   Clock::time_point waiting_since_;

@@ -3,7 +3,10 @@
 // a request's headers is closed to admit the new one, so probes always get in), a deadline on a
 // request's headers and one on the whole request, caps on header bytes and fields, a body read
 // only once its declared size is charged to the shared byte budget, and a deadline on writing
-// each response. A slow client costs a socket and a few KB, never a thread.
+// each response. A service may have a body's bulk received straight into memory of its own
+// (HttpService::BodyPrefix, PlaceBody), and a response's bulk sent from memory of its own
+// (HttpResponse::tail), so large tensors are never copied through a string. A slow client costs a
+// socket and a few KB, never a thread.
 //
 // Why Beast: it parses incrementally into buffers we bound, and leaves the connection's life to
 // us on an Asio loop like the TCP port's; cpp-httplib 0.11 gives a thread per connection and
@@ -15,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -51,6 +55,29 @@ class HttpService {
   virtual std::variant<std::string, HttpResponse> Admit(const HttpRequest& head) = 0;
   // The whole request, its body charged to `request.charge`.
   virtual void Serve(HttpRequest request, HttpRespond respond) = 0;
+
+  // Bodies received in place (Triton's binary tensor data): after Admit and the body's charge,
+  // the number of the body's first bytes (at most `body_bytes`) to read into `request.body`
+  // before PlaceBody says where the rest goes; nullopt (the default): the whole body is read
+  // into `request.body`.
+  virtual std::optional<uint64_t> BodyPrefix(const HttpRequest& head, uint64_t body_bytes) {
+    (void)head;
+    (void)body_bytes;
+    return std::nullopt;
+  }
+  // With the prefix in `request.body` (the whole body still charged to `request.charge`, which
+  // the service may shrink): where the remaining `rest_bytes` (> 0) go, spans adding up to
+  // exactly that, received there by the kernel and handed to Serve in `request.placed`; or an
+  // answer, sent once the rest has been read and dropped (the connection stays in step).
+  // `connection` is the service's own state for this connection: null at first, dropped when
+  // the connection closes. On the event loop, like Admit.
+  virtual std::variant<std::shared_ptr<PlacedBody>, HttpResponse> PlaceBody(
+      HttpRequest& request, uint64_t rest_bytes, std::shared_ptr<void>& connection) {
+    (void)request;
+    (void)rest_bytes;
+    (void)connection;
+    return HttpResponse{};
+  }
 };
 
 class HttpTransport {

@@ -4,15 +4,19 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -320,6 +324,194 @@ TEST_F(HttpTransportTest, ABodyTrickledPastTheRequestDeadlineIsCut) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
   EXPECT_EQ(service_.served(), 0);
   ::close(fd);
+}
+
+// A service that has bodies on "/placed" received in place: their first `prefix` bytes into the
+// request's body, the rest into two buffers of its own (the first `split` bytes, then the rest),
+// and answers with the prefix and the placed bytes as a tail sent from those buffers.
+class PlacingService : public EchoService {
+ public:
+  struct Placed : PlacedBody {
+    std::vector<uint8_t> first, second;
+  };
+  uint64_t prefix = 4;
+  uint64_t split = 1000;
+  bool refuse = false;  // PlaceBody answers 400 instead
+
+  std::optional<uint64_t> BodyPrefix(const HttpRequest& head, uint64_t body_bytes) override {
+    if (head.path != "/placed") return std::nullopt;
+    return std::min(prefix, body_bytes);
+  }
+  std::variant<std::shared_ptr<PlacedBody>, HttpResponse> PlaceBody(
+      HttpRequest& request, uint64_t rest_bytes, std::shared_ptr<void>& connection) override {
+    placements_.fetch_add(1);
+    if (connection == nullptr) connection = std::make_shared<int>(0);
+    if (refuse) return JsonError(400, "refused after its header");
+    auto placed = std::make_shared<Placed>();
+    placed->first.resize(std::min(split, rest_bytes));
+    placed->second.resize(rest_bytes - placed->first.size());
+    placed->spans = {absl::MakeSpan(placed->first), absl::MakeSpan(placed->second)};
+    seen_prefix_ = request.body;
+    absl::MutexLock lock(&mu_);
+    last_ = placed;
+    return placed;
+  }
+  void Serve(HttpRequest request, HttpRespond respond) override {
+    if (request.placed == nullptr) return EchoService::Serve(std::move(request), respond);
+    auto placed = std::static_pointer_cast<Placed>(request.placed);
+    HttpResponse r;
+    r.content_type = "application/octet-stream";
+    r.body = request.body;  // the prefix
+    r.tail = {absl::MakeConstSpan(placed->first), absl::MakeConstSpan(placed->second)};
+    r.tail_owner = placed;
+    respond(std::move(r));
+  }
+  int placements() const { return placements_.load(); }
+  // Whether the last placement is still held by anyone but this service's record of it.
+  bool last_released() const {
+    absl::MutexLock lock(&mu_);
+    return last_.expired();
+  }
+  std::string seen_prefix_;
+
+ private:
+  std::atomic<int> placements_{0};
+  mutable absl::Mutex mu_;
+  std::weak_ptr<Placed> last_ ABSL_GUARDED_BY(mu_);
+};
+
+class HttpPlacedBodyTest : public ::testing::Test {
+ protected:
+  void Start(HttpLimits limits) {
+    auto t = HttpTransport::Start("127.0.0.1:0", std::move(limits), &service_);
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = *std::move(t);
+  }
+  static std::string Request(const std::string& body) {
+    return absl::StrCat("POST /placed HTTP/1.1\r\nHost: x\r\nContent-Length: ", body.size(),
+                        "\r\n\r\n", body);
+  }
+  static std::string Body(size_t bytes) {
+    std::string b(bytes, '\0');
+    for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<char>(i * 131 + 7);
+    return b;
+  }
+  PlacingService service_;
+  std::unique_ptr<HttpTransport> transport_;
+};
+
+// A placed body sent in many small writes (never more than 97 bytes, the headers cut too) lands
+// whole in the service's buffers, and the answer's tail comes back from them byte for byte; a
+// second request on the connection is read in step.
+TEST_F(HttpPlacedBodyTest, ABodySplitAcrossManySmallWritesLandsWhole) {
+  HttpLimits limits;
+  limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{});
+  Start(limits);
+  const int fd = ConnectLoopback(transport_->port());
+  ASSERT_GE(fd, 0);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const std::string body = Body(200000);
+  const std::string request = Request(body);
+  for (size_t at = 0, step = 1; at < request.size(); at += step, step = step % 97 + 1) {
+    ASSERT_TRUE(SendAll(fd, absl::string_view(request).substr(at, step)));
+    if (at % 20000 < step) absl::SleepFor(absl::Milliseconds(1));  // let reads see the pieces
+  }
+  std::string r = ReadOneResponse(fd, absl::Seconds(5));
+  ASSERT_EQ(Status(r), "HTTP/1.1 200") << r.substr(0, 200);
+  EXPECT_NE(r.find(absl::StrCat("Content-Length: ", body.size())), std::string::npos);
+  EXPECT_TRUE(r.substr(r.find("\r\n\r\n") + 4) == body);  // not printed: 200 KB
+  EXPECT_EQ(service_.seen_prefix_, body.substr(0, 4));
+  EXPECT_EQ(service_.placements(), 1);
+  // Pipelined: two requests in one write, the second's bytes never taken for the first's body.
+  ASSERT_TRUE(
+      SendAll(fd, Request(Body(3000)) + "POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"));
+  r.clear();
+  for (int i = 0; i < 100 && !absl::EndsWith(r, "{\"bytes\":3}"); ++i) {
+    r += ReadOneResponse(fd, absl::Milliseconds(50));
+  }
+  ASSERT_EQ(Status(r), "HTTP/1.1 200");
+  const size_t first_body = r.find("\r\n\r\n") + 4;
+  EXPECT_TRUE(r.compare(first_body, 3000, Body(3000)) == 0);
+  const std::string second = r.substr(std::min(r.size(), first_body + 3000));
+  EXPECT_EQ(Status(second), "HTTP/1.1 200");
+  EXPECT_TRUE(absl::EndsWith(second, "{\"bytes\":3}"));
+  ::close(fd);
+  for (int i = 0; i < 200 && (limits.budget->used() > 0 || !service_.last_released()); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(limits.budget->used(), 0u);
+  EXPECT_TRUE(service_.last_released());
+}
+
+// A body shorter than declared (the client closes midway): what it was being received into is
+// let go at once and nothing stays charged; one that stalls is cut at the request's deadline.
+TEST_F(HttpPlacedBodyTest, ABodyCutShortReleasesItsPlacement) {
+  HttpLimits limits;
+  limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{});
+  limits.request_timeout = absl::Milliseconds(500);
+  Start(limits);
+  auto wait_released = [&] {
+    for (int i = 0; i < 300 && (limits.budget->used() > 0 || !service_.last_released()); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  };
+  const std::string request = Request(Body(100000));
+  int fd = ConnectLoopback(transport_->port());
+  ASSERT_TRUE(SendAll(fd, request.substr(0, request.size() / 2)));
+  for (int i = 0; i < 200 && service_.placements() < 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(service_.placements(), 1);
+  EXPECT_FALSE(service_.last_released());
+  ::close(fd);
+  wait_released();
+  EXPECT_TRUE(service_.last_released());
+  EXPECT_EQ(limits.budget->used(), 0u);
+  // Stalled with the connection open: cut at the deadline, released the same way.
+  fd = ConnectLoopback(transport_->port());
+  ASSERT_TRUE(SendAll(fd, request.substr(0, request.size() - 10)));
+  for (int i = 0; i < 200 && service_.placements() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+  bool closed = false;
+  ReadUntilClose(fd, absl::Seconds(3), &closed);
+  EXPECT_TRUE(closed);
+  ::close(fd);
+  wait_released();
+  EXPECT_TRUE(service_.last_released());
+  EXPECT_EQ(limits.budget->used(), 0u);
+}
+
+// A declared body larger than the client's budget is refused on its headers: nothing is placed
+// and no body byte is waited for.
+TEST_F(HttpPlacedBodyTest, ADeclaredBodyOverTheBudgetIsRefusedBeforeItIsRead) {
+  HttpLimits limits;
+  limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{1 << 20, 64 << 10, 1 << 10});
+  Start(limits);
+  const int fd = ConnectLoopback(transport_->port());
+  SendAll(fd, "POST /placed HTTP/1.1\r\nContent-Length: 100000\r\n\r\n");  // no body follows
+  const std::string r = ReadUntilClose(fd, absl::Seconds(2));
+  ::close(fd);
+  EXPECT_EQ(Status(r), "HTTP/1.1 503");
+  EXPECT_EQ(service_.placements(), 0);
+  EXPECT_EQ(limits.budget->used(), 0u);
+}
+
+// A body the service refuses after its prefix is read to its end and dropped, the refusal sent,
+// and the connection goes on.
+TEST_F(HttpPlacedBodyTest, ARefusedPlacementKeepsTheConnectionInStep) {
+  HttpLimits limits;
+  limits.budget = std::make_shared<ByteBudget>(ByteBudgetLimits{});
+  service_.refuse = true;
+  Start(limits);
+  const int fd = ConnectLoopback(transport_->port());
+  ASSERT_TRUE(SendAll(fd, Request(Body(50000))));
+  std::string r = ReadOneResponse(fd, absl::Seconds(5));
+  EXPECT_EQ(Status(r), "HTTP/1.1 400");
+  ASSERT_TRUE(SendAll(fd, "POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"));
+  r = ReadOneResponse(fd, absl::Seconds(5));
+  EXPECT_EQ(Status(r), "HTTP/1.1 200");
+  EXPECT_NE(r.find("{\"bytes\":3}"), std::string::npos);
+  ::close(fd);
+  for (int i = 0; i < 100 && limits.budget->used() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(limits.budget->used(), 0u);
 }
 
 }  // namespace

@@ -284,11 +284,12 @@ absl::StatusOr<std::optional<ShmReference>> ShmParameters(const json& tensor) {
 }
 
 // One input's name, dtype and shape; `*json_bytes` its size when its data is JSON, or
-// `*binary_part` its bytes when they come as binary data (copied only once reserved), or
-// `*shm` the region slice it lies in (then neither: the bytes never pass through here).
+// `*binary_part` its size when it comes as binary data (the next `*binary_part` of the
+// `binary_left` bytes not yet claimed; copied only once reserved), or `*shm` the region slice it
+// lies in (then neither: the bytes never pass through here).
 absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint64_t count,
-                                            absl::string_view& binary, size_t* json_bytes,
-                                            absl::string_view* binary_part,
+                                            uint64_t& binary_left, size_t* json_bytes,
+                                            uint64_t* binary_part,
                                             std::optional<ShmReference>* shm) {
   if (!in.is_object() || !in.contains("name") || !in["name"].is_string() || !in.contains("shape") ||
       !in["shape"].is_array() || !in.contains("datatype") || !in["datatype"].is_string()) {
@@ -333,7 +334,7 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
     return t;
   }
   if (binary_size) {
-    if (*binary_size > binary.size()) {
+    if (*binary_size > binary_left) {
       return absl::InvalidArgumentError(
           "binary_data_size runs past the end of the request's binary data");
     }
@@ -344,8 +345,8 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
                                                      " elements, binary_data_size is ",
                                                      *binary_size, " bytes"));
     }
-    *binary_part = binary.substr(0, *binary_size);
-    binary.remove_prefix(*binary_size);
+    *binary_part = *binary_size;
+    binary_left -= *binary_size;
   } else {
     if (count != elements) {
       return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "': shape holds ", elements,
@@ -371,18 +372,19 @@ bool IsTrue(const json& object, const char* key) {
   return it != object.end() && it->is_boolean() && it->get<bool>();
 }
 
-// Appends `t`'s elements as JSON numbers, row-major and flat (as the protocol allows).
-void AppendNumbers(const proto::HostTensor& t, std::string& out) {
-  const size_t width = std::max<size_t>(proto::DTypeBytes(t.dtype), 1);
-  const size_t n = t.data.size() / width;
-  out.reserve(out.size() + n * (t.dtype == proto::DType::F32 ? 14 : 4) + 2);
+// Appends `bytes`' elements (of `dtype`) as JSON numbers, row-major and flat (as the protocol
+// allows).
+void AppendNumbers(proto::DType dtype, absl::Span<const uint8_t> bytes, std::string& out) {
+  const size_t width = std::max<size_t>(proto::DTypeBytes(dtype), 1);
+  const size_t n = bytes.size() / width;
+  out.reserve(out.size() + n * (dtype == proto::DType::F32 ? 14 : 4) + 2);
   out.push_back('[');
   char buf[32];
   for (size_t i = 0; i < n; ++i) {
     if (i > 0) out.push_back(',');
-    const uint8_t* p = t.data.data() + i * width;
+    const uint8_t* p = bytes.data() + i * width;
     std::to_chars_result r{buf, std::errc()};
-    switch (t.dtype) {
+    switch (dtype) {
       case proto::DType::F32: {
         float v;
         std::memcpy(&v, p, 4);
@@ -435,11 +437,14 @@ bool InferRequest::WantsBinary(const std::string& output) const {
          std::find(binary_outputs.begin(), binary_outputs.end(), output) != binary_outputs.end();
 }
 
-absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
-                                                absl::string_view binary,
-                                                const InferRequestLimits& limits,
-                                                const ReserveBytes& reserve,
-                                                const PlaceInputs& place) {
+namespace {
+
+// DecodeInferRequest and DecodeInferHeader: `binary` holds the binary data (`binary_bytes` of
+// it), or is null when it has not arrived (then `*binary_to` says where it goes).
+absl::StatusOr<InferRequest> Decode(absl::string_view json_text, const uint8_t* binary,
+                                    uint64_t binary_bytes, const InferRequestLimits& limits,
+                                    const ReserveBytes& reserve, const PlaceInputs& place,
+                                    std::vector<BinaryPlacement>* binary_to) {
   PSWITCH_RETURN_IF_ERROR(base::CheckJsonLimits(
       json_text, "infer request", base::JsonLimits{limits.max_json_bytes, limits.max_depth}));
   StructurePass structure(limits.max_inputs);
@@ -456,20 +461,21 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   }
   InferRequest out;
   std::vector<size_t> json_bytes(inputs.size(), 0);
-  std::vector<absl::string_view> binary_parts(inputs.size());
+  std::vector<uint64_t> binary_parts(inputs.size(), 0);  // sizes, in the binary data's order
+  uint64_t binary_left = binary_bytes;
   size_t decoded_bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::optional<ShmReference> shm;
     PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor t,
                              InputHead(inputs[i], structure.has_data()[i], structure.counts()[i],
-                                       binary, &json_bytes[i], &binary_parts[i], &shm));
-    decoded_bytes += json_bytes[i] + binary_parts[i].size();
+                                       binary_left, &json_bytes[i], &binary_parts[i], &shm));
+    decoded_bytes += json_bytes[i] + binary_parts[i];
     out.inputs.push_back(std::move(t));
     out.input_regions.push_back(std::move(shm));
   }
-  if (!binary.empty()) {
+  if (binary_left != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(binary.size(), " bytes of binary data belong to no input"));
+        absl::StrCat(binary_left, " bytes of binary data belong to no input"));
   }
   if (reserve) PSWITCH_RETURN_IF_ERROR(reserve(decoded_bytes));
   // Where each input's bytes go: packed into the caller's placement (each at a 64-byte-aligned
@@ -477,7 +483,7 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   std::vector<uint64_t> offsets(out.inputs.size(), 0);
   uint64_t placed_bytes = 0;
   for (size_t i = 0; i < out.inputs.size(); ++i) {
-    const size_t bytes = json_bytes[i] + binary_parts[i].size();
+    const size_t bytes = json_bytes[i] + binary_parts[i];
     if (bytes == 0) continue;
     placed_bytes =
         (placed_bytes + kPlacementAlignment - 1) / kPlacementAlignment * kPlacementAlignment;
@@ -485,6 +491,9 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
     placed_bytes += bytes;
   }
   uint8_t* placement = nullptr;
+  if (binary == nullptr && !place) {
+    return absl::InternalError("binary data that has not arrived needs a placement");
+  }
   if (place) {
     PSWITCH_ASSIGN_OR_RETURN(placement, place(placed_bytes, out.inputs));
     if (placement == nullptr && placed_bytes > 0) {
@@ -494,7 +503,7 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   std::vector<DataTarget> targets(out.inputs.size());
   for (size_t i = 0; i < out.inputs.size(); ++i) {
     proto::HostTensor& t = out.inputs[i];
-    const size_t bytes = json_bytes[i] + binary_parts[i].size();
+    const size_t bytes = json_bytes[i] + binary_parts[i];
     targets[i].dtype = t.dtype;
     targets[i].size = bytes;
     if (bytes == 0) continue;
@@ -506,9 +515,15 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
       t.data.resize(bytes);
       targets[i].bytes = t.data.data();
     }
-    // Reserved: now the binary inputs' bytes are copied out of the body (the one copy they take).
-    if (!binary_parts[i].empty()) {
-      std::memcpy(targets[i].bytes, binary_parts[i].data(), binary_parts[i].size());
+    // Reserved: now the binary inputs' bytes are copied out of the body (the one copy they
+    // take), or, not arrived yet, are to be received where they go.
+    if (binary_parts[i] > 0) {
+      if (binary != nullptr) {
+        std::memcpy(targets[i].bytes, binary, binary_parts[i]);
+      } else {
+        binary_to->push_back(BinaryPlacement{offsets[i], binary_parts[i]});
+      }
+      binary += binary != nullptr ? binary_parts[i] : 0;
     }
   }
   std::vector<const DataTarget*> json_targets(out.inputs.size(), nullptr);
@@ -570,19 +585,44 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
   return out;
 }
 
-std::string EncodeInferResponse(const std::string& model, const InferRequest& request,
-                                const std::vector<proto::HostTensor>& outputs, size_t* json_bytes) {
+}  // namespace
+
+absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
+                                                absl::string_view binary,
+                                                const InferRequestLimits& limits,
+                                                const ReserveBytes& reserve,
+                                                const PlaceInputs& place) {
+  // A non-null pointer even for no binary data: it says the data is here.
+  static const uint8_t kNone = 0;
+  const uint8_t* data = binary.empty() ? &kNone : reinterpret_cast<const uint8_t*>(binary.data());
+  return Decode(json_text, data, binary.size(), limits, reserve, place, nullptr);
+}
+
+absl::StatusOr<InferRequest> DecodeInferHeader(absl::string_view json_text, uint64_t binary_bytes,
+                                               const InferRequestLimits& limits,
+                                               const ReserveBytes& reserve,
+                                               const PlaceInputs& place,
+                                               std::vector<BinaryPlacement>* binary_to) {
+  binary_to->clear();
+  absl::StatusOr<InferRequest> out =
+      Decode(json_text, nullptr, binary_bytes, limits, reserve, place, binary_to);
+  if (!out.ok()) binary_to->clear();
+  return out;
+}
+
+EncodedInferResponse EncodeInferResponseParts(const std::string& model, const InferRequest& request,
+                                              const std::vector<OutputView>& outputs) {
   // Names are checked text (model, request id, output names from the model's spec); dump()
   // escapes them.
-  std::string body =
-      "{\"model_name\":" + json(model).dump(-1, ' ', false, json::error_handler_t::replace) +
-      ",\"model_version\":\"1\"";
+  EncodedInferResponse out;
+  std::string& body = out.json;
+  body = "{\"model_name\":" + json(model).dump(-1, ' ', false, json::error_handler_t::replace) +
+         ",\"model_version\":\"1\"";
   if (!request.id.empty())
     body += ",\"id\":" + json(request.id).dump(-1, ' ', false, json::error_handler_t::replace);
   body += ",\"outputs\":[";
-  size_t binary_bytes = 0;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    const proto::HostTensor& t = outputs[i];
+    const proto::HostTensor& t = *outputs[i].head;
     if (i > 0) body.push_back(',');
     body += "{\"name\":" + json(t.name).dump(-1, ' ', false, json::error_handler_t::replace) +
             ",\"datatype\":\"" + KserveDTypeName(t.dtype) + "\",\"shape\":" + json(t.shape).dump();
@@ -595,23 +635,36 @@ std::string EncodeInferResponse(const std::string& model, const InferRequest& re
       continue;
     }
     if (request.WantsBinary(t.name)) {
-      body += ",\"parameters\":{\"binary_data_size\":" + std::to_string(t.data.size()) + "}}";
-      binary_bytes += t.data.size();
+      body +=
+          ",\"parameters\":{\"binary_data_size\":" + std::to_string(outputs[i].bytes.size()) + "}}";
+      out.binary.push_back(outputs[i].bytes);
       continue;
     }
     body += ",\"data\":";
-    AppendNumbers(t, body);
+    AppendNumbers(t.dtype, outputs[i].bytes, body);
     body.push_back('}');
   }
   body += "]}";
-  *json_bytes = 0;
-  if (binary_bytes == 0) return body;
-  *json_bytes = body.size();
-  body.reserve(body.size() + binary_bytes);
+  return out;
+}
+
+std::string EncodeInferResponse(const std::string& model, const InferRequest& request,
+                                const std::vector<proto::HostTensor>& outputs, size_t* json_bytes) {
+  std::vector<OutputView> views;
+  views.reserve(outputs.size());
   for (const proto::HostTensor& t : outputs) {
-    if (t.place == proto::Place::Inline && request.WantsBinary(t.name)) {
-      body.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
-    }
+    views.push_back(OutputView{&t, absl::Span<const uint8_t>(t.data.data(), t.data.size())});
+  }
+  EncodedInferResponse parts = EncodeInferResponseParts(model, request, views);
+  size_t binary_bytes = 0;
+  for (absl::Span<const uint8_t> b : parts.binary) binary_bytes += b.size();
+  *json_bytes = 0;
+  if (binary_bytes == 0) return std::move(parts.json);
+  *json_bytes = parts.json.size();
+  std::string body = std::move(parts.json);
+  body.reserve(body.size() + binary_bytes);
+  for (absl::Span<const uint8_t> b : parts.binary) {
+    body.append(reinterpret_cast<const char*>(b.data()), b.size());
   }
   return body;
 }

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "proto/host_tensor.h"
 
 namespace pswitch::frontend {
@@ -78,6 +79,40 @@ absl::StatusOr<InferRequest> DecodeInferRequest(absl::string_view json_text,
                                                 const InferRequestLimits& limits,
                                                 const ReserveBytes& reserve,
                                                 const PlaceInputs& place = nullptr);
+
+// Where one part of a request's binary data goes when it has not arrived yet: `bytes` at
+// `offset` of the placement PlaceInputs gave.
+struct BinaryPlacement {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// DecodeInferRequest for a request whose `binary_bytes` of binary data have not been read yet,
+// so that they can be received straight into their inputs' places: everything but the copy of
+// the binary inputs' bytes, which `*binary_to` says where to put instead (in the order the data
+// comes; their sizes add up to `binary_bytes`; empty on error). `place` is required; the inputs
+// come back as DecodeInferRequest's do with a placement.
+absl::StatusOr<InferRequest> DecodeInferHeader(absl::string_view json_text, uint64_t binary_bytes,
+                                               const InferRequestLimits& limits,
+                                               const ReserveBytes& reserve,
+                                               const PlaceInputs& place,
+                                               std::vector<BinaryPlacement>* binary_to);
+
+// One output as a response encodes it: its name, dtype, shape (and where it was placed) from
+// `*head`, its bytes from `bytes`, wherever they lie (a staging region's mapping, or head->data).
+struct OutputView {
+  const proto::HostTensor* head = nullptr;
+  absl::Span<const uint8_t> bytes;
+};
+// A response in parts: the JSON (the whole body when `binary` is empty) and, after it, the
+// binary outputs' bytes in order, as spans of the views' bytes (nothing copied). When the
+// binary parts hold any byte, the JSON's size is the Inference-Header-Content-Length.
+struct EncodedInferResponse {
+  std::string json;
+  std::vector<absl::Span<const uint8_t>> binary;
+};
+EncodedInferResponse EncodeInferResponseParts(const std::string& model, const InferRequest& request,
+                                              const std::vector<OutputView>& outputs);
 
 // The response body. Outputs `request.WantsBinary` are sent as binary data after the JSON
 // header; `*json_bytes` is then that header's size (for Inference-Header-Content-Length), else 0.

@@ -295,5 +295,90 @@ TEST(KserveCodecTest, PlacedInputsAreDecodedIntoTheGivenMemory) {
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
 }
 
+// A header decoded before its binary data arrives says where each binary input's bytes go (in
+// the order they come, at their inputs' aligned places) instead of copying them; receiving the
+// data there gives exactly what decoding the whole body into the same placement gives.
+TEST(KserveCodecTest, AHeaderDecodedAheadOfItsBinaryDataPlacesItWhereTheWholeBodyWould) {
+  const std::string header = R"({"inputs": [
+      {"name": "a", "shape": [3], "datatype": "INT32", "parameters": {"binary_data_size": 12}},
+      {"name": "x", "shape": [2], "datatype": "FP32", "data": [1.5, -2]},
+      {"name": "b", "shape": [5], "datatype": "UINT8", "parameters": {"binary_data_size": 5}}],
+      "outputs": [{"name": "y", "parameters": {"binary_data": true}}]})";
+  std::string binary(17, '\0');
+  for (size_t i = 0; i < binary.size(); ++i) binary[i] = static_cast<char>(3 * i + 1);
+  auto placement = [](std::vector<uint8_t>& memory) {
+    return
+        [&memory](size_t bytes, const std::vector<proto::HostTensor>&) -> absl::StatusOr<uint8_t*> {
+          memory.assign(bytes, 0xaa);
+          return memory.data();
+        };
+  };
+  std::vector<uint8_t> whole_memory, staged_memory;
+  auto whole =
+      DecodeInferRequest(header, binary, InferRequestLimits{}, nullptr, placement(whole_memory));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::vector<BinaryPlacement> parts;
+  auto staged = DecodeInferHeader(header, binary.size(), InferRequestLimits{}, nullptr,
+                                  placement(staged_memory), &parts);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].offset, 0u);
+  EXPECT_EQ(parts[0].bytes, 12u);
+  EXPECT_EQ(parts[1].offset, 128u) << "a at 0, x at 64, b at 128";
+  EXPECT_EQ(parts[1].bytes, 5u);
+  EXPECT_EQ(staged_memory[0], 0xaa) << "no binary byte is written before it arrives";
+  // What the kernel's reads would do: the data in order, into the parts.
+  size_t at = 0;
+  for (const BinaryPlacement& p : parts) {
+    std::memcpy(staged_memory.data() + p.offset, binary.data() + at, p.bytes);
+    at += p.bytes;
+  }
+  EXPECT_EQ(staged_memory, whole_memory);
+  ASSERT_EQ(staged->inputs.size(), whole->inputs.size());
+  for (size_t i = 0; i < whole->inputs.size(); ++i) {
+    EXPECT_EQ(staged->inputs[i].slice, whole->inputs[i].slice) << i;
+    EXPECT_EQ(staged->inputs[i].shape, whole->inputs[i].shape) << i;
+  }
+  EXPECT_EQ(staged->binary_outputs, whole->binary_outputs);
+
+  // Sizes that do not add up are refused as the whole body's are, and nothing is placed.
+  auto short_data = DecodeInferHeader(header, binary.size() - 1, InferRequestLimits{}, nullptr,
+                                      placement(staged_memory), &parts);
+  EXPECT_TRUE(absl::IsInvalidArgument(short_data.status())) << short_data.status();
+  auto extra_data = DecodeInferHeader(header, binary.size() + 1, InferRequestLimits{}, nullptr,
+                                      placement(staged_memory), &parts);
+  EXPECT_TRUE(absl::IsInvalidArgument(extra_data.status())) << extra_data.status();
+  EXPECT_TRUE(parts.empty());
+  // Data that has not arrived needs somewhere to go.
+  auto nowhere =
+      DecodeInferHeader(header, binary.size(), InferRequestLimits{}, nullptr, nullptr, &parts);
+  EXPECT_FALSE(nowhere.ok());
+}
+
+// The response in parts (JSON, then the binary outputs' bytes as views of where they lie) is the
+// one-string response cut at its Inference-Header-Content-Length.
+TEST(KserveCodecTest, AResponseInPartsIsTheWholeResponseUncopied) {
+  proto::HostTensor y{"y", proto::DType::F32, {2}, {}};
+  y.data.resize(8);
+  const float yv[2] = {0.25f, -1};
+  std::memcpy(y.data.data(), yv, 8);
+  proto::HostTensor z{"z", proto::DType::I32, {1}, {}};
+  z.data = {1, 0, 0, 0};
+  InferRequest request;
+  request.id = "r";
+  request.binary_outputs = {"y"};
+  size_t json_bytes = 0;
+  const std::string whole = EncodeInferResponse("m", request, {y, z}, &json_bytes);
+  const std::vector<uint8_t> elsewhere = y.data;  // y's bytes where a staging region has them
+  EncodedInferResponse parts =
+      EncodeInferResponseParts("m", request,
+                               {OutputView{&y, absl::MakeConstSpan(elsewhere)},
+                                OutputView{&z, absl::MakeConstSpan(z.data)}});
+  ASSERT_EQ(parts.binary.size(), 1u);
+  EXPECT_EQ(parts.binary[0].data(), elsewhere.data()) << "a view, not a copy";
+  EXPECT_EQ(parts.json.size(), json_bytes);
+  EXPECT_EQ(parts.json + std::string(elsewhere.begin(), elsewhere.end()), whole);
+}
+
 }  // namespace
 }  // namespace pswitch::frontend

@@ -5,11 +5,17 @@
 //
 // Properties beyond "does not crash": the decoder reserves exactly the bytes the tensors it
 // returns hold, every tensor it returns is valid, and the response written for those tensors is
-// JSON a strict parser reads back with the same shapes.
+// JSON a strict parser reads back with the same shapes. A header decoded ahead of its binary data
+// (the HTTP port's receipt in place) accepts exactly what the whole body's decoding accepts, its
+// parts lie inside the placement, apart, in order, adding up to the binary data, and receiving
+// the data there gives the placement the whole body's decoding writes; the response in parts is
+// the one-string response.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "boost/beast/core.hpp"
@@ -46,6 +52,66 @@ void CheckDecoded(absl::string_view json_text, absl::string_view binary) {
   PSWITCH_FUZZ_CHECK(back["outputs"].size() == r->inputs.size(), "outputs lost");
   for (size_t i = 0; i < r->inputs.size(); ++i) {
     PSWITCH_FUZZ_CHECK(back["outputs"][i]["shape"] == r->inputs[i].shape, "shape changed");
+  }
+  // Every output as binary data: the response in parts is the one-string response.
+  plain.all_outputs_binary = true;
+  const std::string binary_body = frontend::EncodeInferResponse("m", plain, r->inputs, &json_bytes);
+  std::vector<frontend::OutputView> views;
+  for (const proto::HostTensor& t : r->inputs) {
+    views.push_back(frontend::OutputView{&t, absl::MakeConstSpan(t.data)});
+  }
+  frontend::EncodedInferResponse parts = frontend::EncodeInferResponseParts("m", plain, views);
+  std::string joined = parts.json;
+  for (absl::Span<const uint8_t> b : parts.binary) {
+    joined.append(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  PSWITCH_FUZZ_CHECK(joined == binary_body, "the response in parts differs");
+}
+
+// The same body decoded into a placement whole, and header first with its binary data received
+// into the parts DecodeInferHeader names.
+void CheckPlaced(absl::string_view json_text, absl::string_view binary) {
+  constexpr size_t kMaxPlacement = 4 << 20;
+  auto placement = [](std::vector<uint8_t>& memory) {
+    return
+        [&memory](size_t bytes, const std::vector<proto::HostTensor>&) -> absl::StatusOr<uint8_t*> {
+          if (bytes > kMaxPlacement) return absl::ResourceExhaustedError("too large");
+          memory.assign(bytes, 0xa5);
+          return memory.data();
+        };
+  };
+  const frontend::InferRequestLimits limits{1 << 20, 32, 16};
+  std::vector<uint8_t> whole_memory, staged_memory;
+  absl::StatusOr<frontend::InferRequest> whole =
+      frontend::DecodeInferRequest(json_text, binary, limits, nullptr, placement(whole_memory));
+  std::vector<frontend::BinaryPlacement> parts;
+  absl::StatusOr<frontend::InferRequest> staged = frontend::DecodeInferHeader(
+      json_text, binary.size(), limits, nullptr, placement(staged_memory), &parts);
+  PSWITCH_FUZZ_CHECK(whole.ok() == staged.ok(), "the header-first decoding accepts otherwise");
+  if (!staged.ok()) {
+    PSWITCH_FUZZ_CHECK(parts.empty(), "a refused header places data");
+    return;
+  }
+  uint64_t end = 0, total = 0;
+  for (const frontend::BinaryPlacement& p : parts) {
+    PSWITCH_FUZZ_CHECK(p.offset >= end, "binary parts overlap or run backwards");
+    PSWITCH_FUZZ_CHECK(p.bytes > 0 && p.offset + p.bytes <= staged_memory.size(),
+                       "a binary part lies outside the placement");
+    end = p.offset + p.bytes;
+    total += p.bytes;
+  }
+  PSWITCH_FUZZ_CHECK(total == binary.size(), "the binary parts do not add up to the data");
+  size_t at = 0;
+  for (const frontend::BinaryPlacement& p : parts) {
+    std::memcpy(staged_memory.data() + p.offset, binary.data() + at, p.bytes);
+    at += p.bytes;
+  }
+  PSWITCH_FUZZ_CHECK(staged_memory == whole_memory, "received in place, the inputs differ");
+  PSWITCH_FUZZ_CHECK(staged->inputs.size() == whole->inputs.size(), "inputs differ");
+  for (size_t i = 0; i < whole->inputs.size(); ++i) {
+    PSWITCH_FUZZ_CHECK(staged->inputs[i].slice == whole->inputs[i].slice &&
+                           staged->inputs[i].shape == whole->inputs[i].shape,
+                       "an input's place or shape differs");
   }
 }
 
@@ -87,5 +153,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     binary = absl::string_view(body).substr(json_bytes);
   }
   pswitch::fuzz::CheckDecoded(json_text, binary);
+  pswitch::fuzz::CheckPlaced(json_text, binary);
   return 0;
 }

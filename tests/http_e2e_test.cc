@@ -1,5 +1,7 @@
 // End-to-end: pswitchd's HTTP/JSON port (Open Inference Protocol, KServe v2) against a real
 // daemon, compared with its TCP client on the same models.
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
@@ -27,6 +30,7 @@
 #include "models/zoo_model.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e_helpers.h"
+#include "tests/raw_socket.h"
 #include "tests/test_daemon.h"
 #include "worker/host_tensors.h"
 
@@ -283,6 +287,133 @@ TEST_F(HttpE2eTest, BinaryTensorDataGivesTheTcpClientsBytes) {
                          body + "extra", "application/octet-stream");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400) << bad->body;
+}
+
+// pswitchd's mappings of staging regions (memfds named "pswitch-staging").
+int StagingMappings(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.find("pswitch-staging") != std::string::npos;
+  return n;
+}
+
+// One HTTP response read whole from a raw socket: its head and its body (Content-Length).
+std::pair<std::string, std::string> ReadHttpResponse(int fd) {
+  std::string in;
+  char buf[65536];
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  size_t head_end = std::string::npos, length = 0;
+  while (absl::Now() < end) {
+    if (head_end == std::string::npos && (head_end = in.find("\r\n\r\n")) != std::string::npos) {
+      const std::string head = absl::AsciiStrToLower(in.substr(0, head_end));
+      const size_t at = head.find("\r\ncontent-length: ");
+      if (at == std::string::npos) return {in, ""};
+      (void)absl::SimpleAtoi(head.substr(at + 18, head.find("\r\n", at + 2) - at - 18), &length);
+      head_end += 4;
+    }
+    if (head_end != std::string::npos && in.size() >= head_end + length) {
+      return {in.substr(0, head_end), in.substr(head_end, length)};
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    in.append(buf, static_cast<size_t>(n));
+  }
+  return {in, ""};
+}
+
+// The binary extension's body received in place (its header first, its tensor bytes straight
+// into a staging region): sent in many small writes, its answer is bit for bit the JSON path's
+// and the TCP client's; the connection's staging region goes when the connection does, and a
+// body cut short leaves none behind either. A declared body over the cap is refused unread.
+TEST_F(HttpE2eTest, ABinaryBodyReceivedInPlaceAnswersAsTheJsonPathAndLeavesNoStaging) {
+  auto tcp = client::Client::Connect(daemon_->address());
+  ASSERT_TRUE(tcp.ok());
+  const proto::HostTensor in = Input("tiny_cnn", 5);
+  auto expected = (*tcp)->Infer("tiny_cnn", {in});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const std::string want(expected->outputs[0].data.begin(), expected->outputs[0].data.end());
+  const json binary_output = {{{"name", "output"}, {"parameters", {{"binary_data", true}}}}};
+  // The JSON path, its output asked for as binary data.
+  json as_json = json::parse(InferBody(in));
+  as_json["outputs"] = binary_output;
+  auto by_json = http_->Post("/v2/models/tiny_cnn/infer", as_json.dump(), "application/json");
+  ASSERT_TRUE(by_json);
+  ASSERT_EQ(by_json->status, 200) << by_json->body;
+  size_t json_bytes = 0;
+  ASSERT_TRUE(
+      absl::SimpleAtoi(by_json->get_header_value("Inference-Header-Content-Length"), &json_bytes));
+  EXPECT_TRUE(by_json->body.substr(json_bytes) == want);
+
+  const std::string header = json{
+      {"inputs",
+       {{{"name", "input"},
+         {"shape", in.shape},
+         {"datatype", "FP32"},
+         {"parameters", {{"binary_data_size", in.data.size()}}}}}},
+      {"outputs", binary_output}}.dump();
+  const std::string request = absl::StrCat(
+      "POST /v2/models/tiny_cnn/infer HTTP/1.1\r\nHost: x\r\n",
+      "Content-Type: application/octet-stream\r\nInference-Header-Content-Length: ", header.size(),
+      "\r\nContent-Length: ", header.size() + in.data.size(), "\r\n\r\n", header,
+      std::string(in.data.begin(), in.data.end()));
+  const pid_t pid = daemon_->pid();
+  const int before = StagingMappings(pid);
+  int fd = pswitch::testing::ConnectLoopback(daemon_->http_port());
+  ASSERT_GE(fd, 0);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  for (int round = 0; round < 2; ++round) {  // the second reuses the connection's region
+    for (size_t at = 0; at < request.size(); at += 61) {
+      ASSERT_EQ(
+          ::send(fd, request.data() + at, std::min<size_t>(61, request.size() - at), MSG_NOSIGNAL),
+          static_cast<ssize_t>(std::min<size_t>(61, request.size() - at)));
+      if (at % 6100 == 0) absl::SleepFor(absl::Microseconds(200));
+    }
+    auto [head, body] = ReadHttpResponse(fd);
+    ASSERT_NE(head.find("200 OK"), std::string::npos) << head << body;
+    const size_t at = absl::AsciiStrToLower(head).find("inference-header-content-length: ");
+    ASSERT_NE(at, std::string::npos) << head;
+    size_t n = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(head.substr(at + 33, head.find("\r\n", at) - at - 33), &n));
+    EXPECT_TRUE(body.substr(n) == want)
+        << "round " << round << " got " << body.size() - n << " bytes, want " << want.size() << ": "
+        << absl::BytesToHexString(body.substr(n, 16)) << " vs "
+        << absl::BytesToHexString(want.substr(0, 16));
+    EXPECT_EQ(json::parse(body.substr(0, n))["outputs"][0]["shape"],
+              json(expected->outputs[0].shape));
+  }
+  EXPECT_EQ(StagingMappings(pid), before + 1) << "one region, kept for the connection";
+  ::close(fd);
+  for (int i = 0; i < 200 && StagingMappings(pid) > before; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(StagingMappings(pid), before) << "the connection's staging went with it";
+
+  // Cut short: half the tensor's bytes, then the client goes.
+  fd = pswitch::testing::ConnectLoopback(daemon_->http_port());
+  ASSERT_GE(fd, 0);
+  const size_t cut = request.size() - in.data.size() / 2;
+  ASSERT_EQ(::send(fd, request.data(), cut, MSG_NOSIGNAL), static_cast<ssize_t>(cut));
+  for (int i = 0; i < 200 && StagingMappings(pid) == before; ++i)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(StagingMappings(pid), before + 1) << "the body was being received into staging";
+  ::close(fd);
+  for (int i = 0; i < 200 && StagingMappings(pid) > before; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(StagingMappings(pid), before) << "a body cut short leaves no staging behind";
+
+  // Declared over the body cap: refused on its headers, the body never sent.
+  fd = pswitch::testing::ConnectLoopback(daemon_->http_port());
+  ASSERT_GE(fd, 0);
+  const std::string huge =
+      absl::StrCat("POST /v2/models/tiny_cnn/infer HTTP/1.1\r\nHost: x\r\n",
+                   "Inference-Header-Content-Length: ", header.size(),
+                   "\r\nContent-Length: ", uint64_t{1} << 40, "\r\n\r\n", header);
+  ASSERT_EQ(::send(fd, huge.data(), huge.size(), MSG_NOSIGNAL), static_cast<ssize_t>(huge.size()));
+  auto [head, body] = ReadHttpResponse(fd);
+  EXPECT_NE(head.find(" 413 "), std::string::npos) << head << body;
+  ::close(fd);
+  EXPECT_EQ(StagingMappings(pid), before);
 }
 
 TEST_F(HttpE2eTest, BadRequestsGetJsonErrorsWithTheirStatusCodes) {
