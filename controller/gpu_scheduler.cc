@@ -840,6 +840,14 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
       Finish(run->task_id, why);
       return;
     }
+    // Its bytes failed meanwhile (InputsEnded found it neither queued nor awaiting them): it
+    // fails now, not when its turn comes again, which could be after every task ranked before it.
+    if (std::optional<absl::Status> ended =
+            spec.inputs_arrival ? spec.inputs_arrival->ended() : std::nullopt;
+        ended && !ended->ok()) {
+      Finish(run->task_id, InputsNeverArrived(run->task_id, *ended));
+      return;
+    }
     queue_.PushFront(TaskTicket{run->task_id, spec.model, spec.kind, spec.priority, spec.deadline});
     tasks_.SetState(run->task_id, TaskState::kQueued);
     return;

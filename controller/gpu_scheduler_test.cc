@@ -443,6 +443,43 @@ TEST_F(InputsHoldTest, ACancelOfAYieldedTaskStillArrivingAnswersIt) {
   EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", trickling, " ")));
 }
 
+// A task that yielded while its switch was still in flight (here: its optimizer state's
+// restore, held) and whose bytes then never come is answered when that switch ends, not put back
+// in the queue to wait behind every task ranked before it.
+TEST_F(InputsHoldTest, AYieldedTaskWhoseInputsFailBeforeItsSwitchEndsIsAnsweredThen) {
+  HoldRestores();
+  auto arrival = std::make_shared<InputsArrival>();
+  TaskSpec spec;
+  spec.model = "a";
+  spec.kind = TaskKind::kTraining;
+  spec.iterations = 10;
+  spec.inputs_arrival = arrival;
+  auto id = std::make_shared<std::atomic<uint64_t>>(0);
+  absl::StatusOr<uint64_t> trickling =
+      scheduler_->Submit(std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
+        record_.Answer(id->load(), outcome);
+      });
+  ASSERT_TRUE(trickling.ok()) << trickling.status();
+  id->store(*trickling);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const uint64_t ready = Submit("b");  // an inference: it ranks before the training task
+  ASSERT_TRUE(sink_->AwaitEvent("task_yields_gpu", {absl::StrCat("task=", *trickling)}, kWait));
+  arrival->End(absl::UnavailableError("the client went away"));
+  Settle();
+  OpenRestores();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", ready, " "), kWait)) << record_.Commands();
+  // Answered before the ready task ends: it did not go back to the queue behind it.
+  absl::StatusOr<TaskOutcome> failed = record_.AwaitAnswer(*trickling, absl::Seconds(2));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "inputs never arrived"))
+      << failed.status();
+  Worker(SlotOf(absl::StrCat("Run ", ready, " ")))->RunDone(ready);
+  EXPECT_TRUE(record_.AwaitAnswer(ready, kWait).ok());
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", *trickling, " ")));
+  EXPECT_EQ(OptimizerLeases(), 0u);
+}
+
 TEST_F(InputsArrivingTest, ASlowStateRestoreBlocksNothingAndAPreemptedRunResumesFromItsExactState) {
   ASSERT_GT(catalog_->Find("a").value()->optimizer_slot_bytes, 0u);
   HoldRestores();
