@@ -100,7 +100,7 @@ absl::Status FillManager::RebuildScheduler() {
   stage_gpu_ = std::move(stage_gpu);
   // Jobs not yet finished are placed again on the new cycles.
   for (auto& [id, job] : jobs_) {
-    if (job.machine.stopped()) continue;
+    if (job.machine.stopped() || job.writing_output) continue;  // the latter ends by itself
     absl::Status placed = Place(id, job);
     if (!placed.ok()) Stop(id, job, placed);
   }
@@ -292,6 +292,10 @@ absl::Status FillManager::Cancel(uint64_t job_id) {
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no fill job ", job_id));
   if (it->second.machine.stopped()) {
     return absl::FailedPreconditionError(absl::StrCat("fill job ", job_id, " has already stopped"));
+  }
+  if (it->second.writing_output) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fill job ", job_id, " has computed every row and is writing its output"));
   }
   Stop(job_id, it->second, absl::CancelledError("cancelled by a client"));
   return absl::OkStatus();
@@ -531,9 +535,19 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     // thread while this lock (which every bubble signal takes) stays free.
     controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
     Background([this, id, request = job.request, outputs = std::move(job.outputs)] {
+      {
+        absl::MutexLock lock(&mu_);
+        Job& waiting = jobs_.at(id);
+        // Stopped (cancelled) while this waited for the I/O thread: the client no longer wants
+        // the output, and its file (or the name under the root) is left as it was.
+        if (waiting.machine.stopped()) return;
+        waiting.writing_output = true;  // from here Cancel is refused: the file is being written
+      }
       absl::Status written = WriteOutputs(options_.data_root.get(), request, outputs);
       absl::MutexLock lock(&mu_);
-      Stop(id, jobs_.at(id), written, /*drop_checkpoint=*/false);
+      Job& job = jobs_.at(id);
+      job.writing_output = false;
+      Stop(id, job, written, /*drop_checkpoint=*/false);
     });
     job.outputs.clear();
     return;

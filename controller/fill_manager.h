@@ -7,6 +7,8 @@
 #ifndef PSWITCH_CONTROLLER_FILL_MANAGER_H_
 #define PSWITCH_CONTROLLER_FILL_MANAGER_H_
 
+#include <pthread.h>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -15,15 +17,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "api/types.h"
-#include "controller/telemetry.h"
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
-#include "absl/synchronization/mutex.h"
 #include "base/confined_dir.h"
 #include "controller/controller.h"
 #include "controller/fill_dataset.h"
 #include "controller/fill_request.h"
+#include "controller/telemetry.h"
 #include "fill/bubble_cycle.h"
 #include "fill/scheduler.h"
 #include "fill/state_machine.h"
@@ -56,7 +58,10 @@ class FillManager {
   FillManager(Controller* controller, FillManagerOptions options)
       : controller_(controller),
         options_(options),
-        telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()) {}
+        telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()) {
+    // Named so that an operator (or a test) can tell the thread that does fill jobs' file work.
+    Background([] { pthread_setname_np(pthread_self(), "pswitch-fill-io"); });
+  }
   // Finishes the disk work already queued (an inference job's output is never lost).
   ~FillManager() { io_.wait(); }
   // Before the controller goes: submissions from now on (queued ones included) answer
@@ -80,8 +85,9 @@ class FillManager {
   absl::StatusOr<uint64_t> Submit(FillRequest request);
   // What Submit would predict for `request` (its GPU, completion, deadline), submitting nothing.
   absl::StatusOr<FillJobStatus> Estimate(FillRequest request);
-  // Stops the job (STOPPED, error Cancelled); a run in the current bubble ends with the bubble.
-  // NotFound for an unknown job, FailedPrecondition for one already stopped.
+  // Stops the job (STOPPED, error Cancelled); a run in the current bubble ends with the bubble,
+  // and an inference job's output not yet written is never written. NotFound for an unknown job,
+  // FailedPrecondition for one already stopped or whose output is being written.
   absl::Status Cancel(uint64_t job_id);
   // Whether a client may unload `model`: a fill job's own model only once the job has stopped
   // (a finished training job's model is its result, kept until unloaded); FailedPrecondition
@@ -110,6 +116,7 @@ class FillManager {
     int64_t steps_done = 0;
     uint32_t bubbles = 0;
     bool model_registered = false;  // its own model is in the catalog (unloaded at its end)
+    bool writing_output = false;    // every row computed; its output is being written now
     absl::Duration predicted_step;  // the declared profile, then the smoothed measurement
     int64_t measured_runs = 0;
     absl::Time submitted;

@@ -1,13 +1,13 @@
 // Fill tasks end to end: a real pswitchd, this test playing the main job (bubble instruction,
 // bubble cycle, and the device's compute lock between bubbles).
 #include <grp.h>
+#include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +43,33 @@ std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
+
+// Holds one thread of another process still (ptrace interrupts that thread alone; the rest run
+// on) until destroyed. The thread is found by its name (/proc/<pid>/task/*/comm).
+class FrozenThread {
+ public:
+  FrozenThread(pid_t pid, const std::string& name) {
+    for (const auto& task : std::filesystem::directory_iterator(std::filesystem::path("/proc") /
+                                                                std::to_string(pid) / "task")) {
+      std::string comm = ReadFile((task.path() / "comm").string());
+      if (comm == name + "\n") tid_ = std::stoi(task.path().filename().string());
+    }
+    if (tid_ <= 0 || ::ptrace(PTRACE_SEIZE, tid_, nullptr, nullptr) != 0) return;
+    int status = 0;
+    frozen_ = ::ptrace(PTRACE_INTERRUPT, tid_, nullptr, nullptr) == 0 &&
+              ::waitpid(tid_, &status, __WALL) == tid_ && WIFSTOPPED(status);
+  }
+  ~FrozenThread() {
+    if (tid_ > 0) ::ptrace(PTRACE_DETACH, tid_, nullptr, nullptr);
+  }
+  FrozenThread(const FrozenThread&) = delete;
+  FrozenThread& operator=(const FrozenThread&) = delete;
+  bool frozen() const { return frozen_; }
+
+ private:
+  pid_t tid_ = -1;
+  bool frozen_ = false;
+};
 
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
 constexpr uint64_t kFreeBytes = 64ull << 20;
@@ -480,6 +507,55 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
   for (int64_t i = 0; i < want.numel(); ++i) {
     ASSERT_NEAR(got[i], want.data_ptr<float>()[i], 1e-5) << i;
   }
+}
+
+// A job cancelled after its last step, while its output still waits for the I/O thread, writes
+// no output: the named file is never created (a passed one would be left as it was).
+TEST_F(FillTest, AJobCancelledBeforeItsOutputIsWrittenWritesNone) {
+  const absl::Duration bubble = absl::Milliseconds(30);
+  RegisterCycle(bubble);
+  auto model = models::CreateModel("tiny_mlp");
+  ASSERT_TRUE(model.ok());
+  at::Tensor rows = (*model)->ExampleInput(3, 5).input.contiguous();
+  ASSERT_TRUE(models::WriteSafetensors(
+                  (daemon_->dir() / "dataset.safetensors").string(),
+                  {models::SafetensorsEntry{"input", models::DType::kF32, rows.sizes().vec(),
+                                            rows.data_ptr(), static_cast<size_t>(rows.nbytes())}})
+                  .ok());
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kInference;
+  o.model = "tiny_mlp";
+  o.dataset_path = "dataset.safetensors";
+  o.output_path = "output.safetensors";
+  o.batch = 4;  // one step
+  o.step = absl::Milliseconds(3);
+  o.memory_bytes = 16 << 20;
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  {
+    // The output's write waits behind a held I/O thread; every row is computed meanwhile.
+    FrozenThread io(daemon_->pid(), "pswitch-fill-io");
+    ASSERT_TRUE(io.frozen()) << "could not hold pswitchd's fill I/O thread (ptrace)";
+    client::FillJobStatus status;
+    for (int i = 0; i < 200 && status.steps_done < 1; ++i) {
+      Iteration(bubble, absl::Milliseconds(5));
+      auto s = client_->FillStatus(job->job_id);
+      ASSERT_TRUE(s.ok()) << s.status();
+      status = *s;
+    }
+    ASSERT_EQ(status.steps_done, 1u);
+    ASSERT_NE(status.state, client::FillState::kStopped) << "its output is not written yet";
+    ASSERT_TRUE(client_->CancelFill(job->job_id).ok());
+  }
+  // An estimate is answered from the I/O thread, after the output's turn there.
+  client::FillJobOptions estimate = o;
+  estimate.output_path.clear();
+  ASSERT_TRUE(client_->EstimateFill(estimate).ok());
+  auto cancelled = client_->FillStatus(job->job_id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->error.code(), absl::StatusCode::kCancelled) << cancelled->error;
+  EXPECT_FALSE(std::filesystem::exists(daemon_->dir() / "output.safetensors"))
+      << "a cancelled job wrote its output";
 }
 
 // Issue 26, item 1: over the Unix socket a local user's fill job reads the dataset the user
