@@ -357,12 +357,28 @@ int Run() {
                               {"outputs",
                                {{{"name", "output"}, {"parameters", {{"binary_data", true}}}}}}}
                              .dump();
-                     std::string body = header;
-                     body.append(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size());
+                     // Sent from the caller's buffers (the header, then the tensor's bytes), as
+                     // a client that does not build a body string first does.
+                     const size_t total = header.size() + c.bytes.size();
+                     auto provide = [&](size_t offset, size_t length, httplib::DataSink& sink) {
+                       while (length > 0) {
+                         const bool in_header = offset < header.size();
+                         const char* from =
+                             in_header ? header.data() + offset
+                                       : reinterpret_cast<const char*>(c.bytes.data()) +
+                                             (offset - header.size());
+                         const size_t n = std::min(
+                             length, in_header ? header.size() - offset : total - offset);
+                         if (!sink.write(from, n)) return false;
+                         offset += n;
+                         length -= n;
+                       }
+                       return true;
+                     };
                      auto r = http.Post(
                          infer_path,
-                         {{"Inference-Header-Content-Length", std::to_string(header.size())}}, body,
-                         "application/octet-stream");
+                         {{"Inference-Header-Content-Length", std::to_string(header.size())}}, total,
+                         provide, "application/octet-stream");
                      if (!r) return absl::UnavailableError("HTTP request failed");
                      if (r->status != 200) {
                        return absl::InternalError(absl::StrCat("HTTP ", r->status, ": ", r->body));
