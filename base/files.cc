@@ -38,6 +38,39 @@ absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> CheckReadableRegularFile(int fd, absl::string_view what,
+                                                  uint64_t max_bytes) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": file of ", st.st_size, " bytes exceeds the limit of ", max_bytes));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0) return ErrnoStatus(absl::StrCat("fcntl ", what));
+  // O_PATH descriptors carry no read right; a write-only one is not the client's to read.
+  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " was not opened for reading"));
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+absl::Status WriteAllAt(int fd, absl::string_view bytes, uint64_t offset, absl::string_view what) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n =
+        ::pwrite(fd, bytes.data() + done, std::min<size_t>(bytes.size() - done, kFileIoChunkBytes),
+                 static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoStatus(absl::StrCat("write ", what));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadAll(const UniqueFd& fd, absl::string_view what,
                                     uint64_t max_bytes, absl::Duration timeout) {
   struct stat st;
@@ -71,15 +104,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, absl::strin
 absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view bytes) {
   UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoStatus("memfd_create");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::pwrite(fd.get(), bytes.data() + done,
-                         std::min<size_t>(bytes.size() - done, kFileIoChunkBytes),
-                         static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoStatus("writing a memory file");
-    done += static_cast<size_t>(n);
-  }
+  PSWITCH_RETURN_IF_ERROR(WriteAllAt(fd.get(), bytes, 0, "a memory file"));
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0) {
     return ErrnoStatus("sealing a memory file");
   }
@@ -88,21 +113,7 @@ absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view by
 
 absl::StatusOr<UniqueFd> SealedCopyOfFile(int fd, absl::string_view what, uint64_t max_bytes,
                                           absl::Duration timeout) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
-  }
-  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": file of ", st.st_size,
-                                                   " bytes exceeds the limit of ", max_bytes));
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0) return ErrnoStatus(absl::StrCat("fcntl ", what));
-  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " was not opened for reading"));
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  PSWITCH_ASSIGN_OR_RETURN(const uint64_t size, CheckReadableRegularFile(fd, what, max_bytes));
   UniqueFd copy(::memfd_create("pswitch-file-copy", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!copy.valid()) return ErrnoStatus("memfd_create");
   const absl::Time deadline = absl::Now() + timeout;
@@ -128,13 +139,9 @@ absl::StatusOr<UniqueFd> SealedCopyOfFile(int fd, absl::string_view what, uint64
       buffer.resize(chunk);
       n = ::pread(fd, buffer.data(), chunk, static_cast<off_t>(done));
       if (n > 0) {
-        for (ssize_t put = 0; put < n;) {
-          const ssize_t w = ::pwrite(copy.get(), buffer.data() + put, static_cast<size_t>(n - put),
-                                     static_cast<off_t>(done) + put);
-          if (w < 0 && errno == EINTR) continue;
-          if (w <= 0) return ErrnoStatus("writing a memory file");
-          put += w;
-        }
+        PSWITCH_RETURN_IF_ERROR(WriteAllAt(copy.get(),
+                                           absl::string_view(buffer.data(), static_cast<size_t>(n)),
+                                           done, "a memory file"));
       }
     }
     if (n < 0 && errno == EINTR) continue;

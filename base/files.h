@@ -20,6 +20,14 @@ absl::StatusOr<UniqueFd> OpenRegularFile(int dir_fd, const std::string& name,
                                          absl::string_view what, uint64_t max_bytes);
 // InvalidArgument naming `what` unless `fd` is a regular file of at most `max_bytes`.
 absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64_t max_bytes);
+// InvalidArgument naming `what` unless `fd` is a regular file (memfds are) of at most `max_bytes`
+// opened for reading (not O_PATH, not write-only); returns its size. Only fstat and fcntl: it
+// never blocks on the file's contents.
+absl::StatusOr<uint64_t> CheckReadableRegularFile(int fd, absl::string_view what,
+                                                  uint64_t max_bytes);
+// Writes all of `bytes` into `fd` at `offset` with pwrite, in chunks of kFileIoChunkBytes (fd's
+// own offset is neither used nor moved). `what` names the file in errors.
+absl::Status WriteAllAt(int fd, absl::string_view bytes, uint64_t offset, absl::string_view what);
 // How long one whole read or write of a file named from outside may take (a slow network or
 // FUSE file system must not hold a registration or fill-job thread for ever). Checked between
 // chunks of kFileIoChunkBytes: one read(2) stuck in the kernel is not interrupted.

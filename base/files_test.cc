@@ -1,5 +1,6 @@
 #include "base/files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,6 +38,25 @@ TEST(SealedMemoryFileTest, AnUnsealedFileIsRefused) {
   ASSERT_EQ(::write(fd.get(), "abc", 3), 3);
   EXPECT_EQ(ReadSealedMemoryFile(fd, "plain", 100).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WriteAllAtTest, WritesEveryByteAtTheOffsetAndLeavesTheFilesOffset) {
+  char tmpl[] = "/tmp/pswitch-write-all-XXXXXX";
+  UniqueFd fd(::mkstemp(tmpl));
+  ASSERT_TRUE(fd.valid());
+  ::unlink(tmpl);
+  std::string bytes(kFileIoChunkBytes * 2 + 5, '\0');  // more than one chunk
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 13);
+  ASSERT_TRUE(WriteAllAt(fd.get(), bytes, 3, "the test file").ok());
+  EXPECT_EQ(::lseek(fd.get(), 0, SEEK_CUR), 0);
+  std::string back(bytes.size() + 3, 'x');
+  ASSERT_EQ(::pread(fd.get(), back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+  EXPECT_EQ(back.substr(0, 3), std::string(3, '\0'));
+  EXPECT_EQ(back.substr(3), bytes);
+  UniqueFd read_only(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+  absl::Status refused = WriteAllAt(read_only.get(), "abc", 0, "the read-only file");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("the read-only file"), absl::string_view::npos) << refused;
 }
 
 TEST(RemoveTreeTest, RemovesEverythingUnderThePathAndFollowsNoLink) {

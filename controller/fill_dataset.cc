@@ -93,15 +93,7 @@ absl::Status CheckDatasetFitsModel(const FillDataset& dataset, const CatalogEntr
 }
 
 absl::Status WriteOutputFile(int fd, absl::string_view bytes, absl::string_view what) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::pwrite(fd, bytes.data() + done,
-                               std::min<size_t>(bytes.size() - done, base::kFileIoChunkBytes),
-                               static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ErrnoStatus(absl::StrCat("write ", what));
-    done += static_cast<size_t>(n);
-  }
+  PSWITCH_RETURN_IF_ERROR(base::WriteAllAt(fd, bytes, 0, what));
   if (::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) {
     return ErrnoStatus(absl::StrCat("truncate ", what));
   }

@@ -24,28 +24,13 @@ constexpr uint64_t kMaxArchiveBytes = 64ull << 30;
 }  // namespace
 
 absl::Status CheckPassedInput(int fd, absl::string_view what, uint64_t max_bytes) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", what));
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not a regular file"));
-  }
-  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", st.st_size, " bytes; at most ", max_bytes, " are read"));
-  }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0) return ErrnoStatus(absl::StrCat("fcntl ", what));
-  // O_PATH descriptors carry no read right; a write-only one is not the client's to read.
-  if ((flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " was not opened for reading"));
-  }
-  return absl::OkStatus();
+  return base::CheckReadableRegularFile(fd, what, max_bytes).status();
 }
 
 absl::StatusOr<UniqueFd> SealPassedFile(const UniqueFd& fd, absl::string_view what,
                                         uint64_t max_bytes) {
-  PSWITCH_RETURN_IF_ERROR(CheckPassedInput(fd.get(), what, max_bytes));
-  // Copied by the kernel, page by page, never whole through a buffer of ours.
+  // Checked (base::CheckReadableRegularFile) and copied by the kernel, page by page, never whole
+  // through a buffer of ours.
   return base::SealedCopyOfFile(fd.get(), what, max_bytes);
 }
 

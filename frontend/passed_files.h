@@ -25,9 +25,9 @@ namespace pswitch::frontend {
 // opened for reading.
 absl::Status CheckPassedInput(int fd, absl::string_view what, uint64_t max_bytes);
 
-// The passed file's bytes (CheckPassedInput first; copied by the kernel from offset 0, so the
-// client's offset neither steers nor is moved: base::SealedCopyOfFile) in a sealed memory file of
-// pswitchd's own, which the file's later changes cannot reach.
+// The passed file's bytes (checked as CheckPassedInput checks; copied by the kernel from offset 0,
+// so the client's offset neither steers nor is moved: base::SealedCopyOfFile) in a sealed memory
+// file of pswitchd's own, which the file's later changes cannot reach.
 absl::StatusOr<UniqueFd> SealPassedFile(const UniqueFd& fd, absl::string_view what,
                                         uint64_t max_bytes);
 
