@@ -654,9 +654,18 @@ GpuScheduler::RunResult GpuScheduler::Unrun(const Running& run, absl::Status why
 void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result) {
   run->awaiting_inputs = false;
   if (run->restoring || (run->transmission != nullptr && !run->transmission->finished())) {
-    // As a task answered before its copy ended (OnRunDone): the GPU stays held, with no slot,
-    // until the Switcher reports the copy's end (CopyEnded) and the state's restore has ended
-    // (RestoreEnded); the worker is idle (a Prepare only set its gate).
+    // The worker is done with the run (it answered, or it was never sent its Run: a Prepare only
+    // set its gate), but the copy engine has not retired the copy yet (on the host backend its
+    // observer often lags the worker), or the state's restore is still in flight. The answer
+    // waits for the copy's end (CopyEnded) and the restore's (RestoreEnded) rather than go out
+    // without its phases (or with a copy that then fails): the switch's timeline is the headline
+    // figure. The loop does not wait; the copy engine bounds the copy (a stall ends it, a lost
+    // device fails it). The GPU stays held, with no slot: the worker is idle, and its death or a
+    // message of it no longer concerns this run (nothing to stop or kill: EnforceStop,
+    // StopRunning and MaybePreempt leave it alone).
+    Event(base::LogLevel::kInfo, "answer_waits_for_copy")
+        .Field("task", run->task_id)
+        .Field("slot", run->slot);
     run->slot = -1;
     run->stop_sent = true;
     run->answered = std::make_unique<RunResult>(std::move(result));
@@ -772,24 +781,8 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     tasks_.Progress(run->task_id, result.outcome.iterations_done);
   }
   stop_deadline_.Met(run->task_id);
-  if (run->transmission != nullptr && !run->transmission->finished()) {
-    // The worker saw every group's flag, but the copy engine has not retired the copy yet (on
-    // the host backend its observer often lags the worker). The answer waits for the copy's end
-    // rather than go out without its phases (or with a copy that then fails): the switch's
-    // timeline is the headline figure. The loop does not wait; the copy engine bounds the copy
-    // (a stall ends it, a lost device fails it). The GPU stays held, with no slot: the worker is
-    // idle, and its death or a message of it no longer concerns this run (nothing to stop or
-    // kill: EnforceStop, StopRunning and MaybePreempt leave it alone).
-    Event(base::LogLevel::kInfo, "answer_waits_for_copy")
-        .Field("task", run->task_id)
-        .Field("slot", slot);
-    run->slot = -1;
-    run->stop_sent = true;
-    run->answered = std::make_unique<RunResult>(std::move(result));
-    running_ = std::move(run);
-    return;
-  }
-  CompleteRun(std::move(run), std::move(result));
+  // The worker saw every group's flag; the copy may still be in flight.
+  HoldOrComplete(std::move(run), std::move(result));
 }
 
 void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
