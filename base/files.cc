@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +57,37 @@ absl::StatusOr<uint64_t> CheckReadableRegularFile(int fd, absl::string_view what
     return absl::InvalidArgumentError(absl::StrCat(what, " was not opened for reading"));
   }
   return static_cast<uint64_t>(st.st_size);
+}
+
+absl::Status CheckLocalFileSystemType(int64_t f_type, absl::string_view what) {
+  // statfs(2)'s magic numbers (linux/magic.h and the file systems' own sources).
+  struct Remote {
+    uint32_t magic;
+    const char* name;
+  };
+  static constexpr Remote kRemote[] = {
+      {0x65735546, "FUSE"}, {0x6969, "NFS"},          {0x517B, "SMB"},
+      {0xFF534D42, "CIFS"}, {0xFE534D42, "SMB2"},     {0x00C36400, "Ceph"},
+      {0x01021997, "9P"},   {0x5346414F, "AFS"},      {0x6B414653, "AFS"},
+      {0x73757245, "Coda"}, {0x564C, "NCP"},          {0x0BD00BD0, "Lustre"},
+      {0x47504653, "GPFS"}, {0x19830326, "OrangeFS"}, {0x7461636F, "OCFS2"},
+      {0x01161970, "GFS2"}, {0xAAD7AAEA, "PanFS"},    {0x013111A8, "IBRIX"},
+  };
+  // f_type's width and sign differ between ABIs: compare its low 32 bits.
+  const uint32_t magic = static_cast<uint32_t>(f_type);
+  for (const Remote& remote : kRemote) {
+    if (remote.magic == magic) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is on a network or FUSE file system (",
+                                                     remote.name, "); copy it to local storage"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLocalFile(int fd, absl::string_view what) {
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return ErrnoStatus(absl::StrCat("statfs ", what));
+  return CheckLocalFileSystemType(static_cast<int64_t>(fs.f_type), what);
 }
 
 absl::Status WriteAllAt(int fd, absl::string_view bytes, uint64_t offset, absl::string_view what) {

@@ -25,6 +25,12 @@ absl::Status CheckRegularFile(const UniqueFd& fd, absl::string_view what, uint64
 // never blocks on the file's contents.
 absl::StatusOr<uint64_t> CheckReadableRegularFile(int fd, absl::string_view what,
                                                   uint64_t max_bytes);
+// InvalidArgument naming `what` when `f_type` (statfs(2)'s) is that of a network or FUSE file
+// system (NFS, SMB/CIFS, Ceph, 9P, AFS, Lustre, FUSE, ...): a read there can stall in the kernel
+// for ever, holding the thread that copies the file, and no timeout of ours can interrupt it.
+absl::Status CheckLocalFileSystemType(int64_t f_type, absl::string_view what);
+// CheckLocalFileSystemType for the file system `fd` lies on (fstatfs).
+absl::Status CheckLocalFile(int fd, absl::string_view what);
 // Writes all of `bytes` into `fd` at `offset` with pwrite, in chunks of kFileIoChunkBytes (fd's
 // own offset is neither used nor moved). `what` names the file in errors.
 absl::Status WriteAllAt(int fd, absl::string_view bytes, uint64_t offset, absl::string_view what);

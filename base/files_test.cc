@@ -1,12 +1,14 @@
 #include "base/files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -57,6 +59,27 @@ TEST(WriteAllAtTest, WritesEveryByteAtTheOffsetAndLeavesTheFilesOffset) {
   absl::Status refused = WriteAllAt(read_only.get(), "abc", 0, "the read-only file");
   EXPECT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("the read-only file"), absl::string_view::npos) << refused;
+}
+
+TEST(CheckLocalFileTest, NetworkAndFuseFileSystemsAreRefusedLocalOnesTaken) {
+  // FUSE, NFS, CIFS, Ceph, 9P, SMB2 (the last with the high bit set, as a signed f_type has it).
+  for (int64_t remote :
+       {int64_t{0x65735546}, int64_t{0x6969}, int64_t{0xFF534D42}, int64_t{0x00C36400},
+        int64_t{0x01021997}, static_cast<int64_t>(static_cast<int32_t>(0xFE534D42))}) {
+    absl::Status refused = CheckLocalFileSystemType(remote, "dataset d.safetensors");
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << remote;
+    EXPECT_NE(refused.message().find("dataset d.safetensors is on a network or FUSE file system"),
+              absl::string_view::npos)
+        << refused;
+    EXPECT_NE(refused.message().find("copy it to local storage"), absl::string_view::npos);
+  }
+  // ext4, tmpfs, xfs, btrfs, overlayfs.
+  for (int64_t local :
+       std::vector<int64_t>{0xEF53, 0x01021994, 0x58465342, 0x9123683E, 0x794C7630}) {
+    EXPECT_TRUE(CheckLocalFileSystemType(local, "dataset").ok()) << local;
+  }
+  UniqueFd memfd(::memfd_create("local", MFD_CLOEXEC));
+  EXPECT_TRUE(CheckLocalFile(memfd.get(), "dataset").ok());
 }
 
 TEST(RemoveTreeTest, RemovesEverythingUnderThePathAndFollowsNoLink) {

@@ -17,6 +17,9 @@ absl::StatusOr<std::shared_ptr<const FillDataset>> LoadFillDataset(int source,
                                                                    absl::string_view name,
                                                                    uint64_t max_bytes) {
   const std::string what = absl::StrCat("dataset ", name);
+  // The copy runs on the fill manager's one I/O thread: a read that never returns there would
+  // hold every fill job's file work.
+  PSWITCH_RETURN_IF_ERROR(base::CheckLocalFile(source, what));
   PSWITCH_ASSIGN_OR_RETURN(UniqueFd copy, base::SealedCopyOfFile(source, what, max_bytes));
   models::SafetensorsLimits limits;
   limits.max_file_bytes = max_bytes;

@@ -33,8 +33,9 @@ struct FillDataset {
 // file, parses it as safetensors (models::SafetensorsLimits, files of at most `max_bytes`) and
 // describes its "input" tensor. InvalidArgument naming `name` (how messages call the dataset) for
 // a file of another kind, one too large, one that is not safetensors, or one without an "input"
-// of at least one row of a dtype tensors have on the wire (proto/dtype.h); DeadlineExceeded for a
-// copy that takes too long. Reads a file: call it off every event loop.
+// of at least one row of a dtype tensors have on the wire (proto/dtype.h), or one on a network or
+// FUSE file system (base::CheckLocalFile); DeadlineExceeded for a copy that takes too long. Reads a
+// file: call it off every event loop.
 absl::StatusOr<std::shared_ptr<const FillDataset>> LoadFillDataset(int source,
                                                                    absl::string_view name,
                                                                    uint64_t max_bytes);

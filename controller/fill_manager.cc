@@ -222,7 +222,22 @@ void FillManager::Shutdown() {
   shut_down_ = true;
 }
 
-absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
+absl::StatusOr<FillManager::LoadSlot> FillManager::ReserveLoad() {
+  if (loads_in_flight_.fetch_add(1) >= options_.max_loads_in_flight) {
+    loads_in_flight_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "at most ", options_.max_loads_in_flight,
+        " fill submissions and estimates are handled at once (--max-fill-loads): try again later"));
+  }
+  LoadSlot slot;
+  slot.place_ = std::shared_ptr<void>(this, [](FillManager* self) { self->loads_in_flight_--; });
+  return slot;
+}
+
+absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request, LoadSlot slot) {
+  if (!slot.held()) {
+    PSWITCH_ASSIGN_OR_RETURN(slot, ReserveLoad());
+  }
   PSWITCH_ASSIGN_OR_RETURN(Validated validated, Validate(request, /*estimate=*/false));
   const int64_t steps = validated.steps;
   absl::ReaderMutexLock alive(&lifecycle_mu_);
@@ -265,7 +280,10 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request) {
   return id;
 }
 
-absl::StatusOr<FillJobStatus> FillManager::Estimate(FillRequest request) {
+absl::StatusOr<FillJobStatus> FillManager::Estimate(FillRequest request, LoadSlot slot) {
+  if (!slot.held()) {
+    PSWITCH_ASSIGN_OR_RETURN(slot, ReserveLoad());
+  }
   PSWITCH_ASSIGN_OR_RETURN(Validated validated, Validate(request, /*estimate=*/true));
   const int64_t steps = validated.steps;
   absl::MutexLock lock(&mu_);

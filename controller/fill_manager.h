@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -47,6 +48,10 @@ struct FillManagerOptions {
   // A dataset is copied into a sealed memory file of pswitchd's (held while its job lives) and
   // read whole once to parse it, then copied once into the worker: bounded.
   uint64_t max_dataset_bytes = 2ull << 30;
+  // At most this many submissions and estimates admitted at once (queued for the I/O thread or
+  // loading their dataset): one client spamming estimates cannot queue the I/O thread away from
+  // everyone else's submissions and output writes.
+  int max_loads_in_flight = 8;
   // Where bubble time, fill step time and pause latencies are counted (GET /metrics); null =
   // its own.
   std::shared_ptr<Telemetry> telemetry;
@@ -75,16 +80,33 @@ class FillManager {
   // no other client ever waits on a disk.
   void Background(std::function<void()> work) { asio::post(io_, std::move(work)); }
 
+  // A place among the submissions and estimates admitted at once (ReserveLoad), held by its
+  // copies until the last goes. Default-constructed: no place. Must not outlive its FillManager.
+  class LoadSlot {
+   public:
+    LoadSlot() = default;
+    bool held() const { return place_ != nullptr; }
+
+   private:
+    friend class FillManager;
+    std::shared_ptr<void> place_;
+  };
+  // A place for one submission or estimate; ResourceExhausted naming the bound when
+  // options.max_loads_in_flight are taken. Take it before queueing the work (Background).
+  absl::StatusOr<LoadSlot> ReserveLoad();
+
   // InvalidArgument for a bad cycle or GPU. `origin` is the start of one of the main job's
   // iterations (time 0 of the cycle, for predictions); nullopt: now. Jobs not yet finished are
   // placed again; one that no longer fits anywhere is stopped with the reason.
   absl::Status RegisterCycle(int gpu, const fill::BubbleCycle& cycle,
                              std::optional<absl::Time> origin = std::nullopt);
   // Validates, then creates the job in the background (registering its private model); the job
-  // is PAUSED, waiting for bubbles, once its model is registered.
-  absl::StatusOr<uint64_t> Submit(FillRequest request);
+  // is PAUSED, waiting for bubbles, once its model is registered. Without a held `slot` it
+  // reserves one (ReserveLoad) for its load.
+  absl::StatusOr<uint64_t> Submit(FillRequest request, LoadSlot slot = {});
   // What Submit would predict for `request` (its GPU, completion, deadline), submitting nothing.
-  absl::StatusOr<FillJobStatus> Estimate(FillRequest request);
+  // A place as Submit's.
+  absl::StatusOr<FillJobStatus> Estimate(FillRequest request, LoadSlot slot = {});
   // Stops the job (STOPPED, error Cancelled); a run in the current bubble ends with the bubble,
   // and an inference job's output not yet written is never written. NotFound for an unknown job,
   // FailedPrecondition for one already stopped or whose output is being written.
@@ -170,6 +192,8 @@ class FillManager {
   Controller* const controller_;
   const FillManagerOptions options_;
   const std::shared_ptr<Telemetry> telemetry_;
+
+  std::atomic<int> loads_in_flight_{0};  // places held (ReserveLoad)
 
   // Held (shared) while a submission may call into the controller; Shutdown takes it exclusively.
   absl::Mutex lifecycle_mu_;

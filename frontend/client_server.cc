@@ -442,16 +442,21 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
         return conn.Send(ErrorReply(id, attached));
       }
     }
+    // Admitted before it queues: the I/O thread's queue is bounded (FillManager::ReserveLoad).
+    absl::StatusOr<FillManager::LoadSlot> slot = fill_->ReserveLoad();
+    if (!slot.ok()) return conn.Send(ErrorReply(id, slot.status()));
     ++awaited_;
     fill_->Background(
-        [self = shared_from_this(), id, estimate, request = *std::move(request)]() mutable {
+        [self = shared_from_this(), id, estimate, request = *std::move(request),
+         slot = *std::move(slot)]() mutable {
           if (estimate) {
-            absl::StatusOr<FillJobStatus> predicted = self->fill_->Estimate(std::move(request));
+            absl::StatusOr<FillJobStatus> predicted =
+                self->fill_->Estimate(std::move(request), std::move(slot));
             self->PostAwaitedReply(predicted.ok() ? self->FillStatusReply(id, *predicted)
                                                   : ErrorReply(id, predicted.status()));
             return;
           }
-          absl::StatusOr<uint64_t> job = self->fill_->Submit(std::move(request));
+          absl::StatusOr<uint64_t> job = self->fill_->Submit(std::move(request), std::move(slot));
           self->PostAwaitedReply(job.ok() ? self->FillStatusReply(id, *job)
                                           : ErrorReply(id, job.status()));
         });

@@ -558,6 +558,54 @@ TEST_F(FillTest, AJobCancelledBeforeItsOutputIsWrittenWritesNone) {
       << "a cancelled job wrote its output";
 }
 
+class FillLoadsTest : public FillTest {
+ protected:
+  std::vector<std::string> ExtraFlags() override { return {"--max-fill-loads=2"}; }
+};
+
+// Submissions and estimates beyond --max-fill-loads are refused at once rather than queued
+// behind the fill I/O thread; those admitted are answered once it runs.
+TEST_F(FillLoadsTest, EstimatesBeyondTheBoundAreRefusedNotQueued) {
+  RegisterCycle(absl::Milliseconds(20));
+  client::FillJobOptions o;
+  o.synthetic_step = absl::Milliseconds(1);
+  o.steps = 3;
+  o.memory_bytes = 1 << 20;
+  std::vector<std::shared_future<absl::Status>> answers;
+  {
+    FrozenThread io(daemon_->pid(), "pswitch-fill-io");
+    ASSERT_TRUE(io.frozen()) << "could not hold pswitchd's fill I/O thread (ptrace)";
+    for (int i = 0; i < 5; ++i) {
+      answers.push_back(std::async(std::launch::async, [&] {
+                          auto c = client::Client::Connect(daemon_->address());
+                          if (!c.ok()) return c.status();
+                          return (*c)->EstimateFill(o).status();
+                        }).share());
+    }
+    auto answered = [&] {
+      return std::count_if(answers.begin(), answers.end(), [](const auto& a) {
+        return a.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready;
+      });
+    };
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (answered() < 3 && absl::Now() < deadline) {
+    }
+    ASSERT_EQ(answered(), 3) << "the three beyond the bound, while the I/O thread is held";
+    for (const auto& a : answers) {
+      if (a.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      EXPECT_EQ(a.get().code(), absl::StatusCode::kResourceExhausted) << a.get();
+      EXPECT_THAT(std::string(a.get().message()), HasSubstr("--max-fill-loads"));
+    }
+  }
+  for (const auto& a : answers) {
+    ASSERT_EQ(a.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  }
+  EXPECT_EQ(
+      std::count_if(answers.begin(), answers.end(), [](const auto& a) { return a.get().ok(); }), 2);
+  // The places are given back: another estimate is answered.
+  EXPECT_TRUE(client_->EstimateFill(o).ok());
+}
+
 // Issue 26, item 1: over the Unix socket a local user's fill job reads the dataset the user
 // opened and writes the output into the file the user created; pswitchd opens neither path.
 // The user here is `nobody`, not pswitchd's uid (root), mapped by the token file to a principal

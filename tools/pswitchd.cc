@@ -163,6 +163,9 @@ ABSL_FLAG(uint32_t, max_batch, 256,
           "largest batch: registration, training, and an inference input's first dimension");
 ABSL_FLAG(uint64_t, max_input_bytes, 48ull << 20, "largest inference input, bytes");
 ABSL_FLAG(uint64_t, max_dataset_bytes, 2ull << 30, "largest fill-job dataset file, bytes");
+ABSL_FLAG(int, max_fill_loads, 8,
+          "fill submissions and estimates handled at once (queued or loading their dataset); "
+          "more are refused");
 ABSL_FLAG(uint64_t, profile_memory_bytes, 4ull << 30,
           "\"auto\" plans are profiled, and archives checked, in a child process: its resident "
           "memory bound (an archive's check may use four times the archive's size more)");
@@ -603,6 +606,7 @@ int Main() {
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
+  fill_options.max_loads_in_flight = std::max(1, absl::GetFlag(FLAGS_max_fill_loads));
   fill_options.telemetry = telemetry;
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
