@@ -5,14 +5,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "base/nvtx.h"
+#include "base/status.h"
 #include "controller/fill_dataset.h"
 #include "gpu/copy_engine.h"
 #include "gpu/device.h"
 #include "models/registry.h"
 #include "models/safetensors.h"
-#include "base/status.h"
 
 namespace pswitch::controller {
 namespace {
@@ -143,6 +144,22 @@ absl::StatusOr<EntryRef> FillManager::OwnModel(const std::string& name) const {
   return entry;
 }
 
+absl::StatusOr<std::shared_ptr<void>> FillManager::ChargeDataset(uint64_t bytes,
+                                                                 absl::string_view name) const {
+  const uint64_t bound = options_.max_total_dataset_bytes;
+  uint64_t held = dataset_bytes_.load();
+  do {
+    if (bytes > bound || held > bound - bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "dataset ", name, ": its ", bytes, " bytes and the ", held,
+          " bytes of the fill jobs' datasets held now exceed --max-total-dataset-bytes (", bound,
+          "): try again once a job ends"));
+    }
+  } while (!dataset_bytes_.compare_exchange_weak(held, held + bytes));
+  return std::shared_ptr<void>(const_cast<FillManager*>(this),
+                               [bytes](FillManager* self) { self->dataset_bytes_ -= bytes; });
+}
+
 absl::StatusOr<FillManager::Validated> FillManager::Validate(FillRequest& request,
                                                              bool estimate) const {
   if (request.batch < 1) return absl::InvalidArgumentError("batch must be >= 1");
@@ -174,10 +191,16 @@ absl::StatusOr<FillManager::Validated> FillManager::Validate(FillRequest& reques
                                  options_.data_root->OpenForRead(request.dataset_path, "dataset",
                                                                  options_.max_dataset_bytes));
       }
+      const int source = request.dataset_fd != nullptr ? request.dataset_fd->get() : opened.get();
+      // Charged before a byte is copied; a file grown since is refused, never held uncharged.
       PSWITCH_ASSIGN_OR_RETURN(
-          validated.dataset,
-          LoadFillDataset(request.dataset_fd != nullptr ? request.dataset_fd->get() : opened.get(),
-                          request.dataset_path, options_.max_dataset_bytes));
+          const uint64_t bytes,
+          base::CheckReadableRegularFile(source, absl::StrCat("dataset ", request.dataset_path),
+                                         options_.max_dataset_bytes));
+      PSWITCH_ASSIGN_OR_RETURN(validated.dataset_charge,
+                               ChargeDataset(bytes, request.dataset_path));
+      PSWITCH_ASSIGN_OR_RETURN(validated.dataset,
+                               LoadFillDataset(source, request.dataset_path, bytes));
       steps = (validated.dataset->num_rows + request.batch - 1) / request.batch;
       break;
     }
@@ -250,6 +273,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request, LoadSlot slot)
     Job job;
     job.request = request;
     job.dataset = std::move(validated.dataset);
+    job.dataset_charge = std::move(validated.dataset_charge);
     job.steps_total = steps;
     job.predicted_step = request.step;
     job.submitted = absl::Now();
@@ -362,6 +386,7 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error, bool drop_chec
   // Its dataset's copy goes (a run still out holds the region until it ends), and the client's
   // files are closed.
   job.dataset.reset();
+  job.dataset_charge.reset();
   job.request.dataset_fd.reset();
   job.request.output_fd.reset();
   base::Log(job.error.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "fill_job_stopped")

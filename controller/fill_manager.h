@@ -48,6 +48,9 @@ struct FillManagerOptions {
   // A dataset is copied into a sealed memory file of pswitchd's (held while its job lives) and
   // read whole once to parse it, then copied once into the worker: bounded.
   uint64_t max_dataset_bytes = 2ull << 30;
+  // The datasets' sealed copies held at once, all jobs together (each is charged from its
+  // submission, or while its estimate runs, until its job ends).
+  uint64_t max_total_dataset_bytes = 8ull << 30;
   // At most this many submissions and estimates admitted at once (queued for the I/O thread or
   // loading their dataset): one client spamming estimates cannot queue the I/O thread away from
   // everyone else's submissions and output writes.
@@ -147,10 +150,12 @@ class FillManager {
     // Dataset inference: pswitchd's sealed copy of the dataset, lent to its runs' workers as a
     // transfer region; dropped when the job stops.
     std::shared_ptr<const FillDataset> dataset;
+    std::shared_ptr<void> dataset_charge;  // its bytes, against max_total_dataset_bytes
   };
   struct Validated {
     int64_t steps = 0;
     std::shared_ptr<const FillDataset> dataset;  // dataset inference
+    std::shared_ptr<void> dataset_charge;
   };
   struct GpuState {
     std::optional<fill::BubbleCycle> cycle;
@@ -175,6 +180,9 @@ class FillManager {
   // The registered model of the user's own (pswitch.export) named `name`: a fill job may run a
   // copy of it, as of a zoo model. NotFound otherwise.
   absl::StatusOr<EntryRef> OwnModel(const std::string& name) const;
+  // Charges `bytes` of dataset `name`'s copy against options_.max_total_dataset_bytes until the
+  // returned holder's last copy goes; ResourceExhausted naming the bound beyond it.
+  absl::StatusOr<std::shared_ptr<void>> ChargeDataset(uint64_t bytes, absl::string_view name) const;
   static fill::FillJob SchedulerJob(uint64_t id, const Job& job);
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.
@@ -194,6 +202,7 @@ class FillManager {
   const std::shared_ptr<Telemetry> telemetry_;
 
   std::atomic<int> loads_in_flight_{0};  // places held (ReserveLoad)
+  mutable std::atomic<uint64_t> dataset_bytes_{0};  // charged (ChargeDataset)
 
   // Held (shared) while a submission may call into the controller; Shutdown takes it exclusively.
   absl::Mutex lifecycle_mu_;

@@ -606,6 +606,56 @@ TEST_F(FillLoadsTest, EstimatesBeyondTheBoundAreRefusedNotQueued) {
   EXPECT_TRUE(client_->EstimateFill(o).ok());
 }
 
+class FillDatasetBytesTest : public FillTest {
+ protected:
+  std::vector<std::string> ExtraFlags() override { return {"--max-total-dataset-bytes=100000"}; }
+};
+
+// The fill jobs' dataset copies held at once are bounded all together: a second job (or an
+// estimate) whose copy would pass --max-total-dataset-bytes is refused until the first ends.
+TEST_F(FillDatasetBytesTest, DatasetsHeldAtOnceAreBoundedAndGivenBackWhenAJobEnds) {
+  RegisterCycle(absl::Milliseconds(20));
+  auto model = models::CreateModel("tiny_mlp");
+  ASSERT_TRUE(model.ok());
+  at::Tensor rows = (*model)->ExampleInput(2, 5).input.contiguous();
+  std::vector<float> pad(15000);  // 60000 bytes: one such dataset fits the bound, two do not
+  const std::string dataset = (daemon_->dir() / "dataset.safetensors").string();
+  ASSERT_TRUE(
+      models::WriteSafetensors(
+          dataset, {models::SafetensorsEntry{"input", models::DType::kF32, rows.sizes().vec(),
+                                             rows.data_ptr(), static_cast<size_t>(rows.nbytes())},
+                    models::SafetensorsEntry{"pad",
+                                             models::DType::kF32,
+                                             {static_cast<int64_t>(pad.size())},
+                                             pad.data(),
+                                             pad.size() * sizeof(float)}})
+          .ok());
+  ASSERT_GT(std::filesystem::file_size(dataset), 50000u);
+  ASSERT_LE(std::filesystem::file_size(dataset), 100000u);
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kInference;
+  o.model = "tiny_mlp";
+  o.dataset_path = "dataset.safetensors";
+  o.output_path = "first.safetensors";
+  o.step = absl::Milliseconds(3);
+  o.memory_bytes = 16 << 20;
+  client::FillJobOptions estimate = o;
+  estimate.output_path.clear();
+  ASSERT_TRUE(client_->EstimateFill(estimate).ok()) << "an estimate's charge ends with it";
+  auto first = client_->SubmitFill(o);
+  ASSERT_TRUE(first.ok()) << first.status();  // no bubble runs: it holds its copy
+  client::FillJobOptions second = o;
+  second.output_path = "second.safetensors";
+  for (const absl::Status& refused :
+       {client_->SubmitFill(second).status(), client_->EstimateFill(estimate).status()}) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("--max-total-dataset-bytes"));
+  }
+  ASSERT_TRUE(client_->CancelFill(first->job_id).ok());
+  auto after = client_->SubmitFill(second);
+  EXPECT_TRUE(after.ok()) << after.status();
+}
+
 // Issue 26, item 1: over the Unix socket a local user's fill job reads the dataset the user
 // opened and writes the output into the file the user created; pswitchd opens neither path.
 // The user here is `nobody`, not pswitchd's uid (root), mapped by the token file to a principal

@@ -163,6 +163,8 @@ ABSL_FLAG(uint32_t, max_batch, 256,
           "largest batch: registration, training, and an inference input's first dimension");
 ABSL_FLAG(uint64_t, max_input_bytes, 48ull << 20, "largest inference input, bytes");
 ABSL_FLAG(uint64_t, max_dataset_bytes, 2ull << 30, "largest fill-job dataset file, bytes");
+ABSL_FLAG(uint64_t, max_total_dataset_bytes, 8ull << 30,
+          "fill jobs' dataset copies held at once, all jobs together, bytes");
 ABSL_FLAG(int, max_fill_loads, 8,
           "fill submissions and estimates handled at once (queued or loading their dataset); "
           "more are refused");
@@ -606,6 +608,7 @@ int Main() {
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
+  fill_options.max_total_dataset_bytes = absl::GetFlag(FLAGS_max_total_dataset_bytes);
   fill_options.max_loads_in_flight = std::max(1, absl::GetFlag(FLAGS_max_fill_loads));
   fill_options.telemetry = telemetry;
   fill_options.host_compute_lock =
