@@ -34,14 +34,16 @@ absl::StatusOr<std::shared_ptr<StagingPool::Lease>> StagingPool::Acquire(
   const uint64_t size = RoundUp(bytes);
   absl::MutexLock lock(&mu_);
   SweepReturnedLocked();
-  // The smallest idle region of the holder's that fits and wastes no more than the request
-  // itself. Never another principal's: its bytes (and the slack between its tensors) are still
-  // there; a fresh region's pages are zeros.
+  // The smallest idle region of the holder's that fits, however much larger: it is mapped here
+  // and in the workers and charged already, while a new one costs a memory file, page faults on
+  // both sides and, for the one it replaces, unmapping in both (milliseconds at tens of MB, for a
+  // client whose sizes vary paid on every request). Never another principal's: its bytes (and
+  // the slack between its tensors) are still there; a fresh region's pages are zeros.
   auto best = idle_.end();
   for (auto it = idle_.begin(); it != idle_.end(); ++it) {
     if ((*it)->region()->owner() != holder) continue;
     const uint64_t have = (*it)->region()->bytes();
-    if (have < size || have - size > size) continue;
+    if (have < size) continue;
     if (best == idle_.end() || have < (*best)->region()->bytes()) best = it;
   }
   if (best != idle_.end()) {

@@ -62,8 +62,7 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   // A mapped region of at least `bytes` (> 0) for the pool's owner: Acquire(bytes, owner()).
   absl::StatusOr<std::shared_ptr<Lease>> Acquire(uint64_t bytes);
   // A mapped region of at least `bytes` (> 0) owned by `holder` (the principal whose request
-  // fills it): an idle one of `holder`'s that fits (and is not more than about twice as large),
-  // else a new one (zeros); another principal's idle region is never handed out. ResourceExhausted
+  // fills it): the smallest idle one of `holder`'s that fits, else a new one (zeros); another principal's idle region is never handed out. ResourceExhausted
   // when its bytes do not fit the client's budget even after idle regions are dropped; the
   // mapping's errors otherwise.
   absl::StatusOr<std::shared_ptr<Lease>> Acquire(uint64_t bytes, const std::string& holder);

@@ -37,10 +37,11 @@ TEST_F(StagingPoolTest, AReturnedRegionIsReusedWithItsMappingAndStaysCharged) {
   EXPECT_EQ(pool_->created(), 1u);
   EXPECT_EQ((*again)->data()[999'999], 7);
   again->reset();
-  // A request far smaller does not take a large region.
+  // A request far smaller takes it too: it is mapped and charged already.
   auto small = pool_->Acquire(1000);
   ASSERT_TRUE(small.ok());
-  EXPECT_NE((*small)->region()->id(), id);
+  EXPECT_EQ((*small)->region()->id(), id);
+  EXPECT_EQ(pool_->created(), 1u);
 }
 
 TEST_F(StagingPoolTest, ARegionATaskStillHoldsIsNotReusedUntilItLetsGo) {
@@ -69,15 +70,34 @@ TEST_F(StagingPoolTest, TheBudgetBoundsMappedBytesAndIdleRegionsMakeRoom) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
   a->reset();  // idle now, still charged
   EXPECT_EQ(budget_->used_by("c"), 3u << 20);
-  // Too small to reuse it (it would waste more than it uses), too large to fit beside it.
-  auto c = pool_->Acquire(5 << 18);
+  // Too small for it, too large to fit beside it: the idle region goes to make room.
+  auto c = pool_->Acquire(7 << 19);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(budget_->used_by("c"), 5u << 18);
+  EXPECT_EQ(budget_->used_by("c"), 7u << 19);
   EXPECT_EQ(pool_->idle(), 0u);
   c->reset();
   pool_->DropIdle();
   EXPECT_EQ(budget_->used_by("c"), 0u);
   EXPECT_EQ(pool_->mapped_bytes(), 0u);
+}
+
+// A client whose requests vary in size reuses the region it has rather than mapping a new one
+// per size: the smallest idle region that fits serves a smaller request, however much larger.
+TEST_F(StagingPoolTest, ASmallerRequestReusesTheSmallestIdleRegionThatFits) {
+  auto big = pool_->Acquire(3 << 20);
+  auto mid = pool_->Acquire(1 << 20);
+  ASSERT_TRUE(big.ok() && mid.ok());
+  const uint8_t* big_data = (*big)->data();
+  const uint8_t* mid_data = (*mid)->data();
+  big->reset();
+  mid->reset();
+  auto small = pool_->Acquire(64 << 10);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ((*small)->data(), mid_data);  // not a new one, and not the larger idle one
+  auto large = pool_->Acquire(2 << 20);
+  ASSERT_TRUE(large.ok());
+  EXPECT_EQ((*large)->data(), big_data);
+  EXPECT_EQ(pool_->created(), 2u);
 }
 
 TEST_F(StagingPoolTest, AtMostMaxIdleRegionsStayMapped) {
