@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -54,7 +55,12 @@ class FrozenThread {
       std::string comm = ReadFile((task.path() / "comm").string());
       if (comm == name + "\n") tid_ = std::stoi(task.path().filename().string());
     }
-    if (tid_ <= 0 || ::ptrace(PTRACE_SEIZE, tid_, nullptr, nullptr) != 0) return;
+    if (tid_ <= 0) return;
+    if (::ptrace(PTRACE_SEIZE, tid_, nullptr, nullptr) != 0) {
+      // A container or Yama's ptrace_scope may forbid tracing: the test cannot hold the thread.
+      denied_ = errno == EPERM || errno == EACCES;
+      return;
+    }
     int status = 0;
     frozen_ = ::ptrace(PTRACE_INTERRUPT, tid_, nullptr, nullptr) == 0 &&
               ::waitpid(tid_, &status, __WALL) == tid_ && WIFSTOPPED(status);
@@ -65,10 +71,13 @@ class FrozenThread {
   FrozenThread(const FrozenThread&) = delete;
   FrozenThread& operator=(const FrozenThread&) = delete;
   bool frozen() const { return frozen_; }
+  // Tracing is not permitted in this environment (not a failure of what is tested).
+  bool denied() const { return denied_; }
 
  private:
   pid_t tid_ = -1;
   bool frozen_ = false;
+  bool denied_ = false;
 };
 
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
@@ -535,6 +544,7 @@ TEST_F(FillTest, AJobCancelledBeforeItsOutputIsWrittenWritesNone) {
   {
     // The output's write waits behind a held I/O thread; every row is computed meanwhile.
     FrozenThread io(daemon_->pid(), "pswitch-fill-io");
+    if (io.denied()) GTEST_SKIP() << "ptrace is not permitted here: cannot hold the I/O thread";
     ASSERT_TRUE(io.frozen()) << "could not hold pswitchd's fill I/O thread (ptrace)";
     client::FillJobStatus status;
     for (int i = 0; i < 200 && status.steps_done < 1; ++i) {
@@ -574,6 +584,7 @@ TEST_F(FillLoadsTest, EstimatesBeyondTheBoundAreRefusedNotQueued) {
   std::vector<std::shared_future<absl::Status>> answers;
   {
     FrozenThread io(daemon_->pid(), "pswitch-fill-io");
+    if (io.denied()) GTEST_SKIP() << "ptrace is not permitted here: cannot hold the I/O thread";
     ASSERT_TRUE(io.frozen()) << "could not hold pswitchd's fill I/O thread (ptrace)";
     for (int i = 0; i < 5; ++i) {
       answers.push_back(std::async(std::launch::async, [&] {
