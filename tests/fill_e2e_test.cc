@@ -80,6 +80,25 @@ class FrozenThread {
   bool denied_ = false;
 };
 
+// The output file a batch-inference fill job wrote holds `model`'s answer for every row.
+void ExpectOutputIsTheModelsAnswer(const std::string& output, models::ZooModel& model,
+                                   const at::Tensor& rows) {
+  auto file = models::SafetensorsFile::Read(output);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const models::SafetensorsTensor* out = file->Find("output");
+  ASSERT_NE(out, nullptr);
+  torch::NoGradGuard no_grad;
+  model.eval();
+  models::ModelInput in;
+  in.input = rows;
+  at::Tensor want = model.Forward(in).output.contiguous();
+  ASSERT_EQ(out->shape, want.sizes().vec());
+  const float* got = reinterpret_cast<const float*>(out->data);
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    ASSERT_NEAR(got[i], want.data_ptr<float>()[i], 1e-5) << i;
+  }
+}
+
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
 constexpr uint64_t kFreeBytes = 64ull << 20;
 
@@ -502,20 +521,7 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
     if (!gone) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(gone) << own_model << " outlived its job";
-  auto file = models::SafetensorsFile::Read(output);
-  ASSERT_TRUE(file.ok()) << file.status();
-  const models::SafetensorsTensor* out = file->Find("output");
-  ASSERT_NE(out, nullptr);
-  torch::NoGradGuard no_grad;
-  (*model)->eval();
-  models::ModelInput in;
-  in.input = rows;
-  at::Tensor want = (*model)->Forward(in).output.contiguous();
-  ASSERT_EQ(out->shape, want.sizes().vec());
-  const float* got = reinterpret_cast<const float*>(out->data);
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    ASSERT_NEAR(got[i], want.data_ptr<float>()[i], 1e-5) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectOutputIsTheModelsAnswer(output, **model, rows));
 }
 
 // A job cancelled after its last step, while its output still waits for the I/O thread, writes
@@ -769,20 +775,7 @@ TEST_F(LocalFillTest, AnotherUsersDatasetOutsideTheDataRootIsPassedAndItsOutputI
   ASSERT_EQ(::stat(output.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, kNobody);
   EXPECT_FALSE(std::filesystem::exists(daemon_->dir() / "out.safetensors"));
-  auto file = models::SafetensorsFile::Read(output);
-  ASSERT_TRUE(file.ok()) << file.status();
-  const models::SafetensorsTensor* out = file->Find("output");
-  ASSERT_NE(out, nullptr);
-  torch::NoGradGuard no_grad;
-  (*model)->eval();
-  models::ModelInput in;
-  in.input = rows;
-  at::Tensor want = (*model)->Forward(in).output.contiguous();
-  ASSERT_EQ(out->shape, want.sizes().vec());
-  const float* values = reinterpret_cast<const float*>(out->data);
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    ASSERT_NEAR(values[i], want.data_ptr<float>()[i], 1e-5) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectOutputIsTheModelsAnswer(output, **model, rows));
   // pswitchd was never told where the user's files are.
   EXPECT_THAT(daemon_->log(), Not(HasSubstr(home)));
   std::filesystem::remove_all(home);
