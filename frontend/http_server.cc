@@ -59,6 +59,19 @@ std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 // A request body this large, once freed, makes the server give memory back to the system.
 constexpr size_t kTrimAfterBytes = size_t{16} << 20;
 
+// An infer request's body up to this size (a JSON document whose tensors are in shared memory,
+// or a few values) is decoded on the transport's loop; larger ones on the handler pool.
+constexpr size_t kInferOnLoopBodyBytes = 4 << 10;
+// An infer answer whose outputs hold at most this many bytes, wherever they lie, is encoded
+// where the outcome arrives: a few values or descriptors take less than a hand-over.
+constexpr uint64_t kEncodeOnLoopBytes = 1 << 10;
+
+uint64_t OutputBytes(const std::vector<proto::HostTensor>& outputs) {
+  uint64_t bytes = 0;
+  for (const proto::HostTensor& t : outputs) bytes += proto::ByteLength(t);
+  return bytes;
+}
+
 void Reply(HttpResponse& res, int status, const json& body) {
   res.status = status;
   res.set_content(Dump(body), "application/json");
@@ -390,6 +403,9 @@ void HttpServer::Serve(HttpRequest request, HttpRespond respond) {
     if (pool_.TrySubmit(std::move(work))) return;
   } else {
     const AsyncHandler* async = &std::get<AsyncHandler>(route->handler);
+    if (request.body.size() <= route->loop_body_bytes) {
+      return (*async)(std::move(request), std::move(respond));
+    }
     auto work = [async, request = std::make_shared<HttpRequest>(std::move(request)),
                  respond]() mutable { (*async)(std::move(*request), respond); };
     if (pool_.TrySubmit(std::move(work))) return;
@@ -601,14 +617,17 @@ void HttpServer::AddRoutes() {
     // A training task stops at its next iteration; its state says when it has.
     Reply(res, 202, json{{"task_id", id}, {"cancel", "requested"}});
   });
-  HandleAsync("POST", "/v2/models/{model}/infer",
+  Route& infer = HandleAsync("POST", "/v2/models/{model}/infer",
               [this, authorize](HttpRequest req, HttpRespond respond) {
                 HttpResponse res;
                 std::optional<Principal> who = authorize(req, res);
                 if (!who) return respond(std::move(res));
                 Infer(*who, std::move(req), std::move(respond));
-              })
-      .max_body_bytes = options_.limits.max_body_bytes;
+              });
+  infer.max_body_bytes = options_.limits.max_body_bytes;
+  // A request whose tensors are in shared memory or staging is a small JSON document: it is
+  // decoded and queued where it arrived (the placed-body path decodes headers there too).
+  infer.loop_body_bytes = kInferOnLoopBodyBytes;
   RouteOperations(authorize);
   RouteRepository(authorize);
   RouteSharedMemory();
@@ -1160,8 +1179,10 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
           held->Reset();
           return;
         }
-        // Encoding is CPU work: on a handler thread, never the scheduler's loop. The staging
-        // region stays charged (and leased) until its outputs are written to the client.
+        // Encoding is CPU work: on a handler thread, never the scheduler's loop, unless the
+        // answer is only descriptors and a few values (outputs in shared memory or staging),
+        // which costs less than the hand-over. The staging region stays charged (and leased)
+        // until its outputs are written to the client.
         auto encode = [out = absl::StatusOr<TaskOutcome>(out), model, shape, respond, held, staged,
                        lease]() mutable {
           HttpResponse res;
@@ -1180,6 +1201,7 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
           }
           respond(*std::move(answer));
         };
+        if (out.ok() && OutputBytes(out->outputs) <= kEncodeOnLoopBytes) return encode();
         if (!table->Run(encode)) {
           held->Reset();
           HttpResponse res;

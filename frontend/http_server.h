@@ -114,6 +114,9 @@ class HttpServer : private HttpService {
     Where where = Where::kPool;
     bool open = false;  // served without a token (health checks, the API document)
     size_t max_body_bytes = kMaxControlBodyBytes;
+    // An async route's requests whose body has at most this many bytes run on the transport's
+    // loop: decoding them costs less than the hand-over to the pool and back (0: never).
+    size_t loop_body_bytes = 0;
     std::variant<SyncHandler, AsyncHandler> handler;
   };
 
