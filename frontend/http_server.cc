@@ -1056,6 +1056,7 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   std::shared_ptr<const dataplane::TransferRegion> staged;
   std::shared_ptr<StagingPool::Lease> lease;
   std::optional<proto::ByteSlice> staged_output;  // its region is set once the region exists
+  uint64_t output_only_bytes = 0;  // the output's room when no input is staged (made on need)
   absl::StatusOr<InferRequest> request = absl::InternalError("not decoded");
   if (req.placed != nullptr) {
     // PlaceBody decoded the header and the kernel wrote the binary data into the lease.
@@ -1098,7 +1099,12 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
       // theirs, not the budget's for an output of a shape that cannot be.
       if (entry.ok() && CheckInputs(**entry, heads).ok()) {
         absl::StatusOr<uint64_t> out = OutputBytesNeeded(**entry, heads);
-        if (out.ok() && *out > 0) {
+        if (out.ok() && *out > 0 && bytes == 0) {
+          // No input needs staging (all in shared memory): room for the output is made below
+          // only if the request does not name shared memory for it, so a request wholly in
+          // shared memory creates no region of pswitchd's and sends the worker no mapping.
+          output_only_bytes = *out;
+        } else if (out.ok() && *out > 0) {
           const uint64_t at =
               (bytes + kPlacementAlignment - 1) / kPlacementAlignment * kPlacementAlignment;
           PSWITCH_RETURN_IF_ERROR(charge.Grow(at - bytes + *out));
@@ -1140,6 +1146,17 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
           PlaceInRegions(*regions_, who.name, *request, &spec.regions, &spec.outputs_to);
       !placed.ok()) {
     return fail(placed);
+  }
+  if (output_only_bytes > 0 && !spec.outputs_to) {
+    // The output has no place of the caller's: a staging region of its own, charged as the
+    // output room of any staged request is.
+    if (absl::Status grown = req.charge.Grow(output_only_bytes); !grown.ok()) return fail(grown);
+    absl::StatusOr<std::unique_ptr<StagingMapping>> room =
+        StagingMapping::Create(output_only_bytes, who.name);
+    if (!room.ok()) return fail(room.status());
+    staged = (*room)->region();  // the mapping goes: the worker maps the file itself
+    spec.regions.push_back(staged);
+    spec.outputs_to = proto::ByteSlice{staged->id(), 0, output_only_bytes};
   }
   if (staged != nullptr && staged_output) {
     if (!spec.outputs_to) {

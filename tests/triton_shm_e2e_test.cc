@@ -379,6 +379,39 @@ TEST_F(TritonShmE2eTest, InferInSharedMemoryIsBitIdenticalToTheBody) {
   EXPECT_EQ(std::memcmp(seg.data() + 4096 + at, expected.data(), expected.size()), 0);
 }
 
+// An input in shared memory with its output asked for as binary data in the answer: the output
+// gets a staging region of pswitchd's own (no input needed one), and its bytes are the JSON
+// path's.
+TEST_F(TritonShmE2eTest, AnInputInSharedMemoryWithItsOutputInTheAnswer) {
+  const proto::HostTensor in = Input("tiny_mlp", 5);
+  json expected_meta;
+  const std::string expected = OutputBytesInBody(in, &expected_meta);
+  ASSERT_FALSE(expected.empty());
+  Segment seg(4096);
+  std::memcpy(seg.data() + 64, in.data.data(), in.data.size());
+  ASSERT_EQ(Register("in", seg.key(), 0, 4096)->status, 200);
+  const std::string body =
+      json{{"inputs",
+            {{{"name", in.name},
+              {"shape", in.shape},
+              {"datatype", "FP32"},
+              {"parameters",
+               {{"shared_memory_region", "in"},
+                {"shared_memory_byte_size", in.data.size()},
+                {"shared_memory_offset", 64}}}}}},
+           {"parameters", {{"binary_data_output", true}}}}
+          .dump();
+  for (int i = 0; i < 3; ++i) {  // the room is made per request and goes with its answer
+    auto r = http_->Post("/v2/models/tiny_mlp/infer", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body << daemon_->log();
+    const size_t json_bytes = std::stoul(r->get_header_value("Inference-Header-Content-Length"));
+    const json out = json::parse(r->body.substr(0, json_bytes))["outputs"][0];
+    EXPECT_EQ(out["shape"], expected_meta["shape"]);
+    EXPECT_EQ(r->body.substr(json_bytes), expected);
+  }
+}
+
 // Refusals before anything runs: another principal's or an unknown region, a slice past the
 // region, an output space too small, a byte size that does not match the shape.
 TEST_F(TritonShmE2eTest, BadSlicesAreRefusedBeforeAnythingRuns) {
