@@ -99,6 +99,19 @@ void ExpectOutputIsTheModelsAnswer(const std::string& output, models::ZooModel& 
   }
 }
 
+// A batch-inference fill job of tiny_mlp over `dataset` into `output` (names under the data
+// root, or the caller's own paths when passed by fd), 3 ms steps in 16 MiB.
+client::FillJobOptions TinyMlpInference(const std::string& dataset, const std::string& output) {
+  client::FillJobOptions o;
+  o.kind = client::FillKind::kInference;
+  o.model = "tiny_mlp";
+  o.dataset_path = dataset;
+  o.output_path = output;
+  o.step = absl::Milliseconds(3);
+  o.memory_bytes = 16 << 20;
+  return o;
+}
+
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
 constexpr uint64_t kFreeBytes = 64ull << 20;
 
@@ -419,13 +432,7 @@ TEST_F(FillTest, ADatasetThatWouldBlockIsRefusedAndHoldsUpNoOneMeanwhile) {
   RegisterCycle(absl::Milliseconds(20));
   const std::string fifo = (daemon_->dir() / "dataset.fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  client::FillJobOptions o;
-  o.kind = client::FillKind::kInference;
-  o.model = "tiny_mlp";
-  o.dataset_path = "dataset.fifo";
-  o.output_path = "out.safetensors";
-  o.step = absl::Milliseconds(3);
-  o.memory_bytes = 16 << 20;
+  client::FillJobOptions o = TinyMlpInference("dataset.fifo", "out.safetensors");
   auto submitter = client::Client::Connect(daemon_->address());
   ASSERT_TRUE(submitter.ok()) << submitter.status();
   auto submitted = std::async(std::launch::async, [&] { return (*submitter)->SubmitFill(o); });
@@ -451,16 +458,8 @@ TEST_F(FillTest, ClientNamedFilesStayUnderTheDataRootAndNoFileIsReplaced) {
                                           std::filesystem::perms::owner_write);
   std::ofstream(daemon_->dir() / "secret") << "root:$6$hash";
   std::filesystem::create_symlink(daemon_->dir() / "secret", daemon_->dir() / "link");
-  client::FillJobOptions o;
-  o.kind = client::FillKind::kInference;
-  o.model = "tiny_mlp";
-  o.step = absl::Milliseconds(3);
-  o.memory_bytes = 16 << 20;
   auto submit = [&](const std::string& dataset, const std::string& output) {
-    client::FillJobOptions with = o;
-    with.dataset_path = dataset;
-    with.output_path = output;
-    return client_->SubmitFill(with).status();
+    return client_->SubmitFill(TinyMlpInference(dataset, output)).status();
   };
   absl::Status replaced = submit("dataset.safetensors", "taken.safetensors");
   EXPECT_EQ(replaced.code(), absl::StatusCode::kAlreadyExists) << replaced;
@@ -494,14 +493,9 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
           dataset, {models::SafetensorsEntry{"input", models::DType::kF32, rows.sizes().vec(),
                                              rows.data_ptr(), static_cast<size_t>(rows.nbytes())}})
           .ok());
-  client::FillJobOptions o;
-  o.kind = client::FillKind::kInference;
-  o.model = "tiny_mlp";
-  o.dataset_path = "dataset.safetensors";  // names under the daemon's data root
-  o.output_path = "output.safetensors";
+  // Names under the daemon's data root.
+  client::FillJobOptions o = TinyMlpInference("dataset.safetensors", "output.safetensors");
   o.batch = 2;  // 7 rows: 4 steps, the last one a single row
-  o.step = absl::Milliseconds(3);
-  o.memory_bytes = 16 << 20;
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->steps_total, 4u);
@@ -537,14 +531,8 @@ TEST_F(FillTest, AJobCancelledBeforeItsOutputIsWrittenWritesNone) {
                   {models::SafetensorsEntry{"input", models::DType::kF32, rows.sizes().vec(),
                                             rows.data_ptr(), static_cast<size_t>(rows.nbytes())}})
                   .ok());
-  client::FillJobOptions o;
-  o.kind = client::FillKind::kInference;
-  o.model = "tiny_mlp";
-  o.dataset_path = "dataset.safetensors";
-  o.output_path = "output.safetensors";
+  client::FillJobOptions o = TinyMlpInference("dataset.safetensors", "output.safetensors");
   o.batch = 4;  // one step
-  o.step = absl::Milliseconds(3);
-  o.memory_bytes = 16 << 20;
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
   {
@@ -649,13 +637,7 @@ TEST_F(FillDatasetBytesTest, DatasetsHeldAtOnceAreBoundedAndGivenBackWhenAJobEnd
           .ok());
   ASSERT_GT(std::filesystem::file_size(dataset), 50000u);
   ASSERT_LE(std::filesystem::file_size(dataset), 100000u);
-  client::FillJobOptions o;
-  o.kind = client::FillKind::kInference;
-  o.model = "tiny_mlp";
-  o.dataset_path = "dataset.safetensors";
-  o.output_path = "first.safetensors";
-  o.step = absl::Milliseconds(3);
-  o.memory_bytes = 16 << 20;
+  client::FillJobOptions o = TinyMlpInference("dataset.safetensors", "first.safetensors");
   client::FillJobOptions estimate = o;
   estimate.output_path.clear();
   ASSERT_TRUE(client_->EstimateFill(estimate).ok()) << "an estimate's charge ends with it";
@@ -724,14 +706,9 @@ TEST_F(LocalFillTest, AnotherUsersDatasetOutsideTheDataRootIsPassedAndItsOutputI
     int64_t answers[6] = {-1, -1, -1, -1, -1, -1};
     auto c = client::Client::Connect("unix:" + socket);
     if (c.ok()) {
-      client::FillJobOptions o;
-      o.kind = client::FillKind::kInference;
-      o.model = "tiny_mlp";
-      o.dataset_path = "rows.safetensors";  // relative to the user's own working directory
-      o.output_path = "out.safetensors";
+      // Relative to the user's own working directory.
+      client::FillJobOptions o = TinyMlpInference("rows.safetensors", "out.safetensors");
       o.batch = 2;  // 7 rows: 4 steps
-      o.step = absl::Milliseconds(3);
-      o.memory_bytes = 16 << 20;
       auto estimate = (*c)->EstimateFill(o);
       answers[0] = estimate.ok() ? static_cast<int64_t>(estimate->steps_total)
                                  : -static_cast<int64_t>(estimate.status().code());
