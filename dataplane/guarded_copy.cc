@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "dataplane/stream_copy.h"
 
 namespace pswitch::dataplane {
 namespace {
@@ -117,7 +118,7 @@ absl::Status GuardedCopy(void* dst, const void* src, size_t bytes, absl::string_
   std::atomic_signal_fence(std::memory_order_seq_cst);
   g.armed = 1;
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  std::memcpy(dst, src, bytes);
+  StreamCopy(dst, src, bytes);
   std::atomic_signal_fence(std::memory_order_seq_cst);
   g.armed = 0;
   std::atomic_signal_fence(std::memory_order_seq_cst);

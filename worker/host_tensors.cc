@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "dataplane/guarded_copy.h"
+#include "dataplane/stream_copy.h"
 #include "proto/dtype.h"
 
 namespace pswitch::worker {
@@ -55,7 +56,7 @@ absl::Status CopyRegionBytes(void* dst, const void* src, uint64_t bytes, const R
                              const std::string& what) {
   if (bytes == 0) return absl::OkStatus();
   if (region.may_shrink) return dataplane::GuardedCopy(dst, src, bytes, what);
-  std::memcpy(dst, src, bytes);
+  dataplane::StreamCopy(dst, src, bytes);
   return absl::OkStatus();
 }
 
