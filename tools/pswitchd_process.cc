@@ -1,6 +1,7 @@
 #include "tools/pswitchd_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,8 +23,12 @@ PswitchdProcess::PswitchdProcess(const std::string& binary, const std::vector<st
   std::vector<char*> argv;
   for (std::string& a : argv_storage) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ == 0) {
+    // A benchmark stopped by a signal (Ctrl-C) takes its daemon with it, rather than leaving it
+    // and its workers running; the check covers a parent that died before the prctl.
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != parent) _exit(125);
     if (std::freopen(log_path_.c_str(), "w", stderr) == nullptr) _exit(126);
     ::execv(argv[0], argv.data());
     _exit(127);

@@ -14,7 +14,9 @@ namespace pswitch::tools {
 class PswitchdProcess {
  public:
   // Starts `binary` with `args` (add --listen=127.0.0.1:0 to get a free port) and waits up to
-  // 60 s until it serves. port() is 0 when it did not come up; log() says why.
+  // 60 s until it serves. port() is 0 when it did not come up; log() says why. The daemon gets
+  // SIGTERM when the constructing thread ends (PR_SET_PDEATHSIG): construct it on the thread
+  // that outlives it (main).
   PswitchdProcess(const std::string& binary, const std::vector<std::string>& args,
                   const std::string& log_path);
   ~PswitchdProcess();
