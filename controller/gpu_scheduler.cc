@@ -305,6 +305,19 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
+  if (running_->awaiting_inputs) {
+    // Its Run never went out: it did not run on the dead worker, so it goes back to the queue's
+    // head (its bytes keep arriving) for another worker, rather than fail for this one.
+    std::unique_ptr<Running> run = std::move(running_);
+    Event(base::LogLevel::kWarn, "task_requeued")
+        .Field("task", id)
+        .Field("slot", slot)
+        .Field("reason", absl::StrCat("its worker died before its Run: ", why.message()));
+    RunResult result = Unrun(*run, absl::OkStatus());
+    result.requeue = true;
+    HoldOrComplete(std::move(run), std::move(result));
+    return;
+  }
   absl::Status failed = absl::UnavailableError(absl::StrCat(
       "task ", id, " failed: ", why.message(), "; the task's model state is its last checkpoint"));
   if (running_->restoring) {

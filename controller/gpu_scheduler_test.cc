@@ -114,6 +114,8 @@ class ScriptedWorker : public WorkerLink {
   }
   pid_t pid() const override { return 1000 + slot_; }
   void Kill() override { handler_(0, absl::UnavailableError("killed")); }
+  // The process ends on its own (a crash): its death reaches the scheduler as the pool's would.
+  void Die(absl::string_view how) { handler_(0, absl::UnavailableError(how)); }
 
   void Ready() {
     flatbuffers::FlatBufferBuilder b;
@@ -337,6 +339,32 @@ TEST_F(InputsArrivingTest, InputsThatNeverArriveFailThePlacedTaskAndTheNextTaskR
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", again, " "), kWait)) << record_.Commands();
   Worker(SlotOf(absl::StrCat("Run ", again, " ")))->RunDone(again);
   EXPECT_TRUE(record_.AwaitAnswer(again, kWait).ok());
+}
+
+// A worker that dies while its placed task still waits for its inputs never ran it: the task
+// goes back to the queue and runs on another worker once its bytes are in, not failed.
+TEST_F(InputsArrivingTest, AWorkerThatDiesBeforeThePlacedTasksRunLeavesItQueuedNotFailed) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t task = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const int dead = SlotOf("Prepare a ");
+  ASSERT_GE(dead, 0);
+  Worker(dead)->Die("killed by the test");
+  const int other = 1 - dead;
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare a slot ", other), kWait))
+      << "placed again on the live worker\n"
+      << record_.Commands();
+  auto status = scheduler_->Query(task);
+  ASSERT_TRUE(status.ok());
+  EXPECT_NE(status->state, TaskState::kFailed);
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", task, " ")));
+
+  arrival->End(absl::OkStatus());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " slot ", other), kWait))
+      << record_.Commands();
+  Worker(other)->RunDone(task);
+  absl::StatusOr<TaskOutcome> outcome = record_.AwaitAnswer(task, kWait);
+  EXPECT_TRUE(outcome.ok()) << outcome.status();
 }
 
 TEST_F(InputsArrivingTest, InputsThatNeverArriveFailAQueuedTaskWithoutASwitch) {

@@ -108,7 +108,9 @@ TEST(ScriptModelE2eTest, OwnModelsServeAcrossSwitchesAndMatchPython) {
     auto b = (*client)->Infer("tf", {tf.input});
     ASSERT_TRUE(b.ok()) << b.status();
     ExpectMatches(b->outputs[0], tf.output);
-    if (round > 0) EXPECT_GT(b->switch_time, absl::ZeroDuration());
+    if (round > 0) {
+      EXPECT_GT(b->switch_time, absl::ZeroDuration());
+    }
   }
   // The wrong dtype is the client's error, not the server's.
   auto wrong = (*client)->Infer("tf", {cnn.input});

@@ -165,7 +165,9 @@ struct Area {
     fd = UniqueFd(::memfd_create("unix-socket-e2e-area", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     EXPECT_TRUE(fd.valid());
     EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(size)), 0);
-    if (sealed) EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    if (sealed) {
+      EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    }
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     EXPECT_NE(p, MAP_FAILED);
     memory = static_cast<uint8_t*>(p);
