@@ -6,12 +6,13 @@
 //
 // Design note. One process-wide SIGBUS/SIGSEGV handler is installed on first use (sigaction,
 // SA_SIGINFO). Each thread has a sigjmp_buf that is armed only for the duration of one copy
-// (StreamCopy), together with the two address ranges of that copy. A fault on an armed thread whose address
-// lies in one of those ranges jumps back (siglongjmp, restoring the signal mask) and the copy
-// returns DataLoss; any other fault — another thread's, an address outside the copy, a copy not
-// armed — is passed to whatever handler was installed before ours (or the default action, which
-// kills the process as if we were not there). The copy holds no lock and allocates nothing, so
-// abandoning it half way leaves nothing inconsistent except the destination's bytes.
+// (StreamCopy), together with the two address ranges of that copy. A fault on an armed thread
+// whose address lies in one of those ranges jumps back (siglongjmp, restoring the signal mask)
+// and the copy returns DataLoss; any other fault — another thread's, an address outside the
+// copy, a copy not armed — is passed to whatever handler was installed before ours (or the
+// default action, which kills the process as if we were not there). The copy holds no lock and
+// allocates nothing, so abandoning it half way leaves nothing inconsistent except the
+// destination's bytes.
 //
 // Limits: a handler installed after ours for SIGBUS/SIGSEGV replaces it (nothing in pswitch
 // does); faults inside the copy on memory other than the two ranges are not swallowed.

@@ -1,13 +1,12 @@
 // bench-dataplane: how fast a request's own tensors reach the worker and come back, path by path,
 // against a memcpy of the same bytes in the same run (docs/dataplane.md). One pswitchd, one
 // resident model with almost no compute (corner_probe: one pixel per image), inputs of 0.6, 4.8,
-// 8.6 and 34 MB, every path interleaved request by request:
+// 8.6 and 34 MB, every path interleaved request by request (each round starting at the next path):
 //
 //   unix-area    the C++ client over the Unix socket, inputs produced in its transfer area
 //                (Client::Tensor), outputs read where the worker wrote them
 //   unix-copy    the same through the HostTensor API: one client-side copy into the area
 //   http-shm     Triton system shared memory over HTTP (a /dev/shm segment registered by name)
-//   tcp-payload  the C++ client over TCP, tensors as the raw payload after the frame
 //   http-binary  KServe's binary extension over HTTP
 //   tcp-framed   the C++ client over TCP, tensors inside the FlatBuffers frame (the baseline:
 //                the path every request took before issue 26; ClientOptions::tcp_framing kInline)
@@ -524,7 +523,11 @@ int Run() {
       const double bare = (*loopback)->SendMs(cases[k].bytes);
       if (bare < 0) return Fail(absl::InternalError("the loopback baseline's socket failed"));
       loopback_ms[k].push_back(bare);
-      for (Path& p : paths) {
+      // Each round starts at the next path: what a path finds in the caches depends on what
+      // ran just before it (the baselines move the same bytes, other paths other bytes), so
+      // every path follows every other equally often.
+      for (size_t j = 0; j < paths.size(); ++j) {
+        Path& p = paths[(j + static_cast<size_t>(i)) % paths.size()];
         if (p.takes_input) {
           staged_input =
               proto::HostTensor{"input", proto::DType::F32, cases[k].shape, cases[k].bytes};
