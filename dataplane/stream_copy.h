@@ -6,6 +6,10 @@
 // glibc chooses them itself only above its x86_non_temporal_threshold, which it derives from the
 // cache sizes the CPU reports (240 MB on that machine's virtual CPU), so pswitch chooses here.
 //
+// The source is prefetched as non-temporal too, so a copy of tens of megabytes does not evict
+// the rest of the caches: in bench-dataplane's full runs the Unix area's 8.6 MB request took
+// 0.80 to 0.86 ms with that against 0.83 to 0.96 ms without.
+//
 // Copies smaller than kStreamCopyMinBytes use memcpy: their destination fits the core's own
 // cache, where the next reader (the model's first layer) finds it.
 #ifndef PSWITCH_DATAPLANE_STREAM_COPY_H_
