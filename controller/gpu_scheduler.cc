@@ -305,9 +305,11 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
-  if (running_->awaiting_inputs) {
+  if (running_->awaiting_inputs && requeued_after_death_.insert(id).second) {
     // Its Run never went out: it did not run on the dead worker, so it goes back to the queue's
-    // head (its bytes keep arriving) for another worker, rather than fail for this one.
+    // head (its bytes keep arriving) for another worker, rather than fail for this one. Once: a
+    // placement that kills its worker must not kill one after another. No second hold either.
+    inputs_yielded_.insert(id);
     std::unique_ptr<Running> run = std::move(running_);
     Event(base::LogLevel::kWarn, "task_requeued")
         .Field("task", id)
@@ -320,8 +322,9 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
   }
   absl::Status failed = absl::UnavailableError(absl::StrCat(
       "task ", id, " failed: ", why.message(), "; the task's model state is its last checkpoint"));
-  if (running_->restoring) {
-    // Its state is still being copied into the arena: the GPU stays held until that ends.
+  if (running_->RunHeld()) {
+    // No Run went out (its state is still being copied into the arena, or its inputs arrive
+    // after a requeue already): the GPU stays held until the restore and the copy end.
     AbandonUnrun(killed ? MarkKilled(std::move(failed)) : failed);
     return;
   }
@@ -1005,6 +1008,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   tasks_.Finish(task_id, outcome.status(), outcome.ok() ? outcome->iterations_done : 0);
   resume_iteration_.erase(task_id);
   inputs_yielded_.erase(task_id);
+  requeued_after_death_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (it == specs_.end()) return;
   const TaskSpec& spec = it->second.first;

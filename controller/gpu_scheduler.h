@@ -31,7 +31,9 @@
 // a ready task). An arrival that fails, a deadline, a cancel or shutdown abandon it unrun
 // (AbandonUnrun): its switch is completed as a task that never touched the weights, so the region
 // stays trusted once the copy ends, the worker is idle (a Prepare is only the worker's gate
-// state), and the GPU goes to the next task.
+// state), and the GPU goes to the next task. If its worker dies meanwhile it never ran there: it
+// goes back to the queue's head once, like a yielded task (no second hold); a second death while
+// it waits fails it, as a death fails a running task.
 #ifndef PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 #define PSWITCH_CONTROLLER_GPU_SCHEDULER_H_
 
@@ -76,7 +78,8 @@ struct SchedulerOptions {
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
-  // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails.
+  // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails
+  // (unless its Run was never sent: see the header comment).
   absl::Duration worker_silence_timeout = absl::Seconds(10);
   // A task placed while its raw payload still arrives keeps the GPU at most this long after its
   // placement while a task that can run at once waits; then it yields unrun to the queue's head.
@@ -268,6 +271,9 @@ class GpuScheduler : private WorkerPool::Listener {
   std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // of unfinished tasks that have one
   // Tasks that yielded the GPU while their inputs arrived (YieldUnrun): no second hold.
   std::set<uint64_t> inputs_yielded_;
+  // Tasks requeued once because their worker died before their Run: a second death fails them
+  // (the placement itself may be what kills workers).
+  std::set<uint64_t> requeued_after_death_;
   std::unique_ptr<Running> running_;
   // Unloads waiting for their model's last task, copy or load to end (DropModel).
   std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_;

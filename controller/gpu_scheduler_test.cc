@@ -367,6 +367,29 @@ TEST_F(InputsArrivingTest, AWorkerThatDiesBeforeThePlacedTasksRunLeavesItQueuedN
   EXPECT_TRUE(outcome.ok()) << outcome.status();
 }
 
+// Requeued once only: a placement that kills its worker must not kill one after another. The
+// second death fails the task (unrun) and the GPU goes on to the next one.
+TEST_F(InputsArrivingTest, ASecondWorkerDeathBeforeItsRunFailsTheTask) {
+  auto arrival = std::make_shared<InputsArrival>();
+  const uint64_t task = Submit("a", arrival);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
+  const int first = SlotOf("Prepare a ");
+  ASSERT_GE(first, 0);
+  const int second = 1 - first;
+  Worker(first)->Die("killed by the test");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare a slot ", second), kWait))
+      << record_.Commands();
+  Worker(second)->Die("killed by the test again");
+  absl::StatusOr<TaskOutcome> outcome = record_.AwaitAnswer(task, kWait);
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
+  EXPECT_TRUE(absl::StrContains(outcome.status().message(), "killed by the test again"))
+      << outcome.status();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", task, " ")));
+  arrival->End(absl::OkStatus());  // too late: nothing runs it
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", task, " ")));
+}
+
 TEST_F(InputsArrivingTest, InputsThatNeverArriveFailAQueuedTaskWithoutASwitch) {
   const uint64_t running = Submit("a");
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", running, " "), kWait));

@@ -8,8 +8,9 @@
 //
 // Sending never blocks the loop (WorkerLink::Send queues). A worker whose unread backlog passes
 // its bound is killed at once; one that takes none of its commands for silence_timeout is
-// killed by the same watchdog as a silent one (KillSilent). Either way its task fails with the
-// reason and the slot is respawned.
+// killed by the same watchdog as a silent one (KillSilent). Either way the slot is respawned and
+// the scheduler hears of the death (its task fails with the reason, unless its Run was never
+// sent: GpuScheduler requeues that once).
 //
 // Loop thread only (every method, and the Listener's calls), except AwaitReady. Its workers'
 // events are posted to the loop with a raw `this`: destroy it only after the loop has ended.
