@@ -106,6 +106,8 @@ absl::Status GuardedCopy(void* dst, const void* src, size_t bytes, absl::string_
   // savemask = 1: the handler runs with the signal blocked, and a jump that left it blocked
   // would make the next fault of this kind kill the process outright.
   if (sigsetjmp(g.resume, 1) != 0) {
+    // The abandoned copy's streaming stores are ordered before whatever this thread does next.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     // Only `g` (thread-local, not a register) and the unmodified arguments are read here.
     const bool source = Inside(g.fault_address, src_begin, src_begin + bytes);
     const uintptr_t at = g.fault_address - (source ? src_begin : dst_begin);

@@ -12,8 +12,8 @@
 
 #include "absl/strings/numbers.h"
 #include "base/unique_fd.h"
-#include "gmock/gmock.h"
 #include "dataplane/stream_copy.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::dataplane {

@@ -15,8 +15,10 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
   if (bytes >= kStreamCopyMinBytes) {
     auto* out = static_cast<unsigned char*>(dst);
     const auto* in = static_cast<const unsigned char*>(src);
-    // Non-temporal stores need 16-byte aligned destinations: the first few bytes go by memcpy.
-    const size_t head = (16 - reinterpret_cast<uintptr_t>(out) % 16) % 16;
+    // Non-temporal stores need 16-byte aligned destinations, and fill the write-combining
+    // buffer a line at a time only when each group of four starts a 64-byte line: the first
+    // few bytes go by memcpy.
+    const size_t head = (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64;
     std::memcpy(out, in, head);
     out += head;
     in += head;
@@ -25,8 +27,10 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
     for (; bytes >= 64; bytes -= 64, in += 64, out += 64) {
       // The source is read once: fetched 16 lines ahead as non-temporal, so the copy does not
       // push everything else (the model's code and data, other tenants') out of the caches.
-      // Prefetching past the end is harmless (a prefetch never faults).
-      _mm_prefetch(reinterpret_cast<const char*>(in) + 1024, _MM_HINT_NTA);
+      // Prefetching past the end is harmless (a prefetch never faults); the address is made as
+      // an integer, never as a pointer past the source.
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(in) + 1024),
+                   _MM_HINT_NTA);
       const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 16));
       const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 32));

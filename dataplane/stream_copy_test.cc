@@ -1,6 +1,7 @@
 #include "dataplane/stream_copy.h"
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -18,21 +19,19 @@ TEST(StreamCopyTest, CopiesEveryByteAtAnyAlignmentAndSize) {
   constexpr size_t kGuard = 64;
   for (const size_t size : sizes) {
     for (const size_t src_shift : {0, 1, 8, 15}) {
-      for (const size_t dst_shift : {0, 3, 16, 33}) {
+      for (const size_t dst_shift : {0, 3, 16, 33, 63}) {
         std::vector<uint8_t> src(size + src_shift);
         for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + size);
         std::vector<uint8_t> dst(size + dst_shift + 2 * kGuard, 0xA5);
         StreamCopy(dst.data() + kGuard + dst_shift, src.data() + src_shift, size);
-        for (size_t i = 0; i < kGuard + dst_shift; ++i) {
-          ASSERT_EQ(dst[i], 0xA5) << "before the destination, size " << size;
-        }
-        for (size_t i = 0; i < size; ++i) {
-          ASSERT_EQ(dst[kGuard + dst_shift + i], src[src_shift + i])
-              << "byte " << i << " of " << size << ", src+" << src_shift << " dst+" << dst_shift;
-        }
-        for (size_t i = kGuard + dst_shift + size; i < dst.size(); ++i) {
-          ASSERT_EQ(dst[i], 0xA5) << "after the destination, size " << size;
-        }
+        const std::vector<uint8_t> untouched(kGuard + dst_shift, 0xA5);
+        ASSERT_EQ(std::memcmp(dst.data(), untouched.data(), untouched.size()), 0)
+            << "before the destination, size " << size;
+        ASSERT_EQ(std::memcmp(dst.data() + kGuard + dst_shift, src.data() + src_shift, size), 0)
+            << size << " bytes, src+" << src_shift << " dst+" << dst_shift;
+        ASSERT_EQ(std::memcmp(dst.data() + kGuard + dst_shift + size, untouched.data(), kGuard),
+                  0)
+            << "after the destination, size " << size;
       }
     }
   }
