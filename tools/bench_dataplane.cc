@@ -1,7 +1,7 @@
 // bench-dataplane: how fast a request's own tensors reach the worker and come back, path by path,
 // against a memcpy of the same bytes in the same run (docs/dataplane.md). One pswitchd, one
 // resident model with almost no compute (corner_probe: one pixel per image), inputs of 0.6, 4.8,
-// 8.6 and 34 MB, every path interleaved request by request (each round starting at the next path):
+// 8.6 and 34 MB, every path interleaved request by request (in a new order each round):
 //
 //   unix-area    the C++ client over the Unix socket, inputs produced in its transfer area
 //                (Client::Tensor), outputs read where the worker wrote them
@@ -36,7 +36,9 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <utility>
 #include <string>
 #include <thread>
@@ -515,6 +517,9 @@ int Run() {
   if (!loopback.ok()) return Fail(loopback.status());
   for (const Case& c : cases) (void)(*loopback)->SendMs(c.bytes);  // the receiver's buffer
   std::vector<uint8_t> scratch;
+  std::vector<size_t> order(paths.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937 shuffler(26);
   for (int i = 0; i < n; ++i) {
     for (size_t k = 0; k < cases.size(); ++k) {
       scratch.resize(cases[k].bytes.size());
@@ -523,11 +528,12 @@ int Run() {
       const double bare = (*loopback)->SendMs(cases[k].bytes);
       if (bare < 0) return Fail(absl::InternalError("the loopback baseline's socket failed"));
       loopback_ms[k].push_back(bare);
-      // Each round starts at the next path: what a path finds in the caches depends on what
-      // ran just before it (the baselines move the same bytes, other paths other bytes), so
-      // every path follows every other equally often.
-      for (size_t j = 0; j < paths.size(); ++j) {
-        Path& p = paths[(j + static_cast<size_t>(i)) % paths.size()];
+      // A new order each round (seeded: runs repeat): what a path finds in the caches depends
+      // on what ran just before it (the baselines move the same bytes, other paths other bytes),
+      // and in a fixed order, or any rotation of one, a path keeps the same predecessor.
+      std::shuffle(order.begin(), order.end(), shuffler);
+      for (const size_t j : order) {
+        Path& p = paths[j];
         if (p.takes_input) {
           staged_input =
               proto::HostTensor{"input", proto::DType::F32, cases[k].shape, cases[k].bytes};
