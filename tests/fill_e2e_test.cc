@@ -112,6 +112,15 @@ client::FillJobOptions TinyMlpInference(const std::string& dataset, const std::s
   return o;
 }
 
+// A synthetic fill job (steps that occupy the device for `step` each) of `steps` steps in 1 MiB.
+client::FillJobOptions SyntheticJob(absl::Duration step, uint32_t steps) {
+  client::FillJobOptions o;
+  o.synthetic_step = step;
+  o.steps = steps;
+  o.memory_bytes = 1 << 20;
+  return o;
+}
+
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
 constexpr uint64_t kFreeBytes = 64ull << 20;
 
@@ -178,10 +187,7 @@ class FillTest : public ::testing::Test {
 };
 
 TEST_F(FillTest, SubmissionsAreValidated) {
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(1);
-  o.steps = 3;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(1), 3);
   auto no_cycle = client_->SubmitFill(o);
   EXPECT_EQ(no_cycle.status().code(), absl::StatusCode::kFailedPrecondition) << no_cycle.status();
   RegisterCycle(absl::Milliseconds(20));
@@ -216,10 +222,7 @@ TEST_F(FillTest, SubmissionsAreValidated) {
 // `fill estimate` predicts without submitting; `fill cancel` stops a job; bubble calls for a GPU
 // the daemon lacks come back as errors.
 TEST_F(FillTest, EstimateSubmitsNothingCancelStopsAJobAndBadBubblesAreErrors) {
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(5);
-  o.steps = 8;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(5), 8);
   EXPECT_EQ(client_->EstimateFill(o).status().code(), absl::StatusCode::kFailedPrecondition);
   RegisterCycle(absl::Milliseconds(20));
   EXPECT_EQ(client_
@@ -274,10 +277,7 @@ TEST_F(FillTest, EstimateSubmitsNothingCancelStopsAJobAndBadBubblesAreErrors) {
 // message: a message handled after its bubble is over starts nothing.
 TEST_F(FillTest, ABubbleMessageHandledAfterItsBubbleEndedStartsNoFillStep) {
   RegisterCycle(absl::Milliseconds(20));
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(2);
-  o.steps = 1000;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(2), 1000);
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
   // On time: the job runs in its bubbles (once its worker is up).
@@ -315,10 +315,7 @@ TEST_F(FillTest, BubblesOfAMissingGpuAreErrors) {
 TEST_F(FillTest, StepsStartOnlyWhenTheyFitInTheBubble) {
   const absl::Duration bubble = absl::Milliseconds(25);
   RegisterCycle(bubble);
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(10);
-  o.steps = 12;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(10), 12);
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
   client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 200);
@@ -339,10 +336,7 @@ TEST_F(FillTest, StepsStartOnlyWhenTheyFitInTheBubble) {
 TEST_F(FillTest, ATaskThatIgnoresThePauseIsKilledAndTheMainJobGoesOn) {
   const absl::Duration bubble = absl::Milliseconds(20);
   RegisterCycle(bubble);
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(5);
-  o.steps = 100000;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(5), 100000);
   o.ignore_pause = true;
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -367,10 +361,7 @@ TEST_F(FillTest, ATaskThatIgnoresThePauseIsKilledAndTheMainJobGoesOn) {
 TEST_F(FillTest, ATaskOverItsMemoryCapFailsAlone) {
   const absl::Duration bubble = absl::Milliseconds(20);
   RegisterCycle(bubble);
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(2);
-  o.steps = 5;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(2), 5);
   o.synthetic_alloc_bytes = 8 << 20;  // each step allocates past its cap
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -571,10 +562,7 @@ class FillLoadsTest : public FillTest {
 // behind the fill I/O thread; those admitted are answered once it runs.
 TEST_F(FillLoadsTest, EstimatesBeyondTheBoundAreRefusedNotQueued) {
   RegisterCycle(absl::Milliseconds(20));
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(1);
-  o.steps = 3;
-  o.memory_bytes = 1 << 20;
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(1), 3);
   std::vector<std::shared_future<absl::Status>> answers;
   {
     FrozenThread io(daemon_->pid(), "pswitch-fill-io");
@@ -787,10 +775,8 @@ TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBu
   // Each GPU has its own memory daemon, whose socket its workers attach to.
   EXPECT_TRUE(std::filesystem::is_socket(daemon.dir() / "m.sock"));
   EXPECT_TRUE(std::filesystem::is_socket(daemon.dir() / "m.sock.1"));
-  client::FillJobOptions o;
-  o.synthetic_step = absl::Milliseconds(1);
-  o.steps = 100000;  // more than the run's bubbles hold: it is still running at the end
-  o.memory_bytes = 1 << 20;
+  // More steps than the run's bubbles hold: it is still running at the end.
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(1), 100000);
   auto job = client.SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
 
