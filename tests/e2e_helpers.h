@@ -1,4 +1,5 @@
-// What the end-to-end tests share: example inputs, their float values, a private token file.
+// What the end-to-end tests share: example inputs, their float values, a private token file,
+// pswitchd's staging mappings.
 #ifndef PSWITCH_TESTS_E2E_HELPERS_H_
 #define PSWITCH_TESTS_E2E_HELPERS_H_
 
@@ -55,6 +56,17 @@ class TokenFile {
 inline constexpr char kThreeTokens[] = "admin-token-0123456789 alice admin\n"
                                 "user-token-bob-0123456789 bob user\n"
                                 "user-token-carol-0123456789 carol user\n";
+
+// pswitchd's (`pid`'s) mappings of staging regions (memfds named "pswitch-staging"): a region's
+// bytes stay charged to the clients' budget while it is mapped.
+inline int StagingMappings(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("pswitch-staging") != std::string::npos;
+  }
+  return n;
+}
 
 }  // namespace pswitch::e2e
 

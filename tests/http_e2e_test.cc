@@ -39,6 +39,7 @@ namespace {
 
 using e2e::Floats;
 using e2e::Input;
+using e2e::StagingMappings;
 using e2e::TokenFile;
 using nlohmann::json;
 
@@ -287,15 +288,6 @@ TEST_F(HttpE2eTest, BinaryTensorDataGivesTheTcpClientsBytes) {
                          body + "extra", "application/octet-stream");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400) << bad->body;
-}
-
-// pswitchd's mappings of staging regions (memfds named "pswitch-staging").
-int StagingMappings(pid_t pid) {
-  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);)
-    n += line.find("pswitch-staging") != std::string::npos;
-  return n;
 }
 
 // One HTTP response read whole from a raw socket: its head and its body (Content-Length).

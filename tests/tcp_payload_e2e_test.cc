@@ -319,6 +319,12 @@ TEST_F(TcpPayloadTest, AClientThatStopsMidPayloadIsCutAndItsStagingComesBack) {
     EXPECT_EQ(ErrorCode(cut), absl::StatusCode::kDeadlineExceeded) << ErrorMessage(cut);
     EXPECT_TRUE(stalled.ClosedWithin(absl::Seconds(10)));
   }
+  // The cut connection's staging goes once its abandoned task is over, which can be a moment
+  // after the client sees the close.
+  for (int i = 0; i < 1000 && e2e::StagingMappings(daemon.pid()) > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(e2e::StagingMappings(daemon.pid()), 0) << "the cut client's staging never came back";
   Conn next(daemon.port());
   ASSERT_TRUE(next.ok());
   const Outcome served = Infer(next, 2, {placed}, payload, proto::Place::Payload);
