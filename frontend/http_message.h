@@ -41,6 +41,7 @@ struct HttpRequest {
   std::shared_ptr<PlacedBody> placed;
   std::vector<std::string> params;  // the route's {param} segments, in order
   std::string peer;                 // the client's address
+  int64_t arrival_ns = 0;           // its head was read (CLOCK_MONOTONIC): the breakdown's zero
   uint16_t peer_port = 0;
   std::string local_address;  // the server's end of the connection
   uint16_t local_port = 0;

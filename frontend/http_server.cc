@@ -1139,6 +1139,7 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
 
   TaskSpec spec;
   spec.model = model;
+  spec.arrival_ns = req.arrival_ns;
   if (staged != nullptr) spec.regions.push_back(staged);
   // Triton's shared-memory parameters name the caller's regions: slices of them from here on
   // (admission checks them again, as for every port).
@@ -1215,6 +1216,12 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
             held->Reset();
             ReplyError(res, answer.status());
             return respond(std::move(res));
+          }
+          const controller::SwitchTimeline& t = out->timeline;
+          if (std::string timing = ServerTiming(t.arrival_ns, t.first_layer_start_ns,
+                                                base::MonotonicNowNs());
+              !timing.empty()) {
+            answer->set_header("Server-Timing", timing);
           }
           respond(*std::move(answer));
         };

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status.h"
 
 namespace pswitch::frontend {
@@ -143,6 +144,16 @@ absl::StatusOr<HttpResponse> EncodeInferAnswer(
   }
   res.body = std::move(parts.json);
   return res;
+}
+
+std::string ServerTiming(int64_t arrival_ns, int64_t first_layer_start_ns, int64_t now_ns) {
+  if (arrival_ns <= 0 || now_ns < arrival_ns) return "";
+  auto ms = [arrival_ns](int64_t ns) { return static_cast<double>(ns - arrival_ns) / 1e6; };
+  std::string value;
+  if (first_layer_start_ns >= arrival_ns) {
+    value = absl::StrFormat("first-layer;dur=%.3f, ", ms(first_layer_start_ns));
+  }
+  return value + absl::StrFormat("total;dur=%.3f", ms(now_ns));
 }
 
 }  // namespace pswitch::frontend

@@ -90,6 +90,11 @@ absl::StatusOr<HttpResponse> EncodeInferAnswer(
     const std::shared_ptr<const dataplane::TransferRegion>& staged,
     std::shared_ptr<StagingPool::Lease> lease, BudgetCharge charge);
 
+// The W3C Server-Timing value for an infer's answer: milliseconds from the request's first byte
+// to its first layer's start and to now ("first-layer;dur=0.412, total;dur=0.705"), the same
+// breakdown the framed ports return. Empty when the port stamped no arrival.
+std::string ServerTiming(int64_t arrival_ns, int64_t first_layer_start_ns, int64_t now_ns);
+
 }  // namespace pswitch::frontend
 
 #endif  // PSWITCH_FRONTEND_HTTP_STAGING_H_

@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
@@ -240,6 +241,7 @@ class HttpTransport::Impl::Session : public std::enable_shared_from_this<Session
       request_.headers[absl::AsciiStrToLower(absl::string_view(
           field.name_string().data(), field.name_string().size()))] = std::string(field.value());
     }
+    request_.arrival_ns = base::MonotonicNowNs();
     request_.peer = peer_;
     request_.peer_port = peer_port_;
     request_.local_address = local_address_;

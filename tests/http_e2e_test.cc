@@ -128,6 +128,16 @@ TEST_F(HttpE2eTest, InferOverHttpGivesWhatTheTcpClientGets) {
     EXPECT_EQ(o["datatype"], "FP32");
     EXPECT_EQ(o["shape"], json(expected->outputs[0].shape));
     EXPECT_EQ(o["data"].get<std::vector<float>>(), Floats(expected->outputs[0]));
+    // The server-side breakdown, from the request's head: its first layer started inside it.
+    double first_layer_ms = -1, total_ms = -1;
+    for (absl::string_view metric : absl::StrSplit(r->get_header_value("Server-Timing"), ", ")) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(metric, ";dur=");
+      double ms = -1;
+      ASSERT_TRUE(absl::SimpleAtod(kv.second, &ms)) << metric;
+      (kv.first == "first-layer" ? first_layer_ms : total_ms) = ms;
+    }
+    EXPECT_GT(first_layer_ms, 0);
+    EXPECT_LE(first_layer_ms, total_ms);
   }
 }
 

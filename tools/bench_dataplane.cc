@@ -152,9 +152,9 @@ struct Path {
   std::string name;
   PathCall call;
   std::map<size_t, std::vector<double>> ms;  // by case index
-  // pswitchd's own side where the path's answer tells it (the C++ client's breakdown): from the
-  // request's first byte to the answer, and to the first layer's start (the worker's copy of
-  // the input is before it).
+  // pswitchd's own side where the path's answer tells it (the C++ client's breakdown, HTTP's
+  // Server-Timing): from the request's first byte (HTTP: its head) to the answer, and to the
+  // first layer's start (the worker's copy of the input is before it).
   std::map<size_t, std::vector<double>> server_ms;
   std::map<size_t, std::vector<double>> first_layer_ms;
   // The path sends a HostTensor (take_input): it is built before the clock for this path only,
@@ -173,6 +173,19 @@ template <typename Result>
 void NoteServerSide(const Result& r) {
   last_server_side.server_ms = absl::ToDoubleMilliseconds(r.latency);
   last_server_side.first_layer_ms = absl::ToDoubleMilliseconds(r.breakdown.first_layer_start);
+}
+
+// The same from an HTTP answer's Server-Timing header ("first-layer;dur=0.41, total;dur=0.70").
+void NoteServerTiming(const httplib::Result& r) {
+  ServerSide side;
+  for (absl::string_view metric : absl::StrSplit(r->get_header_value("Server-Timing"), ", ")) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(metric, ";dur=");
+    double ms = -1;
+    if (!absl::SimpleAtod(kv.second, &ms)) continue;
+    if (kv.first == "first-layer") side.first_layer_ms = ms;
+    if (kv.first == "total") side.server_ms = ms;
+  }
+  if (side.server_ms >= 0 && side.first_layer_ms >= 0) last_server_side = side;
 }
 
 // A bare loopback TCP connection in this process: what the kernel alone takes to move the
@@ -389,6 +402,7 @@ int Run() {
                      if (r->status != 200) {
                        return absl::InternalError(absl::StrCat("HTTP ", r->status, ": ", r->body));
                      }
+                     NoteServerTiming(r);
                      auto length = r->get_header_value("Inference-Header-Content-Length");
                      size_t json_bytes = 0;
                      if (!absl::SimpleAtoi(length, &json_bytes) || json_bytes > r->body.size()) {
@@ -467,6 +481,7 @@ int Run() {
                      if (r->status != 200) {
                        return absl::InternalError(absl::StrCat("HTTP ", r->status, ": ", r->body));
                      }
+                     NoteServerTiming(r);
                      // The output's size is in the answer; its bytes are in the segment.
                      const json answer = json::parse(r->body, nullptr, false);
                      if (answer.is_discarded() || !answer.contains("outputs")) {
