@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -79,6 +80,9 @@ struct RegisteredModel {
   uint32_t layers = 0;
   uint32_t groups = 0;
   uint64_t param_bytes = 0;
+  // What each phase of the registration took, in order (read, inspect, profile, plan, pin,
+  // load: docs/architecture.md).
+  std::vector<std::pair<std::string, absl::Duration>> phases;
 };
 
 struct ModelInfo {

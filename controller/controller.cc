@@ -4,9 +4,16 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "base/status.h"
+#include "registry/phase_clock.h"
 
 namespace pswitch::controller {
+
+using registry::CatalogEntry;
+using registry::EntryRef;
+using registry::ModelCatalog;
+using registry::ModelRequest;
 
 absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     const ControllerOptions& options, const std::vector<memdaemon::MemDaemon*>& daemons) {
@@ -107,12 +114,13 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
       done(request.status());
       return;
     }
-    absl::StatusOr<EntryRef> entry = catalog_->Register(*request);
+    std::vector<registry::RegistrationPhase> phases;
+    absl::StatusOr<EntryRef> entry = catalog_->Register(*request, &phases);
     if (!entry.ok()) {
       done(entry.status());
       return;
     }
-    LoadEverywhere(*std::move(entry), std::move(done));
+    LoadEverywhere(*std::move(entry), std::move(phases), std::move(done));
   });
 }
 
@@ -132,24 +140,42 @@ void Controller::RegisterCopy(std::string original, std::string name, std::strin
       done(from.status());
       return;
     }
+    const absl::Time start = absl::Now();
     absl::StatusOr<EntryRef> entry = catalog_->RegisterCopy(**from, name, owner);
     if (!entry.ok()) {
       done(entry.status());
       return;
     }
-    LoadEverywhere(*std::move(entry), std::move(done));
+    LoadEverywhere(*std::move(entry), {{"pin", absl::Now() - start}}, std::move(done));
   });
 }
 
-void Controller::LoadEverywhere(EntryRef entry, RegisterCallback done) {
+void Controller::LoadEverywhere(EntryRef entry, std::vector<registry::RegistrationPhase> phases,
+                                RegisterCallback done) {
   // Done once every GPU's workers loaded it; the first error wins.
+  const absl::Time start = absl::Now();
   OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(entry, loaded); },
-             [entry, done = std::move(done)](absl::Status status) {
-               if (status.ok()) {
-                 done(entry);
-               } else {
+             [entry, start, phases = std::move(phases),
+              done = std::move(done)](absl::Status status) mutable {
+               if (!status.ok()) {
                  done(status);
+                 return;
                }
+               phases.push_back({"load", absl::Now() - start});
+               base::Log(base::LogLevel::kInfo, "registration_phase")
+                   .Field("model", entry->request.name)
+                   .Field("phase", "load")
+                   .FieldMs("ms", phases.back().took);
+               absl::Duration total;
+               for (const registry::RegistrationPhase& p : phases) total += p.took;
+               base::Log(base::LogLevel::kInfo, "model_registered")
+                   .Field("model", entry->request.name)
+                   .Field("layers", entry->layers)
+                   .Field("groups", entry->plan.size())
+                   .Field("weight_bytes", entry->weight_bytes)
+                   .FieldMs("total_ms", total)
+                   .Field("phases", registry::FormatPhases(phases));
+               done(Registered{std::move(entry), std::move(phases)});
              });
 }
 

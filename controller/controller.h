@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/gpu_scheduler.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 #include "memdaemon/memdaemon.h"
 
 namespace pswitch::controller {
@@ -20,9 +20,9 @@ namespace pswitch::controller {
 struct ControllerOptions {
   SchedulerOptions scheduler;
   // Where and at which link speed "auto" plans are profiled.
-  AutoPlanProfile auto_plan;
-  // Where pswitch.export archives are loaded and checked (ModelCatalog).
-  ArchiveInspector archive_inspector;
+  registry::AutoPlanProfile auto_plan;
+  // Where pswitch.export archives are loaded and checked (registry::ModelCatalog).
+  registry::ArchiveInspector archive_inspector;
   uint32_t max_training_iterations = 1'000'000;
   // Bounds on what one request may ask for: samples per batch (registration, training, an
   // inference input's first dimension) and bytes of inference input.
@@ -50,22 +50,28 @@ class Controller {
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
 
-  using RegisterCallback = std::function<void(const absl::StatusOr<EntryRef>&)>;
+  // A registration's outcome: the model, and what each phase took, loading it into every
+  // worker last ("load").
+  struct Registered {
+    registry::EntryRef entry;
+    std::vector<registry::RegistrationPhase> phases;
+  };
+  using RegisterCallback = std::function<void(const absl::StatusOr<Registered>&)>;
   // Registers in the background; `done` runs once the model is in every worker.
-  void Register(ModelRequest request, RegisterCallback done);
+  void Register(registry::ModelRequest request, RegisterCallback done);
   // The same, with the request made on the registration thread (it may read files: a model
   // repository's config), never on the caller's.
-  using RequestMaker = std::function<absl::StatusOr<ModelRequest>()>;
+  using RequestMaker = std::function<absl::StatusOr<registry::ModelRequest>()>;
   void Register(RequestMaker make_request, RegisterCallback done);
   // Registers `name`, a copy of registered model `original` owned by `owner`
-  // (ModelCatalog::RegisterCopy: its weights as they are when the registration thread gets to
+  // (registry::ModelCatalog::RegisterCopy: its weights as they are when the registration thread gets to
   // it), then loads it into every worker; `done` as Register's.
   void RegisterCopy(std::string original, std::string name, std::string owner,
                     RegisterCallback done);
   // Unloads model `name` from every GPU (GpuScheduler::DropModel says what happens to its
   // tasks), then frees its pinned weights and releases the name. Ordered with registrations (on
   // the registration thread), so a model's load into the workers always precedes its unload.
-  // `done` gets NotFound / FailedPrecondition (ModelCatalog::BeginUnload), or OK once it is
+  // `done` gets NotFound / FailedPrecondition (registry::ModelCatalog::BeginUnload), or OK once it is
   // freed, from some scheduler's thread.
   void Unload(std::string name, std::function<void(absl::Status)> done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
@@ -73,12 +79,12 @@ class Controller {
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const { return scheduler().Query(task_id); }
   std::vector<TaskStatus> RecentTasks(size_t limit) const { return scheduler().Recent(limit); }
   absl::Status Cancel(uint64_t task_id) { return scheduler().Cancel(task_id); }
-  std::vector<EntryRef> List() const { return catalog_->List(); }
+  std::vector<registry::EntryRef> List() const { return catalog_->List(); }
   // Tasks run on GPU 0; every GPU runs fill tasks in its bubbles.
   GpuScheduler& scheduler() const { return *schedulers_[0]; }
   size_t gpus() const { return schedulers_.size(); }
   GpuScheduler& gpu(size_t index) const { return *schedulers_[index]; }
-  ModelCatalog& catalog() const { return *catalog_; }
+  registry::ModelCatalog& catalog() const { return *catalog_; }
   StateCheckpoints& checkpoints() const { return *checkpoints_; }
 
  private:
@@ -89,10 +95,12 @@ class Controller {
   // first error, or OK, once every GPU has called back.
   void OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all);
   // Has every GPU's workers load a newly registered `entry`; `done` gets it, or the first error.
-  void LoadEverywhere(EntryRef entry, RegisterCallback done);
+  // Loads `entry` into every GPU's workers, then calls `done` with `phases` and the load's.
+  void LoadEverywhere(registry::EntryRef entry, std::vector<registry::RegistrationPhase> phases,
+                      RegisterCallback done);
 
   const ControllerOptions options_;
-  std::unique_ptr<ModelCatalog> catalog_;
+  std::unique_ptr<registry::ModelCatalog> catalog_;
   std::shared_ptr<StateCheckpoints> checkpoints_;
   std::vector<std::unique_ptr<GpuScheduler>> schedulers_;  // one per GPU
 

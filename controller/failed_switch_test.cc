@@ -18,6 +18,9 @@
 #include "proto/framing.h"
 
 namespace pswitch::controller {
+
+using registry::CatalogEntry;
+
 namespace {
 
 // A ticket that remembers the longest anyone was prepared to wait on it.

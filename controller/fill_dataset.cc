@@ -13,6 +13,9 @@
 
 namespace pswitch::controller {
 
+using registry::CatalogEntry;
+using registry::TensorSpec;
+
 absl::StatusOr<std::shared_ptr<const FillDataset>> LoadFillDataset(int source,
                                                                    absl::string_view name,
                                                                    uint64_t max_bytes) {

@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 #include "dataplane/transfer_region.h"
 #include "proto/host_tensor.h"
 
@@ -43,7 +43,7 @@ absl::StatusOr<std::shared_ptr<const FillDataset>> LoadFillDataset(int source,
 // InvalidArgument naming the model unless `dataset`'s rows fit `model`'s recorded input: its
 // dtype (int32 rows for an int64 input too), its rank, and, for a floating-point input (images,
 // features), each dimension after the batch. Token inputs (integers) may have any length.
-absl::Status CheckDatasetFitsModel(const FillDataset& dataset, const CatalogEntry& model);
+absl::Status CheckDatasetFitsModel(const FillDataset& dataset, const registry::CatalogEntry& model);
 
 // Writes `bytes` into the client's output file `fd` from offset 0 (pwrite: the client's offset
 // neither steers nor moves) and truncates it there. `what` names it in errors.

@@ -20,6 +20,10 @@
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
+
+using registry::CatalogEntry;
+using registry::TensorSpec;
+
 namespace {
 
 class FillDatasetTest : public ::testing::Test {

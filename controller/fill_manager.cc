@@ -16,6 +16,10 @@
 #include "models/safetensors.h"
 
 namespace pswitch::controller {
+
+using registry::EntryRef;
+using registry::ModelRequest;
+
 namespace {
 
 // Optimizer-state checkpoints of fill jobs are keyed apart from task ids.
@@ -297,8 +301,8 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request, LoadSlot slot)
     }
     controller_->Register(
         std::move(own),
-        [this, id](const absl::StatusOr<EntryRef>& entry) {
-          OnCreated(id, entry.status());
+        [this, id](const absl::StatusOr<Controller::Registered>& registered) {
+          OnCreated(id, registered.status());
         });
   }
   return id;

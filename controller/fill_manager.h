@@ -179,7 +179,7 @@ class FillManager {
   absl::StatusOr<Validated> Validate(FillRequest& request, bool estimate) const;
   // The registered model of the user's own (pswitch.export) named `name`: a fill job may run a
   // copy of it, as of a zoo model. NotFound otherwise.
-  absl::StatusOr<EntryRef> OwnModel(const std::string& name) const;
+  absl::StatusOr<registry::EntryRef> OwnModel(const std::string& name) const;
   // Charges `bytes` of dataset `name`'s copy against options_.max_total_dataset_bytes until the
   // returned holder's last copy goes; ResourceExhausted naming the bound beyond it.
   absl::StatusOr<std::shared_ptr<void>> ChargeDataset(uint64_t bytes, absl::string_view name) const;

@@ -10,13 +10,13 @@
 #include "absl/time/time.h"
 #include "api/types.h"
 #include "base/unique_fd.h"
+#include "registry/model_entry.h"
 
 namespace pswitch::controller {
 
 using api::FillKind;
 
-// Fill jobs' private models are registered as kFillModelPrefix + job id; clients cannot use it.
-inline constexpr char kFillModelPrefix[] = "fill-";
+using registry::kFillModelPrefix;
 
 struct FillRequest {
   FillKind kind = FillKind::kSynthetic;

@@ -18,6 +18,11 @@
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
+
+using registry::CatalogEntry;
+using registry::EntryRef;
+using registry::ModelCatalog;
+
 namespace {
 
 // The model label of a task's metrics: fill runs run a private model per job ("fill-N"), which

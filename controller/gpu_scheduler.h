@@ -52,7 +52,7 @@
 #include "controller/blocking_work.h"
 #include "controller/bubble_admission.h"
 #include "controller/event_loop.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 #include "controller/state_checkpoints.h"
 #include "controller/stop_deadline.h"
 #include "controller/switcher.h"
@@ -120,13 +120,13 @@ class GpuScheduler : private WorkerPool::Listener {
  public:
   static absl::StatusOr<std::unique_ptr<GpuScheduler>> Start(const SchedulerOptions& options,
                                                              memdaemon::MemDaemon* daemon,
-                                                             ModelCatalog* catalog);
+                                                             registry::ModelCatalog* catalog);
   // Graceful: queued tasks are cancelled, a running task is stopped at its next sync point and
   // answered, workers are shut down and reaped.
   ~GpuScheduler() override;
 
   // Loads a newly registered model into every worker; `done` gets the first load error or OK.
-  void AddModel(EntryRef entry, std::function<void(absl::Status)> done);
+  void AddModel(registry::EntryRef entry, std::function<void(absl::Status)> done);
   // Unloads `model` from this GPU (the catalog no longer lists it): its queued tasks fail
   // (Unavailable), a running training task of it is cancelled (stopped at its next iteration,
   // its weights saved as on any stop), a running inference batch finishes. Once none of its
@@ -164,7 +164,7 @@ class GpuScheduler : private WorkerPool::Listener {
   struct Running;
 
   GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon* daemon,
-               ModelCatalog* catalog);
+               registry::ModelCatalog* catalog);
   base::Log Event(base::LogLevel level, absl::string_view event) const;
   // Runs `fn` on the loop, then AfterEvent. Dropped once the loop has ended.
   void Post(std::function<void()> fn) { loop_->Post(std::move(fn)); }
@@ -258,7 +258,7 @@ class GpuScheduler : private WorkerPool::Listener {
 
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
-  ModelCatalog* const catalog_;
+  registry::ModelCatalog* const catalog_;
 
   // Loop-thread state.
   TaskQueue queue_;

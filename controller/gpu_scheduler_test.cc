@@ -25,6 +25,10 @@
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
+
+using registry::AutoPlanProfile;
+using registry::ModelCatalog;
+
 namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(20);

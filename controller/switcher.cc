@@ -7,6 +7,8 @@
 
 namespace pswitch::controller {
 
+using registry::CatalogEntry;
+
 Switcher::Switcher(SwitcherOptions options, memdaemon::Transmitter* transmitter, WorkerPool* pool,
                    std::shared_ptr<EventLoop> loop,
                    CopyEnded on_copy_ended)

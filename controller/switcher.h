@@ -28,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "controller/event_loop.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 #include "controller/residency.h"
 #include "controller/task_spec.h"
 #include "controller/worker_pool.h"
@@ -61,7 +61,7 @@ class Switcher {
   // Places task `task` of `entry`'s model on a worker, switching the region to it when it does
   // not hold it, and sends that worker Prepare. `timeline.stop_sent_ns` is set when a Stop went
   // out for it. ResourceExhausted when the plan has more groups than the GPU has ready flags.
-  absl::StatusOr<Placement> Place(uint64_t task, const CatalogEntry& entry,
+  absl::StatusOr<Placement> Place(uint64_t task, const registry::CatalogEntry& entry,
                                   SwitchTimeline& timeline);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
   std::optional<uint32_t> Stop(int slot);

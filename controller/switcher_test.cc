@@ -13,6 +13,9 @@
 #include "memdaemon/synthetic_model.h"
 
 namespace pswitch::controller {
+
+using registry::CatalogEntry;
+
 namespace {
 
 // Real transmissions (host memdaemon, in-process) under fake workers: the test plays the

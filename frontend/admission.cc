@@ -17,8 +17,8 @@
 namespace pswitch::frontend {
 namespace {
 
-using controller::CatalogEntry;
-using controller::EntryRef;
+using registry::CatalogEntry;
+using registry::EntryRef;
 using controller::TaskOutcome;
 using controller::TaskSpec;
 
@@ -44,8 +44,13 @@ class ControllerSink : public TaskSink {
   }
   void RegisterCopy(std::string original, std::string name, std::string owner,
                     std::function<void(const absl::StatusOr<EntryRef>&)> done) override {
-    controller_->RegisterCopy(std::move(original), std::move(name), std::move(owner),
-                              std::move(done));
+    controller_->RegisterCopy(
+        std::move(original), std::move(name), std::move(owner),
+        [done = std::move(done)](
+            const absl::StatusOr<controller::Controller::Registered>& registered) {
+          done(registered.ok() ? absl::StatusOr<EntryRef>(registered->entry)
+                               : absl::StatusOr<EntryRef>(registered.status()));
+        });
   }
 
  private:
@@ -79,7 +84,7 @@ absl::Status CheckCopyName(const std::string& name) {
 absl::Status CheckInputs(const CatalogEntry& model, const std::vector<proto::HostTensor>& inputs) {
   static constexpr const char* kNames[] = {"input", "attention_mask", "token_type_ids"};
   const std::string& name = model.request.name;
-  const controller::TensorSpec& want = model.input;
+  const registry::TensorSpec& want = model.input;
   const proto::HostTensor* input = nullptr;
   std::set<std::string> seen;
   for (const proto::HostTensor& t : inputs) {
@@ -122,7 +127,7 @@ absl::Status CheckInputs(const CatalogEntry& model, const std::vector<proto::Hos
 absl::StatusOr<uint64_t> OutputBytesNeeded(const CatalogEntry& model,
                                            const std::vector<proto::HostTensor>& inputs) {
   const std::string& name = model.request.name;
-  const controller::TensorSpec& in = model.input;
+  const registry::TensorSpec& in = model.input;
   const proto::HostTensor* input = nullptr;
   for (const proto::HostTensor& t : inputs) {
     if (t.name == in.name) input = &t;

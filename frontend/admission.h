@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 #include "controller/task_spec.h"
 #include "dataplane/region_table.h"
 #include "frontend/auth.h"
@@ -46,22 +46,22 @@ namespace pswitch::frontend {
 inline constexpr absl::Duration kMaxTaskDeadline = absl::Hours(24);
 
 // Whether `who` may see, list and serve `model`: a copy only its owner and admins.
-bool MaySee(const Principal& who, const controller::CatalogEntry& model);
+bool MaySee(const Principal& who, const registry::CatalogEntry& model);
 // Whether `who` may train `model` in place or unload it: admins, the principals the model's
 // configuration names (trainers), and a copy's owner.
-bool MayChange(const Principal& who, const controller::CatalogEntry& model);
+bool MayChange(const Principal& who, const registry::CatalogEntry& model);
 // A copy name a client chose: text within kMaxNameBytes, not empty, not the fill jobs' prefix.
 absl::Status CheckCopyName(const std::string& name);
 // `inputs` against `model`'s recorded input: known names ("input", and optionally
 // "attention_mask" and "token_type_ids"), each at most once, "input" present with the model's
 // dtype (int32 accepted for int64) and rank, the others of the input's shape. InvalidArgument
 // naming the model and the tensor.
-absl::Status CheckInputs(const controller::CatalogEntry& model,
+absl::Status CheckInputs(const registry::CatalogEntry& model,
                          const std::vector<proto::HostTensor>& inputs);
 // The bytes `model`'s output needs for a task whose inputs are `inputs` (the recorded output
 // shape with its batch dimension, -1, set from the input's). InvalidArgument when it cannot be
 // told.
-absl::StatusOr<uint64_t> OutputBytesNeeded(const controller::CatalogEntry& model,
+absl::StatusOr<uint64_t> OutputBytesNeeded(const registry::CatalogEntry& model,
                                            const std::vector<proto::HostTensor>& inputs);
 // Resolves where `spec`'s tensors lie for `who`: each Place::Region input and `outputs_to` in
 // one of `who`'s regions of `table` (another's and a missing one: the same NotFound), inside it
@@ -78,21 +78,21 @@ absl::StatusOr<uint64_t> OutputBytesNeeded(const controller::CatalogEntry& model
 absl::Status PlacePayload(std::vector<proto::HostTensor>& inputs, uint64_t payload_bytes,
                           const dataplane::TransferRegion& staging);
 absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Principal& who,
-                              const controller::CatalogEntry& model, controller::TaskSpec& spec);
+                              const registry::CatalogEntry& model, controller::TaskSpec& spec);
 
 // Where admitted tasks go: pswitchd's Controller (ControllerTaskSink), a fake in tests.
 class TaskSink {
  public:
   virtual ~TaskSink() = default;
-  virtual absl::StatusOr<controller::EntryRef> Find(absl::string_view model) const = 0;
-  virtual std::vector<controller::EntryRef> List() const = 0;
+  virtual absl::StatusOr<registry::EntryRef> Find(absl::string_view model) const = 0;
+  virtual std::vector<registry::EntryRef> List() const = 0;
   // Queues the task (Controller::Submit's checks and limits apply); `done` runs once if queued.
   virtual absl::StatusOr<uint64_t> Queue(controller::TaskSpec spec,
                                          controller::TaskCallback done) = 0;
   // Controller::RegisterCopy: `done` runs once, on another thread.
   virtual void RegisterCopy(
       std::string original, std::string name, std::string owner,
-      std::function<void(const absl::StatusOr<controller::EntryRef>&)> done) = 0;
+      std::function<void(const absl::StatusOr<registry::EntryRef>&)> done) = 0;
 };
 
 // `*controller` must outlive the sink.
@@ -133,17 +133,17 @@ class TaskAdmission {
                     std::string copy_name, Accepted accepted, Done done);
 
   // The model `who` names, if it may see it; NotFound otherwise, as for an unknown model.
-  absl::StatusOr<controller::EntryRef> FindModel(const Principal& who,
+  absl::StatusOr<registry::EntryRef> FindModel(const Principal& who,
                                                  absl::string_view model) const;
   // The models `who` may see, in name order.
-  std::vector<controller::EntryRef> ListModels(const Principal& who) const;
+  std::vector<registry::EntryRef> ListModels(const Principal& who) const;
   // Whether `who` may unload `model`: NotFound if it may not see it, PermissionDenied if it may
   // not change it.
   absl::Status CheckUnload(const Principal& who, absl::string_view model) const;
 
  private:
   // Everything but the quota and the queue: the model's access, the inputs, the deadline.
-  absl::Status Check(const Principal& who, const controller::CatalogEntry& model,
+  absl::Status Check(const Principal& who, const registry::CatalogEntry& model,
                      controller::TaskSpec& spec) const;
   // What every admitted task carries: the deadline clamp and its principal.
   static void Stamp(const Principal& who, controller::TaskSpec& spec);

@@ -15,8 +15,8 @@
 namespace pswitch::frontend {
 namespace {
 
-using controller::CatalogEntry;
-using controller::EntryRef;
+using registry::CatalogEntry;
+using registry::EntryRef;
 using controller::TaskKind;
 using controller::TaskOutcome;
 using controller::TaskSpec;

@@ -35,11 +35,11 @@
 
 namespace pswitch::frontend {
 
-using controller::EntryRef;
+using registry::EntryRef;
 using controller::FillJobStatus;
 using controller::FillStats;
 using controller::GpuScheduler;
-using controller::ModelRequest;
+using registry::ModelRequest;
 using controller::SwitchTimeline;
 using controller::TaskKind;
 using controller::TaskOutcome;
@@ -532,15 +532,24 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           PSWITCH_RETURN_IF_ERROR(AttachRegistrationFiles(std::move(*passed), &resolved));
           return resolved;
         },
-        [self = shared_from_this(), id](const absl::StatusOr<EntryRef>& entry) {
-          if (!entry.ok()) {
-            self->PostAwaitedReply(ErrorReply(id, entry.status()));
+        [self = shared_from_this(),
+         id](const absl::StatusOr<controller::Controller::Registered>& outcome) {
+          if (!outcome.ok()) {
+            self->PostAwaitedReply(ErrorReply(id, outcome.status()));
             return;
           }
+          const EntryRef& entry = outcome->entry;
           Builder b;
+          std::vector<flatbuffers::Offset<proto::RegistrationPhase>> phases;
+          for (const registry::RegistrationPhase& p : outcome->phases) {
+            phases.push_back(proto::CreateRegistrationPhase(
+                b, b.CreateString(p.name),
+                static_cast<uint64_t>(absl::ToInt64Microseconds(p.took))));
+          }
           auto registered = proto::CreateRegistered(
-              b, b.CreateString((*entry)->request.name), (*entry)->layers,
-              static_cast<uint32_t>((*entry)->plan.size()), (*entry)->weight_bytes);
+              b, b.CreateString(entry->request.name), entry->layers,
+              static_cast<uint32_t>(entry->plan.size()), entry->weight_bytes,
+              b.CreateVector(phases));
           proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
                                                         registered.Union()));
           self->PostAwaitedReply(Bytes(b));

@@ -35,7 +35,7 @@
 #include "asio.hpp"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
-#include "controller/model_repository.h"
+#include "registry/model_repository.h"
 #include "dataplane/region_table.h"
 #include "frontend/admission.h"
 #include "frontend/auth.h"
@@ -48,7 +48,7 @@ namespace pswitch::frontend {
 
 using controller::Controller;
 using controller::FillManager;
-using controller::ModelRepository;
+using registry::ModelRepository;
 
 struct ClientServerOptions {
   uint32_t max_frame_bytes = proto::kDefaultMaxFrameBytes;

@@ -34,8 +34,8 @@
 
 namespace pswitch::frontend {
 
-using controller::CatalogEntry;
-using controller::EntryRef;
+using registry::CatalogEntry;
+using registry::EntryRef;
 using controller::FillJobStatus;
 using controller::FillRequest;
 using controller::FillStats;
@@ -48,7 +48,8 @@ using controller::TaskKind;
 using controller::TaskOutcome;
 using controller::TaskSpec;
 using controller::TaskStatus;
-using controller::TensorSpec;
+using registry::TensorSpec;
+
 namespace {
 
 using nlohmann::json;
@@ -680,16 +681,14 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
                     [repository = options_.repository, name, config]() {
                       return repository->Request(name, config ? &*config : nullptr);
                     },
-                    [table = waiting_, waiting, name](const absl::StatusOr<EntryRef>& entry) {
+                    [table = waiting_, waiting](
+                        const absl::StatusOr<controller::Controller::Registered>& registered) {
                       HttpRespond respond = table->Take(waiting);
                       if (respond == nullptr) return;
                       HttpResponse res;
-                      if (!entry.ok()) {
-                        ReplyError(res, entry.status());
+                      if (!registered.ok()) {
+                        ReplyError(res, registered.status());
                       } else {
-                        base::Log(base::LogLevel::kInfo, "model_registered")
-                            .Field("model", name)
-                            .Field("source", "http");
                         Reply(res, 200, json::object());
                       }
                       respond(std::move(res));

@@ -27,7 +27,7 @@
 #include "absl/time/time.h"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
-#include "controller/model_repository.h"
+#include "registry/model_repository.h"
 #include "controller/telemetry.h"
 #include "dataplane/region_table.h"
 #include "frontend/admission.h"
@@ -43,7 +43,7 @@ namespace pswitch::frontend {
 
 using controller::Controller;
 using controller::FillManager;
-using controller::ModelRepository;
+using registry::ModelRepository;
 using controller::Telemetry;
 
 // Bodies of requests other than infer (tasks, fill jobs, cycles, repository requests) are small

@@ -131,7 +131,7 @@ absl::Status AttachFillFiles(FillFiles files, controller::FillRequest* request) 
   return absl::OkStatus();
 }
 
-absl::Status AttachRegistrationFiles(RegistrationFiles files, controller::ModelRequest* request) {
+absl::Status AttachRegistrationFiles(RegistrationFiles files, registry::ModelRequest* request) {
   if (files.archive.valid()) {
     if (!request->zoo_model.empty() && request->zoo_model != models::kScriptArchitecture) {
       return absl::InvalidArgumentError(absl::StrCat(

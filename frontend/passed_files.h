@@ -16,7 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "base/unique_fd.h"
 #include "controller/fill_request.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 #include "proto/client_generated.h"
 
 namespace pswitch::frontend {
@@ -49,7 +49,7 @@ absl::StatusOr<RegistrationFiles> SortRegistrationFiles(
 // the catalog bounds that kind) and its path becomes only its name in messages. Runs on the
 // registration thread (it reads files). An archive passed without an architecture makes the
 // model a script model.
-absl::Status AttachRegistrationFiles(RegistrationFiles files, controller::ModelRequest* request);
+absl::Status AttachRegistrationFiles(RegistrationFiles files, registry::ModelRequest* request);
 
 // The files of a fill job (FillSubmit, FillEstimateQuery), by role (FileRole Dataset, Output),
 // each at most once; InvalidArgument as SortRegistrationFiles.

@@ -360,6 +360,31 @@ TEST(PswitchdStartTest, WorkersThatCannotStartFailTasksAndAreRetriedWithBackoff)
   EXPECT_EQ(WEXITSTATUS(status), 0) << daemon.log();
 }
 
+// Issue 28 item 4: a registration's phases reach the client (pswitchctl prints them) and the log,
+// each as it ends, in the order they ran; loading into the workers is the last.
+TEST_F(PswitchdTest, ARegistrationReportsItsPhasesToTheClientAndTheLog) {
+  const absl::Time start = absl::Now();
+  auto r = client_->Register({"phased", "tiny_cnn", "", 2, "auto"});
+  const absl::Duration wall = absl::Now() - start;
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> names;
+  absl::Duration sum;
+  for (const auto& [phase, took] : r->phases) {
+    names.push_back(phase);
+    sum += took;
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"read", "inspect", "profile", "plan", "pin", "load"}));
+  EXPECT_LE(sum, wall);
+  const std::string log = daemon_->log();
+  for (const std::string& phase : names) {
+    EXPECT_NE(log.find("event=registration_phase model=phased phase=" + phase + " "),
+              std::string::npos)
+        << phase << "\n" << log;
+  }
+  EXPECT_NE(log.find("event=model_registered model=phased "), std::string::npos) << log;
+}
+
 // A training task's batch overrides the one its model was registered with.
 TEST_F(PswitchdTest, TrainingBatchOverridesTheRegisteredBatch) {
   ASSERT_TRUE(client_->Register({"batch-1", "tiny_cnn", "", 1, "auto"}).ok());

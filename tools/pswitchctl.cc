@@ -42,6 +42,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "httplib.h"
 #include "models/safetensors.h"
@@ -387,6 +388,17 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
                 registered->layers, registered->groups,
                 static_cast<unsigned long long>(registered->param_bytes));
+    // Where the time went: read, inspect, profile, plan, pin, load.
+    std::string phases;
+    absl::Duration total;
+    for (const auto& [phase, took] : registered->phases) {
+      absl::StrAppendFormat(&phases, "%s%s %.2f s", phases.empty() ? "" : ", ", phase,
+                            absl::ToDoubleSeconds(took));
+      total += took;
+    }
+    if (!phases.empty()) {
+      std::printf("  in %.2f s: %s\n", absl::ToDoubleSeconds(total), phases.c_str());
+    }
     return absl::OkStatus();
   }
   if (command == "infer") {

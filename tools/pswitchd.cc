@@ -25,9 +25,9 @@
 #include "frontend/fd_budget.h"
 #include "frontend/memory_return.h"
 #include "frontend/http_server.h"
-#include "controller/model_repository.h"
+#include "registry/model_repository.h"
 #include "controller/controller.h"
-#include "controller/profile_process.h"
+#include "registry/profile_process.h"
 #include "base/confined_dir.h"
 #include "base/log.h"
 #include "base/private_dir.h"
@@ -214,27 +214,20 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
 }
 
 // Loads every model of the repository; one that fails is logged and skipped (the others serve).
-void LoadRepository(controller::Controller& controller, const controller::ModelRepository& repo) {
+void LoadRepository(controller::Controller& controller, const registry::ModelRepository& repo) {
   absl::StatusOr<std::vector<std::string>> index = repo.Index();
   if (!index.ok()) {
     Log(LogLevel::kError, "model_repository_unreadable").Field("error", index.status());
     return;
   }
   for (const std::string& name : *index) {
-    std::promise<absl::StatusOr<controller::EntryRef>> registered;
+    std::promise<absl::Status> registered;
     controller.Register([&repo, name] { return repo.Request(name); },
-                        [&](const auto& entry) { registered.set_value(entry); });
-    auto entry = registered.get_future().get();
-    if (!entry.ok()) {
-      Log(LogLevel::kError, "model_load_failed").Field("model", name).Field("error", entry.status());
-      continue;
+                        [&](const auto& outcome) { registered.set_value(outcome.status()); });
+    // The controller logs the registration and its phases (model_registered).
+    if (absl::Status status = registered.get_future().get(); !status.ok()) {
+      Log(LogLevel::kError, "model_load_failed").Field("model", name).Field("error", status);
     }
-    Log(LogLevel::kInfo, "model_registered")
-        .Field("model", name)
-        .Field("source", "repository")
-        .Field("layers", (*entry)->layers)
-        .Field("groups", (*entry)->plan.size())
-        .Field("bytes", (*entry)->weight_bytes);
   }
 }
 
@@ -243,18 +236,13 @@ absl::Status Preload(controller::Controller& controller) {
   std::string list = absl::GetFlag(FLAGS_preload);
   if (list.empty()) return absl::OkStatus();
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    controller::ModelRequest request;
+    registry::ModelRequest request;
     request.name = std::string(name);
     request.zoo_model = std::string(name);
-    std::promise<absl::StatusOr<controller::EntryRef>> registered;
-    controller.Register(request, [&](const auto& entry) { registered.set_value(entry); });
-    auto entry = registered.get_future().get();
-    if (!entry.ok()) return entry.status();
-    Log(LogLevel::kInfo, "model_registered")
-        .Field("model", request.name)
-        .Field("layers", (*entry)->layers)
-        .Field("groups", (*entry)->plan.size())
-        .Field("bytes", (*entry)->weight_bytes);
+    std::promise<absl::Status> registered;
+    controller.Register(request, [&](const auto& outcome) { registered.set_value(outcome.status()); });
+    // The controller logs the registration and its phases (model_registered).
+    PSWITCH_RETURN_IF_ERROR(registered.get_future().get());
   }
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     auto model = models::CreateModel(name);
@@ -357,9 +345,9 @@ absl::Status ApplyLimits(controller::ControllerOptions& controller,
         "--max-queued-reply-bytes must hold at least two frames of --max-frame-bytes");
   }
   const uint32_t batch = absl::GetFlag(FLAGS_max_batch);
-  if (batch < 1 || batch > controller::kMaxBatchSize) {
+  if (batch < 1 || batch > registry::kMaxBatchSize) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--max-batch must be in [1, ", controller::kMaxBatchSize, "]"));
+        absl::StrCat("--max-batch must be in [1, ", registry::kMaxBatchSize, "]"));
   }
   server.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   server.max_frame_bytes = frame;
@@ -573,7 +561,7 @@ int Main() {
     StartFailed("--profile-timeout-s and --profile-memory-bytes must be positive");
     return 2;
   }
-  controller::ProfileChildOptions profiling;
+  registry::ProfileChildOptions profiling;
   profiling.binary = absl::GetFlag(FLAGS_profiler_binary).empty()
                          ? tools::SiblingBinary("pswitch-worker")
                          : absl::GetFlag(FLAGS_profiler_binary);
@@ -583,14 +571,14 @@ int Main() {
   profiling.timeout = absl::Seconds(absl::GetFlag(FLAGS_profile_timeout_s));
   controller_options.auto_plan.profiler = [profiling](const std::string& zoo, int archive_fd,
                                                       uint32_t batch) {
-    return controller::ProfileInChild(profiling, zoo, batch, archive_fd);
+    return registry::ProfileInChild(profiling, zoo, batch, archive_fd);
   };
   // pswitchd never loads an archive itself: libtorch's loader is not hardened against a crafted
   // one.
   controller_options.archive_inspector = [profiling](const std::string& name, int archive_fd,
                                                      int weights_fd, const std::string& weights_name,
                                                      uint64_t max_bytes) {
-    return controller::InspectInChild(profiling, name, archive_fd, weights_fd, weights_name,
+    return registry::InspectInChild(profiling, name, archive_fd, weights_fd, weights_name,
                                       max_bytes);
   };
   frontend::ClientServerOptions server_options;
@@ -614,14 +602,14 @@ int Main() {
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
   auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);
-  std::unique_ptr<controller::ModelRepository> repository;
+  std::unique_ptr<registry::ModelRepository> repository;
   if (!absl::GetFlag(FLAGS_model_repository).empty()) {
-    auto repo = controller::ModelRepository::Open(absl::GetFlag(FLAGS_model_repository));
+    auto repo = registry::ModelRepository::Open(absl::GetFlag(FLAGS_model_repository));
     if (!repo.ok()) {
       StartFailed(repo.status().ToString());
       return 2;
     }
-    repository = std::make_unique<controller::ModelRepository>(std::move(*repo));
+    repository = std::make_unique<registry::ModelRepository>(std::move(*repo));
   }
   server_options.repository = repository.get();
   server_options.tokens = tokens.get();

@@ -35,6 +35,8 @@ class RegisteredModel:
     layers: int
     groups: int
     param_bytes: int
+    # (phase, seconds) in the order they ran: read, inspect, profile, plan, pin, load
+    phases: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -280,6 +280,11 @@ class PyClient {
     d["layers"] = m.layers;
     d["groups"] = m.groups;
     d["param_bytes"] = m.param_bytes;
+    py::list phases;
+    for (const auto& [phase, took] : m.phases) {
+      phases.append(py::make_tuple(phase, absl::ToDoubleSeconds(took)));
+    }
+    d["phases"] = phases;
     return d;
   }
 

@@ -59,6 +59,9 @@ def test_bad_inputs_raise_typed_errors(client):
 def test_register_list_unload(client):
     r = client.register("py_mlp", "tiny_mlp", batch=2)
     assert r.name == "py_mlp" and r.layers > 0 and r.groups >= 1 and r.param_bytes > 0
+    # Where the registration's time went, phase by phase, loading into the workers last.
+    assert [p for p, _ in r.phases] == ["read", "inspect", "profile", "plan", "pin", "load"]
+    assert all(seconds >= 0 for _, seconds in r.phases)
     assert "py_mlp" in {m.name for m in client.models()}
     with pytest.raises(errors.AlreadyExistsError):
         client.register("py_mlp", "tiny_mlp")

@@ -1,13 +1,18 @@
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 
 #include <torch/cuda.h>
 
 #include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "base/files.h"
 #include "gtest/gtest.h"
 #include "memdaemon/host_test_daemon.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 namespace {
 
 class ModelCatalogTest : public ::testing::Test {
@@ -119,5 +124,59 @@ TEST_F(ModelCatalogTest, UnloadTakesTheModelOutThenFreesItsWeightsAndName) {
   EXPECT_EQ((*again)->request.zoo_model, "tiny_mlp");
 }
 
+// Issue 28 item 4: every registration reports its phases in order, each with its wall time.
+TEST_F(ModelCatalogTest, ARegistrationReportsItsPhasesInOrder) {
+  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  std::vector<RegistrationPhase> phases;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(catalog.Register({"m", "tiny_cnn", "", 2, "auto"}, &phases).ok());
+  const absl::Duration wall = absl::Now() - start;
+  std::vector<std::string> names;
+  absl::Duration sum;
+  for (const RegistrationPhase& p : phases) {
+    names.push_back(p.name);
+    EXPECT_GE(p.took, absl::ZeroDuration()) << p.name;
+    sum += p.took;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"read", "inspect", "profile", "plan", "pin"}));
+  EXPECT_LE(sum, wall);
+  // A failed registration reports the phases it got through (its plan file is missing).
+  phases.clear();
+  EXPECT_FALSE(catalog.Register({"bad", "tiny_cnn", "", 2, "/no/such/plan.json"}, &phases).ok());
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[1].name, "inspect");
+}
+
+// While its pipeline runs a model is kRegistering: its name is taken, it is not served, and it
+// cannot be unloaded; a failed registration frees the name.
+TEST_F(ModelCatalogTest, AModelBeingRegisteredIsNeitherServedNorUnloadable) {
+  absl::Notification inspecting, release;
+  ModelCatalog catalog(
+      daemon_.get(), 32 << 20, AutoPlanProfile{},
+      [&](const std::string&, int, int, const std::string&,
+          uint64_t) -> absl::StatusOr<models::ModelFacts> {
+        inspecting.Notify();
+        release.WaitForNotification();
+        return absl::InvalidArgumentError("the archive is refused");
+      });
+  absl::StatusOr<UniqueFd> archive = base::SealedMemoryFile("archive", "not read here");
+  ASSERT_TRUE(archive.ok());
+  ModelRequest request{"mine", "torchscript", "", 1, "auto"};
+  request.archive_fd = std::make_shared<const UniqueFd>(std::move(*archive));
+  absl::StatusOr<EntryRef> outcome;
+  std::thread registering([&] { outcome = catalog.Register(request); });
+  ASSERT_TRUE(inspecting.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(catalog.Find("mine").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(catalog.List().empty());
+  EXPECT_EQ(catalog.BeginUnload("mine").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(catalog.Register({"mine", "tiny_mlp", "", 1, "auto"}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  release.Notify();
+  registering.join();
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(catalog.pinned_bytes(), 0u) << "nothing pinned";
+  EXPECT_TRUE(catalog.Register({"mine", "tiny_mlp", "", 1, "auto"}).ok()) << "the name is free";
+}
+
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry

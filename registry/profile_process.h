@@ -6,8 +6,8 @@
 // - a pswitch.export archive is hostile input to libtorch's loader, which is not hardened against
 //   it (a crafted archive can crash or hang it): InspectInChild (`--inspect-name`) loads and
 //   checks it there, and pswitchd takes only the facts it needs (models/model_facts.h).
-#ifndef PSWITCH_CONTROLLER_PROFILE_PROCESS_H_
-#define PSWITCH_CONTROLLER_PROFILE_PROCESS_H_
+#ifndef PSWITCH_REGISTRY_PROFILE_PROCESS_H_
+#define PSWITCH_REGISTRY_PROFILE_PROCESS_H_
 
 #include <cstdint>
 #include <string>
@@ -17,7 +17,7 @@
 #include "grouping/profile.h"
 #include "models/model_facts.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 
 struct ProfileChildOptions {
   std::string binary;                   // pswitch-worker
@@ -49,6 +49,6 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const ProfileChildOptions& opt
                                                   int weights_fd, const std::string& weights_name,
                                                   uint64_t max_facts_bytes);
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry
 
-#endif  // PSWITCH_CONTROLLER_PROFILE_PROCESS_H_
+#endif  // PSWITCH_REGISTRY_PROFILE_PROCESS_H_

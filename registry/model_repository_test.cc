@@ -1,4 +1,4 @@
-#include "controller/model_repository.h"
+#include "registry/model_repository.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 namespace {
 
 class ModelRepositoryTest : public ::testing::Test {
@@ -121,4 +121,4 @@ TEST_F(ModelRepositoryTest, ClientsNameModelsAndServerFilesOnlyWhenAllowed) {
 }
 
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry

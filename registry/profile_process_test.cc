@@ -1,4 +1,4 @@
-#include "controller/profile_process.h"
+#include "registry/profile_process.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "models/script_model.h"
 #include "worker/model_inspection.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 namespace {
 
 // An executable script standing in for pswitch-worker (it ignores the profile flags).
@@ -183,4 +183,4 @@ TEST(InspectInChildTest, ACrashHangOrGarbleInTheCheckerIsARefusalNotACrash) {
 }
 
 }  // namespace
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry

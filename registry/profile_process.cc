@@ -1,4 +1,4 @@
-#include "controller/profile_process.h"
+#include "registry/profile_process.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -9,7 +9,7 @@
 #include "base/child_process.h"
 #include "base/status.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 namespace {
 
 constexpr uint64_t kMaxProfileJsonBytes = 16 << 20;
@@ -90,4 +90,4 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const ProfileChildOptions& opt
   return models::DecodeModelFacts(std::move(run.output), what);
 }
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry

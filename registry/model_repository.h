@@ -9,17 +9,17 @@
 // admins — everyone else trains a copy of their own).
 // Clients name models; only the repository names files, and every one resolves inside the
 // model's folder (base::ConfinedDir: no symlink followed, no "..").
-#ifndef PSWITCH_CONTROLLER_MODEL_REPOSITORY_H_
-#define PSWITCH_CONTROLLER_MODEL_REPOSITORY_H_
+#ifndef PSWITCH_REGISTRY_MODEL_REPOSITORY_H_
+#define PSWITCH_REGISTRY_MODEL_REPOSITORY_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/confined_dir.h"
-#include "controller/model_catalog.h"
+#include "registry/model_catalog.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 
 // Thread-safe (const).
 class ModelRepository {
@@ -51,6 +51,6 @@ absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
                                                  const ModelRepository* repository,
                                                  bool allow_client_paths);
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry
 
-#endif  // PSWITCH_CONTROLLER_MODEL_REPOSITORY_H_
+#endif  // PSWITCH_REGISTRY_MODEL_REPOSITORY_H_

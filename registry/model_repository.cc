@@ -1,14 +1,13 @@
-#include "controller/model_repository.h"
+#include "registry/model_repository.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "base/text.h"
-#include "controller/fill_request.h"
 #include "models/model_source.h"
 
-namespace pswitch::controller {
+namespace pswitch::registry {
 namespace {
 
 constexpr uint64_t kMaxConfigBytes = 64 << 10;
@@ -170,4 +169,4 @@ absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
   return from_client;
 }
 
-}  // namespace pswitch::controller
+}  // namespace pswitch::registry

@@ -1,0 +1,37 @@
+// Times the phases of one registration as they end, and logs each one (event=registration_phase),
+// so an operator watching the log sees a long registration advance and where its time goes.
+#ifndef PSWITCH_REGISTRY_PHASE_CLOCK_H_
+#define PSWITCH_REGISTRY_PHASE_CLOCK_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "registry/model_entry.h"
+
+namespace pswitch::registry {
+
+// Not thread-safe: one registration's, on the thread running it.
+class PhaseClock {
+ public:
+  explicit PhaseClock(std::string model);
+
+  // Ends the phase that ran since the previous End (or construction, or Skip) as `phase`.
+  void End(absl::string_view phase);
+  // Starts the next phase now: the time since the previous End belongs to none (a wait).
+  void Skip() { since_ = absl::Now(); }
+  const std::vector<RegistrationPhase>& phases() const { return phases_; }
+
+ private:
+  const std::string model_;
+  absl::Time since_;
+  std::vector<RegistrationPhase> phases_;
+};
+
+// "read 0.01 s, inspect 1.20 s, ...": the phases for a one-line summary.
+std::string FormatPhases(const std::vector<RegistrationPhase>& phases);
+
+}  // namespace pswitch::registry
+
+#endif  // PSWITCH_REGISTRY_PHASE_CLOCK_H_

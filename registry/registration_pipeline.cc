@@ -1,0 +1,294 @@
+#include "registry/registration_pipeline.h"
+
+#include <algorithm>
+
+
+#include "absl/strings/str_cat.h"
+#include "grouping/cost_model.h"
+#include "grouping/profile.h"
+#include "grouping/search.h"
+#include "proto/dtype.h"
+#include "models/layer_profiler.h"
+#include "models/registry.h"
+#include "models/script_model.h"
+#include "models/training.h"
+#include "models/weights.h"
+#include "nlohmann/json.hpp"
+#include "base/files.h"
+#include "base/json.h"
+#include "base/status.h"
+#include "worker/model_inspection.h"
+
+namespace pswitch::registry {
+namespace {
+
+constexpr uint64_t kMaxPlanBytes = 16 << 20;
+// An archive holds the model's weights too: one larger than the weights region (plus room for
+// its code) could not register anyway, and is not read into memory.
+constexpr uint64_t kMaxArchiveBytes = 64ull << 30;
+constexpr uint64_t kArchiveCodeBytes = 256ull << 20;
+
+// A file the request names: in its repository folder, or (local use) a server path; or the copy
+// of a file the client passed (`passed`), never opened by path.
+absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const std::string& path,
+                                            const char* kind, uint64_t max_bytes,
+                                            const std::shared_ptr<const UniqueFd>& passed) {
+  const std::string what = absl::StrCat(kind, " '", path, "'");
+  if (passed != nullptr) return base::ReadSealedMemoryFile(*passed, what, max_bytes);
+  absl::StatusOr<std::string> read = request.files != nullptr
+                                         ? request.files->Read(path, kind, max_bytes)
+                                         : base::ReadRegularFile(path, what, max_bytes);
+  if (request.files == nullptr && (absl::IsNotFound(read.status()) ||
+                                   absl::IsPermissionDenied(read.status()))) {
+    // Existence of a server file is not a client's to learn.
+    return absl::PermissionDeniedError(absl::StrCat(what, " cannot be opened by pswitchd"));
+  }
+  return read;
+}
+
+absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const ModelRequest& request) {
+  const std::string& path = request.plan;
+  PSWITCH_ASSIGN_OR_RETURN(std::string text,
+                           ReadRequestFile(request, path, "plan file", kMaxPlanBytes,
+                                           request.plan_fd));
+  const std::string what = absl::StrCat("plan file '", path, "'");
+  PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, what));
+  if (!json.is_object() || !json.contains("groups")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan file '", path, "' is not find-grouping output (no \"groups\")"));
+  }
+  return grouping::PlanFromJson(json["groups"]);
+}
+
+// The unexecuted tail layers (Inception's aux head in eval) ride in one last group.
+grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout_layers) {
+  if (layout_layers > executed) plan.push_back({executed, layout_layers - 1});
+  return plan;
+}
+
+proto::DType WireDType(models::DType dtype) {
+  // The facts hold F32, I64 or I32 only (checked when they are decoded).
+  const proto::DTypeInfo* info = proto::DTypeByName(models::DTypeName(dtype));
+  return info == nullptr ? proto::DType::F32 : info->wire;
+}
+
+TensorSpec WireSpec(const std::string& name, const models::FactsTensorSpec& spec) {
+  return TensorSpec{name, WireDType(spec.dtype), spec.shape};
+}
+
+}  // namespace
+
+absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
+    const ModelRequest& request, const models::ModelSource& source, int archive_fd,
+    models::ZooModel* model, int layout_layers, int executed_layers, PhaseClock& clock) const {
+  if (request.plan != "auto") {
+    PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request));
+    // A plan made from profile-model output covers the executed layers only.
+    if (grouping::ValidatePlan(plan, executed_layers).ok()) {
+      plan = CoverTail(std::move(plan), executed_layers, layout_layers);
+    }
+    absl::Status valid = grouping::ValidatePlan(plan, layout_layers);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan file '", request.plan, "': ", valid.message()));
+    }
+    clock.End("plan");
+    return plan;
+  }
+  if (auto_plan_.profiler) {
+    PSWITCH_ASSIGN_OR_RETURN(grouping::Profile profile,
+                             auto_plan_.profiler(request.zoo_model, archive_fd,
+                                                 request.batch_size));
+    clock.End("profile");
+    PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
+    PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
+                             grouping::FindGrouping(cost, grouping::SearchOptions{}));
+    clock.End("plan");
+    if (grouping::ValidatePlan(outcome.result.plan, executed_layers).ok()) {
+      return CoverTail(outcome.result.plan, executed_layers, layout_layers);
+    }
+    return absl::InternalError("the profile does not match the model's layers");
+  }
+  if (model == nullptr) {
+    return absl::FailedPreconditionError(
+        "an \"auto\" plan for an archive checked in a child process needs the profiler child "
+        "too; register with a find-grouping plan file");
+  }
+  models::ProfileOptions options;
+  options.batch = request.batch_size;
+  options.warmup_runs = 1;
+  options.measured_runs = 3;
+  options.bandwidth_cap_bytes_per_s = auto_plan_.bandwidth_bytes_per_s;
+  options.measured_bandwidth_bytes_per_s = auto_plan_.bandwidth_bytes_per_s;
+  absl::StatusOr<c10::Device> device = models::ResolveDevice(auto_plan_.device);
+  if (!device.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("an \"auto\" plan is profiled on ", auto_plan_.device,
+                     ", the device the workers compute on, and that failed (",
+                     device.status().message(), "); register with a find-grouping plan file"));
+  }
+  models::ModelProfile profile;
+  if (device->is_cuda()) {
+    // A fresh instance: layer times do not depend on the weights, and the registered model
+    // stays on the host where its bytes are collected.
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> probe,
+                             models::CreateModelFrom(source, request.name));
+    absl::Status moved =
+        models::CatchTorch("moving the model to the GPU", [&] { probe->to(*device); });
+    absl::StatusOr<models::ModelProfile> measured =
+        moved.ok() ? models::ProfileModel(*probe, *device, options)
+                   : absl::StatusOr<models::ModelProfile>(moved);
+    probe.reset();
+    models::ReleaseCachedDeviceMemory();
+    PSWITCH_ASSIGN_OR_RETURN(profile, std::move(measured));
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(profile, models::ProfileModel(*model, *device, options));
+    model->eval();
+  }
+  clock.End("profile");
+  // The profiler's result is the search's input (Create validates it): no JSON in between.
+  PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
+  PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
+                           grouping::FindGrouping(cost, grouping::SearchOptions{}));
+  clock.End("plan");
+  return CoverTail(outcome.result.plan, executed_layers, layout_layers);
+}
+
+absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
+    const ModelRequest& request, PhaseClock& clock) const {
+  if (request.batch_size == 0 || request.batch_size > kMaxBatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("batch size ", request.batch_size,
+                                                   " out of range [1, ", kMaxBatchSize, "]"));
+  }
+  models::ModelSource source{request.zoo_model, nullptr, request.archive_path};
+  std::shared_ptr<const UniqueFd> archive_fd;
+  const uint64_t max_archive_bytes = std::min(kMaxArchiveBytes, region_bytes_ + kArchiveCodeBytes);
+  if (request.archive_fd != nullptr) {
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                             base::ReadSealedMemoryFile(*request.archive_fd, "archive",
+                                                        max_archive_bytes));
+    archive_fd = request.archive_fd;
+    source.archive = std::make_shared<const std::string>(std::move(bytes));
+  } else if (!request.archive_path.empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(
+        std::string bytes,
+        ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes,
+                        nullptr));
+    PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
+    archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
+    source.archive = std::make_shared<const std::string>(std::move(bytes));
+  }
+  // The checkpoint's bytes, read here: the repository's or the server's access rules apply.
+  std::string weights_bytes;
+  if (!request.weights_path.empty()) {
+    const models::SafetensorsLimits limits;
+    PSWITCH_ASSIGN_OR_RETURN(weights_bytes,
+                             ReadRequestFile(request, request.weights_path, "weights file",
+                                             limits.max_file_bytes, request.weights_fd));
+  }
+  const uint64_t archive_bytes = source.archive != nullptr ? source.archive->size() : 0;
+  clock.End("read");
+  models::ModelFacts facts;
+  std::shared_ptr<models::ZooModel> model;  // built in this process only without an inspector
+  if (archive_fd != nullptr && inspector_) {
+    UniqueFd weights_fd;
+    if (!request.weights_path.empty()) {
+      PSWITCH_ASSIGN_OR_RETURN(weights_fd,
+                               base::SealedMemoryFile("pswitch-weights", weights_bytes));
+      weights_bytes.clear();
+      weights_bytes.shrink_to_fit();
+    }
+    source.archive.reset();  // only the child reads it
+    PSWITCH_ASSIGN_OR_RETURN(facts, inspector_(request.name, archive_fd->get(), weights_fd.get(),
+                                               request.weights_path, max_archive_bytes));
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModelFrom(source, request.name));
+    if (!request.weights_path.empty()) {
+      PSWITCH_ASSIGN_OR_RETURN(
+          models::SafetensorsFile file,
+          models::SafetensorsFile::Parse(std::move(weights_bytes), request.weights_path));
+      PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(facts, worker::InspectModel(*model));
+  }
+  clock.End("inspect");
+  const int layout_layers = static_cast<int>(facts.layers.size());
+  int executed = 0;
+  for (const models::FactsLayer& layer : facts.layers) executed += layer.executed ? 1 : 0;
+  const memdaemon::ModelBytes weights = worker::WeightsOf(facts, request.name);
+  auto entry = std::make_unique<CatalogEntry>();
+  entry->request = request;
+  // Read once: a passed file's copy is not kept for the model's life.
+  entry->request.weights_fd.reset();
+  entry->request.plan_fd.reset();
+  entry->optimizer_slot_bytes = facts.optimizer_slot_bytes;
+  entry->trainable = facts.trainable;
+  entry->input = WireSpec("input", facts.input);
+  entry->output = WireSpec("output", facts.output);
+  PSWITCH_ASSIGN_OR_RETURN(entry->plan,
+                           MakePlan(request, source, archive_fd ? archive_fd->get() : -1,
+                                    model.get(), layout_layers, executed, clock));
+  entry->archive = archive_fd;
+  entry->archive_bytes = archive_bytes;
+  for (const grouping::LayerGroup& g : entry->plan) {
+    entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
+  }
+  // Checked before the weights are copied into pinned memory, so a refusal costs nothing.
+  PSWITCH_ASSIGN_OR_RETURN(
+      memdaemon::WeightLayout layout,
+      memdaemon::ComputeWeightLayout(memdaemon::LayerSpecsOf(weights)));
+  if (layout.total_bytes > region_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("model '", request.name, "' needs ", layout.total_bytes,
+                     " bytes of weights; the weights region holds ", region_bytes_));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(entry->stored, daemon_->weights().Register(weights));
+  entry->layers = static_cast<uint32_t>(entry->stored->num_layers());
+  entry->weight_bytes = entry->stored->total_bytes();
+  clock.End("pin");
+  return entry;
+}
+
+absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Copy(
+    const CatalogEntry& original, const std::string& name, const std::string& owner) const {
+  if (original.stored == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", original.request.name, "' has no stored weights to copy"));
+  }
+  // The original's pinned bytes as they are now, tensor by tensor in its layout: the copy gets
+  // the same layout, so its plan and group boundaries carry over unchanged.
+  const memdaemon::StoredModel& stored = *original.stored;
+  memdaemon::ModelBytes bytes;
+  bytes.name = name;
+  for (size_t l = 0; l < stored.layers().size(); ++l) {
+    const memdaemon::LayerSpec& layer = stored.layers()[l];
+    memdaemon::LayerBytes out{layer.name, {}};
+    for (size_t t = 0; t < layer.tensors.size(); ++t) {
+      const memdaemon::TensorPlacement& at = stored.layout().placements[l][t];
+      out.tensors.push_back(
+          {layer.tensors[t].name,
+           std::span<const std::byte>(stored.host_bytes() + at.offset, at.bytes)});
+    }
+    bytes.layers.push_back(std::move(out));
+  }
+  absl::StatusOr<const memdaemon::StoredModel*> copied = daemon_->weights().Register(bytes);
+  if (!copied.ok()) {
+    return absl::Status(copied.status().code(),
+                        absl::StrCat("copying '", original.request.name, "' as '", name,
+                                     "': ", copied.status().message()));
+  }
+  auto entry = std::make_unique<CatalogEntry>(original);
+  entry->request.name = name;
+  entry->request.owner = owner;
+  entry->request.trainers.clear();
+  entry->stored = *copied;
+  entry->layers = static_cast<uint32_t>((*copied)->num_layers());
+  entry->weight_bytes = (*copied)->total_bytes();
+  return entry;
+}
+
+absl::Status RegistrationPipeline::Release(const CatalogEntry& entry) const {
+  return daemon_->weights().Remove(entry.request.name);
+}
+
+}  // namespace pswitch::registry
