@@ -11,12 +11,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
@@ -30,6 +33,19 @@ absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // This process's environment with spec.env's entries in place of any of the same name.
+  std::vector<std::string> env = spec.env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(spec.env.begin(), spec.env.end(), [&](const std::string& o) {
+      return absl::string_view(o).substr(0, o.find('=')) == name;
+    });
+    if (!replaced) env.emplace_back(entry);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const pid_t parent = ::getpid();
   const int max_fd = static_cast<int>(std::min<long>(::sysconf(_SC_OPEN_MAX), 1 << 16));
   const rlimit limit{spec.address_space_bytes, spec.address_space_bytes};
@@ -67,7 +83,7 @@ absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec) {
     if (spec.address_space_bytes > 0 && ::setrlimit(RLIMIT_AS, &limit) != 0) {
       error = errno;
     } else {
-      ::execv(argv[0], argv.data());
+      ::execve(argv[0], argv.data(), envp.data());
       error = errno;
     }
     (void)!::write(status_fd, &error, sizeof(error));
@@ -85,6 +101,12 @@ absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec) {
     return ErrnoStatus(absl::StrCat("starting ", spec.argv[0]), exec_error);
   }
   return pid;
+}
+
+std::vector<std::string> CpuThreadsEnv(int threads) {
+  if (threads <= 0) return {};
+  const std::string n = std::to_string(threads);
+  return {"OMP_NUM_THREADS=" + n, "OPENBLAS_NUM_THREADS=" + n, "MKL_NUM_THREADS=" + n};
 }
 
 std::string DescribeExit(int wait_status) {
@@ -135,7 +157,8 @@ absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec)
   if (!out.valid()) return ErrnoStatus("memfd_create for a child's output");
   PSWITCH_ASSIGN_OR_RETURN(pid_t pid, SpawnChild({.argv = spec.argv,
                                                   .inherit_fds = spec.inherit_fds,
-                                                  .stdout_fd = out.get()}));
+                                                  .stdout_fd = out.get(),
+                                                  .env = spec.env}));
   ChildGuard child(pid);
   const absl::Time deadline = absl::Now() + spec.timeout;
   int status = 0;

@@ -21,11 +21,18 @@ struct ChildSpec {
   std::vector<int> inherit_fds;   // kept open across exec at their numbers (negative: ignored)
   int stdout_fd = -1;             // becomes the child's stdout (-1: this process's)
   uint64_t address_space_bytes = 0;  // RLIMIT_AS; 0: none (CUDA reserves far more than it uses)
+  // "NAME=VALUE" entries set in the child's environment (replacing this process's values); the
+  // rest of the environment is inherited.
+  std::vector<std::string> env;
 };
 
 // The child's pid once it has exec'd (it must be reaped, waitpid, by the caller); an error naming
 // errno when the exec failed (the child is reaped then).
 absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec);
+
+// The environment entries that hold a child's compute libraries (OpenMP, OpenBLAS, MKL) to
+// `threads` threads each, for ChildSpec::env; none for 0 (the libraries' defaults: every core).
+std::vector<std::string> CpuThreadsEnv(int threads);
 
 // "exited with status N" / "killed by signal N (name)", from a waitpid status.
 std::string DescribeExit(int wait_status);
@@ -34,6 +41,7 @@ std::string DescribeExit(int wait_status);
 struct BoundedChildSpec {
   std::vector<std::string> argv;
   std::vector<int> inherit_fds;
+  std::vector<std::string> env;        // as ChildSpec::env
   uint64_t memory_bytes = 4ull << 30;  // resident memory, sampled every 10 ms: beyond it, killed
   absl::Duration timeout = absl::Minutes(2);
   uint64_t max_output_bytes = 16 << 20;  // stdout beyond it: killed

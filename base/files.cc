@@ -188,8 +188,8 @@ absl::StatusOr<UniqueFd> SealedCopyOfFile(int fd, absl::string_view what, uint64
   return copy;
 }
 
-absl::StatusOr<std::string> ReadSealedMemoryFile(const UniqueFd& fd, absl::string_view what,
-                                                 uint64_t max_bytes) {
+absl::StatusOr<uint64_t> CheckSealedMemoryFile(const UniqueFd& fd, absl::string_view what,
+                                               uint64_t max_bytes) {
   constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & kSeals) != kSeals) {
@@ -202,6 +202,12 @@ absl::StatusOr<std::string> ReadSealedMemoryFile(const UniqueFd& fd, absl::strin
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", size, " bytes, over the limit of ", max_bytes));
   }
+  return size;
+}
+
+absl::StatusOr<std::string> ReadSealedMemoryFile(const UniqueFd& fd, absl::string_view what,
+                                                 uint64_t max_bytes) {
+  PSWITCH_ASSIGN_OR_RETURN(const uint64_t size, CheckSealedMemoryFile(fd, what, max_bytes));
   std::string bytes(size, '\0');
   size_t done = 0;
   while (done < size) {

@@ -58,6 +58,10 @@ absl::StatusOr<UniqueFd> SealedMemoryFile(const char* name, absl::string_view by
 // (memfds are) of at most `max_bytes` opened for reading; DeadlineExceeded past `timeout`.
 absl::StatusOr<UniqueFd> SealedCopyOfFile(int fd, absl::string_view what, uint64_t max_bytes,
                                           absl::Duration timeout = kFileIoTimeout);
+// The size of a SealedMemoryFile received from another process, without reading it: as
+// ReadSealedMemoryFile checks it.
+absl::StatusOr<uint64_t> CheckSealedMemoryFile(const UniqueFd& fd, absl::string_view what,
+                                               uint64_t max_bytes);
 // The contents of a SealedMemoryFile received from another process. InvalidArgument unless the
 // fd is one (sealed against writes and resizing) of at most `max_bytes`. Reads with pread, so
 // processes sharing the open file do not race on its offset.

@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
         std::min(region_bytes, (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
   }
   c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.auto_plan,
-                                               options.archive_inspector);
+                                               options.inspector);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
   for (size_t g = 0; g < daemons.size(); ++g) {
     PSWITCH_ASSIGN_OR_RETURN(

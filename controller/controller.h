@@ -21,8 +21,9 @@ struct ControllerOptions {
   SchedulerOptions scheduler;
   // Where and at which link speed "auto" plans are profiled.
   registry::AutoPlanProfile auto_plan;
-  // Where pswitch.export archives are loaded and checked (registry::ModelCatalog).
-  registry::ArchiveInspector archive_inspector;
+  // Where models being registered are built, inspected and profiled (registry::ModelCatalog);
+  // unset: in this process.
+  registry::ModelInspector inspector;
   uint32_t max_training_iterations = 1'000'000;
   // Bounds on what one request may ask for: samples per batch (registration, training, an
   // inference input's first dimension) and bytes of inference input.

@@ -94,11 +94,13 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
             .Field("slot", slot)
             .Field("model", name)
             .Field("error", status);
-      } else if (loaded->warm_ns() > 0) {
-        // What the warm-up took off the first task: CUDA context, cuBLAS/cuDNN, modules.
-        Event(base::LogLevel::kInfo, "worker_warmed")
+      } else {
+        // Each worker's part of a registration's "load" phase; the warm-up (CUDA) is what it
+        // took off the first task: CUDA context, cuBLAS/cuDNN, modules.
+        Event(base::LogLevel::kInfo, "model_loaded")
             .Field("slot", slot)
             .Field("model", name)
+            .Field("load_ms", loaded->load_ns() / 1e6, 1)
             .Field("warm_ms", loaded->warm_ns() / 1e6, 1);
       }
       loads_.Answered(static_cast<size_t>(slot), name, status);

@@ -29,6 +29,7 @@ struct WorkerSpawnOptions {
   std::string backend = "host";
   uint64_t activation_bytes = 0;  // each worker's arena lease for intermediate tensors
   int device_ordinal = 0;         // CUDA: the device holding the arena
+  int cpu_threads = 0;            // its compute libraries' threads (base::CpuThreadsEnv); 0: all
   // Issues the one-time secret with which the worker attaches the memdaemon's arena
   // (memdaemon::MemDaemon::IssueAttachSecret); it reaches the worker through an inherited pipe.
   // Unset: none (a memdaemon in this process's tests that admits the worker otherwise).

@@ -1,5 +1,7 @@
 #include "models/model_facts.h"
 
+#include <map>
+#include <string>
 #include <unordered_set>
 #include <utility>
 
@@ -12,6 +14,7 @@ namespace pswitch::models {
 namespace {
 
 constexpr char kMetadataKey[] = "pswitch.facts";
+constexpr char kProfileKey[] = "pswitch.profile";
 constexpr int kFormat = 1;
 constexpr size_t kMaxRank = 16;
 constexpr int64_t kMaxDim = int64_t{1} << 40;
@@ -88,18 +91,26 @@ class Reader {
 
 }  // namespace
 
-absl::StatusOr<std::string> EncodeModelFacts(const ModelFacts& facts) {
-  nlohmann::json layers = nlohmann::json::array();
+namespace {
+
+// The facts' tensors and metadata, as both encoders write them; the entries point into `facts`.
+struct FactsFile {
   std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+FactsFile ToFile(const ModelFacts& facts) {
+  FactsFile file;
+  nlohmann::json layers = nlohmann::json::array();
   for (size_t l = 0; l < facts.layers.size(); ++l) {
     const FactsLayer& layer = facts.layers[l];
     nlohmann::json names = nlohmann::json::array();
     for (size_t t = 0; t < layer.tensors.size(); ++t) {
       const FactsTensor& tensor = layer.tensors[t];
       names.push_back(tensor.name);
-      entries.push_back({TensorKey(l, t), DType::kU8,
-                         {static_cast<int64_t>(tensor.bytes.size())}, tensor.bytes.data(),
-                         tensor.bytes.size()});
+      file.entries.push_back({TensorKey(l, t), DType::kU8,
+                              {static_cast<int64_t>(tensor.bytes.size())}, tensor.bytes.data(),
+                              tensor.bytes.size()});
     }
     layers.push_back({{"name", layer.name}, {"executed", layer.executed}, {"tensors", names}});
   }
@@ -111,10 +122,24 @@ absl::StatusOr<std::string> EncodeModelFacts(const ModelFacts& facts) {
        {{"code", static_cast<int>(facts.trainable.code())},
         {"message", std::string(facts.trainable.message())}}},
       {"input", SpecJson(facts.input)},
-      {"output", SpecJson(facts.output)}};
+      {"output", SpecJson(facts.output)},
+      {"profile_us", facts.profile_us}};
   // Names come from the model: invalid UTF-8 is replaced rather than thrown on.
-  return SerializeSafetensors(
-      entries, {{kMetadataKey, meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
+  file.metadata[kMetadataKey] = meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!facts.profile_json.empty()) file.metadata[kProfileKey] = facts.profile_json;
+  return file;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeModelFacts(const ModelFacts& facts) {
+  const FactsFile file = ToFile(facts);
+  return SerializeSafetensors(file.entries, file.metadata);
+}
+
+absl::Status WriteModelFacts(const ModelFacts& facts, int fd, absl::string_view what) {
+  const FactsFile file = ToFile(facts);
+  return WriteSafetensorsTo(fd, file.entries, file.metadata, what);
 }
 
 absl::StatusOr<ModelFacts> DecodeModelFacts(std::string bytes, absl::string_view origin,
@@ -188,6 +213,15 @@ absl::StatusOr<ModelFacts> DecodeModelFacts(std::string bytes, absl::string_view
   facts.trainable = absl::Status(static_cast<absl::StatusCode>(code), message);
   PSWITCH_ASSIGN_OR_RETURN(facts.input, read.Spec(meta, "input"));
   PSWITCH_ASSIGN_OR_RETURN(facts.output, read.Spec(meta, "output"));
+  if (meta.contains("profile_us")) {
+    PSWITCH_ASSIGN_OR_RETURN(facts.profile_us, read.Unsigned(meta, "profile_us"));
+  }
+  if (auto profile = file->metadata().find(kProfileKey); profile != file->metadata().end()) {
+    if (profile->second.size() > limits.max_profile_bytes) {
+      return read.Bad(absl::StrCat("the profile is over ", limits.max_profile_bytes, " bytes"));
+    }
+    facts.profile_json = profile->second;
+  }
   facts.keep_alive = std::move(file);
   return facts;
 }

@@ -45,6 +45,11 @@ struct ModelFacts {
   uint64_t optimizer_slot_bytes = 0;
   absl::Status trainable;  // why training tasks are refused, or OK
   FactsTensorSpec input, output;
+  // An "auto" plan's layer profile, measured in the same process at the registered batch (the
+  // profile JSON of grouping/profile.h: untrusted text until parsed), and what measuring it
+  // took. Empty and 0 when none was asked for.
+  std::string profile_json;
+  uint64_t profile_us = 0;
   std::shared_ptr<const void> keep_alive;  // owns the bytes the tensors' spans point into
 };
 
@@ -54,11 +59,15 @@ struct ModelFactsLimits {
   size_t max_layers = 1 << 16;
   size_t max_name_bytes = 1024;
   size_t max_message_bytes = 4096;
+  size_t max_profile_bytes = 16 << 20;
 };
 
 // The facts as a safetensors file: each tensor's bytes as a U8 vector keyed "<layer>/<tensor>" by
-// index, everything else as JSON in the metadata entry "pswitch.facts".
+// index, everything else as JSON in the metadata entry "pswitch.facts", and a profile as the
+// metadata entry "pswitch.profile".
 absl::StatusOr<std::string> EncodeModelFacts(const ModelFacts& facts);
+// The same written to `fd` as it is made, the weights from where they lie (`what` names `fd`).
+absl::Status WriteModelFacts(const ModelFacts& facts, int fd, absl::string_view what);
 
 // Parses and checks untrusted `bytes` (from a child process): InvalidArgument naming `origin` for
 // anything malformed, inconsistent or over the limits. The result owns the bytes.

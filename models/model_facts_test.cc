@@ -68,9 +68,29 @@ TEST_F(ModelFactsTest, RoundTripKeepsLayersBytesAndEveryFact) {
   EXPECT_EQ(decoded->input.dtype, DType::kF32);
   EXPECT_EQ(decoded->input.shape, (std::vector<int64_t>{-1, 3, 32, 32}));
   EXPECT_EQ(decoded->output.dtype, DType::kI64);
+  EXPECT_TRUE(decoded->profile_json.empty());
+  EXPECT_EQ(decoded->profile_us, 0u);
   // The result owns its bytes: the encoded string may go.
   encoded->assign(encoded->size(), '\0');
   EXPECT_EQ(decoded->layers[0].tensors[0].bytes[0], std::byte{0x11});
+}
+
+// An "auto" plan's profile, measured where the facts were made, travels with them; one over
+// the bound is refused.
+TEST_F(ModelFactsTest, AProfileTravelsWithTheFactsWithinItsBound) {
+  facts_.profile_json = R"({"layers": []})";
+  facts_.profile_us = 1234;
+  absl::StatusOr<std::string> encoded = EncodeModelFacts(facts_);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  absl::StatusOr<ModelFacts> decoded = DecodeModelFacts(*encoded, "facts");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->profile_json, facts_.profile_json);
+  EXPECT_EQ(decoded->profile_us, 1234u);
+  ModelFactsLimits limits;
+  limits.max_profile_bytes = 8;
+  EXPECT_EQ(DecodeModelFacts(*encoded, "facts", limits).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectRefused(WithMeta([](auto& m) { m["profile_us"] = -1; }), "negative profile time");
 }
 
 TEST_F(ModelFactsTest, TheUnchangedMetadataDecodes) {

@@ -13,6 +13,7 @@
 #include "models/layer_profiler.h"
 #include "models/registry.h"
 #include "models/training.h"
+#include "models/weight_init.h"
 #include "models/weights.h"
 #include "models/zoo_model.h"
 
@@ -74,6 +75,51 @@ TEST(RegistryTest, ListsEveryZooModel) {
   for (const char* name : {"resnet18", "resnet50", "resnet152", "vgg19", "inception_v3",
                            "bert_base", "bert_large", "gpt2", "tiny_mlp", "tiny_cnn"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+}
+
+// Issue 28: a worker builds a model only to bind it to the weights region, so it skips the
+// seeded draw. The model has the same tensors either way; only the seeded build has the seeded
+// values, and the scope ends with its thread's next build seeded again.
+TEST(RegistryTest, AModelBuiltWithoutItsInitialisersHasItsTensorsButNotTheSeededValues) {
+  const ModelConfig small_bert{{{"hidden_size", 32},
+                                 {"num_hidden_layers", 1},
+                                 {"num_attention_heads", 2},
+                                 {"intermediate_size", 64},
+                                 {"vocab_size", 100},
+                                 {"max_position_embeddings", 16},
+                                 {"seq_len", 8}}};
+  for (const auto& [name, config] :
+       std::vector<std::pair<std::string, ModelConfig>>{{"resnet18", ModelConfig{{{"num_classes", 10}}}},
+                                                       {"inception_v3", ModelConfig{{{"num_classes", 10}}}},
+                                                       {"bert_base", small_bert},
+                                                       {"gpt2", {}}}) {
+    SCOPED_TRACE(name);
+    auto seeded = CreateModel(name, config);
+    ASSERT_TRUE(seeded.ok()) << seeded.status();
+    std::shared_ptr<ZooModel> bare;
+    {
+      SkipWeightInit skip;
+      EXPECT_FALSE(InitWeights());
+      auto built = CreateModel(name, config);
+      ASSERT_TRUE(built.ok()) << built.status();
+      bare = *built;
+    }
+    EXPECT_TRUE(InitWeights());
+    auto again = CreateModel(name, config);
+    ASSERT_TRUE(again.ok()) << again.status();
+    const auto a = (*seeded)->named_parameters(), b = bare->named_parameters(),
+               c = (*again)->named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    bool differs = false;
+    for (const auto& p : a) {
+      const at::Tensor* other = b.find(p.key());
+      ASSERT_NE(other, nullptr) << p.key();
+      EXPECT_EQ(p.value().sizes(), other->sizes()) << p.key();
+      differs = differs || !at::equal(p.value(), *other);
+      EXPECT_TRUE(at::equal(p.value(), *c.find(p.key()))) << p.key() << ": seeded again";
+    }
+    EXPECT_TRUE(differs) << "the bare build drew the seeded values anyway";
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <random>
 #include <cstring>
 #include <limits>
@@ -270,9 +271,12 @@ const SafetensorsTensor* SafetensorsFile::Find(absl::string_view name) const {
   return nullptr;
 }
 
-absl::StatusOr<std::string> SerializeSafetensors(
-    const std::vector<SafetensorsEntry>& entries,
-    const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The file's first part: the header's length (8 bytes, little-endian) and the header, padded
+// with spaces to a multiple of 8 bytes so every tensor starts 8-byte aligned.
+absl::StatusOr<std::string> SafetensorsPrefix(const std::vector<SafetensorsEntry>& entries,
+                                              const std::map<std::string, std::string>& metadata) {
   // nlohmann's ordered_json keeps insertion order, so the header lists tensors in file order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
@@ -300,19 +304,53 @@ absl::StatusOr<std::string> SerializeSafetensors(
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + json.size() + offset);
-  uint64_t header_bytes = json.size();
+  out.reserve(8 + json.size());
+  const uint64_t header_bytes = json.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header_bytes >> (8 * i)) & 0xff));
   out += json;
+  return out;
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t bytes, absl::string_view what) {
+  const char* from = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, from, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoStatus(absl::StrCat("write ", what));
+    from += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<SafetensorsEntry>& entries,
+    const std::map<std::string, std::string>& metadata) {
+  PSWITCH_ASSIGN_OR_RETURN(std::string out, SafetensorsPrefix(entries, metadata));
+  size_t data_bytes = 0;
+  for (const auto& entry : entries) data_bytes += entry.bytes;
+  out.reserve(out.size() + data_bytes);
   for (const auto& entry : entries) {
     out.append(static_cast<const char*>(entry.data), entry.bytes);
   }
   return out;
 }
 
+absl::Status WriteSafetensorsTo(int fd, const std::vector<SafetensorsEntry>& entries,
+                                const std::map<std::string, std::string>& metadata,
+                                absl::string_view what) {
+  PSWITCH_ASSIGN_OR_RETURN(std::string prefix, SafetensorsPrefix(entries, metadata));
+  PSWITCH_RETURN_IF_ERROR(WriteAll(fd, prefix.data(), prefix.size(), what));
+  for (const auto& entry : entries) {
+    PSWITCH_RETURN_IF_ERROR(WriteAll(fd, entry.data, entry.bytes, what));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                               const std::map<std::string, std::string>& metadata) {
-  PSWITCH_ASSIGN_OR_RETURN(std::string bytes, SerializeSafetensors(entries, metadata));
   // A fresh temporary that no one else can have planted (O_EXCL, no symlink followed). This is
   // the local tools' writer, replacing `path` as asked; what pswitchd writes for clients goes
   // through base::ConfinedDir, which never replaces a file.
@@ -321,16 +359,11 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<Safeten
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoStatus(absl::StrCat("create '", tmp, "'"));
-    size_t done = 0;
-    while (done < bytes.size()) {
-      ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        absl::Status status = ErrnoStatus(absl::StrCat("write '", tmp, "'"));
-        ::unlink(tmp.c_str());
-        return status;
-      }
-      done += static_cast<size_t>(n);
+    if (absl::Status written =
+            WriteSafetensorsTo(fd.get(), entries, metadata, absl::StrCat("'", tmp, "'"));
+        !written.ok()) {
+      ::unlink(tmp.c_str());
+      return written;
     }
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -100,6 +100,12 @@ absl::StatusOr<std::string> SerializeSafetensors(
     const std::vector<SafetensorsEntry>& entries,
     const std::map<std::string, std::string>& metadata = {});
 
+// The same file written to `fd` as it is made, tensor by tensor from where they lie (no copy of
+// the whole file in memory); `what` names `fd` in errors.
+absl::Status WriteSafetensorsTo(int fd, const std::vector<SafetensorsEntry>& entries,
+                                const std::map<std::string, std::string>& metadata,
+                                absl::string_view what);
+
 // SerializeSafetensors, written to `path` through a fresh temporary file and rename (replacing
 // `path`: for local tools; files pswitchd writes for clients go through base::ConfinedDir).
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,

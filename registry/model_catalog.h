@@ -24,10 +24,9 @@ enum class ModelState { kRegistering, kReady, kUnloading };
 // Thread-safe. `*daemon` must outlive the catalog.
 class ModelCatalog {
  public:
-  // With an `inspector`, "auto" plans of archives need `auto_plan.profiler` too: this process
-  // never loads an archive then.
+  // With an `inspector` this process never builds a model (RegistrationPipeline).
   ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, AutoPlanProfile auto_plan,
-               ArchiveInspector inspector = nullptr)
+               ModelInspector inspector = nullptr)
       : pipeline_(daemon, region_bytes, std::move(auto_plan), std::move(inspector)) {}
 
   // Slow (builds and profiles the model): call off the scheduling thread. Takes the name, runs

@@ -153,8 +153,8 @@ TEST_F(ModelCatalogTest, AModelBeingRegisteredIsNeitherServedNorUnloadable) {
   absl::Notification inspecting, release;
   ModelCatalog catalog(
       daemon_.get(), 32 << 20, AutoPlanProfile{},
-      [&](const std::string&, int, int, const std::string&,
-          uint64_t) -> absl::StatusOr<models::ModelFacts> {
+      [&](const InspectionRequest& request) -> absl::StatusOr<models::ModelFacts> {
+        if (request.archive_fd < 0) return absl::UnavailableError("no zoo models here");
         inspecting.Notify();
         release.WaitForNotification();
         return absl::InvalidArgumentError("the archive is refused");
@@ -175,7 +175,9 @@ TEST_F(ModelCatalogTest, AModelBeingRegisteredIsNeitherServedNorUnloadable) {
   registering.join();
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(catalog.pinned_bytes(), 0u) << "nothing pinned";
-  EXPECT_TRUE(catalog.Register({"mine", "tiny_mlp", "", 1, "auto"}).ok()) << "the name is free";
+  EXPECT_EQ(catalog.Register({"mine", "tiny_mlp", "", 1, "auto"}).status().code(),
+            absl::StatusCode::kUnavailable)
+      << "the name is free: this registration got as far as the inspector";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "registry/phase_clock.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -11,12 +12,25 @@ PhaseClock::PhaseClock(std::string model) : model_(std::move(model)), since_(abs
 
 void PhaseClock::End(absl::string_view phase) {
   const absl::Time now = absl::Now();
-  phases_.push_back(RegistrationPhase{std::string(phase), now - since_});
+  Record(phase, now - since_);
   since_ = now;
+}
+
+void PhaseClock::EndSplit(absl::string_view first, absl::string_view second,
+                          absl::Duration second_took) {
+  const absl::Time now = absl::Now();
+  second_took = std::clamp(second_took, absl::ZeroDuration(), now - since_);
+  Record(first, now - since_ - second_took);
+  Record(second, second_took);
+  since_ = now;
+}
+
+void PhaseClock::Record(absl::string_view phase, absl::Duration took) {
+  phases_.push_back(RegistrationPhase{std::string(phase), took});
   base::Log(base::LogLevel::kInfo, "registration_phase")
       .Field("model", model_)
       .Field("phase", phase)
-      .FieldMs("ms", phases_.back().took);
+      .FieldMs("ms", took);
 }
 
 std::string FormatPhases(const std::vector<RegistrationPhase>& phases) {

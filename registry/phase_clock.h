@@ -19,11 +19,16 @@ class PhaseClock {
 
   // Ends the phase that ran since the previous End (or construction, or Skip) as `phase`.
   void End(absl::string_view phase);
+  // Ends it as two phases, `first` then `second`, where `second` took `second_took` of it (as
+  // another process measured it: the inspection child's profile).
+  void EndSplit(absl::string_view first, absl::string_view second, absl::Duration second_took);
   // Starts the next phase now: the time since the previous End belongs to none (a wait).
   void Skip() { since_ = absl::Now(); }
   const std::vector<RegistrationPhase>& phases() const { return phases_; }
 
  private:
+  void Record(absl::string_view phase, absl::Duration took);
+
   const std::string model_;
   absl::Time since_;
   std::vector<RegistrationPhase> phases_;

@@ -79,8 +79,9 @@ TensorSpec WireSpec(const std::string& name, const models::FactsTensorSpec& spec
 }  // namespace
 
 absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
-    const ModelRequest& request, const models::ModelSource& source, int archive_fd,
-    models::ZooModel* model, int layout_layers, int executed_layers, PhaseClock& clock) const {
+    const ModelRequest& request, const models::ModelSource& source, models::ZooModel* model,
+    const std::string& profile_json, int layout_layers, int executed_layers,
+    PhaseClock& clock) const {
   if (request.plan != "auto") {
     PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request));
     // A plan made from profile-model output covers the executed layers only.
@@ -95,12 +96,14 @@ absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
     clock.End("plan");
     return plan;
   }
-  if (auto_plan_.profiler) {
-    PSWITCH_ASSIGN_OR_RETURN(grouping::Profile profile,
-                             auto_plan_.profiler(request.zoo_model, archive_fd,
-                                                 request.batch_size));
-    clock.End("profile");
-    PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
+  if (model == nullptr) {
+    // The inspection child's profile: untrusted text until parsed and checked.
+    absl::StatusOr<grouping::Profile> profile = grouping::ParseProfileJson(profile_json);
+    if (!profile.ok()) {
+      return absl::InternalError(absl::StrCat("the inspector's profile is not a profile: ",
+                                              profile.status().message()));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(*profile));
     PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
                              grouping::FindGrouping(cost, grouping::SearchOptions{}));
     clock.End("plan");
@@ -108,11 +111,6 @@ absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
       return CoverTail(outcome.result.plan, executed_layers, layout_layers);
     }
     return absl::InternalError("the profile does not match the model's layers");
-  }
-  if (model == nullptr) {
-    return absl::FailedPreconditionError(
-        "an \"auto\" plan for an archive checked in a child process needs the profiler child "
-        "too; register with a find-grouping plan file");
   }
   models::ProfileOptions options;
   options.batch = request.batch_size;
@@ -178,9 +176,17 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
     archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
     source.archive = std::make_shared<const std::string>(std::move(bytes));
   }
-  // The checkpoint's bytes, read here: the repository's or the server's access rules apply.
+  // The checkpoint's bytes, read here: the repository's or the server's access rules apply. A
+  // file the client passed is already a sealed copy: the inspection child reads that one.
   std::string weights_bytes;
-  if (!request.weights_path.empty()) {
+  const bool passed_weights = request.weights_fd != nullptr && inspector_;
+  if (passed_weights) {
+    PSWITCH_RETURN_IF_ERROR(base::CheckSealedMemoryFile(
+                                *request.weights_fd,
+                                absl::StrCat("weights file '", request.weights_path, "'"),
+                                models::SafetensorsLimits().max_file_bytes)
+                                .status());
+  } else if (!request.weights_path.empty()) {
     const models::SafetensorsLimits limits;
     PSWITCH_ASSIGN_OR_RETURN(weights_bytes,
                              ReadRequestFile(request, request.weights_path, "weights file",
@@ -190,17 +196,30 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
   clock.End("read");
   models::ModelFacts facts;
   std::shared_ptr<models::ZooModel> model;  // built in this process only without an inspector
-  if (archive_fd != nullptr && inspector_) {
+  if (inspector_) {
     UniqueFd weights_fd;
-    if (!request.weights_path.empty()) {
+    if (!request.weights_path.empty() && !passed_weights) {
       PSWITCH_ASSIGN_OR_RETURN(weights_fd,
                                base::SealedMemoryFile("pswitch-weights", weights_bytes));
       weights_bytes.clear();
       weights_bytes.shrink_to_fit();
     }
     source.archive.reset();  // only the child reads it
-    PSWITCH_ASSIGN_OR_RETURN(facts, inspector_(request.name, archive_fd->get(), weights_fd.get(),
-                                               request.weights_path, max_archive_bytes));
+    const bool profile = request.plan == "auto";
+    InspectionRequest inspection{
+        .name = request.name,
+        .zoo = archive_fd != nullptr ? "" : request.zoo_model,
+        .archive_fd = archive_fd != nullptr ? archive_fd->get() : -1,
+        .weights_fd = passed_weights ? request.weights_fd->get() : weights_fd.get(),
+        .weights_name = request.weights_path,
+        .profile_batch = profile ? request.batch_size : 0,
+        .max_facts_bytes = max_archive_bytes};
+    PSWITCH_ASSIGN_OR_RETURN(facts, inspector_(inspection));
+    if (profile) {
+      clock.EndSplit("inspect", "profile", absl::Microseconds(facts.profile_us));
+    } else {
+      clock.End("inspect");
+    }
   } else {
     PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModelFrom(source, request.name));
     if (!request.weights_path.empty()) {
@@ -210,8 +229,8 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
       PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
     }
     PSWITCH_ASSIGN_OR_RETURN(facts, worker::InspectModel(*model));
+    clock.End("inspect");
   }
-  clock.End("inspect");
   const int layout_layers = static_cast<int>(facts.layers.size());
   int executed = 0;
   for (const models::FactsLayer& layer : facts.layers) executed += layer.executed ? 1 : 0;
@@ -226,8 +245,8 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
   entry->input = WireSpec("input", facts.input);
   entry->output = WireSpec("output", facts.output);
   PSWITCH_ASSIGN_OR_RETURN(entry->plan,
-                           MakePlan(request, source, archive_fd ? archive_fd->get() : -1,
-                                    model.get(), layout_layers, executed, clock));
+                           MakePlan(request, source, model.get(), facts.profile_json,
+                                    layout_layers, executed, clock));
   entry->archive = archive_fd;
   entry->archive_bytes = archive_bytes;
   for (const grouping::LayerGroup& g : entry->plan) {

@@ -1,7 +1,7 @@
 // How a registration makes a model's entry, phase by phase (each timed: PhaseClock): read and
-// seal its files; inspect it (an archive in a bounded child, InspectInChild; a zoo model here);
-// fix its grouping plan (a plan file, or "auto": a profile, in the profiler child, and the exact
-// grouping search); check its weights' layout against the weights region; pin its weights in
+// seal its files; inspect it, and profile it for an "auto" plan (pswitchd: both in one bounded
+// child, InspectInChild); fix its grouping plan (a plan file, or "auto": the exact grouping
+// search over that profile); check its weights' layout against the weights region; pin its weights in
 // the memdaemon's store. Names and states are the catalog's (registry/model_catalog.h).
 #ifndef PSWITCH_REGISTRY_REGISTRATION_PIPELINE_H_
 #define PSWITCH_REGISTRY_REGISTRATION_PIPELINE_H_
@@ -16,6 +16,7 @@
 #include "grouping/profile.h"
 #include "memdaemon/memdaemon.h"
 #include "models/model_facts.h"
+#include "registry/inspection_child.h"
 #include "registry/model_entry.h"
 #include "registry/phase_clock.h"
 
@@ -31,30 +32,21 @@ namespace pswitch::registry {
 struct AutoPlanProfile {
   std::string device = "cpu";  // "cpu" or "cuda:N"
   double bandwidth_bytes_per_s = 12e9;  // host backend: the configured copy cap, or PCIe 3 x16
-  // Profiles zoo model `zoo` (or, when `archive_fd` >= 0, the script model in that sealed memory
-  // file) at `batch` on `device` at that bandwidth (pswitchd: in a bounded child process,
-  // ProfileInChild). Unset: in this process (library use, tests).
-  std::function<absl::StatusOr<grouping::Profile>(const std::string& zoo, int archive_fd,
-                                                  uint32_t batch)>
-      profiler;
 };
 
-// The facts of the archive in sealed memory file `archive_fd` registered as `name`, with the
-// checkpoint in sealed memory file `weights_fd` (-1: none; `weights_name` for messages) applied,
-// at most `max_bytes` of them (pswitchd: in a bounded child process, InspectInChild). Unset: the
-// archive is loaded in this process (library use, tests).
-using ArchiveInspector = std::function<absl::StatusOr<models::ModelFacts>(
-    const std::string& name, int archive_fd, int weights_fd, const std::string& weights_name,
-    uint64_t max_bytes)>;
+// A registration's one look at a model (pswitchd: in a bounded child, InspectInChild): its facts,
+// with its profile when the request asks for one. Unset: the model is built, inspected and
+// profiled in this process (library use, tests).
+using ModelInspector =
+    std::function<absl::StatusOr<models::ModelFacts>(const InspectionRequest& request)>;
 
 // Thread-safe (const): registrations of different names may run at once. `*daemon` must
 // outlive it.
 class RegistrationPipeline {
  public:
-  // With an `inspector`, "auto" plans of archives need `auto_plan.profiler` too: this process
-  // never loads an archive then.
+  // With an `inspector` this process never builds a model.
   RegistrationPipeline(memdaemon::MemDaemon* daemon, uint64_t region_bytes,
-                       AutoPlanProfile auto_plan, ArchiveInspector inspector)
+                       AutoPlanProfile auto_plan, ModelInspector inspector)
       : daemon_(daemon),
         region_bytes_(region_bytes),
         auto_plan_(std::move(auto_plan)),
@@ -75,18 +67,19 @@ class RegistrationPipeline {
   absl::Status Release(const CatalogEntry& entry) const;
 
  private:
-  // The request's plan file, or "auto": a quick profile (in the profiler child; without one, of
-  // `model` on the CPU or a fresh instance on a GPU) and the exact search. `model` is null when
-  // the model was inspected in a child.
+  // The request's plan file, or "auto": the exact search over a profile (the inspection
+  // child's, in `profile_json`; without an inspector, one of `model` measured here, on the CPU or
+  // a fresh instance on a GPU). `model` is null when the model was inspected in a child.
   absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request,
-                                               const models::ModelSource& source, int archive_fd,
-                                               models::ZooModel* model, int layout_layers,
+                                               const models::ModelSource& source,
+                                               models::ZooModel* model,
+                                               const std::string& profile_json, int layout_layers,
                                                int executed_layers, PhaseClock& clock) const;
 
   memdaemon::MemDaemon* const daemon_;
   const uint64_t region_bytes_;
   const AutoPlanProfile auto_plan_;
-  const ArchiveInspector inspector_;
+  const ModelInspector inspector_;
 };
 
 }  // namespace pswitch::registry

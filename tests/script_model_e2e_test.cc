@@ -268,14 +268,15 @@ TEST(ScriptModelE2eTest, BrokenArchivesAreRefusedClearlyAndLeaveNothingBehind) {
 
 // pswitchd never loads an archive itself: the check runs in a child (InspectInChild), so an
 // archive that crashes libtorch's loader costs only that registration. Here the child crashes on
-// every archive (a checker that segfaults when asked to inspect, the real worker otherwise): the
-// archive is refused saying so, and pswitchd goes on serving zoo models.
+// every archive (a checker that segfaults when asked to inspect an archive, the real worker
+// otherwise): the archive is refused saying so, and pswitchd goes on registering and serving zoo
+// models.
 TEST(ScriptModelE2eTest, AnArchiveThatCrashesTheCheckerIsRefusedAndPswitchdServesOn) {
   char tmpl[] = "/tmp/pswitch-crashing-checker-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::filesystem::path dir = tmpl;
   const std::filesystem::path checker = dir / "checker";
-  std::ofstream(checker) << "#!/bin/sh\ncase \"$*\" in *--inspect_name=*) kill -SEGV $$;; esac\n"
+  std::ofstream(checker) << "#!/bin/sh\ncase \"$*\" in *--inspect_archive_fd=*) kill -SEGV $$;; esac\n"
                          << "exec " << PSWITCH_WORKER_PATH << " \"$@\"\n";
   std::filesystem::permissions(checker, std::filesystem::perms::owner_all);
   {

@@ -1,19 +1,21 @@
 // pswitch-worker: a worker process, spawned by pswitchd (never by hand): it inherits its control
-// socket and attaches to the memdaemon's socket. With --profile-model it is instead pswitchd's
-// profiler for "auto" plans: it profiles a fresh instance of the model and writes the profile
-// JSON to stdout, so the profile's time and memory are never pswitchd's own. With --inspect-name
-// it is pswitchd's inspector of a pswitch.export archive: it loads and checks the archive, applies
-// the weights checkpoint, and writes the model's facts (models/model_facts.h) to stdout, or a
-// refusal with exit status 3, so a hostile archive meets libtorch's loader outside pswitchd.
+// socket and attaches to the memdaemon's socket. With --inspect-name it is instead pswitchd's
+// inspector of a model being registered (registry/inspection_child.h): it builds the zoo model
+// or loads and checks the archive, applies the weights checkpoint, profiles it for an "auto"
+// plan, and writes the model's facts (models/model_facts.h) to stdout, or a refusal with exit
+// status 3, so neither a model's build and profile nor a hostile archive ever run in pswitchd.
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "base/status.h"
@@ -22,6 +24,7 @@
 #include "models/registry.h"
 #include "models/safetensors.h"
 #include "models/script_model.h"
+#include "models/weight_init.h"
 #include "models/weights.h"
 #include "models/zoo_model.h"
 #include "tools/cli.h"
@@ -37,78 +40,76 @@ ABSL_FLAG(int, attach_secret_fd, -1,
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
-ABSL_FLAG(std::string, profile_model, "", "profile this zoo model and exit (pswitchd's profiler)");
-ABSL_FLAG(uint32_t, profile_batch, 1, "the profile's batch");
-ABSL_FLAG(std::string, profile_device, "cpu", "cpu or cuda:N");
+ABSL_FLAG(std::string, profile_device, "cpu", "where --inspect-profile-batch profiles: cpu or cuda:N");
 ABSL_FLAG(double, profile_bandwidth, 12e9, "the link the plan is made for, bytes/s");
-ABSL_FLAG(int, profile_archive_fd, -1,
-          "profile the script model in this inherited sealed memory file (--profile_model names "
-          "it in messages)");
 
 ABSL_FLAG(std::string, inspect_name, "",
-          "inspect the archive of --inspect-archive-fd as this model and exit (pswitchd's "
-          "inspector)");
+          "inspect --inspect-zoo or the archive of --inspect-archive-fd as this model and exit "
+          "(pswitchd's inspector)");
+ABSL_FLAG(std::string, inspect_zoo, "", "the zoo architecture to inspect");
 ABSL_FLAG(int, inspect_archive_fd, -1, "the inherited sealed memory file holding the archive");
 ABSL_FLAG(int, inspect_weights_fd, -1,
           "an inherited sealed memory file holding a safetensors checkpoint to apply (-1: none)");
 ABSL_FLAG(std::string, inspect_weights_name, "weights", "the checkpoint's name in messages");
+ABSL_FLAG(uint32_t, inspect_profile_batch, 0,
+          "also profile the model at this batch on --profile-device (an \"auto\" plan); 0: no");
 
 namespace {
 
 // Exit status of an inspection that refused the archive; its stdout holds the refusal.
 constexpr int kRefused = 3;
 
-// The profile pswitchd's ModelCatalog made in its own process before: a fresh, seeded instance
-// (layer times do not depend on the weights), 1 warm-up run, 3 measured.
-absl::Status Profile() {
-  using namespace pswitch;  // NOLINT: a tool's entry point
-  PSWITCH_ASSIGN_OR_RETURN(c10::Device device,
-                           models::ResolveDevice(absl::GetFlag(FLAGS_profile_device)));
-  models::ModelSource source{absl::GetFlag(FLAGS_profile_model), nullptr,
-                            absl::GetFlag(FLAGS_profile_model)};
-  if (const int fd = absl::GetFlag(FLAGS_profile_archive_fd); fd >= 0) {
-    UniqueFd archive(fd);
-    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
-                             base::ReadSealedMemoryFile(archive, "the archive to profile",
-                                                        std::numeric_limits<uint64_t>::max()));
-    source.archive = std::make_shared<const std::string>(std::move(bytes));
-  }
-  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
-                           models::CreateModelFrom(source, absl::GetFlag(FLAGS_profile_model)));
-  PSWITCH_RETURN_IF_ERROR(models::CatchTorch("moving the model", [&] { model->to(device); }));
-  models::ProfileOptions options;
-  options.batch = absl::GetFlag(FLAGS_profile_batch);
-  options.warmup_runs = 1;
-  options.measured_runs = 3;
-  options.bandwidth_cap_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
-  options.measured_bandwidth_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelProfile profile,
-                           models::ProfileModel(*model, device, options));
-  const std::string json = models::ProfileToJson(profile).dump();
-  if (std::fwrite(json.data(), 1, json.size(), stdout) != json.size() || std::fflush(stdout) != 0) {
-    return absl::InternalError("writing the profile to stdout failed");
-  }
-  return absl::OkStatus();
-}
-
 bool WriteStdout(const std::string& bytes) {
   return std::fwrite(bytes.data(), 1, bytes.size(), stdout) == bytes.size() &&
          std::fflush(stdout) == 0;
 }
 
-absl::StatusOr<std::string> Inspect() {
+// The layer profile of `model` at `batch` on --profile-device (1 warm-up run, 3 measured; layer
+// times do not depend on the weights), as profile JSON.
+absl::StatusOr<std::string> Profile(pswitch::models::ZooModel& model, uint32_t batch) {
+  using namespace pswitch;  // NOLINT: a tool's entry point
+  PSWITCH_ASSIGN_OR_RETURN(c10::Device device,
+                           models::ResolveDevice(absl::GetFlag(FLAGS_profile_device)));
+  PSWITCH_RETURN_IF_ERROR(models::CatchTorch("moving the model", [&] { model.to(device); }));
+  models::ProfileOptions options;
+  options.batch = batch;
+  // On the CPU the inspection's forward at this batch was the warm-up (Inspect).
+  options.warmup_runs = device.is_cpu() ? 0 : 1;
+  options.measured_runs = 3;
+  options.bandwidth_cap_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
+  options.measured_bandwidth_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelProfile profile,
+                           models::ProfileModel(model, device, options));
+  return models::ProfileToJson(profile).dump();
+}
+
+// A registration's one look at the model: built once (a zoo architecture with seeded random
+// weights, or the archive), the checkpoint applied, its facts collected and, for an "auto" plan,
+// its layers profiled.
+absl::StatusOr<pswitch::models::ModelFacts> Inspect() {
   using namespace pswitch;  // NOLINT: a tool's entry point
   const std::string name = absl::GetFlag(FLAGS_inspect_name);
-  if (absl::GetFlag(FLAGS_inspect_archive_fd) < 0) {
-    return absl::InvalidArgumentError("--inspect-name needs --inspect-archive-fd");
+  const std::string zoo = absl::GetFlag(FLAGS_inspect_zoo);
+  models::ModelSource source{zoo, nullptr, name};
+  if (zoo.empty()) {
+    if (absl::GetFlag(FLAGS_inspect_archive_fd) < 0) {
+      return absl::InvalidArgumentError(
+          "--inspect-name needs --inspect-zoo or --inspect-archive-fd");
+    }
+    UniqueFd archive_fd(absl::GetFlag(FLAGS_inspect_archive_fd));
+    PSWITCH_ASSIGN_OR_RETURN(std::string archive,
+                             base::ReadSealedMemoryFile(archive_fd, "the archive to inspect",
+                                                        std::numeric_limits<uint64_t>::max()));
+    source.archive = std::make_shared<const std::string>(std::move(archive));
   }
-  UniqueFd archive_fd(absl::GetFlag(FLAGS_inspect_archive_fd));
-  PSWITCH_ASSIGN_OR_RETURN(std::string archive,
-                           base::ReadSealedMemoryFile(archive_fd, "the archive to inspect",
-                                                      std::numeric_limits<uint64_t>::max()));
-  models::ModelSource source{"", std::make_shared<const std::string>(std::move(archive)), name};
-  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
-                           models::CreateModelFrom(source, name));
+  std::shared_ptr<models::ZooModel> model;
+  {
+    // A checkpoint replaces every parameter and buffer (LoadWeights refuses one that misses
+    // any): the seeded draw would be wasted.
+    std::optional<models::SkipWeightInit> skip;
+    if (absl::GetFlag(FLAGS_inspect_weights_fd) >= 0) skip.emplace();
+    PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModelFrom(source, name));
+  }
   source.archive.reset();
   if (const int fd = absl::GetFlag(FLAGS_inspect_weights_fd); fd >= 0) {
     UniqueFd weights_fd(fd);
@@ -120,8 +121,20 @@ absl::StatusOr<std::string> Inspect() {
                                                             absl::GetFlag(FLAGS_inspect_weights_name)));
     PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
   }
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, worker::InspectModel(*model));
-  return models::EncodeModelFacts(facts);
+  const uint32_t batch = absl::GetFlag(FLAGS_inspect_profile_batch);
+  // A CPU profile's warm-up is the inspection's own forward pass, at the profile's batch; a GPU
+  // profile warms up there, and the CPU pass stays at batch 1.
+  const bool cpu_profile = absl::GetFlag(FLAGS_profile_device) == "cpu";
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts,
+                           worker::InspectModel(*model, batch > 0 && cpu_profile ? batch : 1));
+  if (batch > 0) {
+    // The facts hold their own references to the weights' host bytes: moving the model to the
+    // device for the profile leaves them as they were collected.
+    const absl::Time start = absl::Now();
+    PSWITCH_ASSIGN_OR_RETURN(facts.profile_json, Profile(*model, batch));
+    facts.profile_us = static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start));
+  }
+  return facts;
 }
 
 }  // namespace
@@ -129,16 +142,13 @@ absl::StatusOr<std::string> Inspect() {
 int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(argc, argv, "pswitch worker process (spawned by pswitchd).");
   if (!absl::GetFlag(FLAGS_inspect_name).empty()) {
-    absl::StatusOr<std::string> facts = Inspect();
+    absl::StatusOr<pswitch::models::ModelFacts> facts = Inspect();
     if (!facts.ok()) return WriteStdout(pswitch::models::EncodeRefusal(facts.status())) ? kRefused : 1;
-    return WriteStdout(*facts) ? 0 : 1;
-  }
-  if (!absl::GetFlag(FLAGS_profile_model).empty()) {
-    absl::Status profiled = Profile();
-    if (!profiled.ok()) {
-      pswitch::base::Log(pswitch::base::LogLevel::kError, "profile_failed")
-          .Field("model", absl::GetFlag(FLAGS_profile_model))
-          .Field("error", profiled);
+    // Written as it is encoded, the weights straight from the model: no copy of them all.
+    absl::Status written = pswitch::models::WriteModelFacts(*facts, STDOUT_FILENO, "stdout");
+    if (!written.ok()) {
+      pswitch::base::Log(pswitch::base::LogLevel::kError, "inspection_output_failed")
+          .Field("error", written);
       return 1;
     }
     return 0;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -27,7 +28,7 @@
 #include "frontend/http_server.h"
 #include "registry/model_repository.h"
 #include "controller/controller.h"
-#include "registry/profile_process.h"
+#include "registry/inspection_child.h"
 #include "base/confined_dir.h"
 #include "base/log.h"
 #include "base/private_dir.h"
@@ -70,13 +71,19 @@ ABSL_FLAG(std::string, socket, "",
           "memdaemon socket for workers (default: memdaemon.sock in a private 0700 directory: "
           "$XDG_RUNTIME_DIR/pswitch, /run/pswitch for root, else a fresh /tmp/pswitch-XXXXXX)");
 ABSL_FLAG(int, standby_workers, 2, "standby workers beside the active one");
+ABSL_FLAG(int, cpu_threads, -1,
+          "CPU threads each worker and registration child may use for its own compute "
+          "(OpenMP, OpenBLAS, MKL pools), so registrations and tasks do not fight over cores; "
+          "-1 = auto (cuda: the cores shared by every worker, 1 to 4 each; host: every core, "
+          "the model's compute is on the CPU); 0 = every core");
 ABSL_FLAG(uint64_t, activation_bytes, 256ull << 20,
           "each worker's arena lease for intermediate tensors (a task exceeding it fails alone)");
 ABSL_FLAG(std::string, policy, "fcfs", "scheduling policy: fcfs, edf or priority");
 ABSL_FLAG(bool, inference_preempts_training, true, "a waiting inference stops a training task");
 ABSL_FLAG(std::string, worker_binary, "", "pswitch-worker path (default: beside pswitchd)");
 ABSL_FLAG(std::string, profiler_binary, "",
-          "the pswitch-worker that profiles \"auto\" plans (default: beside pswitchd)");
+          "the pswitch-worker that inspects (and, for \"auto\" plans, profiles) every model "
+          "being registered (default: beside pswitchd)");
 ABSL_FLAG(std::string, preload, "resnet18,tiny_cnn",
           "zoo models registered at start under their own names (empty: none)");
 ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
@@ -169,10 +176,11 @@ ABSL_FLAG(int, max_fill_loads, 8,
           "fill submissions and estimates handled at once (queued or loading their dataset); "
           "more are refused");
 ABSL_FLAG(uint64_t, profile_memory_bytes, 4ull << 30,
-          "\"auto\" plans are profiled, and archives checked, in a child process: its resident "
-          "memory bound (an archive's check may use four times the archive's size more)");
+          "every model being registered is built, checked and (\"auto\" plans) profiled in a "
+          "child process: its resident memory bound (an archive's check may use four times the "
+          "archive's size more, and the weights file's)");
 ABSL_FLAG(int, profile_timeout_s, 120,
-          "\"auto\" plans' profiling and archives' checks: the child's time bound");
+          "the registration child's time bound (build, check and \"auto\" plans' profile)");
 ABSL_FLAG(int, max_task_time_s, 86400,
           "every task's deadline: a client's own is capped by it, a task without one gets it");
 ABSL_FLAG(bool, insecure, false,
@@ -398,6 +406,24 @@ absl::Status CheckFileDescriptors(bool with_tokens) {
   return absl::OkStatus();
 }
 
+// --cpu-threads as the workers and registration children get it (0: every core).
+int CpuThreads(gpu::Backend backend, int workers) {
+  const int flag = absl::GetFlag(FLAGS_cpu_threads);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  int threads = flag;
+  if (flag < 0) {
+    // A GPU node's workers compute on their GPUs: CPU threads serve model set-up and small host
+    // ops, and many workers share the cores. The host backend's one running worker computes on
+    // the CPU and wants every core.
+    threads = backend == gpu::Backend::kCuda ? std::clamp(cores / std::max(1, workers), 1, 4) : 0;
+  }
+  Log(LogLevel::kInfo, "cpu_threads")
+      .Field("per_process", threads)
+      .Field("cores", cores)
+      .Field("source", flag < 0 ? "auto" : "flag");
+  return threads;
+}
+
 int Main() {
   // A fixed mmap threshold: a client's large frame buffer goes back to the kernel when freed,
   // instead of raising glibc's dynamic threshold and staying in the heap after the connection.
@@ -505,6 +531,8 @@ int Main() {
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  const int cpu_threads = CpuThreads(options.device.backend, gpus * (1 + standby));
+  controller_options.scheduler.spawn.cpu_threads = cpu_threads;
   std::shared_ptr<const base::ConfinedDir> data_root;
   if (!absl::GetFlag(FLAGS_data_root).empty()) {
     absl::StatusOr<base::ConfinedDir> root = base::ConfinedDir::Open(absl::GetFlag(FLAGS_data_root));
@@ -561,7 +589,7 @@ int Main() {
     StartFailed("--profile-timeout-s and --profile-memory-bytes must be positive");
     return 2;
   }
-  registry::ProfileChildOptions profiling;
+  registry::InspectionChildOptions profiling;
   profiling.binary = absl::GetFlag(FLAGS_profiler_binary).empty()
                          ? tools::SiblingBinary("pswitch-worker")
                          : absl::GetFlag(FLAGS_profiler_binary);
@@ -569,17 +597,11 @@ int Main() {
   profiling.bandwidth_bytes_per_s = controller_options.auto_plan.bandwidth_bytes_per_s;
   profiling.memory_bytes = absl::GetFlag(FLAGS_profile_memory_bytes);
   profiling.timeout = absl::Seconds(absl::GetFlag(FLAGS_profile_timeout_s));
-  controller_options.auto_plan.profiler = [profiling](const std::string& zoo, int archive_fd,
-                                                      uint32_t batch) {
-    return registry::ProfileInChild(profiling, zoo, batch, archive_fd);
-  };
-  // pswitchd never loads an archive itself: libtorch's loader is not hardened against a crafted
-  // one.
-  controller_options.archive_inspector = [profiling](const std::string& name, int archive_fd,
-                                                     int weights_fd, const std::string& weights_name,
-                                                     uint64_t max_bytes) {
-    return registry::InspectInChild(profiling, name, archive_fd, weights_fd, weights_name,
-                                      max_bytes);
+  profiling.cpu_threads = cpu_threads;
+  // pswitchd never builds a model itself: a model's build and profile take seconds and hundreds
+  // of MiB, and libtorch's loader is not hardened against a crafted archive.
+  controller_options.inspector = [profiling](const registry::InspectionRequest& request) {
+    return registry::InspectInChild(profiling, request);
   };
   frontend::ClientServerOptions server_options;
   if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {

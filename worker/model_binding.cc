@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "memdaemon/weight_layout.h"
 #include "models/registry.h"
+#include "models/weight_init.h"
 #include "base/status.h"
 
 namespace pswitch::worker {
@@ -68,7 +69,11 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::Mod
                                                                uint64_t expected_bytes,
                                                                c10::Device device) {
   std::unique_ptr<BoundModel> bound(new BoundModel());
-  PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModelFrom(source, name));
+  {
+    // Its parameters are bound to the weights region below: the seeded draw would be wasted.
+    models::SkipWeightInit skip;
+    PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModelFrom(source, name));
+  }
   models::ZooModel& model = *bound->model_;
   // Both modes' orders are recorded now, while the weights are still the model's own: the
   // arena may hold another model's bytes at any time.

@@ -1,5 +1,6 @@
 #include "worker/model_inspection.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -30,7 +31,7 @@ absl::StatusOr<models::FactsTensorSpec> SpecOf(const char* what, const at::Tenso
 
 }  // namespace
 
-absl::StatusOr<models::ModelFacts> InspectModel(models::ZooModel& model) {
+absl::StatusOr<models::ModelFacts> InspectModel(models::ZooModel& model, uint32_t example_batch) {
   model.eval();
   PSWITCH_ASSIGN_OR_RETURN(ModelWeights weights, CollectWeights(model, ""));
   PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* layers, model.Layers());
@@ -47,7 +48,8 @@ absl::StatusOr<models::ModelFacts> InspectModel(models::ZooModel& model) {
   }
   facts.optimizer_slot_bytes = models::OptimizerSlotBytes(model);
   facts.trainable = models::CheckTrainable(model);
-  const models::ModelInput example = model.ExampleInput(1, 0);
+  const models::ModelInput example =
+      model.ExampleInput(static_cast<int64_t>(std::max<uint32_t>(example_batch, 1)), 0);
   PSWITCH_ASSIGN_OR_RETURN(models::ModelOutput out, models::RunForward(model, example));
   PSWITCH_ASSIGN_OR_RETURN(facts.input, SpecOf("input", example.input));
   PSWITCH_ASSIGN_OR_RETURN(facts.output, SpecOf("output", out.output));

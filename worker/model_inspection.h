@@ -14,9 +14,11 @@
 namespace pswitch::worker {
 
 // `model`'s facts in eval mode: its layers and their weights (contiguous copies the result
-// keeps alive), optimizer-slot size, trainability, and input and output from one batch-1 forward
-// pass of its example input.
-absl::StatusOr<models::ModelFacts> InspectModel(models::ZooModel& model);
+// keeps alive), optimizer-slot size, trainability, and input and output from one forward pass
+// of its example input at `example_batch` (the batch a profile is about to run: the pass is
+// then its warm-up too).
+absl::StatusOr<models::ModelFacts> InspectModel(models::ZooModel& model,
+                                                uint32_t example_batch = 1);
 
 // The weights of `facts` as model `name`; the spans point into `facts`, which must outlive it.
 memdaemon::ModelBytes WeightsOf(const models::ModelFacts& facts, const std::string& name);

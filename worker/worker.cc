@@ -286,6 +286,7 @@ absl::StatusOr<models::ModelSource> Worker::SourceOf(const proto::LoadModel& loa
 absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) {
   std::string name = load.name()->str();
   absl::Status status;
+  const int64_t load_start = base::MonotonicNowNs();
   absl::StatusOr<models::ModelSource> source = SourceOf(load, archive);
   archive.Reset();
   if (!source.ok()) {
@@ -303,6 +304,7 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) 
       status = bound.status();
     }
   }
+  const int64_t load_ns = base::MonotonicNowNs() - load_start;
   int64_t warm_ns = 0;
   if (status.ok() && executor_->warms_up()) {
     const int64_t start = base::MonotonicNowNs();
@@ -311,7 +313,7 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) 
   }
   flatbuffers::FlatBufferBuilder b;
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns);
+  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns, load_ns);
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
   return SendEvent(b);
 }

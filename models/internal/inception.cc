@@ -11,6 +11,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include "models/internal/architectures.h"
+#include "models/weight_init.h"
 
 namespace pswitch::models::internal {
 namespace {
@@ -275,6 +276,7 @@ class InceptionV3 : public ZooModel {
   // torchvision: trunc_normal(std=0.1; 0.01 aux conv1; 0.001 aux fc) on conv/linear weights.
   // With |x| <= 2 and std <= 0.1 the truncation is a 20-sigma event, so a clamp is equivalent.
   void Initialize() {
+    if (!InitWeights()) return;
     torch::NoGradGuard no_grad;
     for (auto& module : modules(/*include_self=*/false)) {
       if (auto* basic = module->as<BasicConv2dImpl>()) {

@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "models/gpt2_parts.h"
 #include "models/internal/architectures.h"
+#include "models/weight_init.h"
 
 namespace pswitch::models::internal {
 namespace {
@@ -39,6 +40,7 @@ at::Tensor MergeHeads(const at::Tensor& x) {
 }
 
 void InitTransformerWeights(nn::Module& root) {
+  if (!InitWeights()) return;
   torch::NoGradGuard no_grad;
   for (auto& module : root.modules(/*include_self=*/false)) {
     if (auto* linear = module->as<nn::Linear>()) {
@@ -194,7 +196,9 @@ class Bert : public ZooModel {
 class Conv1DImpl : public nn::Module {
  public:
   Conv1DImpl(int64_t out, int64_t in, double init_std) {
-    weight = register_parameter("weight", at::empty({in, out}).normal_(0, init_std));
+    at::Tensor w = at::zeros({in, out});
+    if (InitWeights()) w.normal_(0, init_std);
+    weight = register_parameter("weight", w);
     bias = register_parameter("bias", at::zeros({out}));
   }
   at::Tensor forward(const at::Tensor& x) {
@@ -276,8 +280,10 @@ class Gpt2 : public ZooModel, public Gpt2Parts {
     ln_f_ = transformer->register_module("ln_f", Norm(embd, 1e-5));
     lm_head_ = register_module("lm_head", TiedLmHead(wte_));
     torch::NoGradGuard no_grad;
-    wte_->weight.normal_(0, 0.02);
-    wpe_->weight.normal_(0, 0.02);
+    if (InitWeights()) {
+      wte_->weight.normal_(0, 0.02);
+      wpe_->weight.normal_(0, 0.02);
+    }
   }
 
   ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {

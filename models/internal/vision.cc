@@ -13,6 +13,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include "models/internal/architectures.h"
+#include "models/weight_init.h"
 
 namespace pswitch::models::internal {
 namespace {
@@ -88,6 +89,7 @@ class ResidualBlockImpl : public nn::Module {
 TORCH_MODULE(ResidualBlock);
 
 void InitConvsAndNorms(nn::Module& root) {
+  if (!InitWeights()) return;
   for (auto& module : root.modules(/*include_self=*/false)) {
     if (auto* conv = module->as<nn::Conv2d>()) {
       nn::init::kaiming_normal_(conv->weight, 0, torch::kFanOut, torch::kReLU);
@@ -194,6 +196,7 @@ class Vgg19 : public ZooModel {
                        nn::Dropout(0.5), nn::Linear(4096, config.Get("num_classes"))));
     InitConvsAndNorms(*this);
     for (auto& module : modules(/*include_self=*/false)) {
+      if (!InitWeights()) break;
       if (auto* linear = module->as<nn::Linear>()) {
         nn::init::normal_(linear->weight, 0, 0.01);
         nn::init::zeros_(linear->bias);

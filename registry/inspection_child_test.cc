@@ -1,0 +1,192 @@
+#include "registry/inspection_child.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "base/files.h"
+#include "gtest/gtest.h"
+#include "grouping/profile.h"
+#include "models/registry.h"
+#include "models/script_model.h"
+#include "worker/model_inspection.h"
+
+namespace pswitch::registry {
+namespace {
+
+// An executable script standing in for pswitch-worker (it ignores the flags).
+class FakeInspector {
+ public:
+  explicit FakeInspector(const std::string& body) {
+    char tmpl[] = "/tmp/pswitch-inspector-XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    path_ = dir_ + "/inspector";
+    std::ofstream(path_) << "#!/bin/sh\n" << body << "\n";
+    ::chmod(path_.c_str(), 0700);
+  }
+  ~FakeInspector() { std::filesystem::remove_all(dir_); }
+  InspectionChildOptions Options() const {
+    InspectionChildOptions options;
+    options.binary = path_;
+    options.timeout = absl::Seconds(10);
+    return options;
+  }
+
+ private:
+  std::string dir_, path_;
+};
+
+// Archives are checked in a child: pswitchd takes only their facts back, the same facts as the
+// archive loaded in this process gives.
+const std::string kArchives = std::string(PSWITCH_TEST_DATA_DIR) + "/archives/";
+
+UniqueFd ArchiveFile(const std::string& file) {
+  auto bytes = base::ReadRegularFile(kArchives + file, "archive", 64 << 20);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  auto fd = base::SealedMemoryFile("archive", bytes.ok() ? *bytes : "");
+  EXPECT_TRUE(fd.ok()) << fd.status();
+  return fd.ok() ? std::move(*fd) : UniqueFd();
+}
+
+absl::StatusOr<models::ModelFacts> Inspect(const InspectionChildOptions& options, const UniqueFd& fd,
+                                           int weights_fd = -1) {
+  return InspectInChild(options, {.name = "m",
+                                  .archive_fd = fd.get(),
+                                  .weights_fd = weights_fd,
+                                  .weights_name = "w.safetensors",
+                                  .max_facts_bytes = 64 << 20});
+}
+
+// The facts made here, in this process, for comparison.
+void ExpectSameFacts(const models::ModelFacts& child, const models::ModelFacts& here) {
+  ASSERT_EQ(child.layers.size(), here.layers.size());
+  for (size_t l = 0; l < here.layers.size(); ++l) {
+    const auto &a = child.layers[l], &b = here.layers[l];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.executed, b.executed);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size()) << a.name;
+    for (size_t t = 0; t < a.tensors.size(); ++t) {
+      EXPECT_EQ(a.tensors[t].name, b.tensors[t].name);
+      ASSERT_EQ(a.tensors[t].bytes.size(), b.tensors[t].bytes.size());
+      EXPECT_EQ(std::memcmp(a.tensors[t].bytes.data(), b.tensors[t].bytes.data(),
+                            a.tensors[t].bytes.size()), 0)
+          << a.name << "." << a.tensors[t].name;
+    }
+  }
+  EXPECT_EQ(child.optimizer_slot_bytes, here.optimizer_slot_bytes);
+  EXPECT_EQ(child.trainable, here.trainable);
+  EXPECT_EQ(child.input.shape, here.input.shape);
+  EXPECT_EQ(child.output.shape, here.output.shape);
+}
+
+InspectionChildOptions RealInspector() {
+  InspectionChildOptions options;
+  options.binary = PSWITCH_WORKER_PATH;
+  options.timeout = absl::Seconds(60);
+  return options;
+}
+
+TEST(InspectInChildTest, TheChildsFactsAreThoseOfTheArchiveLoadedHere) {
+  for (const std::string file : {"residual_cnn.pswitch.pt", "tiny_transformer.pswitch.pt"}) {
+    SCOPED_TRACE(file);
+    UniqueFd fd = ArchiveFile(file);
+    auto facts = Inspect(RealInspector(), fd);
+    ASSERT_TRUE(facts.ok()) << facts.status();
+    auto bytes = base::ReadRegularFile(kArchives + file, "archive", 64 << 20);
+    auto model = models::LoadScriptModel(file, *bytes, file);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto here = worker::InspectModel(**model);
+    ASSERT_TRUE(here.ok()) << here.status();
+    ExpectSameFacts(*facts, *here);
+    EXPECT_TRUE(facts->profile_json.empty()) << "no profile was asked for";
+  }
+}
+
+// Issue 28 item 1: zoo models are inspected in the child too, seeded as this process would
+// build them, and an "auto" plan's profile is measured there in the same run.
+TEST(InspectInChildTest, AZooModelsFactsAndProfileComeFromOneChild) {
+  auto facts = InspectInChild(RealInspector(), {.name = "m",
+                                                .zoo = "tiny_cnn",
+                                                .profile_batch = 2,
+                                                .max_facts_bytes = 64 << 20});
+  ASSERT_TRUE(facts.ok()) << facts.status();
+  auto model = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto here = worker::InspectModel(**model);
+  ASSERT_TRUE(here.ok()) << here.status();
+  ExpectSameFacts(*facts, *here);
+  auto profile = grouping::ParseProfileJson(facts->profile_json);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->layers.size(), here->layers.size());
+  for (const grouping::LayerProfile& layer : profile->layers) EXPECT_GE(layer.exec_s, 0);
+  EXPECT_GT(facts->profile_us, 0u);
+  auto unknown = InspectInChild(RealInspector(), {.name = "m", .zoo = "no_such_model",
+                                                  .max_facts_bytes = 64 << 20});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("no_such_model"), absl::string_view::npos)
+      << unknown.status();
+}
+
+// Trust-boundary issue, item 6: profiling at the client's batch ran inside pswitchd (batch 64:
+// 26 s and +522 MiB of pswitchd's memory). In the child it is held to a memory bound and a time
+// bound, and killed at either.
+TEST(InspectInChildTest, AnInspectionOverItsMemoryBoundIsKilled) {
+  InspectionChildOptions options = RealInspector();
+  options.memory_bytes = 8 << 20;  // less than libtorch alone takes
+  const absl::Time start = absl::Now();
+  auto facts = InspectInChild(options, {.name = "m", .zoo = "tiny_mlp", .profile_batch = 2,
+                                        .max_facts_bytes = 64 << 20});
+  EXPECT_EQ(facts.status().code(), absl::StatusCode::kResourceExhausted) << facts.status();
+  EXPECT_NE(facts.status().message().find("--profile-memory-bytes"), absl::string_view::npos);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(InspectInChildTest, TheArchivesRefusalComesBackNamingTheParameter) {
+  UniqueFd fd = ArchiveFile("float64.pt");
+  auto facts = Inspect(RealInspector(), fd);
+  EXPECT_EQ(facts.status().code(), absl::StatusCode::kInvalidArgument) << facts.status();
+  EXPECT_NE(facts.status().message().find("parameter 'fc.weight'"), absl::string_view::npos)
+      << facts.status();
+  // A checkpoint that does not fit the archive: the child's LoadWeights says which key.
+  UniqueFd good = ArchiveFile("residual_cnn.pswitch.pt");
+  const std::vector<float> w(3, 1.0f);
+  auto weights = models::SerializeSafetensors({{"no.such.key", models::DType::kF32, {3}, w.data(), 12}});
+  auto weights_fd = base::SealedMemoryFile("weights", *weights);
+  auto loaded = Inspect(RealInspector(), good, weights_fd->get());
+  EXPECT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("w.safetensors"), absl::string_view::npos)
+      << loaded.status();
+}
+
+TEST(InspectInChildTest, ACrashHangOrGarbleInTheCheckerIsARefusalNotACrash) {
+  UniqueFd fd = ArchiveFile("residual_cnn.pswitch.pt");
+  FakeInspector crashes("kill -SEGV $$");
+  auto crashed = Inspect(crashes.Options(), fd);
+  EXPECT_EQ(crashed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(crashed.status().message().find("killed by signal 11"), absl::string_view::npos)
+      << crashed.status();
+  FakeInspector garbled("echo 'not facts'");
+  EXPECT_EQ(Inspect(garbled.Options(), fd).status().code(), absl::StatusCode::kInvalidArgument);
+  FakeInspector lies("printf '{\"code\": 0, \"message\": \"fine\"}'; exit 3");
+  EXPECT_EQ(Inspect(lies.Options(), fd).status().code(), absl::StatusCode::kInternal);
+  FakeInspector floods("head -c 20000000 /dev/zero");
+  auto flooded = InspectInChild(floods.Options(),
+                                {.name = "m", .archive_fd = fd.get(), .max_facts_bytes = 1 << 20});
+  EXPECT_EQ(flooded.status().code(), absl::StatusCode::kResourceExhausted) << flooded.status();
+  FakeInspector hangs("exec sleep 60");
+  InspectionChildOptions options = hangs.Options();
+  options.timeout = absl::Milliseconds(300);
+  EXPECT_EQ(Inspect(options, fd).status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Closing stdout and living on does not hold the registration past the timeout.
+  FakeInspector lingers("exec 1>&-; sleep 60");
+  options = lingers.Options();
+  options.timeout = absl::Milliseconds(300);
+  EXPECT_EQ(Inspect(options, fd).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace pswitch::registry

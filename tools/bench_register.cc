@@ -1,0 +1,162 @@
+// bench-register: how long registering a model takes, phase by phase (read, inspect, profile,
+// plan, pin, load: docs/architecture.md), against loading the same weights into the same model
+// once in a plain process, measured in the same run. One pswitchd; each model registered
+// --rounds times (a new name each round, unloaded after it) with its weights as a safetensors
+// file passed over the Unix socket and an "auto" plan, as a user registers a model of their own.
+//
+//   bench-register [--models resnet152,bert_base,archive] [--rounds 3] [--backend host]
+//                  [--batch 1]
+//
+// "archive" is tests/data/archives/residual_cnn.pswitch.pt (a pswitch.export archive). Prints,
+// per model, the median of each phase and of the whole registration as the client saw it, the
+// baseline's median (build the model, load the checkpoint: what any server must do once), and
+// their ratio. Target (issue 28): ResNet-152 in at most 3 s on the 2-core host, 2 s on an H100.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/files.h"
+#include "client/client.h"
+#include "models/registry.h"
+#include "models/script_model.h"
+#include "models/weights.h"
+#include "tools/bench_stats.h"
+#include "tools/cli.h"
+#include "tools/pswitchd_process.h"
+
+ABSL_FLAG(std::string, models, "resnet152,bert_base,archive",
+          "zoo models to register, and \"archive\" for a pswitch.export archive");
+ABSL_FLAG(int, rounds, 3, "registrations of each model (medians are printed)");
+ABSL_FLAG(std::string, backend, "host", "pswitchd's backend");
+ABSL_FLAG(uint32_t, batch, 1, "the registered batch (the profile's)");
+ABSL_FLAG(std::string, archive, PSWITCH_TEST_DATA_DIR "/archives/residual_cnn.pswitch.pt",
+          "the archive registered as \"archive\"");
+
+namespace pswitch {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "bench-register: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+// What registering one model is compared with: its weights file and how to build it here.
+struct Subject {
+  std::string label;
+  std::string zoo;      // empty: the archive
+  std::string weights;  // a safetensors file of its weights (zoo models)
+};
+
+// The baseline: build the model and load its checkpoint once in this process, what any server
+// must do before it can serve a model it is given.
+absl::StatusOr<double> BaselineSeconds(const Subject& s, const std::string& archive_path) {
+  const absl::Time start = absl::Now();
+  if (s.zoo.empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                             base::ReadRegularFile(archive_path, "archive", 8ull << 30));
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model,
+                             models::LoadScriptModel(s.label, bytes, archive_path));
+  } else {
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> model, models::CreateModel(s.zoo));
+    PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, s.weights));
+  }
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+int Run() {
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  if (rounds < 1) return Fail(absl::InvalidArgumentError("--rounds must be at least 1"));
+  char tmpl[] = "/tmp/bench-register-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return Fail(absl::InternalError("mkdtemp failed"));
+  const std::filesystem::path dir = tmpl;
+
+  // Each zoo model's weights as a user brings them: a safetensors file (seeded, written here).
+  std::vector<Subject> subjects;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',',
+                                               absl::SkipEmpty())) {
+    Subject s{std::string(name), name == "archive" ? "" : std::string(name), ""};
+    if (!s.zoo.empty()) {
+      auto model = models::CreateModel(s.zoo, {}, /*seed=*/7);
+      if (!model.ok()) return Fail(model.status());
+      auto tensors = models::StateDict(**model);
+      if (!tensors.ok()) return Fail(tensors.status());
+      s.weights = (dir / (s.zoo + ".safetensors")).string();
+      if (absl::Status w = models::WriteTensors(s.weights, *tensors); !w.ok()) return Fail(w);
+    }
+    subjects.push_back(std::move(s));
+  }
+
+  tools::PswitchdProcess daemon(
+      tools::SiblingBinary("pswitchd"),
+      {"--backend=" + absl::GetFlag(FLAGS_backend), "--listen=127.0.0.1:0", "--preload=",
+       "--unix-socket=" + (dir / "pswitchd.sock").string(),
+       "--socket=" + (dir / "m.sock").string()},
+      (dir / "pswitchd.log").string());
+  if (daemon.port() == 0) return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
+  auto client = client::Client::Connect("unix:" + (dir / "pswitchd.sock").string());
+  if (!client.ok()) return Fail(client.status());
+
+  std::printf("bench-register: %s backend, batch %u, %d rounds; baseline: build the model and "
+              "load its checkpoint in this process, same run (medians, seconds)\n",
+              absl::GetFlag(FLAGS_backend).c_str(), absl::GetFlag(FLAGS_batch), rounds);
+  const std::vector<std::string> phase_names = {"read", "inspect", "profile", "plan", "pin",
+                                                "load"};
+  std::printf("%-10s", "model");
+  for (const std::string& p : phase_names) std::printf(" %8s", p.c_str());
+  std::printf(" %9s %9s %9s\n", "total", "baseline", "x");
+  for (const Subject& s : subjects) {
+    std::map<std::string, std::vector<double>> phases;
+    std::vector<double> totals, baselines;
+    for (int r = 0; r < rounds; ++r) {
+      // The baseline and the registration alternate, so both see the same machine.
+      auto baseline = BaselineSeconds(s, absl::GetFlag(FLAGS_archive));
+      if (!baseline.ok()) return Fail(baseline.status());
+      baselines.push_back(*baseline);
+      client::RegisterOptions options;
+      options.name = absl::StrCat(s.label, "-", r);
+      options.zoo_model = s.zoo;
+      options.weights_path = s.weights;
+      options.archive_path = s.zoo.empty() ? absl::GetFlag(FLAGS_archive) : "";
+      options.batch_size = absl::GetFlag(FLAGS_batch);
+      options.plan = "auto";
+      const absl::Time start = absl::Now();
+      auto registered = (*client)->Register(options);
+      const double total = absl::ToDoubleSeconds(absl::Now() - start);
+      if (!registered.ok()) return Fail(registered.status());
+      totals.push_back(total);
+      for (const auto& [phase, took] : registered->phases) {
+        phases[phase].push_back(absl::ToDoubleSeconds(took));
+      }
+      if (absl::Status unloaded = (*client)->Unload(options.name); !unloaded.ok()) {
+        return Fail(unloaded);
+      }
+    }
+    std::printf("%-10s", s.label.c_str());
+    for (const std::string& p : phase_names) {
+      absl::StatusOr<double> m = phases.contains(p) ? tools::Median(phases[p])
+                                                    : absl::StatusOr<double>(0.0);
+      std::printf(" %8.3f", m.ok() ? *m : -1.0);
+    }
+    const double total = *tools::Median(totals), baseline = *tools::Median(baselines);
+    std::printf(" %9.3f %9.3f %9.2f\n", total, baseline, total / baseline);
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pswitch
+
+int main(int argc, char** argv) {
+  pswitch::tools::ParseToolFlags(argc, argv,
+                                 "registration time per phase against a plain build and load.");
+  return pswitch::Run();
+}
