@@ -153,7 +153,8 @@ constexpr absl::Duration kSample = absl::Milliseconds(10);
 
 absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec) {
   // A memory file rather than a pipe: nothing to drain while waiting, and its size is the bound.
-  UniqueFd out(::memfd_create("pswitch-child-stdout", MFD_CLOEXEC));
+  UniqueFd out(::memfd_create("pswitch-child-stdout",
+                              MFD_CLOEXEC | (spec.map_output ? MFD_ALLOW_SEALING : 0)));
   if (!out.valid()) return ErrnoStatus("memfd_create for a child's output");
   PSWITCH_ASSIGN_OR_RETURN(pid_t pid, SpawnChild({.argv = spec.argv,
                                                   .inherit_fds = spec.inherit_fds,
@@ -191,6 +192,16 @@ absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec)
   if (static_cast<uint64_t>(st.st_size) > spec.max_output_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat(spec.what, " wrote more than ", spec.max_output_bytes, " bytes"));
+  }
+  // Sealed, the output can no longer change under a mapping; a descendant still holding it
+  // writable makes the seal fail (EBUSY), and then it is copied as it is now.
+  if (spec.map_output &&
+      ::fcntl(out.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) ==
+          0) {
+    PSWITCH_ASSIGN_OR_RETURN(result.mapped_output,
+                             MappedFile::MapSealed(out, absl::StrCat("the output of ", spec.what),
+                                                   spec.max_output_bytes));
+    return result;
   }
   result.output.resize(static_cast<size_t>(st.st_size));
   size_t done = 0;

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/mapped_file.h"
 
 namespace pswitch::base {
 
@@ -48,11 +50,19 @@ struct BoundedChildSpec {
   std::string what;                      // "profiling 'x' at batch 2", for messages
   std::string memory_hint;               // appended to the ResourceExhausted message
   std::string timeout_hint;              // appended to the DeadlineExceeded message
+  // Large output: sealed and mapped once the child has exited, not copied (falls back to a copy
+  // when something the child left behind still holds it writable).
+  bool map_output = false;
 };
 
 struct BoundedChildResult {
   int wait_status = 0;
-  std::string output;  // its stdout: untrusted
+  // Its stdout (untrusted): mapped when asked for and possible, else copied into `output`.
+  std::string output;
+  std::shared_ptr<const MappedFile> mapped_output;
+  absl::string_view bytes() const {
+    return mapped_output != nullptr ? mapped_output->bytes() : absl::string_view(output);
+  }
 };
 
 // Runs the child until it exits (any status: the caller judges it) and returns what it wrote to

@@ -144,9 +144,18 @@ absl::Status WriteModelFacts(const ModelFacts& facts, int fd, absl::string_view 
 
 absl::StatusOr<ModelFacts> DecodeModelFacts(std::string bytes, absl::string_view origin,
                                             const ModelFactsLimits& limits) {
+  auto owner = std::make_shared<const std::string>(std::move(bytes));
+  const absl::string_view view(*owner);
+  return DecodeModelFacts(std::move(owner), view, origin, limits);
+}
+
+absl::StatusOr<ModelFacts> DecodeModelFacts(std::shared_ptr<const void> owner,
+                                            absl::string_view bytes, absl::string_view origin,
+                                            const ModelFactsLimits& limits) {
   const Reader read(origin);
-  PSWITCH_ASSIGN_OR_RETURN(SafetensorsFile parsed,
-                           SafetensorsFile::Parse(std::move(bytes), origin, limits.file));
+  PSWITCH_ASSIGN_OR_RETURN(
+      SafetensorsFile parsed,
+      SafetensorsFile::ParseShared(std::move(owner), bytes, origin, limits.file));
   auto file = std::make_shared<const SafetensorsFile>(std::move(parsed));
   auto meta_it = file->metadata().find(kMetadataKey);
   if (meta_it == file->metadata().end()) {

@@ -73,6 +73,10 @@ absl::Status WriteModelFacts(const ModelFacts& facts, int fd, absl::string_view 
 // anything malformed, inconsistent or over the limits. The result owns the bytes.
 absl::StatusOr<ModelFacts> DecodeModelFacts(std::string bytes, absl::string_view origin,
                                             const ModelFactsLimits& limits = {});
+// The same for `bytes` that `owner` keeps valid (a mapping of the child's output: no copy).
+absl::StatusOr<ModelFacts> DecodeModelFacts(std::shared_ptr<const void> owner,
+                                            absl::string_view bytes, absl::string_view origin,
+                                            const ModelFactsLimits& limits = {});
 
 // A refusal as the child reports it (JSON: code and message), and back. DecodeRefusal never
 // returns OK: an OK code or malformed text is an Internal error naming `origin`; a message over

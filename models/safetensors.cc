@@ -154,6 +154,15 @@ int64_t SafetensorsTensor::NumElements() const {
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::string_view origin,
                                                        const SafetensorsLimits& limits) {
+  auto owner = std::make_shared<const std::string>(std::move(bytes));
+  const absl::string_view view(*owner);
+  return ParseShared(std::move(owner), view, origin, limits);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::ParseShared(std::shared_ptr<const void> owner,
+                                                             absl::string_view bytes,
+                                                             absl::string_view origin,
+                                                             const SafetensorsLimits& limits) {
   auto bad = [&](const absl::Status& status) {
     return absl::Status(status.code(),
                         absl::StrCat("safetensors '", origin, "': ", status.message()));
@@ -184,8 +193,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
   const uint64_t data_begin = 8 + header_bytes;
   const uint64_t data_bytes = bytes.size() - data_begin;
 
-  absl::StatusOr<nlohmann::json> parsed = base::ParseUntrustedJson(
-      absl::string_view(bytes).substr(8, header_bytes), "header");
+  absl::StatusOr<nlohmann::json> parsed =
+      base::ParseUntrustedJson(bytes.substr(8, header_bytes), "header");
   if (!parsed.ok()) return invalid(parsed.status().message());
   nlohmann::json header = std::move(*parsed);
   if (!header.is_object()) return invalid("header is not a JSON object");
@@ -243,8 +252,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, absl::
                                 expected_begin, " (trailing bytes belong to no tensor)"));
   }
 
-  file.bytes_ = std::move(bytes);
-  const auto* data = reinterpret_cast<const uint8_t*>(file.bytes_.data()) + data_begin;
+  file.owner_ = std::move(owner);
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + data_begin;
   std::vector<SafetensorsTensor> ordered;
   ordered.reserve(spans.size());
   for (const Span& span : spans) {

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ class SafetensorsFile {
   // Parses `bytes` (the whole file). `origin` names the source in error messages.
   static absl::StatusOr<SafetensorsFile> Parse(std::string bytes, absl::string_view origin,
                                                const SafetensorsLimits& limits = {});
+  // The same for `bytes` that `owner` keeps valid (a mapping of the file: no copy of it).
+  static absl::StatusOr<SafetensorsFile> ParseShared(std::shared_ptr<const void> owner,
+                                                     absl::string_view bytes,
+                                                     absl::string_view origin,
+                                                     const SafetensorsLimits& limits = {});
   // Reads and parses the file at `path`.
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path,
                                               const SafetensorsLimits& limits = {});
@@ -79,7 +85,7 @@ class SafetensorsFile {
   SafetensorsFile() = default;
 
   std::string origin_;
-  std::string bytes_;
+  std::shared_ptr<const void> owner_;  // keeps the bytes the tensors point into
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -59,9 +59,11 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& 
            .memory_hint =
                absl::StrCat(" (--profile-memory-bytes plus four times the archive's size)",
                             profiling),
-           .timeout_hint = absl::StrCat(" (--profile-timeout-s)", profiling)}));
+           .timeout_hint = absl::StrCat(" (--profile-timeout-s)", profiling),
+           // The facts hold the weights: decoded where the child wrote them, not copied.
+           .map_output = true}));
   if (WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == kRefused) {
-    return models::DecodeRefusal(run.output, what);
+    return models::DecodeRefusal(run.bytes(), what);
   }
   if (!WIFEXITED(run.wait_status) || WEXITSTATUS(run.wait_status) != 0) {
     // For an archive, most likely the archive itself: a crafted file can crash libtorch's loader.
@@ -69,6 +71,10 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& 
         what, " failed: the inspector ", base::DescribeExit(run.wait_status),
         " (see pswitchd's log)",
         request.zoo.empty() ? "; the archive is damaged or not a pswitch.export archive" : ""));
+  }
+  if (run.mapped_output != nullptr) {
+    const absl::string_view bytes = run.mapped_output->bytes();
+    return models::DecodeModelFacts(std::move(run.mapped_output), bytes, what);
   }
   return models::DecodeModelFacts(std::move(run.output), what);
 }

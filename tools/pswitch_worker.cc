@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "base/mapped_file.h"
 #include "base/status.h"
 #include "models/layer_profiler.h"
 #include "models/model_facts.h"
@@ -113,12 +114,15 @@ absl::StatusOr<pswitch::models::ModelFacts> Inspect() {
   source.archive.reset();
   if (const int fd = absl::GetFlag(FLAGS_inspect_weights_fd); fd >= 0) {
     UniqueFd weights_fd(fd);
-    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
-                             base::ReadSealedMemoryFile(weights_fd, "the weights checkpoint",
-                                                        std::numeric_limits<uint64_t>::max()));
-    PSWITCH_ASSIGN_OR_RETURN(models::SafetensorsFile file,
-                             models::SafetensorsFile::Parse(std::move(bytes),
-                                                            absl::GetFlag(FLAGS_inspect_weights_name)));
+    // Mapped, not read: the checkpoint's bytes go once, into the model's tensors.
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<const base::MappedFile> mapped,
+                             base::MappedFile::MapSealed(weights_fd, "the weights checkpoint",
+                                                         std::numeric_limits<uint64_t>::max()));
+    const absl::string_view bytes = mapped->bytes();
+    PSWITCH_ASSIGN_OR_RETURN(
+        models::SafetensorsFile file,
+        models::SafetensorsFile::ParseShared(std::move(mapped), bytes,
+                                             absl::GetFlag(FLAGS_inspect_weights_name)));
     PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
   }
   const uint32_t batch = absl::GetFlag(FLAGS_inspect_profile_batch);
