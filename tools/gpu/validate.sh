@@ -47,7 +47,8 @@ budget="${PSWITCH_VALIDATE_BUDGET_S:-565}"
 reserve=20  # seconds kept back at the end of a phase: kill grace, summary, artifacts
 models=(resnet152 inception_v3 bert_base)
 targets=(pswitchd pswitch-worker pswitchctl run-model profile-model find-grouping bench-transfer
-  bench-switch bench-dataplane pipetrain gpu_test memdaemon_ipc_test worker_cuda_test)
+  bench-switch bench-dataplane bench-register pipetrain gpu_test memdaemon_ipc_test
+  worker_cuda_test)
 export PYTHONUNBUFFERED=1
 
 say() { echo "validate: $*"; }
@@ -246,6 +247,20 @@ cmd_dataplane() {
   # issue's target on CUDA: the input's host-to-device copy queued ahead of it, <= 0.5 ms).
   awk '$1 ~ /^[0-9.]+$/ && NF >= 5 { printf "FIG dataplane %s MB %s: p50 %s ms, %s GB/s%s%s\n", $1, $2, $3, $5, (NF >= 6 ? ", " $6 " x memcpy+0.2ms" : ""), (NF >= 9 && $9 != "-" ? ", first layer " $9 " ms after arrival" : "") }' \
     "$work/dataplane.out"
+  return "$rc"
+}
+
+# --- register: registration time per phase (ResNet-152, BERT-base, an archive) against building
+# the model and loading its checkpoint in a plain process, same run (issue 28: ResNet-152 <= 2 s
+# on an H100) ---
+cmd_register() {
+  need bench-register pswitchd pswitch-worker
+  local rounds=3
+  [ "$quick" = 1 ] && rounds=1
+  "$bin/bench-register" --backend=cuda --rounds="$rounds" | tee "$work/register.out"
+  local rc=${PIPESTATUS[0]}
+  awk 'NF == 10 && $1 != "model" { printf "FIG register %s: %s s (read %s, inspect %s, profile %s, plan %s, pin %s, load %s), baseline %s s, %s x\n", $1, $8, $2, $3, $4, $5, $6, $7, $9, $10 }' \
+    "$work/register.out"
   return "$rc"
 }
 
@@ -690,6 +705,7 @@ do_run() {
     step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"
   done
   step dataplane $((q ? 60 : 90)) "$self" _dataplane
+  step register $((q ? 40 : 75)) "$self" _register
   step bubbles $((q ? 80 : 150)) "$self" _bubbles
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
   step rest $((q ? 90 : 120)) "$self" _rest
