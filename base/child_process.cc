@@ -193,11 +193,11 @@ absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec)
     return absl::ResourceExhaustedError(
         absl::StrCat(spec.what, " wrote more than ", spec.max_output_bytes, " bytes"));
   }
-  // Sealed, the output can no longer change under a mapping; a descendant still holding it
-  // writable makes the seal fail (EBUSY), and then it is copied as it is now.
-  if (spec.map_output &&
-      ::fcntl(out.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) ==
-          0) {
+  // Sealed, the output can no longer change under a mapping: a descendant still holding it open
+  // finds its writes refused. One holding a shared mapping of it (or a child that sealed it
+  // itself) makes the seal fail, and then it is copied as it is now.
+  if (spec.map_output && ::fcntl(out.get(), F_ADD_SEALS,
+                                 F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0) {
     PSWITCH_ASSIGN_OR_RETURN(result.mapped_output,
                              MappedFile::MapSealed(out, absl::StrCat("the output of ", spec.what),
                                                    spec.max_output_bytes));

@@ -51,7 +51,7 @@ struct BoundedChildSpec {
   std::string memory_hint;               // appended to the ResourceExhausted message
   std::string timeout_hint;              // appended to the DeadlineExceeded message
   // Large output: sealed and mapped once the child has exited, not copied (falls back to a copy
-  // when something the child left behind still holds it writable).
+  // when something the child left behind holds a mapping of it, or it was sealed already).
   bool map_output = false;
 };
 

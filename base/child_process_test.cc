@@ -1,10 +1,13 @@
 #include "base/child_process.h"
 
+#include <poll.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "base/unique_fd.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::base {
@@ -15,12 +18,12 @@ namespace {
 TEST(ChildProcessTest, AChildsEnvironmentTakesTheGivenEntriesAndKeepsTheRest) {
   ::setenv("OMP_NUM_THREADS", "9", 1);
   ::setenv("PSWITCH_TEST_KEPT", "kept", 1);
-  auto run = RunBoundedChild(
-      {.argv = {"/bin/sh", "-c",
-                "printf '%s:%s:%s' \"$OMP_NUM_THREADS\" \"$OPENBLAS_NUM_THREADS\" "
-                "\"$PSWITCH_TEST_KEPT\""},
-       .env = CpuThreadsEnv(3),
-       .what = "the environment probe"});
+  auto run =
+      RunBoundedChild({.argv = {"/bin/sh", "-c",
+                                "printf '%s:%s:%s' \"$OMP_NUM_THREADS\" \"$OPENBLAS_NUM_THREADS\" "
+                                "\"$PSWITCH_TEST_KEPT\""},
+                       .env = CpuThreadsEnv(3),
+                       .what = "the environment probe"});
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->output, "3:3:kept");
   auto unchanged = RunBoundedChild({.argv = {"/bin/sh", "-c", "printf '%s' \"$OMP_NUM_THREADS\""},
@@ -33,20 +36,33 @@ TEST(ChildProcessTest, AChildsEnvironmentTakesTheGivenEntriesAndKeepsTheRest) {
 }
 
 // A large output is sealed and mapped, not copied; a descendant the child left holding its
-// stdout can no longer change what was mapped.
+// stdout can no longer change what was mapped. The descendant waits for the test's word on one
+// pipe, tries to write over the output's start, and reports whether that write failed on another.
 TEST(ChildProcessTest, AMappedOutputIsSealedAgainstWhatTheChildLeftBehind) {
-  auto run = RunBoundedChild(
-      // The descendant reopens the output and writes over its start (as a shared writable file
-      // it could also shrink it, which would fault a mapping).
-      {.argv = {"/bin/sh", "-c",
-                "printf first; (sleep 0.2; printf XXXXX 1<>/proc/self/fd/1) 2>/dev/null & exit 0"},
-       .what = "the output probe",
-       .map_output = true});
+  int go[2], done[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  UniqueFd go_read(go[0]), go_write(go[1]), done_read(done[0]), done_write(done[1]);
+  const std::string script =
+      absl::StrCat("printf first; (read _ <&", go_read.get(),
+                   "; printf XXXXX 1<>/proc/self/fd/1 2>/dev/null", " && echo written >&",
+                   done_write.get(), " || echo refused >&", done_write.get(), ") & exit 0");
+  auto run = RunBoundedChild({.argv = {"/bin/sh", "-c", script},
+                              .inherit_fds = {go_read.get(), done_write.get()},
+                              .what = "the output probe",
+                              .map_output = true});
   ASSERT_TRUE(run.ok()) << run.status();
+  go_read.Reset();
+  done_write.Reset();
   ASSERT_NE(run->mapped_output, nullptr);
   EXPECT_TRUE(run->output.empty()) << "not copied";
   EXPECT_EQ(run->bytes(), "first");
-  ::usleep(400'000);  // the descendant's write fails: the file is sealed against writes
+  ASSERT_EQ(::write(go_write.get(), "\n", 1), 1);
+  pollfd answered{done_read.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&answered, 1, 10'000), 1) << "the descendant never answered";
+  char said[16] = {};
+  ASSERT_GT(::read(done_read.get(), said, sizeof(said) - 1), 0);
+  EXPECT_EQ(std::string(said), "refused\n");
   EXPECT_EQ(run->bytes(), "first");
   auto copied = RunBoundedChild({.argv = {"/bin/sh", "-c", "printf first"}, .what = "the probe"});
   ASSERT_TRUE(copied.ok()) << copied.status();

@@ -20,8 +20,8 @@ class MappedFile {
   // most `max_bytes` (base::CheckSealedMemoryFile). The mapping holds its own reference to the
   // file: `fd` may be closed.
   static absl::StatusOr<std::shared_ptr<const MappedFile>> MapSealed(const UniqueFd& fd,
-                                                                    absl::string_view what,
-                                                                    uint64_t max_bytes);
+                                                                     absl::string_view what,
+                                                                     uint64_t max_bytes);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -443,8 +443,8 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
       ControllerReplyBody::Registered,
       [](const ControllerReply* reply) -> absl::StatusOr<RegisteredModel> {
         auto* r = reply->body_as_Registered();
-        RegisteredModel model{r->name() ? r->name()->str() : "", r->layers(), r->groups(),
-                              r->param_bytes(), {}};
+        RegisteredModel model{
+            r->name() ? r->name()->str() : "", r->layers(), r->groups(), r->param_bytes(), {}};
         if (r->phases() != nullptr) {
           for (const proto::RegistrationPhase* p : *r->phases()) {
             model.phases.emplace_back(p->name() ? p->name()->str() : "",

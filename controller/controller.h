@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/gpu_scheduler.h"
-#include "registry/model_catalog.h"
 #include "memdaemon/memdaemon.h"
+#include "registry/model_catalog.h"
 
 namespace pswitch::controller {
 
@@ -65,15 +65,15 @@ class Controller {
   using RequestMaker = std::function<absl::StatusOr<registry::ModelRequest>()>;
   void Register(RequestMaker make_request, RegisterCallback done);
   // Registers `name`, a copy of registered model `original` owned by `owner`
-  // (registry::ModelCatalog::RegisterCopy: its weights as they are when the registration thread gets to
-  // it), then loads it into every worker; `done` as Register's.
+  // (registry::ModelCatalog::RegisterCopy: its weights as they are when the registration thread
+  // gets to it), then loads it into every worker; `done` as Register's.
   void RegisterCopy(std::string original, std::string name, std::string owner,
                     RegisterCallback done);
   // Unloads model `name` from every GPU (GpuScheduler::DropModel says what happens to its
   // tasks), then frees its pinned weights and releases the name. Ordered with registrations (on
   // the registration thread), so a model's load into the workers always precedes its unload.
-  // `done` gets NotFound / FailedPrecondition (registry::ModelCatalog::BeginUnload), or OK once it is
-  // freed, from some scheduler's thread.
+  // `done` gets NotFound / FailedPrecondition (registry::ModelCatalog::BeginUnload), or OK once it
+  // is freed, from some scheduler's thread.
   void Unload(std::string name, std::function<void(absl::Status)> done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);

@@ -16,9 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "registry/model_catalog.h"
 #include "dataplane/transfer_region.h"
 #include "proto/host_tensor.h"
+#include "registry/model_catalog.h"
 
 namespace pswitch::controller {
 

@@ -299,11 +299,10 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request, LoadSlot slot)
       own.batch_size = request.batch;
       own.archive_fd = (*entry)->archive;  // the archive registered, even if its file changed
     }
-    controller_->Register(
-        std::move(own),
-        [this, id](const absl::StatusOr<Controller::Registered>& registered) {
-          OnCreated(id, registered.status());
-        });
+    controller_->Register(std::move(own),
+                          [this, id](const absl::StatusOr<Controller::Registered>& registered) {
+                            OnCreated(id, registered.status());
+                          });
   }
   return id;
 }

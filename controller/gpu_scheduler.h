@@ -52,17 +52,17 @@
 #include "controller/blocking_work.h"
 #include "controller/bubble_admission.h"
 #include "controller/event_loop.h"
-#include "registry/model_catalog.h"
 #include "controller/state_checkpoints.h"
 #include "controller/stop_deadline.h"
 #include "controller/switcher.h"
 #include "controller/task_queue.h"
 #include "controller/task_registry.h"
-#include "controller/telemetry.h"
 #include "controller/task_spec.h"
+#include "controller/telemetry.h"
 #include "controller/training_state.h"
 #include "controller/worker_pool.h"
 #include "controller/worker_process.h"
+#include "registry/model_catalog.h"
 
 namespace pswitch::controller {
 

@@ -28,11 +28,11 @@
 
 #include "absl/status/statusor.h"
 #include "controller/event_loop.h"
-#include "registry/model_catalog.h"
 #include "controller/residency.h"
 #include "controller/task_spec.h"
 #include "controller/worker_pool.h"
 #include "memdaemon/transmitter.h"
+#include "registry/model_catalog.h"
 
 namespace pswitch::controller {
 

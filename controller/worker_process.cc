@@ -56,10 +56,10 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
     args.push_back(absl::StrCat("--attach_secret_fd=", secret_read.get()));
     inherit.push_back(secret_read.get());
   }
-  PSWITCH_ASSIGN_OR_RETURN(
-      pid_t pid, base::SpawnChild({.argv = std::move(args),
-                                   .inherit_fds = std::move(inherit),
-                                   .env = base::CpuThreadsEnv(options.cpu_threads)}));
+  PSWITCH_ASSIGN_OR_RETURN(pid_t pid,
+                           base::SpawnChild({.argv = std::move(args),
+                                             .inherit_fds = std::move(inherit),
+                                             .env = base::CpuThreadsEnv(options.cpu_threads)}));
   child_end.Reset();
   secret_read.Reset();
   return std::unique_ptr<WorkerProcess>(new WorkerProcess(

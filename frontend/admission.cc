@@ -17,10 +17,10 @@
 namespace pswitch::frontend {
 namespace {
 
-using registry::CatalogEntry;
-using registry::EntryRef;
 using controller::TaskOutcome;
 using controller::TaskSpec;
+using registry::CatalogEntry;
+using registry::EntryRef;
 
 // The answer for a model `who` may not see: the catalog's own for an unknown one.
 absl::Status NoModel(absl::string_view model) {

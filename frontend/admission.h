@@ -30,11 +30,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "registry/model_catalog.h"
 #include "controller/task_spec.h"
 #include "dataplane/region_table.h"
 #include "frontend/auth.h"
 #include "frontend/client_quota.h"
+#include "registry/model_catalog.h"
 
 namespace pswitch::controller {
 class Controller;
@@ -133,8 +133,7 @@ class TaskAdmission {
                     std::string copy_name, Accepted accepted, Done done);
 
   // The model `who` names, if it may see it; NotFound otherwise, as for an unknown model.
-  absl::StatusOr<registry::EntryRef> FindModel(const Principal& who,
-                                                 absl::string_view model) const;
+  absl::StatusOr<registry::EntryRef> FindModel(const Principal& who, absl::string_view model) const;
   // The models `who` may see, in name order.
   std::vector<registry::EntryRef> ListModels(const Principal& who) const;
   // Whether `who` may unload `model`: NotFound if it may not see it, PermissionDenied if it may

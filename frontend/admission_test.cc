@@ -15,11 +15,11 @@
 namespace pswitch::frontend {
 namespace {
 
-using registry::CatalogEntry;
-using registry::EntryRef;
 using controller::TaskKind;
 using controller::TaskOutcome;
 using controller::TaskSpec;
+using registry::CatalogEntry;
+using registry::EntryRef;
 using ::testing::HasSubstr;
 
 // The catalog and queue admission talks to, held in memory. Copies register when the test says

@@ -35,16 +35,16 @@
 
 namespace pswitch::frontend {
 
-using registry::EntryRef;
 using controller::FillJobStatus;
 using controller::FillStats;
 using controller::GpuScheduler;
-using registry::ModelRequest;
 using controller::SwitchTimeline;
 using controller::TaskKind;
 using controller::TaskOutcome;
 using controller::TaskSpec;
 using controller::TaskStatus;
+using registry::EntryRef;
+using registry::ModelRequest;
 namespace {
 
 // What a connection may hold before it authenticates (an Authenticate is far smaller), so the
@@ -546,10 +546,10 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                 b, b.CreateString(p.name),
                 static_cast<uint64_t>(absl::ToInt64Microseconds(p.took))));
           }
-          auto registered = proto::CreateRegistered(
-              b, b.CreateString(entry->request.name), entry->layers,
-              static_cast<uint32_t>(entry->plan.size()), entry->weight_bytes,
-              b.CreateVector(phases));
+          auto registered =
+              proto::CreateRegistered(b, b.CreateString(entry->request.name), entry->layers,
+                                      static_cast<uint32_t>(entry->plan.size()),
+                                      entry->weight_bytes, b.CreateVector(phases));
           proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
                                                         registered.Union()));
           self->PostAwaitedReply(Bytes(b));

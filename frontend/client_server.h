@@ -35,7 +35,6 @@
 #include "asio.hpp"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
-#include "registry/model_repository.h"
 #include "dataplane/region_table.h"
 #include "frontend/admission.h"
 #include "frontend/auth.h"
@@ -43,6 +42,7 @@
 #include "frontend/client_quota.h"
 #include "frontend/unix_socket_file.h"
 #include "proto/framed_connection.h"
+#include "registry/model_repository.h"
 
 namespace pswitch::frontend {
 

@@ -34,8 +34,6 @@
 
 namespace pswitch::frontend {
 
-using registry::CatalogEntry;
-using registry::EntryRef;
 using controller::FillJobStatus;
 using controller::FillRequest;
 using controller::FillStats;
@@ -48,6 +46,8 @@ using controller::TaskKind;
 using controller::TaskOutcome;
 using controller::TaskSpec;
 using controller::TaskStatus;
+using registry::CatalogEntry;
+using registry::EntryRef;
 using registry::TensorSpec;
 
 namespace {
@@ -1217,8 +1217,8 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
             return respond(std::move(res));
           }
           const controller::SwitchTimeline& t = out->timeline;
-          if (std::string timing = ServerTiming(t.arrival_ns, t.first_layer_start_ns,
-                                                base::MonotonicNowNs());
+          if (std::string timing =
+                  ServerTiming(t.arrival_ns, t.first_layer_start_ns, base::MonotonicNowNs());
               !timing.empty()) {
             answer->set_header("Server-Timing", timing);
           }

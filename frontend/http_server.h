@@ -27,7 +27,6 @@
 #include "absl/time/time.h"
 #include "controller/controller.h"
 #include "controller/fill_manager.h"
-#include "registry/model_repository.h"
 #include "controller/telemetry.h"
 #include "dataplane/region_table.h"
 #include "frontend/admission.h"
@@ -38,13 +37,14 @@
 #include "frontend/http_transport.h"
 #include "frontend/triton_shm.h"
 #include "frontend/waiting_requests.h"
+#include "registry/model_repository.h"
 
 namespace pswitch::frontend {
 
 using controller::Controller;
 using controller::FillManager;
-using registry::ModelRepository;
 using controller::Telemetry;
+using registry::ModelRepository;
 
 // Bodies of requests other than infer (tasks, fill jobs, cycles, repository requests) are small
 // JSON documents, parsed whole.

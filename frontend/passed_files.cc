@@ -17,7 +17,7 @@
 namespace pswitch::frontend {
 namespace {
 
-// As the catalog bounds files it reads by path (controller/model_catalog.cc).
+// As registration bounds files it reads by path (registry/registration_pipeline.cc).
 constexpr uint64_t kMaxPlanBytes = 16 << 20;
 constexpr uint64_t kMaxArchiveBytes = 64ull << 30;
 

@@ -16,8 +16,8 @@
 #include "absl/strings/string_view.h"
 #include "base/unique_fd.h"
 #include "controller/fill_request.h"
-#include "registry/model_catalog.h"
 #include "proto/client_generated.h"
+#include "registry/model_catalog.h"
 
 namespace pswitch::frontend {
 

@@ -1,5 +1,5 @@
 // fuzz_plan: a grouping plan file as pswitchd reads it at registration
-// (controller/model_catalog.cc ReadPlanFile and MakePlan): base::ParseUntrustedJson, the
+// (registry/registration_pipeline.cc ReadPlanFile and MakePlan): base::ParseUntrustedJson, the
 // "groups" member through grouping::PlanFromJson, then grouping::ValidatePlan.
 //
 // ValidatePlan must agree with a plain reading of its promise (a contiguous cover of layers

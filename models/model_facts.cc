@@ -108,22 +108,23 @@ FactsFile ToFile(const ModelFacts& facts) {
     for (size_t t = 0; t < layer.tensors.size(); ++t) {
       const FactsTensor& tensor = layer.tensors[t];
       names.push_back(tensor.name);
-      file.entries.push_back({TensorKey(l, t), DType::kU8,
-                              {static_cast<int64_t>(tensor.bytes.size())}, tensor.bytes.data(),
+      file.entries.push_back({TensorKey(l, t),
+                              DType::kU8,
+                              {static_cast<int64_t>(tensor.bytes.size())},
+                              tensor.bytes.data(),
                               tensor.bytes.size()});
     }
     layers.push_back({{"name", layer.name}, {"executed", layer.executed}, {"tensors", names}});
   }
-  const nlohmann::json meta = {
-      {"format", kFormat},
-      {"layers", std::move(layers)},
-      {"optimizer_slot_bytes", facts.optimizer_slot_bytes},
-      {"trainable",
-       {{"code", static_cast<int>(facts.trainable.code())},
-        {"message", std::string(facts.trainable.message())}}},
-      {"input", SpecJson(facts.input)},
-      {"output", SpecJson(facts.output)},
-      {"profile_us", facts.profile_us}};
+  const nlohmann::json meta = {{"format", kFormat},
+                               {"layers", std::move(layers)},
+                               {"optimizer_slot_bytes", facts.optimizer_slot_bytes},
+                               {"trainable",
+                                {{"code", static_cast<int>(facts.trainable.code())},
+                                 {"message", std::string(facts.trainable.message())}}},
+                               {"input", SpecJson(facts.input)},
+                               {"output", SpecJson(facts.output)},
+                               {"profile_us", facts.profile_us}};
   // Names come from the model: invalid UTF-8 is replaced rather than thrown on.
   file.metadata[kMetadataKey] = meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (!facts.profile_json.empty()) file.metadata[kProfileKey] = facts.profile_json;

@@ -83,17 +83,17 @@ TEST(RegistryTest, ListsEveryZooModel) {
 // values, and the scope ends with its thread's next build seeded again.
 TEST(RegistryTest, AModelBuiltWithoutItsInitialisersHasItsTensorsButNotTheSeededValues) {
   const ModelConfig small_bert{{{"hidden_size", 32},
-                                 {"num_hidden_layers", 1},
-                                 {"num_attention_heads", 2},
-                                 {"intermediate_size", 64},
-                                 {"vocab_size", 100},
-                                 {"max_position_embeddings", 16},
-                                 {"seq_len", 8}}};
-  for (const auto& [name, config] :
-       std::vector<std::pair<std::string, ModelConfig>>{{"resnet18", ModelConfig{{{"num_classes", 10}}}},
-                                                       {"inception_v3", ModelConfig{{{"num_classes", 10}}}},
-                                                       {"bert_base", small_bert},
-                                                       {"gpt2", {}}}) {
+                                {"num_hidden_layers", 1},
+                                {"num_attention_heads", 2},
+                                {"intermediate_size", 64},
+                                {"vocab_size", 100},
+                                {"max_position_embeddings", 16},
+                                {"seq_len", 8}}};
+  for (const auto& [name, config] : std::vector<std::pair<std::string, ModelConfig>>{
+           {"resnet18", ModelConfig{{{"num_classes", 10}}}},
+           {"inception_v3", ModelConfig{{{"num_classes", 10}}}},
+           {"bert_base", small_bert},
+           {"gpt2", {}}}) {
     SCOPED_TRACE(name);
     auto seeded = CreateModel(name, config);
     ASSERT_TRUE(seeded.ok()) << seeded.status();

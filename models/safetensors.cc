@@ -7,19 +7,19 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <random>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
 #include "base/files.h"
 #include "base/json.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "nlohmann/json.hpp"
 
 namespace pswitch::models {
 namespace {

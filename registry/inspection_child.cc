@@ -25,9 +25,8 @@ uint64_t FileBytes(int fd) {
 absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& options,
                                                   const InspectionRequest& request) {
   const std::string what =
-      request.zoo.empty()
-          ? absl::StrCat("checking the archive of '", request.name, "'")
-          : absl::StrCat("inspecting '", request.name, "' (", request.zoo, ")");
+      request.zoo.empty() ? absl::StrCat("checking the archive of '", request.name, "'")
+                          : absl::StrCat("inspecting '", request.name, "' (", request.zoo, ")");
   std::vector<std::string> argv = {options.binary, absl::StrCat("--inspect_name=", request.name)};
   if (request.zoo.empty()) {
     argv.push_back(absl::StrCat("--inspect_archive_fd=", request.archive_fd));
@@ -56,9 +55,11 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& 
            .timeout = options.timeout,
            .max_output_bytes = request.max_facts_bytes,
            .what = what,
-           .memory_hint =
-               absl::StrCat(" (--profile-memory-bytes plus four times the archive's size)",
-                            profiling),
+           .memory_hint = absl::StrCat(request.zoo.empty()
+                                           ? " (--profile-memory-bytes plus four times the "
+                                             "archive's size and the checkpoint's)"
+                                           : " (--profile-memory-bytes plus the checkpoint's size)",
+                                       profiling),
            .timeout_hint = absl::StrCat(" (--profile-timeout-s)", profiling),
            // The facts hold the weights: decoded where the child wrote them, not copied.
            .map_output = true}));
@@ -66,11 +67,14 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& 
     return models::DecodeRefusal(run.bytes(), what);
   }
   if (!WIFEXITED(run.wait_status) || WEXITSTATUS(run.wait_status) != 0) {
-    // For an archive, most likely the archive itself: a crafted file can crash libtorch's loader.
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " failed: the inspector ", base::DescribeExit(run.wait_status),
-        " (see pswitchd's log)",
-        request.zoo.empty() ? "; the archive is damaged or not a pswitch.export archive" : ""));
+    const std::string how =
+        absl::StrCat(what, " failed: the inspector ", base::DescribeExit(run.wait_status),
+                     " (see pswitchd's log)");
+    // For an archive, most likely the archive itself: a crafted file can crash libtorch's
+    // loader. A zoo model's build is pswitchd's own: its crash is not the client's fault.
+    if (!request.zoo.empty()) return absl::InternalError(how);
+    return absl::InvalidArgumentError(
+        absl::StrCat(how, "; the archive is damaged or not a pswitch.export archive"));
   }
   if (run.mapped_output != nullptr) {
     const absl::string_view bytes = run.mapped_output->bytes();

@@ -7,7 +7,8 @@
 // - for an "auto" plan it also profiles the model at the registered batch, in the same process
 //   and on the workers' device: seconds of compute and hundreds of MiB that pswitchd must not
 //   spend in its own process (a batch-64 profile once took 26 s and +522 MiB of pswitchd's).
-// pswitchd itself never builds a model.
+// pswitchd never builds a model to register it. Every registration is held to the child's
+// bounds (--profile-memory-bytes, --profile-timeout-s), whatever its plan.
 #ifndef PSWITCH_REGISTRY_INSPECTION_CHILD_H_
 #define PSWITCH_REGISTRY_INSPECTION_CHILD_H_
 
@@ -36,19 +37,20 @@ struct InspectionChildOptions {
 
 // What one inspection is asked.
 struct InspectionRequest {
-  std::string name;         // the model's registered name (messages)
-  std::string zoo;          // a zoo architecture; empty: the archive in `archive_fd`
-  int archive_fd = -1;      // a sealed memory file (the child inherits it)
-  int weights_fd = -1;      // a sealed memory file holding a safetensors checkpoint; -1: none
-  std::string weights_name;  // the checkpoint's name in messages
+  std::string name;            // the model's registered name (messages)
+  std::string zoo;             // a zoo architecture; empty: the archive in `archive_fd`
+  int archive_fd = -1;         // a sealed memory file (the child inherits it)
+  int weights_fd = -1;         // a sealed memory file holding a safetensors checkpoint; -1: none
+  std::string weights_name;    // the checkpoint's name in messages
   uint32_t profile_batch = 0;  // > 0: profile at this batch too (ModelFacts::profile_json)
   uint64_t max_facts_bytes = 0;
 };
 
 // The model's facts. The child's refusal as it reports it (InvalidArgument naming the layer or
-// parameter, FailedPrecondition, ...); ResourceExhausted past the memory bound or for facts over
-// `max_facts_bytes`; DeadlineExceeded past the timeout; InvalidArgument for a model that crashed
-// the inspector or whose facts are malformed.
+// parameter, NotFound for an unknown zoo model, FailedPrecondition, ...); ResourceExhausted past
+// the memory bound or for facts over `max_facts_bytes`; DeadlineExceeded past the timeout;
+// InvalidArgument for an archive that crashed the inspector or facts that are malformed;
+// Internal for a zoo model's build that crashed it.
 absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& options,
                                                   const InspectionRequest& request);
 

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "base/files.h"
-#include "gtest/gtest.h"
 #include "grouping/profile.h"
+#include "gtest/gtest.h"
 #include "models/registry.h"
 #include "models/script_model.h"
 #include "worker/model_inspection.h"
@@ -52,8 +52,8 @@ UniqueFd ArchiveFile(const std::string& file) {
   return fd.ok() ? std::move(*fd) : UniqueFd();
 }
 
-absl::StatusOr<models::ModelFacts> Inspect(const InspectionChildOptions& options, const UniqueFd& fd,
-                                           int weights_fd = -1) {
+absl::StatusOr<models::ModelFacts> Inspect(const InspectionChildOptions& options,
+                                           const UniqueFd& fd, int weights_fd = -1) {
   return InspectInChild(options, {.name = "m",
                                   .archive_fd = fd.get(),
                                   .weights_fd = weights_fd,
@@ -73,7 +73,8 @@ void ExpectSameFacts(const models::ModelFacts& child, const models::ModelFacts& 
       EXPECT_EQ(a.tensors[t].name, b.tensors[t].name);
       ASSERT_EQ(a.tensors[t].bytes.size(), b.tensors[t].bytes.size());
       EXPECT_EQ(std::memcmp(a.tensors[t].bytes.data(), b.tensors[t].bytes.data(),
-                            a.tensors[t].bytes.size()), 0)
+                            a.tensors[t].bytes.size()),
+                0)
           << a.name << "." << a.tensors[t].name;
     }
   }
@@ -109,10 +110,9 @@ TEST(InspectInChildTest, TheChildsFactsAreThoseOfTheArchiveLoadedHere) {
 // Issue 28 item 1: zoo models are inspected in the child too, seeded as this process would
 // build them, and an "auto" plan's profile is measured there in the same run.
 TEST(InspectInChildTest, AZooModelsFactsAndProfileComeFromOneChild) {
-  auto facts = InspectInChild(RealInspector(), {.name = "m",
-                                                .zoo = "tiny_cnn",
-                                                .profile_batch = 2,
-                                                .max_facts_bytes = 64 << 20});
+  auto facts = InspectInChild(
+      RealInspector(),
+      {.name = "m", .zoo = "tiny_cnn", .profile_batch = 2, .max_facts_bytes = 64 << 20});
   ASSERT_TRUE(facts.ok()) << facts.status();
   auto model = models::CreateModel("tiny_cnn");
   ASSERT_TRUE(model.ok()) << model.status();
@@ -124,8 +124,8 @@ TEST(InspectInChildTest, AZooModelsFactsAndProfileComeFromOneChild) {
   EXPECT_EQ(profile->layers.size(), here->layers.size());
   for (const grouping::LayerProfile& layer : profile->layers) EXPECT_GE(layer.exec_s, 0);
   EXPECT_GT(facts->profile_us, 0u);
-  auto unknown = InspectInChild(RealInspector(), {.name = "m", .zoo = "no_such_model",
-                                                  .max_facts_bytes = 64 << 20});
+  auto unknown = InspectInChild(RealInspector(),
+                                {.name = "m", .zoo = "no_such_model", .max_facts_bytes = 64 << 20});
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
   EXPECT_NE(unknown.status().message().find("no_such_model"), absl::string_view::npos)
       << unknown.status();
@@ -138,8 +138,8 @@ TEST(InspectInChildTest, AnInspectionOverItsMemoryBoundIsKilled) {
   InspectionChildOptions options = RealInspector();
   options.memory_bytes = 8 << 20;  // less than libtorch alone takes
   const absl::Time start = absl::Now();
-  auto facts = InspectInChild(options, {.name = "m", .zoo = "tiny_mlp", .profile_batch = 2,
-                                        .max_facts_bytes = 64 << 20});
+  auto facts = InspectInChild(
+      options, {.name = "m", .zoo = "tiny_mlp", .profile_batch = 2, .max_facts_bytes = 64 << 20});
   EXPECT_EQ(facts.status().code(), absl::StatusCode::kResourceExhausted) << facts.status();
   EXPECT_NE(facts.status().message().find("--profile-memory-bytes"), absl::string_view::npos);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -154,7 +154,8 @@ TEST(InspectInChildTest, TheArchivesRefusalComesBackNamingTheParameter) {
   // A checkpoint that does not fit the archive: the child's LoadWeights says which key.
   UniqueFd good = ArchiveFile("residual_cnn.pswitch.pt");
   const std::vector<float> w(3, 1.0f);
-  auto weights = models::SerializeSafetensors({{"no.such.key", models::DType::kF32, {3}, w.data(), 12}});
+  auto weights =
+      models::SerializeSafetensors({{"no.such.key", models::DType::kF32, {3}, w.data(), 12}});
   auto weights_fd = base::SealedMemoryFile("weights", *weights);
   auto loaded = Inspect(RealInspector(), good, weights_fd->get());
   EXPECT_FALSE(loaded.ok());

@@ -13,14 +13,14 @@ absl::Status ModelCatalog::Reserve(const std::string& name) {
   auto [it, added] = models_.try_emplace(name);
   if (added) return absl::OkStatus();
   if (it->second.state == ModelState::kUnloading) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", name, "' is being unloaded; register it again once that is done"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", name, "' is being unloaded; register it again once that is done"));
   }
   return absl::AlreadyExistsError(absl::StrCat("model '", name, "' already registered"));
 }
 
-absl::StatusOr<EntryRef> ModelCatalog::Settle(
-    const std::string& name, absl::StatusOr<std::unique_ptr<CatalogEntry>> entry) {
+absl::StatusOr<EntryRef> ModelCatalog::Settle(const std::string& name,
+                                              absl::StatusOr<std::unique_ptr<CatalogEntry>> entry) {
   absl::MutexLock lock(&mu_);
   if (!entry.ok()) {
     models_.erase(name);

@@ -45,8 +45,7 @@ TEST_F(ModelCatalogTest, AutoPlanOnAGpuIsProfiledThereOrRefusedWithTheRemedy) {
     return;
   }
   EXPECT_EQ(entry.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(entry.status().message().find("plan file"), absl::string_view::npos)
-      << entry.status();
+  EXPECT_NE(entry.status().message().find("plan file"), absl::string_view::npos) << entry.status();
   EXPECT_FALSE(catalog.Find("m").ok()) << "nothing is half-registered";
   EXPECT_TRUE(catalog.Register({"m", "tiny_cnn", "", 2, "auto"}).status().code() ==
               absl::StatusCode::kFailedPrecondition)
@@ -151,14 +150,14 @@ TEST_F(ModelCatalogTest, ARegistrationReportsItsPhasesInOrder) {
 // cannot be unloaded; a failed registration frees the name.
 TEST_F(ModelCatalogTest, AModelBeingRegisteredIsNeitherServedNorUnloadable) {
   absl::Notification inspecting, release;
-  ModelCatalog catalog(
-      daemon_.get(), 32 << 20, AutoPlanProfile{},
-      [&](const InspectionRequest& request) -> absl::StatusOr<models::ModelFacts> {
-        if (request.archive_fd < 0) return absl::UnavailableError("no zoo models here");
-        inspecting.Notify();
-        release.WaitForNotification();
-        return absl::InvalidArgumentError("the archive is refused");
-      });
+  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{},
+                       [&](const InspectionRequest& request) -> absl::StatusOr<models::ModelFacts> {
+                         if (request.archive_fd < 0)
+                           return absl::UnavailableError("no zoo models here");
+                         inspecting.Notify();
+                         release.WaitForNotification();
+                         return absl::InvalidArgumentError("the archive is refused");
+                       });
   absl::StatusOr<UniqueFd> archive = base::SealedMemoryFile("archive", "not read here");
   ASSERT_TRUE(archive.ok());
   ModelRequest request{"mine", "torchscript", "", 1, "auto"};

@@ -63,15 +63,15 @@ struct TensorSpec {
 // the catalog or an unload still waits for its tasks (only the schedulers read it).
 struct CatalogEntry {
   ModelRequest request;
-  TensorSpec input;   // "input"
-  TensorSpec output;  // "output"
+  TensorSpec input;                                // "input"
+  TensorSpec output;                               // "output"
   const memdaemon::StoredModel* stored = nullptr;  // owned by the memdaemon's weight store
   // `stored`'s layer count and bytes, for front ends (which must not read `stored`).
   uint32_t layers = 0;
   uint64_t weight_bytes = 0;
-  grouping::GroupPlan plan;                        // covers every layout layer
-  std::vector<uint32_t> group_last_layer;          // plan as the worker protocol wants it
-  uint64_t optimizer_slot_bytes = 0;               // models::OptimizerSlotBytes of the model
+  grouping::GroupPlan plan;                // covers every layout layer
+  std::vector<uint32_t> group_last_layer;  // plan as the worker protocol wants it
+  uint64_t optimizer_slot_bytes = 0;       // models::OptimizerSlotBytes of the model
   // A script model's archive as a sealed memory file, passed to every worker that loads it.
   std::shared_ptr<const UniqueFd> archive;
   uint64_t archive_bytes = 0;
@@ -82,9 +82,9 @@ struct CatalogEntry {
 using EntryRef = std::shared_ptr<const CatalogEntry>;
 
 // One phase of a registration and its wall time, in the order they ran: "read" (files read and
-// sealed), "inspect" (the model's facts), "profile" and "plan" (an "auto" plan: the layer
-// profile, then the grouping search), "pin" (weights into the pinned store), "load" (every
-// worker built and bound it, warm-ups included).
+// sealed), "inspect" (the model's facts), "profile" (an "auto" plan's layer profile), "plan"
+// (the grouping search, or the plan file checked), "pin" (weights into the pinned store), "load"
+// (every worker built and bound it, warm-ups included).
 struct RegistrationPhase {
   std::string name;
   absl::Duration took;

@@ -67,11 +67,11 @@ absl::StatusOr<std::vector<std::string>> ModelRepository::Index() const {
 }
 
 absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
-                                                     const std::string* config_text) const {
+                                                      const std::string* config_text) const {
   if (absl::StartsWith(name, kFillModelPrefix)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model '", name, "': names starting with '", kFillModelPrefix,
-        "' are reserved for fill jobs' own models; rename its folder"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", name, "': names starting with '", kFillModelPrefix,
+                     "' are reserved for fill jobs' own models; rename its folder"));
   }
   absl::StatusOr<base::ConfinedDir> folder = root_.Sub(name, "model");
   if (!folder.ok()) {
@@ -83,8 +83,8 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
   if (config_text != nullptr) {
     // The client's config in place of the folder's: its files still resolve in the folder.
     if (config_text->size() > kMaxConfigBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("model '", name, "': the config is over ",
-                                                     kMaxConfigBytes, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", name, "': the config is over ", kMaxConfigBytes, " bytes"));
     }
     where = absl::StrCat("model '", name, "': the given config");
     text = *config_text;
@@ -92,18 +92,19 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
     PSWITCH_ASSIGN_OR_RETURN(text, folder->Read("config.json", "config", kMaxConfigBytes));
   }
   PSWITCH_ASSIGN_OR_RETURN(nlohmann::json config, base::ParseUntrustedJson(text, where));
-  if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  if (!config.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
   ModelRequest request;
   request.name = name;
   PSWITCH_ASSIGN_OR_RETURN(request.archive_path, StringField(config, where, "archive", false));
-  PSWITCH_ASSIGN_OR_RETURN(request.zoo_model,
-                           StringField(config, where, "architecture", request.archive_path.empty()));
+  PSWITCH_ASSIGN_OR_RETURN(
+      request.zoo_model, StringField(config, where, "architecture", request.archive_path.empty()));
   if (!request.archive_path.empty()) {
     // The user's own model: its archive is its architecture.
     if (!request.zoo_model.empty() && request.zoo_model != models::kScriptArchitecture) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": \"archive\" and \"architecture\" '", request.zoo_model,
-          "' both name the model; keep one"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": \"archive\" and \"architecture\" '",
+                                                     request.zoo_model,
+                                                     "' both name the model; keep one"));
     }
     request.zoo_model = models::kScriptArchitecture;
   }
@@ -114,7 +115,8 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
   if (batch != config.end()) {
     if (!batch->is_number_unsigned() || batch->get<uint64_t>() < 1 ||
         batch->get<uint64_t>() > UINT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": \"batch\" must be a positive integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"batch\" must be a positive integer"));
     }
     request.batch_size = static_cast<uint32_t>(batch->get<uint64_t>());
   }

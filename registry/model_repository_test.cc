@@ -56,7 +56,8 @@ TEST_F(ModelRepositoryTest, BadConfigsAreRefusedNamingTheField) {
   Model("bad2", R"({"architecture": "tiny_cnn", "batch": -3})");
   Model("bad3", R"({"architecture": "tiny_cnn", "weights": "../../etc/shadow"})");
   Model("bad4", std::string(100, '[') + std::string(100, ']'));
-  EXPECT_NE(repo_->Request("bad1").status().message().find("architecture"), absl::string_view::npos);
+  EXPECT_NE(repo_->Request("bad1").status().message().find("architecture"),
+            absl::string_view::npos);
   EXPECT_NE(repo_->Request("bad2").status().message().find("batch"), absl::string_view::npos);
   EXPECT_EQ(repo_->Request("bad3").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(repo_->Request("bad4").status().code(), absl::StatusCode::kInvalidArgument);

@@ -4,25 +4,28 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "base/log.h"
 
 namespace pswitch::registry {
 
-PhaseClock::PhaseClock(std::string model) : model_(std::move(model)), since_(absl::Now()) {}
+PhaseClock::PhaseClock(std::string model)
+    : model_(std::move(model)), since_ns_(base::MonotonicNowNs()) {}
 
 void PhaseClock::End(absl::string_view phase) {
-  const absl::Time now = absl::Now();
-  Record(phase, now - since_);
-  since_ = now;
+  const int64_t now = base::MonotonicNowNs();
+  Record(phase, absl::Nanoseconds(now - since_ns_));
+  since_ns_ = now;
 }
 
 void PhaseClock::EndSplit(absl::string_view first, absl::string_view second,
                           absl::Duration second_took) {
-  const absl::Time now = absl::Now();
-  second_took = std::clamp(second_took, absl::ZeroDuration(), now - since_);
-  Record(first, now - since_ - second_took);
+  const int64_t now = base::MonotonicNowNs();
+  const absl::Duration took = absl::Nanoseconds(now - since_ns_);
+  second_took = std::clamp(second_took, absl::ZeroDuration(), took);
+  Record(first, took - second_took);
   Record(second, second_took);
-  since_ = now;
+  since_ns_ = now;
 }
 
 void PhaseClock::Record(absl::string_view phase, absl::Duration took) {

@@ -3,6 +3,7 @@
 #ifndef PSWITCH_REGISTRY_PHASE_CLOCK_H_
 #define PSWITCH_REGISTRY_PHASE_CLOCK_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,20 +18,18 @@ class PhaseClock {
  public:
   explicit PhaseClock(std::string model);
 
-  // Ends the phase that ran since the previous End (or construction, or Skip) as `phase`.
+  // Ends the phase that ran since the previous End (or construction) as `phase`.
   void End(absl::string_view phase);
   // Ends it as two phases, `first` then `second`, where `second` took `second_took` of it (as
   // another process measured it: the inspection child's profile).
   void EndSplit(absl::string_view first, absl::string_view second, absl::Duration second_took);
-  // Starts the next phase now: the time since the previous End belongs to none (a wait).
-  void Skip() { since_ = absl::Now(); }
   const std::vector<RegistrationPhase>& phases() const { return phases_; }
 
  private:
   void Record(absl::string_view phase, absl::Duration took);
 
   const std::string model_;
-  absl::Time since_;
+  int64_t since_ns_;  // CLOCK_MONOTONIC: a wall-clock step never makes a phase negative
   std::vector<RegistrationPhase> phases_;
 };
 

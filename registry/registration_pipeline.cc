@@ -2,21 +2,20 @@
 
 #include <algorithm>
 
-
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "base/json.h"
+#include "base/status.h"
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
 #include "grouping/search.h"
-#include "proto/dtype.h"
 #include "models/layer_profiler.h"
 #include "models/registry.h"
 #include "models/script_model.h"
 #include "models/training.h"
 #include "models/weights.h"
 #include "nlohmann/json.hpp"
-#include "base/files.h"
-#include "base/json.h"
-#include "base/status.h"
+#include "proto/dtype.h"
 #include "worker/model_inspection.h"
 
 namespace pswitch::registry {
@@ -38,8 +37,8 @@ absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const s
   absl::StatusOr<std::string> read = request.files != nullptr
                                          ? request.files->Read(path, kind, max_bytes)
                                          : base::ReadRegularFile(path, what, max_bytes);
-  if (request.files == nullptr && (absl::IsNotFound(read.status()) ||
-                                   absl::IsPermissionDenied(read.status()))) {
+  if (request.files == nullptr &&
+      (absl::IsNotFound(read.status()) || absl::IsPermissionDenied(read.status()))) {
     // Existence of a server file is not a client's to learn.
     return absl::PermissionDeniedError(absl::StrCat(what, " cannot be opened by pswitchd"));
   }
@@ -48,9 +47,8 @@ absl::StatusOr<std::string> ReadRequestFile(const ModelRequest& request, const s
 
 absl::StatusOr<grouping::GroupPlan> ReadPlanFile(const ModelRequest& request) {
   const std::string& path = request.plan;
-  PSWITCH_ASSIGN_OR_RETURN(std::string text,
-                           ReadRequestFile(request, path, "plan file", kMaxPlanBytes,
-                                           request.plan_fd));
+  PSWITCH_ASSIGN_OR_RETURN(std::string text, ReadRequestFile(request, path, "plan file",
+                                                             kMaxPlanBytes, request.plan_fd));
   const std::string what = absl::StrCat("plan file '", path, "'");
   PSWITCH_ASSIGN_OR_RETURN(nlohmann::json json, base::ParseUntrustedJson(text, what));
   if (!json.is_object() || !json.contains("groups")) {
@@ -100,8 +98,14 @@ absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
     // The inspection child's profile: untrusted text until parsed and checked.
     absl::StatusOr<grouping::Profile> profile = grouping::ParseProfileJson(profile_json);
     if (!profile.ok()) {
-      return absl::InternalError(absl::StrCat("the inspector's profile is not a profile: ",
-                                              profile.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the inspector's profile is not a profile: ", profile.status().message()));
+    }
+    // Checked before the search, whose time grows with the layer count the child claims.
+    if (profile->layers.size() != static_cast<size_t>(executed_layers)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the inspector's profile has ", profile->layers.size(),
+                       " layers; the model executes ", executed_layers));
     }
     PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(*profile));
     PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
@@ -155,23 +159,29 @@ absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
 absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
     const ModelRequest& request, PhaseClock& clock) const {
   if (request.batch_size == 0 || request.batch_size > kMaxBatchSize) {
-    return absl::InvalidArgumentError(absl::StrCat("batch size ", request.batch_size,
-                                                   " out of range [1, ", kMaxBatchSize, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size ", request.batch_size, " out of range [1, ", kMaxBatchSize, "]"));
   }
   models::ModelSource source{request.zoo_model, nullptr, request.archive_path};
   std::shared_ptr<const UniqueFd> archive_fd;
   const uint64_t max_archive_bytes = std::min(kMaxArchiveBytes, region_bytes_ + kArchiveCodeBytes);
-  if (request.archive_fd != nullptr) {
-    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
-                             base::ReadSealedMemoryFile(*request.archive_fd, "archive",
-                                                        max_archive_bytes));
+  uint64_t archive_bytes = 0;
+  if (request.archive_fd != nullptr && inspector_) {
+    // A sealed copy already (a registered model's, or a file the client passed): only the
+    // child reads it.
+    PSWITCH_ASSIGN_OR_RETURN(archive_bytes, base::CheckSealedMemoryFile(
+                                                *request.archive_fd, "archive", max_archive_bytes));
+    archive_fd = request.archive_fd;
+  } else if (request.archive_fd != nullptr) {
+    PSWITCH_ASSIGN_OR_RETURN(
+        std::string bytes,
+        base::ReadSealedMemoryFile(*request.archive_fd, "archive", max_archive_bytes));
     archive_fd = request.archive_fd;
     source.archive = std::make_shared<const std::string>(std::move(bytes));
   } else if (!request.archive_path.empty()) {
     PSWITCH_ASSIGN_OR_RETURN(
         std::string bytes,
-        ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes,
-                        nullptr));
+        ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes, nullptr));
     PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
     archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
     source.archive = std::make_shared<const std::string>(std::move(bytes));
@@ -181,18 +191,18 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
   std::string weights_bytes;
   const bool passed_weights = request.weights_fd != nullptr && inspector_;
   if (passed_weights) {
-    PSWITCH_RETURN_IF_ERROR(base::CheckSealedMemoryFile(
-                                *request.weights_fd,
-                                absl::StrCat("weights file '", request.weights_path, "'"),
-                                models::SafetensorsLimits().max_file_bytes)
-                                .status());
+    PSWITCH_RETURN_IF_ERROR(
+        base::CheckSealedMemoryFile(*request.weights_fd,
+                                    absl::StrCat("weights file '", request.weights_path, "'"),
+                                    models::SafetensorsLimits().max_file_bytes)
+            .status());
   } else if (!request.weights_path.empty()) {
     const models::SafetensorsLimits limits;
     PSWITCH_ASSIGN_OR_RETURN(weights_bytes,
                              ReadRequestFile(request, request.weights_path, "weights file",
                                              limits.max_file_bytes, request.weights_fd));
   }
-  const uint64_t archive_bytes = source.archive != nullptr ? source.archive->size() : 0;
+  if (source.archive != nullptr) archive_bytes = source.archive->size();
   clock.End("read");
   models::ModelFacts facts;
   std::shared_ptr<models::ZooModel> model;  // built in this process only without an inspector
@@ -244,18 +254,16 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
   entry->trainable = facts.trainable;
   entry->input = WireSpec("input", facts.input);
   entry->output = WireSpec("output", facts.output);
-  PSWITCH_ASSIGN_OR_RETURN(entry->plan,
-                           MakePlan(request, source, model.get(), facts.profile_json,
-                                    layout_layers, executed, clock));
+  PSWITCH_ASSIGN_OR_RETURN(entry->plan, MakePlan(request, source, model.get(), facts.profile_json,
+                                                 layout_layers, executed, clock));
   entry->archive = archive_fd;
   entry->archive_bytes = archive_bytes;
   for (const grouping::LayerGroup& g : entry->plan) {
     entry->group_last_layer.push_back(static_cast<uint32_t>(g.last));
   }
   // Checked before the weights are copied into pinned memory, so a refusal costs nothing.
-  PSWITCH_ASSIGN_OR_RETURN(
-      memdaemon::WeightLayout layout,
-      memdaemon::ComputeWeightLayout(memdaemon::LayerSpecsOf(weights)));
+  PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout,
+                           memdaemon::ComputeWeightLayout(memdaemon::LayerSpecsOf(weights)));
   if (layout.total_bytes > region_bytes_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("model '", request.name, "' needs ", layout.total_bytes,

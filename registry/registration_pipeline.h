@@ -1,8 +1,8 @@
 // How a registration makes a model's entry, phase by phase (each timed: PhaseClock): read and
 // seal its files; inspect it, and profile it for an "auto" plan (pswitchd: both in one bounded
 // child, InspectInChild); fix its grouping plan (a plan file, or "auto": the exact grouping
-// search over that profile); check its weights' layout against the weights region; pin its weights in
-// the memdaemon's store. Names and states are the catalog's (registry/model_catalog.h).
+// search over that profile); check its weights' layout against the weights region; pin its weights
+// in the memdaemon's store. Names and states are the catalog's (registry/model_catalog.h).
 #ifndef PSWITCH_REGISTRY_REGISTRATION_PIPELINE_H_
 #define PSWITCH_REGISTRY_REGISTRATION_PIPELINE_H_
 
@@ -30,7 +30,7 @@ namespace pswitch::registry {
 // How "auto" plans are profiled: on the device the workers compute on, at the link speed the
 // switch sees (CUDA: measured through the memdaemon's copy engine at start-up).
 struct AutoPlanProfile {
-  std::string device = "cpu";  // "cpu" or "cuda:N"
+  std::string device = "cpu";           // "cpu" or "cuda:N"
   double bandwidth_bytes_per_s = 12e9;  // host backend: the configured copy cap, or PCIe 3 x16
 };
 
@@ -53,8 +53,9 @@ class RegistrationPipeline {
         inspector_(std::move(inspector)) {}
 
   // The entry `request` describes, its weights pinned under request.name, each phase ended on
-  // `clock`. InvalidArgument for a bad request (unknown zoo model, bad weights or plan),
-  // ResourceExhausted when the model exceeds the weights region. Nothing stays pinned on error.
+  // `clock`. InvalidArgument for a bad request (bad weights, archive or plan), NotFound for an
+  // unknown zoo model, ResourceExhausted when the model exceeds the weights region or the
+  // inspection's memory bound. Nothing stays pinned on error.
   absl::StatusOr<std::unique_ptr<CatalogEntry>> Build(const ModelRequest& request,
                                                       PhaseClock& clock) const;
   // `original` as `name`, owned by `owner`: the same definition, archive and plan, and the

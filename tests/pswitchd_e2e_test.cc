@@ -373,14 +373,14 @@ TEST_F(PswitchdTest, ARegistrationReportsItsPhasesToTheClientAndTheLog) {
     names.push_back(phase);
     sum += took;
   }
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"read", "inspect", "profile", "plan", "pin", "load"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"read", "inspect", "profile", "plan", "pin", "load"}));
   EXPECT_LE(sum, wall);
   const std::string log = daemon_->log();
   for (const std::string& phase : names) {
     EXPECT_NE(log.find("event=registration_phase model=phased phase=" + phase + " "),
               std::string::npos)
-        << phase << "\n" << log;
+        << phase << "\n"
+        << log;
   }
   EXPECT_NE(log.find("event=model_registered model=phased "), std::string::npos) << log;
 }

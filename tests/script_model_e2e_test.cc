@@ -276,8 +276,9 @@ TEST(ScriptModelE2eTest, AnArchiveThatCrashesTheCheckerIsRefusedAndPswitchdServe
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::filesystem::path dir = tmpl;
   const std::filesystem::path checker = dir / "checker";
-  std::ofstream(checker) << "#!/bin/sh\ncase \"$*\" in *--inspect_archive_fd=*) kill -SEGV $$;; esac\n"
-                         << "exec " << PSWITCH_WORKER_PATH << " \"$@\"\n";
+  std::ofstream(checker)
+      << "#!/bin/sh\ncase \"$*\" in *--inspect_archive_fd=*) kill -SEGV $$;; esac\n"
+      << "exec " << PSWITCH_WORKER_PATH << " \"$@\"\n";
   std::filesystem::permissions(checker, std::filesystem::perms::owner_all);
   {
     e2e::TestDaemon daemon({"--preload=", "--allow-client-paths=true",

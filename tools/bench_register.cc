@@ -80,8 +80,8 @@ int Run() {
 
   // Each zoo model's weights as a user brings them: a safetensors file (seeded, written here).
   std::vector<Subject> subjects;
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_models), ',',
-                                               absl::SkipEmpty())) {
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty())) {
     Subject s{std::string(name), name == "archive" ? "" : std::string(name), ""};
     if (!s.zoo.empty()) {
       auto model = models::CreateModel(s.zoo, {}, /*seed=*/7);
@@ -96,19 +96,21 @@ int Run() {
 
   tools::PswitchdProcess daemon(
       tools::SiblingBinary("pswitchd"),
-      {"--backend=" + absl::GetFlag(FLAGS_backend), "--listen=127.0.0.1:0", "--preload=",
-       "--unix-socket=" + (dir / "pswitchd.sock").string(),
+      {"--backend=" + absl::GetFlag(FLAGS_backend), "--listen=127.0.0.1:0",
+       "--preload=", "--unix-socket=" + (dir / "pswitchd.sock").string(),
        "--socket=" + (dir / "m.sock").string()},
       (dir / "pswitchd.log").string());
-  if (daemon.port() == 0) return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
+  if (daemon.port() == 0)
+    return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
   auto client = client::Client::Connect("unix:" + (dir / "pswitchd.sock").string());
   if (!client.ok()) return Fail(client.status());
 
-  std::printf("bench-register: %s backend, batch %u, %d rounds; baseline: build the model and "
-              "load its checkpoint in this process, same run (medians, seconds)\n",
-              absl::GetFlag(FLAGS_backend).c_str(), absl::GetFlag(FLAGS_batch), rounds);
-  const std::vector<std::string> phase_names = {"read", "inspect", "profile", "plan", "pin",
-                                                "load"};
+  std::printf(
+      "bench-register: %s backend, batch %u, %d rounds; baseline: build the model and "
+      "load its checkpoint in this process, same run (medians, seconds)\n",
+      absl::GetFlag(FLAGS_backend).c_str(), absl::GetFlag(FLAGS_batch), rounds);
+  const std::vector<std::string> phase_names = {"read", "inspect", "profile",
+                                                "plan", "pin",     "load"};
   std::printf("%-10s", "model");
   for (const std::string& p : phase_names) std::printf(" %8s", p.c_str());
   std::printf(" %9s %9s %9s\n", "total", "baseline", "x");
@@ -141,8 +143,8 @@ int Run() {
     }
     std::printf("%-10s", s.label.c_str());
     for (const std::string& p : phase_names) {
-      absl::StatusOr<double> m = phases.contains(p) ? tools::Median(phases[p])
-                                                    : absl::StatusOr<double>(0.0);
+      absl::StatusOr<double> m =
+          phases.contains(p) ? tools::Median(phases[p]) : absl::StatusOr<double>(0.0);
       std::printf(" %8.3f", m.ok() ? *m : -1.0);
     }
     const double total = *tools::Median(totals), baseline = *tools::Median(baselines);

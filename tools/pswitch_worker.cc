@@ -41,7 +41,8 @@ ABSL_FLAG(int, attach_secret_fd, -1,
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
-ABSL_FLAG(std::string, profile_device, "cpu", "where --inspect-profile-batch profiles: cpu or cuda:N");
+ABSL_FLAG(std::string, profile_device, "cpu",
+          "where --inspect-profile-batch profiles: cpu or cuda:N");
 ABSL_FLAG(double, profile_bandwidth, 12e9, "the link the plan is made for, bytes/s");
 
 ABSL_FLAG(std::string, inspect_name, "",
@@ -57,7 +58,7 @@ ABSL_FLAG(uint32_t, inspect_profile_batch, 0,
 
 namespace {
 
-// Exit status of an inspection that refused the archive; its stdout holds the refusal.
+// Exit status of an inspection that refused the model; its stdout holds the refusal.
 constexpr int kRefused = 3;
 
 bool WriteStdout(const std::string& bytes) {

@@ -21,23 +21,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "frontend/byte_budget.h"
-#include "frontend/client_server.h"
-#include "frontend/fd_budget.h"
-#include "frontend/memory_return.h"
-#include "frontend/http_server.h"
-#include "registry/model_repository.h"
-#include "controller/controller.h"
-#include "registry/inspection_child.h"
 #include "base/confined_dir.h"
 #include "base/log.h"
 #include "base/private_dir.h"
 #include "base/status.h"
+#include "controller/controller.h"
+#include "frontend/byte_budget.h"
+#include "frontend/client_server.h"
+#include "frontend/fd_budget.h"
+#include "frontend/http_server.h"
+#include "frontend/memory_return.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
 #include "models/registry.h"
 #include "models/zoo_model.h"
 #include "proto/framing.h"
+#include "registry/inspection_child.h"
+#include "registry/model_repository.h"
 #include "tools/cli.h"
 #include "worker/host_tensors.h"
 #include "worker/worker.h"
@@ -74,8 +74,9 @@ ABSL_FLAG(int, standby_workers, 2, "standby workers beside the active one");
 ABSL_FLAG(int, cpu_threads, -1,
           "CPU threads each worker and registration child may use for its own compute "
           "(OpenMP, OpenBLAS, MKL pools), so registrations and tasks do not fight over cores; "
-          "-1 = auto (cuda: the cores shared by every worker, 1 to 4 each; host: every core, "
-          "the model's compute is on the CPU); 0 = every core");
+          "-1 = auto (cuda: the cores shared by every worker, 1 to 4 each; host: as 0, the "
+          "model's compute is on the CPU); 0 = as pswitchd's environment says (the libraries' "
+          "default: every core)");
 ABSL_FLAG(uint64_t, activation_bytes, 256ull << 20,
           "each worker's arena lease for intermediate tensors (a task exceeding it fails alone)");
 ABSL_FLAG(std::string, policy, "fcfs", "scheduling policy: fcfs, edf or priority");
@@ -248,7 +249,8 @@ absl::Status Preload(controller::Controller& controller) {
     request.name = std::string(name);
     request.zoo_model = std::string(name);
     std::promise<absl::Status> registered;
-    controller.Register(request, [&](const auto& outcome) { registered.set_value(outcome.status()); });
+    controller.Register(request,
+                        [&](const auto& outcome) { registered.set_value(outcome.status()); });
     // The controller logs the registration and its phases (model_registered).
     PSWITCH_RETURN_IF_ERROR(registered.get_future().get());
   }

@@ -4,10 +4,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "memdaemon/weight_layout.h"
 #include "models/registry.h"
 #include "models/weight_init.h"
-#include "base/status.h"
 
 namespace pswitch::worker {
 namespace {

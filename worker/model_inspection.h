@@ -1,6 +1,6 @@
 // Registration's facts of a built model (models/model_facts.h), and their weights in the form
-// the memdaemon's weight store takes. pswitchd makes the facts of zoo models in its own process
-// and those of pswitch.export archives in a pswitch-worker child (`--inspect-name`).
+// the memdaemon's weight store takes. pswitchd makes them in a pswitch-worker child
+// (`--inspect-name`, registry/inspection_child.h); library use and tests in their own process.
 #ifndef PSWITCH_WORKER_MODEL_INSPECTION_H_
 #define PSWITCH_WORKER_MODEL_INSPECTION_H_
 
