@@ -356,23 +356,28 @@ absl::StatusOr<T> Await(std::future<absl::StatusOr<T>>& future, absl::Duration t
   return future.get();
 }
 
+// Takes a reply that comes before a call's final one (on the reader thread); false: not one.
+using InterimReply = std::function<bool(const ControllerReply*)>;
+
 // A one-reply call whose reply body must be `expected`; `parse` turns it into T. Waits up to
-// `timeout` for the reply.
+// `timeout` for the reply. Replies `interim` takes come before it and do not end the call.
 template <typename T, typename Connection>
 absl::StatusOr<T> CallAndAwait(Connection& connection, absl::Duration timeout,
                                absl::string_view what,
                                const std::function<void(Builder&, uint64_t)>& build,
                                ControllerReplyBody expected,
                                std::function<absl::StatusOr<T>(const ControllerReply*)> parse,
-                               const std::vector<int>& fds = {}) {
+                               const std::vector<int>& fds = {}, InterimReply interim = nullptr) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<T>>>();
   auto future = promise->get_future();
   connection.Call(
       build,
-      [promise, expected,
-       parse = std::move(parse)](const absl::StatusOr<const ControllerReply*>& reply) {
+      [promise, expected, parse = std::move(parse),
+       interim = std::move(interim)](const absl::StatusOr<const ControllerReply*>& reply) {
         if (!reply.ok()) {
           promise->set_value(reply.status());
+        } else if (interim && interim(*reply)) {
+          return false;
         } else if ((*reply)->body_type() == ControllerReplyBody::Error) {
           promise->set_value(ReplyError(*reply));
         } else if ((*reply)->body_type() != expected) {
@@ -435,7 +440,8 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             b.CreateString(options.weights_path), options.batch_size,
             b.CreateString(options.plan.empty() ? "auto" : options.plan),
             b.CreateString(options.archive_path),
-            options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers));
+            options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers),
+            options.on_phase != nullptr);
         auto roles = files.Roles(b);
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                                     body.Union(), 0, roles));
@@ -453,7 +459,15 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
         }
         return model;
       },
-      files.fds());
+      files.fds(),
+      [on_phase = options.on_phase](const ControllerReply* reply) {
+        if (reply->body_type() != ControllerReplyBody::RegistrationProgress) return false;
+        const proto::RegistrationPhase* p = reply->body_as_RegistrationProgress()->phase();
+        if (on_phase != nullptr && p != nullptr) {
+          on_phase(p->name() ? p->name()->str() : "", absl::Microseconds(p->us()));
+        }
+        return true;
+      });
 }
 
 absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {

@@ -7,6 +7,7 @@
 #define PSWITCH_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -73,6 +74,9 @@ struct RegisterOptions {
   // Token names who may train the model in place and unload it besides admins; everyone else
   // trains a copy of their own (TrainOptions::as_model).
   std::vector<std::string> trainers;
+  // Set: told each phase (read, inspect, profile, plan, pin, load) as it ends, on the client's
+  // reader thread, before Register returns (a progress line; keep it short).
+  std::function<void(const std::string& phase, absl::Duration took)> on_phase;
 };
 
 struct RegisteredModel {

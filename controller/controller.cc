@@ -92,18 +92,56 @@ void Controller::RegistrarLoop() {
   }
 }
 
-void Controller::Register(ModelRequest request, RegisterCallback done) {
+void Controller::Register(ModelRequest request, RegisterCallback done,
+                          registry::PhaseObserver progress) {
   Register([request = std::move(request)]() -> absl::StatusOr<ModelRequest> { return request; },
-           std::move(done));
+           std::move(done), std::move(progress));
 }
 
-void Controller::Register(RequestMaker make_request, RegisterCallback done) {
+uint64_t Controller::Track(const std::string& name, const std::string& owner) {
+  absl::MutexLock lock(&progress_mu_);
+  const uint64_t token = ++next_token_;
+  // A name already tracked is being registered: this registration will be refused, and the
+  // first one's entry stays.
+  in_progress_.try_emplace(name, Tracked{token, owner, {}, false});
+  return token;
+}
+
+void Controller::Note(const std::string& name, uint64_t token,
+                      const registry::RegistrationPhase* ended, bool loading) {
+  absl::MutexLock lock(&progress_mu_);
+  auto it = in_progress_.find(name);
+  if (it == in_progress_.end() || it->second.token != token) return;
+  if (ended != nullptr) it->second.phases.push_back(*ended);
+  it->second.loading |= loading;
+}
+
+void Controller::Untrack(const std::string& name, uint64_t token) {
+  absl::MutexLock lock(&progress_mu_);
+  auto it = in_progress_.find(name);
+  if (it != in_progress_.end() && it->second.token == token) in_progress_.erase(it);
+}
+
+std::vector<Controller::InProgress> Controller::RegistrationsInProgress() const {
+  absl::MutexLock lock(&progress_mu_);
+  std::vector<InProgress> out;
+  for (const auto& [name, t] : in_progress_) {
+    std::string reason = t.loading ? "loading on the workers" : "registering";
+    if (!t.phases.empty()) absl::StrAppend(&reason, " (", registry::FormatPhases(t.phases), ")");
+    out.push_back(InProgress{name, t.owner, std::move(reason)});
+  }
+  return out;
+}
+
+void Controller::Register(RequestMaker make_request, RegisterCallback done,
+                          registry::PhaseObserver progress) {
   absl::MutexLock lock(&mu_);
   if (stopping_) {
     done(absl::CancelledError("pswitchd is shutting down"));
     return;
   }
-  registrations_.push_back([this, make_request = std::move(make_request), done = std::move(done)] {
+  registrations_.push_back([this, make_request = std::move(make_request), done = std::move(done),
+                            progress = std::move(progress)]() mutable {
     absl::StatusOr<ModelRequest> request = make_request();
     if (request.ok() && (request->batch_size == 0 || request->batch_size > options_.max_batch)) {
       request = absl::InvalidArgumentError(absl::StrCat("batch size ", request->batch_size,
@@ -114,13 +152,28 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done) {
       done(request.status());
       return;
     }
+    const std::string name = request->name;
+    const uint64_t token = Track(name, request->owner);
+    registry::PhaseObserver observe = [this, name, token,
+                                       progress](const registry::RegistrationPhase& ended) {
+      Note(name, token, &ended, /*loading=*/false);
+      if (progress) progress(ended);
+    };
     std::vector<registry::RegistrationPhase> phases;
-    absl::StatusOr<EntryRef> entry = catalog_->Register(*request, &phases);
+    absl::StatusOr<EntryRef> entry = catalog_->Register(*request, &phases, observe);
     if (!entry.ok()) {
+      Untrack(name, token);
       done(entry.status());
       return;
     }
-    LoadEverywhere(*std::move(entry), std::move(phases), std::move(done));
+    Note(name, token, nullptr, /*loading=*/true);
+    LoadEverywhere(
+        *std::move(entry), std::move(phases),
+        [this, name, token, done = std::move(done)](const absl::StatusOr<Registered>& outcome) {
+          Untrack(name, token);
+          done(outcome);
+        },
+        std::move(observe));
   });
 }
 
@@ -151,52 +204,66 @@ void Controller::RegisterCopy(std::string original, std::string name, std::strin
 }
 
 void Controller::LoadEverywhere(EntryRef entry, std::vector<registry::RegistrationPhase> phases,
-                                RegisterCallback done) {
+                                RegisterCallback done, registry::PhaseObserver progress) {
   // Done once every GPU's workers loaded it; the first error wins.
   const absl::Time start = absl::Now();
-  OnEveryGpu([&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(entry, loaded); },
-             [entry, start, phases = std::move(phases),
-              done = std::move(done)](absl::Status status) mutable {
-               if (!status.ok()) {
-                 done(status);
-                 return;
-               }
-               phases.push_back({"load", absl::Now() - start});
-               base::Log(base::LogLevel::kInfo, "registration_phase")
-                   .Field("model", entry->request.name)
-                   .Field("phase", "load")
-                   .FieldMs("ms", phases.back().took);
-               absl::Duration total;
-               for (const registry::RegistrationPhase& p : phases) total += p.took;
-               base::Log(base::LogLevel::kInfo, "model_registered")
-                   .Field("model", entry->request.name)
-                   .Field("layers", entry->layers)
-                   .Field("groups", entry->plan.size())
-                   .Field("weight_bytes", entry->weight_bytes)
-                   .FieldMs("total_ms", total)
-                   .Field("phases", registry::FormatPhases(phases));
-               done(Registered{std::move(entry), std::move(phases)});
-             });
+  OnEveryGpu(
+      [&entry](GpuScheduler& gpu, Done loaded) { gpu.AddModel(entry, loaded); },
+      [this, entry, start, phases = std::move(phases), done = std::move(done),
+       progress = std::move(progress)](const LoadOutcome& loaded) mutable {
+        if (!loaded.status.ok()) {
+          // A model some worker could not load (or warm up) is not left registered:
+          // it goes as a client's unload would, then the registration fails.
+          Unload(entry->request.name, [done = std::move(done), error = loaded.status,
+                                       name = entry->request.name](absl::Status gone) {
+            if (!gone.ok()) {
+              base::Log(base::LogLevel::kWarn, "registration_rollback_failed")
+                  .Field("model", name)
+                  .Field("error", gone);
+            }
+            done(error);
+          });
+          return;
+        }
+        phases.push_back({"load", absl::Now() - start});
+        base::Log(base::LogLevel::kInfo, "registration_phase")
+            .Field("model", entry->request.name)
+            .Field("phase", "load")
+            .FieldMs("ms", phases.back().took);
+        if (progress) progress(phases.back());
+        absl::Duration total;
+        for (const registry::RegistrationPhase& p : phases) total += p.took;
+        base::Log(base::LogLevel::kInfo, "model_registered")
+            .Field("model", entry->request.name)
+            .Field("layers", entry->layers)
+            .Field("groups", entry->plan.size())
+            .Field("weight_bytes", entry->weight_bytes)
+            .FieldMs("total_ms", total)
+            .Field("phases", registry::FormatPhases(phases));
+        done(Registered{std::move(entry), std::move(phases), loaded.infer_step, loaded.train_step});
+      });
 }
 
 void Controller::OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all) {
   struct Pending {
     absl::Mutex mu;
     size_t remaining;
-    absl::Status status;
+    LoadOutcome sum;
   };
   auto pending = std::make_shared<Pending>();
   pending->remaining = schedulers_.size();
   for (auto& scheduler : schedulers_) {
-    start(*scheduler, [all, pending](absl::Status one) {
-      absl::Status status;
+    start(*scheduler, [all, pending](const LoadOutcome& one) {
+      LoadOutcome sum;
       {
         absl::MutexLock lock(&pending->mu);
-        if (!one.ok() && pending->status.ok()) pending->status = one;
+        if (!one.status.ok() && pending->sum.status.ok()) pending->sum.status = one.status;
+        pending->sum.infer_step = std::max(pending->sum.infer_step, one.infer_step);
+        pending->sum.train_step = std::max(pending->sum.train_step, one.train_step);
         if (--pending->remaining > 0) return;
-        status = pending->status;
+        sum = pending->sum;
       }
-      all(status);
+      all(sum);
     });
   }
 }
@@ -213,24 +280,28 @@ void Controller::Unload(std::string name, std::function<void(absl::Status)> done
       done(entry.status());
       return;
     }
-    OnEveryGpu([&name](GpuScheduler& gpu, Done dropped) { gpu.DropModel(name, dropped); },
-               [this, entry = *entry, done](absl::Status status) {
-                 if (!status.ok()) {  // shutting down: the weights go with the process
-                   done(status);
-                   return;
-                 }
-                 // Unpinning gigabytes takes long (and may synchronise the device): not on a
-                 // scheduler's loop, but on the registration thread.
-                 {
-                   absl::MutexLock lock(&mu_);
-                   if (!stopping_) {
-                     registrations_.push_back(
-                         [this, entry, done] { done(catalog_->FinishUnload(*entry)); });
-                     return;
-                   }
-                 }
-                 done(absl::CancelledError("pswitchd is shutting down"));
-               });
+    OnEveryGpu(
+        [&name](GpuScheduler& gpu, Done dropped) {
+          gpu.DropModel(name, [dropped](absl::Status status) { dropped({std::move(status)}); });
+        },
+        [this, entry = *entry, done](const LoadOutcome& outcome) {
+          const absl::Status& status = outcome.status;
+          if (!status.ok()) {  // shutting down: the weights go with the process
+            done(status);
+            return;
+          }
+          // Unpinning gigabytes takes long (and may synchronise the device): not on a
+          // scheduler's loop, but on the registration thread.
+          {
+            absl::MutexLock lock(&mu_);
+            if (!stopping_) {
+              registrations_.push_back(
+                  [this, entry, done] { done(catalog_->FinishUnload(*entry)); });
+              return;
+            }
+          }
+          done(absl::CancelledError("pswitchd is shutting down"));
+        });
   });
 }
 

@@ -5,7 +5,9 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,14 +58,29 @@ class Controller {
   struct Registered {
     registry::EntryRef entry;
     std::vector<registry::RegistrationPhase> phases;
+    // The slowest warm step its workers measured (registry::WarmFor's fill purposes; zero: not
+    // measured): what a fill job's first bubble is admitted by.
+    absl::Duration infer_step;
+    absl::Duration train_step;
   };
   using RegisterCallback = std::function<void(const absl::StatusOr<Registered>&)>;
-  // Registers in the background; `done` runs once the model is in every worker.
-  void Register(registry::ModelRequest request, RegisterCallback done);
+  // Registers in the background; `done` runs once the model is in every worker. A model that
+  // some worker fails to load (or warm up) is unloaded again before `done` gets the error.
+  // `progress` (optional) is told each phase as it ends, the last ("load") before `done`.
+  void Register(registry::ModelRequest request, RegisterCallback done,
+                registry::PhaseObserver progress = nullptr);
   // The same, with the request made on the registration thread (it may read files: a model
   // repository's config), never on the caller's.
   using RequestMaker = std::function<absl::StatusOr<registry::ModelRequest>()>;
-  void Register(RequestMaker make_request, RegisterCallback done);
+  void Register(RequestMaker make_request, RegisterCallback done,
+                registry::PhaseObserver progress = nullptr);
+  // A registration under way, as the repository index shows it (state LOADING).
+  struct InProgress {
+    std::string name;
+    std::string owner;   // registry::ModelRequest::owner (empty: every principal sees it)
+    std::string reason;  // what it has done so far: "registering (read 0.00 s, inspect 1.30 s)"
+  };
+  std::vector<InProgress> RegistrationsInProgress() const;
   // Registers `name`, a copy of registered model `original` owned by `owner`
   // (registry::ModelCatalog::RegisterCopy: its weights as they are when the registration thread
   // gets to it), then loads it into every worker; `done` as Register's.
@@ -91,14 +108,20 @@ class Controller {
  private:
   explicit Controller(const ControllerOptions& options) : options_(options) {}
   void RegistrarLoop();
-  using Done = std::function<void(absl::Status)>;
+  using Done = ModelLoads::Done;
   // Starts something on every GPU's scheduler (`start` hands it its callback); `all` gets the
-  // first error, or OK, once every GPU has called back.
+  // first error, or OK, and the slowest measured steps, once every GPU has called back.
   void OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& start, Done all);
   // Has every GPU's workers load a newly registered `entry`; `done` gets it, or the first error.
   // Loads `entry` into every GPU's workers, then calls `done` with `phases` and the load's.
   void LoadEverywhere(registry::EntryRef entry, std::vector<registry::RegistrationPhase> phases,
-                      RegisterCallback done);
+                      RegisterCallback done, registry::PhaseObserver progress = nullptr);
+  // RegistrationsInProgress's bookkeeping: Track returns the token Note and Untrack take (a
+  // second registration of a name being registered must not touch the first one's entry).
+  uint64_t Track(const std::string& name, const std::string& owner);
+  void Note(const std::string& name, uint64_t token, const registry::RegistrationPhase* ended,
+            bool loading);
+  void Untrack(const std::string& name, uint64_t token);
 
   const ControllerOptions options_;
   std::unique_ptr<registry::ModelCatalog> catalog_;
@@ -109,6 +132,16 @@ class Controller {
   std::deque<std::function<void()>> registrations_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread registrar_;
+
+  struct Tracked {
+    uint64_t token = 0;
+    std::string owner;
+    std::vector<registry::RegistrationPhase> phases;  // ended so far
+    bool loading = false;                             // the workers are loading it
+  };
+  mutable absl::Mutex progress_mu_;
+  std::map<std::string, Tracked> in_progress_ ABSL_GUARDED_BY(progress_mu_);
+  uint64_t next_token_ ABSL_GUARDED_BY(progress_mu_) = 0;
 };
 
 }  // namespace pswitch::controller

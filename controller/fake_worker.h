@@ -52,10 +52,12 @@ class FakeWorker : public WorkerLink {
     proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::WorkerReady, body.Union()));
     Emit(b);
   }
-  void Loaded(const std::string& model, const absl::Status& status = absl::OkStatus()) {
+  void Loaded(const std::string& model, const absl::Status& status = absl::OkStatus(),
+              int64_t infer_step_ns = 0, int64_t train_step_ns = 0) {
     flatbuffers::FlatBufferBuilder b;
     auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-    auto body = proto::CreateModelLoaded(b, b.CreateString(model), error);
+    auto body = proto::CreateModelLoaded(b, b.CreateString(model), error, 0, 0, infer_step_ns,
+                                         train_step_ns);
     proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, body.Union()));
     Emit(b);
   }

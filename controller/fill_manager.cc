@@ -287,7 +287,7 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request, LoadSlot slot)
     jobs_.emplace(id, std::move(job));
   }
   if (request.kind == FillKind::kSynthetic) {
-    OnCreated(id, absl::OkStatus());
+    OnCreated(id, absl::OkStatus(), absl::ZeroDuration());
   } else {
     // Its own copy of the model: its weights evolve independently of other tasks'. A model of
     // the user's own is registered again from the same archive (and weights) as the original.
@@ -299,10 +299,20 @@ absl::StatusOr<uint64_t> FillManager::Submit(FillRequest request, LoadSlot slot)
       own.batch_size = request.batch;
       own.archive_fd = (*entry)->archive;  // the archive registered, even if its file changed
     }
-    controller_->Register(std::move(own),
-                          [this, id](const absl::StatusOr<Controller::Registered>& registered) {
-                            OnCreated(id, registered.status());
-                          });
+    // Every worker that may run it warms it now, outside any bubble, and times its step.
+    own.warm_for = request.kind == FillKind::kTraining ? registry::WarmFor::kFillTraining
+                                                       : registry::WarmFor::kFillInference;
+    controller_->Register(
+        std::move(own), [this, id](const absl::StatusOr<Controller::Registered>& registered) {
+          if (!registered.ok()) {
+            OnCreated(id, registered.status(), absl::ZeroDuration());
+            return;
+          }
+          OnCreated(id, absl::OkStatus(),
+                    registered->entry->request.warm_for == registry::WarmFor::kFillTraining
+                        ? registered->train_step
+                        : registered->infer_step);
+        });
   }
   return id;
 }
@@ -346,12 +356,12 @@ absl::Status FillManager::Cancel(uint64_t job_id) {
   return absl::OkStatus();
 }
 
-void FillManager::OnCreated(uint64_t id, absl::Status created) {
+void FillManager::OnCreated(uint64_t id, absl::Status created, absl::Duration measured_step) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
-  // In the catalog even when a worker failed to load it (Register reports that as an error):
-  // it must still go when the job ends.
+  // A failed registration leaves nothing registered (Controller::Register unloads a model a
+  // worker failed to load); a model that is in the catalog must go when the job ends.
   it->second.model_registered = !it->second.model_name.empty() &&
                                 controller_->catalog().Find(it->second.model_name).ok();
   // Cancelled while its model was being registered: that model goes again.
@@ -371,6 +381,20 @@ void FillManager::OnCreated(uint64_t id, absl::Status created) {
         entry.ok() ? CheckDatasetFitsModel(*it->second.dataset, **entry) : entry.status();
     if (!fits.ok()) {
       Stop(id, it->second, fits);
+      return;
+    }
+  }
+  if (measured_step > absl::ZeroDuration()) {
+    // Measured warm on the slowest of its workers: a truer first prediction than the declared
+    // profile, in either direction (the worker never starts a step shorter than its own).
+    Job& job = it->second;
+    base::Log(base::LogLevel::kInfo, "fill_job_step_measured")
+        .Field("job", id)
+        .FieldMs("declared_ms", job.request.step)
+        .FieldMs("measured_ms", measured_step);
+    job.predicted_step = measured_step;
+    if (absl::Status fits = StepFitsBubbles(id, job, job.gpu); !fits.ok()) {
+      Stop(id, job, fits);
       return;
     }
   }
@@ -599,18 +623,20 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     return;
   }
   Transition(id, job, fill::FillEvent::kPause);  // RUNNING -> PAUSED until its next bubble
+  if (absl::Status fits = StepFitsBubbles(id, job, gpu); !fits.ok()) Stop(id, job, fits);
+}
+
+absl::Status FillManager::StepFitsBubbles(uint64_t id, const Job& job, int gpu) const {
   // A job whose measured steps no longer fit any bubble of its GPU would wait forever.
+  auto g = gpus_.find(gpu);
+  if (g == gpus_.end() || !g->second.cycle) return absl::OkStatus();
   absl::Duration longest;
-  if (g.cycle) {
-    for (const fill::Bubble& b : g.cycle->bubbles) longest = std::max(longest, b.duration);
-  }
-  if (g.cycle && job.predicted_step + options_.margin >= longest) {
-    Stop(id, job,
-         absl::FailedPreconditionError(absl::StrCat(
-             "fill job ", id, ": its steps now take ", absl::FormatDuration(job.predicted_step),
-             " (measured), too long for GPU ", gpu, "'s bubbles (at most ",
-             absl::FormatDuration(longest), ")")));
-  }
+  for (const fill::Bubble& b : g->second.cycle->bubbles) longest = std::max(longest, b.duration);
+  if (job.predicted_step + options_.margin < longest) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("fill job ", id, ": its steps now take ",
+                   absl::FormatDuration(job.predicted_step), " (measured), too long for GPU ", gpu,
+                   "'s bubbles (at most ", absl::FormatDuration(longest), ")"));
 }
 
 absl::StatusOr<FillJobStatus> FillManager::Query(uint64_t job_id) const {

@@ -187,7 +187,11 @@ class FillManager {
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.
   static void Transition(uint64_t id, Job& job, fill::FillEvent event);
-  void OnCreated(uint64_t id, absl::Status created);
+  // FailedPrecondition when `job`'s predicted step (and the margin) fits none of `gpu`'s bubbles.
+  absl::Status StepFitsBubbles(uint64_t id, const Job& job, int gpu) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `measured_step`: its workers' slowest warm step at load (zero: not measured).
+  void OnCreated(uint64_t id, absl::Status created, absl::Duration measured_step);
   void OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome);
   // `drop_checkpoint`: also drop the job's optimizer-state checkpoint (reaches into the
   // controller; false on the I/O thread, which may run after the controller is gone).

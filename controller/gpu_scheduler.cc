@@ -30,10 +30,22 @@ namespace {
 std::string MetricModel(const TaskSpec& spec) { return spec.fill ? "fill" : spec.model; }
 
 // What a worker loads for `entry`.
-WorkerModel WorkerModelOf(const CatalogEntry& entry) {
-  return WorkerModel{entry.request.name, entry.request.zoo_model,
-                     static_cast<uint32_t>(entry.stored->num_layers()),
-                     entry.stored->total_bytes(), entry.archive, entry.archive_bytes};
+WorkerModel WorkerModelOf(const CatalogEntry& entry, bool warm_ups) {
+  WorkerModel model{entry.request.name,
+                    entry.request.zoo_model,
+                    static_cast<uint32_t>(entry.stored->num_layers()),
+                    entry.stored->total_bytes(),
+                    entry.archive,
+                    entry.archive_bytes};
+  if (!warm_ups) return model;
+  // At the batch it serves (or a fill job steps at), and a training step wherever one may run:
+  // a fill job's model times its step, which its first bubble is then admitted by.
+  const registry::WarmFor purpose = entry.request.warm_for;
+  model.warm.batch = std::max<uint32_t>(entry.request.batch_size, 1);
+  model.warm.train = entry.trainable.ok() && purpose != registry::WarmFor::kFillInference;
+  model.warm.train_required = purpose == registry::WarmFor::kFillTraining;
+  model.warm.measure = purpose != registry::WarmFor::kServing;
+  return model;
 }
 
 // Task `task`'s failure when its inputs' arrival ended with `why`.
@@ -112,10 +124,10 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
                              WorkerProcess::Spawn(with_id, std::move(handler)));
     return std::unique_ptr<WorkerLink>(std::move(process));
   };
-  pool.models = [catalog] {
+  pool.models = [catalog, warm_ups = options.warm_ups] {
     std::vector<WorkerModel> models;
     for (const EntryRef& entry : catalog->List()) {
-      models.push_back(WorkerModelOf(*entry));
+      models.push_back(WorkerModelOf(*entry, warm_ups));
     }
     return models;
   };
@@ -239,9 +251,9 @@ void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drai
   tasks_.RecordCleaning(task, clean, after_drain);
 }
 
-void GpuScheduler::AddModel(EntryRef entry, std::function<void(absl::Status)> done) {
+void GpuScheduler::AddModel(EntryRef entry, ModelLoads::Done done) {
   Post([this, entry, done = std::move(done)] {
-    pool_->AddModel(WorkerModelOf(*entry), done);
+    pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups), done);
   });
 }
 

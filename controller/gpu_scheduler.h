@@ -72,6 +72,9 @@ struct SchedulerOptions {
   bool inference_preempts_training = true;
   int workers = 3;  // 1 active + 2 standby
   WorkerSpawnOptions spawn;
+  // Workers warm every model when they load it (worker/warm_up.h): pswitchd's --warm-up, on by
+  // default where a first run pays one-off costs (CUDA).
+  bool warm_ups = false;
   uint64_t region_offset = 0;  // the weights region (a memdaemon lease)
   // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
@@ -126,7 +129,7 @@ class GpuScheduler : private WorkerPool::Listener {
   ~GpuScheduler() override;
 
   // Loads a newly registered model into every worker; `done` gets the first load error or OK.
-  void AddModel(registry::EntryRef entry, std::function<void(absl::Status)> done);
+  void AddModel(registry::EntryRef entry, ModelLoads::Done done);
   // Unloads `model` from this GPU (the catalog no longer lists it): its queued tasks fail
   // (Unavailable), a running training task of it is cancelled (stopped at its next iteration,
   // its weights saved as on any stop), a running inference batch finishes. Once none of its

@@ -1,5 +1,7 @@
 #include "controller/model_loads.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace pswitch::controller {
@@ -9,17 +11,17 @@ void ModelLoads::Sent(size_t slot, const std::string& model) {
   slots_[slot].loading.insert(model);
 }
 
-void ModelLoads::Answered(size_t slot, const std::string& model, const absl::Status& status) {
+void ModelLoads::Answered(size_t slot, const std::string& model, const LoadOutcome& outcome) {
   Slot& s = slots_[slot];
   if (s.pending > 0) --s.pending;
   s.loading.erase(model);
   // The answer to a load made before an unload: the worker drops the model right after.
   if (s.dropped.erase(model) > 0) {
-    CountDown(model, status, slot);
+    CountDown(model, outcome, slot);
     return;
   }
-  if (status.ok()) s.loaded.insert(model);
-  CountDown(model, status, slot);
+  if (outcome.status.ok()) s.loaded.insert(model);
+  CountDown(model, outcome, slot);
 }
 
 void ModelLoads::Died(size_t slot) {
@@ -28,29 +30,33 @@ void ModelLoads::Died(size_t slot) {
   slots_[slot].loading.clear();
   slots_[slot].dropped.clear();
   slots_[slot].pending = 0;
-  for (const std::string& model : unanswered) CountDown(model, absl::OkStatus(), slot);
+  for (const std::string& model : unanswered) CountDown(model, LoadOutcome{}, slot);
 }
 
 void ModelLoads::Await(const std::string& model, std::set<size_t> slots, Done done) {
   if (slots.empty()) {
-    done(absl::OkStatus());
+    done(LoadOutcome{});
     return;
   }
-  registrations_[model] = Registration{std::move(slots), absl::OkStatus(), std::move(done)};
+  registrations_[model] = Registration{std::move(slots), LoadOutcome{}, std::move(done)};
 }
 
-void ModelLoads::CountDown(const std::string& model, const absl::Status& status, size_t slot) {
+void ModelLoads::CountDown(const std::string& model, const LoadOutcome& answer, size_t slot) {
   auto it = registrations_.find(model);
   if (it == registrations_.end()) return;
   Registration& r = it->second;
   if (r.remaining.erase(slot) == 0) return;  // not a slot this registration counted
-  if (!status.ok() && r.status.ok()) {
-    r.status = absl::Status(status.code(), absl::StrCat("worker ", slot, " could not load '",
-                                                        model, "': ", status.message()));
+  LoadOutcome& sum = r.outcome;
+  if (!answer.status.ok() && sum.status.ok()) {
+    sum.status = absl::Status(
+        answer.status.code(),
+        absl::StrCat("worker ", slot, " could not load '", model, "': ", answer.status.message()));
   }
+  sum.infer_step = std::max(sum.infer_step, answer.infer_step);
+  sum.train_step = std::max(sum.train_step, answer.train_step);
   if (!r.remaining.empty()) return;
   Done done = std::move(r.done);
-  absl::Status result = r.status;
+  LoadOutcome result = std::move(sum);
   registrations_.erase(it);
   done(result);
 }

@@ -13,12 +13,21 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace pswitch::controller {
 
+// One worker's answer to a load, or a registration's summary of its workers' answers: the first
+// error, and the slowest warm step each kind measured (worker/warm_up.h; zero: not measured).
+struct LoadOutcome {
+  absl::Status status;
+  absl::Duration infer_step;
+  absl::Duration train_step;
+};
+
 class ModelLoads {
  public:
-  using Done = std::function<void(absl::Status)>;
+  using Done = std::function<void(const LoadOutcome&)>;
 
   explicit ModelLoads(size_t slots) : slots_(slots) {}
 
@@ -31,8 +40,8 @@ class ModelLoads {
   // A LoadModel for `model` went to `slot`.
   void Sent(size_t slot, const std::string& model);
   // `slot` answered its load of `model`; registrations this completes get their `done` (the
-  // first error among their answers, or OK).
-  void Answered(size_t slot, const std::string& model, const absl::Status& status);
+  // first error among their answers, or OK, and the slowest measured steps).
+  void Answered(size_t slot, const std::string& model, const LoadOutcome& outcome);
   // `slot`'s process died: loads it was sent will never be answered, and no longer count
   // towards any registration (loads it was not sent were never its to count). What it had
   // loaded stays known until Reset.
@@ -86,11 +95,11 @@ class ModelLoads {
   };
   struct Registration {
     std::set<size_t> remaining;  // slots still to answer
-    absl::Status status;
+    LoadOutcome outcome;
     Done done;
   };
   // Counts one answer (or death) against `model`'s registration, completing it at zero.
-  void CountDown(const std::string& model, const absl::Status& status, size_t slot);
+  void CountDown(const std::string& model, const LoadOutcome& answer, size_t slot);
 
   std::vector<Slot> slots_;
   std::map<std::string, Registration> registrations_;

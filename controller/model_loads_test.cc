@@ -9,8 +9,12 @@ namespace {
 
 struct Result {
   std::optional<absl::Status> status;
+  LoadOutcome outcome;
   ModelLoads::Done Callback() {
-    return [this](absl::Status s) { status = std::move(s); };
+    return [this](const LoadOutcome& o) {
+      status = o.status;
+      outcome = o;
+    };
   }
 };
 
@@ -23,14 +27,28 @@ TEST(ModelLoadsTest, ARegistrationCompletesWhenEveryCountedWorkerHasAnswered) {
   loads.Await("bert", {0, 1}, r.Callback());
   EXPECT_EQ(loads.pending(0), 1u);
   EXPECT_TRUE(loads.Loading(0, "bert"));
-  loads.Answered(0, "bert", absl::OkStatus());
+  loads.Answered(0, "bert", {absl::OkStatus()});
   EXPECT_FALSE(r.status.has_value());
   EXPECT_TRUE(loads.Loaded(0, "bert"));
   EXPECT_EQ(loads.pending(0), 0u);
-  loads.Answered(1, "bert", absl::OkStatus());
+  loads.Answered(1, "bert", {absl::OkStatus()});
   ASSERT_TRUE(r.status.has_value());
   EXPECT_TRUE(r.status->ok());
   EXPECT_EQ(loads.loaded_count(1), 1u);
+}
+
+TEST(ModelLoadsTest, ARegistrationReportsTheSlowestStepItsWorkersMeasured) {
+  ModelLoads loads(3);
+  for (size_t s = 0; s < 3; ++s) loads.Sent(s, "fill-1");
+  Result r;
+  loads.Await("fill-1", {0, 1, 2}, r.Callback());
+  loads.Answered(0, "fill-1", {absl::OkStatus(), absl::Milliseconds(3), absl::Milliseconds(9)});
+  loads.Answered(1, "fill-1", {absl::OkStatus(), absl::Milliseconds(5), absl::Milliseconds(7)});
+  loads.Answered(2, "fill-1", {absl::OkStatus()});  // measured nothing
+  ASSERT_TRUE(r.status.has_value());
+  EXPECT_TRUE(r.status->ok());
+  EXPECT_EQ(r.outcome.infer_step, absl::Milliseconds(5));
+  EXPECT_EQ(r.outcome.train_step, absl::Milliseconds(9));
 }
 
 TEST(ModelLoadsTest, TheFirstErrorIsReportedNamingTheWorker) {
@@ -39,8 +57,8 @@ TEST(ModelLoadsTest, TheFirstErrorIsReportedNamingTheWorker) {
   loads.Sent(1, "m");
   Result r;
   loads.Await("m", {0, 1}, r.Callback());
-  loads.Answered(1, "m", absl::ResourceExhaustedError("out of memory"));
-  loads.Answered(0, "m", absl::InternalError("second"));
+  loads.Answered(1, "m", {absl::ResourceExhaustedError("out of memory")});
+  loads.Answered(0, "m", {absl::InternalError("second")});
   ASSERT_TRUE(r.status.has_value());
   EXPECT_EQ(r.status->code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(r.status->message(), "worker 1 could not load 'm': out of memory");
@@ -57,7 +75,7 @@ TEST(ModelLoadsTest, ADeadWorkerCountsDownOnlyTheLoadsItWasSent) {
   Result a, b;
   loads.Await("a", {0, 1}, a.Callback());
   loads.Await("b", {1}, b.Callback());
-  loads.Answered(1, "a", absl::OkStatus());
+  loads.Answered(1, "a", {absl::OkStatus()});
   loads.Died(0);  // never answered "a"
   ASSERT_TRUE(a.status.has_value());
   EXPECT_TRUE(a.status->ok());
@@ -79,11 +97,11 @@ TEST(ModelLoadsTest, OnlyTheCountedWorkersAnswersCount) {
   Result r;
   loads.Await("m", {0}, r.Callback());
   loads.Sent(2, "m");  // slot 2 announced later
-  loads.Answered(2, "m", absl::OkStatus());
+  loads.Answered(2, "m", {absl::OkStatus()});
   EXPECT_FALSE(r.status.has_value());
   loads.Died(2);
   EXPECT_FALSE(r.status.has_value());
-  loads.Answered(0, "m", absl::InternalError("bad weights"));
+  loads.Answered(0, "m", {absl::InternalError("bad weights")});
   ASSERT_TRUE(r.status.has_value());
   EXPECT_EQ(r.status->code(), absl::StatusCode::kInternal);
 }
@@ -94,7 +112,7 @@ TEST(ModelLoadsTest, NothingToWaitForCompletesAtOnce) {
   loads.Await("x", {}, r.Callback());
   ASSERT_TRUE(r.status.has_value());
   EXPECT_TRUE(r.status->ok());
-  loads.Answered(0, "unawaited", absl::OkStatus());  // no registration: just bookkeeping
+  loads.Answered(0, "unawaited", {absl::OkStatus()});  // no registration: just bookkeeping
   EXPECT_TRUE(loads.Loaded(0, "unawaited"));
 }
 
@@ -107,15 +125,15 @@ TEST(ModelLoadsTest, AnUnloadedModelIsForgottenByEverySlot) {
   loads.Sent(0, "bert");
   loads.Sent(1, "bert");
   loads.Sent(0, "gpt2");
-  loads.Answered(0, "bert", absl::OkStatus());
+  loads.Answered(0, "bert", {absl::OkStatus()});
   EXPECT_TRUE(loads.AnyLoading("bert"));
-  loads.Answered(1, "bert", absl::OkStatus());
+  loads.Answered(1, "bert", {absl::OkStatus()});
   EXPECT_FALSE(loads.AnyLoading("bert"));
   EXPECT_TRUE(loads.AnyLoading("gpt2"));
   loads.Forget("bert");
   EXPECT_FALSE(loads.Loaded(0, "bert"));
   EXPECT_FALSE(loads.Loaded(1, "bert"));
-  loads.Answered(0, "gpt2", absl::OkStatus());
+  loads.Answered(0, "gpt2", {absl::OkStatus()});
   EXPECT_TRUE(loads.Loaded(0, "gpt2")) << "other models stay";
   EXPECT_EQ(loads.loaded_count(0), 1u);
 }
@@ -130,13 +148,13 @@ TEST(ModelLoadsTest, ALoadAnsweredAfterItsUnloadLeavesNothingLoaded) {
   EXPECT_TRUE(loads.Holds(0, "bert"));
   loads.Forget("bert");
   EXPECT_TRUE(loads.Dropped(0, "bert"));
-  loads.Answered(0, "bert", absl::OkStatus());
+  loads.Answered(0, "bert", {absl::OkStatus()});
   EXPECT_FALSE(loads.Loaded(0, "bert"));
   EXPECT_FALSE(loads.Holds(0, "bert"));
   EXPECT_FALSE(loads.Dropped(0, "bert"));
   EXPECT_EQ(loads.pending(0), 0u);
   loads.Sent(0, "bert");  // registered again
-  loads.Answered(0, "bert", absl::OkStatus());
+  loads.Answered(0, "bert", {absl::OkStatus()});
   EXPECT_TRUE(loads.Loaded(0, "bert"));
 }
 

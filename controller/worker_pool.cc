@@ -1,6 +1,8 @@
 #include "controller/worker_pool.h"
 
+#include <algorithm>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -89,21 +91,37 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
       std::string name = loaded->name() ? loaded->name()->str() : "";
       absl::Status status =
           loaded->error() != nullptr ? proto::FromWireError(loaded->error()) : absl::OkStatus();
+      LoadOutcome outcome{status, absl::Nanoseconds(std::max<int64_t>(loaded->infer_step_ns(), 0)),
+                          absl::Nanoseconds(std::max<int64_t>(loaded->train_step_ns(), 0))};
       if (!status.ok()) {
         Event(base::LogLevel::kError, "model_load_failed")
             .Field("slot", slot)
             .Field("model", name)
             .Field("error", status);
       } else {
-        // Each worker's part of a registration's "load" phase; the warm-up (CUDA) is what it
-        // took off the first task: CUDA context, cuBLAS/cuDNN, modules.
-        Event(base::LogLevel::kInfo, "model_loaded")
-            .Field("slot", slot)
+        // Each worker's part of a registration's "load" phase; the warm-up is what it took off
+        // the first task (CUDA context, cuBLAS/cuDNN plans at the batch, autograd, modules).
+        base::Log line = Event(base::LogLevel::kInfo, "model_loaded");
+        line.Field("slot", slot)
             .Field("model", name)
             .Field("load_ms", loaded->load_ns() / 1e6, 1)
             .Field("warm_ms", loaded->warm_ns() / 1e6, 1);
+        if (outcome.infer_step > absl::ZeroDuration()) {
+          line.FieldMs("infer_step_ms", outcome.infer_step);
+        }
+        if (outcome.train_step > absl::ZeroDuration()) {
+          line.FieldMs("train_step_ms", outcome.train_step);
+        }
+        if (loaded->train_warm_error() != nullptr) {
+          // It serves; training it at this batch here fails the same way.
+          Event(base::LogLevel::kWarn, "model_train_warm_up_failed")
+              .Field("slot", slot)
+              .Field("model", name)
+              .Field("error", loaded->train_warm_error()->str());
+        }
       }
-      loads_.Answered(static_cast<size_t>(slot), name, status);
+      loads_.Answered(static_cast<size_t>(slot), name, outcome);
+      SendDeferredLoads();
       break;
     }
     case proto::WorkerEventBody::RunDone:
@@ -159,9 +177,14 @@ void WorkerPool::MarkIdleOnceLoaded(int slot) {
 void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
   Slot& s = slots_[slot];
   Builder b;
-  auto load = proto::CreateLoadModel(b, b.CreateString(model.name),
-                                     b.CreateString(model.zoo_model), options_.region_offset,
-                                     model.layers, model.bytes, model.archive_bytes);
+  flatbuffers::Offset<proto::WarmUp> warm = 0;
+  if (model.warm.batch > 0) {
+    warm = proto::CreateWarmUp(b, model.warm.batch, model.warm.train, model.warm.train_required,
+                               model.warm.measure);
+  }
+  auto load = proto::CreateLoadModel(b, b.CreateString(model.name), b.CreateString(model.zoo_model),
+                                     options_.region_offset, model.layers, model.bytes,
+                                     model.archive_bytes, warm);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
   const int fd = model.archive != nullptr ? model.archive->get() : -1;
   if (s.process != nullptr && SendTo(slot, b, fd).ok()) {
@@ -169,13 +192,33 @@ void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
   }
 }
 
-void WorkerPool::AddModel(const WorkerModel& model, std::function<void(absl::Status)> done) {
-  std::set<size_t> answers;
+void WorkerPool::AddModel(const WorkerModel& model, ModelLoads::Done done) {
+  std::vector<size_t> targets;
+  size_t free_targets = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     // A worker that has not announced itself yet loads the whole catalog (this model included)
-    // when it does; every other live one, even one still loading, is sent this model now.
+    // when it does; every other live one, even one still loading, is sent this model.
     if (slots_[i].state == State::kDead || !loads_.announced(i)) continue;
     if (loads_.Loaded(i, model.name)) continue;
+    targets.push_back(i);
+    if (Free(static_cast<int>(i))) ++free_targets;
+  }
+  // With two free workers or more, the last free one stays free for tasks meanwhile.
+  int held = -1;
+  if (free_targets >= 2) {
+    for (auto it = targets.rbegin(); it != targets.rend(); ++it) {
+      if (Free(static_cast<int>(*it))) {
+        held = static_cast<int>(*it);
+        break;
+      }
+    }
+  }
+  std::set<size_t> answers;
+  for (size_t i : targets) {
+    if (static_cast<int>(i) == held) {
+      slots_[i].deferred.push_back(model);
+      continue;
+    }
     if (!loads_.Loading(i, model.name) || loads_.Dropped(i, model.name)) {
       SendLoad(static_cast<int>(i), model);
     }
@@ -186,7 +229,23 @@ void WorkerPool::AddModel(const WorkerModel& model, std::function<void(absl::Sta
     if (loads_.Loading(i, model.name) && slots_[i].state != State::kBusy) answers.insert(i);
   }
   loads_.Await(model.name, std::move(answers), std::move(done));
+  SendDeferredLoads();
   RefreshReadiness();
+}
+
+void WorkerPool::SendDeferredLoads() {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.deferred.empty()) continue;
+    bool others_loading = false;
+    for (size_t j = 0; j < slots_.size(); ++j) {
+      others_loading |= j != i && loads_.pending(j) > 0;
+    }
+    if (others_loading) continue;
+    std::vector<WorkerModel> deferred = std::move(s.deferred);
+    s.deferred.clear();
+    for (const WorkerModel& model : deferred) SendLoad(static_cast<int>(i), model);
+  }
 }
 
 void WorkerPool::RemoveModel(const std::string& model) {
@@ -203,6 +262,9 @@ void WorkerPool::RemoveModel(const std::string& model) {
     if (SendTo(static_cast<int>(i), b, -1).ok()) ++told;
   }
   loads_.Forget(model);
+  for (Slot& s : slots_) {
+    std::erase_if(s.deferred, [&](const WorkerModel& m) { return m.name == model; });
+  }
   Event(base::LogLevel::kInfo, "workers_unload_model").Field("model", model).Field("workers", told);
 }
 
@@ -304,13 +366,16 @@ void WorkerPool::OnDied(int slot, const absl::Status& why) {
   s.state = State::kDead;
   // Nothing of a dead process is in flight: release whoever waits for its drain.
   options_.release_drain(static_cast<uint32_t>(slot), s.drain_value);
-  // Its unanswered loads never will be: they stop holding up registrations.
+  // Its unanswered loads never will be: they stop holding up registrations. Its replacement
+  // loads the whole catalog, held-back loads included.
   loads_.Died(static_cast<size_t>(slot));
+  s.deferred.clear();
   s.process.reset();
   s.regions = RegionMappings();  // its mappings died with it
   const bool killed = !s.kill_reason.empty();
   listener_->OnWorkerDied(slot, killed ? absl::UnavailableError(s.kill_reason) : why, killed);
   ScheduleRespawn(slot, was_ready, why);
+  SendDeferredLoads();
   RefreshReadiness();
 }
 

@@ -43,6 +43,14 @@ struct Drained;
 
 namespace pswitch::controller {
 
+// What a worker warms after binding a model (proto::WarmUp, worker/warm_up.h); batch 0: nothing.
+struct WarmUpSpec {
+  uint32_t batch = 0;
+  bool train = false;
+  bool train_required = false;
+  bool measure = false;
+};
+
 // What a worker is told to load (LoadModel).
 struct WorkerModel {
   std::string name;
@@ -53,6 +61,7 @@ struct WorkerModel {
   // its size. Null for zoo models.
   std::shared_ptr<const UniqueFd> archive;
   uint64_t archive_bytes = 0;
+  WarmUpSpec warm;
 };
 
 struct WorkerPoolOptions {
@@ -120,9 +129,11 @@ class WorkerPool {
   void KillSilent(absl::Time now);
 
   // A newly registered model goes to every live worker; `done` gets the first load error or
-  // OK once each worker asked has answered (or died). A busy worker loads it after its run and
-  // is not waited for.
-  void AddModel(const WorkerModel& model, std::function<void(absl::Status)> done);
+  // OK, and the slowest warm steps measured, once each worker asked has answered (or died). A
+  // busy worker loads it after its run and is not waited for. So that a load (and its warm-up)
+  // never holds up a task that arrives meanwhile, one free worker is held back while the others
+  // load, and loads it once no other worker is loading anything; it is not waited for either.
+  void AddModel(const WorkerModel& model, ModelLoads::Done done);
 
   // Unloads `model` from every live worker that holds or is loading it (DropModel; commands are
   // handled in order, so a later load of the same name finds it gone). No task of it may be
@@ -181,6 +192,7 @@ class WorkerPool {
     std::string kill_reason;   // set by Kill
     absl::Time last_heard;     // its latest event (any counts as a heartbeat)
     RegionMappings regions;    // what this process has mapped
+    std::vector<WorkerModel> deferred;  // held back by AddModel: sent by SendDeferredLoads
   };
 
   base::Log Event(base::LogLevel level, absl::string_view event) const;
@@ -189,6 +201,8 @@ class WorkerPool {
   void OnDied(int slot, const absl::Status& why);
   void ScheduleRespawn(int slot, bool was_ready, const absl::Status& why);
   void SendLoad(int slot, const WorkerModel& model);
+  // Sends each held-back load whose slot is the only one with loads to make.
+  void SendDeferredLoads();
   // Every command goes out here: Send's backlog rule, with an fd (-1: none).
   absl::Status SendTo(int slot, const flatbuffers::FlatBufferBuilder& command, int fd);
   void SweepRegions(int slot);

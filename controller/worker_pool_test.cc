@@ -44,8 +44,9 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
   }
 
   void Ready(int slot) { workers_[slot]->Ready(slot); }
-  void Loaded(int slot, const std::string& model, absl::Status status = absl::OkStatus()) {
-    workers_[slot]->Loaded(model, status);
+  void Loaded(int slot, const std::string& model, absl::Status status = absl::OkStatus(),
+              int64_t infer_step_ns = 0, int64_t train_step_ns = 0) {
+    workers_[slot]->Loaded(model, status, infer_step_ns, train_step_ns);
   }
   void RunDone(int slot, uint64_t task) { workers_[slot]->RunDone(task); }
   // Brings every slot up with every model loaded.
@@ -137,24 +138,69 @@ TEST_F(WorkerPoolTest, AModelWhoseLoadFailedEverywhereCanNeverRun) {
 }
 
 TEST_F(WorkerPoolTest, ARegistrationWaitsForEveryLiveWorkerAndADeathCountsAsAnAnswer) {
-  auto pool = MakePool(2);
+  auto pool = MakePool(3);
   pool->Start();
-  BringUp(2);
+  BringUp(3);
   commands_.clear();
-  std::optional<absl::Status> registered;
-  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](absl::Status s) { registered = s; });
+  std::optional<LoadOutcome> registered;
+  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](const LoadOutcome& o) { registered = o; });
+  // The last free worker is held back for tasks meanwhile.
   EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel c", "101 LoadModel c"}));
   EXPECT_FALSE(pool->AwaitReady(absl::ZeroDuration()));  // loads in flight
-  Loaded(0, "c");
+  Loaded(0, "c", absl::OkStatus(), /*infer_step_ns=*/4'000'000, /*train_step_ns=*/9'000'000);
   Drain();
   EXPECT_FALSE(registered.has_value());
   workers_[1]->Die("killed by signal 9");
   Drain();
   ASSERT_TRUE(registered.has_value());
-  EXPECT_TRUE(registered->ok()) << *registered;
+  EXPECT_TRUE(registered->status.ok()) << registered->status;
+  EXPECT_EQ(registered->infer_step, absl::Milliseconds(4));
+  EXPECT_EQ(registered->train_step, absl::Milliseconds(9));
   ASSERT_EQ(deaths_.size(), 1u);
   EXPECT_EQ(deaths_[0].slot, 1);
   EXPECT_FALSE(deaths_[0].killed);
+  // Nothing else loads now: the held-back worker's turn.
+  EXPECT_EQ(commands_.back(), "102 LoadModel c");
+}
+
+// A task arriving while a model loads (and warms up) on the workers finds one of them free.
+TEST_F(WorkerPoolTest, WhileAModelLoadsOneFreeWorkerStaysFreeForTasks) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  commands_.clear();
+  std::optional<LoadOutcome> registered;
+  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](const LoadOutcome& o) { registered = o; });
+  EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel c"}));
+  EXPECT_FALSE(pool->Free(0));
+  EXPECT_TRUE(pool->Usable(1, "a"));
+  EXPECT_EQ(pool->ForModel("b", nullptr), Outlook::kNow);
+  ASSERT_TRUE(pool->SendRun(1, 7, EmptyRun()).ok());  // the task takes the held-back worker
+  Loaded(0, "c");
+  Drain();
+  ASSERT_TRUE(registered.has_value()) << "waited for the held-back worker";
+  EXPECT_TRUE(registered->status.ok());
+  // It loads the model once no other worker is loading (after its run, in command order).
+  EXPECT_EQ(commands_.back(), "101 LoadModel c");
+  EXPECT_TRUE(pool->Usable(0, "c"));
+  RunDone(1, 7);
+  Loaded(1, "c");
+  Drain();
+  EXPECT_TRUE(pool->Usable(1, "c"));
+}
+
+TEST_F(WorkerPoolTest, AnUnloadDropsAHeldBackLoad) {
+  auto pool = MakePool(2);
+  pool->Start();
+  BringUp(2);
+  commands_.clear();
+  pool->AddModel({"c", "tiny_mlp", 4, 512}, [](const LoadOutcome&) {});
+  pool->RemoveModel("c");
+  Loaded(0, "c");
+  Drain();
+  EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel c", "100 DropModel"}));
+  EXPECT_FALSE(pool->Usable(0, "c"));
+  EXPECT_FALSE(pool->Usable(1, "c"));
 }
 
 // A worker in the middle of a (possibly hours-long) run loads a new model after it; the
@@ -168,7 +214,7 @@ TEST_F(WorkerPoolTest, ARegistrationDoesNotWaitForABusyWorker) {
   ASSERT_TRUE(pool->SendRun(0, 7, run).ok());
   commands_.clear();
   std::optional<absl::Status> registered;
-  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](absl::Status s) { registered = s; });
+  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](const LoadOutcome& o) { registered = o.status; });
   EXPECT_EQ(commands_.size(), 2u) << "the busy worker is sent the load too";
   Loaded(1, "c");
   Drain();

@@ -59,8 +59,12 @@ class ControllerSink : public TaskSink {
 
 }  // namespace
 
+bool MaySeeOwnedBy(const Principal& who, absl::string_view owner) {
+  return who.role == Role::kAdmin || owner.empty() || owner == who.name;
+}
+
 bool MaySee(const Principal& who, const CatalogEntry& model) {
-  return who.role == Role::kAdmin || model.request.owner.empty() || model.request.owner == who.name;
+  return MaySeeOwnedBy(who, model.request.owner);
 }
 
 bool MayChange(const Principal& who, const CatalogEntry& model) {

@@ -47,6 +47,8 @@ inline constexpr absl::Duration kMaxTaskDeadline = absl::Hours(24);
 
 // Whether `who` may see, list and serve `model`: a copy only its owner and admins.
 bool MaySee(const Principal& who, const registry::CatalogEntry& model);
+// The same for a model whose registry::ModelRequest::owner is `owner` (empty: everyone's).
+bool MaySeeOwnedBy(const Principal& who, absl::string_view owner);
 // Whether `who` may train `model` in place or unload it: admins, the principals the model's
 // configuration names (trainers), and a copy's owner.
 bool MayChange(const Principal& who, const registry::CatalogEntry& model);

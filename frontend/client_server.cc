@@ -553,7 +553,23 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
           proto::Finish(b, proto::CreateControllerReply(b, id, ControllerReplyBody::Registered,
                                                         registered.Union()));
           self->PostAwaitedReply(Bytes(b));
-        });
+        },
+        wire.progress() ? ProgressReplies(id) : registry::PhaseObserver());
+  }
+
+  // Each phase of registration `id` as it ends, as a RegistrationProgress reply (posted in
+  // order, before the final one).
+  registry::PhaseObserver ProgressReplies(uint64_t id) {
+    return [self = shared_from_this(), id](const registry::RegistrationPhase& phase) {
+      Builder b;
+      auto wire = proto::CreateRegistrationPhase(
+          b, b.CreateString(phase.name),
+          static_cast<uint64_t>(absl::ToInt64Microseconds(phase.took)));
+      auto body = proto::CreateRegistrationProgress(b, wire);
+      proto::Finish(b, proto::CreateControllerReply(
+                           b, id, ControllerReplyBody::RegistrationProgress, body.Union()));
+      self->PostReply(Bytes(b));
+    };
   }
 
   void Unload(proto::FramedConnection& conn, uint64_t id, const proto::UnloadModel& wire) {

@@ -651,6 +651,18 @@ void HttpServer::RouteRepository(const Authorizer& authorize) {
              models[e->request.name] = {
                  {"name", e->request.name}, {"version", "1"}, {"state", "READY"}, {"reason", ""}};
            }
+           // Being registered: LOADING, with what it has done so far (it may be READY in the
+           // catalog already while the workers load it).
+           for (const controller::Controller::InProgress& r :
+                controller_->RegistrationsInProgress()) {
+             if (!MaySeeOwnedBy(*who, r.owner)) continue;
+             if (ready_only) {
+               models.erase(r.name);  // not ready until its workers have it
+             } else {
+               models[r.name] = {
+                   {"name", r.name}, {"version", "1"}, {"state", "LOADING"}, {"reason", r.reason}};
+             }
+           }
            if (options_.repository != nullptr && !ready_only) {
              absl::StatusOr<std::vector<std::string>> index = options_.repository->Index();
              if (!index.ok()) return ReplyError(res, index.status());

@@ -125,15 +125,49 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ZooModel& model,
   return std::unique_ptr<Trainer>(new Trainer(model, std::move(optimizer)));
 }
 
+namespace {
+
+// Forward, loss and backward in train mode; the loss stays on the device.
+at::Tensor ForwardBackward(ZooModel& model, const ModelInput& input, const at::Tensor& target) {
+  model.train();
+  ModelOutput out = model.Forward(input);
+  at::Tensor loss = model.Loss(out, target);
+  loss.backward();
+  return loss;
+}
+
+}  // namespace
+
+absl::StatusOr<double> ComputeGradients(ZooModel& model, const ModelInput& input,
+                                        const at::Tensor& target) {
+  double loss_value = 0;
+  PSWITCH_RETURN_IF_ERROR(
+      CatchTorch(absl::StrCat("model '", model.model_name(), "': gradients"),
+                 [&] { loss_value = ForwardBackward(model, input, target).item<double>(); }));
+  return loss_value;
+}
+
+absl::Status WarmOptimizer(const TrainerOptions& options, const at::Tensor& like) {
+  return CatchTorch("warming the optimizer", [&] {
+    at::Tensor param = at::zeros_like(like).set_requires_grad(true);
+    param.mutable_grad() = at::ones_like(like);
+    if (options.optimizer == OptimizerKind::kAdam) {
+      torch::optim::Adam adam({param}, torch::optim::AdamOptions(options.learning_rate));
+      adam.step();
+    } else {
+      torch::optim::SGD sgd(
+          {param}, torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum));
+      sgd.step();
+    }
+  });
+}
+
 absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& target) {
   double loss_value = 0;
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_.model_name(), "': training step"), [&] {
-        model_.train();
         optimizer_->zero_grad();
-        ModelOutput out = model_.Forward(input);
-        at::Tensor loss = model_.Loss(out, target);
-        loss.backward();
+        at::Tensor loss = ForwardBackward(model_, input, target);
         optimizer_->step();
         loss_value = loss.item<double>();
       }));

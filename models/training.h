@@ -32,6 +32,16 @@ int OptimizerStateSlots(const TrainerOptions& options);
 // 256-byte aligned offset. Slot k starts at k * OptimizerSlotBytes(model).
 uint64_t OptimizerSlotBytes(ZooModel& model);
 
+// The first half of a training step: train mode, forward, loss, backward. Writes gradients (added
+// to any already there) and what the forward itself writes (running statistics), never the
+// parameters; returns the loss. Trainer::Step is this plus the optimizer's update.
+absl::StatusOr<double> ComputeGradients(ZooModel& model, const ModelInput& input,
+                                        const at::Tensor& target);
+
+// One update of `options`' optimizer over a scratch parameter shaped like `like` (on its device
+// and dtype): its kernels are loaded and its first-step set-up paid without writing any model.
+absl::Status WarmOptimizer(const TrainerOptions& options, const at::Tensor& like);
+
 // Optimizer state kept outside the Trainer, so a preempted training task can resume with it in
 // another process: `storage` holds OptimizerStateSlots() slots (zeros before the first step;
 // libtorch's own first step gives bit-identical results from zeros), `steps_taken` is the

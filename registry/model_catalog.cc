@@ -34,9 +34,10 @@ absl::StatusOr<EntryRef> ModelCatalog::Settle(const std::string& name,
 }
 
 absl::StatusOr<EntryRef> ModelCatalog::Register(const ModelRequest& request,
-                                                std::vector<RegistrationPhase>* phases) {
+                                                std::vector<RegistrationPhase>* phases,
+                                                PhaseObserver observer) {
   PSWITCH_RETURN_IF_ERROR(Reserve(request.name));
-  PhaseClock clock(request.name);
+  PhaseClock clock(request.name, std::move(observer));
   absl::StatusOr<std::unique_ptr<CatalogEntry>> entry = pipeline_.Build(request, clock);
   if (phases != nullptr) *phases = clock.phases();
   if (!entry.ok()) {
@@ -83,6 +84,10 @@ absl::StatusOr<EntryRef> ModelCatalog::BeginUnload(absl::string_view name) {
       return absl::FailedPreconditionError(
           absl::StrCat("model '", name, "' is still being registered"));
     case ModelState::kUnloading:
+      if (it->second.release_failed) {  // a retry of an unload whose release failed
+        it->second.release_failed = false;
+        return it->second.entry;
+      }
       return absl::FailedPreconditionError(
           absl::StrCat("model '", name, "' is already being unloaded"));
     case ModelState::kReady:
@@ -95,8 +100,16 @@ absl::StatusOr<EntryRef> ModelCatalog::BeginUnload(absl::string_view name) {
 absl::Status ModelCatalog::FinishUnload(const CatalogEntry& entry) {
   absl::Status removed = pipeline_.Release(entry);
   absl::MutexLock lock(&mu_);
+  if (!removed.ok()) {
+    models_.at(entry.request.name).release_failed = true;
+    return absl::Status(removed.code(),
+                        absl::StrCat("model '", entry.request.name, "': its weights could not be ",
+                                     "released (the name stays taken; unload it again to "
+                                     "retry): ",
+                                     removed.message()));
+  }
   models_.erase(entry.request.name);
-  if (removed.ok()) pinned_bytes_ -= entry.weight_bytes;
+  pinned_bytes_ -= entry.weight_bytes;
   return removed;
 }
 

@@ -24,6 +24,13 @@ inline constexpr char kFillModelPrefix[] = "fill-";
 // Largest batch a model is registered with, or a training task asks for.
 inline constexpr uint32_t kMaxBatchSize = 4096;
 
+// What a registered model's warm-up at load (worker/warm_up.h) prepares it for.
+enum class WarmFor {
+  kServing,        // a forward at its batch; a training step if it is trainable
+  kFillInference,  // a fill job's inference step, timed (its first bubble is admitted by it)
+  kFillTraining,   // a fill job's training step, timed; the job fails if it fails
+};
+
 struct ModelRequest {
   std::string name;
   std::string zoo_model;
@@ -49,6 +56,7 @@ struct ModelRequest {
   // Set for a user's own copy (a training task's copy name): only this principal and admins see,
   // serve, train or unload it. Empty: every principal sees it.
   std::string owner;
+  WarmFor warm_for = WarmFor::kServing;
 };
 
 // A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.

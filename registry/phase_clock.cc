@@ -9,8 +9,8 @@
 
 namespace pswitch::registry {
 
-PhaseClock::PhaseClock(std::string model)
-    : model_(std::move(model)), since_ns_(base::MonotonicNowNs()) {}
+PhaseClock::PhaseClock(std::string model, PhaseObserver observer)
+    : model_(std::move(model)), observer_(std::move(observer)), since_ns_(base::MonotonicNowNs()) {}
 
 void PhaseClock::End(absl::string_view phase) {
   const int64_t now = base::MonotonicNowNs();
@@ -34,6 +34,7 @@ void PhaseClock::Record(absl::string_view phase, absl::Duration took) {
       .Field("model", model_)
       .Field("phase", phase)
       .FieldMs("ms", took);
+  if (observer_) observer_(phases_.back());
 }
 
 std::string FormatPhases(const std::vector<RegistrationPhase>& phases) {

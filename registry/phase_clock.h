@@ -4,6 +4,7 @@
 #define PSWITCH_REGISTRY_PHASE_CLOCK_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,9 +15,12 @@
 namespace pswitch::registry {
 
 // Not thread-safe: one registration's, on the thread running it.
+// Told each phase as it ends (a client's progress line, the repository index's reason).
+using PhaseObserver = std::function<void(const RegistrationPhase&)>;
+
 class PhaseClock {
  public:
-  explicit PhaseClock(std::string model);
+  explicit PhaseClock(std::string model, PhaseObserver observer = nullptr);
 
   // Ends the phase that ran since the previous End (or construction) as `phase`.
   void End(absl::string_view phase);
@@ -29,6 +33,7 @@ class PhaseClock {
   void Record(absl::string_view phase, absl::Duration took);
 
   const std::string model_;
+  const PhaseObserver observer_;
   int64_t since_ns_;  // CLOCK_MONOTONIC: a wall-clock step never makes a phase negative
   std::vector<RegistrationPhase> phases_;
 };

@@ -182,6 +182,46 @@ class FillTest : public ::testing::Test {
     return status;
   }
 
+  // A training fill job of tiny_cnn (`steps` steps) run through bubbles until it stops, then
+  // compared with the same training run as one task: the same weights, bit for bit.
+  void TrainThroughBubblesExactly(uint32_t steps) {
+    const absl::Duration bubble = absl::Milliseconds(20);
+    RegisterCycle(bubble);
+    client::FillJobOptions o;
+    o.kind = client::FillKind::kTraining;
+    o.model = "tiny_cnn";
+    o.batch = 4;
+    o.steps = steps;
+    o.seed = 3;
+    o.step = absl::Milliseconds(4);
+    o.memory_bytes = 32 << 20;
+    auto job = client_->SubmitFill(o);
+    ASSERT_TRUE(job.ok()) << job.status();
+    client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 1000);
+    ASSERT_EQ(done.state, client::FillState::kStopped);
+    ASSERT_TRUE(done.error.ok()) << done.error;
+    EXPECT_EQ(done.steps_done, steps);
+    EXPECT_GT(done.bubbles, 1u) << "it was never paused";
+
+    ASSERT_TRUE(client_->Register({"reference", "tiny_cnn", "", 4, "auto"}).ok());
+    client::TrainOptions train;
+    train.iterations = steps;
+    train.seed = 3;  // same data, same SGD with momentum 0.9, lr 0.01
+    ASSERT_TRUE(client_->Train("reference", train).ok());
+    auto model = models::CreateModel("tiny_cnn");
+    ASSERT_TRUE(model.ok());
+    auto probe = worker::ToHostTensor("input", (*model)->ExampleInput(2, 17).input);
+    ASSERT_TRUE(probe.ok());
+    auto filled = client_->Infer(absl::StrCat("fill-", job->job_id), {*probe});
+    auto reference = client_->Infer("reference", {*probe});
+    ASSERT_TRUE(filled.ok() && reference.ok()) << filled.status() << reference.status();
+    EXPECT_EQ(filled->outputs[0].data, reference->outputs[0].data);
+    // The trained model is the job's result: kept until a client unloads it.
+    ASSERT_TRUE(client_->Unload(absl::StrCat("fill-", job->job_id)).ok());
+    EXPECT_EQ(client_->Infer(absl::StrCat("fill-", job->job_id), {*probe}).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+
   std::unique_ptr<e2e::TestDaemon> daemon_;
   std::unique_ptr<client::Client> client_;
 };
@@ -379,42 +419,7 @@ TEST_F(FillTest, ATaskOverItsMemoryCapFailsAlone) {
 TEST_F(FillTest, TrainingFillTaskSurvivesPausesExactly) {
   // Enough steps that no bubble holds them all, however fast this machine steps tiny_cnn
   // (60 steps once fit one 40 ms bubble on a fast host, and the job was never paused).
-  constexpr uint32_t kSteps = 300;
-  const absl::Duration bubble = absl::Milliseconds(20);
-  RegisterCycle(bubble);
-  client::FillJobOptions o;
-  o.kind = client::FillKind::kTraining;
-  o.model = "tiny_cnn";
-  o.batch = 4;
-  o.steps = kSteps;
-  o.seed = 3;
-  o.step = absl::Milliseconds(4);
-  o.memory_bytes = 32 << 20;
-  auto job = client_->SubmitFill(o);
-  ASSERT_TRUE(job.ok()) << job.status();
-  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 1000);
-  ASSERT_EQ(done.state, client::FillState::kStopped);
-  ASSERT_TRUE(done.error.ok()) << done.error;
-  EXPECT_EQ(done.steps_done, kSteps);
-  EXPECT_GT(done.bubbles, 1u) << "it was never paused";
-
-  ASSERT_TRUE(client_->Register({"reference", "tiny_cnn", "", 4, "auto"}).ok());
-  client::TrainOptions train;
-  train.iterations = kSteps;
-  train.seed = 3;  // same data, same SGD with momentum 0.9, lr 0.01
-  ASSERT_TRUE(client_->Train("reference", train).ok());
-  auto model = models::CreateModel("tiny_cnn");
-  ASSERT_TRUE(model.ok());
-  auto probe = worker::ToHostTensor("input", (*model)->ExampleInput(2, 17).input);
-  ASSERT_TRUE(probe.ok());
-  auto filled = client_->Infer(absl::StrCat("fill-", job->job_id), {*probe});
-  auto reference = client_->Infer("reference", {*probe});
-  ASSERT_TRUE(filled.ok() && reference.ok()) << filled.status() << reference.status();
-  EXPECT_EQ(filled->outputs[0].data, reference->outputs[0].data);
-  // The trained model is the job's result: kept until a client unloads it.
-  ASSERT_TRUE(client_->Unload(absl::StrCat("fill-", job->job_id)).ok());
-  EXPECT_EQ(client_->Infer(absl::StrCat("fill-", job->job_id), {*probe}).status().code(),
-            absl::StatusCode::kNotFound);
+  TrainThroughBubblesExactly(300);
 }
 
 // A dataset that would block its reader (a FIFO with no writer) is refused at once, never read,
@@ -551,6 +556,25 @@ TEST_F(FillTest, AJobCancelledBeforeItsOutputIsWrittenWritesNone) {
   EXPECT_EQ(cancelled->error.code(), absl::StatusCode::kCancelled) << cancelled->error;
   EXPECT_FALSE(std::filesystem::exists(daemon_->dir() / "output.safetensors"))
       << "a cancelled job wrote its output";
+}
+
+// With warm-ups on (the CUDA default), the job's model is warmed on every worker at creation and
+// its training step timed: the first bubble is admitted by that measurement. The warm-ups (a
+// training step on every model that may train) leave the weights exactly as they were.
+class WarmFillTest : public FillTest {
+ protected:
+  std::vector<std::string> ExtraFlags() override { return {"--warm-up=on"}; }
+};
+
+TEST_F(WarmFillTest, AJobsStepIsMeasuredAtCreationAndWarmUpsLeaveTrainingExact) {
+  // A registration made while no worker has started yet waits for none (they load the catalog
+  // when they start, and measure there): this test wants the registration's own measurement.
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(2)) << daemon_->log();
+  TrainThroughBubblesExactly(120);
+  const std::string log = daemon_->log();
+  EXPECT_THAT(log, HasSubstr("event=fill_job_step_measured job=1 declared_ms=4.000"));
+  EXPECT_THAT(log, HasSubstr("train_step_ms="));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("model_train_warm_up_failed")));
 }
 
 class FillLoadsTest : public FillTest {

@@ -1,26 +1,28 @@
 // End-to-end: pswitchd's HTTP/JSON port (Open Inference Protocol, KServe v2) against a real
 // daemon, compared with its TCP client on the same models.
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
-#include <signal.h>
 #include <sstream>
-#include <cmath>
-#include <fstream>
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "gtest/gtest-spi.h"
@@ -984,6 +986,56 @@ TEST(HttpRepositoryE2eTest, IndexAndLoadFollowTritonsRepositoryExtension) {
   ASSERT_EQ(with_config->status, 200) << with_config->body;
   index = http.Post("/v2/repository/index", bob, R"({"ready": true})", "application/json");
   EXPECT_EQ(Body(index).size(), 2u) << index->body;
+  std::filesystem::remove_all(repo);
+}
+
+// Issue 28: a model being registered is in the index as LOADING, its reason what it has done so
+// far, until its workers have it; then READY.
+TEST(HttpRepositoryE2eTest, TheIndexShowsARegistrationUnderWayAsLoadingWithItsPhases) {
+  char tmpl[] = "/tmp/pswitch-http-repo-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path repo = tmpl;
+  std::filesystem::create_directories(repo / "r18");
+  std::ofstream(repo / "r18" / "config.json") << R"({"architecture": "resnet18", "batch": 2})";
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=0",
+                          "--model-repository=" + repo.string(), "--load-repository=false"});
+  ASSERT_GT(daemon.http_port(), 0) << daemon.log();
+  std::thread load([&] {
+    httplib::Client loader("127.0.0.1", daemon.http_port());
+    loader.set_read_timeout(120, 0);
+    auto loaded = loader.Post("/v2/repository/models/r18/load", "", "application/json");
+    ASSERT_TRUE(loaded);
+    EXPECT_EQ(loaded->status, 200) << loaded->body;
+  });
+  httplib::Client http("127.0.0.1", daemon.http_port());
+  std::set<std::string> reasons;
+  for (int i = 0; i < 3000; ++i) {
+    auto index = http.Post("/v2/repository/index", "", "application/json");
+    ASSERT_TRUE(index && index->status == 200);
+    const json list = Body(index);
+    ASSERT_EQ(list.size(), 1u) << index->body;
+    if (list[0]["state"] == "READY") break;
+    if (list[0]["state"] == "LOADING") {
+      reasons.insert(list[0]["reason"].get<std::string>());
+      // Not ready while it loads, even once the catalog has it.
+      EXPECT_EQ(Body(http.Post("/v2/repository/index", R"({"ready": true})", "application/json")),
+                json::array());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  load.join();
+  ASSERT_FALSE(reasons.empty()) << "never seen loading";
+  // What it has done so far, phase by phase: some reason names a finished phase.
+  bool named_a_phase = false;
+  for (const std::string& r : reasons) {
+    EXPECT_TRUE(absl::StartsWith(r, "registering") || absl::StartsWith(r, "loading on the workers"))
+        << r;
+    named_a_phase |= absl::StrContains(r, "inspect ");
+  }
+  EXPECT_TRUE(named_a_phase) << absl::StrJoin(reasons, " | ");
+  auto index = http.Post("/v2/repository/index", "", "application/json");
+  EXPECT_EQ(Body(index), json::parse(R"([{"name": "r18", "version": "1", "state": "READY",
+                                          "reason": ""}])"));
   std::filesystem::remove_all(repo);
 }
 

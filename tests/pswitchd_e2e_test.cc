@@ -466,26 +466,10 @@ TEST_F(PswitchdTest, PhaseMovesFromSwitchingToRunningOnceTheModelIsIn) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
 }
 
-// Waits (bounded) until the daemon has logged `n` workers ready: each is attached to the
-// memdaemon and has loaded the catalog, so its sockets are all open.
-bool AwaitWorkersReady(const e2e::TestDaemon& daemon, size_t n) {
-  for (int i = 0; i < 6000; ++i) {
-    std::string log = daemon.log();
-    size_t count = 0;
-    for (size_t at = log.find("event=worker_ready"); at != std::string::npos;
-         at = log.find("event=worker_ready", at + 1)) {
-      ++count;
-    }
-    if (count >= n) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
 TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   ASSERT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 1)}).ok());
   // The daemon serves as soon as one worker is ready; the standbys may still be starting.
-  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 3)) << daemon_->log();
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::vector<std::string> fds_before = OpenFds(daemon_->pid());
   size_t workers_before = Children(daemon_->pid()).size();
   ASSERT_EQ(workers_before, 3u);
@@ -527,7 +511,7 @@ TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   EXPECT_EQ(std::count(workers.begin(), workers.end(), victim), 0);
   // The replacement attaches to the memdaemon once its libtorch is loaded (seconds on a loaded
   // machine), and the dead worker's sockets close as the daemon notices; bounded wait for both.
-  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 4)) << daemon_->log();
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(4)) << daemon_->log();
   for (int i = 0; i < 4000 && OpenFds(daemon_->pid()) != fds_before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -657,7 +641,7 @@ TEST_P(PswitchdBackendTest, TrainingPreemptedByInferenceSwitchesAndBothFinishCor
 // switch then goes on, the inference is answered correctly, a fresh worker replaces the dead one
 // and the daemon serves on.
 TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwitchGoesOn) {
-  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 3)) << daemon_->log();
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::future<absl::StatusOr<client::TaskResult>> training =
       client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
   int victim = 0;
@@ -690,7 +674,7 @@ TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwit
   ASSERT_FALSE(trained.ok());
   EXPECT_THAT(trained.status().message(), HasSubstr("did not stop within")) << trained.status();
   EXPECT_THAT(daemon_->log(), HasSubstr("event=worker_killed"));
-  ASSERT_TRUE(AwaitWorkersReady(*daemon_, 4)) << "a fresh worker replaces it\n" << daemon_->log();
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(4)) << "a fresh worker replaces it\n" << daemon_->log();
   EXPECT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)}).ok());
 }
 
@@ -961,6 +945,29 @@ TEST(LimitsE2eTest, ActivationsBeyondTheWorkersLeaseFailOnlyThatTask) {
   EXPECT_TRUE((*client)->Infer("tiny_mlp", {small}).ok());
 }
 
+// Issue 28: a registration whose warm-up fails on a worker (its batch does not fit the
+// activation lease) fails with why, and leaves nothing behind: the name is free again, no
+// weights stay pinned, no worker keeps it.
+TEST(LimitsE2eTest, ARegistrationWhoseWarmUpFailsLeavesNothingBehind) {
+  e2e::TestDaemon daemon({"--preload=", "--standby-workers=1", "--activation-bytes=1048576",
+                          "--max-batch=4096", "--warm-up=on"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  ASSERT_TRUE(daemon.AwaitWorkersReady(2)) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto failed = (*client)->Register({"big", "tiny_mlp", "", 4096, "auto"});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_THAT(failed.status().message(), HasSubstr("activation lease exhausted"))
+      << failed.status();
+  auto models = (*client)->ListModels();
+  ASSERT_TRUE(models.ok()) << models.status();
+  for (const auto& m : *models) EXPECT_NE(m.name, "big");
+  EXPECT_THAT(daemon.log(), HasSubstr("event=workers_unload_model gpu=0 model=big"));
+  // The name is free: the same model at a batch that fits registers and serves.
+  ASSERT_TRUE((*client)->Register({"big", "tiny_mlp", "", 3, "auto"}).ok());
+  EXPECT_TRUE((*client)->Infer("big", {Input("tiny_mlp", 3)}).ok());
+}
+
 // Trust-boundary issue, watchdog: every task has a server-side deadline. A running training
 // task past it is stopped at its next iteration (its weights saved) and one still queued is
 // dropped, each failing with DeadlineExceeded; the GPU then serves the next task.
@@ -1029,7 +1036,8 @@ TEST(LimitsE2eTest, TaskCapsPerClientAndPerGpuAndTheBatchLimitRefuseTheExcess) {
   pending.push_back((*carol)->TrainAsync("tiny_mlp", copy("carol-1")));  // her own cap
   // Three unfinished tasks fill the GPU: carol's second is refused for the GPU's sake.
   auto full = (*carol)->TrainAsync("tiny_mlp", copy("carol-2")).get();
-  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status() << "\n"
+                                                                        << daemon.log();
   EXPECT_THAT(full.status().message(), HasSubstr("--max-queued-tasks"));
   // Batches beyond --max-batch (default 256): training and registration.
   client::TrainOptions big = endless;

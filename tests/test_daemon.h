@@ -5,8 +5,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/gpu_probe.h"
@@ -38,6 +40,22 @@ class TestDaemon {
   int port() const { return process_.port(); }
   int http_port() const { return process_.http_port(); }
   std::string log() const { return process_.log(); }
+  // Waits (bounded) until the daemon has logged `n` workers ready: each is attached to the
+  // memdaemon and has loaded the catalog, so its sockets are all open. (The daemon serves as
+  // soon as one worker is ready; the standbys may still be starting.)
+  bool AwaitWorkersReady(size_t n) const {
+    for (int i = 0; i < 6000; ++i) {
+      const std::string text = log();
+      size_t count = 0;
+      for (size_t at = text.find("event=worker_ready"); at != std::string::npos;
+           at = text.find("event=worker_ready", at + 1)) {
+        ++count;
+      }
+      if (count >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
   int Terminate() { return process_.Terminate(); }
   const std::filesystem::path& dir() const { return dir_; }
 

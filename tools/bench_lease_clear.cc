@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "tools/cli.h"
 #include "worker/lease_blocks.h"
 
 ABSL_FLAG(int, task_mib, 64, "bytes a task takes from the lease, MiB");
@@ -53,7 +53,8 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  pswitch::tools::ParseToolFlags(argc, argv,
+                                 "what clearing the activation lease between owners costs.");
   const uint64_t bytes = uint64_t(absl::GetFlag(FLAGS_task_mib)) << 20;
   const int count = std::max(1, absl::GetFlag(FLAGS_blocks));
   std::vector<std::byte> lease(2 * bytes + (1 << 20));

@@ -6,6 +6,8 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 
 namespace pswitch::tools {
 
@@ -23,6 +25,15 @@ std::string NormalizeFlagName(const std::string& arg) {
 std::vector<std::string> ParseToolFlags(int argc, char** argv, const char* usage,
                                         bool allow_positional) {
   absl::SetProgramUsageMessage(usage);
+  // --help lists the flags of every tools/ source the binary links (each tool's flags live in
+  // its own file). Abseil's default matches the file to the program's name, which a hyphenated
+  // binary (bench-bubbles, from bench_bubbles.cc) never does: it printed "No flags matched".
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "tools/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
   std::vector<std::string> normalized;
   normalized.reserve(argc);
   bool after_separator = false;

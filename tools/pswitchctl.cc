@@ -379,11 +379,29 @@ absl::Status Run(const std::vector<std::string>& args) {
         !s.ok()) {
       return s;
     }
-    auto registered =
-        client.Register({name, absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights),
-                         std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1),
-                         absl::GetFlag(FLAGS_plan), absl::GetFlag(FLAGS_archive),
-                         absl::GetFlag(FLAGS_trainers)});
+    // Progress on stderr as each phase ends: one line rewritten in place on a terminal, a line
+    // per phase otherwise (logs, pipes).
+    const bool tty = ::isatty(STDERR_FILENO) == 1;
+    std::string so_far;
+    client::RegisterOptions options{name,
+                                    absl::GetFlag(FLAGS_model),
+                                    absl::GetFlag(FLAGS_weights),
+                                    std::max<uint32_t>(absl::GetFlag(FLAGS_batch), 1),
+                                    absl::GetFlag(FLAGS_plan),
+                                    absl::GetFlag(FLAGS_archive),
+                                    absl::GetFlag(FLAGS_trainers)};
+    options.on_phase = [&](const std::string& phase, absl::Duration took) {
+      const std::string one = absl::StrFormat("%s %.2f s", phase, absl::ToDoubleSeconds(took));
+      absl::StrAppend(&so_far, so_far.empty() ? "" : ", ", one);
+      if (tty) {
+        std::fprintf(stderr, "\rregistering %s: %s", name.c_str(), so_far.c_str());
+      } else {
+        std::fprintf(stderr, "registering %s: %s\n", name.c_str(), one.c_str());
+      }
+      std::fflush(stderr);
+    };
+    auto registered = client.Register(options);
+    if (tty && !so_far.empty()) std::fprintf(stderr, "\n");
     if (!registered.ok()) return registered.status();
     std::printf("registered %s: %u layers in %u groups, %llu bytes\n", registered->name.c_str(),
                 registered->layers, registered->groups,

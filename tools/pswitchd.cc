@@ -77,6 +77,11 @@ ABSL_FLAG(int, cpu_threads, -1,
           "-1 = auto (cuda: the cores shared by every worker, 1 to 4 each; host: as 0, the "
           "model's compute is on the CPU); 0 = as pswitchd's environment says (the libraries' "
           "default: every core)");
+ABSL_FLAG(std::string, warm_up, "auto",
+          "what workers run when they load a model, so its first task (and a fill job's first "
+          "step) pays no one-off costs: a forward at its registered batch and, for a trainable "
+          "model, a training step that writes no weights; a fill job's model also times its "
+          "step. auto = on where a first run pays such costs (cuda), off on host; on; off");
 ABSL_FLAG(uint64_t, activation_bytes, 256ull << 20,
           "each worker's arena lease for intermediate tensors (a task exceeding it fails alone)");
 ABSL_FLAG(std::string, policy, "fcfs", "scheduling policy: fcfs, edf or priority");
@@ -408,6 +413,16 @@ absl::Status CheckFileDescriptors(bool with_tokens) {
   return absl::OkStatus();
 }
 
+// --warm-up as the schedulers take it.
+absl::StatusOr<bool> WarmUps(gpu::Backend backend) {
+  const std::string flag = absl::GetFlag(FLAGS_warm_up);
+  if (flag == "auto") return backend == gpu::Backend::kCuda;
+  if (flag == "on") return true;
+  if (flag == "off") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--warm-up must be auto, on or off, not '", flag, "'"));
+}
+
 // --cpu-threads as the workers and registration children get it (0: every core).
 int CpuThreads(gpu::Backend backend, int workers) {
   const int flag = absl::GetFlag(FLAGS_cpu_threads);
@@ -533,6 +548,12 @@ int Main() {
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  absl::StatusOr<bool> warm_ups = WarmUps(options.device.backend);
+  if (!warm_ups.ok()) {
+    StartFailed(warm_ups.status().ToString());
+    return 2;
+  }
+  controller_options.scheduler.warm_ups = *warm_ups;
   const int cpu_threads = CpuThreads(options.device.backend, gpus * (1 + standby));
   controller_options.scheduler.spawn.cpu_threads = cpu_threads;
   std::shared_ptr<const base::ConfinedDir> data_root;

@@ -24,7 +24,6 @@ class HostExecutor final : public Executor {
     return activations_ != nullptr ? activations_->dirty_bytes() : 0;
   }
   LeaseAllocator* host_activations() const override { return activations_; }
-  bool warms_up() const override { return false; }
   absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream&) override {
     return std::unique_ptr<ComputeSection>();
   }

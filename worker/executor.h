@@ -47,9 +47,6 @@ class Executor {
   virtual uint64_t DirtyActivationBytes() const = 0;
   // The host's lease allocator, for scoping CPU allocations to a task; null on CUDA.
   virtual LeaseAllocator* host_activations() const = 0;
-  // True where a model's first run pays one-off costs (CUDA context, cuBLAS/cuDNN handles, lazy
-  // modules) that a warm-up at load time should take off the first task.
-  virtual bool warms_up() const = 0;
   // Starts a section on `stream`; null when the backend needs none (the host computes in line).
   virtual absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream& stream) = 0;
   // What the backend does with mapped transfer regions (worker/region_map.h); lives as long as

@@ -1,18 +1,22 @@
 #include "worker/fill_steps.h"
 
+#include <algorithm>
+
 #include "base/clock.h"
-#include "gpu/copy_engine.h"
 #include "base/status.h"
+#include "gpu/copy_engine.h"
 
 namespace pswitch::worker {
 
 absl::StatusOr<std::unique_ptr<FillSteps>> FillSteps::Create(const proto::FillRun& fill,
-                                                             const std::atomic<bool>* stop) {
+                                                             const std::atomic<bool>* stop,
+                                                             absl::Duration measured) {
   if (fill.step_ns() <= 0 || fill.margin_ns() < 0) {
     return absl::InvalidArgumentError("fill run needs a positive step duration and margin >= 0");
   }
-  PSWITCH_ASSIGN_OR_RETURN(fill::StepProfile profile,
-                           fill::StepProfile::Create(absl::Nanoseconds(fill.step_ns())));
+  PSWITCH_ASSIGN_OR_RETURN(
+      fill::StepProfile profile,
+      fill::StepProfile::Create(std::max(absl::Nanoseconds(fill.step_ns()), measured)));
   std::unique_ptr<FillSteps> steps(new FillSteps(std::move(profile), fill, stop));
   if (fill.device_lock_path() != nullptr && fill.device_lock_path()->size() > 0) {
     PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock,

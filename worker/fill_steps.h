@@ -20,8 +20,11 @@ namespace pswitch::worker {
 
 class FillSteps {
  public:
-  static absl::StatusOr<std::unique_ptr<FillSteps>> Create(const proto::FillRun& fill,
-                                                           const std::atomic<bool>* stop);
+  // The prediction starts at the larger of the run's step time and `measured` (this worker's own
+  // measurement of the step, taken when it loaded the model; zero: none).
+  static absl::StatusOr<std::unique_ptr<FillSteps>> Create(
+      const proto::FillRun& fill, const std::atomic<bool>* stop,
+      absl::Duration measured = absl::ZeroDuration());
   // Whether the next step may start now.
   bool MayStart() const;
   // Runs one step under the compute lock and records its duration; false (the step did not

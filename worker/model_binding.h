@@ -57,12 +57,23 @@ class BoundModel {
   size_t mode_layers(bool training) const {
     return training ? train_to_layout_.size() : num_layers_;
   }
+  // A warm step's time measured at load (worker/warm_up.h), for a training step or an inference
+  // forward; 0 when not measured. A fill step here is never predicted shorter.
+  void set_measured_steps(int64_t infer_ns, int64_t train_ns) {
+    measured_infer_ns_ = infer_ns;
+    measured_train_ns_ = train_ns;
+  }
+  int64_t measured_step_ns(bool training) const {
+    return training ? measured_train_ns_ : measured_infer_ns_;
+  }
 
  private:
   BoundModel() = default;
   std::shared_ptr<models::ZooModel> model_;
   std::vector<int> train_to_layout_;
   size_t num_layers_ = 0;
+  int64_t measured_infer_ns_ = 0;
+  int64_t measured_train_ns_ = 0;
 };
 
 }  // namespace pswitch::worker

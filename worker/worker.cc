@@ -14,17 +14,18 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/nvtx.h"
+#include "base/status.h"
 #include "gpu/copy_engine.h"
 #include "models/safetensors.h"
 #include "models/training.h"
 #include "models/weights.h"
-#include "base/status.h"
 #include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
-#include "worker/host_tensors.h"
 #include "worker/executor.h"
+#include "worker/host_tensors.h"
 #include "worker/iterative_task.h"
+#include "worker/warm_up.h"
 
 namespace pswitch::worker {
 namespace {
@@ -306,14 +307,30 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) 
   }
   const int64_t load_ns = base::MonotonicNowNs() - load_start;
   int64_t warm_ns = 0;
-  if (status.ok() && executor_->warms_up()) {
+  WarmResult warmed;
+  if (status.ok()) {
     const int64_t start = base::MonotonicNowNs();
-    status = WarmUp(name, *models_[name]);
+    absl::StatusOr<WarmSpec> spec = WarmSpec::From(load.warm(), kMaxWarmBatch);
+    absl::StatusOr<WarmResult> result =
+        spec.ok() ? WarmUp(*models_[name], name, *spec,
+                           WarmContext{*executor_, *stream_, activations_, tensor_device_,
+                                       options_.group_timeout})
+                  : spec.status();
     warm_ns = base::MonotonicNowNs() - start;
+    if (result.ok()) {
+      warmed = *std::move(result);
+      models_[name]->set_measured_steps(warmed.infer_step_ns, warmed.train_step_ns);
+    } else {
+      status = result.status();
+      models_.erase(name);  // a model that cannot run here is not left loaded
+    }
   }
   flatbuffers::FlatBufferBuilder b;
   auto error = status.ok() ? 0 : proto::CreateWireError(b, status);
-  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns, load_ns);
+  auto train_error =
+      warmed.train_status.ok() ? 0 : b.CreateString(std::string(warmed.train_status.message()));
+  auto loaded = proto::CreateModelLoaded(b, b.CreateString(name), error, warm_ns, load_ns,
+                                         warmed.infer_step_ns, warmed.train_step_ns, train_error);
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::ModelLoaded, loaded.Union()));
   return SendEvent(b);
 }
@@ -369,23 +386,6 @@ absl::Status Worker::HandleDrop(const proto::DropModel& drop) {
       .Field("was_loaded", had)
       .Field("models_left", models_.size());
   return absl::OkStatus();
-}
-
-absl::Status Worker::WarmUp(const std::string& name, BoundModel& bound) {
-  // The weights region may hold another model's bytes (or be streaming them): the warm-up only
-  // reads it, and its output is thrown away.
-  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<ComputeSection> compute, executor_->Enter(*stream_));
-  executor_->SetActivationLimit(0);
-  absl::Status ran = models::CatchTorch(absl::StrCat("warming up '", name, "'"), [&] {
-    torch::NoGradGuard no_grad;
-    bound.model().eval();
-    (void)bound.model().Forward(ModelInputOn(bound.model().ExampleInput(1, 0), tensor_device_));
-  });
-  absl::Status synced =
-      compute != nullptr ? compute->Synchronize("warm-up", options_.group_timeout)
-                         : absl::OkStatus();
-  executor_->MarkActivationsPersistent();
-  return ran.ok() ? synced : ran;
 }
 
 absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
@@ -537,8 +537,12 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   int groups_gated = 0;  // groups whose gate this task passed (on CUDA: whose wait it enqueued)
   std::unique_ptr<FillSteps> fill;
   if (run.fill() != nullptr) {
+    // Never predicted shorter than this worker measured the step at load.
+    const absl::Duration measured =
+        it != models_.end() ? absl::Nanoseconds(it->second->measured_step_ns(run.training()))
+                            : absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<FillSteps>> steps =
-        FillSteps::Create(*run.fill(), &stops_.pending());
+        FillSteps::Create(*run.fill(), &stops_.pending(), measured);
     if (steps.ok()) {
       fill = std::move(*steps);
     } else {

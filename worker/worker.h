@@ -104,9 +104,6 @@ class Worker {
     int64_t first_layer_done_ns = 0;
     std::vector<int64_t> group_gates_ns;  // groups 1, 2, ...: when each gate released
   };
-  // CUDA: one forward of `bound` (gates open, example input) so libtorch's lazy CUDA set-up
-  // (cuBLAS/cuDNN handles, module loading) is paid at load time, not by the first task.
-  absl::Status WarmUp(const std::string& name, BoundModel& bound);
   // The task bodies; they run inside HandleRun's gate and libtorch exception handling.
   absl::StatusOr<std::vector<proto::HostTensor>> Infer(BoundModel& bound, const proto::Run& run);
   // `fill` (may be null) gates each step of a fill task's run inside its bubble.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "gmock/gmock.h"
 #include "grouping/baselines.h"
 #include "gtest/gtest.h"
@@ -23,9 +24,11 @@
 #include "proto/frame_channel.h"
 #include "proto/framing.h"
 #include "proto/host_tensor.h"
+#include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/host_tensors.h"
 #include "worker/model_binding.h"
+#include "worker/warm_up.h"
 
 namespace pswitch::worker {
 namespace {
@@ -186,16 +189,10 @@ class WorkerRegionTest : public ::testing::Test {
     ASSERT_TRUE(sent.ok()) << sent.status();
     ASSERT_TRUE((*sent)->Wait(kAnswerTimeout).ok());
 
-    flatbuffers::FlatBufferBuilder load;
-    proto::Finish(load, proto::CreateWorkerCommand(
-                            load, 0, proto::WorkerCommandBody::LoadModel,
-                            proto::CreateLoadModel(load, load.CreateString("tiny"),
-                                                   load.CreateString("tiny_cnn"), region->offset,
-                                                   layers, (*stored)->total_bytes())
-                                .Union()));
-    Send(load);
-    ASSERT_TRUE(Next(proto::WorkerEventBody::ModelLoaded).ok());
-    ASSERT_EQ(LastEvent().body_as_ModelLoaded()->error(), nullptr);
+    weights_offset_ = region->offset;
+    weights_bytes_ = (*stored)->total_bytes();
+    layers_ = layers;
+    ASSERT_TRUE(Load("tiny").ok());
     flatbuffers::FlatBufferBuilder prepare;
     const std::vector<uint32_t> last_layer = {layers - 1};
     proto::Finish(prepare,
@@ -205,6 +202,29 @@ class WorkerRegionTest : public ::testing::Test {
                                            0, prepare.CreateVector(last_layer))
                           .Union()));
     Send(prepare);
+  }
+
+  // LoadModel of tiny_cnn's weights region as `name`, warmed as `warm` says (null: not at all);
+  // the error it answered, or OK. Its ModelLoaded stays in last_.
+  absl::Status Load(const std::string& name, const WarmSpec* warm = nullptr) {
+    flatbuffers::FlatBufferBuilder load;
+    auto warm_table = warm != nullptr ? proto::CreateWarmUp(load, warm->batch, warm->train,
+                                                            warm->train_required, warm->measure)
+                                      : 0;
+    proto::Finish(load, proto::CreateWorkerCommand(
+                            load, 0, proto::WorkerCommandBody::LoadModel,
+                            proto::CreateLoadModel(load, load.CreateString(name),
+                                                   load.CreateString("tiny_cnn"), weights_offset_,
+                                                   layers_, weights_bytes_, 0, warm_table)
+                                .Union()));
+    if (absl::Status sent = control_->Send(load); !sent.ok()) return sent;
+    PSWITCH_RETURN_IF_ERROR(Next(proto::WorkerEventBody::ModelLoaded));
+    const proto::ModelLoaded& loaded = *LastEvent().body_as_ModelLoaded();
+    return loaded.error() == nullptr ? absl::OkStatus() : proto::FromWireError(loaded.error());
+  }
+  std::string WeightsBytes() {
+    const std::byte* at = daemon_->arena().base() + weights_offset_;
+    return std::string(reinterpret_cast<const char*>(at), weights_bytes_);
   }
 
   void MapRegion(uint64_t region, int fd, const std::string& cuda_ipc_handle = "") {
@@ -228,10 +248,11 @@ class WorkerRegionTest : public ::testing::Test {
   }
 
   // One inference Run of `input`; outputs inline unless `outputs_to` is set.
-  RunAnswer Run(const proto::HostTensor& input, const proto::ByteSlice* outputs_to = nullptr) {
+  RunAnswer Run(const proto::HostTensor& input, const proto::ByteSlice* outputs_to = nullptr,
+                const std::string& model_name = "tiny") {
     flatbuffers::FlatBufferBuilder b;
     auto inputs = proto::CreateWireTensors(b, {input});
-    auto model = b.CreateString("tiny");
+    auto model = b.CreateString(model_name);
     proto::RunBuilder run(b);
     run.add_task_id(++task_);
     run.add_model(model);
@@ -289,7 +310,50 @@ class WorkerRegionTest : public ::testing::Test {
   std::vector<uint8_t> last_;
   at::Tensor example_;
   uint64_t task_ = 0;
+  uint64_t weights_offset_ = 0;
+  uint64_t weights_bytes_ = 0;
+  uint32_t layers_ = 0;
 };
+
+// A warm-up at the model's batch with a training step (BatchNorm running statistics, dropout,
+// an SGD update) leaves every byte of the weights region as it was: the region may hold another
+// model's weights by then. Measured steps come back for a fill job's admission.
+TEST_F(WorkerRegionTest, AWarmUpWithATrainingStepWritesNothingInTheWeightsRegion) {
+  const std::string before = WeightsBytes();
+  WarmSpec warm;
+  warm.batch = 4;
+  warm.train = true;
+  warm.train_required = true;
+  warm.measure = true;
+  ASSERT_TRUE(Load("warm", &warm).ok());
+  const proto::ModelLoaded& loaded = *LastEvent().body_as_ModelLoaded();
+  EXPECT_GT(loaded.infer_step_ns(), 0);
+  EXPECT_GT(loaded.train_step_ns(), 0);
+  EXPECT_EQ(loaded.train_warm_error(), nullptr);
+  EXPECT_GE(loaded.warm_ns(), loaded.infer_step_ns() + loaded.train_step_ns());
+  EXPECT_TRUE(WeightsBytes() == before) << "the warm-up wrote into the weights region";
+  // The model the fixture prepared still serves what it served before the warm-up.
+  RunAnswer first = Run(InlineInput());
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  // Unmeasured, untrained: no step times.
+  warm.train = false;
+  warm.measure = false;
+  ASSERT_TRUE(Load("warm-serving", &warm).ok());
+  EXPECT_EQ(LastEvent().body_as_ModelLoaded()->infer_step_ns(), 0);
+  EXPECT_EQ(LastEvent().body_as_ModelLoaded()->train_step_ns(), 0);
+  EXPECT_TRUE(WeightsBytes() == before);
+}
+
+TEST_F(WorkerRegionTest, AWarmUpBatchAboveTheMaximumFailsTheLoadAndLeavesNothingLoaded) {
+  WarmSpec warm;
+  warm.batch = kMaxWarmBatch + 1;
+  absl::Status loaded = Load("too-big", &warm);
+  EXPECT_EQ(loaded.code(), absl::StatusCode::kInvalidArgument) << loaded;
+  EXPECT_THAT(loaded.message(), HasSubstr("warm-up batch"));
+  RunAnswer run = Run(InlineInput(), nullptr, "too-big");
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << run.status;
+  EXPECT_THAT(run.status.message(), HasSubstr("without load"));
+}
 
 TEST_F(WorkerRegionTest, RegionRunsMatchTheFramedPathAndAShrunkSegmentFailsOnlyItsTask) {
   // The framed baseline.

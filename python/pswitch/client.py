@@ -112,6 +112,24 @@ class FillStats:
     killed: int
 
 
+class _ProgressLine:
+    """Phases as they end, on one line of stderr rewritten in place."""
+
+    def __init__(self, label):
+        self._label = label
+        self._phases = []
+
+    def __call__(self, phase, seconds):
+        self._phases.append(f"{phase} {seconds:.2f} s")
+        sys.stderr.write(f"\r{self._label}: {', '.join(self._phases)}")
+        sys.stderr.flush()
+
+    def close(self):
+        if self._phases:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
 def _is_torch(value):
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
@@ -199,19 +217,33 @@ class Client:
 
     # --- models ---
     def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto",
-                 trainers=()):
+                 trainers=(), progress=None):
         """Registers `name` (admin): a zoo `model` ("resnet50"), your own `archive`
         (pswitch.export), or, with neither, the folder `name` of pswitchd's model repository.
         Over the Unix socket this client opens `archive`, `weights` and `plan` itself (paths
         relative to its working directory) and passes the open files; over TCP they are paths
-        on the server and need pswitchd's --allow-client-paths. `trainers`: token names who may train it in place
-        and unload it besides admins; everyone else trains a copy (train(..., as_model=))."""
+        on the server and need pswitchd's --allow-client-paths. `trainers`: token names who may
+        train it in place and unload it besides admins; everyone else trains a copy
+        (train(..., as_model=)). `progress`: a callable, called as progress(phase, seconds) as
+        each phase (read, inspect, profile, plan, pin, load) ends, from another thread; or True
+        for a progress line on stderr (a terminal or a notebook)."""
         if model is not None and archive is not None:
             raise ValueError("name a zoo model or an archive, not both")
         if isinstance(trainers, str):
             raise TypeError("trainers is a list of names")
-        r = self._client.register(name, model or "", archive or "", weights or "", int(batch),
-                                  plan or "auto", [str(t) for t in trainers])
+        line = None
+        if progress is True:
+            line = _ProgressLine(f"registering {name}")
+            progress = line
+        elif progress is not None and not callable(progress):
+            raise TypeError("progress is a callable(phase, seconds) or True")
+        try:
+            r = self._client.register(name, model or "", archive or "", weights or "",
+                                      int(batch), plan or "auto", [str(t) for t in trainers],
+                                      progress)
+        finally:
+            if line is not None:
+                line.close()
         return RegisteredModel(**r)
 
     def models(self):

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -259,8 +260,22 @@ class PyClient {
 
   py::dict Register(const std::string& name, const std::string& model, const std::string& archive,
                     const std::string& weights, uint32_t batch, const std::string& plan,
-                    const std::vector<std::string>& trainers) {
+                    const std::vector<std::string>& trainers, py::object progress) {
     client::RegisterOptions options;
+    // Called on the client's reader thread while this one waits without the GIL: it takes the
+    // GIL for the call, and the first exception it raises is raised here once Register returns.
+    std::optional<py::error_already_set> raised;
+    if (!progress.is_none()) {
+      options.on_phase = [&progress, &raised](const std::string& phase, absl::Duration took) {
+        py::gil_scoped_acquire gil;
+        if (raised) return;
+        try {
+          progress(phase, absl::ToDoubleSeconds(took));
+        } catch (py::error_already_set& e) {
+          raised.emplace(std::move(e));
+        }
+      };
+    }
     options.trainers = trainers;
     options.name = name;
     options.zoo_model = model;
@@ -274,6 +289,7 @@ class PyClient {
       py::gil_scoped_release release;
       r = c.Register(options);
     }
+    if (raised) throw std::move(*raised);
     client::RegisteredModel m = Check(std::move(r));
     py::dict d;
     d["name"] = m.name;

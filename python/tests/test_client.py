@@ -73,6 +73,23 @@ def test_register_list_unload(client):
         client.unload("py_mlp")
 
 
+def test_register_reports_each_phase_as_it_ends(client):
+    seen = []
+    r = client.register("py_progress", "tiny_mlp",
+                        progress=lambda phase, seconds: seen.append((phase, seconds)))
+    # Every phase, in order, with the times the answer gives, before register returned.
+    assert seen == [tuple(p) for p in r.phases]
+    assert seen[-1][0] == "load"
+    client.unload("py_progress")
+    # A callback's exception is raised once the registration has answered (it went through).
+    with pytest.raises(ZeroDivisionError):
+        client.register("py_progress", "tiny_mlp", progress=lambda phase, seconds: 1 / 0)
+    assert "py_progress" in {m.name for m in client.models()}
+    client.unload("py_progress")
+    with pytest.raises(TypeError):
+        client.register("py_progress", "tiny_mlp", progress="yes")
+
+
 def test_train_status_list_and_cancel(client):
     client.register("py_train", "tiny_cnn", batch=2)
     done = client.train("py_train", 5, seed=1, optimizer="adam", lr=1e-3, momentum=0)

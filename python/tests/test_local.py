@@ -143,6 +143,9 @@ def test_pswitchctl_register_passes_the_archive_as_a_file(unix_path, tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "registered ctl_probe" in run.stdout
+    # Progress as each phase ends, one line each when stderr is not a terminal, load last.
+    progress = [line for line in run.stderr.splitlines() if line.startswith("registering ctl_probe: ")]
+    assert [line.split(": ")[1].split()[0] for line in progress][-1] == "load", run.stderr
     subprocess.run([ctl, "--server", "unix:" + unix_path, "unload", "--name", "ctl_probe"],
                    check=True, capture_output=True, timeout=120)
 

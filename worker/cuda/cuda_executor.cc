@@ -35,7 +35,6 @@ class CudaExecutor final : public Executor {
   void NewActivationOwner() override { activations_->NewOwner(); }
   uint64_t DirtyActivationBytes() const override { return activations_->dirty_bytes(); }
   LeaseAllocator* host_activations() const override { return nullptr; }
-  bool warms_up() const override { return true; }
   absl::StatusOr<std::unique_ptr<ComputeSection>> Enter(gpu::Stream& stream) override {
     PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<cuda::ComputeStreamScope> scope,
                              cuda::ComputeStreamScope::Enter(stream, device_.index()));
