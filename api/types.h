@@ -31,6 +31,14 @@ struct TaskStatus {
   bool cleaned_after_drain = false;
 };
 
+// A training task's optimizer and its hyperparameters (models::Trainer runs it).
+enum class OptimizerKind { kSgd, kAdam };
+struct TrainerOptions {
+  OptimizerKind optimizer = OptimizerKind::kSgd;
+  double learning_rate = 0.01;
+  double momentum = 0.9;  // SGD only
+};
+
 // Fill jobs: work that runs only inside the main job's pipeline bubbles.
 enum class FillKind { kInference, kTraining, kSynthetic };
 

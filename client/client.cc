@@ -432,7 +432,19 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
       PSWITCH_RETURN_IF_ERROR(files.Read(options.plan, proto::FileRole::Plan));
     }
   }
-  return CallAndAwait<RegisteredModel>(
+  // The progress callback may capture the caller's stack: it is never called once Register has
+  // returned, even when it returns at the timeout with the registration still under way (a call
+  // in progress finishes first).
+  struct PhaseSink {
+    absl::Mutex mu;
+    std::function<void(const std::string&, absl::Duration)> fn ABSL_GUARDED_BY(mu);
+  };
+  auto sink = std::make_shared<PhaseSink>();
+  {
+    absl::MutexLock lock(&sink->mu);
+    sink->fn = options.on_phase;
+  }
+  absl::StatusOr<RegisteredModel> registered = CallAndAwait<RegisteredModel>(
       *connection_, options_.timeout, "register",
       [&](Builder& b, uint64_t id) {
         auto body = proto::CreateRegisterModel(
@@ -460,14 +472,18 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
         return model;
       },
       files.fds(),
-      [on_phase = options.on_phase](const ControllerReply* reply) {
+      [sink](const ControllerReply* reply) {
         if (reply->body_type() != ControllerReplyBody::RegistrationProgress) return false;
         const proto::RegistrationPhase* p = reply->body_as_RegistrationProgress()->phase();
-        if (on_phase != nullptr && p != nullptr) {
-          on_phase(p->name() ? p->name()->str() : "", absl::Microseconds(p->us()));
+        absl::MutexLock lock(&sink->mu);
+        if (sink->fn != nullptr && p != nullptr) {
+          sink->fn(p->name() ? p->name()->str() : "", absl::Microseconds(p->us()));
         }
         return true;
       });
+  absl::MutexLock lock(&sink->mu);
+  sink->fn = nullptr;
+  return registered;
 }
 
 absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {

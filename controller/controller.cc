@@ -135,13 +135,8 @@ std::vector<Controller::InProgress> Controller::RegistrationsInProgress() const 
 
 void Controller::Register(RequestMaker make_request, RegisterCallback done,
                           registry::PhaseObserver progress) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    done(absl::CancelledError("pswitchd is shutting down"));
-    return;
-  }
-  registrations_.push_back([this, make_request = std::move(make_request), done = std::move(done),
-                            progress = std::move(progress)]() mutable {
+  const bool queued = Enqueue([this, make_request = std::move(make_request), done,
+                               progress = std::move(progress)]() mutable {
     absl::StatusOr<ModelRequest> request = make_request();
     if (request.ok() && (request->batch_size == 0 || request->batch_size > options_.max_batch)) {
       request = absl::InvalidArgumentError(absl::StrCat("batch size ", request->batch_size,
@@ -175,19 +170,22 @@ void Controller::Register(RequestMaker make_request, RegisterCallback done,
         },
         std::move(observe));
   });
+  if (!queued) done(absl::CancelledError("pswitchd is shutting down"));
+}
+
+bool Controller::Enqueue(std::function<void()> job) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  registrations_.push_back(std::move(job));
+  return true;
 }
 
 void Controller::RegisterCopy(std::string original, std::string name, std::string owner,
                               RegisterCallback done) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    done(absl::CancelledError("pswitchd is shutting down"));
-    return;
-  }
   // On the registration thread, where unloads finish too: the original's pinned weights stay
   // while they are copied.
-  registrations_.push_back([this, original = std::move(original), name = std::move(name),
-                            owner = std::move(owner), done = std::move(done)] {
+  const bool queued = Enqueue([this, original = std::move(original), name = std::move(name),
+                               owner = std::move(owner), done] {
     absl::StatusOr<EntryRef> from = catalog_->Find(original);
     if (!from.ok()) {
       done(from.status());
@@ -201,6 +199,7 @@ void Controller::RegisterCopy(std::string original, std::string name, std::strin
     }
     LoadEverywhere(*std::move(entry), {{"pin", absl::Now() - start}}, std::move(done));
   });
+  if (!queued) done(absl::CancelledError("pswitchd is shutting down"));
 }
 
 void Controller::LoadEverywhere(EntryRef entry, std::vector<registry::RegistrationPhase> phases,
@@ -269,12 +268,7 @@ void Controller::OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& star
 }
 
 void Controller::Unload(std::string name, std::function<void(absl::Status)> done) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    done(absl::CancelledError("pswitchd is shutting down"));
-    return;
-  }
-  registrations_.push_back([this, name = std::move(name), done = std::move(done)] {
+  const bool queued = Enqueue([this, name = std::move(name), done] {
     absl::StatusOr<EntryRef> entry = catalog_->BeginUnload(name);
     if (!entry.ok()) {
       done(entry.status());
@@ -292,17 +286,13 @@ void Controller::Unload(std::string name, std::function<void(absl::Status)> done
           }
           // Unpinning gigabytes takes long (and may synchronise the device): not on a
           // scheduler's loop, but on the registration thread.
-          {
-            absl::MutexLock lock(&mu_);
-            if (!stopping_) {
-              registrations_.push_back(
-                  [this, entry, done] { done(catalog_->FinishUnload(*entry)); });
-              return;
-            }
+          if (!Enqueue([this, entry, done] { done(catalog_->FinishUnload(*entry)); })) {
+            done(absl::CancelledError("pswitchd is shutting down"));
           }
-          done(absl::CancelledError("pswitchd is shutting down"));
         });
   });
+  // Never under mu_: a callback may register or unload again (a fill job's rollback does).
+  if (!queued) done(absl::CancelledError("pswitchd is shutting down"));
 }
 
 namespace {
@@ -362,7 +352,7 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
           absl::StrCat("training batch size must be in [1, ", options_.max_batch,
                        "] (0 = the model's; --max-batch), got ", spec.batch));
     }
-    const models::TrainerOptions& t = spec.trainer;
+    const api::TrainerOptions& t = spec.trainer;
     if (!(t.learning_rate > 0 && t.learning_rate <= 10)) {
       return absl::InvalidArgumentError(
           absl::StrCat("learning rate must be in (0, 10], got ", t.learning_rate));

@@ -108,6 +108,9 @@ class Controller {
  private:
   explicit Controller(const ControllerOptions& options) : options_(options) {}
   void RegistrarLoop();
+  // Queues `job` for the registration thread; false (nothing queued) once shutting down. The
+  // caller answers then, outside mu_: callbacks may call back in.
+  bool Enqueue(std::function<void()> job);
   using Done = ModelLoads::Done;
   // Starts something on every GPU's scheduler (`start` hands it its callback); `all` gets the
   // first error, or OK, and the slowest measured steps, once every GPU has called back.

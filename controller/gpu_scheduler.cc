@@ -1,7 +1,6 @@
 #include "controller/gpu_scheduler.h"
 
 #include <algorithm>
-
 #include <chrono>
 #include <tuple>
 
@@ -14,6 +13,7 @@
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/state_area.h"
+#include "models/training.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -30,7 +30,10 @@ namespace {
 std::string MetricModel(const TaskSpec& spec) { return spec.fill ? "fill" : spec.model; }
 
 // What a worker loads for `entry`.
-WorkerModel WorkerModelOf(const CatalogEntry& entry, bool warm_ups) {
+// `registering`: for the registration's own loads; a worker started later loads the catalog
+// and warms every model for serving (a finished training fill job's model is served, its
+// training warm-up no longer required).
+WorkerModel WorkerModelOf(const CatalogEntry& entry, bool warm_ups, bool registering) {
   WorkerModel model{entry.request.name,
                     entry.request.zoo_model,
                     static_cast<uint32_t>(entry.stored->num_layers()),
@@ -40,7 +43,8 @@ WorkerModel WorkerModelOf(const CatalogEntry& entry, bool warm_ups) {
   if (!warm_ups) return model;
   // At the batch it serves (or a fill job steps at), and a training step wherever one may run:
   // a fill job's model times its step, which its first bubble is then admitted by.
-  const registry::WarmFor purpose = entry.request.warm_for;
+  const registry::WarmFor purpose =
+      registering ? entry.request.warm_for : registry::WarmFor::kServing;
   model.warm.batch = std::max<uint32_t>(entry.request.batch_size, 1);
   model.warm.train = entry.trainable.ok() && purpose != registry::WarmFor::kFillInference;
   model.warm.train_required = purpose == registry::WarmFor::kFillTraining;
@@ -127,7 +131,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   pool.models = [catalog, warm_ups = options.warm_ups] {
     std::vector<WorkerModel> models;
     for (const EntryRef& entry : catalog->List()) {
-      models.push_back(WorkerModelOf(*entry, warm_ups));
+      models.push_back(WorkerModelOf(*entry, warm_ups, /*registering=*/false));
     }
     return models;
   };
@@ -253,7 +257,7 @@ void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drai
 
 void GpuScheduler::AddModel(EntryRef entry, ModelLoads::Done done) {
   Post([this, entry, done = std::move(done)] {
-    pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups), done);
+    pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups, /*registering=*/true), done);
   });
 }
 

@@ -7,16 +7,25 @@
 namespace pswitch::controller {
 
 void ModelLoads::Sent(size_t slot, const std::string& model) {
-  ++slots_[slot].pending;
-  slots_[slot].loading.insert(model);
+  Slot& s = slots_[slot];
+  ++s.pending;
+  // A load sent after an unload dropped an earlier one still in flight: two answers will come,
+  // and only the second is this load's.
+  if (s.dropped.contains(model)) s.resent.insert(model);
+  s.loading.insert(model);
 }
 
 void ModelLoads::Answered(size_t slot, const std::string& model, const LoadOutcome& outcome) {
   Slot& s = slots_[slot];
   if (s.pending > 0) --s.pending;
   s.loading.erase(model);
-  // The answer to a load made before an unload: the worker drops the model right after.
+  // The answer to a load made before an unload: the worker drops the model right after. A
+  // registration of the name made since awaits the newer load's answer, not this one.
   if (s.dropped.erase(model) > 0) {
+    if (s.resent.erase(model) > 0) {
+      s.loading.insert(model);
+      return;
+    }
     CountDown(model, outcome, slot);
     return;
   }
@@ -29,6 +38,7 @@ void ModelLoads::Died(size_t slot) {
   const std::set<std::string> unanswered = std::move(slots_[slot].loading);
   slots_[slot].loading.clear();
   slots_[slot].dropped.clear();
+  slots_[slot].resent.clear();
   slots_[slot].pending = 0;
   for (const std::string& model : unanswered) CountDown(model, LoadOutcome{}, slot);
 }

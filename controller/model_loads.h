@@ -92,6 +92,7 @@ class ModelLoads {
     std::set<std::string> loading;  // their models
     std::set<std::string> loaded;
     std::set<std::string> dropped;  // loading, but unloaded since: the answer is discarded
+    std::set<std::string> resent;   // dropped, and loaded again since (its answer comes second)
   };
   struct Registration {
     std::set<size_t> remaining;  // slots still to answer

@@ -51,6 +51,25 @@ TEST(ModelLoadsTest, ARegistrationReportsTheSlowestStepItsWorkersMeasured) {
   EXPECT_EQ(r.outcome.train_step, absl::Milliseconds(9));
 }
 
+// A load unloaded while in flight, then registered again: the first (stale) answer, even a
+// failure, is not the new registration's; the second is.
+TEST(ModelLoadsTest, AStaleAnswerAfterAnUnloadIsNotTheNextRegistrations) {
+  ModelLoads loads(1);
+  loads.Announce(0);
+  loads.Sent(0, "m");
+  loads.Forget("m");   // unloaded while loading
+  loads.Sent(0, "m");  // registered again
+  Result second;
+  loads.Await("m", {0}, second.Callback());
+  loads.Answered(0, "m", {absl::InternalError("the old load failed")});
+  EXPECT_FALSE(second.status.has_value()) << "the stale answer counted";
+  EXPECT_TRUE(loads.Loading(0, "m"));
+  loads.Answered(0, "m", {absl::OkStatus()});
+  ASSERT_TRUE(second.status.has_value());
+  EXPECT_TRUE(second.status->ok()) << *second.status;
+  EXPECT_TRUE(loads.Loaded(0, "m"));
+}
+
 TEST(ModelLoadsTest, TheFirstErrorIsReportedNamingTheWorker) {
   ModelLoads loads(2);
   loads.Sent(0, "m");

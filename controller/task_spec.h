@@ -11,11 +11,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/types.h"
 #include "controller/inputs_arrival.h"
 #include "controller/state_checkpoints.h"
 #include "controller/task_queue.h"
 #include "dataplane/transfer_region.h"
-#include "models/training.h"
 #include "proto/host_tensor.h"
 
 namespace pswitch::controller {
@@ -56,7 +56,7 @@ struct TaskSpec {
   uint32_t iterations = 1;  // training
   uint32_t batch = 0;       // training: samples per iteration; 0 = the model's registered batch
   uint64_t seed = 0;
-  models::TrainerOptions trainer;   // training: optimizer and its hyperparameters
+  api::TrainerOptions trainer;      // training: optimizer and its hyperparameters
   std::optional<FillRunSpec> fill;  // a fill task's bubble run (SubmitFill)
   int priority = 0;
   // Who submitted it (the authenticated principal; empty: unknown). Workers clear their

@@ -37,8 +37,8 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
   auto run = proto::CreateRun(
       b, task_id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining,
       state.first_iteration, spec.iterations, batch, spec.seed,
-      spec.trainer.optimizer == models::OptimizerKind::kAdam ? proto::Optimizer::Adam
-                                                             : proto::Optimizer::Sgd,
+      spec.trainer.optimizer == api::OptimizerKind::kAdam ? proto::Optimizer::Adam
+                                                          : proto::Optimizer::Sgd,
       spec.trainer.learning_rate, spec.trainer.momentum, state.optimizer_offset,
       state.optimizer_bytes, fill, spec.principal.empty() ? 0 : b.CreateString(spec.principal),
       outputs_to ? &*outputs_to : nullptr);

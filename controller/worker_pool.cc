@@ -237,9 +237,10 @@ void WorkerPool::SendDeferredLoads() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (s.deferred.empty()) continue;
+    // A busy worker's loads wait for its run (maybe hours): they do not hold this one back.
     bool others_loading = false;
     for (size_t j = 0; j < slots_.size(); ++j) {
-      others_loading |= j != i && loads_.pending(j) > 0;
+      others_loading |= j != i && loads_.pending(j) > 0 && slots_[j].state != State::kBusy;
     }
     if (others_loading) continue;
     std::vector<WorkerModel> deferred = std::move(s.deferred);

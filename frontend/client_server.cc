@@ -501,26 +501,19 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
 
   void Register(uint64_t id, const proto::RegisterModel& wire,
                 const flatbuffers::Vector<proto::FileRole>* roles, std::vector<UniqueFd> fds) {
-    absl::StatusOr<RegistrationRequest> parsed = ParseRegistration(wire);
+    absl::StatusOr<ModelRequest> parsed = ParseRegistration(wire);
     if (!parsed.ok()) return PostReply(ErrorReply(id, parsed.status()));
     absl::StatusOr<RegistrationFiles> files = SortRegistrationFiles(roles, std::move(fds));
     if (!files.ok()) return PostReply(ErrorReply(id, files.status()));
+    ModelRequest request = *std::move(parsed);
     // A passed file stands for its path: the path, if any, is not opened.
-    if (files->weights.valid()) parsed->weights_path.clear();
-    if (files->plan.valid()) parsed->plan = "auto";
+    if (files->weights.valid()) request.weights_path.clear();
+    if (files->plan.valid()) request.plan = "auto";
     if (files->archive.valid()) {
-      parsed->archive_path.clear();
-      if (parsed->zoo_model.empty()) parsed->zoo_model = models::kScriptArchitecture;
+      request.archive_path.clear();
+      if (request.zoo_model.empty()) request.zoo_model = models::kScriptArchitecture;
     }
     auto passed = std::make_shared<RegistrationFiles>(*std::move(files));
-    ModelRequest request;
-    request.name = std::move(parsed->name);
-    request.zoo_model = std::move(parsed->zoo_model);
-    request.weights_path = std::move(parsed->weights_path);
-    request.archive_path = std::move(parsed->archive_path);
-    request.plan = std::move(parsed->plan);
-    request.batch_size = parsed->batch_size;
-    request.trainers = std::move(parsed->trainers);
     // Resolved on the registration thread: a repository lookup reads files.
     ++awaited_;
     controller_->Register(
@@ -597,23 +590,6 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  static TaskSpec SpecOf(TaskRequest& parsed) {
-    TaskSpec spec;
-    spec.model = std::move(parsed.model);
-    spec.kind = parsed.kind;
-    spec.inputs = std::move(parsed.inputs);
-    spec.iterations = parsed.iterations;
-    spec.batch = parsed.batch;
-    spec.seed = parsed.seed;
-    spec.trainer.optimizer =
-        parsed.adam ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
-    spec.trainer.learning_rate = parsed.learning_rate;
-    spec.trainer.momentum = parsed.momentum;
-    spec.priority = parsed.priority;
-    if (parsed.deadline) spec.deadline = absl::Now() + *parsed.deadline;
-    return spec;
-  }
-
   // Without tokens, one connection is one client: local clients share an address.
   std::string QuotaClient() const {
     return options_->tokens != nullptr ? principal_->name
@@ -658,17 +634,17 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       return refuse(absl::PermissionDeniedError(
           absl::StrCat("'", principal_->name, "' may not submit tasks")));
     }
-    absl::StatusOr<TaskRequest> parsed = ParseTask(*request.body_as_SubmitTask());
+    absl::StatusOr<ParsedTask> parsed = ParseTask(*request.body_as_SubmitTask(), absl::Now());
     if (!parsed.ok()) return refuse(parsed.status());
-    if (parsed->kind != TaskKind::kInference || !parsed->as_model.empty()) {
+    if (parsed->spec.kind != TaskKind::kInference || !parsed->as_model.empty()) {
       return refuse(absl::InvalidArgumentError(
           "a raw payload carries an inference's inputs only; a training task's are inline"));
     }
-    auto spec = std::make_shared<TaskSpec>(SpecOf(*parsed));
+    auto spec = std::make_shared<TaskSpec>(std::move(parsed->spec));
     // The outputs' room sits after the inputs, 64-byte aligned, sized from the model's output.
     std::optional<proto::ByteSlice> payload_outputs;
     uint64_t staging_bytes = payload_bytes;
-    if (parsed->outputs_place == proto::Place::Payload) {
+    if (parsed->outputs_in_payload) {
       absl::StatusOr<EntryRef> model = admission_->FindModel(*principal_, spec->model);
       if (!model.ok()) return refuse(model.status());
       // The inputs first (admission checks them again): a wrong name is named, not taken for
@@ -681,8 +657,6 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
       const uint64_t out_offset = (payload_bytes + 63) / 64 * 64;
       payload_outputs = proto::ByteSlice{0, out_offset, *out_bytes};
       staging_bytes = out_offset + *out_bytes;
-    } else if (parsed->outputs_place == proto::Place::Region) {
-      spec->outputs_to = parsed->outputs_to;
     }
     // Charged (and mapped) before a byte of the payload is read; refused: closed, unread.
     absl::StatusOr<std::shared_ptr<StagingPool::Lease>> lease = Pool().Acquire(staging_bytes);
@@ -823,16 +797,15 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Submit(proto::FramedConnection& conn, uint64_t id, const proto::SubmitTask& wire) {
-    absl::StatusOr<TaskRequest> parsed = ParseTask(wire);
+    absl::StatusOr<ParsedTask> parsed = ParseTask(wire, absl::Now());
     if (!parsed.ok()) return conn.Send(ErrorReply(id, parsed.status()));
-    TaskSpec spec = SpecOf(*parsed);
-    spec.arrival_ns = conn.frame_arrival_ns();  // its first byte
-    if (parsed->outputs_place == proto::Place::Payload) {
+    if (parsed->outputs_in_payload) {
       return conn.Send(ErrorReply(
           id, absl::InvalidArgumentError("outputs in a raw payload need a raw payload request "
                                          "(ClientRequest.payload_bytes > 0)")));
     }
-    if (parsed->outputs_place == proto::Place::Region) spec.outputs_to = parsed->outputs_to;
+    TaskSpec spec = std::move(parsed->spec);
+    spec.arrival_ns = conn.frame_arrival_ns();  // its first byte
     const std::string client = QuotaClient();
     auto answer = [self = shared_from_this(), id](const absl::StatusOr<TaskOutcome>& out) {
       self->PostAwaitedReply(out.ok() ? ResultReply(id, *out) : ErrorReply(id, out.status()));

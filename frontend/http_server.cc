@@ -1015,8 +1015,8 @@ void HttpServer::SubmitTraining(const Principal& who, const HttpRequest& req, Ht
     return fail(absl::InvalidArgumentError("optimizer must be \"sgd\" or \"adam\""));
   }
   spec.trainer.optimizer =
-      optimizer == "adam" ? models::OptimizerKind::kAdam : models::OptimizerKind::kSgd;
-  if (spec.trainer.optimizer == models::OptimizerKind::kAdam) spec.trainer.momentum = 0;
+      optimizer == "adam" ? api::OptimizerKind::kAdam : api::OptimizerKind::kSgd;
+  if (spec.trainer.optimizer == api::OptimizerKind::kAdam) spec.trainer.momentum = 0;
   if (deadline_ms > 0) {
     spec.deadline =
         absl::Now() +

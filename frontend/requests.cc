@@ -25,8 +25,8 @@ absl::StatusOr<std::string> Text(const flatbuffers::String* s, absl::string_view
 
 }  // namespace
 
-absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel& wire) {
-  RegistrationRequest r;
+absl::StatusOr<registry::ModelRequest> ParseRegistration(const proto::RegisterModel& wire) {
+  registry::ModelRequest r;
   PSWITCH_ASSIGN_OR_RETURN(r.name, Text(wire.name(), "model name", kMaxNameBytes));
   PSWITCH_ASSIGN_OR_RETURN(r.zoo_model, Text(wire.zoo_model(), "architecture", kMaxNameBytes));
   PSWITCH_ASSIGN_OR_RETURN(r.weights_path,
@@ -66,15 +66,16 @@ absl::StatusOr<std::string> ParseUnload(const proto::UnloadModel& wire) {
   return name;
 }
 
-absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
-  TaskRequest r;
-  PSWITCH_ASSIGN_OR_RETURN(r.model, Text(wire.model(), "model name", kMaxNameBytes));
+absl::StatusOr<ParsedTask> ParseTask(const proto::SubmitTask& wire, absl::Time now) {
+  ParsedTask parsed;
+  controller::TaskSpec& spec = parsed.spec;
+  PSWITCH_ASSIGN_OR_RETURN(spec.model, Text(wire.model(), "model name", kMaxNameBytes));
   switch (wire.kind()) {
     case proto::TaskKind::Inference:
-      r.kind = TaskKind::kInference;
+      spec.kind = TaskKind::kInference;
       break;
     case proto::TaskKind::Training:
-      r.kind = TaskKind::kTraining;
+      spec.kind = TaskKind::kTraining;
       break;
     default:  // an unknown kind once ran as inference
       return absl::InvalidArgumentError(
@@ -93,55 +94,59 @@ absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire) {
       PSWITCH_RETURN_IF_ERROR(Text(t->name(), "input tensor name", kMaxNameBytes).status());
     }
   }
-  PSWITCH_ASSIGN_OR_RETURN(r.inputs, proto::FromWireTensors(wire.inputs()));
-  r.iterations = wire.iterations();
-  r.batch = wire.batch_size();
-  r.seed = wire.seed();
-  r.adam = wire.optimizer() == proto::Optimizer::Adam;
-  r.learning_rate = wire.learning_rate();
-  r.momentum = r.adam ? 0 : wire.momentum();
-  r.priority = wire.priority();
+  PSWITCH_ASSIGN_OR_RETURN(spec.inputs, proto::FromWireTensors(wire.inputs()));
+  spec.iterations = wire.iterations();
+  spec.batch = wire.batch_size();
+  spec.seed = wire.seed();
+  const bool adam = wire.optimizer() == proto::Optimizer::Adam;
+  spec.trainer.optimizer = adam ? api::OptimizerKind::kAdam : api::OptimizerKind::kSgd;
+  spec.trainer.learning_rate = wire.learning_rate();
+  spec.trainer.momentum = adam ? 0 : wire.momentum();
+  spec.priority = wire.priority();
   if (wire.deadline_ms() > 0) {
-    r.deadline = absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(
-        wire.deadline_ms(), kMaxUs / 1000)));  // the server's own maximum is shorter anyway
+    spec.deadline = now + absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(
+                              wire.deadline_ms(), kMaxUs / 1000)));  // the server's is shorter
   }
-  PSWITCH_ASSIGN_OR_RETURN(r.as_model, Text(wire.as_model(), "copy name", kMaxNameBytes));
-  if (!r.as_model.empty() && r.kind != TaskKind::kTraining) {
+  PSWITCH_ASSIGN_OR_RETURN(parsed.as_model, Text(wire.as_model(), "copy name", kMaxNameBytes));
+  if (!parsed.as_model.empty() && spec.kind != TaskKind::kTraining) {
     return absl::InvalidArgumentError("only a training task trains a copy (as_model)");
   }
-  r.outputs_place = wire.outputs_place();
-  if (const proto::Slice* to = wire.outputs_to(); to != nullptr) {
-    r.outputs_to = proto::ByteSlice{to->region(), to->offset(), to->length()};
+  const proto::Place place = wire.outputs_place();
+  proto::ByteSlice to;
+  if (const proto::Slice* slice = wire.outputs_to(); slice != nullptr) {
+    to = proto::ByteSlice{slice->region(), slice->offset(), slice->length()};
   }
-  switch (r.outputs_place) {
+  switch (place) {
     case proto::Place::Inline:
-      if (r.outputs_to != proto::ByteSlice{}) {
+      if (to != proto::ByteSlice{}) {
         return absl::InvalidArgumentError("outputs_to is given but outputs_place is Inline");
       }
       break;
     case proto::Place::Region:
-      if (r.outputs_to.region == 0 || r.outputs_to.length == 0) {
+      if (to.region == 0 || to.length == 0) {
         return absl::InvalidArgumentError(
             "outputs_place Region needs outputs_to: a region id and a length");
       }
-      if (r.outputs_to.offset > UINT64_MAX - r.outputs_to.length) {
+      if (to.offset > UINT64_MAX - to.length) {
         return absl::InvalidArgumentError("outputs_to: offset + length overflows");
       }
+      spec.outputs_to = to;
       break;
     case proto::Place::Payload:
-      break;  // admission refuses it for now, as it does payload inputs
+      parsed.outputs_in_payload = true;
+      break;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown outputs_place ", static_cast<int>(r.outputs_place)));
+          absl::StrCat("unknown outputs_place ", static_cast<int>(place)));
   }
-  if (r.kind == TaskKind::kTraining && r.outputs_place != proto::Place::Inline) {
+  if (spec.kind == TaskKind::kTraining && place != proto::Place::Inline) {
     return absl::InvalidArgumentError("a training task has no outputs to place");
   }
-  if (!r.as_model.empty() && absl::StartsWith(r.as_model, kFillModelPrefix)) {
+  if (!parsed.as_model.empty() && absl::StartsWith(parsed.as_model, kFillModelPrefix)) {
     return absl::InvalidArgumentError(absl::StrCat("model names starting with '", kFillModelPrefix,
                                                    "' are reserved for fill jobs' own models"));
   }
-  return r;
+  return parsed;
 }
 
 absl::StatusOr<FillRequest> ParseFill(const proto::FillSubmit& wire) {

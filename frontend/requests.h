@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "controller/fill_request.h"
 #include "controller/task_queue.h"
+#include "controller/task_spec.h"
 #include "fill/bubble_cycle.h"
 #include "proto/client_generated.h"
 #include "proto/host_tensor.h"
@@ -30,41 +31,25 @@ inline constexpr size_t kMaxPathBytes = 4096;
 inline constexpr size_t kMaxInputTensors = 16;
 inline constexpr size_t kMaxTrainers = 256;
 
-// A model registration: a repository name, or (local use) an architecture and server files.
-struct RegistrationRequest {
-  std::string name;
-  std::string zoo_model;
-  std::string weights_path;
-  std::string archive_path;  // TorchScript archive (pswitch.export); zoo_model is then empty
-  std::string plan = "auto";
-  uint32_t batch_size = 0;
-  std::vector<std::string> trainers;  // who may train and unload it besides admins
-};
-absl::StatusOr<RegistrationRequest> ParseRegistration(const proto::RegisterModel& wire);
+// A model registration as the registry takes it: a repository name, or (local use) an
+// architecture and server files (resolved later: ResolveModelRequest), the batch as sent (0 and
+// bounds are Controller::Register's to refuse), who may train it besides admins.
+absl::StatusOr<registry::ModelRequest> ParseRegistration(const proto::RegisterModel& wire);
 // The model an unload names (whether a fill job still owns it is FillManager::CheckUnload's).
 absl::StatusOr<std::string> ParseUnload(const proto::UnloadModel& wire);
 absl::Status CheckUnloadName(const std::string& name);
 
-// An inference or training task.
-struct TaskRequest {
-  std::string model;
-  TaskKind kind = TaskKind::kInference;
-  std::vector<proto::HostTensor> inputs;
-  uint32_t iterations = 1;
-  uint32_t batch = 0;
-  uint64_t seed = 0;
-  bool adam = false;  // else SGD
-  double learning_rate = 0;
-  double momentum = 0;  // SGD only
-  int priority = 0;
-  std::optional<absl::Duration> deadline;  // from submission
+// An inference or training task as the scheduler takes it (its deadline `now` plus the
+// client's), with what only the front end acts on.
+struct ParsedTask {
+  controller::TaskSpec spec;
   std::string as_model;  // training: a new copy's name (TaskAdmission::SubmitOnCopy); empty: none
-  // Where the outputs go (SubmitTask.outputs_place/outputs_to): Inline (in the reply), Region
-  // (`outputs_to` names a region slice; admission checks it is the caller's) or Payload.
-  proto::Place outputs_place = proto::Place::Inline;
-  proto::ByteSlice outputs_to;
+  // SubmitTask.outputs_place Payload: the outputs go in a raw payload after the reply (its
+  // slice is placed with the payload's staging); Region sets spec.outputs_to, checked by
+  // admission to be the caller's.
+  bool outputs_in_payload = false;
 };
-absl::StatusOr<TaskRequest> ParseTask(const proto::SubmitTask& wire);
+absl::StatusOr<ParsedTask> ParseTask(const proto::SubmitTask& wire, absl::Time now);
 
 absl::StatusOr<FillRequest> ParseFill(const proto::FillSubmit& wire);
 

@@ -53,6 +53,8 @@ TEST(RequestsTest, ACycleOriginInTheFutureIsRefusedAndAPastOneIsPlacedOnTheWallC
   }
 }
 
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
 // Trust-boundary issue, item 9: an unknown TaskKind ran as inference; non-UTF-8 names were
 // accepted and echoed.
 TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
@@ -60,7 +62,7 @@ TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
     Builder b;
     FinishRequest(b, proto::ClientRequestBody::SubmitTask,
                   proto::CreateSubmitTask(b, b.CreateString("m"), static_cast<proto::TaskKind>(7)));
-    auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+    auto task = ParseTask(*Verified(b)->body_as_SubmitTask(), kNow);
     EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
   }
   {
@@ -68,7 +70,7 @@ TEST(RequestsTest, UnknownEnumsAndBadTextAreRefused) {
     FinishRequest(b, proto::ClientRequestBody::SubmitTask,
                   proto::CreateSubmitTask(b, b.CreateString("m"), proto::TaskKind::Training, 0, 1,
                                           0, 0, 0, static_cast<proto::Optimizer>(9)));
-    EXPECT_EQ(ParseTask(*Verified(b)->body_as_SubmitTask()).status().code(),
+    EXPECT_EQ(ParseTask(*Verified(b)->body_as_SubmitTask(), kNow).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
   {
@@ -103,7 +105,7 @@ TEST(RequestsTest, ACopyNameIsCheckedText) {
         b, proto::ClientRequestBody::SubmitTask,
         proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0, proto::Optimizer::Sgd,
                                 0.01, 0.9, 0, b.CreateString(name)));
-    auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+    auto task = ParseTask(*Verified(b)->body_as_SubmitTask(), kNow);
     EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_EQ(task.status().message().find("bad"), absl::string_view::npos) << task.status();
   }
@@ -136,7 +138,7 @@ TEST(RequestsTest, InputTensorNamesAreCheckedBeforeAnyErrorCanQuoteThem) {
   FinishRequest(
       b, proto::ClientRequestBody::SubmitTask,
       proto::CreateSubmitTask(b, b.CreateString("m"), proto::TaskKind::Inference, inputs));
-  auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+  auto task = ParseTask(*Verified(b)->body_as_SubmitTask(), kNow);
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(task.status().message().find("in\x01put"), absl::string_view::npos) << task.status();
 }
@@ -146,25 +148,27 @@ TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
   FinishRequest(b, proto::ClientRequestBody::SubmitTask,
                 proto::CreateSubmitTask(b, b.CreateString("bert"), proto::TaskKind::Training, 0, 12,
                                         99, 3, ~uint64_t{0}, proto::Optimizer::Adam, 0.5, 0.9, 8));
-  auto task = ParseTask(*Verified(b)->body_as_SubmitTask());
+  auto task = ParseTask(*Verified(b)->body_as_SubmitTask(), kNow);
   ASSERT_TRUE(task.ok()) << task.status();
-  EXPECT_EQ(task->model, "bert");
-  EXPECT_EQ(task->kind, TaskKind::kTraining);
-  EXPECT_EQ(task->iterations, 12u);
-  EXPECT_EQ(task->seed, 99u);
-  EXPECT_EQ(task->priority, 3);
-  EXPECT_TRUE(task->adam);
-  EXPECT_EQ(task->momentum, 0) << "Adam has no momentum";
-  EXPECT_EQ(task->batch, 8u);
-  ASSERT_TRUE(task->deadline.has_value());
-  EXPECT_LE(*task->deadline, absl::Hours(24)) << "a deadline of 2^64 ms stays finite";
+  const controller::TaskSpec& spec = task->spec;
+  EXPECT_EQ(spec.model, "bert");
+  EXPECT_EQ(spec.kind, TaskKind::kTraining);
+  EXPECT_EQ(spec.iterations, 12u);
+  EXPECT_EQ(spec.seed, 99u);
+  EXPECT_EQ(spec.priority, 3);
+  EXPECT_EQ(spec.trainer.optimizer, api::OptimizerKind::kAdam);
+  EXPECT_EQ(spec.trainer.learning_rate, 0.5);
+  EXPECT_EQ(spec.trainer.momentum, 0) << "Adam has no momentum";
+  EXPECT_EQ(spec.batch, 8u);
+  EXPECT_GT(spec.deadline, kNow);
+  EXPECT_LE(spec.deadline, kNow + absl::Hours(24)) << "a deadline of 2^64 ms stays finite";
 
   Builder copy;
   FinishRequest(copy, proto::ClientRequestBody::SubmitTask,
                 proto::CreateSubmitTask(copy, copy.CreateString("bert"), proto::TaskKind::Training,
                                         0, 1, 0, 0, 0, proto::Optimizer::Sgd, 10, 0.9, 0,
                                         copy.CreateString("my-bert")));
-  auto on_copy = ParseTask(*Verified(copy)->body_as_SubmitTask());
+  auto on_copy = ParseTask(*Verified(copy)->body_as_SubmitTask(), kNow);
   ASSERT_TRUE(on_copy.ok()) << on_copy.status();
   EXPECT_EQ(on_copy->as_model, "my-bert");
   EXPECT_TRUE(task->as_model.empty()) << "no copy unless asked";
@@ -194,16 +198,20 @@ TEST(RequestsTest, OutputPlacesAreCheckedBeforeAdmission) {
     auto body = proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0,
                                         proto::Optimizer::Sgd, 0.01, 0.9, 0, 0, place, to);
     FinishRequest(b, proto::ClientRequestBody::SubmitTask, body);
-    return ParseTask(*Verified(b)->body_as_SubmitTask());
+    return ParseTask(*Verified(b)->body_as_SubmitTask(), kNow);
   };
   const proto::Slice good(7, 128, 4096);
   auto region = parse(proto::TaskKind::Inference, proto::Place::Region, &good);
   ASSERT_TRUE(region.ok()) << region.status();
-  EXPECT_EQ(region->outputs_place, proto::Place::Region);
-  EXPECT_EQ(region->outputs_to, (proto::ByteSlice{7, 128, 4096}));
+  EXPECT_FALSE(region->outputs_in_payload);
+  EXPECT_EQ(region->spec.outputs_to, (proto::ByteSlice{7, 128, 4096}));
   auto inline_default = parse(proto::TaskKind::Inference, proto::Place::Inline, nullptr);
   ASSERT_TRUE(inline_default.ok());
-  EXPECT_EQ(inline_default->outputs_place, proto::Place::Inline);
+  EXPECT_FALSE(inline_default->spec.outputs_to.has_value());
+  EXPECT_FALSE(inline_default->outputs_in_payload);
+  auto payload = parse(proto::TaskKind::Inference, proto::Place::Payload, nullptr);
+  ASSERT_TRUE(payload.ok());
+  EXPECT_TRUE(payload->outputs_in_payload);
 
   const proto::Slice no_region(0, 0, 4096), empty(7, 0, 0), overflow(7, UINT64_MAX - 10, 4096);
   for (const proto::Slice* bad : {&no_region, &empty, &overflow}) {

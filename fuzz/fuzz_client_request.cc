@@ -62,20 +62,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case proto::ClientRequestBody::SubmitTask: {
-      auto parsed = frontend::ParseTask(*r.body_as_SubmitTask());
+      const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+      auto parsed = frontend::ParseTask(*r.body_as_SubmitTask(), now);
       if (!parsed.ok()) break;
-      CheckText(parsed->model, frontend::kMaxNameBytes, "model name");
-      PSWITCH_FUZZ_CHECK(parsed->inputs.size() <= frontend::kMaxInputTensors, "too many inputs");
-      for (const proto::HostTensor& t : parsed->inputs) {
+      const controller::TaskSpec& spec = parsed->spec;
+      CheckText(spec.model, frontend::kMaxNameBytes, "model name");
+      PSWITCH_FUZZ_CHECK(spec.inputs.size() <= frontend::kMaxInputTensors, "too many inputs");
+      for (const proto::HostTensor& t : spec.inputs) {
         CheckText(t.name, frontend::kMaxNameBytes, "input name");
         PSWITCH_FUZZ_CHECK(proto::ValidateHostTensor(t).ok(), "an invalid tensor was accepted");
       }
-      if (parsed->deadline) CheckDuration(*parsed->deadline, "task deadline");
-      PSWITCH_FUZZ_CHECK(!parsed->adam || parsed->momentum == 0, "Adam has no momentum");
-      CheckText(parsed->as_model, frontend::kMaxNameBytes, "copy name");
+      if (spec.deadline != absl::InfiniteFuture()) {
+        CheckDuration(spec.deadline - now, "task deadline");
+      }
       PSWITCH_FUZZ_CHECK(
-          parsed->as_model.empty() || parsed->kind == controller::TaskKind::kTraining,
-          "only training trains a copy");
+          spec.trainer.optimizer != api::OptimizerKind::kAdam || spec.trainer.momentum == 0,
+          "Adam has no momentum");
+      CheckText(parsed->as_model, frontend::kMaxNameBytes, "copy name");
+      PSWITCH_FUZZ_CHECK(parsed->as_model.empty() || spec.kind == controller::TaskKind::kTraining,
+                         "only training trains a copy");
       PSWITCH_FUZZ_CHECK(!absl::StartsWith(parsed->as_model, controller::kFillModelPrefix),
                          "a copy took a fill job's name");
       break;

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "api/types.h"
 #include "models/zoo_model.h"
 
 namespace torch::optim {
@@ -17,13 +18,9 @@ class Optimizer;
 
 namespace pswitch::models {
 
-enum class OptimizerKind { kSgd, kAdam };
-
-struct TrainerOptions {
-  OptimizerKind optimizer = OptimizerKind::kSgd;
-  double learning_rate = 0.01;
-  double momentum = 0.9;  // SGD only
-};
+// Defined with the types clients and pswitchd share (no torch there).
+using api::OptimizerKind;
+using api::TrainerOptions;
 
 // Optimizer state slots per parameter: SGD with momentum keeps one buffer, Adam two (first and
 // second moments), plain SGD none.

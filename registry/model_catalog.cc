@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "base/status.h"
 
 namespace pswitch::registry {
@@ -84,10 +85,6 @@ absl::StatusOr<EntryRef> ModelCatalog::BeginUnload(absl::string_view name) {
       return absl::FailedPreconditionError(
           absl::StrCat("model '", name, "' is still being registered"));
     case ModelState::kUnloading:
-      if (it->second.release_failed) {  // a retry of an unload whose release failed
-        it->second.release_failed = false;
-        return it->second.entry;
-      }
       return absl::FailedPreconditionError(
           absl::StrCat("model '", name, "' is already being unloaded"));
     case ModelState::kReady:
@@ -99,17 +96,17 @@ absl::StatusOr<EntryRef> ModelCatalog::BeginUnload(absl::string_view name) {
 
 absl::Status ModelCatalog::FinishUnload(const CatalogEntry& entry) {
   absl::Status removed = pipeline_.Release(entry);
-  absl::MutexLock lock(&mu_);
-  if (!removed.ok()) {
-    models_.at(entry.request.name).release_failed = true;
-    return absl::Status(removed.code(),
-                        absl::StrCat("model '", entry.request.name, "': its weights could not be ",
-                                     "released (the name stays taken; unload it again to "
-                                     "retry): ",
-                                     removed.message()));
+  // The store refuses only a name it does not hold: those weights are gone either way, so the
+  // name is free and they no longer count as pinned.
+  if (absl::IsNotFound(removed)) {
+    base::Log(base::LogLevel::kWarn, "unload_weights_already_gone")
+        .Field("model", entry.request.name)
+        .Field("error", removed);
+    removed = absl::OkStatus();
   }
+  absl::MutexLock lock(&mu_);
   models_.erase(entry.request.name);
-  pinned_bytes_ -= entry.weight_bytes;
+  if (removed.ok()) pinned_bytes_ -= entry.weight_bytes;
   return removed;
 }
 

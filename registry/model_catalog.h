@@ -48,11 +48,9 @@ class ModelCatalog {
   // Unload, in two steps. BeginUnload takes the model out (Find and List no longer see it, new
   // tasks on it are refused) while its name stays taken (kUnloading). NotFound for an unknown
   // model; FailedPrecondition while it is still being registered or already being unloaded.
-  // An unload whose release failed may be asked again: it retries.
   absl::StatusOr<EntryRef> BeginUnload(absl::string_view name);
-  // Once nothing runs or copies it any more: frees its pinned weights and releases the name.
-  // When the weights cannot be released the name stays taken (kUnloading): a later registration
-  // of it would meet the old weights; the error says so and a new unload retries.
+  // Once nothing runs or copies it any more: frees its pinned weights and releases the name
+  // (weights already gone from the store count as freed, with a warning).
   absl::Status FinishUnload(const CatalogEntry& entry);
   // Pinned bytes of every registered model's weights (GET /metrics).
   uint64_t pinned_bytes() const;
@@ -61,7 +59,6 @@ class ModelCatalog {
   struct Slot {
     ModelState state = ModelState::kRegistering;
     std::shared_ptr<const CatalogEntry> entry;  // set once ready
-    bool release_failed = false;  // kUnloading: FinishUnload could not release the weights
   };
   // Takes `name` for a registration (kRegistering).
   absl::Status Reserve(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);

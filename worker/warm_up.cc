@@ -172,7 +172,8 @@ ScratchBuffers::~ScratchBuffers() { Restore(); }
 
 void ScratchBuffers::Restore() {
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].set_data(originals_[i]);
+  // In reverse: a buffer reached twice (a shared submodule) ends on its first original.
+  for (size_t i = buffers_.size(); i-- > 0;) buffers_[i].set_data(originals_[i]);
   buffers_.clear();
   originals_.clear();
 }

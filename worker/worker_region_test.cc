@@ -193,14 +193,19 @@ class WorkerRegionTest : public ::testing::Test {
     weights_bytes_ = (*stored)->total_bytes();
     layers_ = layers;
     ASSERT_TRUE(Load("tiny").ok());
+    epoch_ = (*sent)->epoch();
+    Prepare("tiny");
+  }
+
+  // Gates model `name` (loaded over the fixture's weights) on their one group.
+  void Prepare(const std::string& name) {
     flatbuffers::FlatBufferBuilder prepare;
-    const std::vector<uint32_t> last_layer = {layers - 1};
-    proto::Finish(prepare,
-                  proto::CreateWorkerCommand(
-                      prepare, 0, proto::WorkerCommandBody::Prepare,
-                      proto::CreatePrepare(prepare, prepare.CreateString("tiny"), (*sent)->epoch(),
-                                           0, prepare.CreateVector(last_layer))
-                          .Union()));
+    const std::vector<uint32_t> last_layer = {layers_ - 1};
+    proto::Finish(prepare, proto::CreateWorkerCommand(
+                               prepare, 0, proto::WorkerCommandBody::Prepare,
+                               proto::CreatePrepare(prepare, prepare.CreateString(name), epoch_, 0,
+                                                    prepare.CreateVector(last_layer))
+                                   .Union()));
     Send(prepare);
   }
 
@@ -313,6 +318,7 @@ class WorkerRegionTest : public ::testing::Test {
   uint64_t weights_offset_ = 0;
   uint64_t weights_bytes_ = 0;
   uint32_t layers_ = 0;
+  uint32_t epoch_ = 0;
 };
 
 // A warm-up at the model's batch with a training step (BatchNorm running statistics, dropout,
@@ -320,6 +326,8 @@ class WorkerRegionTest : public ::testing::Test {
 // model's weights by then. Measured steps come back for a fill job's admission.
 TEST_F(WorkerRegionTest, AWarmUpWithATrainingStepWritesNothingInTheWeightsRegion) {
   const std::string before = WeightsBytes();
+  RunAnswer cold = Run(InlineInput());
+  ASSERT_TRUE(cold.status.ok()) << cold.status;
   WarmSpec warm;
   warm.batch = 4;
   warm.train = true;
@@ -332,9 +340,13 @@ TEST_F(WorkerRegionTest, AWarmUpWithATrainingStepWritesNothingInTheWeightsRegion
   EXPECT_EQ(loaded.train_warm_error(), nullptr);
   EXPECT_GE(loaded.warm_ns(), loaded.infer_step_ns() + loaded.train_step_ns());
   EXPECT_TRUE(WeightsBytes() == before) << "the warm-up wrote into the weights region";
-  // The model the fixture prepared still serves what it served before the warm-up.
-  RunAnswer first = Run(InlineInput());
-  ASSERT_TRUE(first.status.ok()) << first.status;
+  // The warmed model computes on the region's weights and statistics again (not on the scratch
+  // copies its training step updated): it answers exactly as the unwarmed one did.
+  Prepare("warm");
+  RunAnswer warmed = Run(InlineInput(), nullptr, "warm");
+  ASSERT_TRUE(warmed.status.ok()) << warmed.status;
+  ASSERT_EQ(warmed.outputs.size(), 1u);
+  EXPECT_EQ(warmed.outputs[0].data, cold.outputs[0].data);
   // Unmeasured, untrained: no step times.
   warm.train = false;
   warm.measure = false;

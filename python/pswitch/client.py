@@ -225,8 +225,9 @@ class Client:
         on the server and need pswitchd's --allow-client-paths. `trainers`: token names who may
         train it in place and unload it besides admins; everyone else trains a copy
         (train(..., as_model=)). `progress`: a callable, called as progress(phase, seconds) as
-        each phase (read, inspect, profile, plan, pin, load) ends, from another thread; or True
-        for a progress line on stderr (a terminal or a notebook)."""
+        each phase (read, inspect, profile, plan, pin, load) ends, on the client's reader thread
+        (it must not call this client: the reply it would wait for comes through that thread);
+        or True for a progress line on stderr (a terminal or a notebook)."""
         if model is not None and archive is not None:
             raise ValueError("name a zoo model or an archive, not both")
         if isinstance(trainers, str):
