@@ -256,9 +256,7 @@ void Controller::OnEveryGpu(const std::function<void(GpuScheduler&, Done)>& star
       LoadOutcome sum;
       {
         absl::MutexLock lock(&pending->mu);
-        if (!one.status.ok() && pending->sum.status.ok()) pending->sum.status = one.status;
-        pending->sum.infer_step = std::max(pending->sum.infer_step, one.infer_step);
-        pending->sum.train_step = std::max(pending->sum.train_step, one.train_step);
+        pending->sum.Merge(one);
         if (--pending->remaining > 0) return;
         sum = pending->sum;
       }

@@ -1,7 +1,5 @@
 #include "controller/model_loads.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 
 namespace pswitch::controller {
@@ -56,17 +54,16 @@ void ModelLoads::CountDown(const std::string& model, const LoadOutcome& answer, 
   if (it == registrations_.end()) return;
   Registration& r = it->second;
   if (r.remaining.erase(slot) == 0) return;  // not a slot this registration counted
-  LoadOutcome& sum = r.outcome;
-  if (!answer.status.ok() && sum.status.ok()) {
-    sum.status = absl::Status(
+  LoadOutcome named = answer;
+  if (!answer.status.ok()) {
+    named.status = absl::Status(
         answer.status.code(),
         absl::StrCat("worker ", slot, " could not load '", model, "': ", answer.status.message()));
   }
-  sum.infer_step = std::max(sum.infer_step, answer.infer_step);
-  sum.train_step = std::max(sum.train_step, answer.train_step);
+  r.outcome.Merge(named);
   if (!r.remaining.empty()) return;
   Done done = std::move(r.done);
-  LoadOutcome result = std::move(sum);
+  LoadOutcome result = std::move(r.outcome);
   registrations_.erase(it);
   done(result);
 }

@@ -4,6 +4,7 @@
 #ifndef PSWITCH_CONTROLLER_MODEL_LOADS_H_
 #define PSWITCH_CONTROLLER_MODEL_LOADS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -23,6 +24,13 @@ struct LoadOutcome {
   absl::Status status;
   absl::Duration infer_step;
   absl::Duration train_step;
+
+  // Sums `other` in: the first error stays, the slowest steps win.
+  void Merge(const LoadOutcome& other) {
+    if (!other.status.ok() && status.ok()) status = other.status;
+    infer_step = std::max(infer_step, other.infer_step);
+    train_step = std::max(train_step, other.train_step);
+  }
 };
 
 class ModelLoads {

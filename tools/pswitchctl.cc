@@ -382,6 +382,10 @@ absl::Status Run(const std::vector<std::string>& args) {
     // Progress on stderr as each phase ends: one line rewritten in place on a terminal, a line
     // per phase otherwise (logs, pipes).
     const bool tty = ::isatty(STDERR_FILENO) == 1;
+    // "inspect 1.30 s", in the progress line and the summary alike.
+    auto phase_text = [](const std::string& phase, absl::Duration took) {
+      return absl::StrFormat("%s %.2f s", phase, absl::ToDoubleSeconds(took));
+    };
     std::string so_far;
     client::RegisterOptions options{name,
                                     absl::GetFlag(FLAGS_model),
@@ -391,7 +395,7 @@ absl::Status Run(const std::vector<std::string>& args) {
                                     absl::GetFlag(FLAGS_archive),
                                     absl::GetFlag(FLAGS_trainers)};
     options.on_phase = [&](const std::string& phase, absl::Duration took) {
-      const std::string one = absl::StrFormat("%s %.2f s", phase, absl::ToDoubleSeconds(took));
+      const std::string one = phase_text(phase, took);
       absl::StrAppend(&so_far, so_far.empty() ? "" : ", ", one);
       if (tty) {
         std::fprintf(stderr, "\rregistering %s: %s", name.c_str(), so_far.c_str());
@@ -410,8 +414,7 @@ absl::Status Run(const std::vector<std::string>& args) {
     std::string phases;
     absl::Duration total;
     for (const auto& [phase, took] : registered->phases) {
-      absl::StrAppendFormat(&phases, "%s%s %.2f s", phases.empty() ? "" : ", ", phase,
-                            absl::ToDoubleSeconds(took));
+      absl::StrAppend(&phases, phases.empty() ? "" : ", ", phase_text(phase, took));
       total += took;
     }
     if (!phases.empty()) {

@@ -43,12 +43,8 @@ void DropGradients(models::ZooModel& model) {
 
 absl::StatusOr<int64_t> WarmInference(BoundModel& bound, const std::string& name,
                                       const WarmSpec& spec, const WarmContext& context,
-                                      ComputeSection* compute) {
+                                      const models::ModelInput& input, ComputeSection* compute) {
   models::ZooModel& model = bound.model();
-  models::ModelInput input;
-  PSWITCH_RETURN_IF_ERROR(models::CatchTorch(absl::StrCat("warming up '", name, "': input"), [&] {
-    input = ModelInputOn(model.ExampleInput(spec.batch, 0), context.device);
-  }));
   return ColdThenWarm(absl::StrCat("warming up '", name, "'"), compute, context.timeout,
                       spec.measure, [&] {
                         return models::CatchTorch(
@@ -63,16 +59,14 @@ absl::StatusOr<int64_t> WarmInference(BoundModel& bound, const std::string& name
 
 absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
                                      const WarmSpec& spec, const WarmContext& context,
-                                     ComputeSection* compute) {
+                                     const models::ModelInput& input, ComputeSection* compute) {
   models::ZooModel& model = bound.model();
   const std::string what =
       absl::StrCat("warming up a training step of '", name, "' at batch ", spec.batch);
-  models::ModelInput input;
   at::Tensor target;
   at::Tensor optimizer_like;
   std::unique_ptr<ScratchBuffers> scratch;
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch(what, [&] {
-    input = ModelInputOn(model.ExampleInput(spec.batch, 0), context.device);
     target = model.ExampleTarget(spec.batch, 0).to(context.device);
     for (const at::Tensor& p : model.parameters()) {
       if (p.requires_grad()) {
@@ -133,10 +127,17 @@ absl::StatusOr<WarmResult> WarmUp(BoundModel& bound, const std::string& name, co
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<ComputeSection> compute,
                            context.executor.Enter(context.stream));
   context.executor.SetActivationLimit(0);
-  absl::StatusOr<int64_t> infer = WarmInference(bound, name, spec, context, compute.get());
+  // One example batch for both kinds of step.
+  models::ModelInput input;
+  absl::Status made = models::CatchTorch(absl::StrCat("warming up '", name, "': input"), [&] {
+    input = ModelInputOn(bound.model().ExampleInput(spec.batch, 0), context.device);
+  });
+  absl::StatusOr<int64_t> infer =
+      made.ok() ? WarmInference(bound, name, spec, context, input, compute.get())
+                : absl::StatusOr<int64_t>(made);
   absl::StatusOr<int64_t> train = 0;
   if (infer.ok() && spec.train) {
-    train = WarmTraining(bound, name, spec, context, compute.get());
+    train = WarmTraining(bound, name, spec, context, input, compute.get());
   }
   // Workspaces the warm-up allocated (cuBLAS, cuDNN) stay for the process, charged to no task.
   context.executor.MarkActivationsPersistent();
