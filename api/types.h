@@ -39,6 +39,13 @@ struct TrainerOptions {
   double momentum = 0.9;  // SGD only
 };
 
+// Optimizer state slots per parameter: SGD with momentum keeps one buffer, Adam two (first and
+// second moments), plain SGD none.
+inline int OptimizerStateSlots(const TrainerOptions& options) {
+  if (options.optimizer == OptimizerKind::kAdam) return 2;
+  return options.momentum != 0 ? 1 : 0;
+}
+
 // Fill jobs: work that runs only inside the main job's pipeline bubbles.
 enum class FillKind { kInference, kTraining, kSynthetic };
 

@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("gpus must be in [1, ", kMaxGpus, "], got ", daemons.size()));
   }
+  if (!options.inspector) return absl::InvalidArgumentError("the controller needs an inspector");
   // Each GPU's arena holds one weights region (the active model; every worker's views point
   // into it), its workers' activation leases and training tasks' optimizer state. Every region
   // has the size of the smallest, so a model that fits one GPU fits them all.
@@ -43,8 +44,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     region_bytes =
         std::min(region_bytes, (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
   }
-  c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.auto_plan,
-                                               options.inspector);
+  c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.inspector);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
   for (size_t g = 0; g < daemons.size(); ++g) {
     PSWITCH_ASSIGN_OR_RETURN(

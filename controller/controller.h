@@ -21,10 +21,8 @@ namespace pswitch::controller {
 
 struct ControllerOptions {
   SchedulerOptions scheduler;
-  // Where and at which link speed "auto" plans are profiled.
-  registry::AutoPlanProfile auto_plan;
-  // Where models being registered are built, inspected and profiled (registry::ModelCatalog);
-  // unset: in this process.
+  // What looks at a model being registered (its build, facts and "auto" plan profile): pswitchd's
+  // is a bounded child (registry::InspectInChild). Required.
   registry::ModelInspector inspector;
   uint32_t max_training_iterations = 1'000'000;
   // Bounds on what one request may ask for: samples per batch (registration, training, an

@@ -12,8 +12,8 @@
 #include "controller/fill_dataset.h"
 #include "gpu/copy_engine.h"
 #include "gpu/device.h"
-#include "models/registry.h"
 #include "models/safetensors.h"
+#include "models/zoo_names.h"
 
 namespace pswitch::controller {
 
@@ -225,8 +225,7 @@ absl::StatusOr<FillManager::Validated> FillManager::Validate(FillRequest& reques
         "the job's profiled step duration must be > 0 (profile-model measures it)");
   }
   if (request.kind != FillKind::kSynthetic) {
-    std::vector<std::string> names = models::ModelNames();
-    if (std::find(names.begin(), names.end(), request.model) == names.end()) {
+    if (!models::IsZooModel(request.model)) {
       absl::StatusOr<EntryRef> own = OwnModel(request.model);
       if (!own.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "api/types.h"
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/worker_commands.h"
@@ -13,7 +14,6 @@
 #include "memdaemon/arena_layout.h"
 #include "memdaemon/memdaemon.h"
 #include "memdaemon/state_area.h"
-#include "models/training.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 
@@ -34,11 +34,8 @@ std::string MetricModel(const TaskSpec& spec) { return spec.fill ? "fill" : spec
 // and warms every model for serving (a finished training fill job's model is served, its
 // training warm-up no longer required).
 WorkerModel WorkerModelOf(const CatalogEntry& entry, bool warm_ups, bool registering) {
-  WorkerModel model{entry.request.name,
-                    entry.request.zoo_model,
-                    static_cast<uint32_t>(entry.stored->num_layers()),
-                    entry.stored->total_bytes(),
-                    entry.archive,
+  WorkerModel model{entry.request.name, entry.request.zoo_model,     entry.stored->layers(),
+                    entry.train_order,  entry.stored->total_bytes(), entry.archive,
                     entry.archive_bytes};
   if (!warm_ups) return model;
   // At the batch it serves (or a fill job steps at), and a training step wherever one may run:
@@ -540,7 +537,7 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   const CheckpointKey state_key = spec.fill ? spec.fill->state_key : CheckpointKey::Task(ticket.id);
   const uint64_t optimizer_bytes =
       spec.kind == TaskKind::kTraining
-          ? models::OptimizerStateSlots(spec.trainer) * run->entry->optimizer_slot_bytes
+          ? api::OptimizerStateSlots(spec.trainer) * run->entry->optimizer_slot_bytes
           : 0;
   if (spec.kind == TaskKind::kTraining && optimizer_bytes == 0) {
     // A stateless optimizer: no area, nothing to copy.

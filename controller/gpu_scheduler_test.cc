@@ -21,12 +21,12 @@
 #include "controller/inputs_arrival.h"
 #include "gtest/gtest.h"
 #include "memdaemon/host_test_daemon.h"
+#include "models/model_inspection.h"
 #include "proto/framing.h"
 #include "proto/worker_generated.h"
 
 namespace pswitch::controller {
 
-using registry::AutoPlanProfile;
 using registry::ModelCatalog;
 
 namespace {
@@ -159,7 +159,7 @@ class InputsArrivingTest : public ::testing::Test {
     auto daemon = memdaemon::HostTestDaemon();
     ASSERT_TRUE(daemon.ok()) << daemon.status();
     daemon_ = std::move(*daemon);
-    catalog_ = std::make_unique<ModelCatalog>(daemon_.get(), 16 << 20, AutoPlanProfile{});
+    catalog_ = std::make_unique<ModelCatalog>(daemon_.get(), 16 << 20, models::InspectInProcess());
     for (const char* name : {"a", "b"}) {
       ASSERT_TRUE(catalog_->Register({name, "tiny_mlp", "", 1, "auto"}).ok());
     }

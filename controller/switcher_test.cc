@@ -37,7 +37,7 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
     };
     pool.models = [this] {
       std::vector<WorkerModel> models;
-      for (const auto& [name, entry] : entries_) models.push_back({name, "synthetic", 8, 0});
+      for (const auto& [name, entry] : entries_) models.push_back({name, "synthetic", {}, {}, 0});
       return models;
     };
     pool.release_drain = [this](uint32_t slot, uint32_t promised) {

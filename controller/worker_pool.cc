@@ -182,8 +182,21 @@ void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
     warm = proto::CreateWarmUp(b, model.warm.batch, model.warm.train, model.warm.train_required,
                                model.warm.measure);
   }
+  std::vector<flatbuffers::Offset<proto::LayoutLayer>> layers;
+  layers.reserve(model.layout.size());
+  for (const memdaemon::LayerSpec& layer : model.layout) {
+    std::vector<flatbuffers::Offset<flatbuffers::String>> names;
+    std::vector<uint64_t> sizes;
+    for (const memdaemon::TensorSpec& t : layer.tensors) {
+      names.push_back(b.CreateString(t.name));
+      sizes.push_back(t.bytes);
+    }
+    layers.push_back(proto::CreateLayoutLayer(b, b.CreateString(layer.name), b.CreateVector(names),
+                                              b.CreateVector(sizes)));
+  }
   auto load = proto::CreateLoadModel(b, b.CreateString(model.name), b.CreateString(model.zoo_model),
-                                     options_.region_offset, model.layers, model.bytes,
+                                     options_.region_offset, b.CreateVector(layers),
+                                     b.CreateVector(model.train_order), model.bytes,
                                      model.archive_bytes, warm);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
   const int fd = model.archive != nullptr ? model.archive->get() : -1;

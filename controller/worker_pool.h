@@ -35,6 +35,7 @@
 #include "controller/respawn_backoff.h"
 #include "controller/worker_process.h"
 #include "dataplane/transfer_region.h"
+#include "memdaemon/weight_layout.h"
 
 namespace pswitch::proto {
 struct RunDone;
@@ -55,7 +56,10 @@ struct WarmUpSpec {
 struct WorkerModel {
   std::string name;
   std::string zoo_model;
-  uint32_t layers = 0;
+  // Its weight layout and training order as registration inspected them: workers bind by these
+  // (a zoo model records no forward pass of its own).
+  std::vector<memdaemon::LayerSpec> layout;
+  std::vector<uint32_t> train_order;
   uint64_t bytes = 0;
   // A pswitch.export model: its archive as a sealed memory file (shared by every worker), and
   // its size. Null for zoo models.

@@ -74,7 +74,8 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
     bool killed;
   };
   std::shared_ptr<EventLoop> loop_ = std::make_shared<EventLoop>([] {});
-  std::vector<WorkerModel> models_ = {{"a", "tiny_mlp", 4, 1024}, {"b", "tiny_cnn", 4, 2048}};
+  std::vector<WorkerModel> models_ = {{"a", "tiny_mlp", {}, {}, 1024},
+                                      {"b", "tiny_cnn", {}, {}, 2048}};
   std::map<uint32_t, FakeWorker*> workers_;
   pid_t next_pid_ = 100;
   std::vector<std::string> commands_;
@@ -143,7 +144,7 @@ TEST_F(WorkerPoolTest, ARegistrationWaitsForEveryLiveWorkerAndADeathCountsAsAnAn
   BringUp(3);
   commands_.clear();
   std::optional<LoadOutcome> registered;
-  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](const LoadOutcome& o) { registered = o; });
+  pool->AddModel({"c", "tiny_mlp", {}, {}, 512}, [&](const LoadOutcome& o) { registered = o; });
   // The last free worker is held back for tasks meanwhile.
   EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel c", "101 LoadModel c"}));
   EXPECT_FALSE(pool->AwaitReady(absl::ZeroDuration()));  // loads in flight
@@ -170,7 +171,7 @@ TEST_F(WorkerPoolTest, WhileAModelLoadsOneFreeWorkerStaysFreeForTasks) {
   BringUp(2);
   commands_.clear();
   std::optional<LoadOutcome> registered;
-  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](const LoadOutcome& o) { registered = o; });
+  pool->AddModel({"c", "tiny_mlp", {}, {}, 512}, [&](const LoadOutcome& o) { registered = o; });
   EXPECT_EQ(commands_, (std::vector<std::string>{"100 LoadModel c"}));
   EXPECT_FALSE(pool->Free(0));
   EXPECT_TRUE(pool->Usable(1, "a"));
@@ -194,7 +195,7 @@ TEST_F(WorkerPoolTest, AnUnloadDropsAHeldBackLoad) {
   pool->Start();
   BringUp(2);
   commands_.clear();
-  pool->AddModel({"c", "tiny_mlp", 4, 512}, [](const LoadOutcome&) {});
+  pool->AddModel({"c", "tiny_mlp", {}, {}, 512}, [](const LoadOutcome&) {});
   pool->RemoveModel("c");
   Loaded(0, "c");
   Drain();
@@ -214,7 +215,8 @@ TEST_F(WorkerPoolTest, ARegistrationDoesNotWaitForABusyWorker) {
   ASSERT_TRUE(pool->SendRun(0, 7, run).ok());
   commands_.clear();
   std::optional<absl::Status> registered;
-  pool->AddModel({"c", "tiny_mlp", 4, 512}, [&](const LoadOutcome& o) { registered = o.status; });
+  pool->AddModel({"c", "tiny_mlp", {}, {}, 512},
+                 [&](const LoadOutcome& o) { registered = o.status; });
   EXPECT_EQ(commands_.size(), 2u) << "the busy worker is sent the load too";
   Loaded(1, "c");
   Drain();

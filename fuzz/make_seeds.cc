@@ -306,6 +306,7 @@ void ModelFactsSeeds() {
   facts.layers = {{"conv1", true, {{"weight", span(w)}, {"bias", span(b)}}},
                   {"relu", true, {}},
                   {"aux.fc", false, {{"weight", span(b)}}}};
+  facts.train_order = {0, 1, 2};  // the aux head runs when training
   facts.optimizer_slot_bytes = 256;
   facts.input = {models::DType::kF32, {-1, 3, 32, 32}};
   facts.output = {models::DType::kF32, {-1, 10}};
@@ -314,6 +315,7 @@ void ModelFactsSeeds() {
   Write(t, "three_layers", *encoded);
   facts.trainable = absl::FailedPreconditionError("exported without a loss");
   facts.layers.resize(1);
+  facts.train_order = {0};
   facts.input = {models::DType::kI64, {-1, 16}};
   encoded = models::EncodeModelFacts(facts);
   if (!encoded.ok()) Die(encoded.status().ToString());

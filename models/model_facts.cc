@@ -118,6 +118,7 @@ FactsFile ToFile(const ModelFacts& facts) {
   }
   const nlohmann::json meta = {{"format", kFormat},
                                {"layers", std::move(layers)},
+                               {"train_order", facts.train_order},
                                {"optimizer_slot_bytes", facts.optimizer_slot_bytes},
                                {"trainable",
                                 {{"code", static_cast<int>(facts.trainable.code())},
@@ -210,6 +211,19 @@ absl::StatusOr<ModelFacts> DecodeModelFacts(std::shared_ptr<const void> owner,
   if (tensor_count != file->tensors().size()) {
     return read.Bad(absl::StrCat("the file holds ", file->tensors().size(),
                                  " tensors but the layers name ", tensor_count));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(const nlohmann::json* train_order, read.Field(meta, "train_order"));
+  if (!train_order->is_array() || train_order->size() > facts.layers.size()) {
+    return read.Bad("\"train_order\" is not an array of at most one entry per layer");
+  }
+  std::vector<bool> trained(facts.layers.size(), false);
+  for (const nlohmann::json& index : *train_order) {
+    if (!index.is_number_unsigned() || index.get<uint64_t>() >= facts.layers.size() ||
+        trained[index.get<uint64_t>()]) {
+      return read.Bad("\"train_order\" holds an index that is no layer's, or one twice");
+    }
+    trained[index.get<uint64_t>()] = true;
+    facts.train_order.push_back(static_cast<uint32_t>(index.get<uint64_t>()));
   }
   PSWITCH_ASSIGN_OR_RETURN(facts.optimizer_slot_bytes,
                            read.Unsigned(meta, "optimizer_slot_bytes"));

@@ -5,7 +5,7 @@
 // decoded here as untrusted bytes: pswitchd never loads an archive itself.
 //
 // No libtorch: the fuzzer links this alone. Making the facts from a model is
-// worker/model_inspection.h.
+// models/model_inspection.h.
 #ifndef PSWITCH_MODELS_MODEL_FACTS_H_
 #define PSWITCH_MODELS_MODEL_FACTS_H_
 
@@ -42,6 +42,9 @@ struct FactsLayer {
 
 struct ModelFacts {
   std::vector<FactsLayer> layers;  // layout (eval) order
+  // The layout index of each layer a training forward runs, in its order: with `layers`, what a
+  // worker binds and gates a model by (a zoo model without recording a forward pass itself).
+  std::vector<uint32_t> train_order;
   uint64_t optimizer_slot_bytes = 0;
   absl::Status trainable;  // why training tasks are refused, or OK
   FactsTensorSpec input, output;
@@ -51,6 +54,26 @@ struct ModelFacts {
   std::string profile_json;
   uint64_t profile_us = 0;
   std::shared_ptr<const void> keep_alive;  // owns the bytes the tensors' spans point into
+};
+
+// Where an "auto" plan's layer profile is measured: on the device the workers compute on ("cpu"
+// or "cuda:N"), for the link the switch sees (CUDA: measured at start-up; host backend: the
+// configured copy cap, or PCIe 3 x16).
+struct AutoPlanProfile {
+  std::string device = "cpu";
+  double bandwidth_bytes_per_s = 12e9;
+};
+
+// What one inspection of a model being registered is asked. The descriptors are borrowed: an
+// inspector reads them (a child inherits them) and never closes them.
+struct InspectionRequest {
+  std::string name;            // the model's registered name (messages)
+  std::string zoo;             // a zoo architecture; empty: the archive in `archive_fd`
+  int archive_fd = -1;         // a sealed memory file
+  int weights_fd = -1;         // a sealed memory file holding a safetensors checkpoint; -1: none
+  std::string weights_name;    // the checkpoint's name in messages
+  uint32_t profile_batch = 0;  // > 0: profile at this batch too (ModelFacts::profile_json)
+  uint64_t max_facts_bytes = 0;
 };
 
 // Limits a decoded file is held to (beyond SafetensorsLimits').

@@ -18,6 +18,7 @@ class ModelFactsTest : public ::testing::Test {
     facts_.layers = {{"conv", true, {{"weight", Bytes(w_)}, {"bias", Bytes(b_)}}},
                      {"relu", true, {}},
                      {"aux.fc", false, {{"weight", Bytes(aux_)}}}};
+    facts_.train_order = {0, 1, 2};  // the aux head runs when training
     facts_.optimizer_slot_bytes = 4096;
     facts_.trainable = absl::FailedPreconditionError("exported without a loss");
     facts_.input = {DType::kF32, {-1, 3, 32, 32}};
@@ -63,6 +64,7 @@ TEST_F(ModelFactsTest, RoundTripKeepsLayersBytesAndEveryFact) {
   EXPECT_FALSE(decoded->layers[2].executed);
   EXPECT_EQ(decoded->layers[2].tensors[0].bytes.size(), 8u);
   EXPECT_EQ(std::memcmp(decoded->layers[2].tensors[0].bytes.data(), aux_.data(), 8), 0);
+  EXPECT_EQ(decoded->train_order, (std::vector<uint32_t>{0, 1, 2}));
   EXPECT_EQ(decoded->optimizer_slot_bytes, 4096u);
   EXPECT_EQ(decoded->trainable, facts_.trainable);
   EXPECT_EQ(decoded->input.dtype, DType::kF32);
@@ -114,6 +116,11 @@ TEST_F(ModelFactsTest, MalformedOrInconsistentFactsAreRefused) {
   ExpectRefused(WithMeta([](auto& m) { m["layers"][0]["executed"] = 1; }), "executed type");
   ExpectRefused(WithMeta([](auto& m) { m["layers"] = {}; }), "layers not an array");
   ExpectRefused(WithMeta([](auto& m) { m["optimizer_slot_bytes"] = -1; }), "negative bytes");
+  ExpectRefused(WithMeta([](auto& m) { m.erase("train_order"); }), "no train order");
+  ExpectRefused(WithMeta([](auto& m) { m["train_order"] = {0, 3}; }), "a train layer past the end");
+  ExpectRefused(WithMeta([](auto& m) { m["train_order"] = {1, 1}; }), "a train layer twice");
+  ExpectRefused(WithMeta([](auto& m) { m["train_order"] = {0, -1}; }), "a negative index");
+  ExpectRefused(WithMeta([](auto& m) { m["train_order"] = {0, 1, 2, 0}; }), "more than layers");
   ExpectRefused(WithMeta([](auto& m) { m["trainable"]["code"] = 99; }), "unknown code");
   ExpectRefused(WithMeta([](auto& m) { m["input"]["dtype"] = "F64"; }), "input dtype");
   ExpectRefused(WithMeta([](auto& m) { m["input"]["shape"][0] = 8; }), "no batch dimension");

@@ -16,6 +16,7 @@
 #include "models/weight_init.h"
 #include "models/weights.h"
 #include "models/zoo_model.h"
+#include "models/zoo_names.h"
 
 namespace pswitch::models {
 namespace {
@@ -70,12 +71,16 @@ TEST(RegistryTest, UnknownModelAndSettingAreClearErrors) {
   EXPECT_EQ(parsed->Get("n_embd"), 32);
 }
 
-TEST(RegistryTest, ListsEveryZooModel) {
+// pswitchd knows the zoo by name only (models/zoo_names.h, no libtorch): the same list.
+TEST(RegistryTest, ListsEveryZooModelAndNoOther) {
   const std::vector<std::string> names = ModelNames();
+  EXPECT_EQ(names, std::vector<std::string>(kZooModelNames.begin(), kZooModelNames.end()));
   for (const char* name : {"resnet18", "resnet50", "resnet152", "vgg19", "inception_v3",
                            "bert_base", "bert_large", "gpt2", "tiny_mlp", "tiny_cnn"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+    EXPECT_TRUE(IsZooModel(name)) << name;
   }
+  EXPECT_FALSE(IsZooModel("torchscript"));
 }
 
 // Issue 28: a worker builds a model only to bind it to the weights region, so it skips the

@@ -569,6 +569,13 @@ class ScriptModel final : public ZooModel {
 
   absl::StatusOr<std::vector<Layer>> RecordLayers() override;
 
+  // The archive's tensors under their canonical names (a tied one once): what its layers hold.
+  absl::StatusOr<std::vector<LayerTensor>> NamedTensors() override {
+    std::vector<LayerTensor> tensors;
+    for (const Held& held : held_) tensors.push_back({held.name, held.tensor, held.is_parameter});
+    return tensors;
+  }
+
  private:
   // Throws unless `output`, computed from `input`, has the recorded output's dtype and rank, and
   // each dimension its recorded size, or, where the recorded size was one of the recorded

@@ -72,11 +72,6 @@ void BindExternalState(torch::optim::Optimizer& optimizer, const TrainerOptions&
 
 }  // namespace
 
-int OptimizerStateSlots(const TrainerOptions& options) {
-  if (options.optimizer == OptimizerKind::kAdam) return 2;
-  return options.momentum != 0 ? 1 : 0;
-}
-
 uint64_t OptimizerSlotBytes(ZooModel& model) {
   uint64_t bytes = 0;
   for (const at::Tensor& p : TrainableParameters(model)) bytes += AlignUp(p.nbytes());

@@ -20,11 +20,9 @@ namespace pswitch::models {
 
 // Defined with the types clients and pswitchd share (no torch there).
 using api::OptimizerKind;
+using api::OptimizerStateSlots;
 using api::TrainerOptions;
 
-// Optimizer state slots per parameter: SGD with momentum keeps one buffer, Adam two (first and
-// second moments), plain SGD none.
-int OptimizerStateSlots(const TrainerOptions& options);
 // Bytes of one slot for `model`: every trainable parameter in parameters() order, each at a
 // 256-byte aligned offset. Slot k starts at k * OptimizerSlotBytes(model).
 uint64_t OptimizerSlotBytes(ZooModel& model);

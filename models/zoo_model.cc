@@ -16,7 +16,8 @@
 namespace pswitch::models {
 
 ModelOutput ZooModel::Forward(const ModelInput& input) {
-  tape_.StartForward();
+  const auto& expected = expected_[is_training() ? 1 : 0];
+  tape_.StartForward(expected.empty() ? nullptr : &expected);
   ModelOutput out = ForwardImpl(input);
   const auto& recorded = layers_[is_training() ? 1 : 0];
   if (recorded.has_value()) {
@@ -55,6 +56,7 @@ absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
   PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", model_name_, "': saving buffers"), [&] {
     for (auto& buffer : buffers()) saved.emplace_back(buffer, buffer.clone());
   }));
+  ++layer_recordings_;
   absl::StatusOr<std::vector<Layer>> layers = RecordLayers();
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_name_, "': restoring buffers"), [&] {
@@ -64,6 +66,41 @@ absl::StatusOr<const std::vector<Layer>*> ZooModel::Layers() {
   PSWITCH_RETURN_IF_ERROR(layers.status());
   slot = std::move(*layers);
   return &*slot;
+}
+
+absl::Status ZooModel::ExpectOrder(bool training, const std::vector<std::string>& layer_names) {
+  std::map<std::string, const torch::nn::Module*> modules;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", model_name_, "': its modules"), [&] {
+    for (const auto& item : named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+      modules[item.key()] = item.value().get();
+    }
+  }));
+  std::vector<const torch::nn::Module*> order;
+  order.reserve(layer_names.size());
+  for (const std::string& name : layer_names) {
+    // A repeated call is "path#k" (BuildLayers).
+    auto it = modules.find(name.substr(0, name.rfind('#')));
+    if (it == modules.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", model_name_, "' has no layer '", name, "'"));
+    }
+    order.push_back(it->second);
+  }
+  expected_[training ? 1 : 0] = std::move(order);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LayerTensor>> ZooModel::NamedTensors() {
+  std::vector<LayerTensor> tensors;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(absl::StrCat("model '", model_name_, "': its tensors"), [&] {
+    for (const auto& p : named_parameters(/*recurse=*/true)) {
+      if (p.value().defined()) tensors.push_back({p.key(), p.value(), true});
+    }
+    for (const auto& b : named_buffers(/*recurse=*/true)) {
+      if (b.value().defined()) tensors.push_back({b.key(), b.value(), false});
+    }
+  }));
+  return tensors;
 }
 
 absl::StatusOr<std::vector<Layer>> ZooModel::RecordLayers() {

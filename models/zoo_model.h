@@ -23,6 +23,7 @@
 #define PSWITCH_MODELS_ZOO_MODEL_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
 #include <array>
@@ -74,9 +75,18 @@ class LayerTape {
       return;
     }
     const int index = calls_++;
+    // A call other than the one registration recorded at this point would wait for the wrong
+    // group and compute on weights still in transit: refused, before it runs.
+    TORCH_CHECK(expected_ == nullptr || (static_cast<size_t>(index) < expected_->size() &&
+                                         (*expected_)[index] == module),
+                "layer call ", index, " is not the layer registration recorded there");
     if (gate_) gate_(index);
   }
-  void StartForward() { calls_ = 0; }
+  // `expected`: the modules each call must be, in order (null: not checked); it outlives the pass.
+  void StartForward(const std::vector<const torch::nn::Module*>* expected = nullptr) {
+    calls_ = 0;
+    expected_ = expected;
+  }
   int calls() const { return calls_; }
   void StartRecording() {
     recording_ = true;
@@ -90,6 +100,7 @@ class LayerTape {
 
  private:
   GateHook gate_;
+  const std::vector<const torch::nn::Module*>* expected_ = nullptr;
   bool recording_ = false;
   int calls_ = 0;
   std::vector<const torch::nn::Module*> recorded_;
@@ -114,6 +125,18 @@ class ZooModel : public torch::nn::Module {
   // pass on TraceInput() the first time per mode (buffers such as running stats are restored, so
   // recording has no visible effect). The pointer stays valid while the model lives.
   absl::StatusOr<const std::vector<Layer>*> Layers();
+
+  // The layer order registration recorded for a mode, as layer names ("path", or "path#k" for a
+  // module's k-th call): every later forward in that mode checks each layer call against it,
+  // without recording a pass here. InvalidArgument for a name that is no module of the model.
+  absl::Status ExpectOrder(bool training, const std::vector<std::string>& layer_names);
+
+  // How many times Layers() recorded a forward pass (once per mode at most).
+  int layer_recordings() const { return layer_recordings_; }
+
+  // Every parameter and buffer by its state_dict name (a tied tensor under each of its names;
+  // undefined optional slots left out): what a worker binds by name. Default: the module tree's.
+  virtual absl::StatusOr<std::vector<LayerTensor>> NamedTensors();
 
   // Replaces the gate hook; an empty function disables it.
   void SetGateHook(GateHook gate) { tape_.set_gate(std::move(gate)); }
@@ -145,6 +168,8 @@ class ZooModel : public torch::nn::Module {
   const std::string model_name_;
   LayerTape tape_;
   std::array<std::optional<std::vector<Layer>>, 2> layers_;  // [eval, train]
+  int layer_recordings_ = 0;
+  std::array<std::vector<const torch::nn::Module*>, 2> expected_;  // [eval, train]
 };
 
 // Forward with exceptions turned into a Status naming the model (for tools and workers).

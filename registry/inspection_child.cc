@@ -39,8 +39,8 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& 
   }
   if (request.profile_batch > 0) {
     argv.push_back(absl::StrCat("--inspect_profile_batch=", request.profile_batch));
-    argv.push_back(absl::StrCat("--profile_device=", options.device));
-    argv.push_back(absl::StrCat("--profile_bandwidth=", options.bandwidth_bytes_per_s));
+    argv.push_back(absl::StrCat("--profile_device=", options.auto_plan.device));
+    argv.push_back(absl::StrCat("--profile_bandwidth=", options.auto_plan.bandwidth_bytes_per_s));
   }
   const std::string profiling =
       request.profile_batch > 0 ? "; register with a find-grouping plan, or a smaller batch" : "";

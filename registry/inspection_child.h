@@ -21,10 +21,11 @@
 
 namespace pswitch::registry {
 
+using models::AutoPlanProfile;
+
 struct InspectionChildOptions {
   std::string binary;                   // pswitch-worker
-  std::string device = "cpu";           // where profiles run: "cpu" or "cuda:N"
-  double bandwidth_bytes_per_s = 12e9;  // the link the plan is made for
+  models::AutoPlanProfile auto_plan;    // where and for which link profiles are measured
   // The child's resident memory, sampled every 10 ms: beyond it, it is killed. An inspection
   // may use this plus four times the archive's size (the archive, the model, the weights'
   // copies and their encoding) and the checkpoint's.
@@ -35,16 +36,7 @@ struct InspectionChildOptions {
   int cpu_threads = 0;
 };
 
-// What one inspection is asked.
-struct InspectionRequest {
-  std::string name;            // the model's registered name (messages)
-  std::string zoo;             // a zoo architecture; empty: the archive in `archive_fd`
-  int archive_fd = -1;         // a sealed memory file (the child inherits it)
-  int weights_fd = -1;         // a sealed memory file holding a safetensors checkpoint; -1: none
-  std::string weights_name;    // the checkpoint's name in messages
-  uint32_t profile_batch = 0;  // > 0: profile at this batch too (ModelFacts::profile_json)
-  uint64_t max_facts_bytes = 0;
-};
+using models::InspectionRequest;
 
 // The model's facts. The child's refusal as it reports it (InvalidArgument naming the layer or
 // parameter, NotFound for an unknown zoo model, FailedPrecondition, ...); ResourceExhausted past

@@ -11,9 +11,9 @@
 #include "base/files.h"
 #include "grouping/profile.h"
 #include "gtest/gtest.h"
+#include "models/model_inspection.h"
 #include "models/registry.h"
 #include "models/script_model.h"
-#include "worker/model_inspection.h"
 
 namespace pswitch::registry {
 namespace {
@@ -100,7 +100,7 @@ TEST(InspectInChildTest, TheChildsFactsAreThoseOfTheArchiveLoadedHere) {
     auto bytes = base::ReadRegularFile(kArchives + file, "archive", 64 << 20);
     auto model = models::LoadScriptModel(file, *bytes, file);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto here = worker::InspectModel(**model);
+    auto here = models::InspectModel(**model);
     ASSERT_TRUE(here.ok()) << here.status();
     ExpectSameFacts(*facts, *here);
     EXPECT_TRUE(facts->profile_json.empty()) << "no profile was asked for";
@@ -116,7 +116,7 @@ TEST(InspectInChildTest, AZooModelsFactsAndProfileComeFromOneChild) {
   ASSERT_TRUE(facts.ok()) << facts.status();
   auto model = models::CreateModel("tiny_cnn");
   ASSERT_TRUE(model.ok()) << model.status();
-  auto here = worker::InspectModel(**model);
+  auto here = models::InspectModel(**model);
   ASSERT_TRUE(here.ok()) << here.status();
   ExpectSameFacts(*facts, *here);
   auto profile = grouping::ParseProfileJson(facts->profile_json);

@@ -24,14 +24,13 @@ enum class ModelState { kRegistering, kReady, kUnloading };
 // Thread-safe. `*daemon` must outlive the catalog.
 class ModelCatalog {
  public:
-  // With an `inspector` this process never builds a model (RegistrationPipeline).
-  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, AutoPlanProfile auto_plan,
-               ModelInspector inspector = nullptr)
-      : pipeline_(daemon, region_bytes, std::move(auto_plan), std::move(inspector)) {}
+  // `inspector` looks at every model registered (RegistrationPipeline).
+  ModelCatalog(memdaemon::MemDaemon* daemon, uint64_t region_bytes, ModelInspector inspector)
+      : pipeline_(daemon, region_bytes, std::move(inspector)) {}
 
-  // Slow (builds and profiles the model): call off the scheduling thread. Takes the name, runs
-  // the pipeline (its phases appended to `*phases` when set), and makes the model ready. The
-  // pipeline's errors, AlreadyExists for a name taken, FailedPrecondition for one being
+  // Slow (its inspector builds and profiles the model): call off the scheduling thread. Takes the
+  // name, runs the pipeline (its phases appended to `*phases` when set), and makes the model ready.
+  // The pipeline's errors, AlreadyExists for a name taken, FailedPrecondition for one being
   // unloaded; nothing is registered on error and the name is free again.
   absl::StatusOr<EntryRef> Register(const ModelRequest& request,
                                     std::vector<RegistrationPhase>* phases = nullptr,

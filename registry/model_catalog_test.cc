@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "memdaemon/host_test_daemon.h"
+#include "models/model_inspection.h"
 
 namespace pswitch::registry {
 namespace {
@@ -27,7 +28,7 @@ class ModelCatalogTest : public ::testing::Test {
 };
 
 TEST_F(ModelCatalogTest, AutoPlanOnTheCpuCoversEveryLayer) {
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  ModelCatalog catalog(daemon_.get(), 32 << 20, models::InspectInProcess());
   absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
   ASSERT_TRUE(entry.ok()) << entry.status();
   ASSERT_FALSE((*entry)->plan.empty());
@@ -38,7 +39,7 @@ TEST_F(ModelCatalogTest, AutoPlanOnTheCpuCoversEveryLayer) {
 // On the CUDA backend auto plans are profiled on the GPU. Where this libtorch cannot, the
 // registration says so and names the remedy instead of planning with CPU layer times.
 TEST_F(ModelCatalogTest, AutoPlanOnAGpuIsProfiledThereOrRefusedWithTheRemedy) {
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{"cuda:0", 25e9});
+  ModelCatalog catalog(daemon_.get(), 32 << 20, models::InspectInProcess({"cuda:0", 25e9}));
   absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
   if (torch::cuda::is_available()) {
     ASSERT_TRUE(entry.ok()) << entry.status();
@@ -57,7 +58,7 @@ TEST_F(ModelCatalogTest, AutoPlanOnAGpuIsProfiledThereOrRefusedWithTheRemedy) {
 // and plan and a snapshot of its weights in a store of its own, so training either leaves the
 // other alone.
 TEST_F(ModelCatalogTest, ACopyHasTheOriginalsWeightsInItsOwnStore) {
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  ModelCatalog catalog(daemon_.get(), 32 << 20, models::InspectInProcess());
   ModelRequest shared{"shared", "tiny_cnn", "", 2, "auto"};
   shared.trainers = {"carol"};
   absl::StatusOr<EntryRef> original = catalog.Register(shared);
@@ -95,7 +96,7 @@ TEST_F(ModelCatalogTest, ACopyHasTheOriginalsWeightsInItsOwnStore) {
 // Unload in two steps: the model leaves the catalog at once, its name stays reserved until its
 // pinned weights are freed, and a holder of its entry keeps reading valid metadata meanwhile.
 TEST_F(ModelCatalogTest, UnloadTakesTheModelOutThenFreesItsWeightsAndName) {
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  ModelCatalog catalog(daemon_.get(), 32 << 20, models::InspectInProcess());
   EXPECT_EQ(catalog.BeginUnload("m").status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
   ASSERT_TRUE(entry.ok()) << entry.status();
@@ -127,7 +128,7 @@ TEST_F(ModelCatalogTest, UnloadTakesTheModelOutThenFreesItsWeightsAndName) {
 // Weights already gone from the store (the one way a release fails) are freed as far as the
 // catalog goes: the name is free and they no longer count as pinned.
 TEST_F(ModelCatalogTest, WeightsAlreadyGoneFromTheStoreStillFreeTheNameAndTheCount) {
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  ModelCatalog catalog(daemon_.get(), 32 << 20, models::InspectInProcess());
   const uint64_t before = catalog.pinned_bytes();
   absl::StatusOr<EntryRef> entry = catalog.Register({"m", "tiny_cnn", "", 2, "auto"});
   ASSERT_TRUE(entry.ok()) << entry.status();
@@ -141,7 +142,7 @@ TEST_F(ModelCatalogTest, WeightsAlreadyGoneFromTheStoreStillFreeTheNameAndTheCou
 
 // Issue 28 item 4: every registration reports its phases in order, each with its wall time.
 TEST_F(ModelCatalogTest, ARegistrationReportsItsPhasesInOrder) {
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{});
+  ModelCatalog catalog(daemon_.get(), 32 << 20, models::InspectInProcess());
   std::vector<RegistrationPhase> phases;
   const absl::Time start = absl::Now();
   ASSERT_TRUE(catalog.Register({"m", "tiny_cnn", "", 2, "auto"}, &phases).ok());
@@ -166,7 +167,7 @@ TEST_F(ModelCatalogTest, ARegistrationReportsItsPhasesInOrder) {
 // cannot be unloaded; a failed registration frees the name.
 TEST_F(ModelCatalogTest, AModelBeingRegisteredIsNeitherServedNorUnloadable) {
   absl::Notification inspecting, release;
-  ModelCatalog catalog(daemon_.get(), 32 << 20, AutoPlanProfile{},
+  ModelCatalog catalog(daemon_.get(), 32 << 20,
                        [&](const InspectionRequest& request) -> absl::StatusOr<models::ModelFacts> {
                          if (request.archive_fd < 0)
                            return absl::UnavailableError("no zoo models here");

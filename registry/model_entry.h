@@ -79,6 +79,9 @@ struct CatalogEntry {
   uint64_t weight_bytes = 0;
   grouping::GroupPlan plan;                // covers every layout layer
   std::vector<uint32_t> group_last_layer;  // plan as the worker protocol wants it
+  // The layout index of each layer a training forward runs, in its order (the inspection's):
+  // with the stored layout, what workers bind and gate the model by.
+  std::vector<uint32_t> train_order;
   uint64_t optimizer_slot_bytes = 0;       // models::OptimizerSlotBytes of the model
   // A script model's archive as a sealed memory file, passed to every worker that loads it.
   std::shared_ptr<const UniqueFd> archive;

@@ -9,14 +9,9 @@
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
 #include "grouping/search.h"
-#include "models/layer_profiler.h"
-#include "models/registry.h"
-#include "models/script_model.h"
-#include "models/training.h"
-#include "models/weights.h"
+#include "models/model_source.h"
 #include "nlohmann/json.hpp"
 #include "proto/dtype.h"
-#include "worker/model_inspection.h"
 
 namespace pswitch::registry {
 namespace {
@@ -74,12 +69,25 @@ TensorSpec WireSpec(const std::string& name, const models::FactsTensorSpec& spec
   return TensorSpec{name, WireDType(spec.dtype), spec.shape};
 }
 
+// The facts' weights as the memdaemon's store takes them; the spans point into `facts`.
+memdaemon::ModelBytes WeightsOf(const models::ModelFacts& facts, const std::string& name) {
+  memdaemon::ModelBytes bytes;
+  bytes.name = name;
+  for (const models::FactsLayer& layer : facts.layers) {
+    memdaemon::LayerBytes out{layer.name, {}};
+    for (const models::FactsTensor& t : layer.tensors) out.tensors.push_back({t.name, t.bytes});
+    bytes.layers.push_back(std::move(out));
+  }
+  return bytes;
+}
+
 }  // namespace
 
-absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
-    const ModelRequest& request, const models::ModelSource& source, models::ZooModel* model,
-    const std::string& profile_json, int layout_layers, int executed_layers,
-    PhaseClock& clock) const {
+absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(const ModelRequest& request,
+                                                                   const std::string& profile_json,
+                                                                   int layout_layers,
+                                                                   int executed_layers,
+                                                                   PhaseClock& clock) const {
   if (request.plan != "auto") {
     PSWITCH_ASSIGN_OR_RETURN(grouping::GroupPlan plan, ReadPlanFile(request));
     // A plan made from profile-model output covers the executed layers only.
@@ -94,66 +102,26 @@ absl::StatusOr<grouping::GroupPlan> RegistrationPipeline::MakePlan(
     clock.End("plan");
     return plan;
   }
-  if (model == nullptr) {
-    // The inspection child's profile: untrusted text until parsed and checked.
-    absl::StatusOr<grouping::Profile> profile = grouping::ParseProfileJson(profile_json);
-    if (!profile.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the inspector's profile is not a profile: ", profile.status().message()));
-    }
-    // Checked before the search, whose time grows with the layer count the child claims.
-    if (profile->layers.size() != static_cast<size_t>(executed_layers)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the inspector's profile has ", profile->layers.size(),
-                       " layers; the model executes ", executed_layers));
-    }
-    PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(*profile));
-    PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
-                             grouping::FindGrouping(cost, grouping::SearchOptions{}));
-    clock.End("plan");
-    if (grouping::ValidatePlan(outcome.result.plan, executed_layers).ok()) {
-      return CoverTail(outcome.result.plan, executed_layers, layout_layers);
-    }
-    return absl::InternalError("the profile does not match the model's layers");
+  // The inspection child's profile: untrusted text until parsed and checked.
+  absl::StatusOr<grouping::Profile> profile = grouping::ParseProfileJson(profile_json);
+  if (!profile.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the inspector's profile is not a profile: ", profile.status().message()));
   }
-  models::ProfileOptions options;
-  options.batch = request.batch_size;
-  options.warmup_runs = 1;
-  options.measured_runs = 3;
-  options.bandwidth_cap_bytes_per_s = auto_plan_.bandwidth_bytes_per_s;
-  options.measured_bandwidth_bytes_per_s = auto_plan_.bandwidth_bytes_per_s;
-  absl::StatusOr<c10::Device> device = models::ResolveDevice(auto_plan_.device);
-  if (!device.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("an \"auto\" plan is profiled on ", auto_plan_.device,
-                     ", the device the workers compute on, and that failed (",
-                     device.status().message(), "); register with a find-grouping plan file"));
+  // Checked before the search, whose time grows with the layer count the child claims.
+  if (profile->layers.size() != static_cast<size_t>(executed_layers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the inspector's profile has ", profile->layers.size(),
+                     " layers; the model executes ", executed_layers));
   }
-  models::ModelProfile profile;
-  if (device->is_cuda()) {
-    // A fresh instance: layer times do not depend on the weights, and the registered model
-    // stays on the host where its bytes are collected.
-    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> probe,
-                             models::CreateModelFrom(source, request.name));
-    absl::Status moved =
-        models::CatchTorch("moving the model to the GPU", [&] { probe->to(*device); });
-    absl::StatusOr<models::ModelProfile> measured =
-        moved.ok() ? models::ProfileModel(*probe, *device, options)
-                   : absl::StatusOr<models::ModelProfile>(moved);
-    probe.reset();
-    models::ReleaseCachedDeviceMemory();
-    PSWITCH_ASSIGN_OR_RETURN(profile, std::move(measured));
-  } else {
-    PSWITCH_ASSIGN_OR_RETURN(profile, models::ProfileModel(*model, *device, options));
-    model->eval();
-  }
-  clock.End("profile");
-  // The profiler's result is the search's input (Create validates it): no JSON in between.
-  PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(profile));
+  PSWITCH_ASSIGN_OR_RETURN(grouping::CostModel cost, grouping::CostModel::Create(*profile));
   PSWITCH_ASSIGN_OR_RETURN(grouping::SearchOutcome outcome,
                            grouping::FindGrouping(cost, grouping::SearchOptions{}));
   clock.End("plan");
-  return CoverTail(outcome.result.plan, executed_layers, layout_layers);
+  if (grouping::ValidatePlan(outcome.result.plan, executed_layers).ok()) {
+    return CoverTail(outcome.result.plan, executed_layers, layout_layers);
+  }
+  return absl::InternalError("the profile does not match the model's layers");
 }
 
 absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
@@ -162,34 +130,30 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
     return absl::InvalidArgumentError(
         absl::StrCat("batch size ", request.batch_size, " out of range [1, ", kMaxBatchSize, "]"));
   }
-  models::ModelSource source{request.zoo_model, nullptr, request.archive_path};
+  if (!inspector_) {
+    return absl::FailedPreconditionError("no model inspector: registration cannot look at models");
+  }
   std::shared_ptr<const UniqueFd> archive_fd;
   const uint64_t max_archive_bytes = std::min(kMaxArchiveBytes, region_bytes_ + kArchiveCodeBytes);
   uint64_t archive_bytes = 0;
-  if (request.archive_fd != nullptr && inspector_) {
+  if (request.archive_fd != nullptr) {
     // A sealed copy already (a registered model's, or a file the client passed): only the
-    // child reads it.
+    // inspector reads it.
     PSWITCH_ASSIGN_OR_RETURN(archive_bytes, base::CheckSealedMemoryFile(
                                                 *request.archive_fd, "archive", max_archive_bytes));
     archive_fd = request.archive_fd;
-  } else if (request.archive_fd != nullptr) {
-    PSWITCH_ASSIGN_OR_RETURN(
-        std::string bytes,
-        base::ReadSealedMemoryFile(*request.archive_fd, "archive", max_archive_bytes));
-    archive_fd = request.archive_fd;
-    source.archive = std::make_shared<const std::string>(std::move(bytes));
   } else if (!request.archive_path.empty()) {
     PSWITCH_ASSIGN_OR_RETURN(
         std::string bytes,
         ReadRequestFile(request, request.archive_path, "archive", max_archive_bytes, nullptr));
+    archive_bytes = bytes.size();
     PSWITCH_ASSIGN_OR_RETURN(UniqueFd fd, base::SealedMemoryFile("pswitch-archive", bytes));
     archive_fd = std::make_shared<const UniqueFd>(std::move(fd));
-    source.archive = std::make_shared<const std::string>(std::move(bytes));
   }
   // The checkpoint's bytes, read here: the repository's or the server's access rules apply. A
-  // file the client passed is already a sealed copy: the inspection child reads that one.
-  std::string weights_bytes;
-  const bool passed_weights = request.weights_fd != nullptr && inspector_;
+  // file the client passed is already a sealed copy: the inspector reads that one.
+  UniqueFd weights_fd;
+  const bool passed_weights = request.weights_fd != nullptr;
   if (passed_weights) {
     PSWITCH_RETURN_IF_ERROR(
         base::CheckSealedMemoryFile(*request.weights_fd,
@@ -197,65 +161,43 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
                                     models::SafetensorsLimits().max_file_bytes)
             .status());
   } else if (!request.weights_path.empty()) {
-    const models::SafetensorsLimits limits;
-    PSWITCH_ASSIGN_OR_RETURN(weights_bytes,
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
                              ReadRequestFile(request, request.weights_path, "weights file",
-                                             limits.max_file_bytes, request.weights_fd));
+                                             models::SafetensorsLimits().max_file_bytes, nullptr));
+    PSWITCH_ASSIGN_OR_RETURN(weights_fd, base::SealedMemoryFile("pswitch-weights", bytes));
   }
-  if (source.archive != nullptr) archive_bytes = source.archive->size();
   clock.End("read");
-  models::ModelFacts facts;
-  std::shared_ptr<models::ZooModel> model;  // built in this process only without an inspector
-  if (inspector_) {
-    UniqueFd weights_fd;
-    if (!request.weights_path.empty() && !passed_weights) {
-      PSWITCH_ASSIGN_OR_RETURN(weights_fd,
-                               base::SealedMemoryFile("pswitch-weights", weights_bytes));
-      weights_bytes.clear();
-      weights_bytes.shrink_to_fit();
-    }
-    source.archive.reset();  // only the child reads it
-    const bool profile = request.plan == "auto";
-    InspectionRequest inspection{
-        .name = request.name,
-        .zoo = archive_fd != nullptr ? "" : request.zoo_model,
-        .archive_fd = archive_fd != nullptr ? archive_fd->get() : -1,
-        .weights_fd = passed_weights ? request.weights_fd->get() : weights_fd.get(),
-        .weights_name = request.weights_path,
-        .profile_batch = profile ? request.batch_size : 0,
-        .max_facts_bytes = max_archive_bytes};
-    PSWITCH_ASSIGN_OR_RETURN(facts, inspector_(inspection));
-    if (profile) {
-      clock.EndSplit("inspect", "profile", absl::Microseconds(facts.profile_us));
-    } else {
-      clock.End("inspect");
-    }
+  const bool profile = request.plan == "auto";
+  const InspectionRequest inspection{
+      .name = request.name,
+      .zoo = archive_fd != nullptr ? "" : request.zoo_model,
+      .archive_fd = archive_fd != nullptr ? archive_fd->get() : -1,
+      .weights_fd = passed_weights ? request.weights_fd->get() : weights_fd.get(),
+      .weights_name = request.weights_path,
+      .profile_batch = profile ? request.batch_size : 0,
+      .max_facts_bytes = max_archive_bytes};
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, inspector_(inspection));
+  if (profile) {
+    clock.EndSplit("inspect", "profile", absl::Microseconds(facts.profile_us));
   } else {
-    PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModelFrom(source, request.name));
-    if (!request.weights_path.empty()) {
-      PSWITCH_ASSIGN_OR_RETURN(
-          models::SafetensorsFile file,
-          models::SafetensorsFile::Parse(std::move(weights_bytes), request.weights_path));
-      PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
-    }
-    PSWITCH_ASSIGN_OR_RETURN(facts, worker::InspectModel(*model));
     clock.End("inspect");
   }
   const int layout_layers = static_cast<int>(facts.layers.size());
   int executed = 0;
   for (const models::FactsLayer& layer : facts.layers) executed += layer.executed ? 1 : 0;
-  const memdaemon::ModelBytes weights = worker::WeightsOf(facts, request.name);
+  const memdaemon::ModelBytes weights = WeightsOf(facts, request.name);
   auto entry = std::make_unique<CatalogEntry>();
   entry->request = request;
   // Read once: a passed file's copy is not kept for the model's life.
   entry->request.weights_fd.reset();
   entry->request.plan_fd.reset();
   entry->optimizer_slot_bytes = facts.optimizer_slot_bytes;
+  entry->train_order = facts.train_order;
   entry->trainable = facts.trainable;
   entry->input = WireSpec("input", facts.input);
   entry->output = WireSpec("output", facts.output);
-  PSWITCH_ASSIGN_OR_RETURN(entry->plan, MakePlan(request, source, model.get(), facts.profile_json,
-                                                 layout_layers, executed, clock));
+  PSWITCH_ASSIGN_OR_RETURN(entry->plan,
+                           MakePlan(request, facts.profile_json, layout_layers, executed, clock));
   entry->archive = archive_fd;
   entry->archive_bytes = archive_bytes;
   for (const grouping::LayerGroup& g : entry->plan) {

@@ -20,23 +20,11 @@
 #include "registry/model_entry.h"
 #include "registry/phase_clock.h"
 
-namespace pswitch::models {
-class ZooModel;
-struct ModelSource;
-}  // namespace pswitch::models
-
 namespace pswitch::registry {
 
-// How "auto" plans are profiled: on the device the workers compute on, at the link speed the
-// switch sees (CUDA: measured through the memdaemon's copy engine at start-up).
-struct AutoPlanProfile {
-  std::string device = "cpu";           // "cpu" or "cuda:N"
-  double bandwidth_bytes_per_s = 12e9;  // host backend: the configured copy cap, or PCIe 3 x16
-};
-
-// A registration's one look at a model (pswitchd: in a bounded child, InspectInChild): its facts,
-// with its profile when the request asks for one. Unset: the model is built, inspected and
-// profiled in this process (library use, tests).
+// A registration's one look at a model: its facts, with its profile when the request asks for
+// one. pswitchd's runs in a bounded child (InspectInChild) and pswitchd never links libtorch;
+// library use and tests may look in their own process (models::InspectInProcess).
 using ModelInspector =
     std::function<absl::StatusOr<models::ModelFacts>(const InspectionRequest& request)>;
 
@@ -44,13 +32,10 @@ using ModelInspector =
 // outlive it.
 class RegistrationPipeline {
  public:
-  // With an `inspector` this process never builds a model.
+  // This process never builds a model: `inspector` looks at it (Build fails without one).
   RegistrationPipeline(memdaemon::MemDaemon* daemon, uint64_t region_bytes,
-                       AutoPlanProfile auto_plan, ModelInspector inspector)
-      : daemon_(daemon),
-        region_bytes_(region_bytes),
-        auto_plan_(std::move(auto_plan)),
-        inspector_(std::move(inspector)) {}
+                       ModelInspector inspector)
+      : daemon_(daemon), region_bytes_(region_bytes), inspector_(std::move(inspector)) {}
 
   // The entry `request` describes, its weights pinned under request.name, each phase ended on
   // `clock`. InvalidArgument for a bad request (bad weights, archive or plan), NotFound for an
@@ -68,18 +53,14 @@ class RegistrationPipeline {
   absl::Status Release(const CatalogEntry& entry) const;
 
  private:
-  // The request's plan file, or "auto": the exact search over a profile (the inspection
-  // child's, in `profile_json`; without an inspector, one of `model` measured here, on the CPU or
-  // a fresh instance on a GPU). `model` is null when the model was inspected in a child.
+  // The request's plan file, or "auto": the exact search over the inspector's profile
+  // (`profile_json`, untrusted text).
   absl::StatusOr<grouping::GroupPlan> MakePlan(const ModelRequest& request,
-                                               const models::ModelSource& source,
-                                               models::ZooModel* model,
                                                const std::string& profile_json, int layout_layers,
                                                int executed_layers, PhaseClock& clock) const;
 
   memdaemon::MemDaemon* const daemon_;
   const uint64_t region_bytes_;
-  const AutoPlanProfile auto_plan_;
   const ModelInspector inspector_;
 };
 

@@ -13,7 +13,7 @@
 
 #include "tests/gpu_probe.h"
 #include "tools/pswitchd_process.h"
-#include "worker/worker.h"
+#include "worker/backends.h"
 
 namespace pswitch::e2e {
 

@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "base/files.h"
 #include "client/client.h"
+#include "models/model_source.h"
 #include "models/registry.h"
 #include "models/script_model.h"
 #include "models/weights.h"
@@ -37,6 +38,7 @@
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"
 #include "worker/host_tensors.h"
+#include "worker/model_binding.h"
 
 ABSL_FLAG(std::string, models, "resnet152,bert_base,archive",
           "zoo models to register, and \"archive\" for a pswitch.export archive");
@@ -76,6 +78,36 @@ absl::StatusOr<double> BaselineSeconds(const Subject& s, const std::string& arch
     PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, s.weights));
   }
   return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// A worker's load of `s` measured in this process: building the model and binding it by name to
+// a region at the registered layout (what a worker does), and the two forward passes (train and
+// eval mode) a worker recorded per load before registration sent it the layout. Seconds.
+struct WorkerLoad {
+  double bind = 0;
+  double recordings = 0;
+};
+absl::StatusOr<WorkerLoad> WorkerLoadSeconds(const Subject& s, const std::string& archive_path) {
+  models::ModelSource source{s.zoo, nullptr, archive_path};
+  if (s.zoo.empty()) {
+    source.zoo_model = models::kScriptArchitecture;
+    PSWITCH_ASSIGN_OR_RETURN(std::string bytes,
+                             base::ReadRegularFile(archive_path, "archive", 8ull << 30));
+    source.archive = std::make_shared<const std::string>(std::move(bytes));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> reference,
+                           models::CreateModelFrom(source, s.label));
+  WorkerLoad load;
+  absl::Time start = absl::Now();
+  PSWITCH_ASSIGN_OR_RETURN(worker::ModelLayout layout, worker::LayoutOf(*reference));
+  load.recordings = absl::ToDoubleSeconds(absl::Now() - start);
+  reference.reset();
+  std::vector<std::byte> region(layout.total_bytes);
+  start = absl::Now();
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<worker::BoundModel> bound,
+                           worker::BoundModel::Create(source, s.label, region.data(), layout));
+  load.bind = absl::ToDoubleSeconds(absl::Now() - start);
+  return load;
 }
 
 // A request's inputs at `batch` for `s`, as a client sends them.
@@ -197,6 +229,24 @@ int Run() {
     const double first = *tools::Median(firsts), next = *tools::Median(nexts);
     std::printf(" %9.3f %9.3f %9.2f %9.2f %9.2f %9.2f\n", total, baseline, total / baseline, first,
                 next, first / next);
+  }
+  // Not a 13-field row: validate.sh reads those as the table above.
+  std::printf(
+      "worker load of each zoo model in this process (medians, s): build and bind by name at the "
+      "registered layout, what a worker does; the train- and eval-mode recordings a worker ran "
+      "per load before\n");
+  for (const Subject& s : subjects) {
+    // An archive's loader records its gate paths in every worker still (its runtime needs them).
+    if (s.zoo.empty()) continue;
+    std::vector<double> binds, recordings;
+    for (int r = 0; r < rounds; ++r) {
+      auto load = WorkerLoadSeconds(s, absl::GetFlag(FLAGS_archive));
+      if (!load.ok()) return Fail(load.status());
+      binds.push_back(load->bind);
+      recordings.push_back(load->recordings);
+    }
+    std::printf("worker-load %-10s bind %.3f recordings %.3f\n", s.label.c_str(),
+                *tools::Median(binds), *tools::Median(recordings));
   }
   std::filesystem::remove_all(dir);
   return 0;

@@ -9,27 +9,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <limits>
-#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
-#include "base/files.h"
 #include "base/log.h"
-#include "base/mapped_file.h"
-#include "base/status.h"
-#include "models/layer_profiler.h"
+#include "base/unique_fd.h"
 #include "models/model_facts.h"
-#include "models/registry.h"
-#include "models/safetensors.h"
-#include "models/script_model.h"
-#include "models/weight_init.h"
-#include "models/weights.h"
-#include "models/zoo_model.h"
+#include "models/model_inspection.h"
 #include "tools/cli.h"
-#include "worker/model_inspection.h"
 #include "worker/worker.h"
 
 ABSL_FLAG(uint32_t, worker_id, 0, "worker slot id");
@@ -66,80 +53,24 @@ bool WriteStdout(const std::string& bytes) {
          std::fflush(stdout) == 0;
 }
 
-// The layer profile of `model` at `batch` on --profile-device (1 warm-up run, 3 measured; layer
-// times do not depend on the weights), as profile JSON.
-absl::StatusOr<std::string> Profile(pswitch::models::ZooModel& model, uint32_t batch) {
-  using namespace pswitch;  // NOLINT: a tool's entry point
-  PSWITCH_ASSIGN_OR_RETURN(c10::Device device,
-                           models::ResolveDevice(absl::GetFlag(FLAGS_profile_device)));
-  PSWITCH_RETURN_IF_ERROR(models::CatchTorch("moving the model", [&] { model.to(device); }));
-  models::ProfileOptions options;
-  options.batch = batch;
-  // On the CPU the inspection's forward at this batch was the warm-up (Inspect).
-  options.warmup_runs = device.is_cpu() ? 0 : 1;
-  options.measured_runs = 3;
-  options.bandwidth_cap_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
-  options.measured_bandwidth_bytes_per_s = absl::GetFlag(FLAGS_profile_bandwidth);
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelProfile profile,
-                           models::ProfileModel(model, device, options));
-  return models::ProfileToJson(profile).dump();
-}
-
-// A registration's one look at the model: built once (a zoo architecture with seeded random
-// weights, or the archive), the checkpoint applied, its facts collected and, for an "auto" plan,
-// its layers profiled.
+// A registration's one look at the model (models/model_inspection.h), as the flags ask. The
+// inherited descriptors are this process's: closed when it is done.
 absl::StatusOr<pswitch::models::ModelFacts> Inspect() {
   using namespace pswitch;  // NOLINT: a tool's entry point
-  const std::string name = absl::GetFlag(FLAGS_inspect_name);
-  const std::string zoo = absl::GetFlag(FLAGS_inspect_zoo);
-  models::ModelSource source{zoo, nullptr, name};
-  if (zoo.empty()) {
-    if (absl::GetFlag(FLAGS_inspect_archive_fd) < 0) {
-      return absl::InvalidArgumentError(
-          "--inspect-name needs --inspect-zoo or --inspect-archive-fd");
-    }
-    UniqueFd archive_fd(absl::GetFlag(FLAGS_inspect_archive_fd));
-    PSWITCH_ASSIGN_OR_RETURN(std::string archive,
-                             base::ReadSealedMemoryFile(archive_fd, "the archive to inspect",
-                                                        std::numeric_limits<uint64_t>::max()));
-    source.archive = std::make_shared<const std::string>(std::move(archive));
+  const UniqueFd archive_fd(absl::GetFlag(FLAGS_inspect_archive_fd));
+  const UniqueFd weights_fd(absl::GetFlag(FLAGS_inspect_weights_fd));
+  if (absl::GetFlag(FLAGS_inspect_zoo).empty() && !archive_fd.valid()) {
+    return absl::InvalidArgumentError("--inspect-name needs --inspect-zoo or --inspect-archive-fd");
   }
-  std::shared_ptr<models::ZooModel> model;
-  {
-    // A checkpoint replaces every parameter and buffer (LoadWeights refuses one that misses
-    // any): the seeded draw would be wasted.
-    std::optional<models::SkipWeightInit> skip;
-    if (absl::GetFlag(FLAGS_inspect_weights_fd) >= 0) skip.emplace();
-    PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModelFrom(source, name));
-  }
-  source.archive.reset();
-  if (const int fd = absl::GetFlag(FLAGS_inspect_weights_fd); fd >= 0) {
-    UniqueFd weights_fd(fd);
-    // Mapped, not read: the checkpoint's bytes go once, into the model's tensors.
-    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<const base::MappedFile> mapped,
-                             base::MappedFile::MapSealed(weights_fd, "the weights checkpoint",
-                                                         std::numeric_limits<uint64_t>::max()));
-    const absl::string_view bytes = mapped->bytes();
-    PSWITCH_ASSIGN_OR_RETURN(
-        models::SafetensorsFile file,
-        models::SafetensorsFile::ParseShared(std::move(mapped), bytes,
-                                             absl::GetFlag(FLAGS_inspect_weights_name)));
-    PSWITCH_RETURN_IF_ERROR(models::LoadWeights(*model, file));
-  }
-  const uint32_t batch = absl::GetFlag(FLAGS_inspect_profile_batch);
-  // A CPU profile's warm-up is the inspection's own forward pass, at the profile's batch; a GPU
-  // profile warms up there, and the CPU pass stays at batch 1.
-  const bool cpu_profile = absl::GetFlag(FLAGS_profile_device) == "cpu";
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts,
-                           worker::InspectModel(*model, batch > 0 && cpu_profile ? batch : 1));
-  if (batch > 0) {
-    // The facts hold their own references to the weights' host bytes: moving the model to the
-    // device for the profile leaves them as they were collected.
-    const absl::Time start = absl::Now();
-    PSWITCH_ASSIGN_OR_RETURN(facts.profile_json, Profile(*model, batch));
-    facts.profile_us = static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start));
-  }
-  return facts;
+  const models::InspectionRequest request{
+      .name = absl::GetFlag(FLAGS_inspect_name),
+      .zoo = absl::GetFlag(FLAGS_inspect_zoo),
+      .archive_fd = archive_fd.get(),
+      .weights_fd = weights_fd.get(),
+      .weights_name = absl::GetFlag(FLAGS_inspect_weights_name),
+      .profile_batch = absl::GetFlag(FLAGS_inspect_profile_batch)};
+  return models::Inspect(
+      request, {absl::GetFlag(FLAGS_profile_device), absl::GetFlag(FLAGS_profile_bandwidth)});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <string>
@@ -33,14 +34,13 @@
 #include "frontend/memory_return.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
-#include "models/registry.h"
-#include "models/zoo_model.h"
+#include "models/model_facts.h"
 #include "proto/framing.h"
+#include "proto/host_tensor.h"
 #include "registry/inspection_child.h"
 #include "registry/model_repository.h"
 #include "tools/cli.h"
-#include "worker/host_tensors.h"
-#include "worker/worker.h"
+#include "worker/backends.h"
 
 ABSL_FLAG(std::string, backend, "auto",
           "device backend: auto (cuda if a GPU is present), cuda, host");
@@ -245,28 +245,49 @@ void LoadRepository(controller::Controller& controller, const registry::ModelRep
   }
 }
 
+// A deterministic batch-1 input for a registered model's input spec, made without libtorch:
+// floats in [0, 1), integers zero (a valid token id in every zoo vocabulary).
+absl::StatusOr<proto::HostTensor> SelfCheckInput(const registry::TensorSpec& spec) {
+  proto::HostTensor tensor;
+  tensor.name = spec.name;
+  tensor.dtype = spec.dtype;
+  tensor.shape = spec.shape;
+  if (!tensor.shape.empty()) tensor.shape[0] = 1;
+  PSWITCH_ASSIGN_OR_RETURN(uint64_t bytes, proto::ShapeBytes(tensor.dtype, tensor.shape));
+  tensor.data.assign(bytes, 0);
+  if (tensor.dtype == proto::DType::F32) {
+    uint32_t state = 1;
+    for (uint64_t i = 0; i < bytes / sizeof(float); ++i) {
+      state = state * 1664525u + 1013904223u;  // an LCG: the same input on every start
+      const float value = static_cast<float>(state >> 8) / static_cast<float>(1u << 24);
+      std::memcpy(tensor.data.data() + i * sizeof(float), &value, sizeof(float));
+    }
+  }
+  return tensor;
+}
+
 // Registers the preloaded models and runs one inference on each through the full path.
 absl::Status Preload(controller::Controller& controller) {
   std::string list = absl::GetFlag(FLAGS_preload);
   if (list.empty()) return absl::OkStatus();
+  std::vector<registry::EntryRef> entries;
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
     registry::ModelRequest request;
     request.name = std::string(name);
     request.zoo_model = std::string(name);
-    std::promise<absl::Status> registered;
-    controller.Register(request,
-                        [&](const auto& outcome) { registered.set_value(outcome.status()); });
+    std::promise<absl::StatusOr<controller::Controller::Registered>> registered;
+    controller.Register(request, [&](const auto& outcome) { registered.set_value(outcome); });
     // The controller logs the registration and its phases (model_registered).
-    PSWITCH_RETURN_IF_ERROR(registered.get_future().get());
+    PSWITCH_ASSIGN_OR_RETURN(controller::Controller::Registered done,
+                             registered.get_future().get());
+    entries.push_back(std::move(done.entry));
   }
-  for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    auto model = models::CreateModel(name);
-    if (!model.ok()) return model.status();
-    auto input = worker::ToHostTensor("input", (*model)->ExampleInput(1, 1).input);
-    if (!input.ok()) return input.status();
+  for (const registry::EntryRef& entry : entries) {
+    const std::string& name = entry->request.name;
+    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor input, SelfCheckInput(entry->input));
     controller::TaskSpec spec;
-    spec.model = std::string(name);
-    spec.inputs.push_back(std::move(*input));
+    spec.model = name;
+    spec.inputs.push_back(std::move(input));
     std::promise<absl::StatusOr<controller::TaskOutcome>> done;
     auto id = controller.Submit(std::move(spec), [&](const auto& out) { done.set_value(out); });
     if (!id.ok()) return id.status();
@@ -588,6 +609,8 @@ int Main() {
   }
   controller_options.scheduler.worker_silence_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_worker_silence_timeout_ms));
+  // Where and for which link "auto" plans are profiled.
+  models::AutoPlanProfile auto_plan;
   if (options.device.backend == gpu::Backend::kCuda) {
     // Auto plans are made for the link the switch really uses, measured once, and for the
     // GPU's layer times.
@@ -602,11 +625,11 @@ int Main() {
     Log(LogLevel::kInfo, "link_measured")
         .Field("bandwidth_gb_per_s", *link / 1e9, 2)
         .Field("probe_bytes", probe.bytes);
-    controller_options.auto_plan.bandwidth_bytes_per_s = *link;
+    auto_plan.bandwidth_bytes_per_s = *link;
     for (int g = 0; g < gpus; ++g) telemetry->LinkMeasured(g, *link);  // GPU 0's stands for all
-    controller_options.auto_plan.device = absl::StrCat("cuda:", options.device.device_ordinal);
+    auto_plan.device = absl::StrCat("cuda:", options.device.device_ordinal);
   } else if (options.device.copy_bandwidth_bytes_per_s > 0) {
-    controller_options.auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
+    auto_plan.bandwidth_bytes_per_s = options.device.copy_bandwidth_bytes_per_s;
   }
   if (absl::GetFlag(FLAGS_profile_timeout_s) < 1 || absl::GetFlag(FLAGS_profile_memory_bytes) == 0) {
     StartFailed("--profile-timeout-s and --profile-memory-bytes must be positive");
@@ -616,8 +639,7 @@ int Main() {
   profiling.binary = absl::GetFlag(FLAGS_profiler_binary).empty()
                          ? tools::SiblingBinary("pswitch-worker")
                          : absl::GetFlag(FLAGS_profiler_binary);
-  profiling.device = controller_options.auto_plan.device;
-  profiling.bandwidth_bytes_per_s = controller_options.auto_plan.bandwidth_bytes_per_s;
+  profiling.auto_plan = auto_plan;
   profiling.memory_bytes = absl::GetFlag(FLAGS_profile_memory_bytes);
   profiling.timeout = absl::Seconds(absl::GetFlag(FLAGS_profile_timeout_s));
   profiling.cpu_threads = cpu_threads;

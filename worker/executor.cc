@@ -45,8 +45,4 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateExecutor(const ExecutorOptions& 
   return std::make_unique<HostExecutor>(activations);
 }
 
-absl::Status CheckExecutorBackend(gpu::Backend backend) {
-  return backend == gpu::Backend::kHost ? absl::OkStatus() : CudaExecutionBuilt();
-}
-
 }  // namespace pswitch::worker

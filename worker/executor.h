@@ -65,13 +65,9 @@ struct ExecutorOptions {
 // Installs the backend's allocator over the lease (once per process, before any tensor).
 absl::StatusOr<std::unique_ptr<Executor>> CreateExecutor(const ExecutorOptions& options);
 
-// OK when this build's workers can execute on `backend`.
-absl::Status CheckExecutorBackend(gpu::Backend backend);
-
 // The CUDA executor: worker/cuda/cuda_executor.cc with a CUDA libtorch, else
 // worker/no_cuda_executor.cc (Unimplemented, saying how to build it).
 absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const ExecutorOptions& options);
-absl::Status CudaExecutionBuilt();
 
 }  // namespace pswitch::worker
 

@@ -3,9 +3,11 @@
 #include <torch/torch.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "memdaemon/weight_layout.h"
+#include "models/model_inspection.h"
 #include "models/registry.h"
 #include "models/weight_init.h"
 
@@ -23,6 +25,41 @@ std::vector<memdaemon::LayerSpec> Specs(const std::vector<models::Layer>& layers
     specs.push_back(std::move(spec));
   }
   return specs;
+}
+
+// Registration's layer orders are what gating trusts: a layer gated on another's group would
+// compute on weights still in transit (another model's bytes). A zoo model checks every call of
+// every later forward against them (ZooModel::ExpectOrder); an archive's loader has recorded its
+// own gate paths (its runtime needs them), which must be registration's.
+absl::Status CheckOrders(models::ZooModel& model, const models::ModelSource& source,
+                         const ModelLayout& layout, const std::string& what) {
+  std::vector<std::string> eval_names, train_names;
+  for (const memdaemon::LayerSpec& layer : layout.layers) eval_names.push_back(layer.name);
+  for (int index : layout.train_order) train_names.push_back(layout.layers[index].name);
+  if (source.archive == nullptr) {
+    absl::Status eval = model.ExpectOrder(false, eval_names);
+    absl::Status train = eval.ok() ? model.ExpectOrder(true, train_names) : eval;
+    if (!train.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": registration's layer order does not fit it: ", train.message()));
+    }
+    return absl::OkStatus();
+  }
+  model.train();
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* train_layers, model.Layers());
+  model.eval();
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* eval_layers, model.Layers());
+  bool same = eval_layers->size() == eval_names.size();
+  for (size_t l = 0; same && l < eval_names.size(); ++l) {
+    same = (*eval_layers)[l].name == eval_names[l];
+  }
+  absl::StatusOr<std::vector<int>> train_order =
+      models::MapToLayoutOrder(*train_layers, *eval_layers);
+  if (!same || !train_order.ok() || *train_order != layout.train_order) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": its recorded layer order is not registration's"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -46,65 +83,90 @@ absl::StatusOr<ModelWeights> CollectWeights(models::ZooModel& model, const std::
   return weights;
 }
 
-absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<models::Layer>& mode_layers,
-                                                  const std::vector<models::Layer>& eval_layers) {
-  absl::flat_hash_map<std::string, int> index;
-  for (size_t i = 0; i < eval_layers.size(); ++i) index[eval_layers[i].name] = static_cast<int>(i);
-  std::vector<int> map;
-  map.reserve(mode_layers.size());
-  for (const models::Layer& layer : mode_layers) {
-    auto it = index.find(layer.name);
-    if (it == index.end()) {
-      return absl::NotFoundError(absl::StrCat("layer '", layer.name, "' missing from the layout"));
-    }
-    map.push_back(it->second);
-  }
-  return map;
+absl::StatusOr<ModelLayout> LayoutOf(models::ZooModel& model) {
+  model.train();
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* train_layers, model.Layers());
+  model.eval();
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* eval_layers, model.Layers());
+  ModelLayout layout;
+  PSWITCH_ASSIGN_OR_RETURN(layout.train_order,
+                           models::MapToLayoutOrder(*train_layers, *eval_layers));
+  layout.layers = Specs(*eval_layers);
+  PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout placed,
+                           memdaemon::ComputeWeightLayout(layout.layers));
+  layout.total_bytes = placed.total_bytes;
+  return layout;
 }
 
 absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::ModelSource& source,
                                                                const std::string& name,
                                                                std::byte* region,
-                                                               uint32_t expected_layers,
-                                                               uint64_t expected_bytes,
+                                                               const ModelLayout& layout,
                                                                c10::Device device) {
+  const std::string what = absl::StrCat("model '", name, "'");
+  for (int index : layout.train_order) {
+    if (index < 0 || static_cast<size_t>(index) >= layout.layers.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": training order names layer ", index, " of ", layout.layers.size()));
+    }
+  }
+  PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout placed,
+                           memdaemon::ComputeWeightLayout(layout.layers));
+  if (placed.total_bytes != layout.total_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": its layout holds ", placed.total_bytes, " bytes, registration pinned ",
+        layout.total_bytes, " (different pswitch builds?)"));
+  }
   std::unique_ptr<BoundModel> bound(new BoundModel());
   {
     // Its parameters are bound to the weights region below: the seeded draw would be wasted.
     models::SkipWeightInit skip;
     PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModelFrom(source, name));
   }
-  models::ZooModel& model = *bound->model_;
-  // Both modes' orders are recorded now, while the weights are still the model's own: the
-  // arena may hold another model's bytes at any time.
-  model.train();
-  PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* train_layers, model.Layers());
-  model.eval();
-  PSWITCH_ASSIGN_OR_RETURN(const std::vector<models::Layer>* eval_layers, model.Layers());
-  PSWITCH_ASSIGN_OR_RETURN(bound->train_to_layout_, MapToLayoutOrder(*train_layers, *eval_layers));
-  bound->num_layers_ = eval_layers->size();
-
-  PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout layout,
-                           memdaemon::ComputeWeightLayout(Specs(*eval_layers)));
-  if (eval_layers->size() != expected_layers || layout.total_bytes != expected_bytes) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("model '", name, "': worker layout has ", eval_layers->size(),
-                     " layers and ", layout.total_bytes, " bytes, the controller registered ",
-                     expected_layers, " and ", expected_bytes, " (different pswitch builds?)"));
-  }
+  bound->train_to_layout_ = layout.train_order;
+  bound->num_layers_ = layout.layers.size();
+  PSWITCH_RETURN_IF_ERROR(CheckOrders(*bound->model_, source, layout, what));
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<models::LayerTensor> named, bound->model_->NamedTensors());
+  absl::flat_hash_map<std::string, at::Tensor> by_name;
+  for (const models::LayerTensor& t : named) by_name.emplace(t.name, t.tensor);
+  // Registration and this build must agree on every tensor: one the layout lacks would stay in
+  // this process's memory, off the weights region, and one the model lacks would never be read.
+  absl::flat_hash_set<const c10::TensorImpl*> bound_tensors;
+  absl::Status mismatch;
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch("binding tensors", [&] {
     torch::NoGradGuard no_grad;
-    for (size_t l = 0; l < eval_layers->size(); ++l) {
-      for (size_t t = 0; t < (*eval_layers)[l].tensors.size(); ++t) {
-        at::Tensor tensor = (*eval_layers)[l].tensors[t].tensor;
+    for (size_t l = 0; l < layout.layers.size() && mismatch.ok(); ++l) {
+      for (size_t t = 0; t < layout.layers[l].tensors.size(); ++t) {
+        const memdaemon::TensorSpec& spec = layout.layers[l].tensors[t];
+        auto it = by_name.find(spec.name);
+        if (it == by_name.end()) {
+          mismatch = absl::FailedPreconditionError(
+              absl::StrCat(what, " has no tensor '", spec.name, "', which registration laid out"));
+          break;
+        }
+        at::Tensor& tensor = it->second;
+        if (static_cast<uint64_t>(tensor.nbytes()) != spec.bytes ||
+            !bound_tensors.insert(tensor.unsafeGetTensorImpl()).second) {
+          mismatch = absl::FailedPreconditionError(
+              absl::StrCat(what, ": tensor '", spec.name, "' has ", tensor.nbytes(),
+                           " bytes here, registration laid out ", spec.bytes, " (or it twice)"));
+          break;
+        }
         // A non-owning view: the arena region is the tensor's storage from now on. On CUDA,
         // libtorch checks that the address is memory of `device`.
-        at::Tensor view = torch::from_blob(region + layout.placements[l][t].offset, tensor.sizes(),
+        at::Tensor view = torch::from_blob(region + placed.placements[l][t].offset, tensor.sizes(),
                                            tensor.options().device(device));
         tensor.set_data(view);
       }
     }
   }));
+  PSWITCH_RETURN_IF_ERROR(mismatch);
+  for (const models::LayerTensor& t : named) {
+    if (!bound_tensors.contains(t.tensor.unsafeGetTensorImpl())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": tensor '", t.name, "' is not in registration's layout"));
+    }
+  }
   return bound;
 }
 

@@ -1,7 +1,9 @@
-// How a zoo model's tensors map onto the arena: the one description of a model's weights that
-// the controller registers with the memdaemon and every worker binds its tensor views to. Both
-// sides derive it from the zoo model itself (eval-mode execution order, then unexecuted
-// layers), so the only number that crosses a process boundary is the region's offset.
+// How a model's tensors map onto the arena. Registration inspects the model once (in a child:
+// models/model_inspection.h) and pins its weights in the layout of its eval-order layer table;
+// every worker gets that table and the training order with the model (LoadModel), builds the
+// module tree without random initialisation (and, for a zoo model, without recording a forward
+// pass: every later forward checks its calls against registration's order instead), and binds
+// each parameter and buffer by name to its place in the weights region.
 #ifndef PSWITCH_WORKER_MODEL_BINDING_H_
 #define PSWITCH_WORKER_MODEL_BINDING_H_
 
@@ -27,25 +29,34 @@ struct ModelWeights {
 };
 absl::StatusOr<ModelWeights> CollectWeights(models::ZooModel& model, const std::string& name);
 
-// For each layer of `mode_layers` (a mode's execution order), the index of the layer with the
-// same name in `eval_layers` (the layout's order). NotFound for a layer the layout lacks.
-absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<models::Layer>& mode_layers,
-                                                  const std::vector<models::Layer>& eval_layers);
+// A registered model's layout as registration inspected it: the layer table in eval (layout)
+// order with each tensor's state_dict name and size, and the layout index of each layer a
+// training forward runs, in its order.
+struct ModelLayout {
+  std::vector<memdaemon::LayerSpec> layers;
+  std::vector<int> train_order;
+  uint64_t total_bytes = 0;  // of memdaemon::ComputeWeightLayout(layers)
+};
 
-// A zoo model whose parameters and buffers are views into memory at `region` laid out by
+// The layout of `model` in eval mode, recorded in this process (tests and tools that build a
+// model themselves; workers get theirs from registration).
+absl::StatusOr<ModelLayout> LayoutOf(models::ZooModel& model);
+
+// A model whose parameters and buffers are views into memory at `region` laid out by
 // memdaemon::ComputeWeightLayout. Not thread-safe.
 class BoundModel {
  public:
-  // Builds `source` (a zoo model, or a pswitch.export archive) as model `name`, records its
-  // layer order in both modes, then rebinds every tensor into
-  // `region` (which must stay mapped), as tensors of `device`: the CPU for a host-backend arena,
-  // the GPU holding it for a CUDA arena (worker/cuda/arena_device.h). FailedPrecondition when the
-  // layout disagrees with `expected_layers` / `expected_bytes` (controller and worker built
-  // different models).
+  // Builds `source` (a zoo model, or a pswitch.export archive) as model `name`, without its
+  // random initialisation, then rebinds every parameter and buffer, by name, to its place in
+  // `layout` within `region` (which must stay mapped), as tensors of `device`: the CPU for a
+  // host-backend arena, the GPU holding it for a CUDA arena (worker/cuda/arena_device.h). A zoo
+  // model records no forward pass here. FailedPrecondition when the model and `layout` disagree
+  // (a tensor missing from either or laid out twice, a size, a layer order, the total:
+  // registration and worker built different models); InvalidArgument for a training order
+  // outside the layout; ComputeWeightLayout's error for a layout that cannot be placed.
   static absl::StatusOr<std::unique_ptr<BoundModel>> Create(
       const models::ModelSource& source, const std::string& name, std::byte* region,
-      uint32_t expected_layers,
-      uint64_t expected_bytes, c10::Device device = c10::Device(c10::kCPU));
+      const ModelLayout& layout, c10::Device device = c10::Device(c10::kCPU));
 
   models::ZooModel& model() { return *model_; }
   // Layout (eval-order) index of the layer that runs `index`-th in training / inference.

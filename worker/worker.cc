@@ -22,6 +22,7 @@
 #include "proto/framing.h"
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
+#include "worker/backends.h"
 #include "worker/executor.h"
 #include "worker/host_tensors.h"
 #include "worker/iterative_task.h"
@@ -29,7 +30,6 @@
 
 namespace pswitch::worker {
 namespace {
-
 
 // Thrown by the gate hook through libtorch's forward; caught at the task boundary below.
 class GateFailure : public std::runtime_error {
@@ -131,8 +131,6 @@ class SyntheticTask final : public IterativeTask {
 };
 
 }  // namespace
-
-absl::Status CheckWorkerBackend(gpu::Backend backend) { return CheckExecutorBackend(backend); }
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
   PSWITCH_RETURN_IF_ERROR(CheckWorkerBackend(options.backend));
@@ -284,21 +282,50 @@ absl::StatusOr<models::ModelSource> Worker::SourceOf(const proto::LoadModel& loa
   return source;
 }
 
+absl::StatusOr<ModelLayout> Worker::LayoutFromWire(const proto::LoadModel& load) {
+  const std::string what = absl::StrCat("model '", load.name()->str(), "': layout");
+  if (load.layout() == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, " missing"));
+  ModelLayout layout;
+  layout.total_bytes = load.total_bytes();
+  layout.layers.reserve(load.layout()->size());
+  for (const proto::LayoutLayer* layer : *load.layout()) {
+    const size_t tensors = layer->tensors() == nullptr ? 0 : layer->tensors()->size();
+    const size_t sizes = layer->tensor_bytes() == nullptr ? 0 : layer->tensor_bytes()->size();
+    if (tensors != sizes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": layer '", layer->name()->str(),
+                                                     "' names ", tensors, " tensors and sizes ",
+                                                     sizes));
+    }
+    memdaemon::LayerSpec spec{layer->name()->str(), {}};
+    spec.tensors.reserve(tensors);
+    for (size_t t = 0; t < tensors; ++t) {
+      spec.tensors.push_back({layer->tensors()->Get(t)->str(), layer->tensor_bytes()->Get(t)});
+    }
+    layout.layers.push_back(std::move(spec));
+  }
+  if (load.train_order() != nullptr) {
+    layout.train_order.assign(load.train_order()->begin(), load.train_order()->end());
+  }
+  return layout;
+}
+
 absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) {
   std::string name = load.name()->str();
   absl::Status status;
   const int64_t load_start = base::MonotonicNowNs();
   absl::StatusOr<models::ModelSource> source = SourceOf(load, archive);
   archive.Reset();
+  absl::StatusOr<ModelLayout> layout = LayoutFromWire(load);
   if (!source.ok()) {
     status = source.status();
+  } else if (!layout.ok()) {
+    status = layout.status();
   } else if (load.weights_offset() > arena_->arena().size_bytes() ||
              load.total_bytes() > arena_->arena().size_bytes() - load.weights_offset()) {
     status = absl::OutOfRangeError(absl::StrCat("model '", name, "' region outside the arena"));
   } else {
-    auto bound =
-        BoundModel::Create(*source, name, arena_->arena().base() + load.weights_offset(),
-                           load.layers(), load.total_bytes(), tensor_device_);
+    auto bound = BoundModel::Create(*source, name, arena_->arena().base() + load.weights_offset(),
+                                    *layout, tensor_device_);
     if (bound.ok()) {
       models_[name] = std::move(*bound);
     } else {

@@ -53,11 +53,6 @@ struct WorkerOptions {
   uint64_t activation_bytes = 0;
 };
 
-// OK when workers can execute tasks on `backend`. The CUDA execution path (worker/cuda/) is built
-// only against a CUDA libtorch: elsewhere Unimplemented, so pswitchd refuses it up front instead
-// of starting workers that would crash.
-absl::Status CheckWorkerBackend(gpu::Backend backend);
-
 // How often a ready worker tells pswitchd it is alive (proto Heartbeat).
 inline constexpr absl::Duration kWorkerHeartbeatInterval = absl::Milliseconds(500);
 
@@ -85,6 +80,8 @@ class Worker {
   void ControlLoop();
   absl::Status Execute(Command& command);
   absl::Status HandleDrop(const proto::DropModel& drop);
+  // LoadModel's layer table and training order, checked for shape (BoundModel checks the rest).
+  static absl::StatusOr<ModelLayout> LayoutFromWire(const proto::LoadModel& load);
   absl::Status HandleLoad(const proto::LoadModel& load, UniqueFd archive);
   // What `load` builds: a zoo architecture, or the archive in the memory file passed with it.
   static absl::StatusOr<models::ModelSource> SourceOf(const proto::LoadModel& load,

@@ -192,6 +192,9 @@ class WorkerRegionTest : public ::testing::Test {
     weights_offset_ = region->offset;
     weights_bytes_ = (*stored)->total_bytes();
     layers_ = layers;
+    absl::StatusOr<ModelLayout> layout = LayoutOf(**model);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    layout_ = *std::move(layout);
     ASSERT_TRUE(Load("tiny").ok());
     epoch_ = (*sent)->epoch();
     Prepare("tiny");
@@ -216,11 +219,25 @@ class WorkerRegionTest : public ::testing::Test {
     auto warm_table = warm != nullptr ? proto::CreateWarmUp(load, warm->batch, warm->train,
                                                             warm->train_required, warm->measure)
                                       : 0;
+    std::vector<flatbuffers::Offset<proto::LayoutLayer>> layers;
+    for (const memdaemon::LayerSpec& layer : layout_.layers) {
+      std::vector<std::string> names;
+      std::vector<uint64_t> sizes;
+      for (const memdaemon::TensorSpec& t : layer.tensors) {
+        names.push_back(t.name);
+        sizes.push_back(t.bytes);
+      }
+      layers.push_back(proto::CreateLayoutLayer(load, load.CreateString(layer.name),
+                                                load.CreateVectorOfStrings(names),
+                                                load.CreateVector(sizes)));
+    }
+    std::vector<uint32_t> train_order(layout_.train_order.begin(), layout_.train_order.end());
     proto::Finish(load, proto::CreateWorkerCommand(
                             load, 0, proto::WorkerCommandBody::LoadModel,
-                            proto::CreateLoadModel(load, load.CreateString(name),
-                                                   load.CreateString("tiny_cnn"), weights_offset_,
-                                                   layers_, weights_bytes_, 0, warm_table)
+                            proto::CreateLoadModel(
+                                load, load.CreateString(name), load.CreateString("tiny_cnn"),
+                                weights_offset_, load.CreateVector(layers),
+                                load.CreateVector(train_order), weights_bytes_, 0, warm_table)
                                 .Union()));
     if (absl::Status sent = control_->Send(load); !sent.ok()) return sent;
     PSWITCH_RETURN_IF_ERROR(Next(proto::WorkerEventBody::ModelLoaded));
@@ -318,6 +335,7 @@ class WorkerRegionTest : public ::testing::Test {
   uint64_t weights_offset_ = 0;
   uint64_t weights_bytes_ = 0;
   uint32_t layers_ = 0;
+  ModelLayout layout_;
   uint32_t epoch_ = 0;
 };
 

@@ -261,6 +261,9 @@ cmd_register() {
   local rc=${PIPESTATUS[0]}
   awk 'NF == 13 && $1 != "model" { printf "FIG register %s: %s s (read %s, inspect %s, profile %s, plan %s, pin %s, load %s), baseline %s s, %s x\n", $1, $8, $2, $3, $4, $5, $6, $7, $9, $10 }' \
     "$work/register.out"
+  # A worker's build and bind by name against the two recordings it no longer runs per load.
+  awk '$1 == "worker-load" { printf "FIG worker-load %s: bind %s s, recordings no longer run %s s\n", $2, $4, $6 }' \
+    "$work/register.out"
   # The first request at the registered batch against the next (issue 28: within 10 % with
   # warm-ups), with warm-ups off as the baseline, same machine.
   local w

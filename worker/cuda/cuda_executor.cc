@@ -50,8 +50,6 @@ class CudaExecutor final : public Executor {
 
 }  // namespace
 
-absl::Status CudaExecutionBuilt() { return absl::OkStatus(); }
-
 absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const ExecutorOptions& options) {
   if (options.lease_base == nullptr || options.lease_bytes == 0) {
     // The memdaemon holds (almost) all device memory: libtorch's own allocator would fail.

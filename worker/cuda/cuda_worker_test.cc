@@ -181,10 +181,11 @@ TEST_F(CudaWorkerTest, BindsAModelAtArenaOffsetsAndRunsItOnTheGpu) {
     }
   }
 
-  auto bound =
-      BoundModel::Create(models::ModelSource{"tiny_cnn", nullptr, ""}, "tiny_cnn",
-                         g.arena->base() + kRegion, static_cast<uint32_t>(specs.size()),
-                         layout->total_bytes, *device);
+  auto model_layout = LayoutOf(**reference);
+  ASSERT_TRUE(model_layout.ok()) << model_layout.status();
+  ASSERT_EQ(model_layout->total_bytes, layout->total_bytes);
+  auto bound = BoundModel::Create(models::ModelSource{"tiny_cnn", nullptr, ""}, "tiny_cnn",
+                                  g.arena->base() + kRegion, *model_layout, *device);
   ASSERT_TRUE(bound.ok()) << bound.status();
   for (const at::Tensor& p : (*bound)->model().parameters()) {
     EXPECT_TRUE(p.is_cuda());

@@ -1,0 +1,199 @@
+#include "models/model_inspection.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/files.h"
+#include "base/mapped_file.h"
+#include "base/status.h"
+#include "models/layer_profiler.h"
+#include "models/registry.h"
+#include "models/script_model.h"
+#include "models/training.h"
+#include "models/weight_init.h"
+#include "models/weights.h"
+
+namespace pswitch::models {
+namespace {
+
+absl::StatusOr<FactsTensorSpec> SpecOf(const char* what, const at::Tensor& t) {
+  FactsTensorSpec spec;
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      spec.dtype = DType::kF32;
+      break;
+    case at::kLong:
+      spec.dtype = DType::kI64;
+      break;
+    case at::kInt:
+      spec.dtype = DType::kI32;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model's ", what, " is ", c10::toString(t.scalar_type()),
+                       "; pswitch serves float32, int64 and int32 tensors"));
+  }
+  spec.shape.assign(t.sizes().begin(), t.sizes().end());
+  if (!spec.shape.empty()) spec.shape[0] = -1;  // the batch
+  return spec;
+}
+
+// A descriptor the request lends: read through a duplicate, so the lender's stays open.
+absl::StatusOr<UniqueFd> Borrow(int fd, const std::string& what) {
+  const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return ErrnoStatus(absl::StrCat("borrowing ", what));
+  return UniqueFd(copy);
+}
+
+// The layer profile of `model` at `batch` on `target.device` (layer times do not depend on the
+// weights), as profile JSON. The model moves to that device.
+absl::StatusOr<std::string> Profile(ZooModel& model, uint32_t batch,
+                                    const AutoPlanProfile& target) {
+  absl::StatusOr<c10::Device> device = ResolveDevice(target.device);
+  absl::Status moved = device.status();
+  if (moved.ok()) moved = CatchTorch("moving the model", [&] { model.to(*device); });
+  if (!moved.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("an \"auto\" plan is profiled on ", target.device,
+                     ", the device the workers compute on, and that failed (", moved.message(),
+                     "); register with a find-grouping plan file"));
+  }
+  ProfileOptions options;
+  options.batch = batch;
+  // On the CPU the inspection's forward at this batch was the warm-up (Inspect).
+  options.warmup_runs = device->is_cpu() ? 0 : 1;
+  options.measured_runs = 3;
+  options.bandwidth_cap_bytes_per_s = target.bandwidth_bytes_per_s;
+  options.measured_bandwidth_bytes_per_s = target.bandwidth_bytes_per_s;
+  PSWITCH_ASSIGN_OR_RETURN(ModelProfile profile, ProfileModel(model, *device, options));
+  return ProfileToJson(profile).dump();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<Layer>& mode_layers,
+                                                  const std::vector<Layer>& eval_layers) {
+  absl::flat_hash_map<std::string, int> index;
+  for (size_t i = 0; i < eval_layers.size(); ++i) index[eval_layers[i].name] = static_cast<int>(i);
+  std::vector<int> map;
+  map.reserve(mode_layers.size());
+  for (const Layer& layer : mode_layers) {
+    auto it = index.find(layer.name);
+    if (it == index.end()) {
+      return absl::NotFoundError(absl::StrCat("layer '", layer.name, "' missing from the layout"));
+    }
+    map.push_back(it->second);
+  }
+  return map;
+}
+
+absl::StatusOr<ModelFacts> InspectModel(ZooModel& model, uint32_t example_batch) {
+  ModelFacts facts;
+  // Both modes' orders, recorded here once per registration: workers bind and gate by them.
+  model.train();
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* train_layers, model.Layers());
+  model.eval();
+  PSWITCH_ASSIGN_OR_RETURN(const std::vector<Layer>* layers, model.Layers());
+  PSWITCH_ASSIGN_OR_RETURN(std::vector<int> train_order, MapToLayoutOrder(*train_layers, *layers));
+  facts.train_order.assign(train_order.begin(), train_order.end());
+  auto storage = std::make_shared<std::vector<at::Tensor>>();
+  for (const Layer& layer : *layers) {
+    FactsLayer out{layer.name, layer.executed, {}};
+    for (const LayerTensor& t : layer.tensors) {
+      // A reference to the host bytes (no copy when already contiguous): moving the model to a
+      // device for the profile gives it new tensors and leaves these as they were collected.
+      at::Tensor contiguous = t.tensor.detach().contiguous();
+      storage->push_back(contiguous);
+      out.tensors.push_back(
+          {t.name, std::span<const std::byte>(static_cast<const std::byte*>(contiguous.data_ptr()),
+                                              contiguous.nbytes())});
+    }
+    facts.layers.push_back(std::move(out));
+  }
+  facts.optimizer_slot_bytes = OptimizerSlotBytes(model);
+  facts.trainable = CheckTrainable(model);
+  const ModelInput example =
+      model.ExampleInput(static_cast<int64_t>(std::max<uint32_t>(example_batch, 1)), 0);
+  PSWITCH_ASSIGN_OR_RETURN(ModelOutput out, RunForward(model, example));
+  PSWITCH_ASSIGN_OR_RETURN(facts.input, SpecOf("input", example.input));
+  PSWITCH_ASSIGN_OR_RETURN(facts.output, SpecOf("output", out.output));
+  facts.keep_alive = std::move(storage);
+  return facts;
+}
+
+absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
+                                   const AutoPlanProfile& profile) {
+  ModelSource source{request.zoo, nullptr, request.name};
+  if (request.zoo.empty()) {
+    if (request.archive_fd < 0) {
+      return absl::InvalidArgumentError("an inspection needs a zoo model or an archive");
+    }
+    PSWITCH_ASSIGN_OR_RETURN(UniqueFd archive_fd, Borrow(request.archive_fd, "the archive"));
+    PSWITCH_ASSIGN_OR_RETURN(std::string archive,
+                             base::ReadSealedMemoryFile(archive_fd, "the archive to inspect",
+                                                        std::numeric_limits<uint64_t>::max()));
+    source.archive = std::make_shared<const std::string>(std::move(archive));
+  }
+  std::shared_ptr<ZooModel> model;
+  {
+    // A checkpoint replaces every parameter and buffer (LoadWeights refuses one that misses
+    // any): the seeded draw would be wasted.
+    std::optional<SkipWeightInit> skip;
+    if (request.weights_fd >= 0) skip.emplace();
+    PSWITCH_ASSIGN_OR_RETURN(model, CreateModelFrom(source, request.name));
+  }
+  source.archive.reset();
+  if (request.weights_fd >= 0) {
+    PSWITCH_ASSIGN_OR_RETURN(UniqueFd weights_fd,
+                             Borrow(request.weights_fd, "the weights checkpoint"));
+    // Mapped, not read: the checkpoint's bytes go once, into the model's tensors.
+    PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<const base::MappedFile> mapped,
+                             base::MappedFile::MapSealed(weights_fd, "the weights checkpoint",
+                                                         std::numeric_limits<uint64_t>::max()));
+    const absl::string_view bytes = mapped->bytes();
+    PSWITCH_ASSIGN_OR_RETURN(SafetensorsFile file,
+                             SafetensorsFile::ParseShared(
+                                 std::move(mapped), bytes,
+                                 request.weights_name.empty() ? "weights" : request.weights_name));
+    PSWITCH_RETURN_IF_ERROR(LoadWeights(*model, file));
+  }
+  const uint32_t batch = request.profile_batch;
+  // A CPU profile's warm-up is the inspection's own forward pass, at the profile's batch; a GPU
+  // profile warms up there, and the CPU pass stays at batch 1.
+  const bool cpu_profile = profile.device == "cpu";
+  PSWITCH_ASSIGN_OR_RETURN(ModelFacts facts,
+                           InspectModel(*model, batch > 0 && cpu_profile ? batch : 1));
+  if (batch > 0) {
+    // The facts hold their own copies of the weights: moving the model to the device for the
+    // profile leaves them as they were collected.
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::string> measured = Profile(*model, batch, profile);
+    facts.profile_us = static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start));
+    // A GPU profile's blocks go back to the device once the model that holds them is gone (an
+    // inspector in a long-lived process keeps nothing cached).
+    model.reset();
+    if (profile.device != "cpu") ReleaseCachedDeviceMemory();
+    PSWITCH_ASSIGN_OR_RETURN(facts.profile_json, std::move(measured));
+  }
+  return facts;
+}
+
+std::function<absl::StatusOr<ModelFacts>(const InspectionRequest&)> InspectInProcess(
+    AutoPlanProfile profile) {
+  return [profile = std::move(profile)](const InspectionRequest& request) {
+    return Inspect(request, profile);
+  };
+}
+
+}  // namespace pswitch::models

@@ -1,0 +1,169 @@
+// Issue 28 item 1: a worker binds a model by the layout registration inspected, by tensor name,
+// without recording a forward pass of its own; whatever it is given that disagrees with the model
+// is refused, never half-bound.
+#include "worker/model_binding.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/files.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "memdaemon/weight_layout.h"
+#include "models/registry.h"
+
+namespace pswitch::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// `reference`'s weights copied into a fresh host region at `layout`'s places.
+std::vector<std::byte> RegionOf(models::ZooModel& reference, const ModelLayout& layout) {
+  absl::StatusOr<ModelWeights> weights = CollectWeights(reference, "m");
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<memdaemon::WeightLayout> placed = memdaemon::ComputeWeightLayout(layout.layers);
+  EXPECT_TRUE(placed.ok()) << placed.status();
+  std::vector<std::byte> region(placed->total_bytes);
+  for (size_t l = 0; l < weights->bytes.layers.size(); ++l) {
+    for (size_t t = 0; t < weights->bytes.layers[l].tensors.size(); ++t) {
+      const auto& bytes = weights->bytes.layers[l].tensors[t].bytes;
+      std::memcpy(region.data() + placed->placements[l][t].offset, bytes.data(), bytes.size());
+    }
+  }
+  return region;
+}
+
+void ExpectBindsWithoutRecording(const models::ModelSource& source,
+                                 std::shared_ptr<models::ZooModel> reference, bool zoo) {
+  absl::StatusOr<ModelLayout> layout = LayoutOf(*reference);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::vector<std::byte> region = RegionOf(*reference, *layout);
+  absl::StatusOr<std::unique_ptr<BoundModel>> bound =
+      BoundModel::Create(source, "m", region.data(), *layout);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  if (zoo) {
+    // An archive's loader records its gate paths (its runtime needs them); a zoo model's build
+    // records nothing.
+    EXPECT_EQ((*bound)->model().layer_recordings(), 0);
+  }
+  EXPECT_EQ((*bound)->num_layers(), layout->layers.size());
+  ASSERT_EQ((*bound)->mode_layers(true), layout->train_order.size());
+  for (size_t i = 0; i < layout->train_order.size(); ++i) {
+    EXPECT_EQ((*bound)->LayoutIndex(true, static_cast<int>(i)), layout->train_order[i]);
+  }
+  // Every tensor lies in the region, and the model answers as the reference does.
+  for (const at::Tensor& p : (*bound)->model().parameters()) {
+    const auto* at = static_cast<const std::byte*>(p.data_ptr());
+    EXPECT_TRUE(at >= region.data() && at < region.data() + region.size());
+  }
+  const models::ModelInput input = reference->ExampleInput(2, 3);
+  (*bound)->model().eval();
+  reference->eval();
+  auto want = models::RunForward(*reference, input);
+  auto got = models::RunForward((*bound)->model(), input);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+  EXPECT_TRUE(torch::equal(want->output, got->output));
+}
+
+TEST(ModelBindingTest, ZooModelsBindByNameWithoutRecordingAForwardPass) {
+  for (const char* name : {"tiny_cnn", "tiny_mlp", "gpt2", "resnet18", "inception_v3"}) {
+    SCOPED_TRACE(name);
+    auto reference = models::CreateModel(name, {}, 11);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    ExpectBindsWithoutRecording({name, nullptr, ""}, *reference, true);
+  }
+}
+
+TEST(ModelBindingTest, AnArchiveBindsByName) {
+  const std::string path = std::string(PSWITCH_TEST_DATA_DIR) + "/archives/residual_cnn.pswitch.pt";
+  auto bytes = base::ReadRegularFile(path, "archive", 64 << 20);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto archive = std::make_shared<const std::string>(*bytes);
+  auto reference = models::CreateModelFrom({"torchscript", archive, path}, "m");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ExpectBindsWithoutRecording({"torchscript", archive, path}, *reference, false);
+}
+
+TEST(ModelBindingTest, ALayoutThatDisagreesWithTheModelIsRefused) {
+  auto reference = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<ModelLayout> good = LayoutOf(**reference);
+  ASSERT_TRUE(good.ok()) << good.status();
+  std::vector<std::byte> region = RegionOf(**reference, *good);
+  const models::ModelSource source{"tiny_cnn", nullptr, ""};
+  auto refused = [&](ModelLayout layout, absl::StatusCode code, const std::string& why) {
+    absl::StatusOr<memdaemon::WeightLayout> placed = memdaemon::ComputeWeightLayout(layout.layers);
+    if (placed.ok() && layout.total_bytes == good->total_bytes) {
+      layout.total_bytes = placed->total_bytes;
+    }
+    auto bound = BoundModel::Create(source, "m", region.data(), layout);
+    ASSERT_FALSE(bound.ok()) << why;
+    EXPECT_EQ(bound.status().code(), code) << bound.status();
+    EXPECT_THAT(bound.status().message(), HasSubstr("model 'm'")) << bound.status();
+  };
+  ModelLayout missing = *good;
+  missing.layers.front().tensors.pop_back();  // a tensor the model has and the layout lacks
+  refused(missing, absl::StatusCode::kFailedPrecondition, "a tensor outside the layout");
+  ModelLayout ghost = *good;
+  ghost.layers.front().tensors.push_back({"ghost.weight", 16});
+  refused(ghost, absl::StatusCode::kFailedPrecondition, "a tensor the model lacks");
+  ModelLayout resized = *good;
+  resized.layers.front().tensors.front().bytes += 4;
+  refused(resized, absl::StatusCode::kFailedPrecondition, "a size that differs");
+  ModelLayout twice = *good;
+  twice.layers.back().tensors.push_back(twice.layers.front().tensors.front());
+  refused(twice, absl::StatusCode::kFailedPrecondition, "a tensor laid out twice");
+  ModelLayout order = *good;
+  order.train_order.push_back(static_cast<int>(order.layers.size()));
+  refused(order, absl::StatusCode::kInvalidArgument, "a training order past the layers");
+  ModelLayout total = *good;
+  total.total_bytes += 256;
+  refused(total, absl::StatusCode::kFailedPrecondition, "a total that differs");
+  ModelLayout unknown = *good;
+  unknown.layers.back().name = "no_such_module";
+  refused(unknown, absl::StatusCode::kFailedPrecondition, "a layer the model does not have");
+}
+
+// The orders are what gating trusts: a forward that takes another path than registration
+// recorded (here: a training order with two layers swapped) is refused at the first call that
+// differs, before that layer runs, in either mode.
+TEST(ModelBindingTest, AForwardOffRegistrationsOrderIsRefused) {
+  auto reference = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<ModelLayout> layout = LayoutOf(**reference);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  ASSERT_GE(layout->train_order.size(), 2u);
+  std::swap(layout->train_order[0], layout->train_order[1]);
+  std::vector<std::byte> region = RegionOf(**reference, *layout);
+  auto bound = BoundModel::Create({"tiny_cnn", nullptr, ""}, "m", region.data(), *layout);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  const models::ModelInput input = (*reference)->ExampleInput(2, 3);
+  (*bound)->model().eval();
+  EXPECT_TRUE(models::RunForward((*bound)->model(), input).ok()) << "the eval order is right";
+  (*bound)->model().train();
+  auto trained = models::RunForward((*bound)->model(), input);
+  ASSERT_FALSE(trained.ok());
+  EXPECT_THAT(trained.status().message(), HasSubstr("layer call 0 is not the layer"));
+  // An archive whose recorded path is not registration's is refused at load.
+  const std::string path = std::string(PSWITCH_TEST_DATA_DIR) + "/archives/residual_cnn.pswitch.pt";
+  auto bytes = base::ReadRegularFile(path, "archive", 64 << 20);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const models::ModelSource archive{"torchscript", std::make_shared<const std::string>(*bytes),
+                                    path};
+  auto script = models::CreateModelFrom(archive, "m");
+  ASSERT_TRUE(script.ok()) << script.status();
+  absl::StatusOr<ModelLayout> script_layout = LayoutOf(**script);
+  ASSERT_TRUE(script_layout.ok()) << script_layout.status();
+  ASSERT_GE(script_layout->train_order.size(), 2u);
+  std::swap(script_layout->train_order[0], script_layout->train_order[1]);
+  std::vector<std::byte> script_region = RegionOf(**script, *script_layout);
+  auto refused = BoundModel::Create(archive, "m", script_region.data(), *script_layout);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+}
+
+}  // namespace
+}  // namespace pswitch::worker
