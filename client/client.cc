@@ -453,7 +453,7 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             b.CreateString(options.plan.empty() ? "auto" : options.plan),
             b.CreateString(options.archive_path),
             options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers),
-            options.on_phase != nullptr);
+            options.on_phase != nullptr, options.dtype.empty() ? 0 : b.CreateString(options.dtype));
         auto roles = files.Roles(b);
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                                     body.Union(), 0, roles));

@@ -74,6 +74,9 @@ struct RegisterOptions {
   // Token names who may train the model in place and unload it besides admins; everyone else
   // trains a copy of their own (TrainOptions::as_model).
   std::vector<std::string> trainers;
+  // A zoo model's precision: "float16" or "bfloat16" serve it in half the bytes (inputs and
+  // outputs in that dtype too); empty: float32. An archive keeps the precision it was exported in.
+  std::string dtype;
   // Set: told each phase (read, inspect, profile, plan, pin, load) as it ends, on the client's
   // reader thread, before Register returns (a progress line; keep it short).
   std::function<void(const std::string& phase, absl::Duration took)> on_phase;

@@ -37,6 +37,7 @@ WorkerModel WorkerModelOf(const CatalogEntry& entry, bool warm_ups, bool registe
   WorkerModel model{entry.request.name, entry.request.zoo_model,     entry.stored->layers(),
                     entry.train_order,  entry.stored->total_bytes(), entry.archive,
                     entry.archive_bytes};
+  model.dtype = entry.request.dtype;
   if (!warm_ups) return model;
   // At the batch it serves (or a fill job steps at), and a training step wherever one may run:
   // a fill job's model times its step, which its first bubble is then admitted by.

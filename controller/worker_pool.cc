@@ -194,10 +194,10 @@ void WorkerPool::SendLoad(int slot, const WorkerModel& model) {
     layers.push_back(proto::CreateLayoutLayer(b, b.CreateString(layer.name), b.CreateVector(names),
                                               b.CreateVector(sizes)));
   }
-  auto load = proto::CreateLoadModel(b, b.CreateString(model.name), b.CreateString(model.zoo_model),
-                                     options_.region_offset, b.CreateVector(layers),
-                                     b.CreateVector(model.train_order), model.bytes,
-                                     model.archive_bytes, warm);
+  auto load = proto::CreateLoadModel(
+      b, b.CreateString(model.name), b.CreateString(model.zoo_model), options_.region_offset,
+      b.CreateVector(layers), b.CreateVector(model.train_order), model.bytes, model.archive_bytes,
+      warm, model.dtype.empty() ? 0 : b.CreateString(model.dtype));
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::LoadModel, load.Union()));
   const int fd = model.archive != nullptr ? model.archive->get() : -1;
   if (s.process != nullptr && SendTo(slot, b, fd).ok()) {

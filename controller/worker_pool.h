@@ -66,6 +66,7 @@ struct WorkerModel {
   std::shared_ptr<const UniqueFd> archive;
   uint64_t archive_bytes = 0;
   WarmUpSpec warm;
+  std::string dtype;  // a zoo model's precision (registration's); empty: float32
 };
 
 struct WorkerPoolOptions {

@@ -18,6 +18,69 @@
 namespace pswitch::frontend {
 namespace {
 
+// Half-precision values as KServe JSON carries them (numbers, taken as floats). Both round to
+// nearest even as PyTorch's conversions do (no library in the stack converts to float16, and
+// clang 14 has no _Float16 on x86). float16: IEEE binary16, subnormals, overflow to infinity;
+// bfloat16: a float's upper half. NaN stays a quiet NaN.
+uint16_t HalfBits(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  x &= 0x7fffffff;
+  if (x >= 0x7f800000) return sign | (x > 0x7f800000 ? 0x7e00 : 0x7c00);
+  if (x >= 0x477ff000) return sign | 0x7c00;  // 65520 and above round past 65504
+  uint32_t h, rest, half;
+  if (x >= 0x38800000) {  // a normal half (2^-14 and above): rebias, drop 13 mantissa bits
+    h = (x - 0x38000000) >> 13;
+    rest = x & 0x1fff;
+    half = 0x1000;
+  } else {
+    if (x < 0x33000000) return sign;  // below 2^-25 (a tie at 2^-25 goes to even: zero)
+    // A subnormal half counts units of 2^-24: the 24-bit significand shifted right.
+    const uint32_t shift = 126 - (x >> 23);  // 14 to 24
+    const uint32_t significand = (x & 0x7fffff) | 0x800000;
+    h = significand >> shift;
+    rest = significand & ((1u << shift) - 1);
+    half = 1u << (shift - 1);
+  }
+  if (rest > half || (rest == half && (h & 1))) ++h;  // a carry into the exponent is right too
+  return static_cast<uint16_t>(sign | h);
+}
+float HalfToFloat(uint16_t bits) {
+  const uint32_t sign = uint32_t{bits & 0x8000u} << 16;
+  uint32_t exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ffu, x;
+  if (exponent == 0x1f) {
+    x = sign | 0x7f800000 | (mantissa << 13);
+  } else if (exponent != 0) {
+    x = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    x = sign;
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while ((mantissa & 0x400) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    x = sign | (exponent << 23) | ((mantissa & 0x3ff) << 13);
+  }
+  float value;
+  std::memcpy(&value, &x, 4);
+  return value;
+}
+uint16_t BFloat16Bits(float value) {
+  uint32_t u;
+  std::memcpy(&u, &value, 4);
+  if (std::isnan(value)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+float BFloat16ToFloat(uint16_t bits) {
+  const uint32_t u = uint32_t{bits} << 16;
+  float value;
+  std::memcpy(&value, &u, 4);
+  return value;
+}
+
 using nlohmann::json;
 using Event = json::parse_event_t;
 
@@ -199,6 +262,12 @@ class DataPass : public nlohmann::json_sax<json> {
       case proto::DType::F32:
         store(static_cast<float>(as_double));
         return true;
+      case proto::DType::F16:
+        store(HalfBits(static_cast<float>(as_double)));
+        return true;
+      case proto::DType::BF16:
+        store(BFloat16Bits(static_cast<float>(as_double)));
+        return true;
       case proto::DType::I64:
       case proto::DType::I32:
       case proto::DType::U8:
@@ -312,7 +381,7 @@ absl::StatusOr<proto::HostTensor> InputHead(const json& in, bool has_data, uint6
   std::optional<proto::DType> dtype = KserveDType(in["datatype"].get<std::string>());
   if (!dtype) {
     return absl::InvalidArgumentError(
-        "datatype must be FP32, INT64, INT32 or UINT8 (as the model's metadata says)");
+        "datatype must be FP32, FP16, BF16, INT64, INT32 or UINT8 (as the model's metadata says)");
   }
   t.dtype = *dtype;
   for (const json& d : in["shape"]) {
@@ -389,6 +458,19 @@ void AppendNumbers(proto::DType dtype, absl::Span<const uint8_t> bytes, std::str
         float v;
         std::memcpy(&v, p, 4);
         if (!std::isfinite(v)) {  // JSON has no NaN or infinity (nlohmann also writes null)
+          out.append("null");
+          continue;
+        }
+        r = std::to_chars(buf, buf + sizeof(buf), v);
+        break;
+      }
+      case proto::DType::F16:
+      case proto::DType::BF16: {
+        uint16_t bits;
+        std::memcpy(&bits, p, 2);
+        // Every half value is a float exactly: printed as its shortest float text.
+        const float v = dtype == proto::DType::F16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
+        if (!std::isfinite(v)) {
           out.append("null");
           continue;
         }

@@ -45,6 +45,32 @@ TEST(KserveCodecTest, NestedDataIsWrittenRowMajorAsItsDtype) {
   EXPECT_EQ(r->id, "a");
 }
 
+// Half-precision models (issue 28 item 5) take FP16 and BF16 tensors: JSON numbers rounded to
+// nearest even as PyTorch rounds them, and back out as the exact float each one is.
+TEST(KserveCodecTest, HalfPrecisionDataRoundToNearestEvenAndComeBackExactly) {
+  auto r = Decode(R"({"inputs": [
+      {"name": "h", "shape": [5], "datatype": "FP16", "data": [1, -2.5, 0.1, 65504, 1e6]},
+      {"name": "b", "shape": [4], "datatype": "BF16", "data": [1, -2.5, 0.1, 1.00390625]}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  // float16: 0.1 is 0x2E66 (0.0999755859375), 65504 the largest finite, 1e6 overflows to inf.
+  EXPECT_EQ(Values<uint16_t>(r->inputs[0]),
+            (std::vector<uint16_t>{0x3C00, 0xC100, 0x2E66, 0x7BFF, 0x7C00}));
+  // bfloat16: 0.1 is 0x3DCD; 1 + 2^-8 is a tie between 0x3F80 and 0x3F81: to the even 0x3F80.
+  EXPECT_EQ(Values<uint16_t>(r->inputs[1]),
+            (std::vector<uint16_t>{0x3F80, 0xC020, 0x3DCD, 0x3F80}));
+  proto::HostTensor h = r->inputs[0], b = r->inputs[1];
+  size_t json_bytes = 0;
+  json j = json::parse(EncodeInferResponse("m", InferRequest{}, {h, b}, &json_bytes));
+  EXPECT_EQ(j["outputs"][0]["datatype"], "FP16");
+  // The shortest text of the float each one is (as FP32 outputs are written).
+  EXPECT_EQ(j["outputs"][0]["data"][2].get<float>(), 0.0999755859375f);
+  EXPECT_EQ(j["outputs"][0]["data"][3].get<float>(), 65504.f);
+  EXPECT_TRUE(j["outputs"][0]["data"][4].is_null()) << "JSON has no infinity";
+  EXPECT_EQ(j["outputs"][1]["datatype"], "BF16");
+  EXPECT_EQ(j["outputs"][1]["data"][1].get<float>(), -2.5f);
+  EXPECT_EQ(j["outputs"][1]["data"][2].get<float>(), 0.10009765625f);
+}
+
 TEST(KserveCodecTest, BinaryInputsComeFromTheBytesAfterTheHeader) {
   const float v[2] = {1.f, 2.f};
   const std::string binary(reinterpret_cast<const char*>(v), sizeof(v));

@@ -35,6 +35,7 @@ absl::StatusOr<registry::ModelRequest> ParseRegistration(const proto::RegisterMo
   PSWITCH_ASSIGN_OR_RETURN(r.archive_path,
                            Text(wire.archive_path(), "archive path", kMaxPathBytes));
   if (r.plan.empty()) r.plan = "auto";
+  PSWITCH_ASSIGN_OR_RETURN(r.dtype, Text(wire.dtype(), "dtype", kMaxNameBytes));
   r.batch_size = wire.batch_size();
   if (wire.trainers() != nullptr) {
     if (wire.trainers()->size() > kMaxTrainers) {

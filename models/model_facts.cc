@@ -64,8 +64,9 @@ class Reader {
     PSWITCH_ASSIGN_OR_RETURN(std::string dtype_name, String(*value, "dtype", 8, false));
     FactsTensorSpec spec;
     absl::StatusOr<DType> dtype = ParseDType(dtype_name);
-    if (!dtype.ok() || (*dtype != DType::kF32 && *dtype != DType::kI64 && *dtype != DType::kI32)) {
-      return Bad(absl::StrCat("the ", key, " is not F32, I64 or I32"));
+    if (!dtype.ok() || (*dtype != DType::kF32 && *dtype != DType::kF16 && *dtype != DType::kBF16 &&
+                        *dtype != DType::kI64 && *dtype != DType::kI32)) {
+      return Bad(absl::StrCat("the ", key, " is not F32, F16, BF16, I64 or I32"));
     }
     spec.dtype = *dtype;
     PSWITCH_ASSIGN_OR_RETURN(const nlohmann::json* shape, Field(*value, "shape"));

@@ -23,7 +23,8 @@
 
 namespace pswitch::models {
 
-// A model input or output as clients see it: F32, I64 or I32; shape[0] is the batch (-1).
+// A model input or output as clients see it: F32, F16, BF16, I64 or I32; shape[0] is the batch
+// (-1).
 struct FactsTensorSpec {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
@@ -72,6 +73,9 @@ struct InspectionRequest {
   int archive_fd = -1;         // a sealed memory file
   int weights_fd = -1;         // a sealed memory file holding a safetensors checkpoint; -1: none
   std::string weights_name;    // the checkpoint's name in messages
+  // A zoo model's precision (models/model_dtype.h: "float16", ...); empty: float32. An archive's
+  // is the one it was exported in.
+  std::string dtype;
   uint32_t profile_batch = 0;  // > 0: profile at this batch too (ModelFacts::profile_json)
   uint64_t max_facts_bytes = 0;
 };

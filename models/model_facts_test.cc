@@ -95,6 +95,16 @@ TEST_F(ModelFactsTest, AProfileTravelsWithTheFactsWithinItsBound) {
   ExpectRefused(WithMeta([](auto& m) { m["profile_us"] = -1; }), "negative profile time");
 }
 
+// A half-precision model's tensors are in its dtype (issue 28 item 5).
+TEST_F(ModelFactsTest, HalfPrecisionSpecsRoundTrip) {
+  facts_.input = {DType::kBF16, {-1, 3, 32, 32}};
+  facts_.output = {DType::kF16, {-1, 10}};
+  absl::StatusOr<ModelFacts> decoded = DecodeModelFacts(*EncodeModelFacts(facts_), "facts");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->input.dtype, DType::kBF16);
+  EXPECT_EQ(decoded->output.dtype, DType::kF16);
+}
+
 TEST_F(ModelFactsTest, TheUnchangedMetadataDecodes) {
   EXPECT_TRUE(DecodeModelFacts(WithMeta([](nlohmann::json&) {}), "m").ok());
 }

@@ -33,6 +33,12 @@ absl::StatusOr<FactsTensorSpec> SpecOf(const char* what, const at::Tensor& t) {
     case at::kFloat:
       spec.dtype = DType::kF32;
       break;
+    case at::kHalf:
+      spec.dtype = DType::kF16;
+      break;
+    case at::kBFloat16:
+      spec.dtype = DType::kBF16;
+      break;
     case at::kLong:
       spec.dtype = DType::kI64;
       break;
@@ -42,7 +48,7 @@ absl::StatusOr<FactsTensorSpec> SpecOf(const char* what, const at::Tensor& t) {
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("the model's ", what, " is ", c10::toString(t.scalar_type()),
-                       "; pswitch serves float32, int64 and int32 tensors"));
+                       "; pswitch serves float32, float16, bfloat16, int64 and int32 tensors"));
   }
   spec.shape.assign(t.sizes().begin(), t.sizes().end());
   if (!spec.shape.empty()) spec.shape[0] = -1;  // the batch
@@ -81,6 +87,18 @@ absl::StatusOr<std::string> Profile(ZooModel& model, uint32_t batch,
 }
 
 }  // namespace
+
+at::ScalarType TorchDType(ModelDType dtype) {
+  switch (dtype) {
+    case ModelDType::kFloat16:
+      return at::kHalf;
+    case ModelDType::kBFloat16:
+      return at::kBFloat16;
+    case ModelDType::kFloat32:
+      break;
+  }
+  return at::kFloat;
+}
 
 absl::StatusOr<std::vector<int>> MapToLayoutOrder(const std::vector<Layer>& mode_layers,
                                                   const std::vector<Layer>& eval_layers) {
@@ -123,8 +141,14 @@ absl::StatusOr<ModelFacts> InspectModel(ZooModel& model, uint32_t example_batch)
   }
   facts.optimizer_slot_bytes = OptimizerSlotBytes(model);
   facts.trainable = CheckTrainable(model);
-  const ModelInput example =
-      model.ExampleInput(static_cast<int64_t>(std::max<uint32_t>(example_batch, 1)), 0);
+  if (const at::ScalarType dtype = model.FloatDType(); dtype != at::kFloat) {
+    facts.trainable = absl::FailedPreconditionError(absl::StrCat(
+        "model '", model.model_name(), "' is served in ", c10::toString(dtype),
+        "; pswitch trains float32 models only (register it with dtype float32 to train it)"));
+  }
+  // The input as the model takes it: a half-precision model's images in its own dtype.
+  const ModelInput example = model.InModelDType(
+      model.ExampleInput(static_cast<int64_t>(std::max<uint32_t>(example_batch, 1)), 0));
   PSWITCH_ASSIGN_OR_RETURN(ModelOutput out, RunForward(model, example));
   PSWITCH_ASSIGN_OR_RETURN(facts.input, SpecOf("input", example.input));
   PSWITCH_ASSIGN_OR_RETURN(facts.output, SpecOf("output", out.output));
@@ -154,6 +178,16 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
     PSWITCH_ASSIGN_OR_RETURN(model, CreateModelFrom(source, request.name));
   }
   source.archive.reset();
+  std::optional<ModelDType> dtype;
+  if (!request.dtype.empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(dtype, ParseModelDType(request.dtype));
+    if (request.zoo.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", request.name,
+          "': an exported archive keeps the precision it was exported "
+          "in (export it after model.half() or model.bfloat16()); register it without a dtype"));
+    }
+  }
   if (request.weights_fd >= 0) {
     PSWITCH_ASSIGN_OR_RETURN(UniqueFd weights_fd,
                              Borrow(request.weights_fd, "the weights checkpoint"));
@@ -168,12 +202,27 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
                                  request.weights_name.empty() ? "weights" : request.weights_name));
     PSWITCH_RETURN_IF_ERROR(LoadWeights(*model, file));
   }
+  if (dtype.has_value() && *dtype != ModelDType::kFloat32) {
+    // Built (and its checkpoint loaded) in float32, then converted whole: what
+    // model.half() / model.bfloat16() does in PyTorch.
+    PSWITCH_RETURN_IF_ERROR(
+        CatchTorch(absl::StrCat("converting '", request.name, "' to ", request.dtype),
+                   [&] { model->to(TorchDType(*dtype)); }));
+  }
   const uint32_t batch = request.profile_batch;
   // A CPU profile's warm-up is the inspection's own forward pass, at the profile's batch; a GPU
   // profile warms up there, and the CPU pass stays at batch 1.
   const bool cpu_profile = profile.device == "cpu";
-  PSWITCH_ASSIGN_OR_RETURN(ModelFacts facts,
-                           InspectModel(*model, batch > 0 && cpu_profile ? batch : 1));
+  absl::StatusOr<ModelFacts> inspected = InspectModel(*model, batch > 0 && cpu_profile ? batch : 1);
+  if (!inspected.ok() && dtype.has_value() && *dtype != ModelDType::kFloat32 &&
+      absl::IsInternal(inspected.status())) {
+    // libtorch 1.13 has no float16 kernels on the CPU, where the inspection runs its forward.
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", request.name, "' cannot compute in ", request.dtype,
+                     " with this libtorch on the CPU (", inspected.status().message(),
+                     "); register it in bfloat16, or serve float16 on the CUDA backend"));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(ModelFacts facts, std::move(inspected));
   if (batch > 0) {
     // The facts hold their own copies of the weights: moving the model to the device for the
     // profile leaves them as they were collected.

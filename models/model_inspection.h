@@ -11,10 +11,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/model_dtype.h"
 #include "models/model_facts.h"
 #include "models/zoo_model.h"
 
 namespace pswitch::models {
+
+// libtorch's scalar type for a model precision.
+at::ScalarType TorchDType(ModelDType dtype);
 
 // For each layer of `mode_layers` (a mode's execution order), the index of the layer with the
 // same name in `eval_layers` (the layout's order). NotFound for a layer the layout lacks.

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/layer_profiler.h"
+#include "models/model_inspection.h"
 #include "models/registry.h"
 #include "models/training.h"
 #include "models/weight_init.h"
@@ -69,6 +70,29 @@ TEST(RegistryTest, UnknownModelAndSettingAreClearErrors) {
   auto parsed = ParseModelConfig("n_layer=3,n_embd=32");
   ASSERT_TRUE(parsed.ok());
   EXPECT_EQ(parsed->Get("n_embd"), 32);
+}
+
+// Issue 28 item 5: a model converted to half precision computes in it from float32 example
+// inputs (InModelDType), and its facts say so: inputs and outputs in its dtype, training refused.
+TEST(ModelDTypeTest, AHalfPrecisionModelTakesItsOwnDtypeAndDoesNotTrain) {
+  EXPECT_EQ(*ParseModelDType("bfloat16"), ModelDType::kBFloat16);
+  EXPECT_EQ(*ParseModelDType("float16"), ModelDType::kFloat16);
+  EXPECT_EQ(ParseModelDType("fp8").status().code(), absl::StatusCode::kInvalidArgument);
+  auto model = CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->to(TorchDType(ModelDType::kBFloat16));
+  EXPECT_EQ((*model)->FloatDType(), at::kBFloat16);
+  const ModelInput example = (*model)->ExampleInput(2, 1);
+  EXPECT_EQ((*model)->InModelDType(example).input.scalar_type(), at::kBFloat16);
+  auto out = RunForward(**model, example);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->output.scalar_type(), at::kBFloat16);
+  auto facts = InspectModel(**model);
+  ASSERT_TRUE(facts.ok()) << facts.status();
+  EXPECT_EQ(facts->input.dtype, DType::kBF16);
+  EXPECT_EQ(facts->output.dtype, DType::kBF16);
+  EXPECT_EQ(facts->trainable.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(facts->trainable.message().find("float32"), absl::string_view::npos);
 }
 
 // pswitchd knows the zoo by name only (models/zoo_names.h, no libtorch): the same list.

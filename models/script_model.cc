@@ -82,11 +82,15 @@ absl::StatusOr<TensorSpecEntry> ParseSpec(const nlohmann::json& j, const std::st
   }
   if (*dtype == "float32" && allow_float) {
     spec.dtype = at::kFloat;
+  } else if (*dtype == "float16" && allow_float) {
+    spec.dtype = at::kHalf;
+  } else if (*dtype == "bfloat16" && allow_float) {
+    spec.dtype = at::kBFloat16;
   } else if (*dtype == "int64" && allow_int) {
     spec.dtype = at::kLong;
   } else {
     return TableError(origin, absl::StrCat(what, " dtype ", dtype->dump(), " is not supported (",
-                                           allow_float ? "float32" : "",
+                                           allow_float ? "float32, float16, bfloat16" : "",
                                            allow_float && allow_int ? " or " : "",
                                            allow_int ? "int64" : "", ")"));
   }
@@ -409,7 +413,8 @@ at::Tensor RandomLike(const TensorSpecEntry& spec, int64_t batch, uint64_t seed)
   if (spec.dtype == at::kLong) {
     return at::randint(spec.high, shape, gen, at::TensorOptions().dtype(at::kLong));
   }
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat));
+  // Drawn in float32 whatever the precision: the same seed gives the same values, rounded.
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(spec.dtype);
 }
 
 at::Tensor FirstTensor(const c10::IValue& value) {
@@ -568,6 +573,23 @@ class ScriptModel final : public ZooModel {
   }
 
   absl::StatusOr<std::vector<Layer>> RecordLayers() override;
+
+  // An archive takes the input dtype it was exported with (its table's), whatever its weights'.
+  ModelInput InModelDType(ModelInput input) override {
+    if (input.input.defined() && input.input.is_floating_point() &&
+        c10::isFloatingType(table_.input.dtype) &&
+        input.input.scalar_type() != table_.input.dtype) {
+      input.input = input.input.to(table_.input.dtype);
+    }
+    return input;
+  }
+
+  at::ScalarType FloatDType() override {
+    for (const Held& held : held_) {
+      if (held.is_parameter && held.tensor.is_floating_point()) return held.tensor.scalar_type();
+    }
+    return at::kFloat;
+  }
 
   // The archive's tensors under their canonical names (a tied one once): what its layers hold.
   absl::StatusOr<std::vector<LayerTensor>> NamedTensors() override {
@@ -733,10 +755,23 @@ absl::Status ScriptModel::AddHeld(const std::string& name, const at::Tensor& ten
         what, " is on ", tensor.device().str(),
         "; export on the CPU (pswitch moves the weights to the GPU itself)"));
   }
-  if (is_parameter && tensor.scalar_type() != at::kFloat) {
+  const at::ScalarType dtype = tensor.scalar_type();
+  if (is_parameter && dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " has dtype ", c10::toString(tensor.scalar_type()),
-        "; pswitch serves float32 parameters (call model.float() before pswitch.export)"));
+        what, " has dtype ", c10::toString(dtype),
+        "; pswitch serves float32, float16 and bfloat16 parameters (call model.float(), "
+        ".half() or .bfloat16() before pswitch.export)"));
+  }
+  if (is_parameter) {
+    // One precision per model: the worker feeds it inputs in that dtype (InModelDType).
+    for (const Held& held : held_) {
+      if (held.is_parameter && held.tensor.scalar_type() != dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " has dtype ", c10::toString(dtype), " but '", held.name, "' has ",
+            c10::toString(held.tensor.scalar_type()),
+            "; pswitch serves a model in one precision (convert it whole before pswitch.export)"));
+      }
+    }
   }
   if (tensor.is_sparse() || !tensor.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " is not a dense contiguous tensor"));

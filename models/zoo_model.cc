@@ -18,7 +18,8 @@ namespace pswitch::models {
 ModelOutput ZooModel::Forward(const ModelInput& input) {
   const auto& expected = expected_[is_training() ? 1 : 0];
   tape_.StartForward(expected.empty() ? nullptr : &expected);
-  ModelOutput out = ForwardImpl(input);
+  // Example and trace inputs are float32; a half-precision model computes in its own dtype.
+  ModelOutput out = ForwardImpl(InModelDType(input));
   const auto& recorded = layers_[is_training() ? 1 : 0];
   if (recorded.has_value()) {
     int executed = 0;
@@ -28,6 +29,21 @@ ModelOutput ZooModel::Forward(const ModelInput& input) {
                 " layers but ", executed, " were recorded for this mode");
   }
   return out;
+}
+
+at::ScalarType ZooModel::FloatDType() {
+  for (const auto& p : parameters()) {
+    if (p.is_floating_point()) return p.scalar_type();
+  }
+  return at::kFloat;
+}
+
+ModelInput ZooModel::InModelDType(ModelInput input) {
+  const at::ScalarType dtype = FloatDType();
+  for (at::Tensor* t : {&input.input, &input.attention_mask, &input.token_type_ids}) {
+    if (t->defined() && t->is_floating_point() && t->scalar_type() != dtype) *t = t->to(dtype);
+  }
+  return input;
 }
 
 // The trace inputs are made on the CPU; a model already moved to a GPU needs them there.
@@ -110,7 +126,7 @@ absl::StatusOr<std::vector<Layer>> ZooModel::RecordLayers() {
         torch::NoGradGuard no_grad;
         tape_.StartRecording();
         try {
-          ForwardImpl(OnModelDevice(TraceInput()));
+          ForwardImpl(InModelDType(OnModelDevice(TraceInput())));
         } catch (...) {
           tape_.StopRecording();
           throw;

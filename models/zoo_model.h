@@ -138,6 +138,14 @@ class ZooModel : public torch::nn::Module {
   // undefined optional slots left out): what a worker binds by name. Default: the module tree's.
   virtual absl::StatusOr<std::vector<LayerTensor>> NamedTensors();
 
+  // `input` with its floating-point tensors in the model's own precision (FloatDType: a float16
+  // or bfloat16 model takes images in its dtype), the others as they are. No copy when they
+  // already are.
+  virtual ModelInput InModelDType(ModelInput input);
+  // The dtype of the model's floating-point parameters (the first one's: pswitch converts a
+  // model whole); float32 for a model with none.
+  virtual at::ScalarType FloatDType();
+
   // Replaces the gate hook; an empty function disables it.
   void SetGateHook(GateHook gate) { tape_.set_gate(std::move(gate)); }
 

@@ -29,8 +29,8 @@ struct DTypeInfo {
 
 inline constexpr std::array<DTypeInfo, 6> kDTypes = {{
     {DType::F32, "F32", "FP32", "float32", 4, /*Float*/ 6, true},
-    {DType::F16, "F16", "FP16", "float16", 2, /*Half*/ 5, false},
-    {DType::BF16, "BF16", "BF16", nullptr, 2, /*BFloat16*/ 15, false},
+    {DType::F16, "F16", "FP16", "float16", 2, /*Half*/ 5, true},
+    {DType::BF16, "BF16", "BF16", nullptr, 2, /*BFloat16*/ 15, true},
     {DType::I64, "I64", "INT64", "int64", 8, /*Long*/ 4, true},
     {DType::I32, "I32", "INT32", "int32", 4, /*Int*/ 3, true},
     {DType::U8, "U8", "UINT8", "uint8", 1, /*Byte*/ 0, true},

@@ -33,6 +33,7 @@ absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& 
   } else {
     argv.push_back(absl::StrCat("--inspect_zoo=", request.zoo));
   }
+  if (!request.dtype.empty()) argv.push_back(absl::StrCat("--inspect_dtype=", request.dtype));
   if (request.weights_fd >= 0) {
     argv.push_back(absl::StrCat("--inspect_weights_fd=", request.weights_fd));
     argv.push_back(absl::StrCat("--inspect_weights_name=", request.weights_name));

@@ -36,6 +36,8 @@ struct ModelRequest {
   std::string zoo_model;
   std::string weights_path;  // empty: seeded random weights
   uint32_t batch_size = 1;
+  // A zoo model's precision (models/model_dtype.h); empty: float32. An archive keeps its own.
+  std::string dtype;
   std::string plan = "auto";  // a plan JSON path, or "auto"
   // Where weights_path, archive_path and plan resolve: the model's folder in the model
   // repository (relative names, no symlink followed). Null: they are server paths (local use:

@@ -110,6 +110,7 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
   }
   PSWITCH_ASSIGN_OR_RETURN(request.weights_path, StringField(config, where, "weights", false));
   PSWITCH_ASSIGN_OR_RETURN(request.plan, StringField(config, where, "plan", false));
+  PSWITCH_ASSIGN_OR_RETURN(request.dtype, StringField(config, where, "dtype", false));
   if (request.plan.empty()) request.plan = "auto";
   auto batch = config.find("batch");
   if (batch != config.end()) {

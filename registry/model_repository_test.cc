@@ -67,6 +67,18 @@ TEST_F(ModelRepositoryTest, BadConfigsAreRefusedNamingTheField) {
   EXPECT_FALSE(repo_->Request("escape").ok());
 }
 
+// Issue 28 item 5: a config may register a zoo model in half precision (the pipeline checks the
+// name: registry/registration_pipeline.cc).
+TEST_F(ModelRepositoryTest, TheConfigNamesTheModelsPrecision) {
+  Model("half", R"({"architecture": "tiny_cnn", "dtype": "bfloat16"})");
+  Model("bad7", R"({"architecture": "tiny_cnn", "dtype": 16})");
+  auto half = repo_->Request("half");
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_EQ(half->dtype, "bfloat16");
+  EXPECT_TRUE(repo_->Request("bad7").status().message().find("dtype") != absl::string_view::npos)
+      << repo_->Request("bad7").status();
+}
+
 // Issue 27 item 8: a model's config names who besides admins may train and unload it.
 TEST_F(ModelRepositoryTest, TheConfigNamesTheModelsTrainers) {
   Model("team", R"({"architecture": "tiny_mlp", "trainers": ["alice", "bob"]})");

@@ -9,6 +9,7 @@
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
 #include "grouping/search.h"
+#include "models/model_dtype.h"
 #include "models/model_source.h"
 #include "nlohmann/json.hpp"
 #include "proto/dtype.h"
@@ -60,7 +61,7 @@ grouping::GroupPlan CoverTail(grouping::GroupPlan plan, int executed, int layout
 }
 
 proto::DType WireDType(models::DType dtype) {
-  // The facts hold F32, I64 or I32 only (checked when they are decoded).
+  // The facts hold F32, F16, BF16, I64 or I32 only (checked when they are decoded).
   const proto::DTypeInfo* info = proto::DTypeByName(models::DTypeName(dtype));
   return info == nullptr ? proto::DType::F32 : info->wire;
 }
@@ -130,6 +131,15 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
     return absl::InvalidArgumentError(
         absl::StrCat("batch size ", request.batch_size, " out of range [1, ", kMaxBatchSize, "]"));
   }
+  if (!request.dtype.empty()) {
+    PSWITCH_RETURN_IF_ERROR(models::ParseModelDType(request.dtype).status());
+    if (request.archive_fd != nullptr || !request.archive_path.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", request.name,
+          "': an exported archive keeps the precision it was exported in "
+          "(export it after model.half() or model.bfloat16()); register it without a dtype"));
+    }
+  }
   if (!inspector_) {
     return absl::FailedPreconditionError("no model inspector: registration cannot look at models");
   }
@@ -174,6 +184,7 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
       .archive_fd = archive_fd != nullptr ? archive_fd->get() : -1,
       .weights_fd = passed_weights ? request.weights_fd->get() : weights_fd.get(),
       .weights_name = request.weights_path,
+      .dtype = request.dtype,
       .profile_batch = profile ? request.batch_size : 0,
       .max_facts_bytes = max_archive_bytes};
   PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, inspector_(inspection));

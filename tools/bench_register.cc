@@ -30,6 +30,8 @@
 #include "absl/time/clock.h"
 #include "base/files.h"
 #include "client/client.h"
+#include "models/model_dtype.h"
+#include "models/model_inspection.h"
 #include "models/model_source.h"
 #include "models/registry.h"
 #include "models/script_model.h"
@@ -46,6 +48,8 @@ ABSL_FLAG(int, rounds, 3, "registrations of each model (medians are printed)");
 ABSL_FLAG(std::string, backend, "host", "pswitchd's backend");
 ABSL_FLAG(uint32_t, batch, 1, "the registered batch (the profile's)");
 ABSL_FLAG(std::string, warm_up, "auto", "pswitchd's --warm-up (auto, on, off)");
+ABSL_FLAG(std::string, dtype, "",
+          "zoo models' registered precision (float16, bfloat16); empty: float32");
 ABSL_FLAG(std::string, archive, PSWITCH_TEST_DATA_DIR "/archives/residual_cnn.pswitch.pt",
           "the archive registered as \"archive\"");
 
@@ -97,6 +101,11 @@ absl::StatusOr<WorkerLoad> WorkerLoadSeconds(const Subject& s, const std::string
   }
   PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<models::ZooModel> reference,
                            models::CreateModelFrom(source, s.label));
+  if (const std::string dtype = absl::GetFlag(FLAGS_dtype); !dtype.empty()) {
+    // The registered precision: LayoutOf records it, and the bind converts to it.
+    PSWITCH_ASSIGN_OR_RETURN(models::ModelDType parsed, models::ParseModelDType(dtype));
+    reference->to(models::TorchDType(parsed));
+  }
   WorkerLoad load;
   absl::Time start = absl::Now();
   PSWITCH_ASSIGN_OR_RETURN(worker::ModelLayout layout, worker::LayoutOf(*reference));
@@ -121,7 +130,13 @@ absl::StatusOr<std::vector<proto::HostTensor>> RequestInputs(const Subject& s, u
   } else {
     PSWITCH_ASSIGN_OR_RETURN(model, models::CreateModel(s.zoo));
   }
-  const models::ModelInput input = model->ExampleInput(batch, 1);
+  // In the registered precision, as a client of a half-precision model sends them.
+  std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (!s.zoo.empty() && !dtype.empty()) {
+    PSWITCH_ASSIGN_OR_RETURN(models::ModelDType parsed, models::ParseModelDType(dtype));
+    model->to(models::TorchDType(parsed));
+  }
+  const models::ModelInput input = model->InModelDType(model->ExampleInput(batch, 1));
   std::vector<proto::HostTensor> inputs;
   for (const auto& [name, tensor] :
        {std::pair<const char*, const at::Tensor&>{"input", input.input},
@@ -174,11 +189,12 @@ int Run() {
   if (!client.ok()) return Fail(client.status());
 
   std::printf(
-      "bench-register: %s backend, warm-up %s, batch %u, %d rounds; baseline: build the model "
-      "and load its checkpoint in this process, same run (medians, seconds; first and next: "
-      "the first two requests' compute, ms)\n",
+      "bench-register: %s backend, warm-up %s, batch %u, dtype %s, %d rounds; baseline: build "
+      "the model and load its checkpoint in this process, same run (medians, seconds; first "
+      "and next: the first two requests' compute, ms)\n",
       absl::GetFlag(FLAGS_backend).c_str(), absl::GetFlag(FLAGS_warm_up).c_str(),
-      absl::GetFlag(FLAGS_batch), rounds);
+      absl::GetFlag(FLAGS_batch),
+      absl::GetFlag(FLAGS_dtype).empty() ? "float32" : absl::GetFlag(FLAGS_dtype).c_str(), rounds);
   const std::vector<std::string> phase_names = {"read", "inspect", "profile",
                                                 "plan", "pin",     "load"};
   std::printf("%-10s", "model");
@@ -202,6 +218,7 @@ int Run() {
       options.archive_path = s.zoo.empty() ? absl::GetFlag(FLAGS_archive) : "";
       options.batch_size = absl::GetFlag(FLAGS_batch);
       options.plan = "auto";
+      if (!s.zoo.empty()) options.dtype = absl::GetFlag(FLAGS_dtype);
       const absl::Time start = absl::Now();
       auto registered = (*client)->Register(options);
       const double total = absl::ToDoubleSeconds(absl::Now() - start);

@@ -40,6 +40,8 @@ ABSL_FLAG(int, inspect_archive_fd, -1, "the inherited sealed memory file holding
 ABSL_FLAG(int, inspect_weights_fd, -1,
           "an inherited sealed memory file holding a safetensors checkpoint to apply (-1: none)");
 ABSL_FLAG(std::string, inspect_weights_name, "weights", "the checkpoint's name in messages");
+ABSL_FLAG(std::string, inspect_dtype, "",
+          "convert the zoo model to this precision (float16, bfloat16) after its checkpoint");
 ABSL_FLAG(uint32_t, inspect_profile_batch, 0,
           "also profile the model at this batch on --profile-device (an \"auto\" plan); 0: no");
 
@@ -68,6 +70,7 @@ absl::StatusOr<pswitch::models::ModelFacts> Inspect() {
       .archive_fd = archive_fd.get(),
       .weights_fd = weights_fd.get(),
       .weights_name = absl::GetFlag(FLAGS_inspect_weights_name),
+      .dtype = absl::GetFlag(FLAGS_inspect_dtype),
       .profile_batch = absl::GetFlag(FLAGS_inspect_profile_batch)};
   return models::Inspect(
       request, {absl::GetFlag(FLAGS_profile_device), absl::GetFlag(FLAGS_profile_bandwidth)});

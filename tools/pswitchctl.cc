@@ -85,6 +85,9 @@ ABSL_FLAG(double, momentum, 0.9, "train: SGD momentum (0 = plain SGD)");
 ABSL_FLAG(std::string, as, "",
           "train: register a copy of --name under this new name, yours alone, and train the copy "
           "(needed unless you are an admin or one of the model's trainers)");
+ABSL_FLAG(std::string, dtype, "",
+          "register: a zoo model's precision, float16 or bfloat16 (half the bytes, inference "
+          "only); empty: float32");
 ABSL_FLAG(std::vector<std::string>, trainers, {},
           "register: token names who may train the model in place and unload it besides admins");
 ABSL_FLAG(std::string, token, "",
@@ -394,6 +397,7 @@ absl::Status Run(const std::vector<std::string>& args) {
                                     absl::GetFlag(FLAGS_plan),
                                     absl::GetFlag(FLAGS_archive),
                                     absl::GetFlag(FLAGS_trainers)};
+    options.dtype = absl::GetFlag(FLAGS_dtype);
     options.on_phase = [&](const std::string& phase, absl::Duration took) {
       const std::string one = phase_text(phase, took);
       absl::StrAppend(&so_far, so_far.empty() ? "" : ", ", one);

@@ -95,6 +95,18 @@ absl::StatusOr<ModelLayout> LayoutOf(models::ZooModel& model) {
   PSWITCH_ASSIGN_OR_RETURN(memdaemon::WeightLayout placed,
                            memdaemon::ComputeWeightLayout(layout.layers));
   layout.total_bytes = placed.total_bytes;
+  if (!models::IsScriptModel(model)) {  // an archive's precision is its own
+    switch (model.FloatDType()) {
+      case at::kHalf:
+        layout.dtype = models::ModelDType::kFloat16;
+        break;
+      case at::kBFloat16:
+        layout.dtype = models::ModelDType::kBFloat16;
+        break;
+      default:
+        break;
+    }
+  }
   return layout;
 }
 
@@ -122,6 +134,15 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::Mod
     // Its parameters are bound to the weights region below: the seeded draw would be wasted.
     models::SkipWeightInit skip;
     PSWITCH_ASSIGN_OR_RETURN(bound->model_, models::CreateModelFrom(source, name));
+  }
+  if (layout.dtype != models::ModelDType::kFloat32) {
+    if (source.archive != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": an archive keeps the precision it was exported in"));
+    }
+    PSWITCH_RETURN_IF_ERROR(models::CatchTorch(absl::StrCat("converting ", what), [&] {
+      bound->model_->to(models::TorchDType(layout.dtype));
+    }));
   }
   bound->train_to_layout_ = layout.train_order;
   bound->num_layers_ = layout.layers.size();

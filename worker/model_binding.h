@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "memdaemon/weight_store.h"
+#include "models/model_dtype.h"
 #include "models/script_model.h"
 #include "models/zoo_model.h"
 
@@ -36,6 +37,9 @@ struct ModelLayout {
   std::vector<memdaemon::LayerSpec> layers;
   std::vector<int> train_order;
   uint64_t total_bytes = 0;  // of memdaemon::ComputeWeightLayout(layers)
+  // A zoo model's precision: built in float32 and converted before binding (an archive's tensors
+  // keep the dtype it was exported in).
+  models::ModelDType dtype = models::ModelDType::kFloat32;
 };
 
 // The layout of `model` in eval mode, recorded in this process (tests and tools that build a

@@ -78,6 +78,21 @@ TEST(ModelBindingTest, ZooModelsBindByNameWithoutRecordingAForwardPass) {
   }
 }
 
+// A half-precision zoo model (issue 28 item 5) is converted before binding: its tensors take
+// half the region, and it answers as the reference converted the same way.
+TEST(ModelBindingTest, ABfloat16ZooModelBindsInItsOwnPrecision) {
+  auto reference = models::CreateModel("tiny_cnn", {}, 4);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto float_layout = LayoutOf(**reference);
+  ASSERT_TRUE(float_layout.ok());
+  (*reference)->to(torch::kBFloat16);
+  absl::StatusOr<ModelLayout> layout = LayoutOf(**reference);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->dtype, models::ModelDType::kBFloat16);
+  EXPECT_LT(layout->total_bytes, float_layout->total_bytes);
+  ExpectBindsWithoutRecording({"tiny_cnn", nullptr, ""}, *reference, true);
+}
+
 TEST(ModelBindingTest, AnArchiveBindsByName) {
   const std::string path = std::string(PSWITCH_TEST_DATA_DIR) + "/archives/residual_cnn.pswitch.pt";
   auto bytes = base::ReadRegularFile(path, "archive", 64 << 20);

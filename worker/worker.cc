@@ -306,6 +306,9 @@ absl::StatusOr<ModelLayout> Worker::LayoutFromWire(const proto::LoadModel& load)
   if (load.train_order() != nullptr) {
     layout.train_order.assign(load.train_order()->begin(), load.train_order()->end());
   }
+  if (load.dtype() != nullptr) {
+    PSWITCH_ASSIGN_OR_RETURN(layout.dtype, models::ParseModelDType(load.dtype()->str()));
+  }
   return layout;
 }
 

@@ -217,14 +217,16 @@ class Client:
 
     # --- models ---
     def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto",
-                 trainers=(), progress=None):
+                 trainers=(), dtype=None, progress=None):
         """Registers `name` (admin): a zoo `model` ("resnet50"), your own `archive`
         (pswitch.export), or, with neither, the folder `name` of pswitchd's model repository.
         Over the Unix socket this client opens `archive`, `weights` and `plan` itself (paths
         relative to its working directory) and passes the open files; over TCP they are paths
         on the server and need pswitchd's --allow-client-paths. `trainers`: token names who may
         train it in place and unload it besides admins; everyone else trains a copy
-        (train(..., as_model=)). `progress`: a callable, called as progress(phase, seconds) as
+        (train(..., as_model=)). `dtype`: a zoo model's precision, "float16" or "bfloat16" (half
+        the bytes; inputs and outputs in that dtype; inference only), default float32; an
+        archive keeps the precision it was exported in. `progress`: a callable, called as progress(phase, seconds) as
         each phase (read, inspect, profile, plan, pin, load) ends, on the client's reader thread
         (it must not call this client: the reply it would wait for comes through that thread);
         or True for a progress line on stderr (a terminal or a notebook)."""
@@ -241,7 +243,7 @@ class Client:
         try:
             r = self._client.register(name, model or "", archive or "", weights or "",
                                       int(batch), plan or "auto", [str(t) for t in trainers],
-                                      progress)
+                                      dtype or "", progress)
         finally:
             if line is not None:
                 line.close()

@@ -44,7 +44,10 @@ LAYER_TABLE = "pswitch/layers.json"
 # them under (the zoo's BERT takes the same).
 INPUT_NAMES = ("input", "attention_mask", "token_type_ids")
 LOSS_FILE = "pswitch/loss.pt"
-_DTYPES = {torch.float32: "float32", torch.int64: "int64"}
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+           torch.int64: "int64"}
+# One precision per model: pswitchd feeds it inputs in its parameters' dtype.
+_PRECISIONS = (torch.float32, torch.float16, torch.bfloat16)
 _GATE_ATTRIBUTE = "_pswitch_gate"
 
 
@@ -198,9 +201,14 @@ def _check_model(model, example):
             raise ValueError(f"parameter '{name}' is on {p.device}; call model.float().cpu() "
                              "before pswitch.export (pswitchd moves the weights to the GPU "
                              "itself)")
-        if p.dtype != torch.float32:
-            raise TypeError(f"parameter '{name}' has dtype {p.dtype}; pswitch serves float32 "
-                            "models: call model.float().cpu() before pswitch.export")
+        if p.dtype not in _PRECISIONS:
+            raise TypeError(f"parameter '{name}' has dtype {p.dtype}; pswitch serves float32, "
+                            "float16 and bfloat16 models: call model.float().cpu() (or .half(), "
+                            ".bfloat16()) before pswitch.export")
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) > 1:
+        raise TypeError(f"the model's parameters mix {sorted(str(d) for d in dtypes)}; pswitch "
+                        "serves a model in one precision (convert it whole)")
     for name, b in model.named_buffers():
         if b.device.type != "cpu":
             raise ValueError(f"buffer '{name}' is on {b.device}; call model.float().cpu() "
@@ -216,8 +224,8 @@ def _check_tensor(what, tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a tensor, not {type(tensor).__name__}")
     if tensor.dtype not in _DTYPES:
-        raise TypeError(f"{what} has dtype {tensor.dtype}; pswitch takes float32 or int64 "
-                        "tensors")
+        raise TypeError(f"{what} has dtype {tensor.dtype}; pswitch takes float32, float16, "
+                        "bfloat16 or int64 tensors")
     if tensor.device.type != "cpu":
         raise ValueError(f"{what} is on {tensor.device}; pass it on the CPU")
 
@@ -338,8 +346,9 @@ def export(model, example_inputs, path, *, loss=None, example_target=None, metho
     try:
         gates, sequence, output = _gate_order(model, example)
         output = _first_tensor(output)
-        if output.dtype != torch.float32:
-            raise TypeError(f"the model's output has dtype {output.dtype}; pswitch needs float32")
+        if output.dtype not in _PRECISIONS:
+            raise TypeError(f"the model's output has dtype {output.dtype}; pswitch needs float32, "
+                            "float16 or bfloat16")
         archive, used, script_error, trace_warnings = _compile(model, example, gates, method)
         aliases = _aliases(model)
         layer_table = {

@@ -381,7 +381,7 @@ def test_refusals_name_the_problem(tmp_path):
                        path)
     with pytest.raises(TypeError, match="not a dict"):
         pswitch.export(nn.Linear(2, 2), {"x": torch.randn(1, 2)}, path)
-    with pytest.raises(TypeError, match="float32 or int64"):
+    with pytest.raises(TypeError, match="bfloat16 or int64"):
         pswitch.export(nn.Linear(2, 2), torch.randn(1, 2, dtype=torch.float64), path)
     with pytest.raises(ValueError, match="method"):
         pswitch.export(nn.Linear(2, 2), torch.randn(1, 2), path, method="onnx")
@@ -390,6 +390,21 @@ def test_refusals_name_the_problem(tmp_path):
     with pytest.raises(TypeError, match="pswitch needs float32"):
         pswitch.export(IntOut(), torch.randn(1, 2), path)
     assert not os.path.exists(path)
+
+
+def test_a_half_precision_model_exports_in_its_precision(tmp_path):
+    # Issue 28 item 5: a model converted whole (model.bfloat16()) exports with its inputs and
+    # output in that dtype; pswitchd serves it in half the bytes. Mixed precision is refused.
+    path = str(tmp_path / "half.pt")
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).bfloat16().eval()
+    pswitch.export(model, torch.randn(2, 4).bfloat16(), path)
+    t = table(path)
+    assert t["inputs"][0]["dtype"] == "bfloat16"
+    assert t["output"]["dtype"] == "bfloat16"
+    mixed = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    mixed[1].bfloat16()
+    with pytest.raises(TypeError, match="one precision"):
+        pswitch.export(mixed, torch.randn(2, 4), str(tmp_path / "mixed.pt"))
 
 
 def test_a_one_tuple_input_and_a_tuple_output(tmp_path):

@@ -9,6 +9,8 @@ Python (`<name>.io.safetensors`, keys `input` and `output`):
                     embedding, two encoder blocks, with a loss
   masked_classifier a fine-tuned-BERT shape taking input, attention_mask and token_type_ids
                     (keys of the same names in its .io file), with a loss
+  residual_cnn_bf16 residual_cnn converted whole to bfloat16 (model.bfloat16()), exported with
+                    a bfloat16 input and no loss: a half-precision model, served only
 
 Bad archives, each for one registration error:
   no_table          a plain torch.jit.save file (no layer table, no gates)
@@ -164,6 +166,16 @@ def rewrite_code(src, dst, old, new):
             zout.writestr(item, data)
 
 
+def write_half(out):
+    model = custom_models.make("residual_cnn", seed=1).bfloat16().eval()
+    xs = tuple(x.bfloat16() for x in custom_models.example_inputs("residual_cnn", batch=2, seed=2))
+    with torch.no_grad():
+        y = model(*xs)
+    print(export(model, xs, os.path.join(out, "residual_cnn_bf16.pswitch.pt")))
+    safetensors_io.write(os.path.join(out, "residual_cnn_bf16.io.safetensors"),
+                         {"input": xs[0], "output": y})
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "archives"))
@@ -171,7 +183,11 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    for name in args.only or ("residual_cnn", "tiny_transformer", "masked_classifier"):
+    for name in args.only or ("residual_cnn", "tiny_transformer", "masked_classifier",
+                              "residual_cnn_bf16"):
+        if name == "residual_cnn_bf16":
+            write_half(args.out)
+            continue
         model = custom_models.make(name, seed=1)
         xs = custom_models.example_inputs(name, batch=2, seed=2)
         with torch.no_grad():

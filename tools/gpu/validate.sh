@@ -158,6 +158,9 @@ cmd_transfer() {
         else printf "FIG transfer: memcpy H2D %s GB/s (link unknown)%s\n", gbs, plans
       }' "$work/transfer.out"
   fi
+  # Issue 28: a half-precision model's transmission against float32's, same run.
+  awk '/^half precision/ { sub(/^half precision /, ""); print "FIG transfer half precision " $0 }' \
+    "$work/transfer.out"
   return "$rc"
 }
 
@@ -273,6 +276,11 @@ cmd_register() {
     awk -v w="$w" 'NF == 13 && $1 != "model" { printf "FIG first-request %s batch 8, warm-up %s: first %s ms, next %s ms, %s x (load %s s)\n", $1, w, $11, $12, $13, $7 }' \
       "$work/register-first-$w.out"
   done
+  # Half precision on the GPU (issue 28 item 5): float16 registration and serving at batch 8.
+  "$bin/bench-register" --backend=cuda --models=resnet152,bert_base --batch=8 --rounds="$rounds" \
+    --dtype=float16 | tee "$work/register-f16.out" || rc=1
+  awk 'NF == 13 && $1 != "model" { printf "FIG register float16 %s batch 8: %s s (pin %s, load %s), first %s ms, next %s ms\n", $1, $8, $6, $7, $11, $12 }' \
+    "$work/register-f16.out"
   return "$rc"
 }
 
