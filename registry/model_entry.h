@@ -36,8 +36,6 @@ struct ModelRequest {
   std::string zoo_model;
   std::string weights_path;  // empty: seeded random weights
   uint32_t batch_size = 1;
-  // A zoo model's precision (models/model_dtype.h); empty: float32. An archive keeps its own.
-  std::string dtype;
   std::string plan = "auto";  // a plan JSON path, or "auto"
   // Where weights_path, archive_path and plan resolve: the model's folder in the model
   // repository (relative names, no symlink followed). Null: they are server paths (local use:
@@ -59,6 +57,8 @@ struct ModelRequest {
   // serve, train or unload it. Empty: every principal sees it.
   std::string owner;
   WarmFor warm_for = WarmFor::kServing;
+  // A zoo model's precision (models/model_dtype.h); empty: float32. An archive keeps its own.
+  std::string dtype;
 };
 
 // A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.
