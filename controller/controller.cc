@@ -298,9 +298,14 @@ namespace {
 // The model's input in kind (floating point or integer) and rank: the client's mistake is told
 // as such, not as the model's failure in a worker.
 absl::Status CheckInput(const CatalogEntry& entry, const proto::HostTensor& t) {
-  const bool want_float = entry.input.dtype == proto::DType::F32;
-  const bool is_float = t.dtype == proto::DType::F32;
-  if (want_float != is_float || t.shape.size() != entry.input.shape.size()) {
+  // A half-precision model takes its own dtype exactly (the worker never converts a client's).
+  const bool floating = entry.input.dtype == proto::DType::F32 ||
+                        entry.input.dtype == proto::DType::F16 ||
+                        entry.input.dtype == proto::DType::BF16;
+  const bool kind_fits = floating ? t.dtype == entry.input.dtype
+                                  : t.dtype != proto::DType::F32 && t.dtype != proto::DType::F16 &&
+                                        t.dtype != proto::DType::BF16;
+  if (!kind_fits || t.shape.size() != entry.input.shape.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model '", entry.request.name, "' takes a ", entry.input.shape.size(), "-d ",
                      proto::EnumNameDType(entry.input.dtype), " input; got a ", t.shape.size(),

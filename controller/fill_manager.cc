@@ -14,6 +14,7 @@
 #include "gpu/device.h"
 #include "models/safetensors.h"
 #include "models/zoo_names.h"
+#include "proto/common_generated.h"
 
 namespace pswitch::controller {
 
@@ -233,6 +234,13 @@ absl::StatusOr<FillManager::Validated> FillManager::Validate(FillRequest& reques
             "': name a zoo model or a registered model of your own (pswitch.export)"));
       }
       if (request.kind == FillKind::kTraining) PSWITCH_RETURN_IF_ERROR((*own)->trainable);
+      if (request.kind == FillKind::kInference && (*own)->output.dtype != proto::DType::F32) {
+        // The job's outputs file holds float32 rows (SerializeOutputs): said now, not after
+        // every step has run.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", request.model, "' answers ", proto::EnumNameDType((*own)->output.dtype),
+            "; an inference fill job writes float32 outputs (register a float32 export)"));
+      }
       // A zoo model's input is known once the job's copy is registered (OnCreated).
       if (validated.dataset != nullptr) {
         PSWITCH_RETURN_IF_ERROR(CheckDatasetFitsModel(*validated.dataset, **own));

@@ -216,11 +216,12 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
   absl::StatusOr<ModelFacts> inspected = InspectModel(*model, batch > 0 && cpu_profile ? batch : 1);
   if (!inspected.ok() && dtype.has_value() && *dtype != ModelDType::kFloat32 &&
       absl::IsInternal(inspected.status())) {
-    // libtorch 1.13 has no float16 kernels on the CPU, where the inspection runs its forward.
-    return absl::FailedPreconditionError(
-        absl::StrCat("model '", request.name, "' cannot compute in ", request.dtype,
-                     " with this libtorch on the CPU (", inspected.status().message(),
-                     "); register it in bfloat16, or serve float16 on the CUDA backend"));
+    // The inspection's forward runs on the CPU, where libtorch 1.13 has no float16 kernels
+    // (2.x has them), whatever device the workers compute on.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", request.name, "' cannot compute in ", request.dtype,
+        " with this libtorch on the CPU, where its inspection runs (", inspected.status().message(),
+        ")", *dtype == ModelDType::kFloat16 ? "; register it in bfloat16" : ""));
   }
   PSWITCH_ASSIGN_OR_RETURN(ModelFacts facts, std::move(inspected));
   if (batch > 0) {

@@ -146,6 +146,15 @@ absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
     // The registering admin's trainers join the config's.
     request.trainers.insert(request.trainers.end(), from_client.trainers.begin(),
                             from_client.trainers.end());
+    // A precision the client names is the config's unless the config names another.
+    if (!from_client.dtype.empty()) {
+      if (!request.dtype.empty() && request.dtype != from_client.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat("model '", from_client.name,
+                                                       "': its repository config registers it in ",
+                                                       request.dtype, ", not ", from_client.dtype));
+      }
+      request.dtype = from_client.dtype;
+    }
     return request;
   }
   if (names_files && !allow_client_paths) {

@@ -77,6 +77,20 @@ TEST_F(ModelRepositoryTest, TheConfigNamesTheModelsPrecision) {
   EXPECT_EQ(half->dtype, "bfloat16");
   EXPECT_TRUE(repo_->Request("bad7").status().message().find("dtype") != absl::string_view::npos)
       << repo_->Request("bad7").status();
+  // Registered by name, the client's precision applies where the config names none, and one
+  // that contradicts the config's is refused rather than dropped.
+  Model("plain", R"({"architecture": "tiny_cnn"})");
+  ModelRequest by_name;
+  by_name.name = "plain";
+  by_name.dtype = "float16";
+  auto resolved = ResolveModelRequest(by_name, &*repo_, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->dtype, "float16");
+  by_name.name = "half";
+  EXPECT_EQ(ResolveModelRequest(by_name, &*repo_, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  by_name.dtype = "bfloat16";
+  EXPECT_EQ(ResolveModelRequest(by_name, &*repo_, false)->dtype, "bfloat16");
 }
 
 // Issue 27 item 8: a model's config names who besides admins may train and unload it.

@@ -206,6 +206,25 @@ TEST(HalfPrecisionE2eTest, ABfloat16ArchiveServesAsPyTorchComputedIt) {
       << (got->to(torch::kFloat) - want).abs().max();
   auto trained = (*client)->Train("cnn16", client::TrainOptions{});
   EXPECT_EQ(trained.status().code(), absl::StatusCode::kFailedPrecondition) << trained.status();
+
+  // An inference fill job writes float32 rows: refused at submission, not after its steps.
+  ASSERT_TRUE((*client)
+                  ->RegisterBubbleCycle(0, R"({"period_ns": 60000000, "bubbles": [{"offset_ns": 0,
+                      "duration_ns": 20000000, "free_bytes": 268435456}]})")
+                  .ok());
+  std::filesystem::copy_file(dir + "residual_cnn_bf16.io.safetensors",
+                             daemon.dir() / "rows.safetensors");
+  client::FillJobOptions fill;
+  fill.kind = client::FillKind::kInference;
+  fill.model = "cnn16";
+  fill.dataset_path = "rows.safetensors";
+  fill.output_path = "out.safetensors";
+  fill.batch = 2;
+  fill.step = absl::Milliseconds(2);
+  fill.memory_bytes = 32 << 20;
+  auto job = (*client)->SubmitFill(fill);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("float32 outputs"));
 }
 
 }  // namespace
