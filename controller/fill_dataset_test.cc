@@ -13,6 +13,7 @@
 #include <fstream>
 #include <vector>
 
+#include "base/files.h"
 #include "controller/worker_commands.h"
 #include "gtest/gtest.h"
 #include "models/safetensors.h"
@@ -33,7 +34,7 @@ class FillDatasetTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { (void)base::RemoveTree(dir_); }
 
   // A safetensors file with a "labels" tensor before "input" (so "input" is not at the data
   // section's start) and `rows` rows of 3 floats.

@@ -26,7 +26,7 @@ class PassedFilesTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { (void)base::RemoveTree(dir_); }
 
   std::string Write(const std::string& name, const std::string& bytes) {
     const std::string path = dir_ + "/" + name;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "gtest/gtest.h"
 
 namespace pswitch::frontend {
@@ -26,7 +27,7 @@ class ShmDir {
     path_ = ::mkdtemp(path);
     fd_ = UniqueFd(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   }
-  ~ShmDir() { std::filesystem::remove_all(path_); }
+  ~ShmDir() { (void)base::RemoveTree(path_); }
   const std::string& path() const { return path_; }
   int fd() const { return fd_.get(); }
   std::string File(const std::string& name, off_t bytes) const {

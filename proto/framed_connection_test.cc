@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "base/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/accept_retry.h"
@@ -55,7 +56,7 @@ class LeaseServer {
   ~LeaseServer() {
     io_.stop();
     thread_.join();
-    std::filesystem::remove_all(dir_);
+    (void)base::RemoveTree(dir_);
   }
   const std::string& path() const { return path_; }
   int closed_with_error() const { return closed_with_error_.load(); }

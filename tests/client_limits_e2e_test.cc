@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -323,7 +324,7 @@ TEST(FdBudgetE2eTest, PswitchdRefusesToStartWhenItsFdLimitCannotCoverItsCaps) {
       << started;
   EXPECT_THAT(started, HasSubstr("event=fd_limit soft=1024 hard=1024"));
   EXPECT_THAT(started, ::testing::Not(HasSubstr("start_failed")));
-  std::filesystem::remove_all(dir);
+  (void)base::RemoveTree(dir);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/files.h"
 #include "gtest/gtest.h"
 #include "models/registry.h"
 #include "models/zoo_model.h"
@@ -46,7 +47,7 @@ class TokenFile {
     std::ofstream(path_) << lines;
     EXPECT_EQ(::chmod(path_.c_str(), 0600), 0);
   }
-  ~TokenFile() { std::filesystem::remove_all(dir_); }
+  ~TokenFile() { (void)base::RemoveTree(dir_); }
   std::string flag() const { return "--auth-tokens=" + path_; }
 
  private:

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/files.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gpu/copy_engine.h"
@@ -767,7 +768,7 @@ TEST_F(LocalFillTest, AnotherUsersDatasetOutsideTheDataRootIsPassedAndItsOutputI
   ASSERT_NO_FATAL_FAILURE(ExpectOutputIsTheModelsAnswer(output, **model, rows));
   // pswitchd was never told where the user's files are.
   EXPECT_THAT(daemon_->log(), Not(HasSubstr(home)));
-  std::filesystem::remove_all(home);
+  (void)base::RemoveTree(home);
 }
 
 // The real main job: pipetrain measures each stage's bubble cycle over its warm-up, registers

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/files.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -175,7 +176,7 @@ TEST(HttpLimitsE2eTest, TwoThousandIdleConnectionsUnderA1024FdLimitCrowdOutNothi
   EXPECT_TRUE(replaced) << daemon.log();
   for (int fd : idle) ::close(fd);
   daemon.Terminate();
-  std::filesystem::remove_all(dir);
+  (void)base::RemoveTree(dir);
 }
 
 // Before: one GET with 39,287 header lines of 8 KB grew pswitchd by 467 MB and was answered 200.

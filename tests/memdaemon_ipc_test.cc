@@ -10,8 +10,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "grouping/baselines.h"
 #include "base/clock.h"
+#include "base/files.h"
+#include "grouping/baselines.h"
 #include "gtest/gtest.h"
 #include "memdaemon/arena_client.h"
 #include "memdaemon/memdaemon.h"
@@ -132,7 +133,7 @@ class MemDaemonIpcTest : public ::testing::TestWithParam<gpu::Backend> {
     std::filesystem::create_directories(dir_);
     socket_path_ = (dir_ / "memdaemon.sock").string();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { (void)base::RemoveTree(dir_); }
 
   // Forks the worker before any thread exists in this process, then starts the daemon.
   void StartWorkerAndDaemon(double bandwidth) {

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/files.h"
 #include "tests/gpu_probe.h"
 #include "tools/pswitchd_process.h"
 #include "worker/backends.h"
@@ -34,7 +35,7 @@ class TestDaemon {
              ("pswitch-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(++count_))),
         created_(std::filesystem::create_directories(dir_)),
         process_(PSWITCHD_PATH, Flags(dir_, std::move(flags)), (dir_ / "pswitchd.log").string()) {}
-  ~TestDaemon() { std::filesystem::remove_all(dir_); }
+  ~TestDaemon() { (void)base::RemoveTree(dir_); }
   std::string address() const { return process_.address(); }
   pid_t pid() const { return process_.pid(); }
   int port() const { return process_.port(); }

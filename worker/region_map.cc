@@ -67,6 +67,19 @@ RegionMap::RegionMap(RegionDevice* device, size_t max_regions)
 RegionMap::~RegionMap() = default;
 
 absl::Status RegionMap::Map(const RegionSpec& spec, UniqueFd fd) {
+  absl::Status mapped = MapOnce(spec, std::move(fd));
+  if (mapped.ok() || regions_.contains(spec.region)) {
+    failed_.erase(spec.region);
+  } else if (spec.region != 0) {
+    if (failed_.size() >= max_regions_ && !failed_.contains(spec.region)) {
+      failed_.erase(failed_.begin());
+    }
+    failed_[spec.region] = mapped;
+  }
+  return mapped;
+}
+
+absl::Status RegionMap::MapOnce(const RegionSpec& spec, UniqueFd fd) {
   const std::string name = absl::StrCat("region ", spec.region);
   if (spec.region == 0) return absl::InvalidArgumentError("MapRegion of region 0");
   if (spec.bytes == 0) return absl::InvalidArgumentError(absl::StrCat(name, ": 0 bytes"));
@@ -163,6 +176,7 @@ absl::Status RegionMap::Map(const RegionSpec& spec, UniqueFd fd) {
 }
 
 absl::Status RegionMap::Unmap(uint64_t region) {
+  failed_.erase(region);
   if (regions_.erase(region) == 0) {
     return absl::NotFoundError(absl::StrCat("region ", region, " is not mapped"));
   }
@@ -172,6 +186,11 @@ absl::Status RegionMap::Unmap(uint64_t region) {
 absl::StatusOr<RegionBytes> RegionMap::Slice(const proto::ByteSlice& slice) const {
   auto it = regions_.find(slice.region);
   if (it == regions_.end()) {
+    if (auto failed = failed_.find(slice.region); failed != failed_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("region ", slice.region,
+                       " could not be mapped in this worker: ", failed->second.ToString()));
+    }
     return absl::NotFoundError(
         absl::StrCat("region ", slice.region, " is not mapped in this worker"));
   }

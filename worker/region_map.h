@@ -97,16 +97,22 @@ class RegionMap {
   // NotFound when `region` is not mapped.
   absl::Status Unmap(uint64_t region);
   // `slice` of its region, checked to lie inside the mapping (overflow-safe). NotFound for an
-  // unmapped region, OutOfRange for a slice past its end.
+  // unmapped region (naming why its last MapRegion failed, when one did), OutOfRange for a slice
+  // past its end.
   absl::StatusOr<RegionBytes> Slice(const proto::ByteSlice& slice) const;
   size_t size() const { return regions_.size(); }
 
  private:
   class Mapping;
 
+  absl::Status MapOnce(const RegionSpec& spec, UniqueFd fd);
+
   RegionDevice* const device_;
   const size_t max_regions_;
   std::map<uint64_t, std::unique_ptr<Mapping>> regions_;
+  // Why the last MapRegion of a region that is not mapped failed: a Run naming it says so, not
+  // only "not mapped" (the MapRegion itself has no answer of its own). Bounded like regions_.
+  std::map<uint64_t, absl::Status> failed_;
 };
 
 }  // namespace pswitch::worker

@@ -66,6 +66,19 @@ class RecordingDevice final : public RegionDevice {
   std::vector<std::byte*> unregistered;
 };
 
+// Refuses every page-locking, as cudaHostRegister may.
+class RefusingDevice final : public RegionDevice {
+ public:
+  absl::StatusOr<std::unique_ptr<DeviceAttachment>> RegisterHostMemory(std::byte*, uint64_t,
+                                                                       bool) override {
+    return absl::InternalError("cudaHostRegister: out of memory");
+  }
+  absl::StatusOr<std::unique_ptr<DeviceAttachment>> OpenCudaIpc(absl::string_view, int,
+                                                                uint64_t) override {
+    return absl::UnimplementedError("not in this test");
+  }
+};
+
 TEST(RegionMapTest, ASealedAreaIsReadInPlaceAndNeverGuarded) {
   RegionMap map(&HostRegionDevice());
   ASSERT_TRUE(map.Map(Spec(7, 3 * kPage), MemoryFile(3 * kPage, F_SEAL_SHRINK, 5)).ok());
@@ -141,6 +154,27 @@ TEST(RegionMapTest, OnlyMappingsThatCannotShrinkAreRegisteredWithTheDevice) {
   EXPECT_EQ(device.registered[0].second, 2 * kPage);
   EXPECT_TRUE(map.Slice({1, 0, 1})->registered);
   EXPECT_FALSE(map.Slice({2, 0, 1})->registered);
+}
+
+// The MapRegion has no answer of its own: the Run that names the region says why it is missing.
+TEST(RegionMapTest, ARunNamesWhyItsRegionCouldNotBeMapped) {
+  RefusingDevice device;
+  RegionMap map(&device);
+  const absl::Status refused = map.Map(Spec(3, kPage), MemoryFile(kPage, F_SEAL_SHRINK));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInternal);
+  absl::Status slice = map.Slice({3, 0, 1}).status();
+  EXPECT_EQ(slice.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(slice.message(), HasSubstr("could not be mapped"));
+  EXPECT_THAT(slice.message(), HasSubstr("cudaHostRegister: out of memory"));
+  // A region never asked for, or one whose failure was unmapped since, is only "not mapped".
+  EXPECT_THAT(map.Slice({4, 0, 1}).status().message(), HasSubstr("is not mapped"));
+  EXPECT_EQ(map.Unmap(3).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(map.Slice({3, 0, 1}).status().message(), HasSubstr("is not mapped"));
+  // A file that can shrink is never page-locked: it maps, and the failure is forgotten.
+  ASSERT_TRUE(map.Map(Spec(3, kPage), MemoryFile(kPage, F_SEAL_SHRINK)).code() !=
+              absl::StatusCode::kOk);
+  ASSERT_TRUE(map.Map(Spec(3, kPage), MemoryFile(kPage, 0)).ok());
+  EXPECT_TRUE(map.Slice({3, 0, 1}).ok());
 }
 
 TEST(RegionMapTest, SlicesOutsideTheMappingAreRefused) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "base/status.h"
 #include "gmock/gmock.h"
 #include "grouping/baselines.h"
@@ -136,7 +137,7 @@ class WorkerRegionTest : public ::testing::Test {
           << "the worker ended with status " << wstatus;
     }
     daemon_.reset();
-    std::filesystem::remove_all(dir_);
+    (void)base::RemoveTree(dir_);
   }
 
   // The next event of `type`, skipping heartbeats; its frame is kept in last_.

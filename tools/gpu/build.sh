@@ -81,6 +81,7 @@ cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Re
   -DCUDAToolkit_ROOT="$cuda_root" \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
   -DFLATC="$prefix/usr/bin/flatc" \
+  -DPSWITCH_PYTHON_PACKAGE=OFF \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags \
   -DPSWITCH_PARITY_PYTHON="$(command -v "$python")" 2>&1 | tee "$build/configure.log"
 grep -q 'CUDA backend ON' "$build/configure.log" || die "the CUDA backend is off (see $build/configure.log)"

@@ -92,6 +92,10 @@ void* CudaLeaseAllocator::Allocate(size_t bytes, int device, void* stream) {
   while (ptr == nullptr && Reclaim(stream, /*fence=*/true, give_up)) {
     ptr = blocks_.Take(bytes, limit, &to_clear);
   }
+  // Thrown as c10's caching allocator throws its own out-of-memory errors: cuDNN catches it and
+  // retries with a smaller workspace. Never a null return, which c10 would take as a tensor.
+  TORCH_CHECK_WITH(OutOfMemoryError, ptr != nullptr, "pswitch worker on cuda:", device_ordinal_,
+                   ": ", blocks_.DescribeShortage(bytes, limit));
   if (!to_clear.empty()) {
     // What an earlier owner left here, cleared on the stream the block is allocated for (a
     // task's compute stream): ordered before any kernel of the new owner, microseconds on the
