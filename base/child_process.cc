@@ -17,6 +17,7 @@ extern char** environ;
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -128,30 +129,11 @@ uint64_t ResidentBytes(pid_t pid) {
   return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
-// Kills and reaps a child on every path out of RunBoundedChild that has not reaped it.
-class ChildGuard {
- public:
-  explicit ChildGuard(pid_t pid) : pid_(pid) {}
-  ChildGuard(const ChildGuard&) = delete;
-  ChildGuard& operator=(const ChildGuard&) = delete;
-  ~ChildGuard() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
-  void Forget() { pid_ = -1; }  // the caller reaped it
-
- private:
-  pid_t pid_;
-};
-
 constexpr absl::Duration kSample = absl::Milliseconds(10);
 
 }  // namespace
 
-absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec) {
+absl::StatusOr<BoundedChild> BoundedChild::Start(const BoundedChildSpec& spec) {
   // A memory file rather than a pipe: nothing to drain while waiting, and its size is the bound.
   UniqueFd out(::memfd_create("pswitch-child-stdout",
                               MFD_CLOEXEC | (spec.map_output ? MFD_ALLOW_SEALING : 0)));
@@ -160,29 +142,84 @@ absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec)
                                                   .inherit_fds = spec.inherit_fds,
                                                   .stdout_fd = out.get(),
                                                   .env = spec.env}));
-  ChildGuard child(pid);
-  const absl::Time deadline = absl::Now() + spec.timeout;
+  return BoundedChild(pid, std::move(out));
+}
+
+BoundedChild::BoundedChild(BoundedChild&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)),
+      out_(std::move(other.out_)),
+      exited_(other.exited_),
+      wait_status_(other.wait_status_) {}
+
+BoundedChild::~BoundedChild() { Kill(); }
+
+void BoundedChild::Kill() {
+  if (pid_ <= 0 || exited_) return;
+  ::kill(pid_, SIGKILL);
   int status = 0;
-  while (true) {
-    const pid_t reaped = ::waitpid(pid, &status, WNOHANG);
-    if (reaped < 0 && errno != EINTR) return ErrnoStatus(absl::StrCat("waiting for ", spec.what));
-    if (reaped == pid) break;
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          spec.what, " took longer than ", absl::FormatDuration(spec.timeout), spec.timeout_hint));
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  exited_ = true;
+  wait_status_ = status;
+}
+
+bool BoundedChild::Running() {
+  if (pid_ <= 0 || exited_) return false;
+  int status = 0;
+  pid_t reaped;
+  while ((reaped = ::waitpid(pid_, &status, WNOHANG)) < 0 && errno == EINTR) {
+  }
+  if (reaped == pid_) {
+    exited_ = true;
+    wait_status_ = status;
+  } else if (reaped < 0) {
+    exited_ = true;  // not ours to wait for any more (reaped elsewhere): never used again
+    wait_status_ = 0;
+  }
+  return !exited_;
+}
+
+absl::StatusOr<BoundedChildResult> BoundedChild::Wait(const BoundedChildSpec& spec) {
+  if (pid_ <= 0 || !out_.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat(spec.what, ": no child to wait for"));
+  }
+  const UniqueFd out = std::move(out_);  // once only
+  const absl::Time deadline = absl::Now() + spec.timeout;
+  while (!exited_) {
+    int status = 0;
+    const pid_t reaped = ::waitpid(pid_, &status, WNOHANG);
+    if (reaped < 0 && errno != EINTR) {
+      const absl::Status error = ErrnoStatus(absl::StrCat("waiting for ", spec.what));
+      Kill();
+      return error;
     }
-    if (ResidentBytes(pid) > spec.memory_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          spec.what, " needed more than ", spec.memory_bytes, " bytes of memory", spec.memory_hint));
+    if (reaped == pid_) {
+      exited_ = true;
+      wait_status_ = status;
+      break;
     }
+    absl::Status bound;
     struct stat st {};
-    if (::fstat(out.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) > spec.max_output_bytes) {
-      return absl::ResourceExhaustedError(
+    if (absl::Now() >= deadline) {
+      bound = absl::DeadlineExceededError(absl::StrCat(
+          spec.what, " took longer than ", absl::FormatDuration(spec.timeout), spec.timeout_hint));
+    } else if (ResidentBytes(pid_) > spec.memory_bytes) {
+      bound = absl::ResourceExhaustedError(absl::StrCat(spec.what, " needed more than ",
+                                                        spec.memory_bytes, " bytes of memory",
+                                                        spec.memory_hint));
+    } else if (::fstat(out.get(), &st) == 0 &&
+               static_cast<uint64_t>(st.st_size) > spec.max_output_bytes) {
+      bound = absl::ResourceExhaustedError(
           absl::StrCat(spec.what, " wrote more than ", spec.max_output_bytes, " bytes"));
     }
+    if (!bound.ok()) {
+      Kill();
+      return bound;
+    }
+    if (spec.on_sample) spec.on_sample();
     absl::SleepFor(kSample);
   }
-  child.Forget();
+  const int status = wait_status_;
   BoundedChildResult result;
   result.wait_status = status;
   // Read through our own descriptor (the child's offset is its own), at the size it has now: a
@@ -215,6 +252,11 @@ absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec)
   }
   result.output.resize(done);
   return result;
+}
+
+absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec) {
+  PSWITCH_ASSIGN_OR_RETURN(BoundedChild child, BoundedChild::Start(spec));
+  return child.Wait(spec);
 }
 
 }  // namespace pswitch::base

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/mapped_file.h"
+#include "base/unique_fd.h"
 
 namespace pswitch::base {
 
@@ -53,6 +55,8 @@ struct BoundedChildSpec {
   // Large output: sealed and mapped once the child has exited, not copied (falls back to a copy
   // when something the child left behind holds a mapping of it, or it was sealed already).
   bool map_output = false;
+  // Called at every sample while Wait waits (optional): e.g. to read the child's progress.
+  std::function<void()> on_sample;
 };
 
 struct BoundedChildResult {
@@ -65,9 +69,38 @@ struct BoundedChildResult {
   }
 };
 
-// Runs the child until it exits (any status: the caller judges it) and returns what it wrote to
-// stdout. The child is killed and reaped on every error: ResourceExhausted past the memory bound,
-// DeadlineExceeded past the timeout, ResourceExhausted for output past its bound.
+// A bounded helper started now and held to its bounds once waited for: a standby started ahead
+// of its work (it loads its libraries meanwhile) and given that work later, e.g. on a socket.
+// Destroying it kills and reaps the child if it has not been reaped.
+class BoundedChild {
+ public:
+  // Starts spec.argv (with spec.inherit_fds and spec.env), its stdout a fresh memory file.
+  static absl::StatusOr<BoundedChild> Start(const BoundedChildSpec& spec);
+  BoundedChild(BoundedChild&& other) noexcept;
+  BoundedChild& operator=(BoundedChild&&) = delete;
+  BoundedChild(const BoundedChild&) = delete;
+  ~BoundedChild();
+
+  pid_t pid() const { return pid_; }
+  // False once it has exited (reaped here; Wait then returns how it ended).
+  bool Running();
+  // Runs it until it exits under spec's bounds (memory, output, and the timeout counted from
+  // now) and returns what it wrote to stdout. The child is killed and reaped on every error:
+  // ResourceExhausted past the memory bound, DeadlineExceeded past the timeout,
+  // ResourceExhausted for output past its bound. Once only.
+  absl::StatusOr<BoundedChildResult> Wait(const BoundedChildSpec& spec);
+
+ private:
+  BoundedChild(pid_t pid, UniqueFd out) : pid_(pid), out_(std::move(out)) {}
+  void Kill();
+
+  pid_t pid_ = -1;  // -1: reaped, or moved from
+  UniqueFd out_;
+  bool exited_ = false;
+  int wait_status_ = 0;
+};
+
+// Starts the child and waits for it (BoundedChild::Start, then Wait).
 absl::StatusOr<BoundedChildResult> RunBoundedChild(const BoundedChildSpec& spec);
 
 }  // namespace pswitch::base

@@ -438,11 +438,14 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
   struct PhaseSink {
     absl::Mutex mu;
     std::function<void(const std::string&, absl::Duration)> fn ABSL_GUARDED_BY(mu);
+    std::function<void(const std::string&, absl::Duration, const std::string&)> detail
+        ABSL_GUARDED_BY(mu);
   };
   auto sink = std::make_shared<PhaseSink>();
   {
     absl::MutexLock lock(&sink->mu);
     sink->fn = options.on_phase;
+    sink->detail = options.on_phase_progress;
   }
   absl::StatusOr<RegisteredModel> registered = CallAndAwait<RegisteredModel>(
       *connection_, options_.timeout, "register",
@@ -453,7 +456,9 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             b.CreateString(options.plan.empty() ? "auto" : options.plan),
             b.CreateString(options.archive_path),
             options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers),
-            options.on_phase != nullptr, options.dtype.empty() ? 0 : b.CreateString(options.dtype));
+            options.on_phase != nullptr || options.on_phase_progress != nullptr,
+            options.dtype.empty() ? 0 : b.CreateString(options.dtype),
+            options.on_phase_progress != nullptr);
         auto roles = files.Roles(b);
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                                     body.Union(), 0, roles));
@@ -474,15 +479,23 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
       files.fds(),
       [sink](const ControllerReply* reply) {
         if (reply->body_type() != ControllerReplyBody::RegistrationProgress) return false;
-        const proto::RegistrationPhase* p = reply->body_as_RegistrationProgress()->phase();
+        const proto::RegistrationProgress* progress = reply->body_as_RegistrationProgress();
+        const proto::RegistrationPhase* p = progress->phase();
+        if (p == nullptr) return true;
+        const std::string name = p->name() ? p->name()->str() : "";
         absl::MutexLock lock(&sink->mu);
-        if (sink->fn != nullptr && p != nullptr) {
-          sink->fn(p->name() ? p->name()->str() : "", absl::Microseconds(p->us()));
+        if (progress->detail() != nullptr && progress->detail()->size() > 0) {
+          if (sink->detail != nullptr) {
+            sink->detail(name, absl::Microseconds(p->us()), progress->detail()->str());
+          }
+        } else if (sink->fn != nullptr) {
+          sink->fn(name, absl::Microseconds(p->us()));
         }
         return true;
       });
   absl::MutexLock lock(&sink->mu);
   sink->fn = nullptr;
+  sink->detail = nullptr;
   return registered;
 }
 

@@ -80,6 +80,10 @@ struct RegisterOptions {
   // Set: told each phase (read, inspect, profile, plan, pin, load) as it ends, on the client's
   // reader thread, before Register returns (a progress line; keep it short).
   std::function<void(const std::string& phase, absl::Duration took)> on_phase;
+  // Set: told while a long phase runs how far it has come ("inspect", 1.2 s so far, "profiling:
+  // run 2 of 4"), on the same thread; on_phase still tells its end.
+  std::function<void(const std::string& phase, absl::Duration so_far, const std::string& detail)>
+      on_phase_progress;
 };
 
 struct RegisteredModel {

@@ -103,7 +103,7 @@ uint64_t Controller::Track(const std::string& name, const std::string& owner) {
   const uint64_t token = ++next_token_;
   // A name already tracked is being registered: this registration will be refused, and the
   // first one's entry stays.
-  in_progress_.try_emplace(name, Tracked{token, owner, {}, false});
+  in_progress_.try_emplace(name, Tracked{token, owner, {}, {}, false});
   return token;
 }
 
@@ -112,7 +112,12 @@ void Controller::Note(const std::string& name, uint64_t token,
   absl::MutexLock lock(&progress_mu_);
   auto it = in_progress_.find(name);
   if (it == in_progress_.end() || it->second.token != token) return;
-  if (ended != nullptr) it->second.phases.push_back(*ended);
+  if (ended != nullptr && ended->running()) {
+    it->second.running = *ended;
+  } else if (ended != nullptr) {
+    it->second.phases.push_back(*ended);
+    it->second.running = {};
+  }
   it->second.loading |= loading;
 }
 
@@ -127,7 +132,11 @@ std::vector<Controller::InProgress> Controller::RegistrationsInProgress() const 
   std::vector<InProgress> out;
   for (const auto& [name, t] : in_progress_) {
     std::string reason = t.loading ? "loading on the workers" : "registering";
-    if (!t.phases.empty()) absl::StrAppend(&reason, " (", registry::FormatPhases(t.phases), ")");
+    std::string done = registry::FormatPhases(t.phases);
+    if (t.running.running()) {
+      absl::StrAppend(&done, done.empty() ? "" : "; ", t.running.name, ": ", t.running.detail);
+    }
+    if (!done.empty()) absl::StrAppend(&reason, " (", done, ")");
     out.push_back(InProgress{name, t.owner, std::move(reason)});
   }
   return out;

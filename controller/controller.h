@@ -76,7 +76,9 @@ class Controller {
   struct InProgress {
     std::string name;
     std::string owner;   // registry::ModelRequest::owner (empty: every principal sees it)
-    std::string reason;  // what it has done so far: "registering (read 0.00 s, inspect 1.30 s)"
+    // What it has done so far: "registering (read 0.00 s, inspect 1.30 s)", and how far the
+    // running phase has come: "registering (read 0.00 s; inspect: profiling: run 2 of 4)".
+    std::string reason;
   };
   std::vector<InProgress> RegistrationsInProgress() const;
   // Registers `name`, a copy of registered model `original` owned by `owner`
@@ -138,6 +140,7 @@ class Controller {
     uint64_t token = 0;
     std::string owner;
     std::vector<registry::RegistrationPhase> phases;  // ended so far
+    registry::RegistrationPhase running;              // how far the running one has come
     bool loading = false;                             // the workers are loading it
   };
   mutable absl::Mutex progress_mu_;

@@ -547,18 +547,22 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
                                                         registered.Union()));
           self->PostAwaitedReply(Bytes(b));
         },
-        wire.progress() ? ProgressReplies(id) : registry::PhaseObserver());
+        wire.progress() ? ProgressReplies(id, wire.progress_detail()) : registry::PhaseObserver());
   }
 
   // Each phase of registration `id` as it ends, as a RegistrationProgress reply (posted in
   // order, before the final one).
-  registry::PhaseObserver ProgressReplies(uint64_t id) {
-    return [self = shared_from_this(), id](const registry::RegistrationPhase& phase) {
+  // With `detail`, also how far a running phase has come (a client that did not ask would take
+  // it for the phase's end).
+  registry::PhaseObserver ProgressReplies(uint64_t id, bool detail) {
+    return [self = shared_from_this(), id, detail](const registry::RegistrationPhase& phase) {
+      if (phase.running() && !detail) return;
       Builder b;
       auto wire = proto::CreateRegistrationPhase(
           b, b.CreateString(phase.name),
           static_cast<uint64_t>(absl::ToInt64Microseconds(phase.took)));
-      auto body = proto::CreateRegistrationProgress(b, wire);
+      auto body = proto::CreateRegistrationProgress(
+          b, wire, phase.running() ? b.CreateString(phase.detail) : 0);
       proto::Finish(b, proto::CreateControllerReply(
                            b, id, ControllerReplyBody::RegistrationProgress, body.Union()));
       self->PostReply(Bytes(b));

@@ -168,6 +168,7 @@ absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
         }
         backward_samples.push_back(Seconds(end - forward_end));
       }
+      if (options.on_run) options.on_run(run + 1, total);
       if (options.progress) {
         options.progress(
             absl::StrFormat("%s: %s run %d/%d (%s) %.3f s, %.1f s elapsed", model.model_name(),

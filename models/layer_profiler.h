@@ -37,6 +37,8 @@ struct ProfileOptions {
   uint64_t seed = 0;
   // Called with one line of progress per run; may be empty.
   std::function<void(const std::string&)> progress;
+  // Called after each run with the runs done and in all (warm-ups included); may be empty.
+  std::function<void(int done, int total)> on_run;
 };
 
 // The grouping search's own profile (model, link, overheads, executed layers in execution

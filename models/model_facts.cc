@@ -283,4 +283,18 @@ absl::Status DecodeRefusal(absl::string_view text, absl::string_view origin,
   return absl::Status(static_cast<absl::StatusCode>(code->get<uint64_t>()), text_out);
 }
 
+std::string DescribeInspectionProgress(const InspectionProgress& progress) {
+  switch (progress.step) {
+    case InspectionStep::kBuild:
+      return "building the model";
+    case InspectionStep::kCheckpoint:
+      return "applying the checkpoint";
+    case InspectionStep::kLayers:
+      return "recording its layers";
+    case InspectionStep::kProfile:
+      return absl::StrCat("profiling: run ", progress.done, " of ", progress.total);
+  }
+  return "inspecting";
+}
+
 }  // namespace pswitch::models

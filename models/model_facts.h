@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,6 +66,17 @@ struct AutoPlanProfile {
   double bandwidth_bytes_per_s = 12e9;
 };
 
+// How far an inspection has come, for a registration's progress ("profiling: run 2 of 4").
+// Steps are a closed set: a child's report of one is checked, never shown as the child wrote it.
+enum class InspectionStep : uint8_t { kBuild = 1, kCheckpoint, kLayers, kProfile };
+struct InspectionProgress {
+  InspectionStep step = InspectionStep::kBuild;
+  uint32_t done = 0;   // kProfile: runs done
+  uint32_t total = 0;  // kProfile: runs in all; 0 for a step without a count
+};
+// "building the model", "profiling: run 2 of 4".
+std::string DescribeInspectionProgress(const InspectionProgress& progress);
+
 // What one inspection of a model being registered is asked. The descriptors are borrowed: an
 // inspector reads them (a child inherits them) and never closes them.
 struct InspectionRequest {
@@ -78,6 +90,9 @@ struct InspectionRequest {
   std::string dtype;
   uint32_t profile_batch = 0;  // > 0: profile at this batch too (ModelFacts::profile_json)
   uint64_t max_facts_bytes = 0;
+  // Told as the inspection advances (optional; not sent to a child, whose reports come back to
+  // the inspector that asked). On the inspecting thread.
+  std::function<void(const InspectionProgress&)> on_progress;
 };
 
 // Limits a decoded file is held to (beyond SafetensorsLimits').

@@ -64,8 +64,8 @@ absl::StatusOr<UniqueFd> Borrow(int fd, const std::string& what) {
 
 // The layer profile of `model` at `batch` on `target.device` (layer times do not depend on the
 // weights), as profile JSON. The model moves to that device.
-absl::StatusOr<std::string> Profile(ZooModel& model, uint32_t batch,
-                                    const AutoPlanProfile& target) {
+absl::StatusOr<std::string> Profile(ZooModel& model, uint32_t batch, const AutoPlanProfile& target,
+                                    const std::function<void(const InspectionProgress&)>& told) {
   absl::StatusOr<c10::Device> device = ResolveDevice(target.device);
   absl::Status moved = device.status();
   if (moved.ok()) moved = CatchTorch("moving the model", [&] { model.to(*device); });
@@ -82,6 +82,11 @@ absl::StatusOr<std::string> Profile(ZooModel& model, uint32_t batch,
   options.measured_runs = 3;
   options.bandwidth_cap_bytes_per_s = target.bandwidth_bytes_per_s;
   options.measured_bandwidth_bytes_per_s = target.bandwidth_bytes_per_s;
+  if (told) {
+    options.on_run = [&told](int done, int total) {
+      told({InspectionStep::kProfile, static_cast<uint32_t>(done), static_cast<uint32_t>(total)});
+    };
+  }
   PSWITCH_ASSIGN_OR_RETURN(ModelProfile profile, ProfileModel(model, *device, options));
   return ProfileToJson(profile).dump();
 }
@@ -158,6 +163,10 @@ absl::StatusOr<ModelFacts> InspectModel(ZooModel& model, uint32_t example_batch)
 
 absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
                                    const AutoPlanProfile& profile) {
+  auto told = [&request](InspectionStep step) {
+    if (request.on_progress) request.on_progress({step});
+  };
+  told(InspectionStep::kBuild);
   ModelSource source{request.zoo, nullptr, request.name};
   if (request.zoo.empty()) {
     if (request.archive_fd < 0) {
@@ -189,6 +198,7 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
     }
   }
   if (request.weights_fd >= 0) {
+    told(InspectionStep::kCheckpoint);
     PSWITCH_ASSIGN_OR_RETURN(UniqueFd weights_fd,
                              Borrow(request.weights_fd, "the weights checkpoint"));
     // Mapped, not read: the checkpoint's bytes go once, into the model's tensors.
@@ -213,6 +223,7 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
   // A CPU profile's warm-up is the inspection's own forward pass, at the profile's batch; a GPU
   // profile warms up there, and the CPU pass stays at batch 1.
   const bool cpu_profile = profile.device == "cpu";
+  told(InspectionStep::kLayers);
   absl::StatusOr<ModelFacts> inspected = InspectModel(*model, batch > 0 && cpu_profile ? batch : 1);
   if (!inspected.ok() && dtype.has_value() && *dtype != ModelDType::kFloat32 &&
       absl::IsInternal(inspected.status())) {
@@ -228,7 +239,7 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
     // The facts hold their own copies of the weights: moving the model to the device for the
     // profile leaves them as they were collected.
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::string> measured = Profile(*model, batch, profile);
+    absl::StatusOr<std::string> measured = Profile(*model, batch, profile, request.on_progress);
     facts.profile_us = static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start));
     // A GPU profile's blocks go back to the device once the model that holds them is gone (an
     // inspector in a long-lived process keeps nothing cached).
@@ -237,6 +248,14 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
     PSWITCH_ASSIGN_OR_RETURN(facts.profile_json, std::move(measured));
   }
   return facts;
+}
+
+absl::Status PrepareInspection(const AutoPlanProfile& profile) {
+  if (profile.device == "cpu" || profile.device.empty()) return absl::OkStatus();
+  PSWITCH_ASSIGN_OR_RETURN(const c10::Device device, ResolveDevice(profile.device));
+  // One small tensor creates the context and the allocator's first block.
+  return CatchTorch(absl::StrCat("preparing ", profile.device, " for profiles"),
+                    [&] { (void)at::zeros({1}, at::TensorOptions().device(device)); });
 }
 
 std::function<absl::StatusOr<ModelFacts>(const InspectionRequest&)> InspectInProcess(

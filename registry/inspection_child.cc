@@ -1,13 +1,17 @@
 #include "registry/inspection_child.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include <vector>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/child_process.h"
+#include "base/log.h"
 #include "base/status.h"
+#include "base/unique_fd.h"
+#include "models/inspection_wire.h"
 
 namespace pswitch::registry {
 namespace {
@@ -24,46 +28,111 @@ uint64_t FileBytes(int fd) {
 
 absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& options,
                                                   const InspectionRequest& request) {
+  InspectionChildOptions once = options;
+  once.standby = false;
+  return Inspector(std::move(once)).Inspect(request);
+}
+
+struct Inspector::Child {
+  base::BoundedChild process;
+  UniqueFd requests;  // our end of the child's request socket
+};
+
+Inspector::Inspector(InspectionChildOptions options) : options_(std::move(options)) { Replenish(); }
+
+Inspector::~Inspector() = default;
+
+uint64_t Inspector::standby_used() const {
+  absl::MutexLock lock(&mu_);
+  return standby_used_;
+}
+
+pid_t Inspector::standby_pid() const {
+  absl::MutexLock lock(&mu_);
+  return standby_ != nullptr ? standby_->process.pid() : 0;
+}
+
+absl::StatusOr<std::unique_ptr<Inspector::Child>> Inspector::StartChild() const {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    return ErrnoStatus("socketpair for an inspector");
+  }
+  UniqueFd ours(pair[0]);
+  const UniqueFd theirs(pair[1]);  // the child's once started; closed here after
+  PSWITCH_ASSIGN_OR_RETURN(
+      base::BoundedChild process,
+      base::BoundedChild::Start(
+          {.argv = {options_.binary, absl::StrCat("--inspect_request_fd=", theirs.get()),
+                    absl::StrCat("--profile_device=", options_.auto_plan.device),
+                    absl::StrCat("--profile_bandwidth=", options_.auto_plan.bandwidth_bytes_per_s)},
+           .inherit_fds = {theirs.get()},
+           .env = base::CpuThreadsEnv(options_.cpu_threads),
+           // The facts hold the weights: decoded where the child wrote them, not copied.
+           .map_output = true}));
+  return std::make_unique<Child>(Child{std::move(process), std::move(ours)});
+}
+
+absl::StatusOr<std::unique_ptr<Inspector::Child>> Inspector::TakeChild() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (standby_ != nullptr && standby_->process.Running()) {
+      ++standby_used_;
+      return std::move(standby_);
+    }
+    standby_.reset();  // died while it waited (reaped): a fresh one below
+  }
+  return StartChild();
+}
+
+void Inspector::Replenish() {
+  if (!options_.standby) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (standby_ != nullptr) return;
+  }
+  absl::StatusOr<std::unique_ptr<Child>> child = StartChild();
+  if (!child.ok()) {
+    // The next inspection starts its own and reports why it cannot.
+    base::Log(base::LogLevel::kWarn, "inspector_standby_failed").Field("error", child.status());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (standby_ == nullptr) standby_ = std::move(*child);
+}
+
+absl::StatusOr<models::ModelFacts> Inspector::Inspect(const InspectionRequest& request) {
   const std::string what =
       request.zoo.empty() ? absl::StrCat("checking the archive of '", request.name, "'")
                           : absl::StrCat("inspecting '", request.name, "' (", request.zoo, ")");
-  std::vector<std::string> argv = {options.binary, absl::StrCat("--inspect_name=", request.name)};
-  if (request.zoo.empty()) {
-    argv.push_back(absl::StrCat("--inspect_archive_fd=", request.archive_fd));
-  } else {
-    argv.push_back(absl::StrCat("--inspect_zoo=", request.zoo));
-  }
-  if (!request.dtype.empty()) argv.push_back(absl::StrCat("--inspect_dtype=", request.dtype));
-  if (request.weights_fd >= 0) {
-    argv.push_back(absl::StrCat("--inspect_weights_fd=", request.weights_fd));
-    argv.push_back(absl::StrCat("--inspect_weights_name=", request.weights_name));
-  }
-  if (request.profile_batch > 0) {
-    argv.push_back(absl::StrCat("--inspect_profile_batch=", request.profile_batch));
-    argv.push_back(absl::StrCat("--profile_device=", options.auto_plan.device));
-    argv.push_back(absl::StrCat("--profile_bandwidth=", options.auto_plan.bandwidth_bytes_per_s));
-  }
   const std::string profiling =
       request.profile_batch > 0 ? "; register with a find-grouping plan, or a smaller batch" : "";
-  PSWITCH_ASSIGN_OR_RETURN(
-      base::BoundedChildResult run,
-      base::RunBoundedChild(
-          {.argv = std::move(argv),
-           .inherit_fds = {request.archive_fd, request.weights_fd},
-           .env = base::CpuThreadsEnv(options.cpu_threads),
-           .memory_bytes = options.memory_bytes + 4 * FileBytes(request.archive_fd) +
-                           FileBytes(request.weights_fd),
-           .timeout = options.timeout,
-           .max_output_bytes = request.max_facts_bytes,
-           .what = what,
-           .memory_hint = absl::StrCat(request.zoo.empty()
-                                           ? " (--profile-memory-bytes plus four times the "
+  base::BoundedChildSpec bounds{
+      .memory_bytes =
+          options_.memory_bytes + 4 * FileBytes(request.archive_fd) + FileBytes(request.weights_fd),
+      .timeout = options_.timeout,
+      .max_output_bytes = request.max_facts_bytes,
+      .what = what,
+      .memory_hint =
+          absl::StrCat(request.zoo.empty() ? " (--profile-memory-bytes plus four times the "
                                              "archive's size and the checkpoint's)"
                                            : " (--profile-memory-bytes plus the checkpoint's size)",
-                                       profiling),
-           .timeout_hint = absl::StrCat(" (--profile-timeout-s)", profiling),
-           // The facts hold the weights: decoded where the child wrote them, not copied.
-           .map_output = true}));
+                       profiling),
+      .timeout_hint = absl::StrCat(" (--profile-timeout-s)", profiling),
+      .map_output = true};
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<Child> child, TakeChild());
+  const absl::Status sent = models::SendInspectionRequest(child->requests.get(), request);
+  // A child that has gone already (FailedPrecondition) is judged below by how it ended.
+  if (!sent.ok() && !absl::IsFailedPrecondition(sent)) {
+    return absl::Status(sent.code(), absl::StrCat(what, ": sending the request: ", sent.message()));
+  }
+  // Its reports come back on the same socket while it works: read at every sample.
+  bounds.on_sample = [fd = child->requests.get(), &request] {
+    models::DrainInspectionProgress(fd, request.on_progress);
+  };
+  absl::StatusOr<base::BoundedChildResult> waited = child->process.Wait(bounds);
+  child.reset();
+  Replenish();  // after this inspection, not beside it: the two would share the cores
+  PSWITCH_ASSIGN_OR_RETURN(base::BoundedChildResult run, std::move(waited));
   if (WIFEXITED(run.wait_status) && WEXITSTATUS(run.wait_status) == kRefused) {
     return models::DecodeRefusal(run.bytes(), what);
   }

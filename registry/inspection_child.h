@@ -9,13 +9,23 @@
 //   spend in its own process (a batch-64 profile once took 26 s and +522 MiB of pswitchd's).
 // pswitchd never builds a model to register it. Every registration is held to the child's
 // bounds (--profile-memory-bytes, --profile-timeout-s), whatever its plan.
+//
+// An Inspector keeps one child started ahead (a standby): it has exec'd, loaded libtorch and
+// created the profile device's context before a registration comes, and then inspects that one
+// registration's model and exits. One process per registration still: nothing a model did in
+// one inspection is there for the next. The next standby starts once an inspection ends.
 #ifndef PSWITCH_REGISTRY_INSPECTION_CHILD_H_
 #define PSWITCH_REGISTRY_INSPECTION_CHILD_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "models/model_facts.h"
 
@@ -34,6 +44,8 @@ struct InspectionChildOptions {
   // Its compute libraries' threads (base::CpuThreadsEnv), the workers' count so its profile
   // measures what they will do; 0: all cores.
   int cpu_threads = 0;
+  // Keep a standby child (pswitchd's --inspector-standby). Off: each inspection starts its own.
+  bool standby = true;
 };
 
 using models::InspectionRequest;
@@ -45,6 +57,35 @@ using models::InspectionRequest;
 // Internal for a zoo model's build that crashed it.
 absl::StatusOr<models::ModelFacts> InspectInChild(const InspectionChildOptions& options,
                                                   const InspectionRequest& request);
+
+// Inspections in children, one kept started ahead when options.standby. Thread-safe: concurrent
+// registrations each get a child (one the standby, the others started for them).
+class Inspector {
+ public:
+  explicit Inspector(InspectionChildOptions options);
+  ~Inspector();  // the standby, if any, is killed and reaped
+  Inspector(const Inspector&) = delete;
+  Inspector& operator=(const Inspector&) = delete;
+
+  // As InspectInChild. Bounds count from the request: a standby's idle time is not its own.
+  absl::StatusOr<models::ModelFacts> Inspect(const InspectionRequest& request);
+  // Inspections that found a standby ready (logs, tests).
+  uint64_t standby_used() const;
+  // The standby's pid; 0 when there is none (tests).
+  pid_t standby_pid() const;
+
+ private:
+  struct Child;
+  absl::StatusOr<std::unique_ptr<Child>> StartChild() const;
+  // The standby if it is still alive, else a child started now.
+  absl::StatusOr<std::unique_ptr<Child>> TakeChild();
+  void Replenish();
+
+  const InspectionChildOptions options_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Child> standby_ ABSL_GUARDED_BY(mu_);
+  uint64_t standby_used_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace pswitch::registry
 

@@ -1,6 +1,8 @@
 #include "registry/inspection_child.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -28,7 +30,7 @@ class FakeInspector {
     std::ofstream(path_) << "#!/bin/sh\n" << body << "\n";
     ::chmod(path_.c_str(), 0700);
   }
-  ~FakeInspector() { std::filesystem::remove_all(dir_); }
+  ~FakeInspector() { (void)base::RemoveTree(dir_); }
   InspectionChildOptions Options() const {
     InspectionChildOptions options;
     options.binary = path_;
@@ -183,10 +185,83 @@ TEST(InspectInChildTest, ACrashHangOrGarbleInTheCheckerIsARefusalNotACrash) {
   options.timeout = absl::Milliseconds(300);
   EXPECT_EQ(Inspect(options, fd).status().code(), absl::StatusCode::kDeadlineExceeded);
   // Closing stdout and living on does not hold the registration past the timeout.
-  FakeInspector lingers("exec 1>&-; sleep 60");
+  FakeInspector lingers("exec 1>&-; exec sleep 60");
   options = lingers.Options();
   options.timeout = absl::Milliseconds(300);
   EXPECT_EQ(Inspect(options, fd).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// Issue 28: the next registration's child is started ahead, and it is still one child per
+// registration: each inspection takes the standby and another is started after it.
+TEST(InspectorTest, EachInspectionTakesTheStandbyAndAFreshOneReplacesIt) {
+  {
+    Inspector inspector(RealInspector());
+    const pid_t first = inspector.standby_pid();
+    ASSERT_GT(first, 0);
+    auto facts = inspector.Inspect(
+        {.name = "m", .zoo = "tiny_cnn", .profile_batch = 2, .max_facts_bytes = 64 << 20});
+    ASSERT_TRUE(facts.ok()) << facts.status();
+    auto model = models::CreateModel("tiny_cnn");
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto here = models::InspectModel(**model);
+    ASSERT_TRUE(here.ok()) << here.status();
+    ExpectSameFacts(*facts, *here);
+    EXPECT_FALSE(facts->profile_json.empty());
+    EXPECT_EQ(inspector.standby_used(), 1u);
+    const pid_t second = inspector.standby_pid();
+    ASSERT_GT(second, 0);
+    EXPECT_NE(second, first) << "a child inspects one registration only";
+    EXPECT_NE(::kill(first, 0), 0) << "the used child has exited and been reaped";
+    UniqueFd fd = ArchiveFile("residual_cnn.pswitch.pt");
+    auto archive =
+        inspector.Inspect({.name = "a", .archive_fd = fd.get(), .max_facts_bytes = 64 << 20});
+    ASSERT_TRUE(archive.ok()) << archive.status();
+    EXPECT_EQ(inspector.standby_used(), 2u);
+    // A refusal comes back from a standby as from a child started for it.
+    auto unknown =
+        inspector.Inspect({.name = "m", .zoo = "no_such_model", .max_facts_bytes = 64 << 20});
+    EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+    EXPECT_EQ(inspector.standby_used(), 3u);
+  }
+  // The last standby went with its Inspector: nothing is left to reap.
+  int status = 0;
+  EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
+}
+
+TEST(InspectorTest, AStandbyThatDiedWhileWaitingIsReplacedNotUsed) {
+  Inspector inspector(RealInspector());
+  const pid_t standby = inspector.standby_pid();
+  ASSERT_GT(standby, 0);
+  ASSERT_EQ(::kill(standby, SIGKILL), 0);
+  // Dead (a zombie until the Inspector reaps it) before the inspection looks at it.
+  auto state = [standby] {
+    std::ifstream stat("/proc/" + std::to_string(standby) + "/stat");
+    std::string pid, comm, state;
+    stat >> pid >> comm >> state;
+    return state;
+  };
+  for (int i = 0; i < 400 && state() != "Z"; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(state(), "Z");
+  auto facts = inspector.Inspect({.name = "m", .zoo = "tiny_mlp", .max_facts_bytes = 64 << 20});
+  ASSERT_TRUE(facts.ok()) << facts.status();
+  EXPECT_EQ(inspector.standby_used(), 0u);
+}
+
+// A standby waits as long as it must; the inspection's time bound starts with its request.
+TEST(InspectorTest, TheTimeBoundCountsFromTheRequestNotFromTheStandbysStart) {
+  // Answers (garbage) as soon as its request comes, not before.
+  FakeInspector answers(
+      "eval \"dd bs=65536 count=1 <&${1#--inspect_request_fd=}\" >/dev/null 2>&1; "
+      "echo 'not facts'");
+  InspectionChildOptions options = answers.Options();
+  options.timeout = absl::Seconds(2);
+  Inspector inspector(options);
+  absl::SleepFor(absl::Seconds(2.5));
+  UniqueFd fd = ArchiveFile("residual_cnn.pswitch.pt");
+  auto facts = inspector.Inspect({.name = "m", .archive_fd = fd.get(), .max_facts_bytes = 1 << 20});
+  EXPECT_EQ(facts.status().code(), absl::StatusCode::kInvalidArgument) << facts.status();
+  EXPECT_EQ(inspector.standby_used(), 1u);
 }
 
 }  // namespace

@@ -100,7 +100,10 @@ using EntryRef = std::shared_ptr<const CatalogEntry>;
 // (every worker built and bound it, warm-ups included).
 struct RegistrationPhase {
   std::string name;
-  absl::Duration took;
+  absl::Duration took;  // a running phase's: so far
+  // Empty once the phase has ended; while it runs, how far it has come ("profiling: run 2 of 4").
+  std::string detail;
+  bool running() const { return !detail.empty(); }
 };
 
 }  // namespace pswitch::registry

@@ -18,6 +18,13 @@ void PhaseClock::End(absl::string_view phase) {
   since_ns_ = now;
 }
 
+void PhaseClock::Progress(absl::string_view phase, std::string detail) {
+  if (!observer_ || detail.empty()) return;
+  observer_(RegistrationPhase{std::string(phase),
+                              absl::Nanoseconds(base::MonotonicNowNs() - since_ns_),
+                              std::move(detail)});
+}
+
 void PhaseClock::EndSplit(absl::string_view first, absl::string_view second,
                           absl::Duration second_took) {
   const int64_t now = base::MonotonicNowNs();

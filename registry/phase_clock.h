@@ -15,7 +15,8 @@
 namespace pswitch::registry {
 
 // Not thread-safe: one registration's, on the thread running it.
-// Told each phase as it ends (a client's progress line, the repository index's reason).
+// Told each phase as it ends (a client's progress line, the repository index's reason), and
+// while a long one runs, how far it has come (RegistrationPhase::running()).
 using PhaseObserver = std::function<void(const RegistrationPhase&)>;
 
 class PhaseClock {
@@ -24,6 +25,9 @@ class PhaseClock {
 
   // Ends the phase that ran since the previous End (or construction) as `phase`.
   void End(absl::string_view phase);
+  // Tells the observer how far the phase running now, `phase`, has come (`detail`, non-empty).
+  // Nothing is recorded or logged: the phase's end is.
+  void Progress(absl::string_view phase, std::string detail);
   // Ends it as two phases, `first` then `second`, where `second` took `second_took` of it (as
   // another process measured it: the inspection child's profile).
   void EndSplit(absl::string_view first, absl::string_view second, absl::Duration second_took);

@@ -178,7 +178,7 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
   }
   clock.End("read");
   const bool profile = request.plan == "auto";
-  const InspectionRequest inspection{
+  InspectionRequest inspection{
       .name = request.name,
       .zoo = archive_fd != nullptr ? "" : request.zoo_model,
       .archive_fd = archive_fd != nullptr ? archive_fd->get() : -1,
@@ -187,6 +187,10 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
       .dtype = request.dtype,
       .profile_batch = profile ? request.batch_size : 0,
       .max_facts_bytes = max_archive_bytes};
+  // The inspection's steps and profile runs, as the "inspect" phase's progress.
+  inspection.on_progress = [&clock](const models::InspectionProgress& p) {
+    clock.Progress("inspect", models::DescribeInspectionProgress(p));
+  };
   PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, inspector_(inspection));
   if (profile) {
     clock.EndSplit("inspect", "profile", absl::Microseconds(facts.profile_us));

@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/files.h"
 #include "client/client.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
@@ -986,7 +987,7 @@ TEST(HttpRepositoryE2eTest, IndexAndLoadFollowTritonsRepositoryExtension) {
   ASSERT_EQ(with_config->status, 200) << with_config->body;
   index = http.Post("/v2/repository/index", bob, R"({"ready": true})", "application/json");
   EXPECT_EQ(Body(index).size(), 2u) << index->body;
-  std::filesystem::remove_all(repo);
+  (void)base::RemoveTree(repo);
 }
 
 // Issue 28: a model being registered is in the index as LOADING, its reason what it has done so
@@ -1031,17 +1032,20 @@ TEST(HttpRepositoryE2eTest, TheIndexShowsARegistrationUnderWayAsLoadingWithItsPh
   load.join();
   ASSERT_FALSE(reasons.empty()) << "never seen loading";
   // What it has done so far, phase by phase: some reason names a finished phase.
-  bool named_a_phase = false;
+  bool named_a_phase = false, named_a_step = false;
   for (const std::string& r : reasons) {
     EXPECT_TRUE(absl::StartsWith(r, "registering") || absl::StartsWith(r, "loading on the workers"))
         << r;
     named_a_phase |= absl::StrContains(r, "inspect ");
+    // And how far the running inspection had come: "registering (read 0.00 s; inspect: ...)".
+    named_a_step |= absl::StrContains(r, "inspect: ");
   }
   EXPECT_TRUE(named_a_phase) << absl::StrJoin(reasons, " | ");
+  EXPECT_TRUE(named_a_step) << absl::StrJoin(reasons, " | ");
   auto index = http.Post("/v2/repository/index", "", "application/json");
   EXPECT_EQ(Body(index), json::parse(R"([{"name": "r18", "version": "1", "state": "READY",
                                           "reason": ""}])"));
-  std::filesystem::remove_all(repo);
+  (void)base::RemoveTree(repo);
 }
 
 // A sample's value in a scrape ("name" or "name{labels}"); NaN when absent.

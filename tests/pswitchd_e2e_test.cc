@@ -18,6 +18,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -50,6 +51,14 @@ class Daemon : public e2e::TestDaemon {
 };
 
 // Live (not zombie) children of `parent`, whichever of its threads forked them.
+// Whether `pid` is pswitchd's standby inspector (registry::Inspector), not a worker.
+bool IsInspector(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return cmdline.find("--inspect_request_fd=") != std::string::npos;
+}
+
+// Every live child of `parent` (its workers and its standby inspector).
 std::vector<pid_t> Children(pid_t parent) {
   std::vector<pid_t> out;
   for (auto& entry : std::filesystem::directory_iterator("/proc")) {
@@ -65,6 +74,15 @@ std::vector<pid_t> Children(pid_t parent) {
         state != 'Z') {
       out.push_back(std::stoi(name));
     }
+  }
+  return out;
+}
+
+// `parent`'s workers: its children less the standby inspector.
+std::vector<pid_t> Workers(pid_t parent) {
+  std::vector<pid_t> out;
+  for (pid_t child : Children(parent)) {
+    if (!IsInspector(child)) out.push_back(child);
   }
   return out;
 }
@@ -303,8 +321,9 @@ TEST_F(PswitchdTest, SigtermAnswersEveryTaskReapsTheWorkersAndExitsCleanly) {
   }
   ASSERT_TRUE(started) << daemon_->log();
   const pid_t daemon_pid = daemon_->pid();
-  std::vector<pid_t> workers = Children(daemon_pid);
-  ASSERT_EQ(workers.size(), 3u);
+  std::vector<pid_t> children = Children(daemon_pid);
+  ASSERT_EQ(Workers(daemon_pid).size(), 3u);
+  ASSERT_EQ(children.size(), 4u) << "three workers and the standby inspector";
 
   const absl::Time before = absl::Now();
   const int status = daemon_->Terminate();
@@ -318,9 +337,10 @@ TEST_F(PswitchdTest, SigtermAnswersEveryTaskReapsTheWorkersAndExitsCleanly) {
     EXPECT_EQ(answer.status().code(), absl::StatusCode::kCancelled) << answer.status();
     EXPECT_THAT(std::string(answer.status().message()), HasSubstr("shutting down"));
   }
-  // No orphans: every worker was reaped by the daemon, none re-parented and left running.
-  for (pid_t w : workers) {
-    EXPECT_EQ(::kill(w, 0), -1) << "worker " << w << " outlived the daemon";
+  // No orphans: every worker and the inspector were reaped by the daemon, none re-parented and
+  // left running.
+  for (pid_t child : children) {
+    EXPECT_EQ(::kill(child, 0), -1) << "child " << child << " outlived the daemon";
     EXPECT_EQ(errno, ESRCH);
   }
 }
@@ -364,9 +384,25 @@ TEST(PswitchdStartTest, WorkersThatCannotStartFailTasksAndAreRetriedWithBackoff)
 // each as it ends, in the order they ran; loading into the workers is the last.
 TEST_F(PswitchdTest, ARegistrationReportsItsPhasesToTheClientAndTheLog) {
   const absl::Time start = absl::Now();
-  auto r = client_->Register({"phased", "tiny_cnn", "", 2, "auto"});
+  client::RegisterOptions options{"phased", "tiny_cnn", "", 2, "auto"};
+  // And while the inspection runs, each step and profile run as the child reaches it.
+  std::vector<std::string> details;
+  absl::Duration last_so_far;
+  options.on_phase_progress = [&](const std::string& phase, absl::Duration so_far,
+                                  const std::string& detail) {
+    EXPECT_EQ(phase, "inspect");
+    EXPECT_GE(so_far, last_so_far);
+    last_so_far = so_far;
+    details.push_back(detail);
+  };
+  auto r = client_->Register(options);
   const absl::Duration wall = absl::Now() - start;
   ASSERT_TRUE(r.ok()) << r.status();
+  // On the host backend the profile is 3 measured runs on the CPU (no warm-up run: the
+  // inspection's forward at the batch was it).
+  EXPECT_EQ(details, (std::vector<std::string>{"building the model", "recording its layers",
+                                               "profiling: run 1 of 3", "profiling: run 2 of 3",
+                                               "profiling: run 3 of 3"}));
   std::vector<std::string> names;
   absl::Duration sum;
   for (const auto& [phase, took] : r->phases) {
@@ -471,7 +507,7 @@ TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   // The daemon serves as soon as one worker is ready; the standbys may still be starting.
   ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::vector<std::string> fds_before = OpenFds(daemon_->pid());
-  size_t workers_before = Children(daemon_->pid()).size();
+  size_t workers_before = Workers(daemon_->pid()).size();
   ASSERT_EQ(workers_before, 3u);
 
   auto training = client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
@@ -503,10 +539,10 @@ TEST_F(PswitchdTest, KillingTheWorkerMidTaskFailsOnlyThatTask) {
   // The daemon lives on, a fresh worker replaces the dead one, and the next task works.
   auto next = client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)});
   ASSERT_TRUE(next.ok()) << next.status();
-  for (int i = 0; i < 1000 && Children(daemon_->pid()).size() != 3; ++i) {
+  for (int i = 0; i < 1000 && Workers(daemon_->pid()).size() != 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  std::vector<pid_t> workers = Children(daemon_->pid());
+  std::vector<pid_t> workers = Workers(daemon_->pid());
   EXPECT_EQ(workers.size(), 3u);
   EXPECT_EQ(std::count(workers.begin(), workers.end(), victim), 0);
   // The replacement attaches to the memdaemon once its libtorch is loaded (seconds on a loaded
@@ -572,7 +608,7 @@ TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
   }
   auto after = client_->Infer("tiny_mlp", {Input("tiny_mlp", 2)});
   ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(Children(daemon_->pid()).size(), 3u);
+  EXPECT_EQ(Workers(daemon_->pid()).size(), 3u);
 }
 
 // The switch on each backend the machine has (CUDA skips with the reason elsewhere): a training
@@ -691,7 +727,7 @@ TEST(WatchdogE2eTest, AStoppedWorkerRunningAnInferenceIsKilledAndTheQueueMovesOn
   auto first = (*client)->Infer("tiny_mlp", {in});
   ASSERT_TRUE(first.ok()) << first.status();
   // Every worker is stopped, so whichever runs the next inference (the resident one) is too.
-  const std::vector<pid_t> victims = Children(daemon.pid());
+  const std::vector<pid_t> victims = Workers(daemon.pid());
   ASSERT_EQ(victims.size(), 2u);
   for (pid_t victim : victims) ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   absl::Cleanup reap = [victims] {
@@ -1224,7 +1260,7 @@ TEST(ModelRepositoryE2eTest, ModelsComeFromTheRepositoryAndClientsCannotNameServ
     EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--model-repository"));
     EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(HasSubstr("root:")));
   }
-  std::filesystem::remove_all(repo);
+  (void)base::RemoveTree(repo);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/files.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -65,7 +66,7 @@ class Repository {
       std::ofstream(dir_ / name / "config.json") << R"({"archive": "m.pswitch.pt", "batch": 2})";
     }
   }
-  ~Repository() { std::filesystem::remove_all(dir_); }
+  ~Repository() { (void)base::RemoveTree(dir_); }
   std::string flag() const { return "--model-repository=" + dir_.string(); }
 
  private:
@@ -276,9 +277,24 @@ TEST(ScriptModelE2eTest, AnArchiveThatCrashesTheCheckerIsRefusedAndPswitchdServe
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::filesystem::path dir = tmpl;
   const std::filesystem::path checker = dir / "checker";
+  // It takes the request pswitchd sends its inspector, crashes on an archive's, and otherwise
+  // hands the request on to the real worker it becomes.
   std::ofstream(checker)
-      << "#!/bin/sh\ncase \"$*\" in *--inspect_archive_fd=*) kill -SEGV $$;; esac\n"
-      << "exec " << PSWITCH_WORKER_PATH << " \"$@\"\n";
+      << "#!/usr/bin/python3\n"
+         "import os, signal, socket, sys\n"
+         "flag = '--inspect_request_fd='\n"
+         "fd = next(int(a[len(flag):]) for a in sys.argv[1:] if a.startswith(flag))\n"
+         "message, fds, _, _ = socket.recv_fds(socket.socket(fileno=fd), 65536, 4)\n"
+         "if b'\"archive\":true' in message:\n"
+         "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+         "ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+         "socket.send_fds(ours, [message], fds)\n"
+         "os.set_inheritable(theirs.fileno(), True)\n"
+         "args = [a for a in sys.argv[1:] if not a.startswith(flag)]\n"
+         "os.execv('"
+      << PSWITCH_WORKER_PATH
+      << "', ['pswitch-worker'] + args + "
+         "[flag + str(theirs.fileno())])\n";
   std::filesystem::permissions(checker, std::filesystem::perms::owner_all);
   {
     e2e::TestDaemon daemon({"--preload=", "--allow-client-paths=true",
@@ -301,7 +317,7 @@ TEST(ScriptModelE2eTest, AnArchiveThatCrashesTheCheckerIsRefusedAndPswitchdServe
     ASSERT_TRUE(models.ok()) << models.status();
     EXPECT_EQ(models->size(), 1u);
   }
-  std::filesystem::remove_all(dir);
+  (void)base::RemoveTree(dir);
 }
 
 }  // namespace

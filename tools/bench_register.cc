@@ -48,6 +48,8 @@ ABSL_FLAG(int, rounds, 3, "registrations of each model (medians are printed)");
 ABSL_FLAG(std::string, backend, "host", "pswitchd's backend");
 ABSL_FLAG(uint32_t, batch, 1, "the registered batch (the profile's)");
 ABSL_FLAG(std::string, warm_up, "auto", "pswitchd's --warm-up (auto, on, off)");
+ABSL_FLAG(bool, inspector_standby, true,
+          "pswitchd's --inspector-standby (false: each registration starts its inspector)");
 ABSL_FLAG(std::string, dtype, "",
           "zoo models' registered precision (float16, bfloat16); empty: float32");
 ABSL_FLAG(std::string, archive, PSWITCH_TEST_DATA_DIR "/archives/residual_cnn.pswitch.pt",
@@ -155,6 +157,8 @@ double ComputeSeconds(const client::TaskResult& r) {
 }
 
 int Run() {
+  // Line-buffered even into a pipe: what was measured survives a crash later in the run.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   if (rounds < 1) return Fail(absl::InvalidArgumentError("--rounds must be at least 1"));
   char tmpl[] = "/tmp/bench-register-XXXXXX";
@@ -181,19 +185,31 @@ int Run() {
       tools::SiblingBinary("pswitchd"),
       {"--backend=" + absl::GetFlag(FLAGS_backend), "--listen=127.0.0.1:0",
        "--preload=", "--unix-socket=" + (dir / "pswitchd.sock").string(),
-       "--warm-up=" + absl::GetFlag(FLAGS_warm_up), "--socket=" + (dir / "m.sock").string()},
+       "--warm-up=" + absl::GetFlag(FLAGS_warm_up),
+       absl::StrCat("--inspector-standby=", absl::GetFlag(FLAGS_inspector_standby)),
+       "--socket=" + (dir / "m.sock").string()},
       (dir / "pswitchd.log").string());
   if (daemon.port() == 0)
     return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
+  // A failure once pswitchd runs says what its log says: the bench's own status alone rarely
+  // tells why (a worker's warning, say).
+  auto fail = [&daemon](const absl::Status& status) {
+    const std::string log = daemon.log();
+    const size_t from = log.size() > 8000 ? log.find('\n', log.size() - 8000) : 0;
+    std::fprintf(stderr, "pswitchd's log (end):\n%s\n",
+                 log.substr(from == std::string::npos ? 0 : from).c_str());
+    return Fail(status);
+  };
   auto client = client::Client::Connect("unix:" + (dir / "pswitchd.sock").string());
-  if (!client.ok()) return Fail(client.status());
+  if (!client.ok()) return fail(client.status());
 
   std::printf(
-      "bench-register: %s backend, warm-up %s, batch %u, dtype %s, %d rounds; baseline: build "
+      "bench-register: %s backend, warm-up %s, inspector standby %s, batch %u, dtype %s, %d "
+      "rounds; baseline: build "
       "the model and load its checkpoint in this process, same run (medians, seconds; first "
       "and next: the first two requests' compute, ms)\n",
       absl::GetFlag(FLAGS_backend).c_str(), absl::GetFlag(FLAGS_warm_up).c_str(),
-      absl::GetFlag(FLAGS_batch),
+      absl::GetFlag(FLAGS_inspector_standby) ? "on" : "off", absl::GetFlag(FLAGS_batch),
       absl::GetFlag(FLAGS_dtype).empty() ? "float32" : absl::GetFlag(FLAGS_dtype).c_str(), rounds);
   const std::vector<std::string> phase_names = {"read", "inspect", "profile",
                                                 "plan", "pin",     "load"};
@@ -205,11 +221,11 @@ int Run() {
     std::map<std::string, std::vector<double>> phases;
     std::vector<double> totals, baselines, firsts, nexts;
     auto inputs = RequestInputs(s, absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_archive));
-    if (!inputs.ok()) return Fail(inputs.status());
+    if (!inputs.ok()) return fail(inputs.status());
     for (int r = 0; r < rounds; ++r) {
       // The baseline and the registration alternate, so both see the same machine.
       auto baseline = BaselineSeconds(s, absl::GetFlag(FLAGS_archive));
-      if (!baseline.ok()) return Fail(baseline.status());
+      if (!baseline.ok()) return fail(baseline.status());
       baselines.push_back(*baseline);
       client::RegisterOptions options;
       options.name = absl::StrCat(s.label, "-", r);
@@ -222,18 +238,18 @@ int Run() {
       const absl::Time start = absl::Now();
       auto registered = (*client)->Register(options);
       const double total = absl::ToDoubleSeconds(absl::Now() - start);
-      if (!registered.ok()) return Fail(registered.status());
+      if (!registered.ok()) return fail(registered.status());
       totals.push_back(total);
       for (const auto& [phase, took] : registered->phases) {
         phases[phase].push_back(absl::ToDoubleSeconds(took));
       }
       for (std::vector<double>* into : {&firsts, &nexts}) {
         auto result = (*client)->Infer(options.name, *inputs);
-        if (!result.ok()) return Fail(result.status());
+        if (!result.ok()) return fail(result.status());
         into->push_back(ComputeSeconds(*result) * 1e3);
       }
       if (absl::Status unloaded = (*client)->Unload(options.name); !unloaded.ok()) {
-        return Fail(unloaded);
+        return fail(unloaded);
       }
     }
     std::printf("%-10s", s.label.c_str());
@@ -258,14 +274,14 @@ int Run() {
     std::vector<double> binds, recordings;
     for (int r = 0; r < rounds; ++r) {
       auto load = WorkerLoadSeconds(s, absl::GetFlag(FLAGS_archive));
-      if (!load.ok()) return Fail(load.status());
+      if (!load.ok()) return fail(load.status());
       binds.push_back(load->bind);
       recordings.push_back(load->recordings);
     }
     std::printf("worker-load %-10s bind %.3f recordings %.3f\n", s.label.c_str(),
                 *tools::Median(binds), *tools::Median(recordings));
   }
-  std::filesystem::remove_all(dir);
+  (void)base::RemoveTree(dir);
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "base/log.h"
 #include "base/unique_fd.h"
+#include "models/inspection_wire.h"
 #include "models/model_facts.h"
 #include "models/model_inspection.h"
 #include "tools/cli.h"
@@ -44,6 +45,9 @@ ABSL_FLAG(std::string, inspect_dtype, "",
           "convert the zoo model to this precision (float16, bfloat16) after its checkpoint");
 ABSL_FLAG(uint32_t, inspect_profile_batch, 0,
           "also profile the model at this batch on --profile-device (an \"auto\" plan); 0: no");
+ABSL_FLAG(int, inspect_request_fd, -1,
+          "pswitchd's standby inspector: prepare (libraries, --profile-device's context), then "
+          "inspect the one request that comes on this inherited socket and exit");
 
 namespace {
 
@@ -76,22 +80,47 @@ absl::StatusOr<pswitch::models::ModelFacts> Inspect() {
       request, {absl::GetFlag(FLAGS_profile_device), absl::GetFlag(FLAGS_profile_bandwidth)});
 }
 
+// The inspector's answer on stdout and its exit status (registry/inspection_child.cc reads both).
+int Report(const absl::StatusOr<pswitch::models::ModelFacts>& facts) {
+  if (!facts.ok())
+    return WriteStdout(pswitch::models::EncodeRefusal(facts.status())) ? kRefused : 1;
+  // Written as it is encoded, the weights straight from the model: no copy of them all.
+  absl::Status written = pswitch::models::WriteModelFacts(*facts, STDOUT_FILENO, "stdout");
+  if (!written.ok()) {
+    pswitch::base::Log(pswitch::base::LogLevel::kError, "inspection_output_failed")
+        .Field("error", written);
+    return 1;
+  }
+  return 0;
+}
+
+// A standby: ready before its registration, which then pays only for its own model.
+int InspectOnRequest() {
+  using namespace pswitch;  // NOLINT: a tool's entry point
+  const UniqueFd requests(absl::GetFlag(FLAGS_inspect_request_fd));
+  const models::AutoPlanProfile profile{absl::GetFlag(FLAGS_profile_device),
+                                        absl::GetFlag(FLAGS_profile_bandwidth)};
+  // A device that fails here fails the inspection's profile again, which says so to the client.
+  if (absl::Status prepared = models::PrepareInspection(profile); !prepared.ok()) {
+    base::Log(base::LogLevel::kWarn, "inspector_prepare_failed").Field("error", prepared);
+  }
+  absl::StatusOr<models::ReceivedInspection> received =
+      models::ReceiveInspectionRequest(requests.get());
+  if (absl::IsCancelled(received.status())) return 0;  // not needed any more
+  if (!received.ok()) return Report(received.status());
+  // Each step and profile run back to pswitchd as it is reached: a registration's progress.
+  received->request.on_progress = [fd = requests.get()](const models::InspectionProgress& p) {
+    models::SendInspectionProgress(fd, p);
+  };
+  return Report(models::Inspect(received->request, profile));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(argc, argv, "pswitch worker process (spawned by pswitchd).");
-  if (!absl::GetFlag(FLAGS_inspect_name).empty()) {
-    absl::StatusOr<pswitch::models::ModelFacts> facts = Inspect();
-    if (!facts.ok()) return WriteStdout(pswitch::models::EncodeRefusal(facts.status())) ? kRefused : 1;
-    // Written as it is encoded, the weights straight from the model: no copy of them all.
-    absl::Status written = pswitch::models::WriteModelFacts(*facts, STDOUT_FILENO, "stdout");
-    if (!written.ok()) {
-      pswitch::base::Log(pswitch::base::LogLevel::kError, "inspection_output_failed")
-          .Field("error", written);
-      return 1;
-    }
-    return 0;
-  }
+  if (absl::GetFlag(FLAGS_inspect_request_fd) >= 0) return InspectOnRequest();
+  if (!absl::GetFlag(FLAGS_inspect_name).empty()) return Report(Inspect());
   auto backend = pswitch::gpu::ParseBackend(absl::GetFlag(FLAGS_backend));
   if (!backend.ok() || absl::GetFlag(FLAGS_control_fd) < 0 ||
       absl::GetFlag(FLAGS_memdaemon_socket).empty()) {

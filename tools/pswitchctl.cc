@@ -402,9 +402,22 @@ absl::Status Run(const std::vector<std::string>& args) {
       const std::string one = phase_text(phase, took);
       absl::StrAppend(&so_far, so_far.empty() ? "" : ", ", one);
       if (tty) {
-        std::fprintf(stderr, "\rregistering %s: %s", name.c_str(), so_far.c_str());
+        // \033[K: clear what a longer running-phase line left at its end.
+        std::fprintf(stderr, "\rregistering %s: %s\033[K", name.c_str(), so_far.c_str());
       } else {
         std::fprintf(stderr, "registering %s: %s\n", name.c_str(), one.c_str());
+      }
+      std::fflush(stderr);
+    };
+    // How far a long phase has come ("inspect: profiling: run 2 of 4"), after the phases done.
+    options.on_phase_progress = [&](const std::string& phase, absl::Duration,
+                                    const std::string& detail) {
+      if (tty) {
+        std::fprintf(stderr, "\rregistering %s: %s%s%s: %s\033[K", name.c_str(), so_far.c_str(),
+                     so_far.empty() ? "" : ", ", phase.c_str(), detail.c_str());
+      } else {
+        std::fprintf(stderr, "registering %s: %s: %s\n", name.c_str(), phase.c_str(),
+                     detail.c_str());
       }
       std::fflush(stderr);
     };

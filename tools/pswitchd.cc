@@ -187,6 +187,10 @@ ABSL_FLAG(uint64_t, profile_memory_bytes, 4ull << 30,
           "archive's size more, and the weights file's)");
 ABSL_FLAG(int, profile_timeout_s, 120,
           "the registration child's time bound (build, check and \"auto\" plans' profile)");
+ABSL_FLAG(bool, inspector_standby, true,
+          "keep the next registration's child started ahead (libtorch loaded, the profile "
+          "device's context created: about a GPU context's memory while it waits); each child "
+          "still inspects one registration only");
 ABSL_FLAG(int, max_task_time_s, 86400,
           "every task's deadline: a client's own is capped by it, a task without one gets it");
 ABSL_FLAG(bool, insecure, false,
@@ -643,10 +647,12 @@ int Main() {
   profiling.memory_bytes = absl::GetFlag(FLAGS_profile_memory_bytes);
   profiling.timeout = absl::Seconds(absl::GetFlag(FLAGS_profile_timeout_s));
   profiling.cpu_threads = cpu_threads;
+  profiling.standby = absl::GetFlag(FLAGS_inspector_standby);
   // pswitchd never builds a model itself: a model's build and profile take seconds and hundreds
   // of MiB, and libtorch's loader is not hardened against a crafted archive.
-  controller_options.inspector = [profiling](const registry::InspectionRequest& request) {
-    return registry::InspectInChild(profiling, request);
+  auto inspector = std::make_shared<registry::Inspector>(profiling);
+  controller_options.inspector = [inspector](const registry::InspectionRequest& request) {
+    return inspector->Inspect(request);
   };
   frontend::ClientServerOptions server_options;
   if (absl::Status limits = ApplyLimits(controller_options, server_options); !limits.ok()) {

@@ -118,14 +118,25 @@ class _ProgressLine:
     def __init__(self, label):
         self._label = label
         self._phases = []
+        self._written = False
 
     def __call__(self, phase, seconds):
         self._phases.append(f"{phase} {seconds:.2f} s")
-        sys.stderr.write(f"\r{self._label}: {', '.join(self._phases)}")
+        self._write("")
+
+    def detail(self, phase, seconds, text):
+        """How far the running phase has come, after the phases done."""
+        self._write(f"{phase}: {text}")
+
+    def _write(self, running):
+        shown = ", ".join(self._phases + ([running] if running else []))
+        # \033[K clears what a longer line before left at its end.
+        sys.stderr.write(f"\r{self._label}: {shown}\033[K")
         sys.stderr.flush()
+        self._written = True
 
     def close(self):
-        if self._phases:
+        if self._written:
             sys.stderr.write("\n")
             sys.stderr.flush()
 
@@ -217,7 +228,7 @@ class Client:
 
     # --- models ---
     def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto",
-                 trainers=(), dtype=None, progress=None):
+                 trainers=(), dtype=None, progress=None, progress_detail=None):
         """Registers `name` (admin): a zoo `model` ("resnet50"), your own `archive`
         (pswitch.export), or, with neither, the folder `name` of pswitchd's model repository.
         Over the Unix socket this client opens `archive`, `weights` and `plan` itself (paths
@@ -229,7 +240,10 @@ class Client:
         archive keeps the precision it was exported in. `progress`: a callable, called as progress(phase, seconds) as
         each phase (read, inspect, profile, plan, pin, load) ends, on the client's reader thread
         (it must not call this client: the reply it would wait for comes through that thread);
-        or True for a progress line on stderr (a terminal or a notebook)."""
+        or True for a progress line on stderr (a terminal or a notebook), which also shows how
+        far a long phase has come. `progress_detail`: a callable, called as
+        progress_detail(phase, seconds_so_far, text) while a long phase runs ("inspect", 1.2,
+        "profiling: run 2 of 4"), on the same thread."""
         if model is not None and archive is not None:
             raise ValueError("name a zoo model or an archive, not both")
         if isinstance(trainers, str):
@@ -238,12 +252,15 @@ class Client:
         if progress is True:
             line = _ProgressLine(f"registering {name}")
             progress = line
+            progress_detail = progress_detail or line.detail
         elif progress is not None and not callable(progress):
             raise TypeError("progress is a callable(phase, seconds) or True")
+        if progress_detail is not None and not callable(progress_detail):
+            raise TypeError("progress_detail is a callable(phase, seconds, text)")
         try:
             r = self._client.register(name, model or "", archive or "", weights or "",
                                       int(batch), plan or "auto", [str(t) for t in trainers],
-                                      dtype or "", progress)
+                                      dtype or "", progress, progress_detail)
         finally:
             if line is not None:
                 line.close()

@@ -261,7 +261,7 @@ class PyClient {
   py::dict Register(const std::string& name, const std::string& model, const std::string& archive,
                     const std::string& weights, uint32_t batch, const std::string& plan,
                     const std::vector<std::string>& trainers, const std::string& dtype,
-                    py::object progress) {
+                    py::object progress, py::object detail) {
     client::RegisterOptions options;
     // Called on the client's reader thread while this one waits without the GIL: it takes the
     // GIL for the call, and the first exception it raises is raised here once Register returns.
@@ -272,6 +272,19 @@ class PyClient {
         if (raised) return;
         try {
           progress(phase, absl::ToDoubleSeconds(took));
+        } catch (py::error_already_set& e) {
+          raised.emplace(std::move(e));
+        }
+      };
+    }
+    if (!detail.is_none()) {
+      options.on_phase_progress = [&detail, &raised](const std::string& phase,
+                                                     absl::Duration so_far,
+                                                     const std::string& text) {
+        py::gil_scoped_acquire gil;
+        if (raised) return;
+        try {
+          detail(phase, absl::ToDoubleSeconds(so_far), text);
         } catch (py::error_already_set& e) {
           raised.emplace(std::move(e));
         }

@@ -74,12 +74,18 @@ def test_register_list_unload(client):
 
 
 def test_register_reports_each_phase_as_it_ends(client):
-    seen = []
+    seen, details = [], []
     r = client.register("py_progress", "tiny_mlp",
-                        progress=lambda phase, seconds: seen.append((phase, seconds)))
+                        progress=lambda phase, seconds: seen.append((phase, seconds)),
+                        progress_detail=lambda phase, seconds, text: details.append((phase, text)))
     # Every phase, in order, with the times the answer gives, before register returned.
     assert seen == [tuple(p) for p in r.phases]
     assert seen[-1][0] == "load"
+    # And the inspection's steps while it ran (its profile: 3 runs on the CPU).
+    assert details[0] == ("inspect", "building the model")
+    assert details[-1] == ("inspect", "profiling: run 3 of 3")
+    with pytest.raises(TypeError):
+        client.register("py_progress_bad", "tiny_mlp", progress_detail="yes")
     client.unload("py_progress")
     # A callback's exception is raised once the registration has answered (it went through).
     with pytest.raises(ZeroDivisionError):
