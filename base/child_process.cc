@@ -81,6 +81,12 @@ absl::StatusOr<pid_t> SpawnChild(const ChildSpec& spec) {
       if (fd >= 0) ::fcntl(fd, F_SETFD, 0);  // survives exec
     }
     int error = 0;
+    // nice(2) returns the new value, which may be -1: errno tells a failure (a lower priority
+    // is always allowed, so only an out-of-range request fails, and that is clamped instead).
+    if (spec.nice != 0) {
+      errno = 0;
+      (void)::nice(spec.nice);
+    }
     if (spec.address_space_bytes > 0 && ::setrlimit(RLIMIT_AS, &limit) != 0) {
       error = errno;
     } else {
@@ -141,7 +147,8 @@ absl::StatusOr<BoundedChild> BoundedChild::Start(const BoundedChildSpec& spec) {
   PSWITCH_ASSIGN_OR_RETURN(pid_t pid, SpawnChild({.argv = spec.argv,
                                                   .inherit_fds = spec.inherit_fds,
                                                   .stdout_fd = out.get(),
-                                                  .env = spec.env}));
+                                                  .env = spec.env,
+                                                  .nice = spec.nice}));
   return BoundedChild(pid, std::move(out));
 }
 
@@ -189,8 +196,14 @@ absl::StatusOr<BoundedChildResult> BoundedChild::Wait(const BoundedChildSpec& sp
     int status = 0;
     const pid_t reaped = ::waitpid(pid_, &status, WNOHANG);
     if (reaped < 0 && errno != EINTR) {
-      const absl::Status error = ErrnoStatus(absl::StrCat("waiting for ", spec.what));
-      Kill();
+      const int error_number = errno;
+      const absl::Status error = ErrnoStatus(absl::StrCat("waiting for ", spec.what), error_number);
+      // ECHILD: reaped elsewhere, and its pid may be another process's by now: never killed.
+      if (error_number == ECHILD) {
+        exited_ = true;
+      } else {
+        Kill();
+      }
       return error;
     }
     if (reaped == pid_) {
@@ -219,6 +232,8 @@ absl::StatusOr<BoundedChildResult> BoundedChild::Wait(const BoundedChildSpec& sp
     if (spec.on_sample) spec.on_sample();
     absl::SleepFor(kSample);
   }
+  // What it sent just before it exited is still waiting for the caller.
+  if (spec.on_sample) spec.on_sample();
   const int status = wait_status_;
   BoundedChildResult result;
   result.wait_status = status;

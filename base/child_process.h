@@ -28,6 +28,9 @@ struct ChildSpec {
   // "NAME=VALUE" entries set in the child's environment (replacing this process's values); the
   // rest of the environment is inherited.
   std::vector<std::string> env;
+  // Added to the child's nice value (0: this process's): background work that must yield the
+  // CPU to the tasks being served.
+  int nice = 0;
 };
 
 // The child's pid once it has exec'd (it must be reaped, waitpid, by the caller); an error naming
@@ -46,6 +49,7 @@ struct BoundedChildSpec {
   std::vector<std::string> argv;
   std::vector<int> inherit_fds;
   std::vector<std::string> env;        // as ChildSpec::env
+  int nice = 0;                        // as ChildSpec::nice
   uint64_t memory_bytes = 4ull << 30;  // resident memory, sampled every 10 ms: beyond it, killed
   absl::Duration timeout = absl::Minutes(2);
   uint64_t max_output_bytes = 16 << 20;  // stdout beyond it: killed
@@ -55,7 +59,8 @@ struct BoundedChildSpec {
   // Large output: sealed and mapped once the child has exited, not copied (falls back to a copy
   // when something the child left behind holds a mapping of it, or it was sealed already).
   bool map_output = false;
-  // Called at every sample while Wait waits (optional): e.g. to read the child's progress.
+  // Called at every sample while Wait waits and once after the child exited (optional): e.g. to
+  // read the child's progress. It must not block: the bounds are checked between its calls.
   std::function<void()> on_sample;
 };
 

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <string>
@@ -33,6 +34,20 @@ TEST(ChildProcessTest, AChildsEnvironmentTakesTheGivenEntriesAndKeepsTheRest) {
   EXPECT_EQ(unchanged->output, "9") << "0 threads: the environment as it is";
   ::unsetenv("OMP_NUM_THREADS");
   ::unsetenv("PSWITCH_TEST_KEPT");
+}
+
+// Background helpers (pswitchd's inspectors) run at a lower priority than their parent.
+TEST(ChildProcessTest, AChildRunsAtTheNiceValueItIsGiven) {
+  errno = 0;
+  const int own = ::getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  auto run =
+      RunBoundedChild({.argv = {"/bin/sh", "-c", "nice"}, .nice = 5, .what = "the nice probe"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->output, std::to_string(std::min(own + 5, 19)) + "\n");
+  auto same = RunBoundedChild({.argv = {"/bin/sh", "-c", "nice"}, .what = "the nice probe"});
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->output, std::to_string(own) + "\n");
 }
 
 // A large output is sealed and mapped, not copied; a descendant the child left holding its

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,12 @@ struct Pair {
   }
   UniqueFd ours, theirs;
 };
+
+size_t OpenFds() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
 
 std::string Contents(const UniqueFd& fd) {
   auto bytes = base::ReadSealedMemoryFile(fd, "file", 1 << 20);
@@ -120,7 +127,10 @@ TEST(InspectionWireTest, OnlyWellFormedProgressReportsGetThrough) {
                                        std::span<const int>(&fd, 1))
                   .ok());
   SendInspectionProgress(pair.theirs.get(), {InspectionStep::kProfile, 4, 4});
+  file->Reset();  // only the one in flight is left
+  const size_t fds_before = OpenFds();
   EXPECT_EQ(DrainInspectionProgress(pair.ours.get(), record), 9u);
+  EXPECT_EQ(OpenFds(), fds_before) << "a descriptor the child sent was received";
   // The descriptor's report is well formed (the descriptor itself is not received).
   EXPECT_EQ(told, (std::vector<std::string>{"building the model", "profiling: run 2 of 4",
                                             "applying the checkpoint", "profiling: run 4 of 4"}));

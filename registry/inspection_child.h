@@ -13,7 +13,11 @@
 // An Inspector keeps one child started ahead (a standby): it has exec'd, loaded libtorch and
 // created the profile device's context before a registration comes, and then inspects that one
 // registration's model and exits. One process per registration still: nothing a model did in
-// one inspection is there for the next. The next standby starts once an inspection ends.
+// one inspection is there for the next. The next standby starts once an inspection ends. A
+// child that ends before it took its request (its first progress report says it did) is the
+// inspector's failure, never blamed on the model: the inspection is tried once more in a child
+// started for it. A standby dies with the thread that started it (PR_SET_PDEATHSIG): call
+// Inspect from a long-lived thread (pswitchd's registration thread), or lose the standby.
 #ifndef PSWITCH_REGISTRY_INSPECTION_CHILD_H_
 #define PSWITCH_REGISTRY_INSPECTION_CHILD_H_
 
@@ -27,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/child_process.h"
 #include "models/model_facts.h"
 
 namespace pswitch::registry {
@@ -76,9 +81,24 @@ class Inspector {
 
  private:
   struct Child;
-  absl::StatusOr<std::unique_ptr<Child>> StartChild() const;
+  // One child's run of `request`: how it ended, and how many progress reports it sent (none: it
+  // never took the request).
+  struct Attempt {
+    base::BoundedChildResult run;
+    size_t reports = 0;
+  };
+  // Reports forwarded per inspection at most (a real one makes a few dozen).
+  static constexpr size_t kMaxReports = 256;
+  // An inspector child's nice value, above pswitchd's and its workers'.
+  static constexpr int kInspectorNice = 10;
+
+  // A child that prepares (libraries, the profile device's context) when it is a `standby`.
+  absl::StatusOr<std::unique_ptr<Child>> StartChild(bool standby) const;
   // The standby if it is still alive, else a child started now.
   absl::StatusOr<std::unique_ptr<Child>> TakeChild();
+  // Runs `request` in the standby (`standby`) or a child started for it.
+  absl::StatusOr<Attempt> TryOnce(const InspectionRequest& request, base::BoundedChildSpec bounds,
+                                  bool standby);
   void Replenish();
 
   const InspectionChildOptions options_;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 
 #include "base/files.h"
 #include "grouping/profile.h"
@@ -20,14 +21,30 @@
 namespace pswitch::registry {
 namespace {
 
-// An executable script standing in for pswitch-worker (it ignores the flags).
+// An executable standing in for pswitch-worker: it takes its request as the real one does and
+// says so (a build-step progress report), then runs `body` as a shell script (which ignores the
+// flags). Without `takes_request`, `body` runs at once and the request is never read.
 class FakeInspector {
  public:
-  explicit FakeInspector(const std::string& body) {
+  explicit FakeInspector(const std::string& body, bool takes_request = true) {
     char tmpl[] = "/tmp/pswitch-inspector-XXXXXX";
     dir_ = ::mkdtemp(tmpl);
     path_ = dir_ + "/inspector";
-    std::ofstream(path_) << "#!/bin/sh\n" << body << "\n";
+    std::ofstream script(path_);
+    if (takes_request) {
+      script << "#!/usr/bin/python3\n"
+                "import os, socket, sys\n"
+                "flag = '--inspect_request_fd='\n"
+                "fd = next(int(a[len(flag):]) for a in sys.argv[1:] if a.startswith(flag))\n"
+                "s = socket.socket(fileno=fd)\n"
+                "socket.recv_fds(s, 65536, 4)\n"
+                "s.send(bytes([1] + [0] * 8))\n"
+                "os.execv('/bin/sh', ['sh', '-c', "
+             << std::quoted(body, '\'') << "])\n";
+    } else {
+      script << "#!/bin/sh\n" << body << "\n";
+    }
+    script.close();
     ::chmod(path_.c_str(), 0700);
   }
   ~FakeInspector() { (void)base::RemoveTree(dir_); }
@@ -248,12 +265,25 @@ TEST(InspectorTest, AStandbyThatDiedWhileWaitingIsReplacedNotUsed) {
   EXPECT_EQ(inspector.standby_used(), 0u);
 }
 
+// A child that ends before it takes its request is the inspector's failure, not the model's: it
+// is tried once more in a fresh child, then refused as Internal without blaming the archive.
+TEST(InspectorTest, AChildThatEndsBeforeTakingItsRequestIsNotBlamedOnTheModel) {
+  UniqueFd fd = ArchiveFile("residual_cnn.pswitch.pt");
+  FakeInspector dies("kill -SEGV $$", /*takes_request=*/false);
+  Inspector inspector(dies.Options());
+  auto facts = inspector.Inspect({.name = "m", .archive_fd = fd.get(), .max_facts_bytes = 1 << 20});
+  EXPECT_EQ(facts.status().code(), absl::StatusCode::kInternal) << facts.status();
+  const std::string message(facts.status().message());
+  EXPECT_NE(message.find("killed by signal 11 (Segmentation fault) before it took the request"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("archive is damaged"), std::string::npos) << message;
+}
+
 // A standby waits as long as it must; the inspection's time bound starts with its request.
 TEST(InspectorTest, TheTimeBoundCountsFromTheRequestNotFromTheStandbysStart) {
   // Answers (garbage) as soon as its request comes, not before.
-  FakeInspector answers(
-      "eval \"dd bs=65536 count=1 <&${1#--inspect_request_fd=}\" >/dev/null 2>&1; "
-      "echo 'not facts'");
+  FakeInspector answers("echo 'not facts'");
   InspectionChildOptions options = answers.Options();
   options.timeout = absl::Seconds(2);
   Inspector inspector(options);

@@ -45,9 +45,12 @@ ABSL_FLAG(std::string, inspect_dtype, "",
           "convert the zoo model to this precision (float16, bfloat16) after its checkpoint");
 ABSL_FLAG(uint32_t, inspect_profile_batch, 0,
           "also profile the model at this batch on --profile-device (an \"auto\" plan); 0: no");
+ABSL_FLAG(bool, inspect_prepare, false,
+          "with --inspect-request-fd: prepare (--profile-device's context) before the request "
+          "comes (a standby; a child started for a waiting request does not)");
 ABSL_FLAG(int, inspect_request_fd, -1,
-          "pswitchd's standby inspector: prepare (libraries, --profile-device's context), then "
-          "inspect the one request that comes on this inherited socket and exit");
+          "pswitchd's inspector: inspect the one request that comes on this inherited socket "
+          "(reporting progress on it) and exit");
 
 namespace {
 
@@ -101,8 +104,10 @@ int InspectOnRequest() {
   const models::AutoPlanProfile profile{absl::GetFlag(FLAGS_profile_device),
                                         absl::GetFlag(FLAGS_profile_bandwidth)};
   // A device that fails here fails the inspection's profile again, which says so to the client.
-  if (absl::Status prepared = models::PrepareInspection(profile); !prepared.ok()) {
-    base::Log(base::LogLevel::kWarn, "inspector_prepare_failed").Field("error", prepared);
+  if (absl::GetFlag(FLAGS_inspect_prepare)) {
+    if (absl::Status prepared = models::PrepareInspection(profile); !prepared.ok()) {
+      base::Log(base::LogLevel::kWarn, "inspector_prepare_failed").Field("error", prepared);
+    }
   }
   absl::StatusOr<models::ReceivedInspection> received =
       models::ReceiveInspectionRequest(requests.get());

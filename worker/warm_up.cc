@@ -59,15 +59,13 @@ absl::StatusOr<int64_t> WarmInference(BoundModel& bound, const std::string& name
 
 absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
                                      const WarmSpec& spec, const WarmContext& context,
-                                     const models::ModelInput& input, ComputeSection* compute) {
+                                     ComputeSection* compute) {
   models::ZooModel& model = bound.model();
   const std::string what =
       absl::StrCat("warming up a training step of '", name, "' at batch ", spec.batch);
-  at::Tensor target;
   at::Tensor optimizer_like;
   std::unique_ptr<ScratchBuffers> scratch;
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch(what, [&] {
-    target = model.ExampleTarget(spec.batch, 0).to(context.device);
     for (const at::Tensor& p : model.parameters()) {
       if (p.requires_grad()) {
         at::Tensor flat = p.detach().flatten();
@@ -87,7 +85,14 @@ absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
         DropGradients(model);
         {
           ScopedLeaseAllocation from_lease(context.activations);
-          PSWITCH_RETURN_IF_ERROR(models::ComputeGradients(model, input, target).status());
+          // Its batch made inside the step, as a training task's every step makes its own (on
+          // the CPU, then copied): part of what a fill step costs.
+          TrainingBatch batch;
+          PSWITCH_RETURN_IF_ERROR(models::CatchTorch(what, [&] {
+            batch = SyntheticTrainingBatch(model, spec.batch, /*seed=*/0, context.device);
+          }));
+          PSWITCH_RETURN_IF_ERROR(
+              models::ComputeGradients(model, batch.input, batch.target).status());
         }
         // The update itself: its kernels, on a small scratch parameter of the same device and
         // dtype (the real ones are the region; elementwise kernels do not depend on the size).
@@ -120,6 +125,14 @@ absl::StatusOr<WarmSpec> WarmSpec::From(const proto::WarmUp* warm, uint32_t max_
   return spec;
 }
 
+TrainingBatch SyntheticTrainingBatch(models::ZooModel& model, uint32_t batch, uint64_t seed,
+                                     c10::Device device) {
+  TrainingBatch out;
+  out.input = ModelInputOn(model.ExampleInput(batch, seed), device);
+  out.target = model.ExampleTarget(batch, seed).to(device);
+  return out;
+}
+
 absl::StatusOr<WarmResult> WarmUp(BoundModel& bound, const std::string& name, const WarmSpec& spec,
                                   const WarmContext& context) {
   WarmResult result;
@@ -137,7 +150,7 @@ absl::StatusOr<WarmResult> WarmUp(BoundModel& bound, const std::string& name, co
                 : absl::StatusOr<int64_t>(made);
   absl::StatusOr<int64_t> train = 0;
   if (infer.ok() && spec.train) {
-    train = WarmTraining(bound, name, spec, context, input, compute.get());
+    train = WarmTraining(bound, name, spec, context, compute.get());
   }
   // Workspaces the warm-up allocated (cuBLAS, cuDNN) stay for the process, charged to no task.
   context.executor.MarkActivationsPersistent();

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gpu/device.h"
+#include "models/zoo_model.h"
 #include "proto/worker_generated.h"
 
 namespace torch::nn {
@@ -63,6 +64,16 @@ struct WarmContext {
   c10::Device device;
   absl::Duration timeout;  // bound on each synchronisation
 };
+
+// A training step's synthetic batch (`seed`'s example input and target on `device`), made as
+// every training step makes it, so a warm-up's measured step pays for it too: a fill job's
+// prediction must cover all of a real step. Throws c10::Error.
+struct TrainingBatch {
+  models::ModelInput input;
+  at::Tensor target;
+};
+TrainingBatch SyntheticTrainingBatch(models::ZooModel& model, uint32_t batch, uint64_t seed,
+                                     c10::Device device);
 
 // Warms `bound` (model `name`) as `spec` says. An error fails the load: the model cannot run at
 // its batch here (for instance it needs more than the activation lease), or a required training

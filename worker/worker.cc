@@ -52,10 +52,8 @@ class TrainTask final : public IterativeTask {
   absl::Status Step(uint32_t i) override {
     uint64_t step_seed = run_.seed() * 1000003ull + i;
     torch::manual_seed(step_seed);
-    models::ModelInput input =
-        ModelInputOn(bound_.model().ExampleInput(run_.batch(), step_seed), device_);
-    at::Tensor target = bound_.model().ExampleTarget(run_.batch(), step_seed).to(device_);
-    PSWITCH_ASSIGN_OR_RETURN(*loss_, trainer_.Step(input, target));
+    TrainingBatch batch = SyntheticTrainingBatch(bound_.model(), run_.batch(), step_seed, device_);
+    PSWITCH_ASSIGN_OR_RETURN(*loss_, trainer_.Step(batch.input, batch.target));
     return absl::OkStatus();
   }
 
