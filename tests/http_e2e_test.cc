@@ -535,6 +535,14 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
   ASSERT_EQ(endless->status, 202) << endless->body;
   const uint64_t long_id = Body(endless)["task_id"].get<uint64_t>();
   EXPECT_EQ(await_state(long_id, "running"), "running");
+  // Cancelled once it has done some iterations: "running" comes before the first one ends, and
+  // on a loaded machine that can take a while.
+  auto iterations_done = [&] {
+    auto r = http.Get("/v1/tasks/" + std::to_string(long_id), bob);
+    return r && r->status == 200 ? Body(r)["iterations_done"].get<uint64_t>() : 0;
+  };
+  for (int i = 0; i < 600 && iterations_done() == 0; ++i) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_GT(iterations_done(), 0u);
   auto cancelled = http.Delete("/v1/tasks/" + std::to_string(long_id), bob);
   ASSERT_TRUE(cancelled);
   EXPECT_EQ(cancelled->status, 202) << cancelled->body;
