@@ -103,6 +103,19 @@ void ExpectSameFacts(const models::ModelFacts& child, const models::ModelFacts& 
   EXPECT_EQ(child.output.shape, here.output.shape);
 }
 
+// A zoo model's facts from a child against the same model built and inspected here (seeded
+// alike); returns its layer count.
+size_t ExpectFactsOfZooModel(const models::ModelFacts& child, const std::string& zoo) {
+  auto model = models::CreateModel(zoo);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return 0;
+  auto here = models::InspectModel(**model);
+  EXPECT_TRUE(here.ok()) << here.status();
+  if (!here.ok()) return 0;
+  ExpectSameFacts(child, *here);
+  return here->layers.size();
+}
+
 InspectionChildOptions RealInspector() {
   InspectionChildOptions options;
   options.binary = PSWITCH_WORKER_PATH;
@@ -133,14 +146,10 @@ TEST(InspectInChildTest, AZooModelsFactsAndProfileComeFromOneChild) {
       RealInspector(),
       {.name = "m", .zoo = "tiny_cnn", .profile_batch = 2, .max_facts_bytes = 64 << 20});
   ASSERT_TRUE(facts.ok()) << facts.status();
-  auto model = models::CreateModel("tiny_cnn");
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto here = models::InspectModel(**model);
-  ASSERT_TRUE(here.ok()) << here.status();
-  ExpectSameFacts(*facts, *here);
+  const size_t layers = ExpectFactsOfZooModel(*facts, "tiny_cnn");
   auto profile = grouping::ParseProfileJson(facts->profile_json);
   ASSERT_TRUE(profile.ok()) << profile.status();
-  EXPECT_EQ(profile->layers.size(), here->layers.size());
+  EXPECT_EQ(profile->layers.size(), layers);
   for (const grouping::LayerProfile& layer : profile->layers) EXPECT_GE(layer.exec_s, 0);
   EXPECT_GT(facts->profile_us, 0u);
   auto unknown = InspectInChild(RealInspector(),
@@ -218,11 +227,7 @@ TEST(InspectorTest, EachInspectionTakesTheStandbyAndAFreshOneReplacesIt) {
     auto facts = inspector.Inspect(
         {.name = "m", .zoo = "tiny_cnn", .profile_batch = 2, .max_facts_bytes = 64 << 20});
     ASSERT_TRUE(facts.ok()) << facts.status();
-    auto model = models::CreateModel("tiny_cnn");
-    ASSERT_TRUE(model.ok()) << model.status();
-    auto here = models::InspectModel(**model);
-    ASSERT_TRUE(here.ok()) << here.status();
-    ExpectSameFacts(*facts, *here);
+    ExpectFactsOfZooModel(*facts, "tiny_cnn");
     EXPECT_FALSE(facts->profile_json.empty());
     EXPECT_EQ(inspector.standby_used(), 1u);
     const pid_t second = inspector.standby_pid();
