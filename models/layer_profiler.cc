@@ -34,11 +34,6 @@ void Synchronize(c10::Device device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
-ModelInput ToDevice(const ModelInput& in, c10::Device device) {
-  auto move = [&](const at::Tensor& t) { return t.defined() ? t.to(device) : t; };
-  return {move(in.input), move(in.attention_mask), move(in.token_type_ids)};
-}
-
 // Median time of one host->device copy of `bytes` (pinned source on CUDA; plain memcpy on the
 // host backend, where a "transfer" is a copy between two host buffers).
 double MedianCopySeconds(c10::Device device, int64_t bytes, int runs) {
@@ -134,8 +129,8 @@ absl::StatusOr<ModelProfile> ProfileModel(ZooModel& model, c10::Device device,
   std::vector<std::vector<double>> samples(executed);
   std::vector<double> backward_samples;
   PSWITCH_RETURN_IF_ERROR(CatchTorch(what, [&] {
-    const ModelInput input = ToDevice(model.ExampleInput(options.batch, options.seed), device);
-    const at::Tensor target = model.ExampleTarget(options.batch, options.seed).to(device);
+    const ModelInput input = model.ExampleInput(options.batch, options.seed, device);
+    const at::Tensor target = model.ExampleTarget(options.batch, options.seed, device);
     std::unique_ptr<torch::optim::SGD> sgd;
     if (options.training) {
       sgd = std::make_unique<torch::optim::SGD>(model.parameters(), torch::optim::SGDOptions(1e-4));

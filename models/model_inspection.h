@@ -39,9 +39,10 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
                                    const AutoPlanProfile& profile);
 
 // What a standby inspector does before its request comes (registry/inspection_child.h): the
-// one-off set-up every inspection pays, done while no registration waits. Creates the profile
-// device's CUDA context (a GPU profile's); libtorch itself is loaded by then. FailedPrecondition
-// when that device cannot be used (the inspection then reports it, with the remedy).
+// one-off set-up every inspection pays, done while no registration waits. Two small models are
+// built, recorded and run (on a GPU profile's device also trained once): libtorch's first-use
+// costs, the device's context and its cuDNN and cuBLAS handles. FailedPrecondition when that
+// device cannot be used (the inspection then reports it, with the remedy).
 absl::Status PrepareInspection(const AutoPlanProfile& profile);
 
 // Inspect in this process, as a registry::ModelInspector (library use, tests).

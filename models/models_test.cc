@@ -95,6 +95,24 @@ TEST(ModelDTypeTest, AHalfPrecisionModelTakesItsOwnDtypeAndDoesNotTrain) {
   EXPECT_NE(facts->trainable.message().find("float32"), absl::string_view::npos);
 }
 
+// Synthetic inputs come from a generator of their own: one seed gives one batch, and the default
+// generator that dropout and initialisers draw from does not move.
+TEST(ZooModelTest, ExampleInputsAreSeededAndLeaveTheDefaultGeneratorAlone) {
+  auto model = CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok()) << model.status();
+  at::manual_seed(5);
+  const at::Tensor expected_next = at::randn({16});
+  at::manual_seed(5);
+  const ModelInput a = (*model)->ExampleInput(3, 9, c10::kCPU);
+  const at::Tensor next = at::randn({16});
+  EXPECT_TRUE(at::equal(next, expected_next));
+  EXPECT_TRUE(at::equal(a.input, (*model)->ExampleInput(3, 9).input));
+  EXPECT_FALSE(at::equal(a.input, (*model)->ExampleInput(3, 10).input));
+  EXPECT_TRUE(at::equal((*model)->ExampleTarget(3, 9), (*model)->ExampleTarget(3, 9)));
+  const at::Tensor draw = at::randn({8}, SeededGenerator(42, c10::kCPU));
+  EXPECT_TRUE(at::equal(draw, at::randn({8}, SeededGenerator(42, c10::kCPU))));
+}
+
 // pswitchd knows the zoo by name only (models/zoo_names.h, no libtorch): the same list.
 TEST(RegistryTest, ListsEveryZooModelAndNoOther) {
   const std::vector<std::string> names = ModelNames();

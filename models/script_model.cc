@@ -406,15 +406,16 @@ std::string LoadErrorMessage(const std::string& full) {
   return lines.empty() ? what : lines[0];
 }
 
-at::Tensor RandomLike(const TensorSpecEntry& spec, int64_t batch, uint64_t seed) {
+at::Tensor RandomLike(const TensorSpecEntry& spec, int64_t batch, uint64_t seed,
+                      c10::Device device) {
   std::vector<int64_t> shape = spec.shape;
   shape[0] = batch;
-  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Generator gen = SeededGenerator(seed, device);
   if (spec.dtype == at::kLong) {
-    return at::randint(spec.high, shape, gen, at::TensorOptions().dtype(at::kLong));
+    return at::randint(spec.high, shape, gen, at::TensorOptions().dtype(at::kLong).device(device));
   }
   // Drawn in float32 whatever the precision: the same seed gives the same values, rounded.
-  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(spec.dtype);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat).device(device)).to(spec.dtype);
 }
 
 at::Tensor FirstTensor(const c10::IValue& value) {
@@ -450,23 +451,24 @@ class ScriptModel final : public ZooModel {
                                                            absl::string_view bytes,
                                                            const std::string& origin);
 
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
     ModelInput in;
-    in.input = RandomLike(table_.input, batch, seed);
+    in.input = RandomLike(table_.input, batch, seed, device);
     // No row masked out entirely (its attention would be NaN): masks are all ones.
     if (table_.attention_mask.has_value()) {
       std::vector<int64_t> shape = table_.attention_mask->shape;
       shape[0] = batch;
-      in.attention_mask = at::ones(shape, at::TensorOptions().dtype(table_.attention_mask->dtype));
+      in.attention_mask =
+          at::ones(shape, at::TensorOptions().dtype(table_.attention_mask->dtype).device(device));
     }
     if (table_.token_type_ids.has_value()) {
-      in.token_type_ids = RandomLike(*table_.token_type_ids, batch, seed + 1);
+      in.token_type_ids = RandomLike(*table_.token_type_ids, batch, seed + 1, device);
     }
     return in;
   }
-  at::Tensor ExampleTarget(int64_t batch, uint64_t seed) const override {
-    if (!table_.target.has_value()) return ZooModel::ExampleTarget(batch, seed);
-    return RandomLike(*table_.target, batch, seed + 0x9e3779b97f4a7c15ull);
+  at::Tensor MakeExampleTarget(int64_t batch, uint64_t seed, c10::Device device) const override {
+    if (!table_.target.has_value()) return ZooModel::MakeExampleTarget(batch, seed, device);
+    return RandomLike(*table_.target, batch, seed + 0x9e3779b97f4a7c15ull, device);
   }
   at::Tensor Loss(const ModelOutput& out, const at::Tensor& target) const override {
     TORCH_CHECK(loss_.has_value(), "model '", model_name(),

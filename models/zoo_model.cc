@@ -8,6 +8,7 @@
 
 #include <exception>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -191,10 +192,20 @@ std::vector<Layer> ZooModel::BuildLayers(const std::vector<const torch::nn::Modu
   return layers;
 }
 
-at::Tensor ZooModel::ExampleTarget(int64_t batch, uint64_t seed) const {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
+at::Generator SeededGenerator(uint64_t seed, c10::Device device) {
+  if (device.is_cpu()) return at::detail::createCPUGenerator(seed);
+  // A copy of the device's default generator, so no other user of that one sees its state move;
+  // seeding it also rewinds its offset, so each seed draws the same values every time.
+  at::Generator gen = at::globalContext().defaultGenerator(device).clone();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(seed);
+  return gen;
+}
+
+at::Tensor ZooModel::MakeExampleTarget(int64_t batch, uint64_t seed, c10::Device device) const {
   const int64_t classes = 10;
-  return at::randint(classes, {batch}, gen, at::TensorOptions().dtype(at::kLong));
+  return at::randint(classes, {batch}, SeededGenerator(seed, device),
+                     at::TensorOptions().dtype(at::kLong).device(device));
 }
 
 at::Tensor ZooModel::Loss(const ModelOutput& out, const at::Tensor& target) const {

@@ -1,10 +1,12 @@
 #include "registry/registration_pipeline.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/json.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "grouping/cost_model.h"
 #include "grouping/profile.h"
@@ -16,6 +18,51 @@
 
 namespace pswitch::registry {
 namespace {
+
+absl::string_view StepName(models::InspectionStep step) {
+  switch (step) {
+    case models::InspectionStep::kBuild:
+      return "build";
+    case models::InspectionStep::kCheckpoint:
+      return "checkpoint";
+    case models::InspectionStep::kLayers:
+      return "layers";
+    case models::InspectionStep::kProfile:
+      return "profile";
+  }
+  return "unknown";
+}
+
+// One `inspection_step` line per step of an inspection, with the time from its first report to
+// the next step's (the last: to the facts' arrival, which includes sending them back).
+class InspectionStepLog {
+ public:
+  explicit InspectionStepLog(const std::string& model) : model_(model) {}
+  void Reached(models::InspectionStep step) {
+    if (step_.has_value() && *step_ == step) return;
+    Close(absl::Now(), /*last=*/false);
+    step_ = step;
+  }
+  void Ended(bool ok) {
+    if (ok) Close(absl::Now(), /*last=*/true);
+  }
+
+ private:
+  void Close(absl::Time now, bool last) {
+    if (step_.has_value()) {
+      base::Log(base::LogLevel::kInfo, "inspection_step")
+          .Field("model", model_)
+          .Field("step", StepName(*step_))
+          .FieldMs("ms", now - since_)
+          .Field("with_facts_returned", last ? "yes" : "no");
+    }
+    since_ = now;
+  }
+
+  const std::string& model_;
+  std::optional<models::InspectionStep> step_;
+  absl::Time since_ = absl::Now();
+};
 
 constexpr uint64_t kMaxPlanBytes = 16 << 20;
 // An archive holds the model's weights too: one larger than the weights region (plus room for
@@ -187,11 +234,17 @@ absl::StatusOr<std::unique_ptr<CatalogEntry>> RegistrationPipeline::Build(
       .dtype = request.dtype,
       .profile_batch = profile ? request.batch_size : 0,
       .max_facts_bytes = max_archive_bytes};
-  // The inspection's steps and profile runs, as the "inspect" phase's progress.
-  inspection.on_progress = [&clock](const models::InspectionProgress& p) {
+  // The inspection's steps and profile runs, as the "inspect" phase's progress; each step's time
+  // as its reports arrive goes to the log (where an inspection's time goes on a machine no one
+  // can look at).
+  InspectionStepLog steps(request.name);
+  inspection.on_progress = [&clock, &steps](const models::InspectionProgress& p) {
+    steps.Reached(p.step);
     clock.Progress("inspect", models::DescribeInspectionProgress(p));
   };
-  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, inspector_(inspection));
+  absl::StatusOr<models::ModelFacts> inspected = inspector_(inspection);
+  steps.Ended(inspected.ok());
+  PSWITCH_ASSIGN_OR_RETURN(models::ModelFacts facts, std::move(inspected));
   if (profile) {
     clock.EndSplit("inspect", "profile", absl::Microseconds(facts.profile_us));
   } else {

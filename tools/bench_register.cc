@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -152,6 +153,22 @@ absl::StatusOr<std::vector<proto::HostTensor>> RequestInputs(const Subject& s, u
 }
 
 // A request's compute as the server saw it: its first layer's start to its completion.
+// The inspection's steps of each registration as pswitchd logged them ("inspection_step"), one
+// line each: where the inspect phase's time goes on a machine a reader cannot look at.
+void PrintInspectionSteps(const std::string& log) {
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (!absl::StrContains(line, "event=inspection_step ")) continue;
+    std::map<std::string, std::string> fields;
+    for (absl::string_view item : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+      fields[kv.first] = kv.second;
+    }
+    std::printf("inspection-step %-12s %-10s %8s ms%s\n", fields["model"].c_str(),
+                fields["step"].c_str(), fields["ms"].c_str(),
+                fields["with_facts_returned"] == "yes" ? " (to the facts' arrival)" : "");
+  }
+}
+
 double ComputeSeconds(const client::TaskResult& r) {
   return absl::ToDoubleSeconds(r.latency - r.breakdown.first_layer_start);
 }
@@ -263,6 +280,7 @@ int Run() {
     std::printf(" %9.3f %9.3f %9.2f %9.2f %9.2f %9.2f\n", total, baseline, total / baseline, first,
                 next, first / next);
   }
+  PrintInspectionSteps(daemon.log());
   // Not a 13-field row: validate.sh reads those as the table above.
   std::printf(
       "worker load of each zoo model in this process (medians, s): build and bind by name at the "

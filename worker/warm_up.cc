@@ -128,8 +128,8 @@ absl::StatusOr<WarmSpec> WarmSpec::From(const proto::WarmUp* warm, uint32_t max_
 TrainingBatch SyntheticTrainingBatch(models::ZooModel& model, uint32_t batch, uint64_t seed,
                                      c10::Device device) {
   TrainingBatch out;
-  out.input = ModelInputOn(model.ExampleInput(batch, seed), device);
-  out.target = model.ExampleTarget(batch, seed).to(device);
+  out.input = model.ExampleInput(batch, seed, device);
+  out.target = model.ExampleTarget(batch, seed, device);
   return out;
 }
 
@@ -143,7 +143,7 @@ absl::StatusOr<WarmResult> WarmUp(BoundModel& bound, const std::string& name, co
   // One example batch for both kinds of step.
   models::ModelInput input;
   absl::Status made = models::CatchTorch(absl::StrCat("warming up '", name, "': input"), [&] {
-    input = ModelInputOn(bound.model().ExampleInput(spec.batch, 0), context.device);
+    input = bound.model().ExampleInput(spec.batch, 0, context.device);
   });
   absl::StatusOr<int64_t> infer =
       made.ok() ? WarmInference(bound, name, spec, context, input, compute.get())

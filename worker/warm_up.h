@@ -65,8 +65,8 @@ struct WarmContext {
   absl::Duration timeout;  // bound on each synchronisation
 };
 
-// A training step's synthetic batch (`seed`'s example input and target on `device`), made as
-// every training step makes it, so a warm-up's measured step pays for it too: a fill job's
+// A training step's synthetic batch (`seed`'s example input and target, drawn on `device`), made
+// as every training step makes it, so a warm-up's measured step pays for it too: a fill job's
 // prediction must cover all of a real step. Throws c10::Error.
 struct TrainingBatch {
   models::ModelInput input;

@@ -224,9 +224,11 @@ class InceptionV3 : public ZooModel {
     Initialize();
   }
 
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    return {at::randn({batch, 3, image_size_, image_size_}, gen), {}, {}};
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return {at::randn({batch, 3, image_size_, image_size_}, SeededGenerator(seed, device),
+                      at::TensorOptions().device(device)),
+            {},
+            {}};
   }
   // torchvision's training loss for Inception: main + 0.4 * aux.
   at::Tensor Loss(const ModelOutput& out, const at::Tensor& target) const override {

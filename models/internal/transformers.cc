@@ -146,12 +146,12 @@ class Bert : public ZooModel {
     InitTransformerWeights(*this);
   }
 
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    return Tokens(batch, seq_len_, seed);
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return Tokens(batch, seq_len_, seed, device);
   }
-  at::Tensor ExampleTarget(int64_t batch, uint64_t seed) const override {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    return at::randint(num_labels_, {batch}, gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor MakeExampleTarget(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return at::randint(num_labels_, {batch}, SeededGenerator(seed, device),
+                       at::TensorOptions().dtype(at::kLong).device(device));
   }
 
  protected:
@@ -171,14 +171,13 @@ class Bert : public ZooModel {
         RunLayer(tape(), pooler_act_, RunLayer(tape(), pooler_dense_, h.select(1, 0)));
     return {RunLayer(tape(), classifier_, RunLayer(tape(), dropout_, pooled)), {}};
   }
-  ModelInput TraceInput() const override { return Tokens(2, 8, 0); }
+  ModelInput TraceInput() const override { return Tokens(2, 8, 0, c10::kCPU); }
 
  private:
-  ModelInput Tokens(int64_t batch, int64_t seq, uint64_t seed) const {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    const auto i64 = at::TensorOptions().dtype(at::kLong);
-    return {at::randint(vocab_, {batch, seq}, gen, i64), at::ones({batch, seq}, i64),
-            at::zeros({batch, seq}, i64)};
+  ModelInput Tokens(int64_t batch, int64_t seq, uint64_t seed, c10::Device device) const {
+    const auto i64 = at::TensorOptions().dtype(at::kLong).device(device);
+    return {at::randint(vocab_, {batch, seq}, SeededGenerator(seed, device), i64),
+            at::ones({batch, seq}, i64), at::zeros({batch, seq}, i64)};
   }
 
   const int64_t vocab_, seq_len_, num_labels_;
@@ -286,14 +285,15 @@ class Gpt2 : public ZooModel, public Gpt2Parts {
     }
   }
 
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    return {
-        at::randint(vocab_, {batch, seq_len_}, gen, at::TensorOptions().dtype(at::kLong)), {}, {}};
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return {at::randint(vocab_, {batch, seq_len_}, SeededGenerator(seed, device),
+                        at::TensorOptions().dtype(at::kLong).device(device)),
+            {},
+            {}};
   }
   // Language modelling: the target is the token sequence itself (shifted inside Loss).
-  at::Tensor ExampleTarget(int64_t batch, uint64_t seed) const override {
-    return ExampleInput(batch, seed).input;
+  at::Tensor MakeExampleTarget(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return MakeExampleInput(batch, seed, device).input;
   }
   at::Tensor Loss(const ModelOutput& out, const at::Tensor& target) const override {
     const int64_t seq = out.output.size(1);

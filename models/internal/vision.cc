@@ -28,9 +28,9 @@ at::Tensor RunSequential(LayerTape& tape, nn::Sequential& seq, at::Tensor x) {
   return x;
 }
 
-at::Tensor RandomImages(int64_t batch, int64_t size, uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  return at::randn({batch, 3, size, size}, gen, at::TensorOptions().dtype(at::kFloat));
+at::Tensor RandomImages(int64_t batch, int64_t size, uint64_t seed, c10::Device device) {
+  return at::randn({batch, 3, size, size}, SeededGenerator(seed, device),
+                   at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
 nn::Conv2d Conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
@@ -144,8 +144,8 @@ class ResNet : public ZooModel {
     InitConvsAndNorms(*this);
   }
 
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    return {RandomImages(batch, image_size_, seed), {}, {}};
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return {RandomImages(batch, image_size_, seed, device), {}, {}};
   }
 
  protected:
@@ -158,7 +158,7 @@ class ResNet : public ZooModel {
     x = RunLayer(tape(), avgpool_, x);
     return {RunLayer(tape(), fc_, x.flatten(1)), {}};
   }
-  ModelInput TraceInput() const override { return {RandomImages(2, 32, 0), {}, {}}; }
+  ModelInput TraceInput() const override { return {RandomImages(2, 32, 0, c10::kCPU), {}, {}}; }
 
  private:
   const int64_t image_size_;
@@ -204,8 +204,8 @@ class Vgg19 : public ZooModel {
     }
   }
 
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    return {RandomImages(batch, image_size_, seed), {}, {}};
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return {RandomImages(batch, image_size_, seed, device), {}, {}};
   }
 
  protected:
@@ -214,7 +214,7 @@ class Vgg19 : public ZooModel {
     x = RunLayer(tape(), avgpool_, x);
     return {RunSequential(tape(), classifier_, x.flatten(1)), {}};
   }
-  ModelInput TraceInput() const override { return {RandomImages(2, 32, 0), {}, {}}; }
+  ModelInput TraceInput() const override { return {RandomImages(2, 32, 0, c10::kCPU), {}, {}}; }
 
  private:
   const int64_t image_size_;
@@ -230,9 +230,11 @@ class TinyMlp : public ZooModel {
     relu_ = register_module("relu", nn::ReLU());
     fc2_ = register_module("fc2", nn::Linear(config.Get("hidden"), config.Get("num_classes")));
   }
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    return {at::randn({batch, 64}, gen, at::TensorOptions().dtype(at::kFloat)), {}, {}};
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return {at::randn({batch, 64}, SeededGenerator(seed, device),
+                      at::TensorOptions().dtype(at::kFloat).device(device)),
+            {},
+            {}};
   }
 
  protected:
@@ -260,8 +262,8 @@ class TinyCnn : public ZooModel {
     avgpool_ = register_module("avgpool", nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
     fc_ = register_module("fc", nn::Linear(16, config.Get("num_classes")));
   }
-  ModelInput ExampleInput(int64_t batch, uint64_t seed) const override {
-    return {RandomImages(batch, 16, seed), {}, {}};
+  ModelInput MakeExampleInput(int64_t batch, uint64_t seed, c10::Device device) const override {
+    return {RandomImages(batch, 16, seed, device), {}, {}};
   }
 
  protected:
