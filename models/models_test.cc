@@ -303,9 +303,16 @@ TEST(TrainingTest, StepChangesWeightsDeterministically) {
       ASSERT_TRUE(trainer.ok());
       torch::manual_seed(3);  // dropout
       for (int step = 0; step < 2; ++step) {
-        auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step));
+        // The second trial times its steps by part: the same computation, the same weights.
+        Trainer::StepParts parts;
+        auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
+                                     trial == 1 ? &parts : nullptr);
         ASSERT_TRUE(loss.ok()) << loss.status();
         EXPECT_TRUE(std::isfinite(*loss));
+        if (trial == 1) {
+          EXPECT_GT(parts.forward_backward_ns, 0);
+          EXPECT_GT(parts.update_ns, 0);
+        }
       }
       results.push_back(model->named_parameters()["conv1.weight"].clone());
     }

@@ -1,6 +1,7 @@
 #include "models/training.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
@@ -9,6 +10,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "base/status.h"
 
 namespace pswitch::models {
@@ -142,29 +144,45 @@ absl::StatusOr<double> ComputeGradients(ZooModel& model, const ModelInput& input
   return loss_value;
 }
 
-absl::Status WarmOptimizer(const TrainerOptions& options, const at::Tensor& like) {
+absl::Status WarmOptimizer(const TrainerOptions& options, const std::vector<at::Tensor>& like) {
   return CatchTorch("warming the optimizer", [&] {
-    at::Tensor param = at::zeros_like(like).set_requires_grad(true);
-    param.mutable_grad() = at::ones_like(like);
+    std::vector<at::Tensor> params;
+    params.reserve(like.size());
+    for (const at::Tensor& l : like) {
+      at::Tensor param = at::zeros_like(l).set_requires_grad(true);
+      param.mutable_grad() = at::ones_like(l);
+      params.push_back(std::move(param));
+    }
     if (options.optimizer == OptimizerKind::kAdam) {
-      torch::optim::Adam adam({param}, torch::optim::AdamOptions(options.learning_rate));
+      torch::optim::Adam adam(params, torch::optim::AdamOptions(options.learning_rate));
       adam.step();
     } else {
       torch::optim::SGD sgd(
-          {param}, torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum));
+          params, torch::optim::SGDOptions(options.learning_rate).momentum(options.momentum));
       sgd.step();
     }
   });
 }
 
-absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& target) {
+absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& target,
+                                     StepParts* parts) {
   double loss_value = 0;
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_.model_name(), "': training step"), [&] {
+        const int64_t start = base::MonotonicNowNs();
         optimizer_->zero_grad();
         at::Tensor loss = ForwardBackward(model_, input, target);
+        int64_t mid = 0;
+        if (parts != nullptr) {
+          if (loss.is_cuda()) torch::cuda::synchronize(loss.device().index());
+          mid = base::MonotonicNowNs();
+        }
         optimizer_->step();
         loss_value = loss.item<double>();
+        if (parts != nullptr) {
+          parts->forward_backward_ns = mid - start;
+          parts->update_ns = base::MonotonicNowNs() - mid;
+        }
       }));
   return loss_value;
 }

@@ -81,6 +81,13 @@ class BoundModel {
   int64_t measured_step_ns(bool training) const {
     return training ? measured_train_ns_ : measured_infer_ns_;
   }
+  // True for this model's first few training steps here: they are timed by part and logged, so
+  // a first step slower than its measurement says where (the steps after it are the reference).
+  bool TimeThisTrainingStep() {
+    if (timed_training_steps_left_ == 0) return false;
+    --timed_training_steps_left_;
+    return true;
+  }
 
  private:
   BoundModel() = default;
@@ -89,6 +96,7 @@ class BoundModel {
   size_t num_layers_ = 0;
   int64_t measured_infer_ns_ = 0;
   int64_t measured_train_ns_ = 0;
+  int timed_training_steps_left_ = 4;
 };
 
 }  // namespace pswitch::worker

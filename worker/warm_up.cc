@@ -63,19 +63,20 @@ absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
   models::ZooModel& model = bound.model();
   const std::string what =
       absl::StrCat("warming up a training step of '", name, "' at batch ", spec.batch);
-  at::Tensor optimizer_like;
+  // One small tensor per trainable parameter: the update's cost is per parameter (its launches),
+  // and the measured step must hold all of it.
+  std::vector<at::Tensor> optimizer_like;
   std::unique_ptr<ScratchBuffers> scratch;
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch(what, [&] {
     for (const at::Tensor& p : model.parameters()) {
       if (p.requires_grad()) {
         at::Tensor flat = p.detach().flatten();
-        optimizer_like = flat.narrow(0, 0, std::min<int64_t>(flat.numel(), 1 << 16));
-        break;
+        optimizer_like.push_back(flat.narrow(0, 0, std::min<int64_t>(flat.numel(), 1 << 12)));
       }
     }
     scratch = std::make_unique<ScratchBuffers>(model);
   }));
-  if (!optimizer_like.defined()) {
+  if (optimizer_like.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("model '", name, "' has no trainable parameter"));
   }
@@ -85,8 +86,8 @@ absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
         DropGradients(model);
         {
           ScopedLeaseAllocation from_lease(context.activations);
-          // Its batch made inside the step, as a training task's every step makes its own (on
-          // the CPU, then copied): part of what a fill step costs.
+          // Its batch drawn inside the step, as a training task's every step draws its own (on
+          // the task's device): part of what a fill step costs.
           TrainingBatch batch;
           PSWITCH_RETURN_IF_ERROR(models::CatchTorch(what, [&] {
             batch = SyntheticTrainingBatch(model, spec.batch, /*seed=*/0, context.device);
@@ -94,8 +95,8 @@ absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
           PSWITCH_RETURN_IF_ERROR(
               models::ComputeGradients(model, batch.input, batch.target).status());
         }
-        // The update itself: its kernels, on a small scratch parameter of the same device and
-        // dtype (the real ones are the region; elementwise kernels do not depend on the size).
+        // The update itself: its kernels, on small scratch parameters of the same device and
+        // dtype, one per real one (those are the region, never written by a warm-up).
         return models::WarmOptimizer(options, optimizer_like);
       });
   // Gradients would hold lease memory until the model trains; its buffers go back to the region.

@@ -52,8 +52,25 @@ class TrainTask final : public IterativeTask {
   absl::Status Step(uint32_t i) override {
     uint64_t step_seed = run_.seed() * 1000003ull + i;
     torch::manual_seed(step_seed);
+    const bool timed = bound_.TimeThisTrainingStep();
+    const int64_t start = base::MonotonicNowNs();
     TrainingBatch batch = SyntheticTrainingBatch(bound_.model(), run_.batch(), step_seed, device_);
-    PSWITCH_ASSIGN_OR_RETURN(*loss_, trainer_.Step(batch.input, batch.target));
+    const int64_t drawn = base::MonotonicNowNs();
+    models::Trainer::StepParts parts;
+    PSWITCH_ASSIGN_OR_RETURN(*loss_,
+                             trainer_.Step(batch.input, batch.target, timed ? &parts : nullptr));
+    if (timed) {
+      const auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
+      base::Log(base::LogLevel::kInfo, "training_step_parts")
+          .Field("model", bound_.model().model_name())
+          .Field("task", run_.task_id())
+          .Field("step", i)
+          .Field("batch_enqueue_ms", ms(drawn - start))
+          .Field("forward_backward_ms", ms(parts.forward_backward_ns))
+          .Field("update_ms", ms(parts.update_ns))
+          .Field("total_ms", ms(base::MonotonicNowNs() - start))
+          .Field("measured_ms", ms(bound_.measured_step_ns(/*training=*/true)));
+    }
     return absl::OkStatus();
   }
 

@@ -614,6 +614,17 @@ for kind in ("resnet50-training", "bert_base-inference"):
               f"{mean:.2f} ms over {int(steps)}; first run {first:.2f} ms placement to result")
     else:
         print(f"FIG first fill step {kind}: no measurement or no run in pswitchd's log")
+    # The first training steps of the fill model on each worker, by part (training_step_parts).
+    try:
+        log = open(f"{d}/pswitchd-{kind}.log").read()
+    except OSError:
+        log = ""
+    for line in re.findall(r"event=training_step_parts .*", log)[:6]:
+        f = dict(re.findall(r"(\w+)=([^ ]+)", line))
+        print(f"FIG training step parts {kind} task {f.get('task')} step {f.get('step')}: total "
+              f"{f.get('total_ms')} ms = batch enqueue {f.get('batch_enqueue_ms')} + forward and "
+              f"backward {f.get('forward_backward_ms')} + update {f.get('update_ms')} "
+              f"(measured warm {f.get('measured_ms')})")
     pairs = [(iteration_ms(f"{d}/{kind}-alone-{r}.json"), iteration_ms(f"{d}/{kind}-fill-{r}.json"))
              for r in range(1, rounds + 1)]
     pairs = [(a, f) for a, f in pairs if a and f]
