@@ -292,6 +292,8 @@ std::string DescribeInspectionProgress(const InspectionProgress& progress) {
     case InspectionStep::kLayers:
       return "recording its layers";
     case InspectionStep::kProfile:
+      // Run 0: the move to the profile's device and the forward that warms it up.
+      if (progress.done == 0) return "profiling: warming up";
       return absl::StrCat("profiling: run ", progress.done, " of ", progress.total);
   }
   return "inspecting";

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/files.h"
@@ -62,6 +63,9 @@ absl::StatusOr<UniqueFd> Borrow(int fd, const std::string& what) {
   return UniqueFd(copy);
 }
 
+// Measured runs of an "auto" plan's profile (its warm-up is the inspection's forward).
+constexpr int kProfileRuns = 3;
+
 // Moves `model` to `target.device`, where an "auto" plan is profiled.
 absl::StatusOr<c10::Device> MoveToProfileDevice(ZooModel& model, const AutoPlanProfile& target) {
   absl::StatusOr<c10::Device> device = ResolveDevice(target.device);
@@ -85,7 +89,7 @@ absl::StatusOr<std::string> Profile(ZooModel& model, uint32_t batch, c10::Device
   ProfileOptions options;
   options.batch = batch;
   options.warmup_runs = 0;
-  options.measured_runs = 3;
+  options.measured_runs = kProfileRuns;
   options.bandwidth_cap_bytes_per_s = target.bandwidth_bytes_per_s;
   options.measured_bandwidth_bytes_per_s = target.bandwidth_bytes_per_s;
   if (told) {
@@ -167,6 +171,8 @@ absl::StatusOr<ModelFacts> CollectFacts(ZooModel& model) {
 // The input and output specs, from one forward pass of the example input at `batch` on `device`
 // (where the model is).
 absl::Status RecordSpecs(ZooModel& model, uint32_t batch, c10::Device device, ModelFacts& facts) {
+  // No activations kept for a backward that never comes (on a shared GPU, at the profile's batch).
+  torch::NoGradGuard no_grad;
   // The input as the model takes it: a half-precision model's images in its own dtype.
   const ModelInput example = model.InModelDType(
       model.ExampleInput(static_cast<int64_t>(std::max<uint32_t>(batch, 1)), 0, device));
@@ -249,7 +255,10 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
   // batch, and is its warm-up: on a GPU node the CPU pass it replaces took 0.3 s of ResNet-152's
   // registration on the H100's host. Without a profile it runs on the CPU at batch 1.
   c10::Device device = c10::kCPU;
+  const absl::Time profile_start = absl::Now();
   if (inspected.ok() && batch > 0) {
+    // From here on it is the profile's time: the move, its warm-up, its runs.
+    if (request.on_progress) request.on_progress({InspectionStep::kProfile, 0, kProfileRuns});
     // The facts keep the host bytes they collected; the model gets the device's own tensors.
     absl::StatusOr<c10::Device> moved = MoveToProfileDevice(*model, profile);
     if (!moved.ok()) return moved.status();
@@ -257,12 +266,23 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
   }
   if (inspected.ok()) {
     absl::Status specs = RecordSpecs(*model, batch > 0 ? batch : 1, device, *inspected);
-    if (!specs.ok()) inspected = specs;
+    if (!specs.ok() && !device.is_cpu() && absl::StrContains(specs.message(), "out of memory")) {
+      // The device's memory failed the model, not the model itself.
+      specs = absl::FailedPreconditionError(absl::StrCat(
+          "an \"auto\" plan is profiled on ", profile.device, " at batch ", batch,
+          ", the device the workers compute on, and the model's forward there failed (",
+          specs.message(), "); register with a find-grouping plan file"));
+    }
+    if (!specs.ok()) {
+      inspected = specs;
+      model.reset();
+      if (!device.is_cpu()) ReleaseCachedDeviceMemory();
+    }
   }
   if (!inspected.ok() && device.is_cpu() && dtype.has_value() && *dtype != ModelDType::kFloat32 &&
       absl::IsInternal(inspected.status())) {
-    // The inspection's forward runs on the CPU, where libtorch 1.13 has no float16 kernels
-    // (2.x has them), whatever device the workers compute on.
+    // Without a GPU profile the inspection's forward runs on the CPU, where libtorch 1.13 has no
+    // float16 kernels (2.x has them), whatever device the workers compute on.
     return absl::FailedPreconditionError(absl::StrCat(
         "model '", request.name, "' cannot compute in ", request.dtype,
         " with this libtorch on the CPU, where its inspection runs (", inspected.status().message(),
@@ -270,12 +290,11 @@ absl::StatusOr<ModelFacts> Inspect(const InspectionRequest& request,
   }
   PSWITCH_ASSIGN_OR_RETURN(ModelFacts facts, std::move(inspected));
   if (batch > 0) {
-    // The facts hold their own copies of the weights: moving the model to the device for the
-    // profile leaves them as they were collected.
-    const absl::Time start = absl::Now();
+    // The model is on the profile's device already, warmed by the specs' forward.
     absl::StatusOr<std::string> measured =
         Profile(*model, batch, device, profile, request.on_progress);
-    facts.profile_us = static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - start));
+    facts.profile_us =
+        static_cast<uint64_t>(absl::ToInt64Microseconds(absl::Now() - profile_start));
     // A GPU profile's blocks go back to the device once the model that holds them is gone (an
     // inspector in a long-lived process keeps nothing cached).
     model.reset();
@@ -315,7 +334,8 @@ absl::Status PrepareInspection(const AutoPlanProfile& profile) {
                                              model->ExampleTarget(2, 0, *device))
                                 .status());
   }
-  // The blocks go back to the device: an inspector that waits holds no more than its context.
+  // The blocks go back to the device: an inspector that waits keeps its context and the cuDNN
+  // and cuBLAS handles (with cuBLAS's workspace), nothing of the models.
   if (gpu) ReleaseCachedDeviceMemory();
   return absl::OkStatus();
 }

@@ -312,6 +312,7 @@ TEST(TrainingTest, StepChangesWeightsDeterministically) {
         if (trial == 1) {
           EXPECT_GT(parts.forward_backward_ns, 0);
           EXPECT_GT(parts.update_ns, 0);
+          EXPECT_GE(parts.loss_wait_ns, 0);
         }
       }
       results.push_back(model->named_parameters()["conv1.weight"].clone());

@@ -1,7 +1,6 @@
 #include "models/training.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
@@ -172,16 +171,14 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
         const int64_t start = base::MonotonicNowNs();
         optimizer_->zero_grad();
         at::Tensor loss = ForwardBackward(model_, input, target);
-        int64_t mid = 0;
-        if (parts != nullptr) {
-          if (loss.is_cuda()) torch::cuda::synchronize(loss.device().index());
-          mid = base::MonotonicNowNs();
-        }
+        const int64_t backward_issued = base::MonotonicNowNs();
         optimizer_->step();
+        const int64_t update_issued = base::MonotonicNowNs();
         loss_value = loss.item<double>();
         if (parts != nullptr) {
-          parts->forward_backward_ns = mid - start;
-          parts->update_ns = base::MonotonicNowNs() - mid;
+          parts->forward_backward_ns = backward_issued - start;
+          parts->update_ns = update_issued - backward_issued;
+          parts->loss_wait_ns = base::MonotonicNowNs() - update_issued;
         }
       }));
   return loss_value;

@@ -62,14 +62,17 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Where one step's time went, each part waited for on the device (`parts` in Step).
+  // Where one step's time went, as the host saw it (`parts` in Step): nothing waits between the
+  // parts, so on a GPU the first two are the time to issue their work (a step that is slow to
+  // issue, the optimizer's per-parameter launches say, shows there) and the last holds what the
+  // device still had to do.
   struct StepParts {
     int64_t forward_backward_ns = 0;  // zeroing the gradients, forward, loss, backward
-    int64_t update_ns = 0;            // the optimizer's step and the loss read back
+    int64_t update_ns = 0;            // the optimizer's step
+    int64_t loss_wait_ns = 0;         // reading the loss back: the device's remaining work
   };
   // Puts the model in train mode and runs one step; returns the loss before the update.
   // Deterministic on the CPU for a fixed libtorch seed (dropout draws from the global generator).
-  // With `parts`, the device is synchronised between the two parts to time them.
   absl::StatusOr<double> Step(const ModelInput& input, const at::Tensor& target,
                               StepParts* parts = nullptr);
 

@@ -195,11 +195,15 @@ std::vector<Layer> ZooModel::BuildLayers(const std::vector<const torch::nn::Modu
 at::Generator SeededGenerator(uint64_t seed, c10::Device device) {
   if (device.is_cpu()) return at::detail::createCPUGenerator(seed);
   // A copy of the device's default generator, so no other user of that one sees its state move;
-  // seeding it also rewinds its offset, so each seed draws the same values every time.
-  at::Generator gen = at::globalContext().defaultGenerator(device).clone();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_current_seed(seed);
-  return gen;
+  // seeding the copy also rewinds its offset, so each seed draws the same values every time.
+  at::Generator fresh;
+  {
+    at::Generator shared = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(shared.mutex());  // dropout may draw from it meanwhile
+    fresh = shared.clone();
+  }
+  fresh.set_current_seed(seed);
+  return fresh;
 }
 
 at::Tensor ZooModel::MakeExampleTarget(int64_t batch, uint64_t seed, c10::Device device) const {

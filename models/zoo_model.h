@@ -114,12 +114,12 @@ at::Tensor RunLayer(LayerTape& tape, Holder& holder, const at::Tensor& x) {
   return holder->forward(x);
 }
 
-// Base of every zoo model. Owned through std::shared_ptr because libtorch's module tree
-// (named_modules, to(), clone) requires it.
 // A generator of `device` seeded with `seed`: the CPU's own kind, or a copy of the device's default
 // generator rewound to `seed` (no other user of the default one sees its state move).
 at::Generator SeededGenerator(uint64_t seed, c10::Device device);
 
+// Base of every zoo model. Owned through std::shared_ptr because libtorch's module tree
+// (named_modules, to(), clone) requires it.
 class ZooModel : public torch::nn::Module {
  public:
   // One forward pass in the current mode (train()/eval()), calling the gate hook before each
@@ -159,7 +159,8 @@ class ZooModel : public torch::nn::Module {
   // Synthetic, seeded input and training target for `batch` samples at the model's default size,
   // drawn on `device` by a generator of that device (SeededGenerator): a GPU draws a batch in
   // microseconds, where the CPU's randn and a pageable copy took 25 of a ResNet-50 training step's
-  // 40 ms on the H100. One seed gives the same values on every device of one kind.
+  // 40 ms on the H100. One seed gives the same values on any CPU, and on GPUs of one model with
+  // one libtorch (CUDA's draws depend on the kernel's grid, so on the GPU's size).
   ModelInput ExampleInput(int64_t batch, uint64_t seed, c10::Device device = c10::kCPU) const {
     return MakeExampleInput(batch, seed, device);
   }

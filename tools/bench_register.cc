@@ -152,7 +152,6 @@ absl::StatusOr<std::vector<proto::HostTensor>> RequestInputs(const Subject& s, u
   return inputs;
 }
 
-// A request's compute as the server saw it: its first layer's start to its completion.
 // The inspection's steps of each registration as pswitchd logged them ("inspection_step"), one
 // line each: where the inspect phase's time goes on a machine a reader cannot look at.
 void PrintInspectionSteps(const std::string& log) {
@@ -169,6 +168,7 @@ void PrintInspectionSteps(const std::string& log) {
   }
 }
 
+// A request's compute as the server saw it: its first layer's start to its completion.
 double ComputeSeconds(const client::TaskResult& r) {
   return absl::ToDoubleSeconds(r.latency - r.breakdown.first_layer_start);
 }

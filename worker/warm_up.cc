@@ -70,8 +70,7 @@ absl::StatusOr<int64_t> WarmTraining(BoundModel& bound, const std::string& name,
   PSWITCH_RETURN_IF_ERROR(models::CatchTorch(what, [&] {
     for (const at::Tensor& p : model.parameters()) {
       if (p.requires_grad()) {
-        at::Tensor flat = p.detach().flatten();
-        optimizer_like.push_back(flat.narrow(0, 0, std::min<int64_t>(flat.numel(), 1 << 12)));
+        optimizer_like.push_back(at::empty({std::min<int64_t>(p.numel(), 1 << 12)}, p.options()));
       }
     }
     scratch = std::make_unique<ScratchBuffers>(model);

@@ -43,7 +43,7 @@ class GateFailure : public std::runtime_error {
 };
 
 // One training iteration per step. Every iteration's data and randomness depend on (seed, i)
-// only, in any process, so a resumed task continues exactly.
+// only, in any process on the same kind of device, so a resumed task continues exactly.
 class TrainTask final : public IterativeTask {
  public:
   TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
@@ -65,9 +65,10 @@ class TrainTask final : public IterativeTask {
           .Field("model", bound_.model().model_name())
           .Field("task", run_.task_id())
           .Field("step", i)
-          .Field("batch_enqueue_ms", ms(drawn - start))
-          .Field("forward_backward_ms", ms(parts.forward_backward_ns))
-          .Field("update_ms", ms(parts.update_ns))
+          .Field("batch_issue_ms", ms(drawn - start))
+          .Field("forward_backward_issue_ms", ms(parts.forward_backward_ns))
+          .Field("update_issue_ms", ms(parts.update_ns))
+          .Field("loss_wait_ms", ms(parts.loss_wait_ns))
           .Field("total_ms", ms(base::MonotonicNowNs() - start))
           .Field("measured_ms", ms(bound_.measured_step_ns(/*training=*/true)));
     }

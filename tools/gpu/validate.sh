@@ -22,9 +22,10 @@
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
 # ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
-# -bert_base (105, 70 each), bubbles (150, 110), sanitizer (75, 50), rest (120, 90), script (90, 60:
-# your own model's archives through run-model and pswitchd on CUDA); a step reached after the
-# budget is spent is recorded as SKIPPED.
+# -bert_base (105, 70 each), dataplane (90, 60), register (200, 150), bubbles (150, 110),
+# sanitizer (75, 50), rest (120, 90), script (90, 60: your own model's archives through
+# run-model and pswitchd on CUDA); a step reached after the budget is spent is recorded as
+# SKIPPED.
 #
 # Environment:
 #   PYTHON=python3                  interpreter with the CUDA torch
@@ -269,7 +270,15 @@ cmd_register() {
   awk 'NF == 13 && $1 != "model" { printf "FIG register %s: %s s (read %s, inspect %s, profile %s, plan %s, pin %s, load %s), baseline %s s, %s x\n", $1, $8, $2, $3, $4, $5, $6, $7, $9, $10 }' \
     "$work/register.out"
   # Where the inspect phase goes (pswitchd's inspection_step lines).
-  awk '$1 == "inspection-step" { printf "FIG inspection %s %s: %s ms%s\n", $2, $3, $4, ($6 != "" ? " " $6 " " $7 " " $8 " " $9 : "") }' \
+  awk '$1 == "inspection-step" {
+      m = $2; sub(/-[0-9]+$/, "", m)
+      if (!(m in seen)) { seen[m] = 1; models[++k] = m }
+      if (!((m, $3) in c)) steps[m] = steps[m] " " $3
+      c[m, $3]++; t[m, $3] += $4 }
+    END { for (i = 1; i <= k; i++) {
+        m = models[i]; ns = split(substr(steps[m], 2), s, " "); line = ""
+        for (j = 1; j <= ns; j++) line = line (j > 1 ? ", " : "") s[j] " " sprintf("%.0f", t[m, s[j]] / c[m, s[j]])
+        printf "FIG inspection %s (ms, mean over rounds; profile up to the facts arrival): %s\n", m, line } }' \
     "$work/register.out"
   # The standby inspector (on above) against a child started per registration, same machine.
   "$bin/bench-register" --backend=cuda --models=resnet152 --rounds="$rounds" \
@@ -590,8 +599,12 @@ def first_run(kind):
     except OSError:
         return None, None
     measured = re.search(r"event=fill_job_step_measured .*?measured_ms=([0-9.]+)", log)
-    first = re.search(r"event=task_switch .*?model=fill-[0-9]+ .*?result_ms=([0-9.]+)", log)
-    return (float(measured.group(1)) if measured else None), (float(first.group(1)) if first else None)
+    first = re.search(r"event=task_switch .*?model=fill-[0-9]+ .*?result_ms=(-?[0-9.]+)", log)
+    first_ms = float(first.group(1)) if first else None
+    if first_ms is not None and first_ms < 0:
+        print(f"FIG first fill step {kind}: the first run has no result time in pswitchd's log")
+        first_ms = None
+    return (float(measured.group(1)) if measured else None), first_ms
 
 ok = True
 for kind in ("resnet50-training", "bert_base-inference"):
@@ -622,8 +635,9 @@ for kind in ("resnet50-training", "bert_base-inference"):
     for line in re.findall(r"event=training_step_parts .*", log)[:6]:
         f = dict(re.findall(r"(\w+)=([^ ]+)", line))
         print(f"FIG training step parts {kind} task {f.get('task')} step {f.get('step')}: total "
-              f"{f.get('total_ms')} ms = batch enqueue {f.get('batch_enqueue_ms')} + forward and "
-              f"backward {f.get('forward_backward_ms')} + update {f.get('update_ms')} "
+              f"{f.get('total_ms')} ms = issuing the batch {f.get('batch_issue_ms')}, forward "
+              f"and backward {f.get('forward_backward_issue_ms')}, update "
+              f"{f.get('update_issue_ms')}, then waiting for the loss {f.get('loss_wait_ms')} "
               f"(measured warm {f.get('measured_ms')})")
     pairs = [(iteration_ms(f"{d}/{kind}-alone-{r}.json"), iteration_ms(f"{d}/{kind}-fill-{r}.json"))
              for r in range(1, rounds + 1)]
@@ -780,7 +794,7 @@ do_run() {
     step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"
   done
   step dataplane $((q ? 60 : 90)) "$self" _dataplane
-  step register $((q ? 120 : 150)) "$self" _register
+  step register $((q ? 150 : 200)) "$self" _register
   step bubbles $((q ? 110 : 150)) "$self" _bubbles
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
   step rest $((q ? 90 : 120)) "$self" _rest
