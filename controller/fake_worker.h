@@ -67,6 +67,14 @@ class FakeWorker : public WorkerLink {
     proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, body.Union()));
     Emit(b);
   }
+  void RegionMapFailed(uint64_t region, const absl::Status& why) {
+    flatbuffers::FlatBufferBuilder b;
+    auto error = proto::CreateWireError(b, why);
+    auto body = proto::CreateRegionMapFailed(b, region, error);
+    proto::Finish(
+        b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RegionMapFailed, body.Union()));
+    Emit(b);
+  }
   void Heartbeat() {
     flatbuffers::FlatBufferBuilder b;
     auto body = proto::CreateHeartbeat(b);

@@ -49,6 +49,9 @@ class RegionMappings {
   // Sends an UnmapRegion for each mapped region nothing holds any more; returns how many. A
   // region whose UnmapRegion cannot be sent is forgotten all the same (its worker is dying).
   size_t UnmapExpired(const SendFn& send);
+  // Drops the record of `region_id` without an UnmapRegion: its MapRegion failed in the worker,
+  // so the next MapMissing that needs it sends it again. False when it was not recorded.
+  bool Forget(uint64_t region_id) { return mapped_.erase(region_id) > 0; }
   bool mapped(uint64_t region_id) const { return mapped_.contains(region_id); }
   size_t size() const { return mapped_.size(); }
   // Mappings of regions still held that were unmapped to make room (logs, tests).

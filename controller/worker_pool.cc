@@ -143,9 +143,25 @@ void WorkerPool::OnEvent(int slot, const absl::StatusOr<std::vector<uint8_t>>& e
         listener_->OnDrained(slot, slots_[slot].last_task, *e->body_as_Drained());
       }
       break;
+    case proto::WorkerEventBody::RegionMapFailed: {
+      // The mapping was recorded when the MapRegion was sent: forgotten, so the next Run that
+      // names the region maps it again (a failure may pass, e.g. a page-locking the device
+      // refused once). The Runs already sent naming it fail NotFound with the reason.
+      auto* failed = e->body_as_RegionMapFailed();
+      const uint64_t region = failed != nullptr ? failed->region() : 0;
+      const bool forgotten = slots_[slot].regions.Forget(region);
+      Event(base::LogLevel::kWarn, "worker_region_map_failed")
+          .Field("slot", slot)
+          .Field("region", region)
+          .Field("forgotten", forgotten)
+          .Field("error", failed != nullptr && failed->error() != nullptr
+                              ? proto::FromWireError(failed->error())
+                              : absl::UnknownError("no detail"));
+      break;
+    }
     case proto::WorkerEventBody::Error: {
-      // A command the worker could not honour and that has no answer of its own (a MapRegion:
-      // the Runs naming that region then fail NotFound, each with its task). Said, not hidden.
+      // A command the worker could not honour and that has no answer of its own. Said, not
+      // hidden.
       auto* error = e->body_as_Error();
       Event(base::LogLevel::kWarn, "worker_command_failed")
           .Field("slot", slot)

@@ -369,6 +369,29 @@ TEST_F(WorkerPoolTest, ARegionIsMappedBeforeTheFirstRunThatUsesItOncePerProcess)
                            absl::StrCat("101 MapRegion ", region->id(), " 8192 fd"), "101 NONE"}));
 }
 
+// A MapRegion the worker could not carry out is forgotten: the next Run naming the region sends
+// it again, where before the region stayed "mapped" in pswitchd's record and every later Run on
+// that worker failed with "region N is not mapped in this worker" (seen once on the H100).
+TEST_F(WorkerPoolTest, ARegionWhoseMapFailedInTheWorkerIsMappedAgainBeforeTheNextRun) {
+  auto pool = MakePool(1);
+  pool->Start();
+  BringUp(1);
+  auto region = Staging(8192);
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(0, 7, EmptyRun(), {region}).ok());
+  const std::string map = absl::StrCat("100 MapRegion ", region->id(), " 8192 fd");
+  EXPECT_EQ(commands_, (std::vector<std::string>{map, "100 NONE"}));
+  workers_[0]->RegionMapFailed(region->id(), absl::InternalError("cudaHostRegister: busy"));
+  Drain();
+  EXPECT_FALSE(pool->Maps(0, region->id()));
+  RunDone(0, 7);
+  Drain();
+  commands_.clear();
+  ASSERT_TRUE(pool->SendRun(0, 8, EmptyRun(), {region}).ok());
+  EXPECT_EQ(commands_, (std::vector<std::string>{map, "100 NONE"}));
+  EXPECT_TRUE(pool->Maps(0, region->id()));
+}
+
 // Once nothing holds a region (its task ended, its table let go), each worker that maps it is
 // told to unmap it: at the next heartbeat, or before the next Run.
 TEST_F(WorkerPoolTest, AnExpiredRegionIsUnmappedAtTheNextHeartbeatOrRun) {

@@ -405,8 +405,14 @@ absl::Status Worker::HandleMapRegion(const proto::MapRegion& map, UniqueFd fd) {
       .Field("regions", regions_->size())
       .Field("error", std::string(mapped.message()));
   if (mapped.ok()) return absl::OkStatus();
-  // Not the worker's failure: pswitchd hears why, and the Runs naming the region fail alone.
-  return SendError(mapped);
+  // Not the worker's failure: pswitchd hears which region and why, and maps it again before the
+  // next Run that names it; the Runs already queued naming it fail alone, with the reason.
+  flatbuffers::FlatBufferBuilder b;
+  auto error = proto::CreateWireError(b, mapped);
+  auto failed = proto::CreateRegionMapFailed(b, spec.region, error);
+  proto::Finish(
+      b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RegionMapFailed, failed.Union()));
+  return SendEvent(b);
 }
 
 absl::Status Worker::HandleUnmapRegion(const proto::UnmapRegion& unmap) {

@@ -466,10 +466,13 @@ TEST_F(WorkerRegionTest, HostileSlicesAndUnmappedRegionsAreRefusedPerTask) {
   answer = Run(RegionInput(segment, 0, /*region=*/12));
   EXPECT_EQ(answer.status.code(), absl::StatusCode::kNotFound) << answer.status;
 
-  // A CUDA IPC handle on the host backend: an Error event, and the region stays unmapped.
+  // A CUDA IPC handle on the host backend: a RegionMapFailed event naming the region and why (so
+  // pswitchd maps it again before the next Run), and the region stays unmapped.
   MapRegion(13, -1, std::string(64, 'h'));
-  ASSERT_TRUE(Next(proto::WorkerEventBody::Error).ok());
-  EXPECT_THAT(LastEvent().body_as_Error()->message()->str(), HasSubstr("CUDA backend"));
+  ASSERT_TRUE(Next(proto::WorkerEventBody::RegionMapFailed).ok());
+  EXPECT_EQ(LastEvent().body_as_RegionMapFailed()->region(), 13u);
+  EXPECT_THAT(LastEvent().body_as_RegionMapFailed()->error()->message()->str(),
+              HasSubstr("CUDA backend"));
   answer = Run(RegionInput(segment, 0, /*region=*/13));
   EXPECT_EQ(answer.status.code(), absl::StatusCode::kNotFound) << answer.status;
 
