@@ -609,9 +609,10 @@ def first_run(kind):
 ok = True
 for kind in ("resnet50-training", "bert_base-inference"):
     measured, first = first_run(kind)
-    stats_path = f"{d}/{kind}-stats.txt"
-    counts = dict(re.findall(r"(\w+)=([0-9.]+)", open(stats_path).read())) if os.path.exists(stats_path) else {}
-    steps, step_ms = float(counts.get("steps", 0)), float(counts.get("fill_step_ms", 0))
+    stats = {}
+    if os.path.exists(f"{d}/{kind}-stats.txt"):
+        stats = dict(re.findall(r"(\w+)=([0-9.]+)", open(f"{d}/{kind}-stats.txt").read()))
+    steps, step_ms = float(stats.get("steps", 0)), float(stats.get("fill_step_ms", 0))
     mean = step_ms / steps if steps else float("nan")
     if measured and first and kind.endswith("training"):
         # A training fill run is one step: the first against the warm-up's measured step (issue
@@ -642,9 +643,6 @@ for kind in ("resnet50-training", "bert_base-inference"):
     pairs = [(iteration_ms(f"{d}/{kind}-alone-{r}.json"), iteration_ms(f"{d}/{kind}-fill-{r}.json"))
              for r in range(1, rounds + 1)]
     pairs = [(a, f) for a, f in pairs if a and f]
-    stats = {}
-    if os.path.exists(f"{d}/{kind}-stats.txt"):
-        stats = dict(re.findall(r"(\w+)=([0-9.]+)", open(f"{d}/{kind}-stats.txt").read()))
     if not pairs or not stats:
         print(f"FIG bubbles {kind}: not measured (see steps.log)")
         ok = False
