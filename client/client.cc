@@ -512,9 +512,16 @@ absl::StatusOr<std::vector<ModelInfo>> Client::ListModels() {
         auto* list = reply->body_as_ModelList()->models();
         if (list == nullptr) return models;
         for (const proto::ModelInfo* m : *list) {
-          models.push_back(ModelInfo{m->name() ? m->name()->str() : "",
-                                     m->zoo_model() ? m->zoo_model()->str() : "", m->param_bytes(),
-                                     m->output_dtype(), ReadLongs(m->output_shape())});
+          ModelInfo info{m->name() ? m->name()->str() : "",
+                         m->zoo_model() ? m->zoo_model()->str() : "",
+                         m->param_bytes(),
+                         m->output_dtype(),
+                         ReadLongs(m->output_shape()),
+                         {}};
+          if (const auto* gpus = m->resident_gpus(); gpus != nullptr) {
+            info.resident_gpus.assign(gpus->begin(), gpus->end());
+          }
+          models.push_back(std::move(info));
         }
         return models;
       });

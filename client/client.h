@@ -104,6 +104,8 @@ struct ModelInfo {
   // not known (then outputs come back inline).
   proto::DType output_dtype = proto::DType::F32;
   std::vector<int64_t> output_shape;
+  // The GPUs whose weights cache holds it now (a task there copies nothing).
+  std::vector<uint32_t> resident_gpus;
 };
 
 struct InferOptions {

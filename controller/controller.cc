@@ -23,9 +23,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
         absl::StrCat("gpus must be in [1, ", kMaxGpus, "], got ", daemons.size()));
   }
   if (!options.inspector) return absl::InvalidArgumentError("the controller needs an inspector");
-  // Each GPU's arena holds one weights region (the active model; every worker's views point
-  // into it), its workers' activation leases and training tasks' optimizer state. Every region
-  // has the size of the smallest, so a model that fits one GPU fits them all.
+  // Each GPU's arena holds one weights pool (the resident models' regions: WeightsCache), its
+  // workers' activation leases and training tasks' optimizer state. Every pool has the size of
+  // the smallest, so a model that fits one GPU fits them all.
   const uint64_t activations =
       options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
   uint64_t region_bytes = UINT64_MAX;
@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     SchedulerOptions scheduler = options.scheduler;
     scheduler.gpu = static_cast<int>(g);
     scheduler.region_offset = region.offset;
+    scheduler.region_bytes = region.bytes;
     scheduler.checkpoints = c->checkpoints_;
     scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();
     // Only the workers this scheduler spawns attach the arena, each once (WorkerServer).

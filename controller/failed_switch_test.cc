@@ -13,6 +13,7 @@
 #include "gpu/internal/job_ticket.h"
 #include "grouping/baselines.h"
 #include "gtest/gtest.h"
+#include "memdaemon/arena_layout.h"
 #include "memdaemon/host_test_daemon.h"
 #include "memdaemon/synthetic_model.h"
 #include "proto/framing.h"
@@ -92,7 +93,12 @@ class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
     }
     Drain();
     ASSERT_TRUE(pool_->AwaitReady(absl::ZeroDuration()));
-    switcher_ = std::make_unique<Switcher>(SwitcherOptions{0, kRegion, absl::Seconds(30)},
+    WeightsCacheOptions weights;
+    weights.pool_offset = kRegion;
+    weights.pool_bytes = 16 << 20;
+    weights.flag_count = memdaemon::kReadyFlagCount;
+    weights.enabled = false;  // the single region these tests check byte for byte
+    switcher_ = std::make_unique<Switcher>(SwitcherOptions{0, weights, absl::Seconds(30)},
                                            transmitter_.get(), pool_.get(), loop_,
                                            [this](uint64_t task, const absl::Status& copied) {
                                              ended_.emplace_back(task, copied);

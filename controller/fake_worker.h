@@ -31,7 +31,8 @@ class FakeWorker : public WorkerLink {
     if (auto* load = c->body_as_LoadModel()) absl::StrAppend(&line, " ", load->name()->str());
     if (auto* stop = c->body_as_Stop()) absl::StrAppend(&line, " ", stop->drain_value());
     if (auto* prepare = c->body_as_Prepare()) {
-      absl::StrAppend(&line, " ", prepare->model()->str(), " epoch ", prepare->epoch());
+      absl::StrAppend(&line, " ", prepare->model()->str(), " epoch ", prepare->epoch(), " at ",
+                      prepare->weights_offset(), " flags ", prepare->flag_base());
     }
     if (auto* run = c->body_as_Run()) absl::StrAppend(&line, " ", run->task_id());
     if (auto* map = c->body_as_MapRegion()) {

@@ -92,6 +92,7 @@ struct GpuScheduler::Running {
   uint32_t batch = 0;
   absl::Time placed_at = absl::InfinitePast();  // when it was placed (its inputs' hold)
   bool copied = false;  // its switch's copy ended well (CopyEnded)
+  uint64_t weights_offset = 0;  // where its model's weights are in the arena
   bool RunHeld() const { return awaiting_inputs || restoring; }
 };
 
@@ -137,9 +138,16 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
     daemon->ReleaseDrain(slot, promised);
   };
   pool_ = std::make_unique<WorkerPool>(std::move(pool), loop_, static_cast<WorkerPool::Listener*>(this));
+  WeightsCacheOptions cache;
+  cache.pool_offset = options.region_offset;
+  cache.pool_bytes = options.region_bytes;
+  cache.flag_count = memdaemon::kReadyFlagCount;
+  cache.enabled = options.weights_cache;
+  cache.capacity_bytes = options.weights_cache_bytes;
+  cache.policy = options.eviction_policy;
   switcher_ = std::make_unique<Switcher>(
-      SwitcherOptions{options.gpu, options.region_offset, options.drain_timeout},
-      &daemon->transmitter(), pool_.get(), loop_,
+      SwitcherOptions{options.gpu, cache, options.drain_timeout}, &daemon->transmitter(),
+      pool_.get(), loop_,
       [this](uint64_t task, const absl::Status& copied) { CopyEnded(task, copied); });
 }
 
@@ -150,6 +158,10 @@ absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const Schedule
     return absl::InvalidArgumentError(absl::StrCat(
         "worker count ", options.workers, " out of range [1, ", memdaemon::kDrainFlagCount, "]"));
   }
+  if (options.region_bytes == 0) {
+    return absl::InvalidArgumentError("the weights pool (region_bytes) must not be empty");
+  }
+  PSWITCH_RETURN_IF_ERROR(daemon->arena().CheckRange(options.region_offset, options.region_bytes));
   std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
   s->loop_thread_ = std::thread([p = s.get()] { p->Loop(); });
   s->Post([p = s.get()] { p->pool_->Start(); });
@@ -180,6 +192,8 @@ void GpuScheduler::AfterEvent() {
   // A busy loop must not starve the stop deadline; its timer may not have had its turn yet.
   EnforceStop();
   FinishUnloads();
+  telemetry_->WeightsCache(options_.gpu, switcher_->cache().stats());
+  PublishResident();
   if (stopping_) {
     // A running task gets a bounded time to reach its sync point, then the loop ends anyway.
     if (!shutdown_timer_armed_) {
@@ -490,12 +504,8 @@ void GpuScheduler::MaybeStart() {
       // No model to switch in: any free worker runs it, once one is up.
       outlook = pool_->ForAnyWorker();
       never = absl::UnavailableError("no idle worker for the synthetic fill task");
-    } else if (switcher_->Holds(ticket.model)) {
-      // Resident: only its active worker runs it, when it is free.
-      outlook = pool_->Usable(switcher_->active_slot(), ticket.model) ? WorkerPool::Outlook::kNow
-                                                                      : WorkerPool::Outlook::kLater;
     } else {
-      outlook = pool_->ForModel(ticket.model, &never);
+      outlook = switcher_->ForModel(ticket.model, &never);
     }
     if (outlook == WorkerPool::Outlook::kLater) return;  // wait
     if (fill) {
@@ -548,6 +558,7 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   PSWITCH_ASSIGN_OR_RETURN(Switcher::Placement placed,
                            switcher_->Place(ticket.id, *run->entry, run->timeline));
   run->transmission = placed.transmission;
+  run->weights_offset = placed.weights_offset;
   const uint32_t batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;
   if (!inputs_ended || optimizer_bytes > 0) {
     // The switch is under way; the Run waits for the bytes (InputsEnded) and for the optimizer
@@ -882,6 +893,16 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
   }
   telemetry_->TaskRan(options_.gpu, run->task_id, MetricModel(spec), spec.kind, result.slot,
                       outcome.timeline, status.ok());
+  // A training run that failed may have left its model's weights half updated in place: the
+  // next task copies them again from the pinned store, which only a good run's checkpoint moves.
+  if (!status.ok() && result.ran && spec.kind == TaskKind::kTraining)
+    switcher_->Untrust(spec.model);
+  if (status.ok() && spec.kind == TaskKind::kInference &&
+      outcome.timeline.first_layer_start_ns > 0 &&
+      outcome.timeline.result_ns > outcome.timeline.first_layer_start_ns) {
+    switcher_->ObserveCompute(spec.model, absl::Nanoseconds(outcome.timeline.result_ns -
+                                                            outcome.timeline.first_layer_start_ns));
+  }
   if (run->training != nullptr && EndTraining(*run, spec, outcome, status)) return;
   if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
     absl::Status why = std::move(reason->second);
@@ -915,7 +936,7 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   ending.run_ok = status.ok();
   ending.trained = outcome.iterations_done > first_iteration;
   ending.transmission = run.transmission;
-  ending.region_offset = options_.region_offset;
+  ending.region_offset = run.weights_offset;
   ending.model = run.entry != nullptr ? run.entry->stored : nullptr;
   // A run that resumes keeps its optimizer state: one stopped early, not for good. A cancel that
   // comes while the checkpoint runs still wins (TrainingSaved looks again).
@@ -1056,6 +1077,20 @@ std::pair<uint64_t, uint64_t> GpuScheduler::ArenaUse() const {
   return {daemon_->arena().size_bytes(), used};
 }
 
+void GpuScheduler::PublishResident() {
+  std::set<std::string> resident;
+  for (const ResidentModel& r : switcher_->cache().List()) {
+    if (r.trusted) resident.insert(r.model);
+  }
+  absl::MutexLock lock(&resident_mu_);
+  if (resident != resident_) resident_ = std::move(resident);
+}
+
+std::set<std::string> GpuScheduler::ResidentModels() const {
+  absl::MutexLock lock(&resident_mu_);
+  return resident_;
+}
+
 absl::StatusOr<GpuSnapshot> GpuScheduler::Snapshot(absl::Duration timeout) const {
   // Shared with the loop's handler, which may run after this call has timed out.
   struct Pending {
@@ -1065,7 +1100,12 @@ absl::StatusOr<GpuSnapshot> GpuScheduler::Snapshot(absl::Duration timeout) const
   auto pending = std::make_shared<Pending>();
   loop_->Post([this, pending] {
     GpuSnapshot& s = pending->snapshot;
-    s.resident_model = switcher_->resident_model();
+    s.resident_model = switcher_->active_model();
+    s.resident = switcher_->cache().List();
+    std::erase_if(s.resident, [](const ResidentModel& r) { return !r.trusted; });
+    s.cache = switcher_->cache().stats();
+    s.cache_capacity_bytes = switcher_->cache().capacity_bytes();
+    s.cache_enabled = switcher_->cache().enabled();
     for (int slot = 0; slot < pool_->size(); ++slot) {
       s.workers.push_back({slot, static_cast<int>(pool_->pid(slot)), pool_->StateName(slot),
                            slot == switcher_->active_slot()});

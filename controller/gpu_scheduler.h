@@ -75,7 +75,14 @@ struct SchedulerOptions {
   // Workers warm every model when they load it (worker/warm_up.h): pswitchd's --warm-up, on by
   // default where a first run pays one-off costs (CUDA).
   bool warm_ups = false;
-  uint64_t region_offset = 0;  // the weights region (a memdaemon lease)
+  // The weights pool (a memdaemon lease) and how it caches models: region_offset and
+  // region_bytes are filled in by the controller; the rest is the operator's
+  // (--weights-cache, --weights-cache-bytes, --weights-cache-policy).
+  uint64_t region_offset = 0;
+  uint64_t region_bytes = 0;
+  bool weights_cache = true;
+  uint64_t weights_cache_bytes = 0;  // 0: the whole pool
+  EvictionPolicy eviction_policy = EvictionPolicy::kCostAware;
   // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
   // An old tenant that has not drained this long after a switch asked it to is killed (its
@@ -108,10 +115,15 @@ struct GpuSnapshot {
     int slot = 0;
     int pid = 0;  // 0: no live process
     std::string state;  // WorkerPool::StateName
-    bool active = false;  // holds the resident model's region
+    bool active = false;  // placed last
   };
   int gpu = 0;
-  std::string resident_model;  // empty: none trusted
+  std::string resident_model;  // the active worker's model while resident; empty: none
+  // Every model whose weights the GPU's pool holds (WeightsCache), in address order.
+  std::vector<ResidentModel> resident;
+  WeightsCacheStats cache;
+  uint64_t cache_capacity_bytes = 0;
+  bool cache_enabled = true;
   std::vector<Worker> workers;
   size_t queue_depth = 0;  // unfinished tasks (queued or running), fill runs aside
   uint64_t arena_bytes = 0;
@@ -158,6 +170,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // The GPU's state, read on the loop; Unavailable when the loop does not answer within
   // `timeout` (busy, or stopped).
   absl::StatusOr<GpuSnapshot> Snapshot(absl::Duration timeout) const;
+  // The models whose weights this GPU's cache holds, as of the loop's latest event. Any thread;
+  // never waits for the loop.
+  std::set<std::string> ResidentModels() const;
   // The arena's size and leased bytes (any thread, without the loop).
   std::pair<uint64_t, uint64_t> ArenaUse() const;
   // Unfinished tasks, queued or running, fill runs aside (any thread, without the loop).
@@ -189,6 +204,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // Whether the running task yields to what waits (preemption, or a fill run to any task).
   void MaybePreempt();
   absl::Status StartTask(const TaskTicket& ticket);
+  // Copies the cache's resident models for ResidentModels (after each event).
+  void PublishResident();
   // Task `task_id`'s inputs arrival ended (posted by its watcher): a task placed and waiting for
   // them gets its Run now; one whose bytes will never come fails, queued or placed.
   void InputsEnded(uint64_t task_id);
@@ -292,6 +309,9 @@ class GpuScheduler : private WorkerPool::Listener {
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Switcher> switcher_;
   std::atomic<size_t> unfinished_{0};  // submitted tasks not yet answered (not fill runs)
+  // What the cache holds, published by the loop after each event for ResidentModels.
+  mutable absl::Mutex resident_mu_;
+  std::set<std::string> resident_ ABSL_GUARDED_BY(resident_mu_);
   asio::steady_timer kill_timer_;      // stop_deadline_
   asio::steady_timer deadline_timer_;  // deadlines_
   asio::steady_timer respawn_timer_;   // the pool's next restart

@@ -166,6 +166,7 @@ class InputsArrivingTest : public ::testing::Test {
     SchedulerOptions options;
     options.workers = kWorkers;
     options.region_offset = 32 << 20;                 // clear of any lease
+    options.region_bytes = 16 << 20;                  // the catalog's layout check's size
     options.worker_silence_timeout = absl::Hours(1);  // the scripted workers send no heartbeat
     options.inputs_hold = inputs_hold_;
     options.before_state_restore = [this](uint64_t) {

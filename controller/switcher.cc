@@ -1,5 +1,7 @@
 #include "controller/switcher.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "controller/worker_commands.h"
@@ -10,13 +12,13 @@ namespace pswitch::controller {
 using registry::CatalogEntry;
 
 Switcher::Switcher(SwitcherOptions options, memdaemon::Transmitter* transmitter, WorkerPool* pool,
-                   std::shared_ptr<EventLoop> loop,
-                   CopyEnded on_copy_ended)
+                   std::shared_ptr<EventLoop> loop, CopyEnded on_copy_ended)
     : options_(options),
       transmitter_(transmitter),
       pool_(pool),
       loop_(std::move(loop)),
-      on_copy_ended_(std::move(on_copy_ended)) {}
+      on_copy_ended_(std::move(on_copy_ended)),
+      cache_(options_.cache) {}
 
 base::Log Switcher::Event(base::LogLevel level, absl::string_view event) const {
   base::Log line(level, event);
@@ -30,18 +32,57 @@ std::optional<uint32_t> Switcher::Stop(int slot) {
   return value;
 }
 
+ReloadCost Switcher::CostOf(const CatalogEntry& entry) const {
+  // Until a copy was measured, a nominal 10 GB/s (between the host backend's memcpy and PCIe 4):
+  // what matters to the policy is how models compare, which bytes alone already say.
+  const double bandwidth = link_bytes_per_s_ > 0 ? link_bytes_per_s_ : 10e9;
+  ReloadCost cost;
+  cost.copy_s = static_cast<double>(entry.weight_bytes) / bandwidth;
+  cost.groups = static_cast<uint32_t>(std::max<size_t>(entry.plan.size(), 1));
+  return cost;
+}
+
+WorkerPool::Outlook Switcher::ForModel(const std::string& model, absl::Status* never) const {
+  const bool resident = cache_.Find(model) != nullptr;
+  int busy = 0;
+  for (const auto& [slot, tenant] : tenants_) {
+    if (pool_->Idle(slot)) continue;
+    ++busy;
+    if (resident && tenant.model == model) return WorkerPool::Outlook::kLater;
+  }
+  // A copy waits for at most one old tenant's drain: with two abandoned runs still busy, a new
+  // region could overlap both, so a miss waits until one of them is done (or killed).
+  if (!resident && busy > 1) return WorkerPool::Outlook::kLater;
+  return pool_->ForModel(model, never);
+}
+
 absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const CatalogEntry& entry,
                                                     SwitchTimeline& timeline) {
   const std::string& model = entry.request.name;
+  const int64_t now_ns = base::MonotonicNowNs();
   Placement placement;
-  const int active = residency_.active_slot();
-  if (residency_.Holds(model)) {
-    placement.slot = active;
+  const int active = active_slot_;
+  PrepareSpec prepare{model, 0, 0, 0, entry.group_last_layer};
+  if (const ResidentModel* resident = cache_.Find(model); resident != nullptr) {
+    // A hit: its own flags still hold the epoch of the copy that brought it (or will, as that
+    // copy goes on), so the worker gates exactly as on the switch.
+    placement.slot = pool_->Usable(active, model) ? active : pool_->UsableOther(model, active);
+    if (placement.slot < 0) {
+      return absl::UnavailableError(absl::StrCat("no free worker holds model '", model, "'"));
+    }
+    cache_.Hit(model, now_ns);
+    prepare.epoch = resident->epoch;
+    prepare.flag_base = resident->flag_base;
+    prepare.weights_offset = resident->offset;
+    placement.weights_offset = resident->offset;
   } else {
-    if (entry.plan.size() > memdaemon::kReadyFlagCount) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("model '", model, "' has ", entry.plan.size(), " groups; this GPU has ",
-                       memdaemon::kReadyFlagCount, " ready flags"));
+    PSWITCH_ASSIGN_OR_RETURN(Reservation room, cache_.Reserve(model, entry.stored->total_bytes(),
+                                                              CostOf(entry), now_ns));
+    for (const std::string& evicted : room.evicted) {
+      Event(base::LogLevel::kInfo, "weights_evicted")
+          .Field("model", evicted)
+          .Field("for", model)
+          .Field("policy", EvictionPolicyName(options_.cache.policy));
     }
     // A standby (not the active worker) takes the new model: the active one drains meanwhile.
     placement.slot = pool_->UsableOther(model, active);
@@ -49,16 +90,22 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     memdaemon::TransmitRequest request;
     request.model = entry.stored;
     request.groups = entry.plan;
-    request.weights_offset = options_.region_offset;
-    request.flag_base = 0;
+    request.weights_offset = room.offset;
+    request.flag_base = room.flag_base;
+    const uint64_t bytes = entry.stored->total_bytes();
     int drain_slot = -1;
-    // An idle old tenant has nothing in flight (its RunDone came after its stream synchronised):
-    // no Stop, no device-side drain wait, no round trip on the switch.
-    if (active >= 0 && !pool_->Idle(active)) {
-      if (std::optional<uint32_t> value = Stop(active)) {
+    // A busy old tenant (an abandoned run) may still write the region it ran on: a copy over
+    // that region waits, on the copy stream, for it to drain. An idle one has nothing in flight
+    // (its RunDone came after its stream synchronised), and a copy elsewhere waits for nobody.
+    // ForModel let this miss through with at most one busy tenant.
+    for (const auto& [slot, tenant] : tenants_) {
+      const bool overlaps =
+          tenant.offset < room.offset + bytes && room.offset < tenant.offset + tenant.bytes;
+      if (!overlaps || pool_->Idle(slot) || drain_slot >= 0) continue;
+      if (std::optional<uint32_t> value = Stop(slot)) {
         request.drain =
-            memdaemon::DrainCondition{static_cast<uint32_t>(active), *value, options_.drain_timeout};
-        drain_slot = active;
+            memdaemon::DrainCondition{static_cast<uint32_t>(slot), *value, options_.drain_timeout};
+        drain_slot = slot;
         timeline.stop_sent_ns = last_stop_sent_ns_;
       }
     }
@@ -69,14 +116,40 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     request.on_stalled = [this, id, loop = loop_](const absl::Status& why) {
       loop->Post([this, id, why] { Stalled(id, why); });
     };
-    PSWITCH_ASSIGN_OR_RETURN(placement.transmission, transmitter_->Start(std::move(request)));
-    in_flight_[id] = InFlight{placement.transmission, task, drain_slot, model};
-    residency_.Switched(placement.slot, model, placement.transmission->epoch());
+    absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> started =
+        transmitter_->Start(std::move(request));
+    if (!started.ok()) {
+      cache_.Untrust(model);  // nothing was queued: the reservation is freed at once
+      return started.status();
+    }
+    placement.transmission = *std::move(started);
+    cache_.Started(model, placement.transmission->epoch());
+    in_flight_[id] = InFlight{placement.transmission, task, drain_slot, model, bytes};
+    prepare.epoch = placement.transmission->epoch();
+    prepare.flag_base = room.flag_base;
+    prepare.weights_offset = room.offset;
+    placement.weights_offset = room.offset;
   }
-  flatbuffers::FlatBufferBuilder prepare;
-  BuildPrepare(prepare, model, residency_.epoch(), entry.group_last_layer);
-  PSWITCH_RETURN_IF_ERROR(pool_->Send(placement.slot, prepare));
+  active_slot_ = placement.slot;
+  tenants_[placement.slot] = Tenant{model, placement.weights_offset, entry.stored->total_bytes()};
+  flatbuffers::FlatBufferBuilder b;
+  BuildPrepare(b, prepare);
+  PSWITCH_RETURN_IF_ERROR(pool_->Send(placement.slot, b));
   return placement;
+}
+
+void Switcher::SlotDied(int slot) {
+  auto it = tenants_.find(slot);
+  if (it == tenants_.end()) return;
+  cache_.Untrust(it->second.model);
+  tenants_.erase(it);
+  if (active_slot_ == slot) active_slot_ = -1;
+}
+
+std::string Switcher::active_model() const {
+  auto it = tenants_.find(active_slot_);
+  if (it == tenants_.end() || cache_.Find(it->second.model) == nullptr) return {};
+  return it->second.model;
 }
 
 void Switcher::Stalled(uint64_t id, const absl::Status& why) {
@@ -87,7 +160,7 @@ void Switcher::Stalled(uint64_t id, const absl::Status& why) {
       .Field("epoch", it->second.transmission->epoch())
       .Field("error", why);
   // Whatever the device still does, this switch did not complete.
-  residency_.Failed(it->second.transmission->epoch());
+  cache_.Untrust(it->second.model, it->second.transmission->epoch());
   KillUndrained(it->second, why);
 }
 
@@ -108,18 +181,26 @@ void Switcher::Ended(uint64_t id) {
   InFlight ended = std::move(it->second);
   in_flight_.erase(it);
   // Finished: returns at once, after retiring the groups it never published.
-  absl::Status status = ended.transmission->Wait(absl::ZeroDuration()).status();
-  if (status.ok()) {
-    on_copy_ended_(ended.task, status);
+  absl::StatusOr<std::vector<memdaemon::GroupTrace>> traces =
+      ended.transmission->Wait(absl::ZeroDuration());
+  cache_.CopyEnded(ended.model, ended.transmission->epoch(), traces.ok());
+  if (traces.ok()) {
+    if (!traces->empty() && traces->back().ready_ns > traces->front().copy_start_ns) {
+      const double s = (traces->back().ready_ns - traces->front().copy_start_ns) / 1e9;
+      const double measured = static_cast<double>(ended.bytes) / s;
+      link_bytes_per_s_ =
+          link_bytes_per_s_ == 0 ? measured : 0.8 * link_bytes_per_s_ + 0.2 * measured;
+    }
+    on_copy_ended_(ended.task, absl::OkStatus());
     return;
   }
+  const absl::Status& status = traces.status();
   Event(base::LogLevel::kWarn, "transmission_failed")
       .Field("task", ended.task)
       .Field("epoch", ended.transmission->epoch())
       .Field("error", status);
   // The region holds part of this model and part of whatever was there: a later task for it
-  // must transmit again rather than run on partly old weights.
-  residency_.Failed(ended.transmission->epoch());
+  // must transmit again rather than run on partly old weights (CopyEnded freed the region).
   KillUndrained(ended, status);
   on_copy_ended_(ended.task, status);
 }
@@ -164,7 +245,7 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
       .Field("last_group_ms", ms(t.last_group_ready_ns))
       .Field("result_ms", ms(t.result_ns));
   // A task that failed on a switch leaves no trusted residency behind (defect 4).
-  if (!task_ok || !failed.ok()) residency_.Failed(transmission.epoch());
+  if (!task_ok || !failed.ok()) cache_.Untrust(model, transmission.epoch());
   return failed;
 }
 

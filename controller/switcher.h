@@ -1,18 +1,25 @@
 // The switch of one GPU: which worker runs a task's model, and getting the model's weights into
-// the region under it.
+// a region of the GPU's weights pool under it.
 //
-//   1. A task whose model the region holds runs on the active worker: nothing moves.
-//   2. Otherwise a free standby worker takes it (the active one only when none is free). A busy
-//      active tenant is told to stop; it drains at its next sync point and writes its drain flag.
+//   1. A task whose model is resident (WeightsCache) runs on a free worker that has it loaded,
+//      the last active one when it can: nothing is copied, and Prepare moves the worker's views
+//      to the model's region (one pointer per model in the worker).
+//   2. Otherwise the cache gives the model a region (a hole, or evicted models' space) and its
+//      own ready flags, and a free standby worker takes it (the active one only when none is
+//      free). A busy old tenant whose region the new one overlaps is told to stop; it drains at
+//      its next sync point and writes its drain flag. A new region that overlaps nothing a
+//      busy tenant may write starts copying without waiting for anyone.
 //   3. The memdaemon's transmission starts at once: its copies wait on that drain flag on the
-//      copy stream, and the new worker's layers wait on their groups' ready flags (Prepare), so
-//      no CPU round trip sits between a group and its compute.
+//      copy stream when there is one, and the new worker's layers wait on their groups' ready
+//      flags (Prepare), so no CPU round trip sits between a group and its compute.
 //   4. The copy's end is reported by the copy engine itself (no thread waits for it); a copy
 //      that never saw its old tenant drain gets that tenant killed, since its stream may wait on
 //      a flag no one will write. On CUDA that copy is reported *stalled* first (its work is
 //      still queued behind the drain wait): the kill comes then, and the copy counts as in
 //      flight (Copying) until the engine reports its end, once the device is done with it.
-// Residency tracks which model the region holds and whether it can be trusted.
+// A region counts as holding its model only while nothing went wrong: a copy that did not
+// complete, a task that failed on its switch, or the death of a worker that last ran it (a
+// half-finished training step may have touched the weights) make the next task transmit again.
 //
 // Loop thread only. Copy ends are posted to the loop with a raw `this`: destroy it only after
 // the loop has ended.
@@ -28,8 +35,8 @@
 
 #include "absl/status/statusor.h"
 #include "controller/event_loop.h"
-#include "controller/residency.h"
 #include "controller/task_spec.h"
+#include "controller/weights_cache.h"
 #include "controller/worker_pool.h"
 #include "memdaemon/transmitter.h"
 #include "registry/model_catalog.h"
@@ -38,7 +45,8 @@ namespace pswitch::controller {
 
 struct SwitcherOptions {
   int gpu = 0;
-  uint64_t region_offset = 0;  // the weights region
+  // The weights pool (a memdaemon lease) and how it caches models.
+  WeightsCacheOptions cache;
   // An old tenant that has not drained this long after being told to stop is killed.
   absl::Duration drain_timeout = absl::Seconds(30);
 };
@@ -57,10 +65,16 @@ class Switcher {
   struct Placement {
     int slot = -1;
     std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
+    uint64_t weights_offset = 0;  // where the model's weights are in the arena
   };
-  // Places task `task` of `entry`'s model on a worker, switching the region to it when it does
-  // not hold it, and sends that worker Prepare. `timeline.stop_sent_ns` is set when a Stop went
-  // out for it. ResourceExhausted when the plan has more groups than the GPU has ready flags.
+  // Whether a task for `model` can be placed now, as WorkerPool::Outlook says; for a resident
+  // model also kLater while a worker that last ran it is still busy (an abandoned training run
+  // may still write its weights).
+  WorkerPool::Outlook ForModel(const std::string& model, absl::Status* never) const;
+  // Places task `task` of `entry`'s model on a worker, copying the model into a region of the
+  // pool when it is not resident, and sends that worker Prepare. `timeline.stop_sent_ns` is set
+  // when a Stop went out for it. ResourceExhausted when the model is larger than the pool (or
+  // the operator's cap) or its plan has more groups than the GPU has ready flags.
   absl::StatusOr<Placement> Place(uint64_t task, const registry::CatalogEntry& entry,
                                   SwitchTimeline& timeline);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
@@ -78,16 +92,25 @@ class Switcher {
   absl::Status Completed(uint64_t task, const std::string& model,
                          memdaemon::Transmission& transmission, bool task_ok,
                          SwitchTimeline& timeline, absl::Duration& copy_time);
-  // The worker in `slot` died: a half-finished step may have touched the region.
-  void SlotDied(int slot) { residency_.SlotDied(slot); }
-  bool Holds(const std::string& model) const { return residency_.Holds(model); }
-  // A copy of `model` into the region is in flight (its end not seen yet, also while it is
+  // The worker in `slot` died: a half-finished step may have touched the weights it last ran.
+  void SlotDied(int slot);
+  bool Holds(const std::string& model) const { return cache_.Find(model) != nullptr; }
+  // A copy of `model` into the pool is in flight (its end not seen yet, also while it is
   // stalled on the device): its pinned weights may still be read.
   bool Copying(const std::string& model) const;
-  // `model` was unloaded: the region no longer counts as holding it.
-  void Unloaded(const std::string& model) { residency_.Dropped(model); }
-  int active_slot() const { return residency_.active_slot(); }
-  std::string resident_model() const { return residency_.model(); }
+  // A training run of `model` failed on its resident weights: they may be half updated.
+  void Untrust(const std::string& model) { cache_.Untrust(model); }
+  // `model` was unloaded: its region is freed.
+  void Unloaded(const std::string& model) { cache_.Drop(model); }
+  // A task of `model` computed for `compute` (its first layer's start to its result), for the
+  // cache's reload costs.
+  void ObserveCompute(const std::string& model, absl::Duration compute) {
+    cache_.ObserveCompute(model, absl::ToDoubleSeconds(compute));
+  }
+  int active_slot() const { return active_slot_; }
+  // The model the active worker last ran, while it is resident; empty otherwise.
+  std::string active_model() const;
+  const WeightsCache& cache() const { return cache_; }
 
  private:
   struct InFlight {
@@ -95,7 +118,15 @@ class Switcher {
     uint64_t task = 0;
     int drain_slot = -1;  // the old tenant whose drain it waits for; -1: none (or killed)
     std::string model;
+    uint64_t bytes = 0;
   };
+  // What a worker last ran, and where its weights were: a busy worker may still write them.
+  struct Tenant {
+    std::string model;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+  ReloadCost CostOf(const registry::CatalogEntry& entry) const;
   base::Log Event(base::LogLevel level, absl::string_view event) const;
   // A transmission failed with work still queued on the device (on the loop): the tenant it
   // waits for is killed now, so the work can run and the copy end.
@@ -111,7 +142,10 @@ class Switcher {
   const std::shared_ptr<EventLoop> loop_;
   const CopyEnded on_copy_ended_;
 
-  Residency residency_;
+  WeightsCache cache_;
+  int active_slot_ = -1;           // the worker placed last
+  std::map<int, Tenant> tenants_;  // slot -> what it last ran
+  double link_bytes_per_s_ = 0;    // the copies' measured bandwidth (0: none measured yet)
   int64_t last_stop_sent_ns_ = 0;
   uint64_t next_id_ = 1;
   std::map<uint64_t, InFlight> in_flight_;  // transmissions whose end was not seen yet

@@ -56,12 +56,20 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
     ASSERT_TRUE(pool_->AwaitReady(absl::ZeroDuration()));
   }
 
-  std::unique_ptr<Switcher> MakeSwitcher(absl::Duration drain_timeout = absl::Seconds(30)) {
-    return std::make_unique<Switcher>(
-        SwitcherOptions{0, /*region_offset=*/4 << 20, drain_timeout}, &daemon_->transmitter(),
-        pool_.get(), loop_, [this](uint64_t task, const absl::Status& copied) {
-          if (copied.ok()) transmitted_.push_back(task);
-        });
+  // The weights pool is [4 MiB, 4 MiB + pool_bytes) of the arena; `cache` off: one model at a
+  // time at its start (the single region).
+  std::unique_ptr<Switcher> MakeSwitcher(absl::Duration drain_timeout = absl::Seconds(30),
+                                         bool cache = false, uint64_t pool_bytes = 32 << 20) {
+    WeightsCacheOptions pool;
+    pool.pool_offset = kPool;
+    pool.pool_bytes = pool_bytes;
+    pool.flag_count = memdaemon::kReadyFlagCount;
+    pool.enabled = cache;
+    return std::make_unique<Switcher>(SwitcherOptions{0, pool, drain_timeout},
+                                      &daemon_->transmitter(), pool_.get(), loop_,
+                                      [this](uint64_t task, const absl::Status& copied) {
+                                        if (copied.ok()) transmitted_.push_back(task);
+                                      });
   }
 
   void Add(const std::string& name, uint32_t seed) {
@@ -89,12 +97,13 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
     }
     return done();
   }
-  bool RegionHolds(const std::string& name) {
+  bool RegionHolds(const std::string& name, uint64_t offset = kPool) {
     const memdaemon::StoredModel& model = *entries_.at(name).stored;
     std::vector<std::byte> seen(model.total_bytes());
-    EXPECT_TRUE(daemon_->arena().CopyToHost(4 << 20, seen).ok());
+    EXPECT_TRUE(daemon_->arena().CopyToHost(offset, seen).ok());
     return std::memcmp(seen.data(), model.host_bytes(), seen.size()) == 0;
   }
+  static constexpr uint64_t kPool = 4 << 20;
   // Places task 1 of model "a" and runs it, as the scheduler would, once its model is in place:
   // the slot it runs on.
   int RunA(Switcher& switcher) {
@@ -143,8 +152,8 @@ TEST_F(SwitcherTest, AResidentModelRunsOnItsActiveWorkerWithNothingMoved) {
   EXPECT_EQ(again->slot, first->slot);
   EXPECT_EQ(again->transmission, nullptr);
   // Both placements told their worker which groups to wait for, under the switch's epoch.
-  const std::string prepare =
-      absl::StrCat(100 + first->slot, " Prepare a epoch ", first->transmission->epoch());
+  const std::string prepare = absl::StrCat(100 + first->slot, " Prepare a epoch ",
+                                           first->transmission->epoch(), " at ", kPool, " flags 0");
   EXPECT_EQ(std::count(commands_.begin(), commands_.end(), prepare), 2);
 }
 
@@ -158,7 +167,7 @@ TEST_F(SwitcherTest, ABusyTenantIsStoppedAndTheCopyWaitsForItsDrain) {
   EXPECT_NE(b->slot, a);  // a standby takes it while the active one drains
   EXPECT_GT(timeline.stop_sent_ns, 0);
   EXPECT_EQ(commands_.back(), absl::StrCat(100 + b->slot, " Prepare b epoch ",
-                                           b->transmission->epoch()));
+                                           b->transmission->epoch(), " at ", kPool, " flags 0"));
   EXPECT_NE(std::find(commands_.begin(), commands_.end(), absl::StrCat(100 + a, " Stop 1")),
             commands_.end());
   // Not a byte moves before the old tenant drains.
@@ -202,6 +211,84 @@ TEST_F(SwitcherTest, APlanWithMoreGroupsThanReadyFlagsIsRefusedBeforeAnyoneIsSto
   auto refused = switcher->Place(2, huge, timeline);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(commands_.empty());
+  EXPECT_TRUE(switcher->Holds("a"));
+}
+
+TEST_F(SwitcherTest, WithTheCacheModelsStaySideBySideAndANewCopyWaitsForNoOne) {
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true);
+  const int a = RunA(*switcher);
+  ASSERT_GE(a, 0);
+  const ResidentModel* a_region = switcher->cache().Find("a");
+  ASSERT_NE(a_region, nullptr);
+  const uint64_t a_offset = a_region->offset;
+  const uint32_t a_epoch = a_region->epoch;
+  // "a"'s worker is still busy (no RunDone): "b" goes elsewhere in the pool, so nobody is
+  // stopped and its copy starts at once.
+  SwitchTimeline timeline;
+  commands_.clear();
+  auto b = switcher->Place(2, entries_.at("b"), timeline);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->slot, a);
+  EXPECT_EQ(timeline.stop_sent_ns, 0);
+  EXPECT_EQ(
+      std::count_if(commands_.begin(), commands_.end(),
+                    [](const std::string& c) { return c.find(" Stop ") != std::string::npos; }),
+      0);
+  ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 2; })) << "no drain to wait for";
+  ASSERT_NE(b->weights_offset, a_offset);
+  EXPECT_TRUE(RegionHolds("a", a_offset)) << "a's weights untouched";
+  EXPECT_TRUE(RegionHolds("b", b->weights_offset));
+  const ResidentModel* b_region = switcher->cache().Find("b");
+  ASSERT_NE(b_region, nullptr);
+  EXPECT_NE(b_region->flag_base, a_region->flag_base) << "each model gates on its own flags";
+  // "a" again: a hit on a free worker that has it, told where it is and under which epoch.
+  FakeWorker* a_worker = workers_[static_cast<uint32_t>(a)];
+  a_worker->RunDone(1);
+  Drain();
+  commands_.clear();
+  auto again = switcher->Place(3, entries_.at("a"), timeline);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->transmission, nullptr) << "nothing copied";
+  EXPECT_EQ(again->weights_offset, a_offset);
+  ASSERT_FALSE(commands_.empty());
+  EXPECT_EQ(commands_.back(), absl::StrCat(100 + again->slot, " Prepare a epoch ", a_epoch, " at ",
+                                           a_offset, " flags ", a_region->flag_base));
+  EXPECT_EQ(switcher->cache().stats().hits, 1u);
+  EXPECT_EQ(switcher->cache().stats().misses, 2u);
+}
+
+TEST_F(SwitcherTest, WithTheCacheAnEvictionOverABusyTenantsRegionWaitsForItsDrain) {
+  // A pool for one synthetic model: "b" evicts "a", whose worker is still busy.
+  const uint64_t one_model = (entries_.at("a").stored->total_bytes() + 255) & ~uint64_t{255};
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true, one_model);
+  const int a = RunA(*switcher);
+  ASSERT_GE(a, 0);
+  SwitchTimeline timeline;
+  auto b = switcher->Place(2, entries_.at("b"), timeline);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_GT(timeline.stop_sent_ns, 0);
+  EXPECT_EQ(switcher->cache().Find("a"), nullptr) << "evicted";
+  EXPECT_EQ(switcher->cache().stats().evictions, 1u);
+  const absl::Time until = absl::Now() + absl::Milliseconds(100);
+  RunUntil([&] { return absl::Now() >= until; });
+  EXPECT_EQ(b->transmission->groups_done(), 0u) << "not a byte before the old tenant drains";
+  ASSERT_TRUE(daemon_->drain_flags().Store(static_cast<uint32_t>(a), 1).ok());
+  ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 2; }));
+  EXPECT_TRUE(RegionHolds("b"));
+}
+
+TEST_F(SwitcherTest, AWorkersDeathUntrustsOnlyTheModelItLastRan) {
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true);
+  const int a = RunA(*switcher);
+  ASSERT_GE(a, 0);
+  workers_[static_cast<uint32_t>(a)]->RunDone(1);
+  Drain();
+  SwitchTimeline timeline;
+  auto b = switcher->Place(2, entries_.at("b"), timeline);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 2; }));
+  switcher->SlotDied(b->slot);
+  EXPECT_FALSE(switcher->Holds("b")) << "a half-finished step may have touched it";
   EXPECT_TRUE(switcher->Holds("a"));
 }
 

@@ -119,7 +119,27 @@ struct Telemetry::Families {
         models(prometheus::BuildGauge()
                    .Name("pswitch_models")
                    .Help("Registered models (fill jobs' own copies included)")
-                   .Register(r)) {}
+                   .Register(r)),
+        cache_hits(prometheus::BuildCounter()
+                       .Name("pswitch_weights_cache_hits_total")
+                       .Help("Tasks placed on their model's resident weights (nothing copied)")
+                       .Register(r)),
+        cache_misses(prometheus::BuildCounter()
+                         .Name("pswitch_weights_cache_misses_total")
+                         .Help("Tasks whose model's weights had to be copied in")
+                         .Register(r)),
+        cache_evictions(prometheus::BuildCounter()
+                            .Name("pswitch_weights_cache_evictions_total")
+                            .Help("Resident models evicted to make room for another")
+                            .Register(r)),
+        resident_bytes(prometheus::BuildGauge()
+                           .Name("pswitch_weights_resident_bytes")
+                           .Help("Bytes of the weights pool holding resident models")
+                           .Register(r)),
+        resident_models(prometheus::BuildGauge()
+                            .Name("pswitch_weights_resident_models")
+                            .Help("Models whose weights are resident on the GPU")
+                            .Register(r)) {}
 
   prometheus::Family<prometheus::Counter>& switches;
   prometheus::Family<prometheus::Histogram>& switch_phase;
@@ -140,6 +160,11 @@ struct Telemetry::Families {
   prometheus::Family<prometheus::Gauge>& fill_jobs;
   prometheus::Family<prometheus::Gauge>& pinned_weights;
   prometheus::Family<prometheus::Gauge>& models;
+  prometheus::Family<prometheus::Counter>& cache_hits;
+  prometheus::Family<prometheus::Counter>& cache_misses;
+  prometheus::Family<prometheus::Counter>& cache_evictions;
+  prometheus::Family<prometheus::Gauge>& resident_bytes;
+  prometheus::Family<prometheus::Gauge>& resident_models;
 };
 
 Telemetry::Telemetry()
@@ -232,6 +257,20 @@ void Telemetry::WorkerRestarted(int gpu) {
 void Telemetry::LinkMeasured(int gpu, double bytes_per_s) {
   f_->bandwidth.Add({{"gpu", Gpu(gpu)}}).Set(bytes_per_s);
 }
+void Telemetry::WeightsCache(int gpu, const WeightsCacheStats& stats) {
+  const Labels labels{{"gpu", Gpu(gpu)}};
+  auto catch_up = [&labels](prometheus::Family<prometheus::Counter>& family, uint64_t total) {
+    prometheus::Counter& counter = family.Add(labels);
+    const double delta = static_cast<double>(total) - counter.Value();
+    if (delta > 0) counter.Increment(delta);
+  };
+  catch_up(f_->cache_hits, stats.hits);
+  catch_up(f_->cache_misses, stats.misses);
+  catch_up(f_->cache_evictions, stats.evictions);
+  f_->resident_bytes.Add(labels).Set(static_cast<double>(stats.resident_bytes));
+  f_->resident_models.Add(labels).Set(static_cast<double>(stats.resident_models));
+}
+
 void Telemetry::BubbleTime(int gpu, absl::Duration bubble) {
   if (bubble > absl::ZeroDuration()) {
     f_->bubble.Add({{"gpu", Gpu(gpu)}}).Increment(absl::ToDoubleSeconds(bubble));

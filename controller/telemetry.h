@@ -19,6 +19,7 @@
 #include "controller/task_queue.h"
 #include "controller/task_spec.h"
 #include "controller/trace_recorder.h"
+#include "controller/weights_cache.h"
 
 namespace prometheus {
 class Registry;
@@ -68,6 +69,8 @@ class Telemetry {
   void WorkerKilled(int gpu);
   void WorkerRestarted(int gpu);
   void LinkMeasured(int gpu, double bytes_per_s);
+  // The GPU's weights cache as it stands (its counters only grow).
+  void WeightsCache(int gpu, const WeightsCacheStats& stats);
   // Starts `gpu`'s counters at zero, so a scrape shows them before their first event (and
   // rate() sees the first one).
   void AddGpu(int gpu);

@@ -7,10 +7,10 @@
 
 namespace pswitch::controller {
 
-void BuildPrepare(flatbuffers::FlatBufferBuilder& b, const std::string& model, uint32_t epoch,
-                  const std::vector<uint32_t>& group_last_layer) {
-  auto last = b.CreateVector(group_last_layer);
-  auto body = proto::CreatePrepare(b, b.CreateString(model), epoch, /*flag_base=*/0, last);
+void BuildPrepare(flatbuffers::FlatBufferBuilder& b, const PrepareSpec& prepare) {
+  auto last = b.CreateVector(prepare.group_last_layer);
+  auto body = proto::CreatePrepare(b, b.CreateString(prepare.model), prepare.epoch,
+                                   prepare.flag_base, last, prepare.weights_offset);
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Prepare, body.Union()));
 }
 

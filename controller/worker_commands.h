@@ -14,9 +14,17 @@
 
 namespace pswitch::controller {
 
-// Wires `model`'s layers to its groups' ready flags under `epoch` (the switch's).
-void BuildPrepare(flatbuffers::FlatBufferBuilder& b, const std::string& model, uint32_t epoch,
-                  const std::vector<uint32_t>& group_last_layer);
+// What a worker is told before a task of `model`: gate each layer on its group's ready flag
+// (flag_base + group) under `epoch`, the copy's that brought the weights, which are at
+// `weights_offset` in the arena.
+struct PrepareSpec {
+  std::string model;
+  uint32_t epoch = 0;
+  uint32_t flag_base = 0;
+  uint64_t weights_offset = 0;
+  std::vector<uint32_t> group_last_layer;
+};
+void BuildPrepare(flatbuffers::FlatBufferBuilder& b, const PrepareSpec& prepare);
 
 // Where a Run's training state lives, when it has any.
 struct RunState {

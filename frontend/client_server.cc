@@ -908,10 +908,20 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
   std::vector<uint8_t> ModelListReply(uint64_t id) {
     Builder b;
     std::vector<flatbuffers::Offset<proto::ModelInfo>> models;
+    // Read without the GPUs' loops: a listing never waits on a busy scheduler.
+    std::vector<std::set<std::string>> resident;
+    for (size_t g = 0; g < controller_->gpus(); ++g) {
+      resident.push_back(controller_->gpu(g).ResidentModels());
+    }
     for (const EntryRef& entry : admission_->ListModels(*principal_)) {
+      std::vector<uint32_t> gpus;
+      for (size_t g = 0; g < resident.size(); ++g) {
+        if (resident[g].contains(entry->request.name)) gpus.push_back(static_cast<uint32_t>(g));
+      }
       models.push_back(proto::CreateModelInfo(
           b, b.CreateString(entry->request.name), b.CreateString(entry->request.zoo_model),
-          entry->weight_bytes, entry->output.dtype, b.CreateVector(entry->output.shape)));
+          entry->weight_bytes, entry->output.dtype, b.CreateVector(entry->output.shape),
+          b.CreateVector(gpus)));
     }
     auto list = proto::CreateModelList(b, b.CreateVector(models));
     proto::Finish(

@@ -168,6 +168,21 @@ json FillJobJson(const FillJobStatus& s) {
   return j;
 }
 
+// A GPU's weights cache: what it holds and how it has served (GET /v1/gpus).
+json CacheJson(const GpuSnapshot& s) {
+  json resident = json::array();
+  for (const controller::ResidentModel& r : s.resident) {
+    resident.push_back({{"model", r.model}, {"bytes", r.bytes}, {"copying", r.copying}});
+  }
+  return {{"enabled", s.cache_enabled},
+          {"capacity_bytes", s.cache_capacity_bytes},
+          {"resident_bytes", s.cache.resident_bytes},
+          {"resident", std::move(resident)},
+          {"hits", s.cache.hits},
+          {"misses", s.cache.misses},
+          {"evictions", s.cache.evictions}};
+}
+
 json CycleJson(const fill::BubbleCycle& cycle) {
   json bubbles = json::array();
   for (const fill::Bubble& b : cycle.bubbles) {
@@ -874,6 +889,7 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
           {"gpu", s->gpu},
           {"resident_model", s->resident_model.empty() ? json(nullptr) : json(s->resident_model)},
           {"workers", std::move(workers)},
+          {"weights_cache", CacheJson(*s)},
           {"queue_depth", s->queue_depth},
           {"arena_bytes", s->arena_bytes},
           {"arena_used_bytes", s->arena_used_bytes},

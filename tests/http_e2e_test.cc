@@ -1070,8 +1070,10 @@ TEST(HttpUnloadE2eTest, UnloadWaitsForInferenceCancelsTrainingAndFreesTheModel) 
   TokenFile tokens(e2e::kThreeTokens);
   // tiny_cnn's 9728 bytes take about 1.2 s to switch in at this cap: long enough to unload it
   // while an inference on it is still switching.
+  // One model at a time (no weights cache): tiny_cnn's batch must switch, slowly, so the unload
+  // arrives while its copy runs.
   e2e::TestDaemon daemon({"--preload=tiny_cnn,tiny_mlp", "--standby-workers=1", tokens.flag(),
-                          "--bandwidth-cap=8000"});
+                          "--bandwidth-cap=8000", "--weights-cache=false"});
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   httplib::Client http("127.0.0.1", daemon.http_port());
   http.set_read_timeout(120, 0);

@@ -149,26 +149,95 @@ class PswitchdTest : public ::testing::Test {
   std::unique_ptr<client::Client> client_;
 };
 
-TEST_F(PswitchdTest, InferenceMatchesTheModelRunOutsideTheServerAcrossManySwitches) {
+// Alternates two models ten rounds, each answer checked against the model run outside the server:
+// how many requests copied their model in.
+int AlternateExactly(client::Client& client) {
   proto::HostTensor cnn_in = Input("tiny_cnn", 3), mlp_in = Input("tiny_mlp", 4);
   std::vector<float> cnn_ref = Reference("tiny_cnn", cnn_in);
   std::vector<float> mlp_ref = Reference("tiny_mlp", mlp_in);
   int switches = 0;
   for (int round = 0; round < 10; ++round) {
-    auto cnn = client_->Infer("tiny_cnn", {cnn_in});
-    ASSERT_TRUE(cnn.ok()) << cnn.status();
+    auto cnn = client.Infer("tiny_cnn", {cnn_in});
+    EXPECT_TRUE(cnn.ok()) << cnn.status();
+    if (!cnn.ok()) return -1;
     ExpectClose(Floats(cnn->outputs[0]), cnn_ref);
-    auto mlp = client_->Infer("tiny_mlp", {mlp_in});
-    ASSERT_TRUE(mlp.ok()) << mlp.status();
+    auto mlp = client.Infer("tiny_mlp", {mlp_in});
+    EXPECT_TRUE(mlp.ok()) << mlp.status();
+    if (!mlp.ok()) return -1;
     ExpectClose(Floats(mlp->outputs[0]), mlp_ref);
     switches +=
         (cnn->switch_time > absl::ZeroDuration()) + (mlp->switch_time > absl::ZeroDuration());
   }
-  EXPECT_GE(switches, 19);  // every alternation transmitted the other model
-  // The same model twice in a row does not switch.
-  auto again = client_->Infer("tiny_mlp", {mlp_in});
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->switch_time, absl::ZeroDuration());
+  // The same model twice in a row never copies.
+  auto again = client.Infer("tiny_mlp", {mlp_in});
+  EXPECT_TRUE(again.ok());
+  if (again.ok()) {
+    EXPECT_EQ(again->switch_time, absl::ZeroDuration());
+  }
+  return switches;
+}
+
+// `model`'s GPUs per `pswitchctl models`' listing (empty: not resident anywhere, or not listed).
+std::vector<uint32_t> ResidentOn(client::Client& client, const std::string& model) {
+  auto models = client.ListModels();
+  EXPECT_TRUE(models.ok()) << models.status();
+  if (!models.ok()) return {};
+  for (const client::ModelInfo& m : *models) {
+    if (m.name == model) return m.resident_gpus;
+  }
+  return {};
+}
+
+TEST_F(PswitchdTest, WithTheWeightsCacheEachModelIsCopiedOnceAndStaysExact) {
+  // The start-up self-check may have run some already: those stay resident too.
+  const int cold =
+      ResidentOn(*client_, "tiny_cnn").empty() + ResidentOn(*client_, "tiny_mlp").empty();
+  EXPECT_EQ(AlternateExactly(*client_), cold) << "only the first request of each model copies";
+  EXPECT_EQ(ResidentOn(*client_, "tiny_cnn"), std::vector<uint32_t>{0});
+  EXPECT_EQ(ResidentOn(*client_, "tiny_mlp"), std::vector<uint32_t>{0});
+}
+
+// PipeSwitch's single region (--weights-cache=false), the baseline: every alternation copies.
+TEST(WeightsCacheE2eTest, OffEveryAlternationCopiesTheOtherModel) {
+  e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=tiny_cnn,tiny_mlp",
+                          "--standby-workers=2", "--activation-bytes=67108864",
+                          "--weights-cache=false"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_GE(AlternateExactly(**client), 19);
+  EXPECT_TRUE(ResidentOn(**client, "tiny_cnn").empty()) << "the region holds tiny_mlp now";
+  EXPECT_EQ(ResidentOn(**client, "tiny_mlp"), std::vector<uint32_t>{0});
+}
+
+// A model larger than the operator's cap is refused with the reason, and the daemon serves on.
+TEST(WeightsCacheE2eTest, AModelLargerThanTheCapIsRefusedWithTheReason) {
+  e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
+                          "--activation-bytes=67108864", "--weights-cache-bytes=4096"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Register({"tiny_cnn", "tiny_cnn", "", 1, "auto"}).ok());
+  auto refused = (*client)->Infer("tiny_cnn", {Input("tiny_cnn", 1)});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("cap"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("tiny_cnn"));
+}
+
+TEST(WeightsCacheE2eTest, AnUnknownPolicyStopsTheDaemonAtStart) {
+  const std::string command = std::string(PSWITCHD_PATH) +
+                              " --backend=host --preload= --listen=127.0.0.1:0 --http-listen="
+                              " --weights-cache-policy=fifo 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  EXPECT_EQ(WEXITSTATUS(::pclose(pipe)), 2) << out;
+  EXPECT_THAT(out, HasSubstr("--weights-cache-policy"));
+  EXPECT_THAT(out, HasSubstr("lru or cost"));
 }
 
 // Trust-boundary issue, load test: 64 concurrent clients, each on its own connection,
@@ -613,7 +682,7 @@ TEST_F(PswitchdTest, BadInputGetsClearErrorsAndLeavesTheDaemonServing) {
 
 // The switch on each backend the machine has (CUDA skips with the reason elsewhere): a training
 // task preempted by an inference of another model, both answered correctly, with the switch's
-// parts reported on one clock.
+// parts reported on one clock. PipeSwitch's single region (--weights-cache=false).
 class PswitchdBackendTest : public ::testing::TestWithParam<gpu::Backend> {
  protected:
   void SetUp() override {
@@ -621,7 +690,10 @@ class PswitchdBackendTest : public ::testing::TestWithParam<gpu::Backend> {
     daemon_ = std::make_unique<e2e::TestDaemon>(std::vector<std::string>{
         "--backend=" + std::string(gpu::BackendName(GetParam())), "--arena-bytes=1073741824",
         "--preload=tiny_cnn,tiny_mlp", "--standby-workers=2", "--activation-bytes=67108864",
-        absl::StrCat("--drain-timeout-ms=", absl::ToInt64Milliseconds(kDrainTimeout))});
+        absl::StrCat("--drain-timeout-ms=", absl::ToInt64Milliseconds(kDrainTimeout)),
+        // The switch itself is under test: one model at a time, so every change of model
+        // copies (with the weights cache both would stay resident after the start-up check).
+        "--weights-cache=false"});
     ASSERT_GT(daemon_->port(), 0) << daemon_->log();
     auto c = client::Client::Connect(daemon_->address());
     ASSERT_TRUE(c.ok()) << c.status();

@@ -191,9 +191,11 @@ int Main() {
       tools::SiblingBinary("pswitchd"),
       {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
        absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
-       "--http-listen=127.0.0.1:0",
-       "--preload=", "--socket=" + (dir / "m.sock").string(),
-       "--unix-socket=" + (dir / "pswitchd.sock").string()},
+       "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (dir / "m.sock").string(),
+       "--unix-socket=" + (dir / "pswitchd.sock").string(),
+       // The switch is what is measured: with the weights cache the model would stay resident
+       // after its first request (the training task's model beside it).
+       "--weights-cache=false"},
       (dir / "pswitchd.log").string());
   if (daemon.port() == 0) {
     return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));

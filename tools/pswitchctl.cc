@@ -507,8 +507,12 @@ absl::Status Run(const std::vector<std::string>& args) {
     auto models = client.ListModels();
     if (!models.ok()) return models.status();
     for (const client::ModelInfo& m : *models) {
-      std::printf("%s\t%s\t%llu bytes\n", m.name.c_str(), m.zoo_model.c_str(),
-                  static_cast<unsigned long long>(m.param_bytes));
+      std::string resident = m.resident_gpus.empty() ? "not resident" : "resident on gpu";
+      for (size_t i = 0; i < m.resident_gpus.size(); ++i) {
+        absl::StrAppend(&resident, i == 0 ? " " : ",", m.resident_gpus[i]);
+      }
+      std::printf("%s\t%s\t%llu bytes\t%s\n", m.name.c_str(), m.zoo_model.c_str(),
+                  static_cast<unsigned long long>(m.param_bytes), resident.c_str());
     }
     return absl::OkStatus();
   }

@@ -96,6 +96,16 @@ ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
           "arena bytes kept for running training tasks' optimizer state (momentum, Adam "
           "moments; checkpointed to host memory while a task is preempted); 0 = a quarter of what "
           "the activation leases leave");
+ABSL_FLAG(bool, weights_cache, true,
+          "keep every model whose weights fit resident in the GPU's weights pool after it ran, "
+          "evicting by --weights-cache-policy when room is needed; false = one model at a time "
+          "in one region (PipeSwitch's switch, the benchmarks' baseline)");
+ABSL_FLAG(uint64_t, weights_cache_bytes, 0,
+          "at most this many bytes of resident weights per GPU; 0 = the whole weights pool "
+          "(the arena less activation leases and optimizer state)");
+ABSL_FLAG(std::string, weights_cache_policy, "cost",
+          "which resident models make room: cost (the least request rate times the reload time "
+          "their compute cannot hide) or lru (the least recently used)");
 ABSL_FLAG(int, gpus, 1,
           "GPUs this daemon schedules, each with its own arena, copy engine and workers (CUDA: "
           "devices --device .. --device+N-1; host: simulated devices, e.g. one per pipeline "
@@ -591,6 +601,15 @@ int Main() {
     data_root = std::make_shared<const base::ConfinedDir>(std::move(*root));
   }
   controller_options.optimizer_state_bytes = absl::GetFlag(FLAGS_optimizer_state_bytes);
+  absl::StatusOr<controller::EvictionPolicy> eviction =
+      controller::ParseEvictionPolicy(absl::GetFlag(FLAGS_weights_cache_policy));
+  if (!eviction.ok()) {
+    StartFailed(absl::StrCat("--weights-cache-policy: ", eviction.status().message()));
+    return 2;
+  }
+  controller_options.scheduler.weights_cache = absl::GetFlag(FLAGS_weights_cache);
+  controller_options.scheduler.weights_cache_bytes = absl::GetFlag(FLAGS_weights_cache_bytes);
+  controller_options.scheduler.eviction_policy = *eviction;
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
       absl::GetFlag(FLAGS_drain_timeout_ms) < 1) {

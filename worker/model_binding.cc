@@ -130,6 +130,11 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::Mod
         layout.total_bytes, " (different pswitch builds?)"));
   }
   std::unique_ptr<BoundModel> bound(new BoundModel());
+  bound->device_ = device;
+  bound->region_bytes_ = layout.total_bytes;
+  bound->storage_ = c10::Storage(c10::Storage::use_byte_size_t(), layout.total_bytes,
+                                 c10::DataPtr(region, device), /*allocator=*/nullptr,
+                                 /*resizable=*/false);
   {
     // Its parameters are bound to the weights region below: the seeded draw would be wasted.
     models::SkipWeightInit skip;
@@ -173,10 +178,19 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::Mod
                            " bytes here, registration laid out ", spec.bytes, " (or it twice)"));
           break;
         }
-        // A non-owning view: the arena region is the tensor's storage from now on. On CUDA,
-        // libtorch checks that the address is memory of `device`.
-        at::Tensor view = torch::from_blob(region + placed.placements[l][t].offset, tensor.sizes(),
-                                           tensor.options().device(device));
+        // A view of the one storage that spans the region: the arena is the tensor's memory from
+        // now on, and Rebind moves every tensor at once. Placements are 256-byte aligned, so
+        // each is a whole number of elements.
+        const uint64_t offset = placed.placements[l][t].offset;
+        const auto item = static_cast<uint64_t>(tensor.element_size());
+        if (offset % item != 0) {
+          mismatch = absl::FailedPreconditionError(
+              absl::StrCat(what, ": tensor '", spec.name, "' is placed at byte ", offset,
+                           ", not a multiple of its ", item, "-byte elements"));
+          break;
+        }
+        at::Tensor view = at::empty({0}, tensor.options().device(device));
+        view.set_(bound->storage_, static_cast<int64_t>(offset / item), tensor.sizes());
         tensor.set_data(view);
       }
     }
@@ -189,6 +203,11 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::Mod
     }
   }
   return bound;
+}
+
+void BoundModel::Rebind(std::byte* region) {
+  if (region == this->region()) return;
+  storage_.set_data_ptr_noswap(c10::DataPtr(region, device_));
 }
 
 }  // namespace pswitch::worker

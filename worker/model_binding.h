@@ -47,7 +47,7 @@ struct ModelLayout {
 absl::StatusOr<ModelLayout> LayoutOf(models::ZooModel& model);
 
 // A model whose parameters and buffers are views into memory at `region` laid out by
-// memdaemon::ComputeWeightLayout. Not thread-safe.
+// memdaemon::ComputeWeightLayout, all of one storage (Rebind). Not thread-safe.
 class BoundModel {
  public:
   // Builds `source` (a zoo model, or a pswitch.export archive) as model `name`, without its
@@ -63,6 +63,13 @@ class BoundModel {
       const ModelLayout& layout, c10::Device device = c10::Device(c10::kCPU));
 
   models::ZooModel& model() { return *model_; }
+  // Every parameter and buffer is a view of one storage spanning the model's region, so the
+  // region can move (the weights cache places a model wherever it has room) at the cost of one
+  // pointer: no tensor is rebuilt. The caller checks that `region` holds region_bytes() of the
+  // arena and keeps it mapped.
+  void Rebind(std::byte* region);
+  std::byte* region() const { return static_cast<std::byte*>(storage_.data()); }
+  uint64_t region_bytes() const { return region_bytes_; }
   // Layout (eval-order) index of the layer that runs `index`-th in training / inference.
   int LayoutIndex(bool training, int index) const {
     return training ? train_to_layout_[index] : index;
@@ -92,6 +99,9 @@ class BoundModel {
  private:
   BoundModel() = default;
   std::shared_ptr<models::ZooModel> model_;
+  c10::Storage storage_;  // spans the region; every bound tensor is a view of it
+  c10::Device device_ = c10::Device(c10::kCPU);
+  uint64_t region_bytes_ = 0;
   std::vector<int> train_to_layout_;
   size_t num_layers_ = 0;
   int64_t measured_infer_ns_ = 0;

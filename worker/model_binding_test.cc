@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -67,6 +68,26 @@ void ExpectBindsWithoutRecording(const models::ModelSource& source,
   auto got = models::RunForward((*bound)->model(), input);
   ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
   EXPECT_TRUE(torch::equal(want->output, got->output));
+
+  // Issue 29 item 3: the weights cache may place the model elsewhere next time. Moving its
+  // region is one pointer: every parameter and buffer follows, nothing is rebuilt, and the old
+  // place is no longer read.
+  std::vector<std::byte> moved(region);
+  std::fill(region.begin(), region.end(), std::byte{0x7f});
+  (*bound)->Rebind(moved.data());
+  EXPECT_EQ((*bound)->region(), moved.data());
+  EXPECT_EQ((*bound)->region_bytes(), layout->total_bytes);
+  for (const at::Tensor& p : (*bound)->model().parameters()) {
+    const auto* at = static_cast<const std::byte*>(p.data_ptr());
+    EXPECT_TRUE(at >= moved.data() && at < moved.data() + moved.size());
+  }
+  for (const at::Tensor& b : (*bound)->model().buffers()) {
+    const auto* at = static_cast<const std::byte*>(b.data_ptr());
+    EXPECT_TRUE(at >= moved.data() && at < moved.data() + moved.size());
+  }
+  auto after_move = models::RunForward((*bound)->model(), input);
+  ASSERT_TRUE(after_move.ok()) << after_move.status();
+  EXPECT_TRUE(torch::equal(want->output, after_move->output));
 }
 
 TEST(ModelBindingTest, ZooModelsBindByNameWithoutRecordingAForwardPass) {

@@ -446,6 +446,14 @@ absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
     return absl::FailedPreconditionError(
         absl::StrCat("prepare for model '", prepare.model()->str(), "' that was never loaded"));
   }
+  // Where the weights cache put the model: checked against the arena, then one pointer moves.
+  const uint64_t arena_bytes = arena_->arena().size_bytes();
+  if (prepare.weights_offset() > arena_bytes ||
+      it->second->region_bytes() > arena_bytes - prepare.weights_offset()) {
+    return absl::OutOfRangeError(absl::StrCat("model '", prepare.model()->str(), "' region at ",
+                                              prepare.weights_offset(), " outside the arena"));
+  }
+  it->second->Rebind(arena_->arena().base() + prepare.weights_offset());
   Gate gate{prepare.model()->str(), prepare.epoch(), prepare.flag_base(), {}};
   gate.group_of_layer.resize(it->second->num_layers());
   const auto* last = prepare.group_last_layer();

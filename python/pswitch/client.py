@@ -46,6 +46,8 @@ class ModelInfo:
     param_bytes: int
     output_dtype: str = ""  # numpy's name; "" when pswitchd did not record it
     output_shape: list = dataclasses.field(default_factory=list)  # -1 = the input's batch
+    # The GPUs whose weights cache holds it now: a task there copies nothing.
+    resident_gpus: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

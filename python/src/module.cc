@@ -337,6 +337,7 @@ class PyClient {
                           : dtype->numpy != nullptr                  ? std::string(dtype->numpy)
                                                                      : std::string(dtype->name);
       d["output_shape"] = m.output_shape;
+      d["resident_gpus"] = m.resident_gpus;
       out.append(d);
     }
     return out;

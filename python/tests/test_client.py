@@ -99,6 +99,8 @@ def test_register_reports_each_phase_as_it_ends(client):
 def test_train_status_list_and_cancel(client):
     client.register("py_train", "tiny_cnn", batch=2)
     done = client.train("py_train", 5, seed=1, optimizer="adam", lr=1e-3, momentum=0)
+    # Its weights stay in GPU 0's weights cache after the task (nothing to copy next time).
+    assert {m.name: m.resident_gpus for m in client.models()}["py_train"] == [0]
     status = client.status(done.task_id)
     assert status.state == "succeeded" and status.iterations_done == 5 and status.error is None
     assert done.task_id in [s.task_id for s in client.status(limit=10)]

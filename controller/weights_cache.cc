@@ -1,0 +1,262 @@
+#include "controller/weights_cache.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace pswitch::controller {
+namespace {
+
+constexpr double kNsPerS = 1e9;
+// Regions start where a tensor may: the weight layout's alignment (memdaemon/weight_layout.h).
+constexpr uint64_t kRegionAlignment = 256;
+
+}  // namespace
+
+absl::string_view EvictionPolicyName(EvictionPolicy policy) {
+  return policy == EvictionPolicy::kLru ? "lru" : "cost";
+}
+
+absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name) {
+  if (name == "lru") return EvictionPolicy::kLru;
+  if (name == "cost") return EvictionPolicy::kCostAware;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown eviction policy '", name, "' (lru or cost)"));
+}
+
+double ReloadCost::exposed_s() const {
+  const double first_group = copy_s / std::max<uint32_t>(groups, 1);
+  return std::max(copy_s - compute_s, first_group);
+}
+
+WeightsCache::WeightsCache(WeightsCacheOptions options)
+    : options_(options),
+      end_(options.pool_offset + (options.capacity_bytes == 0
+                                      ? options.pool_bytes
+                                      : std::min(options.capacity_bytes, options.pool_bytes))) {}
+
+std::map<uint64_t, ResidentModel>::iterator WeightsCache::FindRegion(const std::string& model) {
+  return std::find_if(regions_.begin(), regions_.end(),
+                      [&](const auto& r) { return r.second.model == model && r.second.trusted; });
+}
+
+std::map<uint64_t, ResidentModel>::const_iterator WeightsCache::FindRegion(
+    const std::string& model) const {
+  return std::find_if(regions_.begin(), regions_.end(),
+                      [&](const auto& r) { return r.second.model == model && r.second.trusted; });
+}
+
+const ResidentModel* WeightsCache::Find(const std::string& model) const {
+  auto it = FindRegion(model);
+  return it == regions_.end() ? nullptr : &it->second;
+}
+
+double WeightsCache::KeepValue(const ResidentModel& r, int64_t now_ns) const {
+  // Garbage (a failed copy waiting for its end) costs nothing to take.
+  if (!r.trusted) return 0;
+  const double age_s = std::max<int64_t>(now_ns - r.last_used_ns, 0) / kNsPerS;
+  const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
+  const double rate = r.rate * std::exp2(-age_s / half_life_s);
+  return rate * r.cost.exposed_s();
+}
+
+void WeightsCache::Hit(const std::string& model, int64_t now_ns) {
+  auto it = FindRegion(model);
+  if (it == regions_.end()) return;
+  ResidentModel& r = it->second;
+  const double age_s = std::max<int64_t>(now_ns - r.last_used_ns, 0) / kNsPerS;
+  const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
+  r.rate = r.rate * std::exp2(-age_s / half_life_s) + 1;
+  r.last_used_ns = now_ns;
+  ++stats_.hits;
+}
+
+std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes,
+                                                               int64_t now_ns) const {
+  const uint64_t begin = options_.pool_offset;
+  if (bytes > end_ - begin) return std::nullopt;
+  if (!options_.enabled) {
+    Window all{begin, {}, 0, 0, 0, 0};
+    for (const auto& [offset, r] : regions_) {
+      all.victims.push_back(r.model);
+      all.victim_bytes += r.bytes;
+    }
+    return all;
+  }
+  // Windows start at the pool's start or at a region's end (a hole's start), and take every
+  // region they overlap. Tried from each start: O(regions^2), a few hundred at most.
+  std::vector<uint64_t> starts{begin};
+  for (const auto& [offset, r] : regions_) starts.push_back(offset + r.bytes);
+  std::optional<Window> best;
+  auto better = [this](const Window& a, const Window& b) {
+    if (a.victims.empty() != b.victims.empty()) return a.victims.empty();
+    // Best fit among holes: a tighter hole leaves the larger ones for larger models.
+    if (a.victims.empty()) return a.hole_bytes < b.hole_bytes;
+    if (options_.policy == EvictionPolicy::kLru) {
+      if (a.newest_use_ns != b.newest_use_ns) return a.newest_use_ns < b.newest_use_ns;
+    } else if (a.cost != b.cost) {
+      return a.cost < b.cost;
+    }
+    return a.victim_bytes < b.victim_bytes;
+  };
+  for (uint64_t start : starts) {
+    if (start > end_ || bytes > end_ - start) continue;
+    Window w{start, {}, 0, 0, 0, 0};
+    auto next = regions_.lower_bound(start);
+    w.hole_bytes = (next == regions_.end() ? end_ : next->first) - start;
+    for (auto it = next; it != regions_.end() && it->first < start + bytes; ++it) {
+      const ResidentModel& r = it->second;
+      w.victims.push_back(r.model);
+      w.victim_bytes += r.bytes;
+      w.cost += KeepValue(r, now_ns);
+      if (r.trusted) w.newest_use_ns = std::max(w.newest_use_ns, r.last_used_ns);
+    }
+    if (!best || better(w, *best)) best = std::move(w);
+  }
+  return best;
+}
+
+std::optional<uint32_t> WeightsCache::ChooseFlags(uint32_t count,
+                                                  const std::vector<std::string>& victims,
+                                                  int64_t now_ns,
+                                                  std::vector<std::string>* more_victims) const {
+  if (count > options_.flag_count) return std::nullopt;
+  if (!options_.enabled) return 0;
+  // Ranges held by regions that stay, by flag base.
+  std::map<uint32_t, const ResidentModel*> held;
+  for (const auto& [offset, r] : regions_) {
+    if (std::find(victims.begin(), victims.end(), r.model) == victims.end() &&
+        std::find(more_victims->begin(), more_victims->end(), r.model) == more_victims->end()) {
+      held.emplace(r.flag_base, &r);
+    }
+  }
+  while (true) {
+    uint32_t cursor = 0;
+    for (const auto& [base, r] : held) {
+      if (base - cursor >= count) return cursor;
+      cursor = std::max(cursor, base + r->flags);
+    }
+    if (options_.flag_count - cursor >= count) return cursor;
+    if (held.empty()) return std::nullopt;
+    // Out of flags (many resident models with per-layer plans): the cheapest holder goes too.
+    auto cheapest =
+        std::min_element(held.begin(), held.end(), [this, now_ns](const auto& a, const auto& b) {
+          return KeepValue(*a.second, now_ns) < KeepValue(*b.second, now_ns);
+        });
+    more_victims->push_back(cheapest->second->model);
+    held.erase(cheapest);
+  }
+}
+
+absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,
+                                                  const ReloadCost& cost, int64_t now_ns) {
+  if (bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
+  }
+  const uint64_t rounded = (bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
+  std::optional<Window> window = ChooseWindow(rounded, now_ns);
+  if (!window) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model '", model, "' needs ", rounded, " bytes of weights; this GPU's weights cache holds ",
+        capacity_bytes(), (capacity_bytes() < options_.pool_bytes ? " (the operator's cap)" : ""),
+        " even with every resident model evicted"));
+  }
+  std::vector<std::string> more;
+  std::optional<uint32_t> flags = ChooseFlags(cost.groups, window->victims, now_ns, &more);
+  if (!flags) {
+    return absl::ResourceExhaustedError(absl::StrCat("model '", model, "' has ", cost.groups,
+                                                     " groups; this GPU has ", options_.flag_count,
+                                                     " ready flags"));
+  }
+  Reservation out{window->offset, *flags, {}};
+  std::vector<std::string> victims = window->victims;
+  victims.insert(victims.end(), more.begin(), more.end());
+  // The old region of `model` itself (untrusted, or being replaced) goes as well.
+  double rate = 0;
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    const bool victim =
+        std::find(victims.begin(), victims.end(), it->second.model) != victims.end();
+    if (!victim && it->second.model != model) {
+      ++it;
+      continue;
+    }
+    if (it->second.model == model) rate = std::max(rate, it->second.rate);
+    if (it->second.trusted && it->second.model != model) {
+      ++stats_.evictions;
+      out.evicted.push_back(it->second.model);
+    }
+    it = regions_.erase(it);
+  }
+  ResidentModel r;
+  r.model = model;
+  r.offset = out.offset;
+  r.bytes = rounded;
+  r.flag_base = out.flag_base;
+  r.flags = cost.groups;
+  r.last_used_ns = now_ns;
+  r.rate = rate + 1;
+  r.cost = cost;
+  regions_.emplace(r.offset, std::move(r));
+  ++stats_.misses;
+  return out;
+}
+
+void WeightsCache::Started(const std::string& model, uint32_t epoch) {
+  for (auto& [offset, r] : regions_) {
+    if (r.model == model && r.copying && r.epoch == 0) r.epoch = epoch;
+  }
+}
+
+void WeightsCache::CopyEnded(const std::string& model, uint32_t epoch, bool ok) {
+  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+    ResidentModel& r = it->second;
+    if (r.model != model || r.epoch != epoch || !r.copying) continue;
+    r.copying = false;
+    if (!ok) r.trusted = false;
+    if (!r.trusted) regions_.erase(it);
+    return;
+  }
+}
+
+void WeightsCache::Untrust(const std::string& model, uint32_t epoch) {
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    ResidentModel& r = it->second;
+    if (r.model != model || (epoch != 0 && r.epoch != epoch)) {
+      ++it;
+      continue;
+    }
+    r.trusted = false;
+    // A copy still in flight writes the region until it ends (CopyEnded frees it then).
+    it = r.copying ? std::next(it) : regions_.erase(it);
+  }
+}
+
+void WeightsCache::Drop(const std::string& model) {
+  std::erase_if(regions_, [&](const auto& r) { return r.second.model == model; });
+}
+
+void WeightsCache::ObserveCompute(const std::string& model, double compute_s) {
+  auto it = FindRegion(model);
+  if (it == regions_.end() || compute_s <= 0) return;
+  double& c = it->second.cost.compute_s;
+  c = c == 0 ? compute_s : 0.8 * c + 0.2 * compute_s;  // smoothed: one slow task is no trend
+}
+
+std::vector<ResidentModel> WeightsCache::List() const {
+  std::vector<ResidentModel> out;
+  for (const auto& [offset, r] : regions_) out.push_back(r);
+  return out;
+}
+
+WeightsCacheStats WeightsCache::stats() const {
+  WeightsCacheStats s = stats_;
+  for (const auto& [offset, r] : regions_) {
+    if (!r.trusted) continue;
+    s.resident_bytes += r.bytes;
+    ++s.resident_models;
+  }
+  return s;
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,155 @@
+// One GPU's weights pool as a cache of resident models (docs/architecture.md, "The weights
+// cache"). Every model whose weights fit keeps its region of the pool, and its own range of ready
+// flags, after it ran, so a later task for it copies nothing and gates on flags that still hold
+// the epoch of the copy that brought it. Room for a model that is not resident is a free hole
+// when one fits; otherwise the cheapest contiguous window of holes and resident models is
+// evicted, by one of two policies:
+//   - kLru: the window whose most recently used victim was used longest ago;
+//   - kCostAware: the window whose victims would cost least to bring back, each weighted by how
+//     often it is asked for (an exponentially decayed request rate) times what its reload costs
+//     that its compute cannot hide (its copy time less its measured compute, at least its first
+//     group's share).
+// Holes never refuse a model: when no hole fits, a window of resident models is evicted, so a
+// model that fits in the pool always gets room (at worst at the cost of an eviction that
+// compaction would have avoided). Only a model larger than the pool (or the operator's cap) is
+// refused.
+//
+// With the cache off (`enabled` false) the pool holds one model at a time at its start, flags
+// from 0: PipeSwitch's single weights region, the baseline the benchmarks compare against.
+//
+// A region's bytes are overwritten only by a later copy on the same copy engine, which runs jobs
+// in order, so evicting a model whose copy is still in flight (or being retired) is safe; the
+// caller decides whether the old tenant must drain first (Reservation::evicted). Not
+// thread-safe: the scheduler loop owns it.
+#ifndef PSWITCH_CONTROLLER_WEIGHTS_CACHE_H_
+#define PSWITCH_CONTROLLER_WEIGHTS_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace pswitch::controller {
+
+enum class EvictionPolicy { kLru, kCostAware };
+absl::string_view EvictionPolicyName(EvictionPolicy policy);
+absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
+
+struct WeightsCacheOptions {
+  uint64_t pool_offset = 0;  // arena offset of the pool (a memdaemon lease)
+  uint64_t pool_bytes = 0;
+  uint32_t flag_count = 0;      // ready flags shared by every resident model's groups
+  bool enabled = true;          // false: one model at a time, at the pool's start
+  uint64_t capacity_bytes = 0;  // the operator's cap on resident bytes; 0: the whole pool
+  EvictionPolicy policy = EvictionPolicy::kCostAware;
+  // A model's request rate halves after this long without a request.
+  absl::Duration rate_half_life = absl::Seconds(60);
+};
+
+// What a reload of a model costs, as the caller knows it now.
+struct ReloadCost {
+  double copy_s = 0;     // its bytes at the link's measured bandwidth
+  double compute_s = 0;  // one task's compute, as measured (0: unknown)
+  uint32_t groups = 1;
+  // What of the copy a task's compute cannot hide: the rest of the copy, at least the first
+  // group (no layer starts before it).
+  double exposed_s() const;
+};
+
+struct ResidentModel {
+  std::string model;
+  uint64_t offset = 0;  // in the arena
+  uint64_t bytes = 0;
+  uint32_t flag_base = 0;
+  uint32_t flags = 0;
+  uint32_t epoch = 0;   // of the copy that brought it (0: not started yet)
+  bool copying = true;  // its copy has not ended yet
+  bool trusted = true;  // false: it failed; the region waits for its copy's end to be freed
+  int64_t last_used_ns = 0;
+  double rate = 0;  // decayed requests, as of last_used_ns
+  ReloadCost cost;
+};
+
+struct Reservation {
+  uint64_t offset = 0;
+  uint32_t flag_base = 0;
+  std::vector<std::string> evicted;  // resident models whose region it takes, in address order
+};
+
+struct WeightsCacheStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;
+  uint64_t resident_bytes = 0;  // trusted regions only
+  uint32_t resident_models = 0;
+};
+
+class WeightsCache {
+ public:
+  explicit WeightsCache(WeightsCacheOptions options);
+
+  // `model`'s region while it is trusted (its copy may still run); null otherwise.
+  const ResidentModel* Find(const std::string& model) const;
+  // A task for `model` runs on its resident weights (a hit): recency and rate count it.
+  void Hit(const std::string& model, int64_t now_ns);
+
+  // Room for `model` (`bytes`, `cost.groups` flags), which is not resident: a hole when one
+  // fits, else an eviction by the policy. The region is `model`'s from now on, copying, with no
+  // epoch yet (Started). A trusted older region of `model` is replaced. ResourceExhausted when
+  // the model is larger than the pool, the cap or the flags.
+  absl::StatusOr<Reservation> Reserve(const std::string& model, uint64_t bytes,
+                                      const ReloadCost& cost, int64_t now_ns);
+  // The copy under `epoch` started into `model`'s reservation.
+  void Started(const std::string& model, uint32_t epoch);
+  // `model`'s copy under `epoch` ended: resident when `ok`, else its region is freed. Ignored
+  // when the region no longer belongs to that copy (evicted or replaced since).
+  void CopyEnded(const std::string& model, uint32_t epoch, bool ok);
+  // `model`'s weights under `epoch` (0: whichever) can no longer be trusted: a task failed on
+  // its switch, or a tenant died that may have written them. Freed now, or once its copy ends.
+  void Untrust(const std::string& model, uint32_t epoch = 0);
+  // `model` was unloaded (nothing of it is copied any more): its region is freed.
+  void Drop(const std::string& model);
+
+  // A task's compute on `model` was measured, for its reload cost.
+  void ObserveCompute(const std::string& model, double compute_s);
+
+  // Every region (trusted or not), in address order.
+  std::vector<ResidentModel> List() const;
+  WeightsCacheStats stats() const;
+  uint64_t capacity_bytes() const { return end_ - options_.pool_offset; }
+  bool enabled() const { return options_.enabled; }
+
+ private:
+  // A contiguous window of the pool and what taking it costs.
+  struct Window {
+    uint64_t offset = 0;
+    std::vector<std::string> victims;
+    double cost = 0;
+    int64_t newest_use_ns = 0;  // of its victims (kLru's key)
+    uint64_t victim_bytes = 0;
+    uint64_t hole_bytes = 0;  // free bytes from `offset` to the next region
+  };
+  // The cheapest window of `bytes` by the policy; nullopt when none (larger than the pool).
+  std::optional<Window> ChooseWindow(uint64_t bytes, int64_t now_ns) const;
+  // The cheapest flag range of `count` given that `victims` go; nullopt when none.
+  std::optional<uint32_t> ChooseFlags(uint32_t count, const std::vector<std::string>& victims,
+                                      int64_t now_ns, std::vector<std::string>* more_victims) const;
+  double KeepValue(const ResidentModel& r, int64_t now_ns) const;
+  void Free(std::map<uint64_t, ResidentModel>::iterator it);
+  std::map<uint64_t, ResidentModel>::iterator FindRegion(const std::string& model);
+  std::map<uint64_t, ResidentModel>::const_iterator FindRegion(const std::string& model) const;
+
+  const WeightsCacheOptions options_;
+  const uint64_t end_;                         // the pool's usable end (the cap applied)
+  std::map<uint64_t, ResidentModel> regions_;  // arena offset -> region
+  WeightsCacheStats stats_;
+};
+
+}  // namespace pswitch::controller
+
+#endif  // PSWITCH_CONTROLLER_WEIGHTS_CACHE_H_

@@ -1,0 +1,239 @@
+#include "controller/weights_cache.h"
+
+#include <algorithm>
+
+#include "gtest/gtest.h"
+
+namespace pswitch::controller {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr int64_t kSecond = 1'000'000'000;
+
+WeightsCacheOptions Pool(uint64_t mib, EvictionPolicy policy = EvictionPolicy::kCostAware) {
+  WeightsCacheOptions o;
+  o.pool_offset = 4 * kMiB;
+  o.pool_bytes = mib * kMiB;
+  o.flag_count = 64;
+  o.policy = policy;
+  return o;
+}
+
+ReloadCost Cost(double copy_s, double compute_s = 0, uint32_t groups = 1) {
+  return ReloadCost{copy_s, compute_s, groups};
+}
+
+// Reserves and completes a copy: the model is resident and trusted.
+Reservation Bring(WeightsCache& cache, const std::string& model, uint64_t mib, int64_t now,
+                  ReloadCost cost = Cost(0.01), uint32_t epoch = 1) {
+  absl::StatusOr<Reservation> r = cache.Reserve(model, mib * kMiB, cost, now);
+  EXPECT_TRUE(r.ok()) << r.status();
+  cache.Started(model, epoch);
+  cache.CopyEnded(model, epoch, true);
+  return r.ok() ? *r : Reservation{};
+}
+
+bool Resident(const WeightsCache& cache, const std::string& model) {
+  const ResidentModel* r = cache.Find(model);
+  return r != nullptr && !r->copying;
+}
+
+TEST(WeightsCacheTest, ModelsThatFitStayResidentSideBySideWithTheirOwnFlags) {
+  WeightsCache cache(Pool(100));
+  Reservation a = Bring(cache, "a", 30, 1);
+  Reservation b = Bring(cache, "b", 30, 2, Cost(0.01, 0, 5));
+  Reservation c = Bring(cache, "c", 30, 3);
+  EXPECT_TRUE(Resident(cache, "a") && Resident(cache, "b") && Resident(cache, "c"));
+  EXPECT_TRUE(a.evicted.empty() && b.evicted.empty() && c.evicted.empty());
+  // Disjoint regions inside the pool, disjoint flag ranges.
+  std::vector<ResidentModel> all = cache.List();
+  ASSERT_EQ(all.size(), 3u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_GE(all[i].offset, 4 * kMiB);
+    EXPECT_LE(all[i].offset + all[i].bytes, 104 * kMiB);
+    for (size_t j = i + 1; j < all.size(); ++j) {
+      EXPECT_LE(all[i].offset + all[i].bytes, all[j].offset);
+      const bool flags_apart = all[i].flag_base + all[i].flags <= all[j].flag_base ||
+                               all[j].flag_base + all[j].flags <= all[i].flag_base;
+      EXPECT_TRUE(flags_apart) << all[i].model << " and " << all[j].model;
+    }
+  }
+  cache.Hit("a", 4);
+  WeightsCacheStats s = cache.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.evictions, 0u);
+  EXPECT_EQ(s.resident_models, 3u);
+  EXPECT_EQ(s.resident_bytes, 90 * kMiB);
+}
+
+TEST(WeightsCacheTest, LruEvictsTheModelUsedLongestAgo) {
+  WeightsCache cache(Pool(100, EvictionPolicy::kLru));
+  Bring(cache, "a", 40, 1 * kSecond);
+  Bring(cache, "b", 40, 2 * kSecond);
+  cache.Hit("a", 3 * kSecond);
+  absl::StatusOr<Reservation> c = cache.Reserve("c", 40 * kMiB, Cost(0.01), 4 * kSecond);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->evicted, std::vector<std::string>{"b"});
+  EXPECT_TRUE(Resident(cache, "a"));
+  EXPECT_EQ(cache.Find("b"), nullptr);
+  EXPECT_EQ(cache.stats().evictions, 1u);
+}
+
+TEST(WeightsCacheTest, CostAwareKeepsTheModelWhoseReloadComputeCannotHide) {
+  // "big" is used as often as "small" and a little longer ago, but its copy is ten times longer
+  // than its compute, while "small"'s copy hides behind its compute: LRU would evict "big".
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kCostAware}) {
+    WeightsCache cache(Pool(100, policy));
+    Bring(cache, "big", 45, 1 * kSecond, Cost(0.050, 0.005, 10));
+    Bring(cache, "small", 45, 2 * kSecond, Cost(0.004, 0.020, 10));
+    absl::StatusOr<Reservation> c = cache.Reserve("c", 45 * kMiB, Cost(0.01), 3 * kSecond);
+    ASSERT_TRUE(c.ok()) << c.status();
+    const std::string expected = policy == EvictionPolicy::kLru ? "big" : "small";
+    EXPECT_EQ(c->evicted, std::vector<std::string>{expected}) << EvictionPolicyName(policy);
+  }
+}
+
+TEST(WeightsCacheTest, CostAwareWeighsHowOftenAModelIsAskedFor) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "hot", 45, 1 * kSecond);
+  Bring(cache, "cold", 45, 2 * kSecond);
+  for (int i = 0; i < 5; ++i) cache.Hit("hot", (3 + i) * kSecond / 4);  // before cold's use
+  absl::StatusOr<Reservation> c = cache.Reserve("c", 45 * kMiB, Cost(0.01), 3 * kSecond);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->evicted, std::vector<std::string>{"cold"});
+}
+
+TEST(WeightsCacheTest, AHoleThatFitsIsTakenBeforeAnyEvictionAndTheTightestOne) {
+  WeightsCache cache(Pool(100, EvictionPolicy::kLru));
+  Bring(cache, "a", 10, 1);
+  Bring(cache, "b", 30, 2);
+  Bring(cache, "c", 20, 3);
+  Bring(cache, "d", 30, 4);  // 90 of 100 MiB
+  cache.Drop("a");           // a 10 MiB hole at the start
+  cache.Drop("c");           // a 20 MiB one in the middle
+  absl::StatusOr<Reservation> e = cache.Reserve("e", 9 * kMiB, Cost(0.01), 5);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->evicted.empty());
+  EXPECT_EQ(e->offset, 4 * kMiB) << "the 10 MiB hole, not the 20 or the 10 at the end";
+}
+
+TEST(WeightsCacheTest, NoHoleBigEnoughEvictsAWindowRatherThanRefuse) {
+  // 40 MiB free in total, in four 10 MiB holes: a 35 MiB model fits the free total but no hole.
+  WeightsCache cache(Pool(100, EvictionPolicy::kLru));
+  int64_t now = 1;
+  for (const char* m : {"h1", "a", "h2", "b", "h3", "c"})
+    Bring(cache, m, m[0] == 'h' ? 10 : 20, now++);
+  Bring(cache, "h4", 10, now++);
+  for (const char* m : {"h1", "h2", "h3", "h4"}) cache.Drop(m);
+  absl::StatusOr<Reservation> big = cache.Reserve("big", 35 * kMiB, Cost(0.01), now);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->evicted, std::vector<std::string>{"a"}) << "a window over the oldest model";
+  // The region is inside the pool and overlaps none that stayed.
+  for (const ResidentModel& r : cache.List()) {
+    if (r.model == "big") continue;
+    EXPECT_TRUE(r.offset + r.bytes <= big->offset || big->offset + 35 * kMiB <= r.offset);
+  }
+}
+
+TEST(WeightsCacheTest, AModelLargerThanThePoolOrTheCapIsRefusedWithTheReason) {
+  WeightsCache cache(Pool(100));
+  absl::StatusOr<Reservation> r = cache.Reserve("huge", 101 * kMiB, Cost(1), 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("huge"), std::string::npos) << r.status();
+  WeightsCacheOptions capped = Pool(100);
+  capped.capacity_bytes = 50 * kMiB;
+  WeightsCache small(capped);
+  EXPECT_EQ(small.capacity_bytes(), 50 * kMiB);
+  r = small.Reserve("m", 60 * kMiB, Cost(1), 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("cap"), std::string::npos) << r.status();
+  Bring(small, "a", 30, 1);
+  r = small.Reserve("b", 30 * kMiB, Cost(1), 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->evicted, std::vector<std::string>{"a"}) << "the cap counts, not the pool";
+}
+
+TEST(WeightsCacheTest, OffHoldsOneModelAtThePoolsStart) {
+  WeightsCacheOptions o = Pool(100);
+  o.enabled = false;
+  WeightsCache cache(o);
+  Reservation a = Bring(cache, "a", 10, 1, Cost(0.01, 0, 4));
+  Reservation b = Bring(cache, "b", 10, 2, Cost(0.01, 0, 4));
+  EXPECT_EQ(a.offset, 4 * kMiB);
+  EXPECT_EQ(b.offset, 4 * kMiB);
+  EXPECT_EQ(a.flag_base, 0u);
+  EXPECT_EQ(b.flag_base, 0u);
+  EXPECT_EQ(b.evicted, std::vector<std::string>{"a"});
+  EXPECT_EQ(cache.Find("a"), nullptr);
+  EXPECT_TRUE(Resident(cache, "b"));
+}
+
+TEST(WeightsCacheTest, AFailedCopyFreesItsRegionOnlyOnceTheCopyHasEnded) {
+  WeightsCache cache(Pool(100));
+  ASSERT_TRUE(cache.Reserve("a", 10 * kMiB, Cost(0.01), 1).ok());
+  cache.Started("a", 7);
+  EXPECT_NE(cache.Find("a"), nullptr) << "copying: tasks may gate on it";
+  cache.Untrust("a", 5);  // another copy's epoch: not this one
+  EXPECT_NE(cache.Find("a"), nullptr);
+  cache.Untrust("a", 7);
+  EXPECT_EQ(cache.Find("a"), nullptr) << "no longer a hit";
+  ASSERT_EQ(cache.List().size(), 1u) << "the copy still writes its region";
+  cache.CopyEnded("a", 7, true);
+  EXPECT_TRUE(cache.List().empty()) << "an untrusted region is freed at its copy's end";
+  EXPECT_EQ(cache.stats().resident_models, 0u);
+
+  ASSERT_TRUE(cache.Reserve("b", 10 * kMiB, Cost(0.01), 2).ok());
+  cache.Started("b", 9);
+  cache.CopyEnded("b", 9, false);
+  EXPECT_EQ(cache.Find("b"), nullptr);
+  EXPECT_TRUE(cache.List().empty());
+}
+
+TEST(WeightsCacheTest, AStaleCopyEndDoesNotTouchANewerRegionOfTheSameModel) {
+  WeightsCache cache(Pool(100));
+  ASSERT_TRUE(cache.Reserve("a", 10 * kMiB, Cost(0.01), 1).ok());
+  cache.Started("a", 3);
+  cache.Untrust("a", 3);
+  ASSERT_TRUE(cache.Reserve("a", 10 * kMiB, Cost(0.01), 2).ok());  // transmitted again
+  cache.Started("a", 5);
+  cache.CopyEnded("a", 3, false);  // the first copy's end, late
+  ASSERT_NE(cache.Find("a"), nullptr);
+  EXPECT_EQ(cache.Find("a")->epoch, 5u);
+  cache.CopyEnded("a", 5, true);
+  EXPECT_TRUE(Resident(cache, "a"));
+}
+
+TEST(WeightsCacheTest, UntrustingAResidentModelFreesItAtOnce) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "a", 10, 1);
+  cache.Untrust("a");
+  EXPECT_EQ(cache.Find("a"), nullptr);
+  EXPECT_TRUE(cache.List().empty());
+}
+
+TEST(WeightsCacheTest, RunningOutOfFlagsEvictsTheCheapestHolder) {
+  WeightsCacheOptions o = Pool(100, EvictionPolicy::kLru);
+  o.flag_count = 10;
+  WeightsCache cache(o);
+  Bring(cache, "a", 10, 1, Cost(0.01, 0, 4));
+  Bring(cache, "b", 10, 2, Cost(0.01, 0, 4));
+  absl::StatusOr<Reservation> c = cache.Reserve("c", 10 * kMiB, Cost(0.01, 0, 4), 3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->evicted.size(), 1u);
+  EXPECT_TRUE(Resident(cache, "a") != Resident(cache, "b")) << "one of the two went";
+  absl::StatusOr<Reservation> d = cache.Reserve("d", 10 * kMiB, Cost(0.01, 0, 11), 4);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(WeightsCacheTest, PolicyNamesRoundTrip) {
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kCostAware}) {
+    absl::StatusOr<EvictionPolicy> parsed = ParseEvictionPolicy(EvictionPolicyName(p));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, p);
+  }
+  EXPECT_FALSE(ParseEvictionPolicy("fifo").ok());
+}
+
+}  // namespace
+}  // namespace pswitch::controller
