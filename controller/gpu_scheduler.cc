@@ -106,12 +106,29 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
                                        : std::make_shared<StateCheckpoints>()),
       telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()),
       loop_(std::make_shared<EventLoop>([this] { AfterEvent(); })),
-      kill_timer_(loop_->io()),
-      deadline_timer_(loop_->io()),
-      respawn_timer_(loop_->io()),
-      silence_timer_(loop_->io()),
-      shutdown_timer_(loop_->io()),
-      inputs_hold_timer_(loop_->io()) {
+      loop_role_(loop_->role()),
+      // What is due is done by AfterEvent (a stop, a deadline, an input hold), or here.
+      kill_timer_(
+          loop_->io(), [] {}, [this] { AfterEvent(); }),
+      deadline_timer_(
+          loop_->io(), [] {}, [this] { AfterEvent(); }),
+      respawn_timer_(
+          loop_->io(),
+          [this] {
+            loop_role_.AssertHeld();
+            pool_->RespawnDue();
+          },
+          [this] { AfterEvent(); }),
+      silence_timer_(
+          loop_->io(),
+          [this] {
+            loop_role_.AssertHeld();
+            pool_->KillSilent(absl::Now());
+          },
+          [this] { AfterEvent(); }),
+      shutdown_timer_(loop_->io(), [this] { loop_->Stop(); }),
+      inputs_hold_timer_(
+          loop_->io(), [] {}, [this] { AfterEvent(); }) {
   WorkerPoolOptions pool;
   pool.gpu = options.gpu;
   pool.workers = options.workers;
@@ -164,12 +181,16 @@ absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const Schedule
   PSWITCH_RETURN_IF_ERROR(daemon->arena().CheckRange(options.region_offset, options.region_bytes));
   std::unique_ptr<GpuScheduler> s(new GpuScheduler(options, daemon, catalog));
   s->loop_thread_ = std::thread([p = s.get()] { p->Loop(); });
-  s->Post([p = s.get()] { p->pool_->Start(); });
+  s->Post([p = s.get()] {
+    p->loop_role_.AssertHeld();
+    p->pool_->Start();
+  });
   return s;
 }
 
 GpuScheduler::~GpuScheduler() {
   Post([this] {
+    loop_role_.AssertHeld();
     stopping_ = true;
     pool_->StopRespawning();
     while (auto ticket = queue_.Pop()) {
@@ -189,6 +210,7 @@ base::Log GpuScheduler::Event(base::LogLevel level, absl::string_view event) con
 }
 
 void GpuScheduler::AfterEvent() {
+  loop_role_.AssertHeld();
   // A busy loop must not starve the stop deadline; its timer may not have had its turn yet.
   EnforceStop();
   FinishUnloads();
@@ -196,13 +218,7 @@ void GpuScheduler::AfterEvent() {
   PublishResident();
   if (stopping_) {
     // A running task gets a bounded time to reach its sync point, then the loop ends anyway.
-    if (!shutdown_timer_armed_) {
-      shutdown_timer_armed_ = true;
-      shutdown_timer_.expires_after(std::chrono::seconds(30));
-      shutdown_timer_.async_wait([this](const asio::error_code& ec) {
-        if (!ec) loop_->Stop();
-      });
-    }
+    if (!shutdown_timer_.armed()) shutdown_timer_.ArmAt(absl::Now() + absl::Seconds(30));
     if (running_ == nullptr) {
       loop_->Stop();
       return;
@@ -212,37 +228,17 @@ void GpuScheduler::AfterEvent() {
     MaybeStart();  // may stop a task, arming its deadline below
   }
   // Deadlines are timers, re-armed to whatever is due next; AfterEvent enforces a due stop.
-  ArmTimer(kill_timer_, armed_kill_, stop_deadline_.deadline(), [] {});
-  ArmTimer(deadline_timer_, armed_deadline_,
-           stopping_ || deadlines_.empty() ? absl::InfiniteFuture() : deadlines_.begin()->first,
-           [] {});
-  ArmTimer(respawn_timer_, armed_respawn_, pool_->NextRespawn(), [this] { pool_->RespawnDue(); });
-  ArmTimer(silence_timer_, armed_silence_,
-           stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline(),
-           [this] { pool_->KillSilent(absl::Now()); });
-  ArmTimer(inputs_hold_timer_, armed_inputs_hold_,
-           stopping_ ? absl::InfiniteFuture() : InputsHoldEnds(), [] {});
-}
-
-void GpuScheduler::ArmTimer(asio::steady_timer& timer, absl::Time& armed, absl::Time deadline,
-                            std::function<void()> due) {
-  if (deadline == armed) return;
-  armed = deadline;
-  timer.cancel();
-  if (deadline == absl::InfiniteFuture()) return;
-  timer.expires_after(
-      absl::ToChronoNanoseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())));
-  timer.async_wait([this, &armed, due = std::move(due)](const asio::error_code& ec) {
-    if (ec) return;  // re-armed or shut down
-    armed = absl::InfiniteFuture();
-    due();
-    AfterEvent();
-  });
+  kill_timer_.ArmAt(stop_deadline_.deadline());
+  deadline_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : tasks_table_.NextDeadline());
+  respawn_timer_.ArmAt(pool_->NextRespawn());
+  silence_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline());
+  inputs_hold_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : InputsHoldEnds());
 }
 
 void GpuScheduler::Loop() {
   // Runs until AfterEvent stops it (shutdown), whatever is or is not queued.
   loop_->Run();
+  loop_role_.AssertHeld();  // still the loop's thread: what it left is answered here
   if (running_ != nullptr) {
     Finish(running_->task_id, absl::DeadlineExceededError("task did not stop before shutdown"));
     running_.reset();
@@ -257,6 +253,7 @@ void GpuScheduler::Loop() {
 }
 
 void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drained) {
+  loop_role_.AssertHeld();  // WorkerPool calls its Listener on the loop
   absl::Duration clean = absl::Nanoseconds(drained.clean_end_ns() - drained.clean_start_ns());
   bool after_drain = drained.clean_start_ns() >= drained.drained_ns();
   Event(base::LogLevel::kInfo, "worker_drained")
@@ -269,19 +266,21 @@ void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drai
 
 void GpuScheduler::AddModel(EntryRef entry, ModelLoads::Done done) {
   Post([this, entry, done = std::move(done)] {
+    loop_role_.AssertHeld();
     pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups, /*registering=*/true), done);
   });
 }
 
 void GpuScheduler::DropModel(std::string model, std::function<void(absl::Status)> done) {
   Post([this, model = std::move(model), done = std::move(done)]() mutable {
+    loop_role_.AssertHeld();
     if (stopping_) {
       done(absl::CancelledError("pswitchd is shutting down"));
       return;
     }
     std::vector<uint64_t> queued;
-    for (const auto& [id, entry] : specs_) {
-      if (entry.first.model == model && !entry.first.fill) queued.push_back(id);
+    for (const auto& [id, record] : tasks_table_.all()) {
+      if (record.spec.model == model && !record.spec.fill) queued.push_back(id);
     }
     for (uint64_t id : queued) {
       if (queue_.Remove(id)) {
@@ -292,10 +291,10 @@ void GpuScheduler::DropModel(std::string model, std::function<void(absl::Status)
     if (running_ != nullptr && running_->entry != nullptr &&
         running_->entry->request.name == model) {
       const uint64_t id = running_->task_id;
-      if (specs_.at(id).first.kind == TaskKind::kTraining) {
-        stop_reasons_.emplace(id, absl::CancelledError(absl::StrCat(
-                                      "task ", id, " cancelled: model '", model,
-                                      "' is being unloaded (its weights were saved)")));
+      if (tasks_table_.at(id).spec.kind == TaskKind::kTraining) {
+        tasks_table_.at(id).StopFor(
+            absl::CancelledError(absl::StrCat("task ", id, " cancelled: model '", model,
+                                              "' is being unloaded (its weights were saved)")));
         StopRunning();
       }
       // A running inference batch finishes and is answered; the unload waits for it.
@@ -328,21 +327,26 @@ void GpuScheduler::FinishUnloads() {
   }
 }
 
-bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const {
+// AwaitReady is the pool's one method for any thread (it waits on the pool's own mutex), and
+// the pointer itself never changes after construction.
+bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   return pool_->AwaitReady(timeout);
 }
 
 void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) {
+  loop_role_.AssertHeld();    // WorkerPool calls its Listener on the loop
   switcher_->SlotDied(slot);  // a half-finished training step may have touched the weights
   if (killed) telemetry_->WorkerKilled(options_.gpu);
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
-  if (running_->awaiting_inputs && requeued_after_death_.insert(id).second) {
+  TaskRecord* record = tasks_table_.Find(id);
+  if (running_->awaiting_inputs && record != nullptr && !record->requeued_after_death) {
+    record->requeued_after_death = true;
     // Its Run never went out: it did not run on the dead worker, so it goes back to the queue's
     // head (its bytes keep arriving) for another worker, rather than fail for this one. Once: a
     // placement that kills its worker must not kill one after another. No second hold either.
-    inputs_yielded_.insert(id);
+    record->inputs_yielded = true;
     std::unique_ptr<Running> run = std::move(running_);
     Event(base::LogLevel::kWarn, "task_requeued")
         .Field("task", id)
@@ -370,8 +374,9 @@ void GpuScheduler::StopRunning() {
   if (running_->awaiting_inputs) {
     // No Run went out: nothing to stop, the task is abandoned (with the reason it stops for).
     const uint64_t id = running_->task_id;
+    const TaskRecord* record = tasks_table_.Find(id);
     absl::Status why =
-        stop_reasons_.contains(id) ? stop_reasons_.at(id)
+        record != nullptr && record->stop_reason ? *record->stop_reason
         : stopping_
             ? absl::CancelledError("pswitchd is shutting down")
             : absl::CancelledError(absl::StrCat("task ", id, " stopped before its inputs arrived"));
@@ -397,9 +402,7 @@ void GpuScheduler::StopRunning() {
 
 void GpuScheduler::EnforceDeadlines() {
   const absl::Time now = absl::Now();
-  while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-    const uint64_t id = deadlines_.begin()->second;
-    deadlines_.erase(deadlines_.begin());
+  for (const uint64_t id : tasks_table_.TakeExpired(now)) {
     absl::Status missed = absl::DeadlineExceededError(
         absl::StrCat("task ", id, " did not finish by its deadline"));
     if (queue_.Remove(id)) {
@@ -408,7 +411,7 @@ void GpuScheduler::EnforceDeadlines() {
     } else if (running_ != nullptr && running_->task_id == id) {
       // Stopped at its next sync point (training saves its weights); killed past the drain
       // timeout if it never gets there.
-      stop_reasons_.emplace(id, std::move(missed));
+      tasks_table_.at(id).StopFor(std::move(missed));
       StopRunning();
     }
   }
@@ -430,12 +433,14 @@ uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
   const uint64_t id = tasks_.Add(spec.model);
   if (spec.arrival_ns == 0) spec.arrival_ns = base::MonotonicNowNs();
   Post([this, id, spec = std::move(spec), done = std::move(done)]() mutable {
+    loop_role_.AssertHeld();
     TaskTicket ticket{id, spec.model, spec.kind, INT32_MIN, absl::InfiniteFuture()};
-    specs_[id] = {std::move(spec), std::move(done)};
+    // A fill run has no deadline of its own: its bubble bounds it.
+    tasks_table_.Add(id, std::move(spec), std::move(done), /*deadline=*/false);
     absl::Status admitted =
         stopping_ ? absl::FailedPreconditionError("pswitchd is shutting down")
                   : bubble_runs_.Admit(ticket, running_ != nullptr &&
-                                                   specs_.at(running_->task_id).first.fill);
+                                                   tasks_table_.at(running_->task_id).spec.fill);
     if (!admitted.ok()) Finish(id, admitted);
   });
   return id;
@@ -443,16 +448,17 @@ uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
 
 void GpuScheduler::EndBubble(absl::Duration grace) {
   Post([this, grace, ended = absl::Now()] {
+    loop_role_.AssertHeld();
     if (std::optional<uint64_t> id = bubble_runs_.EndBubble()) {
       // It never started: nothing to pause.
       TaskOutcome outcome;
       outcome.task_id = *id;
       outcome.stopped_early = true;
       outcome.paused_at = ended;
-      outcome.iterations_done = specs_.at(*id).first.fill->first_iteration;
+      outcome.iterations_done = tasks_table_.at(*id).spec.fill->first_iteration;
       Finish(*id, outcome);
     }
-    if (running_ == nullptr || !specs_.at(running_->task_id).first.fill) return;
+    if (running_ == nullptr || !tasks_table_.at(running_->task_id).spec.fill) return;
     StopRunning();
     stop_deadline_.Arm(running_->task_id, ended + grace,
                        absl::StrCat("killed: the fill task did not pause within ",
@@ -463,8 +469,8 @@ void GpuScheduler::EndBubble(absl::Duration grace) {
 void GpuScheduler::MaybePreempt() {
   // A task that yielded while its inputs arrive preempts nothing until they are in.
   const TaskTicket* waiting = queue_.PeekIf([this](const TaskTicket& t) { return !Parked(t.id); });
-  auto spec = specs_.find(running_->task_id);
-  if (waiting == nullptr || running_->stop_sent || spec == specs_.end()) return;
+  const TaskRecord* running = tasks_table_.Find(running_->task_id);
+  if (waiting == nullptr || running_->stop_sent || running == nullptr) return;
   if (running_->awaiting_inputs) {
     // It holds its place, as the inference it is would once running, but only for its hold
     // while a task that can run at once waits.
@@ -473,13 +479,13 @@ void GpuScheduler::MaybePreempt() {
     if (ready != nullptr && absl::Now() >= InputsHoldEnds()) YieldUnrun(ready->id);
     return;
   }
-  const TaskSpec& s = spec->second.first;
-  TaskTicket running{running_->task_id, s.model, s.kind, s.priority, s.deadline};
-  running.arrival_seq = INT64_MIN;  // it was scheduled first
+  const TaskSpec& s = running->spec;
+  TaskTicket running_ticket{running_->task_id, s.model, s.kind, s.priority, s.deadline};
+  running_ticket.arrival_seq = INT64_MIN;  // it was scheduled first
   // Every task outranks a fill run: fill only uses idle time.
   if (s.fill) {
     StopRunning();  // a fill run's pause, counted by the fill side
-  } else if (queue_.ShouldPreempt(running, *waiting)) {
+  } else if (queue_.ShouldPreempt(running_ticket, *waiting)) {
     telemetry_->Preempted(options_.gpu);
     StopRunning();
   }
@@ -500,7 +506,7 @@ void GpuScheduler::MaybeStart() {
     const TaskTicket ticket = fill ? *fill_run : *next;
     WorkerPool::Outlook outlook;
     absl::Status never;
-    if (fill && specs_.at(ticket.id).first.fill->synthetic) {
+    if (fill && tasks_table_.at(ticket.id).spec.fill->synthetic) {
       // No model to switch in: any free worker runs it, once one is up.
       outlook = pool_->ForAnyWorker();
       never = absl::UnavailableError("no idle worker for the synthetic fill task");
@@ -519,7 +525,7 @@ void GpuScheduler::MaybeStart() {
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
-  TaskSpec& started = specs_.at(ticket.id).first;
+  TaskSpec& started = tasks_table_.at(ticket.id).spec;
   // Inputs that will never come need no switch (the failure's own event may still be queued).
   std::optional<absl::Status> inputs_ended =
       started.inputs_arrival ? started.inputs_arrival->ended() : absl::OkStatus();
@@ -588,9 +594,10 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
 }
 
 void GpuScheduler::InputsEnded(uint64_t task_id) {
-  auto entry = specs_.find(task_id);
-  if (entry == specs_.end()) return;  // answered meanwhile
-  const TaskSpec& spec = entry->second.first;
+  loop_role_.AssertHeld();
+  const TaskRecord* record = tasks_table_.Find(task_id);
+  if (record == nullptr) return;  // answered meanwhile
+  const TaskSpec& spec = record->spec;
   std::optional<absl::Status> ended = spec.inputs_arrival->ended();
   if (!ended) return;
   if (!ended->ok()) {
@@ -614,7 +621,7 @@ void GpuScheduler::InputsEnded(uint64_t task_id) {
 void GpuScheduler::SendHeldRun() {
   Running& run = *running_;
   if (run.RunHeld() || run.stop_sent) return;
-  const TaskSpec& spec = specs_.at(run.task_id).first;
+  const TaskSpec& spec = tasks_table_.at(run.task_id).spec;
   if (spec.inputs_arrival) run.timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
   absl::Status sent = CheckRegionSlices(spec);
   if (sent.ok()) sent = SendRun(run, run.slot, spec, run.batch);
@@ -630,7 +637,10 @@ void GpuScheduler::RestoreState(uint64_t task_id, CheckpointKey key, uint64_t op
     if (before) before(task_id);
     auto state = std::make_shared<absl::StatusOr<std::unique_ptr<TrainingState>>>(
         TrainingState::Begin(daemon, checkpoints.get(), task_id, key, optimizer_bytes));
-    loop->Post([this, task_id, state] { RestoreEnded(task_id, std::move(*state)); });
+    loop->Post([this, task_id, state] {
+      loop_role_.AssertHeld();
+      RestoreEnded(task_id, std::move(*state));
+    });
   });
 }
 
@@ -672,13 +682,11 @@ void GpuScheduler::RestoreEnded(uint64_t task_id,
     // its resume or drops it, as for any stopped run.
     std::unique_ptr<Running> run = std::move(running_);
     RunResult result = Unrun(*run, absl::OkStatus());
-    const TaskSpec& spec = specs_.at(task_id).first;
+    const TaskRecord& record = tasks_table_.at(task_id);
     result.outcome.stopped_early = true;
     result.outcome.paused_at = absl::Now();
-    result.outcome.iterations_done = spec.fill ? spec.fill->first_iteration
-                                     : resume_iteration_.contains(task_id)
-                                         ? resume_iteration_.at(task_id)
-                                         : 0;
+    result.outcome.iterations_done =
+        record.spec.fill ? record.spec.fill->first_iteration : record.resume_iteration;
     HoldOrComplete(std::move(run), std::move(result));
     return;
   }
@@ -734,10 +742,11 @@ void GpuScheduler::AbandonUnrun(absl::Status why) {
 void GpuScheduler::YieldUnrun(uint64_t to_task) {
   std::unique_ptr<Running> run = std::move(running_);
   const absl::Duration held = absl::Now() - run->placed_at;
-  inputs_yielded_.insert(run->task_id);
+  TaskRecord& record = tasks_table_.at(run->task_id);
+  record.inputs_yielded = true;
   Event(base::LogLevel::kInfo, "task_yields_gpu")
       .Field("task", run->task_id)
-      .Field("model", specs_.at(run->task_id).first.model)
+      .Field("model", record.spec.model)
       .Field("slot", run->slot)
       .FieldMs("held_ms", held)
       .Field("to_task", to_task)
@@ -748,9 +757,10 @@ void GpuScheduler::YieldUnrun(uint64_t to_task) {
 }
 
 bool GpuScheduler::InputsArriving(uint64_t id) const {
-  auto entry = specs_.find(id);
-  return entry != specs_.end() && entry->second.first.inputs_arrival != nullptr &&
-         !entry->second.first.inputs_arrival->ended().has_value();
+  loop_role_.AssertHeld();
+  const TaskRecord* record = tasks_table_.Find(id);
+  return record != nullptr && record->spec.inputs_arrival != nullptr &&
+         !record->spec.inputs_arrival->ended().has_value();
 }
 
 absl::Time GpuScheduler::InputsHoldEnds() const {
@@ -761,15 +771,15 @@ absl::Time GpuScheduler::InputsHoldEnds() const {
       queue_.PeekIf([this](const TaskTicket& t) { return !InputsArriving(t.id); });
   if (ready == nullptr) return absl::InfiniteFuture();
   // A task that yielded once holds the GPU only while nothing else can run.
-  return running_->placed_at + (inputs_yielded_.contains(running_->task_id) ? absl::ZeroDuration()
+  const TaskRecord* record = tasks_table_.Find(running_->task_id);
+  return running_->placed_at + (record != nullptr && record->inputs_yielded ? absl::ZeroDuration()
                                                                             : options_.inputs_hold);
 }
 
 absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch) {
   RunState state;
-  state.first_iteration = spec.fill                                   ? spec.fill->first_iteration
-                          : resume_iteration_.contains(run.task_id) ? resume_iteration_[run.task_id]
-                                                                      : 0;
+  state.first_iteration =
+      spec.fill ? spec.fill->first_iteration : tasks_table_.at(run.task_id).resume_iteration;
   if (run.training != nullptr) {
     state.optimizer_offset = run.training->optimizer_offset();
     state.optimizer_bytes = run.training->optimizer_bytes();
@@ -785,6 +795,7 @@ absl::Status GpuScheduler::SendRun(Running& run, int slot, const TaskSpec& spec,
 }
 
 void GpuScheduler::OnProgress(int slot, uint64_t task, uint32_t iterations) {
+  loop_role_.AssertHeld();  // WorkerPool calls its Listener on the loop
   if (running_ == nullptr || running_->slot != slot || running_->task_id != task) return;
   tasks_.Progress(task, iterations);
 }
@@ -819,11 +830,12 @@ GpuScheduler::RunResult GpuScheduler::ReadRunDone(int slot, const SwitchTimeline
 }
 
 void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
+  loop_role_.AssertHeld();  // WorkerPool calls its Listener on the loop
   if (running_ == nullptr || running_->slot != slot || running_->task_id != done.task_id()) return;
   std::unique_ptr<Running> run = std::move(running_);
   RunResult result = ReadRunDone(slot, run->timeline, done);
   // What the run did stays in the task's status however it ends (a cancel's error says it too).
-  if (specs_.at(run->task_id).first.kind == TaskKind::kTraining) {
+  if (tasks_table_.at(run->task_id).spec.kind == TaskKind::kTraining) {
     tasks_.Progress(run->task_id, result.outcome.iterations_done);
   }
   stop_deadline_.Met(run->task_id);
@@ -832,6 +844,7 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
 }
 
 void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
+  loop_role_.AssertHeld();
   if (running_ == nullptr || running_->task_id != task) return;
   if (copied.ok()) {
     running_->copied = true;
@@ -852,9 +865,9 @@ void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
 }
 
 void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
-  auto entry = specs_.find(run->task_id);
-  if (entry == specs_.end()) return;  // answered meanwhile
-  const TaskSpec& spec = entry->second.first;
+  TaskRecord* record = tasks_table_.Find(run->task_id);
+  if (record == nullptr) return;  // answered meanwhile
+  const TaskSpec& spec = record->spec;
   // A fill run's bubble may have ended while its answer waited for the copy: nothing to kill.
   stop_deadline_.Met(run->task_id);
   absl::Status status = std::move(result.status);
@@ -873,10 +886,8 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
   if (result.requeue) {
     // It gave the GPU back before its Run, its inputs still arriving: back to the queue's head,
     // unless it was cancelled or missed its deadline meanwhile.
-    if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
-      absl::Status why = std::move(reason->second);
-      stop_reasons_.erase(reason);
-      Finish(run->task_id, why);
+    if (std::optional<absl::Status> why = record->TakeStopReason()) {
+      Finish(run->task_id, *why);
       return;
     }
     // Its bytes failed meanwhile (InputsEnded found it neither queued nor awaiting them): it
@@ -895,8 +906,9 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
                       outcome.timeline, status.ok());
   // A training run that failed may have left its model's weights half updated in place: the
   // next task copies them again from the pinned store, which only a good run's checkpoint moves.
-  if (!status.ok() && result.ran && spec.kind == TaskKind::kTraining)
+  if (!status.ok() && result.ran && spec.kind == TaskKind::kTraining) {
     switcher_->Untrust(spec.model);
+  }
   if (status.ok() && spec.kind == TaskKind::kInference &&
       outcome.timeline.first_layer_start_ns > 0 &&
       outcome.timeline.result_ns > outcome.timeline.first_layer_start_ns) {
@@ -904,10 +916,8 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
                                                             outcome.timeline.first_layer_start_ns));
   }
   if (run->training != nullptr && EndTraining(*run, spec, outcome, status)) return;
-  if (auto reason = stop_reasons_.find(run->task_id); reason != stop_reasons_.end()) {
-    absl::Status why = std::move(reason->second);
-    stop_reasons_.erase(reason);
-    if (status.ok()) status = std::move(why);
+  if (std::optional<absl::Status> why = record->TakeStopReason(); why && status.ok()) {
+    status = *std::move(why);
   }
   if (!status.ok()) {
     Finish(run->task_id, status);
@@ -929,9 +939,8 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
 bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOutcome& outcome,
                                absl::Status& status) {
   const uint64_t id = run.task_id;
-  const uint32_t first_iteration = spec.fill                        ? spec.fill->first_iteration
-                                   : resume_iteration_.contains(id) ? resume_iteration_.at(id)
-                                                                    : 0;
+  const uint32_t first_iteration =
+      spec.fill ? spec.fill->first_iteration : tasks_table_.at(id).resume_iteration;
   TrainingState::Ending ending;
   ending.run_ok = status.ok();
   ending.trained = outcome.iterations_done > first_iteration;
@@ -940,8 +949,8 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   ending.model = run.entry != nullptr ? run.entry->stored : nullptr;
   // A run that resumes keeps its optimizer state: one stopped early, not for good. A cancel that
   // comes while the checkpoint runs still wins (TrainingSaved looks again).
-  ending.keep_optimizer = status.ok() && !stop_reasons_.contains(id) && outcome.stopped_early &&
-                          outcome.iterations_done < spec.iterations;
+  ending.keep_optimizer = status.ok() && !tasks_table_.at(id).stop_reason &&
+                          outcome.stopped_early && outcome.iterations_done < spec.iterations;
   // The GPU stays held until the checkpoint has read the region: no switch may overwrite it,
   // and an unload of the model waits (FinishUnloads sees the entry). No slot: the worker is
   // idle, and its death or a message of it no longer concerns this run.
@@ -965,6 +974,7 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
     absl::Status status = run_status.ok() ? saved : run_status;
     loop->Post([this, id, status = std::move(status), kept, iterations,
                 outcome = std::move(outcome)]() mutable {
+      loop_role_.AssertHeld();
       TrainingSaved(id, std::move(status), kept, iterations, std::move(outcome));
     });
   });
@@ -974,17 +984,13 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
 void GpuScheduler::TrainingSaved(uint64_t task_id, absl::Status status, bool resumable,
                                  uint32_t iterations, TaskOutcome outcome) {
   if (running_ != nullptr && running_->task_id == task_id && running_->slot < 0) running_.reset();
-  auto entry = specs_.find(task_id);
-  if (entry == specs_.end()) return;  // answered meanwhile (shutdown)
-  const TaskSpec& spec = entry->second.first;
-  std::optional<absl::Status> stopped_for_good;
-  if (auto reason = stop_reasons_.find(task_id); reason != stop_reasons_.end()) {
-    stopped_for_good = std::move(reason->second);
-    stop_reasons_.erase(reason);
-  }
+  TaskRecord* record = tasks_table_.Find(task_id);
+  if (record == nullptr) return;  // answered meanwhile (shutdown)
+  const TaskSpec& spec = record->spec;
+  std::optional<absl::Status> stopped_for_good = record->TakeStopReason();
   // A fill run goes back to its fill manager, which brings it back at its next bubble.
   if (resumable && status.ok() && !stopped_for_good && !spec.fill) {
-    resume_iteration_[task_id] = iterations;
+    record->resume_iteration = iterations;
     queue_.PushFront(TaskTicket{task_id, spec.model, spec.kind, spec.priority, spec.deadline});
     tasks_.Requeue(task_id, iterations);
     return;
@@ -1013,6 +1019,7 @@ absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) 
   absl::Time submitted = absl::Now();
   if (spec.arrival_ns == 0) spec.arrival_ns = base::MonotonicNowNs();
   Post([this, id, submitted, spec = std::move(spec), done = std::move(done)]() mutable {
+    loop_role_.AssertHeld();
     TaskTicket ticket{id, spec.model, spec.kind, spec.priority, spec.deadline};
     // Latency is measured from submission, whatever happens in between.
     TaskCallback timed = [this, submitted,
@@ -1030,9 +1037,8 @@ absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) 
       timed(absl::CancelledError("pswitchd is shutting down"));
       return;
     }
-    if (spec.expires != absl::InfiniteFuture()) deadlines_.emplace(spec.expires, id);
     std::shared_ptr<InputsArrival> arrival = spec.inputs_arrival;
-    specs_[id] = {std::move(spec), std::move(timed)};
+    tasks_table_.Add(id, std::move(spec), std::move(timed));
     queue_.Push(ticket);
     if (arrival != nullptr) {
       // Its end comes on a front end's thread (or at once, if it already came): handled on the
@@ -1044,25 +1050,18 @@ absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) 
 }
 
 void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome) {
-  auto it = specs_.find(task_id);
+  std::optional<TaskRecord> record = tasks_table_.Take(task_id);
   tasks_.Finish(task_id, outcome.status(), outcome.ok() ? outcome->iterations_done : 0);
-  resume_iteration_.erase(task_id);
-  inputs_yielded_.erase(task_id);
-  requeued_after_death_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
-  if (it == specs_.end()) return;
-  const TaskSpec& spec = it->second.first;
+  if (!record) return;
+  const TaskSpec& spec = record->spec;
   if (spec.inputs_arrival) spec.inputs_arrival->Unwatch();
   const int64_t now_ns = base::MonotonicNowNs();
   telemetry_->TaskFinished(
       options_.gpu, MetricModel(spec), spec.kind,
       spec.started_ns == 0 ? absl::ZeroDuration() : absl::Nanoseconds(spec.started_ns - spec.arrival_ns),
       absl::Nanoseconds(now_ns - spec.arrival_ns), outcome.ok());
-  deadlines_.erase({it->second.first.expires, task_id});
-  stop_reasons_.erase(task_id);
-  TaskCallback callback = std::move(it->second.second);
-  specs_.erase(it);
-  callback(outcome);
+  record->done(outcome);
 }
 
 absl::StatusOr<TaskStatus> GpuScheduler::Query(uint64_t task_id) const {
@@ -1099,6 +1098,7 @@ absl::StatusOr<GpuSnapshot> GpuScheduler::Snapshot(absl::Duration timeout) const
   };
   auto pending = std::make_shared<Pending>();
   loop_->Post([this, pending] {
+    loop_role_.AssertHeld();
     GpuSnapshot& s = pending->snapshot;
     s.resident_model = switcher_->active_model();
     s.resident = switcher_->cache().List();
@@ -1131,11 +1131,12 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
         absl::StrCat("task ", task_id, " already ", TaskStateName(info.state)));
   }
   Post([this, task_id] {
+    loop_role_.AssertHeld();
     if (queue_.Remove(task_id)) {
       Finish(task_id, absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       return;
     }
-    auto spec = specs_.find(task_id);
+    TaskRecord* record = tasks_table_.Find(task_id);
     if (running_ != nullptr && running_->task_id == task_id && running_->awaiting_inputs) {
       // Placed, but not running yet: it gives the GPU back.
       AbandonUnrun(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
@@ -1144,14 +1145,14 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
     if (running_ != nullptr && running_->task_id == task_id && running_->answered != nullptr &&
         running_->answered->requeue) {
       // It yielded unrun and waits for its copy's end to go back to the queue: it goes nowhere.
-      stop_reasons_.emplace(task_id,
-                            absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      if (record != nullptr) {
+        record->StopFor(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      }
       return;
     }
-    if (running_ != nullptr && running_->task_id == task_id && spec != specs_.end() &&
-        spec->second.first.kind == TaskKind::kTraining) {
-      stop_reasons_.emplace(task_id,
-                            absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+    if (running_ != nullptr && running_->task_id == task_id && record != nullptr &&
+        record->spec.kind == TaskKind::kTraining) {
+      record->StopFor(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       StopRunning();
     }
     // A running inference batch always finishes; its result is still delivered.

@@ -47,17 +47,18 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "asio/steady_timer.hpp"
 #include "base/log.h"
 #include "controller/blocking_work.h"
 #include "controller/bubble_admission.h"
 #include "controller/event_loop.h"
+#include "controller/loop_timer.h"
 #include "controller/state_checkpoints.h"
 #include "controller/stop_deadline.h"
 #include "controller/switcher.h"
 #include "controller/task_queue.h"
 #include "controller/task_registry.h"
 #include "controller/task_spec.h"
+#include "controller/task_table.h"
 #include "controller/telemetry.h"
 #include "controller/training_state.h"
 #include "controller/worker_pool.h"
@@ -187,11 +188,7 @@ class GpuScheduler : private WorkerPool::Listener {
   // Runs `fn` on the loop, then AfterEvent. Dropped once the loop has ended.
   void Post(std::function<void()> fn) { loop_->Post(std::move(fn)); }
   // After every event: the stop deadline, shutdown, starting what can start, and the timers.
-  void AfterEvent();
-  // Arms `timer` for `deadline` (`armed`: what it is armed for now); when it fires, `due` runs,
-  // then AfterEvent.
-  void ArmTimer(asio::steady_timer& timer, absl::Time& armed, absl::Time deadline,
-                std::function<void()> due);
+  void AfterEvent();  // loop entry point: asserts the role
   void Loop();
 
   // WorkerPool::Listener.
@@ -200,42 +197,50 @@ class GpuScheduler : private WorkerPool::Listener {
   void OnProgress(int slot, uint64_t task, uint32_t iterations) override;
   void OnWorkerDied(int slot, const absl::Status& why, bool killed) override;
 
-  void MaybeStart();
+  void MaybeStart() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Whether the running task yields to what waits (preemption, or a fill run to any task).
-  void MaybePreempt();
-  absl::Status StartTask(const TaskTicket& ticket);
+  void MaybePreempt() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  absl::Status StartTask(const TaskTicket& ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Copies the cache's resident models for ResidentModels (after each event).
-  void PublishResident();
+  void PublishResident() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Task `task_id`'s inputs arrival ended (posted by its watcher): a task placed and waiting for
   // them gets its Run now; one whose bytes will never come fails, queued or placed.
-  void InputsEnded(uint64_t task_id);
+  void InputsEnded(uint64_t task_id);  // loop entry point: asserts the role
   // The running task, placed but never sent its Run (its inputs had not arrived), fails with
   // `why` and gives the GPU back: at once, or when its switch's copy ends.
-  void AbandonUnrun(absl::Status why);
+  void AbandonUnrun(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The running task's Run, held until its inputs arrived and its optimizer state was restored,
   // goes out once neither is awaited (and it was not told to stop); a failed send abandons it.
-  void SendHeldRun();
+  void SendHeldRun() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Task `task_id`'s optimizer state (`optimizer_bytes` > 0, checkpointed under `key`) is
   // restored off the loop; RestoreEnded gets the result.
-  void RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes);
+  void RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The restore of task `task_id`'s optimizer state ended (loop): the run gets its state and its
   // Run, or fails with why the state could not be restored; a run stopped meanwhile ends as a
   // run stopped before its first iteration (its state saved again when it resumes later), and
   // one abandoned meanwhile is answered now.
-  void RestoreEnded(uint64_t task_id, absl::StatusOr<std::unique_ptr<TrainingState>> state);
+  void RestoreEnded(uint64_t task_id, absl::StatusOr<std::unique_ptr<TrainingState>> state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The running task, placed but waiting for its inputs past its hold while `to_task` could run
   // at once, gives the GPU back unrun: to the queue's head, its payload still arriving.
-  void YieldUnrun(uint64_t to_task);
+  void YieldUnrun(uint64_t to_task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Whether task `id`'s inputs are still arriving (a raw payload not yet all in).
+  // Both are queue predicates (called from lambdas): they assert the loop's role themselves.
   bool InputsArriving(uint64_t id) const;
   // Whether task `id` yielded the GPU and its inputs are still arriving: it is placed again
   // only when no other task waits.
-  bool Parked(uint64_t id) const { return inputs_yielded_.contains(id) && InputsArriving(id); }
+  bool Parked(uint64_t id) const {
+    loop_role_.AssertHeld();
+    const TaskRecord* record = tasks_table_.Find(id);
+    return record != nullptr && record->inputs_yielded && InputsArriving(id);
+  }
   // When the running task, waiting for its inputs, must yield to a ready queued task;
   // InfiniteFuture when it need not.
-  absl::Time InputsHoldEnds() const;
+  absl::Time InputsHoldEnds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Sends the Run; the task is then running (or switching) on `slot`.
-  absl::Status SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch);
+  absl::Status SendRun(Running& run, int slot, const TaskSpec& spec, uint32_t batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // What a RunDone said, copied out of its frame (ReadRunDone) so it can wait for the switch's
   // copy to end: no flatbuffer pointer outlives the message.
   struct RunResult;
@@ -246,14 +251,16 @@ class GpuScheduler : private WorkerPool::Listener {
   static RunResult Unrun(const Running& run, absl::Status why);
   // Completes `run` with `result`, or, while its copy or its state's restore is in flight, keeps
   // it as a placeholder holding the GPU (no slot) that CopyEnded or RestoreEnded completes.
-  void HoldOrComplete(std::unique_ptr<Running> run, RunResult result);
+  void HoldOrComplete(std::unique_ptr<Running> run, RunResult result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Answers (or, for training, checkpoints) the run `run` whose worker reported `result`; its
   // switch's copy has ended, if it had one, so the answer carries the copy's phases (or fails
   // with the copy's error). The one completion of a run, whenever its RunDone came.
-  void CompleteRun(std::unique_ptr<Running> run, RunResult result);
+  void CompleteRun(std::unique_ptr<Running> run, RunResult result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The Switcher saw task `task`'s copy end (`copied`: OK, or why it failed): a run answered
   // before it, held since, is completed now.
-  void CopyEnded(uint64_t task, const absl::Status& copied);
+  void CopyEnded(uint64_t task, const absl::Status& copied);  // loop entry point: asserts the role
   // A training run ended (true: it is answered or requeued here, later). Its checkpoint runs
   // off the loop (checkpointing_): its weights go back to the pinned store unless the run failed
   // or its switch's copy did not complete, and an unfinished run's optimizer state is saved; the
@@ -261,69 +268,59 @@ class GpuScheduler : private WorkerPool::Listener {
   // region or unloads the model before the checkpoint read them. TrainingSaved then requeues
   // the run or answers it with `outcome`.
   bool EndTraining(Running& run, const TaskSpec& spec, const TaskOutcome& outcome,
-                   absl::Status& status);
+                   absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A training run's checkpoint ended (loop): `status` is the run's, or why its state was not
   // saved; `resumable` when its optimizer state was kept for a resume.
   void TrainingSaved(uint64_t task_id, absl::Status status, bool resumable, uint32_t iterations,
-                     TaskOutcome outcome);
+                     TaskOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Tells the running task to stop at its next sync point, once; it is killed if it has not
   // answered within the drain timeout.
-  void StopRunning();
-  void EnforceStop();
+  void StopRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void EnforceStop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Fails queued tasks past their deadline and stops a running one.
-  void EnforceDeadlines();
-  void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome);
+  void EnforceDeadlines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Completes the unloads that nothing holds up any more (DropModel).
-  void FinishUnloads();
+  void FinishUnloads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
 
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
   registry::ModelCatalog* const catalog_;
 
-  // Loop-thread state.
-  TaskQueue queue_;
-  std::map<uint64_t, std::pair<TaskSpec, TaskCallback>> specs_;
-  std::map<uint64_t, uint32_t> resume_iteration_;
+  // Loop-thread state: guarded by the loop's role (EventLoop's LoopRole), which every handler
+  // asserts and every loop-only method requires, so clang's -Wthread-safety checks it.
+  TaskQueue queue_ ABSL_GUARDED_BY(loop_role_);
+  TaskTable tasks_table_ ABSL_GUARDED_BY(loop_role_);  // every unfinished task, and deadlines
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
   std::shared_ptr<Telemetry> telemetry_;           // likewise
-  // Why a running task was told to stop for good (cancelled, past its deadline): its answer.
-  std::map<uint64_t, absl::Status> stop_reasons_;
-  std::set<std::pair<absl::Time, uint64_t>> deadlines_;  // of unfinished tasks that have one
-  // Tasks that yielded the GPU while their inputs arrived (YieldUnrun): no second hold.
-  std::set<uint64_t> inputs_yielded_;
-  // Tasks requeued once because their worker died before their Run: a second death fails them
-  // (the placement itself may be what kills workers).
-  std::set<uint64_t> requeued_after_death_;
-  std::unique_ptr<Running> running_;
+  std::unique_ptr<Running> running_ ABSL_GUARDED_BY(loop_role_);
   // Unloads waiting for their model's last task, copy or load to end (DropModel).
-  std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_;
+  std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_
+      ABSL_GUARDED_BY(loop_role_);
   TaskRegistry tasks_;
-  BubbleAdmission bubble_runs_;
-  StopDeadline stop_deadline_;
-  bool stopping_ = false;
+  BubbleAdmission bubble_runs_ ABSL_GUARDED_BY(loop_role_);
+  StopDeadline stop_deadline_ ABSL_GUARDED_BY(loop_role_);
+  bool stopping_ ABSL_GUARDED_BY(loop_role_) = false;
 
   // This GPU's event loop: every event is a handler on it, run on loop_thread_ one at a time;
   // no handler runs after Loop() returns, which the destructor joins before any member goes.
   // Shared with the callbacks of worker readers and copy engines, which may outlive this.
   const std::shared_ptr<EventLoop> loop_;
-  std::unique_ptr<WorkerPool> pool_;
-  std::unique_ptr<Switcher> switcher_;
+  const LoopRole& loop_role_;
+  std::unique_ptr<WorkerPool> pool_ ABSL_PT_GUARDED_BY(loop_role_);
+  std::unique_ptr<Switcher> switcher_ ABSL_PT_GUARDED_BY(loop_role_);
   std::atomic<size_t> unfinished_{0};  // submitted tasks not yet answered (not fill runs)
   // What the cache holds, published by the loop after each event for ResidentModels.
   mutable absl::Mutex resident_mu_;
   std::set<std::string> resident_ ABSL_GUARDED_BY(resident_mu_);
-  asio::steady_timer kill_timer_;      // stop_deadline_
-  asio::steady_timer deadline_timer_;  // deadlines_
-  asio::steady_timer respawn_timer_;   // the pool's next restart
-  asio::steady_timer silence_timer_;   // the pool's next worker silent too long
-  asio::steady_timer shutdown_timer_;  // shutdown's bound on a running task
-  asio::steady_timer inputs_hold_timer_;  // InputsHoldEnds
-  absl::Time armed_kill_ = absl::InfiniteFuture();
-  absl::Time armed_deadline_ = absl::InfiniteFuture();
-  absl::Time armed_respawn_ = absl::InfiniteFuture();
-  absl::Time armed_silence_ = absl::InfiniteFuture();
-  absl::Time armed_inputs_hold_ = absl::InfiniteFuture();
-  bool shutdown_timer_armed_ = false;
+  // Re-armed after every event to what is due next (AfterEvent).
+  LoopTimer kill_timer_;         // stop_deadline_
+  LoopTimer deadline_timer_;     // tasks' deadlines
+  LoopTimer respawn_timer_;      // the pool's next restart
+  LoopTimer silence_timer_;      // the pool's next worker silent too long
+  LoopTimer shutdown_timer_;     // shutdown's bound on a running task
+  LoopTimer inputs_hold_timer_;  // InputsHoldEnds
   std::thread loop_thread_;
   // Training state copies, off the loop: checkpoints (EndTraining) and restores (RestoreState),
   // one at a time in order, so a restore finds the checkpoint saved before it. Last: destroyed

@@ -211,8 +211,9 @@ TEST_F(HttpE2eTest, ConcurrentRestAndTcpClientsOnTheSameModelsGetTheirOwnAnswers
 TEST(HttpLimitsE2eTest, AFullQueueIs429AndAnUnloadedWaitingInferIs503) {
   // tiny_cnn takes about 1.2 s to switch in at this cap: a window with one batch switching and
   // one queued behind it (inference never preempts inference).
+  // One model at a time (no weights cache), so a batch of the other model switches, slowly.
   e2e::TestDaemon daemon({"--preload=tiny_cnn,tiny_mlp", "--standby-workers=1",
-                          "--max-queued-tasks=2", "--bandwidth-cap=8000"});
+                          "--max-queued-tasks=2", "--bandwidth-cap=8000", "--weights-cache=false"});
   ASSERT_GT(daemon.http_port(), 0) << daemon.log();
   httplib::Client http("127.0.0.1", daemon.http_port());
   http.set_read_timeout(60, 0);

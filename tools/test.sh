@@ -6,6 +6,8 @@ tools/install-deps.sh
 jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${PSWITCH_CMAKE_ARGS:-}
 cmake --build build -j "$jobs"
+# The schedulers' loop-only state, checked by clang's thread-safety analysis (GCC ignores it).
+tools/thread_safety.sh build
 ctest --test-dir build --output-on-failure -j "$jobs" ${PSWITCH_CTEST_ARGS:-}
 # The parsers of untrusted input under libFuzzer (ASan, UBSan), about a minute in all; a
 # separate clang build in build-fuzz/ (no libtorch).

@@ -26,21 +26,11 @@
 #include "worker/executor.h"
 #include "worker/host_tensors.h"
 #include "worker/iterative_task.h"
+#include "worker/layer_gate.h"
 #include "worker/warm_up.h"
 
 namespace pswitch::worker {
 namespace {
-
-// Thrown by the gate hook through libtorch's forward; caught at the task boundary below.
-class GateFailure : public std::runtime_error {
- public:
-  explicit GateFailure(absl::Status status)
-      : std::runtime_error(std::string(status.message())), status_(std::move(status)) {}
-  const absl::Status& status() const { return status_; }
-
- private:
-  absl::Status status_;
-};
 
 // One training iteration per step. Every iteration's data and randomness depend on (seed, i)
 // only, in any process on the same kind of device, so a resumed task continues exactly.
@@ -161,6 +151,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
                                                 options.worker_id, options.attach_secret));
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
+  w->gate_ = std::make_unique<LayerGate>(&w->arena_->ready_flags(), options.group_timeout);
   ExecutorOptions executor;
   executor.backend = options.backend;
   executor.device_ordinal = options.device_ordinal;
@@ -431,7 +422,7 @@ absl::Status Worker::HandleDrop(const proto::DropModel& drop) {
   const std::string name = drop.name()->str();
   Clean();  // the last task's leftovers may be this model's
   const bool had = models_.erase(name) > 0;
-  if (gate_.model == name) gate_ = Gate{};
+  gate_->Forget(name);
   base::Log(base::LogLevel::kInfo, "worker_model_unloaded")
       .Field("worker", options_.worker_id)
       .Field("model", name)
@@ -454,15 +445,12 @@ absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
                                               prepare.weights_offset(), " outside the arena"));
   }
   it->second->Rebind(arena_->arena().base() + prepare.weights_offset());
-  Gate gate{prepare.model()->str(), prepare.epoch(), prepare.flag_base(), {}};
-  gate.group_of_layer.resize(it->second->num_layers());
-  const auto* last = prepare.group_last_layer();
-  uint32_t g = 0;
-  for (size_t l = 0; l < gate.group_of_layer.size(); ++l) {
-    while (last != nullptr && g + 1 < last->size() && last->Get(g) < l) ++g;
-    gate.group_of_layer[l] = g;
+  std::vector<uint32_t> last;
+  if (prepare.group_last_layer() != nullptr) {
+    last.assign(prepare.group_last_layer()->begin(), prepare.group_last_layer()->end());
   }
-  gate_ = std::move(gate);
+  gate_->Set(LayerGate::FromLastLayers(prepare.model()->str(), prepare.epoch(), prepare.flag_base(),
+                                       last, it->second->num_layers()));
   return absl::OkStatus();
 }
 
@@ -542,18 +530,6 @@ absl::Status Worker::RunSynthetic(const proto::Run& run, FillSteps& fill, TrainP
   return RunTask(task, run, &fill, progress);
 }
 
-absl::Status Worker::AwaitModel(int64_t deadline_ns) {
-  uint32_t groups = 0;
-  for (uint32_t g : gate_.group_of_layer) groups = std::max(groups, g + 1);
-  for (uint32_t g = 0; g < groups; ++g) {
-    absl::Duration left = absl::Nanoseconds(deadline_ns - base::MonotonicNowNs());
-    if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("bubble ended");
-    PSWITCH_RETURN_IF_ERROR(
-        arena_->ready_flags().WaitReady(gate_.flag_base + g, gate_.epoch, left));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Worker::RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
                              TrainProgress* progress) {
   StepProgress steps;
@@ -585,7 +561,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   std::vector<proto::HostTensor> outputs;
   TrainProgress progress{run.first_iteration(), false, 0, 0, 0};
   absl::Status status;
-  bool gated = false;  // a model ran behind its ready flags
+  std::optional<LayerGate::Task> gated;  // a model ran behind its ready flags
   // Tenants never see each other's data: lease bytes an earlier task of another model or
   // principal touched are zeroed before this task gets them. With no principal on the Run, any
   // task may be another principal's, so every such task is a new owner.
@@ -594,7 +570,6 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       tenant.empty() ? std::string() : absl::StrCat(model_name, std::string(1, '\0'), tenant);
   if (owner.empty() || owner != lease_owner_) executor_->NewActivationOwner();
   lease_owner_ = owner;
-  int groups_gated = 0;  // groups whose gate this task passed (on CUDA: whose wait it enqueued)
   std::unique_ptr<FillSteps> fill;
   if (run.fill() != nullptr) {
     // Never predicted shorter than this worker measured the step at load.
@@ -629,10 +604,11 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     status = models::CatchTorch("synthetic fill task",
                                 [&] { task_status = RunSynthetic(run, *fill, &progress); });
     if (status.ok()) status = task_status;
-  } else if (it == models_.end() || gate_.model != model_name) {
+  } else if (it == models_.end() || !gate_->Prepared(model_name)) {
     status = absl::FailedPreconditionError(
         absl::StrCat("run of model '", model_name, "' without load and prepare"));
-  } else if (absl::Status in = fill ? AwaitModel(run.fill()->bubble_end_ns()) : absl::OkStatus();
+  } else if (absl::Status in =
+                 fill ? gate_->AwaitAll(run.fill()->bubble_end_ns()) : absl::OkStatus();
              !in.ok()) {
     // The fill model is not in before its bubble ends: pause without a step (its transmission
     // goes on; the next bubble finds the weights in place).
@@ -644,71 +620,14 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   } else {
     BoundModel& bound = *it->second;
     const bool training = run.training();
-    int waited_group = -1;
-    int hooks = 0;
-    size_t gated_marks = 0;  // marks of groups after the first
-    absl::Status gate_status;
-    (void)stream_->TakeMarks();  // nothing left from an earlier task
-    // Nsight Systems: the task, and within it each group from its gate to the next one (on
-    // CUDA the CPU's issue of that group's layers; the wait itself shows on the stream).
-    base::NvtxRange task_range(absl::StrCat(training ? "train " : "infer ", model_name, " task ",
-                                            run.task_id()));
-    base::NvtxRange group_range;
-    // Gate every layer on its group; groups arrive in order, so waiting once per group is enough.
-    bound.model().SetGateHook([&, training](int index) {
-      // Marks on the stream time the first layer: started once its group was ready (mark 0),
-      // finished when the second layer is issued (mark 1).
-      if (++hooks == 2) (void)stream_->Mark();
-      if (index < 0 || static_cast<size_t>(index) >= bound.mode_layers(training)) {
-        throw GateFailure(absl::FailedPreconditionError(absl::StrCat(
-            "model '", model_name, "' ran more layers than it has (", bound.mode_layers(training),
-            ")")));
-      }
-      int group = static_cast<int>(gate_.group_of_layer[bound.LayoutIndex(training, index)]);
-      if (group <= waited_group) return;
-      absl::Status s = stream_->WaitFlag(arena_->ready_flags(), gate_.flag_base + group,
-                                         gate_.epoch, options_.group_timeout);
-      if (!s.ok()) throw GateFailure(s);
-      if (waited_group < 0) {
-        (void)stream_->Mark();
-      } else if (gated_marks + 2 < gpu::kMaxStreamMarks) {
-        (void)stream_->Mark();  // group `group`'s gate released (the trace's per-group compute)
-        ++gated_marks;
-      }
-      waited_group = group;
-      if constexpr (base::kNvtxBuilt) group_range.Restart(absl::StrCat("group ", group));
-    });
-    gated = true;
+    gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id());
     ScopedLeaseAllocation from_lease(activations_);
-    absl::Status torch_status = models::CatchTorch(absl::StrCat("model '", model_name, "'"), [&] {
-      try {
-        if (training) {
-          status = Train(bound, run, &progress, fill.get());
-          return;
-        }
-        if (fill) {
-          status = InferDataset(bound, run, *fill, &progress, &outputs);
-          return;
-        }
-        absl::StatusOr<std::vector<proto::HostTensor>> out = Infer(bound, run);
-        if (out.ok()) {
-          outputs = std::move(*out);
-        } else {
-          status = out.status();
-        }
-      } catch (const GateFailure& failure) {
-        gate_status = failure.status();
-      }
+    status = gated->Run([&]() -> absl::Status {
+      if (training) return Train(bound, run, &progress, fill.get());
+      if (fill) return InferDataset(bound, run, *fill, &progress, &outputs);
+      PSWITCH_ASSIGN_OR_RETURN(outputs, Infer(bound, run));
+      return absl::OkStatus();
     });
-    // Precedence: a gate failure explains everything after it; then libtorch's own errors; then
-    // the task-level status.
-    if (!gate_status.ok()) {
-      status = gate_status;
-    } else if (!torch_status.ok()) {
-      status = torch_status;
-    }
-    bound.model().SetGateHook(nullptr);
-    groups_gated = waited_group + 1;
   }
   // The task's synchronisation point: its final weights (and optimizer state) are in the arena
   // before RunDone lets pswitchd checkpoint them, and late kernel errors are this task's.
@@ -722,20 +641,15 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     if (status.ok()) status = synced;
   }
   if (gated) {
-    if (absl::StatusOr<std::vector<int64_t>> marks = stream_->TakeMarks(); marks.ok()) {
-      if (!marks->empty()) progress.first_layer_start_ns = (*marks)[0];
-      if (marks->size() > 1) progress.first_layer_done_ns = (*marks)[1];
-      if (marks->size() > 2) progress.group_gates_ns.assign(marks->begin() + 2, marks->end());
-    }
-    // The device released its waits at >= the epoch: insist that every group the task went
-    // through really holds this switch's epoch, or it ran (partly) on an earlier model's
-    // weights. A task stopped early (preempted mid-switch) never reached the later groups, whose
-    // copy a newer switch may have cancelled: those are not its concern.
+    LayerGate::Task::Marks marks = gated->TakeMarks();
+    progress.first_layer_start_ns = marks.first_layer_start_ns;
+    progress.first_layer_done_ns = marks.first_layer_done_ns;
+    progress.group_gates_ns = std::move(marks.group_gates_ns);
     if (status.ok()) {
-      status = gpu::CheckGroupsHoldEpoch(arena_->ready_flags(), gate_.flag_base,
-                                         static_cast<uint32_t>(groups_gated), gate_.epoch);
+      status = gated->CheckEpoch();
       if (!status.ok()) outputs.clear();
     }
+    gated.reset();  // the model's gate hook goes
   }
   flatbuffers::FlatBufferBuilder b;
   auto wire_outputs = proto::CreateWireTensors(b, outputs);

@@ -28,13 +28,14 @@
 #include "proto/frame_channel.h"
 #include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
-#include "worker/fill_steps.h"
 #include "worker/executor.h"
-#include "worker/stop_requests.h"
+#include "worker/fill_steps.h"
 #include "worker/iterative_task.h"
+#include "worker/layer_gate.h"
 #include "worker/lease_allocator.h"
 #include "worker/model_binding.h"
 #include "worker/region_map.h"
+#include "worker/stop_requests.h"
 
 namespace pswitch::worker {
 
@@ -68,12 +69,6 @@ class Worker {
   struct Command {
     std::vector<uint8_t> payload;  // a verified WorkerCommand
     UniqueFd fd;                   // passed with it (LoadModel: a script model's archive)
-  };
-  struct Gate {
-    std::string model;
-    uint32_t epoch = 0;
-    uint32_t flag_base = 0;
-    std::vector<uint32_t> group_of_layer;  // layout layer -> group
   };
 
   Worker() = default;
@@ -109,10 +104,6 @@ class Worker {
   // A fill task's batch inference over its dataset's "input" rows, `batch` rows per step.
   absl::Status InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
                             TrainProgress* progress, std::vector<proto::HostTensor>* outputs);
-  // Waits on the CPU, until CLOCK_MONOTONIC `deadline_ns`, for every group of the prepared model,
-  // so a fill task's first step neither waits for weights nor holds the device meanwhile.
-  // DeadlineExceeded when the deadline passes first.
-  absl::Status AwaitModel(int64_t deadline_ns);
   // Runs `task` over run's steps [first_iteration, iterations) (see RunSteps).
   absl::Status RunTask(IterativeTask& task, const proto::Run& run, FillSteps* fill,
                        TrainProgress* progress);
@@ -137,7 +128,7 @@ class Worker {
   c10::Device tensor_device_ = c10::Device(c10::kCPU);
   std::unique_ptr<proto::FrameChannel> control_;
   std::map<std::string, std::unique_ptr<BoundModel>, std::less<>> models_;
-  Gate gate_;
+  std::unique_ptr<LayerGate> gate_;  // what the last Prepare said (set once the arena is attached)
   // The last task's (model, tenant), "" when its tenant was unknown: the activation lease is
   // cleared before a task of another owner (worker.cc, HandleRun).
   std::string lease_owner_;

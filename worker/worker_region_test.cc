@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -201,14 +202,16 @@ class WorkerRegionTest : public ::testing::Test {
     Prepare("tiny");
   }
 
-  // Gates model `name` (loaded over the fixture's weights) on their one group.
-  void Prepare(const std::string& name) {
+  // Gates model `name` (loaded over the fixture's weights) on their one group, its weights at
+  // `offset` of the arena (the fixture's region when not given).
+  void Prepare(const std::string& name, std::optional<uint64_t> offset = std::nullopt) {
     flatbuffers::FlatBufferBuilder prepare;
     const std::vector<uint32_t> last_layer = {layers_ - 1};
     proto::Finish(prepare, proto::CreateWorkerCommand(
                                prepare, 0, proto::WorkerCommandBody::Prepare,
                                proto::CreatePrepare(prepare, prepare.CreateString(name), epoch_, 0,
-                                                    prepare.CreateVector(last_layer))
+                                                    prepare.CreateVector(last_layer),
+                                                    offset.value_or(weights_offset_))
                                    .Union()));
     Send(prepare);
   }
@@ -373,6 +376,40 @@ TEST_F(WorkerRegionTest, AWarmUpWithATrainingStepWritesNothingInTheWeightsRegion
   EXPECT_EQ(LastEvent().body_as_ModelLoaded()->infer_step_ns(), 0);
   EXPECT_EQ(LastEvent().body_as_ModelLoaded()->train_step_ns(), 0);
   EXPECT_TRUE(WeightsBytes() == before);
+}
+
+// Issue 29: the weights cache may put a model anywhere in the pool. Prepare names where: the
+// worker's bound model follows (nothing rebuilt), reads only there, and an offset whose region
+// would leave the arena is refused (the worker exits rather than compute out of bounds).
+TEST_F(WorkerRegionTest, AModelFollowsItsWeightsWherePrepareSaysAndNeverOutsideTheArena) {
+  RunAnswer before = Run(InlineInput());
+  ASSERT_TRUE(before.status.ok()) << before.status;
+  absl::StatusOr<memdaemon::Lease> moved = daemon_->leases().Acquire("moved", weights_bytes_);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  const std::string bytes = WeightsBytes();
+  ASSERT_TRUE(daemon_->arena()
+                  .CopyFromHost(moved->offset,
+                                std::span<const std::byte>(
+                                    reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()))
+                  .ok());
+  ASSERT_TRUE(daemon_->arena().Fill(weights_offset_, weights_bytes_, 0).ok());
+  Prepare("tiny", moved->offset);
+  RunAnswer after = Run(InlineInput());
+  ASSERT_TRUE(after.status.ok()) << after.status;
+  ASSERT_EQ(after.outputs.size(), before.outputs.size());
+  EXPECT_EQ(after.outputs[0].data, before.outputs[0].data) << "the same weights, moved";
+  Prepare("tiny", weights_offset_);  // back over the zeroed bytes: a different answer
+  RunAnswer zeroed = Run(InlineInput());
+  ASSERT_TRUE(zeroed.status.ok()) << zeroed.status;
+  EXPECT_NE(zeroed.outputs[0].data, before.outputs[0].data);
+
+  Prepare("tiny", daemon_->arena().size_bytes() - weights_bytes_ / 2);
+  EXPECT_FALSE(Next(proto::WorkerEventBody::RunDone).ok()) << "the worker refused and exited";
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child_, &wstatus, 0), child_);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0)
+      << "a refused Prepare ends the worker with an error, status " << wstatus;
+  child_ = -1;  // reaped here
 }
 
 TEST_F(WorkerRegionTest, AWarmUpBatchAboveTheMaximumFailsTheLoadAndLeavesNothingLoaded) {
