@@ -458,7 +458,7 @@ absl::StatusOr<RegisteredModel> Client::Register(const RegisterOptions& options)
             options.trainers.empty() ? 0 : b.CreateVectorOfStrings(options.trainers),
             options.on_phase != nullptr || options.on_phase_progress != nullptr,
             options.dtype.empty() ? 0 : b.CreateString(options.dtype),
-            options.on_phase_progress != nullptr);
+            options.on_phase_progress != nullptr, options.pin_resident);
         auto roles = files.Roles(b);
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::RegisterModel,
                                                     body.Union(), 0, roles));

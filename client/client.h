@@ -84,6 +84,8 @@ struct RegisterOptions {
   // run 2 of 4"), on the same thread; on_phase still tells its end.
   std::function<void(const std::string& phase, absl::Duration so_far, const std::string& detail)>
       on_phase_progress;
+  // Once its weights are resident on a GPU, they are never evicted there (the weights cache).
+  bool pin_resident = false;
 };
 
 struct RegisteredModel {

@@ -267,6 +267,7 @@ void GpuScheduler::OnDrained(int slot, uint64_t task, const proto::Drained& drai
 void GpuScheduler::AddModel(EntryRef entry, ModelLoads::Done done) {
   Post([this, entry, done = std::move(done)] {
     loop_role_.AssertHeld();
+    switcher_->Pin(entry->request.name, entry->request.pin_resident);
     pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups, /*registering=*/true), done);
   });
 }
@@ -909,7 +910,8 @@ void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
   if (!status.ok() && result.ran && spec.kind == TaskKind::kTraining) {
     switcher_->Untrust(spec.model);
   }
-  if (status.ok() && spec.kind == TaskKind::kInference &&
+  // Compute on resident weights only: a switch's first task also waits for later groups' copies.
+  if (status.ok() && spec.kind == TaskKind::kInference && run->transmission == nullptr &&
       outcome.timeline.first_layer_start_ns > 0 &&
       outcome.timeline.result_ns > outcome.timeline.first_layer_start_ns) {
     switcher_->ObserveCompute(spec.model, absl::Nanoseconds(outcome.timeline.result_ns -
@@ -969,12 +971,22 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
                       iterations = outcome.iterations_done, outcome]() mutable {
     bool kept = false;
     absl::Status saved = training->End(ending, kept);
+    const uint64_t generation = training->saved_generation();
+    const std::string model = entry->request.name;
     training.reset();  // the lease and any staging buffer go here, off the loop
     entry.reset();
     absl::Status status = run_status.ok() ? saved : run_status;
-    loop->Post([this, id, status = std::move(status), kept, iterations,
+    loop->Post([this, id, model, generation, trained = ending.trained, saved_ok = saved.ok(),
+                status = std::move(status), kept, iterations,
                 outcome = std::move(outcome)]() mutable {
       loop_role_.AssertHeld();
+      // The resident weights are what the pinned store now holds; or, when they could not be
+      // saved after training, they are newer than it and must not be served or trained on.
+      if (generation != 0) {
+        switcher_->Checkpointed(model, generation);
+      } else if (trained && !saved_ok) {
+        switcher_->Untrust(model);
+      }
       TrainingSaved(id, std::move(status), kept, iterations, std::move(outcome));
     });
   });

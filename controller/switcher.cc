@@ -56,6 +56,11 @@ WorkerPool::Outlook Switcher::ForModel(const std::string& model, absl::Status* n
   return pool_->ForModel(model, never);
 }
 
+// The scheduler places a task only once the last one has answered (and its copy has ended, and a
+// training run's checkpoint has read its region): every worker is idle then, but for one whose
+// run was abandoned (past its deadline) or whose death is not handled yet. That is what keeps a
+// region from being evicted under a worker that computes on it; the busy-tenant rules below
+// (ForModel, the drain on overlap) are for those exceptions.
 absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const CatalogEntry& entry,
                                                     SwitchTimeline& timeline) {
   const std::string& model = entry.request.name;
@@ -63,7 +68,17 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
   Placement placement;
   const int active = active_slot_;
   PrepareSpec prepare{model, 0, 0, 0, entry.group_last_layer};
-  if (const ResidentModel* resident = cache_.Find(model); resident != nullptr) {
+  const ResidentModel* resident = cache_.Find(model);
+  if (resident != nullptr && resident->generation != entry.stored->generation()) {
+    // A training run elsewhere (another GPU) checkpointed newer weights since this copy.
+    Event(base::LogLevel::kInfo, "weights_stale")
+        .Field("model", model)
+        .Field("resident_generation", resident->generation)
+        .Field("pinned_generation", entry.stored->generation());
+    cache_.Untrust(model, resident->epoch);
+    resident = nullptr;
+  }
+  if (resident != nullptr) {
     // A hit: its own flags still hold the epoch of the copy that brought it (or will, as that
     // copy goes on), so the worker gates exactly as on the switch.
     placement.slot = pool_->Usable(active, model) ? active : pool_->UsableOther(model, active);
@@ -123,7 +138,7 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
       return started.status();
     }
     placement.transmission = *std::move(started);
-    cache_.Started(model, placement.transmission->epoch());
+    cache_.Started(model, placement.transmission->epoch(), entry.stored->generation());
     in_flight_[id] = InFlight{placement.transmission, task, drain_slot, model, bytes};
     prepare.epoch = placement.transmission->epoch();
     prepare.flag_base = room.flag_base;
@@ -131,7 +146,8 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     placement.weights_offset = room.offset;
   }
   active_slot_ = placement.slot;
-  tenants_[placement.slot] = Tenant{model, placement.weights_offset, entry.stored->total_bytes()};
+  tenants_[placement.slot] =
+      Tenant{model, placement.weights_offset, entry.stored->total_bytes(), prepare.epoch};
   flatbuffers::FlatBufferBuilder b;
   BuildPrepare(b, prepare);
   PSWITCH_RETURN_IF_ERROR(pool_->Send(placement.slot, b));
@@ -141,7 +157,8 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
 void Switcher::SlotDied(int slot) {
   auto it = tenants_.find(slot);
   if (it == tenants_.end()) return;
-  cache_.Untrust(it->second.model);
+  // Only the copy it ran on: a later copy of the model, elsewhere, is no concern of its death.
+  cache_.Untrust(it->second.model, it->second.epoch);
   tenants_.erase(it);
   if (active_slot_ == slot) active_slot_ = -1;
 }

@@ -100,6 +100,13 @@ class Switcher {
   bool Copying(const std::string& model) const;
   // A training run of `model` failed on its resident weights: they may be half updated.
   void Untrust(const std::string& model) { cache_.Untrust(model); }
+  // A training run's weights were checkpointed to the pinned store, now of `generation`: the
+  // resident copy is that generation.
+  void Checkpointed(const std::string& model, uint64_t generation) {
+    cache_.Checkpointed(model, generation);
+  }
+  // The operator pinned `model` resident (registration's pin_resident): never evicted.
+  void Pin(const std::string& model, bool pinned) { cache_.Pin(model, pinned); }
   // `model` was unloaded: its region is freed.
   void Unloaded(const std::string& model) { cache_.Drop(model); }
   // A task of `model` computed for `compute` (its first layer's start to its result), for the
@@ -125,6 +132,7 @@ class Switcher {
     std::string model;
     uint64_t offset = 0;
     uint64_t bytes = 0;
+    uint32_t epoch = 0;  // of the copy that brought the weights it ran on
   };
   ReloadCost CostOf(const registry::CatalogEntry& entry) const;
   base::Log Event(base::LogLevel level, absl::string_view event) const;

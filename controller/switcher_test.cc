@@ -292,5 +292,33 @@ TEST_F(SwitcherTest, AWorkersDeathUntrustsOnlyTheModelItLastRan) {
   EXPECT_TRUE(switcher->Holds("a"));
 }
 
+TEST_F(SwitcherTest, NewerPinnedWeightsThanTheResidentCopyAreCopiedAgain) {
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true);
+  const int a = RunA(*switcher);
+  ASSERT_GE(a, 0);
+  workers_[static_cast<uint32_t>(a)]->RunDone(1);
+  Drain();
+  // A training run on another GPU checkpointed "a": the copy here is of an older generation.
+  entries_.at("a").stored->NewGeneration();
+  SwitchTimeline timeline;
+  auto again = switcher->Place(2, entries_.at("a"), timeline);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->transmission, nullptr) << "not served from the stale copy";
+  ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 2; }));
+  ASSERT_NE(switcher->cache().Find("a"), nullptr);
+  EXPECT_EQ(switcher->cache().Find("a")->generation, entries_.at("a").stored->generation());
+}
+
+TEST_F(SwitcherTest, ACopyTheTransmitterRefusesLeavesNoReservationBehind) {
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true);
+  CatalogEntry bad = entries_.at("b");
+  bad.plan = {{0, 2}};  // covers 3 of its 8 layers: the transmitter refuses it
+  SwitchTimeline timeline;
+  auto refused = switcher->Place(1, bad, timeline);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_TRUE(switcher->cache().List().empty());
+  EXPECT_FALSE(switcher->Holds("b"));
+}
+
 }  // namespace
 }  // namespace pswitch::controller

@@ -45,7 +45,9 @@ absl::Status TrainingState::End(const Ending& ending, bool& optimizer_kept) {
                                          copied.message(), ")"));
       }
     }
-    absl::Status saved = SaveWeights(ending.region_offset, *ending.model);
+    absl::Status saved =
+        daemon_->CheckpointWeights(ending.region_offset, *ending.model, &saved_generation_);
+    if (!saved.ok()) saved_generation_ = 0;
     if (!saved.ok()) {
       (void)EndOptimizer(/*keep=*/false);
       return saved;

@@ -56,6 +56,9 @@ class TrainingState {
   // otherwise. Returns why something asked for was not saved (a failed run's own error is the
   // caller's); `optimizer_kept` says whether the state was checkpointed.
   absl::Status End(const Ending& ending, bool& optimizer_kept);
+  // After an End that saved the weights: the pinned weights' generation they became (the
+  // region holds exactly it); 0 when none were saved.
+  uint64_t saved_generation() const { return saved_generation_; }
 
   // The run stopped (nothing writes the region): its weights go back to the pinned store.
   absl::Status SaveWeights(uint64_t region_offset, const memdaemon::StoredModel& model);
@@ -72,6 +75,7 @@ class TrainingState {
   StateCheckpoints* const checkpoints_;
   const CheckpointKey key_;
   std::unique_ptr<memdaemon::StateArea> area_;
+  uint64_t saved_generation_ = 0;
 };
 
 }  // namespace pswitch::controller

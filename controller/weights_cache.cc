@@ -52,23 +52,35 @@ const ResidentModel* WeightsCache::Find(const std::string& model) const {
   return it == regions_.end() ? nullptr : &it->second;
 }
 
+const WeightsCache::Demand& WeightsCache::DemandOf(const std::string& model) const {
+  static const Demand kNone;
+  auto it = demand_.find(model);
+  return it == demand_.end() ? kNone : it->second;
+}
+
+void WeightsCache::Asked(const std::string& model, int64_t now_ns) {
+  Demand& d = demand_[model];
+  const double age_s = std::max<int64_t>(now_ns - d.last_used_ns, 0) / kNsPerS;
+  const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
+  d.rate = d.rate * std::exp2(-age_s / half_life_s) + 1;
+  d.last_used_ns = now_ns;
+}
+
 double WeightsCache::KeepValue(const ResidentModel& r, int64_t now_ns) const {
   // Garbage (a failed copy waiting for its end) costs nothing to take.
   if (!r.trusted) return 0;
-  const double age_s = std::max<int64_t>(now_ns - r.last_used_ns, 0) / kNsPerS;
+  const Demand& d = DemandOf(r.model);
+  const double age_s = std::max<int64_t>(now_ns - d.last_used_ns, 0) / kNsPerS;
   const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
-  const double rate = r.rate * std::exp2(-age_s / half_life_s);
-  return rate * r.cost.exposed_s();
+  const double rate = d.rate * std::exp2(-age_s / half_life_s);
+  ReloadCost cost = r.cost;
+  if (d.compute_s > 0) cost.compute_s = d.compute_s;
+  return rate * cost.exposed_s();
 }
 
 void WeightsCache::Hit(const std::string& model, int64_t now_ns) {
-  auto it = FindRegion(model);
-  if (it == regions_.end()) return;
-  ResidentModel& r = it->second;
-  const double age_s = std::max<int64_t>(now_ns - r.last_used_ns, 0) / kNsPerS;
-  const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
-  r.rate = r.rate * std::exp2(-age_s / half_life_s) + 1;
-  r.last_used_ns = now_ns;
+  if (FindRegion(model) == regions_.end()) return;
+  Asked(model, now_ns);
   ++stats_.hits;
 }
 
@@ -105,13 +117,19 @@ std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes,
     Window w{start, {}, 0, 0, 0, 0};
     auto next = regions_.lower_bound(start);
     w.hole_bytes = (next == regions_.end() ? end_ : next->first) - start;
+    bool blocked = false;
     for (auto it = next; it != regions_.end() && it->first < start + bytes; ++it) {
       const ResidentModel& r = it->second;
+      if (r.pinned && r.trusted) {
+        blocked = true;  // the operator's: never a victim
+        break;
+      }
       w.victims.push_back(r.model);
       w.victim_bytes += r.bytes;
       w.cost += KeepValue(r, now_ns);
-      if (r.trusted) w.newest_use_ns = std::max(w.newest_use_ns, r.last_used_ns);
+      if (r.trusted) w.newest_use_ns = std::max(w.newest_use_ns, DemandOf(r.model).last_used_ns);
     }
+    if (blocked) continue;
     if (!best || better(w, *best)) best = std::move(w);
   }
   return best;
@@ -123,18 +141,24 @@ std::optional<uint32_t> WeightsCache::ChooseFlags(uint32_t count,
                                                   std::vector<std::string>* more_victims) const {
   if (count > options_.flag_count) return std::nullopt;
   if (!options_.enabled) return 0;
-  // Ranges held by regions that stay, by flag base.
-  std::map<uint32_t, const ResidentModel*> held;
+  // Ranges held by regions that stay, by flag base (the pinned ones apart: never victims).
+  std::map<uint32_t, const ResidentModel*> held, pinned;
   for (const auto& [offset, r] : regions_) {
+    if (r.pinned && r.trusted) {
+      pinned.emplace(r.flag_base, &r);
+      continue;
+    }
     if (std::find(victims.begin(), victims.end(), r.model) == victims.end() &&
         std::find(more_victims->begin(), more_victims->end(), r.model) == more_victims->end()) {
       held.emplace(r.flag_base, &r);
     }
   }
   while (true) {
+    std::map<uint32_t, const ResidentModel*> all = held;
+    all.insert(pinned.begin(), pinned.end());
     uint32_t cursor = 0;
-    for (const auto& [base, r] : held) {
-      if (base - cursor >= count) return cursor;
+    for (const auto& [base, r] : all) {
+      if (base >= cursor && base - cursor >= count) return cursor;
       cursor = std::max(cursor, base + r->flags);
     }
     if (options_.flag_count - cursor >= count) return cursor;
@@ -157,6 +181,15 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   const uint64_t rounded = (bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
   std::optional<Window> window = ChooseWindow(rounded, now_ns);
   if (!window) {
+    uint64_t pinned_bytes = 0;
+    for (const auto& [offset, r] : regions_) pinned_bytes += r.pinned && r.trusted ? r.bytes : 0;
+    if (rounded <= capacity_bytes() && pinned_bytes > 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("model '", model, "' needs ", rounded,
+                       " bytes of weights; this GPU's weights cache holds ", capacity_bytes(),
+                       ", of which pinned models (pin_resident) keep ", pinned_bytes,
+                       " so that no window is left for it"));
+    }
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model, "' needs ", rounded, " bytes of weights; this GPU's weights cache holds ",
         capacity_bytes(), (capacity_bytes() < options_.pool_bytes ? " (the operator's cap)" : ""),
@@ -173,7 +206,6 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   std::vector<std::string> victims = window->victims;
   victims.insert(victims.end(), more.begin(), more.end());
   // The old region of `model` itself (untrusted, or being replaced) goes as well.
-  double rate = 0;
   for (auto it = regions_.begin(); it != regions_.end();) {
     const bool victim =
         std::find(victims.begin(), victims.end(), it->second.model) != victims.end();
@@ -181,7 +213,6 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
       ++it;
       continue;
     }
-    if (it->second.model == model) rate = std::max(rate, it->second.rate);
     if (it->second.trusted && it->second.model != model) {
       ++stats_.evictions;
       out.evicted.push_back(it->second.model);
@@ -194,18 +225,26 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   r.bytes = rounded;
   r.flag_base = out.flag_base;
   r.flags = cost.groups;
-  r.last_used_ns = now_ns;
-  r.rate = rate + 1;
   r.cost = cost;
+  r.pinned = options_.enabled && pinned_.contains(model);
   regions_.emplace(r.offset, std::move(r));
   ++stats_.misses;
+  Asked(model, now_ns);
   return out;
 }
 
-void WeightsCache::Started(const std::string& model, uint32_t epoch) {
+void WeightsCache::Started(const std::string& model, uint32_t epoch, uint64_t generation) {
   for (auto& [offset, r] : regions_) {
-    if (r.model == model && r.copying && r.epoch == 0) r.epoch = epoch;
+    if (r.model == model && r.copying && r.epoch == 0) {
+      r.epoch = epoch;
+      r.generation = generation;
+    }
   }
+}
+
+void WeightsCache::Checkpointed(const std::string& model, uint64_t generation) {
+  auto it = FindRegion(model);
+  if (it != regions_.end()) it->second.generation = generation;
 }
 
 void WeightsCache::CopyEnded(const std::string& model, uint32_t epoch, bool ok) {
@@ -227,19 +266,32 @@ void WeightsCache::Untrust(const std::string& model, uint32_t epoch) {
       continue;
     }
     r.trusted = false;
-    // A copy still in flight writes the region until it ends (CopyEnded frees it then).
-    it = r.copying ? std::next(it) : regions_.erase(it);
+    // A copy still in flight writes the region until it ends (CopyEnded frees it then); one that
+    // never started (epoch 0) writes nothing.
+    it = r.copying && r.epoch != 0 ? std::next(it) : regions_.erase(it);
   }
 }
 
 void WeightsCache::Drop(const std::string& model) {
   std::erase_if(regions_, [&](const auto& r) { return r.second.model == model; });
+  pinned_.erase(model);
+  demand_.erase(model);
+}
+
+void WeightsCache::Pin(const std::string& model, bool pinned) {
+  if (pinned) {
+    pinned_.insert(model);
+  } else {
+    pinned_.erase(model);
+  }
+  for (auto& [offset, r] : regions_) {
+    if (r.model == model) r.pinned = pinned && options_.enabled;
+  }
 }
 
 void WeightsCache::ObserveCompute(const std::string& model, double compute_s) {
-  auto it = FindRegion(model);
-  if (it == regions_.end() || compute_s <= 0) return;
-  double& c = it->second.cost.compute_s;
+  if (compute_s <= 0) return;
+  double& c = demand_[model].compute_s;
   c = c == 0 ? compute_s : 0.8 * c + 0.2 * compute_s;  // smoothed: one slow task is no trend
 }
 

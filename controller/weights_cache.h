@@ -12,7 +12,7 @@
 // Holes never refuse a model: when no hole fits, a window of resident models is evicted, so a
 // model that fits in the pool always gets room (at worst at the cost of an eviction that
 // compaction would have avoided). Only a model larger than the pool (or the operator's cap) is
-// refused.
+// refused, or one for which the operator's pinned models leave no window.
 //
 // With the cache off (`enabled` false) the pool holds one model at a time at its start, flags
 // from 0: PipeSwitch's single weights region, the baseline the benchmarks compare against.
@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,8 @@ struct ResidentModel {
   uint32_t epoch = 0;   // of the copy that brought it (0: not started yet)
   bool copying = true;  // its copy has not ended yet
   bool trusted = true;  // false: it failed; the region waits for its copy's end to be freed
-  int64_t last_used_ns = 0;
-  double rate = 0;  // decayed requests, as of last_used_ns
+  bool pinned = false;  // the operator's: never evicted
+  uint64_t generation = 0;  // of the pinned weights it copied (StoredModel::generation)
   ReloadCost cost;
 };
 
@@ -104,18 +105,26 @@ class WeightsCache {
   // the model is larger than the pool, the cap or the flags.
   absl::StatusOr<Reservation> Reserve(const std::string& model, uint64_t bytes,
                                       const ReloadCost& cost, int64_t now_ns);
-  // The copy under `epoch` started into `model`'s reservation.
-  void Started(const std::string& model, uint32_t epoch);
+  // The copy under `epoch` started into `model`'s reservation, from the pinned weights of
+  // `generation`.
+  void Started(const std::string& model, uint32_t epoch, uint64_t generation = 0);
+  // A training run's checkpoint wrote `model`'s resident weights to the pinned store, which is
+  // now `generation`: the region holds exactly that.
+  void Checkpointed(const std::string& model, uint64_t generation);
   // `model`'s copy under `epoch` ended: resident when `ok`, else its region is freed. Ignored
   // when the region no longer belongs to that copy (evicted or replaced since).
   void CopyEnded(const std::string& model, uint32_t epoch, bool ok);
   // `model`'s weights under `epoch` (0: whichever) can no longer be trusted: a task failed on
-  // its switch, or a tenant died that may have written them. Freed now, or once its copy ends.
+  // its switch, or a tenant died that may have written them. Freed now, or once its copy ends
+  // (a reservation whose copy never started is freed at once).
   void Untrust(const std::string& model, uint32_t epoch = 0);
-  // `model` was unloaded (nothing of it is copied any more): its region is freed.
+  // `model` was unloaded (nothing of it is copied any more): its region is freed, its pin goes.
   void Drop(const std::string& model);
+  // Once resident, `model` is never evicted (the operator's pin); with the cache off, a pin
+  // cannot hold (one model at a time) and is ignored.
+  void Pin(const std::string& model, bool pinned);
 
-  // A task's compute on `model` was measured, for its reload cost.
+  // A task's compute on `model` was measured on resident weights, for its reload cost.
   void ObserveCompute(const std::string& model, double compute_s);
 
   // Every region (trusted or not), in address order.
@@ -146,7 +155,20 @@ class WeightsCache {
 
   const WeightsCacheOptions options_;
   const uint64_t end_;                         // the pool's usable end (the cap applied)
+  // What the policy knows of a model's demand, kept across its evictions (a hot model evicted
+  // once is still hot), until it is unloaded.
+  struct Demand {
+    int64_t last_used_ns = 0;
+    double rate = 0;       // decayed requests, as of last_used_ns
+    double compute_s = 0;  // smoothed compute on resident weights (0: not measured)
+  };
+  // Counts a request for `model` at `now_ns`.
+  void Asked(const std::string& model, int64_t now_ns);
+  const Demand& DemandOf(const std::string& model) const;
+
   std::map<uint64_t, ResidentModel> regions_;  // arena offset -> region
+  std::map<std::string, Demand> demand_;
+  std::set<std::string> pinned_;  // models pinned resident
   WeightsCacheStats stats_;
 };
 

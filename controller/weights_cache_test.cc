@@ -226,6 +226,63 @@ TEST(WeightsCacheTest, RunningOutOfFlagsEvictsTheCheapestHolder) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+TEST(WeightsCacheTest, APinnedModelIsNeverEvictedAndWhatCannotPassItIsRefusedNamingThePin) {
+  WeightsCache cache(Pool(100, EvictionPolicy::kLru));
+  cache.Pin("pinned", true);
+  Bring(cache, "pinned", 40, 1);  // the oldest: LRU's first victim, were it not pinned
+  ASSERT_NE(cache.Find("pinned"), nullptr);
+  EXPECT_TRUE(cache.Find("pinned")->pinned);
+  Bring(cache, "a", 40, 2);
+  absl::StatusOr<Reservation> b = cache.Reserve("b", 40 * kMiB, Cost(0.01), 3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->evicted, std::vector<std::string>{"a"}) << "the unpinned one goes";
+  EXPECT_TRUE(Resident(cache, "pinned"));
+  cache.Started("b", 5);
+  cache.CopyEnded("b", 5, true);
+  // 70 MiB fit the pool, but only around the pinned 40: refused, naming the pin.
+  absl::StatusOr<Reservation> big = cache.Reserve("big", 70 * kMiB, Cost(0.01), 4);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("pin_resident"), std::string::npos) << big.status();
+  // Unpinned (or unloaded: Drop), it is an ordinary resident model again.
+  cache.Pin("pinned", false);
+  big = cache.Reserve("big", 70 * kMiB, Cost(0.01), 5);
+  ASSERT_TRUE(big.ok()) << big.status();
+}
+
+TEST(WeightsCacheTest, AReservationWhoseCopyNeverStartedIsFreedAtOnce) {
+  WeightsCache cache(Pool(100));
+  ASSERT_TRUE(cache.Reserve("a", 10 * kMiB, Cost(0.01), 1).ok());
+  cache.Untrust("a");  // the transmitter refused the copy: nothing will ever write it
+  EXPECT_TRUE(cache.List().empty());
+}
+
+TEST(WeightsCacheTest, ACopyRecordsItsGenerationAndACheckpointMovesIt) {
+  WeightsCache cache(Pool(100));
+  ASSERT_TRUE(cache.Reserve("a", 10 * kMiB, Cost(0.01), 1).ok());
+  cache.Started("a", 3, /*generation=*/4);
+  cache.CopyEnded("a", 3, true);
+  ASSERT_NE(cache.Find("a"), nullptr);
+  EXPECT_EQ(cache.Find("a")->generation, 4u);
+  cache.Checkpointed("a", 5);  // its training run saved these weights as generation 5
+  EXPECT_EQ(cache.Find("a")->generation, 5u);
+}
+
+TEST(WeightsCacheTest, AModelsDemandOutlivesItsRegion) {
+  // "hot" is asked for often, loses its region (a failed run untrusted it) and comes back: it
+  // keeps its request rate, so the cost-aware policy evicts "x", asked for once, although x's
+  // reload costs twice as much. Without that history "hot" would look like a one-off.
+  WeightsCache cache(Pool(100));
+  Bring(cache, "hot", 45, 1 * kSecond, Cost(0.010));
+  for (int i = 0; i < 9; ++i) cache.Hit("hot", 1 * kSecond + i * kSecond / 10);
+  cache.Untrust("hot");
+  ASSERT_EQ(cache.Find("hot"), nullptr);
+  Bring(cache, "x", 45, 3 * kSecond, Cost(0.020));
+  Bring(cache, "hot", 45, 4 * kSecond, Cost(0.010));
+  absl::StatusOr<Reservation> cold = cache.Reserve("cold", 45 * kMiB, Cost(0.01), 5 * kSecond);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  EXPECT_EQ(cold->evicted, std::vector<std::string>{"x"});
+}
+
 TEST(WeightsCacheTest, PolicyNamesRoundTrip) {
   for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kCostAware}) {
     absl::StatusOr<EvictionPolicy> parsed = ParseEvictionPolicy(EvictionPolicyName(p));

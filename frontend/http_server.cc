@@ -172,7 +172,8 @@ json FillJobJson(const FillJobStatus& s) {
 json CacheJson(const GpuSnapshot& s) {
   json resident = json::array();
   for (const controller::ResidentModel& r : s.resident) {
-    resident.push_back({{"model", r.model}, {"bytes", r.bytes}, {"copying", r.copying}});
+    resident.push_back(
+        {{"model", r.model}, {"bytes", r.bytes}, {"copying", r.copying}, {"pinned", r.pinned}});
   }
   return {{"enabled", s.cache_enabled},
           {"capacity_bytes", s.cache_capacity_bytes},

@@ -37,6 +37,7 @@ absl::StatusOr<registry::ModelRequest> ParseRegistration(const proto::RegisterMo
   if (r.plan.empty()) r.plan = "auto";
   PSWITCH_ASSIGN_OR_RETURN(r.dtype, Text(wire.dtype(), "dtype", kMaxNameBytes));
   r.batch_size = wire.batch_size();
+  r.pin_resident = wire.pin_resident();
   if (wire.trainers() != nullptr) {
     if (wire.trainers()->size() > kMaxTrainers) {
       return absl::InvalidArgumentError(

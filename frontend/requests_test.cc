@@ -181,6 +181,16 @@ TEST(RequestsTest, ValidRequestsKeepEveryFieldAndDurationsAreBounded) {
   auto registration = ParseRegistration(*Verified(trainers)->body_as_RegisterModel());
   ASSERT_TRUE(registration.ok()) << registration.status();
   EXPECT_EQ(registration->trainers, (std::vector<std::string>{"alice", "bob"}));
+  EXPECT_FALSE(registration->pin_resident) << "not pinned unless asked";
+
+  Builder pinned;
+  FinishRequest(pinned, proto::ClientRequestBody::RegisterModel,
+                proto::CreateRegisterModel(pinned, pinned.CreateString("hot"),
+                                           pinned.CreateString("tiny_cnn"), 0, 1, 0, 0, 0, false, 0,
+                                           false, /*pin_resident=*/true));
+  auto hot = ParseRegistration(*Verified(pinned)->body_as_RegisterModel());
+  ASSERT_TRUE(hot.ok()) << hot.status();
+  EXPECT_TRUE(hot->pin_resident);
 
   Builder begin;
   FinishRequest(begin, proto::ClientRequestBody::BubbleBegin,

@@ -57,9 +57,16 @@ class MemDaemon {
   // A training run stopped: copies `model`'s trained weights (and buffers) from its region at
   // `region_offset` back to its pinned store, so the next run, here or on another GPU, starts
   // from them. Call only once nothing writes the region.
-  absl::Status CheckpointWeights(uint64_t region_offset, const StoredModel& model) {
-    return arena_->CopyToHost(region_offset,
-                              std::span<std::byte>(model.host_bytes(), model.total_bytes()));
+  // `*generation` (when given) gets the pinned weights' new generation, which the region holds
+  // after a copy that succeeded.
+  absl::Status CheckpointWeights(uint64_t region_offset, const StoredModel& model,
+                                 uint64_t* generation = nullptr) {
+    // Even a failed copy may have written part of the bytes: either way they are new.
+    absl::Status copied = arena_->CopyToHost(
+        region_offset, std::span<std::byte>(model.host_bytes(), model.total_bytes()));
+    const uint64_t now = model.NewGeneration();
+    if (generation != nullptr) *generation = now;
+    return copied;
   }
   std::string socket_path() const { return server_ ? server_->socket_path() : std::string(); }
   // A one-time secret with which one worker about to be spawned may attach the arena

@@ -4,6 +4,7 @@
 #ifndef PSWITCH_MEMDAEMON_WEIGHT_STORE_H_
 #define PSWITCH_MEMDAEMON_WEIGHT_STORE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -56,8 +57,15 @@ class StoredModel {
   uint64_t total_bytes() const { return layout_.total_bytes; }
   // Pinned host bytes, laid out exactly as the model's arena region.
   std::byte* host_bytes() const { return buffer_->data(); }
+  // Which version of the weights the pinned bytes hold: a training checkpoint writes new ones
+  // (MemDaemon::CheckpointWeights), and a GPU whose cache copied an older generation must copy
+  // again rather than serve it.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  // Returns the new generation.
+  uint64_t NewGeneration() const { return generation_.fetch_add(1, std::memory_order_acq_rel) + 1; }
 
  private:
+  mutable std::atomic<uint64_t> generation_{0};
   const std::string name_;
   const std::vector<LayerSpec> layers_;
   const WeightLayout layout_;

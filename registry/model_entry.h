@@ -59,6 +59,9 @@ struct ModelRequest {
   WarmFor warm_for = WarmFor::kServing;
   // A zoo model's precision (models/model_dtype.h); empty: float32. An archive keeps its own.
   std::string dtype;
+  // Once its weights are resident on a GPU they are never evicted (the weights cache): the
+  // operator's choice for a model that must always answer warm.
+  bool pin_resident = false;
 };
 
 // A model's input or output as clients see it (KServe metadata): -1 marks the batch dimension.

@@ -122,6 +122,13 @@ absl::StatusOr<ModelRequest> ModelRepository::Request(const std::string& name,
     request.batch_size = static_cast<uint32_t>(batch->get<uint64_t>());
   }
   PSWITCH_ASSIGN_OR_RETURN(request.trainers, TrainersField(config, where));
+  if (auto pin = config.find("pin_resident"); pin != config.end()) {
+    if (!pin->is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": \"pin_resident\" must be true or false"));
+    }
+    request.pin_resident = pin->get<bool>();
+  }
   for (const std::string* file : {&request.weights_path, &request.plan, &request.archive_path}) {
     if (!file->empty() && *file != "auto") {
       PSWITCH_RETURN_IF_ERROR(base::ConfinedDir::CheckName(*file, where));
@@ -155,6 +162,8 @@ absl::StatusOr<ModelRequest> ResolveModelRequest(ModelRequest from_client,
       }
       request.dtype = from_client.dtype;
     }
+    // A pin the registering admin asks for holds whatever the config says.
+    request.pin_resident = request.pin_resident || from_client.pin_resident;
     return request;
   }
   if (names_files && !allow_client_paths) {

@@ -93,6 +93,25 @@ TEST_F(ModelRepositoryTest, TheConfigNamesTheModelsPrecision) {
   EXPECT_EQ(ResolveModelRequest(by_name, &*repo_, false)->dtype, "bfloat16");
 }
 
+// Issue 29: the operator pins a model resident in its config (or when registering it by name).
+TEST_F(ModelRepositoryTest, TheConfigOrTheRegisteringAdminPinsAModelResident) {
+  Model("hot", R"({"architecture": "tiny_mlp", "pin_resident": true})");
+  Model("bad7", R"({"architecture": "tiny_mlp", "pin_resident": "yes"})");
+  auto hot = repo_->Request("hot");
+  ASSERT_TRUE(hot.ok()) << hot.status();
+  EXPECT_TRUE(hot->pin_resident);
+  EXPECT_FALSE(repo_->Request("mlp")->pin_resident) << "not pinned unless asked";
+  EXPECT_NE(repo_->Request("bad7").status().message().find("pin_resident"),
+            absl::string_view::npos);
+  ModelRequest by_name;
+  by_name.name = "mlp";
+  by_name.plan = "auto";
+  by_name.pin_resident = true;
+  auto resolved = ResolveModelRequest(by_name, &*repo_, false);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_TRUE(resolved->pin_resident);
+}
+
 // Issue 27 item 8: a model's config names who besides admins may train and unload it.
 TEST_F(ModelRepositoryTest, TheConfigNamesTheModelsTrainers) {
   Model("team", R"({"architecture": "tiny_mlp", "trainers": ["alice", "bob"]})");

@@ -342,10 +342,10 @@ int Run() {
     }
   }
   const double warm_p99 = P(warm_latency, 99);
-  std::printf("%-16s %8s %8s %9s %8s %10s %14s %8s %12s\n", "arm", "p50", "p99", "p99/warm", "hits",
-              "copied MB", "copies after 1st", "req/s", "misses in bound");
-  std::printf("%-16s %8.2f %8.2f %9.2f %8s %10s %14s %8s %12s\n", "warm", P(warm_latency, 50) * 1e3,
-              warm_p99 * 1e3, 1.0, "-", "-", "-", "-", "-");
+  std::printf("%-16s %8s %8s %9s %9s %8s %10s %14s %8s %12s\n", "arm", "p50", "p99", "p99/warm",
+              "(after 1st)", "hits", "copied MB", "copies after 1st", "req/s", "misses in bound");
+  std::printf("%-16s %8.2f %8.2f %9.2f %9s %8s %10s %14s %8s %12s\n", "warm",
+              P(warm_latency, 50) * 1e3, warm_p99 * 1e3, 1.0, "-", "-", "-", "-", "-", "-");
   std::map<std::string, double> hit_rates;
   for (const std::string name : {"cost", "lru", "off", "cost-third", "lru-third"}) {
     if (!wants(name)) continue;
@@ -365,7 +365,7 @@ int Run() {
     if (!arm.ok()) return Fail(arm.status());
     auto answers = (*arm)->Replay(trace, kinds, clients, true);
     if (!answers.ok()) return Fail(answers.status());
-    std::vector<double> latency;
+    std::vector<double> latency, after_first;  // after_first: each model's first request aside
     std::vector<bool> seen(models, false);
     int hits = 0, copies_after_first = 0, misses = 0, in_bound = 0;
     uint64_t copied = 0;
@@ -373,6 +373,7 @@ int Run() {
       const Answer& a = (*answers)[i];
       latency.push_back(a.latency_s);
       const int m = trace[i].model;
+      if (seen[m]) after_first.push_back(a.latency_s);
       if (!a.copied) {
         ++hits;
       } else {
@@ -389,16 +390,16 @@ int Run() {
       seen[m] = true;
     }
     hit_rates[name] = static_cast<double>(hits) / trace.size();
-    const double p99 = P(latency, 99);
-    std::printf("%-16s %8.2f %8.2f %9.2f %7.1f%% %10.1f %14d %8.2f %6d/%-5d\n", name.c_str(),
-                P(latency, 50) * 1e3, p99 * 1e3, p99 / warm_p99, 100.0 * hits / trace.size(),
-                copied / 1e6, copies_after_first, trace.size() / (*arm)->wall_s(), in_bound,
-                misses);
+    const double p99 = P(latency, 99), p99_after = P(after_first, 99);
+    std::printf("%-16s %8.2f %8.2f %9.2f %9.2f %7.1f%% %10.1f %14d %8.2f %6d/%-5d\n", name.c_str(),
+                P(latency, 50) * 1e3, p99 * 1e3, p99 / warm_p99, p99_after / warm_p99,
+                100.0 * hits / trace.size(), copied / 1e6, copies_after_first,
+                trace.size() / (*arm)->wall_s(), in_bound, misses);
     std::printf(
-        "FIG trace %s p99_over_warm=%.2f hit_rate=%.3f copies_after_first=%d "
-        "misses_in_bound=%d/%d copied_mb=%.1f\n",
-        name.c_str(), p99 / warm_p99, hit_rates[name], copies_after_first, in_bound, misses,
-        copied / 1e6);
+        "FIG trace %s p99_over_warm=%.2f (after each model's first request %.2f) "
+        "hit_rate=%.3f copies_after_first=%d misses_in_bound=%d/%d copied_mb=%.1f\n",
+        name.c_str(), p99 / warm_p99, p99_after / warm_p99, hit_rates[name], copies_after_first,
+        in_bound, misses, copied / 1e6);
   }
   if (hit_rates.contains("cost-third") && hit_rates.contains("lru-third")) {
     std::printf("FIG trace cost_vs_lru_hit_rate=%.3f/%.3f (%s)\n", hit_rates["cost-third"],
@@ -418,9 +419,9 @@ int Run() {
       const bool change = i == 0 || trace[i].model != trace[i - 1].model;
       latency.push_back(change ? per_kind[trace[i].model % kinds.size()] : warm_latency[i]);
     }
-    std::printf("%-16s %8.2f %8.2f %9.2f %8s %10s %14s %8s %12s  (modelled, no queueing)\n",
+    std::printf("%-16s %8.2f %8.2f %9.2f %9s %8s %10s %14s %8s %12s  (modelled, no queueing)\n",
                 "stop-and-start", P(latency, 50) * 1e3, P(latency, 99) * 1e3,
-                P(latency, 99) / warm_p99, "-", "-", "-", "-", "-");
+                P(latency, 99) / warm_p99, "-", "-", "-", "-", "-", "-");
   }
   (void)base::RemoveTree(dir);
   return 0;

@@ -88,6 +88,8 @@ ABSL_FLAG(std::string, as, "",
 ABSL_FLAG(std::string, dtype, "",
           "register: a zoo model's precision, float16 or bfloat16 (half the bytes, inference "
           "only); empty: float32");
+ABSL_FLAG(bool, pin_resident, false,
+          "register: once the model's weights are resident on a GPU, never evict them there");
 ABSL_FLAG(std::vector<std::string>, trainers, {},
           "register: token names who may train the model in place and unload it besides admins");
 ABSL_FLAG(std::string, token, "",
@@ -398,6 +400,7 @@ absl::Status Run(const std::vector<std::string>& args) {
                                     absl::GetFlag(FLAGS_archive),
                                     absl::GetFlag(FLAGS_trainers)};
     options.dtype = absl::GetFlag(FLAGS_dtype);
+    options.pin_resident = absl::GetFlag(FLAGS_pin_resident);
     options.on_phase = [&](const std::string& phase, absl::Duration took) {
       const std::string one = phase_text(phase, took);
       absl::StrAppend(&so_far, so_far.empty() ? "" : ", ", one);

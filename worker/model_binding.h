@@ -68,7 +68,7 @@ class BoundModel {
   // pointer: no tensor is rebuilt. The caller checks that `region` holds region_bytes() of the
   // arena and keeps it mapped.
   void Rebind(std::byte* region);
-  std::byte* region() const { return static_cast<std::byte*>(storage_.data()); }
+  std::byte* region() const { return static_cast<std::byte*>(storage_.data_ptr().get()); }
   uint64_t region_bytes() const { return region_bytes_; }
   // Layout (eval-order) index of the layer that runs `index`-th in training / inference.
   int LayoutIndex(bool training, int index) const {

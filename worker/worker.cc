@@ -432,6 +432,8 @@ absl::Status Worker::HandleDrop(const proto::DropModel& drop) {
 }
 
 absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
+  // Whatever happens below, no Run may use the gate of an earlier Prepare of this model.
+  gate_->Forget(prepare.model()->str());
   auto it = models_.find(prepare.model()->str());
   if (it == models_.end()) {
     return absl::FailedPreconditionError(

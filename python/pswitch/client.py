@@ -230,7 +230,8 @@ class Client:
 
     # --- models ---
     def register(self, name, model=None, *, archive=None, weights=None, batch=1, plan="auto",
-                 trainers=(), dtype=None, progress=None, progress_detail=None):
+                 trainers=(), dtype=None, progress=None, progress_detail=None,
+                 pin_resident=False):
         """Registers `name` (admin): a zoo `model` ("resnet50"), your own `archive`
         (pswitch.export), or, with neither, the folder `name` of pswitchd's model repository.
         Over the Unix socket this client opens `archive`, `weights` and `plan` itself (paths
@@ -245,7 +246,8 @@ class Client:
         or True for a progress line on stderr (a terminal or a notebook), which also shows how
         far a long phase has come. `progress_detail`: a callable, called as
         progress_detail(phase, seconds_so_far, text) while a long phase runs ("inspect", 1.2,
-        "profiling: run 2 of 4"), on the same thread."""
+        "profiling: run 2 of 4"), on the same thread. `pin_resident`: once its weights are
+        resident on a GPU they are never evicted there (the weights cache)."""
         if model is not None and archive is not None:
             raise ValueError("name a zoo model or an archive, not both")
         if isinstance(trainers, str):
@@ -262,7 +264,8 @@ class Client:
         try:
             r = self._client.register(name, model or "", archive or "", weights or "",
                                       int(batch), plan or "auto", [str(t) for t in trainers],
-                                      dtype or "", progress, progress_detail)
+                                      dtype or "", progress, progress_detail,
+                                      bool(pin_resident))
         finally:
             if line is not None:
                 line.close()

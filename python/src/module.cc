@@ -261,7 +261,7 @@ class PyClient {
   py::dict Register(const std::string& name, const std::string& model, const std::string& archive,
                     const std::string& weights, uint32_t batch, const std::string& plan,
                     const std::vector<std::string>& trainers, const std::string& dtype,
-                    py::object progress, py::object detail) {
+                    py::object progress, py::object detail, bool pin_resident) {
     client::RegisterOptions options;
     // Called on the client's reader thread while this one waits without the GIL: it takes the
     // GIL for the call, and the first exception it raises is raised here once Register returns.
@@ -298,6 +298,7 @@ class PyClient {
     options.batch_size = batch;
     options.plan = plan;
     options.dtype = dtype;
+    options.pin_resident = pin_resident;
     absl::StatusOr<client::RegisteredModel> r;
     client::Client& c = Get();  // raises (needs the GIL) when closed
     {

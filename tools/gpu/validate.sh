@@ -22,7 +22,8 @@
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
 # ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
-# -bert_base (105, 70 each), dataplane (90, 60), register (200, 150), bubbles (150, 110),
+# -bert_base (105, 70 each), dataplane (90, 60), register (200, 150), trace (480, 240),
+# bubbles (150, 110),
 # sanitizer (75, 50), rest (120, 90), script (90, 60: your own model's archives through
 # run-model and pswitchd on CUDA); a step reached after the budget is spent is recorded as
 # SKIPPED.
@@ -49,7 +50,8 @@ budget="${PSWITCH_VALIDATE_BUDGET_S:-565}"
 reserve=20  # seconds kept back at the end of a phase: kill grace, summary, artifacts
 models=(resnet152 inception_v3 bert_base)
 default_targets="pswitchd pswitch-worker pswitchctl run-model profile-model find-grouping
-  bench-transfer bench-switch bench-dataplane bench-register pipetrain gpu_test memdaemon_ipc_test
+  bench-transfer bench-switch bench-dataplane bench-register bench-trace pipetrain gpu_test
+  memdaemon_ipc_test
   worker_cuda_test half_precision_e2e_test"
 # shellcheck disable=SC2206  # a list of target names
 targets=(${PSWITCH_VALIDATE_TARGETS:-$default_targets})
@@ -239,6 +241,24 @@ cmd_switch() {
   kill "$sampler" 2>/dev/null
   wait "$sampler" 2>/dev/null
   return "$rc"
+}
+
+# --- trace: the weights cache under a Poisson/Zipf trace (issue 29): 40 models (ResNets, BERT,
+# archives), the cache with each policy at two sizes against --weights-cache=off and a warm
+# reference, same run. Targets: models that fit: p99 <= 1.2x warm, no copy after a model's first
+# request; a third fitting: misses within the cost model's bound, cost-aware hit rate >= LRU's ---
+cmd_trace() {
+  need bench-trace pswitchd pswitch-worker run-model
+  # Each arm registers every model in a fresh pswitchd (about 2-3 s a model on the H100): quick
+  # mode keeps 12 models and the arms the targets need.
+  local requests=400 models=40 arms=warm,cost,lru,off,cost-third,lru-third,stop-and-start
+  [ "$quick" = 1 ] && requests=200 models=12 arms=warm,cost,off,cost-third,lru-third
+  "$bin/bench-trace" --backend=cuda --models="$models" --requests="$requests" --rate=40 \
+    --arms="$arms" \
+    --clients=4 --arena-bytes=$((40 << 30)) \
+    --kinds=resnet50,resnet18,bert_base,archive:residual_cnn,resnet152,archive:tiny_transformer \
+    | tee "$work/trace.out"
+  return "${PIPESTATUS[0]}"
 }
 
 # --- dataplane: a request's tensors per data path (Unix area, Triton shm, TCP payload, HTTP
@@ -793,6 +813,7 @@ do_run() {
   done
   step dataplane $((q ? 60 : 90)) "$self" _dataplane
   step register $((q ? 150 : 200)) "$self" _register
+  step trace $((q ? 240 : 480)) "$self" _trace
   step bubbles $((q ? 110 : 150)) "$self" _bubbles
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
   step rest $((q ? 90 : 120)) "$self" _rest
