@@ -139,17 +139,7 @@ absl::StatusOr<std::vector<proto::HostTensor>> RequestInputs(const Subject& s, u
     PSWITCH_ASSIGN_OR_RETURN(models::ModelDType parsed, models::ParseModelDType(dtype));
     model->to(models::TorchDType(parsed));
   }
-  const models::ModelInput input = model->InModelDType(model->ExampleInput(batch, 1));
-  std::vector<proto::HostTensor> inputs;
-  for (const auto& [name, tensor] :
-       {std::pair<const char*, const at::Tensor&>{"input", input.input},
-        {"attention_mask", input.attention_mask},
-        {"token_type_ids", input.token_type_ids}}) {
-    if (!tensor.defined()) continue;
-    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor host, worker::ToHostTensor(name, tensor));
-    inputs.push_back(std::move(host));
-  }
-  return inputs;
+  return worker::ToHostTensors(model->InModelDType(model->ExampleInput(batch, 1)));
 }
 
 // The inspection's steps of each registration as pswitchd logged them ("inspection_step"), one

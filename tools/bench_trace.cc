@@ -121,15 +121,7 @@ absl::StatusOr<Kind> MakeKind(const std::string& label, const std::filesystem::p
   PSWITCH_ASSIGN_OR_RETURN(auto tensors, models::StateDict(*model));
   k.weights = (dir / (label + ".safetensors")).string();
   PSWITCH_RETURN_IF_ERROR(models::WriteTensors(k.weights, tensors));
-  const models::ModelInput input = model->ExampleInput(1, 1);
-  for (const auto& [name, tensor] :
-       {std::pair<const char*, const at::Tensor&>{"input", input.input},
-        {"attention_mask", input.attention_mask},
-        {"token_type_ids", input.token_type_ids}}) {
-    if (!tensor.defined()) continue;
-    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor host, worker::ToHostTensor(name, tensor));
-    k.inputs.push_back(std::move(host));
-  }
+  PSWITCH_ASSIGN_OR_RETURN(k.inputs, worker::ToHostTensors(model->ExampleInput(1, 1)));
   return k;
 }
 

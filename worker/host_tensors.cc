@@ -84,6 +84,19 @@ absl::StatusOr<proto::HostTensor> ToHostTensor(const std::string& name, const at
   return host;
 }
 
+absl::StatusOr<std::vector<proto::HostTensor>> ToHostTensors(const models::ModelInput& input) {
+  std::vector<proto::HostTensor> out;
+  for (const auto& [name, tensor] :
+       {std::pair<const char*, const at::Tensor&>{"input", input.input},
+        {"attention_mask", input.attention_mask},
+        {"token_type_ids", input.token_type_ids}}) {
+    if (!tensor.defined()) continue;
+    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor host, ToHostTensor(name, tensor));
+    out.push_back(std::move(host));
+  }
+  return out;
+}
+
 absl::StatusOr<models::ModelInput> ToModelInput(const std::vector<proto::HostTensor>& inputs) {
   models::ModelInput input;
   for (const proto::HostTensor& host : inputs) {

@@ -22,6 +22,9 @@ absl::StatusOr<proto::HostTensor> ToHostTensor(const std::string& name, const at
 // "input" (required), "attention_mask" and "token_type_ids" (optional); any other name is an
 // InvalidArgument naming it.
 absl::StatusOr<models::ModelInput> ToModelInput(const std::vector<proto::HostTensor>& inputs);
+// The inverse, as a client sends a model's input: each defined tensor of `input` as a host
+// tensor under its name ("input", then "attention_mask", "token_type_ids").
+absl::StatusOr<std::vector<proto::HostTensor>> ToHostTensors(const models::ModelInput& input);
 // `input` with each defined tensor moved to `device` (tensors already there are shared, not
 // copied). On CUDA the copy is non_blocking on the current stream (the task's compute stream),
 // so it is queued ahead of the gates' flag waits instead of stalling the CPU. A libtorch call

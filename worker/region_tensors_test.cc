@@ -77,6 +77,23 @@ std::vector<uint8_t> BytesOf(const at::Tensor& t) {
 
 const c10::Device kCpu(c10::kCPU);
 
+// A model's input as a client sends it, and back: only the tensors it has, under their names.
+TEST(RegionTensorsTest, AModelInputBecomesNamedHostTensorsAndBack) {
+  models::ModelInput input;
+  input.input = torch::arange(6, torch::kInt64).reshape({2, 3});
+  input.attention_mask = torch::ones({2, 3}, torch::kInt64);
+  absl::StatusOr<std::vector<proto::HostTensor>> host = ToHostTensors(input);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_EQ(host->size(), 2u) << "no token_type_ids: none sent";
+  EXPECT_EQ((*host)[0].name, "input");
+  EXPECT_EQ((*host)[1].name, "attention_mask");
+  absl::StatusOr<models::ModelInput> back = ToModelInput(*host);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(torch::equal(back->input, input.input));
+  EXPECT_TRUE(torch::equal(back->attention_mask, input.attention_mask));
+  EXPECT_FALSE(back->token_type_ids.defined());
+}
+
 TEST(RegionTensorsTest, InputsFromARegionEqualInlineInputsBitForBit) {
   for (bool sealed : {true, false}) {
     SCOPED_TRACE(sealed ? "sealed area" : "shared-memory file");
