@@ -92,6 +92,7 @@ struct GpuScheduler::Running {
   uint32_t batch = 0;
   absl::Time placed_at = absl::InfinitePast();  // when it was placed (its inputs' hold)
   bool copied = false;  // its switch's copy ended well (CopyEnded)
+  int64_t stop_sent_ns = 0;     // its worker was told to stop (StopRunning; 0: not)
   uint64_t weights_offset = 0;  // where its model's weights are in the arena
   bool RunHeld() const { return awaiting_inputs || restoring; }
 };
@@ -219,7 +220,8 @@ void GpuScheduler::AfterEvent() {
   if (stopping_) {
     // A running task gets a bounded time to reach its sync point, then the loop ends anyway.
     if (!shutdown_timer_.armed()) shutdown_timer_.ArmAt(absl::Now() + absl::Seconds(30));
-    if (running_ == nullptr) {
+    // A checkpoint in flight ends (and answers its task) before the loop does.
+    if (running_ == nullptr && being_checkpointed_.empty()) {
       loop_->Stop();
       return;
     }
@@ -243,6 +245,14 @@ void GpuScheduler::Loop() {
     Finish(running_->task_id, absl::DeadlineExceededError("task did not stop before shutdown"));
     running_.reset();
   }
+  if (next_ != nullptr) {
+    Finish(next_->task_id, absl::CancelledError("pswitchd is shutting down"));
+    next_.reset();
+  }
+  for (const auto& [id, held] : being_checkpointed_) {
+    Finish(id, absl::DeadlineExceededError("its checkpoint did not end before shutdown"));
+  }
+  being_checkpointed_.clear();
   // Every task gets an answer: also one that went back to the queue when shutdown stopped it
   // (training resumes from a checkpoint, but not in this process).
   while (auto ticket = queue_.Pop()) {
@@ -289,6 +299,16 @@ void GpuScheduler::DropModel(std::string model, std::function<void(absl::Status)
                                                        "' was unloaded before it started")));
       }
     }
+    for (const auto& [id, held] : being_checkpointed_) {
+      if (held != model) continue;
+      tasks_table_.at(id).StopFor(
+          absl::CancelledError(absl::StrCat("task ", id, " cancelled: model '", model,
+                                            "' is being unloaded (its weights were saved)")));
+    }
+    if (next_ != nullptr && next_->entry->request.name == model) {
+      AbandonAhead(absl::UnavailableError(absl::StrCat("task ", next_->task_id, " failed: model '",
+                                                       model, "' was unloaded before it started")));
+    }
     if (running_ != nullptr && running_->entry != nullptr &&
         running_->entry->request.name == model) {
       const uint64_t id = running_->task_id;
@@ -314,7 +334,8 @@ void GpuScheduler::FinishUnloads() {
     const std::string& model = it->first;
     const bool busy = (running_ != nullptr && running_->entry != nullptr &&
                        running_->entry->request.name == model) ||
-                      switcher_->Copying(model);
+                      (next_ != nullptr && next_->entry->request.name == model) ||
+                      switcher_->BeingCheckpointed(model) || switcher_->Copying(model);
     if (busy) {
       ++it;
       continue;
@@ -339,6 +360,27 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
   switcher_->SlotDied(slot);  // a half-finished training step may have touched the weights
   if (killed) telemetry_->WorkerKilled(options_.gpu);
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
+  if (next_ != nullptr && next_->slot == slot) {
+    // Placed ahead on it, its Run never sent: back to the queue's head for another worker
+    // (its copy goes on; its end finds no run). Once: a placement that kills its worker must
+    // not kill one after another.
+    const uint64_t id = next_->task_id;
+    TaskRecord& record = tasks_table_.at(id);
+    if (record.requeued_after_death) {
+      AbandonAhead(absl::UnavailableError(absl::StrCat(
+          "task ", id, " failed: its worker died twice before its Run: ", why.message())));
+    } else {
+      record.requeued_after_death = true;
+      next_.reset();
+      queue_.PushFront(TaskTicket{id, record.spec.model, record.spec.kind, record.spec.priority,
+                                  record.spec.deadline});
+      tasks_.SetState(id, TaskState::kQueued);
+      Event(base::LogLevel::kWarn, "task_requeued")
+          .Field("task", id)
+          .Field("slot", slot)
+          .Field("reason", absl::StrCat("its worker died before its Run: ", why.message()));
+    }
+  }
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
   TaskRecord* record = tasks_table_.Find(id);
@@ -393,6 +435,7 @@ void GpuScheduler::StopRunning() {
   // An unreachable worker is dead; its death event fails the task.
   (void)switcher_->Stop(running_->slot);
   running_->stop_sent = true;
+  running_->stop_sent_ns = base::MonotonicNowNs();
   // A worker that never answers (stopped, or its stream waiting on a flag no one writes) must
   // not hold the GPU's queue: past the drain deadline it is killed, which fails its task.
   stop_deadline_.Arm(running_->task_id, absl::Now() + options_.drain_timeout,
@@ -409,6 +452,10 @@ void GpuScheduler::EnforceDeadlines() {
     if (queue_.Remove(id)) {
       Finish(id, absl::DeadlineExceededError(
                      absl::StrCat(missed.message(), " (it was still queued)")));
+    } else if (next_ != nullptr && next_->task_id == id) {
+      AbandonAhead(std::move(missed));
+    } else if (being_checkpointed_.contains(id)) {
+      tasks_table_.at(id).StopFor(std::move(missed));  // answered when its checkpoint ends
     } else if (running_ != nullptr && running_->task_id == id) {
       // Stopped at its next sync point (training saves its weights); killed past the drain
       // timeout if it never gets there.
@@ -496,7 +543,14 @@ void GpuScheduler::MaybeStart() {
   while (true) {
     if (running_ != nullptr) {
       MaybePreempt();  // a task that yields unrun may give the GPU back at once
-      if (running_ != nullptr) return;
+      if (running_ != nullptr) {
+        PlaceAhead();
+        return;
+      }
+    }
+    if (next_ != nullptr) {
+      PromoteAhead();
+      continue;
     }
     // A task that yielded while its inputs arrive waits for them, unless nothing else waits.
     const TaskTicket* next = queue_.PeekIf([this](const TaskTicket& t) { return !Parked(t.id); });
@@ -513,6 +567,12 @@ void GpuScheduler::MaybeStart() {
       never = absl::UnavailableError("no idle worker for the synthetic fill task");
     } else {
       outlook = switcher_->ForModel(ticket.model, &never);
+      // Room only where a checkpoint still reads: placed once it has.
+      if (absl::StatusOr<EntryRef> entry = catalog_->Find(ticket.model);
+          outlook == WorkerPool::Outlook::kNow && entry.ok() &&
+          switcher_->WaitsForCheckpoint(**entry)) {
+        outlook = WorkerPool::Outlook::kLater;
+      }
     }
     if (outlook == WorkerPool::Outlook::kLater) return;  // wait
     if (fill) {
@@ -523,6 +583,96 @@ void GpuScheduler::MaybeStart() {
     absl::Status started = outlook == WorkerPool::Outlook::kNever ? never : StartTask(ticket);
     if (!started.ok()) Finish(ticket.id, started);
   }
+}
+
+void GpuScheduler::PlaceAhead() {
+  if (!options_.place_at_arrival || next_ != nullptr || running_ == nullptr ||
+      !running_->stop_sent) {
+    return;
+  }
+  const TaskTicket* head = queue_.PeekIf([this](const TaskTicket& t) { return !Parked(t.id); });
+  if (head == nullptr) return;
+  const TaskTicket ticket = *head;
+  TaskRecord& record = tasks_table_.at(ticket.id);
+  TaskSpec& spec = record.spec;
+  // An inference that runs the moment the GPU is free: nothing of it is held for inputs or an
+  // optimizer state, and its model is not the one still stopping.
+  if (spec.kind != TaskKind::kInference || spec.fill) return;
+  if (spec.inputs_arrival) {
+    std::optional<absl::Status> ended = spec.inputs_arrival->ended();
+    if (!ended || !ended->ok()) return;
+  }
+  const std::string stopping = running_->entry != nullptr ? running_->entry->request.name : "";
+  if (spec.model == stopping) return;
+  absl::Status never;
+  if (switcher_->ForModel(spec.model, &never) != WorkerPool::Outlook::kNow) return;
+  if (!CheckRegionSlices(spec).ok()) return;  // it fails when its turn comes, as before
+  absl::StatusOr<EntryRef> entry = catalog_->Find(spec.model);
+  if (!entry.ok()) return;
+  auto run = std::make_unique<Running>();
+  run->task_id = ticket.id;
+  run->entry = *std::move(entry);
+  run->timeline.arrival_ns = spec.arrival_ns;
+  run->timeline.placed_ns = base::MonotonicNowNs();
+  if (running_->stop_sent_ns >= spec.arrival_ns) {
+    run->timeline.stop_sent_ns = running_->stop_sent_ns;
+  } else if (switcher_->last_stop_sent_ns() >= spec.arrival_ns) {
+    run->timeline.stop_sent_ns = switcher_->last_stop_sent_ns();
+  }
+  Switcher::Ahead ahead{running_->slot, {}};
+  if (!stopping.empty()) ahead.keep.insert(stopping);
+  absl::StatusOr<Switcher::Placement> placed =
+      switcher_->Place(ticket.id, *run->entry, run->timeline, &ahead);
+  if (!placed.ok()) {
+    // No standby, or room only where the stopping tenant is: placed when the GPU is free.
+    Event(base::LogLevel::kDebug, "task_not_placed_ahead")
+        .Field("task", ticket.id)
+        .Field("error", placed.status());
+    return;
+  }
+  queue_.Remove(ticket.id);
+  if (spec.started_ns == 0) spec.started_ns = base::MonotonicNowNs();
+  run->transmission = placed->transmission;
+  run->weights_offset = placed->weights_offset;
+  run->slot = placed->slot;
+  run->batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;
+  run->placed_at = absl::Now();
+  tasks_.SetState(ticket.id, TaskState::kSwitching, 0, pool_->pid(placed->slot));
+  Event(base::LogLevel::kInfo, "task_placed_ahead")
+      .Field("task", ticket.id)
+      .Field("model", spec.model)
+      .Field("slot", placed->slot)
+      .Field("stopping_task", running_->task_id)
+      .Field("switching", run->transmission != nullptr);
+  next_ = std::move(run);
+}
+
+void GpuScheduler::PromoteAhead() {
+  running_ = std::move(next_);
+  Running& run = *running_;
+  if (run.timeline.stop_sent_ns != 0 && last_stopped_ns_ >= run.timeline.stop_sent_ns) {
+    run.timeline.old_stopped_ns = last_stopped_ns_;
+  }
+  if (std::optional<absl::Status> why = tasks_table_.at(run.task_id).TakeStopReason()) {
+    AbandonUnrun(*std::move(why));
+    return;
+  }
+  SendHeldRun();
+}
+
+void GpuScheduler::AbandonAhead(absl::Status why) {
+  // Its Run never went out; it is answered once nothing of it is in flight (its copy's end).
+  if (next_->transmission != nullptr && !next_->transmission->finished()) {
+    tasks_table_.at(next_->task_id).StopFor(std::move(why));
+    return;
+  }
+  std::unique_ptr<Running> run = std::move(next_);
+  RunResult result = Unrun(*run, std::move(why));
+  Event(base::LogLevel::kInfo, "task_abandoned_unrun")
+      .Field("task", run->task_id)
+      .Field("slot", run->slot)
+      .Field("error", result.status);
+  CompleteRun(std::move(run), std::move(result));
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
@@ -551,6 +701,9 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   // The Stop that made room for it, when one went out after it arrived.
   if (switcher_->last_stop_sent_ns() >= spec.arrival_ns) {
     run->timeline.stop_sent_ns = switcher_->last_stop_sent_ns();
+    if (last_stopped_ns_ >= run->timeline.stop_sent_ns) {
+      run->timeline.old_stopped_ns = last_stopped_ns_;
+    }
   }
   const CheckpointKey state_key = spec.fill ? spec.fill->state_key : CheckpointKey::Task(ticket.id);
   const uint64_t optimizer_bytes =
@@ -840,12 +993,33 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     tasks_.Progress(run->task_id, result.outcome.iterations_done);
   }
   stop_deadline_.Met(run->task_id);
+  if (run->stop_sent_ns != 0) {
+    // How long the old tenant took to stop: a training step under way is cut at its next
+    // layer, so this is about one layer's compute, not a whole iteration.
+    last_stopped_ns_ = result.outcome.timeline.result_ns;
+    Event(base::LogLevel::kInfo, "task_stopped")
+        .Field("task", run->task_id)
+        .Field("slot", slot)
+        .Field("step_cut", done.step_cut())
+        .Field("iterations_done", done.iterations_done())
+        .Field("stop_ms", (last_stopped_ns_ - run->stop_sent_ns) / 1e6);
+  }
   // The worker saw every group's flag; the copy may still be in flight.
   HoldOrComplete(std::move(run), std::move(result));
 }
 
 void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
   loop_role_.AssertHeld();
+  if (next_ != nullptr && next_->task_id == task) {
+    if (copied.ok()) next_->copied = true;
+    TaskRecord& record = tasks_table_.at(task);
+    if (!copied.ok()) {
+      AbandonAhead(copied);
+    } else if (std::optional<absl::Status> why = record.TakeStopReason()) {
+      AbandonAhead(*std::move(why));  // cancelled, or its deadline passed, while it copied
+    }
+    return;
+  }
   if (running_ == nullptr || running_->task_id != task) return;
   if (copied.ok()) {
     running_->copied = true;
@@ -953,22 +1127,22 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   // comes while the checkpoint runs still wins (TrainingSaved looks again).
   ending.keep_optimizer = status.ok() && !tasks_table_.at(id).stop_reason &&
                           outcome.stopped_early && outcome.iterations_done < spec.iterations;
-  // The GPU stays held until the checkpoint has read the region: no switch may overwrite it,
-  // and an unload of the model waits (FinishUnloads sees the entry). No slot: the worker is
-  // idle, and its death or a message of it no longer concerns this run.
-  auto hold = std::make_unique<Running>();
-  hold->task_id = id;
-  hold->entry = run.entry;
-  hold->stop_sent = true;  // nothing to stop: MaybePreempt and StopRunning leave it alone
-  hold->timeline = run.timeline;
-  running_ = std::move(hold);
+  // The GPU is free at once: the next task runs while the checkpoint reads the region off the
+  // loop. The region is held meanwhile (no reservation takes it, no task runs on the model), an
+  // unload of the model waits (FinishUnloads), and a cancel or deadline still finds the task
+  // (being_checkpointed_). Its worker is idle: its death or a message of it no longer concerns it.
+  const std::string held_model = run.entry != nullptr ? run.entry->request.name : std::string();
+  if (!held_model.empty()) switcher_->CheckpointReading(held_model);
+  being_checkpointed_[id] = held_model;
   // What the job uses it owns (the training state, the entry keeping the model registered); the
   // loop only gets the result, dropped if the loop has ended by then.
   // (std::function needs a copyable job, hence shared_ptr; the job holds the only reference.)
   checkpointing_.Add([this, id, ending = std::move(ending),
                       training = std::shared_ptr<TrainingState>(std::move(run.training)),
                       entry = run.entry, loop = loop_, run_status = status,
-                      iterations = outcome.iterations_done, outcome]() mutable {
+                      iterations = outcome.iterations_done, outcome,
+                      before = options_.before_checkpoint]() mutable {
+    if (before) before(id);
     bool kept = false;
     absl::Status saved = training->End(ending, kept);
     const uint64_t generation = training->saved_generation();
@@ -980,6 +1154,10 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
                 status = std::move(status), kept, iterations,
                 outcome = std::move(outcome)]() mutable {
       loop_role_.AssertHeld();
+      if (auto it = being_checkpointed_.find(id); it != being_checkpointed_.end()) {
+        if (!it->second.empty()) switcher_->CheckpointRead(it->second);
+        being_checkpointed_.erase(it);
+      }
       // The resident weights are what the pinned store now holds; or, when they could not be
       // saved after training, they are newer than it and must not be served or trained on.
       if (generation != 0) {
@@ -995,7 +1173,6 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
 
 void GpuScheduler::TrainingSaved(uint64_t task_id, absl::Status status, bool resumable,
                                  uint32_t iterations, TaskOutcome outcome) {
-  if (running_ != nullptr && running_->task_id == task_id && running_->slot < 0) running_.reset();
   TaskRecord* record = tasks_table_.Find(task_id);
   if (record == nullptr) return;  // answered meanwhile (shutdown)
   const TaskSpec& spec = record->spec;
@@ -1149,6 +1326,10 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
       return;
     }
     TaskRecord* record = tasks_table_.Find(task_id);
+    if (next_ != nullptr && next_->task_id == task_id) {
+      AbandonAhead(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      return;
+    }
     if (running_ != nullptr && running_->task_id == task_id && running_->awaiting_inputs) {
       // Placed, but not running yet: it gives the GPU back.
       AbandonUnrun(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
@@ -1160,6 +1341,11 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
       if (record != nullptr) {
         record->StopFor(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       }
+      return;
+    }
+    if (being_checkpointed_.contains(task_id) && record != nullptr) {
+      // Stopped and being checkpointed: it is not requeued (TrainingSaved).
+      record->StopFor(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       return;
     }
     if (running_ != nullptr && running_->task_id == task_id && record != nullptr &&

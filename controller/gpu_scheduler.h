@@ -84,6 +84,10 @@ struct SchedulerOptions {
   bool weights_cache = true;
   uint64_t weights_cache_bytes = 0;  // 0: the whole pool
   EvictionPolicy eviction_policy = EvictionPolicy::kCostAware;
+  // Placement at arrival (--place-at-arrival): a task that waits while the running one stops
+  // is placed at once on a standby worker, apart from the stopping tenant's region, its copy
+  // started; its Run goes out when the GPU is free. False: placed only then (the baseline).
+  bool place_at_arrival = true;
   // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
   // An old tenant that has not drained this long after a switch asked it to is killed (its
@@ -108,6 +112,9 @@ struct SchedulerOptions {
   // Tests: runs off the loop, on the state-copy thread, before a training run's optimizer state
   // is restored (e.g. to make the restore slow).
   std::function<void(uint64_t task)> before_state_restore;
+  // Tests: runs off the loop, on the same thread, before a stopped training run's checkpoint
+  // reads its region (e.g. to make the checkpoint slow).
+  std::function<void(uint64_t task)> before_checkpoint;
 };
 
 // One GPU as GET /v1/gpus shows it.
@@ -200,6 +207,14 @@ class GpuScheduler : private WorkerPool::Listener {
   void MaybeStart() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Whether the running task yields to what waits (preemption, or a fill run to any task).
   void MaybePreempt() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // While the running task stops, places the next waiting inference ahead (next_), where the
+  // stopping tenant cannot write: its copy overlaps the stop. Nothing when it cannot be.
+  void PlaceAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The GPU is free: the task placed ahead becomes the running one and its Run goes out.
+  void PromoteAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // next_ will not run (cancelled, past its deadline, its copy failed, its model unloaded):
+  // answered with `why` now, or at its copy's end while that is in flight.
+  void AbandonAhead(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   absl::Status StartTask(const TaskTicket& ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Copies the cache's resident models for ResidentModels (after each event).
   void PublishResident() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
@@ -263,10 +278,10 @@ class GpuScheduler : private WorkerPool::Listener {
   void CopyEnded(uint64_t task, const absl::Status& copied);  // loop entry point: asserts the role
   // A training run ended (true: it is answered or requeued here, later). Its checkpoint runs
   // off the loop (checkpointing_): its weights go back to the pinned store unless the run failed
-  // or its switch's copy did not complete, and an unfinished run's optimizer state is saved; the
-  // GPU stays held meanwhile (running_ is a placeholder with no slot), so nothing overwrites the
-  // region or unloads the model before the checkpoint read them. TrainingSaved then requeues
-  // the run or answers it with `outcome`.
+  // or its switch's copy did not complete, and an unfinished run's optimizer state is saved. The
+  // GPU is free meanwhile (the next task runs); the model's region is held (being_checkpointed_,
+  // Switcher::CheckpointReading), so nothing overwrites it, runs on it or unloads the model
+  // before the checkpoint read it. TrainingSaved then requeues the run or answers it.
   bool EndTraining(Running& run, const TaskSpec& spec, const TaskOutcome& outcome,
                    absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A training run's checkpoint ended (loop): `status` is the run's, or why its state was not
@@ -295,6 +310,12 @@ class GpuScheduler : private WorkerPool::Listener {
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
   std::shared_ptr<Telemetry> telemetry_;           // likewise
   std::unique_ptr<Running> running_ ABSL_GUARDED_BY(loop_role_);
+  // A task placed ahead while running_ stops (PlaceAhead): Prepare sent, its copy started, its
+  // Run held until running_ is done (PromoteAhead). An inference whose inputs are all in.
+  std::unique_ptr<Running> next_ ABSL_GUARDED_BY(loop_role_);
+  // Training runs whose checkpoint reads their region off the loop (EndTraining to
+  // TrainingSaved), each with the model it holds; the GPU is not held for them.
+  std::map<uint64_t, std::string> being_checkpointed_ ABSL_GUARDED_BY(loop_role_);
   // Unloads waiting for their model's last task, copy or load to end (DropModel).
   std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_
       ABSL_GUARDED_BY(loop_role_);
@@ -302,6 +323,9 @@ class GpuScheduler : private WorkerPool::Listener {
   BubbleAdmission bubble_runs_ ABSL_GUARDED_BY(loop_role_);
   StopDeadline stop_deadline_ ABSL_GUARDED_BY(loop_role_);
   bool stopping_ ABSL_GUARDED_BY(loop_role_) = false;
+  // When the last run told to stop answered (CLOCK_MONOTONIC ns; 0: none yet): the switch
+  // breakdown's "old tenant stopped".
+  int64_t last_stopped_ns_ ABSL_GUARDED_BY(loop_role_) = 0;
 
   // This GPU's event loop: every event is a handler on it, run on loop_thread_ one at a time;
   // no handler runs after Loop() returns, which the destructor joins before any member goes.

@@ -79,6 +79,16 @@ class Record {
     }
     return answers_.at(task);
   }
+  // The slot of the last command starting with `prefix` (-1: none).
+  int LastSlot(const std::string& prefix) {
+    absl::MutexLock lock(&mu_);
+    for (auto it = commands_.rbegin(); it != commands_.rend(); ++it) {
+      if (!absl::StartsWith(*it, prefix)) continue;
+      const size_t at = it->rfind("slot ");
+      return at == std::string::npos ? -1 : std::stoi(it->substr(at + 5));
+    }
+    return -1;
+  }
   std::string Commands() {
     absl::MutexLock lock(&mu_);
     std::string all;
@@ -169,9 +179,14 @@ class InputsArrivingTest : public ::testing::Test {
     options.region_bytes = 16 << 20;                  // the catalog's layout check's size
     options.worker_silence_timeout = absl::Hours(1);  // the scripted workers send no heartbeat
     options.inputs_hold = inputs_hold_;
+    options.place_at_arrival = place_at_arrival_;
     options.before_state_restore = [this](uint64_t) {
       absl::MutexLock lock(&gate_mu_);
       gate_mu_.Await(absl::Condition(&restores_open_));
+    };
+    options.before_checkpoint = [this](uint64_t) {
+      absl::MutexLock lock(&gate_mu_);
+      gate_mu_.Await(absl::Condition(&checkpoints_open_));
     };
     options.launch =
         [this](uint32_t slot,
@@ -205,6 +220,7 @@ class InputsArrivingTest : public ::testing::Test {
   }
   void TearDown() override {
     OpenRestores();  // a restore still held must end for the scheduler to shut down
+    OpenCheckpoints();
     scheduler_.reset();
   }
   // Restores of optimizer state wait (off the loop) until OpenRestores.
@@ -215,6 +231,15 @@ class InputsArrivingTest : public ::testing::Test {
   void OpenRestores() {
     absl::MutexLock lock(&gate_mu_);
     restores_open_ = true;
+  }
+  // Checkpoints of stopped training runs wait (off the loop) until OpenCheckpoints.
+  void HoldCheckpoints() {
+    absl::MutexLock lock(&gate_mu_);
+    checkpoints_open_ = false;
+  }
+  void OpenCheckpoints() {
+    absl::MutexLock lock(&gate_mu_);
+    checkpoints_open_ = true;
   }
   // A training task of `model` for `iterations` (SGD with momentum: one slot of state).
   uint64_t SubmitTraining(const std::string& model, uint32_t iterations) {
@@ -276,8 +301,10 @@ class InputsArrivingTest : public ::testing::Test {
 
   // Long by default: a task waiting for its inputs keeps the GPU for these tests' whole length.
   absl::Duration inputs_hold_ = absl::Hours(1);
+  bool place_at_arrival_ = true;
   absl::Mutex gate_mu_;
   bool restores_open_ ABSL_GUARDED_BY(gate_mu_) = true;
+  bool checkpoints_open_ ABSL_GUARDED_BY(gate_mu_) = true;
   Record record_;
   std::unique_ptr<memdaemon::MemDaemon> daemon_;
   std::unique_ptr<ModelCatalog> catalog_;
@@ -613,6 +640,186 @@ TEST_F(InputsArrivingTest, ACancelDuringTheRestoreFreesNothingUnderItAndTheNextT
   Worker(SlotOf(absl::StrCat("Run ", next, " ")))->RunDone(next);
   EXPECT_TRUE(record_.AwaitAnswer(next, kWait).ok());
   EXPECT_EQ(OptimizerLeases(), 0u) << "the cancelled run's lease was released after its restore";
+}
+
+// Placement at arrival (issue 29, item 4): an inference that preempts a training run is placed
+// at once, on the standby worker and in a region of its own, and its copy starts while the old
+// tenant is still stopping; its Run goes out the moment the GPU is free.
+class PlaceAtArrivalTest : public InputsArrivingTest {};
+
+TEST_F(PlaceAtArrivalTest, APreemptingInferenceIsPlacedAndCopiedWhileTheTrainingStops) {
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait))
+      << record_.Commands();
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait))
+      << record_.Commands();
+  // Placed before the training answered: Prepare on the other worker, its copy under way.
+  const int standby = 1 - trainer;
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare b slot ", standby), kWait))
+      << record_.Commands();
+  Settle();
+  auto placed = scheduler_->Query(inference);
+  ASSERT_TRUE(placed.ok());
+  EXPECT_EQ(placed->state, TaskState::kSwitching);
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", inference, " ")))
+      << "the Run went out while the old tenant still ran";
+  Worker(trainer)->RunDone(training, 7, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " slot ", standby), kWait))
+      << record_.Commands();
+  Worker(standby)->RunDone(inference);
+  absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(inference, kWait);
+  ASSERT_TRUE(done.ok()) << done.status();
+  // The breakdown: stop sent, the copy (placed at once), then the old tenant's answer.
+  const SwitchTimeline& t = done->timeline;
+  EXPECT_GT(t.stop_sent_ns, 0);
+  EXPECT_GE(t.placed_ns, t.stop_sent_ns);
+  EXPECT_GE(t.old_stopped_ns, t.placed_ns) << "placed only once the old tenant had stopped";
+  EXPECT_GT(t.drained_ns, 0) << "no copy phases";
+  // The training resumes where it stopped.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  EXPECT_EQ(record_.LastRun(training).first_iteration, 7u);
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 8, true);
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(PlaceAtArrivalTest, ACancelOfTheTaskPlacedAheadAnswersItAndTheTrainingGoesOn) {
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare b slot ", 1 - trainer), kWait))
+      << record_.Commands();
+  ASSERT_TRUE(scheduler_->Cancel(inference).ok());
+  // Answered without waiting for the old tenant (its copy of tiny weights ends at once).
+  absl::StatusOr<TaskOutcome> cancelled = record_.AwaitAnswer(inference, kWait);
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  Worker(trainer)->RunDone(training, 4, /*stopped_early=*/true);
+  // Nothing else waits: the training is placed again and resumes.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", inference, " ")));
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 5, true);
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(PlaceAtArrivalTest, TheDeathOfTheWorkerItWasPlacedOnRequeuesIt) {
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare b slot ", 1 - trainer), kWait))
+      << record_.Commands();
+  Worker(1 - trainer)->Die("crashed");
+  Settle();
+  auto queued = scheduler_->Query(inference);
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(queued->state, TaskState::kQueued) << "a task that never ran must not fail for it";
+  // Once the training stopped, it runs on the worker that is left.
+  Worker(trainer)->RunDone(training, 2, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " slot ", trainer), kWait))
+      << record_.Commands();
+  Worker(trainer)->RunDone(inference);
+  EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 3, true);
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+}
+
+// A stopped training run's checkpoint (issue 29, item 6) reads its region off the loop without
+// holding the GPU: the task that preempted it runs at once, while nothing runs on, takes or
+// unloads the region being read until the checkpoint has read it.
+TEST_F(PlaceAtArrivalTest, TheNextTaskRunsWhileTheStoppedTrainingIsCheckpointed) {
+  HoldCheckpoints();
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+  Worker(trainer)->RunDone(training, 5, /*stopped_early=*/true);
+  // The checkpoint is held, and the preempting task runs regardless.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
+      << record_.Commands();
+  // A task on the weights being read waits for the checkpoint.
+  const uint64_t same_model = Submit("a");
+  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", same_model, " "))) << record_.Commands();
+  auto held = scheduler_->Snapshot(kWait);
+  ASSERT_TRUE(held.ok());
+  OpenCheckpoints();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", same_model, " "), kWait))
+      << record_.Commands();
+  Worker(record_.LastSlot(absl::StrCat("Run ", same_model, " ")))->RunDone(same_model);
+  ASSERT_TRUE(record_.AwaitAnswer(same_model, kWait).ok());
+  // The training resumes from the checkpoint's iteration.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  EXPECT_EQ(record_.LastRun(training).first_iteration, 5u);
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 6, true);
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(PlaceAtArrivalTest, ACancelWhileItsCheckpointIsWrittenEndsTheTrainingOnceWritten) {
+  HoldCheckpoints();
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+  Worker(trainer)->RunDone(training, 5, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait));
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Settle();
+  EXPECT_EQ(record_.AwaitAnswer(training, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kUnknown)
+      << "answered before its checkpoint was written";
+  OpenCheckpoints();
+  absl::StatusOr<TaskOutcome> cancelled = record_.AwaitAnswer(training, kWait);
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_TRUE(absl::StrContains(cancelled.status().message(), "after 5 iterations"))
+      << cancelled.status();
+  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  Settle();
+  EXPECT_FALSE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), absl::ZeroDuration(), 2))
+      << "a cancelled run was requeued";
+}
+
+// The baseline (--place-at-arrival=false): nothing is placed until the old tenant has answered.
+class PlaceWhenFreeTest : public InputsArrivingTest {
+ protected:
+  PlaceWhenFreeTest() { place_at_arrival_ = false; }
+};
+
+TEST_F(PlaceWhenFreeTest, APreemptingInferenceIsPlacedOnlyOnceTheTrainingAnswered) {
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+  Settle();
+  EXPECT_FALSE(record_.Sent("Prepare b ")) << record_.Commands();
+  Worker(trainer)->RunDone(training, 3, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand("Prepare b ", kWait)) << record_.Commands();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait));
+  Worker(SlotOf(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(inference, kWait);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_GE(done->timeline.placed_ns, done->timeline.old_stopped_ns);
+  EXPECT_GT(done->timeline.old_stopped_ns, 0);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2));
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 4, true);
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace

@@ -42,7 +42,15 @@ ReloadCost Switcher::CostOf(const CatalogEntry& entry) const {
   return cost;
 }
 
+bool Switcher::WaitsForCheckpoint(const CatalogEntry& entry) const {
+  if (cache_.Find(entry.request.name) != nullptr) return false;
+  return cache_.RoomOnlyThroughHeld(entry.stored->total_bytes(), CostOf(entry).groups,
+                                    base::MonotonicNowNs());
+}
+
 WorkerPool::Outlook Switcher::ForModel(const std::string& model, absl::Status* never) const {
+  // Its weights are being read for a checkpoint (and, should that fail, untrusted after).
+  if (cache_.Held(model)) return WorkerPool::Outlook::kLater;
   const bool resident = cache_.Find(model) != nullptr;
   int busy = 0;
   for (const auto& [slot, tenant] : tenants_) {
@@ -62,7 +70,7 @@ WorkerPool::Outlook Switcher::ForModel(const std::string& model, absl::Status* n
 // region from being evicted under a worker that computes on it; the busy-tenant rules below
 // (ForModel, the drain on overlap) are for those exceptions.
 absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const CatalogEntry& entry,
-                                                    SwitchTimeline& timeline) {
+                                                    SwitchTimeline& timeline, const Ahead* ahead) {
   const std::string& model = entry.request.name;
   const int64_t now_ns = base::MonotonicNowNs();
   Placement placement;
@@ -81,7 +89,11 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
   if (resident != nullptr) {
     // A hit: its own flags still hold the epoch of the copy that brought it (or will, as that
     // copy goes on), so the worker gates exactly as on the switch.
-    placement.slot = pool_->Usable(active, model) ? active : pool_->UsableOther(model, active);
+    if (ahead != nullptr) {
+      placement.slot = pool_->UsableOther(model, ahead->busy_slot);
+    } else {
+      placement.slot = pool_->Usable(active, model) ? active : pool_->UsableOther(model, active);
+    }
     if (placement.slot < 0) {
       return absl::UnavailableError(absl::StrCat("no free worker holds model '", model, "'"));
     }
@@ -91,8 +103,14 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     prepare.weights_offset = resident->offset;
     placement.weights_offset = resident->offset;
   } else {
-    PSWITCH_ASSIGN_OR_RETURN(Reservation room, cache_.Reserve(model, entry.stored->total_bytes(),
-                                                              CostOf(entry), now_ns));
+    // Placed ahead: a worker other than the stopping tenant's, or no placement at all.
+    const int ahead_slot = ahead != nullptr ? pool_->UsableOther(model, ahead->busy_slot) : -1;
+    if (ahead != nullptr && ahead_slot < 0) {
+      return absl::UnavailableError(absl::StrCat("no free standby worker for model '", model, "'"));
+    }
+    PSWITCH_ASSIGN_OR_RETURN(
+        Reservation room, cache_.Reserve(model, entry.stored->total_bytes(), CostOf(entry), now_ns,
+                                         ahead != nullptr ? ahead->keep : std::set<std::string>{}));
     for (const std::string& evicted : room.evicted) {
       Event(base::LogLevel::kInfo, "weights_evicted")
           .Field("model", evicted)
@@ -100,7 +118,7 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
           .Field("policy", EvictionPolicyName(options_.cache.policy));
     }
     // A standby (not the active worker) takes the new model: the active one drains meanwhile.
-    placement.slot = pool_->UsableOther(model, active);
+    placement.slot = ahead != nullptr ? ahead_slot : pool_->UsableOther(model, active);
     if (placement.slot < 0) placement.slot = active;
     memdaemon::TransmitRequest request;
     request.model = entry.stored;
@@ -255,6 +273,7 @@ absl::Status Switcher::Completed(uint64_t task, const std::string& model,
       .FieldMs("copy_ms", copy_time)
       .Field("inputs_ms", ms(t.inputs_ns))  // a raw payload's end: the switch overlapped it
       .Field("stop_sent_ms", ms(t.stop_sent_ns))
+      .Field("old_stopped_ms", ms(t.old_stopped_ns))
       .Field("drained_ms", ms(t.drained_ns))
       .Field("first_group_ms", ms(t.first_group_ready_ns))
       .Field("first_layer_start_ms", ms(t.first_layer_start_ns))

@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -75,8 +76,17 @@ class Switcher {
   // pool when it is not resident, and sends that worker Prepare. `timeline.stop_sent_ns` is set
   // when a Stop went out for it. ResourceExhausted when the model is larger than the pool (or
   // the operator's cap) or its plan has more groups than the GPU has ready flags.
+  //
+  // With `ahead`, the task is placed while the tenant in `ahead->busy_slot` is still stopping
+  // (placement at arrival): on another free worker, in a region and flags apart from those of
+  // `ahead->keep`'s models, so nothing of it waits for that tenant; Unavailable (nothing
+  // changed) when no such place exists, and the task waits for the GPU as before.
+  struct Ahead {
+    int busy_slot = -1;
+    std::set<std::string> keep;
+  };
   absl::StatusOr<Placement> Place(uint64_t task, const registry::CatalogEntry& entry,
-                                  SwitchTimeline& timeline);
+                                  SwitchTimeline& timeline, const Ahead* ahead = nullptr);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
   std::optional<uint32_t> Stop(int slot);
   // When the latest Stop went out (CLOCK_MONOTONIC ns; 0: none yet).
@@ -105,6 +115,14 @@ class Switcher {
   void Checkpointed(const std::string& model, uint64_t generation) {
     cache_.Checkpointed(model, generation);
   }
+  // A training run's checkpoint reads `model`'s region off the loop (the GPU is not held for
+  // it): until CheckpointRead, nothing runs on the model (ForModel: kLater) and no reservation
+  // takes its region or flags.
+  void CheckpointReading(const std::string& model) { cache_.Hold(model); }
+  void CheckpointRead(const std::string& model) { cache_.Release(model); }
+  bool BeingCheckpointed(const std::string& model) const { return cache_.Held(model); }
+  // A miss for `entry`'s model that has room only where a checkpoint still reads: it waits.
+  bool WaitsForCheckpoint(const registry::CatalogEntry& entry) const;
   // The operator pinned `model` resident (registration's pin_resident): never evicted.
   void Pin(const std::string& model, bool pinned) { cache_.Pin(model, pinned); }
   // `model` was unloaded: its region is freed.

@@ -79,6 +79,9 @@ struct SwitchTimeline {
   int64_t inputs_ns = 0;            // its inputs' last byte arrived (a raw payload; 0: with it)
   int64_t placed_ns = 0;            // this run was placed on a worker
   int64_t stop_sent_ns = 0;         // the old tenant was told to stop (0: it was idle)
+  // The old tenant's run answered its Stop (a training step under way was cut at its next
+  // layer); 0: no stop, or the task was placed before it answered.
+  int64_t old_stopped_ns = 0;
   int64_t drained_ns = 0;           // the copy could start: the old tenant had drained
   int64_t first_group_ready_ns = 0;
   int64_t first_layer_start_ns = 0;  // the first layer's compute started on the device

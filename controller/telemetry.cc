@@ -195,6 +195,7 @@ void Telemetry::Switched(int gpu, const std::string& model, const SwitchTimeline
         .Observe(static_cast<double>(to_ns - from_ns) / 1e9);
   };
   observe("stop_to_drain", t.stop_sent_ns, t.drained_ns);
+  observe("old_tenant_stop", t.stop_sent_ns, t.old_stopped_ns);
   observe("inputs", t.arrival_ns, t.inputs_ns);  // a raw payload's receipt, overlapping the rest
   observe("first_group_ready", t.arrival_ns, t.first_group_ready_ns);
   observe("first_layer_start", t.arrival_ns, t.first_layer_start_ns);
@@ -222,6 +223,7 @@ void Telemetry::TaskRan(int gpu, uint64_t task, const std::string& model, TaskKi
   if (t.placed_ns > t.arrival_ns) span("queue", label, "queue", t.arrival_ns, t.placed_ns);
   if (t.inputs_ns != 0) span("inputs", label, "inputs", t.arrival_ns, t.inputs_ns);
   span("switch", "stop to drain", "switch", t.stop_sent_ns, t.drained_ns);
+  span("switch", "old tenant stopping", "switch", t.stop_sent_ns, t.old_stopped_ns);
   for (size_t i = 0; i < t.group_copies.size(); ++i) {
     span("copy", absl::StrCat("group ", i), "copy", t.group_copies[i].first,
          t.group_copies[i].second, {{"task", std::to_string(task)}, {"model", model}});

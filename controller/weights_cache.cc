@@ -84,13 +84,14 @@ void WeightsCache::Hit(const std::string& model, int64_t now_ns) {
   ++stats_.hits;
 }
 
-std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes,
-                                                               int64_t now_ns) const {
+std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(
+    uint64_t bytes, int64_t now_ns, const std::set<std::string>& keep) const {
   const uint64_t begin = options_.pool_offset;
   if (bytes > end_ - begin) return std::nullopt;
   if (!options_.enabled) {
     Window all{begin, {}, 0, 0, 0, 0};
     for (const auto& [offset, r] : regions_) {
+      if (keep.contains(r.model)) return std::nullopt;  // the one region is not to be taken
       all.victims.push_back(r.model);
       all.victim_bytes += r.bytes;
     }
@@ -120,8 +121,8 @@ std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes,
     bool blocked = false;
     for (auto it = next; it != regions_.end() && it->first < start + bytes; ++it) {
       const ResidentModel& r = it->second;
-      if (r.pinned && r.trusted) {
-        blocked = true;  // the operator's: never a victim
+      if ((r.pinned && r.trusted) || keep.contains(r.model)) {
+        blocked = true;  // the operator's, or a stopping tenant's: never a victim
         break;
       }
       w.victims.push_back(r.model);
@@ -137,14 +138,15 @@ std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes,
 
 std::optional<uint32_t> WeightsCache::ChooseFlags(uint32_t count,
                                                   const std::vector<std::string>& victims,
-                                                  int64_t now_ns,
+                                                  int64_t now_ns, const std::set<std::string>& keep,
                                                   std::vector<std::string>* more_victims) const {
   if (count > options_.flag_count) return std::nullopt;
   if (!options_.enabled) return 0;
-  // Ranges held by regions that stay, by flag base (the pinned ones apart: never victims).
+  // Ranges held by regions that stay, by flag base (the pinned and kept ones apart: never
+  // victims).
   std::map<uint32_t, const ResidentModel*> held, pinned;
   for (const auto& [offset, r] : regions_) {
-    if (r.pinned && r.trusted) {
+    if ((r.pinned && r.trusted) || keep.contains(r.model)) {
       pinned.emplace(r.flag_base, &r);
       continue;
     }
@@ -173,13 +175,39 @@ std::optional<uint32_t> WeightsCache::ChooseFlags(uint32_t count,
   }
 }
 
+void WeightsCache::Hold(const std::string& model) { held_.insert(model); }
+
+void WeightsCache::Release(const std::string& model) {
+  if (auto it = held_.find(model); it != held_.end()) held_.erase(it);
+}
+
+bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
+  if (held_.empty() || bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) return false;
+  const uint64_t rounded = (bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
+  const std::set<std::string> held(held_.begin(), held_.end());
+  auto fits = [&](const std::set<std::string>& keep) {
+    std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
+    std::vector<std::string> more;
+    return window && ChooseFlags(groups, window->victims, now_ns, keep, &more).has_value();
+  };
+  return !fits(held) && fits({});
+}
+
 absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,
-                                                  const ReloadCost& cost, int64_t now_ns) {
+                                                  const ReloadCost& cost, int64_t now_ns,
+                                                  const std::set<std::string>& asked_keep) {
   if (bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
   }
+  // A region a checkpoint still reads is kept as well.
+  std::set<std::string> keep = asked_keep;
+  keep.insert(held_.begin(), held_.end());
   const uint64_t rounded = (bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
-  std::optional<Window> window = ChooseWindow(rounded, now_ns);
+  std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
+  if (!window && !keep.empty() && ChooseWindow(rounded, now_ns, {})) {
+    return absl::UnavailableError(absl::StrCat(
+        "model '", model, "' has room only where a stopping tenant or a checkpoint still is"));
+  }
   if (!window) {
     uint64_t pinned_bytes = 0;
     for (const auto& [offset, r] : regions_) pinned_bytes += r.pinned && r.trusted ? r.bytes : 0;
@@ -196,7 +224,15 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
         " even with every resident model evicted"));
   }
   std::vector<std::string> more;
-  std::optional<uint32_t> flags = ChooseFlags(cost.groups, window->victims, now_ns, &more);
+  std::optional<uint32_t> flags = ChooseFlags(cost.groups, window->victims, now_ns, keep, &more);
+  if (!flags && !keep.empty()) {
+    more.clear();
+    if (ChooseFlags(cost.groups, window->victims, now_ns, {}, &more)) {
+      return absl::UnavailableError(
+          absl::StrCat("model '", model,
+                       "' has ready flags only where a stopping tenant's or a checkpoint's are"));
+    }
+  }
   if (!flags) {
     return absl::ResourceExhaustedError(absl::StrCat("model '", model, "' has ", cost.groups,
                                                      " groups; this GPU has ", options_.flag_count,

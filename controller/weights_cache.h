@@ -102,9 +102,12 @@ class WeightsCache {
   // Room for `model` (`bytes`, `cost.groups` flags), which is not resident: a hole when one
   // fits, else an eviction by the policy. The region is `model`'s from now on, copying, with no
   // epoch yet (Started). A trusted older region of `model` is replaced. ResourceExhausted when
-  // the model is larger than the pool, the cap or the flags.
+  // the model is larger than the pool, the cap or the flags. `keep` (may be empty) names models
+  // whose region and flags must stay untouched, as if pinned (a tenant still stopping may write
+  // its region): Unavailable when only taking one of them would make room.
   absl::StatusOr<Reservation> Reserve(const std::string& model, uint64_t bytes,
-                                      const ReloadCost& cost, int64_t now_ns);
+                                      const ReloadCost& cost, int64_t now_ns,
+                                      const std::set<std::string>& keep = {});
   // The copy under `epoch` started into `model`'s reservation, from the pinned weights of
   // `generation`.
   void Started(const std::string& model, uint32_t epoch, uint64_t generation = 0);
@@ -123,6 +126,15 @@ class WeightsCache {
   // Once resident, `model` is never evicted (the operator's pin); with the cache off, a pin
   // cannot hold (one model at a time) and is ignored.
   void Pin(const std::string& model, bool pinned);
+
+  // A training run's checkpoint reads `model`'s region off the loop: until Release, the region
+  // and its flags are no victim of any reservation (counted: one hold per checkpoint).
+  void Hold(const std::string& model);
+  void Release(const std::string& model);
+  bool Held(const std::string& model) const { return held_.contains(model); }
+  // Whether a region for `bytes` and `groups` flags exists only through a held model's region
+  // or flags: the reservation must wait for the checkpoint rather than fail.
+  bool RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t now_ns) const;
 
   // A task's compute on `model` was measured on resident weights, for its reload cost.
   void ObserveCompute(const std::string& model, double compute_s);
@@ -144,10 +156,12 @@ class WeightsCache {
     uint64_t hole_bytes = 0;  // free bytes from `offset` to the next region
   };
   // The cheapest window of `bytes` by the policy; nullopt when none (larger than the pool).
-  std::optional<Window> ChooseWindow(uint64_t bytes, int64_t now_ns) const;
+  std::optional<Window> ChooseWindow(uint64_t bytes, int64_t now_ns,
+                                     const std::set<std::string>& keep) const;
   // The cheapest flag range of `count` given that `victims` go; nullopt when none.
   std::optional<uint32_t> ChooseFlags(uint32_t count, const std::vector<std::string>& victims,
-                                      int64_t now_ns, std::vector<std::string>* more_victims) const;
+                                      int64_t now_ns, const std::set<std::string>& keep,
+                                      std::vector<std::string>* more_victims) const;
   double KeepValue(const ResidentModel& r, int64_t now_ns) const;
   void Free(std::map<uint64_t, ResidentModel>::iterator it);
   std::map<uint64_t, ResidentModel>::iterator FindRegion(const std::string& model);
@@ -169,6 +183,7 @@ class WeightsCache {
   std::map<uint64_t, ResidentModel> regions_;  // arena offset -> region
   std::map<std::string, Demand> demand_;
   std::set<std::string> pinned_;  // models pinned resident
+  std::multiset<std::string> held_;  // models whose region a checkpoint reads (Hold)
   WeightsCacheStats stats_;
 };
 

@@ -67,6 +67,46 @@ TEST(WeightsCacheTest, ModelsThatFitStayResidentSideBySideWithTheirOwnFlags) {
   EXPECT_EQ(s.resident_bytes, 90 * kMiB);
 }
 
+// Placement at arrival keeps the stopping tenant's region; a checkpoint holds the region it
+// reads. Either is never a victim: with room only there, the reservation is Unavailable (wait)
+// and changes nothing; elsewhere it is taken as usual.
+TEST(WeightsCacheTest, KeptAndHeldRegionsAreNeverVictims) {
+  WeightsCache cache(Pool(100, EvictionPolicy::kLru));
+  Bring(cache, "stopping", 60, 1);
+  Bring(cache, "other", 40, 2);
+  // LRU would evict "stopping" (used first) for a 50 MiB model; kept, "other" goes instead...
+  absl::StatusOr<Reservation> r = cache.Reserve("new", 40 * kMiB, Cost(0.01), 3, {"stopping"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->evicted, std::vector<std::string>{"other"});
+  EXPECT_TRUE(Resident(cache, "stopping"));
+  cache.Untrust("new");
+  // ...and one that fits only where "stopping" is must wait, with nothing changed.
+  const std::vector<ResidentModel> before = cache.List();
+  absl::StatusOr<Reservation> only_there =
+      cache.Reserve("big", 70 * kMiB, Cost(0.01), 4, {"stopping"});
+  EXPECT_EQ(only_there.status().code(), absl::StatusCode::kUnavailable) << only_there.status();
+  EXPECT_EQ(cache.List().size(), before.size());
+  EXPECT_TRUE(Resident(cache, "stopping"));
+  // A checkpoint's hold does the same for every reservation until it is released.
+  cache.Hold("stopping");
+  EXPECT_TRUE(cache.RoomOnlyThroughHeld(70 * kMiB, 1, 5));
+  EXPECT_FALSE(cache.RoomOnlyThroughHeld(30 * kMiB, 1, 5));
+  EXPECT_EQ(cache.Reserve("big", 70 * kMiB, Cost(0.01), 5).status().code(),
+            absl::StatusCode::kUnavailable);
+  cache.Release("stopping");
+  EXPECT_FALSE(cache.RoomOnlyThroughHeld(70 * kMiB, 1, 6));
+  absl::StatusOr<Reservation> now = cache.Reserve("big", 70 * kMiB, Cost(0.01), 6);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_NE(std::find(now->evicted.begin(), now->evicted.end(), "stopping"), now->evicted.end());
+  // With the cache off, the one region is the stopping tenant's: nothing is placed apart.
+  WeightsCacheOptions off = Pool(100);
+  off.enabled = false;
+  WeightsCache single(off);
+  Bring(single, "stopping", 10, 1);
+  EXPECT_EQ(single.Reserve("new", 10 * kMiB, Cost(0.01), 2, {"stopping"}).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 TEST(WeightsCacheTest, LruEvictsTheModelUsedLongestAgo) {
   WeightsCache cache(Pool(100, EvictionPolicy::kLru));
   Bring(cache, "a", 40, 1 * kSecond);

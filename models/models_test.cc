@@ -3,6 +3,7 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <set>
 #include <string>
@@ -357,6 +358,75 @@ TEST(TrainingTest, ExternalOptimizerStateResumesExactly) {
     // The state really lives in the external storage (not a private copy).
     EXPECT_TRUE(
         std::any_of(storage.begin(), storage.end(), [](std::byte b) { return b != std::byte{0}; }));
+  }
+}
+
+// A preemption cuts a step at a layer boundary (the gate hook throws StepCut) or at the points
+// between forward, backward and update: the cut step leaves parameters, BatchNorm's running
+// statistics and the optimizer state untouched, so running it again ends bit-identical to a run
+// that was never cut. Every cut point of tiny_cnn's forward is tried (its BatchNorm layers
+// update their statistics as the forward passes them), with both optimizers.
+TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
+  const std::vector<TrainerOptions> configs = {{OptimizerKind::kSgd, 0.05, 0.9},
+                                               {OptimizerKind::kAdam, 1e-2, 0}};
+  constexpr int kSteps = 3;
+  for (const TrainerOptions& options : configs) {
+    SCOPED_TRACE(options.optimizer == OptimizerKind::kAdam ? "adam" : "sgd-momentum");
+    auto reference = Create("tiny_cnn", {}, 5);
+    auto uninterrupted = Trainer::Create(*reference, options);
+    ASSERT_TRUE(uninterrupted.ok());
+    for (int step = 0; step < kSteps; ++step) {
+      torch::manual_seed(step);
+      ASSERT_TRUE((*uninterrupted)
+                      ->Step(reference->ExampleInput(4, step), reference->ExampleTarget(4, step))
+                      .ok());
+    }
+    auto layers = reference->Layers();
+    ASSERT_TRUE(layers.ok());
+    int executed = 0;
+    for (const Layer& l : **layers) executed += l.executed ? 1 : 0;
+    // Cut points: before forward layer k (k < executed), then after the forward (executed), then
+    // after the backward (executed + 1).
+    for (int cut_at = 0; cut_at <= executed + 1; ++cut_at) {
+      SCOPED_TRACE(absl::StrCat("cut at ", cut_at));
+      auto model = Create("tiny_cnn", {}, 5);
+      auto trainer = Trainer::Create(*model, options);
+      ASSERT_TRUE(trainer.ok());
+      std::atomic<bool> stop{false};
+      for (int step = 0; step < kSteps; ++step) {
+        if (step == 1) {
+          // Step 1 is cut once, then run again from the same seed.
+          model->SetGateHook([&](int layer) {
+            if (layer == cut_at) throw StepCut();
+            if (layer == executed - 1 && cut_at == executed) stop = true;  // seen after forward
+          });
+          at::Tensor fc_weight = model->named_parameters()["fc.weight"];
+          const unsigned hook = fc_weight.register_hook([&](at::Tensor grad) {
+            if (cut_at == executed + 1) stop = true;  // during the backward
+            return grad;
+          });
+          torch::manual_seed(step);
+          auto cut = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
+                                      nullptr, &stop);
+          EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
+          fc_weight.remove_hook(hook);
+          model->SetGateHook(nullptr);
+          stop = false;
+        }
+        torch::manual_seed(step);
+        auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
+                                     nullptr, &stop);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+      }
+      auto want_params = reference->named_parameters();
+      for (const auto& item : model->named_parameters()) {
+        EXPECT_TRUE(at::equal(item.value(), want_params[item.key()])) << item.key();
+      }
+      auto want_buffers = reference->named_buffers();
+      for (const auto& item : model->named_buffers()) {
+        EXPECT_TRUE(at::equal(item.value(), want_buffers[item.key()])) << item.key();
+      }
+    }
   }
 }
 

@@ -5,9 +5,11 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <type_traits>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/status.h"
@@ -163,24 +165,95 @@ absl::Status WarmOptimizer(const TrainerOptions& options, const std::vector<at::
   });
 }
 
+namespace {
+
+constexpr char kStepCutPayload[] = "pswitch.dev/step-cut";
+
+}  // namespace
+
+absl::Status StepCutError() {
+  absl::Status status = absl::AbortedError("training step cut at a layer boundary");
+  status.SetPayload(kStepCutPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsStepCut(const absl::Status& status) {
+  return status.GetPayload(kStepCutPayload).has_value();
+}
+
+Trainer::BufferSnapshot::BufferSnapshot(std::vector<at::Tensor> buffers) {
+  std::map<at::ScalarType, size_t> group_of;
+  for (const at::Tensor& b : buffers) {
+    if (!b.defined() || b.numel() == 0) continue;
+    auto [it, added] = group_of.try_emplace(b.scalar_type(), groups_.size());
+    if (added) groups_.emplace_back();
+    groups_[it->second].flat_views.push_back(b.view(-1));
+  }
+  for (Group& g : groups_) {
+    int64_t numel = 0;
+    for (const at::Tensor& v : g.flat_views) numel += v.numel();
+    g.copy = at::empty({numel}, g.flat_views.front().options());
+  }
+}
+
+void Trainer::BufferSnapshot::Take() {
+  for (Group& g : groups_) at::cat_out(g.copy, g.flat_views, 0);
+}
+
+void Trainer::BufferSnapshot::Restore() {
+  torch::NoGradGuard no_grad;
+  for (Group& g : groups_) {
+    int64_t offset = 0;
+    for (at::Tensor& v : g.flat_views) {
+      v.copy_(g.copy.narrow(0, offset, v.numel()));
+      offset += v.numel();
+    }
+  }
+}
+
 absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& target,
-                                     StepParts* parts) {
+                                     StepParts* parts, const std::atomic<bool>* cut) {
   double loss_value = 0;
+  bool was_cut = false;
+  const auto check_cut = [cut] {
+    if (cut != nullptr && cut->load(std::memory_order_relaxed)) throw StepCut();
+  };
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_.model_name(), "': training step"), [&] {
-        const int64_t start = base::MonotonicNowNs();
-        optimizer_->zero_grad();
-        at::Tensor loss = ForwardBackward(model_, input, target);
-        const int64_t backward_issued = base::MonotonicNowNs();
-        optimizer_->step();
-        const int64_t update_issued = base::MonotonicNowNs();
-        loss_value = loss.item<double>();
-        if (parts != nullptr) {
-          parts->forward_backward_ns = backward_issued - start;
-          parts->update_ns = update_issued - backward_issued;
-          parts->loss_wait_ns = base::MonotonicNowNs() - update_issued;
+        if (cut != nullptr) {
+          if (buffers_ == nullptr) {
+            std::vector<at::Tensor> buffers;
+            for (const at::Tensor& b : model_.buffers()) buffers.push_back(b);
+            buffers_ = std::make_unique<BufferSnapshot>(std::move(buffers));
+          }
+          buffers_->Take();
         }
+        try {
+          const int64_t start = base::MonotonicNowNs();
+          optimizer_->zero_grad();
+          model_.train();
+          ModelOutput out = model_.Forward(input);
+          check_cut();
+          at::Tensor loss = model_.Loss(out, target);
+          loss.backward();
+          check_cut();  // the last point before the parameters change
+          const int64_t backward_issued = base::MonotonicNowNs();
+          optimizer_->step();
+          const int64_t update_issued = base::MonotonicNowNs();
+          loss_value = loss.item<double>();
+          if (parts != nullptr) {
+            parts->forward_backward_ns = backward_issued - start;
+            parts->update_ns = update_issued - backward_issued;
+            parts->loss_wait_ns = base::MonotonicNowNs() - update_issued;
+          }
+        } catch (const StepCut&) {
+          was_cut = true;
+        }
+        // Gradients are zeroed by the next step; what the forward wrote is put back now (on a
+        // GPU, queued on the same stream, so it lands before the task's final synchronisation).
+        if (was_cut && buffers_ != nullptr) buffers_->Restore();
       }));
+  if (was_cut) return StepCutError();
   return loss_value;
 }
 

@@ -4,9 +4,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "api/types.h"
@@ -50,6 +53,17 @@ struct ExternalOptimizerState {
   int64_t steps_taken = 0;
 };
 
+// Thrown through a training step's forward pass (by a gate hook, between two layers) to cut the
+// step short: a preemption need not wait for the step's end. Trainer::Step undoes what the step
+// wrote and returns StepCutError().
+class StepCut final : public std::exception {
+ public:
+  const char* what() const noexcept override { return "training step cut at a layer boundary"; }
+};
+// Trainer::Step's answer for a step that was cut: the model is as it was before the step.
+absl::Status StepCutError();
+bool IsStepCut(const absl::Status& status);
+
 // Trains `model` in place. The model is borrowed: it must outlive the Trainer. Not thread-safe.
 class Trainer {
  public:
@@ -73,14 +87,36 @@ class Trainer {
   };
   // Puts the model in train mode and runs one step; returns the loss before the update.
   // Deterministic on the CPU for a fixed libtorch seed (dropout draws from the global generator).
+  // With `cut`, the step may be cut short: by a StepCut thrown from the forward pass (a gate
+  // hook), or at `cut` seen set after the forward or after the backward. A cut step leaves the
+  // parameters, the buffers the forward updated (BatchNorm's running statistics) and the
+  // optimizer state as they were, and returns StepCutError(): running it again gives what the
+  // uncut step would have.
   absl::StatusOr<double> Step(const ModelInput& input, const at::Tensor& target,
-                              StepParts* parts = nullptr);
+                              StepParts* parts = nullptr, const std::atomic<bool>* cut = nullptr);
 
  private:
+  // The model's buffers as they were before a step, so a cut step can put them back: one flat
+  // copy per dtype, taken by one concatenation (one kernel on a GPU, not one per buffer).
+  class BufferSnapshot {
+   public:
+    explicit BufferSnapshot(std::vector<at::Tensor> buffers);
+    void Take();
+    void Restore();
+
+   private:
+    struct Group {
+      std::vector<at::Tensor> flat_views;  // each buffer as a 1-d view
+      at::Tensor copy;
+    };
+    std::vector<Group> groups_;
+  };
+
   Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optimizer);
 
   ZooModel& model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<BufferSnapshot> buffers_;  // made at the first step that may be cut
 };
 
 }  // namespace pswitch::models

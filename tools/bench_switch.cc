@@ -8,7 +8,8 @@
 // Everything is measured in this run against a pswitchd this tool starts. Overhead is a row's
 // latency minus the ready model's; startup is the server's first-layer compute start after the
 // request's arrival (TaskResult::breakdown). The last line, starting "FIG ", is the summary that
-// tools/gpu/validate.sh collects.
+// tools/gpu/validate.sh collects. Then placement at arrival against placement once the GPU is
+// free (two daemons of their own), with its own "FIG place-at-arrival" line.
 #include <unistd.h>
 
 #include <algorithm>
@@ -156,6 +157,81 @@ bool AwaitTraining(client::Client& c, uint64_t id) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return false;
+}
+
+// Placement at arrival against placement once the GPU is free: the same preempting requests,
+// with the weights cache on but capped so that each request's model evicts the other one (a
+// copy every time) while the trainer's stays. The figure is the stop-to-first-copy time: from
+// the Stop sent to the old tenant to the first group's copy start.
+struct PlacementArm {
+  std::vector<double> latency;
+  std::vector<Breakdown> parts;
+};
+
+absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, const std::filesystem::path& dir,
+                                              const std::string& zoo, uint32_t batch,
+                                              const proto::HostTensor& input, int repeats) {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::filesystem::path sub = dir / (at_arrival ? "ahead" : "free");
+  std::filesystem::create_directories(sub);
+  auto model = models::CreateModel(zoo);
+  auto trainer = models::CreateModel(absl::GetFlag(FLAGS_trainer));
+  if (!model.ok()) return model.status();
+  if (!trainer.ok()) return trainer.status();
+  auto bytes = [](models::ZooModel& m) {
+    uint64_t n = 0;
+    for (const at::Tensor& t : m.parameters()) n += t.nbytes();
+    for (const at::Tensor& t : m.buffers()) n += t.nbytes();
+    return n;
+  };
+  // Room for the trainer and one of the two inference models, never both.
+  const uint64_t cap = bytes(**trainer) + bytes(**model) * 3 / 2 + (1 << 20);
+  tools::PswitchdProcess daemon(
+      tools::SiblingBinary("pswitchd"),
+      {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
+       absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
+       "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (sub / "m.sock").string(),
+       "--unix-socket=" + (sub / "pswitchd.sock").string(), "--weights-cache=true",
+       absl::StrCat("--weights-cache-bytes=", cap),
+       absl::StrCat("--place-at-arrival=", at_arrival ? "true" : "false")},
+      (sub / "pswitchd.log").string());
+  if (daemon.port() == 0) {
+    return absl::UnavailableError("pswitchd did not start:\n" + daemon.log());
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c,
+                           client::Client::Connect("unix:" + (sub / "pswitchd.sock").string()));
+  for (const char* name : {"pa-a", "pa-b"}) {
+    PSWITCH_RETURN_IF_ERROR(c->Register({name, zoo, "", batch, "auto"}).status());
+  }
+  PSWITCH_RETURN_IF_ERROR(
+      c->Register({"pa-trainer", absl::GetFlag(FLAGS_trainer), "", 1, "auto"}).status());
+  // Both inference models once, so later requests find them loaded and the trainer measured.
+  for (const char* name : {"pa-a", "pa-b"})
+    PSWITCH_RETURN_IF_ERROR(c->Infer(name, {input}).status());
+  auto training = c->TrainAsync("pa-trainer", {1000000, 1, 0});
+  uint64_t training_id = 0;
+  for (int attempt = 0; attempt < 10000 && training_id == 0; ++attempt) {
+    for (uint64_t id = 1; id < 1000 && training_id == 0; ++id) {
+      auto st = c->Status(id);
+      if (!st.ok()) break;
+      if (st->model == "pa-trainer") training_id = id;
+    }
+    if (training_id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  PlacementArm arm;
+  for (int r = 0; r < repeats; ++r) {
+    if (!AwaitTraining(*c, training_id)) return absl::InternalError("training task is not running");
+    // Let it compute for a moment: the Stop then finds it inside a step.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    absl::Time t0 = absl::Now();
+    auto out = c->Infer(r % 2 == 0 ? "pa-a" : "pa-b", {input});
+    if (!out.ok()) return out.status();
+    arm.latency.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    arm.parts.push_back(ToBreakdown(out->breakdown));
+  }
+  (void)c->Cancel(training_id);
+  (void)training.wait_for(std::chrono::seconds(30));
+  return arm;
 }
 
 int Main() {
@@ -356,6 +432,39 @@ int Main() {
                 Ms(MedianOf(row.parts, &Breakdown::first_layer_done)).c_str(),
                 Ms(MedianOf(row.parts, &Breakdown::last_group)).c_str());
   }
+  // Placement at arrival: two daemons of their own, after this one's rows.
+  std::vector<std::pair<std::string, absl::StatusOr<PlacementArm>>> placement;
+  for (bool at_arrival : {false, true}) {
+    std::fprintf(stderr, "measuring placement %s...\n", at_arrival ? "at arrival" : "when free");
+    placement.emplace_back(at_arrival ? "placed at arrival" : "placed when free",
+                           MeasurePlacement(at_arrival, dir, zoo, batch, *input, repeats));
+  }
+  std::printf(
+      "\nplacement at arrival (weights cache on, each request evicting the other model; "
+      "median ms after arrival):\n");
+  std::printf("%-18s %12s %10s %11s %14s %12s\n", "arm", "latency ms", "stop sent", "first copy",
+              "stop to copy", "layer start");
+  std::vector<double> stop_to_copy(2, kNone);
+  for (size_t i = 0; i < placement.size(); ++i) {
+    const auto& [name, arm] = placement[i];
+    if (!arm.ok()) {
+      std::printf("%-18s not measured: %s\n", name.c_str(), arm.status().ToString().c_str());
+      continue;
+    }
+    std::vector<double> gaps;
+    for (const Breakdown& b : arm->parts) {
+      if (!std::isnan(b.stop_sent) && !std::isnan(b.drained))
+        gaps.push_back(b.drained - b.stop_sent);
+    }
+    stop_to_copy[i] = Median(gaps);
+    std::printf("%-18s %12.3f %10s %11s %14s %12s\n", name.c_str(), Median(arm->latency),
+                Ms(MedianOf(arm->parts, &Breakdown::stop_sent)).c_str(),
+                Ms(MedianOf(arm->parts, &Breakdown::drained)).c_str(), Ms(stop_to_copy[i]).c_str(),
+                Ms(MedianOf(arm->parts, &Breakdown::first_layer_start)).c_str());
+  }
+  std::printf("FIG place-at-arrival %s b%u: stop to first copy %s ms at arrival, %s ms when free\n",
+              zoo.c_str(), batch, Ms(stop_to_copy[1], "%.3f").c_str(),
+              Ms(stop_to_copy[0], "%.3f").c_str());
   if (!cleaning_us.empty()) {
     std::printf(
         "cleaning after the trainer's drain (overlaps the next transmission): median %.1f us, "

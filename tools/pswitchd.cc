@@ -103,6 +103,10 @@ ABSL_FLAG(bool, weights_cache, true,
 ABSL_FLAG(uint64_t, weights_cache_bytes, 0,
           "at most this many bytes of resident weights per GPU; 0 = the whole weights pool "
           "(the arena less activation leases and optimizer state)");
+ABSL_FLAG(bool, place_at_arrival, true,
+          "place a task that waits while the running one stops at once, on a standby worker "
+          "and apart from the stopping tenant's weights, so its copy overlaps the stop; false = "
+          "placed once the GPU is free (the baseline)");
 ABSL_FLAG(std::string, weights_cache_policy, "cost",
           "which resident models make room: cost (the least request rate times the reload time "
           "their compute cannot hide) or lru (the least recently used)");
@@ -610,6 +614,7 @@ int Main() {
   controller_options.scheduler.weights_cache = absl::GetFlag(FLAGS_weights_cache);
   controller_options.scheduler.weights_cache_bytes = absl::GetFlag(FLAGS_weights_cache_bytes);
   controller_options.scheduler.eviction_policy = *eviction;
+  controller_options.scheduler.place_at_arrival = absl::GetFlag(FLAGS_place_at_arrival);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
       absl::GetFlag(FLAGS_drain_timeout_ms) < 1) {

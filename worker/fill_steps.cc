@@ -5,6 +5,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "gpu/copy_engine.h"
+#include "worker/iterative_task.h"
 
 namespace pswitch::worker {
 
@@ -45,6 +46,8 @@ absl::StatusOr<bool> FillSteps::Run(const std::function<absl::Status()>& step) {
   absl::Status status = step();
   const int64_t took = base::MonotonicNowNs() - start;
   hold.reset();
+  // A step cut short says nothing of how long a step takes.
+  if (IsStepCut(status)) return status;
   step_ns_ += took;
   ++steps_;
   (void)profile_.Record(absl::Nanoseconds(took));

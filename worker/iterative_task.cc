@@ -1,8 +1,12 @@
 #include "worker/iterative_task.h"
 
 #include "base/status.h"
+#include "models/training.h"
 
 namespace pswitch::worker {
+
+absl::Status StepCutError() { return models::StepCutError(); }
+bool IsStepCut(const absl::Status& status) { return models::IsStepCut(status); }
 
 absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
                       const std::atomic<bool>& stop, FillSteps* fill, StepProgress* progress) {
@@ -14,14 +18,22 @@ absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
       progress->stopped_early = true;
       break;
     }
+    absl::StatusOr<bool> ran = true;
     if (fill == nullptr) {
-      PSWITCH_RETURN_IF_ERROR(task.Step(i));
+      absl::Status stepped = task.Step(i);
+      if (!stepped.ok()) ran = stepped;
     } else {
-      PSWITCH_ASSIGN_OR_RETURN(bool ran, fill->Run([&] { return task.Step(i); }));
-      if (!ran) {  // waiting for the device used up the time the step needed
-        progress->stopped_early = true;
-        break;
-      }
+      ran = fill->Run([&] { return task.Step(i); });
+    }
+    if (IsStepCut(ran.status())) {
+      progress->stopped_early = true;
+      progress->step_cut = true;
+      break;
+    }
+    PSWITCH_RETURN_IF_ERROR(ran.status());
+    if (!*ran) {  // waiting for the device used up the time the step needed
+      progress->stopped_early = true;
+      break;
     }
     progress->steps_done = i + 1;
     if (progress->live_steps != nullptr) progress->live_steps->store(i + 1);

@@ -20,14 +20,20 @@ class IterativeTask {
   // Once per run, before its first step (binds state kept between runs, loads data).
   virtual absl::Status Init() { return absl::OkStatus(); }
   // Step `index` of the whole task (a resumed task continues from where it stopped).
+  // StepCutError(): the step was cut short by a stop and left no trace; it is not done.
   virtual absl::Status Step(uint32_t index) = 0;
   // Once per run, after its last step, also when it stopped early (collects outputs).
   virtual absl::Status Finish() { return absl::OkStatus(); }
 };
 
+// What a step cut short by a stop returns (models::StepCutError for a training step).
+absl::Status StepCutError();
+bool IsStepCut(const absl::Status& status);
+
 struct StepProgress {
   uint32_t steps_done = 0;     // steps of the whole task completed
   bool stopped_early = false;  // the run ended before the task's last step
+  bool step_cut = false;       // ...because a step under way was cut short, not between steps
   // Set: steps_done is also published here as it grows, for another thread (the heartbeat's).
   std::atomic<uint32_t>* live_steps = nullptr;
 };

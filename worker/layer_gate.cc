@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/status.h"
+#include "models/training.h"
 #include "models/zoo_model.h"
 
 namespace pswitch::worker {
@@ -54,11 +55,12 @@ absl::Status LayerGate::AwaitAll(int64_t deadline_ns) const {
 }
 
 LayerGate::Task::Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
-                      const std::string& model, uint64_t task_id)
+                      const std::string& model, uint64_t task_id, const std::atomic<bool>* cut)
     : gate_(gate),
       bound_(bound),
       training_(training),
       stream_(stream),
+      cut_(cut),
       what_(absl::StrCat("model '", model, "'")) {
   (void)stream_.TakeMarks();  // nothing left from an earlier task
   // Nsight Systems: the task, and within it each group from its gate to the next one (on CUDA
@@ -77,6 +79,8 @@ void LayerGate::Task::OnLayer(int index) {
     throw GateFailure(absl::FailedPreconditionError(
         absl::StrCat(what_, " ran more layers than it has (", bound_.mode_layers(training_), ")")));
   }
+  // Between two layers: the step under way stops here, its earlier layers' work undone.
+  if (cut_ != nullptr && cut_->load(std::memory_order_relaxed)) throw models::StepCut();
   const Spec& spec = gate_.spec_;
   const int group = static_cast<int>(spec.group_of_layer[bound_.LayoutIndex(training_, index)]);
   if (group <= waited_group_) return;  // groups arrive in order: one wait per group
@@ -101,6 +105,8 @@ absl::Status LayerGate::Task::Run(const std::function<absl::Status()>& body) {
       body_status = body();
     } catch (const GateFailure& failure) {
       gate_status = failure.status();
+    } catch (const models::StepCut&) {
+      body_status = models::StepCutError();  // thrown where no training step catches it
     }
   });
   // A gate failure explains everything after it; then libtorch's own errors; then the task's.

@@ -8,6 +8,7 @@
 #ifndef PSWITCH_WORKER_LAYER_GATE_H_
 #define PSWITCH_WORKER_LAYER_GATE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -56,8 +57,10 @@ class LayerGate {
   // `stream`; removed when it goes out of scope.
   class Task {
    public:
+    // `cut` (may be null): once set, the next layer throws models::StepCut, which the training
+    // step under way turns into a step that left no trace (Trainer::Step).
     Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
-         const std::string& model, uint64_t task_id);
+         const std::string& model, uint64_t task_id, const std::atomic<bool>* cut = nullptr);
     ~Task();
     Task(const Task&) = delete;
     Task& operator=(const Task&) = delete;
@@ -83,6 +86,7 @@ class LayerGate {
     BoundModel& bound_;
     const bool training_;
     gpu::Stream& stream_;
+    const std::atomic<bool>* const cut_;
     const std::string what_;
     int waited_group_ = -1;
     int hooks_ = 0;

@@ -36,9 +36,10 @@ namespace {
 // only, in any process on the same kind of device, so a resumed task continues exactly.
 class TrainTask final : public IterativeTask {
  public:
+  // `cut`: set by a Stop; a step under way is cut at its next layer boundary and not counted.
   TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
-            double* loss)
-      : bound_(bound), trainer_(trainer), run_(run), device_(device), loss_(loss) {}
+            double* loss, const std::atomic<bool>* cut)
+      : bound_(bound), trainer_(trainer), run_(run), device_(device), loss_(loss), cut_(cut) {}
   absl::Status Step(uint32_t i) override {
     uint64_t step_seed = run_.seed() * 1000003ull + i;
     torch::manual_seed(step_seed);
@@ -47,8 +48,11 @@ class TrainTask final : public IterativeTask {
     TrainingBatch batch = SyntheticTrainingBatch(bound_.model(), run_.batch(), step_seed, device_);
     const int64_t drawn = base::MonotonicNowNs();
     models::Trainer::StepParts parts;
-    PSWITCH_ASSIGN_OR_RETURN(*loss_,
-                             trainer_.Step(batch.input, batch.target, timed ? &parts : nullptr));
+    absl::StatusOr<double> loss =
+        trainer_.Step(batch.input, batch.target, timed ? &parts : nullptr, cut_);
+    if (models::IsStepCut(loss.status())) return StepCutError();
+    PSWITCH_RETURN_IF_ERROR(loss.status());
+    *loss_ = *loss;
     if (timed) {
       const auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
       base::Log(base::LogLevel::kInfo, "training_step_parts")
@@ -71,6 +75,7 @@ class TrainTask final : public IterativeTask {
   const proto::Run& run_;
   const c10::Device device_;
   double* const loss_;
+  const std::atomic<bool>* const cut_;
 };
 
 // Batch inference over a dataset's rows, `batch` rows per step; the run's outputs are returned
@@ -495,7 +500,7 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
       run.first_iteration()};
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
-  TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss);
+  TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss, &stops_.pending());
   return RunTask(task, run, fill, progress);
 }
 
@@ -543,6 +548,7 @@ absl::Status Worker::RunTask(IterativeTask& task, const proto::Run& run, FillSte
   live_task_.store(0);
   progress->iterations_done = steps.steps_done;
   progress->stopped_early = steps.stopped_early;
+  progress->step_cut = steps.step_cut;
   return status;
 }
 
@@ -622,7 +628,10 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   } else {
     BoundModel& bound = *it->second;
     const bool training = run.training();
-    gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id());
+    // A training step under way is cut at its next layer by a Stop (a preemption waits for
+    // one layer, not a whole step); an inference runs to its end.
+    gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
+                  training ? &stops_.pending() : nullptr);
     ScopedLeaseAllocation from_lease(activations_);
     status = gated->Run([&]() -> absl::Status {
       if (training) return Train(bound, run, &progress, fill.get());
@@ -660,7 +669,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       b, run.task_id(), wire_outputs, progress.iterations_done, progress.stopped_early,
       progress.loss, error, fill ? fill->step_ns() : 0, fill ? fill->steps() : 0,
       fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns,
-      b.CreateVector(progress.group_gates_ns));
+      b.CreateVector(progress.group_gates_ns), progress.step_cut);
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   return SendEvent(b);
 }

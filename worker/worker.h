@@ -92,6 +92,7 @@ class Worker {
     uint32_t iterations_done = 0;
     bool stopped_early = false;
     double loss = 0;
+    bool step_cut = false;             // a Stop cut a step under way (RunDone.step_cut)
     int64_t first_layer_start_ns = 0;  // CLOCK_MONOTONIC, 0 = no gated model ran
     int64_t first_layer_done_ns = 0;
     std::vector<int64_t> group_gates_ns;  // groups 1, 2, ...: when each gate released
