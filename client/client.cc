@@ -50,6 +50,7 @@ void FillTimes(const proto::TaskResult& wire, Result& result) {
   result.breakdown.first_layer_start = absl::Microseconds(wire.first_layer_start_us());
   result.breakdown.first_layer_done = absl::Microseconds(wire.first_layer_done_us());
   result.breakdown.last_group = absl::Microseconds(wire.last_group_us());
+  result.breakdown.old_stopped = absl::Microseconds(wire.old_stopped_us());
 }
 
 TaskResult ToResult(const proto::TaskResult& wire, std::vector<proto::HostTensor> outputs) {

@@ -145,6 +145,7 @@ struct SwitchBreakdown {
   absl::Duration first_layer_start;  // the first layer's compute started (startup overhead)
   absl::Duration first_layer_done;
   absl::Duration last_group;  // the whole model was in place
+  absl::Duration old_stopped;  // the old tenant answered its Stop (its step cut at a layer)
 };
 
 struct TaskResult {

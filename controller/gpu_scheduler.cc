@@ -167,6 +167,9 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       SwitcherOptions{options.gpu, cache, options.drain_timeout}, &daemon->transmitter(),
       pool_.get(), loop_,
       [this](uint64_t task, const absl::Status& copied) { CopyEnded(task, copied); });
+  switcher_->set_on_evicted([this](const std::string& evicted, const std::string& for_model) {
+    telemetry_->Evicted(options_.gpu, evicted, for_model);
+  });
 }
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
@@ -214,6 +217,7 @@ void GpuScheduler::AfterEvent() {
   loop_role_.AssertHeld();
   // A busy loop must not starve the stop deadline; its timer may not have had its turn yet.
   EnforceStop();
+  KillSilentStopper();
   FinishUnloads();
   telemetry_->WeightsCache(options_.gpu, switcher_->cache().stats());
   PublishResident();
@@ -230,7 +234,7 @@ void GpuScheduler::AfterEvent() {
     MaybeStart();  // may stop a task, arming its deadline below
   }
   // Deadlines are timers, re-armed to whatever is due next; AfterEvent enforces a due stop.
-  kill_timer_.ArmAt(stop_deadline_.deadline());
+  kill_timer_.ArmAt(std::min(stop_deadline_.deadline(), SilentStopperDue()));
   deadline_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : tasks_table_.NextDeadline());
   respawn_timer_.ArmAt(pool_->NextRespawn());
   silence_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline());
@@ -278,7 +282,24 @@ void GpuScheduler::AddModel(EntryRef entry, ModelLoads::Done done) {
   Post([this, entry, done = std::move(done)] {
     loop_role_.AssertHeld();
     switcher_->Pin(entry->request.name, entry->request.pin_resident);
-    pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups, /*registering=*/true), done);
+    // A model pinned resident is copied in once every worker has loaded it: its first task is
+    // already a hit. A registration does not fail for it (the pin still holds from its first
+    // task on); why it could not be copied now is logged.
+    ModelLoads::Done loaded = done;
+    if (entry->request.pin_resident && options_.weights_cache) {
+      loaded = [this, entry, done = std::move(done)](const LoadOutcome& outcome) {
+        loop_role_.AssertHeld();
+        if (outcome.status.ok()) {
+          absl::Status preloaded = switcher_->Preload(*entry);
+          Event(preloaded.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn,
+                "weights_pinned_at_registration")
+              .Field("model", entry->request.name)
+              .Field("error", preloaded);
+        }
+        done(outcome);
+      };
+    }
+    pool_->AddModel(WorkerModelOf(*entry, options_.warm_ups, /*registering=*/true), loaded);
   });
 }
 
@@ -463,6 +484,27 @@ void GpuScheduler::EnforceDeadlines() {
       StopRunning();
     }
   }
+}
+
+absl::Time GpuScheduler::SilentStopperDue() const {
+  if (next_ == nullptr || running_ == nullptr || !running_->stop_sent || running_->slot < 0 ||
+      running_->restoring || running_->answered != nullptr) {
+    return absl::InfiniteFuture();
+  }
+  return pool_->LastHeard(running_->slot) +
+         std::min(options_.stopping_silence_timeout, options_.worker_silence_timeout);
+}
+
+void GpuScheduler::KillSilentStopper() {
+  const absl::Time due = SilentStopperDue();
+  if (due == absl::InfiniteFuture() || absl::Now() < due) return;
+  // Stopped or wedged (a SIGSTOPped tenant): the task placed ahead, where this one cannot
+  // write, does not wait for the watchdog. Its death fails its run as any kill does.
+  pool_->Kill(running_->slot,
+              absl::StrCat("killed: the worker went silent (no heartbeat for ",
+                           absl::FormatDuration(absl::Now() - pool_->LastHeard(running_->slot)),
+                           ") after being told to stop, while task ", next_->task_id,
+                           " waited for the GPU"));
 }
 
 void GpuScheduler::EnforceStop() {

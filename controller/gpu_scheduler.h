@@ -93,6 +93,10 @@ struct SchedulerOptions {
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
+  // A tenant told to stop that is silent this long (no heartbeat: stopped or wedged) while a task
+  // placed ahead waits for the GPU is killed then, not at worker_silence_timeout (the lesser of
+  // the two applies). A busy tenant keeps sending heartbeats from its own thread.
+  absl::Duration stopping_silence_timeout = absl::Seconds(2);
   // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails
   // (unless its Run was never sent: see the header comment).
   absl::Duration worker_silence_timeout = absl::Seconds(10);
@@ -292,6 +296,10 @@ class GpuScheduler : private WorkerPool::Listener {
   // answered within the drain timeout.
   void StopRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void EnforceStop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // When the stopping tenant counts as silent while a task placed ahead waits (InfiniteFuture:
+  // no such wait), and killing it once it does.
+  absl::Time SilentStopperDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void KillSilentStopper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Fails queued tasks past their deadline and stops a running one.
   void EnforceDeadlines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome)

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "controller/inputs_arrival.h"
 #include "gtest/gtest.h"
@@ -180,6 +181,11 @@ class InputsArrivingTest : public ::testing::Test {
     options.worker_silence_timeout = absl::Hours(1);  // the scripted workers send no heartbeat
     options.inputs_hold = inputs_hold_;
     options.place_at_arrival = place_at_arrival_;
+    options.stopping_silence_timeout = stopping_silence_;
+    options.telemetry = telemetry_;
+    // Room for one model's weights only: each change of model evicts the other.
+    if (one_model_cache_)
+      options.weights_cache_bytes = catalog_->Find("a").value()->stored->total_bytes();
     options.before_state_restore = [this](uint64_t) {
       absl::MutexLock lock(&gate_mu_);
       gate_mu_.Await(absl::Condition(&restores_open_));
@@ -302,6 +308,10 @@ class InputsArrivingTest : public ::testing::Test {
   // Long by default: a task waiting for its inputs keeps the GPU for these tests' whole length.
   absl::Duration inputs_hold_ = absl::Hours(1);
   bool place_at_arrival_ = true;
+  // The scripted workers send no heartbeats: only a test about silence makes this short.
+  absl::Duration stopping_silence_ = absl::Hours(1);
+  bool one_model_cache_ = false;
+  std::shared_ptr<Telemetry> telemetry_ = std::make_shared<Telemetry>();
   absl::Mutex gate_mu_;
   bool restores_open_ ABSL_GUARDED_BY(gate_mu_) = true;
   bool checkpoints_open_ ABSL_GUARDED_BY(gate_mu_) = true;
@@ -792,6 +802,88 @@ TEST_F(PlaceAtArrivalTest, ACancelWhileItsCheckpointIsWrittenEndsTheTrainingOnce
   Settle();
   EXPECT_FALSE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), absl::ZeroDuration(), 2))
       << "a cancelled run was requeued";
+}
+
+// A model registered with pin_resident is copied in once the workers loaded it, with no task:
+// its first task copies nothing (issue 29: pinned at registration, not at its first task).
+TEST_F(InputsArrivingTest, AModelPinnedAtRegistrationIsResidentBeforeItsFirstTask) {
+  registry::ModelRequest request{"pinned", "tiny_mlp", "", 1, "auto"};
+  request.pin_resident = true;
+  absl::StatusOr<registry::EntryRef> entry = catalog_->Register(request);
+  ASSERT_TRUE(entry.ok()) << entry.status();
+  absl::Notification loaded;
+  absl::Status load_status;
+  scheduler_->AddModel(*entry, [&](const LoadOutcome& outcome) {
+    load_status = outcome.status;
+    loaded.Notify();
+  });
+  for (int slot = 0; slot < kWorkers; ++slot) {
+    ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("LoadModel pinned slot ", slot), kWait))
+        << record_.Commands();
+    Worker(slot)->Loaded("pinned");
+  }
+  ASSERT_TRUE(loaded.WaitForNotificationWithTimeout(kWait));
+  ASSERT_TRUE(load_status.ok()) << load_status;
+  bool resident = false;
+  for (int i = 0; i < 200 && !resident; ++i) {
+    Settle();
+    resident = scheduler_->ResidentModels().contains("pinned");
+    if (!resident) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(resident);
+  EXPECT_FALSE(record_.Sent("Prepare pinned ")) << "no task, no worker involved";
+  const uint64_t task = Submit("pinned");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " "), kWait)) << record_.Commands();
+  Worker(record_.LastSlot(absl::StrCat("Run ", task, " ")))->RunDone(task);
+  absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(task, kWait);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->switch_time, absl::ZeroDuration()) << "its first task copied the weights";
+  EXPECT_EQ(done->timeline.drained_ns, 0);
+}
+
+// A tenant told to stop that goes silent (SIGSTOPped: no heartbeat) while a task placed ahead
+// waits is killed after the short stopping bound, not the 10 s silence watchdog, and the task
+// placed ahead runs.
+class SilentStopperTest : public InputsArrivingTest {
+ protected:
+  SilentStopperTest() { stopping_silence_ = absl::Milliseconds(300); }
+};
+
+TEST_F(SilentStopperTest, ASilentTenantToldToStopIsKilledAndTheTaskPlacedAheadRuns) {
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Prepare b slot ", 1 - trainer), kWait))
+      << record_.Commands();
+  // The trainer never answers its Stop and sends nothing.
+  absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(training, kWait);
+  ASSERT_FALSE(killed.ok());
+  EXPECT_TRUE(absl::StrContains(killed.status().message(), "went silent")) << killed.status();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " slot ", 1 - trainer), kWait))
+      << record_.Commands();
+  Worker(1 - trainer)->RunDone(inference);
+  EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+}
+
+// Issue 29, item 7: an eviction shows in the trace, on the copy track, with the model it made
+// room for.
+class OneModelCacheTest : public InputsArrivingTest {
+ protected:
+  OneModelCacheTest() { one_model_cache_ = true; }
+};
+
+TEST_F(OneModelCacheTest, AnEvictionShowsInTheTrace) {
+  for (const char* model : {"a", "b"}) {
+    const uint64_t task = Submit(model);
+    ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " "), kWait)) << record_.Commands();
+    Worker(record_.LastSlot(absl::StrCat("Run ", task, " ")))->RunDone(task);
+    ASSERT_TRUE(record_.AwaitAnswer(task, kWait).ok());
+  }
+  const std::string trace =
+      telemetry_->trace().ChromeJson(absl::Minutes(5), base::MonotonicNowNs());
+  EXPECT_TRUE(absl::StrContains(trace, "\"evict a\"")) << trace;
+  EXPECT_TRUE(absl::StrContains(trace, "\"for\":\"b\"")) << trace;
 }
 
 // The baseline (--place-at-arrival=false): nothing is placed until the old tenant has answered.

@@ -111,12 +111,7 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     PSWITCH_ASSIGN_OR_RETURN(
         Reservation room, cache_.Reserve(model, entry.stored->total_bytes(), CostOf(entry), now_ns,
                                          ahead != nullptr ? ahead->keep : std::set<std::string>{}));
-    for (const std::string& evicted : room.evicted) {
-      Event(base::LogLevel::kInfo, "weights_evicted")
-          .Field("model", evicted)
-          .Field("for", model)
-          .Field("policy", EvictionPolicyName(options_.cache.policy));
-    }
+    Evicted(room, model);
     // A standby (not the active worker) takes the new model: the active one drains meanwhile.
     placement.slot = ahead != nullptr ? ahead_slot : pool_->UsableOther(model, active);
     if (placement.slot < 0) placement.slot = active;
@@ -170,6 +165,49 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
   BuildPrepare(b, prepare);
   PSWITCH_RETURN_IF_ERROR(pool_->Send(placement.slot, b));
   return placement;
+}
+
+absl::Status Switcher::Preload(const CatalogEntry& entry) {
+  const std::string& model = entry.request.name;
+  if (cache_.Find(model) != nullptr) return absl::OkStatus();
+  std::set<std::string> busy;
+  for (const auto& [slot, tenant] : tenants_) {
+    if (!pool_->Idle(slot)) busy.insert(tenant.model);
+  }
+  const uint64_t bytes = entry.stored->total_bytes();
+  PSWITCH_ASSIGN_OR_RETURN(Reservation room,
+                           cache_.Reserve(model, bytes, CostOf(entry), base::MonotonicNowNs(), busy,
+                                          /*for_request=*/false));
+  Evicted(room, model);
+  memdaemon::TransmitRequest request;
+  request.model = entry.stored;
+  request.groups = entry.plan;
+  request.weights_offset = room.offset;
+  request.flag_base = room.flag_base;
+  const uint64_t id = next_id_++;
+  request.on_finished = [this, id, loop = loop_] { loop->Post([this, id] { Ended(id); }); };
+  request.on_stalled = [this, id, loop = loop_](const absl::Status& why) {
+    loop->Post([this, id, why] { Stalled(id, why); });
+  };
+  absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> started =
+      transmitter_->Start(std::move(request));
+  if (!started.ok()) {
+    cache_.Untrust(model);
+    return started.status();
+  }
+  cache_.Started(model, (*started)->epoch(), entry.stored->generation());
+  in_flight_[id] = InFlight{*std::move(started), 0, -1, model, bytes};
+  return absl::OkStatus();
+}
+
+void Switcher::Evicted(const Reservation& room, const std::string& model) const {
+  for (const std::string& evicted : room.evicted) {
+    Event(base::LogLevel::kInfo, "weights_evicted")
+        .Field("model", evicted)
+        .Field("for", model)
+        .Field("policy", EvictionPolicyName(options_.cache.policy));
+    if (on_evicted_) on_evicted_(evicted, model);
+  }
 }
 
 void Switcher::SlotDied(int slot) {

@@ -87,6 +87,10 @@ class Switcher {
   };
   absl::StatusOr<Placement> Place(uint64_t task, const registry::CatalogEntry& entry,
                                   SwitchTimeline& timeline, const Ahead* ahead = nullptr);
+  // Copies `entry`'s model into a region of the pool with no task (a model pinned resident, at
+  // its registration), apart from every busy tenant's region so it waits for nobody; OK at once
+  // when it is resident. Its end is reported like a switch's, for task 0.
+  absl::Status Preload(const registry::CatalogEntry& entry);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
   std::optional<uint32_t> Stop(int slot);
   // When the latest Stop went out (CLOCK_MONOTONIC ns; 0: none yet).
@@ -136,6 +140,10 @@ class Switcher {
   // The model the active worker last ran, while it is resident; empty otherwise.
   std::string active_model() const;
   const WeightsCache& cache() const { return cache_; }
+  // Called (on the loop) for each model evicted, with the model it made room for: the trace.
+  void set_on_evicted(std::function<void(const std::string&, const std::string&)> on_evicted) {
+    on_evicted_ = std::move(on_evicted);
+  }
 
  private:
   struct InFlight {
@@ -153,6 +161,8 @@ class Switcher {
     uint32_t epoch = 0;  // of the copy that brought the weights it ran on
   };
   ReloadCost CostOf(const registry::CatalogEntry& entry) const;
+  // Logs (and reports, on_evicted_) the models `room` evicted to make room for `model`.
+  void Evicted(const Reservation& room, const std::string& model) const;
   base::Log Event(base::LogLevel level, absl::string_view event) const;
   // A transmission failed with work still queued on the device (on the loop): the tenant it
   // waits for is killed now, so the work can run and the copy end.
@@ -167,6 +177,7 @@ class Switcher {
   WorkerPool* const pool_;
   const std::shared_ptr<EventLoop> loop_;
   const CopyEnded on_copy_ended_;
+  std::function<void(const std::string& evicted, const std::string& for_model)> on_evicted_;
 
   WeightsCache cache_;
   int active_slot_ = -1;           // the worker placed last

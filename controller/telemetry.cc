@@ -249,6 +249,16 @@ void Telemetry::Preempted(int gpu) {
   f_->preemptions.Add({{"gpu", Gpu(gpu)}}).Increment();
   trace_.Record({gpu, "scheduler", "preempt", "scheduler", base::MonotonicNowNs(), 0, true, {}});
 }
+void Telemetry::Evicted(int gpu, const std::string& model, const std::string& for_model) {
+  trace_.Record({gpu,
+                 "copy",
+                 absl::StrCat("evict ", model),
+                 "eviction",
+                 base::MonotonicNowNs(),
+                 0,
+                 true,
+                 {{"model", model}, {"for", for_model}}});
+}
 void Telemetry::WorkerKilled(int gpu) {
   f_->worker_kills.Add({{"gpu", Gpu(gpu)}}).Increment();
   trace_.Record({gpu, "scheduler", "worker killed", "scheduler", base::MonotonicNowNs(), 0, true, {}});

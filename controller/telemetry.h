@@ -66,6 +66,8 @@ class Telemetry {
   void TaskRan(int gpu, uint64_t task, const std::string& model, TaskKind kind, int slot,
                const SwitchTimeline& timeline, bool ok);
   void Preempted(int gpu);
+  // `model`'s weights were evicted from `gpu`'s cache to make room for `for_model` (the trace).
+  void Evicted(int gpu, const std::string& model, const std::string& for_model);
   void WorkerKilled(int gpu);
   void WorkerRestarted(int gpu);
   void LinkMeasured(int gpu, double bytes_per_s);

@@ -195,7 +195,8 @@ bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t 
 
 absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,
                                                   const ReloadCost& cost, int64_t now_ns,
-                                                  const std::set<std::string>& asked_keep) {
+                                                  const std::set<std::string>& asked_keep,
+                                                  bool for_request) {
   if (bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
   }
@@ -264,8 +265,10 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   r.cost = cost;
   r.pinned = options_.enabled && pinned_.contains(model);
   regions_.emplace(r.offset, std::move(r));
-  ++stats_.misses;
-  Asked(model, now_ns);
+  if (for_request) {
+    ++stats_.misses;
+    Asked(model, now_ns);
+  }
   return out;
 }
 

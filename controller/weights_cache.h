@@ -105,9 +105,12 @@ class WeightsCache {
   // the model is larger than the pool, the cap or the flags. `keep` (may be empty) names models
   // whose region and flags must stay untouched, as if pinned (a tenant still stopping may write
   // its region): Unavailable when only taking one of them would make room.
+  // `for_request` false: a copy no task asked for (a pinned model brought in at registration),
+  // which counts neither as a miss nor as demand.
   absl::StatusOr<Reservation> Reserve(const std::string& model, uint64_t bytes,
                                       const ReloadCost& cost, int64_t now_ns,
-                                      const std::set<std::string>& keep = {});
+                                      const std::set<std::string>& keep = {},
+                                      bool for_request = true);
   // The copy under `epoch` started into `model`'s reservation, from the pinned weights of
   // `generation`.
   void Started(const std::string& model, uint32_t epoch, uint64_t generation = 0);

@@ -152,6 +152,11 @@ class WorkerPool {
   bool Usable(int slot, const std::string& model) const;
   // Not running anything (a Run's RunDone came back).
   bool Idle(int slot) const { return slots_[slot].state == State::kIdle; }
+  // When `slot`'s worker last sent anything (a heartbeat every 500 ms from its own thread, so
+  // a busy worker is heard too); InfinitePast for a dead one.
+  absl::Time LastHeard(int slot) const {
+    return slots_[slot].state == State::kDead ? absl::InfinitePast() : slots_[slot].last_heard;
+  }
   // `*never` (when not null) gets why, for kNever.
   Outlook ForModel(const std::string& model, absl::Status* never) const;
   // For work that needs no model: any free worker.

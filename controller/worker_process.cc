@@ -44,13 +44,15 @@ absl::StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Spawn(
       return ErrnoStatus("writing a worker's attach secret");
     }
   }
-  std::vector<std::string> args = {options.binary,
-                                   absl::StrCat("--worker_id=", options.worker_id),
-                                   absl::StrCat("--control_fd=", child_end.get()),
-                                   absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
-                                   absl::StrCat("--backend=", options.backend),
-                                   absl::StrCat("--activation_bytes=", options.activation_bytes),
-                                   absl::StrCat("--device=", options.device_ordinal)};
+  std::vector<std::string> args = {
+      options.binary,
+      absl::StrCat("--worker_id=", options.worker_id),
+      absl::StrCat("--control_fd=", child_end.get()),
+      absl::StrCat("--memdaemon_socket=", options.memdaemon_socket),
+      absl::StrCat("--backend=", options.backend),
+      absl::StrCat("--activation_bytes=", options.activation_bytes),
+      absl::StrCat("--device=", options.device_ordinal),
+      absl::StrCat("--cut_training_steps=", options.cut_training_steps ? "true" : "false")};
   std::vector<int> inherit = {child_end.get()};
   if (secret_read.valid()) {
     args.push_back(absl::StrCat("--attach_secret_fd=", secret_read.get()));

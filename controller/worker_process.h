@@ -30,6 +30,7 @@ struct WorkerSpawnOptions {
   uint64_t activation_bytes = 0;  // each worker's arena lease for intermediate tensors
   int device_ordinal = 0;         // CUDA: the device holding the arena
   int cpu_threads = 0;            // its compute libraries' threads (base::CpuThreadsEnv); 0: all
+  bool cut_training_steps = true;  // a Stop cuts a training step at its next layer
   // Issues the one-time secret with which the worker attaches the memdaemon's arena
   // (memdaemon::MemDaemon::IssueAttachSecret); it reaches the worker through an inherited pipe.
   // Unset: none (a memdaemon in this process's tests that admits the worker otherwise).

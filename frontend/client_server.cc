@@ -875,7 +875,8 @@ class ClientServer::Session : public std::enable_shared_from_this<Session> {
             absl::ToInt64Microseconds(absl::Ceil(out.switch_time, absl::Microseconds(1)))),
         since_arrival(t.stop_sent_ns), since_arrival(t.drained_ns),
         since_arrival(t.first_group_ready_ns), since_arrival(t.first_layer_start_ns),
-        since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns));
+        since_arrival(t.first_layer_done_ns), since_arrival(t.last_group_ready_ns),
+        since_arrival(t.old_stopped_ns));
     proto::Finish(
         b, proto::CreateControllerReply(b, id, ControllerReplyBody::TaskResult, result.Union(),
                                         payload_bytes));

@@ -801,6 +801,40 @@ TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwit
   EXPECT_TRUE(client_->Infer("tiny_cnn", {Input("tiny_cnn", 2)}).ok());
 }
 
+// Issue 29, item 4: with the weights cache, an inference that preempts a training task is placed
+// at once where the trainer cannot write. A trainer that was SIGSTOPped never answers its Stop:
+// silent (no heartbeat) while the placed task waits, it is killed after the short stopping bound
+// (2 s), not the 10 s silence watchdog or the 30 s drain deadline, and the inference runs.
+TEST_F(PswitchdTest, AStoppedTrainerDoesNotHoldUpAnInferencePlacedWhereItCannotWrite) {
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
+  std::future<absl::StatusOr<client::TaskResult>> training =
+      client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
+  int victim = 0;
+  for (int i = 0; i < 2000 && victim == 0; ++i) {
+    for (uint64_t id = 1; id < 16 && victim == 0; ++id) {
+      auto status = client_->Status(id);
+      if (status.ok() && status->worker_pid > 0 && status->state == client::TaskState::kRunning) {
+        victim = status->worker_pid;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(victim, 0) << daemon_->log();
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  absl::Cleanup reap = [victim] { ::kill(victim, SIGKILL); };
+  proto::HostTensor in = Input("tiny_mlp", 7);
+  const absl::Time start = absl::Now();
+  auto out = client_->Infer("tiny_mlp", {in});
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(out.ok()) << out.status() << daemon_->log();
+  EXPECT_EQ(Floats(out->outputs[0]), Reference("tiny_mlp", in));
+  EXPECT_LT(took, absl::Seconds(8)) << "waited for the watchdog, not the stopping bound";
+  auto trained = training.get();
+  ASSERT_FALSE(trained.ok());
+  EXPECT_THAT(trained.status().message(), HasSubstr("went silent")) << trained.status();
+  EXPECT_THAT(daemon_->log(), HasSubstr("event=task_placed_ahead"));
+}
+
 // Trust-boundary issue, item 5: `kill -STOP` on the worker running an inference stalled that
 // GPU's queue until SIGCONT. A stopped worker sends no heartbeat: it is killed after the
 // silence timeout, its inference fails with the reason, and the queue moves on.

@@ -9,7 +9,8 @@
 // latency minus the ready model's; startup is the server's first-layer compute start after the
 // request's arrival (TaskResult::breakdown). The last line, starting "FIG ", is the summary that
 // tools/gpu/validate.sh collects. Then placement at arrival against placement once the GPU is
-// free (two daemons of their own), with its own "FIG place-at-arrival" line.
+// free, and a Stop that cuts the trainer's step at a layer against one that waits for its end
+// (three daemons of their own), with its own "FIG place-at-arrival" line.
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,15 +70,16 @@ double Median(std::vector<double> v) {
 // The server's breakdown of one request, in ms after its arrival; NaN where a step did not
 // happen (the client reports zero then).
 struct Breakdown {
-  double stop_sent, drained, first_group, first_layer_start, first_layer_done, last_group;
+  double stop_sent, drained, first_group, first_layer_start, first_layer_done, last_group,
+      old_stopped;
 };
 
 Breakdown ToBreakdown(const client::SwitchBreakdown& b) {
   auto ms = [](absl::Duration d) {
     return d > absl::ZeroDuration() ? absl::ToDoubleMilliseconds(d) : kNone;
   };
-  return {ms(b.stop_sent),         ms(b.drained),          ms(b.first_group),
-          ms(b.first_layer_start), ms(b.first_layer_done), ms(b.last_group)};
+  return {ms(b.stop_sent),        ms(b.drained),    ms(b.first_group), ms(b.first_layer_start),
+          ms(b.first_layer_done), ms(b.last_group), ms(b.old_stopped)};
 }
 
 // Median of one field over the requests that have it.
@@ -168,11 +170,13 @@ struct PlacementArm {
   std::vector<Breakdown> parts;
 };
 
-absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, const std::filesystem::path& dir,
+absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps,
+                                              const std::filesystem::path& dir,
                                               const std::string& zoo, uint32_t batch,
                                               const proto::HostTensor& input, int repeats) {
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  const std::filesystem::path sub = dir / (at_arrival ? "ahead" : "free");
+  const std::filesystem::path sub =
+      dir / absl::StrCat(at_arrival ? "ahead" : "free", cut_steps ? "-cut" : "-whole");
   std::filesystem::create_directories(sub);
   auto model = models::CreateModel(zoo);
   auto trainer = models::CreateModel(absl::GetFlag(FLAGS_trainer));
@@ -193,7 +197,8 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, const std::filesy
        "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (sub / "m.sock").string(),
        "--unix-socket=" + (sub / "pswitchd.sock").string(), "--weights-cache=true",
        absl::StrCat("--weights-cache-bytes=", cap),
-       absl::StrCat("--place-at-arrival=", at_arrival ? "true" : "false")},
+       absl::StrCat("--place-at-arrival=", at_arrival ? "true" : "false"),
+       absl::StrCat("--cut-training-steps=", cut_steps ? "true" : "false")},
       (sub / "pswitchd.log").string());
   if (daemon.port() == 0) {
     return absl::UnavailableError("pswitchd did not start:\n" + daemon.log());
@@ -421,11 +426,12 @@ int Main() {
   }
   // Where a switch's time goes, each step's median after the request's arrival.
   std::printf("\nswitch breakdown, median ms after arrival (- = did not happen):\n");
-  std::printf("%-18s %10s %10s %12s %12s %12s %11s\n", "method", "stop sent", "drained",
-              "first group", "layer start", "layer done", "last group");
+  std::printf("%-18s %10s %12s %10s %12s %12s %12s %11s\n", "method", "stop sent", "old stopped",
+              "drained", "first group", "layer start", "layer done", "last group");
   for (const Row& row : rows) {
-    std::printf("%-18s %10s %10s %12s %12s %12s %11s\n", ("pswitch " + row.name).c_str(),
+    std::printf("%-18s %10s %12s %10s %12s %12s %12s %11s\n", ("pswitch " + row.name).c_str(),
                 Ms(MedianOf(row.parts, &Breakdown::stop_sent)).c_str(),
+                Ms(MedianOf(row.parts, &Breakdown::old_stopped)).c_str(),
                 Ms(MedianOf(row.parts, &Breakdown::drained)).c_str(),
                 Ms(MedianOf(row.parts, &Breakdown::first_group)).c_str(),
                 Ms(MedianOf(row.parts, &Breakdown::first_layer_start)).c_str(),
@@ -433,18 +439,27 @@ int Main() {
                 Ms(MedianOf(row.parts, &Breakdown::last_group)).c_str());
   }
   // Placement at arrival: two daemons of their own, after this one's rows.
+  // The baseline stops the trainer at its step's end and places once the GPU is free (as before
+  // issue 29's items 4 and 5); then the step cut at a layer; then placement at arrival too.
+  struct PlacementCase {
+    const char* name;
+    bool at_arrival, cut_steps;
+  };
+  const PlacementCase cases[] = {{"step end, free", false, false},
+                                 {"cut, when free", false, true},
+                                 {"cut, at arrival", true, true}};
   std::vector<std::pair<std::string, absl::StatusOr<PlacementArm>>> placement;
-  for (bool at_arrival : {false, true}) {
-    std::fprintf(stderr, "measuring placement %s...\n", at_arrival ? "at arrival" : "when free");
-    placement.emplace_back(at_arrival ? "placed at arrival" : "placed when free",
-                           MeasurePlacement(at_arrival, dir, zoo, batch, *input, repeats));
+  for (const PlacementCase& pc : cases) {
+    std::fprintf(stderr, "measuring placement: %s...\n", pc.name);
+    placement.emplace_back(
+        pc.name, MeasurePlacement(pc.at_arrival, pc.cut_steps, dir, zoo, batch, *input, repeats));
   }
   std::printf(
       "\nplacement at arrival (weights cache on, each request evicting the other model; "
       "median ms after arrival):\n");
-  std::printf("%-18s %12s %10s %11s %14s %12s\n", "arm", "latency ms", "stop sent", "first copy",
-              "stop to copy", "layer start");
-  std::vector<double> stop_to_copy(2, kNone);
+  std::printf("%-18s %12s %10s %12s %11s %14s %12s\n", "arm", "latency ms", "stop sent",
+              "old stopped", "first copy", "stop to copy", "layer start");
+  std::vector<double> stop_to_copy(3, kNone), stop_took(3, kNone);
   for (size_t i = 0; i < placement.size(); ++i) {
     const auto& [name, arm] = placement[i];
     if (!arm.ok()) {
@@ -457,14 +472,26 @@ int Main() {
         gaps.push_back(b.drained - b.stop_sent);
     }
     stop_to_copy[i] = Median(gaps);
-    std::printf("%-18s %12.3f %10s %11s %14s %12s\n", name.c_str(), Median(arm->latency),
+    std::vector<double> stops;
+    for (const Breakdown& b : arm->parts) {
+      if (!std::isnan(b.stop_sent) && !std::isnan(b.old_stopped)) {
+        stops.push_back(b.old_stopped - b.stop_sent);
+      }
+    }
+    stop_took[i] = Median(stops);
+    std::printf("%-18s %12.3f %10s %12s %11s %14s %12s\n", name.c_str(), Median(arm->latency),
                 Ms(MedianOf(arm->parts, &Breakdown::stop_sent)).c_str(),
+                Ms(MedianOf(arm->parts, &Breakdown::old_stopped)).c_str(),
                 Ms(MedianOf(arm->parts, &Breakdown::drained)).c_str(), Ms(stop_to_copy[i]).c_str(),
                 Ms(MedianOf(arm->parts, &Breakdown::first_layer_start)).c_str());
   }
-  std::printf("FIG place-at-arrival %s b%u: stop to first copy %s ms at arrival, %s ms when free\n",
-              zoo.c_str(), batch, Ms(stop_to_copy[1], "%.3f").c_str(),
-              Ms(stop_to_copy[0], "%.3f").c_str());
+  std::printf(
+      "FIG place-at-arrival %s b%u, trainer %s: stop to first copy %s ms (cut, at arrival), %s "
+      "ms (cut, when free), %s ms (step end, when free); the trainer stopped %s / %s / %s ms "
+      "after its Stop\n",
+      zoo.c_str(), batch, absl::GetFlag(FLAGS_trainer).c_str(), Ms(stop_to_copy[2]).c_str(),
+      Ms(stop_to_copy[1]).c_str(), Ms(stop_to_copy[0]).c_str(), Ms(stop_took[2], "%.2f").c_str(),
+      Ms(stop_took[1], "%.2f").c_str(), Ms(stop_took[0], "%.2f").c_str());
   if (!cleaning_us.empty()) {
     std::printf(
         "cleaning after the trainer's drain (overlaps the next transmission): median %.1f us, "

@@ -28,6 +28,8 @@ ABSL_FLAG(int, attach_secret_fd, -1,
           "(set by pswitchd)");
 ABSL_FLAG(std::string, backend, "host", "device backend: host or cuda");
 ABSL_FLAG(uint64_t, activation_bytes, 0, "arena lease for intermediate tensors; 0 = none");
+ABSL_FLAG(bool, cut_training_steps, true,
+          "a Stop cuts a training step under way at its next layer; false = at its end");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (the memdaemon's arena device)");
 ABSL_FLAG(std::string, profile_device, "cpu",
           "where --inspect-profile-batch profiles: cpu or cuda:N");
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
     std::memset(secret, 0, sizeof(secret));
   }
   options.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  options.cut_training_steps = absl::GetFlag(FLAGS_cut_training_steps);
   options.device_ordinal = absl::GetFlag(FLAGS_device);
   auto worker = pswitch::worker::Worker::Start(options);
   if (!worker.ok()) {

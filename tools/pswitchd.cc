@@ -103,6 +103,9 @@ ABSL_FLAG(bool, weights_cache, true,
 ABSL_FLAG(uint64_t, weights_cache_bytes, 0,
           "at most this many bytes of resident weights per GPU; 0 = the whole weights pool "
           "(the arena less activation leases and optimizer state)");
+ABSL_FLAG(bool, cut_training_steps, true,
+          "a Stop cuts a training step under way at its next layer boundary (the step is "
+          "discarded and run again on resume); false = the step runs to its end (the baseline)");
 ABSL_FLAG(bool, place_at_arrival, true,
           "place a task that waits while the running one stops at once, on a standby worker "
           "and apart from the stopping tenant's weights, so its copy overlaps the stop; false = "
@@ -587,6 +590,7 @@ int Main() {
   controller_options.scheduler.spawn.backend =
       std::string(gpu::BackendName(options.device.backend));
   controller_options.scheduler.spawn.activation_bytes = absl::GetFlag(FLAGS_activation_bytes);
+  controller_options.scheduler.spawn.cut_training_steps = absl::GetFlag(FLAGS_cut_training_steps);
   absl::StatusOr<bool> warm_ups = WarmUps(options.device.backend);
   if (!warm_ups.ok()) {
     StartFailed(warm_ups.status().ToString());

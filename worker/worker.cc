@@ -500,7 +500,8 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
       run.first_iteration()};
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
-  TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss, &stops_.pending());
+  TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss,
+                 options_.cut_training_steps ? &stops_.pending() : nullptr);
   return RunTask(task, run, fill, progress);
 }
 
@@ -631,7 +632,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     // A training step under way is cut at its next layer by a Stop (a preemption waits for
     // one layer, not a whole step); an inference runs to its end.
     gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
-                  training ? &stops_.pending() : nullptr);
+                  training && options_.cut_training_steps ? &stops_.pending() : nullptr);
     ScopedLeaseAllocation from_lease(activations_);
     status = gated->Run([&]() -> absl::Status {
       if (training) return Train(bound, run, &progress, fill.get());

@@ -52,6 +52,9 @@ struct WorkerOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // Arena lease for intermediate tensors while a task runs; 0 = libtorch's own allocator.
   uint64_t activation_bytes = 0;
+  // A Stop cuts a training step under way at its next layer (false: the step runs to its end,
+  // the baseline bench-switch measures the stop against).
+  bool cut_training_steps = true;
 };
 
 // How often a ready worker tells pswitchd it is alive (proto Heartbeat).
