@@ -93,6 +93,9 @@ struct GpuScheduler::Running {
   absl::Time placed_at = absl::InfinitePast();  // when it was placed (its inputs' hold)
   bool copied = false;  // its switch's copy ended well (CopyEnded)
   int64_t stop_sent_ns = 0;     // its worker was told to stop (StopRunning; 0: not)
+  // Placed ahead, its worker died before its Run with its copy still running: it goes back to
+  // the queue when the copy ends (CopyEnded).
+  bool requeue_at_copy_end = false;
   uint64_t weights_offset = 0;  // where its model's weights are in the arena
   bool RunHeld() const { return awaiting_inputs || restoring; }
 };
@@ -290,7 +293,11 @@ void GpuScheduler::AddModel(EntryRef entry, ModelLoads::Done done) {
       loaded = [this, entry, done = std::move(done)](const LoadOutcome& outcome) {
         loop_role_.AssertHeld();
         if (outcome.status.ok()) {
-          absl::Status preloaded = switcher_->Preload(*entry);
+          std::set<std::string> placed;
+          for (const Running* run : {running_.get(), next_.get()}) {
+            if (run != nullptr && run->entry != nullptr) placed.insert(run->entry->request.name);
+          }
+          absl::Status preloaded = switcher_->Preload(*entry, std::move(placed));
           Event(preloaded.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn,
                 "weights_pinned_at_registration")
               .Field("model", entry->request.name)
@@ -382,9 +389,8 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
   if (killed) telemetry_->WorkerKilled(options_.gpu);
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (next_ != nullptr && next_->slot == slot) {
-    // Placed ahead on it, its Run never sent: back to the queue's head for another worker
-    // (its copy goes on; its end finds no run). Once: a placement that kills its worker must
-    // not kill one after another.
+    // Placed ahead on it, its Run never sent: back to the queue's head for another worker.
+    // Once: a placement that kills its worker must not kill one after another.
     const uint64_t id = next_->task_id;
     TaskRecord& record = tasks_table_.at(id);
     if (record.requeued_after_death) {
@@ -392,14 +398,17 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) 
           "task ", id, " failed: its worker died twice before its Run: ", why.message())));
     } else {
       record.requeued_after_death = true;
-      next_.reset();
-      queue_.PushFront(TaskTicket{id, record.spec.model, record.spec.kind, record.spec.priority,
-                                  record.spec.deadline});
-      tasks_.SetState(id, TaskState::kQueued);
       Event(base::LogLevel::kWarn, "task_requeued")
           .Field("task", id)
           .Field("slot", slot)
           .Field("reason", absl::StrCat("its worker died before its Run: ", why.message()));
+      next_->slot = -1;
+      if (next_->transmission != nullptr && !next_->transmission->finished()) {
+        // Requeued at its copy's end, so that end is never taken for a later placement's.
+        next_->requeue_at_copy_end = true;
+      } else {
+        RequeueAhead();
+      }
     }
   }
   if (running_ == nullptr || running_->slot != slot) return;
@@ -488,7 +497,7 @@ void GpuScheduler::EnforceDeadlines() {
 
 absl::Time GpuScheduler::SilentStopperDue() const {
   if (next_ == nullptr || running_ == nullptr || !running_->stop_sent || running_->slot < 0 ||
-      running_->restoring || running_->answered != nullptr) {
+      running_->restoring || running_->answered != nullptr || pool_->Killing(running_->slot)) {
     return absl::InfiniteFuture();
   }
   return pool_->LastHeard(running_->slot) +
@@ -591,6 +600,7 @@ void GpuScheduler::MaybeStart() {
       }
     }
     if (next_ != nullptr) {
+      if (next_->requeue_at_copy_end) return;  // its worker died: requeued at its copy's end
       PromoteAhead();
       continue;
     }
@@ -700,6 +710,19 @@ void GpuScheduler::PromoteAhead() {
     return;
   }
   SendHeldRun();
+}
+
+void GpuScheduler::RequeueAhead() {
+  std::unique_ptr<Running> run = std::move(next_);
+  TaskRecord& record = tasks_table_.at(run->task_id);
+  // Cancelled, or past its deadline, while its copy ran: answered, not requeued.
+  if (std::optional<absl::Status> why = record.TakeStopReason()) {
+    Finish(run->task_id, *why);
+    return;
+  }
+  queue_.PushFront(TaskTicket{run->task_id, record.spec.model, record.spec.kind,
+                              record.spec.priority, record.spec.deadline});
+  tasks_.SetState(run->task_id, TaskState::kQueued);
 }
 
 void GpuScheduler::AbandonAhead(absl::Status why) {
@@ -1054,6 +1077,10 @@ void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
   loop_role_.AssertHeld();
   if (next_ != nullptr && next_->task_id == task) {
     if (copied.ok()) next_->copied = true;
+    if (next_->requeue_at_copy_end) {
+      RequeueAhead();
+      return;
+    }
     TaskRecord& record = tasks_table_.at(task);
     if (!copied.ok()) {
       AbandonAhead(copied);

@@ -93,10 +93,11 @@ struct SchedulerOptions {
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
-  // A tenant told to stop that is silent this long (no heartbeat: stopped or wedged) while a task
+  // A tenant told to stop that is silent this long (six missed heartbeats: stopped or wedged;
+  // a heartbeat comes from its own thread, so a busy tenant is heard) while a task
   // placed ahead waits for the GPU is killed then, not at worker_silence_timeout (the lesser of
   // the two applies). A busy tenant keeps sending heartbeats from its own thread.
-  absl::Duration stopping_silence_timeout = absl::Seconds(2);
+  absl::Duration stopping_silence_timeout = absl::Seconds(3);
   // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails
   // (unless its Run was never sent: see the header comment).
   absl::Duration worker_silence_timeout = absl::Seconds(10);
@@ -219,6 +220,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // next_ will not run (cancelled, past its deadline, its copy failed, its model unloaded):
   // answered with `why` now, or at its copy's end while that is in flight.
   void AbandonAhead(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // next_'s worker died before its Run: back to the queue's head (answered instead when it was
+  // cancelled or missed its deadline meanwhile).
+  void RequeueAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   absl::Status StartTask(const TaskTicket& ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Copies the cache's resident models for ResidentModels (after each event).
   void PublishResident() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);

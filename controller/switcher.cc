@@ -43,7 +43,11 @@ ReloadCost Switcher::CostOf(const CatalogEntry& entry) const {
 }
 
 bool Switcher::WaitsForCheckpoint(const CatalogEntry& entry) const {
-  if (cache_.Find(entry.request.name) != nullptr) return false;
+  // A resident copy of the pinned store's generation is a hit; a stale one is a miss (Place).
+  if (const ResidentModel* r = cache_.Find(entry.request.name);
+      r != nullptr && r->generation == entry.stored->generation()) {
+    return false;
+  }
   return cache_.RoomOnlyThroughHeld(entry.stored->total_bytes(), CostOf(entry).groups,
                                     base::MonotonicNowNs());
 }
@@ -167,16 +171,18 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
   return placement;
 }
 
-absl::Status Switcher::Preload(const CatalogEntry& entry) {
+absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> keep) {
   const std::string& model = entry.request.name;
   if (cache_.Find(model) != nullptr) return absl::OkStatus();
-  std::set<std::string> busy;
+  // Nothing in use is taken: a busy tenant's region, and every region a copy still writes (a
+  // task placed with its Run held is idle on its worker, its copy under way).
   for (const auto& [slot, tenant] : tenants_) {
-    if (!pool_->Idle(slot)) busy.insert(tenant.model);
+    if (!pool_->Idle(slot)) keep.insert(tenant.model);
   }
+  for (const auto& [id, flight] : in_flight_) keep.insert(flight.model);
   const uint64_t bytes = entry.stored->total_bytes();
   PSWITCH_ASSIGN_OR_RETURN(Reservation room,
-                           cache_.Reserve(model, bytes, CostOf(entry), base::MonotonicNowNs(), busy,
+                           cache_.Reserve(model, bytes, CostOf(entry), base::MonotonicNowNs(), keep,
                                           /*for_request=*/false));
   Evicted(room, model);
   memdaemon::TransmitRequest request;

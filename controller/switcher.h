@@ -90,7 +90,8 @@ class Switcher {
   // Copies `entry`'s model into a region of the pool with no task (a model pinned resident, at
   // its registration), apart from every busy tenant's region so it waits for nobody; OK at once
   // when it is resident. Its end is reported like a switch's, for task 0.
-  absl::Status Preload(const registry::CatalogEntry& entry);
+  // `keep`: the models of tasks placed (the scheduler's running and ahead tasks), also untaken.
+  absl::Status Preload(const registry::CatalogEntry& entry, std::set<std::string> keep);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
   std::optional<uint32_t> Stop(int slot);
   // When the latest Stop went out (CLOCK_MONOTONIC ns; 0: none yet).

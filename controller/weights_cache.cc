@@ -178,7 +178,14 @@ std::optional<uint32_t> WeightsCache::ChooseFlags(uint32_t count,
 void WeightsCache::Hold(const std::string& model) { held_.insert(model); }
 
 void WeightsCache::Release(const std::string& model) {
-  if (auto it = held_.find(model); it != held_.end()) held_.erase(it);
+  auto it = held_.find(model);
+  if (it == held_.end()) return;
+  held_.erase(it);
+  if (held_.contains(model)) return;
+  // Untrusted while held (a tenant's death): kept until the checkpoint read it, freed now.
+  std::erase_if(regions_, [&](const auto& entry) {
+    return entry.second.model == model && !entry.second.trusted && !entry.second.copying;
+  });
 }
 
 bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
@@ -199,6 +206,10 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
                                                   bool for_request) {
   if (bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
+  }
+  if (held_.contains(model)) {
+    return absl::UnavailableError(
+        absl::StrCat("model '", model, "': its region is still read by a checkpoint"));
   }
   // A region a checkpoint still reads is kept as well.
   std::set<std::string> keep = asked_keep;
@@ -292,7 +303,7 @@ void WeightsCache::CopyEnded(const std::string& model, uint32_t epoch, bool ok) 
     if (r.model != model || r.epoch != epoch || !r.copying) continue;
     r.copying = false;
     if (!ok) r.trusted = false;
-    if (!r.trusted) regions_.erase(it);
+    if (!r.trusted && !held_.contains(model)) regions_.erase(it);
     return;
   }
 }
@@ -306,8 +317,10 @@ void WeightsCache::Untrust(const std::string& model, uint32_t epoch) {
     }
     r.trusted = false;
     // A copy still in flight writes the region until it ends (CopyEnded frees it then); one that
-    // never started (epoch 0) writes nothing.
-    it = r.copying && r.epoch != 0 ? std::next(it) : regions_.erase(it);
+    // never started (epoch 0) writes nothing. A checkpoint still reading it keeps it until
+    // Release: its bytes must not be handed out under the read.
+    const bool in_use = (r.copying && r.epoch != 0) || held_.contains(r.model);
+    it = in_use ? std::next(it) : regions_.erase(it);
   }
 }
 

@@ -131,7 +131,8 @@ class WeightsCache {
   void Pin(const std::string& model, bool pinned);
 
   // A training run's checkpoint reads `model`'s region off the loop: until Release, the region
-  // and its flags are no victim of any reservation (counted: one hold per checkpoint).
+  // and its flags are no victim of any reservation, and stay taken even when untrusted meanwhile
+  // (counted: one hold per checkpoint). `model` itself gets no new region while held.
   void Hold(const std::string& model);
   void Release(const std::string& model);
   bool Held(const std::string& model) const { return held_.contains(model); }

@@ -107,6 +107,23 @@ TEST(WeightsCacheTest, KeptAndHeldRegionsAreNeverVictims) {
             absl::StatusCode::kUnavailable);
 }
 
+// A tenant's death untrusts the region a checkpoint is still reading: it is no longer served,
+// but its bytes stay taken until the checkpoint released it.
+TEST(WeightsCacheTest, ARegionUntrustedWhileACheckpointReadsItStaysTakenUntilReleased) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "trained", 60, 1);
+  cache.Hold("trained");
+  cache.Untrust("trained");
+  EXPECT_EQ(cache.Find("trained"), nullptr);
+  EXPECT_EQ(cache.Reserve("other", 50 * kMiB, Cost(0.01), 2).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cache.Reserve("trained", 60 * kMiB, Cost(0.01), 2).status().code(),
+            absl::StatusCode::kUnavailable);
+  cache.Release("trained");
+  EXPECT_TRUE(cache.List().empty());
+  EXPECT_TRUE(cache.Reserve("other", 50 * kMiB, Cost(0.01), 3).ok());
+}
+
 TEST(WeightsCacheTest, LruEvictsTheModelUsedLongestAgo) {
   WeightsCache cache(Pool(100, EvictionPolicy::kLru));
   Bring(cache, "a", 40, 1 * kSecond);

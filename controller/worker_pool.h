@@ -152,6 +152,8 @@ class WorkerPool {
   bool Usable(int slot, const std::string& model) const;
   // Not running anything (a Run's RunDone came back).
   bool Idle(int slot) const { return slots_[slot].state == State::kIdle; }
+  // `slot`'s worker was sent SIGKILL and its death is not handled yet.
+  bool Killing(int slot) const { return !slots_[slot].kill_reason.empty(); }
   // When `slot`'s worker last sent anything (a heartbeat every 500 ms from its own thread, so
   // a busy worker is heard too); InfinitePast for a dead one.
   absl::Time LastHeard(int slot) const {

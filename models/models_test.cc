@@ -459,6 +459,28 @@ TEST(TrainingTest, TransformersAndInceptionTrain) {
     auto loss = (*trainer)->Step(model->ExampleInput(2, 0), model->ExampleTarget(2, 0));
     ASSERT_TRUE(loss.ok()) << loss.status();
     EXPECT_TRUE(std::isfinite(*loss));
+    // A step that may be cut snapshots what its forward may update (not GPT-2's masks and
+    // position tables), and one cut at its third layer leaves no trace.
+    std::map<std::string, at::Tensor> before;
+    for (const auto& item : model->named_parameters()) before[item.key()] = item.value().clone();
+    for (const auto& item : model->named_buffers()) before[item.key()] = item.value().clone();
+    std::atomic<bool> stop{false};
+    model->SetGateHook([](int layer) {
+      if (layer == 2) throw StepCut();
+    });
+    auto cut =
+        (*trainer)->Step(model->ExampleInput(2, 1), model->ExampleTarget(2, 1), nullptr, &stop);
+    model->SetGateHook(nullptr);
+    EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_TRUE(at::equal(item.value(), before[item.key()])) << item.key();
+    }
+    for (const auto& item : model->named_buffers()) {
+      EXPECT_TRUE(at::equal(item.value(), before[item.key()])) << item.key();
+    }
+    EXPECT_TRUE((*trainer)
+                    ->Step(model->ExampleInput(2, 1), model->ExampleTarget(2, 1), nullptr, &stop)
+                    .ok());
   }
 }
 

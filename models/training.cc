@@ -184,29 +184,38 @@ bool IsStepCut(const absl::Status& status) {
 Trainer::BufferSnapshot::BufferSnapshot(std::vector<at::Tensor> buffers) {
   std::map<at::ScalarType, size_t> group_of;
   for (const at::Tensor& b : buffers) {
+    // What a forward updates: floating-point statistics and scalar counters (BatchNorm's
+    // running mean and variance, num_batches_tracked). Masks and index tables (bool, or
+    // integers of many elements) are constants and cost nothing here.
     if (!b.defined() || b.numel() == 0) continue;
+    if (!at::isFloatingType(b.scalar_type()) && b.numel() != 1) continue;
     auto [it, added] = group_of.try_emplace(b.scalar_type(), groups_.size());
     if (added) groups_.emplace_back();
-    groups_[it->second].flat_views.push_back(b.view(-1));
+    groups_[it->second].buffers.push_back(b);
   }
   for (Group& g : groups_) {
     int64_t numel = 0;
-    for (const at::Tensor& v : g.flat_views) numel += v.numel();
-    g.copy = at::empty({numel}, g.flat_views.front().options());
+    for (const at::Tensor& b : g.buffers) numel += b.numel();
+    g.copy = at::empty({numel}, g.buffers.front().options());
   }
 }
 
 void Trainer::BufferSnapshot::Take() {
-  for (Group& g : groups_) at::cat_out(g.copy, g.flat_views, 0);
+  for (Group& g : groups_) {
+    std::vector<at::Tensor> flat;
+    flat.reserve(g.buffers.size());
+    for (const at::Tensor& b : g.buffers) flat.push_back(b.reshape(-1));  // a view when it can
+    at::cat_out(g.copy, flat, 0);
+  }
 }
 
 void Trainer::BufferSnapshot::Restore() {
   torch::NoGradGuard no_grad;
   for (Group& g : groups_) {
     int64_t offset = 0;
-    for (at::Tensor& v : g.flat_views) {
-      v.copy_(g.copy.narrow(0, offset, v.numel()));
-      offset += v.numel();
+    for (at::Tensor& b : g.buffers) {
+      b.copy_(g.copy.narrow(0, offset, b.numel()).view(b.sizes()));
+      offset += b.numel();
     }
   }
 }

@@ -96,8 +96,9 @@ class Trainer {
                               StepParts* parts = nullptr, const std::atomic<bool>* cut = nullptr);
 
  private:
-  // The model's buffers as they were before a step, so a cut step can put them back: one flat
-  // copy per dtype, taken by one concatenation (one kernel on a GPU, not one per buffer).
+  // The buffers a forward may update, as they were before a step, so a cut step can put them
+  // back: one flat copy per dtype, taken by one concatenation (one kernel on a GPU, not one per
+  // buffer).
   class BufferSnapshot {
    public:
     explicit BufferSnapshot(std::vector<at::Tensor> buffers);
@@ -106,8 +107,8 @@ class Trainer {
 
    private:
     struct Group {
-      std::vector<at::Tensor> flat_views;  // each buffer as a 1-d view
-      at::Tensor copy;
+      std::vector<at::Tensor> buffers;  // of one dtype
+      at::Tensor copy;                  // all of them, flat, in order
     };
     std::vector<Group> groups_;
   };

@@ -804,7 +804,7 @@ TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwit
 // Issue 29, item 4: with the weights cache, an inference that preempts a training task is placed
 // at once where the trainer cannot write. A trainer that was SIGSTOPped never answers its Stop:
 // silent (no heartbeat) while the placed task waits, it is killed after the short stopping bound
-// (2 s), not the 10 s silence watchdog or the 30 s drain deadline, and the inference runs.
+// (3 s), not the 10 s silence watchdog or the 30 s drain deadline, and the inference runs.
 TEST_F(PswitchdTest, AStoppedTrainerDoesNotHoldUpAnInferencePlacedWhereItCannotWrite) {
   ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::future<absl::StatusOr<client::TaskResult>> training =

@@ -8,9 +8,10 @@
 // Everything is measured in this run against a pswitchd this tool starts. Overhead is a row's
 // latency minus the ready model's; startup is the server's first-layer compute start after the
 // request's arrival (TaskResult::breakdown). The last line, starting "FIG ", is the summary that
-// tools/gpu/validate.sh collects. Then placement at arrival against placement once the GPU is
-// free, and a Stop that cuts the trainer's step at a layer against one that waits for its end
-// (three daemons of their own), with its own "FIG place-at-arrival" line.
+// tools/gpu/validate.sh collects. Then (--placement) placement at arrival against placement once
+// the GPU is free, and a Stop that cuts the trainer's step at a layer against one that waits for
+// its end (three daemons of their own), with its own "FIG place-at-arrival" line; --rows=false
+// measures only that.
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +50,11 @@ ABSL_FLAG(std::string, data_path, "unix",
           "for a local pswitchd) or tcp (the raw payload after the frame)");
 ABSL_FLAG(double, bandwidth_cap, 0, "host backend: copy cap in bytes/s (12e9 = PCIe 3 x16)");
 ABSL_FLAG(int, repeats, 10, "measured requests per row (median reported)");
+ABSL_FLAG(bool, rows, true,
+          "the switch rows (ready model, stop-and-start, pswitch's groupings) and their FIG line");
+ABSL_FLAG(bool, placement, true,
+          "the placement-at-arrival arms (a Stop that waits for the trainer's step, one that cuts "
+          "it, placement at arrival; three daemons of their own) and their FIG line");
 ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "arena size for the pswitchd it starts");
 ABSL_FLAG(std::string, plan, "auto",
           "grouping plan JSON for the 'optimal' row (find-grouping's output); auto: on cuda, "
@@ -239,6 +245,64 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps,
   return arm;
 }
 
+// The placement-at-arrival table and its FIG line: three daemons of their own.
+void ReportPlacement(const std::filesystem::path& dir, const std::string& zoo, uint32_t batch,
+                     const proto::HostTensor& input, int repeats) {
+  // The baseline stops the trainer at its step's end and places once the GPU is free (as before
+  // issue 29's items 4 and 5); then the step cut at a layer; then placement at arrival too.
+  struct PlacementCase {
+    const char* name;
+    bool at_arrival, cut_steps;
+  };
+  const PlacementCase cases[] = {{"step end, free", false, false},
+                                 {"cut, when free", false, true},
+                                 {"cut, at arrival", true, true}};
+  std::vector<std::pair<std::string, absl::StatusOr<PlacementArm>>> placement;
+  for (const PlacementCase& pc : cases) {
+    std::fprintf(stderr, "measuring placement: %s...\n", pc.name);
+    placement.emplace_back(
+        pc.name, MeasurePlacement(pc.at_arrival, pc.cut_steps, dir, zoo, batch, input, repeats));
+  }
+  std::printf(
+      "\nplacement at arrival (weights cache on, each request evicting the other model; "
+      "median ms after arrival):\n");
+  std::printf("%-18s %12s %10s %12s %11s %14s %12s\n", "arm", "latency ms", "stop sent",
+              "old stopped", "first copy", "stop to copy", "layer start");
+  std::vector<double> stop_to_copy(3, kNone), stop_took(3, kNone);
+  for (size_t i = 0; i < placement.size(); ++i) {
+    const auto& [name, arm] = placement[i];
+    if (!arm.ok()) {
+      std::printf("%-18s not measured: %s\n", name.c_str(), arm.status().ToString().c_str());
+      continue;
+    }
+    std::vector<double> gaps;
+    for (const Breakdown& b : arm->parts) {
+      if (!std::isnan(b.stop_sent) && !std::isnan(b.drained))
+        gaps.push_back(b.drained - b.stop_sent);
+    }
+    stop_to_copy[i] = Median(gaps);
+    std::vector<double> stops;
+    for (const Breakdown& b : arm->parts) {
+      if (!std::isnan(b.stop_sent) && !std::isnan(b.old_stopped)) {
+        stops.push_back(b.old_stopped - b.stop_sent);
+      }
+    }
+    stop_took[i] = Median(stops);
+    std::printf("%-18s %12.3f %10s %12s %11s %14s %12s\n", name.c_str(), Median(arm->latency),
+                Ms(MedianOf(arm->parts, &Breakdown::stop_sent)).c_str(),
+                Ms(MedianOf(arm->parts, &Breakdown::old_stopped)).c_str(),
+                Ms(MedianOf(arm->parts, &Breakdown::drained)).c_str(), Ms(stop_to_copy[i]).c_str(),
+                Ms(MedianOf(arm->parts, &Breakdown::first_layer_start)).c_str());
+  }
+  std::printf(
+      "FIG place-at-arrival %s b%u, trainer %s: stop to first copy %s ms (cut, at arrival), %s "
+      "ms (cut, when free), %s ms (step end, when free); the trainer stopped %s / %s / %s ms "
+      "after its Stop\n",
+      zoo.c_str(), batch, absl::GetFlag(FLAGS_trainer).c_str(), Ms(stop_to_copy[2]).c_str(),
+      Ms(stop_to_copy[1]).c_str(), Ms(stop_to_copy[0]).c_str(), Ms(stop_took[2], "%.2f").c_str(),
+      Ms(stop_took[1], "%.2f").c_str(), Ms(stop_took[0], "%.2f").c_str());
+}
+
 int Main() {
   const std::string zoo = absl::GetFlag(FLAGS_model);
   const std::string backend = absl::GetFlag(FLAGS_backend);
@@ -252,6 +316,13 @@ int Main() {
   if (!model.ok()) return Fail(model.status());
   auto input = worker::ToHostTensor("input", (*model)->ExampleInput(batch, 1).input);
   if (!input.ok()) return Fail(input.status());
+
+  if (!absl::GetFlag(FLAGS_rows)) {
+    ReportPlacement(dir, zoo, batch, *input, repeats);
+    std::fflush(stdout);
+    (void)base::RemoveTree(dir.string());
+    return 0;
+  }
 
   // The optimal row's plan. The daemon's "auto" profiles on its CPU, which says little about a
   // GPU's per-layer times, so on cuda the plan comes from a GPU profile when none is given.
@@ -438,60 +509,6 @@ int Main() {
                 Ms(MedianOf(row.parts, &Breakdown::first_layer_done)).c_str(),
                 Ms(MedianOf(row.parts, &Breakdown::last_group)).c_str());
   }
-  // Placement at arrival: two daemons of their own, after this one's rows.
-  // The baseline stops the trainer at its step's end and places once the GPU is free (as before
-  // issue 29's items 4 and 5); then the step cut at a layer; then placement at arrival too.
-  struct PlacementCase {
-    const char* name;
-    bool at_arrival, cut_steps;
-  };
-  const PlacementCase cases[] = {{"step end, free", false, false},
-                                 {"cut, when free", false, true},
-                                 {"cut, at arrival", true, true}};
-  std::vector<std::pair<std::string, absl::StatusOr<PlacementArm>>> placement;
-  for (const PlacementCase& pc : cases) {
-    std::fprintf(stderr, "measuring placement: %s...\n", pc.name);
-    placement.emplace_back(
-        pc.name, MeasurePlacement(pc.at_arrival, pc.cut_steps, dir, zoo, batch, *input, repeats));
-  }
-  std::printf(
-      "\nplacement at arrival (weights cache on, each request evicting the other model; "
-      "median ms after arrival):\n");
-  std::printf("%-18s %12s %10s %12s %11s %14s %12s\n", "arm", "latency ms", "stop sent",
-              "old stopped", "first copy", "stop to copy", "layer start");
-  std::vector<double> stop_to_copy(3, kNone), stop_took(3, kNone);
-  for (size_t i = 0; i < placement.size(); ++i) {
-    const auto& [name, arm] = placement[i];
-    if (!arm.ok()) {
-      std::printf("%-18s not measured: %s\n", name.c_str(), arm.status().ToString().c_str());
-      continue;
-    }
-    std::vector<double> gaps;
-    for (const Breakdown& b : arm->parts) {
-      if (!std::isnan(b.stop_sent) && !std::isnan(b.drained))
-        gaps.push_back(b.drained - b.stop_sent);
-    }
-    stop_to_copy[i] = Median(gaps);
-    std::vector<double> stops;
-    for (const Breakdown& b : arm->parts) {
-      if (!std::isnan(b.stop_sent) && !std::isnan(b.old_stopped)) {
-        stops.push_back(b.old_stopped - b.stop_sent);
-      }
-    }
-    stop_took[i] = Median(stops);
-    std::printf("%-18s %12.3f %10s %12s %11s %14s %12s\n", name.c_str(), Median(arm->latency),
-                Ms(MedianOf(arm->parts, &Breakdown::stop_sent)).c_str(),
-                Ms(MedianOf(arm->parts, &Breakdown::old_stopped)).c_str(),
-                Ms(MedianOf(arm->parts, &Breakdown::drained)).c_str(), Ms(stop_to_copy[i]).c_str(),
-                Ms(MedianOf(arm->parts, &Breakdown::first_layer_start)).c_str());
-  }
-  std::printf(
-      "FIG place-at-arrival %s b%u, trainer %s: stop to first copy %s ms (cut, at arrival), %s "
-      "ms (cut, when free), %s ms (step end, when free); the trainer stopped %s / %s / %s ms "
-      "after its Stop\n",
-      zoo.c_str(), batch, absl::GetFlag(FLAGS_trainer).c_str(), Ms(stop_to_copy[2]).c_str(),
-      Ms(stop_to_copy[1]).c_str(), Ms(stop_to_copy[0]).c_str(), Ms(stop_took[2], "%.2f").c_str(),
-      Ms(stop_took[1], "%.2f").c_str(), Ms(stop_took[0], "%.2f").c_str());
   if (!cleaning_us.empty()) {
     std::printf(
         "cleaning after the trainer's drain (overlaps the next transmission): median %.1f us, "
@@ -510,6 +527,8 @@ int Main() {
               overhead(rows[0]).c_str(), overhead(rows[1]).c_str(), overhead(rows[2]).c_str(),
               std::isnan(startup) ? "n/a" : (Ms(startup, "%.2f") + " ms").c_str());
   std::fflush(stdout);
+  if (absl::GetFlag(FLAGS_placement)) ReportPlacement(dir, zoo, batch, *input, repeats);
+  std::fflush(stdout);
   (void)base::RemoveTree(dir.string());
   return 0;
 }
@@ -524,6 +543,7 @@ int main(int argc, char** argv) {
   pswitch::tools::ParseToolFlags(
       argc, argv,
       "bench-switch [--backend host|cuda] [--model resnet50] [--batch 8] [--repeats N] "
-      "[--bandwidth-cap B] [--plan plan.json|auto]");
+      "[--bandwidth-cap B] [--plan plan.json|auto] [--trainer M] [--rows=false] "
+      "[--placement=false]");
   return pswitch::Main();
 }
