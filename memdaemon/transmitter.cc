@@ -86,9 +86,16 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
   job.on_stalled = std::move(request.on_stalled);
 
   absl::MutexLock lock(&mu_);
-  // A newer switch supersedes the one in flight: stop it before queueing behind it.
+  // A newer copy into the region of the one in flight supersedes it (PipeSwitch's single region,
+  // or a cache region evicted while its copy ran): stop it before queueing behind it. A copy into
+  // another region (another resident model's, while a task computes on the first) is left to
+  // finish; the engine runs jobs in order, so the new one follows it.
   if (current_ != nullptr && current_->groups_done() < current_->request().groups.size()) {
-    current_->Cancel();
+    const uint64_t old_begin = current_->request().weights_offset;
+    const uint64_t old_end = old_begin + current_->request().model->total_bytes();
+    const uint64_t new_begin = request.weights_offset;
+    const uint64_t new_end = new_begin + model.total_bytes();
+    if (old_begin < new_end && new_begin < old_end) current_->Cancel();
   }
   job.epoch = next_epoch_;
   PSWITCH_ASSIGN_OR_RETURN(std::shared_ptr<gpu::CopyTicket> ticket, engine_->Submit(job));

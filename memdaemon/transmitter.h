@@ -107,7 +107,8 @@ class Transmitter {
         arena_bytes_(arena_bytes) {}
 
   // Validates the plan and region, supersedes (cancels, without waiting) the previous
-  // transmission if it is still running, and queues the copy behind it. InvalidArgument /
+  // transmission if it is still running into an overlapping region, and queues the copy behind
+  // it. InvalidArgument /
   // OutOfRange for a bad request. Never blocks on the copy engine.
   absl::StatusOr<std::shared_ptr<Transmission>> Start(TransmitRequest request);
 

@@ -114,7 +114,8 @@ TEST_F(TransmitterTest, ANewerSwitchSupersedesAndReleasesTheOldWaiters) {
   auto old = daemon_->transmitter().Start(TransmitRequest{slow, EveryK(64, 1), 2 << 20});
   ASSERT_TRUE(old.ok());
   ASSERT_TRUE(daemon_->ready_flags().WaitReady(0, (*old)->epoch(), absl::Seconds(5)).ok());
-  auto newer = daemon_->transmitter().Start(TransmitRequest{next, EveryK(8, 2), 32 << 20, 1000});
+  // Into the region the old copy is writing (the single region, or an evicted one).
+  auto newer = daemon_->transmitter().Start(TransmitRequest{next, EveryK(8, 2), 8 << 20, 1000});
   ASSERT_TRUE(newer.ok());
   EXPECT_EQ((*old)->Wait(absl::Seconds(60)).status().code(), absl::StatusCode::kCancelled);
   size_t done = (*old)->groups_done();
@@ -126,7 +127,27 @@ TEST_F(TransmitterTest, ANewerSwitchSupersedesAndReleasesTheOldWaiters) {
   EXPECT_EQ(daemon_->ready_flags().WaitReady(63, (*newer)->epoch(), absl::Milliseconds(5)).code(),
             absl::StatusCode::kDeadlineExceeded);
   ASSERT_TRUE((*newer)->Wait(absl::Seconds(60)).ok());
+  EXPECT_TRUE(RegionHolds(8 << 20, *next));
+}
+
+// With the weights cache, a copy into another region belongs to another resident model (a task
+// may be computing on it): it is not cancelled, and the new copy follows it in order.
+TEST_F(TransmitterTest, ACopyIntoAnotherRegionLetsTheOneInFlightFinish) {
+  Open(/*bandwidth=*/200e6);
+  const StoredModel* slow = Register("slow", 64, 16 << 20, 5);
+  const StoredModel* next = Register("next", 8, 1 << 20, 6);
+  auto old = daemon_->transmitter().Start(TransmitRequest{slow, EveryK(64, 1), 2 << 20});
+  ASSERT_TRUE(old.ok());
+  ASSERT_TRUE(daemon_->ready_flags().WaitReady(0, (*old)->epoch(), absl::Seconds(5)).ok());
+  auto newer = daemon_->transmitter().Start(TransmitRequest{next, EveryK(8, 2), 32 << 20, 1000});
+  ASSERT_TRUE(newer.ok());
+  auto old_traces = (*old)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(old_traces.ok()) << old_traces.status();
+  auto new_traces = (*newer)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(new_traces.ok()) << new_traces.status();
+  EXPECT_TRUE(RegionHolds(2 << 20, *slow));
   EXPECT_TRUE(RegionHolds(32 << 20, *next));
+  EXPECT_GE(new_traces->front().copy_start_ns, old_traces->back().ready_ns);
 }
 
 TEST_F(TransmitterTest, GroupsOfOnlyParameterFreeLayersArePublishedToo) {

@@ -361,8 +361,8 @@ TEST(TrainingTest, ExternalOptimizerStateResumesExactly) {
   }
 }
 
-// A preemption cuts a step at a layer boundary (the gate hook throws StepCut) or at the points
-// between forward, backward and update: the cut step leaves parameters, BatchNorm's running
+// A preemption cuts a step at a layer boundary (the gate hook throws StepCut), after the
+// forward, or at any node of the backward: the cut step leaves parameters, BatchNorm's running
 // statistics and the optimizer state untouched, so running it again ends bit-identical to a run
 // that was never cut. Every cut point of tiny_cnn's forward is tried (its BatchNorm layers
 // update their statistics as the forward passes them), with both optimizers.
@@ -409,6 +409,11 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
           auto cut = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
                                       nullptr, &stop);
           EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
+          if (cut_at == executed + 1) {
+            // Set during the backward (fc is its first layer): cut there, conv1 never reached.
+            const at::Tensor& grad = model->named_parameters()["conv1.weight"].grad();
+            EXPECT_TRUE(!grad.defined() || grad.abs().sum().item<double>() == 0);
+          }
           fc_weight.remove_hook(hook);
           model->SetGateHook(nullptr);
           stop = false;

@@ -88,10 +88,10 @@ class Trainer {
   // Puts the model in train mode and runs one step; returns the loss before the update.
   // Deterministic on the CPU for a fixed libtorch seed (dropout draws from the global generator).
   // With `cut`, the step may be cut short: by a StepCut thrown from the forward pass (a gate
-  // hook), or at `cut` seen set after the forward or after the backward. A cut step leaves the
-  // parameters, the buffers the forward updated (BatchNorm's running statistics) and the
-  // optimizer state as they were, and returns StepCutError(): running it again gives what the
-  // uncut step would have.
+  // hook), at `cut` seen set after the forward, before any node of the backward, or after it. A cut
+  // step leaves the parameters, the buffers the forward updated (BatchNorm's running statistics)
+  // and the optimizer state as they were, and returns StepCutError(): running it again gives what
+  // the uncut step would have.
   absl::StatusOr<double> Step(const ModelInput& input, const at::Tensor& target,
                               StepParts* parts = nullptr, const std::atomic<bool>* cut = nullptr);
 
