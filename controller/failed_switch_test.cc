@@ -98,12 +98,12 @@ class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
     weights.pool_bytes = 16 << 20;
     weights.flag_count = memdaemon::kReadyFlagCount;
     weights.enabled = false;  // the single region these tests check byte for byte
-    switcher_ = std::make_unique<Switcher>(SwitcherOptions{0, weights, absl::Seconds(30)},
-                                           transmitter_.get(), pool_.get(), loop_,
-                                           [this](uint64_t task, const absl::Status& copied) {
-                                             ended_.emplace_back(task, copied);
-                                             if (copied.ok()) transmitted_.push_back(task);
-                                           });
+    switcher_ = std::make_unique<Switcher>(
+        SwitcherOptions{0, weights, absl::Seconds(30)}, transmitter_.get(), pool_.get(), loop_,
+        [this](uint64_t task, uint32_t, const absl::Status& copied) {
+          ended_.emplace_back(task, copied);
+          if (copied.ok()) transmitted_.push_back(task);
+        });
   }
 
   void Add(const std::string& name, uint32_t seed) {

@@ -168,8 +168,9 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   cache.policy = options.eviction_policy;
   switcher_ = std::make_unique<Switcher>(
       SwitcherOptions{options.gpu, cache, options.drain_timeout}, &daemon->transmitter(),
-      pool_.get(), loop_,
-      [this](uint64_t task, const absl::Status& copied) { CopyEnded(task, copied); });
+      pool_.get(), loop_, [this](uint64_t task, uint32_t epoch, const absl::Status& copied) {
+        CopyEnded(task, epoch, copied);
+      });
   switcher_->set_on_evicted([this](const std::string& evicted, const std::string& for_model) {
     telemetry_->Evicted(options_.gpu, evicted, for_model);
   });
@@ -1073,9 +1074,14 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   HoldOrComplete(std::move(run), std::move(result));
 }
 
-void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
+void GpuScheduler::CopyEnded(uint64_t task, uint32_t epoch, const absl::Status& copied) {
   loop_role_.AssertHeld();
-  if (next_ != nullptr && next_->task_id == task) {
+  // Only the end of the run's own copy concerns it (not an earlier placement's, late).
+  const auto ours = [&](const Running* run) {
+    return run != nullptr && run->task_id == task && run->transmission != nullptr &&
+           run->transmission->epoch() == epoch;
+  };
+  if (ours(next_.get())) {
     if (copied.ok()) next_->copied = true;
     if (next_->requeue_at_copy_end) {
       RequeueAhead();
@@ -1089,7 +1095,7 @@ void GpuScheduler::CopyEnded(uint64_t task, const absl::Status& copied) {
     }
     return;
   }
-  if (running_ == nullptr || running_->task_id != task) return;
+  if (!ours(running_.get())) return;
   if (copied.ok()) {
     running_->copied = true;
     // A task still waiting for its inputs or state stays "switching" until its Run goes out.

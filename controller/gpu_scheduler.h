@@ -281,9 +281,10 @@ class GpuScheduler : private WorkerPool::Listener {
   // with the copy's error). The one completion of a run, whenever its RunDone came.
   void CompleteRun(std::unique_ptr<Running> run, RunResult result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // The Switcher saw task `task`'s copy end (`copied`: OK, or why it failed): a run answered
-  // before it, held since, is completed now.
-  void CopyEnded(uint64_t task, const absl::Status& copied);  // loop entry point: asserts the role
+  // The Switcher saw task `task`'s copy under `epoch` end (`copied`: OK, or why it failed): a
+  // run answered before it, held since, is completed now; the end of an earlier placement's copy
+  // is ignored. Loop entry point: asserts the role.
+  void CopyEnded(uint64_t task, uint32_t epoch, const absl::Status& copied);
   // A training run ended (true: it is answered or requeued here, later). Its checkpoint runs
   // off the loop (checkpointing_): its weights go back to the pinned store unless the run failed
   // or its switch's copy did not complete, and an unfinished run's optimizer state is saved. The

@@ -270,7 +270,7 @@ void Switcher::Ended(uint64_t id) {
       link_bytes_per_s_ =
           link_bytes_per_s_ == 0 ? measured : 0.8 * link_bytes_per_s_ + 0.2 * measured;
     }
-    on_copy_ended_(ended.task, absl::OkStatus());
+    on_copy_ended_(ended.task, ended.transmission->epoch(), absl::OkStatus());
     return;
   }
   const absl::Status& status = traces.status();
@@ -281,7 +281,7 @@ void Switcher::Ended(uint64_t id) {
   // The region holds part of this model and part of whatever was there: a later task for it
   // must transmit again rather than run on partly old weights (CopyEnded freed the region).
   KillUndrained(ended, status);
-  on_copy_ended_(ended.task, status);
+  on_copy_ended_(ended.task, ended.transmission->epoch(), status);
 }
 
 absl::Status Switcher::Completed(uint64_t task, const std::string& model,

@@ -58,7 +58,9 @@ class Switcher {
   // (then the region is already untrusted). Runs once per switch, success or failure, after
   // Copying() stopped counting it, so whoever waits for the copy's end (a task answered before
   // it) gets it either way; the copy engine's own bounds (stall, device lost) bound the wait.
-  using CopyEnded = std::function<void(uint64_t task, const absl::Status& status)>;
+  // `epoch` is the copy's: a task placed again (its first placement's worker died) may see the
+  // end of its earlier copy, which is not its current one's.
+  using CopyEnded = std::function<void(uint64_t task, uint32_t epoch, const absl::Status& status)>;
   // `transmitter` and `pool` must outlive it.
   Switcher(SwitcherOptions options, memdaemon::Transmitter* transmitter, WorkerPool* pool,
            std::shared_ptr<EventLoop> loop, CopyEnded on_copy_ended);

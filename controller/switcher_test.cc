@@ -67,7 +67,7 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
     pool.enabled = cache;
     return std::make_unique<Switcher>(SwitcherOptions{0, pool, drain_timeout},
                                       &daemon_->transmitter(), pool_.get(), loop_,
-                                      [this](uint64_t task, const absl::Status& copied) {
+                                      [this](uint64_t task, uint32_t, const absl::Status& copied) {
                                         if (copied.ok()) transmitted_.push_back(task);
                                       });
   }
