@@ -119,12 +119,8 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     // A standby (not the active worker) takes the new model: the active one drains meanwhile.
     placement.slot = ahead != nullptr ? ahead_slot : pool_->UsableOther(model, active);
     if (placement.slot < 0) placement.slot = active;
-    memdaemon::TransmitRequest request;
-    request.model = entry.stored;
-    request.groups = entry.plan;
-    request.weights_offset = room.offset;
-    request.flag_base = room.flag_base;
     const uint64_t bytes = entry.stored->total_bytes();
+    std::optional<memdaemon::DrainCondition> drain;
     int drain_slot = -1;
     // A busy old tenant (an abandoned run) may still write the region it ran on: a copy over
     // that region waits, on the copy stream, for it to drain. An idle one has nothing in flight
@@ -135,28 +131,14 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
           tenant.offset < room.offset + bytes && room.offset < tenant.offset + tenant.bytes;
       if (!overlaps || pool_->Idle(slot) || drain_slot >= 0) continue;
       if (std::optional<uint32_t> value = Stop(slot)) {
-        request.drain =
+        drain =
             memdaemon::DrainCondition{static_cast<uint32_t>(slot), *value, options_.drain_timeout};
         drain_slot = slot;
         timeline.stop_sent_ns = last_stop_sent_ns_;
       }
     }
-    // The copy engine reports the end; the handler runs on the loop after this one, by when
-    // in_flight_ holds the transmission.
-    const uint64_t id = next_id_++;
-    request.on_finished = [this, id, loop = loop_] { loop->Post([this, id] { Ended(id); }); };
-    request.on_stalled = [this, id, loop = loop_](const absl::Status& why) {
-      loop->Post([this, id, why] { Stalled(id, why); });
-    };
-    absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> started =
-        transmitter_->Start(std::move(request));
-    if (!started.ok()) {
-      cache_.Untrust(model);  // nothing was queued: the reservation is freed at once
-      return started.status();
-    }
-    placement.transmission = *std::move(started);
-    cache_.Started(model, placement.transmission->epoch(), entry.stored->generation());
-    in_flight_[id] = InFlight{placement.transmission, task, drain_slot, model, bytes};
+    PSWITCH_ASSIGN_OR_RETURN(placement.transmission,
+                             Transmit(task, entry, room, drain, drain_slot));
     prepare.epoch = placement.transmission->epoch();
     prepare.flag_base = room.flag_base;
     prepare.weights_offset = room.offset;
@@ -185,11 +167,21 @@ absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> 
                            cache_.Reserve(model, bytes, CostOf(entry), base::MonotonicNowNs(), keep,
                                           /*for_request=*/false));
   Evicted(room, model);
+  return Transmit(/*task=*/0, entry, room, std::nullopt, -1).status();
+}
+
+absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Switcher::Transmit(
+    uint64_t task, const CatalogEntry& entry, const Reservation& room,
+    std::optional<memdaemon::DrainCondition> drain, int drain_slot) {
+  const std::string& model = entry.request.name;
   memdaemon::TransmitRequest request;
   request.model = entry.stored;
   request.groups = entry.plan;
   request.weights_offset = room.offset;
   request.flag_base = room.flag_base;
+  request.drain = drain;
+  // The copy engine reports the end; the handler runs on the loop after this one, by when
+  // in_flight_ holds the transmission.
   const uint64_t id = next_id_++;
   request.on_finished = [this, id, loop = loop_] { loop->Post([this, id] { Ended(id); }); };
   request.on_stalled = [this, id, loop = loop_](const absl::Status& why) {
@@ -198,12 +190,12 @@ absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> 
   absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> started =
       transmitter_->Start(std::move(request));
   if (!started.ok()) {
-    cache_.Untrust(model);
+    cache_.Untrust(model);  // nothing was queued: the reservation is freed at once
     return started.status();
   }
   cache_.Started(model, (*started)->epoch(), entry.stored->generation());
-  in_flight_[id] = InFlight{*std::move(started), 0, -1, model, bytes};
-  return absl::OkStatus();
+  in_flight_[id] = InFlight{*started, task, drain_slot, model, entry.stored->total_bytes()};
+  return started;
 }
 
 void Switcher::Evicted(const Reservation& room, const std::string& model) const {

@@ -164,6 +164,12 @@ class Switcher {
     uint32_t epoch = 0;  // of the copy that brought the weights it ran on
   };
   ReloadCost CostOf(const registry::CatalogEntry& entry) const;
+  // Starts copying `entry`'s model into `room` for `task` (0: a preload), behind `drain_slot`'s
+  // drain when `drain` is set; tracked in in_flight_ until its end. On failure the reservation
+  // is freed.
+  absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Transmit(
+      uint64_t task, const registry::CatalogEntry& entry, const Reservation& room,
+      std::optional<memdaemon::DrainCondition> drain, int drain_slot);
   // Logs (and reports, on_evicted_) the models `room` evicted to make room for `model`.
   void Evicted(const Reservation& room, const std::string& model) const;
   base::Log Event(base::LogLevel level, absl::string_view event) const;
