@@ -732,13 +732,8 @@ void GpuScheduler::AbandonAhead(absl::Status why) {
     tasks_table_.at(next_->task_id).StopFor(std::move(why));
     return;
   }
-  std::unique_ptr<Running> run = std::move(next_);
-  RunResult result = Unrun(*run, std::move(why));
-  Event(base::LogLevel::kInfo, "task_abandoned_unrun")
-      .Field("task", run->task_id)
-      .Field("slot", run->slot)
-      .Field("error", result.status);
-  CompleteRun(std::move(run), std::move(result));
+  // Its copy has ended: abandoned and answered at once (HoldOrComplete completes it).
+  AbandonRun(std::move(next_), std::move(why));
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
@@ -950,7 +945,10 @@ void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result
 }
 
 void GpuScheduler::AbandonUnrun(absl::Status why) {
-  std::unique_ptr<Running> run = std::move(running_);
+  AbandonRun(std::move(running_), std::move(why));
+}
+
+void GpuScheduler::AbandonRun(std::unique_ptr<Running> run, absl::Status why) {
   RunResult result = Unrun(*run, std::move(why));
   Event(base::LogLevel::kInfo, "task_abandoned_unrun")
       .Field("task", run->task_id)

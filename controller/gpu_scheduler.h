@@ -220,6 +220,10 @@ class GpuScheduler : private WorkerPool::Listener {
   // next_ will not run (cancelled, past its deadline, its copy failed, its model unloaded):
   // answered with `why` now, or at its copy's end while that is in flight.
   void AbandonAhead(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // `run` (running_'s or next_'s, moved out) never sent its Run: answered with `why` once its
+  // copy has ended (AbandonUnrun and AbandonAhead).
+  void AbandonRun(std::unique_ptr<Running> run, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // next_'s worker died before its Run: back to the queue's head (answered instead when it was
   // cancelled or missed its deadline meanwhile).
   void RequeueAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);

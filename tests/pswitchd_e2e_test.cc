@@ -138,6 +138,20 @@ absl::StatusCode NextErrorCode(proto::FrameChannel& channel) {
   return proto::FromWireError((*parsed)->body_as_Error()).code();
 }
 
+// The pid of the worker running one of the first tasks, once one runs (0: none within 10 s).
+int AwaitRunningWorker(client::Client& client) {
+  for (int i = 0; i < 2000; ++i) {
+    for (uint64_t id = 1; id < 16; ++id) {
+      auto status = client.Status(id);
+      if (status.ok() && status->worker_pid > 0 && status->state == client::TaskState::kRunning) {
+        return status->worker_pid;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return 0;
+}
+
 class PswitchdTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -767,16 +781,7 @@ TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwit
   ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::future<absl::StatusOr<client::TaskResult>> training =
       client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
-  int victim = 0;
-  for (int i = 0; i < 2000 && victim == 0; ++i) {
-    for (uint64_t id = 1; id < 16 && victim == 0; ++id) {
-      auto status = client_->Status(id);
-      if (status.ok() && status->worker_pid > 0 && status->state == client::TaskState::kRunning) {
-        victim = status->worker_pid;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const int victim = AwaitRunningWorker(*client_);
   ASSERT_GT(victim, 0) << daemon_->log();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   absl::Cleanup reap = [victim] { ::kill(victim, SIGKILL); };
@@ -809,16 +814,7 @@ TEST_F(PswitchdTest, AStoppedTrainerDoesNotHoldUpAnInferencePlacedWhereItCannotW
   ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::future<absl::StatusOr<client::TaskResult>> training =
       client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
-  int victim = 0;
-  for (int i = 0; i < 2000 && victim == 0; ++i) {
-    for (uint64_t id = 1; id < 16 && victim == 0; ++id) {
-      auto status = client_->Status(id);
-      if (status.ok() && status->worker_pid > 0 && status->state == client::TaskState::kRunning) {
-        victim = status->worker_pid;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  const int victim = AwaitRunningWorker(*client_);
   ASSERT_GT(victim, 0) << daemon_->log();
   ASSERT_EQ(::kill(victim, SIGSTOP), 0);
   absl::Cleanup reap = [victim] { ::kill(victim, SIGKILL); };
