@@ -1200,6 +1200,11 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   // comes while the checkpoint runs still wins (TrainingSaved looks again).
   ending.keep_optimizer = status.ok() && !tasks_table_.at(id).stop_reason &&
                           outcome.stopped_early && outcome.iterations_done < spec.iterations;
+  // A run stopped to resume is off the GPU while its state is saved: it waits for its turn
+  // again, and says so (TrainingSaved requeues it, counting the preemption, once saved).
+  if (ending.keep_optimizer && !spec.fill) {
+    tasks_.SetState(id, TaskState::kQueued, outcome.iterations_done);
+  }
   // The GPU is free at once: the next task runs while the checkpoint reads the region off the
   // loop. The region is held meanwhile (no reservation takes it, no task runs on the model), an
   // unload of the model waits (FinishUnloads), and a cancel or deadline still finds the task

@@ -185,7 +185,8 @@ class InputsArrivingTest : public ::testing::Test {
     options.telemetry = telemetry_;
     // Room for one model's weights only: each change of model evicts the other.
     if (one_model_cache_)
-      options.weights_cache_bytes = catalog_->Find("a").value()->stored->total_bytes();
+      options.weights_cache_bytes =
+          WeightsCache::RegionBytes(catalog_->Find("a").value()->stored->total_bytes());
     options.before_state_restore = [this](uint64_t) {
       absl::MutexLock lock(&gate_mu_);
       gate_mu_.Await(absl::Condition(&restores_open_));
@@ -764,6 +765,12 @@ TEST_F(PlaceAtArrivalTest, TheNextTaskRunsWhileTheStoppedTrainingIsCheckpointed)
   // The checkpoint is held, and the preempting task runs regardless.
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
       << record_.Commands();
+  // Meanwhile the training says where it is: off the GPU, waiting for its turn (not switching).
+  absl::StatusOr<TaskStatus> saving = scheduler_->Query(training);
+  ASSERT_TRUE(saving.ok());
+  EXPECT_EQ(saving->state, TaskState::kQueued);
+  EXPECT_EQ(saving->worker_pid, 0);
+  EXPECT_EQ(saving->iterations_done, 5u);
   // A task on the weights being read waits for the checkpoint.
   const uint64_t same_model = Submit("a");
   Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);

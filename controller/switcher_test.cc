@@ -259,7 +259,7 @@ TEST_F(SwitcherTest, WithTheCacheModelsStaySideBySideAndANewCopyWaitsForNoOne) {
 
 TEST_F(SwitcherTest, WithTheCacheAnEvictionOverABusyTenantsRegionWaitsForItsDrain) {
   // A pool for one synthetic model: "b" evicts "a", whose worker is still busy.
-  const uint64_t one_model = (entries_.at("a").stored->total_bytes() + 255) & ~uint64_t{255};
+  const uint64_t one_model = WeightsCache::RegionBytes(entries_.at("a").stored->total_bytes());
   auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true, one_model);
   const int a = RunA(*switcher);
   ASSERT_GE(a, 0);

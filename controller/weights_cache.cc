@@ -9,8 +9,8 @@ namespace pswitch::controller {
 namespace {
 
 constexpr double kNsPerS = 1e9;
-// Regions start where a tensor may: the weight layout's alignment (memdaemon/weight_layout.h).
-constexpr uint64_t kRegionAlignment = 256;
+// Regions start and end on a page (RegionBytes).
+constexpr uint64_t kRegionAlignment = 4096;
 
 }  // namespace
 
@@ -189,8 +189,8 @@ void WeightsCache::Release(const std::string& model) {
 }
 
 bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
-  if (held_.empty() || bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) return false;
-  const uint64_t rounded = (bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
+  const uint64_t rounded = RegionBytes(bytes);
+  if (held_.empty() || rounded == 0) return false;
   const std::set<std::string> held(held_.begin(), held_.end());
   auto fits = [&](const std::set<std::string>& keep) {
     std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
@@ -200,11 +200,17 @@ bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t 
   return !fits(held) && fits({});
 }
 
+uint64_t WeightsCache::RegionBytes(uint64_t model_bytes) {
+  if (model_bytes == 0 || model_bytes > UINT64_MAX - kRegionAlignment) return 0;
+  return (model_bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
+}
+
 absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,
                                                   const ReloadCost& cost, int64_t now_ns,
                                                   const std::set<std::string>& asked_keep,
                                                   bool for_request) {
-  if (bytes == 0 || bytes > UINT64_MAX - kRegionAlignment) {
+  const uint64_t rounded = RegionBytes(bytes);
+  if (rounded == 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
   }
   if (held_.contains(model)) {
@@ -214,7 +220,6 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   // A region a checkpoint still reads is kept as well.
   std::set<std::string> keep = asked_keep;
   keep.insert(held_.begin(), held_.end());
-  const uint64_t rounded = (bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
   std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
   if (!window && !keep.empty() && ChooseWindow(rounded, now_ns, {})) {
     return absl::UnavailableError(absl::StrCat(

@@ -148,6 +148,10 @@ class WeightsCache {
   WeightsCacheStats stats() const;
   uint64_t capacity_bytes() const { return end_ - options_.pool_offset; }
   bool enabled() const { return options_.enabled; }
+  // The room a model of `model_bytes` takes: whole pages (a multiple of the weight layout's
+  // alignment), so a worker's page-granular access to it (issue 29 item 2) reaches no other
+  // model. 0 for a size that would overflow.
+  static uint64_t RegionBytes(uint64_t model_bytes);
 
  private:
   // A contiguous window of the pool and what taking it costs.

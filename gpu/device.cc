@@ -78,6 +78,14 @@ absl::Status CheckArenaRange(uint64_t offset, uint64_t bytes, uint64_t arena_byt
   return absl::OkStatus();
 }
 
+absl::Status Arena::RestrictAccess() {
+  return absl::FailedPreconditionError("this arena cannot restrict a process's access to it");
+}
+
+absl::Status Arena::SetAccess(uint64_t, uint64_t, Access) {
+  return absl::FailedPreconditionError("this arena cannot restrict a process's access to it");
+}
+
 absl::Status Arena::CheckRange(uint64_t offset, uint64_t bytes) const {
   return CheckArenaRange(offset, bytes, size_bytes());
 }

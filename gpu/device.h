@@ -82,6 +82,21 @@ class Arena {
   // the arena.
   virtual absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) = 0;
 
+  // Per-range access for an importing process (issue 29 item 2): a worker touches only what its
+  // task needs (the flags, its activation lease, the model it runs, read-only when it infers),
+  // so a model that escaped its tensors faults rather than reads another tenant's bytes.
+  enum class Access { kNone, kRead, kReadWrite };
+  // The unit access is granted in (ranges widen to it); 0 when this arena cannot restrict access
+  // and every byte stays readable and writable (the CUDA arena until it maps with VMM).
+  virtual uint64_t access_granularity() const { return 0; }
+  // From now on nothing of the arena is accessible to this process but what SetAccess grants.
+  // FailedPrecondition for the owner (it copies into every region) and where
+  // access_granularity() is 0.
+  virtual absl::Status RestrictAccess();
+  // What this process may do with [offset, offset + bytes), widened to access_granularity().
+  // FailedPrecondition before RestrictAccess.
+  virtual absl::Status SetAccess(uint64_t offset, uint64_t bytes, Access access);
+
   // OutOfRange unless [offset, offset + bytes) lies inside the arena.
   absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;
   // CheckRange for `count` flag words inside the flag window, plus InvalidArgument unless

@@ -84,7 +84,25 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
   PSWITCH_ASSIGN_OR_RETURN(
       client->drain_flags_,
       client->arena_->Flags(flags_offset + uint64_t{ready_count} * 4, drain_count));
+  client->flags_offset_ = flags_offset;
+  client->ready_bytes_ = uint64_t{ready_count} * 4;
+  client->flags_bytes_ = (uint64_t{ready_count} + drain_count) * 4;
   return client;
+}
+
+absl::Status ArenaClient::RestrictToFlags() {
+  const uint64_t page = arena_->access_granularity();
+  if (page == 0 || (flags_offset_ + ready_bytes_) % page != 0) {
+    return absl::FailedPreconditionError(
+        "the drain flags share a page with the ready flags: no write grant would spare them");
+  }
+  PSWITCH_RETURN_IF_ERROR(arena_->RestrictAccess());
+  // Workers only wait on ready flags (the copy engine writes them) and write drain flags; the
+  // control block holds nothing else.
+  PSWITCH_RETURN_IF_ERROR(
+      arena_->SetAccess(flags_offset_, ready_bytes_, gpu::Arena::Access::kRead));
+  return arena_->SetAccess(flags_offset_ + ready_bytes_, flags_bytes_ - ready_bytes_,
+                           gpu::Arena::Access::kReadWrite);
 }
 
 absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64_t bytes) {

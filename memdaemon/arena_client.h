@@ -31,6 +31,13 @@ class ArenaClient {
   gpu::FlagArray& drain_flags() { return *drain_flags_; }
   uint64_t weight_alignment_bytes() const { return alignment_; }
 
+  // From now on this process reads the ready flags, writes the drain flags, and touches nothing
+  // else but what it grants itself (a worker: its lease, the model region and optimizer state of
+  // the task it runs; issue 29 item 2). FailedPrecondition where the arena cannot restrict
+  // access (Arena::access_granularity 0), or where the drain words do not start a page (a
+  // write grant to them would reach ready words).
+  absl::Status RestrictToFlags();
+
   absl::StatusOr<Lease> RequestLease(const std::string& owner, uint64_t bytes);
   absl::Status ReleaseLease(const std::string& owner, uint64_t offset);
 
@@ -45,6 +52,9 @@ class ArenaClient {
   std::unique_ptr<gpu::FlagArray> ready_flags_;
   std::unique_ptr<gpu::FlagArray> drain_flags_;
   uint64_t alignment_ = 0;
+  uint64_t flags_offset_ = 0;
+  uint64_t ready_bytes_ = 0;  // the ready words, then the drain words
+  uint64_t flags_bytes_ = 0;
 };
 
 }  // namespace pswitch::memdaemon

@@ -22,6 +22,9 @@ inline constexpr uint64_t kReadyFlagsOffset = 0;
 inline constexpr uint64_t kDrainFlagsOffset = kReadyFlagsOffset + kReadyFlagCount * 4;
 // Data starts on a 2 MiB boundary (large-page friendly on both backends).
 inline constexpr uint64_t kControlBytes = 2ull << 20;
+// Leases start and end on a page: a worker's access to one (issue 29 item 2) widens to whole
+// pages, which then hold nothing of another lease.
+inline constexpr uint64_t kLeaseAlignmentBytes = 4096;
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= kControlBytes);
 // Every flag word inside the window the device interface mirrors in host memory.
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= gpu::kFlagWindowBytes);

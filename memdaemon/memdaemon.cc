@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<MemDaemon>> MemDaemon::Create(const MemDaemonOpti
   PSWITCH_ASSIGN_OR_RETURN(d->drain_flags_, d->arena_->Flags(kDrainFlagsOffset, kDrainFlagCount));
   PSWITCH_ASSIGN_OR_RETURN(d->copy_engine_, d->device_->CreateCopyEngine(*d->arena_));
   d->leases_ = std::make_unique<LeaseTable>(d->arena_.get(), kControlBytes, arena_bytes,
-                                            kWeightAlignmentBytes);
+                                            kLeaseAlignmentBytes);
   d->weights_ = std::make_unique<WeightStore>(d->device_.get(), arena_bytes - kControlBytes);
   d->transmitter_ = std::make_unique<Transmitter>(d->copy_engine_.get(), d->ready_flags_.get(),
                                                   d->drain_flags_.get(), arena_bytes);

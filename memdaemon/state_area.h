@@ -29,19 +29,22 @@ class StateArea {
   StateArea& operator=(const StateArea&) = delete;
 
   uint64_t offset() const { return lease_.offset; }
-  uint64_t bytes() const { return lease_.bytes; }
+  // The state's own size (its lease may be a little larger: leases end on a page).
+  uint64_t bytes() const { return bytes_; }
 
   // Copies the state into a pinned host buffer (the one it was filled from, when it fits) and
   // releases the lease. The buffer is the task's next checkpoint.
   absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> SaveAndRelease();
 
  private:
-  StateArea(MemDaemon* daemon, Lease lease, std::unique_ptr<gpu::HostBuffer> staging)
-      : daemon_(daemon), lease_(std::move(lease)), staging_(std::move(staging)) {}
+  StateArea(MemDaemon* daemon, Lease lease, uint64_t bytes,
+            std::unique_ptr<gpu::HostBuffer> staging)
+      : daemon_(daemon), lease_(std::move(lease)), bytes_(bytes), staging_(std::move(staging)) {}
   absl::Status Release();
 
   MemDaemon* const daemon_;
   const Lease lease_;
+  const uint64_t bytes_;
   std::unique_ptr<gpu::HostBuffer> staging_;  // reused for the save
   bool released_ = false;
 };

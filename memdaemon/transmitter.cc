@@ -76,6 +76,17 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
     if (span.bytes > 0) group.spans.push_back(span);
     job.groups.push_back(std::move(group));
   }
+  // The last span runs on to the region's page end (zeros): nothing of the memory's earlier
+  // owner stays in a page a worker is given (regions are whole pages: WeightsCache::RegionBytes).
+  const uint64_t padded_end = request.weights_offset +
+                              std::min(model.padded_bytes(), arena_bytes_ - request.weights_offset);
+  for (auto g = job.groups.rbegin(); g != job.groups.rend(); ++g) {
+    if (g->spans.empty()) continue;
+    gpu::CopySpan& last = g->spans.back();
+    const uint64_t end = last.arena_offset + last.bytes;
+    if (end < padded_end) last.bytes += padded_end - end;
+    break;
+  }
   if (request.drain.has_value()) {
     job.drain_flags = drain_flags_;
     job.drain_index = request.drain->index;

@@ -162,13 +162,21 @@ TEST_F(TransmitterTest, GroupsOfOnlyParameterFreeLayersArePublishedToo) {
   auto stored = daemon_->weights().Register(model);
   ASSERT_TRUE(stored.ok()) << stored.status();
   grouping::GroupPlan groups = {{0, 0}, {1, 2}, {3, 3}};
+  // Whatever the memory held before, past the model's bytes in its last page.
+  ASSERT_EQ((*stored)->padded_bytes(), 4096u);
+  ASSERT_TRUE(daemon_->arena().Fill((2 << 20) + 4024, 72, 0xAB).ok());
   auto t = daemon_->transmitter().Start(TransmitRequest{*stored, groups, 2 << 20, 7});
   ASSERT_TRUE(t.ok()) << t.status();
   auto traces = (*t)->Wait(absl::Seconds(60));
   ASSERT_TRUE(traces.ok()) << traces.status();
   EXPECT_EQ((*traces)[0].bytes, 1000u);
   EXPECT_EQ((*traces)[1].bytes, 0u);
-  EXPECT_EQ((*traces)[2].bytes, 3000u);
+  // conv2 at 1024 (3000 bytes), then zeros to the page's end: nothing of an earlier owner stays
+  // in a page a worker is given.
+  EXPECT_EQ((*traces)[2].bytes, 4096u - 1024u);
+  std::vector<std::byte> tail(72);
+  ASSERT_TRUE(daemon_->arena().CopyToHost((2 << 20) + 4024, tail).ok());
+  EXPECT_EQ(tail, std::vector<std::byte>(72, std::byte{0}));
   for (uint32_t g = 0; g < 3; ++g) {
     EXPECT_TRUE(daemon_->ready_flags().WaitReady(7 + g, (*t)->epoch(), absl::Seconds(1)).ok());
   }

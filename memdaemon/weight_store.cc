@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "memdaemon/arena_layout.h"
 
 namespace pswitch::memdaemon {
 namespace {
@@ -57,9 +58,12 @@ absl::StatusOr<const StoredModel*> WeightStore::Register(const ModelBytes& model
         absl::StrCat("model '", model.name, "' needs ", layout.total_bytes,
                      " bytes of weights but the arena holds at most ", max_model_bytes_));
   }
-  // A model of only empty layers still gets a (tiny) buffer so every model has host bytes.
+  // Whole pages (StoredModel::padded_bytes); a model of only empty layers still gets one, so
+  // every model has host bytes.
+  const uint64_t padded = (std::max<uint64_t>(layout.total_bytes, 1) + kLeaseAlignmentBytes - 1) /
+                          kLeaseAlignmentBytes * kLeaseAlignmentBytes;
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostBuffer> buffer,
-                           device_->AllocatePinned(std::max<uint64_t>(layout.total_bytes, 1)));
+                           device_->AllocatePinned(padded));
   std::memset(buffer->data(), 0, buffer->size_bytes());  // padding is deterministic
   for (size_t l = 0; l < model.layers.size(); ++l) {
     for (size_t t = 0; t < model.layers[l].tensors.size(); ++t) {

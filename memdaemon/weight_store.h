@@ -57,6 +57,9 @@ class StoredModel {
   uint64_t total_bytes() const { return layout_.total_bytes; }
   // Pinned host bytes, laid out exactly as the model's arena region.
   std::byte* host_bytes() const { return buffer_->data(); }
+  // total_bytes() to a whole page, the rest zeros: what a copy writes, so no byte of a region's
+  // last page is left from the memory's earlier owner (a worker's access to it is by page).
+  uint64_t padded_bytes() const { return buffer_->size_bytes(); }
   // Which version of the weights the pinned bytes hold: a training checkpoint writes new ones
   // (MemDaemon::CheckpointWeights), and a GPU whose cache copied an older generation must copy
   // again rather than serve it.

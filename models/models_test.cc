@@ -407,7 +407,7 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
           });
           torch::manual_seed(step);
           auto cut = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
-                                      nullptr, &stop);
+                                      nullptr, {&stop});
           EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
           if (cut_at == executed + 1) {
             // Set during the backward (fc is its first layer): cut there, conv1 never reached.
@@ -420,7 +420,7 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
         }
         torch::manual_seed(step);
         auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
-                                     nullptr, &stop);
+                                     nullptr, {&stop});
         ASSERT_TRUE(loss.ok()) << loss.status();
       }
       auto want_params = reference->named_parameters();
@@ -431,6 +431,94 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
       for (const auto& item : model->named_buffers()) {
         EXPECT_TRUE(at::equal(item.value(), want_buffers[item.key()])) << item.key();
       }
+    }
+  }
+}
+
+// The first step of a run starts while its weights are still landing: it reads each layer's
+// buffers at that layer's gate, once they came, so a cut puts back what the forward changed as it
+// had arrived, and writes nothing over the layers it never reached, whose copy lands meanwhile.
+TEST(TrainingTest, AStepCutWhileWeightsArriveRestoresWhatArrivedAndNothingElse) {
+  const TrainerOptions options{OptimizerKind::kSgd, 0.05, 0.9};
+  constexpr int kSteps = 2;
+  auto reference = Create("tiny_cnn", {}, 5);
+  auto uninterrupted = Trainer::Create(*reference, options);
+  ASSERT_TRUE(uninterrupted.ok());
+  for (int step = 0; step < kSteps; ++step) {
+    torch::manual_seed(step);
+    ASSERT_TRUE((*uninterrupted)
+                    ->Step(reference->ExampleInput(4, step), reference->ExampleTarget(4, step))
+                    .ok());
+  }
+  auto probe = Create("tiny_cnn", {}, 5);
+  probe->train();
+  auto probe_layers = probe->Layers();
+  ASSERT_TRUE(probe_layers.ok());
+  int executed = 0;
+  for (const Layer& l : **probe_layers) executed += l.executed ? 1 : 0;
+  for (int cut_at = 0; cut_at <= executed + 1; ++cut_at) {
+    SCOPED_TRACE(absl::StrCat("cut at ", cut_at));
+    auto model = Create("tiny_cnn", {}, 5);
+    auto trainer = Trainer::Create(*model, options);
+    ASSERT_TRUE(trainer.ok());
+    model->train();
+    auto layers = model->Layers();
+    ASSERT_TRUE(layers.ok());
+    // Each layer's buffers as the copy brings them; until then they hold what the region held.
+    std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> arriving((*layers)->size());
+    std::vector<std::vector<at::Tensor>> call_buffers((*layers)->size());  // what each call writes
+    for (size_t l = 0; l < (*layers)->size(); ++l) {
+      for (const LayerTensor& t : (**layers)[l].tensors) {
+        if (t.is_parameter) continue;
+        call_buffers[l].push_back(t.tensor);
+        arriving[l].emplace_back(t.tensor, t.tensor.clone());
+        torch::NoGradGuard no_grad;
+        t.tensor.fill_(7);
+      }
+    }
+    const auto land = [&](size_t l) {
+      torch::NoGradGuard no_grad;
+      for (auto& [buffer, value] : arriving[l]) buffer.copy_(value);
+    };
+    std::atomic<bool> stop{false};
+    model->SetGateHook([&](int layer) {
+      if (layer == cut_at) {
+        for (size_t l = 0; l < arriving.size(); ++l) land(l);  // the rest landed meanwhile
+        throw StepCut();
+      }
+      land(layer);  // the gate lets a layer go once its group is in
+      if (layer == executed - 1 && cut_at == executed) stop = true;  // seen after forward
+    });
+    at::Tensor fc_weight = model->named_parameters()["fc.weight"];
+    const unsigned hook = fc_weight.register_hook([&](at::Tensor grad) {
+      if (cut_at == executed + 1) stop = true;  // during the backward
+      return grad;
+    });
+    torch::manual_seed(0);
+    auto cut = (*trainer)->Step(model->ExampleInput(4, 0), model->ExampleTarget(4, 0), nullptr,
+                                {&stop, &call_buffers});
+    EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
+    fc_weight.remove_hook(hook);
+    model->SetGateHook(nullptr);
+    stop = false;
+    for (size_t l = 0; l < arriving.size(); ++l) {
+      for (const auto& [buffer, value] : arriving[l]) {
+        EXPECT_TRUE(at::equal(buffer, value)) << (**layers)[l].name;
+      }
+    }
+    for (int step = 0; step < kSteps; ++step) {
+      torch::manual_seed(step);
+      auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
+                                   nullptr, {&stop});
+      ASSERT_TRUE(loss.ok()) << loss.status();
+    }
+    auto want_params = reference->named_parameters();
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_TRUE(at::equal(item.value(), want_params[item.key()])) << item.key();
+    }
+    auto want_buffers = reference->named_buffers();
+    for (const auto& item : model->named_buffers()) {
+      EXPECT_TRUE(at::equal(item.value(), want_buffers[item.key()])) << item.key();
     }
   }
 }
@@ -474,7 +562,7 @@ TEST(TrainingTest, TransformersAndInceptionTrain) {
       if (layer == 2) throw StepCut();
     });
     auto cut =
-        (*trainer)->Step(model->ExampleInput(2, 1), model->ExampleTarget(2, 1), nullptr, &stop);
+        (*trainer)->Step(model->ExampleInput(2, 1), model->ExampleTarget(2, 1), nullptr, {&stop});
     model->SetGateHook(nullptr);
     EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
     for (const auto& item : model->named_parameters()) {
@@ -484,7 +572,7 @@ TEST(TrainingTest, TransformersAndInceptionTrain) {
       EXPECT_TRUE(at::equal(item.value(), before[item.key()])) << item.key();
     }
     EXPECT_TRUE((*trainer)
-                    ->Step(model->ExampleInput(2, 1), model->ExampleTarget(2, 1), nullptr, &stop)
+                    ->Step(model->ExampleInput(2, 1), model->ExampleTarget(2, 1), nullptr, {&stop})
                     .ok());
   }
 }

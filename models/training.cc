@@ -85,8 +85,9 @@ uint64_t OptimizerSlotBytes(ZooModel& model) {
   return bytes;
 }
 
-Trainer::Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optimizer)
-    : model_(model), optimizer_(std::move(optimizer)) {}
+Trainer::Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+                 std::unique_ptr<BufferSnapshot> buffers)
+    : model_(model), optimizer_(std::move(optimizer)), buffers_(std::move(buffers)) {}
 
 Trainer::~Trainer() = default;
 
@@ -124,7 +125,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ZooModel& model,
           BindExternalState(*optimizer, options, params, *state, slot_bytes);
         }
       }));
-  return std::unique_ptr<Trainer>(new Trainer(model, std::move(optimizer)));
+  std::unique_ptr<BufferSnapshot> buffers;
+  PSWITCH_RETURN_IF_ERROR(CatchTorch(
+      absl::StrCat("model '", model.model_name(), "': buffer snapshot"),
+      [&] { buffers = std::make_unique<BufferSnapshot>(model.buffers(/*recurse=*/true)); }));
+  return std::unique_ptr<Trainer>(new Trainer(model, std::move(optimizer), std::move(buffers)));
 }
 
 namespace {
@@ -219,61 +224,106 @@ bool IsStepCut(const absl::Status& status) {
   return status.GetPayload(kStepCutPayload).has_value();
 }
 
-Trainer::BufferSnapshot::BufferSnapshot(std::vector<at::Tensor> buffers) {
+Trainer::BufferSnapshot::BufferSnapshot(const std::vector<at::Tensor>& buffers) {
   std::map<at::ScalarType, size_t> group_of;
+  std::vector<int64_t> numel;
   for (const at::Tensor& b : buffers) {
     // What a forward updates: floating-point statistics and scalar counters (BatchNorm's
     // running mean and variance, num_batches_tracked). Masks and index tables (bool, or
     // integers of many elements) are constants and cost nothing here.
     if (!b.defined() || b.numel() == 0) continue;
     if (!at::isFloatingType(b.scalar_type()) && b.numel() != 1) continue;
+    if (!slot_of_.emplace(b.unsafeGetTensorImpl(), slots_.size()).second) continue;
     auto [it, added] = group_of.try_emplace(b.scalar_type(), groups_.size());
-    if (added) groups_.emplace_back();
-    groups_[it->second].buffers.push_back(b);
+    if (added) {
+      groups_.emplace_back();
+      numel.push_back(0);
+    }
+    const size_t g = it->second;
+    groups_[g].buffers.push_back(b);
+    slots_.push_back(Slot{b, g, numel[g]});
+    numel[g] += b.numel();
   }
-  for (Group& g : groups_) {
-    int64_t numel = 0;
-    for (const at::Tensor& b : g.buffers) numel += b.numel();
-    g.copy = at::empty({numel}, g.buffers.front().options());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].copy = at::empty({numel[g]}, groups_[g].buffers.front().options());
   }
 }
 
-void Trainer::BufferSnapshot::Take() {
+void Trainer::BufferSnapshot::TakeAll() {
   for (Group& g : groups_) {
     std::vector<at::Tensor> flat;
     flat.reserve(g.buffers.size());
     for (const at::Tensor& b : g.buffers) flat.push_back(b.reshape(-1));  // a view when it can
     at::cat_out(g.copy, flat, 0);
   }
+  StartPiecewise();
+  all_taken_ = true;
+}
+
+void Trainer::BufferSnapshot::StartPiecewise() {
+  all_taken_ = false;
+  for (size_t i : taken_) slots_[i].taken = false;
+  taken_.clear();
+}
+
+void Trainer::BufferSnapshot::Put(const Slot& slot, bool take) {
+  at::Tensor saved = groups_[slot.group]
+                         .copy.narrow(0, slot.offset, slot.buffer.numel())
+                         .view(slot.buffer.sizes());
+  if (take) {
+    saved.copy_(slot.buffer);
+  } else {
+    slot.buffer.copy_(saved);
+  }
+}
+
+void Trainer::BufferSnapshot::Take(const std::vector<at::Tensor>& buffers) {
+  if (all_taken_) return;
+  for (const at::Tensor& b : buffers) {
+    auto it = b.defined() ? slot_of_.find(b.unsafeGetTensorImpl()) : slot_of_.end();
+    if (it == slot_of_.end() || slots_[it->second].taken) continue;
+    Slot& slot = slots_[it->second];
+    Put(slot, /*take=*/true);
+    slot.taken = true;
+    taken_.push_back(it->second);
+  }
 }
 
 void Trainer::BufferSnapshot::Restore() {
   torch::NoGradGuard no_grad;
-  for (Group& g : groups_) {
-    int64_t offset = 0;
-    for (at::Tensor& b : g.buffers) {
-      b.copy_(g.copy.narrow(0, offset, b.numel()).view(b.sizes()));
-      offset += b.numel();
-    }
+  if (all_taken_) {
+    for (const Slot& slot : slots_) Put(slot, /*take=*/false);
+    return;
   }
+  for (size_t i : taken_) Put(slots_[i], /*take=*/false);
 }
 
 absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& target,
-                                     StepParts* parts, const std::atomic<bool>* cut) {
+                                     StepParts* parts, StepCutOptions cut) {
   double loss_value = 0;
   bool was_cut = false;
-  const auto check_cut = [cut] {
-    if (cut != nullptr && cut->load(std::memory_order_relaxed)) throw StepCut();
+  const auto check_cut = [stop = cut.stop] {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) throw StepCut();
   };
+  // While weights arrive, each layer's buffers are taken at its gate (after its group came).
+  struct AfterGate {
+    ZooModel* model = nullptr;
+    ~AfterGate() {
+      if (model != nullptr) model->SetAfterGateHook(nullptr);
+    }
+  } after_gate;
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_.model_name(), "': training step"), [&] {
-        if (cut != nullptr) {
-          if (buffers_ == nullptr) {
-            std::vector<at::Tensor> buffers;
-            for (const at::Tensor& b : model_.buffers()) buffers.push_back(b);
-            buffers_ = std::make_unique<BufferSnapshot>(std::move(buffers));
-          }
-          buffers_->Take();
+        if (cut.stop != nullptr && cut.arriving_buffers == nullptr) {
+          buffers_->TakeAll();
+        } else if (cut.stop != nullptr) {
+          buffers_->StartPiecewise();
+          after_gate.model = &model_;
+          model_.SetAfterGateHook([this, calls = cut.arriving_buffers](int index) {
+            if (index >= 0 && static_cast<size_t>(index) < calls->size()) {
+              buffers_->Take((*calls)[index]);
+            }
+          });
         }
         try {
           const int64_t start = base::MonotonicNowNs();
@@ -282,7 +332,7 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
           ModelOutput out = model_.Forward(input);
           check_cut();
           at::Tensor loss = model_.Loss(out, target);
-          if (cut != nullptr) CutBackwardAtEveryNode(loss, cut);
+          if (cut.stop != nullptr) CutBackwardAtEveryNode(loss, cut.stop);
           try {
             loss.backward();
           } catch (const StepCut&) {
@@ -290,7 +340,7 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
           } catch (...) {
             // Should an engine hand a hook's exception back wrapped, a set flag still says why
             // (and a real error, were it to coincide, comes back when the step runs again).
-            if (cut != nullptr && cut->load(std::memory_order_relaxed)) throw StepCut();
+            if (cut.stop != nullptr && cut.stop->load(std::memory_order_relaxed)) throw StepCut();
             throw;
           }
           check_cut();  // the last point before the parameters change
@@ -308,7 +358,7 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
         }
         // Gradients are zeroed by the next step; what the forward wrote is put back now (on a
         // GPU, queued on the same stream, so it lands before the task's final synchronisation).
-        if (was_cut && buffers_ != nullptr) buffers_->Restore();
+        if (was_cut) buffers_->Restore();
       }));
   if (was_cut) return StepCutError();
   return loss_value;

@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,17 @@ class StepCut final : public std::exception {
 absl::Status StepCutError();
 bool IsStepCut(const absl::Status& status);
 
+// How a step may be cut (Trainer::Step's `cut`; the default: never).
+struct StepCutOptions {
+  const std::atomic<bool>* stop = nullptr;  // once set, the step is cut at its next point
+  // Given while the model's weights may still be arriving (the first step of a run whose copy is
+  // in flight): the buffers each layer call of the training forward may write, in call order.
+  // Each call's are then read at its gate (the after-gate hook), once its weights came, not all
+  // at the step's start, where some had not landed (a cut would write those stale values back
+  // over the copy). Calls past its end write nothing.
+  const std::vector<std::vector<at::Tensor>>* arriving_buffers = nullptr;
+};
+
 // Trains `model` in place. The model is borrowed: it must outlive the Trainer. Not thread-safe.
 class Trainer {
  public:
@@ -87,37 +99,54 @@ class Trainer {
   };
   // Puts the model in train mode and runs one step; returns the loss before the update.
   // Deterministic on the CPU for a fixed libtorch seed (dropout draws from the global generator).
-  // With `cut`, the step may be cut short: by a StepCut thrown from the forward pass (a gate
-  // hook), at `cut` seen set after the forward, before any node of the backward, or after it. A cut
-  // step leaves the parameters, the buffers the forward updated (BatchNorm's running statistics)
-  // and the optimizer state as they were, and returns StepCutError(): running it again gives what
-  // the uncut step would have.
+  // With `cut.stop`, the step may be cut short: by a StepCut thrown from the forward pass (a
+  // gate hook), at the flag seen set after the forward, before any node of the backward, or
+  // after it. A cut step leaves the parameters, the buffers the forward updated (BatchNorm's
+  // running statistics) and the optimizer state as they were, and returns StepCutError():
+  // running it again gives what the uncut step would have.
   absl::StatusOr<double> Step(const ModelInput& input, const at::Tensor& target,
-                              StepParts* parts = nullptr, const std::atomic<bool>* cut = nullptr);
+                              StepParts* parts = nullptr, StepCutOptions cut = {});
 
  private:
   // The buffers a forward may update, as they were before a step, so a cut step can put them
-  // back: one flat copy per dtype, taken by one concatenation (one kernel on a GPU, not one per
-  // buffer).
+  // back: one flat copy per dtype. Taken whole by one concatenation per dtype (one kernel on a
+  // GPU, not one per buffer) when every weight is in; else buffer by buffer as each layer's
+  // weights come, and then only those taken are put back (the others the forward never wrote,
+  // and their copy may still be landing).
   class BufferSnapshot {
    public:
-    explicit BufferSnapshot(std::vector<at::Tensor> buffers);
-    void Take();
-    void Restore();
+    explicit BufferSnapshot(const std::vector<at::Tensor>& buffers);
+    void TakeAll();
+    void StartPiecewise();  // nothing taken yet: Take as each layer's weights come
+    void Take(const std::vector<at::Tensor>& buffers);  // those of them it keeps, once a step
+    void Restore();  // what was taken since TakeAll or StartPiecewise
 
    private:
     struct Group {
       std::vector<at::Tensor> buffers;  // of one dtype
       at::Tensor copy;                  // all of them, flat, in order
     };
+    struct Slot {
+      at::Tensor buffer;
+      size_t group = 0;
+      int64_t offset = 0;  // in the group's copy
+      bool taken = false;  // this step (piecewise)
+    };
+    void Put(const Slot& slot, bool take);
+
     std::vector<Group> groups_;
+    std::vector<Slot> slots_;
+    std::unordered_map<const c10::TensorImpl*, size_t> slot_of_;
+    bool all_taken_ = false;
+    std::vector<size_t> taken_;
   };
 
-  Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optimizer);
+  Trainer(ZooModel& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+          std::unique_ptr<BufferSnapshot> buffers);
 
   ZooModel& model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  std::unique_ptr<BufferSnapshot> buffers_;  // made at the first step that may be cut
+  const std::unique_ptr<BufferSnapshot> buffers_;
 };
 
 }  // namespace pswitch::models

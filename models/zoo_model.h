@@ -82,6 +82,7 @@ class LayerTape {
                                          (*expected_)[index] == module),
                 "layer call ", index, " is not the layer registration recorded there");
     if (gate_) gate_(index);
+    if (after_gate_) after_gate_(index);
   }
   // `expected`: the modules each call must be, in order (null: not checked); it outlives the pass.
   void StartForward(const std::vector<const torch::nn::Module*>* expected = nullptr) {
@@ -98,9 +99,11 @@ class LayerTape {
     return std::move(recorded_);
   }
   void set_gate(GateHook gate) { gate_ = std::move(gate); }
+  void set_after_gate(GateHook after_gate) { after_gate_ = std::move(after_gate); }
 
  private:
   GateHook gate_;
+  GateHook after_gate_;
   const std::vector<const torch::nn::Module*>* expected_ = nullptr;
   bool recording_ = false;
   int calls_ = 0;
@@ -153,6 +156,9 @@ class ZooModel : public torch::nn::Module {
 
   // Replaces the gate hook; an empty function disables it.
   void SetGateHook(GateHook gate) { tape_.set_gate(std::move(gate)); }
+  // Replaces the hook that runs once the gate let layer `index` go, just before it runs (its
+  // weights are in by then: what reads them there reads what arrived); empty disables it.
+  void SetAfterGateHook(GateHook after_gate) { tape_.set_after_gate(std::move(after_gate)); }
 
   const std::string& model_name() const { return model_name_; }
 

@@ -518,7 +518,8 @@ TEST(HttpTasksE2eTest, TrainingTasksAreSubmittedPolledListedAndCancelled) {
   EXPECT_EQ(Body(submitted)["model"], "bob_mlp");
   const uint64_t id = Body(submitted)["task_id"].get<uint64_t>();
   EXPECT_EQ(submitted->get_header_value("Location"), "/v1/tasks/" + std::to_string(id));
-  EXPECT_EQ(await_state(id, "succeeded"), "succeeded");
+  EXPECT_EQ(await_state(id, "succeeded"), "succeeded")
+      << http.Get("/v1/tasks/" + std::to_string(id), bob)->body << daemon.log();
   // Another user's task is as good as absent.
   auto hidden = http.Get("/v1/tasks/" + std::to_string(id), carol);
   ASSERT_TRUE(hidden);

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iostream>
 #include <optional>
 #include <thread>
 
@@ -160,6 +161,10 @@ class PswitchdTest : public ::testing::Test {
     auto c = client::Client::Connect(daemon_->address());
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = std::move(*c);
+  }
+  void TearDown() override {
+    // A failure's story is in the daemon's log (its workers' lines included).
+    if (HasFailure() && daemon_ != nullptr) std::cerr << "pswitchd's log:\n" << daemon_->log();
   }
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<client::Client> client_;
@@ -349,11 +354,35 @@ TEST_F(PswitchdTest, PreemptedTrainingEndsWithTheSameWeightsAsAnUninterruptedRun
     ASSERT_TRUE(straight.ok()) << straight.status();
 
     std::future<absl::StatusOr<client::TaskResult>> training = client_->TrainAsync(a_name, options);
+    const auto training_ended = [&] {
+      return training.wait_for(std::chrono::milliseconds(0)) == std::future_status::ready;
+    };
+    uint64_t training_id = 0;
+    for (int i = 0; i < 2000 && training_id == 0 && !training_ended(); ++i) {
+      auto tasks = client_->ListTasks();
+      ASSERT_TRUE(tasks.ok()) << tasks.status();
+      for (const client::TaskStatus& t : *tasks) {
+        if (t.model == a_name) training_id = t.task_id;
+      }
+      if (training_id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    // Inference keeps arriving while the task trains: every other one once the task's run is
+    // out, so it stops a worker under way (a run that drains), the others at once, as the task
+    // is placed again, restores its state and starts its first step while its weights land.
+    const auto await_running = [&] {
+      for (int i = 0; i < 10000 && !training_ended(); ++i) {
+        auto status = client_->Status(training_id);
+        if (status.ok() && (status->state == client::TaskState::kSwitching ||
+                            status->state == client::TaskState::kRunning)) {
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    };
     proto::HostTensor mlp_in = Input("tiny_mlp", 1);
-    // Inference keeps arriving while the task trains: each one preempts it.
     int inferences = 0;
-    while (training.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready &&
-           inferences < 200) {
+    while (!training_ended() && inferences < 200) {
+      if (inferences % 2 == 0) await_running();
       ASSERT_TRUE(client_->Infer("tiny_mlp", {mlp_in}).ok());
       ++inferences;
     }
@@ -363,7 +392,13 @@ TEST_F(PswitchdTest, PreemptedTrainingEndsWithTheSameWeightsAsAnUninterruptedRun
     ASSERT_TRUE(status.ok());
     EXPECT_EQ(status->iterations_done, options.iterations);
     ASSERT_GE(status->preemptions, 1u) << "inferences sent: " << inferences;
-    // Each preempted run was cleaned up after its worker drained, off the switch's path.
+    // Each preempted run was cleaned up after its worker drained, off the switch's path (the
+    // worker reports its drain after the run's end: the status may show it a moment later).
+    for (int i = 0; i < 5000 && status.ok() && status->clean_time == absl::ZeroDuration(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      status = client_->Status(interrupted->task_id);
+    }
+    ASSERT_TRUE(status.ok());
     EXPECT_GT(status->clean_time, absl::ZeroDuration());
     EXPECT_TRUE(status->cleaned_after_drain);
     // Same weights <=> same outputs, bit for bit, on the same input.
@@ -829,6 +864,85 @@ TEST_F(PswitchdTest, AStoppedTrainerDoesNotHoldUpAnInferencePlacedWhereItCannotW
   ASSERT_FALSE(trained.ok());
   EXPECT_THAT(trained.status().message(), HasSubstr("went silent")) << trained.status();
   EXPECT_THAT(daemon_->log(), HasSubstr("event=task_placed_ahead"));
+}
+
+// Bytes of the shared arena `pid` may read (`perm` 'r') or write ('w'), from its mappings.
+uint64_t ArenaAccessBytes(pid_t pid, char perm) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  uint64_t total = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("pswitch-arena") == std::string::npos) continue;
+    unsigned long long begin = 0, end = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%llx-%llx %4s", &begin, &end, perms) != 3) continue;
+    if ((perm == 'r' && perms[0] == 'r') || (perm == 'w' && perms[1] == 'w')) total += end - begin;
+  }
+  return total;
+}
+
+// Issue 29 item 2: a worker touches only the flag words, its own activation lease and the region
+// of the model it runs (read-only unless it trains), and a training run's optimizer state; the
+// rest of the arena (other models' weights, other workers' leases) is not even readable to it.
+TEST_F(PswitchdTest, AWorkerCanTouchOnlyItsLeaseAndWhatItsTaskRuns) {
+  ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
+  constexpr uint64_t kArena = 536870912, kLease = 67108864;
+  const auto pages = [page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE))](uint64_t bytes) {
+    return (bytes + page - 1) / page * page;
+  };
+  // Ready flags (read-only: the copy engine writes them), then drain flags on a page of their own.
+  const uint64_t kReadyPages = pages(16384 * 4), kDrainPage = pages(256 * 4);
+  const uint64_t kFlagPages = kReadyPages + kDrainPage;
+  std::vector<pid_t> workers;
+  for (pid_t child : Children(daemon_->pid())) {
+    if (!IsInspector(child)) workers.push_back(child);
+  }
+  ASSERT_EQ(workers.size(), 3u);
+  // At most the one model it last loaded or ran is readable (kept for its next task of that
+  // model): tiny_mlp's region (38656 bytes) is the larger, both together more.
+  const uint64_t kTinyModels = pages(38656);
+  for (pid_t w : workers) {
+    SCOPED_TRACE(w);
+    EXPECT_GE(ArenaAccessBytes(w, 'r'), kFlagPages + kLease);
+    EXPECT_LE(ArenaAccessBytes(w, 'r'), kFlagPages + kLease + kTinyModels);
+    EXPECT_EQ(ArenaAccessBytes(w, 'w'), kDrainPage + kLease);
+  }
+  // Inferences ran on them, and writes no more than before.
+  for (int i = 0; i < 6; ++i) {
+    const char* model = i % 2 ? "tiny_cnn" : "tiny_mlp";
+    ASSERT_TRUE(client_->Infer(model, {Input(model, i)}).ok());
+  }
+  for (pid_t w : workers) {
+    SCOPED_TRACE(w);
+    EXPECT_LE(ArenaAccessBytes(w, 'r'), kFlagPages + kLease + kTinyModels);
+    EXPECT_EQ(ArenaAccessBytes(w, 'w'), kDrainPage + kLease);
+  }
+  // A training run holds its model's region and its optimizer state read-write, and no more.
+  std::future<absl::StatusOr<client::TaskResult>> training =
+      client_->TrainAsync("tiny_cnn", {1000000, 1, 0});
+  const int trainer = AwaitRunningWorker(*client_);
+  ASSERT_GT(trainer, 0) << daemon_->log();
+  uint64_t during = 0;
+  for (int i = 0; i < 500 && during <= kDrainPage + kLease; ++i) {
+    during = ArenaAccessBytes(trainer, 'w');
+    if (during <= kDrainPage + kLease) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GT(during, kDrainPage + kLease);
+  EXPECT_LE(during, kDrainPage + kLease + 2 * kTinyModels) << "tiny_cnn and its state";
+  EXPECT_EQ(ArenaAccessBytes(trainer, 'r'), during + kReadyPages)
+      << "its model writable, nothing else readable";
+  EXPECT_LT(during, kArena);
+  auto tasks = client_->ListTasks();
+  ASSERT_TRUE(tasks.ok()) << tasks.status();
+  for (const client::TaskStatus& t : *tasks) {
+    if (t.state == client::TaskState::kRunning) EXPECT_TRUE(client_->Cancel(t.task_id).ok());
+  }
+  EXPECT_EQ(training.get().status().code(), absl::StatusCode::kCancelled);
+  // Write access taken back once the run ended.
+  for (int i = 0; i < 500 && ArenaAccessBytes(trainer, 'w') != kDrainPage + kLease; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(ArenaAccessBytes(trainer, 'w'), kDrainPage + kLease);
+  EXPECT_LE(ArenaAccessBytes(trainer, 'r'), kFlagPages + kLease + kTinyModels);
 }
 
 // Trust-boundary issue, item 5: `kill -STOP` on the worker running an inference stalled that

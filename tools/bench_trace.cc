@@ -67,6 +67,10 @@ ABSL_FLAG(std::string, arms, "warm,cost,lru,off,cost-third,lru-third,stop-and-st
 namespace pswitch {
 namespace {
 
+// The room the weights cache gives a model: whole pages (controller::WeightsCache::RegionBytes,
+// which this tool does not link).
+uint64_t RegionBytes(uint64_t model_bytes) { return (model_bytes + 4095) / 4096 * 4096; }
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "bench-trace: %s\n", status.ToString().c_str());
   return 1;
@@ -319,8 +323,8 @@ int Run() {
     if (!arm.ok()) return Fail(arm.status());
     for (int m = 0; m < models; ++m) {
       bytes[m] = (*arm)->bytes(m);
-      total_bytes += (bytes[m] + 255) & ~uint64_t{255};
-      largest = std::max(largest, (bytes[m] + 255) & ~uint64_t{255});
+      total_bytes += RegionBytes(bytes[m]);
+      largest = std::max(largest, RegionBytes(bytes[m]));
     }
     std::vector<Request> touch;
     for (int m = 0; m < models; ++m) touch.push_back({0, m});

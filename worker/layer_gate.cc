@@ -97,6 +97,27 @@ void LayerGate::Task::OnLayer(int index) {
   if constexpr (base::kNvtxBuilt) group_range_.Restart(absl::StrCat("group ", group));
 }
 
+bool LayerGate::Task::PassAllIfIn() {
+  const Spec& spec = gate_.spec_;
+  const int all = static_cast<int>(gate_.groups());
+  if (waited_group_ + 1 >= all) return true;
+  for (int g = waited_group_ + 1; g < all; ++g) {
+    absl::StatusOr<uint32_t> flag = gate_.ready_flags_->Load(spec.flag_base + g);
+    if (!flag.ok() || *flag != spec.epoch) return false;
+  }
+  // Already released: on a GPU these device-side waits order the step's reads after the copy
+  // (the CPU having seen a flag orders nothing on the device); on the host they return at once.
+  for (int g = waited_group_ + 1; g < all; ++g) {
+    if (!stream_.WaitFlag(*gate_.ready_flags_, spec.flag_base + g, spec.epoch, gate_.group_timeout_)
+             .ok()) {
+      return false;  // the layer's own gate reports it
+    }
+    if (waited_group_ < 0) (void)stream_.Mark();  // the first layer starts here
+    waited_group_ = g;
+  }
+  return true;
+}
+
 absl::Status LayerGate::Task::Run(const std::function<absl::Status()>& body) {
   absl::Status body_status;
   absl::Status gate_status;

@@ -69,6 +69,10 @@ class LayerGate {
     // gate's failure (a flag that never came, a superseded copy, a layer outside the model)
     // is returned as such, ahead of libtorch's error and then `body`'s own status.
     absl::Status Run(const std::function<absl::Status()>& body);
+    // Before a training step: when every group still ahead is already in (its flag holds the
+    // epoch), passes their gates now and returns true, so the step may read all the weights at
+    // its start; false while some are still arriving (each layer's gate then waits as ever).
+    bool PassAllIfIn();
     // After the stream synchronised: the stream's marks (first layer start and end, each later
     // group's release), and whether every group the task passed holds the epoch.
     struct Marks {

@@ -202,6 +202,16 @@ absl::StatusOr<std::unique_ptr<BoundModel>> BoundModel::Create(const models::Mod
           absl::StrCat(what, ": tensor '", t.name, "' is not in registration's layout"));
     }
   }
+  absl::flat_hash_set<std::string> buffer_names;
+  for (const models::LayerTensor& t : named) {
+    if (!t.is_parameter) buffer_names.insert(t.name);
+  }
+  for (int layer : layout.train_order) {
+    std::vector<at::Tensor>& buffers = bound->training_call_buffers_.emplace_back();
+    for (const memdaemon::TensorSpec& spec : layout.layers[layer].tensors) {
+      if (buffer_names.contains(spec.name)) buffers.push_back(by_name.at(spec.name));
+    }
+  }
   return bound;
 }
 

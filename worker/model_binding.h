@@ -75,6 +75,12 @@ class BoundModel {
     return training ? train_to_layout_[index] : index;
   }
   size_t num_layers() const { return num_layers_; }
+  // The buffers each call of a training forward may write (its layer's own), in call order: what
+  // a step that may be cut reads at each layer's gate while the weights still arrive
+  // (models::StepCutOptions).
+  const std::vector<std::vector<at::Tensor>>& training_call_buffers() const {
+    return training_call_buffers_;
+  }
   // Layers a forward pass runs in training / inference (LayoutIndex's domain).
   size_t mode_layers(bool training) const {
     return training ? train_to_layout_.size() : num_layers_;
@@ -103,6 +109,7 @@ class BoundModel {
   c10::Device device_ = c10::Device(c10::kCPU);
   uint64_t region_bytes_ = 0;
   std::vector<int> train_to_layout_;
+  std::vector<std::vector<at::Tensor>> training_call_buffers_;
   size_t num_layers_ = 0;
   int64_t measured_infer_ns_ = 0;
   int64_t measured_train_ns_ = 0;

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "memdaemon/weight_layout.h"
 #include "models/registry.h"
+#include "models/training.h"
 
 namespace pswitch::worker {
 namespace {
@@ -55,6 +56,30 @@ void ExpectBindsWithoutRecording(const models::ModelSource& source,
   ASSERT_EQ((*bound)->mode_layers(true), layout->train_order.size());
   for (size_t i = 0; i < layout->train_order.size(); ++i) {
     EXPECT_EQ((*bound)->LayoutIndex(true, static_cast<int>(i)), layout->train_order[i]);
+  }
+  // What each training call may write (a step cut while weights arrive reads those at the
+  // call's gate): its layer's own buffers, in the region, none of them a parameter.
+  reference->train();
+  absl::StatusOr<const std::vector<models::Layer>*> train_layers = reference->Layers();
+  ASSERT_TRUE(train_layers.ok()) << train_layers.status();
+  const auto& call_buffers = (*bound)->training_call_buffers();
+  ASSERT_EQ(call_buffers.size(), layout->train_order.size());
+  for (size_t i = 0; i < call_buffers.size(); ++i) {
+    size_t want = 0;
+    for (const models::LayerTensor& t : (**train_layers)[i].tensors) want += t.is_parameter ? 0 : 1;
+    EXPECT_EQ(call_buffers[i].size(), want) << (**train_layers)[i].name;
+    for (const at::Tensor& b : call_buffers[i]) {
+      EXPECT_FALSE(b.requires_grad());
+      const auto* at = static_cast<const std::byte*>(b.data_ptr());
+      EXPECT_TRUE(at >= region.data() && at < region.data() + region.size());
+    }
+  }
+  if (zoo && !layout->train_order.empty()) {
+    // A trainer over the bound model runs no forward of its own either (one would read, and its
+    // restore write back, weights still in flight).
+    auto trainer = models::Trainer::Create((*bound)->model(), models::TrainerOptions{});
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*bound)->model().layer_recordings(), 0);
   }
   // Every tensor lies in the region, and the model answers as the reference does.
   for (const at::Tensor& p : (*bound)->model().parameters()) {

@@ -16,6 +16,7 @@
 #include "base/nvtx.h"
 #include "base/status.h"
 #include "gpu/copy_engine.h"
+#include "memdaemon/arena_layout.h"
 #include "models/safetensors.h"
 #include "models/training.h"
 #include "models/weights.h"
@@ -38,8 +39,14 @@ class TrainTask final : public IterativeTask {
  public:
   // `cut`: set by a Stop; a step under way is cut at its next layer boundary and not counted.
   TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
-            double* loss, const std::atomic<bool>* cut)
-      : bound_(bound), trainer_(trainer), run_(run), device_(device), loss_(loss), cut_(cut) {}
+            double* loss, const std::atomic<bool>* cut, LayerGate::Task& gate)
+      : bound_(bound),
+        trainer_(trainer),
+        run_(run),
+        device_(device),
+        loss_(loss),
+        cut_(cut),
+        gate_(gate) {}
   absl::Status Step(uint32_t i) override {
     uint64_t step_seed = run_.seed() * 1000003ull + i;
     torch::manual_seed(step_seed);
@@ -48,8 +55,12 @@ class TrainTask final : public IterativeTask {
     TrainingBatch batch = SyntheticTrainingBatch(bound_.model(), run_.batch(), step_seed, device_);
     const int64_t drawn = base::MonotonicNowNs();
     models::Trainer::StepParts parts;
+    // A step that may be cut snapshots what its forward writes; while the copy is landing that
+    // is read layer by layer, after each layer's weights came.
+    const bool weights_arriving = cut_ != nullptr && !gate_.PassAllIfIn();
     absl::StatusOr<double> loss =
-        trainer_.Step(batch.input, batch.target, timed ? &parts : nullptr, cut_);
+        trainer_.Step(batch.input, batch.target, timed ? &parts : nullptr,
+                      {cut_, weights_arriving ? &bound_.training_call_buffers() : nullptr});
     if (models::IsStepCut(loss.status())) return StepCutError();
     PSWITCH_RETURN_IF_ERROR(loss.status());
     *loss_ = *loss;
@@ -76,6 +87,7 @@ class TrainTask final : public IterativeTask {
   const c10::Device device_;
   double* const loss_;
   const std::atomic<bool>* const cut_;
+  LayerGate::Task& gate_;
 };
 
 // Batch inference over a dataset's rows, `batch` rows per step; the run's outputs are returned
@@ -155,6 +167,24 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   PSWITCH_ASSIGN_OR_RETURN(
       w->arena_, memdaemon::ArenaClient::Attach(options.memdaemon_socket, w->device_.get(),
                                                 options.worker_id, options.attach_secret));
+  // Nothing of the arena but the flags until granted (issue 29 item 2); said once where the
+  // backend cannot restrict a worker's mapping.
+  const uint64_t granularity = w->arena_->arena().access_granularity();
+  // Leases and regions are whole 4 KiB pages: a larger page would reach a neighbour's bytes.
+  const bool restricted = granularity > 0 && granularity <= memdaemon::kLeaseAlignmentBytes;
+  if (restricted) {
+    PSWITCH_RETURN_IF_ERROR(w->arena_->RestrictToFlags());
+  } else {
+    base::Log(base::LogLevel::kWarn, "arena_access_not_restricted")
+        .Field("worker", options.worker_id)
+        .Field("backend", gpu::BackendName(options.backend))
+        .Field("why",
+               granularity == 0
+                   ? std::string("this backend's arena maps whole in every worker "
+                                 "(per-range access: CUDA VMM, not built yet)")
+                   : absl::StrCat("pages of ", granularity, " bytes span more than one lease"));
+  }
+  w->access_ = std::make_unique<ArenaAccess>(&w->arena_->arena(), restricted);
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());
   w->gate_ = std::make_unique<LayerGate>(&w->arena_->ready_flags(), options.group_timeout);
   ExecutorOptions executor;
@@ -166,6 +196,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
         memdaemon::Lease lease,
         w->arena_->RequestLease(absl::StrCat("worker-", options.worker_id, "-activations"),
                                 options.activation_bytes));
+    PSWITCH_RETURN_IF_ERROR(w->access_->GrantForever(lease.offset, lease.bytes));
     executor.lease_base = w->arena_->arena().base() + lease.offset;
     executor.lease_bytes = lease.bytes;
   }
@@ -353,11 +384,21 @@ absl::Status Worker::HandleLoad(const proto::LoadModel& load, UniqueFd archive) 
   if (status.ok()) {
     const int64_t start = base::MonotonicNowNs();
     absl::StatusOr<WarmSpec> spec = WarmSpec::From(load.warm(), kMaxWarmBatch);
+    // A warm-up reads its weights (whatever the region holds now) and writes none of them.
+    absl::Status readable =
+        spec.ok() && spec->batch > 0
+            ? access_->GrantModel(models_[name]->region(), models_[name]->region_bytes(),
+                                  gpu::Arena::Access::kRead)
+            : absl::OkStatus();
     absl::StatusOr<WarmResult> result =
-        spec.ok() ? WarmUp(*models_[name], name, *spec,
-                           WarmContext{*executor_, *stream_, activations_, tensor_device_,
-                                       options_.group_timeout})
-                  : spec.status();
+        !readable.ok() ? readable
+        : spec.ok()    ? WarmUp(*models_[name], name, *spec,
+                                WarmContext{*executor_, *stream_, activations_, tensor_device_,
+                                         options_.group_timeout})
+                       : spec.status();
+    // The region it warmed on is where the model was bound at load, not where its tasks will
+    // find it (Prepare grants that): nothing of it stays readable.
+    if (absl::Status ended = access_->EndModel(); !ended.ok()) return ended;
     warm_ns = base::MonotonicNowNs() - start;
     if (result.ok()) {
       warmed = *std::move(result);
@@ -428,6 +469,9 @@ absl::Status Worker::HandleDrop(const proto::DropModel& drop) {
   Clean();  // the last task's leftovers may be this model's
   const bool had = models_.erase(name) > 0;
   gate_->Forget(name);
+  // Its region is another model's next: whatever model region this worker held goes with it
+  // (the next Prepare grants again).
+  if (had) PSWITCH_RETURN_IF_ERROR(access_->EndModel());
   base::Log(base::LogLevel::kInfo, "worker_model_unloaded")
       .Field("worker", options_.worker_id)
       .Field("model", name)
@@ -452,6 +496,10 @@ absl::Status Worker::HandlePrepare(const proto::Prepare& prepare) {
                                               prepare.weights_offset(), " outside the arena"));
   }
   it->second->Rebind(arena_->arena().base() + prepare.weights_offset());
+  // Readable from now, while its copy runs: the Run that follows usually finds it granted
+  // (a training Run makes it writable).
+  PSWITCH_RETURN_IF_ERROR(access_->GrantModel(it->second->region(), it->second->region_bytes(),
+                                              gpu::Arena::Access::kRead));
   std::vector<uint32_t> last;
   if (prepare.group_last_layer() != nullptr) {
     last.assign(prepare.group_last_layer()->begin(), prepare.group_last_layer()->end());
@@ -481,8 +529,8 @@ absl::StatusOr<std::vector<proto::HostTensor>> Worker::Infer(BoundModel& bound,
   return std::vector<proto::HostTensor>{std::move(output)};
 }
 
-absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress,
-                           FillSteps* fill) {
+absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, LayerGate::Task& gate,
+                           TrainProgress* progress, FillSteps* fill) {
   models::TrainerOptions options{run.optimizer() == proto::Optimizer::Adam
                                      ? models::OptimizerKind::kAdam
                                      : models::OptimizerKind::kSgd,
@@ -498,10 +546,12 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, TrainProgre
       std::span<std::byte>(arena_->arena().base() + run.optimizer_state_offset(),
                            run.optimizer_state_bytes()),
       run.first_iteration()};
+  PSWITCH_RETURN_IF_ERROR(access_->GrantForTask(state.storage.data(), state.storage.size(),
+                                                gpu::Arena::Access::kReadWrite));
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
   TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss,
-                 options_.cut_training_steps ? &stops_.pending() : nullptr);
+                 options_.cut_training_steps ? &stops_.pending() : nullptr, gate);
   return RunTask(task, run, fill, progress);
 }
 
@@ -629,17 +679,24 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
   } else {
     BoundModel& bound = *it->second;
     const bool training = run.training();
+    // The model's region, read-only unless the task trains (its optimizer state: Train);
+    // usually granted at Prepare already. A failed grant leaves this worker's access unknown:
+    // it runs no task any more (its exit fails this one, with the reason in its log).
+    PSWITCH_RETURN_IF_ERROR(
+        access_->GrantModel(bound.region(), bound.region_bytes(),
+                            training ? gpu::Arena::Access::kReadWrite : gpu::Arena::Access::kRead));
     // A training step under way is cut at its next layer by a Stop (a preemption waits for
     // one layer, not a whole step); an inference runs to its end.
     gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
                   training && options_.cut_training_steps ? &stops_.pending() : nullptr);
     ScopedLeaseAllocation from_lease(activations_);
-    status = gated->Run([&]() -> absl::Status {
-      if (training) return Train(bound, run, &progress, fill.get());
-      if (fill) return InferDataset(bound, run, *fill, &progress, &outputs);
-      PSWITCH_ASSIGN_OR_RETURN(outputs, Infer(bound, run));
-      return absl::OkStatus();
-    });
+    if (status.ok())
+      status = gated->Run([&]() -> absl::Status {
+        if (training) return Train(bound, run, *gated, &progress, fill.get());
+        if (fill) return InferDataset(bound, run, *fill, &progress, &outputs);
+        PSWITCH_ASSIGN_OR_RETURN(outputs, Infer(bound, run));
+        return absl::OkStatus();
+      });
   }
   // The task's synchronisation point: its final weights (and optimizer state) are in the arena
   // before RunDone lets pswitchd checkpoint them, and late kernel errors are this task's.
@@ -672,7 +729,16 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns,
       b.CreateVector(progress.group_gates_ns), progress.step_cut);
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
-  return SendEvent(b);
+  PSWITCH_RETURN_IF_ERROR(SendEvent(b));
+  // Nothing of the task is in flight: its grants go (the next task may be another tenant's),
+  // after its answer so off its latency, and before this worker reads any other command.
+  if (absl::Status ended = access_->EndTask(); !ended.ok()) {
+    // Access this worker should no longer have: it must not run another task.
+    return absl::Status(ended.code(),
+                        absl::StrCat("worker ", options_.worker_id,
+                                     " cannot take a task's arena access back: ", ended.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Worker::HandleStop(const proto::Stop& stop) {

@@ -28,6 +28,7 @@
 #include "proto/frame_channel.h"
 #include "proto/host_tensor.h"
 #include "proto/worker_generated.h"
+#include "worker/arena_access.h"
 #include "worker/executor.h"
 #include "worker/fill_steps.h"
 #include "worker/iterative_task.h"
@@ -102,9 +103,10 @@ class Worker {
   };
   // The task bodies; they run inside HandleRun's gate and libtorch exception handling.
   absl::StatusOr<std::vector<proto::HostTensor>> Infer(BoundModel& bound, const proto::Run& run);
-  // `fill` (may be null) gates each step of a fill task's run inside its bubble.
-  absl::Status Train(BoundModel& bound, const proto::Run& run, TrainProgress* progress,
-                     FillSteps* fill = nullptr);
+  // `fill` (may be null) gates each step of a fill task's run inside its bubble; `gate`: the
+  // task's pass through the layer gate.
+  absl::Status Train(BoundModel& bound, const proto::Run& run, LayerGate::Task& gate,
+                     TrainProgress* progress, FillSteps* fill = nullptr);
   // A fill task's batch inference over its dataset's "input" rows, `batch` rows per step.
   absl::Status InferDataset(BoundModel& bound, const proto::Run& run, FillSteps& fill,
                             TrainProgress* progress, std::vector<proto::HostTensor>* outputs);
@@ -123,6 +125,7 @@ class Worker {
   WorkerOptions options_;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<memdaemon::ArenaClient> arena_;
+  std::unique_ptr<ArenaAccess> access_;  // what of the arena this worker may touch now
   std::unique_ptr<gpu::Stream> stream_;
   LeaseAllocator* activations_ = nullptr;  // process lifetime: tensors it served may outlive us
   std::unique_ptr<Executor> executor_;  // the backend's way of computing

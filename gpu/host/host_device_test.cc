@@ -84,6 +84,67 @@ TEST(HostDeviceTest, ArenaExportedToForkedChildIsTheSameMemory) {
   EXPECT_EQ(WEXITSTATUS(wstatus), 0);
 }
 
+// What the kernel lets this process read at `at` / write there: a pipe's copy from or to user
+// memory fails with EFAULT where the mapping forbids it, without a signal.
+bool Readable(const std::byte* at) {
+  int p[2];
+  if (::pipe(p) != 0) return false;
+  const bool ok = ::write(p[1], at, 1) == 1;
+  ::close(p[0]);
+  ::close(p[1]);
+  return ok;
+}
+bool Writable(std::byte* at) {
+  int p[2];
+  if (::pipe(p) != 0) return false;
+  const char one = 1;
+  bool ok = ::write(p[1], &one, 1) == 1 && ::read(p[0], at, 1) == 1;
+  ::close(p[0]);
+  ::close(p[1]);
+  return ok;
+}
+
+// Issue 29 item 2: an importer restricted to what it is granted reads and writes nothing else,
+// page by page; the owner (it copies into every region) cannot be restricted.
+TEST(HostDeviceTest, ARestrictedImportTouchesOnlyWhatItIsGranted) {
+  auto device = OpenHost();
+  auto arena = device->CreateArena(1 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  EXPECT_EQ((*arena)->RestrictAccess().code(), absl::StatusCode::kFailedPrecondition);
+  auto handle = (*arena)->Export();
+  ASSERT_TRUE(handle.ok());
+  auto imported = device->ImportArena(std::move(*handle));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  Arena& view = **imported;
+  const uint64_t page = view.access_granularity();
+  ASSERT_GE(page, 4096u);
+  EXPECT_EQ(view.SetAccess(0, page, Arena::Access::kRead).code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "a grant before any restriction would be meaningless";
+  std::byte* base = view.base();
+  ASSERT_TRUE(Readable(base + 5 * page) && Writable(base + 5 * page));
+  ASSERT_TRUE(view.RestrictAccess().ok());
+  EXPECT_FALSE(Readable(base));
+  EXPECT_FALSE(Readable(base + 5 * page));
+  // A grant widens to whole pages and no further.
+  ASSERT_TRUE(view.SetAccess(5 * page + 100, 10, Arena::Access::kRead).ok());
+  EXPECT_TRUE(Readable(base + 5 * page));
+  EXPECT_TRUE(Readable(base + 6 * page - 1));
+  EXPECT_FALSE(Writable(base + 5 * page + 100));
+  EXPECT_FALSE(Readable(base + 4 * page + page - 1));
+  EXPECT_FALSE(Readable(base + 6 * page));
+  ASSERT_TRUE(view.SetAccess(5 * page, page, Arena::Access::kReadWrite).ok());
+  EXPECT_TRUE(Writable(base + 5 * page + 100));
+  // The owner's bytes show through the grant: the same memory, not a copy.
+  std::vector<std::byte> pattern = Pattern(64, 9);
+  ASSERT_TRUE((*arena)->CopyFromHost(5 * page, pattern).ok());
+  EXPECT_EQ(std::memcmp(base + 5 * page, pattern.data(), pattern.size()), 0);
+  ASSERT_TRUE(view.SetAccess(5 * page, page, Arena::Access::kNone).ok());
+  EXPECT_FALSE(Readable(base + 5 * page));
+  EXPECT_EQ(view.SetAccess((1 << 20) - 10, 20, Arena::Access::kRead).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
 TEST(HostDeviceTest, ImportRejectsWrongSizeAndMissingFd) {
   auto device = OpenHost();
   auto arena = device->CreateArena(4096);

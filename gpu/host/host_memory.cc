@@ -5,14 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "gpu/shared_flags.h"
 #include "base/status.h"
+#include "gpu/shared_flags.h"
 
 namespace pswitch::gpu::host {
 namespace {
@@ -55,6 +56,36 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Import(ArenaHandle handle)
 }
 
 HostArena::~HostArena() { ::munmap(base_, size_bytes_); }
+
+uint64_t HostArena::access_granularity() const {
+  return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+absl::Status HostArena::RestrictAccess() {
+  if (owner_) return absl::FailedPreconditionError("the arena's owner keeps access to all of it");
+  if (::mprotect(base_, size_bytes_, PROT_NONE) != 0) return ErrnoStatus("mprotect arena");
+  restricted_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status HostArena::SetAccess(uint64_t offset, uint64_t bytes, Access access) {
+  if (!restricted_) {
+    return absl::FailedPreconditionError("access to an unrestricted arena is already total");
+  }
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, bytes));
+  if (bytes == 0) return absl::OkStatus();
+  const uint64_t page = access_granularity();
+  const uint64_t begin = offset / page * page;
+  // Widened to whole pages, but never past the mapping's end.
+  const uint64_t end = std::min(size_bytes_, (offset + bytes + page - 1) / page * page);
+  const int prot = access == Access::kNone   ? PROT_NONE
+                   : access == Access::kRead ? PROT_READ
+                                             : PROT_READ | PROT_WRITE;
+  if (::mprotect(base_ + begin, end - begin, prot) != 0) {
+    return ErrnoStatus(absl::StrCat("mprotect arena [", begin, ", ", end, ")"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ArenaHandle> HostArena::Export() const {
   if (!owner_) return absl::FailedPreconditionError("only the arena's creator can export it");

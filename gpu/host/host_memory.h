@@ -24,6 +24,11 @@ class HostArena : public Arena {
   absl::Status CopyToHost(uint64_t offset, std::span<std::byte> out) override;
   absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) override;
   absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) override;
+  // Pages: the mapping's protection (mprotect), over pages populated at import, so a grant
+  // changes page-table bits and faults nothing in.
+  uint64_t access_granularity() const override;
+  absl::Status RestrictAccess() override;
+  absl::Status SetAccess(uint64_t offset, uint64_t bytes, Access access) override;
 
  private:
   HostArena(UniqueFd fd, std::byte* base, uint64_t size_bytes, bool owner)
@@ -33,6 +38,7 @@ class HostArena : public Arena {
   std::byte* const base_;
   const uint64_t size_bytes_;
   const bool owner_;
+  bool restricted_ = false;
 };
 
 // mmap'd (and, if asked, mlock'd) anonymous memory.
