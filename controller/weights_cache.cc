@@ -4,13 +4,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "memdaemon/arena_layout.h"
 
 namespace pswitch::controller {
 namespace {
 
 constexpr double kNsPerS = 1e9;
-// Regions start and end on a page (RegionBytes).
-constexpr uint64_t kRegionAlignment = 4096;
 
 }  // namespace
 
@@ -201,8 +200,8 @@ bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t 
 }
 
 uint64_t WeightsCache::RegionBytes(uint64_t model_bytes) {
-  if (model_bytes == 0 || model_bytes > UINT64_MAX - kRegionAlignment) return 0;
-  return (model_bytes + kRegionAlignment - 1) & ~(kRegionAlignment - 1);
+  if (model_bytes == 0 || model_bytes > UINT64_MAX - memdaemon::kLeaseAlignmentBytes) return 0;
+  return memdaemon::WholePages(model_bytes);
 }
 
 absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,

@@ -22,9 +22,13 @@ inline constexpr uint64_t kReadyFlagsOffset = 0;
 inline constexpr uint64_t kDrainFlagsOffset = kReadyFlagsOffset + kReadyFlagCount * 4;
 // Data starts on a 2 MiB boundary (large-page friendly on both backends).
 inline constexpr uint64_t kControlBytes = 2ull << 20;
-// Leases start and end on a page: a worker's access to one (issue 29 item 2) widens to whole
-// pages, which then hold nothing of another lease.
+// Leases, and the weights cache's regions inside its pool, start and end on a page: a worker's
+// access to one (issue 29 item 2) widens to whole pages, which then hold nothing of another.
 inline constexpr uint64_t kLeaseAlignmentBytes = 4096;
+// `bytes` to whole pages; the caller keeps it below UINT64_MAX - kLeaseAlignmentBytes.
+inline constexpr uint64_t WholePages(uint64_t bytes) {
+  return (bytes + kLeaseAlignmentBytes - 1) / kLeaseAlignmentBytes * kLeaseAlignmentBytes;
+}
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= kControlBytes);
 // Every flag word inside the window the device interface mirrors in host memory.
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= gpu::kFlagWindowBytes);

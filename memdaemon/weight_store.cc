@@ -60,10 +60,9 @@ absl::StatusOr<const StoredModel*> WeightStore::Register(const ModelBytes& model
   }
   // Whole pages (StoredModel::padded_bytes); a model of only empty layers still gets one, so
   // every model has host bytes.
-  const uint64_t padded = (std::max<uint64_t>(layout.total_bytes, 1) + kLeaseAlignmentBytes - 1) /
-                          kLeaseAlignmentBytes * kLeaseAlignmentBytes;
-  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<gpu::HostBuffer> buffer,
-                           device_->AllocatePinned(padded));
+  PSWITCH_ASSIGN_OR_RETURN(
+      std::unique_ptr<gpu::HostBuffer> buffer,
+      device_->AllocatePinned(WholePages(std::max<uint64_t>(layout.total_bytes, 1))));
   std::memset(buffer->data(), 0, buffer->size_bytes());  // padding is deterministic
   for (size_t l = 0; l < model.layers.size(); ++l) {
     for (size_t t = 0; t < model.layers[l].tensors.size(); ++t) {

@@ -361,6 +361,31 @@ TEST(TrainingTest, ExternalOptimizerStateResumesExactly) {
   }
 }
 
+// tiny_cnn (seed 5) after `steps` uncut steps of `options`, step k drawn from seed k: what a run
+// whose steps were cut and run again must end as.
+void TrainUncut(const TrainerOptions& options, int steps, std::shared_ptr<ZooModel>* out) {
+  *out = Create("tiny_cnn", {}, 5);
+  auto trainer = Trainer::Create(**out, options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  for (int step = 0; step < steps; ++step) {
+    torch::manual_seed(step);
+    ASSERT_TRUE(
+        (*trainer)->Step((*out)->ExampleInput(4, step), (*out)->ExampleTarget(4, step)).ok());
+  }
+}
+
+// Every parameter and buffer of `model` bit for bit `want`'s.
+void ExpectSameState(ZooModel& model, ZooModel& want) {
+  auto want_params = want.named_parameters();
+  for (const auto& item : model.named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), want_params[item.key()])) << item.key();
+  }
+  auto want_buffers = want.named_buffers();
+  for (const auto& item : model.named_buffers()) {
+    EXPECT_TRUE(at::equal(item.value(), want_buffers[item.key()])) << item.key();
+  }
+}
+
 // A preemption cuts a step at a layer boundary (the gate hook throws StepCut), after the
 // forward, or at any node of the backward: the cut step leaves parameters, BatchNorm's running
 // statistics and the optimizer state untouched, so running it again ends bit-identical to a run
@@ -372,15 +397,8 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
   constexpr int kSteps = 3;
   for (const TrainerOptions& options : configs) {
     SCOPED_TRACE(options.optimizer == OptimizerKind::kAdam ? "adam" : "sgd-momentum");
-    auto reference = Create("tiny_cnn", {}, 5);
-    auto uninterrupted = Trainer::Create(*reference, options);
-    ASSERT_TRUE(uninterrupted.ok());
-    for (int step = 0; step < kSteps; ++step) {
-      torch::manual_seed(step);
-      ASSERT_TRUE((*uninterrupted)
-                      ->Step(reference->ExampleInput(4, step), reference->ExampleTarget(4, step))
-                      .ok());
-    }
+    std::shared_ptr<ZooModel> reference;
+    ASSERT_NO_FATAL_FAILURE(TrainUncut(options, kSteps, &reference));
     auto layers = reference->Layers();
     ASSERT_TRUE(layers.ok());
     int executed = 0;
@@ -423,14 +441,7 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
                                      nullptr, {&stop});
         ASSERT_TRUE(loss.ok()) << loss.status();
       }
-      auto want_params = reference->named_parameters();
-      for (const auto& item : model->named_parameters()) {
-        EXPECT_TRUE(at::equal(item.value(), want_params[item.key()])) << item.key();
-      }
-      auto want_buffers = reference->named_buffers();
-      for (const auto& item : model->named_buffers()) {
-        EXPECT_TRUE(at::equal(item.value(), want_buffers[item.key()])) << item.key();
-      }
+      ExpectSameState(*model, *reference);
     }
   }
 }
@@ -441,21 +452,12 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
 TEST(TrainingTest, AStepCutWhileWeightsArriveRestoresWhatArrivedAndNothingElse) {
   const TrainerOptions options{OptimizerKind::kSgd, 0.05, 0.9};
   constexpr int kSteps = 2;
-  auto reference = Create("tiny_cnn", {}, 5);
-  auto uninterrupted = Trainer::Create(*reference, options);
-  ASSERT_TRUE(uninterrupted.ok());
-  for (int step = 0; step < kSteps; ++step) {
-    torch::manual_seed(step);
-    ASSERT_TRUE((*uninterrupted)
-                    ->Step(reference->ExampleInput(4, step), reference->ExampleTarget(4, step))
-                    .ok());
-  }
-  auto probe = Create("tiny_cnn", {}, 5);
-  probe->train();
-  auto probe_layers = probe->Layers();
-  ASSERT_TRUE(probe_layers.ok());
+  std::shared_ptr<ZooModel> reference;
+  ASSERT_NO_FATAL_FAILURE(TrainUncut(options, kSteps, &reference));
+  auto reference_layers = reference->Layers();  // training mode, as the step left it
+  ASSERT_TRUE(reference_layers.ok());
   int executed = 0;
-  for (const Layer& l : **probe_layers) executed += l.executed ? 1 : 0;
+  for (const Layer& l : **reference_layers) executed += l.executed ? 1 : 0;
   for (int cut_at = 0; cut_at <= executed + 1; ++cut_at) {
     SCOPED_TRACE(absl::StrCat("cut at ", cut_at));
     auto model = Create("tiny_cnn", {}, 5);
@@ -512,14 +514,7 @@ TEST(TrainingTest, AStepCutWhileWeightsArriveRestoresWhatArrivedAndNothingElse) 
                                    nullptr, {&stop});
       ASSERT_TRUE(loss.ok()) << loss.status();
     }
-    auto want_params = reference->named_parameters();
-    for (const auto& item : model->named_parameters()) {
-      EXPECT_TRUE(at::equal(item.value(), want_params[item.key()])) << item.key();
-    }
-    auto want_buffers = reference->named_buffers();
-    for (const auto& item : model->named_buffers()) {
-      EXPECT_TRUE(at::equal(item.value(), want_buffers[item.key()])) << item.key();
-    }
+    ExpectSameState(*model, *reference);
   }
 }
 

@@ -40,6 +40,7 @@
 #include "base/files.h"
 #include "base/status.h"
 #include "client/client.h"
+#include "memdaemon/arena_layout.h"
 #include "models/registry.h"
 #include "models/safetensors.h"
 #include "models/weights.h"
@@ -66,10 +67,6 @@ ABSL_FLAG(std::string, arms, "warm,cost,lru,off,cost-third,lru-third,stop-and-st
 
 namespace pswitch {
 namespace {
-
-// The room the weights cache gives a model: whole pages (controller::WeightsCache::RegionBytes,
-// which this tool does not link).
-uint64_t RegionBytes(uint64_t model_bytes) { return (model_bytes + 4095) / 4096 * 4096; }
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "bench-trace: %s\n", status.ToString().c_str());
@@ -323,8 +320,9 @@ int Run() {
     if (!arm.ok()) return Fail(arm.status());
     for (int m = 0; m < models; ++m) {
       bytes[m] = (*arm)->bytes(m);
-      total_bytes += RegionBytes(bytes[m]);
-      largest = std::max(largest, RegionBytes(bytes[m]));
+      // The room the weights cache gives a model (WeightsCache::RegionBytes).
+      total_bytes += memdaemon::WholePages(bytes[m]);
+      largest = std::max(largest, memdaemon::WholePages(bytes[m]));
     }
     std::vector<Request> touch;
     for (int m = 0; m < models; ++m) touch.push_back({0, m});
