@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
   const uint64_t activations =
       options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
   uint64_t region_bytes = UINT64_MAX;
+  uint64_t state_budget = UINT64_MAX;  // each GPU's room for optimizer state
   for (size_t g = 0; g < daemons.size(); ++g) {
     const uint64_t free_bytes = daemons[g]->leases().largest_free_bytes();
     uint64_t state_bytes = options.optimizer_state_bytes;
@@ -43,6 +44,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     }
     region_bytes =
         std::min(region_bytes, (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
+    state_budget = std::min(state_budget, state_bytes);
   }
   c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.inspector);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
@@ -55,6 +57,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     scheduler.region_offset = region.offset;
     scheduler.region_bytes = region.bytes;
     scheduler.checkpoints = c->checkpoints_;
+    // Preempted tasks' optimizer state stays resident within that room, the running task's
+    // taking it back when it needs it.
+    scheduler.resident_state_bytes = state_budget;
     scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();
     // Only the workers this scheduler spawns attach the arena, each once (WorkerServer).
     scheduler.spawn.attach_secret = [daemon = daemons[g]] { return daemon->IssueAttachSecret(); };

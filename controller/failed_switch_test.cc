@@ -141,7 +141,7 @@ class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
 
   void OnRunDone(int, const proto::RunDone&) override {}
   void OnDrained(int, uint64_t, const proto::Drained&) override {}
-  void OnWorkerDied(int, const absl::Status&, bool) override {}
+  void OnWorkerDied(int, const absl::Status&, bool, bool) override {}
 
   static constexpr uint64_t kRegion = 32 << 20;  // clear of the leases the tests take
   std::shared_ptr<EventLoop> loop_ = std::make_shared<EventLoop>([] {});

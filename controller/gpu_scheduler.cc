@@ -111,6 +111,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()),
       loop_(std::make_shared<EventLoop>([this] { AfterEvent(); })),
       loop_role_(loop_->role()),
+      resident_states_(checkpoints_.get(), options.resident_state_bytes),
       // What is due is done by AfterEvent (a stop, a deadline, an input hold), or here.
       kill_timer_(
           loop_->io(), [] {}, [this] { AfterEvent(); }),
@@ -235,6 +236,7 @@ void GpuScheduler::AfterEvent() {
     }
   } else {
     EnforceDeadlines();
+    FailLostUnsaved();
     MaybeStart();  // may stop a task, arming its deadline below
   }
   // Deadlines are timers, re-armed to whatever is due next; AfterEvent enforces a due stop.
@@ -358,6 +360,108 @@ void GpuScheduler::DropModel(std::string model, std::function<void(absl::Status)
   });
 }
 
+void GpuScheduler::FailLostUnsaved() {
+  for (auto it = unsaved_owners_.begin(); it != unsaved_owners_.end();) {
+    const uint64_t id = *it;
+    TaskRecord* record = tasks_table_.Find(id);
+    if (record != nullptr && record->weights_unsaved &&
+        switcher_->UnsavedTask(record->spec.model) == id) {
+      ++it;
+      continue;
+    }
+    it = unsaved_owners_.erase(it);
+    if (record == nullptr || !record->weights_unsaved || !queue_.Remove(id)) continue;
+    Event(base::LogLevel::kError, "unsaved_weights_lost")
+        .Field("task", id)
+        .Field("model", record->spec.model);
+    Finish(id, LostUnsaved(id, record->spec.model));
+  }
+}
+
+absl::Status GpuScheduler::LostUnsaved(uint64_t task_id, const std::string& model) {
+  return absl::DataLossError(absl::StrCat(
+      "task ", task_id,
+      " failed: the weights it trained before it was preempted were kept on "
+      "the GPU unsaved and were lost there (a run on model '",
+      model, "' failed or its worker died mid-run) before they could be written back"));
+}
+
+void GpuScheduler::EndQueued(uint64_t task_id, absl::Status why) {
+  if (!EndOnceSaved(task_id, why)) Finish(task_id, why);
+}
+
+bool GpuScheduler::EndOnceSaved(uint64_t task_id, const absl::Status& why) {
+  TaskRecord* record = tasks_table_.Find(task_id);
+  if (record == nullptr || !record->weights_unsaved) return false;
+  const std::string& model = record->spec.model;
+  if (switcher_->UnsavedTask(model) != task_id || !WriteBack(model)) return false;
+  // Answered by WrittenBack, and still found meanwhile (a cancel, a deadline, shutdown).
+  record->StopFor(why);
+  being_checkpointed_[task_id] = std::string();  // the write-back holds the region itself
+  return true;
+}
+
+bool GpuScheduler::WriteBack(const std::string& model) {
+  const ResidentModel* region = switcher_->cache().Find(model);
+  if (region == nullptr || region->unsaved_task == 0) return false;
+  if (switcher_->BeingCheckpointed(model)) return true;  // WrittenBack comes
+  absl::StatusOr<EntryRef> entry = catalog_->Find(model);
+  if (!entry.ok()) return false;  // unloaded: nothing to save it into
+  const uint64_t task = region->unsaved_task;
+  const uint64_t offset = region->offset;
+  Event(base::LogLevel::kInfo, "unsaved_weights_write_back")
+      .Field("model", model)
+      .Field("task", task)
+      .Field("bytes", region->bytes);
+  switcher_->CheckpointReading(model);
+  checkpointing_.Add([this, model, task, offset, entry = *std::move(entry), daemon = daemon_,
+                      loop = loop_, before = options_.before_checkpoint]() mutable {
+    if (before) before(task);
+    uint64_t generation = 0;
+    absl::Status saved = daemon->CheckpointWeights(offset, *entry->stored, &generation);
+    entry.reset();  // the model may be unregistered once this is done
+    loop->Post([this, model, task, generation, saved = std::move(saved)] {
+      loop_role_.AssertHeld();
+      WrittenBack(model, task, generation, saved);
+    });
+  });
+  return true;
+}
+
+void GpuScheduler::WrittenBack(const std::string& model, uint64_t task, uint64_t generation,
+                               const absl::Status& saved) {
+  switcher_->CheckpointRead(model);
+  Event(saved.ok() ? base::LogLevel::kInfo : base::LogLevel::kError, "unsaved_weights_written")
+      .Field("model", model)
+      .Field("task", task)
+      .Field("error", saved);
+  TaskRecord* owner = tasks_table_.Find(task);
+  // Ended while queued (EndQueued): answered now that its weights are saved, or lost.
+  const bool ending = being_checkpointed_.erase(task) > 0 && owner != nullptr;
+  if (saved.ok()) {
+    switcher_->Checkpointed(model, generation);
+    unsaved_owners_.erase(task);
+    if (owner == nullptr) return;
+    owner->weights_unsaved = false;
+    if (std::optional<absl::Status> why = owner->TakeStopReason(); ending && why) {
+      Finish(task, absl::Status(why->code(),
+                                absl::StrCat(why->message(), " after ", owner->resume_iteration,
+                                             " iterations (weights saved)")));
+    }
+    return;
+  }
+  // The region may still hold them, but nothing can keep them: the store is what a task resumes
+  // from, and it is older. The task they belong to fails rather than resume from there.
+  switcher_->Untrust(model);
+  if (owner != nullptr && (ending || queue_.Remove(task))) {
+    Finish(task, absl::DataLossError(
+                     absl::StrCat("task ", task,
+                                  " failed: its weights trained since it was preempted could "
+                                  "not be written back to the pinned store: ",
+                                  saved.message())));
+  }
+}
+
 void GpuScheduler::FinishUnloads() {
   for (auto it = unloads_.begin(); it != unloads_.end();) {
     const std::string& model = it->first;
@@ -384,9 +488,10 @@ bool GpuScheduler::AwaitWorkersReady(absl::Duration timeout) const ABSL_NO_THREA
   return pool_->AwaitReady(timeout);
 }
 
-void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed) {
-  loop_role_.AssertHeld();    // WorkerPool calls its Listener on the loop
-  switcher_->SlotDied(slot);  // a half-finished training step may have touched the weights
+void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed, bool was_busy) {
+  loop_role_.AssertHeld();  // WorkerPool calls its Listener on the loop
+  // A half-finished training step may have touched the weights.
+  switcher_->SlotDied(slot, was_busy);
   if (killed) telemetry_->WorkerKilled(options_.gpu);
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (next_ != nullptr && next_->slot == slot) {
@@ -481,8 +586,8 @@ void GpuScheduler::EnforceDeadlines() {
     absl::Status missed = absl::DeadlineExceededError(
         absl::StrCat("task ", id, " did not finish by its deadline"));
     if (queue_.Remove(id)) {
-      Finish(id, absl::DeadlineExceededError(
-                     absl::StrCat(missed.message(), " (it was still queued)")));
+      EndQueued(id, absl::DeadlineExceededError(
+                        absl::StrCat(missed.message(), " (it was still queued)")));
     } else if (next_ != nullptr && next_->task_id == id) {
       AbandonAhead(std::move(missed));
     } else if (being_checkpointed_.contains(id)) {
@@ -620,10 +725,20 @@ void GpuScheduler::MaybeStart() {
       never = absl::UnavailableError("no idle worker for the synthetic fill task");
     } else {
       outlook = switcher_->ForModel(ticket.model, &never);
-      // Room only where a checkpoint still reads: placed once it has.
+      // Room only where a checkpoint still reads, or where a preempted task's weights are
+      // unsaved: placed once the checkpoint has read, and those weights are written back.
       if (absl::StatusOr<EntryRef> entry = catalog_->Find(ticket.model);
-          outlook == WorkerPool::Outlook::kNow && entry.ok() &&
-          switcher_->WaitsForCheckpoint(**entry)) {
+          outlook == WorkerPool::Outlook::kNow && entry.ok()) {
+        RoomWait wait = switcher_->WaitsForRoom(**entry);
+        for (const std::string& model : wait.write_back) WriteBack(model);
+        if (wait.waits) outlook = WorkerPool::Outlook::kLater;
+      }
+      // Another training task trains on the model only once a preempted one's unsaved weights
+      // are saved: should it fail, the preempted task's progress would go with the region.
+      if (const uint64_t owner = switcher_->UnsavedTask(ticket.model);
+          outlook == WorkerPool::Outlook::kNow && ticket.kind == TaskKind::kTraining &&
+          owner != 0 && owner != ticket.id) {
+        WriteBack(ticket.model);
         outlook = WorkerPool::Outlook::kLater;
       }
     }
@@ -757,6 +872,12 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
     return absl::OkStatus();
   }
   PSWITCH_ASSIGN_OR_RETURN(run->entry, catalog_->Find(spec.model));
+  // Its weights stayed unsaved in its region when it was preempted: resumed only on them. A
+  // worker that died mid-run on the model, or a failed run, untrusted them since.
+  if (tasks_table_.at(ticket.id).weights_unsaved &&
+      switcher_->UnsavedTask(spec.model) != ticket.id) {
+    return LostUnsaved(ticket.id, spec.model);
+  }
   run->timeline.arrival_ns = spec.arrival_ns;
   run->timeline.placed_ns = base::MonotonicNowNs();
   // The Stop that made room for it, when one went out after it arrived.
@@ -846,12 +967,14 @@ void GpuScheduler::SendHeldRun() {
 void GpuScheduler::RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes) {
   // The job owns what it makes until the loop takes it; if the loop has ended by then, the
   // state (its lease, its pinned staging) goes with the dropped post, off the loop.
+  ResidentStates* resident =
+      options_.weights_cache && options_.keep_preempted_training ? &resident_states_ : nullptr;
   checkpointing_.Add([this, task_id, key, optimizer_bytes, daemon = daemon_,
-                      checkpoints = checkpoints_, loop = loop_,
+                      checkpoints = checkpoints_, loop = loop_, resident,
                       before = options_.before_state_restore] {
     if (before) before(task_id);
     auto state = std::make_shared<absl::StatusOr<std::unique_ptr<TrainingState>>>(
-        TrainingState::Begin(daemon, checkpoints.get(), task_id, key, optimizer_bytes));
+        TrainingState::Begin(daemon, checkpoints.get(), task_id, key, optimizer_bytes, resident));
     loop->Post([this, task_id, state] {
       loop_role_.AssertHeld();
       RestoreEnded(task_id, std::move(*state));
@@ -876,6 +999,7 @@ void GpuScheduler::RestoreEnded(uint64_t task_id,
   Event(base::LogLevel::kInfo, "task_state_restored")
       .Field("task", task_id)
       .Field("ok", restored.ok())
+      .Field("resident", restored.ok() && running_->training->restored_resident())
       .FieldMs("after_placed_ms", absl::Now() - running_->placed_at);
   if (running_->answered != nullptr) {
     // Abandoned while its state was copied: answered now, or when its copy ends.
@@ -1190,9 +1314,12 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   const uint64_t id = run.task_id;
   const uint32_t first_iteration =
       spec.fill ? spec.fill->first_iteration : tasks_table_.at(id).resume_iteration;
+  const std::string model = run.entry != nullptr ? run.entry->request.name : std::string();
+  // Weights an earlier run of it left unsaved in the region are this run's to save as well.
+  const bool owns_unsaved = !model.empty() && switcher_->UnsavedTask(model) == id;
   TrainingState::Ending ending;
   ending.run_ok = status.ok();
-  ending.trained = outcome.iterations_done > first_iteration;
+  ending.trained = outcome.iterations_done > first_iteration || owns_unsaved;
   ending.transmission = run.transmission;
   ending.region_offset = run.weights_offset;
   ending.model = run.entry != nullptr ? run.entry->stored : nullptr;
@@ -1205,11 +1332,27 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   if (ending.keep_optimizer && !spec.fill) {
     tasks_.SetState(id, TaskState::kQueued, outcome.iterations_done);
   }
+  // With the cache on, a task that resumes leaves its weights in its region, trusted and
+  // unsaved, for its next run: nothing is copied now, and they are written back only when that
+  // region is evicted, another training task takes the model, or the task ends (WriteBack).
+  // Only weights its switch's copy brought whole (or that were resident) in the region the cache
+  // still gives the model.
+  const ResidentModel* region = model.empty() ? nullptr : switcher_->cache().Find(model);
+  ending.weights_stay_resident = ending.keep_optimizer && !spec.fill && options_.weights_cache &&
+                                 options_.keep_preempted_training && region != nullptr &&
+                                 region->offset == run.weights_offset && !region->copying &&
+                                 (run.transmission == nullptr || run.transmission->finished());
+  if (ending.weights_stay_resident && ending.trained) {
+    switcher_->KeepUnsaved(model, id);
+    tasks_table_.at(id).weights_unsaved = true;
+    unsaved_owners_.insert(id);
+  }
   // The GPU is free at once: the next task runs while the checkpoint reads the region off the
   // loop. The region is held meanwhile (no reservation takes it, no task runs on the model), an
   // unload of the model waits (FinishUnloads), and a cancel or deadline still finds the task
   // (being_checkpointed_). Its worker is idle: its death or a message of it no longer concerns it.
-  const std::string held_model = run.entry != nullptr ? run.entry->request.name : std::string();
+  // Weights that stay resident are not read: their region is not held.
+  const std::string held_model = ending.weights_stay_resident ? std::string() : model;
   if (!held_model.empty()) switcher_->CheckpointReading(held_model);
   being_checkpointed_[id] = held_model;
   // What the job uses it owns (the training state, the entry keeping the model registered); the
@@ -1219,7 +1362,8 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
                       training = std::shared_ptr<TrainingState>(std::move(run.training)),
                       entry = run.entry, loop = loop_, run_status = status,
                       iterations = outcome.iterations_done, outcome,
-                      before = options_.before_checkpoint]() mutable {
+                      before =
+                          held_model.empty() ? nullptr : options_.before_checkpoint]() mutable {
     if (before) before(id);
     bool kept = false;
     absl::Status saved = training->End(ending, kept);
@@ -1263,6 +1407,10 @@ void GpuScheduler::TrainingSaved(uint64_t task_id, absl::Status status, bool res
     return;
   }
   if (stopped_for_good && status.ok()) {
+    // Its weights stayed unsaved in the region (it was stopped to resume, then for good): saved
+    // first, then answered.
+    record->resume_iteration = iterations;
+    if (EndOnceSaved(task_id, *stopped_for_good)) return;
     Finish(task_id, absl::Status(stopped_for_good->code(),
                                  absl::StrCat(stopped_for_good->message(), " after ", iterations,
                                               " iterations (weights saved)")));
@@ -1319,9 +1467,21 @@ absl::StatusOr<uint64_t> GpuScheduler::Submit(TaskSpec spec, TaskCallback done) 
 void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome) {
   std::optional<TaskRecord> record = tasks_table_.Take(task_id);
   tasks_.Finish(task_id, outcome.status(), outcome.ok() ? outcome->iterations_done : 0);
+  unsaved_owners_.erase(task_id);
   checkpoints_->Drop(CheckpointKey::Task(task_id));
   if (!record) return;
   const TaskSpec& spec = record->spec;
+  if (spec.kind == TaskKind::kTraining && options_.weights_cache) {
+    // Its optimizer area, kept while it was preempted, goes (off the loop, where it lives).
+    checkpointing_.Add([this, task_id] { resident_states_.Drop(CheckpointKey::Task(task_id)); });
+    // Ended while preempted (cancelled, past its deadline, shut down): the weights it trained
+    // are saved as a stop saves them, unless its model is going.
+    const bool unloading = std::any_of(unloads_.begin(), unloads_.end(),
+                                       [&](const auto& u) { return u.first == spec.model; });
+    if (record->weights_unsaved && !unloading && switcher_->UnsavedTask(spec.model) == task_id) {
+      WriteBack(spec.model);
+    }
+  }
   if (spec.inputs_arrival) spec.inputs_arrival->Unwatch();
   const int64_t now_ns = base::MonotonicNowNs();
   telemetry_->TaskFinished(
@@ -1400,7 +1560,7 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
   Post([this, task_id] {
     loop_role_.AssertHeld();
     if (queue_.Remove(task_id)) {
-      Finish(task_id, absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
+      EndQueued(task_id, absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
       return;
     }
     TaskRecord* record = tasks_table_.Find(task_id);

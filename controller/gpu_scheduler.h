@@ -90,6 +90,13 @@ struct SchedulerOptions {
   bool place_at_arrival = true;
   // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
+  // With the cache on, a preempted training task's trained weights stay in its region unsaved
+  // and its optimizer state in the arena, for its next run (--keep-preempted-training); false:
+  // both go to host memory at every stop (the baseline).
+  bool keep_preempted_training = true;
+  // Kept optimizer state takes at most this many bytes (the arena's room for optimizer state);
+  // beyond, or when a new state needs the room, the oldest goes to host memory.
+  uint64_t resident_state_bytes = UINT64_MAX;
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
@@ -207,7 +214,7 @@ class GpuScheduler : private WorkerPool::Listener {
   void OnRunDone(int slot, const proto::RunDone& done) override;
   void OnDrained(int slot, uint64_t task, const proto::Drained& drained) override;
   void OnProgress(int slot, uint64_t task, uint32_t iterations) override;
-  void OnWorkerDied(int slot, const absl::Status& why, bool killed) override;
+  void OnWorkerDied(int slot, const absl::Status& why, bool killed, bool was_busy) override;
 
   void MaybeStart() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Whether the running task yields to what waits (preemption, or a fill run to any task).
@@ -315,6 +322,26 @@ class GpuScheduler : private WorkerPool::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Completes the unloads that nothing holds up any more (DropModel).
   void FinishUnloads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Writes `model`'s unsaved training weights (a preempted task's, kept in its region) back to
+  // the pinned store, off the loop, the region held meanwhile (nothing runs on it, nothing
+  // evicts it); the region is then clean and evictable. Once at a time per model. A write-back
+  // that fails loses them: the task they belong to fails (DataLoss) rather than resume from
+  // older weights.
+  // Queued tasks whose unsaved weights were lost (untrusted since: a worker died mid-run on the
+  // model, a run on it failed) fail now with DataLoss, not when their turn comes.
+  void FailLostUnsaved() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  static absl::Status LostUnsaved(uint64_t task_id, const std::string& model);
+  // Returns whether a write-back of `model` is in flight (WrittenBack comes).
+  bool WriteBack(const std::string& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Task `task_id`, just taken off the queue, ends with `why` (cancelled, past its deadline): at
+  // once, or, a preempted training whose weights stayed unsaved, once they are written back.
+  void EndQueued(uint64_t task_id, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // When task `task_id`'s unsaved weights are in its region: their write-back starts (or is
+  // under way) and the task ends with `why` once they are saved (WrittenBack). False otherwise.
+  bool EndOnceSaved(uint64_t task_id, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  void WrittenBack(const std::string& model, uint64_t task, uint64_t generation,
+                   const absl::Status& saved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
 
   const SchedulerOptions options_;
   memdaemon::MemDaemon* const daemon_;
@@ -333,6 +360,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // Training runs whose checkpoint reads their region off the loop (EndTraining to
   // TrainingSaved), each with the model it holds; the GPU is not held for them.
   std::map<uint64_t, std::string> being_checkpointed_ ABSL_GUARDED_BY(loop_role_);
+  // Preempted training tasks whose weights stayed unsaved in their model's region (their
+  // records' weights_unsaved), watched for a loss (FailLostUnsaved).
+  std::set<uint64_t> unsaved_owners_ ABSL_GUARDED_BY(loop_role_);
   // Unloads waiting for their model's last task, copy or load to end (DropModel).
   std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_
       ABSL_GUARDED_BY(loop_role_);
@@ -355,6 +385,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // What the cache holds, published by the loop after each event for ResidentModels.
   mutable absl::Mutex resident_mu_;
   std::set<std::string> resident_ ABSL_GUARDED_BY(resident_mu_);
+  // Preempted tasks' optimizer areas kept in the arena; used on checkpointing_'s thread only
+  // (declared before it, so it outlives the copies still queued there).
+  ResidentStates resident_states_;
   // Re-armed after every event to what is due next (AfterEvent).
   LoopTimer kill_timer_;         // stop_deadline_
   LoopTimer deadline_timer_;     // tasks' deadlines

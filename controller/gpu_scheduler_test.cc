@@ -8,8 +8,11 @@
 #include "controller/gpu_scheduler.h"
 
 #include <atomic>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -183,6 +186,7 @@ class InputsArrivingTest : public ::testing::Test {
     options.place_at_arrival = place_at_arrival_;
     options.stopping_silence_timeout = stopping_silence_;
     options.telemetry = telemetry_;
+    options.resident_state_bytes = resident_state_bytes_;
     // Room for one model's weights only: each change of model evicts the other.
     if (one_model_cache_)
       options.weights_cache_bytes =
@@ -305,6 +309,24 @@ class InputsArrivingTest : public ::testing::Test {
   }
   // Every event posted before this call has been handled.
   void Settle() { ASSERT_TRUE(scheduler_->Snapshot(kWait).ok()); }
+  // `model`'s region in the cache, as the loop sees it; nullopt when not resident.
+  std::optional<ResidentModel> RegionOf(const std::string& model) {
+    absl::StatusOr<GpuSnapshot> s = scheduler_->Snapshot(kWait);
+    if (!s.ok()) return std::nullopt;
+    for (const ResidentModel& r : s->resident) {
+      if (r.model == model && r.trusted) return r;
+    }
+    return std::nullopt;
+  }
+  // Whether `done` comes true within kWait (work off the loop: a lease dropped, a write-back).
+  static bool Eventually(const std::function<bool()>& done) {
+    const absl::Time until = absl::Now() + kWait;
+    while (!done()) {
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return true;
+  }
 
   // Long by default: a task waiting for its inputs keeps the GPU for these tests' whole length.
   absl::Duration inputs_hold_ = absl::Hours(1);
@@ -312,6 +334,7 @@ class InputsArrivingTest : public ::testing::Test {
   // The scripted workers send no heartbeats: only a test about silence makes this short.
   absl::Duration stopping_silence_ = absl::Hours(1);
   bool one_model_cache_ = false;
+  uint64_t resident_state_bytes_ = UINT64_MAX;
   std::shared_ptr<Telemetry> telemetry_ = std::make_shared<Telemetry>();
   absl::Mutex gate_mu_;
   bool restores_open_ ABSL_GUARDED_BY(gate_mu_) = true;
@@ -574,7 +597,15 @@ TEST_F(InputsHoldTest, AYieldedTaskWhoseInputsFailBeforeItsSwitchEndsIsAnsweredT
   EXPECT_EQ(OptimizerLeases(), 0u);
 }
 
-TEST_F(InputsArrivingTest, ASlowStateRestoreBlocksNothingAndAPreemptedRunResumesFromItsExactState) {
+// With no room kept for resident optimizer state (--weights-cache=off does the same), a preempted
+// run's state goes to host memory and comes back from there.
+class StateThroughHostTest : public InputsArrivingTest {
+ protected:
+  StateThroughHostTest() { resident_state_bytes_ = 0; }
+};
+
+TEST_F(StateThroughHostTest,
+       ASlowStateRestoreBlocksNothingAndAPreemptedRunResumesFromItsExactState) {
   ASSERT_GT(catalog_->Find("a").value()->optimizer_slot_bytes, 0u);
   HoldRestores();
   const uint64_t training = SubmitTraining("a", 10);
@@ -603,7 +634,8 @@ TEST_F(InputsArrivingTest, ASlowStateRestoreBlocksNothingAndAPreemptedRunResumes
   Worker(slot)->RunDone(training, 3, /*stopped_early=*/true);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
       << record_.Commands();
-  // The preempted run's state was saved and its area freed; scribble where it was.
+  // The preempted run's state is saved (off the loop) and its area freed; scribble where it was.
+  ASSERT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
   std::vector<std::byte> junk(first.optimizer_bytes, std::byte{0x5a});
   ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, junk).ok());
   HoldRestores();
@@ -751,46 +783,116 @@ TEST_F(PlaceAtArrivalTest, TheDeathOfTheWorkerItWasPlacedOnRequeuesIt) {
   EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
 }
 
-// A stopped training run's checkpoint (issue 29, item 6) reads its region off the loop without
-// holding the GPU: the task that preempted it runs at once, while nothing runs on, takes or
-// unloads the region being read until the checkpoint has read it.
-TEST_F(PlaceAtArrivalTest, TheNextTaskRunsWhileTheStoppedTrainingIsCheckpointed) {
-  HoldCheckpoints();
+// Issue 29 item 6: a preempted training task leaves its trained weights and its optimizer state
+// where they are (its region, its arena area), unsaved: nothing is copied when it stops, an
+// inference of the same model runs on those weights at once, and its next run resumes on them
+// with no copy at all. They are saved only when it ends (or its region is evicted, below).
+TEST_F(PlaceAtArrivalTest, APreemptedTrainingResumesOnItsResidentWeightsAndStateWithNoCopy) {
+  HoldCheckpoints();  // a stop that waited for a checkpoint would hang here
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const Record::RunState first = record_.LastRun(training);
+  ASSERT_GT(first.optimizer_bytes, 0u);
+  // The worker trains: weights and optimizer state change in place.
+  std::optional<ResidentModel> region = RegionOf("a");
+  ASSERT_TRUE(region.has_value());
+  const memdaemon::StoredModel& stored = *catalog_->Find("a").value()->stored;
+  const uint64_t weight_bytes = stored.total_bytes();
+  std::vector<std::byte> weights(weight_bytes), state(first.optimizer_bytes);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = std::byte((i * 29 + 3) & 0xff);
+  for (size_t i = 0; i < state.size(); ++i) state[i] = std::byte((i * 13 + 5) & 0xff);
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(region->offset, weights).ok());
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, state).ok());
+  const uint64_t generation = stored.generation();
+
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+  Worker(trainer)->RunDone(training, 5, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
+      << record_.Commands();
+  absl::StatusOr<TaskStatus> waiting = scheduler_->Query(training);
+  ASSERT_TRUE(waiting.ok());
+  EXPECT_EQ(waiting->state, TaskState::kQueued);
+  EXPECT_EQ(waiting->worker_pid, 0);
+  EXPECT_EQ(waiting->iterations_done, 5u);
+  // Nothing went back to the pinned store; the region says whose unsaved weights it holds.
+  EXPECT_EQ(stored.generation(), generation);
+  std::optional<ResidentModel> kept = RegionOf("a");
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->unsaved_task, training);
+  EXPECT_EQ(kept->offset, region->offset);
+  EXPECT_EQ(OptimizerLeases(), 1u) << "the state stays in the arena";
+
+  // An inference of the same model runs on them at once: a hit, no copy, no checkpoint.
+  const uint64_t misses = scheduler_->Snapshot(kWait)->cache.misses;
+  const uint64_t same_model = Submit("a");
+  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", same_model, " "), kWait))
+      << record_.Commands();
+  Worker(record_.LastSlot(absl::StrCat("Run ", same_model, " ")))->RunDone(same_model);
+  ASSERT_TRUE(record_.AwaitAnswer(same_model, kWait).ok());
+
+  // The training resumes on them: the same area, byte for byte, and nothing copied.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  const Record::RunState resumed = record_.LastRun(training);
+  EXPECT_EQ(resumed.first_iteration, 5u);
+  EXPECT_EQ(resumed.optimizer_offset, first.optimizer_offset);
+  std::vector<std::byte> seen_state(state.size()), seen_weights(weights.size());
+  ASSERT_TRUE(daemon_->arena().CopyToHost(resumed.optimizer_offset, seen_state).ok());
+  ASSERT_TRUE(daemon_->arena().CopyToHost(region->offset, seen_weights).ok());
+  EXPECT_EQ(seen_state, state);
+  EXPECT_EQ(seen_weights, weights);
+  EXPECT_EQ(scheduler_->Snapshot(kWait)->cache.misses, misses);
+  EXPECT_EQ(stored.generation(), generation);
+
+  // It ends (cancelled): its weights are saved as any stop saves them, and then it is answered.
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 6, true);
+  Settle();
+  EXPECT_EQ(record_.AwaitAnswer(training, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kUnknown)
+      << "answered before its weights were saved";
+  OpenCheckpoints();
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_GT(stored.generation(), generation);
+  EXPECT_EQ(std::memcmp(stored.host_bytes(), weights.data(), weight_bytes), 0);
+  EXPECT_EQ(RegionOf("a")->unsaved_task, 0u);
+  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
+}
+
+// A task whose unsaved weights were lost on the GPU (a worker died mid-run on the model) fails
+// with DataLoss rather than resume from the older pinned weights.
+TEST_F(PlaceAtArrivalTest, ATrainingWhoseUnsavedWeightsWereLostFailsRatherThanResume) {
   const uint64_t training = SubmitTraining("a", 1000);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
   const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
   const uint64_t inference = Submit("b");
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
   Worker(trainer)->RunDone(training, 5, /*stopped_early=*/true);
-  // The checkpoint is held, and the preempting task runs regardless.
-  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
-      << record_.Commands();
-  // Meanwhile the training says where it is: off the GPU, waiting for its turn (not switching).
-  absl::StatusOr<TaskStatus> saving = scheduler_->Query(training);
-  ASSERT_TRUE(saving.ok());
-  EXPECT_EQ(saving->state, TaskState::kQueued);
-  EXPECT_EQ(saving->worker_pid, 0);
-  EXPECT_EQ(saving->iterations_done, 5u);
-  // A task on the weights being read waits for the checkpoint.
-  const uint64_t same_model = Submit("a");
-  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
-  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait));
+  // An idle worker's death (the trainer's, now idle) writes nothing: the weights stay.
+  Worker(trainer)->Die("an idle worker crashed");
   Settle();
-  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", same_model, " "))) << record_.Commands();
-  auto held = scheduler_->Snapshot(kWait);
-  ASSERT_TRUE(held.ok());
-  OpenCheckpoints();
+  ASSERT_TRUE(RegionOf("a").has_value());
+  EXPECT_EQ(RegionOf("a")->unsaved_task, training);
+  // A worker that dies mid-run on the model may have written them: they are gone.
+  const uint64_t same_model = Submit("a");
+  const int other = record_.LastSlot(absl::StrCat("Run ", inference, " "));
+  Worker(other)->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", same_model, " "), kWait))
       << record_.Commands();
-  Worker(record_.LastSlot(absl::StrCat("Run ", same_model, " ")))->RunDone(same_model);
-  ASSERT_TRUE(record_.AwaitAnswer(same_model, kWait).ok());
-  // The training resumes from the checkpoint's iteration.
-  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
-      << record_.Commands();
-  EXPECT_EQ(record_.LastRun(training).first_iteration, 5u);
-  ASSERT_TRUE(scheduler_->Cancel(training).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 6, true);
-  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  Worker(record_.LastSlot(absl::StrCat("Run ", same_model, " ")))->Die("crashed mid-run");
+  EXPECT_FALSE(record_.AwaitAnswer(same_model, kWait).ok());
+  absl::StatusOr<TaskOutcome> lost = record_.AwaitAnswer(training, kWait);
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss) << lost.status();
+  EXPECT_TRUE(absl::StrContains(lost.status().message(), "were lost")) << lost.status();
+  EXPECT_FALSE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), absl::ZeroDuration(), 2))
+      << "it resumed on weights that are not its own";
+  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
 }
 
 TEST_F(PlaceAtArrivalTest, ACancelWhileItsCheckpointIsWrittenEndsTheTrainingOnceWritten) {
@@ -899,6 +1001,52 @@ TEST_F(OneModelCacheTest, AnEvictionShowsInTheTrace) {
       telemetry_->trace().ChromeJson(absl::Minutes(5), base::MonotonicNowNs());
   EXPECT_TRUE(absl::StrContains(trace, "\"evict a\"")) << trace;
   EXPECT_TRUE(absl::StrContains(trace, "\"for\":\"b\"")) << trace;
+}
+
+// Unsaved training weights whose region another model needs are written back first (off the
+// loop, the region held), the other model waiting meanwhile; the training then resumes from the
+// pinned store, which now holds exactly what it trained.
+TEST_F(OneModelCacheTest, UnsavedWeightsAreWrittenBackBeforeTheirRegionIsTaken) {
+  HoldCheckpoints();
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  std::optional<ResidentModel> region = RegionOf("a");
+  ASSERT_TRUE(region.has_value());
+  const memdaemon::StoredModel& stored = *catalog_->Find("a").value()->stored;
+  std::vector<std::byte> weights(stored.total_bytes());
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = std::byte((i * 31 + 7) & 0xff);
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(region->offset, weights).ok());
+  const uint64_t generation = stored.generation();
+
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+  Worker(trainer)->RunDone(training, 4, /*stopped_early=*/true);
+  Settle();
+  // "b" has room only where "a"'s unsaved weights are: it waits for their write-back.
+  EXPECT_FALSE(record_.Sent("Prepare b ")) << record_.Commands();
+  EXPECT_EQ(scheduler_->Query(inference)->state, TaskState::kQueued);
+  EXPECT_EQ(stored.generation(), generation);
+  OpenCheckpoints();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
+      << record_.Commands();
+  EXPECT_GT(stored.generation(), generation);
+  EXPECT_EQ(std::memcmp(stored.host_bytes(), weights.data(), weights.size()), 0);
+  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  // It resumes on the weights it trained, copied back in from the pinned store.
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  EXPECT_EQ(record_.LastRun(training).first_iteration, 4u);
+  std::vector<std::byte> seen(weights.size());
+  EXPECT_TRUE(Eventually([&] {
+    std::optional<ResidentModel> back = RegionOf("a");
+    return back && !back->copying && daemon_->arena().CopyToHost(back->offset, seen).ok() &&
+           seen == weights;
+  }));
+  ASSERT_TRUE(scheduler_->Cancel(training).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 5, true);
+  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
 }
 
 // The baseline (--place-at-arrival=false): nothing is placed until the old tenant has answered.

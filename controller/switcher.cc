@@ -42,14 +42,13 @@ ReloadCost Switcher::CostOf(const CatalogEntry& entry) const {
   return cost;
 }
 
-bool Switcher::WaitsForCheckpoint(const CatalogEntry& entry) const {
+RoomWait Switcher::WaitsForRoom(const CatalogEntry& entry) const {
   // A resident copy of the pinned store's generation is a hit; a stale one is a miss (Place).
   if (const ResidentModel* r = cache_.Find(entry.request.name);
-      r != nullptr && r->generation == entry.stored->generation()) {
-    return false;
+      r != nullptr && (r->generation == entry.stored->generation() || r->unsaved_task != 0)) {
+    return {};
   }
-  return cache_.RoomOnlyThroughHeld(entry.stored->total_bytes(), CostOf(entry).groups,
-                                    base::MonotonicNowNs());
+  return cache_.WaitsFor(entry.stored->total_bytes(), CostOf(entry).groups, base::MonotonicNowNs());
 }
 
 WorkerPool::Outlook Switcher::ForModel(const std::string& model, absl::Status* never) const {
@@ -81,7 +80,10 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
   const int active = active_slot_;
   PrepareSpec prepare{model, 0, 0, 0, entry.group_last_layer};
   const ResidentModel* resident = cache_.Find(model);
-  if (resident != nullptr && resident->generation != entry.stored->generation()) {
+  // Unsaved training weights are newer than any pinned generation: they stay, and their
+  // write-back is what the pinned store gets next (the latest writer wins, as for checkpoints).
+  if (resident != nullptr && resident->generation != entry.stored->generation() &&
+      resident->unsaved_task == 0) {
     // A training run elsewhere (another GPU) checkpointed newer weights since this copy.
     Event(base::LogLevel::kInfo, "weights_stale")
         .Field("model", model)
@@ -208,11 +210,13 @@ void Switcher::Evicted(const Reservation& room, const std::string& model) const 
   }
 }
 
-void Switcher::SlotDied(int slot) {
+void Switcher::SlotDied(int slot, bool was_busy) {
   auto it = tenants_.find(slot);
   if (it == tenants_.end()) return;
   // Only the copy it ran on: a later copy of the model, elsewhere, is no concern of its death.
-  cache_.Untrust(it->second.model, it->second.epoch);
+  // An idle worker had nothing in flight (its RunDone came after its stream synchronised), so
+  // it wrote nothing when it died: its region stays, unsaved training weights included.
+  if (was_busy) cache_.Untrust(it->second.model, it->second.epoch);
   tenants_.erase(it);
   if (active_slot_ == slot) active_slot_ = -1;
 }

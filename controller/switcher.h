@@ -109,8 +109,9 @@ class Switcher {
   absl::Status Completed(uint64_t task, const std::string& model,
                          memdaemon::Transmission& transmission, bool task_ok,
                          SwitchTimeline& timeline, absl::Duration& copy_time);
-  // The worker in `slot` died: a half-finished step may have touched the weights it last ran.
-  void SlotDied(int slot);
+  // The worker in `slot` died: when it was busy, a half-finished step may have touched the
+  // weights it last ran.
+  void SlotDied(int slot, bool was_busy);
   bool Holds(const std::string& model) const { return cache_.Find(model) != nullptr; }
   // A copy of `model` into the pool is in flight (its end not seen yet, also while it is
   // stalled on the device): its pinned weights may still be read.
@@ -118,18 +119,24 @@ class Switcher {
   // A training run of `model` failed on its resident weights: they may be half updated.
   void Untrust(const std::string& model) { cache_.Untrust(model); }
   // A training run's weights were checkpointed to the pinned store, now of `generation`: the
-  // resident copy is that generation.
+  // resident copy is that generation (and holds nothing unsaved).
   void Checkpointed(const std::string& model, uint64_t generation) {
     cache_.Checkpointed(model, generation);
   }
+  // Training task `task`, preempted, left its trained weights in `model`'s region without
+  // writing them back: they stay resident until evicted, and are written back first.
+  void KeepUnsaved(const std::string& model, uint64_t task) { cache_.MarkUnsaved(model, task); }
+  // The task whose unsaved weights `model`'s region holds; 0: none (saved, or lost).
+  uint64_t UnsavedTask(const std::string& model) const { return cache_.UnsavedTask(model); }
   // A training run's checkpoint reads `model`'s region off the loop (the GPU is not held for
   // it): until CheckpointRead, nothing runs on the model (ForModel: kLater) and no reservation
   // takes its region or flags.
   void CheckpointReading(const std::string& model) { cache_.Hold(model); }
   void CheckpointRead(const std::string& model) { cache_.Release(model); }
   bool BeingCheckpointed(const std::string& model) const { return cache_.Held(model); }
-  // A miss for `entry`'s model that has room only where a checkpoint still reads: it waits.
-  bool WaitsForCheckpoint(const registry::CatalogEntry& entry) const;
+  // A miss for `entry`'s model that has room only where a checkpoint still reads, or where
+  // unsaved training weights are: it waits (and those weights are to be written back).
+  RoomWait WaitsForRoom(const registry::CatalogEntry& entry) const;
   // The operator pinned `model` resident (registration's pin_resident): never evicted.
   void Pin(const std::string& model, bool pinned) { cache_.Pin(model, pinned); }
   // `model` was unloaded: its region is freed.

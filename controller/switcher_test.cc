@@ -120,7 +120,7 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
 
   void OnRunDone(int, const proto::RunDone&) override {}
   void OnDrained(int, uint64_t, const proto::Drained&) override {}
-  void OnWorkerDied(int slot, const absl::Status&, bool killed) override {
+  void OnWorkerDied(int slot, const absl::Status&, bool killed, bool) override {
     deaths_.push_back({slot, killed});
   }
 
@@ -287,7 +287,10 @@ TEST_F(SwitcherTest, AWorkersDeathUntrustsOnlyTheModelItLastRan) {
   auto b = switcher->Place(2, entries_.at("b"), timeline);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 2; }));
-  switcher->SlotDied(b->slot);
+  // An idle worker had nothing in flight: its death leaves what it last ran.
+  switcher->SlotDied(a, /*was_busy=*/false);
+  EXPECT_TRUE(switcher->Holds("a"));
+  switcher->SlotDied(b->slot, /*was_busy=*/true);
   EXPECT_FALSE(switcher->Holds("b")) << "a half-finished step may have touched it";
   EXPECT_TRUE(switcher->Holds("a"));
 }

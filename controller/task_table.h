@@ -30,6 +30,9 @@ struct TaskRecord {
   // Requeued once because its worker died before its Run: a second death fails it (the
   // placement itself may be what kills workers).
   bool requeued_after_death = false;
+  // Preempted, its trained weights stayed in its model's region unsaved (issue 29 item 6): its
+  // next run must find them there, or they were lost. Cleared once they are written back.
+  bool weights_unsaved = false;
 
   void StopFor(absl::Status why) {
     if (!stop_reason) stop_reason = std::move(why);

@@ -69,6 +69,106 @@ TEST_F(TrainingStateTest, AStatelessRunHasNoAreaAndItsWeightsStillGoBackToTheSto
   EXPECT_EQ(std::memcmp((*stored)->host_bytes(), trained.data(), bytes), 0);
 }
 
+// Issue 29 item 6: a preempted task's area stays in the arena and its next run takes it as it is;
+// a fill job's still goes to host memory (its next bubble may be on another GPU).
+TEST_F(TrainingStateTest, APreemptedTasksStateStaysResidentAndItsNextRunCopiesNothing) {
+  constexpr uint64_t kBytes = 1 << 20;
+  ResidentStates resident(&checkpoints_, UINT64_MAX);
+  const CheckpointKey key = CheckpointKey::Task(5);
+  auto first = TrainingState::Begin(daemon_.get(), &checkpoints_, 5, key, kBytes, &resident);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE((*first)->restored_resident());
+  const uint64_t offset = (*first)->optimizer_offset();
+  const std::vector<std::byte> trained = Pattern(kBytes, 3);
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(offset, trained).ok());
+  ASSERT_TRUE((*first)->EndOptimizer(/*keep=*/true).ok());
+  EXPECT_EQ(resident.kept(), 1u);
+  EXPECT_EQ(OptimizerLeases(), 1u) << "kept in the arena";
+  EXPECT_EQ(checkpoints_.Take(key), nullptr) << "nothing went to host memory";
+
+  auto resumed = TrainingState::Begin(daemon_.get(), &checkpoints_, 5, key, kBytes, &resident);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_TRUE((*resumed)->restored_resident());
+  EXPECT_EQ((*resumed)->optimizer_offset(), offset);
+  std::vector<std::byte> seen(kBytes);
+  ASSERT_TRUE(daemon_->arena().CopyToHost(offset, seen).ok());
+  EXPECT_EQ(seen, trained);
+  EXPECT_EQ(resident.kept(), 0u);
+  ASSERT_TRUE((*resumed)->EndOptimizer(/*keep=*/false).ok());
+  EXPECT_EQ(OptimizerLeases(), 0u);
+
+  const CheckpointKey fill = CheckpointKey::FillJob(5);
+  auto bubble = TrainingState::Begin(daemon_.get(), &checkpoints_, 6, fill, kBytes, &resident);
+  ASSERT_TRUE(bubble.ok()) << bubble.status();
+  ASSERT_TRUE((*bubble)->EndOptimizer(/*keep=*/true).ok());
+  EXPECT_EQ(resident.kept(), 0u);
+  EXPECT_NE(checkpoints_.Take(fill), nullptr);
+  EXPECT_EQ(OptimizerLeases(), 0u);
+}
+
+// Kept areas give way: beyond the budget, and when a new area does not fit, the oldest goes to
+// host memory, byte for byte, and its task's next run is filled from there.
+TEST_F(TrainingStateTest, KeptStatesGoToHostMemoryWhenTheBudgetOrTheArenaNeedsTheRoom) {
+  constexpr uint64_t kBytes = 1 << 20;
+  ResidentStates resident(&checkpoints_, kBytes);  // room for one
+  std::vector<std::vector<std::byte>> trained;
+  for (uint64_t task = 1; task <= 2; ++task) {
+    auto state = TrainingState::Begin(daemon_.get(), &checkpoints_, task, CheckpointKey::Task(task),
+                                      kBytes, &resident);
+    ASSERT_TRUE(state.ok()) << state.status();
+    trained.push_back(Pattern(kBytes, static_cast<int>(task)));
+    ASSERT_TRUE(daemon_->arena().CopyFromHost((*state)->optimizer_offset(), trained.back()).ok());
+    ASSERT_TRUE((*state)->EndOptimizer(/*keep=*/true).ok());
+  }
+  // Over the budget: task 1's (the oldest) went to host memory; task 2's stays.
+  EXPECT_EQ(resident.kept(), 1u);
+  EXPECT_EQ(resident.kept_bytes(), kBytes);
+  EXPECT_EQ(OptimizerLeases(), 1u);
+  std::unique_ptr<gpu::HostBuffer> saved = checkpoints_.Take(CheckpointKey::Task(1));
+  ASSERT_NE(saved, nullptr);
+  ASSERT_EQ(saved->size_bytes(), kBytes);
+  EXPECT_EQ(std::memcmp(saved->data(), trained[0].data(), kBytes), 0);
+  checkpoints_.Put(CheckpointKey::Task(1), std::move(saved));
+
+  // The arena is full but for what task 2's kept area holds: a new run takes its room.
+  ResidentStates roomy(&checkpoints_, UINT64_MAX);
+  auto kept = resident.Take(CheckpointKey::Task(2));
+  ASSERT_TRUE(kept.ok() && *kept != nullptr);
+  roomy.Keep(CheckpointKey::Task(2), std::move(*kept));
+  std::vector<memdaemon::Lease> fillers;
+  while (daemon_->leases().largest_free_bytes() > 0) {
+    auto filler = daemon_->leases().Acquire("filler", daemon_->leases().largest_free_bytes());
+    ASSERT_TRUE(filler.ok()) << filler.status();
+    fillers.push_back(*filler);
+  }
+  auto third =
+      TrainingState::Begin(daemon_.get(), &checkpoints_, 3, CheckpointKey::Task(3), kBytes, &roomy);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(roomy.kept(), 0u);
+  (*third).reset();
+  // Task 2 resumes from host memory, exactly where it was.
+  auto second =
+      TrainingState::Begin(daemon_.get(), &checkpoints_, 2, CheckpointKey::Task(2), kBytes, &roomy);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE((*second)->restored_resident());
+  std::vector<std::byte> seen(kBytes);
+  ASSERT_TRUE(daemon_->arena().CopyToHost((*second)->optimizer_offset(), seen).ok());
+  EXPECT_EQ(seen, trained[1]);
+  (*second).reset();
+  for (const memdaemon::Lease& filler : fillers) {
+    ASSERT_TRUE(daemon_->leases().Release(filler.offset, "filler").ok());
+  }
+  // A dropped task's kept area goes with it.
+  auto seventh =
+      TrainingState::Begin(daemon_.get(), &checkpoints_, 7, CheckpointKey::Task(7), kBytes, &roomy);
+  ASSERT_TRUE(seventh.ok()) << seventh.status();
+  ASSERT_TRUE((*seventh)->EndOptimizer(/*keep=*/true).ok());
+  EXPECT_EQ(OptimizerLeases(), 1u);
+  roomy.Drop(CheckpointKey::Task(7));
+  EXPECT_EQ(roomy.kept(), 0u);
+  EXPECT_EQ(OptimizerLeases(), 0u);
+}
+
 TEST_F(TrainingStateTest, StateTheArenaCannotHoldIsRefused) {
   auto state = TrainingState::Begin(daemon_.get(), &checkpoints_, 4, CheckpointKey::Task(4),
                                     128ull << 20);

@@ -187,16 +187,52 @@ void WeightsCache::Release(const std::string& model) {
   });
 }
 
-bool WeightsCache::RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
+RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
   const uint64_t rounded = RegionBytes(bytes);
-  if (held_.empty() || rounded == 0) return false;
+  const std::set<std::string> unsaved = Unsaved();
+  if ((held_.empty() && unsaved.empty()) || rounded == 0) return {};
   const std::set<std::string> held(held_.begin(), held_.end());
-  auto fits = [&](const std::set<std::string>& keep) {
+  // The window the policy would take with `keep` untouched, and its victims (flags included).
+  auto victims = [&](const std::set<std::string>& keep) -> std::optional<std::vector<std::string>> {
     std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
+    if (!window) return std::nullopt;
     std::vector<std::string> more;
-    return window && ChooseFlags(groups, window->victims, now_ns, keep, &more).has_value();
+    if (!ChooseFlags(groups, window->victims, now_ns, keep, &more)) return std::nullopt;
+    window->victims.insert(window->victims.end(), more.begin(), more.end());
+    return window->victims;
   };
-  return !fits(held) && fits({});
+  std::set<std::string> untouchable = held;
+  untouchable.insert(unsaved.begin(), unsaved.end());
+  if (victims(untouchable)) return {};  // room now
+  RoomWait wait;
+  // Room once unsaved weights are written back (the held regions kept), or only once a
+  // checkpoint also released its region: then whatever unsaved weights that window takes.
+  std::optional<std::vector<std::string>> taken = victims(held);
+  if (!taken) taken = victims({});
+  if (!taken) return {};  // no room at all: Reserve refuses it
+  wait.waits = true;
+  for (const std::string& model : *taken) {
+    if (unsaved.contains(model)) wait.write_back.push_back(model);
+  }
+  return wait;
+}
+
+std::set<std::string> WeightsCache::Unsaved() const {
+  std::set<std::string> out;
+  for (const auto& [offset, r] : regions_) {
+    if (r.trusted && r.unsaved_task != 0) out.insert(r.model);
+  }
+  return out;
+}
+
+void WeightsCache::MarkUnsaved(const std::string& model, uint64_t task) {
+  auto it = FindRegion(model);
+  if (it != regions_.end()) it->second.unsaved_task = task;
+}
+
+uint64_t WeightsCache::UnsavedTask(const std::string& model) const {
+  auto it = FindRegion(model);
+  return it == regions_.end() ? 0 : it->second.unsaved_task;
 }
 
 uint64_t WeightsCache::RegionBytes(uint64_t model_bytes) {
@@ -216,13 +252,17 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
     return absl::UnavailableError(
         absl::StrCat("model '", model, "': its region is still read by a checkpoint"));
   }
-  // A region a checkpoint still reads is kept as well.
+  // A region a checkpoint still reads is kept as well, and so is one whose trained weights were
+  // not written back yet (WaitsFor names them).
   std::set<std::string> keep = asked_keep;
   keep.insert(held_.begin(), held_.end());
+  const std::set<std::string> unsaved = Unsaved();
+  keep.insert(unsaved.begin(), unsaved.end());
   std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
   if (!window && !keep.empty() && ChooseWindow(rounded, now_ns, {})) {
     return absl::UnavailableError(absl::StrCat(
-        "model '", model, "' has room only where a stopping tenant or a checkpoint still is"));
+        "model '", model,
+        "' has room only where a stopping tenant, a checkpoint or unsaved training weights are"));
   }
   if (!window) {
     uint64_t pinned_bytes = 0;
@@ -298,7 +338,9 @@ void WeightsCache::Started(const std::string& model, uint32_t epoch, uint64_t ge
 
 void WeightsCache::Checkpointed(const std::string& model, uint64_t generation) {
   auto it = FindRegion(model);
-  if (it != regions_.end()) it->second.generation = generation;
+  if (it == regions_.end()) return;
+  it->second.generation = generation;
+  it->second.unsaved_task = 0;
 }
 
 void WeightsCache::CopyEnded(const std::string& model, uint32_t epoch, bool ok) {

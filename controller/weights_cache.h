@@ -74,6 +74,16 @@ struct ResidentModel {
   bool pinned = false;  // the operator's: never evicted
   uint64_t generation = 0;  // of the pinned weights it copied (StoredModel::generation)
   ReloadCost cost;
+  // Non-zero: the training task, preempted, whose trained weights only this region holds (newer
+  // than the pinned store): never a victim until written back (MarkSaved).
+  uint64_t unsaved_task = 0;
+};
+
+// What a reservation that cannot be made now waits for (WeightsCache::RoomWait).
+struct RoomWait {
+  bool waits = false;  // room exists, but only where a checkpoint reads or unsaved weights are
+  // Models whose unsaved training weights must be written back for that room.
+  std::vector<std::string> write_back;
 };
 
 struct Reservation {
@@ -115,8 +125,14 @@ class WeightsCache {
   // `generation`.
   void Started(const std::string& model, uint32_t epoch, uint64_t generation = 0);
   // A training run's checkpoint wrote `model`'s resident weights to the pinned store, which is
-  // now `generation`: the region holds exactly that.
+  // now `generation`: the region holds exactly that (and nothing unsaved any more).
   void Checkpointed(const std::string& model, uint64_t generation);
+  // `model`'s region holds the weights of training task `task`, preempted, that were not
+  // written back (issue 29 item 6): kept until written back (Checkpointed), or lost when
+  // untrusted or dropped. No effect when the model is not resident.
+  void MarkUnsaved(const std::string& model, uint64_t task);
+  // The task whose unsaved weights `model`'s region holds; 0: none.
+  uint64_t UnsavedTask(const std::string& model) const;
   // `model`'s copy under `epoch` ended: resident when `ok`, else its region is freed. Ignored
   // when the region no longer belongs to that copy (evicted or replaced since).
   void CopyEnded(const std::string& model, uint32_t epoch, bool ok);
@@ -137,8 +153,9 @@ class WeightsCache {
   void Release(const std::string& model);
   bool Held(const std::string& model) const { return held_.contains(model); }
   // Whether a region for `bytes` and `groups` flags exists only through a held model's region
-  // or flags: the reservation must wait for the checkpoint rather than fail.
-  bool RoomOnlyThroughHeld(uint64_t bytes, uint32_t groups, int64_t now_ns) const;
+  // or flags, or a region with unsaved weights: the reservation must wait for the checkpoint
+  // (and for those weights to be written back) rather than fail.
+  RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const;
 
   // A task's compute on `model` was measured on resident weights, for its reload cost.
   void ObserveCompute(const std::string& model, double compute_s);
@@ -171,6 +188,8 @@ class WeightsCache {
                                       int64_t now_ns, const std::set<std::string>& keep,
                                       std::vector<std::string>* more_victims) const;
   double KeepValue(const ResidentModel& r, int64_t now_ns) const;
+  // The trusted regions' models that hold unsaved training weights.
+  std::set<std::string> Unsaved() const;
   void Free(std::map<uint64_t, ResidentModel>::iterator it);
   std::map<uint64_t, ResidentModel>::iterator FindRegion(const std::string& model);
   std::map<uint64_t, ResidentModel>::const_iterator FindRegion(const std::string& model) const;

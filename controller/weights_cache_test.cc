@@ -89,12 +89,13 @@ TEST(WeightsCacheTest, KeptAndHeldRegionsAreNeverVictims) {
   EXPECT_TRUE(Resident(cache, "stopping"));
   // A checkpoint's hold does the same for every reservation until it is released.
   cache.Hold("stopping");
-  EXPECT_TRUE(cache.RoomOnlyThroughHeld(70 * kMiB, 1, 5));
-  EXPECT_FALSE(cache.RoomOnlyThroughHeld(30 * kMiB, 1, 5));
+  EXPECT_TRUE(cache.WaitsFor(70 * kMiB, 1, 5).waits);
+  EXPECT_TRUE(cache.WaitsFor(70 * kMiB, 1, 5).write_back.empty());
+  EXPECT_FALSE(cache.WaitsFor(30 * kMiB, 1, 5).waits);
   EXPECT_EQ(cache.Reserve("big", 70 * kMiB, Cost(0.01), 5).status().code(),
             absl::StatusCode::kUnavailable);
   cache.Release("stopping");
-  EXPECT_FALSE(cache.RoomOnlyThroughHeld(70 * kMiB, 1, 6));
+  EXPECT_FALSE(cache.WaitsFor(70 * kMiB, 1, 6).waits);
   absl::StatusOr<Reservation> now = cache.Reserve("big", 70 * kMiB, Cost(0.01), 6);
   ASSERT_TRUE(now.ok()) << now.status();
   EXPECT_NE(std::find(now->evicted.begin(), now->evicted.end(), "stopping"), now->evicted.end());
@@ -105,6 +106,60 @@ TEST(WeightsCacheTest, KeptAndHeldRegionsAreNeverVictims) {
   Bring(single, "stopping", 10, 1);
   EXPECT_EQ(single.Reserve("new", 10 * kMiB, Cost(0.01), 2, {"stopping"}).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// A preempted training task's unsaved weights are never a victim: a reservation that needs their
+// room waits and names them for a write-back; once written back (Checkpointed) they are clean,
+// still resident, and evicted like any other. Untrusted, they are gone.
+TEST(WeightsCacheTest, UnsavedTrainingWeightsAreEvictedOnlyOnceWrittenBack) {
+  WeightsCache cache(Pool(100, EvictionPolicy::kLru));
+  Bring(cache, "trained", 60, 1);
+  Bring(cache, "other", 30, 2);
+  cache.MarkUnsaved("trained", 7);
+  EXPECT_EQ(cache.UnsavedTask("trained"), 7u);
+  EXPECT_EQ(cache.UnsavedTask("other"), 0u);
+  // Room apart from it: taken at once (LRU would have taken "trained", used first).
+  absl::StatusOr<Reservation> apart = cache.Reserve("small", 30 * kMiB, Cost(0.01), 3);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  EXPECT_EQ(apart->evicted, std::vector<std::string>{"other"});
+  cache.Started("small", 3);
+  cache.CopyEnded("small", 3, true);
+  EXPECT_FALSE(cache.WaitsFor(30 * kMiB, 1, 4).waits);
+  // Room only through it: Unavailable, nothing changed, and it is named for its write-back.
+  const std::vector<ResidentModel> before = cache.List();
+  absl::StatusOr<Reservation> big = cache.Reserve("big", 80 * kMiB, Cost(0.01), 4);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kUnavailable) << big.status();
+  EXPECT_EQ(cache.List().size(), before.size());
+  RoomWait wait = cache.WaitsFor(80 * kMiB, 1, 4);
+  EXPECT_TRUE(wait.waits);
+  EXPECT_EQ(wait.write_back, std::vector<std::string>{"trained"});
+  // Larger than the pool: no wait, a refusal.
+  EXPECT_FALSE(cache.WaitsFor(200 * kMiB, 1, 4).waits);
+  EXPECT_EQ(cache.Reserve("huge", 200 * kMiB, Cost(0.01), 4).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Written back: clean, resident, and now a victim like any other.
+  cache.Checkpointed("trained", 42);
+  EXPECT_EQ(cache.UnsavedTask("trained"), 0u);
+  EXPECT_TRUE(Resident(cache, "trained"));
+  EXPECT_EQ(cache.Find("trained")->generation, 42u);
+  EXPECT_FALSE(cache.WaitsFor(80 * kMiB, 1, 5).waits);
+  absl::StatusOr<Reservation> now = cache.Reserve("big", 80 * kMiB, Cost(0.01), 5);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_NE(std::find(now->evicted.begin(), now->evicted.end(), "trained"), now->evicted.end());
+  // Untrusted (a failed run on it), unsaved weights are simply gone.
+  WeightsCache other(Pool(100));
+  Bring(other, "trained", 60, 1);
+  other.MarkUnsaved("trained", 9);
+  other.Untrust("trained");
+  EXPECT_EQ(other.UnsavedTask("trained"), 0u);
+  EXPECT_FALSE(other.WaitsFor(100 * kMiB, 1, 2).waits);
+  // With the cache off, the one region with unsaved weights makes every other model wait.
+  WeightsCacheOptions off = Pool(100);
+  off.enabled = false;
+  WeightsCache single(off);
+  Bring(single, "trained", 10, 1);
+  single.MarkUnsaved("trained", 3);
+  EXPECT_EQ(single.WaitsFor(10 * kMiB, 1, 2).write_back, std::vector<std::string>{"trained"});
 }
 
 // A tenant's death untrusts the region a checkpoint is still reading: it is no longer served,

@@ -393,6 +393,7 @@ void WorkerPool::OnDied(int slot, const absl::Status& why) {
       .Field("detail", why.message());
   // Ready once it announced itself and answered its first loads; a crash after that is a task's.
   const bool was_ready = s.state == State::kIdle || s.state == State::kBusy;
+  const bool was_busy = s.state == State::kBusy;
   s.state = State::kDead;
   // Nothing of a dead process is in flight: release whoever waits for its drain.
   options_.release_drain(static_cast<uint32_t>(slot), s.drain_value);
@@ -403,7 +404,8 @@ void WorkerPool::OnDied(int slot, const absl::Status& why) {
   s.process.reset();
   s.regions = RegionMappings();  // its mappings died with it
   const bool killed = !s.kill_reason.empty();
-  listener_->OnWorkerDied(slot, killed ? absl::UnavailableError(s.kill_reason) : why, killed);
+  listener_->OnWorkerDied(slot, killed ? absl::UnavailableError(s.kill_reason) : why, killed,
+                          was_busy);
   ScheduleRespawn(slot, was_ready, why);
   SendDeferredLoads();
   RefreshReadiness();

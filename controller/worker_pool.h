@@ -103,8 +103,9 @@ class WorkerPool {
     // The slot's worker, running `task`, has done `iterations` of it (its heartbeat says).
     virtual void OnProgress(int /*slot*/, uint64_t /*task*/, uint32_t /*iterations*/) {}
     // The slot's worker died. `why` says how; `killed` when the pool killed it (Kill), `why`
-    // then being the kill's reason. A replacement is already scheduled.
-    virtual void OnWorkerDied(int slot, const absl::Status& why, bool killed) = 0;
+    // then being the kill's reason; `was_busy` when it died with a Run (or a Prepare's gate)
+    // in flight, not idle. A replacement is already scheduled.
+    virtual void OnWorkerDied(int slot, const absl::Status& why, bool killed, bool was_busy) = 0;
   };
 
   // What a task for some model can expect of the pool.

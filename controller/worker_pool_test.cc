@@ -63,7 +63,7 @@ class WorkerPoolTest : public ::testing::Test, public WorkerPool::Listener {
     runs_done_.push_back({slot, done.task_id()});
   }
   void OnDrained(int, uint64_t, const proto::Drained&) override {}
-  void OnWorkerDied(int slot, const absl::Status& why, bool killed) override {
+  void OnWorkerDied(int slot, const absl::Status& why, bool killed, bool) override {
     deaths_.push_back({slot, std::string(why.message()), killed});
     if (on_death_) on_death_();
   }

@@ -172,8 +172,11 @@ json FillJobJson(const FillJobStatus& s) {
 json CacheJson(const GpuSnapshot& s) {
   json resident = json::array();
   for (const controller::ResidentModel& r : s.resident) {
-    resident.push_back(
-        {{"model", r.model}, {"bytes", r.bytes}, {"copying", r.copying}, {"pinned", r.pinned}});
+    json model = {
+        {"model", r.model}, {"bytes", r.bytes}, {"copying", r.copying}, {"pinned", r.pinned}};
+    // A preempted training task's weights that only this GPU holds (written back when evicted).
+    if (r.unsaved_task != 0) model["unsaved_training_task"] = r.unsaved_task;
+    resident.push_back(std::move(model));
   }
   return {{"enabled", s.cache_enabled},
           {"capacity_bytes", s.cache_capacity_bytes},

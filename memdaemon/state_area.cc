@@ -9,8 +9,11 @@ namespace pswitch::memdaemon {
 
 absl::StatusOr<std::unique_ptr<StateArea>> StateArea::Acquire(
     MemDaemon& daemon, const std::string& owner, uint64_t bytes,
-    std::unique_ptr<gpu::HostBuffer> checkpoint) {
+    std::unique_ptr<gpu::HostBuffer> checkpoint, const std::function<bool()>& make_room) {
   absl::StatusOr<Lease> lease = daemon.leases().Acquire(owner, bytes);
+  while (!lease.ok() && absl::IsResourceExhausted(lease.status()) && make_room && make_room()) {
+    lease = daemon.leases().Acquire(owner, bytes);
+  }
   if (!lease.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(owner, " needs ", bytes,
                                                      " bytes of optimizer state in the arena: ",

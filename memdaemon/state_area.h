@@ -6,6 +6,7 @@
 #define PSWITCH_MEMDAEMON_STATE_AREA_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,16 +20,20 @@ class StateArea {
  public:
   // Leases `bytes` as `owner` and fills them from `checkpoint` when it has exactly that size,
   // with zeros otherwise (libtorch's first step from zero buffers equals its own lazily created
-  // state). ResourceExhausted naming the task when the arena cannot hold it.
+  // state). While no lease fits, `make_room` (when set) may free one and returns whether it did
+  // (it blocks: an optimizer state kept resident is saved). ResourceExhausted naming the task
+  // when the arena cannot hold it.
   static absl::StatusOr<std::unique_ptr<StateArea>> Acquire(
       MemDaemon& daemon, const std::string& owner, uint64_t bytes,
-      std::unique_ptr<gpu::HostBuffer> checkpoint);
+      std::unique_ptr<gpu::HostBuffer> checkpoint,
+      const std::function<bool()>& make_room = nullptr);
   // Releases the lease (the state is dropped) unless SaveAndRelease did.
   ~StateArea();
   StateArea(const StateArea&) = delete;
   StateArea& operator=(const StateArea&) = delete;
 
   uint64_t offset() const { return lease_.offset; }
+  const MemDaemon* daemon() const { return daemon_; }
   // The state's own size (its lease may be a little larger: leases end on a page).
   uint64_t bytes() const { return bytes_; }
 

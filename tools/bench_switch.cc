@@ -55,6 +55,12 @@ ABSL_FLAG(bool, rows, true,
 ABSL_FLAG(bool, placement, true,
           "the placement-at-arrival arms (a Stop that waits for the trainer's step, one that cuts "
           "it, placement at arrival; three daemons of their own) and their FIG line");
+ABSL_FLAG(bool, resume, true,
+          "the resume arms (a preempted trainer's state kept resident against copied to host "
+          "memory and back at each preemption; two daemons of their own) and their FIG line");
+ABSL_FLAG(std::string, resume_trainer, "resnet18",
+          "zoo model of the trainer the resume arms preempt (SGD with momentum: its state is as "
+          "large as its weights)");
 ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "arena size for the pswitchd it starts");
 ABSL_FLAG(std::string, plan, "auto",
           "grouping plan JSON for the 'optimal' row (find-grouping's output); auto: on cuda, "
@@ -303,6 +309,109 @@ void ReportPlacement(const std::filesystem::path& dir, const std::string& zoo, u
       Ms(stop_took[1], "%.2f").c_str(), Ms(stop_took[0], "%.2f").c_str());
 }
 
+// A preempted trainer's way back (issue 29 item 6): each request (a small model, resident)
+// preempts a training task; the figure is how long the trainer takes to run again after the
+// request's answer, with its state kept resident (--keep-preempted-training) against copied to
+// host memory at every stop and back at its resume (the baseline), in daemons of their own.
+absl::StatusOr<std::vector<double>> MeasureResume(bool keep, const std::filesystem::path& dir,
+                                                  int repeats) {
+  const std::filesystem::path sub = dir / (keep ? "resume-kept" : "resume-copied");
+  std::filesystem::create_directories(sub);
+  tools::PswitchdProcess daemon(
+      tools::SiblingBinary("pswitchd"),
+      {"--backend=" + absl::GetFlag(FLAGS_backend),
+       absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
+       absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
+       "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (sub / "m.sock").string(),
+       "--unix-socket=" + (sub / "pswitchd.sock").string(), "--weights-cache=true",
+       absl::StrCat("--keep-preempted-training=", keep ? "true" : "false")},
+      (sub / "pswitchd.log").string());
+  if (daemon.port() == 0) {
+    return absl::UnavailableError("pswitchd did not start:\n" + daemon.log());
+  }
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c,
+                           client::Client::Connect("unix:" + (sub / "pswitchd.sock").string()));
+  PSWITCH_RETURN_IF_ERROR(c->Register({"rs-request", "tiny_mlp", "", 1, "auto"}).status());
+  PSWITCH_RETURN_IF_ERROR(
+      c->Register({"rs-trainer", absl::GetFlag(FLAGS_resume_trainer), "", 1, "auto"}).status());
+  auto request = models::CreateModel("tiny_mlp");
+  if (!request.ok()) return request.status();
+  PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor input,
+                           worker::ToHostTensor("input", (*request)->ExampleInput(1, 1).input));
+  PSWITCH_RETURN_IF_ERROR(c->Infer("rs-request", {input}).status());
+  auto training = c->TrainAsync("rs-trainer", {1000000, 1, 0});
+  uint64_t training_id = 0;
+  for (int attempt = 0; attempt < 10000 && training_id == 0; ++attempt) {
+    for (uint64_t id = 1; id < 1000 && training_id == 0; ++id) {
+      auto st = c->Status(id);
+      if (!st.ok()) break;
+      if (st->model == "rs-trainer") training_id = id;
+    }
+    if (training_id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<double> back_ms;
+  for (int r = 0; r <= repeats; ++r) {
+    if (!AwaitTraining(*c, training_id)) return absl::InternalError("training task is not running");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto out = c->Infer("rs-request", {input});
+    if (!out.ok()) return out.status();
+    const absl::Time answered = absl::Now();
+    // Running again: its Run went out (its state restored, when it was copied out).
+    bool back = false;
+    for (int i = 0; i < 200000 && !back; ++i) {
+      auto s = c->Status(training_id);
+      if (!s.ok()) return s.status();
+      if (s->state >= client::TaskState::kSucceeded) {
+        return absl::InternalError("the training task ended");
+      }
+      back = s->state == client::TaskState::kRunning;
+      if (!back) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (!back) return absl::DeadlineExceededError("the trainer did not run again");
+    // The first preemption's resume also pays one-off costs: not measured.
+    if (r > 0) back_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - answered));
+  }
+  (void)c->Cancel(training_id);
+  (void)training.wait_for(std::chrono::seconds(60));
+  return back_ms;
+}
+
+void ReportResume(const std::filesystem::path& dir, int repeats) {
+  const std::string trainer = absl::GetFlag(FLAGS_resume_trainer);
+  std::fprintf(stderr, "measuring resume: state copied (baseline)...\n");
+  absl::StatusOr<std::vector<double>> copied = MeasureResume(false, dir, repeats);
+  std::fprintf(stderr, "measuring resume: state kept...\n");
+  absl::StatusOr<std::vector<double>> kept = MeasureResume(true, dir, repeats);
+  uint64_t weight_bytes = 0;
+  if (auto m = models::CreateModel(trainer); m.ok()) {
+    for (const at::Tensor& t : (*m)->parameters()) weight_bytes += t.nbytes();
+  }
+  std::printf(
+      "\nresume of a preempted trainer (%s, SGD with momentum; median ms from the preempting "
+      "request's answer to the trainer running again, over %d preemptions):\n",
+      trainer.c_str(), repeats);
+  std::printf("%-26s %10s %10s %10s\n", "arm", "median ms", "min ms", "max ms");
+  auto row = [](const char* name, const absl::StatusOr<std::vector<double>>& arm) {
+    if (!arm.ok()) {
+      std::printf("%-26s not measured: %s\n", name, arm.status().ToString().c_str());
+      return kNone;
+    }
+    const double median = Median(*arm);
+    std::printf("%-26s %10.3f %10.3f %10.3f\n", name, median,
+                *std::min_element(arm->begin(), arm->end()),
+                *std::max_element(arm->begin(), arm->end()));
+    return median;
+  };
+  const double base = row("copied to host and back", copied);
+  const double now = row("kept resident", kept);
+  // Per preemption the baseline copies the weights out, the state out, and the state back in.
+  std::printf(
+      "FIG resume %s: back on the GPU %s ms kept resident vs %s ms copied (%s x); the copied arm "
+      "moves %.1f MB per preemption (weights out, momentum out and back in), the kept one none\n",
+      trainer.c_str(), Ms(now).c_str(), Ms(base).c_str(), Ms(now / base, "%.3f").c_str(),
+      3.0 * static_cast<double>(weight_bytes) / 1e6);
+}
+
 int Main() {
   const std::string zoo = absl::GetFlag(FLAGS_model);
   const std::string backend = absl::GetFlag(FLAGS_backend);
@@ -318,7 +427,8 @@ int Main() {
   if (!input.ok()) return Fail(input.status());
 
   if (!absl::GetFlag(FLAGS_rows)) {
-    ReportPlacement(dir, zoo, batch, *input, repeats);
+    if (absl::GetFlag(FLAGS_placement)) ReportPlacement(dir, zoo, batch, *input, repeats);
+    if (absl::GetFlag(FLAGS_resume)) ReportResume(dir, repeats);
     std::fflush(stdout);
     (void)base::RemoveTree(dir.string());
     return 0;
@@ -528,6 +638,7 @@ int Main() {
               std::isnan(startup) ? "n/a" : (Ms(startup, "%.2f") + " ms").c_str());
   std::fflush(stdout);
   if (absl::GetFlag(FLAGS_placement)) ReportPlacement(dir, zoo, batch, *input, repeats);
+  if (absl::GetFlag(FLAGS_resume)) ReportResume(dir, repeats);
   std::fflush(stdout);
   (void)base::RemoveTree(dir.string());
   return 0;

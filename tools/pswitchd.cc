@@ -110,6 +110,11 @@ ABSL_FLAG(bool, place_at_arrival, true,
           "place a task that waits while the running one stops at once, on a standby worker "
           "and apart from the stopping tenant's weights, so its copy overlaps the stop; false = "
           "placed once the GPU is free (the baseline)");
+ABSL_FLAG(bool, keep_preempted_training, true,
+          "with the weights cache on, a preempted training task's trained weights stay in its "
+          "region and its optimizer state in the arena, unsaved, for its next run (written back "
+          "only when evicted or when it ends); false = both are copied to host memory at every "
+          "stop and the state copied back at its resume (the baseline)");
 ABSL_FLAG(std::string, weights_cache_policy, "cost",
           "which resident models make room: cost (the least request rate times the reload time "
           "their compute cannot hide) or lru (the least recently used)");
@@ -619,6 +624,8 @@ int Main() {
   controller_options.scheduler.weights_cache_bytes = absl::GetFlag(FLAGS_weights_cache_bytes);
   controller_options.scheduler.eviction_policy = *eviction;
   controller_options.scheduler.place_at_arrival = absl::GetFlag(FLAGS_place_at_arrival);
+  controller_options.scheduler.keep_preempted_training =
+      absl::GetFlag(FLAGS_keep_preempted_training);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
       absl::GetFlag(FLAGS_drain_timeout_ms) < 1) {

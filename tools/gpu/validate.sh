@@ -22,7 +22,7 @@
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
 # ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
-# -bert_base (105, 70 each), place (120, 80), dataplane (90, 60), register (200, 150), trace (480, 240),
+# -bert_base (105, 70 each), place (160, 110), dataplane (90, 60), register (200, 150), trace (480, 240),
 # bubbles (150, 110),
 # sanitizer (75, 50), rest (120, 90), script (90, 60: your own model's archives through
 # run-model and pswitchd on CUDA); a step reached after the budget is spent is recorded as
@@ -247,13 +247,15 @@ cmd_switch() {
 # batch-8 requests, three daemons in one run: a Stop that waits for the step's end and placement
 # once the GPU is free (the baseline), a Stop that cuts the step at a layer, and placement at
 # arrival too (the copy starts while the trainer stops). Targets: the trainer stops within about
-# one layer's compute; the copy starts at the Stop, not after the old tenant's answer ---
+# one layer's compute; the copy starts at the Stop, not after the old tenant's answer. Then
+# (item 6, two more daemons) a ResNet-50 trainer's way back after each preemption with its
+# weights and momentum kept resident against copied to host memory and back (FIG resume) ---
 cmd_place() {
   local repeats=10
   need bench-switch pswitchd pswitch-worker
   [ "$quick" = 1 ] && repeats=4
   "$bin/bench-switch" --backend=cuda --model=bert_base --trainer=resnet50 --batch=8 \
-    --repeats="$repeats" --arena-bytes=$((8 << 30)) --rows=false
+    --repeats="$repeats" --arena-bytes=$((8 << 30)) --rows=false --resume-trainer=resnet50
 }
 
 # --- trace: the weights cache under a Poisson/Zipf trace (issue 29): 40 models (ResNets, BERT,
@@ -824,7 +826,7 @@ do_run() {
   for m in "${models[@]}"; do
     step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"
   done
-  step place $((q ? 80 : 120)) "$self" _place
+  step place $((q ? 110 : 160)) "$self" _place
   step dataplane $((q ? 60 : 90)) "$self" _dataplane
   step register $((q ? 150 : 200)) "$self" _register
   step trace $((q ? 240 : 480)) "$self" _trace
