@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     // Preempted tasks' optimizer state stays resident within that room, the running task's
     // taking it back when it needs it.
     scheduler.resident_state_bytes = state_budget;
+    scheduler.sole_gpu = daemons.size() == 1;
     scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();
     // Only the workers this scheduler spawns attach the arena, each once (WorkerServer).
     scheduler.spawn.attach_secret = [daemon = daemons[g]] { return daemon->IssueAttachSecret(); };

@@ -93,9 +93,6 @@ struct GpuScheduler::Running {
   absl::Time placed_at = absl::InfinitePast();  // when it was placed (its inputs' hold)
   bool copied = false;  // its switch's copy ended well (CopyEnded)
   int64_t stop_sent_ns = 0;     // its worker was told to stop (StopRunning; 0: not)
-  // Placed ahead, its worker died before its Run with its copy still running: it goes back to
-  // the queue when the copy ends (CopyEnded).
-  bool requeue_at_copy_end = false;
   uint64_t weights_offset = 0;  // where its model's weights are in the arena
   bool RunHeld() const { return awaiting_inputs || restoring; }
 };
@@ -331,15 +328,14 @@ void GpuScheduler::DropModel(std::string model, std::function<void(absl::Status)
       }
     }
     for (const auto& [id, held] : being_checkpointed_) {
-      if (held != model) continue;
+      // By the task's model: a run whose weights stayed resident holds no region.
+      const TaskRecord* record = tasks_table_.Find(id);
+      if (record == nullptr || record->spec.model != model) continue;
       tasks_table_.at(id).StopFor(
           absl::CancelledError(absl::StrCat("task ", id, " cancelled: model '", model,
                                             "' is being unloaded (its weights were saved)")));
     }
-    if (next_ != nullptr && next_->entry->request.name == model) {
-      AbandonAhead(absl::UnavailableError(absl::StrCat("task ", next_->task_id, " failed: model '",
-                                                       model, "' was unloaded before it started")));
-    }
+    // A task placed ahead of it finishes, as a running inference batch does; the unload waits.
     if (running_ != nullptr && running_->entry != nullptr &&
         running_->entry->request.name == model) {
       const uint64_t id = running_->task_id;
@@ -443,7 +439,8 @@ void GpuScheduler::WrittenBack(const std::string& model, uint64_t task, uint64_t
     unsaved_owners_.erase(task);
     if (owner == nullptr) return;
     owner->weights_unsaved = false;
-    if (std::optional<absl::Status> why = owner->TakeStopReason(); ending && why) {
+    if (!ending) return;
+    if (std::optional<absl::Status> why = owner->TakeStopReason()) {
       Finish(task, absl::Status(why->code(),
                                 absl::StrCat(why->message(), " after ", owner->resume_iteration,
                                              " iterations (weights saved)")));
@@ -495,27 +492,12 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed, 
   if (killed) telemetry_->WorkerKilled(options_.gpu);
   telemetry_->WorkerRestarted(options_.gpu);  // the pool replaces every worker that dies
   if (next_ != nullptr && next_->slot == slot) {
-    // Placed ahead on it, its Run never sent: back to the queue's head for another worker.
-    // Once: a placement that kills its worker must not kill one after another.
+    // The task placed ahead on it: its Run went out there, so it fails as a running task's does.
     const uint64_t id = next_->task_id;
-    TaskRecord& record = tasks_table_.at(id);
-    if (record.requeued_after_death) {
-      AbandonAhead(absl::UnavailableError(absl::StrCat(
-          "task ", id, " failed: its worker died twice before its Run: ", why.message())));
-    } else {
-      record.requeued_after_death = true;
-      Event(base::LogLevel::kWarn, "task_requeued")
-          .Field("task", id)
-          .Field("slot", slot)
-          .Field("reason", absl::StrCat("its worker died before its Run: ", why.message()));
-      next_->slot = -1;
-      if (next_->transmission != nullptr && !next_->transmission->finished()) {
-        // Requeued at its copy's end, so that end is never taken for a later placement's.
-        next_->requeue_at_copy_end = true;
-      } else {
-        RequeueAhead();
-      }
-    }
+    next_.reset();
+    absl::Status failed =
+        absl::UnavailableError(absl::StrCat("task ", id, " failed: ", why.message()));
+    Finish(id, killed ? MarkKilled(std::move(failed)) : failed);
   }
   if (running_ == nullptr || running_->slot != slot) return;
   const uint64_t id = running_->task_id;
@@ -589,7 +571,7 @@ void GpuScheduler::EnforceDeadlines() {
       EndQueued(id, absl::DeadlineExceededError(
                         absl::StrCat(missed.message(), " (it was still queued)")));
     } else if (next_ != nullptr && next_->task_id == id) {
-      AbandonAhead(std::move(missed));
+      tasks_table_.at(id).StopFor(std::move(missed));  // answered with it once it finishes
     } else if (being_checkpointed_.contains(id)) {
       tasks_table_.at(id).StopFor(std::move(missed));  // answered when its checkpoint ends
     } else if (running_ != nullptr && running_->task_id == id) {
@@ -602,8 +584,11 @@ void GpuScheduler::EnforceDeadlines() {
 }
 
 absl::Time GpuScheduler::SilentStopperDue() const {
-  if (next_ == nullptr || running_ == nullptr || !running_->stop_sent || running_->slot < 0 ||
-      running_->restoring || running_->answered != nullptr || pool_->Killing(running_->slot)) {
+  // Only while a task waits behind it (placed ahead, or queued): otherwise the silence and
+  // drain timeouts bound it as any tenant's.
+  if ((next_ == nullptr && queue_.empty()) || running_ == nullptr || !running_->stop_sent ||
+      running_->slot < 0 || running_->restoring || running_->answered != nullptr ||
+      pool_->Killing(running_->slot)) {
     return absl::InfiniteFuture();
   }
   return pool_->LastHeard(running_->slot) +
@@ -618,8 +603,7 @@ void GpuScheduler::KillSilentStopper() {
   pool_->Kill(running_->slot,
               absl::StrCat("killed: the worker went silent (no heartbeat for ",
                            absl::FormatDuration(absl::Now() - pool_->LastHeard(running_->slot)),
-                           ") after being told to stop, while task ", next_->task_id,
-                           " waited for the GPU"));
+                           ") after being told to stop, with tasks waiting behind it"));
 }
 
 void GpuScheduler::EnforceStop() {
@@ -706,7 +690,6 @@ void GpuScheduler::MaybeStart() {
       }
     }
     if (next_ != nullptr) {
-      if (next_->requeue_at_copy_end) return;  // its worker died: requeued at its copy's end
       PromoteAhead();
       continue;
     }
@@ -813,6 +796,20 @@ void GpuScheduler::PlaceAhead() {
       .Field("stopping_task", running_->task_id)
       .Field("switching", run->transmission != nullptr);
   next_ = std::move(run);
+  // Its Run goes out now: nothing of it is where the stopping tenant may write (its region and
+  // flags are apart, its worker is another), so it computes as its groups land, whether that
+  // tenant stops at its next layer, late, or never (a silent one is still killed, for the tasks
+  // after it). For at most the old tenant's last layer both compute.
+  if (spec.inputs_arrival) next_->timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
+  absl::Status sent = CheckRegionSlices(spec);
+  if (sent.ok()) sent = SendRun(*next_, next_->slot, spec, next_->batch);
+  if (!sent.ok()) {
+    // Its worker is unreachable (its death event follows) or its inputs' file shrank: it fails
+    // as a task whose Run failed does; its copy ends on its own.
+    const uint64_t id = next_->task_id;
+    next_.reset();
+    Finish(id, sent);
+  }
 }
 
 void GpuScheduler::PromoteAhead() {
@@ -821,34 +818,7 @@ void GpuScheduler::PromoteAhead() {
   if (run.timeline.stop_sent_ns != 0 && last_stopped_ns_ >= run.timeline.stop_sent_ns) {
     run.timeline.old_stopped_ns = last_stopped_ns_;
   }
-  if (std::optional<absl::Status> why = tasks_table_.at(run.task_id).TakeStopReason()) {
-    AbandonUnrun(*std::move(why));
-    return;
-  }
-  SendHeldRun();
-}
-
-void GpuScheduler::RequeueAhead() {
-  std::unique_ptr<Running> run = std::move(next_);
-  TaskRecord& record = tasks_table_.at(run->task_id);
-  // Cancelled, or past its deadline, while its copy ran: answered, not requeued.
-  if (std::optional<absl::Status> why = record.TakeStopReason()) {
-    Finish(run->task_id, *why);
-    return;
-  }
-  queue_.PushFront(TaskTicket{run->task_id, record.spec.model, record.spec.kind,
-                              record.spec.priority, record.spec.deadline});
-  tasks_.SetState(run->task_id, TaskState::kQueued);
-}
-
-void GpuScheduler::AbandonAhead(absl::Status why) {
-  // Its Run never went out; it is answered once nothing of it is in flight (its copy's end).
-  if (next_->transmission != nullptr && !next_->transmission->finished()) {
-    tasks_table_.at(next_->task_id).StopFor(std::move(why));
-    return;
-  }
-  // Its copy has ended: abandoned and answered at once (HoldOrComplete completes it).
-  AbandonRun(std::move(next_), std::move(why));
+  // Its Run is out: a stop reason that came meanwhile is answered with its result.
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
@@ -1069,10 +1039,7 @@ void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result
 }
 
 void GpuScheduler::AbandonUnrun(absl::Status why) {
-  AbandonRun(std::move(running_), std::move(why));
-}
-
-void GpuScheduler::AbandonRun(std::unique_ptr<Running> run, absl::Status why) {
+  std::unique_ptr<Running> run = std::move(running_);
   RunResult result = Unrun(*run, std::move(why));
   Event(base::LogLevel::kInfo, "task_abandoned_unrun")
       .Field("task", run->task_id)
@@ -1173,6 +1140,20 @@ GpuScheduler::RunResult GpuScheduler::ReadRunDone(int slot, const SwitchTimeline
 
 void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
   loop_role_.AssertHeld();  // WorkerPool calls its Listener on the loop
+  if (next_ != nullptr && next_->slot == slot && next_->task_id == done.task_id()) {
+    // The task placed ahead finished before the old tenant stopped: answered now, or at its
+    // copy's end (CopyEnded), the GPU still the old tenant's in the meantime.
+    std::unique_ptr<Running> run = std::move(next_);
+    RunResult result = ReadRunDone(slot, run->timeline, done);
+    if (run->transmission != nullptr && !run->transmission->finished()) {
+      run->slot = -1;
+      run->answered = std::make_unique<RunResult>(std::move(result));
+      next_ = std::move(run);
+      return;
+    }
+    CompleteRun(std::move(run), std::move(result));
+    return;
+  }
   if (running_ == nullptr || running_->slot != slot || running_->task_id != done.task_id()) return;
   std::unique_ptr<Running> run = std::move(running_);
   RunResult result = ReadRunDone(slot, run->timeline, done);
@@ -1205,16 +1186,14 @@ void GpuScheduler::CopyEnded(uint64_t task, uint32_t epoch, const absl::Status& 
   };
   if (ours(next_.get())) {
     if (copied.ok()) next_->copied = true;
-    if (next_->requeue_at_copy_end) {
-      RequeueAhead();
+    // Running: a failed copy fails it through its worker's epoch check. Answered already: now.
+    if (next_->answered == nullptr) {
+      if (copied.ok()) tasks_.MarkTransmitted(task);
       return;
     }
-    TaskRecord& record = tasks_table_.at(task);
-    if (!copied.ok()) {
-      AbandonAhead(copied);
-    } else if (std::optional<absl::Status> why = record.TakeStopReason()) {
-      AbandonAhead(*std::move(why));  // cancelled, or its deadline passed, while it copied
-    }
+    std::unique_ptr<Running> run = std::move(next_);
+    std::unique_ptr<RunResult> result = std::move(run->answered);
+    CompleteRun(std::move(run), std::move(*result));
     return;
   }
   if (!ours(running_.get())) return;
@@ -1339,8 +1318,9 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   // still gives the model.
   const ResidentModel* region = model.empty() ? nullptr : switcher_->cache().Find(model);
   ending.weights_stay_resident = ending.keep_optimizer && !spec.fill && options_.weights_cache &&
-                                 options_.keep_preempted_training && region != nullptr &&
-                                 region->offset == run.weights_offset && !region->copying &&
+                                 options_.keep_preempted_training && options_.sole_gpu &&
+                                 region != nullptr && region->offset == run.weights_offset &&
+                                 !region->copying &&
                                  (run.transmission == nullptr || run.transmission->finished());
   if (ending.weights_stay_resident && ending.trained) {
     switcher_->KeepUnsaved(model, id);
@@ -1564,10 +1544,9 @@ absl::Status GpuScheduler::Cancel(uint64_t task_id) {
       return;
     }
     TaskRecord* record = tasks_table_.Find(task_id);
-    if (next_ != nullptr && next_->task_id == task_id) {
-      AbandonAhead(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));
-      return;
-    }
+    // Placed ahead, its Run is out: a running inference batch finishes and is delivered, as
+    // below.
+    if (next_ != nullptr && next_->task_id == task_id) return;
     if (running_ != nullptr && running_->task_id == task_id && running_->awaiting_inputs) {
       // Placed, but not running yet: it gives the GPU back.
       AbandonUnrun(absl::CancelledError(absl::StrCat("task ", task_id, " cancelled")));

@@ -86,7 +86,8 @@ struct SchedulerOptions {
   EvictionPolicy eviction_policy = EvictionPolicy::kCostAware;
   // Placement at arrival (--place-at-arrival): a task that waits while the running one stops
   // is placed at once on a standby worker, apart from the stopping tenant's region, its copy
-  // started; its Run goes out when the GPU is free. False: placed only then (the baseline).
+  // started and its Run sent, so nothing of it waits for the old tenant's answer. False: placed
+  // only once the GPU is free (the baseline).
   bool place_at_arrival = true;
   // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
@@ -94,6 +95,10 @@ struct SchedulerOptions {
   // and its optimizer state in the arena, for its next run (--keep-preempted-training); false:
   // both go to host memory at every stop (the baseline).
   bool keep_preempted_training = true;
+  // Whether this is the daemon's only GPU. With several, a preempted task's weights are saved
+  // at its stop as before (another GPU's training of the same model must start from them);
+  // only its optimizer state stays resident.
+  bool sole_gpu = true;
   // Kept optimizer state takes at most this many bytes (the arena's room for optimizer state);
   // beyond, or when a new state needs the room, the oldest goes to host memory.
   uint64_t resident_state_bytes = UINT64_MAX;
@@ -101,9 +106,9 @@ struct SchedulerOptions {
   // stream may wait on a flag no one will write) and replaced.
   absl::Duration drain_timeout = absl::Seconds(30);
   // A tenant told to stop that is silent this long (six missed heartbeats: stopped or wedged;
-  // a heartbeat comes from its own thread, so a busy tenant is heard) while a task
-  // placed ahead waits for the GPU is killed then, not at worker_silence_timeout (the lesser of
-  // the two applies). A busy tenant keeps sending heartbeats from its own thread.
+  // a heartbeat comes from its own thread, so a busy tenant is heard) while a task is placed
+  // ahead of it is killed then, not at worker_silence_timeout (the lesser of the two applies):
+  // the task placed ahead runs meanwhile, but the tasks after it wait for the GPU.
   absl::Duration stopping_silence_timeout = absl::Seconds(3);
   // A ready worker silent this long (no heartbeat) is killed and replaced; its task fails
   // (unless its Run was never sent: see the header comment).
@@ -220,20 +225,12 @@ class GpuScheduler : private WorkerPool::Listener {
   // Whether the running task yields to what waits (preemption, or a fill run to any task).
   void MaybePreempt() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // While the running task stops, places the next waiting inference ahead (next_), where the
-  // stopping tenant cannot write: its copy overlaps the stop. Nothing when it cannot be.
+  // stopping tenant cannot write, and sends its Run at once: its copy and its compute overlap
+  // the stop, and a slow or silent old tenant delays it not at all. Nothing when it cannot be.
   void PlaceAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // The GPU is free: the task placed ahead becomes the running one and its Run goes out.
+  // The old tenant answered: the task placed ahead (running, or answered and waiting for its
+  // copy's end) becomes the running one.
   void PromoteAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // next_ will not run (cancelled, past its deadline, its copy failed, its model unloaded):
-  // answered with `why` now, or at its copy's end while that is in flight.
-  void AbandonAhead(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // `run` (running_'s or next_'s, moved out) never sent its Run: answered with `why` once its
-  // copy has ended (AbandonUnrun and AbandonAhead).
-  void AbandonRun(std::unique_ptr<Running> run, absl::Status why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // next_'s worker died before its Run: back to the queue's head (answered instead when it was
-  // cancelled or missed its deadline meanwhile).
-  void RequeueAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   absl::Status StartTask(const TaskTicket& ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Copies the cache's resident models for ResidentModels (after each event).
   void PublishResident() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
@@ -312,8 +309,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // answered within the drain timeout.
   void StopRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void EnforceStop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // When the stopping tenant counts as silent while a task placed ahead waits (InfiniteFuture:
-  // no such wait), and killing it once it does.
+  // When the stopping tenant counts as silent while a task waits behind it, placed ahead or
+  // queued (InfiniteFuture: none waits), and killing it once it does.
   absl::Time SilentStopperDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void KillSilentStopper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Fails queued tasks past their deadline and stops a running one.
@@ -354,8 +351,10 @@ class GpuScheduler : private WorkerPool::Listener {
   std::shared_ptr<StateCheckpoints> checkpoints_;  // shared by every GPU's scheduler
   std::shared_ptr<Telemetry> telemetry_;           // likewise
   std::unique_ptr<Running> running_ ABSL_GUARDED_BY(loop_role_);
-  // A task placed ahead while running_ stops (PlaceAhead): Prepare sent, its copy started, its
-  // Run held until running_ is done (PromoteAhead). An inference whose inputs are all in.
+  // A task placed ahead while running_ stops (PlaceAhead): an inference whose inputs are all
+  // in, its copy started and its Run sent, computing (or answered, its copy's end awaited: slot
+  // -1) while running_ stops; it becomes running_ once running_ is done (PromoteAhead), and is
+  // answered whenever it finishes (OnRunDone, CopyEnded).
   std::unique_ptr<Running> next_ ABSL_GUARDED_BY(loop_role_);
   // Training runs whose checkpoint reads their region off the loop (EndTraining to
   // TrainingSaved), each with the model it holds; the GPU is not held for them.

@@ -29,6 +29,9 @@ absl::StatusOr<std::unique_ptr<memdaemon::StateArea>> ResidentStates::Take(Check
 void ResidentStates::Drop(CheckpointKey key) {
   lost_.erase(key);
   (void)Take(key);  // its lease goes with it
+  // A spill queued on this thread before the drop may have put it in host memory since the
+  // task's own drop there.
+  checkpoints_->Drop(key);
 }
 
 bool ResidentStates::MakeRoom() {
@@ -64,7 +67,13 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Begin(
   }
   if (optimizer_bytes > 0 && area == nullptr) {
     std::function<bool()> make_room;
-    if (resident != nullptr) make_room = [resident] { return resident->MakeRoom(); };
+    if (resident != nullptr) {
+      // Kept areas and this one stay within the optimizer room together, whatever else is free.
+      while (resident->kept_bytes() + optimizer_bytes > resident->budget_bytes() &&
+             resident->MakeRoom()) {
+      }
+      make_room = [resident] { return resident->MakeRoom(); };
+    }
     absl::StatusOr<std::unique_ptr<memdaemon::StateArea>> acquired =
         memdaemon::StateArea::Acquire(*daemon, absl::StrCat("task-", task, "-optimizer"),
                                       optimizer_bytes, checkpoints->Take(key), make_room);

@@ -40,11 +40,12 @@ class ResidentStates {
   // `key`'s area when it is kept; null otherwise. DataLoss when it was lost (its save to host
   // memory failed): the run must not start from zeros.
   absl::StatusOr<std::unique_ptr<memdaemon::StateArea>> Take(CheckpointKey key);
-  // Drops `key`'s area (its task ended), and any record of its loss.
+  // Drops `key`'s area (its task ended), any record of its loss, and its host checkpoint.
   void Drop(CheckpointKey key);
   // Saves the oldest kept area to host memory, freeing its lease; false when none is kept.
   bool MakeRoom();
   uint64_t kept_bytes() const { return kept_bytes_; }
+  uint64_t budget_bytes() const { return budget_bytes_; }
   size_t kept() const { return kept_.size(); }
 
  private:

@@ -108,7 +108,8 @@ ABSL_FLAG(bool, cut_training_steps, true,
           "discarded and run again on resume); false = the step runs to its end (the baseline)");
 ABSL_FLAG(bool, place_at_arrival, true,
           "place a task that waits while the running one stops at once, on a standby worker "
-          "and apart from the stopping tenant's weights, so its copy overlaps the stop; false = "
+          "and apart from the stopping tenant's weights, and send its Run, so its copy and its "
+          "compute overlap the stop and a slow or silent old tenant does not delay it; false = "
           "placed once the GPU is free (the baseline)");
 ABSL_FLAG(bool, keep_preempted_training, true,
           "with the weights cache on, a preempted training task's trained weights stay in its "
