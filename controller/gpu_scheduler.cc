@@ -226,8 +226,9 @@ void GpuScheduler::AfterEvent() {
   if (stopping_) {
     // A running task gets a bounded time to reach its sync point, then the loop ends anyway.
     if (!shutdown_timer_.armed()) shutdown_timer_.ArmAt(absl::Now() + absl::Seconds(30));
-    // A checkpoint in flight ends (and answers its task) before the loop does.
-    if (running_ == nullptr && being_checkpointed_.empty()) {
+    // A checkpoint in flight ends (and answers its task) before the loop does, and so does a
+    // task placed ahead, whose Run is out.
+    if (running_ == nullptr && next_ == nullptr && being_checkpointed_.empty()) {
       loop_->Stop();
       return;
     }
@@ -598,8 +599,8 @@ absl::Time GpuScheduler::SilentStopperDue() const {
 void GpuScheduler::KillSilentStopper() {
   const absl::Time due = SilentStopperDue();
   if (due == absl::InfiniteFuture() || absl::Now() < due) return;
-  // Stopped or wedged (a SIGSTOPped tenant): the task placed ahead, where this one cannot
-  // write, does not wait for the watchdog. Its death fails its run as any kill does.
+  // Stopped or wedged (a SIGSTOPped tenant): the tasks behind it do not wait for the watchdog.
+  // Its death fails its run as any kill does.
   pool_->Kill(running_->slot,
               absl::StrCat("killed: the worker went silent (no heartbeat for ",
                            absl::FormatDuration(absl::Now() - pool_->LastHeard(running_->slot)),
@@ -818,7 +819,10 @@ void GpuScheduler::PromoteAhead() {
   if (run.timeline.stop_sent_ns != 0 && last_stopped_ns_ >= run.timeline.stop_sent_ns) {
     run.timeline.old_stopped_ns = last_stopped_ns_;
   }
-  // Its Run is out: a stop reason that came meanwhile is answered with its result.
+  // Its Run is out: a stop reason that came meanwhile is answered with its result, and a missed
+  // deadline also stops it now (bounded by the drain deadline, as for any running task).
+  const TaskRecord* record = tasks_table_.Find(run.task_id);
+  if (record != nullptr && record->stop_reason && run.answered == nullptr) StopRunning();
 }
 
 absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
@@ -1144,9 +1148,18 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     // The task placed ahead finished before the old tenant stopped: answered now, or at its
     // copy's end (CopyEnded), the GPU still the old tenant's in the meantime.
     std::unique_ptr<Running> run = std::move(next_);
+    // The old tenant may have answered already (its own answer waiting for its copy's end).
+    if (run->timeline.stop_sent_ns != 0 && last_stopped_ns_ >= run->timeline.stop_sent_ns) {
+      run->timeline.old_stopped_ns = last_stopped_ns_;
+    }
     RunResult result = ReadRunDone(slot, run->timeline, done);
     if (run->transmission != nullptr && !run->transmission->finished()) {
+      // A placeholder as HoldOrComplete makes: no worker, nothing to stop or kill.
+      Event(base::LogLevel::kInfo, "answer_waits_for_copy")
+          .Field("task", run->task_id)
+          .Field("slot", slot);
       run->slot = -1;
+      run->stop_sent = true;
       run->answered = std::make_unique<RunResult>(std::move(result));
       next_ = std::move(run);
       return;
@@ -1315,12 +1328,12 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   // unsaved, for its next run: nothing is copied now, and they are written back only when that
   // region is evicted, another training task takes the model, or the task ends (WriteBack).
   // Only weights its switch's copy brought whole (or that were resident) in the region the cache
-  // still gives the model.
+  // still gives the model: keep_optimizer needs the run's status OK, which covers its copy once
+  // that has finished (the cache may not have seen the copy's end yet).
   const ResidentModel* region = model.empty() ? nullptr : switcher_->cache().Find(model);
   ending.weights_stay_resident = ending.keep_optimizer && !spec.fill && options_.weights_cache &&
                                  options_.keep_preempted_training && options_.sole_gpu &&
                                  region != nullptr && region->offset == run.weights_offset &&
-                                 !region->copying &&
                                  (run.transmission == nullptr || run.transmission->finished());
   if (ending.weights_stay_resident && ending.trained) {
     switcher_->KeepUnsaved(model, id);

@@ -187,6 +187,7 @@ class InputsArrivingTest : public ::testing::Test {
     options.stopping_silence_timeout = stopping_silence_;
     options.telemetry = telemetry_;
     options.resident_state_bytes = resident_state_bytes_;
+    options.policy = policy_;
     // Room for one model's weights only: each change of model evicts the other.
     if (one_model_cache_)
       options.weights_cache_bytes =
@@ -253,11 +254,14 @@ class InputsArrivingTest : public ::testing::Test {
     checkpoints_open_ = true;
   }
   // A training task of `model` for `iterations` (SGD with momentum: one slot of state).
-  uint64_t SubmitTraining(const std::string& model, uint32_t iterations) {
+  uint64_t SubmitTraining(const std::string& model, uint32_t iterations, int priority = 0,
+                          absl::Time expires = absl::InfiniteFuture()) {
     TaskSpec spec;
     spec.model = model;
     spec.kind = TaskKind::kTraining;
     spec.iterations = iterations;
+    spec.priority = priority;
+    spec.expires = expires;
     auto id = std::make_shared<std::atomic<uint64_t>>(0);
     absl::StatusOr<uint64_t> task =
         scheduler_->Submit(std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
@@ -318,6 +322,18 @@ class InputsArrivingTest : public ::testing::Test {
     }
     return std::nullopt;
   }
+  // `model`'s region once its copy has ended (a worker trains only on weights that landed);
+  // nullopt when it does not within kWait.
+  std::optional<ResidentModel> CopiedRegionOf(const std::string& model) {
+    std::optional<ResidentModel> r;
+    if (!Eventually([&] {
+          r = RegionOf(model);
+          return r && !r->copying;
+        })) {
+      return std::nullopt;
+    }
+    return r;
+  }
   // Whether `done` comes true within kWait (work off the loop: a lease dropped, a write-back).
   static bool Eventually(const std::function<bool()>& done) {
     const absl::Time until = absl::Now() + kWait;
@@ -335,6 +351,7 @@ class InputsArrivingTest : public ::testing::Test {
   absl::Duration stopping_silence_ = absl::Hours(1);
   bool one_model_cache_ = false;
   uint64_t resident_state_bytes_ = UINT64_MAX;
+  Policy policy_ = Policy::kFcfs;
   std::shared_ptr<Telemetry> telemetry_ = std::make_shared<Telemetry>();
   absl::Mutex gate_mu_;
   bool restores_open_ ABSL_GUARDED_BY(gate_mu_) = true;
@@ -684,7 +701,6 @@ TEST_F(InputsArrivingTest, ACancelDuringTheRestoreFreesNothingUnderItAndTheNextT
   EXPECT_EQ(record_.AwaitAnswer(training, absl::ZeroDuration()).status().code(),
             absl::StatusCode::kUnknown)
       << "answered before its restore ended";
-  EXPECT_EQ(OptimizerLeases(), 0u) << "the restore (lease included) still waits off the loop";
   OpenRestores();
   absl::StatusOr<TaskOutcome> cancelled = record_.AwaitAnswer(training, kWait);
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
@@ -802,7 +818,7 @@ TEST_F(PlaceAtArrivalTest, APreemptedTrainingResumesOnItsResidentWeightsAndState
   const Record::RunState first = record_.LastRun(training);
   ASSERT_GT(first.optimizer_bytes, 0u);
   // The worker trains: weights and optimizer state change in place.
-  std::optional<ResidentModel> region = RegionOf("a");
+  std::optional<ResidentModel> region = CopiedRegionOf("a");
   ASSERT_TRUE(region.has_value());
   const memdaemon::StoredModel& stored = *catalog_->Find("a").value()->stored;
   const uint64_t weight_bytes = stored.total_bytes();
@@ -887,6 +903,11 @@ TEST_F(PlaceAtArrivalTest, ATrainingWhoseUnsavedWeightsWereLostFailsRatherThanRe
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
   Worker(trainer)->RunDone(training, 5, /*stopped_early=*/true);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait));
+  // Its answer may wait for its copy's end: the weights are kept once it is handled.
+  ASSERT_TRUE(Eventually([&] {
+    std::optional<ResidentModel> r = RegionOf("a");
+    return r && r->unsaved_task == training;
+  }));
   // An idle worker's death (the trainer's, now idle) writes nothing: the weights stay.
   Worker(trainer)->Die("an idle worker crashed");
   Settle();
@@ -985,20 +1006,21 @@ TEST_F(SilentStopperTest, ATaskPlacedAheadIsNotDelayedByASilentTenantWhichIsKill
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
   const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
   const uint64_t inference = Submit("b");
-  // The trainer never answers its Stop and sends nothing; the inference runs regardless, and is
-  // answered before the silence counts.
+  // The trainer never answers its Stop and sends nothing; the inference runs regardless.
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " slot ", 1 - trainer), kWait))
       << record_.Commands();
   Worker(1 - trainer)->RunDone(inference);
   EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
-  // For a task after it, the silent tenant is killed, and that task runs.
-  const uint64_t after = Submit("b");
+  // A task that cannot be placed ahead (a training) waits in the queue behind it: the silent
+  // tenant is killed for it at the stopping bound, not the (here hour-long) silence watchdog,
+  // and it runs.
+  const uint64_t after = SubmitTraining("b", 10);
   absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(training, kWait);
   ASSERT_FALSE(killed.ok());
   EXPECT_TRUE(absl::StrContains(killed.status().message(), "went silent")) << killed.status();
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", after, " slot ", 1 - trainer), kWait))
       << record_.Commands();
-  Worker(1 - trainer)->RunDone(after);
+  Worker(1 - trainer)->RunDone(after, 10);
   EXPECT_TRUE(record_.AwaitAnswer(after, kWait).ok());
 }
 
@@ -1030,7 +1052,7 @@ TEST_F(OneModelCacheTest, UnsavedWeightsAreWrittenBackBeforeTheirRegionIsTaken) 
   const uint64_t training = SubmitTraining("a", 1000);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
   const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
-  std::optional<ResidentModel> region = RegionOf("a");
+  std::optional<ResidentModel> region = CopiedRegionOf("a");
   ASSERT_TRUE(region.has_value());
   const memdaemon::StoredModel& stored = *catalog_->Find("a").value()->stored;
   std::vector<std::byte> weights(stored.total_bytes());
@@ -1066,6 +1088,97 @@ TEST_F(OneModelCacheTest, UnsavedWeightsAreWrittenBackBeforeTheirRegionIsTaken) 
   ASSERT_TRUE(scheduler_->Cancel(training).ok());
   Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 5, true);
   EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+}
+
+// A preempted task's unsaved weights are written back before another training task trains the
+// same model (should that run fail, they would go with the region), and a preempted task that
+// misses its deadline while queued is answered once its weights are saved.
+class UnsavedWeightsTest : public InputsArrivingTest {
+ protected:
+  UnsavedWeightsTest() { policy_ = Policy::kPriority; }
+  // Runs `training` on "a", writes `weights` into its region as its training would, and has an
+  // inference of "b" preempt it; returns the inference's slot, its Run out and unanswered.
+  int PreemptWithTrainedWeights(uint64_t training, const std::vector<std::byte>& weights,
+                                uint64_t* inference) {
+    EXPECT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
+    const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+    std::optional<ResidentModel> region = CopiedRegionOf("a");
+    EXPECT_TRUE(region.has_value());
+    if (!region) return -1;
+    EXPECT_TRUE(daemon_->arena().CopyFromHost(region->offset, weights).ok());
+    *inference = Submit("b");
+    EXPECT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+    Worker(trainer)->RunDone(training, 5, /*stopped_early=*/true);
+    EXPECT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", *inference, " "), kWait));
+    EXPECT_TRUE(Eventually([&] {
+      std::optional<ResidentModel> r = RegionOf("a");
+      return r && r->unsaved_task == training;
+    }));
+    return record_.LastSlot(absl::StrCat("Run ", *inference, " "));
+  }
+  std::vector<std::byte> Trained(int salt) {
+    std::vector<std::byte> w(catalog_->Find("a").value()->stored->total_bytes());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::byte((i * 17 + salt) & 0xff);
+    return w;
+  }
+  const memdaemon::StoredModel& StoredA() { return *catalog_->Find("a").value()->stored; }
+};
+
+TEST_F(UnsavedWeightsTest, AnotherTrainingOfTheModelWaitsForTheirWriteBack) {
+  const uint64_t first = SubmitTraining("a", 1000);
+  const std::vector<std::byte> weights = Trained(3);
+  uint64_t inference = 0;
+  const int inference_slot = PreemptWithTrainedWeights(first, weights, &inference);
+  ASSERT_GE(inference_slot, 0);
+  HoldCheckpoints();
+  // A second training of "a", ranked first, is next once the inference is done.
+  const uint64_t second = SubmitTraining("a", 1000, /*priority=*/5);
+  Worker(inference_slot)->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  Settle();
+  EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", second, " "))) << record_.Commands();
+  EXPECT_EQ(scheduler_->Query(second)->state, TaskState::kQueued);
+  OpenCheckpoints();
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", second, " "), kWait)) << record_.Commands();
+  // It trains on the first task's weights, now saved; the first one resumes on them later.
+  EXPECT_EQ(std::memcmp(StoredA().host_bytes(), weights.data(), weights.size()), 0);
+  EXPECT_EQ(RegionOf("a")->unsaved_task, 0u);
+  ASSERT_TRUE(scheduler_->Cancel(second).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", second, " ")))->RunDone(second, 1, true);
+  EXPECT_EQ(record_.AwaitAnswer(second, kWait).status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", first, " "), kWait, 2))
+      << record_.Commands();
+  EXPECT_EQ(record_.LastRun(first).first_iteration, 5u);
+  ASSERT_TRUE(scheduler_->Cancel(first).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", first, " ")))->RunDone(first, 6, true);
+  EXPECT_EQ(record_.AwaitAnswer(first, kWait).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(UnsavedWeightsTest, ADeadlineMissedWhileQueuedAnswersOnceTheWeightsAreSaved) {
+  // Long enough that it is preempted well before (a loaded machine included).
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(1500);
+  const uint64_t training = SubmitTraining("a", 1000, /*priority=*/0, deadline);
+  const std::vector<std::byte> weights = Trained(9);
+  uint64_t inference = 0;
+  const int inference_slot = PreemptWithTrainedWeights(training, weights, &inference);
+  ASSERT_GE(inference_slot, 0);
+  HoldCheckpoints();
+  // Queued behind the inference (still running) past its deadline: its weights are written
+  // back first, and it is answered then.
+  absl::SleepFor(deadline - absl::Now() + absl::Milliseconds(200));
+  Settle();
+  EXPECT_EQ(record_.AwaitAnswer(training, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kUnknown)
+      << "answered before its weights were saved";
+  OpenCheckpoints();
+  absl::StatusOr<TaskOutcome> missed = record_.AwaitAnswer(training, kWait);
+  EXPECT_EQ(missed.status().code(), absl::StatusCode::kDeadlineExceeded) << missed.status();
+  EXPECT_TRUE(absl::StrContains(missed.status().message(), "after 5 iterations (weights saved)"))
+      << missed.status();
+  EXPECT_EQ(std::memcmp(StoredA().host_bytes(), weights.data(), weights.size()), 0);
+  Worker(inference_slot)->RunDone(inference);
+  EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
 }
 
 // The baseline (--place-at-arrival=false): nothing is placed until the old tenant has answered.

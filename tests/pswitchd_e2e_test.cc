@@ -844,7 +844,8 @@ TEST_P(PswitchdBackendTest, ATenantThatNeverStopsIsKilledAtTheDeadlineAndTheSwit
 // Issue 29, item 4: with the weights cache, an inference that preempts a training task is placed
 // at once where the trainer cannot write, and runs. A trainer that was SIGSTOPped never answers
 // its Stop: inferences placed ahead of it, one after another, do not wait for it at all, and the
-// silent trainer is killed (its task failed) by the silence watchdog, with no task waiting for it.
+// silent trainer is killed (its task failed), by the stopping bound while a task waits behind it
+// or else by the silence watchdog.
 TEST_F(PswitchdTest, AStoppedTrainerDoesNotHoldUpAnInferencePlacedWhereItCannotWrite) {
   ASSERT_TRUE(daemon_->AwaitWorkersReady(3)) << daemon_->log();
   std::future<absl::StatusOr<client::TaskResult>> training =
