@@ -460,6 +460,20 @@ void GpuScheduler::WrittenBack(const std::string& model, uint64_t task, uint64_t
   }
 }
 
+void GpuScheduler::MovePinned(const std::string& moved, std::set<std::string> keep) {
+  absl::StatusOr<EntryRef> entry = catalog_->Find(moved);
+  if (!entry.ok()) return;  // unloaded meanwhile: nothing to copy
+  for (const Running* run : {running_.get(), next_.get()}) {
+    if (run != nullptr && run->entry != nullptr) keep.insert(run->entry->request.name);
+  }
+  keep.erase(std::string());
+  // Its pin holds either way: should no room be left now, its next task copies it in.
+  absl::Status copied = switcher_->Preload(**entry, std::move(keep));
+  Event(copied.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn, "pinned_weights_copied_again")
+      .Field("model", moved)
+      .Field("error", copied);
+}
+
 void GpuScheduler::FinishUnloads() {
   for (auto it = unloads_.begin(); it != unloads_.end();) {
     const std::string& model = it->first;
@@ -783,6 +797,7 @@ void GpuScheduler::PlaceAhead() {
     return;
   }
   queue_.Remove(ticket.id);
+  if (!placed->move_pinned.empty()) MovePinned(placed->move_pinned, {spec.model, stopping});
   if (spec.started_ns == 0) spec.started_ns = base::MonotonicNowNs();
   run->transmission = placed->transmission;
   run->weights_offset = placed->weights_offset;
@@ -873,6 +888,7 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   }
   PSWITCH_ASSIGN_OR_RETURN(Switcher::Placement placed,
                            switcher_->Place(ticket.id, *run->entry, run->timeline));
+  if (!placed.move_pinned.empty()) MovePinned(placed.move_pinned, {spec.model});
   run->transmission = placed.transmission;
   run->weights_offset = placed.weights_offset;
   const uint32_t batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;

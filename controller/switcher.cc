@@ -114,9 +114,28 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     if (ahead != nullptr && ahead_slot < 0) {
       return absl::UnavailableError(absl::StrCat("no free standby worker for model '", model, "'"));
     }
-    PSWITCH_ASSIGN_OR_RETURN(
-        Reservation room, cache_.Reserve(model, entry.stored->total_bytes(), CostOf(entry), now_ns,
-                                         ahead != nullptr ? ahead->keep : std::set<std::string>{}));
+    const std::set<std::string> keep = ahead != nullptr ? ahead->keep : std::set<std::string>{};
+    const ReloadCost cost = CostOf(entry);
+    absl::StatusOr<Reservation> reserved =
+        cache_.Reserve(model, entry.stored->total_bytes(), cost, now_ns, keep);
+    if (absl::IsResourceExhausted(reserved.status())) {
+      // Pinned models leave no window though the pool could hold it: one of them moves, its
+      // region taken now and its copy again queued behind this one (the caller's Preload).
+      if (std::optional<std::string> moved =
+              cache_.PinnedToMove(model, entry.stored->total_bytes(), cost, now_ns, keep)) {
+        cache_.Pin(*moved, false);
+        reserved = cache_.Reserve(model, entry.stored->total_bytes(), cost, now_ns, keep);
+        cache_.Pin(*moved, true);
+        if (reserved.ok()) {
+          Event(base::LogLevel::kInfo, "pinned_weights_moved")
+              .Field("model", *moved)
+              .Field("for", model);
+          placement.move_pinned = *moved;
+        }
+      }
+    }
+    PSWITCH_RETURN_IF_ERROR(reserved.status());
+    const Reservation& room = *reserved;
     Evicted(room, model);
     // A standby (not the active worker) takes the new model: the active one drains meanwhile.
     placement.slot = ahead != nullptr ? ahead_slot : pool_->UsableOther(model, active);

@@ -69,6 +69,9 @@ class Switcher {
     int slot = -1;
     std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
     uint64_t weights_offset = 0;  // where the model's weights are in the arena
+    // A pinned model whose region this placement took (fragmentation): to be copied in again
+    // elsewhere (Preload), apart from this model.
+    std::string move_pinned;
   };
   // Whether a task for `model` can be placed now, as WorkerPool::Outlook says; for a resident
   // model also kLater while a worker that last ran it is still busy (an abandoned training run

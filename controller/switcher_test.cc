@@ -45,6 +45,8 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
     };
     Add("a", 1);
     Add("b", 2);
+    Add("c", 3);
+    Add("big", 4, /*layers=*/9, /*bytes=*/(1 << 20) + (1 << 18));
     pool_ = std::make_unique<WorkerPool>(std::move(pool), loop_, this);
     pool_->Start();
     for (auto& [slot, worker] : workers_) worker->Ready(static_cast<int>(slot));
@@ -72,15 +74,19 @@ class SwitcherTest : public ::testing::Test, public WorkerPool::Listener {
                                       });
   }
 
-  void Add(const std::string& name, uint32_t seed) {
-    models_.push_back(memdaemon::MakeSyntheticModel(name, 8, 1 << 20, seed));
+  // A synthetic model of `layers` layers and about `bytes`, in groups of two.
+  void Add(const std::string& name, uint32_t seed, int layers = 8, uint64_t bytes = 1 << 20) {
+    models_.push_back(memdaemon::MakeSyntheticModel(name, layers, bytes, seed));
     auto stored = daemon_->weights().Register(models_.back()->model);
     ASSERT_TRUE(stored.ok()) << stored.status();
     CatalogEntry& entry = entries_[name];
     entry.request.name = name;
     entry.stored = *stored;
-    entry.plan = *grouping::EveryKPlan(8, 2);
-    entry.group_last_layer = {1, 3, 5, 7};
+    entry.plan = *grouping::EveryKPlan(layers, 2);
+    entry.group_last_layer.clear();
+    for (int last = 1; last < layers + 1; last += 2) {
+      entry.group_last_layer.push_back(static_cast<uint32_t>(std::min(last, layers - 1)));
+    }
   }
 
   void Drain() {
@@ -310,6 +316,45 @@ TEST_F(SwitcherTest, NewerPinnedWeightsThanTheResidentCopyAreCopiedAgain) {
   ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 2; }));
   ASSERT_NE(switcher->cache().Find("a"), nullptr);
   EXPECT_EQ(switcher->cache().Find("a")->generation, entries_.at("a").stored->generation());
+}
+
+// Issue 29 item 1: pinned models scattered over the pool leave no window for a model the pool's
+// free bytes could hold. One of them moves: the placement takes its region, and it is copied in
+// again elsewhere, apart from the new model, behind the new model's copy.
+TEST_F(SwitcherTest, PinnedModelsThatFragmentThePoolAreMovedRatherThanRefuseAModel) {
+  // Regions of r bytes (a, b and c are as large); the pool holds 3.5 r.
+  const uint64_t r = WeightsCache::RegionBytes(entries_.at("a").stored->total_bytes());
+  const uint64_t big_bytes = WeightsCache::RegionBytes(entries_.at("big").stored->total_bytes());
+  ASSERT_GT(big_bytes, r);
+  ASSERT_LE(big_bytes, r + r / 2);
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true,
+                               /*pool_bytes=*/WeightsCache::RegionBytes(3 * r + r / 2));
+  // a (pinned) at [0, r), b at [r, 2r), c (pinned) at [2r, 3r); b goes: holes of r and r / 2.
+  switcher->Pin("a", true);
+  ASSERT_TRUE(switcher->Preload(entries_.at("a"), {}).ok());
+  ASSERT_TRUE(switcher->Preload(entries_.at("b"), {}).ok());
+  switcher->Pin("c", true);
+  ASSERT_TRUE(switcher->Preload(entries_.at("c"), {}).ok());
+  ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 3; }));
+  switcher->Unloaded("b");
+  const uint64_t a_offset = switcher->cache().Find("a")->offset;
+  ASSERT_EQ(switcher->cache().Find("c")->offset, kPool + 2 * r);
+  // "big": larger than either hole, smaller than the 1.5 r they make.
+  SwitchTimeline timeline;
+  auto big = switcher->Place(1, entries_.at("big"), timeline);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->move_pinned, "c") << "moving a leaves it no room elsewhere";
+  EXPECT_EQ(switcher->cache().Find("c"), nullptr);
+  ASSERT_TRUE(switcher->Preload(entries_.at(big->move_pinned), {"big"}).ok());
+  ASSERT_TRUE(RunUntil([&] { return transmitted_.size() == 5; }));
+  const ResidentModel* c = switcher->cache().Find("c");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->pinned) << "its pin holds at its new place";
+  EXPECT_GE(c->offset, big->weights_offset + big_bytes);
+  EXPECT_TRUE(RegionHolds("big", big->weights_offset));
+  EXPECT_TRUE(RegionHolds("c", c->offset));
+  EXPECT_EQ(switcher->cache().Find("a")->offset, a_offset);
+  EXPECT_TRUE(RegionHolds("a", a_offset));
 }
 
 TEST_F(SwitcherTest, ACopyTheTransmitterRefusesLeavesNoReservationBehind) {

@@ -327,6 +327,41 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   return out;
 }
 
+std::optional<std::string> WeightsCache::PinnedToMove(const std::string& model, uint64_t bytes,
+                                                      const ReloadCost& cost, int64_t now_ns,
+                                                      const std::set<std::string>& keep) const {
+  const uint64_t rounded = RegionBytes(bytes);
+  if (!options_.enabled || rounded == 0 || rounded > capacity_bytes()) return std::nullopt;
+  std::vector<const ResidentModel*> pinned;
+  for (const auto& [offset, r] : regions_) {
+    // A copy still landing is not moved (its copy would be queued behind itself).
+    if (r.pinned && r.trusted && !r.copying && r.model != model && !keep.contains(r.model) &&
+        !held_.contains(r.model) && r.unsaved_task == 0) {
+      pinned.push_back(&r);
+    }
+  }
+  // The smallest first: the cheapest copy again.
+  std::sort(pinned.begin(), pinned.end(),
+            [](const ResidentModel* a, const ResidentModel* b) { return a->bytes < b->bytes; });
+  for (const ResidentModel* p : pinned) {
+    // Tried on a copy of the cache: its reservation for `model`, then the moved one's.
+    WeightsCache trial = *this;
+    trial.Pin(p->model, false);
+    absl::StatusOr<Reservation> room = trial.Reserve(model, bytes, cost, now_ns, keep);
+    if (!room.ok() ||
+        std::find(room->evicted.begin(), room->evicted.end(), p->model) == room->evicted.end()) {
+      continue;
+    }
+    trial.Pin(p->model, true);
+    std::set<std::string> apart = keep;
+    apart.insert(model);
+    if (trial.Reserve(p->model, p->bytes, p->cost, now_ns, apart, /*for_request=*/false).ok()) {
+      return p->model;
+    }
+  }
+  return std::nullopt;
+}
+
 void WeightsCache::Started(const std::string& model, uint32_t epoch, uint64_t generation) {
   for (auto& [offset, r] : regions_) {
     if (r.model == model && r.copying && r.epoch == 0) {

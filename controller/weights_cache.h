@@ -11,8 +11,10 @@
 //     group's share).
 // Holes never refuse a model: when no hole fits, a window of resident models is evicted, so a
 // model that fits in the pool always gets room (at worst at the cost of an eviction that
-// compaction would have avoided). Only a model larger than the pool (or the operator's cap) is
-// refused, or one for which the operator's pinned models leave no window.
+// compaction would have avoided). Where the operator's pinned models leave no window, one of them
+// is moved (PinnedToMove: its region taken, the model copied again elsewhere, off the critical
+// path). Only a model larger than the pool (or the operator's cap) is refused, or one that no
+// single move of a pinned model makes room for.
 //
 // With the cache off (`enabled` false) the pool holds one model at a time at its start, flags
 // from 0: PipeSwitch's single weights region, the baseline the benchmarks compare against.
@@ -124,6 +126,14 @@ class WeightsCache {
   // The copy under `epoch` started into `model`'s reservation, from the pinned weights of
   // `generation`.
   void Started(const std::string& model, uint32_t epoch, uint64_t generation = 0);
+  // When `model` (`bytes`, `cost.groups` flags) has no room only because the operator's pinned
+  // models leave no window (fragmentation), though the pool could hold it: a pinned model whose
+  // move makes room, i.e. whose region a reservation for `model` may take (Pin it false around
+  // that Reserve) while a copy of it again (Reserve, for_request false) still fits apart from
+  // `model` and `keep`. The smallest such; nullopt when no single move does.
+  std::optional<std::string> PinnedToMove(const std::string& model, uint64_t bytes,
+                                          const ReloadCost& cost, int64_t now_ns,
+                                          const std::set<std::string>& keep = {}) const;
   // A training run's checkpoint wrote `model`'s resident weights to the pinned store, which is
   // now `generation`: the region holds exactly that (and nothing unsaved any more).
   void Checkpointed(const std::string& model, uint64_t generation);

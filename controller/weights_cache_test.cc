@@ -162,6 +162,48 @@ TEST(WeightsCacheTest, UnsavedTrainingWeightsAreEvictedOnlyOnceWrittenBack) {
   EXPECT_EQ(single.WaitsFor(10 * kMiB, 1, 2).write_back, std::vector<std::string>{"trained"});
 }
 
+// Pinned models that leave no window move rather than refuse a model the pool could hold: the
+// smallest one whose region makes room and that still fits elsewhere; none when no move helps.
+TEST(WeightsCacheTest, APinnedModelMovesWhenPinsLeaveNoWindow) {
+  WeightsCache cache(Pool(100));
+  cache.Pin("p1", true);
+  cache.Pin("p2", true);
+  Bring(cache, "p1", 30, 1);     // [0, 30)
+  Bring(cache, "gone", 10, 2);   // [30, 40)
+  Bring(cache, "p2", 20, 3);     // [40, 60)
+  Bring(cache, "other", 30, 4);  // [60, 90)
+  cache.Drop("gone");            // holes: 10 at 30, 10 at 90
+  // 45 MiB: evicting "other" leaves windows of 10 + 30 + 10 = 50 split by p2 only at [40, 60).
+  EXPECT_EQ(cache.Reserve("big", 45 * kMiB, Cost(0.01), 5).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  std::optional<std::string> moved = cache.PinnedToMove("big", 45 * kMiB, Cost(0.01), 5);
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_EQ(*moved, "p2") << "p1 (larger) is not tried first, and moving it would not fit";
+  // Nothing changed by asking.
+  EXPECT_TRUE(Resident(cache, "p2"));
+  EXPECT_TRUE(cache.Find("p2")->pinned);
+  // Made as the switcher makes it: the pin lifted around the reservation.
+  cache.Pin("p2", false);
+  absl::StatusOr<Reservation> big = cache.Reserve("big", 45 * kMiB, Cost(0.01), 5);
+  cache.Pin("p2", true);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_NE(std::find(big->evicted.begin(), big->evicted.end(), "p2"), big->evicted.end());
+  absl::StatusOr<Reservation> again =
+      cache.Reserve("p2", 20 * kMiB, Cost(0.01), 6, {"big"}, /*for_request=*/false);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(cache.Find("p2")->pinned);
+  // A kept pinned model is never moved, and a model larger than the pool gets no move.
+  EXPECT_FALSE(cache.PinnedToMove("huge", 200 * kMiB, Cost(0.01), 7).has_value());
+  WeightsCache two(Pool(100));
+  two.Pin("p1", true);
+  two.Pin("p2", true);
+  Bring(two, "p1", 30, 1);
+  Bring(two, "gone", 10, 2);
+  Bring(two, "p2", 20, 3);
+  two.Drop("gone");
+  EXPECT_FALSE(two.PinnedToMove("big", 45 * kMiB, Cost(0.01), 5, {"p1", "p2"}).has_value());
+}
+
 // A tenant's death untrusts the region a checkpoint is still reading: it is no longer served,
 // but its bytes stay taken until the checkpoint released it.
 TEST(WeightsCacheTest, ARegionUntrustedWhileACheckpointReadsItStaysTakenUntilReleased) {

@@ -70,10 +70,23 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
   gpu::CopyJob job;
   job.ready_flags = ready_flags_;
   job.ready_flag_base = request.flag_base;
+  // Each span also covers the padding before it (zeros in the store) back to where the last one
+  // ended, from the region's start: no byte of the memory's earlier owner stays between tensors
+  // either, where a worker given the region could read it.
+  uint64_t covered = request.weights_offset;
   for (const grouping::LayerGroup& range : request.groups) {
     gpu::CopyGroup group;
     gpu::CopySpan span = GroupSpan(model, range, request.weights_offset);
-    if (span.bytes > 0) group.spans.push_back(span);
+    if (span.bytes > 0) {
+      if (span.arena_offset > covered) {
+        const uint64_t gap = span.arena_offset - covered;
+        span.host -= gap;
+        span.arena_offset = covered;
+        span.bytes += gap;
+      }
+      covered = span.arena_offset + span.bytes;
+      group.spans.push_back(span);
+    }
     job.groups.push_back(std::move(group));
   }
   // The last span runs on to the region's page end (zeros): nothing of the memory's earlier

@@ -1,5 +1,6 @@
 #include "memdaemon/transmitter.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "gpu/internal/job_ticket.h"
@@ -76,9 +77,9 @@ TEST_F(TransmitterTest, TracesCoverEveryGroupAndTheBytesLand) {
     EXPECT_TRUE(daemon_->ready_flags().WaitReady(100 + g, (*t)->epoch(), absl::Seconds(1)).ok());
     bytes += (*traces)[g].bytes;
   }
-  // Everything but the alignment padding between groups (< 256 bytes each) is copied.
-  EXPECT_LE(bytes, model->total_bytes());
-  EXPECT_GT(bytes, model->total_bytes() - 256 * traces->size());
+  // Every byte of the region's whole pages, the padding between groups and after the last
+  // included, once.
+  EXPECT_EQ(bytes, model->padded_bytes());
   EXPECT_TRUE(RegionHolds(2 << 20, *model));
 }
 
@@ -162,21 +163,22 @@ TEST_F(TransmitterTest, GroupsOfOnlyParameterFreeLayersArePublishedToo) {
   auto stored = daemon_->weights().Register(model);
   ASSERT_TRUE(stored.ok()) << stored.status();
   grouping::GroupPlan groups = {{0, 0}, {1, 2}, {3, 3}};
-  // Whatever the memory held before, past the model's bytes in its last page.
+  // Whatever the memory held before, in its padding between tensors and past its last one.
   ASSERT_EQ((*stored)->padded_bytes(), 4096u);
-  ASSERT_TRUE(daemon_->arena().Fill((2 << 20) + 4024, 72, 0xAB).ok());
+  ASSERT_TRUE(daemon_->arena().Fill(2 << 20, 4096, 0xAB).ok());
   auto t = daemon_->transmitter().Start(TransmitRequest{*stored, groups, 2 << 20, 7});
   ASSERT_TRUE(t.ok()) << t.status();
   auto traces = (*t)->Wait(absl::Seconds(60));
   ASSERT_TRUE(traces.ok()) << traces.status();
   EXPECT_EQ((*traces)[0].bytes, 1000u);
   EXPECT_EQ((*traces)[1].bytes, 0u);
-  // conv2 at 1024 (3000 bytes), then zeros to the page's end: nothing of an earlier owner stays
-  // in a page a worker is given.
-  EXPECT_EQ((*traces)[2].bytes, 4096u - 1024u);
-  std::vector<std::byte> tail(72);
-  ASSERT_TRUE(daemon_->arena().CopyToHost((2 << 20) + 4024, tail).ok());
-  EXPECT_EQ(tail, std::vector<std::byte>(72, std::byte{0}));
+  // conv2 at 1024 (3000 bytes), with the padding before it and zeros to the page's end: nothing
+  // of an earlier owner stays in a page a worker is given.
+  EXPECT_EQ((*traces)[2].bytes, 4096u - 1000u);
+  std::vector<std::byte> page(4096);
+  ASSERT_TRUE(daemon_->arena().CopyToHost(2 << 20, page).ok());
+  EXPECT_EQ(std::memcmp(page.data(), (*stored)->host_bytes(), page.size()), 0);
+  EXPECT_EQ(std::count(page.begin(), page.end(), std::byte{0xAB}), 0);
   for (uint32_t g = 0; g < 3; ++g) {
     EXPECT_TRUE(daemon_->ready_flags().WaitReady(7 + g, (*t)->epoch(), absl::Seconds(1)).ok());
   }
