@@ -172,6 +172,10 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   switcher_->set_on_evicted([this](const std::string& evicted, const std::string& for_model) {
     telemetry_->Evicted(options_.gpu, evicted, for_model);
   });
+  switcher_->set_on_pinned_moved([this](const std::string& moved, const std::string& for_model) {
+    loop_role_.AssertHeld();  // posted to the loop by the Switcher
+    MovePinned(moved, {for_model});
+  });
 }
 
 absl::StatusOr<std::unique_ptr<GpuScheduler>> GpuScheduler::Start(const SchedulerOptions& options,
@@ -797,7 +801,6 @@ void GpuScheduler::PlaceAhead() {
     return;
   }
   queue_.Remove(ticket.id);
-  if (!placed->move_pinned.empty()) MovePinned(placed->move_pinned, {spec.model, stopping});
   if (spec.started_ns == 0) spec.started_ns = base::MonotonicNowNs();
   run->transmission = placed->transmission;
   run->weights_offset = placed->weights_offset;
@@ -888,7 +891,6 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
   }
   PSWITCH_ASSIGN_OR_RETURN(Switcher::Placement placed,
                            switcher_->Place(ticket.id, *run->entry, run->timeline));
-  if (!placed.move_pinned.empty()) MovePinned(placed.move_pinned, {spec.model});
   run->transmission = placed.transmission;
   run->weights_offset = placed.weights_offset;
   const uint32_t batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;

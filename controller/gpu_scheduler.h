@@ -319,8 +319,9 @@ class GpuScheduler : private WorkerPool::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Completes the unloads that nothing holds up any more (DropModel).
   void FinishUnloads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
-  // A placement took pinned model `moved`'s region (fragmentation): it is copied in again
-  // elsewhere, apart from `keep` and the placed tasks' models, behind the placement's copy.
+  // A placement took pinned model `moved`'s region (fragmentation; posted by the Switcher): it is
+  // copied in again elsewhere, apart from `keep` and the placed tasks' models, behind the
+  // placement's copy.
   void MovePinned(const std::string& moved, std::set<std::string> keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Writes `model`'s unsaved training weights (a preempted task's, kept in its region) back to

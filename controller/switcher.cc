@@ -121,8 +121,8 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
     if (absl::IsResourceExhausted(reserved.status())) {
       // Pinned models leave no window though the pool could hold it: one of them moves, its
       // region taken now and its copy again queued behind this one (the caller's Preload).
-      if (std::optional<std::string> moved =
-              cache_.PinnedToMove(model, entry.stored->total_bytes(), cost, now_ns, keep)) {
+      if (std::optional<std::string> moved = cache_.PinnedToMove(model, entry.stored->total_bytes(),
+                                                                 cost, now_ns, keep, InUse({}))) {
         cache_.Pin(*moved, false);
         reserved = cache_.Reserve(model, entry.stored->total_bytes(), cost, now_ns, keep);
         cache_.Pin(*moved, true);
@@ -130,7 +130,11 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
           Event(base::LogLevel::kInfo, "pinned_weights_moved")
               .Field("model", *moved)
               .Field("for", model);
-          placement.move_pinned = *moved;
+          // Its copy again is queued behind this placement's (posted), even should the rest of
+          // the placement fail.
+          if (on_pinned_moved_) {
+            loop_->Post([moved = *moved, model, cb = on_pinned_moved_] { cb(moved, model); });
+          }
         }
       }
     }
@@ -177,18 +181,23 @@ absl::StatusOr<Switcher::Placement> Switcher::Place(uint64_t task, const Catalog
 absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> keep) {
   const std::string& model = entry.request.name;
   if (cache_.Find(model) != nullptr) return absl::OkStatus();
-  // Nothing in use is taken: a busy tenant's region, and every region a copy still writes (a
-  // task placed with its Run held is idle on its worker, its copy under way).
-  for (const auto& [slot, tenant] : tenants_) {
-    if (!pool_->Idle(slot)) keep.insert(tenant.model);
-  }
-  for (const auto& [id, flight] : in_flight_) keep.insert(flight.model);
+  keep = InUse(std::move(keep));
   const uint64_t bytes = entry.stored->total_bytes();
   PSWITCH_ASSIGN_OR_RETURN(Reservation room,
                            cache_.Reserve(model, bytes, CostOf(entry), base::MonotonicNowNs(), keep,
                                           /*for_request=*/false));
   Evicted(room, model);
   return Transmit(/*task=*/0, entry, room, std::nullopt, -1).status();
+}
+
+std::set<std::string> Switcher::InUse(std::set<std::string> keep) const {
+  // Nothing in use is taken: a busy tenant's region, and every region a copy still writes (a
+  // task placed with its Run held is idle on its worker, its copy under way).
+  for (const auto& [slot, tenant] : tenants_) {
+    if (!pool_->Idle(slot)) keep.insert(tenant.model);
+  }
+  for (const auto& [id, flight] : in_flight_) keep.insert(flight.model);
+  return keep;
 }
 
 absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Switcher::Transmit(

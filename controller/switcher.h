@@ -69,9 +69,6 @@ class Switcher {
     int slot = -1;
     std::shared_ptr<memdaemon::Transmission> transmission;  // null when the model was resident
     uint64_t weights_offset = 0;  // where the model's weights are in the arena
-    // A pinned model whose region this placement took (fragmentation): to be copied in again
-    // elsewhere (Preload), apart from this model.
-    std::string move_pinned;
   };
   // Whether a task for `model` can be placed now, as WorkerPool::Outlook says; for a resident
   // model also kLater while a worker that last ran it is still busy (an abandoned training run
@@ -157,6 +154,12 @@ class Switcher {
   void set_on_evicted(std::function<void(const std::string&, const std::string&)> on_evicted) {
     on_evicted_ = std::move(on_evicted);
   }
+  // Posted to the loop when a placement took a pinned model's region (fragmentation), with the
+  // model placed: the owner copies it in again elsewhere (Preload), behind the placement's copy.
+  // Posted whether or not the rest of that placement succeeded.
+  void set_on_pinned_moved(std::function<void(const std::string&, const std::string&)> moved) {
+    on_pinned_moved_ = std::move(moved);
+  }
 
  private:
   struct InFlight {
@@ -197,6 +200,10 @@ class Switcher {
   const std::shared_ptr<EventLoop> loop_;
   const CopyEnded on_copy_ended_;
   std::function<void(const std::string& evicted, const std::string& for_model)> on_evicted_;
+  std::function<void(const std::string& moved, const std::string& for_model)> on_pinned_moved_;
+  // `keep` and every model a busy tenant may use or a copy still writes: what a copy with no
+  // task (Preload) must leave alone.
+  std::set<std::string> InUse(std::set<std::string> keep) const;
 
   WeightsCache cache_;
   int active_slot_ = -1;           // the worker placed last

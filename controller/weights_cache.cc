@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "memdaemon/arena_layout.h"
@@ -327,9 +328,9 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   return out;
 }
 
-std::optional<std::string> WeightsCache::PinnedToMove(const std::string& model, uint64_t bytes,
-                                                      const ReloadCost& cost, int64_t now_ns,
-                                                      const std::set<std::string>& keep) const {
+std::optional<std::string> WeightsCache::PinnedToMove(
+    const std::string& model, uint64_t bytes, const ReloadCost& cost, int64_t now_ns,
+    const std::set<std::string>& keep, const std::set<std::string>& keep_for_copy) const {
   const uint64_t rounded = RegionBytes(bytes);
   if (!options_.enabled || rounded == 0 || rounded > capacity_bytes()) return std::nullopt;
   std::vector<const ResidentModel*> pinned;
@@ -340,9 +341,10 @@ std::optional<std::string> WeightsCache::PinnedToMove(const std::string& model, 
       pinned.push_back(&r);
     }
   }
-  // The smallest first: the cheapest copy again.
-  std::sort(pinned.begin(), pinned.end(),
-            [](const ResidentModel* a, const ResidentModel* b) { return a->bytes < b->bytes; });
+  // The smallest first: the cheapest copy again (by name among equals, so the choice is stable).
+  std::sort(pinned.begin(), pinned.end(), [](const ResidentModel* a, const ResidentModel* b) {
+    return std::tie(a->bytes, a->model) < std::tie(b->bytes, b->model);
+  });
   for (const ResidentModel* p : pinned) {
     // Tried on a copy of the cache: its reservation for `model`, then the moved one's.
     WeightsCache trial = *this;
@@ -354,6 +356,7 @@ std::optional<std::string> WeightsCache::PinnedToMove(const std::string& model, 
     }
     trial.Pin(p->model, true);
     std::set<std::string> apart = keep;
+    apart.insert(keep_for_copy.begin(), keep_for_copy.end());
     apart.insert(model);
     if (trial.Reserve(p->model, p->bytes, p->cost, now_ns, apart, /*for_request=*/false).ok()) {
       return p->model;

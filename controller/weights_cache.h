@@ -130,10 +130,12 @@ class WeightsCache {
   // models leave no window (fragmentation), though the pool could hold it: a pinned model whose
   // move makes room, i.e. whose region a reservation for `model` may take (Pin it false around
   // that Reserve) while a copy of it again (Reserve, for_request false) still fits apart from
-  // `model` and `keep`. The smallest such; nullopt when no single move does.
+  // `model`, `keep` and `keep_for_copy` (what that copy must leave alone besides). The smallest
+  // such; nullopt when no single move does.
   std::optional<std::string> PinnedToMove(const std::string& model, uint64_t bytes,
                                           const ReloadCost& cost, int64_t now_ns,
-                                          const std::set<std::string>& keep = {}) const;
+                                          const std::set<std::string>& keep = {},
+                                          const std::set<std::string>& keep_for_copy = {}) const;
   // A training run's checkpoint wrote `model`'s resident weights to the pinned store, which is
   // now `generation`: the region holds exactly that (and nothing unsaved any more).
   void Checkpointed(const std::string& model, uint64_t generation);
