@@ -405,7 +405,10 @@ bool GpuScheduler::EndOnceSaved(uint64_t task_id, const absl::Status& why) {
 bool GpuScheduler::WriteBack(const std::string& model) {
   const ResidentModel* region = switcher_->cache().Find(model);
   if (region == nullptr || region->unsaved_task == 0) return false;
-  if (switcher_->BeingCheckpointed(model)) return true;  // WrittenBack comes
+  if (writing_back_.contains(model)) return true;  // WrittenBack comes
+  // Read by another checkpoint (none holds a region with unsaved weights: another training of
+  // the model first has them written back); the caller tries again later.
+  if (switcher_->BeingCheckpointed(model)) return false;
   absl::StatusOr<EntryRef> entry = catalog_->Find(model);
   if (!entry.ok()) return false;  // unloaded: nothing to save it into
   const uint64_t task = region->unsaved_task;
@@ -415,6 +418,7 @@ bool GpuScheduler::WriteBack(const std::string& model) {
       .Field("task", task)
       .Field("bytes", region->bytes);
   switcher_->CheckpointReading(model);
+  writing_back_.insert(model);
   checkpointing_.Add([this, model, task, offset, entry = *std::move(entry), daemon = daemon_,
                       loop = loop_, before = options_.before_checkpoint]() mutable {
     if (before) before(task);
@@ -432,6 +436,7 @@ bool GpuScheduler::WriteBack(const std::string& model) {
 void GpuScheduler::WrittenBack(const std::string& model, uint64_t task, uint64_t generation,
                                const absl::Status& saved) {
   switcher_->CheckpointRead(model);
+  writing_back_.erase(model);
   Event(saved.ok() ? base::LogLevel::kInfo : base::LogLevel::kError, "unsaved_weights_written")
       .Field("model", model)
       .Field("task", task)

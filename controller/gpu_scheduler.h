@@ -367,6 +367,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // Preempted training tasks whose weights stayed unsaved in their model's region (their
   // records' weights_unsaved), watched for a loss (FailLostUnsaved).
   std::set<uint64_t> unsaved_owners_ ABSL_GUARDED_BY(loop_role_);
+  // Models whose unsaved weights a write-back reads now (WriteBack to WrittenBack).
+  std::set<std::string> writing_back_ ABSL_GUARDED_BY(loop_role_);
   // Unloads waiting for their model's last task, copy or load to end (DropModel).
   std::vector<std::pair<std::string, std::function<void(absl::Status)>>> unloads_
       ABSL_GUARDED_BY(loop_role_);
