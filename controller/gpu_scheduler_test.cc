@@ -192,6 +192,7 @@ class InputsArrivingTest : public ::testing::Test {
     if (one_model_cache_)
       options.weights_cache_bytes =
           WeightsCache::RegionBytes(catalog_->Find("a").value()->stored->total_bytes());
+    if (tweak_options_) tweak_options_(options);
     options.before_state_restore = [this](uint64_t) {
       absl::MutexLock lock(&gate_mu_);
       gate_mu_.Await(absl::Condition(&restores_open_));
@@ -352,6 +353,8 @@ class InputsArrivingTest : public ::testing::Test {
   bool one_model_cache_ = false;
   uint64_t resident_state_bytes_ = UINT64_MAX;
   Policy policy_ = Policy::kFcfs;
+  // Runs in SetUp once "a" and "b" are registered, before the scheduler starts.
+  std::function<void(SchedulerOptions&)> tweak_options_;
   std::shared_ptr<Telemetry> telemetry_ = std::make_shared<Telemetry>();
   absl::Mutex gate_mu_;
   bool restores_open_ ABSL_GUARDED_BY(gate_mu_) = true;
@@ -1179,6 +1182,79 @@ TEST_F(UnsavedWeightsTest, ADeadlineMissedWhileQueuedAnswersOnceTheWeightsAreSav
   Worker(inference_slot)->RunDone(inference);
   EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
   EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
+}
+
+// Issue 29 item 1 through the scheduler: pinned models that leave no window for a model the
+// cache could hold are moved, the placement taking one's region and the scheduler copying it in
+// again elsewhere, its pin kept.
+class PinnedMoveTest : public InputsArrivingTest {
+ protected:
+  PinnedMoveTest() {
+    tweak_options_ = [this](SchedulerOptions& options) {
+      // A tiny_cnn's region (s) measured on a catalog of its own, a tiny_mlp's (B) on "a": the
+      // cache holds 2s + B, so pins at 0 and 2s leave only B - s at the end.
+      ModelCatalog sizer(daemon_.get(), 16 << 20, models::InspectInProcess());
+      auto cnn = sizer.Register({"sizer", "tiny_cnn", "", 1, "auto"});
+      ASSERT_TRUE(cnn.ok()) << cnn.status();
+      mlp_ = WeightsCache::RegionBytes(catalog_->Find("a").value()->stored->total_bytes());
+      cnn_ = WeightsCache::RegionBytes((*cnn)->stored->total_bytes());
+      options.weights_cache_bytes = 2 * cnn_ + mlp_;
+    };
+  }
+  // Registers `name` at run time (`pinned`: pin_resident) and has every worker load it.
+  void AddAtRunTime(const std::string& name, const std::string& zoo, bool pinned) {
+    registry::ModelRequest request{name, zoo, "", 1, "auto"};
+    request.pin_resident = pinned;
+    absl::StatusOr<registry::EntryRef> entry = catalog_->Register(request);
+    ASSERT_TRUE(entry.ok()) << entry.status();
+    absl::Notification loaded;
+    scheduler_->AddModel(*entry, [&](const LoadOutcome&) { loaded.Notify(); });
+    for (int slot = 0; slot < kWorkers; ++slot) {
+      ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("LoadModel ", name, " slot ", slot), kWait))
+          << record_.Commands();
+      Worker(slot)->Loaded(name);
+    }
+    ASSERT_TRUE(loaded.WaitForNotificationWithTimeout(kWait));
+  }
+  void Infer(const std::string& model) {
+    const uint64_t task = Submit(model);
+    ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " "), kWait)) << record_.Commands();
+    Worker(record_.LastSlot(absl::StrCat("Run ", task, " ")))->RunDone(task);
+    absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(task, kWait);
+    ASSERT_TRUE(done.ok()) << done.status();
+  }
+  uint64_t mlp_ = 0, cnn_ = 0;
+};
+
+TEST_F(PinnedMoveTest, APinnedModelMovesForAModelThePinsLeftNoWindowFor) {
+  ASSERT_GT(mlp_, cnn_) << "the scenario needs the tiny_mlp larger";
+  // p1 (pinned) at [0, s), x at [s, 2s), p2 (pinned) at [2s, 3s), B - s free at the end.
+  AddAtRunTime("p1", "tiny_cnn", /*pinned=*/true);
+  ASSERT_TRUE(CopiedRegionOf("p1").has_value());
+  AddAtRunTime("x", "tiny_cnn", /*pinned=*/false);
+  Infer("x");
+  AddAtRunTime("p2", "tiny_cnn", /*pinned=*/true);
+  std::optional<ResidentModel> p2 = CopiedRegionOf("p2");
+  ASSERT_TRUE(p2.has_value());
+  const uint64_t p1_offset = RegionOf("p1")->offset;
+  ASSERT_EQ(p2->offset, p1_offset + 2 * cnn_) << "the layout this test needs";
+  // "big" fits only over p2's region: p2 moves, and is copied in again apart from it.
+  AddAtRunTime("big", "tiny_mlp", /*pinned=*/false);
+  Infer("big");
+  std::optional<ResidentModel> big = CopiedRegionOf("big");
+  ASSERT_TRUE(big.has_value());
+  std::optional<ResidentModel> moved = CopiedRegionOf("p2");
+  ASSERT_TRUE(moved.has_value()) << "the moved pinned model was not copied in again";
+  EXPECT_TRUE(moved->pinned);
+  EXPECT_NE(moved->offset, p2->offset);
+  EXPECT_TRUE(moved->offset + moved->bytes <= big->offset ||
+              moved->offset >= big->offset + big->bytes);
+  EXPECT_EQ(RegionOf("p1")->offset, p1_offset);
+  EXPECT_FALSE(RegionOf("x").has_value()) << "no room is left for it";
+  // Its next task is a hit.
+  const uint64_t misses = scheduler_->Snapshot(kWait)->cache.misses;
+  Infer("p2");
+  EXPECT_EQ(scheduler_->Snapshot(kWait)->cache.misses, misses);
 }
 
 // The baseline (--place-at-arrival=false): nothing is placed until the old tenant has answered.
