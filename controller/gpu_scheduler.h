@@ -12,10 +12,13 @@
 // (CopyEnded), with the copy's phases or its failure; the GPU stays held meanwhile, and the loop
 // never waits for it.
 //
-// Training stops at iteration boundaries; its weights (and buffers) are checkpointed from the
-// region back to the pinned store whenever it stops cleanly (never after a failed run, nor from
-// a switch whose copy did not complete), and its optimizer state to host memory when it is
-// preempted, so a preempted task resumes exactly. Those copies run off the loop (EndTraining),
+// Training stops at its next layer (a step cut there is discarded). A preempted task's weights
+// stay unsaved in its region and its optimizer state in the arena (ResidentStates), written back
+// only when the region is evicted, another training of the model comes, or it ends (WriteBack);
+// with the cache off, or --keep-preempted-training=false, both are copied to host memory at the
+// stop. A run that ends for good has its weights (and buffers) checkpointed from the region back
+// to the pinned store (never after a failed run, nor from a switch whose copy did not complete),
+// so a preempted task resumes exactly. Those copies run off the loop (EndTraining, WriteBack),
 // and so does the restore of a starting run's optimizer state from its checkpoint (lease, copy
 // into the arena, pinned staging): the run is placed and its switch started meanwhile, its Run
 // waits for the restore's end (RestoreEnded), and the GPU stays held until that end whatever
