@@ -836,12 +836,16 @@ void GpuScheduler::PlaceAhead() {
   }
 }
 
+void GpuScheduler::NoteOldStopped(SwitchTimeline& timeline) const {
+  if (timeline.stop_sent_ns != 0 && last_stopped_ns_ >= timeline.stop_sent_ns) {
+    timeline.old_stopped_ns = last_stopped_ns_;
+  }
+}
+
 void GpuScheduler::PromoteAhead() {
   running_ = std::move(next_);
   Running& run = *running_;
-  if (run.timeline.stop_sent_ns != 0 && last_stopped_ns_ >= run.timeline.stop_sent_ns) {
-    run.timeline.old_stopped_ns = last_stopped_ns_;
-  }
+  NoteOldStopped(run.timeline);
   // Its Run is out: a stop reason that came meanwhile is answered with its result, and a missed
   // deadline also stops it now (bounded by the drain deadline, as for any running task).
   const TaskRecord* record = tasks_table_.Find(run.task_id);
@@ -1041,7 +1045,8 @@ GpuScheduler::RunResult GpuScheduler::Unrun(const Running& run, absl::Status why
   return result;
 }
 
-void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result) {
+void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result,
+                                  std::unique_ptr<Running>* holder) {
   run->awaiting_inputs = false;
   if (run->restoring || (run->transmission != nullptr && !run->transmission->finished())) {
     // The worker is done with the run (it answered, or it was never sent its Run: a Prepare only
@@ -1059,7 +1064,7 @@ void GpuScheduler::HoldOrComplete(std::unique_ptr<Running> run, RunResult result
     run->slot = -1;
     run->stop_sent = true;
     run->answered = std::make_unique<RunResult>(std::move(result));
-    running_ = std::move(run);
+    *(holder != nullptr ? holder : &running_) = std::move(run);
     return;
   }
   CompleteRun(std::move(run), std::move(result));
@@ -1172,22 +1177,9 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
     // copy's end (CopyEnded), the GPU still the old tenant's in the meantime.
     std::unique_ptr<Running> run = std::move(next_);
     // The old tenant may have answered already (its own answer waiting for its copy's end).
-    if (run->timeline.stop_sent_ns != 0 && last_stopped_ns_ >= run->timeline.stop_sent_ns) {
-      run->timeline.old_stopped_ns = last_stopped_ns_;
-    }
+    NoteOldStopped(run->timeline);
     RunResult result = ReadRunDone(slot, run->timeline, done);
-    if (run->transmission != nullptr && !run->transmission->finished()) {
-      // A placeholder as HoldOrComplete makes: no worker, nothing to stop or kill.
-      Event(base::LogLevel::kInfo, "answer_waits_for_copy")
-          .Field("task", run->task_id)
-          .Field("slot", slot);
-      run->slot = -1;
-      run->stop_sent = true;
-      run->answered = std::make_unique<RunResult>(std::move(result));
-      next_ = std::move(run);
-      return;
-    }
-    CompleteRun(std::move(run), std::move(result));
+    HoldOrComplete(std::move(run), std::move(result), &next_);
     return;
   }
   if (running_ == nullptr || running_->slot != slot || running_->task_id != done.task_id()) return;

@@ -234,6 +234,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // The old tenant answered: the task placed ahead (running, or answered and waiting for its
   // copy's end) becomes the running one.
   void PromoteAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The Stop a placed-ahead task's timeline records was answered (last_stopped_ns_ at or after
+  // it): its "old tenant stopped" phase.
+  void NoteOldStopped(SwitchTimeline& timeline) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   absl::Status StartTask(const TaskTicket& ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Copies the cache's resident models for ResidentModels (after each event).
   void PublishResident() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
@@ -284,8 +287,10 @@ class GpuScheduler : private WorkerPool::Listener {
   // What a run placed but never sent its Run ends with: `why` (OK for one stopped or yielded).
   static RunResult Unrun(const Running& run, absl::Status why);
   // Completes `run` with `result`, or, while its copy or its state's restore is in flight, keeps
-  // it as a placeholder holding the GPU (no slot) that CopyEnded or RestoreEnded completes.
-  void HoldOrComplete(std::unique_ptr<Running> run, RunResult result)
+  // it as a placeholder (no slot) in `*holder` (null: running_, holding the GPU) that CopyEnded
+  // or RestoreEnded completes.
+  void HoldOrComplete(std::unique_ptr<Running> run, RunResult result,
+                      std::unique_ptr<Running>* holder = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Answers (or, for training, checkpoints) the run `run` whose worker reported `result`; its
   // switch's copy has ended, if it had one, so the answer carries the copy's phases (or fails

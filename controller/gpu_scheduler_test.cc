@@ -312,6 +312,13 @@ class InputsArrivingTest : public ::testing::Test {
     }
     return -1;
   }
+  // Cancels training task `task`, running, has its worker stop after `iterations`, and expects
+  // it answered Cancelled.
+  void CancelRunningTraining(uint64_t task, uint32_t iterations) {
+    ASSERT_TRUE(scheduler_->Cancel(task).ok());
+    Worker(record_.LastSlot(absl::StrCat("Run ", task, " ")))->RunDone(task, iterations, true);
+    EXPECT_EQ(record_.AwaitAnswer(task, kWait).status().code(), absl::StatusCode::kCancelled);
+  }
   // Every event posted before this call has been handled.
   void Settle() { ASSERT_TRUE(scheduler_->Snapshot(kWait).ok()); }
   // `model`'s region in the cache, as the loop sees it; nullopt when not resident.
@@ -750,9 +757,7 @@ TEST_F(PlaceAtArrivalTest, APreemptingInferenceRunsAndIsAnsweredWhileTheTraining
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
       << record_.Commands();
   EXPECT_EQ(record_.LastRun(training).first_iteration, 7u);
-  ASSERT_TRUE(scheduler_->Cancel(training).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 8, true);
-  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(training, 8);
 }
 
 // Placed ahead, its Run out, an inference answers after the old tenant stopped as well: it is
@@ -780,9 +785,7 @@ TEST_F(PlaceAtArrivalTest, ATaskPlacedAheadThatOutlastsTheStopBecomesTheRunningO
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
       << record_.Commands();
   EXPECT_EQ(record_.LastRun(training).first_iteration, 4u);
-  ASSERT_TRUE(scheduler_->Cancel(training).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 5, true);
-  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(training, 5);
 }
 
 // Its Run went out: the death of its worker fails it, as a running task's does, and the training
@@ -802,9 +805,7 @@ TEST_F(PlaceAtArrivalTest, TheDeathOfTheWorkerItRunsAheadOnFailsItAndTheTraining
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
       << record_.Commands();
   EXPECT_EQ(record_.LastRun(training).first_iteration, 2u);
-  ASSERT_TRUE(scheduler_->Cancel(training).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 3, true);
-  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(training, 3);
 }
 
 // Issue 29 item 6: a preempted training task leaves its trained weights and its optimizer state
@@ -1088,9 +1089,7 @@ TEST_F(OneModelCacheTest, UnsavedWeightsAreWrittenBackBeforeTheirRegionIsTaken) 
     return back && !back->copying && daemon_->arena().CopyToHost(back->offset, seen).ok() &&
            seen == weights;
   }));
-  ASSERT_TRUE(scheduler_->Cancel(training).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 5, true);
-  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(training, 5);
 }
 
 // A preempted task's unsaved weights are written back before another training task trains the
@@ -1146,15 +1145,11 @@ TEST_F(UnsavedWeightsTest, AnotherTrainingOfTheModelWaitsForTheirWriteBack) {
   // It trains on the first task's weights, now saved; the first one resumes on them later.
   EXPECT_EQ(std::memcmp(StoredA().host_bytes(), weights.data(), weights.size()), 0);
   EXPECT_EQ(RegionOf("a")->unsaved_task, 0u);
-  ASSERT_TRUE(scheduler_->Cancel(second).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", second, " ")))->RunDone(second, 1, true);
-  EXPECT_EQ(record_.AwaitAnswer(second, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(second, 1);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", first, " "), kWait, 2))
       << record_.Commands();
   EXPECT_EQ(record_.LastRun(first).first_iteration, 5u);
-  ASSERT_TRUE(scheduler_->Cancel(first).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", first, " ")))->RunDone(first, 6, true);
-  EXPECT_EQ(record_.AwaitAnswer(first, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(first, 6);
 }
 
 TEST_F(UnsavedWeightsTest, ADeadlineMissedWhileQueuedAnswersOnceTheWeightsAreSaved) {
@@ -1280,9 +1275,7 @@ TEST_F(PlaceWhenFreeTest, APreemptingInferenceIsPlacedOnlyOnceTheTrainingAnswere
   EXPECT_GE(done->timeline.placed_ns, done->timeline.old_stopped_ns);
   EXPECT_GT(done->timeline.old_stopped_ns, 0);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2));
-  ASSERT_TRUE(scheduler_->Cancel(training).ok());
-  Worker(record_.LastSlot(absl::StrCat("Run ", training, " ")))->RunDone(training, 4, true);
-  EXPECT_EQ(record_.AwaitAnswer(training, kWait).status().code(), absl::StatusCode::kCancelled);
+  CancelRunningTraining(training, 4);
 }
 
 }  // namespace

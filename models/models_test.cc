@@ -361,6 +361,16 @@ TEST(TrainingTest, ExternalOptimizerStateResumesExactly) {
   }
 }
 
+// How many of `model`'s layers its recorded pass executed (0 when it cannot record one).
+int ExecutedLayers(ZooModel& model) {
+  auto layers = model.Layers();
+  EXPECT_TRUE(layers.ok()) << layers.status();
+  if (!layers.ok()) return 0;
+  int executed = 0;
+  for (const Layer& l : **layers) executed += l.executed ? 1 : 0;
+  return executed;
+}
+
 // tiny_cnn (seed 5) after `steps` uncut steps of `options`, step k drawn from seed k: what a run
 // whose steps were cut and run again must end as.
 void TrainUncut(const TrainerOptions& options, int steps, std::shared_ptr<ZooModel>* out) {
@@ -399,10 +409,8 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
     SCOPED_TRACE(options.optimizer == OptimizerKind::kAdam ? "adam" : "sgd-momentum");
     std::shared_ptr<ZooModel> reference;
     ASSERT_NO_FATAL_FAILURE(TrainUncut(options, kSteps, &reference));
-    auto layers = reference->Layers();
-    ASSERT_TRUE(layers.ok());
-    int executed = 0;
-    for (const Layer& l : **layers) executed += l.executed ? 1 : 0;
+    const int executed = ExecutedLayers(*reference);
+    ASSERT_GT(executed, 0);
     // Cut points: before forward layer k (k < executed), then after the forward (executed), then
     // after the backward (executed + 1).
     for (int cut_at = 0; cut_at <= executed + 1; ++cut_at) {
@@ -454,10 +462,8 @@ TEST(TrainingTest, AStepCutWhileWeightsArriveRestoresWhatArrivedAndNothingElse) 
   constexpr int kSteps = 2;
   std::shared_ptr<ZooModel> reference;
   ASSERT_NO_FATAL_FAILURE(TrainUncut(options, kSteps, &reference));
-  auto reference_layers = reference->Layers();  // training mode, as the step left it
-  ASSERT_TRUE(reference_layers.ok());
-  int executed = 0;
-  for (const Layer& l : **reference_layers) executed += l.executed ? 1 : 0;
+  const int executed = ExecutedLayers(*reference);  // training mode, as the step left it
+  ASSERT_GT(executed, 0);
   for (int cut_at = 0; cut_at <= executed + 1; ++cut_at) {
     SCOPED_TRACE(absl::StrCat("cut at ", cut_at));
     auto model = Create("tiny_cnn", {}, 5);

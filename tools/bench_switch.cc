@@ -173,6 +173,36 @@ bool AwaitTraining(client::Client& c, uint64_t id) {
   return false;
 }
 
+// The flags every daemon this tool starts gets (its sockets and log under `dir`), then `extra`.
+std::vector<std::string> DaemonArgs(const std::filesystem::path& dir,
+                                    std::vector<std::string> extra) {
+  std::vector<std::string> args = {
+      "--backend=" + absl::GetFlag(FLAGS_backend),
+      absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
+      absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)),
+      "--listen=127.0.0.1:0",
+      "--http-listen=127.0.0.1:0",
+      "--preload=",
+      "--socket=" + (dir / "m.sock").string(),
+      "--unix-socket=" + (dir / "pswitchd.sock").string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// The id of the (one) task of `model` this client submitted, found once it is queued; 0 when it
+// never shows.
+uint64_t TaskOfModel(client::Client& c, const std::string& model) {
+  for (int attempt = 0; attempt < 10000; ++attempt) {
+    for (uint64_t id = 1; id < 1000; ++id) {
+      auto st = c.Status(id);
+      if (!st.ok()) break;
+      if (st->model == model) return id;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return 0;
+}
+
 // Placement at arrival against placement once the GPU is free: the same preempting requests,
 // with the weights cache on but capped so that each request's model evicts the other one (a
 // copy every time) while the trainer's stays. The figure is the stop-to-first-copy time: from
@@ -186,7 +216,6 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps,
                                               const std::filesystem::path& dir,
                                               const std::string& zoo, uint32_t batch,
                                               const proto::HostTensor& input, int repeats) {
-  const std::string backend = absl::GetFlag(FLAGS_backend);
   const std::filesystem::path sub =
       dir / absl::StrCat(at_arrival ? "ahead" : "free", cut_steps ? "-cut" : "-whole");
   std::filesystem::create_directories(sub);
@@ -204,13 +233,9 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps,
   const uint64_t cap = bytes(**trainer) + bytes(**model) * 3 / 2 + (1 << 20);
   tools::PswitchdProcess daemon(
       tools::SiblingBinary("pswitchd"),
-      {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
-       absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
-       "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (sub / "m.sock").string(),
-       "--unix-socket=" + (sub / "pswitchd.sock").string(), "--weights-cache=true",
-       absl::StrCat("--weights-cache-bytes=", cap),
-       absl::StrCat("--place-at-arrival=", at_arrival ? "true" : "false"),
-       absl::StrCat("--cut-training-steps=", cut_steps ? "true" : "false")},
+      DaemonArgs(sub, {"--weights-cache=true", absl::StrCat("--weights-cache-bytes=", cap),
+                       absl::StrCat("--place-at-arrival=", at_arrival ? "true" : "false"),
+                       absl::StrCat("--cut-training-steps=", cut_steps ? "true" : "false")}),
       (sub / "pswitchd.log").string());
   if (daemon.port() == 0) {
     return absl::UnavailableError("pswitchd did not start:\n" + daemon.log());
@@ -226,15 +251,7 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps,
   for (const char* name : {"pa-a", "pa-b"})
     PSWITCH_RETURN_IF_ERROR(c->Infer(name, {input}).status());
   auto training = c->TrainAsync("pa-trainer", {1000000, 1, 0});
-  uint64_t training_id = 0;
-  for (int attempt = 0; attempt < 10000 && training_id == 0; ++attempt) {
-    for (uint64_t id = 1; id < 1000 && training_id == 0; ++id) {
-      auto st = c->Status(id);
-      if (!st.ok()) break;
-      if (st->model == "pa-trainer") training_id = id;
-    }
-    if (training_id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const uint64_t training_id = TaskOfModel(*c, "pa-trainer");
   PlacementArm arm;
   for (int r = 0; r < repeats; ++r) {
     if (!AwaitTraining(*c, training_id)) return absl::InternalError("training task is not running");
@@ -319,12 +336,8 @@ absl::StatusOr<std::vector<double>> MeasureResume(bool keep, const std::filesyst
   std::filesystem::create_directories(sub);
   tools::PswitchdProcess daemon(
       tools::SiblingBinary("pswitchd"),
-      {"--backend=" + absl::GetFlag(FLAGS_backend),
-       absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
-       absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
-       "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (sub / "m.sock").string(),
-       "--unix-socket=" + (sub / "pswitchd.sock").string(), "--weights-cache=true",
-       absl::StrCat("--keep-preempted-training=", keep ? "true" : "false")},
+      DaemonArgs(sub, {"--weights-cache=true",
+                       absl::StrCat("--keep-preempted-training=", keep ? "true" : "false")}),
       (sub / "pswitchd.log").string());
   if (daemon.port() == 0) {
     return absl::UnavailableError("pswitchd did not start:\n" + daemon.log());
@@ -340,15 +353,7 @@ absl::StatusOr<std::vector<double>> MeasureResume(bool keep, const std::filesyst
                            worker::ToHostTensor("input", (*request)->ExampleInput(1, 1).input));
   PSWITCH_RETURN_IF_ERROR(c->Infer("rs-request", {input}).status());
   auto training = c->TrainAsync("rs-trainer", {1000000, 1, 0});
-  uint64_t training_id = 0;
-  for (int attempt = 0; attempt < 10000 && training_id == 0; ++attempt) {
-    for (uint64_t id = 1; id < 1000 && training_id == 0; ++id) {
-      auto st = c->Status(id);
-      if (!st.ok()) break;
-      if (st->model == "rs-trainer") training_id = id;
-    }
-    if (training_id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const uint64_t training_id = TaskOfModel(*c, "rs-trainer");
   std::vector<double> back_ms;
   for (int r = 0; r <= repeats; ++r) {
     if (!AwaitTraining(*c, training_id)) return absl::InternalError("training task is not running");
@@ -449,16 +454,11 @@ int Main() {
   }
 
   std::fprintf(stderr, "starting pswitchd...\n");
-  tools::PswitchdProcess daemon(
-      tools::SiblingBinary("pswitchd"),
-      {"--backend=" + backend, absl::StrCat("--bandwidth-cap=", absl::GetFlag(FLAGS_bandwidth_cap)),
-       absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)), "--listen=127.0.0.1:0",
-       "--http-listen=127.0.0.1:0", "--preload=", "--socket=" + (dir / "m.sock").string(),
-       "--unix-socket=" + (dir / "pswitchd.sock").string(),
-       // The switch is what is measured: with the weights cache the model would stay resident
-       // after its first request (the training task's model beside it).
-       "--weights-cache=false"},
-      (dir / "pswitchd.log").string());
+  // The switch is what is measured: with the weights cache the model would stay resident after
+  // its first request (the training task's model beside it).
+  tools::PswitchdProcess daemon(tools::SiblingBinary("pswitchd"),
+                                DaemonArgs(dir, {"--weights-cache=false"}),
+                                (dir / "pswitchd.log").string());
   if (daemon.port() == 0) {
     return Fail(absl::UnavailableError("pswitchd did not start:\n" + daemon.log()));
   }
@@ -540,16 +540,7 @@ int Main() {
 
   // pswitch: a training task runs; each request preempts it and switches the model in.
   auto training = client.TrainAsync("trainer", {1000000, 1, 0});
-  uint64_t training_id = 0;
-  // Its id is the next one after this client's requests; find it once it is queued.
-  for (int attempt = 0; attempt < 10000 && training_id == 0; ++attempt) {
-    for (uint64_t id = 1; id < 1000 && training_id == 0; ++id) {
-      auto s = client.Status(id);
-      if (!s.ok()) break;
-      if (s->model == "trainer") training_id = id;
-    }
-    if (training_id == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const uint64_t training_id = TaskOfModel(client, "trainer");
   struct Row {
     std::string name;
     std::vector<double> latency, switch_ms;
