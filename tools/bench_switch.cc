@@ -358,10 +358,14 @@ absl::StatusOr<std::vector<double>> MeasureResume(bool keep, const std::filesyst
   for (int r = 0; r <= repeats; ++r) {
     if (!AwaitTraining(*c, training_id)) return absl::InternalError("training task is not running");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto before = c->Status(training_id);
+    if (!before.ok()) return before.status();
     auto out = c->Infer("rs-request", {input});
     if (!out.ok()) return out.status();
     const absl::Time answered = absl::Now();
-    // Running again: its Run went out (its state restored, when it was copied out).
+    // Running again after this preemption: its Run went out (its state restored, when it was
+    // copied out). The request, placed ahead, may answer before the trainer even stopped, so
+    // "running" counts only once the preemption has.
     bool back = false;
     for (int i = 0; i < 200000 && !back; ++i) {
       auto s = c->Status(training_id);
@@ -369,7 +373,7 @@ absl::StatusOr<std::vector<double>> MeasureResume(bool keep, const std::filesyst
       if (s->state >= client::TaskState::kSucceeded) {
         return absl::InternalError("the training task ended");
       }
-      back = s->state == client::TaskState::kRunning;
+      back = s->state == client::TaskState::kRunning && s->preemptions > before->preemptions;
       if (!back) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     if (!back) return absl::DeadlineExceededError("the trainer did not run again");
