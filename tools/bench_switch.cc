@@ -158,12 +158,14 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// Waits (bounded) until the training task is running again, so the next request preempts it.
-bool AwaitTraining(client::Client& c, uint64_t id) {
+// Waits (bounded) until the training task is running again, so the next request preempts it:
+// after at least `preemptions` of them (a request placed ahead of it may answer before it has
+// even stopped, while it still shows as running).
+bool AwaitTraining(client::Client& c, uint64_t id, uint32_t preemptions = 0) {
   for (int i = 0; i < 20000; ++i) {
     auto s = c.Status(id);
     // "switching" counts: the task is on its worker while its model streams in.
-    if (s.ok() &&
+    if (s.ok() && s->preemptions >= preemptions &&
         (s->state == client::TaskState::kRunning || s->state == client::TaskState::kSwitching)) {
       return true;
     }
@@ -254,7 +256,10 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps,
   const uint64_t training_id = TaskOfModel(*c, "pa-trainer");
   PlacementArm arm;
   for (int r = 0; r < repeats; ++r) {
-    if (!AwaitTraining(*c, training_id)) return absl::InternalError("training task is not running");
+    // Each request preempts it once.
+    if (!AwaitTraining(*c, training_id, static_cast<uint32_t>(r))) {
+      return absl::InternalError("training task is not running");
+    }
     // Let it compute for a moment: the Stop then finds it inside a step.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     absl::Time t0 = absl::Now();
