@@ -60,9 +60,7 @@ const WeightsCache::Demand& WeightsCache::DemandOf(const std::string& model) con
 
 void WeightsCache::Asked(const std::string& model, int64_t now_ns) {
   Demand& d = demand_[model];
-  const double age_s = std::max<int64_t>(now_ns - d.last_used_ns, 0) / kNsPerS;
-  const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
-  d.rate = d.rate * std::exp2(-age_s / half_life_s) + 1;
+  d.previous_use_ns = d.last_used_ns;
   d.last_used_ns = now_ns;
 }
 
@@ -70,12 +68,16 @@ double WeightsCache::KeepValue(const ResidentModel& r, int64_t now_ns) const {
   // Garbage (a failed copy waiting for its end) costs nothing to take.
   if (!r.trusted) return 0;
   const Demand& d = DemandOf(r.model);
-  const double age_s = std::max<int64_t>(now_ns - d.last_used_ns, 0) / kNsPerS;
-  const double half_life_s = std::max(absl::ToDoubleSeconds(options_.rate_half_life), 1e-3);
-  const double rate = d.rate * std::exp2(-age_s / half_life_s);
+  // LRU-2's estimate of the request rate: the last two requests over the time since the older
+  // one (one request: over the time since it). A floor of 1 ms keeps a request of this very
+  // instant finite.
+  const bool two = d.previous_use_ns > 0;
+  const int64_t since = two ? d.previous_use_ns : d.last_used_ns;
+  const double rate =
+      d.last_used_ns == 0 ? 0 : (two ? 2.0 : 1.0) / std::max((now_ns - since) / kNsPerS, 1e-3);
   ReloadCost cost = r.cost;
   if (d.compute_s > 0) cost.compute_s = d.compute_s;
-  return rate * cost.exposed_s();
+  return rate * (absl::ToDoubleSeconds(options_.miss_overhead) + cost.exposed_s());
 }
 
 void WeightsCache::Hit(const std::string& model, int64_t now_ns) {

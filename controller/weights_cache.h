@@ -5,10 +5,14 @@
 // when one fits; otherwise the cheapest contiguous window of holes and resident models is
 // evicted, by one of two policies:
 //   - kLru: the window whose most recently used victim was used longest ago;
-//   - kCostAware: the window whose victims would cost least to bring back, each weighted by how
-//     often it is asked for (an exponentially decayed request rate) times what its reload costs
-//     that its compute cannot hide (its copy time less its measured compute, at least its first
-//     group's share).
+//   - kCostAware: the window whose victims would cost least to bring back: each one's request
+//     rate (how soon it will be asked for again, estimated from its last two requests as LRU-2
+//     does: two requests over the time since the older one, or one over the time since it was
+//     asked for) times what a miss on it costs: the fixed steps of any switch (miss_overhead)
+//     plus the part of its copy its compute cannot hide (its copy time less its measured
+//     compute, at least its first group's share). The fixed part makes every hit worth keeping
+//     where copies hide behind compute; the recency keeps a model asked for once long ago from
+//     looking as hot as one asked for once just now.
 // Holes never refuse a model: when no hole fits, a window of resident models is evicted, so a
 // model that fits in the pool always gets room (at worst at the cost of an eviction that
 // compaction would have avoided). Where the operator's pinned models leave no window, one of them
@@ -50,8 +54,11 @@ struct WeightsCacheOptions {
   bool enabled = true;          // false: one model at a time, at the pool's start
   uint64_t capacity_bytes = 0;  // the operator's cap on resident bytes; 0: the whole pool
   EvictionPolicy policy = EvictionPolicy::kCostAware;
-  // A model's request rate halves after this long without a request.
-  absl::Duration rate_half_life = absl::Seconds(60);
+  // What every miss costs besides its copy (kCostAware): the switch's own steps (the Run's
+  // dispatch, the worker's binding to the region, the first group's flag). On the H100 a
+  // ResNet-152 switch whose copy hid behind its compute still started its first layer 1.8 ms
+  // later than a ready model did (docs/performance.md).
+  absl::Duration miss_overhead = absl::Milliseconds(1);
 };
 
 // What a reload of a model costs, as the caller knows it now.
@@ -212,7 +219,7 @@ class WeightsCache {
   // once is still hot), until it is unloaded.
   struct Demand {
     int64_t last_used_ns = 0;
-    double rate = 0;       // decayed requests, as of last_used_ns
+    int64_t previous_use_ns = 0;  // the request before the last; 0: none
     double compute_s = 0;  // smoothed compute on resident weights (0: not measured)
   };
   // Counts a request for `model` at `now_ns`.

@@ -1,6 +1,8 @@
 #include "controller/weights_cache.h"
 
 #include <algorithm>
+#include <numeric>
+#include <random>
 
 #include "gtest/gtest.h"
 
@@ -422,19 +424,98 @@ TEST(WeightsCacheTest, ACopyRecordsItsGenerationAndACheckpointMovesIt) {
 }
 
 TEST(WeightsCacheTest, AModelsDemandOutlivesItsRegion) {
-  // "hot" is asked for often, loses its region (a failed run untrusted it) and comes back: it
-  // keeps its request rate, so the cost-aware policy evicts "x", asked for once, although x's
-  // reload costs twice as much. Without that history "hot" would look like a one-off.
+  // "hot" is asked for twice in quick succession, loses its region (a failed run untrusted it)
+  // and is copied again: its earlier request still counts, so its rate (two requests since
+  // 1.1 s) outranks x's (one since 2 s) and the cost-aware policy evicts x, although x's reload
+  // costs a little more. Without that history "hot" would look asked for once, at 1.2 s.
   WeightsCache cache(Pool(100));
   Bring(cache, "hot", 45, 1 * kSecond, Cost(0.010));
-  for (int i = 0; i < 9; ++i) cache.Hit("hot", 1 * kSecond + i * kSecond / 10);
+  cache.Hit("hot", 1 * kSecond + kSecond / 10);
   cache.Untrust("hot");
   ASSERT_EQ(cache.Find("hot"), nullptr);
-  Bring(cache, "x", 45, 3 * kSecond, Cost(0.020));
-  Bring(cache, "hot", 45, 4 * kSecond, Cost(0.010));
+  Bring(cache, "hot", 45, 1 * kSecond + 2 * kSecond / 10, Cost(0.010));
+  Bring(cache, "x", 45, 2 * kSecond, Cost(0.012));
   absl::StatusOr<Reservation> cold = cache.Reserve("cold", 45 * kMiB, Cost(0.01), 5 * kSecond);
   ASSERT_TRUE(cold.ok()) << cold.status();
   EXPECT_EQ(cold->evicted, std::vector<std::string>{"x"});
+}
+
+TEST(WeightsCacheTest, WhereCopiesHideBehindComputeCostAwareKeepsTheModelAskedForLast) {
+  // Both copies hide behind compute (the exposed part is a sliver, old's twice recent's): what
+  // decides is every miss's fixed cost and how soon each will be asked for again, so "old",
+  // asked for once long ago, goes before "recent", asked for once since.
+  WeightsCache cache(Pool(100));
+  Bring(cache, "old", 45, 1 * kSecond / 5, Cost(0.004, 0.050, 10));
+  Bring(cache, "recent", 45, 1 * kSecond, Cost(0.002, 0.050, 10));
+  absl::StatusOr<Reservation> c = cache.Reserve("c", 45 * kMiB, Cost(0.01), 3 * kSecond);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->evicted, std::vector<std::string>{"old"});
+}
+
+// A Zipf(1) trace over twelve models with the sizes and costs of the H100 trace (bench-trace's
+// kinds: ResNet-50, ResNet-18, BERT-base, a small archive, ResNet-152, another archive, at
+// 52 GB/s), a third of them fitting: the cost-aware policy hits at least as often as LRU on
+// every seed. On the H100 its first version (a decayed request count and no fixed miss cost)
+// hit 67.5 % against LRU's 73.5 % on seed 1: it kept BERT-base, whose copy compute cannot hide,
+// and churned the small models, each miss cheap but a miss all the same.
+double HitRate(EvictionPolicy policy, uint64_t seed) {
+  struct Kind {
+    double mb, compute_s;
+    uint32_t groups;
+  };
+  const std::vector<Kind> kinds = {{102, 0.0025, 4}, {46.8, 0.001, 3}, {438, 0.0025, 9},
+                                   {0.5, 0.0002, 1}, {241, 0.007, 4},  {0.8, 0.0003, 1}};
+  const int models = 12, requests = 200;
+  std::mt19937_64 rng(seed);
+  std::vector<int> by_rank(models);
+  std::iota(by_rank.begin(), by_rank.end(), 0);
+  std::shuffle(by_rank.begin(), by_rank.end(), rng);
+  std::vector<double> weight(models);
+  for (int r = 0; r < models; ++r) weight[r] = 1.0 / (r + 1);
+  std::discrete_distribution<int> rank(weight.begin(), weight.end());
+  std::exponential_distribution<double> gap(40);
+  uint64_t total = 0, largest = 0;
+  for (int m = 0; m < models; ++m) {
+    const uint64_t b = WeightsCache::RegionBytes(kinds[m % kinds.size()].mb * 1e6);
+    total += b;
+    largest = std::max(largest, b);
+  }
+  WeightsCacheOptions o;
+  o.pool_bytes = std::max(total / 3, largest);
+  o.flag_count = 4096;
+  o.policy = policy;
+  WeightsCache cache(o);
+  int hits = 0;
+  uint32_t epoch = 0;
+  double t = 0;
+  for (int i = 0; i < requests; ++i) {
+    t += gap(rng);
+    const int m = by_rank[rank(rng)];
+    const Kind& k = kinds[m % kinds.size()];
+    const std::string name = "m" + std::to_string(m);
+    const auto now = static_cast<int64_t>(t * kSecond);
+    if (cache.Find(name) != nullptr) {
+      cache.Hit(name, now);
+      cache.ObserveCompute(name, k.compute_s);
+      ++hits;
+      continue;
+    }
+    absl::StatusOr<Reservation> r = cache.Reserve(name, static_cast<uint64_t>(k.mb * 1e6),
+                                                  Cost(k.mb * 1e6 / 52e9, 0, k.groups), now);
+    EXPECT_TRUE(r.ok()) << r.status();
+    cache.Started(name, ++epoch);
+    cache.CopyEnded(name, epoch, true);
+  }
+  return static_cast<double>(hits) / requests;
+}
+
+TEST(WeightsCacheTest, OnAZipfTraceCostAwareHitsAtLeastAsOftenAsLru) {
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    const double cost = HitRate(EvictionPolicy::kCostAware, seed);
+    const double lru = HitRate(EvictionPolicy::kLru, seed);
+    EXPECT_GE(cost, lru) << "seed " << seed;
+    EXPECT_GT(lru, 0.3) << "seed " << seed;  // the trace does hit: the comparison means something
+  }
 }
 
 TEST(WeightsCacheTest, PolicyNamesRoundTrip) {

@@ -22,7 +22,7 @@
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
 # ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
-# -bert_base (105, 70 each), place (160, 110), dataplane (90, 60), register (200, 150), trace (480, 240),
+# -bert_base (105, 70 each), place (160, 110), place-resnet152, -inception_v3 (90, 60 each), dataplane (90, 60), register (200, 150), trace (480, 240),
 # bubbles (150, 110),
 # sanitizer (75, 50), rest (120, 90), script (90, 60: your own model's archives through
 # run-model and pswitchd on CUDA); a step reached after the budget is spent is recorded as
@@ -34,6 +34,7 @@
 #   PSWITCH_VALIDATE_STEPS="a b"    only these steps (names as in the summary table)
 #   PSWITCH_VALIDATE_TARGETS="a b"  build only these targets (a short lease: the steps' own)
 #   PSWITCH_VALIDATE_BUDGET_S=565   wall-clock budget of one phase (`all`: twice this)
+#   PSWITCH_VALIDATE_TRACE_ARMS=…   trace: bench-trace's --arms instead of the mode's
 #   PSWITCH_VALIDATE_MAIN_ARGS="…"  bubbles: pipetrain's compute flags for the main job instead of
 #                                   "--simulated-compute --fwd-ms=8 --bwd-ms=16"
 set -uo pipefail
@@ -258,6 +259,17 @@ cmd_place() {
     --repeats="$repeats" --arena-bytes=$((8 << 30)) --rows=false --resume-trainer=resnet50
 }
 
+# --- place-resnet152, place-inception_v3: issue 29's switch target for the models whose copy
+# compute can hide: a request copied at arrival within 1 ms of the same request on a resident
+# (ready) model, a ResNet-50 trainer preempted in both (the placement table's last two arms) ---
+cmd_place_model() {
+  local m="$1" repeats=10
+  need bench-switch pswitchd pswitch-worker
+  [ "$quick" = 1 ] && repeats=4
+  "$bin/bench-switch" --backend=cuda --model="$m" --trainer=resnet50 --batch=8 \
+    --repeats="$repeats" --arena-bytes=$((8 << 30)) --rows=false --resume=false
+}
+
 # --- trace: the weights cache under a Poisson/Zipf trace (issue 29): 40 models (ResNets, BERT,
 # archives), the cache with each policy at two sizes against --weights-cache=off and a warm
 # reference, same run. Targets: models that fit: p99 <= 1.2x warm, no copy after a model's first
@@ -268,6 +280,7 @@ cmd_trace() {
   # mode keeps 12 models and the arms the targets need.
   local requests=400 models=40 arms=warm,cost,lru,off,cost-third,lru-third,stop-and-start
   [ "$quick" = 1 ] && requests=200 models=12 arms=warm,cost,off,cost-third,lru-third
+  arms="${PSWITCH_VALIDATE_TRACE_ARMS:-$arms}"
   "$bin/bench-trace" --backend=cuda --models="$models" --requests="$requests" --rate=40 \
     --arms="$arms" \
     --clients=4 --arena-bytes=$((40 << 30)) \
@@ -827,6 +840,9 @@ do_run() {
     step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"
   done
   step place $((q ? 110 : 160)) "$self" _place
+  for m in resnet152 inception_v3; do
+    step "place-$m" $((q ? 60 : 90)) "$self" _place_model "$m"
+  done
   step dataplane $((q ? 60 : 90)) "$self" _dataplane
   step register $((q ? 150 : 200)) "$self" _register
   step trace $((q ? 240 : 480)) "$self" _trace
