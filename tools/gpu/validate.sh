@@ -233,7 +233,8 @@ cmd_switch() {
   need bench-switch pswitchd pswitch-worker run-model
   [ "$quick" = 1 ] && repeats=3
   # The GPU plan of the profile step; without one bench-switch profiles on the GPU itself.
-  [ -s "$work/$m.plan.json" ] && plan=(--plan="$work/$m.plan.json")
+  [ -s "$work/$m.plan.json" ] && plan=(--plan="$work/$m.plan.json"
+    --profile="$work/$m.profile.json")
   sample_memory "switch-$m" &
   sampler=$!
   "$bin/bench-switch" --backend=cuda --model="$m" --batch=8 --repeats="$repeats" \
