@@ -1,7 +1,6 @@
 #include "controller/weights_cache.h"
 
 #include <algorithm>
-#include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +10,8 @@ namespace pswitch::controller {
 namespace {
 
 constexpr double kNsPerS = 1e9;
+// Requests closer together than this count as one (see Asked).
+constexpr int64_t kCorrelatedNs = 1'000'000;
 
 }  // namespace
 
@@ -60,21 +61,30 @@ const WeightsCache::Demand& WeightsCache::DemandOf(const std::string& model) con
 
 void WeightsCache::Asked(const std::string& model, int64_t now_ns) {
   Demand& d = demand_[model];
-  d.previous_use_ns = d.last_used_ns;
-  d.last_used_ns = now_ns;
+  // Requests within the correlation period of the last one count as that one (LRU-K's
+  // correlated references): a placement tried again, or a burst, is not a rate of thousands.
+  if (d.last_used_ns == 0 || now_ns - d.last_used_ns >= kCorrelatedNs) {
+    d.previous_use_ns = d.last_used_ns;
+  }
+  d.last_used_ns = std::max(d.last_used_ns, now_ns);
 }
 
 double WeightsCache::KeepValue(const ResidentModel& r, int64_t now_ns) const {
   // Garbage (a failed copy waiting for its end) costs nothing to take.
   if (!r.trusted) return 0;
   const Demand& d = DemandOf(r.model);
+  if (d.last_used_ns == 0) return 0;  // never asked for (a pinned model brought in)
   // LRU-2's estimate of the request rate: the last two requests over the time since the older
-  // one (one request: over the time since it). A floor of 1 ms keeps a request of this very
-  // instant finite.
-  const bool two = d.previous_use_ns > 0;
-  const int64_t since = two ? d.previous_use_ns : d.last_used_ns;
+  // one (its backward 2-distance); a model asked for once, one request over the time since it.
+  // A model asked for twice long apart thus ranks by that long interval even just after its
+  // second request (as LRU-2 ranks it); letting the last request alone raise it (the larger of
+  // the two estimates) gave fewer hits on the simulated traces (docs/performance.md). Times are
+  // floored at the correlation period, so a request of this instant stays finite.
+  auto per_s = [now_ns](double requests, int64_t since_ns) {
+    return requests / (static_cast<double>(std::max(now_ns - since_ns, kCorrelatedNs)) / kNsPerS);
+  };
   const double rate =
-      d.last_used_ns == 0 ? 0 : (two ? 2.0 : 1.0) / std::max((now_ns - since) / kNsPerS, 1e-3);
+      d.previous_use_ns > 0 ? per_s(2, d.previous_use_ns) : per_s(1, d.last_used_ns);
   ReloadCost cost = r.cost;
   if (d.compute_s > 0) cost.compute_s = d.compute_s;
   return rate * (absl::ToDoubleSeconds(options_.miss_overhead) + cost.exposed_s());

@@ -7,12 +7,12 @@
 //   - kLru: the window whose most recently used victim was used longest ago;
 //   - kCostAware: the window whose victims would cost least to bring back: each one's request
 //     rate (how soon it will be asked for again, estimated from its last two requests as LRU-2
-//     does: two requests over the time since the older one, or one over the time since it was
-//     asked for) times what a miss on it costs: the fixed steps of any switch (miss_overhead)
-//     plus the part of its copy its compute cannot hide (its copy time less its measured
-//     compute, at least its first group's share). The fixed part makes every hit worth keeping
-//     where copies hide behind compute; the recency keeps a model asked for once long ago from
-//     looking as hot as one asked for once just now.
+//     does: two requests over the time since the older one, or one over the time since the
+//     only one; requests within 1 ms count as one) times what a miss on it costs: the
+//     fixed steps of any switch (miss_overhead) plus the part of its copy its compute cannot
+//     hide (its copy time less its measured compute, at least its first group's share). The
+//     fixed part makes every hit worth keeping where copies hide behind compute; the recency
+//     keeps a model asked for once long ago from looking as hot as one asked for just now.
 // Holes never refuse a model: when no hole fits, a window of resident models is evicted, so a
 // model that fits in the pool always gets room (at worst at the cost of an eviction that
 // compaction would have avoided). Where the operator's pinned models leave no window, one of them
@@ -54,10 +54,10 @@ struct WeightsCacheOptions {
   bool enabled = true;          // false: one model at a time, at the pool's start
   uint64_t capacity_bytes = 0;  // the operator's cap on resident bytes; 0: the whole pool
   EvictionPolicy policy = EvictionPolicy::kCostAware;
-  // What every miss costs besides its copy (kCostAware): the switch's own steps (the Run's
-  // dispatch, the worker's binding to the region, the first group's flag). On the H100 a
-  // ResNet-152 switch whose copy hid behind its compute still started its first layer 1.8 ms
-  // later than a ready model did (docs/performance.md).
+  // What every miss costs besides its copy (kCostAware): the switch's own steps (the copy's
+  // start, the first group's flag, the worker's wait on it). A tuning value, of the order of a
+  // switch's startup beyond a ready model's on the H100 (docs/performance.md); what matters is
+  // that it is not zero, so that a hit is worth keeping where every copy hides behind compute.
   absl::Duration miss_overhead = absl::Milliseconds(1);
 };
 

@@ -339,6 +339,7 @@ int Run() {
   // arrive together queue behind each other whether or not their weights are resident.
   uint64_t total_bytes = 0, largest = 0;
   std::vector<double> warm_latency, warm_sequential;
+  std::vector<Answer> warm_answers;                                         // the paced replay's
   std::map<int, std::vector<double>> warm_by_model, warm_compute_by_model;  // server-side
   std::vector<uint64_t> bytes(models);
   {
@@ -363,7 +364,7 @@ int Run() {
     auto paced = (*arm)->Replay(trace, kinds, clients, true);
     if (!paced.ok()) return Fail(paced.status());
     for (const Answer& a : *paced) warm_latency.push_back(a.latency_s);
-    PrintSlowest("warm", trace, *paced);
+    warm_answers = *std::move(paced);
   }
   const double warm_p99 = P(warm_latency, 99);
   std::printf("%-16s %8s %8s %9s %9s %8s %10s %14s %8s %12s\n", "arm", "p50", "p99", "p99/warm",
@@ -373,6 +374,7 @@ int Run() {
               P(warm_sequential, 99) / warm_p99, "-", "-", "-", "-", "-", "-");
   std::printf("%-16s %8.2f %8.2f %9.2f %9s %8s %10s %14s %8s %12s\n", "warm",
               P(warm_latency, 50) * 1e3, warm_p99 * 1e3, 1.0, "-", "-", "-", "-", "-", "-");
+  PrintSlowest("warm", trace, warm_answers);
   std::map<std::string, double> hit_rates;
   for (const std::string name : {"cost", "lru", "off", "cost-third", "lru-third"}) {
     if (!wants(name)) continue;
@@ -416,7 +418,6 @@ int Run() {
       }
       seen[m] = true;
     }
-    PrintSlowest(name, trace, *answers);
     hit_rates[name] = static_cast<double>(hits) / trace.size();
     const double p99 = P(latency, 99), p99_after = P(after_first, 99);
     std::printf("%-16s %8.2f %8.2f %9.2f %9.2f %7.1f%% %10.1f %14d %8.2f %6d/%-5d\n", name.c_str(),
@@ -428,6 +429,7 @@ int Run() {
         "hit_rate=%.3f copies_after_first=%d misses_in_bound=%d/%d copied_mb=%.1f\n",
         name.c_str(), p99 / warm_p99, p99_after / warm_p99, hit_rates[name], copies_after_first,
         in_bound, misses, copied / 1e6);
+    PrintSlowest(name, trace, *answers);
   }
   if (hit_rates.contains("cost-third") && hit_rates.contains("lru-third")) {
     std::printf("FIG trace cost_vs_lru_hit_rate=%.3f/%.3f (%s)\n", hit_rates["cost-third"],

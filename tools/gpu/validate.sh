@@ -246,9 +246,10 @@ cmd_switch() {
 }
 
 # --- place: issue 29, items 4 and 5. A ResNet-50 training task (batch 8) preempted by BERT-base
-# batch-8 requests, three daemons in one run: a Stop that waits for the step's end and placement
-# once the GPU is free (the baseline), a Stop that cuts the step at a layer, and placement at
-# arrival too (the copy starts while the trainer stops). Targets: the trainer stops within about
+# batch-8 requests, four daemons in one run: a Stop that waits for the step's end and placement
+# once the GPU is free (the baseline), a Stop that cuts the step at a layer, placement at
+# arrival too (the copy starts while the trainer stops), and the same preemption of a resident
+# model (the reference). Targets: the trainer stops within about
 # one layer's compute; the copy starts at the Stop, not after the old tenant's answer. Then
 # (item 6, two more daemons) a ResNet-50 trainer's way back after each preemption with its
 # weights and momentum kept resident against copied to host memory and back (FIG resume) ---
