@@ -722,7 +722,10 @@ void GpuScheduler::MaybeStart() {
     if (next == nullptr) next = queue_.Peek();
     const TaskTicket* fill_run = bubble_runs_.Next(/*tasks_waiting=*/next != nullptr);
     const bool fill = fill_run != nullptr;
-    if (next == nullptr && !fill) return;
+    if (next == nullptr && !fill) {
+      MaybeCompact();
+      return;
+    }
     const TaskTicket ticket = fill ? *fill_run : *next;
     WorkerPool::Outlook outlook;
     absl::Status never;
@@ -757,6 +760,25 @@ void GpuScheduler::MaybeStart() {
     }
     absl::Status started = outlook == WorkerPool::Outlook::kNever ? never : StartTask(ticket);
     if (!started.ok()) Finish(ticket.id, started);
+  }
+}
+
+void GpuScheduler::MaybeCompact() {
+  if (!options_.weights_cache || !options_.compact_weights || running_ != nullptr ||
+      next_ != nullptr || stopping_) {
+    return;
+  }
+  std::optional<RegionMove> move = switcher_->PlanMove();
+  if (!move) return;
+  absl::StatusOr<EntryRef> entry = catalog_->Find(move->model);
+  if (!entry.ok()) return;
+  // A move that cannot start leaves the model where it was, or (its copy refused) to be copied
+  // again at its next request; either way nothing waits for it.
+  if (absl::Status moved = switcher_->Move(**entry, *move); !moved.ok()) {
+    base::Log(base::LogLevel::kWarn, "weights_move_failed")
+        .Field("gpu", options_.gpu)
+        .Field("model", move->model)
+        .Field("error", moved);
   }
 }
 
@@ -1207,6 +1229,11 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
 
 void GpuScheduler::CopyEnded(uint64_t task, uint32_t epoch, const absl::Status& copied) {
   loop_role_.AssertHeld();
+  // A copy with no task (a preload, a move): the GPU may be idle, with more to compact.
+  if (task == 0) {
+    MaybeStart();
+    return;
+  }
   // Only the end of the run's own copy concerns it (not an earlier placement's, late).
   const auto ours = [&](const Running* run) {
     return run != nullptr && run->task_id == task && run->transmission != nullptr &&

@@ -92,6 +92,10 @@ struct SchedulerOptions {
   // started and its Run sent, so nothing of it waits for the old tenant's answer. False: placed
   // only once the GPU is free (the baseline).
   bool place_at_arrival = true;
+  // With the cache on, while the GPU is idle (nothing running, placed or queued, no copy under
+  // way), resident models move on the device into free holes where that merges the free space
+  // (--weights-cache-compaction; WeightsCache::PlanMove), one at a time.
+  bool compact_weights = true;
   // Optimizer-state checkpoints, shared by every GPU's scheduler; null = its own.
   std::shared_ptr<StateCheckpoints> checkpoints;
   // With the cache on, a preempted training task's trained weights stay in its region unsaved
@@ -231,6 +235,9 @@ class GpuScheduler : private WorkerPool::Listener {
   // stopping tenant cannot write, and sends its Run at once: its copy and its compute overlap
   // the stop, and a slow or silent old tenant delays it not at all. Nothing when it cannot be.
   void PlaceAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The GPU is idle: one resident model moved to merge the weights pool's free space, if that
+  // helps (SchedulerOptions::compact_weights); the next move once its copy ended.
+  void MaybeCompact() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The old tenant answered: the task placed ahead (running, or answered and waiting for its
   // copy's end) becomes the running one.
   void PromoteAhead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);

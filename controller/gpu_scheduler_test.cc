@@ -55,6 +55,16 @@ class Record {
     absl::MutexLock lock(&mu_);
     runs_[task] = state;
   }
+  // Where the last Prepare of `model` bound its weights (arena offset; nullopt: never).
+  void Prepared(const std::string& model, uint64_t offset) {
+    absl::MutexLock lock(&mu_);
+    prepared_at_[model] = offset;
+  }
+  std::optional<uint64_t> PreparedAt(const std::string& model) {
+    absl::MutexLock lock(&mu_);
+    auto it = prepared_at_.find(model);
+    return it == prepared_at_.end() ? std::nullopt : std::optional<uint64_t>(it->second);
+  }
   RunState LastRun(uint64_t task) {
     absl::MutexLock lock(&mu_);
     return runs_[task];
@@ -105,6 +115,7 @@ class Record {
   std::vector<std::string> commands_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::StatusOr<TaskOutcome>> answers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, RunState> runs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> prepared_at_ ABSL_GUARDED_BY(mu_);
 };
 
 // A worker that is only its commands: each is recorded as "<kind> <slot> <details>"; the test
@@ -120,7 +131,10 @@ class ScriptedWorker : public WorkerLink {
     auto* c = flatbuffers::GetRoot<proto::WorkerCommand>(command.GetBufferPointer());
     std::string line = absl::StrCat(proto::EnumNameWorkerCommandBody(c->body_type()), " ");
     if (auto* load = c->body_as_LoadModel()) absl::StrAppend(&line, load->name()->str(), " ");
-    if (auto* prepare = c->body_as_Prepare()) absl::StrAppend(&line, prepare->model()->str(), " ");
+    if (auto* prepare = c->body_as_Prepare()) {
+      absl::StrAppend(&line, prepare->model()->str(), " ");
+      record_->Prepared(prepare->model()->str(), prepare->weights_offset());
+    }
     if (auto* run = c->body_as_Run()) {
       absl::StrAppend(&line, run->task_id(), " ");
       record_->Run(run->task_id(), {run->optimizer_state_offset(), run->optimizer_state_bytes(),
@@ -1250,6 +1264,57 @@ TEST_F(PinnedMoveTest, APinnedModelMovesForAModelThePinsLeftNoWindowFor) {
   const uint64_t misses = scheduler_->Snapshot(kWait)->cache.misses;
   Infer("p2");
   EXPECT_EQ(scheduler_->Snapshot(kWait)->cache.misses, misses);
+}
+
+// Compaction: the cache holds one tiny_cnn (s) and one tiny_mlp (B > s), s + B in all.
+class CompactionTest : public PinnedMoveTest {
+ protected:
+  CompactionTest() {
+    auto sized = tweak_options_;
+    tweak_options_ = [this, sized](SchedulerOptions& options) {
+      sized(options);
+      options.weights_cache_bytes = cnn_ + mlp_;
+    };
+  }
+  void Unload(const std::string& model) {
+    absl::Notification dropped;
+    scheduler_->DropModel(model, [&](absl::Status status) {
+      EXPECT_TRUE(status.ok()) << status;
+      dropped.Notify();
+    });
+    ASSERT_TRUE(dropped.WaitForNotificationWithTimeout(kWait));
+  }
+};
+
+TEST_F(CompactionTest, AnIdleGpuMovesAModelToMergeFreeSpaceSoALargerOneFitsWithNoEviction) {
+  ASSERT_GT(mlp_, cnn_) << "the scenario needs the tiny_mlp larger";
+  AddAtRunTime("m1", "tiny_cnn", /*pinned=*/false);
+  Infer("m1");
+  AddAtRunTime("m2", "tiny_cnn", /*pinned=*/false);
+  Infer("m2");
+  std::optional<ResidentModel> m1 = CopiedRegionOf("m1"), m2 = CopiedRegionOf("m2");
+  ASSERT_TRUE(m1.has_value() && m2.has_value());
+  ASSERT_EQ(m2->offset, m1->offset + cnn_) << "the layout this test needs";
+  // m1 gone: s free where it was and B - s at the end, neither room for the tiny_mlp.
+  Unload("m1");
+  // The GPU is idle: m2 moves down into m1's room, on the device, and is resident there.
+  ASSERT_TRUE(Eventually([&] {
+    std::optional<ResidentModel> r = RegionOf("m2");
+    return r && !r->copying && r->offset == m1->offset;
+  })) << "m2 did not move";
+  absl::StatusOr<GpuSnapshot> before = scheduler_->Snapshot(kWait);
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->cache.moves, 1u);
+  // Its next task is a hit on the moved region, bound there.
+  Infer("m2");
+  EXPECT_EQ(scheduler_->Snapshot(kWait)->cache.misses, before->cache.misses);
+  EXPECT_EQ(record_.PreparedAt("m2"), m1->offset);
+  // The tiny_mlp fits in the merged room: nothing evicted, m2 still resident.
+  AddAtRunTime("big", "tiny_mlp", /*pinned=*/false);
+  Infer("big");
+  ASSERT_TRUE(CopiedRegionOf("big").has_value());
+  EXPECT_EQ(scheduler_->Snapshot(kWait)->cache.evictions, before->cache.evictions);
+  EXPECT_TRUE(RegionOf("m2").has_value());
 }
 
 // The baseline (--place-at-arrival=false): nothing is placed until the old tenant has answered.

@@ -190,6 +190,26 @@ absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> 
   return Transmit(/*task=*/0, entry, room, std::nullopt, -1).status();
 }
 
+std::optional<RegionMove> Switcher::PlanMove() const {
+  if (!in_flight_.empty()) return std::nullopt;
+  return cache_.PlanMove(InUse({}));
+}
+
+absl::Status Switcher::Move(const CatalogEntry& entry, const RegionMove& move) {
+  const ResidentModel* resident = cache_.Find(move.model);
+  if (resident == nullptr || resident->generation != entry.stored->generation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", move.model, "' is not resident with the pinned store's weights: not moved"));
+  }
+  PSWITCH_ASSIGN_OR_RETURN(Reservation room, cache_.Relocate(move));
+  Event(base::LogLevel::kInfo, "weights_moved")
+      .Field("model", move.model)
+      .Field("from", move.from)
+      .Field("to", move.to)
+      .Field("bytes", move.bytes);
+  return Transmit(/*task=*/0, entry, room, std::nullopt, -1, move.from).status();
+}
+
 std::set<std::string> Switcher::InUse(std::set<std::string> keep) const {
   // Nothing in use is taken: a busy tenant's region, and every region a copy still writes (a
   // task placed with its Run held is idle on its worker, its copy under way).
@@ -202,7 +222,8 @@ std::set<std::string> Switcher::InUse(std::set<std::string> keep) const {
 
 absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Switcher::Transmit(
     uint64_t task, const CatalogEntry& entry, const Reservation& room,
-    std::optional<memdaemon::DrainCondition> drain, int drain_slot) {
+    std::optional<memdaemon::DrainCondition> drain, int drain_slot,
+    std::optional<uint64_t> source) {
   const std::string& model = entry.request.name;
   memdaemon::TransmitRequest request;
   request.model = entry.stored;
@@ -210,6 +231,7 @@ absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Switcher::Transmit(
   request.weights_offset = room.offset;
   request.flag_base = room.flag_base;
   request.drain = drain;
+  request.source_offset = source;
   // The copy engine reports the end; the handler runs on the loop after this one, by when
   // in_flight_ holds the transmission.
   const uint64_t id = next_id_++;
@@ -224,7 +246,8 @@ absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Switcher::Transmit(
     return started.status();
   }
   cache_.Started(model, (*started)->epoch(), entry.stored->generation());
-  in_flight_[id] = InFlight{*started, task, drain_slot, model, entry.stored->total_bytes()};
+  in_flight_[id] =
+      InFlight{*started, task, drain_slot, model, entry.stored->total_bytes(), source.has_value()};
   return started;
 }
 
@@ -288,7 +311,8 @@ void Switcher::Ended(uint64_t id) {
       ended.transmission->Wait(absl::ZeroDuration());
   cache_.CopyEnded(ended.model, ended.transmission->epoch(), traces.ok());
   if (traces.ok()) {
-    if (!traces->empty() && traces->back().ready_ns > traces->front().copy_start_ns) {
+    if (!ended.move && !traces->empty() &&
+        traces->back().ready_ns > traces->front().copy_start_ns) {
       const double s = (traces->back().ready_ns - traces->front().copy_start_ns) / 1e9;
       const double measured = static_cast<double>(ended.bytes) / s;
       link_bytes_per_s_ =

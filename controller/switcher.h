@@ -94,6 +94,16 @@ class Switcher {
   // when it is resident. Its end is reported like a switch's, for task 0.
   // `keep`: the models of tasks placed (the scheduler's running and ahead tasks), also untaken.
   absl::Status Preload(const registry::CatalogEntry& entry, std::set<std::string> keep);
+  // Compaction, while the GPU is idle: the move of a resident model that would merge the pool's
+  // free space (WeightsCache::PlanMove), apart from every region in use; nullopt when none, or
+  // while any copy runs (a move queued behind it would delay nothing, but a request's copy
+  // queued behind a move would).
+  std::optional<RegionMove> PlanMove() const;
+  // Moves `entry`'s model as `move` plans: a copy on the device from its region into the hole,
+  // with no task (its end reported like a switch's, for task 0), the old room free at once.
+  // FailedPrecondition when the region is no longer as planned or holds older weights than the
+  // pinned store's (those are copied again at the next request instead).
+  absl::Status Move(const registry::CatalogEntry& entry, const RegionMove& move);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
   std::optional<uint32_t> Stop(int slot);
   // When the latest Stop went out (CLOCK_MONOTONIC ns; 0: none yet).
@@ -168,6 +178,7 @@ class Switcher {
     int drain_slot = -1;  // the old tenant whose drain it waits for; -1: none (or killed)
     std::string model;
     uint64_t bytes = 0;
+    bool move = false;  // a copy on the device (compaction): says nothing of the link's speed
   };
   // What a worker last ran, and where its weights were: a busy worker may still write them.
   struct Tenant {
@@ -177,12 +188,13 @@ class Switcher {
     uint32_t epoch = 0;  // of the copy that brought the weights it ran on
   };
   ReloadCost CostOf(const registry::CatalogEntry& entry) const;
-  // Starts copying `entry`'s model into `room` for `task` (0: a preload), behind `drain_slot`'s
-  // drain when `drain` is set; tracked in in_flight_ until its end. On failure the reservation
-  // is freed.
+  // Starts copying `entry`'s model into `room` for `task` (0: a preload or a move), behind
+  // `drain_slot`'s drain when `drain` is set, from the region at `source` for a move; tracked in
+  // in_flight_ until its end. On failure the reservation is freed.
   absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> Transmit(
       uint64_t task, const registry::CatalogEntry& entry, const Reservation& room,
-      std::optional<memdaemon::DrainCondition> drain, int drain_slot);
+      std::optional<memdaemon::DrainCondition> drain, int drain_slot,
+      std::optional<uint64_t> source = std::nullopt);
   // Logs (and reports, on_evicted_) the models `room` evicted to make room for `model`.
   void Evicted(const Reservation& room, const std::string& model) const;
   base::Log Event(base::LogLevel level, absl::string_view event) const;

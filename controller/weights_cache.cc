@@ -443,6 +443,97 @@ void WeightsCache::ObserveCompute(const std::string& model, double compute_s) {
   c = c == 0 ? compute_s : 0.8 * c + 0.2 * compute_s;  // smoothed: one slow task is no trend
 }
 
+std::optional<RegionMove> WeightsCache::PlanMove(const std::set<std::string>& keep) const {
+  if (!options_.enabled) return std::nullopt;
+  // The largest hole among `taken` ranges (begin, end), sorted.
+  auto largest_hole = [this](const std::vector<std::pair<uint64_t, uint64_t>>& taken) {
+    uint64_t at = options_.pool_offset, largest = 0;
+    for (const auto& [begin, end] : taken) {
+      if (begin > at) largest = std::max(largest, begin - at);
+      at = std::max(at, end);
+    }
+    return end_ > at ? std::max(largest, end_ - at) : largest;
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> taken;
+  std::vector<std::pair<uint64_t, uint64_t>> holes;
+  uint64_t at = options_.pool_offset;
+  for (const auto& [offset, r] : regions_) {
+    taken.emplace_back(offset, offset + r.bytes);
+    if (offset > at) holes.emplace_back(at, offset);
+    at = std::max(at, offset + r.bytes);
+  }
+  if (end_ > at) holes.emplace_back(at, end_);
+  if (holes.size() < 2) return std::nullopt;  // one hole (or none): nothing to merge
+  const uint64_t largest = largest_hole(taken);
+  const std::set<std::string> unsaved = Unsaved();
+  // The move that leaves the largest hole; among equals one down the pool (regions gather at
+  // its start, free space at its end), then the fewest bytes, then the nearest.
+  std::optional<RegionMove> best;
+  uint64_t best_largest = largest;
+  auto better = [&best](const RegionMove& m) {
+    const bool down = m.to < m.from, best_down = best->to < best->from;
+    if (down != best_down) return down;
+    if (m.bytes != best->bytes) return m.bytes < best->bytes;
+    auto distance = [](const RegionMove& x) {
+      return std::max(x.from, x.to) - std::min(x.from, x.to);
+    };
+    return distance(m) < distance(*best);
+  };
+  for (const auto& [offset, r] : regions_) {
+    if (!r.trusted || r.copying || r.pinned || keep.contains(r.model) || held_.contains(r.model) ||
+        unsaved.contains(r.model)) {
+      continue;
+    }
+    for (const auto& [hole_begin, hole_end] : holes) {
+      if (hole_end - hole_begin < r.bytes) continue;
+      // At either end of the hole (a hole beside the region too: sliding it can merge).
+      for (const uint64_t to : {hole_begin, hole_end - r.bytes}) {
+        std::vector<std::pair<uint64_t, uint64_t>> after;
+        for (const auto& range : taken) {
+          if (range.first != offset) after.push_back(range);
+        }
+        after.emplace_back(to, to + r.bytes);
+        std::sort(after.begin(), after.end());
+        const uint64_t merged = largest_hole(after);
+        const RegionMove move{r.model, offset, to, r.bytes};
+        if (merged > best_largest || (best && merged == best_largest && better(move))) {
+          best_largest = merged;
+          best = move;
+        }
+      }
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<Reservation> WeightsCache::Relocate(const RegionMove& move) {
+  auto it = FindRegion(move.model);
+  if (it == regions_.end() || it->first != move.from || it->second.copying ||
+      it->second.bytes != move.bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", move.model, "' is no longer resident as the move planned"));
+  }
+  // The destination must still be free.
+  for (const auto& [offset, r] : regions_) {
+    if (offset < move.to + move.bytes && move.to < offset + r.bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the room at ", move.to, " for model '", move.model, "' is taken by '", r.model, "'"));
+    }
+  }
+  if (move.to < options_.pool_offset || move.to + move.bytes > end_) {
+    return absl::OutOfRangeError(absl::StrCat("the room at ", move.to, " is outside the pool"));
+  }
+  ResidentModel moved = it->second;
+  regions_.erase(it);
+  moved.offset = move.to;
+  moved.epoch = 0;
+  moved.copying = true;
+  const Reservation room{move.to, moved.flag_base, {}};
+  regions_.emplace(move.to, std::move(moved));
+  ++stats_.moves;
+  return room;
+}
+
 std::vector<ResidentModel> WeightsCache::List() const {
   std::vector<ResidentModel> out;
   for (const auto& [offset, r] : regions_) out.push_back(r);

@@ -101,10 +101,19 @@ struct Reservation {
   std::vector<std::string> evicted;  // resident models whose region it takes, in address order
 };
 
+// A resident model moved down the pool to merge free space (WeightsCache::PlanMove).
+struct RegionMove {
+  std::string model;
+  uint64_t from = 0;  // arena offsets
+  uint64_t to = 0;
+  uint64_t bytes = 0;  // the region's
+};
+
 struct WeightsCacheStats {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t evictions = 0;
+  uint64_t moves = 0;           // regions moved to merge free space (Relocate)
   uint64_t resident_bytes = 0;  // trusted regions only
   uint32_t resident_models = 0;
 };
@@ -175,6 +184,18 @@ class WeightsCache {
   // or flags, or a region with unsaved weights: the reservation must wait for the checkpoint
   // (and for those weights to be written back) rather than fail.
   RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const;
+
+  // Compaction, off the critical path (docs/architecture.md, "The weights cache"): the move of
+  // one resident model into a free hole that makes the largest hole larger, where the free
+  // space is split; nullopt when no move does. Only a trusted, complete region of the pinned
+  // weights (not pinned by the operator, not held, no unsaved training weights, not in `keep`)
+  // moves, into a hole that does not overlap it, so the copy reads what no one writes.
+  std::optional<RegionMove> PlanMove(const std::set<std::string>& keep = {}) const;
+  // Carries out `move` in the cache: `move.model`'s region is at `move.to` from now on, copying
+  // (its flags and their range unchanged, Started gives the copy's epoch), and its old room is
+  // free at once: whatever takes it is written by a later copy on the same engine, after this
+  // one read it. FailedPrecondition when the model or the hole are no longer as planned.
+  absl::StatusOr<Reservation> Relocate(const RegionMove& move);
 
   // A task's compute on `model` was measured on resident weights, for its reload cost.
   void ObserveCompute(const std::string& model, double compute_s);

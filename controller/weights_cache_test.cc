@@ -543,6 +543,89 @@ TEST(WeightsCacheTest, OnZipfTracesCostAwareHitsAsOftenAsLruOnAverage) {
   EXPECT_GT(lru / 20, 0.3);  // the traces do hit: the comparison means something
 }
 
+TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
+  // [a 20][hole 20][b 20][hole 20][c 20]: 40 MiB free, but no 40 MiB hole. Moving b down into
+  // the first hole, or c down into it, or a up into the second, leaves one hole of 40: the move
+  // down of the fewest bytes nearest to its hole is b's.
+  WeightsCache cache(Pool(100));
+  const uint64_t base = 4 * kMiB;
+  Bring(cache, "a", 20, 1 * kSecond);
+  Bring(cache, "x", 20, 1 * kSecond);
+  Bring(cache, "b", 20, 1 * kSecond);
+  Bring(cache, "y", 20, 1 * kSecond);
+  Bring(cache, "c", 20, 1 * kSecond);
+  cache.Drop("x");
+  cache.Drop("y");
+  std::optional<RegionMove> move = cache.PlanMove();
+  ASSERT_TRUE(move.has_value());
+  EXPECT_EQ(move->model, "b");
+  EXPECT_EQ(move->from, base + 40 * kMiB);
+  EXPECT_EQ(move->to, base + 20 * kMiB);
+  EXPECT_EQ(move->bytes, 20 * kMiB);
+  // Not b while it is in use, nor while the operator pins it: then c, the next move down.
+  std::optional<RegionMove> without_b = cache.PlanMove({"b"});
+  ASSERT_TRUE(without_b.has_value());
+  EXPECT_EQ(without_b->model, "c");
+  EXPECT_EQ(without_b->to, base + 20 * kMiB);
+  cache.Pin("b", true);
+  ASSERT_TRUE(cache.PlanMove().has_value());
+  EXPECT_EQ(cache.PlanMove()->model, "c");
+  cache.Pin("b", false);
+  EXPECT_FALSE(cache.PlanMove({"a", "b", "c"}).has_value());
+
+  const uint32_t flags = cache.Find("b")->flag_base;
+  absl::StatusOr<Reservation> room = cache.Relocate(*move);
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_EQ(room->offset, move->to);
+  EXPECT_EQ(room->flag_base, flags);
+  EXPECT_TRUE(room->evicted.empty());
+  const ResidentModel* b = cache.Find("b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->offset, move->to);
+  EXPECT_TRUE(b->copying);  // until the move's copy ends
+  cache.Started("b", 7);
+  // While b copies, nothing else moves it; once it ended, the pool needs no more moves.
+  EXPECT_FALSE(cache.PlanMove().has_value());
+  cache.CopyEnded("b", 7, true);
+  EXPECT_FALSE(cache.PlanMove().has_value());
+  EXPECT_EQ(cache.stats().moves, 1u);
+  // The merged 40 MiB take a 40 MiB model with no eviction.
+  absl::StatusOr<Reservation> big = cache.Reserve("big", 40 * kMiB, Cost(0.01), 2 * kSecond);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_TRUE(big->evicted.empty());
+  EXPECT_EQ(big->offset, base + 40 * kMiB);
+  // A plan gone stale (the model moved or gone) is refused, not carried out.
+  EXPECT_EQ(cache.Relocate(*move).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "a", 20, 1 * kSecond);
+  Bring(cache, "x", 20, 1 * kSecond);
+  Bring(cache, "b", 20, 1 * kSecond);
+  Bring(cache, "y", 20, 1 * kSecond);
+  Bring(cache, "c", 20, 1 * kSecond);
+  cache.Drop("x");
+  cache.Drop("y");
+  // a and c in use: only b could move, and not while it holds unsaved training weights or a
+  // checkpoint reads it.
+  const std::set<std::string> in_use = {"a", "c"};
+  cache.MarkUnsaved("b", 42);
+  EXPECT_FALSE(cache.PlanMove(in_use).has_value());
+  cache.Checkpointed("b", 1);
+  cache.Hold("b");
+  EXPECT_FALSE(cache.PlanMove(in_use).has_value());
+  cache.Release("b");
+  ASSERT_TRUE(cache.PlanMove(in_use).has_value());
+  EXPECT_EQ(cache.PlanMove(in_use)->model, "b");
+  // With the cache off there is one region: nothing to compact.
+  WeightsCacheOptions off = Pool(100);
+  off.enabled = false;
+  WeightsCache single(off);
+  Bring(single, "a", 20, 1 * kSecond);
+  EXPECT_FALSE(single.PlanMove().has_value());
+}
+
 TEST(WeightsCacheTest, PolicyNamesRoundTrip) {
   for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kCostAware}) {
     absl::StatusOr<EvictionPolicy> parsed = ParseEvictionPolicy(EvictionPolicyName(p));

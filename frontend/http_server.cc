@@ -184,7 +184,8 @@ json CacheJson(const GpuSnapshot& s) {
           {"resident", std::move(resident)},
           {"hits", s.cache.hits},
           {"misses", s.cache.misses},
-          {"evictions", s.cache.evictions}};
+          {"evictions", s.cache.evictions},
+          {"moves", s.cache.moves}};
 }
 
 json CycleJson(const fill::BubbleCycle& cycle) {

@@ -18,7 +18,8 @@
 namespace pswitch::gpu {
 
 struct CopySpan {
-  const std::byte* host = nullptr;  // pinned memory, live until the job finishes
+  // Pinned memory, or the arena itself (a move), live and unwritten until the job finishes.
+  const std::byte* host = nullptr;
   uint64_t arena_offset = 0;
   uint64_t bytes = 0;
 };

@@ -43,8 +43,9 @@ absl::StatusOr<std::unique_ptr<MemDaemon>> MemDaemon::Create(const MemDaemonOpti
   d->leases_ = std::make_unique<LeaseTable>(d->arena_.get(), kControlBytes, arena_bytes,
                                             kLeaseAlignmentBytes);
   d->weights_ = std::make_unique<WeightStore>(d->device_.get(), arena_bytes - kControlBytes);
-  d->transmitter_ = std::make_unique<Transmitter>(d->copy_engine_.get(), d->ready_flags_.get(),
-                                                  d->drain_flags_.get(), arena_bytes);
+  d->transmitter_ =
+      std::make_unique<Transmitter>(d->copy_engine_.get(), d->ready_flags_.get(),
+                                    d->drain_flags_.get(), arena_bytes, d->arena_->base());
   if (!options.socket_path.empty()) {
     PSWITCH_ASSIGN_OR_RETURN(
         d->server_, WorkerServer::Start(options.socket_path, d->arena_.get(), d->leases_.get()));

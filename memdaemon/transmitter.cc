@@ -67,6 +67,22 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
                                               " bytes) does not fit at arena offset ",
                                               request.weights_offset));
   }
+  if (request.source_offset.has_value()) {
+    const uint64_t from = *request.source_offset, bytes = model.padded_bytes();
+    if (arena_base_ == nullptr) {
+      return absl::FailedPreconditionError("this transmitter cannot move regions (no arena base)");
+    }
+    if (from > arena_bytes_ || bytes > arena_bytes_ - from ||
+        bytes > arena_bytes_ - request.weights_offset) {
+      return absl::OutOfRangeError(absl::StrCat("model '", model.name(), "': a move from ", from,
+                                                " reaches past the arena"));
+    }
+    if (from < request.weights_offset + bytes && request.weights_offset < from + bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", model.name(), "': a move from ",
+                                                     from, " to ", request.weights_offset,
+                                                     " overlaps itself"));
+    }
+  }
   gpu::CopyJob job;
   job.ready_flags = ready_flags_;
   job.ready_flag_base = request.flag_base;
@@ -99,6 +115,15 @@ absl::StatusOr<std::shared_ptr<Transmission>> Transmitter::Start(TransmitRequest
     const uint64_t end = last.arena_offset + last.bytes;
     if (end < padded_end) last.bytes += padded_end - end;
     break;
+  }
+  // A move reads the same layout, padding included, from the model's other region.
+  if (request.source_offset.has_value()) {
+    for (gpu::CopyGroup& group : job.groups) {
+      for (gpu::CopySpan& span : group.spans) {
+        span.host =
+            arena_base_ + *request.source_offset + (span.arena_offset - request.weights_offset);
+      }
+    }
   }
   if (request.drain.has_value()) {
     job.drain_flags = drain_flags_;

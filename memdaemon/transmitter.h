@@ -42,6 +42,11 @@ struct TransmitRequest {
   grouping::GroupPlan groups;   // validated against the model's layers by Start
   uint64_t weights_offset = 0;  // arena offset of the model's region (from a lease)
   uint32_t flag_base = 0;       // group g publishes to ready flag flag_base + g
+  // Where set, the bytes come from a complete copy of the model's region at this arena offset
+  // (a move on the device, WeightsCache::PlanMove) rather than from the pinned store. The two
+  // ranges must not overlap; nothing may write the source before the copy has read it (a later
+  // copy on the same engine runs after this one).
+  std::optional<uint64_t> source_offset;
   std::optional<DrainCondition> drain;
   // Runs once on the copy thread when the copy ended, however (CopyJob::on_finished); the
   // Transmission's Wait then returns at once.
@@ -99,12 +104,15 @@ class Transmission {
 // every Transmission it returned.
 class Transmitter {
  public:
+  // `arena_base`: the arena as this process maps it (a device pointer on CUDA), the source of
+  // moves (TransmitRequest::source_offset); null: no moves.
   Transmitter(gpu::CopyEngine* engine, gpu::FlagArray* ready_flags, gpu::FlagArray* drain_flags,
-              uint64_t arena_bytes)
+              uint64_t arena_bytes, const std::byte* arena_base = nullptr)
       : engine_(engine),
         ready_flags_(ready_flags),
         drain_flags_(drain_flags),
-        arena_bytes_(arena_bytes) {}
+        arena_bytes_(arena_bytes),
+        arena_base_(arena_base) {}
 
   // Validates the plan and region, supersedes (cancels, without waiting) the previous
   // transmission if it is still running into an overlapping region, and queues the copy behind
@@ -117,6 +125,7 @@ class Transmitter {
   gpu::FlagArray* const ready_flags_;
   gpu::FlagArray* const drain_flags_;
   const uint64_t arena_bytes_;
+  const std::byte* const arena_base_;
 
   absl::Mutex mu_;
   uint32_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;

@@ -83,6 +83,39 @@ TEST_F(TransmitterTest, TracesCoverEveryGroupAndTheBytesLand) {
   EXPECT_TRUE(RegionHolds(2 << 20, *model));
 }
 
+TEST_F(TransmitterTest, AMoveCopiesTheRegionOnTheDeviceAndNeverOntoItself) {
+  Open();
+  const StoredModel* model = Register("m", 30, 4 << 20, 5);
+  auto first = daemon_->transmitter().Start(TransmitRequest{model, EveryK(30, 7), 2 << 20, 10});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->Wait(absl::Seconds(60)).ok());
+  // Whatever the store holds now, the move reads the region: its bytes, not the store's.
+  std::vector<std::byte> marked(model->total_bytes());
+  ASSERT_TRUE(daemon_->arena().CopyToHost(2 << 20, marked).ok());
+  marked[12345] = std::byte{0x5a};
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(2 << 20, marked).ok());
+  TransmitRequest move{model, EveryK(30, 7), 32 << 20, 10};
+  move.source_offset = 2 << 20;
+  auto moved = daemon_->transmitter().Start(move);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  auto traces = (*moved)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(traces.ok()) << traces.status();
+  std::vector<std::byte> seen(model->total_bytes());
+  ASSERT_TRUE(daemon_->arena().CopyToHost(32 << 20, seen).ok());
+  EXPECT_EQ(seen, marked);
+  for (size_t g = 0; g < traces->size(); ++g) {
+    EXPECT_TRUE(daemon_->ready_flags().WaitReady(10 + g, (*moved)->epoch(), absl::Seconds(1)).ok());
+  }
+  // Onto itself, or partly so: refused before anything is queued.
+  TransmitRequest overlapping{model, EveryK(30, 7), (2 << 20) + 4096, 10};
+  overlapping.source_offset = 2 << 20;
+  EXPECT_EQ(daemon_->transmitter().Start(overlapping).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TransmitRequest outside{model, EveryK(30, 7), 2 << 20, 10};
+  outside.source_offset = 63 << 20;
+  EXPECT_EQ(daemon_->transmitter().Start(outside).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST_F(TransmitterTest, StaleFlagsFromThePreviousSwitchNeverReleaseTheNext) {
   Open();
   const StoredModel* a = Register("a", 20, 2 << 20, 1);

@@ -231,6 +231,36 @@ TEST(WeightsCacheE2eTest, OffEveryAlternationCopiesTheOtherModel) {
   EXPECT_EQ(ResidentOn(**client, "tiny_mlp"), std::vector<uint32_t>{0});
 }
 
+// Compaction on a real worker: a model moved on the device while the GPU is idle answers
+// exactly as before, from its new place, with no copy from the pinned store.
+TEST(WeightsCacheE2eTest, AModelMovedToMergeFreeSpaceServesExactlyFromItsNewPlace) {
+  e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=2",
+                          "--activation-bytes=67108864"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto client = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const proto::HostTensor in = Input("tiny_cnn", 3);
+  const std::vector<float> reference = Reference("tiny_cnn", in);
+  for (const char* name : {"first", "second"}) {
+    ASSERT_TRUE((*client)->Register({name, "tiny_cnn", "", 1, "auto"}).ok());
+    auto out = (*client)->Infer(name, {in});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ExpectClose(Floats(out->outputs[0]), reference);
+  }
+  // "first" goes: the free space is its room and the pool's rest beyond "second".
+  ASSERT_TRUE((*client)->Unload("first").ok());
+  const std::string moved_line = "event=weights_moved gpu=0 model=second ";
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (daemon.log().find(moved_line) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_NE(daemon.log().find(moved_line), std::string::npos) << daemon.log();
+  auto moved = (*client)->Infer("second", {in});
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  ExpectClose(Floats(moved->outputs[0]), reference);
+  EXPECT_EQ(moved->switch_time, absl::ZeroDuration()) << "served where it was moved, no copy";
+}
+
 // A model larger than the operator's cap is refused with the reason, and the daemon serves on.
 TEST(WeightsCacheE2eTest, AModelLargerThanTheCapIsRefusedWithTheReason) {
   e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",

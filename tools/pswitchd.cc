@@ -116,6 +116,10 @@ ABSL_FLAG(bool, keep_preempted_training, true,
           "region and its optimizer state in the arena, unsaved, for its next run (written back "
           "only when evicted or when it ends); false = both are copied to host memory at every "
           "stop and the state copied back at its resume (the baseline)");
+ABSL_FLAG(bool, weights_cache_compaction, true,
+          "with the weights cache on, while the GPU is idle, a resident model moves by a copy on "
+          "the device into a free hole when that merges the free space, so a later model finds "
+          "room without an eviction; false = free space stays where evictions left it");
 ABSL_FLAG(std::string, weights_cache_policy, "cost",
           "which resident models make room: cost (the least request rate times the reload time "
           "their compute cannot hide) or lru (the least recently used)");
@@ -625,6 +629,7 @@ int Main() {
   controller_options.scheduler.weights_cache_bytes = absl::GetFlag(FLAGS_weights_cache_bytes);
   controller_options.scheduler.eviction_policy = *eviction;
   controller_options.scheduler.place_at_arrival = absl::GetFlag(FLAGS_place_at_arrival);
+  controller_options.scheduler.compact_weights = absl::GetFlag(FLAGS_weights_cache_compaction);
   controller_options.scheduler.keep_preempted_training =
       absl::GetFlag(FLAGS_keep_preempted_training);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));

@@ -208,9 +208,10 @@ class CudaCopyEngine : public CopyEngine {
         }
         for (const CopySpan& span : job.groups[g].spans) {
           if (span.bytes == 0) continue;
-          PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(arena_->base() + span.arena_offset,
-                                                               span.host, span.bytes,
-                                                               cudaMemcpyHostToDevice, s)));
+          // Default: the source is pinned host memory, or the arena itself for a move on the
+          // device (WeightsCache::PlanMove); unified addressing tells which.
+          PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMemcpyAsync(
+              arena_->base() + span.arena_offset, span.host, span.bytes, cudaMemcpyDefault, s)));
         }
         PSWITCH_RETURN_IF_ERROR(stream_->WriteFlag(
             *job.ready_flags, job.ready_flag_base + static_cast<uint32_t>(g), job.epoch));

@@ -59,6 +59,34 @@ TEST_F(CudaDeviceTest, CopiesGroupsAndReleasesAStreamWaitingOnTheirFlags) {
   EXPECT_TRUE(handle->fd.valid()) << "the flag window travels with the handle";
 }
 
+// Compaction (WeightsCache::PlanMove): a job whose source is the arena itself copies on the
+// device, group by group, publishing its flags like a copy from pinned memory.
+TEST_F(CudaDeviceTest, AJobWhoseSourceIsTheArenaMovesBytesOnTheDevice) {
+  auto arena = device_->CreateArena(64 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  auto flags = (*arena)->Flags(0, 8);
+  auto engine = device_->CreateCopyEngine(**arena);
+  ASSERT_TRUE(flags.ok() && engine.ok());
+  std::vector<std::byte> bytes(8 << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte(i * 7 + 3);
+  ASSERT_TRUE((*arena)->CopyFromHost(8 << 20, bytes).ok());
+  CopyJob job;
+  job.epoch = 9;
+  job.ready_flags = flags->get();
+  const std::byte* source = (*arena)->base() + (8 << 20);
+  for (int g = 0; g < 4; ++g) {
+    job.groups.push_back(
+        CopyGroup{{CopySpan{source + (g << 21), (32u << 20) + (g << 21), 2u << 20}}});
+  }
+  auto ticket = (*engine)->Submit(std::move(job));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE((*ticket)->Wait(absl::Seconds(60)).ok());
+  for (uint32_t g = 0; g < 4; ++g) EXPECT_TRUE((*flags)->WaitReady(g, 9, absl::Seconds(1)).ok());
+  std::vector<std::byte> out(8 << 20);
+  ASSERT_TRUE((*arena)->CopyToHost(32 << 20, out).ok());
+  EXPECT_EQ(out, bytes);
+}
+
 // Defects 3 and 11: a stream waiting on a flag no one writes never hangs a host-side
 // synchronize, and the CPU releases it with a plain store (no stream in between).
 TEST_F(CudaDeviceTest, AStreamWaitingOnAnUnwrittenFlagIsBoundedAndReleasedFromTheCpu) {
