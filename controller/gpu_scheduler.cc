@@ -770,13 +770,13 @@ void GpuScheduler::MaybeCompact() {
   }
   std::optional<RegionMove> move = switcher_->PlanMove();
   if (!move) return;
+  // A model no longer in the catalog is being unloaded: its region goes with it (FinishUnloads).
   absl::StatusOr<EntryRef> entry = catalog_->Find(move->model);
   if (!entry.ok()) return;
-  // A move that cannot start leaves the model where it was, or (its copy refused) to be copied
-  // again at its next request; either way nothing waits for it.
+  // A move that cannot start leaves the model where it was (or, stale, to be copied again at
+  // its next request), and compaction pauses until a copy succeeds (Switcher::Move).
   if (absl::Status moved = switcher_->Move(**entry, *move); !moved.ok()) {
-    base::Log(base::LogLevel::kWarn, "weights_move_failed")
-        .Field("gpu", options_.gpu)
+    Event(base::LogLevel::kWarn, "weights_move_failed")
         .Field("model", move->model)
         .Field("error", moved);
   }
@@ -1229,11 +1229,9 @@ void GpuScheduler::OnRunDone(int slot, const proto::RunDone& done) {
 
 void GpuScheduler::CopyEnded(uint64_t task, uint32_t epoch, const absl::Status& copied) {
   loop_role_.AssertHeld();
-  // A copy with no task (a preload, a move): the GPU may be idle, with more to compact.
-  if (task == 0) {
-    MaybeStart();
-    return;
-  }
+  // A copy with no task (a preload, a move): nothing waits for it here; AfterEvent plans what
+  // comes next (the next move, on an idle GPU).
+  if (task == 0) return;
   // Only the end of the run's own copy concerns it (not an earlier placement's, late).
   const auto ours = [&](const Running* run) {
     return run != nullptr && run->task_id == task && run->transmission != nullptr &&

@@ -191,23 +191,39 @@ absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> 
 }
 
 std::optional<RegionMove> Switcher::PlanMove() const {
-  if (!in_flight_.empty()) return std::nullopt;
+  if (!in_flight_.empty() || moves_paused_) return std::nullopt;
   return cache_.PlanMove(InUse({}));
 }
 
 absl::Status Switcher::Move(const CatalogEntry& entry, const RegionMove& move) {
   const ResidentModel* resident = cache_.Find(move.model);
-  if (resident == nullptr || resident->generation != entry.stored->generation()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", move.model, "' is not resident with the pinned store's weights: not moved"));
+  if (resident == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("model '", move.model, "' is not resident"));
   }
+  if (resident->generation != entry.stored->generation()) {
+    // Older than the pinned store (another GPU's training saved newer weights): its next task
+    // copies it again anyway (Place), so its room is free now rather than moved.
+    cache_.Untrust(move.model, resident->epoch);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", move.model, "' holds older weights than the pinned store: freed, not moved"));
+  }
+  const ResidentModel before = *resident;
   PSWITCH_ASSIGN_OR_RETURN(Reservation room, cache_.Relocate(move));
+  absl::StatusOr<std::shared_ptr<memdaemon::Transmission>> started =
+      Transmit(/*task=*/0, entry, room, std::nullopt, -1, move.from);
+  if (!started.ok()) {
+    // Nothing was queued: the model stays where it was, and no more moves are tried until a
+    // copy succeeds (an engine that refuses one would refuse the next, model after model).
+    cache_.Reinstate(before);
+    moves_paused_ = true;
+    return started.status();
+  }
   Event(base::LogLevel::kInfo, "weights_moved")
       .Field("model", move.model)
       .Field("from", move.from)
       .Field("to", move.to)
       .Field("bytes", move.bytes);
-  return Transmit(/*task=*/0, entry, room, std::nullopt, -1, move.from).status();
+  return absl::OkStatus();
 }
 
 std::set<std::string> Switcher::InUse(std::set<std::string> keep) const {
@@ -310,6 +326,10 @@ void Switcher::Ended(uint64_t id) {
   absl::StatusOr<std::vector<memdaemon::GroupTrace>> traces =
       ended.transmission->Wait(absl::ZeroDuration());
   cache_.CopyEnded(ended.model, ended.transmission->epoch(), traces.ok());
+  // A failed move loses its model (copied again at its next request); moves pause until a copy
+  // succeeds, so a failing engine does not take the resident models one by one.
+  if (ended.move && !traces.ok()) moves_paused_ = true;
+  if (traces.ok()) moves_paused_ = false;
   if (traces.ok()) {
     if (!ended.move && !traces->empty() &&
         traces->back().ready_ns > traces->front().copy_start_ns) {

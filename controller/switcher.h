@@ -101,8 +101,10 @@ class Switcher {
   std::optional<RegionMove> PlanMove() const;
   // Moves `entry`'s model as `move` plans: a copy on the device from its region into the hole,
   // with no task (its end reported like a switch's, for task 0), the old room free at once.
-  // FailedPrecondition when the region is no longer as planned or holds older weights than the
-  // pinned store's (those are copied again at the next request instead).
+  // FailedPrecondition when the region is no longer as planned, or holds older weights than the
+  // pinned store's (then freed: the next request copies it again anyway). A move whose copy
+  // cannot start leaves the model where it was; after a failed move none is planned until a
+  // copy succeeds.
   absl::Status Move(const registry::CatalogEntry& entry, const RegionMove& move);
   // Tells `slot`'s worker to stop at its next sync point (preemption, or a switch).
   std::optional<uint32_t> Stop(int slot);
@@ -180,6 +182,7 @@ class Switcher {
     uint64_t bytes = 0;
     bool move = false;  // a copy on the device (compaction): says nothing of the link's speed
   };
+  bool moves_paused_ = false;  // a move failed, and no copy succeeded since (PlanMove)
   // What a worker last ran, and where its weights were: a busy worker may still write them.
   struct Tenant {
     std::string model;

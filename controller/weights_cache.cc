@@ -33,9 +33,12 @@ double ReloadCost::exposed_s() const {
 
 WeightsCache::WeightsCache(WeightsCacheOptions options)
     : options_(options),
-      end_(options.pool_offset + (options.capacity_bytes == 0
-                                      ? options.pool_bytes
-                                      : std::min(options.capacity_bytes, options.pool_bytes))) {}
+      // Whole pages: every region starts on one, placed at a region's end or (compaction) a
+      // hole's end, the pool's included.
+      end_(options.pool_offset +
+           (options.capacity_bytes == 0 ? options.pool_bytes
+                                        : std::min(options.capacity_bytes, options.pool_bytes)) /
+               memdaemon::kLeaseAlignmentBytes * memdaemon::kLeaseAlignmentBytes) {}
 
 std::map<uint64_t, ResidentModel>::iterator WeightsCache::FindRegion(const std::string& model) {
   return std::find_if(regions_.begin(), regions_.end(),
@@ -532,6 +535,16 @@ absl::StatusOr<Reservation> WeightsCache::Relocate(const RegionMove& move) {
   regions_.emplace(move.to, std::move(moved));
   ++stats_.moves;
   return room;
+}
+
+bool WeightsCache::Reinstate(const ResidentModel& before) {
+  if (FindRegion(before.model) != regions_.end()) return false;
+  for (const auto& [offset, r] : regions_) {
+    if (offset < before.offset + before.bytes && before.offset < offset + r.bytes) return false;
+  }
+  regions_.emplace(before.offset, before);
+  if (stats_.moves > 0) --stats_.moves;
+  return true;
 }
 
 std::vector<ResidentModel> WeightsCache::List() const {

@@ -101,7 +101,7 @@ struct Reservation {
   std::vector<std::string> evicted;  // resident models whose region it takes, in address order
 };
 
-// A resident model moved down the pool to merge free space (WeightsCache::PlanMove).
+// A resident model moved into a free hole to merge free space (WeightsCache::PlanMove).
 struct RegionMove {
   std::string model;
   uint64_t from = 0;  // arena offsets
@@ -196,6 +196,10 @@ class WeightsCache {
   // free at once: whatever takes it is written by a later copy on the same engine, after this
   // one read it. FailedPrecondition when the model or the hole are no longer as planned.
   absl::StatusOr<Reservation> Relocate(const RegionMove& move);
+  // Undoes a Relocate whose copy never started (its new region already freed): `before`, the
+  // region as it was, is the model's again. False (nothing changed) when its room was taken
+  // since, or the model has a region.
+  bool Reinstate(const ResidentModel& before);
 
   // A task's compute on `model` was measured on resident weights, for its reload cost.
   void ObserveCompute(const std::string& model, double compute_s);

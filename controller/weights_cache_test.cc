@@ -584,10 +584,8 @@ TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
   EXPECT_EQ(b->offset, move->to);
   EXPECT_TRUE(b->copying);  // until the move's copy ends
   cache.Started("b", 7);
-  // While b copies, nothing else moves it; once it ended, the pool needs no more moves.
-  EXPECT_FALSE(cache.PlanMove().has_value());
   cache.CopyEnded("b", 7, true);
-  EXPECT_FALSE(cache.PlanMove().has_value());
+  EXPECT_FALSE(cache.PlanMove().has_value()) << "one hole left: nothing to merge";
   EXPECT_EQ(cache.stats().moves, 1u);
   // The merged 40 MiB take a 40 MiB model with no eviction.
   absl::StatusOr<Reservation> big = cache.Reserve("big", 40 * kMiB, Cost(0.01), 2 * kSecond);
@@ -596,6 +594,51 @@ TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
   EXPECT_EQ(big->offset, base + 40 * kMiB);
   // A plan gone stale (the model moved or gone) is refused, not carried out.
   EXPECT_EQ(cache.Relocate(*move).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WeightsCacheTest, ARegionStillCopyingIsNeverMovedAndAMoveThatNeverStartedIsUndone) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "a", 20, 1 * kSecond);
+  Bring(cache, "x", 20, 1 * kSecond);
+  // b's copy has not ended: it is the only move that would merge the holes, and not planned.
+  ASSERT_TRUE(cache.Reserve("b", 20 * kMiB, Cost(0.01), 1 * kSecond).ok());
+  cache.Started("b", 3);
+  Bring(cache, "y", 20, 1 * kSecond);
+  Bring(cache, "c", 20, 1 * kSecond);
+  cache.Drop("x");
+  cache.Drop("y");
+  const std::set<std::string> others = {"a", "c"};
+  EXPECT_FALSE(cache.PlanMove(others).has_value());
+  cache.CopyEnded("b", 3, true);
+  std::optional<RegionMove> move = cache.PlanMove(others);
+  ASSERT_TRUE(move.has_value());
+  ASSERT_EQ(move->model, "b");
+  // Relocated, then its copy refused: the new region freed (Untrust), the old one reinstated.
+  const ResidentModel before = *cache.Find("b");
+  ASSERT_TRUE(cache.Relocate(*move).ok());
+  cache.Untrust("b");
+  ASSERT_EQ(cache.Find("b"), nullptr);
+  EXPECT_TRUE(cache.Reinstate(before));
+  ASSERT_NE(cache.Find("b"), nullptr);
+  EXPECT_EQ(cache.Find("b")->offset, before.offset);
+  EXPECT_FALSE(cache.Find("b")->copying);
+  EXPECT_EQ(cache.stats().moves, 0u);
+  EXPECT_FALSE(cache.Reinstate(before)) << "it has its region";
+}
+
+TEST(WeightsCacheTest, AnUnalignedCapEndsThePoolOnAPageSoEveryRegionStartsOnOne) {
+  WeightsCacheOptions o = Pool(100);
+  o.capacity_bytes = 60 * kMiB + 123;
+  WeightsCache cache(o);
+  EXPECT_EQ(cache.capacity_bytes(), 60 * kMiB);
+  Bring(cache, "a", 10, 1 * kSecond);
+  Bring(cache, "x", 10, 1 * kSecond);
+  Bring(cache, "b", 10, 1 * kSecond);
+  cache.Drop("x");
+  // [a][hole][b][hole to the end]: whichever move, its room starts on a page.
+  std::optional<RegionMove> move = cache.PlanMove();
+  ASSERT_TRUE(move.has_value());
+  EXPECT_EQ(move->to % 4096, 0u);
 }
 
 TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {

@@ -239,15 +239,18 @@ TEST(WeightsCacheE2eTest, AModelMovedToMergeFreeSpaceServesExactlyFromItsNewPlac
   ASSERT_GT(daemon.port(), 0) << daemon.log();
   auto client = client::Client::Connect(daemon.address());
   ASSERT_TRUE(client.ok()) << client.status();
-  const proto::HostTensor in = Input("tiny_cnn", 3);
+  // "first", a tiny_mlp, at the pool's start; "second", a tiny_cnn, after it.
+  const proto::HostTensor mlp_in = Input("tiny_mlp", 4), in = Input("tiny_cnn", 3);
+  ASSERT_TRUE((*client)->Register({"first", "tiny_mlp", "", 1, "auto"}).ok());
+  auto mlp = (*client)->Infer("first", {mlp_in});
+  ASSERT_TRUE(mlp.ok()) << mlp.status();
   const std::vector<float> reference = Reference("tiny_cnn", in);
-  for (const char* name : {"first", "second"}) {
-    ASSERT_TRUE((*client)->Register({name, "tiny_cnn", "", 1, "auto"}).ok());
-    auto out = (*client)->Infer(name, {in});
-    ASSERT_TRUE(out.ok()) << out.status();
-    ExpectClose(Floats(out->outputs[0]), reference);
-  }
-  // "first" goes: the free space is its room and the pool's rest beyond "second".
+  ASSERT_TRUE((*client)->Register({"second", "tiny_cnn", "", 1, "auto"}).ok());
+  auto out = (*client)->Infer("second", {in});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ExpectClose(Floats(out->outputs[0]), reference);
+  // "first" goes: the free space is its room (holding its bytes still) and the pool's rest
+  // beyond "second", which moves down over those bytes.
   ASSERT_TRUE((*client)->Unload("first").ok());
   const std::string moved_line = "event=weights_moved gpu=0 model=second ";
   const absl::Time until = absl::Now() + absl::Seconds(20);
