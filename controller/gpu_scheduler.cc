@@ -768,7 +768,14 @@ void GpuScheduler::MaybeCompact() {
       next_ != nullptr || stopping_) {
     return;
   }
-  std::optional<RegionMove> move = switcher_->PlanMove();
+  // Only where merging would give room to a model that has none: the registered models not
+  // resident here.
+  std::vector<uint64_t> wanted;
+  for (const EntryRef& entry : catalog_->List()) {
+    if (switcher_->cache().Find(entry->request.name) != nullptr) continue;
+    wanted.push_back(WeightsCache::RegionBytes(entry->stored->total_bytes()));
+  }
+  std::optional<RegionMove> move = switcher_->PlanMove(wanted);
   if (!move) return;
   // A model no longer in the catalog is being unloaded: its region goes with it (FinishUnloads).
   absl::StatusOr<EntryRef> entry = catalog_->Find(move->model);

@@ -1295,12 +1295,14 @@ TEST_F(CompactionTest, AnIdleGpuMovesAModelToMergeFreeSpaceSoALargerOneFitsWithN
   std::optional<ResidentModel> m1 = CopiedRegionOf("m1"), m2 = CopiedRegionOf("m2");
   ASSERT_TRUE(m1.has_value() && m2.has_value());
   ASSERT_EQ(m2->offset, m1->offset + cnn_) << "the layout this test needs";
-  // m1 gone: s free where it was and B - s at the end, neither room for the tiny_mlp.
+  // m1 gone: s free where it was and B - s at the end, neither room for a tiny_mlp ("a", the
+  // fixture's, registered and not resident).
   Unload("m1");
-  // The GPU is idle: m2 moves down into m1's room, on the device, and is resident there.
+  // The GPU is idle: m2 moves, on the device, and is resident where it went.
+  std::optional<ResidentModel> moved_to;
   ASSERT_TRUE(Eventually([&] {
-    std::optional<ResidentModel> r = RegionOf("m2");
-    return r && !r->copying && r->offset == m1->offset;
+    moved_to = RegionOf("m2");
+    return moved_to && !moved_to->copying && moved_to->offset != m2->offset;
   })) << "m2 did not move";
   absl::StatusOr<GpuSnapshot> before = scheduler_->Snapshot(kWait);
   ASSERT_TRUE(before.ok());
@@ -1308,7 +1310,7 @@ TEST_F(CompactionTest, AnIdleGpuMovesAModelToMergeFreeSpaceSoALargerOneFitsWithN
   // Its next task is a hit on the moved region, bound there.
   Infer("m2");
   EXPECT_EQ(scheduler_->Snapshot(kWait)->cache.misses, before->cache.misses);
-  EXPECT_EQ(record_.PreparedAt("m2"), m1->offset);
+  EXPECT_EQ(record_.PreparedAt("m2"), moved_to->offset);
   // The tiny_mlp fits in the merged room: nothing evicted, m2 still resident.
   AddAtRunTime("big", "tiny_mlp", /*pinned=*/false);
   Infer("big");

@@ -190,9 +190,9 @@ absl::Status Switcher::Preload(const CatalogEntry& entry, std::set<std::string> 
   return Transmit(/*task=*/0, entry, room, std::nullopt, -1).status();
 }
 
-std::optional<RegionMove> Switcher::PlanMove() const {
+std::optional<RegionMove> Switcher::PlanMove(const std::vector<uint64_t>& wanted) const {
   if (!in_flight_.empty() || moves_paused_) return std::nullopt;
-  return cache_.PlanMove(InUse({}));
+  return cache_.PlanMove(InUse({}), wanted);
 }
 
 absl::Status Switcher::Move(const CatalogEntry& entry, const RegionMove& move) {

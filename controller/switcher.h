@@ -98,7 +98,8 @@ class Switcher {
   // free space (WeightsCache::PlanMove), apart from every region in use; nullopt when none, or
   // while any copy runs (a move queued behind it would delay nothing, but a request's copy
   // queued behind a move would).
-  std::optional<RegionMove> PlanMove() const;
+  // `wanted`: the region bytes of the registered models not resident here.
+  std::optional<RegionMove> PlanMove(const std::vector<uint64_t>& wanted) const;
   // Moves `entry`'s model as `move` plans: a copy on the device from its region into the hole,
   // with no task (its end reported like a switch's, for task 0), the old room free at once.
   // FailedPrecondition when the region is no longer as planned, or holds older weights than the

@@ -446,7 +446,8 @@ void WeightsCache::ObserveCompute(const std::string& model, double compute_s) {
   c = c == 0 ? compute_s : 0.8 * c + 0.2 * compute_s;  // smoothed: one slow task is no trend
 }
 
-std::optional<RegionMove> WeightsCache::PlanMove(const std::set<std::string>& keep) const {
+std::optional<RegionMove> WeightsCache::PlanMove(const std::set<std::string>& keep,
+                                                 const std::vector<uint64_t>& wanted) const {
   if (!options_.enabled) return std::nullopt;
   // The largest hole among `taken` ranges (begin, end), sorted.
   auto largest_hole = [this](const std::vector<std::pair<uint64_t, uint64_t>>& taken) {
@@ -468,14 +469,21 @@ std::optional<RegionMove> WeightsCache::PlanMove(const std::set<std::string>& ke
   if (end_ > at) holes.emplace_back(at, end_);
   if (holes.size() < 2) return std::nullopt;  // one hole (or none): nothing to merge
   const uint64_t largest = largest_hole(taken);
+  uint64_t free_total = 0;
+  for (const auto& [begin, end] : holes) free_total += end - begin;
+  if (std::none_of(wanted.begin(), wanted.end(),
+                   [&](uint64_t bytes) { return bytes > largest && bytes <= free_total; })) {
+    return std::nullopt;
+  }
   const std::set<std::string> unsaved = Unsaved();
-  // The move that leaves the largest hole; among equals one down the pool (regions gather at
-  // its start, free space at its end), then the fewest bytes, then the nearest.
+  // The move that leaves the largest hole; among equals one up the pool (regions gather at its
+  // end, free space at its start, where an eviction's window for a large model begins, so the
+  // small models gathered at the end stay out of it), then the fewest bytes, then the nearest.
   std::optional<RegionMove> best;
   uint64_t best_largest = largest;
   auto better = [&best](const RegionMove& m) {
-    const bool down = m.to < m.from, best_down = best->to < best->from;
-    if (down != best_down) return down;
+    const bool up = m.to > m.from, best_up = best->to > best->from;
+    if (up != best_up) return up;
     if (m.bytes != best->bytes) return m.bytes < best->bytes;
     auto distance = [](const RegionMove& x) {
       return std::max(x.from, x.to) - std::min(x.from, x.to);

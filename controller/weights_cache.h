@@ -187,10 +187,14 @@ class WeightsCache {
 
   // Compaction, off the critical path (docs/architecture.md, "The weights cache"): the move of
   // one resident model into a free hole that makes the largest hole larger, where the free
-  // space is split; nullopt when no move does. Only a trusted, complete region of the pinned
-  // weights (not pinned by the operator, not held, no unsaved training weights, not in `keep`)
-  // moves, into a hole that does not overlap it, so the copy reads what no one writes.
-  std::optional<RegionMove> PlanMove(const std::set<std::string>& keep = {}) const;
+  // space is split and merging it would give room to a model that is not resident (one of
+  // `wanted`, region bytes, larger than the largest hole but not than the free total);
+  // nullopt when no move does, or no such model exists (a move for nothing only reshuffles
+  // what the next evictions take). Only a trusted, complete region of the pinned weights (not
+  // pinned by the operator, not held, no unsaved training weights, not in `keep`) moves, into
+  // a hole that does not overlap it, so the copy reads what no one writes.
+  std::optional<RegionMove> PlanMove(const std::set<std::string>& keep,
+                                     const std::vector<uint64_t>& wanted) const;
   // Carries out `move` in the cache: `move.model`'s region is at `move.to` from now on, copying
   // (its flags and their range unchanged, Started gives the copy's epoch), and its old room is
   // free at once: whatever takes it is written by a later copy on the same engine, after this

@@ -544,9 +544,9 @@ TEST(WeightsCacheTest, OnZipfTracesCostAwareHitsAsOftenAsLruOnAverage) {
 }
 
 TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
-  // [a 20][hole 20][b 20][hole 20][c 20]: 40 MiB free, but no 40 MiB hole. Moving b down into
-  // the first hole, or c down into it, or a up into the second, leaves one hole of 40: the move
-  // down of the fewest bytes nearest to its hole is b's.
+  // [a 20][hole 20][b 20][hole 20][c 20]: 40 MiB free, but no 40 MiB hole for the 40 MiB model
+  // that waits. Moving b or c down into the first hole, or a or b up into the second, leaves
+  // one of 40: the move up of the fewest bytes nearest to its hole is b's.
   WeightsCache cache(Pool(100));
   const uint64_t base = 4 * kMiB;
   Bring(cache, "a", 20, 1 * kSecond);
@@ -556,22 +556,28 @@ TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
   Bring(cache, "c", 20, 1 * kSecond);
   cache.Drop("x");
   cache.Drop("y");
-  std::optional<RegionMove> move = cache.PlanMove();
+  const std::vector<uint64_t> wanted = {40 * kMiB};
+  // Nothing waits for room that merging would give (none, one that fits, one larger than the
+  // free total): no move, which would only reshuffle what the next evictions take.
+  EXPECT_FALSE(cache.PlanMove({}, {}).has_value());
+  EXPECT_FALSE(cache.PlanMove({}, {10 * kMiB}).has_value());
+  EXPECT_FALSE(cache.PlanMove({}, {50 * kMiB}).has_value());
+  std::optional<RegionMove> move = cache.PlanMove({}, wanted);
   ASSERT_TRUE(move.has_value());
   EXPECT_EQ(move->model, "b");
   EXPECT_EQ(move->from, base + 40 * kMiB);
-  EXPECT_EQ(move->to, base + 20 * kMiB);
+  EXPECT_EQ(move->to, base + 60 * kMiB);
   EXPECT_EQ(move->bytes, 20 * kMiB);
-  // Not b while it is in use, nor while the operator pins it: then c, the next move down.
-  std::optional<RegionMove> without_b = cache.PlanMove({"b"});
+  // Not b while it is in use, nor while the operator pins it: then a, the other move up.
+  std::optional<RegionMove> without_b = cache.PlanMove({"b"}, wanted);
   ASSERT_TRUE(without_b.has_value());
-  EXPECT_EQ(without_b->model, "c");
-  EXPECT_EQ(without_b->to, base + 20 * kMiB);
+  EXPECT_EQ(without_b->model, "a");
+  EXPECT_EQ(without_b->to, base + 60 * kMiB);
   cache.Pin("b", true);
-  ASSERT_TRUE(cache.PlanMove().has_value());
-  EXPECT_EQ(cache.PlanMove()->model, "c");
+  ASSERT_TRUE(cache.PlanMove({}, wanted).has_value());
+  EXPECT_EQ(cache.PlanMove({}, wanted)->model, "a");
   cache.Pin("b", false);
-  EXPECT_FALSE(cache.PlanMove({"a", "b", "c"}).has_value());
+  EXPECT_FALSE(cache.PlanMove({"a", "b", "c"}, wanted).has_value());
 
   const uint32_t flags = cache.Find("b")->flag_base;
   absl::StatusOr<Reservation> room = cache.Relocate(*move);
@@ -585,13 +591,13 @@ TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
   EXPECT_TRUE(b->copying);  // until the move's copy ends
   cache.Started("b", 7);
   cache.CopyEnded("b", 7, true);
-  EXPECT_FALSE(cache.PlanMove().has_value()) << "one hole left: nothing to merge";
+  EXPECT_FALSE(cache.PlanMove({}, wanted).has_value()) << "one hole left: nothing to merge";
   EXPECT_EQ(cache.stats().moves, 1u);
   // The merged 40 MiB take a 40 MiB model with no eviction.
   absl::StatusOr<Reservation> big = cache.Reserve("big", 40 * kMiB, Cost(0.01), 2 * kSecond);
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_TRUE(big->evicted.empty());
-  EXPECT_EQ(big->offset, base + 40 * kMiB);
+  EXPECT_EQ(big->offset, base + 20 * kMiB);
   // A plan gone stale (the model moved or gone) is refused, not carried out.
   EXPECT_EQ(cache.Relocate(*move).status().code(), absl::StatusCode::kFailedPrecondition);
 }
@@ -608,9 +614,10 @@ TEST(WeightsCacheTest, ARegionStillCopyingIsNeverMovedAndAMoveThatNeverStartedIs
   cache.Drop("x");
   cache.Drop("y");
   const std::set<std::string> others = {"a", "c"};
-  EXPECT_FALSE(cache.PlanMove(others).has_value());
+  const std::vector<uint64_t> wanted = {40 * kMiB};
+  EXPECT_FALSE(cache.PlanMove(others, wanted).has_value());
   cache.CopyEnded("b", 3, true);
-  std::optional<RegionMove> move = cache.PlanMove(others);
+  std::optional<RegionMove> move = cache.PlanMove(others, wanted);
   ASSERT_TRUE(move.has_value());
   ASSERT_EQ(move->model, "b");
   // Relocated, then its copy refused: the new region freed (Untrust), the old one reinstated.
@@ -636,7 +643,7 @@ TEST(WeightsCacheTest, AnUnalignedCapEndsThePoolOnAPageSoEveryRegionStartsOnOne)
   Bring(cache, "b", 10, 1 * kSecond);
   cache.Drop("x");
   // [a][hole][b][hole to the end]: whichever move, its room starts on a page.
-  std::optional<RegionMove> move = cache.PlanMove();
+  std::optional<RegionMove> move = cache.PlanMove({}, {35 * kMiB});
   ASSERT_TRUE(move.has_value());
   EXPECT_EQ(move->to % 4096, 0u);
 }
@@ -654,19 +661,20 @@ TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {
   // checkpoint reads it.
   const std::set<std::string> in_use = {"a", "c"};
   cache.MarkUnsaved("b", 42);
-  EXPECT_FALSE(cache.PlanMove(in_use).has_value());
+  const std::vector<uint64_t> wanted = {40 * kMiB};
+  EXPECT_FALSE(cache.PlanMove(in_use, wanted).has_value());
   cache.Checkpointed("b", 1);
   cache.Hold("b");
-  EXPECT_FALSE(cache.PlanMove(in_use).has_value());
+  EXPECT_FALSE(cache.PlanMove(in_use, wanted).has_value());
   cache.Release("b");
-  ASSERT_TRUE(cache.PlanMove(in_use).has_value());
-  EXPECT_EQ(cache.PlanMove(in_use)->model, "b");
+  ASSERT_TRUE(cache.PlanMove(in_use, wanted).has_value());
+  EXPECT_EQ(cache.PlanMove(in_use, wanted)->model, "b");
   // With the cache off there is one region: nothing to compact.
   WeightsCacheOptions off = Pool(100);
   off.enabled = false;
   WeightsCache single(off);
   Bring(single, "a", 20, 1 * kSecond);
-  EXPECT_FALSE(single.PlanMove().has_value());
+  EXPECT_FALSE(single.PlanMove({}, wanted).has_value());
 }
 
 TEST(WeightsCacheTest, PolicyNamesRoundTrip) {

@@ -231,26 +231,43 @@ TEST(WeightsCacheE2eTest, OffEveryAlternationCopiesTheOtherModel) {
   EXPECT_EQ(ResidentOn(**client, "tiny_mlp"), std::vector<uint32_t>{0});
 }
 
-// Compaction on a real worker: a model moved on the device while the GPU is idle answers
-// exactly as before, from its new place, with no copy from the pinned store.
-TEST(WeightsCacheE2eTest, AModelMovedToMergeFreeSpaceServesExactlyFromItsNewPlace) {
+// Compaction on a real worker: a pool that holds one tiny_cnn (s) and one tiny_mlp (B > s); two
+// tiny_cnns, the first unloaded, leave s free before the second and B - s after it, no room for
+// the tiny_mlp. While the GPU is idle the second moves on the device so that the tiny_mlp fits
+// with no eviction, and it answers exactly from its new place, with no copy from the store.
+TEST(WeightsCacheE2eTest, AModelMovedToMergeFreeSpaceServesExactlyAndMakesRoomWithNoEviction) {
+  // The models' rooms, as a daemon of their own lists them (whole 4 KiB pages).
+  uint64_t cnn = 0, mlp = 0;
+  {
+    e2e::TestDaemon sizer({"--arena-bytes=536870912", "--preload=tiny_cnn,tiny_mlp",
+                           "--standby-workers=1", "--activation-bytes=67108864"});
+    ASSERT_GT(sizer.port(), 0) << sizer.log();
+    auto client = client::Client::Connect(sizer.address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto models = (*client)->ListModels();
+    ASSERT_TRUE(models.ok()) << models.status();
+    for (const client::ModelInfo& m : *models) {
+      const uint64_t pages = (m.param_bytes + 4095) / 4096 * 4096;
+      if (m.name == "tiny_cnn") cnn = pages;
+      if (m.name == "tiny_mlp") mlp = pages;
+    }
+  }
+  ASSERT_GT(mlp, cnn) << "the scenario needs the tiny_mlp larger";
   e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=2",
-                          "--activation-bytes=67108864"});
+                          "--activation-bytes=67108864",
+                          absl::StrCat("--weights-cache-bytes=", cnn + mlp)});
   ASSERT_GT(daemon.port(), 0) << daemon.log();
   auto client = client::Client::Connect(daemon.address());
   ASSERT_TRUE(client.ok()) << client.status();
-  // "first", a tiny_mlp, at the pool's start; "second", a tiny_cnn, after it.
-  const proto::HostTensor mlp_in = Input("tiny_mlp", 4), in = Input("tiny_cnn", 3);
-  ASSERT_TRUE((*client)->Register({"first", "tiny_mlp", "", 1, "auto"}).ok());
-  auto mlp = (*client)->Infer("first", {mlp_in});
-  ASSERT_TRUE(mlp.ok()) << mlp.status();
+  const proto::HostTensor in = Input("tiny_cnn", 3), mlp_in = Input("tiny_mlp", 4);
   const std::vector<float> reference = Reference("tiny_cnn", in);
-  ASSERT_TRUE((*client)->Register({"second", "tiny_cnn", "", 1, "auto"}).ok());
-  auto out = (*client)->Infer("second", {in});
-  ASSERT_TRUE(out.ok()) << out.status();
-  ExpectClose(Floats(out->outputs[0]), reference);
-  // "first" goes: the free space is its room (holding its bytes still) and the pool's rest
-  // beyond "second", which moves down over those bytes.
+  for (const char* name : {"first", "second"}) {
+    ASSERT_TRUE((*client)->Register({name, "tiny_cnn", "", 1, "auto"}).ok());
+    auto out = (*client)->Infer(name, {in});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ExpectClose(Floats(out->outputs[0]), reference);
+  }
+  ASSERT_TRUE((*client)->Register({"big", "tiny_mlp", "", 1, "auto"}).ok());
   ASSERT_TRUE((*client)->Unload("first").ok());
   const std::string moved_line = "event=weights_moved gpu=0 model=second ";
   const absl::Time until = absl::Now() + absl::Seconds(20);
@@ -262,6 +279,12 @@ TEST(WeightsCacheE2eTest, AModelMovedToMergeFreeSpaceServesExactlyFromItsNewPlac
   ASSERT_TRUE(moved.ok()) << moved.status();
   ExpectClose(Floats(moved->outputs[0]), reference);
   EXPECT_EQ(moved->switch_time, absl::ZeroDuration()) << "served where it was moved, no copy";
+  // The tiny_mlp fits in the merged room: nothing evicted, the moved model still resident.
+  auto big = (*client)->Infer("big", {mlp_in});
+  ASSERT_TRUE(big.ok()) << big.status();
+  ExpectClose(Floats(big->outputs[0]), Reference("tiny_mlp", mlp_in));
+  EXPECT_EQ(daemon.log().find("event=weights_evicted"), std::string::npos) << daemon.log();
+  EXPECT_EQ(ResidentOn(**client, "second"), std::vector<uint32_t>{0});
 }
 
 // A model larger than the operator's cap is refused with the reason, and the daemon serves on.

@@ -65,6 +65,11 @@ ABSL_FLAG(uint64_t, seed, 1, "the trace's seed");
 ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "pswitchd's --arena-bytes");
 ABSL_FLAG(std::string, arms, "warm,cost,lru,off,cost-third,lru-third,stop-and-start",
           "which arms to run");
+ABSL_FLAG(std::string, daemon_flags, "",
+          "extra pswitchd flags for every arm, comma-separated (e.g. "
+          "--weights-cache-compaction=false)");
+ABSL_FLAG(bool, keep, false,
+          "keep the working directory (each arm's pswitchd.log) and print its path");
 
 namespace pswitch {
 namespace {
@@ -171,6 +176,10 @@ class Arm {
         absl::StrCat("--arena-bytes=", absl::GetFlag(FLAGS_arena_bytes)),
         absl::StrCat("--standby-workers=", std::max(2, absl::GetFlag(FLAGS_clients) - 1))};
     args.insert(args.end(), flags.begin(), flags.end());
+    for (absl::string_view extra :
+         absl::StrSplit(absl::GetFlag(FLAGS_daemon_flags), ',', absl::SkipEmpty())) {
+      args.emplace_back(extra);
+    }
     arm->daemon_ = std::make_unique<tools::PswitchdProcess>(tools::SiblingBinary("pswitchd"), args,
                                                             (dir / "pswitchd.log").string());
     if (arm->daemon_->port() == 0) {
@@ -456,7 +465,11 @@ int Run() {
         "stop-and-start", P(latency, 50) * 1e3, P(latency, 99) * 1e3,
         P(latency, 99) / P(warm_sequential, 99), "-", "-", "-", "-", "-", "-");
   }
-  (void)base::RemoveTree(dir);
+  if (absl::GetFlag(FLAGS_keep)) {
+    std::printf("kept: %s\n", dir.c_str());
+  } else {
+    (void)base::RemoveTree(dir);
+  }
   return 0;
 }
 
