@@ -328,8 +328,7 @@ void Switcher::Ended(uint64_t id) {
   cache_.CopyEnded(ended.model, ended.transmission->epoch(), traces.ok());
   // A failed move loses its model (copied again at its next request); moves pause until a copy
   // succeeds, so a failing engine does not take the resident models one by one.
-  if (ended.move && !traces.ok()) moves_paused_ = true;
-  if (traces.ok()) moves_paused_ = false;
+  moves_paused_ = !traces.ok() && (moves_paused_ || ended.move);
   if (traces.ok()) {
     if (!ended.move && !traces->empty() &&
         traces->back().ready_ns > traces->front().copy_start_ns) {

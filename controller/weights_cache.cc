@@ -525,11 +525,9 @@ absl::StatusOr<Reservation> WeightsCache::Relocate(const RegionMove& move) {
         absl::StrCat("model '", move.model, "' is no longer resident as the move planned"));
   }
   // The destination must still be free.
-  for (const auto& [offset, r] : regions_) {
-    if (offset < move.to + move.bytes && move.to < offset + r.bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the room at ", move.to, " for model '", move.model, "' is taken by '", r.model, "'"));
-    }
+  if (const ResidentModel* r = Occupant(move.to, move.bytes); r != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the room at ", move.to, " for model '", move.model, "' is taken by '", r->model, "'"));
   }
   if (move.to < options_.pool_offset || move.to + move.bytes > end_) {
     return absl::OutOfRangeError(absl::StrCat("the room at ", move.to, " is outside the pool"));
@@ -545,10 +543,17 @@ absl::StatusOr<Reservation> WeightsCache::Relocate(const RegionMove& move) {
   return room;
 }
 
+const ResidentModel* WeightsCache::Occupant(uint64_t offset, uint64_t bytes) const {
+  for (const auto& [at, r] : regions_) {
+    if (at < offset + bytes && offset < at + r.bytes) return &r;
+  }
+  return nullptr;
+}
+
 bool WeightsCache::Reinstate(const ResidentModel& before) {
-  if (FindRegion(before.model) != regions_.end()) return false;
-  for (const auto& [offset, r] : regions_) {
-    if (offset < before.offset + before.bytes && before.offset < offset + r.bytes) return false;
+  if (FindRegion(before.model) != regions_.end() ||
+      Occupant(before.offset, before.bytes) != nullptr) {
+    return false;
   }
   regions_.emplace(before.offset, before);
   if (stats_.moves > 0) --stats_.moves;

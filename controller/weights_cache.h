@@ -236,6 +236,8 @@ class WeightsCache {
                                       int64_t now_ns, const std::set<std::string>& keep,
                                       std::vector<std::string>* more_victims) const;
   double KeepValue(const ResidentModel& r, int64_t now_ns) const;
+  // A region (trusted or not) overlapping [offset, offset + bytes); null when none.
+  const ResidentModel* Occupant(uint64_t offset, uint64_t bytes) const;
   // The trusted regions' models that hold unsaved training weights.
   std::set<std::string> Unsaved() const;
   void Free(std::map<uint64_t, ResidentModel>::iterator it);

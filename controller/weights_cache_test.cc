@@ -543,19 +543,20 @@ TEST(WeightsCacheTest, OnZipfTracesCostAwareHitsAsOftenAsLruOnAverage) {
   EXPECT_GT(lru / 20, 0.3);  // the traces do hit: the comparison means something
 }
 
+// Fills a 100 MiB pool as [a 20][hole 20][b 20][hole 20][c 20].
+void Fragment(WeightsCache& cache) {
+  for (const char* model : {"a", "x", "b", "y", "c"}) Bring(cache, model, 20, 1 * kSecond);
+  cache.Drop("x");
+  cache.Drop("y");
+}
+
 TEST(WeightsCacheTest, CompactionMovesTheModelWhoseMoveMergesTheFreeSpace) {
   // [a 20][hole 20][b 20][hole 20][c 20]: 40 MiB free, but no 40 MiB hole for the 40 MiB model
   // that waits. Moving b or c down into the first hole, or a or b up into the second, leaves
   // one of 40: the move up of the fewest bytes nearest to its hole is b's.
   WeightsCache cache(Pool(100));
   const uint64_t base = 4 * kMiB;
-  Bring(cache, "a", 20, 1 * kSecond);
-  Bring(cache, "x", 20, 1 * kSecond);
-  Bring(cache, "b", 20, 1 * kSecond);
-  Bring(cache, "y", 20, 1 * kSecond);
-  Bring(cache, "c", 20, 1 * kSecond);
-  cache.Drop("x");
-  cache.Drop("y");
+  Fragment(cache);
   const std::vector<uint64_t> wanted = {40 * kMiB};
   // Nothing waits for room that merging would give (none, one that fits, one larger than the
   // free total): no move, which would only reshuffle what the next evictions take.
@@ -650,13 +651,7 @@ TEST(WeightsCacheTest, AnUnalignedCapEndsThePoolOnAPageSoEveryRegionStartsOnOne)
 
 TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {
   WeightsCache cache(Pool(100));
-  Bring(cache, "a", 20, 1 * kSecond);
-  Bring(cache, "x", 20, 1 * kSecond);
-  Bring(cache, "b", 20, 1 * kSecond);
-  Bring(cache, "y", 20, 1 * kSecond);
-  Bring(cache, "c", 20, 1 * kSecond);
-  cache.Drop("x");
-  cache.Drop("y");
+  Fragment(cache);
   // a and c in use: only b could move, and not while it holds unsaved training weights or a
   // checkpoint reads it.
   const std::set<std::string> in_use = {"a", "c"};
