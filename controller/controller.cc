@@ -26,11 +26,13 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
   // Each GPU's arena holds one weights pool (the resident models' regions: WeightsCache), its
   // workers' activation leases and training tasks' optimizer state. Every pool has the size of
   // the smallest, so a model that fits one GPU fits them all.
-  const uint64_t activations =
-      options.scheduler.spawn.activation_bytes * static_cast<uint64_t>(options.scheduler.workers);
   uint64_t region_bytes = UINT64_MAX;
   uint64_t state_budget = UINT64_MAX;  // each GPU's room for optimizer state
   for (size_t g = 0; g < daemons.size(); ++g) {
+    // Every lease takes whole units of the arena's alignment (2 MiB on a CUDA VMM arena).
+    const uint64_t align = daemons[g]->leases().alignment();
+    const uint64_t activations = (options.scheduler.spawn.activation_bytes + align - 1) / align *
+                                 align * static_cast<uint64_t>(options.scheduler.workers);
     const uint64_t free_bytes = daemons[g]->leases().largest_free_bytes();
     uint64_t state_bytes = options.optimizer_state_bytes;
     if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
@@ -42,8 +44,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
           " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
           "--activation-bytes / --optimizer-state-bytes)"));
     }
-    region_bytes =
-        std::min(region_bytes, (free_bytes - activations - state_bytes) & ~uint64_t{(1 << 20) - 1});
+    region_bytes = std::min(region_bytes, (free_bytes - activations - state_bytes) /
+                                              std::max<uint64_t>(align, 1 << 20) *
+                                              std::max<uint64_t>(align, 1 << 20));
     state_budget = std::min(state_budget, state_bytes);
   }
   c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.inspector);
@@ -56,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     scheduler.gpu = static_cast<int>(g);
     scheduler.region_offset = region.offset;
     scheduler.region_bytes = region.bytes;
+    scheduler.region_alignment = daemons[g]->leases().alignment();
     scheduler.checkpoints = c->checkpoints_;
     // Preempted tasks' optimizer state stays resident within that room, the running task's
     // taking it back when it needs it.

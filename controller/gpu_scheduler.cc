@@ -160,6 +160,7 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
   WeightsCacheOptions cache;
   cache.pool_offset = options.region_offset;
   cache.pool_bytes = options.region_bytes;
+  cache.region_alignment = options.region_alignment;
   cache.flag_count = memdaemon::kReadyFlagCount;
   cache.enabled = options.weights_cache;
   cache.capacity_bytes = options.weights_cache_bytes;
@@ -773,7 +774,7 @@ void GpuScheduler::MaybeCompact() {
   std::vector<uint64_t> wanted;
   for (const EntryRef& entry : catalog_->List()) {
     if (switcher_->cache().Find(entry->request.name) != nullptr) continue;
-    wanted.push_back(WeightsCache::RegionBytes(entry->stored->total_bytes()));
+    wanted.push_back(switcher_->cache().RoomFor(entry->stored->total_bytes()));
   }
   std::optional<RegionMove> move = switcher_->PlanMove(wanted);
   if (!move) return;

@@ -66,6 +66,7 @@
 #include "controller/training_state.h"
 #include "controller/worker_pool.h"
 #include "controller/worker_process.h"
+#include "memdaemon/arena_layout.h"
 #include "registry/model_catalog.h"
 
 namespace pswitch::controller {
@@ -84,6 +85,8 @@ struct SchedulerOptions {
   // (--weights-cache, --weights-cache-bytes, --weights-cache-policy).
   uint64_t region_offset = 0;
   uint64_t region_bytes = 0;
+  // The memdaemon's lease alignment, the unit workers are granted arena access in.
+  uint64_t region_alignment = memdaemon::kLeaseAlignmentBytes;
   bool weights_cache = true;
   uint64_t weights_cache_bytes = 0;  // 0: the whole pool
   EvictionPolicy eviction_policy = EvictionPolicy::kCostAware;

@@ -33,12 +33,12 @@ double ReloadCost::exposed_s() const {
 
 WeightsCache::WeightsCache(WeightsCacheOptions options)
     : options_(options),
-      // Whole pages: every region starts on one, placed at a region's end or (compaction) a
-      // hole's end, the pool's included.
-      end_(options.pool_offset +
-           (options.capacity_bytes == 0 ? options.pool_bytes
-                                        : std::min(options.capacity_bytes, options.pool_bytes)) /
-               memdaemon::kLeaseAlignmentBytes * memdaemon::kLeaseAlignmentBytes) {}
+      // Whole units of region_alignment: every region starts on one, placed at a region's end
+      // or (compaction) a hole's end, the pool's included.
+      end_(options.pool_offset + (options.capacity_bytes == 0
+                                      ? options.pool_bytes
+                                      : std::min(options.capacity_bytes, options.pool_bytes)) /
+                                     options.region_alignment * options.region_alignment) {}
 
 std::map<uint64_t, ResidentModel>::iterator WeightsCache::FindRegion(const std::string& model) {
   return std::find_if(regions_.begin(), regions_.end(),
@@ -204,7 +204,7 @@ void WeightsCache::Release(const std::string& model) {
 }
 
 RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
-  const uint64_t rounded = RegionBytes(bytes);
+  const uint64_t rounded = RoomFor(bytes);
   const std::set<std::string> unsaved = Unsaved();
   if ((held_.empty() && unsaved.empty()) || rounded == 0) return {};
   const std::set<std::string> held(held_.begin(), held_.end());
@@ -251,16 +251,16 @@ uint64_t WeightsCache::UnsavedTask(const std::string& model) const {
   return it == regions_.end() ? 0 : it->second.unsaved_task;
 }
 
-uint64_t WeightsCache::RegionBytes(uint64_t model_bytes) {
-  if (model_bytes == 0 || model_bytes > UINT64_MAX - memdaemon::kLeaseAlignmentBytes) return 0;
-  return memdaemon::WholePages(model_bytes);
+uint64_t WeightsCache::RegionBytes(uint64_t model_bytes, uint64_t alignment) {
+  if (model_bytes == 0 || alignment == 0 || model_bytes > UINT64_MAX - alignment) return 0;
+  return (model_bytes + alignment - 1) / alignment * alignment;
 }
 
 absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,
                                                   const ReloadCost& cost, int64_t now_ns,
                                                   const std::set<std::string>& asked_keep,
                                                   bool for_request) {
-  const uint64_t rounded = RegionBytes(bytes);
+  const uint64_t rounded = RoomFor(bytes);
   if (rounded == 0) {
     return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
   }
@@ -346,7 +346,7 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
 std::optional<std::string> WeightsCache::PinnedToMove(
     const std::string& model, uint64_t bytes, const ReloadCost& cost, int64_t now_ns,
     const std::set<std::string>& keep, const std::set<std::string>& keep_for_copy) const {
-  const uint64_t rounded = RegionBytes(bytes);
+  const uint64_t rounded = RoomFor(bytes);
   if (!options_.enabled || rounded == 0 || rounded > capacity_bytes()) return std::nullopt;
   std::vector<const ResidentModel*> pinned;
   for (const auto& [offset, r] : regions_) {

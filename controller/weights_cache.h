@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "memdaemon/arena_layout.h"
 
 namespace pswitch::controller {
 
@@ -53,6 +54,9 @@ struct WeightsCacheOptions {
   uint32_t flag_count = 0;      // ready flags shared by every resident model's groups
   bool enabled = true;          // false: one model at a time, at the pool's start
   uint64_t capacity_bytes = 0;  // the operator's cap on resident bytes; 0: the whole pool
+  // Every region starts and ends on this (the arena's access granularity: a worker given one
+  // region reaches no byte of another; 2 MiB on a CUDA VMM arena). A power of two.
+  uint64_t region_alignment = memdaemon::kLeaseAlignmentBytes;
   EvictionPolicy policy = EvictionPolicy::kCostAware;
   // What every miss costs besides its copy (kCostAware): the switch's own steps (the copy's
   // start, the first group's flag, the worker's wait on it). A tuning value, of the order of a
@@ -213,10 +217,15 @@ class WeightsCache {
   WeightsCacheStats stats() const;
   uint64_t capacity_bytes() const { return end_ - options_.pool_offset; }
   bool enabled() const { return options_.enabled; }
-  // The room a model of `model_bytes` takes: whole pages (a multiple of the weight layout's
-  // alignment), so a worker's page-granular access to it (issue 29 item 2) reaches no other
-  // model. 0 for a size that would overflow.
-  static uint64_t RegionBytes(uint64_t model_bytes);
+  // The room a model of `model_bytes` takes: whole units of `alignment` (a multiple of the
+  // weight layout's alignment), so a worker's access to it, granted in such units (issue 29
+  // item 2), reaches no other model. 0 for a size that would overflow.
+  static uint64_t RegionBytes(uint64_t model_bytes,
+                              uint64_t alignment = memdaemon::kLeaseAlignmentBytes);
+  // RegionBytes at this cache's region_alignment.
+  uint64_t RoomFor(uint64_t model_bytes) const {
+    return RegionBytes(model_bytes, options_.region_alignment);
+  }
 
  private:
   // A contiguous window of the pool and what taking it costs.

@@ -649,6 +649,29 @@ TEST(WeightsCacheTest, AnUnalignedCapEndsThePoolOnAPageSoEveryRegionStartsOnOne)
   EXPECT_EQ(move->to % 4096, 0u);
 }
 
+// On a CUDA VMM arena a worker is granted access in 2 MiB units: every region starts and ends
+// on one, so a worker given one model maps nothing of its neighbours.
+TEST(WeightsCacheTest, RegionsStartAndEndOnTheAlignmentWorkersAreGrantedAccessIn) {
+  WeightsCacheOptions o = Pool(100);
+  o.region_alignment = 2 * kMiB;
+  o.capacity_bytes = 61 * kMiB;
+  WeightsCache cache(o);
+  EXPECT_EQ(cache.capacity_bytes(), 60 * kMiB) << "the cap ends on a unit";
+  EXPECT_EQ(cache.RoomFor(1), 2 * kMiB);
+  EXPECT_EQ(cache.RoomFor(2 * kMiB + 1), 4 * kMiB);
+  EXPECT_EQ(WeightsCache::RegionBytes(1), 4096u) << "the host's pages by default";
+  uint64_t end_of_last = o.pool_offset;
+  for (const char* m : {"a", "b", "c"}) {
+    absl::StatusOr<Reservation> r = cache.Reserve(m, 3 * kMiB + 5, Cost(0.01), 1);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->offset % (2 * kMiB), 0u) << m;
+    EXPECT_EQ(r->offset, end_of_last) << m << " follows the last region's whole units";
+    end_of_last = r->offset + 4 * kMiB;
+    cache.Started(m, 1);
+    cache.CopyEnded(m, 1, true);
+  }
+}
+
 TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {
   WeightsCache cache(Pool(100));
   Fragment(cache);

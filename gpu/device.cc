@@ -86,6 +86,14 @@ absl::Status Arena::SetAccess(uint64_t, uint64_t, Access) {
   return absl::FailedPreconditionError("this arena cannot restrict a process's access to it");
 }
 
+absl::StatusOr<std::vector<UniqueFd>> Arena::ExportChunks(uint64_t, uint64_t) const {
+  return absl::UnimplementedError("this arena is not made of chunks");
+}
+
+absl::StatusOr<Arena::Access> Arena::AccessAt(uint64_t) const {
+  return absl::UnimplementedError("this arena cannot report its access");
+}
+
 absl::Status Arena::CheckRange(uint64_t offset, uint64_t bytes) const {
   return CheckArenaRange(offset, bytes, size_bytes());
 }

@@ -5,7 +5,8 @@
 // Objects and their lifetimes:
 //   Device      opened once per process; creates everything below.
 //   Arena       one contiguous device allocation, made once by the memdaemon and imported once
-//               by each worker (host: memfd; cuda: cudaMalloc + IPC handle).
+//               by each worker (host: memfd; cuda: a VMM allocation exported as an fd, or
+//               cudaMalloc + IPC handle).
 //   FlagArray   32-bit words addressed by arena offset (ready and drain flags); borrowed from the
 //               arena. The words live in host memory shared by every process that maps the arena
 //               (host: the memfd arena itself; CUDA: a registered memfd page beside it), so the
@@ -20,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,9 +30,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/unique_fd.h"
 #include "gpu/copy_engine.h"
 #include "gpu/flags.h"
-#include "base/unique_fd.h"
 
 namespace pswitch::gpu {
 
@@ -47,20 +49,34 @@ struct DeviceOptions {
   bool lock_host_memory = true;
   // Host backend: copy engine pacing in bytes/s to model a PCIe link; 0 = as fast as memcpy.
   double copy_bandwidth_bytes_per_s = 0;
+  // CUDA backend: arenas this device creates are chunks of VMM allocations, of which each
+  // importer maps only what it is granted (workers see only what their task needs); false:
+  // cudaMalloc shared by IPC handle, mapped whole by every importer. Imports follow the handle
+  // either way. Off by default until a GPU run has validated it (docs/performance.md).
+  bool cuda_vmm_arena = false;
 };
 
 // Flag words must lie in an arena's first kFlagWindowBytes (the CUDA backend mirrors only that
 // window in host memory; the device bytes behind it stay unused).
 inline constexpr uint64_t kFlagWindowBytes = 1ull << 20;
 
+// The fds of chunks [first, first + count) of a chunked (CUDA VMM) arena, in order.
+using ArenaChunkSource =
+    std::function<absl::StatusOr<std::vector<UniqueFd>>(uint64_t first, uint64_t count)>;
+
 // What another process needs to import an arena. `fd` (a memfd) travels by SCM_RIGHTS: host,
-// the arena; CUDA, its flag window. CUDA: `ipc_handle` holds the cudaIpcMemHandle_t bytes.
+// the arena; CUDA, its flag window. CUDA's device memory: a VMM arena is chunks of
+// `chunk_bytes`, each its own allocation, whose fds an importer fetches through `chunks` as it
+// maps them (from the memdaemon, or the owner itself in-process); a cudaMalloc'd one is
+// `ipc_handle`, the cudaIpcMemHandle_t bytes.
 struct ArenaHandle {
   Backend backend = Backend::kHost;
   int device_ordinal = 0;
   uint64_t size_bytes = 0;
   std::string ipc_handle;
   UniqueFd fd;
+  uint64_t chunk_bytes = 0;
+  ArenaChunkSource chunks;
 };
 
 // Device memory shared between processes. Thread-safe.
@@ -87,8 +103,13 @@ class Arena {
   // so a model that escaped its tensors faults rather than reads another tenant's bytes.
   enum class Access { kNone, kRead, kReadWrite };
   // The unit access is granted in (ranges widen to it); 0 when this arena cannot restrict access
-  // and every byte stays readable and writable (the CUDA arena until it maps with VMM).
+  // and every byte stays readable and writable (a CUDA arena shared by IPC handle).
   virtual uint64_t access_granularity() const { return 0; }
+  // True where the flag words live outside the memory SetAccess governs (CUDA: a registered
+  // host page every importer maps whole), so RestrictAccess leaves them reachable.
+  virtual bool flags_outside_device_memory() const { return false; }
+  // False where a kRead grant maps read-write because the device cannot map read-only.
+  virtual bool read_only_access() const { return true; }
   // From now on nothing of the arena is accessible to this process but what SetAccess grants.
   // FailedPrecondition for the owner (it copies into every region) and where
   // access_granularity() is 0.
@@ -96,6 +117,13 @@ class Arena {
   // What this process may do with [offset, offset + bytes), widened to access_granularity().
   // FailedPrecondition before RestrictAccess.
   virtual absl::Status SetAccess(uint64_t offset, uint64_t bytes, Access access);
+  // Owner of a chunked arena (access_granularity() > 0 on CUDA): new fds for chunks [first,
+  // first + count). Unimplemented elsewhere.
+  virtual absl::StatusOr<std::vector<UniqueFd>> ExportChunks(uint64_t first, uint64_t count) const;
+  // What the device may do at `offset` in this process, as its driver reports it, without
+  // touching the bytes (a fault would end a CUDA context). Unimplemented where the backend
+  // cannot tell (the host backend: ask the pages).
+  virtual absl::StatusOr<Access> AccessAt(uint64_t offset) const;
 
   // OutOfRange unless [offset, offset + bytes) lies inside the arena.
   absl::Status CheckRange(uint64_t offset, uint64_t bytes) const;

@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "memdaemon/arena_layout.h"
 #include "proto/framing.h"
 #include "proto/memdaemon_generated.h"
-#include "base/status.h"
 #include "proto/wire_status.h"
 
 namespace pswitch::memdaemon {
@@ -33,11 +36,41 @@ absl::StatusOr<const proto::MemReply*> ParseReply(const proto::ReceivedFrame& fr
 
 template <typename Fn>
 absl::StatusOr<proto::ReceivedFrame> ArenaClient::Call(Fn build_request) {
+  absl::MutexLock lock(&channel_mu_);
   flatbuffers::FlatBufferBuilder b;
   build_request(b, next_request_id_);
   PSWITCH_RETURN_IF_ERROR(channel_->Send(b));
   ++next_request_id_;
   return channel_->Receive(kReplyTimeout);
+}
+
+absl::StatusOr<std::vector<UniqueFd>> ArenaClient::FetchChunks(uint64_t first, uint64_t count) {
+  std::vector<UniqueFd> fds;
+  fds.reserve(count);
+  absl::MutexLock lock(&channel_mu_);
+  while (fds.size() < count) {
+    const uint64_t at = first + fds.size();
+    const uint32_t batch =
+        static_cast<uint32_t>(std::min<uint64_t>(count - fds.size(), kMaxChunksPerRequest));
+    const uint64_t id = next_request_id_++;
+    flatbuffers::FlatBufferBuilder b;
+    auto ask = proto::CreateExportChunks(b, at, batch);
+    proto::Finish(b,
+                  proto::CreateMemRequest(b, id, proto::MemRequestBody::ExportChunks, ask.Union()));
+    PSWITCH_RETURN_IF_ERROR(channel_->Send(b));
+    for (uint32_t i = 0; i < batch; ++i) {
+      PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame, channel_->Receive(kReplyTimeout));
+      PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
+                               ParseReply(frame, id, proto::MemReplyBody::ArenaChunk));
+      if (reply->body_as_ArenaChunk()->index() != at + i || !frame.fd.valid()) {
+        return absl::InternalError(
+            absl::StrCat("memdaemon sent chunk ", reply->body_as_ArenaChunk()->index(),
+                         frame.fd.valid() ? "" : " without its fd", "; expected chunk ", at + i));
+      }
+      fds.push_back(std::move(frame.fd));
+    }
+  }
+  return fds;
 }
 
 absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::string& socket_path,
@@ -49,6 +82,7 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
   uint64_t id = client->next_request_id_;
   PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame,
                            client->Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+                             id = rid;
                              auto secret = b.CreateVector(
                                  reinterpret_cast<const uint8_t*>(attach_secret.data()),
                                  attach_secret.size());
@@ -75,10 +109,18 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
                              grant->ipc_handle()->size());
   }
   handle.fd = std::move(frame.fd);
+  handle.chunk_bytes = grant->chunk_bytes();
+  if (handle.chunk_bytes > 0) {
+    // The arena is owned by the client, so it never outlives this source.
+    handle.chunks = [c = client.get()](uint64_t first, uint64_t count) {
+      return c->FetchChunks(first, count);
+    };
+  }
   uint64_t flags_offset = grant->flags_offset();
   uint32_t ready_count = grant->ready_flags();
   uint32_t drain_count = grant->drain_flags();
   client->alignment_ = grant->alignment();
+  client->lease_alignment_ = grant->lease_alignment();
   PSWITCH_ASSIGN_OR_RETURN(client->arena_, device->ImportArena(std::move(handle)));
   PSWITCH_ASSIGN_OR_RETURN(client->ready_flags_, client->arena_->Flags(flags_offset, ready_count));
   PSWITCH_ASSIGN_OR_RETURN(
@@ -91,6 +133,9 @@ absl::StatusOr<std::unique_ptr<ArenaClient>> ArenaClient::Attach(const std::stri
 }
 
 absl::Status ArenaClient::RestrictToFlags() {
+  // The flags are host words every importer maps whole (CUDA); the device bytes behind the
+  // control block hold nothing.
+  if (arena_->flags_outside_device_memory()) return arena_->RestrictAccess();
   const uint64_t page = arena_->access_granularity();
   if (page == 0 || (flags_offset_ + ready_bytes_) % page != 0) {
     return absl::FailedPreconditionError(
@@ -106,9 +151,10 @@ absl::Status ArenaClient::RestrictToFlags() {
 }
 
 absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64_t bytes) {
-  uint64_t id = next_request_id_;
+  uint64_t id = 0;
   PSWITCH_ASSIGN_OR_RETURN(
       proto::ReceivedFrame frame, Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+        id = rid;
         auto req = proto::CreateRequestLease(b, b.CreateString(owner), bytes);
         proto::Finish(b, proto::CreateMemRequest(b, rid, proto::MemRequestBody::RequestLease, req.Union()));
       }));
@@ -119,9 +165,10 @@ absl::StatusOr<Lease> ArenaClient::RequestLease(const std::string& owner, uint64
 }
 
 absl::Status ArenaClient::ReleaseLease(const std::string& owner, uint64_t offset) {
-  uint64_t id = next_request_id_;
+  uint64_t id = 0;
   PSWITCH_ASSIGN_OR_RETURN(
       proto::ReceivedFrame frame, Call([&](flatbuffers::FlatBufferBuilder& b, uint64_t rid) {
+        id = rid;
         auto req = proto::CreateReleaseLease(b, b.CreateString(owner), offset);
         proto::Finish(b, proto::CreateMemRequest(b, rid, proto::MemRequestBody::ReleaseLease, req.Union()));
       }));

@@ -29,6 +29,9 @@ inline constexpr uint64_t kLeaseAlignmentBytes = 4096;
 inline constexpr uint64_t WholePages(uint64_t bytes) {
   return (bytes + kLeaseAlignmentBytes - 1) / kLeaseAlignmentBytes * kLeaseAlignmentBytes;
 }
+// A worker asks for a VMM arena's chunk fds at most this many at a time (each travels in a
+// frame of its own, and stays open in pswitchd until sent).
+inline constexpr uint32_t kMaxChunksPerRequest = 256;
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= kControlBytes);
 // Every flag word inside the window the device interface mirrors in host memory.
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= gpu::kFlagWindowBytes);

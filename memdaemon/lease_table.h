@@ -41,6 +41,7 @@ class LeaseTable {
   // on timeout.
   bool AwaitLeaseCount(size_t count, absl::Duration timeout) const;
   uint64_t capacity_bytes() const { return end_ - begin_; }
+  uint64_t alignment() const { return alignment_; }
   uint64_t largest_free_bytes() const;
 
  private:

@@ -1,8 +1,10 @@
 #include "memdaemon/memdaemon.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
-#include "memdaemon/arena_layout.h"
 #include "base/status.h"
+#include "memdaemon/arena_layout.h"
 
 namespace pswitch::memdaemon {
 namespace {
@@ -40,8 +42,15 @@ absl::StatusOr<std::unique_ptr<MemDaemon>> MemDaemon::Create(const MemDaemonOpti
   PSWITCH_ASSIGN_OR_RETURN(d->ready_flags_, d->arena_->Flags(kReadyFlagsOffset, kReadyFlagCount));
   PSWITCH_ASSIGN_OR_RETURN(d->drain_flags_, d->arena_->Flags(kDrainFlagsOffset, kDrainFlagCount));
   PSWITCH_ASSIGN_OR_RETURN(d->copy_engine_, d->device_->CreateCopyEngine(*d->arena_));
-  d->leases_ = std::make_unique<LeaseTable>(d->arena_.get(), kControlBytes, arena_bytes,
-                                            kLeaseAlignmentBytes);
+  // Leases (and the weights cache's regions, at the same alignment) in whole units of what a
+  // worker is granted access in, so a grant of one reaches nothing of another.
+  const uint64_t alignment = std::max(kLeaseAlignmentBytes, d->arena_->access_granularity());
+  if (alignment % kLeaseAlignmentBytes != 0 || kControlBytes % alignment != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("the arena grants access in units of ",
+                                                      alignment, " bytes, which do not divide its ",
+                                                      kControlBytes, "-byte control block"));
+  }
+  d->leases_ = std::make_unique<LeaseTable>(d->arena_.get(), kControlBytes, arena_bytes, alignment);
   d->weights_ = std::make_unique<WeightStore>(d->device_.get(), arena_bytes - kControlBytes);
   d->transmitter_ =
       std::make_unique<Transmitter>(d->copy_engine_.get(), d->ready_flags_.get(),

@@ -88,10 +88,35 @@ class WorkerServer::Session {
         auto grant = proto::CreateArenaGrant(
             b, handle->backend == gpu::Backend::kCuda ? proto::Backend::Cuda : proto::Backend::Host,
             handle->device_ordinal, handle->size_bytes, ipc, kReadyFlagsOffset, kReadyFlagCount,
-            kDrainFlagCount, kWeightAlignmentBytes);
+            kDrainFlagCount, kWeightAlignmentBytes, handle->chunk_bytes, leases_->alignment());
         proto::Finish(b, proto::CreateMemReply(b, id, proto::MemReplyBody::ArenaGrant, grant.Union()));
         attached_ = true;
         conn.Send(Bytes(b), std::move(handle->fd));
+        return;
+      }
+      case proto::MemRequestBody::ExportChunks: {
+        // A worker maps what its task needs and asks for those chunks' fds the first time; it
+        // holds the arena's whole memory either way, as a host worker holds the arena's memfd.
+        auto* req = (*request)->body_as_ExportChunks();
+        if (req->count() == 0 || req->count() > kMaxChunksPerRequest) {
+          conn.Send(
+              ErrorReply(id, absl::InvalidArgumentError(absl::StrCat(
+                                 "ask for 1 to ", kMaxChunksPerRequest, " chunks at a time"))));
+          return;
+        }
+        absl::StatusOr<std::vector<UniqueFd>> fds =
+            arena_->ExportChunks(req->first(), req->count());
+        if (!fds.ok()) {
+          conn.Send(ErrorReply(id, fds.status()));
+          return;
+        }
+        for (size_t i = 0; i < fds->size(); ++i) {
+          flatbuffers::FlatBufferBuilder c;
+          auto chunk = proto::CreateArenaChunk(c, req->first() + i);
+          proto::Finish(
+              c, proto::CreateMemReply(c, id, proto::MemReplyBody::ArenaChunk, chunk.Union()));
+          conn.Send(Bytes(c), std::move((*fds)[i]));
+        }
         return;
       }
       case proto::MemRequestBody::RequestLease: {

@@ -1,6 +1,7 @@
 #include "memdaemon/worker_server.h"
 
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +15,9 @@
 
 #include "base/private_dir.h"
 #include "gtest/gtest.h"
+#include "memdaemon/arena_client.h"
+#include "memdaemon/arena_layout.h"
+#include "memdaemon/lease_table.h"
 #include "memdaemon/memdaemon.h"
 #include "proto/framing.h"
 #include "proto/memdaemon_generated.h"
@@ -162,6 +166,69 @@ TEST_F(WorkerServerTest, RuntimeDirectoriesMustBePrivate) {
   EXPECT_EQ(base::EnsurePrivateDir(dir_ + "/open").code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_EQ(::symlink((dir_ + "/fresh").c_str(), (dir_ + "/link").c_str()), 0);
   EXPECT_EQ(base::EnsurePrivateDir(dir_ + "/link").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A host arena that also hands out chunk fds, as a CUDA VMM arena does (1,000 chunks).
+class ChunkedArena : public gpu::Arena {
+ public:
+  explicit ChunkedArena(gpu::Arena* inner) : inner_(inner) {}
+  uint64_t size_bytes() const override { return inner_->size_bytes(); }
+  std::byte* base() const override { return inner_->base(); }
+  bool owner() const override { return true; }
+  absl::StatusOr<gpu::ArenaHandle> Export() const override {
+    absl::StatusOr<gpu::ArenaHandle> handle = inner_->Export();
+    if (handle.ok()) handle->chunk_bytes = 2 << 20;
+    return handle;
+  }
+  absl::StatusOr<std::vector<UniqueFd>> ExportChunks(uint64_t first,
+                                                     uint64_t count) const override {
+    if (first + count > 1000) return absl::OutOfRangeError("past the last chunk");
+    std::vector<UniqueFd> fds;
+    for (uint64_t i = 0; i < count; ++i) fds.emplace_back(::memfd_create("chunk", MFD_CLOEXEC));
+    return fds;
+  }
+  absl::Status Fill(uint64_t offset, uint64_t bytes, uint8_t value) override {
+    return inner_->Fill(offset, bytes, value);
+  }
+  absl::Status CopyToHost(uint64_t offset, std::span<std::byte> out) override {
+    return inner_->CopyToHost(offset, out);
+  }
+  absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) override {
+    return inner_->CopyFromHost(offset, in);
+  }
+  absl::StatusOr<std::unique_ptr<gpu::FlagArray>> Flags(uint64_t offset, uint32_t count) override {
+    return inner_->Flags(offset, count);
+  }
+
+ private:
+  gpu::Arena* const inner_;
+};
+
+// A VMM arena's chunks reach a worker as it asks for them, one fd per frame and at most
+// kMaxChunksPerRequest per request; the client gathers them in order, and a refused request
+// leaves the connection usable.
+TEST_F(WorkerServerTest, AWorkerFetchesAChunkedArenasFdsInBatchesAndTheChannelStaysInStep) {
+  MemDaemonOptions options;
+  options.arena_bytes = 16 << 20;
+  auto daemon = MemDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  ChunkedArena arena(&(*daemon)->arena());
+  LeaseTable leases(&arena, kControlBytes, arena.size_bytes(), 64 << 10);
+  const std::string path = dir_ + "/vmm.sock";
+  auto server = WorkerServer::Start(path, &arena, &leases);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = ArenaClient::Attach(path, &(*daemon)->device(), 7);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->lease_alignment_bytes(), 64u << 10);
+  auto fds = (*client)->FetchChunks(3, kMaxChunksPerRequest + 44);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  ASSERT_EQ(fds->size(), kMaxChunksPerRequest + 44);
+  for (const UniqueFd& fd : *fds) EXPECT_TRUE(fd.valid());
+  EXPECT_EQ((*client)->FetchChunks(990, 20).status().code(), absl::StatusCode::kOutOfRange);
+  auto lease = (*client)->RequestLease("worker-7", 1000);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->bytes, 64u << 10) << "whole units of the lease alignment";
+  EXPECT_EQ(lease->offset % (64 << 10), 0u);
 }
 
 }  // namespace

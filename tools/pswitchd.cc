@@ -116,6 +116,12 @@ ABSL_FLAG(bool, keep_preempted_training, true,
           "region and its optimizer state in the arena, unsaved, for its next run (written back "
           "only when evicted or when it ends); false = both are copied to host memory at every "
           "stop and the state copied back at its resume (the baseline)");
+ABSL_FLAG(bool, cuda_vmm_arena, false,
+          "CUDA backend: the arena is 2 MiB chunks of physical memory (the VMM API), of which "
+          "each worker maps only what its task needs (its activations, the model it runs, "
+          "read-only when it infers), so a model cannot read another tenant's weights; false = "
+          "cudaMalloc shared by IPC handle, which every worker maps whole. Off by default until "
+          "validated on a GPU (tools/gpu/validate.sh's vmm step)");
 ABSL_FLAG(bool, weights_cache_compaction, true,
           "with the weights cache on, while the GPU is idle, a resident model moves by a copy on "
           "the device into a free hole when that merges the free space, so a later model finds "
@@ -240,6 +246,7 @@ absl::StatusOr<gpu::DeviceOptions> ChooseDevice() {
   gpu::DeviceOptions options;
   options.device_ordinal = absl::GetFlag(FLAGS_device);
   options.copy_bandwidth_bytes_per_s = absl::GetFlag(FLAGS_bandwidth_cap);
+  options.cuda_vmm_arena = absl::GetFlag(FLAGS_cuda_vmm_arena);
   std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "auto") {
     auto parsed = gpu::ParseBackend(backend);

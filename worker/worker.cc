@@ -170,19 +170,37 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   // Nothing of the arena but the flags until granted (issue 29 item 2); said once where the
   // backend cannot restrict a worker's mapping.
   const uint64_t granularity = w->arena_->arena().access_granularity();
-  // Leases and regions are whole 4 KiB pages: a larger page would reach a neighbour's bytes.
-  const bool restricted = granularity > 0 && granularity <= memdaemon::kLeaseAlignmentBytes;
+  // Leases and regions must be whole units of access: a larger unit would reach a neighbour's
+  // bytes.
+  const uint64_t lease_alignment = w->arena_->lease_alignment_bytes();
+  const bool restricted =
+      granularity > 0 && lease_alignment >= granularity && lease_alignment % granularity == 0;
+  if (!restricted && options.backend == gpu::Backend::kCuda && granularity > 0) {
+    // A VMM import maps nothing until granted: it cannot run unrestricted.
+    return absl::FailedPreconditionError(
+        absl::StrCat("the arena grants access in units of ", granularity,
+                     " bytes but the memdaemon aligns leases to ", lease_alignment));
+  }
   if (restricted) {
     PSWITCH_RETURN_IF_ERROR(w->arena_->RestrictToFlags());
+    if (!w->arena_->arena().read_only_access()) {
+      base::Log(base::LogLevel::kWarn, "arena_read_only_unsupported")
+          .Field("worker", options.worker_id)
+          .Field("why",
+                 "the driver refused a read-only mapping: a model this worker infers with is "
+                 "mapped read-write (still nothing of any other tenant's)");
+    }
   } else {
     base::Log(base::LogLevel::kWarn, "arena_access_not_restricted")
         .Field("worker", options.worker_id)
         .Field("backend", gpu::BackendName(options.backend))
         .Field("why",
                granularity == 0
-                   ? std::string("this backend's arena maps whole in every worker "
-                                 "(per-range access: CUDA VMM, not built yet)")
-                   : absl::StrCat("pages of ", granularity, " bytes span more than one lease"));
+                   ? std::string("this arena maps whole in every worker (a CUDA arena shared by "
+                                 "IPC handle: pswitchd --cuda-vmm-arena=false)")
+                   : absl::StrCat("units of access of ", granularity,
+                                  " bytes span more than one lease (leases aligned to ",
+                                  lease_alignment, ")"));
   }
   w->access_ = std::make_unique<ArenaAccess>(&w->arena_->arena(), restricted);
   PSWITCH_ASSIGN_OR_RETURN(w->stream_, w->device_->CreateStream());

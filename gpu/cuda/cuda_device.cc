@@ -269,10 +269,11 @@ class CudaCopyEngine : public CopyEngine {
 
 class CudaDevice : public Device {
  public:
-  CudaDevice(int device, const DriverApi* api, std::string name)
+  CudaDevice(int device, const DriverApi* api, std::string name, bool vmm_arena)
       : device_(device),
         api_(api),
         name_(std::move(name)),
+        vmm_arena_(vmm_arena),
         releaser_(std::make_shared<PinnedReleaser>(device)) {}
 
   Backend backend() const override { return Backend::kCuda; }
@@ -284,7 +285,7 @@ class CudaDevice : public Device {
     return free_bytes;
   }
   absl::StatusOr<std::unique_ptr<Arena>> CreateArena(uint64_t bytes) override {
-    return CudaArena::Create(device_, bytes, api_);
+    return CudaArena::Create(device_, bytes, api_, vmm_arena_);
   }
   absl::StatusOr<std::unique_ptr<Arena>> ImportArena(ArenaHandle handle) override {
     return CudaArena::Import(device_, std::move(handle), api_);
@@ -313,6 +314,7 @@ class CudaDevice : public Device {
   const int device_;
   const DriverApi* const api_;
   const std::string name_;
+  const bool vmm_arena_;
   // Frees this device's pinned buffers off their owners' threads; shared with each buffer.
   const std::shared_ptr<PinnedReleaser> releaser_;
 };
@@ -339,7 +341,8 @@ absl::StatusOr<std::unique_ptr<Device>> OpenCudaDevice(const DeviceOptions& opti
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaGetDeviceProperties(&prop, options.device_ordinal)));
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(options.device_ordinal)));
   return std::make_unique<cuda::CudaDevice>(
-      options.device_ordinal, api, absl::StrCat("cuda:", options.device_ordinal, " ", prop.name));
+      options.device_ordinal, api, absl::StrCat("cuda:", options.device_ordinal, " ", prop.name),
+      options.cuda_vmm_arena);
 }
 
 }  // namespace pswitch::gpu

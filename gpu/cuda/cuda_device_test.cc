@@ -1,4 +1,6 @@
 // CUDA backend tests: run on a machine with a GPU, skipped (with the reason) elsewhere.
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -55,8 +57,132 @@ TEST_F(CudaDeviceTest, CopiesGroupsAndReleasesAStreamWaitingOnTheirFlags) {
   EXPECT_EQ(std::memcmp(out.data(), (*pinned)->data(), out.size()), 0);
   auto handle = (*arena)->Export();
   ASSERT_TRUE(handle.ok());
-  EXPECT_EQ(handle->ipc_handle.size(), 64u);
+  EXPECT_EQ(handle->ipc_handle.size(), 64u) << "cudaMalloc shared by IPC handle (the default)";
+  EXPECT_EQ(handle->chunk_bytes, 0u);
+  EXPECT_EQ((*arena)->access_granularity(), 0u) << "every importer maps it whole";
   EXPECT_TRUE(handle->fd.valid()) << "the flag window travels with the handle";
+}
+
+class CudaVmmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CudaBackendBuilt()) GTEST_SKIP() << "built without the CUDA backend";
+    DeviceOptions options;
+    options.backend = Backend::kCuda;
+    options.cuda_vmm_arena = true;
+    auto device = Device::Open(options);
+    if (!device.ok()) GTEST_SKIP() << "no usable GPU: " << device.status();
+    device_ = std::move(*device);
+  }
+  std::unique_ptr<Device> device_;
+};
+
+// --cuda-vmm-arena: chunks of the mapping granularity, each its own allocation.
+TEST_F(CudaVmmTest, TheArenaIsChunksWhoseFdsTheOwnerExports) {
+  auto arena = device_->CreateArena(9 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  const uint64_t g = (*arena)->access_granularity();
+  ASSERT_GT(g, 0u);
+  auto handle = (*arena)->Export();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(handle->chunk_bytes, g);
+  EXPECT_TRUE(handle->ipc_handle.empty());
+  auto fds = (*arena)->ExportChunks(0, 2);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_TRUE((*fds)[0].valid() && (*fds)[1].valid());
+  EXPECT_EQ((*arena)->ExportChunks((9 << 20) / g + 1, 1).status().code(),
+            absl::StatusCode::kOutOfRange);
+  // The owner's mapping is whole and contiguous: a fill and a copy across chunk boundaries.
+  std::vector<std::byte> pattern(3 * g);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 31 + 7);
+  ASSERT_TRUE((*arena)->CopyFromHost(g / 2, pattern).ok());
+  std::vector<std::byte> seen(pattern.size());
+  ASSERT_TRUE((*arena)->CopyToHost(g / 2, seen).ok());
+  EXPECT_EQ(std::memcmp(seen.data(), pattern.data(), seen.size()), 0);
+}
+
+// Issue 29 item 2 on CUDA: an importer restricted to what it is granted has nothing else mapped,
+// granule by granule, as its driver reports it; a grant shows the owner's bytes (the same
+// memory), and taking part of a mapping back keeps the rest as it was.
+TEST_F(CudaVmmTest, ARestrictedImportReachesOnlyWhatItIsGranted) {
+  auto arena = device_->CreateArena(64 << 20);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  EXPECT_EQ((*arena)->RestrictAccess().code(), absl::StatusCode::kFailedPrecondition);
+  auto handle = (*arena)->Export();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto imported = device_->ImportArena(std::move(*handle));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  Arena& view = **imported;
+  const uint64_t g = view.access_granularity();
+  ASSERT_GT(g, 0u);
+  ASSERT_LE(8 * g, 64u << 20);
+  EXPECT_EQ(view.SetAccess(0, g, Arena::Access::kRead).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto at = [&](uint64_t offset) {
+    absl::StatusOr<Arena::Access> access = view.AccessAt(offset);
+    EXPECT_TRUE(access.ok()) << access.status();
+    return access.value_or(Arena::Access::kReadWrite);
+  };
+  EXPECT_EQ(at(5 * g), Arena::Access::kNone) << "an import maps nothing until granted";
+  ASSERT_TRUE(view.RestrictAccess().ok());
+  EXPECT_EQ(at(0), Arena::Access::kNone);
+  EXPECT_EQ(at(5 * g), Arena::Access::kNone);
+  // A grant widens to whole granules and no further.
+  const Arena::Access read =
+      view.read_only_access() ? Arena::Access::kRead : Arena::Access::kReadWrite;
+  EXPECT_TRUE(view.read_only_access()) << "this driver maps device memory read-write only";
+  ASSERT_TRUE(view.SetAccess(5 * g + 100, 10, Arena::Access::kRead).ok());
+  EXPECT_EQ(at(5 * g), read);
+  EXPECT_EQ(at(6 * g - 1), read);
+  EXPECT_EQ(at(5 * g - 1), Arena::Access::kNone);
+  EXPECT_EQ(at(6 * g), Arena::Access::kNone);
+  ASSERT_TRUE(view.SetAccess(5 * g, g, Arena::Access::kReadWrite).ok());
+  EXPECT_EQ(at(5 * g), Arena::Access::kReadWrite);
+  std::vector<std::byte> pattern(4096);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = std::byte(i * 7 + 3);
+  ASSERT_TRUE((*arena)->CopyFromHost(5 * g, pattern).ok());
+  ASSERT_TRUE((*arena)->CopyFromHost(4 * g, pattern).ok());
+  std::vector<std::byte> seen(pattern.size());
+  ASSERT_TRUE(view.CopyToHost(5 * g, seen).ok());
+  EXPECT_EQ(std::memcmp(seen.data(), pattern.data(), seen.size()), 0);
+  ASSERT_TRUE(view.SetAccess(5 * g, g, Arena::Access::kNone).ok());
+  EXPECT_EQ(at(5 * g), Arena::Access::kNone);
+  // One mapping of three granules, its middle taken back: both ends stay, bytes and all.
+  ASSERT_TRUE(view.SetAccess(4 * g, 3 * g, Arena::Access::kRead).ok());
+  ASSERT_TRUE(view.SetAccess(5 * g, g, Arena::Access::kNone).ok());
+  EXPECT_EQ(at(4 * g), read);
+  EXPECT_EQ(at(5 * g), Arena::Access::kNone);
+  EXPECT_EQ(at(6 * g), read);
+  std::fill(seen.begin(), seen.end(), std::byte{0});
+  ASSERT_TRUE(view.CopyToHost(4 * g, seen).ok());
+  EXPECT_EQ(std::memcmp(seen.data(), pattern.data(), seen.size()), 0);
+  EXPECT_EQ(view.SetAccess((64 << 20) - 10, 20, Arena::Access::kRead).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+// What the restriction is for: the device itself refuses a write to a read-only grant and a
+// read of what was not granted. Each may end the CUDA context, so it runs in a child process.
+TEST_F(CudaVmmTest, TheDeviceRefusesAWriteToAReadOnlyGrantAndAReadOfWhatWasNotGranted) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto attempt = [this](bool write) {
+    auto arena = device_->CreateArena(16 << 20);
+    if (!arena.ok()) std::_Exit(3);
+    auto handle = (*arena)->Export();
+    if (!handle.ok()) std::_Exit(3);
+    auto imported = device_->ImportArena(std::move(*handle));
+    if (!imported.ok() || !(*imported)->RestrictAccess().ok()) std::_Exit(3);
+    Arena& view = **imported;
+    const uint64_t g = view.access_granularity();
+    if (!view.read_only_access() || !view.SetAccess(2 * g, g, Arena::Access::kRead).ok()) {
+      std::_Exit(3);
+    }
+    std::vector<std::byte> out(4096);
+    const absl::Status done = write ? view.Fill(2 * g, 4096, 0x5a)  // granted read-only
+                                    : view.CopyToHost(4 * g, out);  // never granted
+    std::_Exit(done.ok() ? 1 : 0);
+  };
+  EXPECT_EXIT(attempt(/*write=*/true), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(attempt(/*write=*/false), ::testing::ExitedWithCode(0), "");
 }
 
 // Compaction (WeightsCache::PlanMove): a job whose source is the arena itself copies on the

@@ -209,19 +209,26 @@ absl::Status CudaStream::Synchronize(absl::Duration timeout) {
 }
 
 absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Create(int device, uint64_t bytes,
-                                                             const DriverApi* api) {
+                                                             const DriverApi* api, bool vmm) {
   if (bytes == 0) return absl::InvalidArgumentError("arena size must be positive");
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device)));
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> side, CudaStream::Create(api));
+  std::unique_ptr<VmmMemory> memory;
   void* base = nullptr;
-  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMalloc(&base, bytes)));
+  if (vmm) {
+    PSWITCH_ASSIGN_OR_RETURN(const VmmApi* vmm_api, GetVmmApi());
+    PSWITCH_ASSIGN_OR_RETURN(memory, VmmMemory::Create(device, bytes, vmm_api));
+    base = memory->base();
+  } else {
+    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaMalloc(&base, bytes)));
+  }
   auto window = FlagWindow::Open(UniqueFd(), std::min(bytes, kFlagWindowBytes));
   if (!window.ok()) {
-    (void)cudaFree(base);
+    if (memory == nullptr) (void)cudaFree(base);
     return window.status();
   }
   std::unique_ptr<CudaArena> arena(new CudaArena(device, static_cast<std::byte*>(base), bytes,
-                                                 /*owner=*/true, std::move(side),
+                                                 /*owner=*/true, std::move(memory), std::move(side),
                                                  std::move(*window)));
   PSWITCH_RETURN_IF_ERROR(arena->Fill(0, bytes, 0));
   return arena;
@@ -229,9 +236,11 @@ absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Create(int device, uint64_
 
 absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Import(int device, ArenaHandle handle,
                                                              const DriverApi* api) {
-  if (handle.backend != Backend::kCuda || handle.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a CUDA IPC arena handle (", handle.ipc_handle.size(), " handle bytes)"));
+  const bool vmm = handle.chunk_bytes > 0;
+  if (handle.backend != Backend::kCuda ||
+      (!vmm && handle.ipc_handle.size() != sizeof(cudaIpcMemHandle_t))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "not a CUDA arena handle (", handle.ipc_handle.size(), " IPC handle bytes, no chunks)"));
   }
   if (!handle.fd.valid()) {
     return absl::InvalidArgumentError("CUDA arena handle carries no flag-window fd");
@@ -242,29 +251,42 @@ absl::StatusOr<std::unique_ptr<CudaArena>> CudaArena::Import(int device, ArenaHa
   PSWITCH_ASSIGN_OR_RETURN(
       std::unique_ptr<FlagWindow> window,
       FlagWindow::Open(std::move(handle.fd), std::min(handle.size_bytes, kFlagWindowBytes)));
-  cudaIpcMemHandle_t ipc;
-  std::memcpy(&ipc, handle.ipc_handle.data(), sizeof(ipc));
+  std::unique_ptr<VmmMemory> memory;
   void* base = nullptr;
-  PSWITCH_RETURN_IF_ERROR(
-      PSWITCH_CUDA(cudaIpcOpenMemHandle(&base, ipc, cudaIpcMemLazyEnablePeerAccess)));
-  return std::unique_ptr<CudaArena>(new CudaArena(device, static_cast<std::byte*>(base),
-                                                  handle.size_bytes, /*owner=*/false,
-                                                  std::move(side), std::move(window)));
+  if (vmm) {
+    PSWITCH_ASSIGN_OR_RETURN(const VmmApi* vmm_api, GetVmmApi());
+    PSWITCH_ASSIGN_OR_RETURN(
+        memory, VmmMemory::Import(device, handle.size_bytes, handle.chunk_bytes, vmm_api,
+                                  std::move(handle.chunks)));
+    base = memory->base();
+  } else {
+    cudaIpcMemHandle_t ipc;
+    std::memcpy(&ipc, handle.ipc_handle.data(), sizeof(ipc));
+    PSWITCH_RETURN_IF_ERROR(
+        PSWITCH_CUDA(cudaIpcOpenMemHandle(&base, ipc, cudaIpcMemLazyEnablePeerAccess)));
+  }
+  return std::unique_ptr<CudaArena>(
+      new CudaArena(device, static_cast<std::byte*>(base), handle.size_bytes, /*owner=*/false,
+                    std::move(memory), std::move(side), std::move(window)));
 }
 
 CudaArena::CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
-                     std::unique_ptr<CudaStream> side_stream, std::unique_ptr<FlagWindow> flags)
+                     std::unique_ptr<VmmMemory> vmm, std::unique_ptr<CudaStream> side_stream,
+                     std::unique_ptr<FlagWindow> flags)
     : device_(device),
       base_(base),
       size_bytes_(bytes),
       owner_(owner),
+      vmm_(std::move(vmm)),
       flag_window_(std::move(flags)),
       side_stream_(std::move(side_stream)) {}
 
 CudaArena::~CudaArena() {
   (void)cudaSetDevice(device_);
   flag_window_.reset();
-  if (owner_) {
+  if (vmm_ != nullptr) {
+    vmm_.reset();
+  } else if (owner_) {
     (void)cudaFree(base_);
   } else {
     (void)cudaIpcCloseMemHandle(base_);
@@ -273,16 +295,61 @@ CudaArena::~CudaArena() {
 
 absl::StatusOr<ArenaHandle> CudaArena::Export() const {
   if (!owner_) return absl::FailedPreconditionError("only the arena's creator can export it");
-  cudaIpcMemHandle_t ipc;
-  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaIpcGetMemHandle(&ipc, base_)));
   ArenaHandle handle;
   handle.backend = Backend::kCuda;
   handle.device_ordinal = device_;
   handle.size_bytes = size_bytes_;
-  handle.ipc_handle.assign(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+  if (vmm_ != nullptr) {
+    // In-process importers (bench-transfer, tests) fetch chunks from the owner directly; the
+    // memdaemon's workers through its socket (memdaemon::ArenaClient). Valid while it lives.
+    handle.chunk_bytes = vmm_->granularity();
+    handle.chunks = [memory = vmm_.get()](uint64_t first, uint64_t count) {
+      return memory->ExportChunks(first, count);
+    };
+  } else {
+    cudaIpcMemHandle_t ipc;
+    PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaIpcGetMemHandle(&ipc, base_)));
+    handle.ipc_handle.assign(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+  }
   handle.fd.Reset(::fcntl(flag_window_->fd(), F_DUPFD_CLOEXEC, 0));
   if (!handle.fd.valid()) return ErrnoStatus("dup flag window fd");
   return handle;
+}
+
+uint64_t CudaArena::access_granularity() const { return vmm_ == nullptr ? 0 : vmm_->granularity(); }
+
+bool CudaArena::read_only_access() const { return vmm_ == nullptr || vmm_->read_only_supported(); }
+
+absl::Status CudaArena::RestrictAccess() {
+  if (owner_) return absl::FailedPreconditionError("the arena's owner keeps access to all of it");
+  if (vmm_ == nullptr) return Arena::RestrictAccess();
+  // A VMM import has nothing mapped until granted; what is left is to learn whether a read
+  // grant can be read-only.
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
+  PSWITCH_RETURN_IF_ERROR(vmm_->ProbeReadOnly());
+  restricted_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<UniqueFd>> CudaArena::ExportChunks(uint64_t first,
+                                                              uint64_t count) const {
+  if (vmm_ == nullptr) return Arena::ExportChunks(first, count);
+  return vmm_->ExportChunks(first, count);
+}
+
+absl::Status CudaArena::SetAccess(uint64_t offset, uint64_t bytes, Access access) {
+  if (!restricted_) {
+    return absl::FailedPreconditionError("access to an unrestricted arena is already total");
+  }
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, bytes));
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
+  return vmm_->SetAccess(offset, bytes, access);
+}
+
+absl::StatusOr<Arena::Access> CudaArena::AccessAt(uint64_t offset) const {
+  PSWITCH_RETURN_IF_ERROR(CheckRange(offset, 1));
+  PSWITCH_RETURN_IF_ERROR(PSWITCH_CUDA(cudaSetDevice(device_)));
+  return DeviceAccessAt(base_ + offset);
 }
 
 absl::Status CudaArena::Fill(uint64_t offset, uint64_t bytes, uint8_t value) {

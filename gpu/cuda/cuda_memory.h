@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "gpu/cuda/driver_api.h"
+#include "gpu/cuda/vmm_memory.h"
 #include "gpu/device.h"
 
 namespace pswitch::gpu::cuda {
@@ -72,11 +74,14 @@ class CudaStream : public Stream {
   size_t marks_ = 0;
 };
 
-// Either cudaMalloc'd here (owner) or opened from an IPC handle (one open per process).
+// Made here (owner) or imported (one import per process), in one of two forms:
+//   VMM    chunks of physical memory exported as fds (gpu/cuda/vmm_memory.h); an importer maps
+//          nothing but what it is granted (issue 29 item 2), RestrictAccess or not;
+//   IPC    cudaMalloc shared by cudaIpcMemHandle; every importer maps it whole.
 class CudaArena : public Arena {
  public:
   static absl::StatusOr<std::unique_ptr<CudaArena>> Create(int device, uint64_t bytes,
-                                                           const DriverApi* api);
+                                                           const DriverApi* api, bool vmm);
   static absl::StatusOr<std::unique_ptr<CudaArena>> Import(int device, ArenaHandle handle,
                                                            const DriverApi* api);
   ~CudaArena() override;
@@ -89,18 +94,28 @@ class CudaArena : public Arena {
   absl::Status CopyToHost(uint64_t offset, std::span<std::byte> out) override;
   absl::Status CopyFromHost(uint64_t offset, std::span<const std::byte> in) override;
   absl::StatusOr<std::unique_ptr<FlagArray>> Flags(uint64_t offset, uint32_t count) override;
+  uint64_t access_granularity() const override;
+  bool flags_outside_device_memory() const override { return true; }
+  bool read_only_access() const override;
+  absl::Status RestrictAccess() override;
+  absl::Status SetAccess(uint64_t offset, uint64_t bytes, Access access) override;
+  absl::StatusOr<Access> AccessAt(uint64_t offset) const override;
+  absl::StatusOr<std::vector<UniqueFd>> ExportChunks(uint64_t first, uint64_t count) const override;
 
  private:
   // The registered host page holding the flag window; unmapped and unregistered with it.
   class FlagWindow;
 
-  CudaArena(int device, std::byte* base, uint64_t bytes, bool owner,
+  CudaArena(int device, std::byte* base, uint64_t bytes, bool owner, std::unique_ptr<VmmMemory> vmm,
             std::unique_ptr<CudaStream> side_stream, std::unique_ptr<FlagWindow> flags);
 
   const int device_;
   std::byte* const base_;
   const uint64_t size_bytes_;
   const bool owner_;
+  // Set for a VMM arena; base_ is its mapping.
+  std::unique_ptr<VmmMemory> vmm_;
+  std::atomic<bool> restricted_{false};
   std::unique_ptr<FlagWindow> flag_window_;
   // Synchronous host-side operations (fills, flag loads/stores, checkpoints) run here so they
   // never serialise with the copy or compute streams.

@@ -33,7 +33,33 @@ absl::StatusOr<DriverApi> Load() {
   return api;
 }
 
+template <typename Fn>
+absl::Status ResolveAs(const char* symbol, Fn** fn) {
+  return Resolve(symbol, reinterpret_cast<void**>(fn));
+}
+
+absl::StatusOr<VmmApi> LoadVmm() {
+  VmmApi api;
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemCreate", &api.create));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemRelease", &api.release));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemExportToShareableHandle", &api.export_handle));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemImportFromShareableHandle", &api.import_handle));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemAddressReserve", &api.address_reserve));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemAddressFree", &api.address_free));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemMap", &api.map));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemUnmap", &api.unmap));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemSetAccess", &api.set_access));
+  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemGetAllocationGranularity", &api.granularity));
+  return api;
+}
+
 }  // namespace
+
+absl::StatusOr<const VmmApi*> GetVmmApi() {
+  static const absl::StatusOr<VmmApi>* const api = new absl::StatusOr<VmmApi>(LoadVmm());
+  if (!api->ok()) return api->status();
+  return &**api;
+}
 
 absl::StatusOr<const DriverApi*> GetDriverApi() {
   static const absl::StatusOr<DriverApi>* const api = new absl::StatusOr<DriverApi>(Load());

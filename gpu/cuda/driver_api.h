@@ -20,6 +20,30 @@ struct DriverApi {
 // Resolved once per process; FailedPrecondition naming the missing symbol otherwise.
 absl::StatusOr<const DriverApi*> GetDriverApi();
 
+// The virtual memory management calls behind a VMM arena (gpu/cuda/vmm_memory.h): physical
+// memory exported as a file descriptor and mapped per range in each process. Resolved apart from
+// DriverApi, so a driver without them fails only the arena that needs them.
+struct VmmApi {
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                            unsigned long long) = nullptr;
+  CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*,
+                            CUmemAllocationHandleType) = nullptr;
+  CUresult (*address_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr,
+                              unsigned long long) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*,
+                          CUmemAllocationGranularity_flags) = nullptr;
+};
+
+absl::StatusOr<const VmmApi*> GetVmmApi();
+
 }  // namespace pswitch::gpu::cuda
 
 #endif  // PSWITCH_GPU_CUDA_DRIVER_API_H_

@@ -21,7 +21,8 @@
 # Steps and their timeouts in seconds, each clipped to what is left of the phase's budget less
 # 20 s: `build`: versions (45), build (540: build.sh, the daemon and its worker), build-tools
 # (540: the other targets, ninja -k 0), binaries (10). `run` (normal, quick): selfcheck (60, 60),
-# ctest-cuda (100, 60), transfer (45, 30), profile (90, 50), switch-resnet152, -inception_v3,
+# ctest-cuda (100, 60), transfer (45, 30), vmm (90, 60: the arena in VMM chunks, issue 29 item 2),
+# profile (90, 50), switch-resnet152, -inception_v3,
 # -bert_base (105, 70 each), place (160, 110), place-resnet152, -inception_v3 (90, 60 each), dataplane (90, 60), register (200, 150), trace (480, 240),
 # bubbles (150, 110),
 # sanitizer (75, 50), rest (120, 90), script (90, 60: your own model's archives through
@@ -120,6 +121,12 @@ cmd_selfcheck() {
   cat "$log"
   sed -n 's/.*event=started device="\([^"]*\)".*arena_bytes=\([0-9]*\).*/FIG device \1, arena \2 bytes/p' "$log"
   sed -n 's/.*event=self_check model=\([^ ]*\) .*latency_ms=\([0-9.]*\).*/FIG self-check \1: \2 ms/p' "$log"
+  # Issue 29 item 2: each worker maps only its task's part of the arena (CUDA VMM).
+  if grep -q 'arena_access_not_restricted\|arena_read_only_unsupported' "$log"; then
+    echo "FIG workers' arena access: $(grep -o 'event=arena_[a-z_]*.*' "$log" | head -1 | cut -c1-200)"
+  else
+    echo "FIG workers' arena access: restricted to each task's grants"
+  fi
   return "$rc"
 }
 
@@ -169,6 +176,32 @@ cmd_transfer() {
   # Issue 28: a half-precision model's transmission against float32's, same run.
   awk '/^half precision/ { sub(/^half precision /, ""); print "FIG transfer half precision " $0 }' \
     "$work/transfer.out"
+  return "$rc"
+}
+
+# --- vmm: issue 29 item 2 on CUDA, the arena in VMM chunks (pswitchd --cuda-vmm-arena, off by
+# default until this passes): its CUDA tests, the start-up self-check with every worker mapping
+# only its grants, and what a grant costs against the region's copy (bench-transfer) ---
+cmd_vmm() {
+  need pswitchd pswitch-worker
+  local log="$work/vmm-selfcheck.log" rc=0
+  if [ -x "$build/tests/gpu_test" ]; then
+    "$build/tests/gpu_test" --gtest_filter='CudaVmm*' 2>&1 | tee "$work/vmm-tests.out" | tail -20
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    grep -E '^\[  (PASSED|FAILED) ' "$work/vmm-tests.out" | sed 's/^/FIG vmm tests: /'
+  fi
+  "$bin/pswitchd" --backend=cuda --cuda-vmm-arena --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
+    --exit-after-demo --socket="/tmp/pswitch-validate-$$-vmm.sock" 2>"$log" || rc=1
+  tail -20 "$log"
+  sed -n 's/.*event=self_check model=\([^ ]*\) .*latency_ms=\([0-9.]*\).*/FIG vmm self-check \1: \2 ms/p' "$log"
+  if grep -q 'event=arena_' "$log"; then
+    echo "FIG vmm workers: $(grep -o 'event=arena_[a-z_]*.*' "$log" | head -1 | cut -c1-200)"
+  fi
+  if [ -x "$bin/bench-transfer" ]; then
+    "$bin/bench-transfer" --backend=cuda --cuda_vmm_arena --repeats=3 2>&1 |
+      tee "$work/vmm-transfer.out" | grep -E '^FIG arena-access|per-task arena' | sed 's/^FIG //;s/^/FIG vmm /'
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  fi
   return "$rc"
 }
 
@@ -837,6 +870,7 @@ do_run() {
   step selfcheck 60 "$self" _selfcheck
   step ctest-cuda $((q ? 60 : 100)) "$self" _ctest
   step transfer $((q ? 30 : 45)) "$self" _transfer
+  step vmm $((q ? 60 : 90)) "$self" _vmm
   step profile $((q ? 50 : 90)) "$self" _profile
   for m in "${models[@]}"; do
     step "switch-$m" $((q ? 70 : 105)) "$self" _switch "$m"

@@ -7,12 +7,12 @@
 
 namespace pswitch::worker::cuda {
 
-absl::StatusOr<c10::Device> ArenaTensorDevice(const void* arena_base, int device_ordinal) {
+absl::StatusOr<c10::Device> ArenaTensorDevice(const void* in_arena, int device_ordinal) {
   c10::Device device(c10::kCPU);
   // libtorch asks the CUDA runtime it links (cudaPointerGetAttributes), as from_blob does for
   // every view; it throws for host memory that CUDA does not know.
   absl::Status asked = models::CatchTorch("locating the arena", [&] {
-    device = at::globalContext().getDeviceFromPtr(const_cast<void*>(arena_base), c10::kCUDA);
+    device = at::globalContext().getDeviceFromPtr(const_cast<void*>(in_arena), c10::kCUDA);
   });
   if (!asked.ok()) return absl::FailedPreconditionError(asked.message());
   if (!device.is_cuda() || device.index() != device_ordinal) {

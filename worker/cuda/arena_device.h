@@ -10,10 +10,11 @@
 
 namespace pswitch::worker::cuda {
 
-// The libtorch device of the arena mapped at `arena_base` in this process: cuda:N when it is
+// The libtorch device of the arena memory at `in_arena`, mapped in this process (a restricted
+// worker's arena is mapped only where it was granted: ask of its lease): cuda:N when it is
 // device memory of GPU `device_ordinal`. FailedPrecondition when it is host memory or another
 // GPU's memory. Initialises libtorch's CUDA state, so call it after CudaLeaseAllocator::Install.
-absl::StatusOr<c10::Device> ArenaTensorDevice(const void* arena_base, int device_ordinal);
+absl::StatusOr<c10::Device> ArenaTensorDevice(const void* in_arena, int device_ordinal);
 
 }  // namespace pswitch::worker::cuda
 

@@ -60,8 +60,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CreateCudaExecutor(const ExecutorOptio
                            cuda::CudaLeaseAllocator::Install(options.lease_base,
                                                              options.lease_bytes,
                                                              options.device_ordinal));
+  // Asked of the lease: the only part of the arena a restricted worker always has mapped.
   PSWITCH_ASSIGN_OR_RETURN(c10::Device device,
-                           cuda::ArenaTensorDevice(options.arena_base, options.device_ordinal));
+                           cuda::ArenaTensorDevice(options.lease_base, options.device_ordinal));
   return std::unique_ptr<Executor>(std::make_unique<CudaExecutor>(activations, device));
 }
 
