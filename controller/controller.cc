@@ -36,7 +36,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     const uint64_t free_bytes = daemons[g]->leases().largest_free_bytes();
     uint64_t state_bytes = options.optimizer_state_bytes;
     if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
-    if (free_bytes <= activations + state_bytes + (1 << 20)) {
+    // At least one unit of the region's rounding must be left for the weights.
+    const uint64_t unit = std::max<uint64_t>(align, 1 << 20);
+    if (state_bytes > free_bytes || free_bytes - state_bytes <= activations + unit) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "GPU ", g, ": the arena's ", free_bytes, " free bytes cannot hold ",
           options.scheduler.workers, " activation leases of ",
@@ -44,9 +46,7 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
           " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
           "--activation-bytes / --optimizer-state-bytes)"));
     }
-    region_bytes = std::min(region_bytes, (free_bytes - activations - state_bytes) /
-                                              std::max<uint64_t>(align, 1 << 20) *
-                                              std::max<uint64_t>(align, 1 << 20));
+    region_bytes = std::min(region_bytes, (free_bytes - activations - state_bytes) / unit * unit);
     state_budget = std::min(state_budget, state_bytes);
   }
   c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.inspector);

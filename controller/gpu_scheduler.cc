@@ -770,7 +770,8 @@ void GpuScheduler::MaybeCompact() {
     return;
   }
   // Only where merging would give room to a model that has none: the registered models not
-  // resident here.
+  // resident here. Asked first whether free space is split at all (every idle event comes here).
+  if (!switcher_->cache().Fragmented()) return;
   std::vector<uint64_t> wanted;
   for (const EntryRef& entry : catalog_->List()) {
     if (switcher_->cache().Find(entry->request.name) != nullptr) continue;

@@ -38,7 +38,8 @@ WeightsCache::WeightsCache(WeightsCacheOptions options)
       end_(options.pool_offset + (options.capacity_bytes == 0
                                       ? options.pool_bytes
                                       : std::min(options.capacity_bytes, options.pool_bytes)) /
-                                     options.region_alignment * options.region_alignment) {}
+                                     std::max<uint64_t>(options.region_alignment, 1) *
+                                     std::max<uint64_t>(options.region_alignment, 1)) {}
 
 std::map<uint64_t, ResidentModel>::iterator WeightsCache::FindRegion(const std::string& model) {
   return std::find_if(regions_.begin(), regions_.end(),
@@ -444,6 +445,17 @@ void WeightsCache::ObserveCompute(const std::string& model, double compute_s) {
   if (compute_s <= 0) return;
   double& c = demand_[model].compute_s;
   c = c == 0 ? compute_s : 0.8 * c + 0.2 * compute_s;  // smoothed: one slow task is no trend
+}
+
+bool WeightsCache::Fragmented() const {
+  int holes = 0;
+  uint64_t at = options_.pool_offset;
+  for (const auto& [offset, r] : regions_) {
+    if (offset > at) ++holes;
+    at = std::max(at, offset + r.bytes);
+  }
+  if (end_ > at) ++holes;
+  return holes >= 2;
 }
 
 std::optional<RegionMove> WeightsCache::PlanMove(const std::set<std::string>& keep,

@@ -189,6 +189,10 @@ class WeightsCache {
   // (and for those weights to be written back) rather than fail.
   RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const;
 
+  // More than one hole in the pool: only then can a move merge free space (PlanMove). One pass
+  // over the regions, for callers to ask before gathering what PlanMove needs.
+  bool Fragmented() const;
+
   // Compaction, off the critical path (docs/architecture.md, "The weights cache"): the move of
   // one resident model into a free hole that makes the largest hole larger, where the free
   // space is split and merging it would give room to a model that is not resident (one of

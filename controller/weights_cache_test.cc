@@ -672,6 +672,20 @@ TEST(WeightsCacheTest, RegionsStartAndEndOnTheAlignmentWorkersAreGrantedAccessIn
   }
 }
 
+TEST(WeightsCacheTest, OnlyAPoolWithTwoHolesOrMoreIsFragmented) {
+  WeightsCache cache(Pool(100));
+  EXPECT_FALSE(cache.Fragmented()) << "empty: one hole";
+  Bring(cache, "a", 10, 1 * kSecond);
+  Bring(cache, "x", 10, 1 * kSecond);
+  Bring(cache, "b", 10, 1 * kSecond);
+  EXPECT_FALSE(cache.Fragmented()) << "[a][x][b][free]";
+  cache.Drop("x");
+  EXPECT_TRUE(cache.Fragmented()) << "[a][hole][b][free]";
+  EXPECT_TRUE(cache.PlanMove({}, {75 * kMiB}).has_value());
+  cache.Drop("b");
+  EXPECT_FALSE(cache.Fragmented()) << "[a][free]";
+}
+
 TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {
   WeightsCache cache(Pool(100));
   Fragment(cache);

@@ -60,7 +60,9 @@ struct DeviceOptions {
 // window in host memory; the device bytes behind it stay unused).
 inline constexpr uint64_t kFlagWindowBytes = 1ull << 20;
 
-// The fds of chunks [first, first + count) of a chunked (CUDA VMM) arena, in order.
+// The fds of chunks [first, first + count) of a chunked (CUDA VMM) arena, in order; asked for
+// at most kMaxArenaChunksPerFetch at a time (so an importer never holds more fds than that).
+inline constexpr uint64_t kMaxArenaChunksPerFetch = 64;
 using ArenaChunkSource =
     std::function<absl::StatusOr<std::vector<UniqueFd>>(uint64_t first, uint64_t count)>;
 

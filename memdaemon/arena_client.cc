@@ -21,7 +21,7 @@ absl::StatusOr<const proto::MemReply*> ParseReply(const proto::ReceivedFrame& fr
                                                   proto::MemReplyBody expected) {
   PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
                            proto::VerifyPayload<proto::MemReply>(frame.payload, "memdaemon reply"));
-  if (reply->body_type() == proto::MemReplyBody::Error) {
+  if (reply->body_type() == proto::MemReplyBody::Error && reply->request_id() == request_id) {
     return proto::FromWireError(reply->body_as_Error());
   }
   if (reply->request_id() != request_id || reply->body_type() != expected) {
@@ -37,38 +37,57 @@ absl::StatusOr<const proto::MemReply*> ParseReply(const proto::ReceivedFrame& fr
 template <typename Fn>
 absl::StatusOr<proto::ReceivedFrame> ArenaClient::Call(Fn build_request) {
   absl::MutexLock lock(&channel_mu_);
+  PSWITCH_RETURN_IF_ERROR(broken_);
   flatbuffers::FlatBufferBuilder b;
   build_request(b, next_request_id_);
-  PSWITCH_RETURN_IF_ERROR(channel_->Send(b));
+  PSWITCH_RETURN_IF_ERROR(Broken(channel_->Send(b)));
   ++next_request_id_;
-  return channel_->Receive(kReplyTimeout);
+  absl::StatusOr<proto::ReceivedFrame> frame = channel_->Receive(kReplyTimeout);
+  if (!frame.ok()) return Broken(frame.status());
+  return frame;
+}
+
+absl::Status ArenaClient::Broken(absl::Status status) {
+  if (!status.ok() && broken_.ok()) {
+    // Replies may be left in the socket: every later request would read one of them.
+    broken_ = absl::UnavailableError(
+        absl::StrCat("the memdaemon connection is out of step since: ", status.message()));
+  }
+  return status;
 }
 
 absl::StatusOr<std::vector<UniqueFd>> ArenaClient::FetchChunks(uint64_t first, uint64_t count) {
+  if (count == 0 || count > kMaxChunksPerRequest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ask for 1 to ", kMaxChunksPerRequest, " chunks at a time, not ", count));
+  }
+  absl::MutexLock lock(&channel_mu_);
+  PSWITCH_RETURN_IF_ERROR(broken_);
+  const uint64_t id = next_request_id_++;
+  flatbuffers::FlatBufferBuilder b;
+  auto ask = proto::CreateExportChunks(b, first, static_cast<uint32_t>(count));
+  proto::Finish(b,
+                proto::CreateMemRequest(b, id, proto::MemRequestBody::ExportChunks, ask.Union()));
+  PSWITCH_RETURN_IF_ERROR(Broken(channel_->Send(b)));
   std::vector<UniqueFd> fds;
   fds.reserve(count);
-  absl::MutexLock lock(&channel_mu_);
-  while (fds.size() < count) {
-    const uint64_t at = first + fds.size();
-    const uint32_t batch =
-        static_cast<uint32_t>(std::min<uint64_t>(count - fds.size(), kMaxChunksPerRequest));
-    const uint64_t id = next_request_id_++;
-    flatbuffers::FlatBufferBuilder b;
-    auto ask = proto::CreateExportChunks(b, at, batch);
-    proto::Finish(b,
-                  proto::CreateMemRequest(b, id, proto::MemRequestBody::ExportChunks, ask.Union()));
-    PSWITCH_RETURN_IF_ERROR(channel_->Send(b));
-    for (uint32_t i = 0; i < batch; ++i) {
-      PSWITCH_ASSIGN_OR_RETURN(proto::ReceivedFrame frame, channel_->Receive(kReplyTimeout));
-      PSWITCH_ASSIGN_OR_RETURN(const proto::MemReply* reply,
-                               ParseReply(frame, id, proto::MemReplyBody::ArenaChunk));
-      if (reply->body_as_ArenaChunk()->index() != at + i || !frame.fd.valid()) {
-        return absl::InternalError(
-            absl::StrCat("memdaemon sent chunk ", reply->body_as_ArenaChunk()->index(),
-                         frame.fd.valid() ? "" : " without its fd", "; expected chunk ", at + i));
-      }
-      fds.push_back(std::move(frame.fd));
+  for (uint64_t i = 0; i < count; ++i) {
+    absl::StatusOr<proto::ReceivedFrame> frame = channel_->Receive(kReplyTimeout);
+    if (!frame.ok()) return Broken(frame.status());
+    absl::StatusOr<const proto::MemReply*> reply =
+        ParseReply(*frame, id, proto::MemReplyBody::ArenaChunk);
+    if (!reply.ok()) {
+      // An error answers the whole request, before any chunk: the channel is still in step.
+      return i == 0 && reply.status().code() != absl::StatusCode::kInternal
+                 ? reply.status()
+                 : Broken(reply.status());
     }
+    if ((*reply)->body_as_ArenaChunk()->index() != first + i || !frame->fd.valid()) {
+      return Broken(absl::InternalError(absl::StrCat(
+          "memdaemon sent chunk ", (*reply)->body_as_ArenaChunk()->index(),
+          frame->fd.valid() ? "" : " without its fd", "; expected chunk ", first + i)));
+    }
+    fds.push_back(std::move(frame->fd));
   }
   return fds;
 }

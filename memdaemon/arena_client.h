@@ -46,7 +46,10 @@ class ArenaClient {
   absl::Status RestrictToFlags();
 
   absl::StatusOr<Lease> RequestLease(const std::string& owner, uint64_t bytes);
-  // A VMM arena's chunk fds [first, first + count), in order (the arena's ArenaChunkSource).
+  // A VMM arena's chunk fds [first, first + count), in order, count at most
+  // kMaxChunksPerRequest (the arena's ArenaChunkSource). A reply out of step (a timeout, a
+  // wrong or missing chunk) leaves the connection unusable: every later request then fails with
+  // Unavailable naming why.
   absl::StatusOr<std::vector<UniqueFd>> FetchChunks(uint64_t first, uint64_t count);
   absl::Status ReleaseLease(const std::string& owner, uint64_t offset);
 
@@ -55,10 +58,15 @@ class ArenaClient {
   template <typename Fn>
   absl::StatusOr<proto::ReceivedFrame> Call(Fn build_request);
 
+  // `status` as it is, after marking the channel out of step when it failed.
+  absl::Status Broken(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(channel_mu_);
+
   // One request and its replies at a time: a grant on the control thread may fetch chunks.
+  // Declared before arena_, which is destroyed first: its chunk source calls into this client.
   absl::Mutex channel_mu_;
   std::unique_ptr<proto::FrameChannel> channel_;
   uint64_t next_request_id_ = 1;
+  absl::Status broken_ ABSL_GUARDED_BY(channel_mu_);
   std::unique_ptr<gpu::Arena> arena_;
   std::unique_ptr<gpu::FlagArray> ready_flags_;
   std::unique_ptr<gpu::FlagArray> drain_flags_;

@@ -30,8 +30,12 @@ inline constexpr uint64_t WholePages(uint64_t bytes) {
   return (bytes + kLeaseAlignmentBytes - 1) / kLeaseAlignmentBytes * kLeaseAlignmentBytes;
 }
 // A worker asks for a VMM arena's chunk fds at most this many at a time (each travels in a
-// frame of its own, and stays open in pswitchd until sent).
-inline constexpr uint32_t kMaxChunksPerRequest = 256;
+// frame of its own and stays open in pswitchd until sent; the worker imports a batch before it
+// asks for the next, so neither side holds more than this many at once per worker).
+inline constexpr uint32_t kMaxChunksPerRequest = gpu::kMaxArenaChunksPerFetch;
+// What a memdaemon connection may leave unread: one batch of chunk frames and a few replies. A
+// worker that asks again before reading is closed rather than pinning pswitchd's fds.
+inline constexpr size_t kMaxQueuedReplyBytes = (kMaxChunksPerRequest + 8) * 256;
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= kControlBytes);
 // Every flag word inside the window the device interface mirrors in host memory.
 static_assert(kDrainFlagsOffset + kDrainFlagCount * 4 <= gpu::kFlagWindowBytes);

@@ -282,7 +282,9 @@ void WorkerServer::Accept() {
             io_, asio::generic::stream_protocol(AF_UNIX, SOCK_STREAM), socket.release());
         auto session = std::make_shared<Session>(this, self_peer);
         auto conn = proto::FramedConnection::Create(
-            std::move(generic), proto::ConnectionLimits{.max_frame_bytes = kMaxFrameBytes},
+            std::move(generic),
+            proto::ConnectionLimits{.max_frame_bytes = kMaxFrameBytes,
+                                    .max_queued_bytes = kMaxQueuedReplyBytes},
             [session](proto::FramedConnection& c, std::vector<uint8_t> payload) {
               session->Handle(c, std::move(payload));
             },

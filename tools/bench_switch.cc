@@ -71,9 +71,10 @@ ABSL_FLAG(std::string, resume_trainer, "resnet18",
           "large as its weights)");
 ABSL_FLAG(uint64_t, arena_bytes, 2ull << 30, "arena size for the pswitchd it starts");
 ABSL_FLAG(std::string, plan, "auto",
-          "grouping plan JSON for the 'optimal' row (find-grouping's output); auto: on cuda, "
-          "profile-model --device cuda + find-grouping here (the daemon's own auto plan is "
-          "profiled on its CPU), elsewhere the daemon's auto plan");
+          "grouping plan JSON for the 'optimal' row and the placement arms (find-grouping's "
+          "output); auto: on cuda, the optimal row's plan comes from profile-model --device cuda "
+          "+ find-grouping here (the daemon's own auto plan is profiled on its CPU), elsewhere "
+          "and in the placement arms it is the daemon's auto plan");
 ABSL_FLAG(std::string, profile, "",
           "the profile behind --plan (profile-model's JSON): the optimal row is then compared "
           "with what the cost model predicts for that plan (set by itself with --plan=auto on "
@@ -290,8 +291,10 @@ absl::StatusOr<PlacementArm> MeasurePlacement(bool at_arrival, bool cut_steps, b
   }
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c,
                            client::Client::Connect("unix:" + (sub / "pswitchd.sock").string()));
+  // The plan --plan names (validate.sh passes the GPU profile's), else the daemon's own.
   for (const char* name : {"pa-a", "pa-b"}) {
-    PSWITCH_RETURN_IF_ERROR(c->Register({name, zoo, "", batch, "auto"}).status());
+    PSWITCH_RETURN_IF_ERROR(
+        c->Register({name, zoo, "", batch, absl::GetFlag(FLAGS_plan)}).status());
   }
   PSWITCH_RETURN_IF_ERROR(
       c->Register({"pa-trainer", absl::GetFlag(FLAGS_trainer), "", 1, "auto"}).status());

@@ -119,9 +119,10 @@ ABSL_FLAG(bool, keep_preempted_training, true,
 ABSL_FLAG(bool, cuda_vmm_arena, false,
           "CUDA backend: the arena is 2 MiB chunks of physical memory (the VMM API), of which "
           "each worker maps only what its task needs (its activations, the model it runs, "
-          "read-only when it infers), so a model cannot read another tenant's weights; false = "
-          "cudaMalloc shared by IPC handle, which every worker maps whole. Off by default until "
-          "validated on a GPU (tools/gpu/validate.sh's vmm step)");
+          "read-only when it infers), so a model that escapes its tensors faults instead of "
+          "reading another tenant's weights (a worker running native code could still ask for "
+          "any chunk); false = cudaMalloc shared by IPC handle, which every worker maps whole. "
+          "Off by default until validated on a GPU (tools/gpu/validate.sh's vmm step)");
 ABSL_FLAG(bool, weights_cache_compaction, true,
           "with the weights cache on, while the GPU is idle, a resident model moves by a copy on "
           "the device into a free hole when that merges the free space, so a later model finds "

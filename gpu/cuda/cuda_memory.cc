@@ -285,6 +285,9 @@ CudaArena::~CudaArena() {
   (void)cudaSetDevice(device_);
   flag_window_.reset();
   if (vmm_ != nullptr) {
+    // cudaFree waits for the device; unmapping and releasing chunks need not, so work a timed-out
+    // fill or copy left on the side stream finishes first.
+    (void)side_stream_->Synchronize(absl::Seconds(5));
     vmm_.reset();
   } else if (owner_) {
     (void)cudaFree(base_);

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -81,7 +82,7 @@ absl::Status VmmMemory::Reserve() {
 VmmMemory::~VmmMemory() {
   absl::MutexLock lock(&mu_);
   for (uint64_t c = 0; c < chunk_count_; ++c) {
-    if (access_[c] != Arena::Access::kNone) (void)api_->unmap(At(c), chunk_bytes_);
+    if (mapped_[c]) (void)api_->unmap(At(c), chunk_bytes_);
     if (handles_[c] != 0) (void)api_->release(handles_[c]);
   }
   if (base_ != 0) (void)api_->address_free(base_, chunk_count_ * chunk_bytes_);
@@ -111,34 +112,37 @@ absl::Status VmmMemory::ImportChunks(uint64_t first, uint64_t end) {
   while (lo < end && handles_[lo] != 0) ++lo;
   uint64_t hi = end;
   while (hi > lo && handles_[hi - 1] != 0) --hi;
-  if (lo == hi) return absl::OkStatus();
-  // One fetch for the span that lacks handles; a chunk already held keeps its handle (the
-  // fetched fd for it just closes).
-  PSWITCH_ASSIGN_OR_RETURN(std::vector<UniqueFd> fds, source_(lo, hi - lo));
-  if (fds.size() != hi - lo) {
-    return absl::InternalError(absl::StrCat("asked for ", hi - lo, " chunk fds, got ", fds.size()));
-  }
-  for (uint64_t c = lo; c < hi; ++c) {
-    if (handles_[c] != 0) continue;
-    const UniqueFd& fd = fds[c - lo];
-    if (!fd.valid()) return absl::InternalError(absl::StrCat("no fd for chunk ", c));
-    // The driver takes the descriptor's value in the pointer; the handle keeps the memory.
-    PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(
-        api_->import_handle(&handles_[c], reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
-                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)));
+  // The span that lacks handles, a batch at a time, each imported before the next is asked for
+  // (a chunk already held keeps its handle; the fetched fd for it just closes).
+  for (uint64_t at = lo; at < hi;) {
+    const uint64_t count = std::min<uint64_t>(hi - at, kMaxArenaChunksPerFetch);
+    PSWITCH_ASSIGN_OR_RETURN(std::vector<UniqueFd> fds, source_(at, count));
+    if (fds.size() != count) {
+      return absl::InternalError(absl::StrCat("asked for ", count, " chunk fds, got ", fds.size()));
+    }
+    for (uint64_t c = at; c < at + count; ++c) {
+      if (handles_[c] != 0) continue;
+      const UniqueFd& fd = fds[c - at];
+      if (!fd.valid()) return absl::InternalError(absl::StrCat("no fd for chunk ", c));
+      // The driver takes the descriptor's value in the pointer; the handle keeps the memory.
+      PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(api_->import_handle(
+          &handles_[c], reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)));
+    }
+    at += count;
   }
   return absl::OkStatus();
 }
 
 absl::Status VmmMemory::MapChunk(uint64_t chunk) {
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(api_->map(At(chunk), chunk_bytes_, 0, handles_[chunk], 0)));
-  // Mapped, not yet accessible: Protect follows for the whole granted range.
-  access_[chunk] = Arena::Access::kRead;
+  mapped_[chunk] = true;
   return absl::OkStatus();
 }
 
 absl::Status VmmMemory::UnmapChunk(uint64_t chunk) {
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(api_->unmap(At(chunk), chunk_bytes_)));
+  mapped_[chunk] = false;
   access_[chunk] = Arena::Access::kNone;
   return absl::OkStatus();
 }
@@ -160,13 +164,25 @@ absl::Status VmmMemory::Protect(uint64_t first, uint64_t end, Arena::Access acce
 absl::Status VmmMemory::ProbeReadOnly() {
   if (owner_) return absl::FailedPreconditionError("the arena's owner maps it read-write");
   absl::MutexLock lock(&mu_);
-  if (access_[0] != Arena::Access::kNone) {
-    return absl::FailedPreconditionError("probe read-only access before any grant");
-  }
+  if (mapped_[0]) return absl::FailedPreconditionError("probe read-only access before any grant");
   PSWITCH_RETURN_IF_ERROR(ImportChunks(0, 1));
   PSWITCH_RETURN_IF_ERROR(MapChunk(0));
-  read_only_supported_ = Protect(0, 1, Arena::Access::kRead).ok();
-  return UnmapChunk(0);
+  CUmemAccessDesc desc = {};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device_;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  const CUresult result = api_->set_access(At(0), chunk_bytes_, &desc, 1);
+  // Only a refusal of the flag itself means "not supported"; anything else is an error.
+  absl::Status probed = absl::OkStatus();
+  if (result == CUDA_SUCCESS) {
+    read_only_supported_ = true;
+  } else if (result == CUDA_ERROR_NOT_SUPPORTED || result == CUDA_ERROR_INVALID_VALUE) {
+    read_only_supported_ = false;
+  } else {
+    probed = PSWITCH_CU(result);
+  }
+  PSWITCH_RETURN_IF_ERROR(UnmapChunk(0));
+  return probed;
 }
 
 bool VmmMemory::read_only_supported() const {
@@ -187,15 +203,23 @@ absl::Status VmmMemory::SetAccess(uint64_t offset, uint64_t bytes, Arena::Access
   absl::MutexLock lock(&mu_);
   if (access == Arena::Access::kNone) {
     for (uint64_t c = first; c < end; ++c) {
-      if (access_[c] != Arena::Access::kNone) PSWITCH_RETURN_IF_ERROR(UnmapChunk(c));
+      if (mapped_[c]) PSWITCH_RETURN_IF_ERROR(UnmapChunk(c));
     }
     return absl::OkStatus();
   }
   PSWITCH_RETURN_IF_ERROR(ImportChunks(first, end));
-  for (uint64_t c = first; c < end; ++c) {
-    if (access_[c] == Arena::Access::kNone) PSWITCH_RETURN_IF_ERROR(MapChunk(c));
+  std::vector<uint64_t> fresh;  // mapped by this call: taken back if the grant fails
+  absl::Status granted = absl::OkStatus();
+  for (uint64_t c = first; c < end && granted.ok(); ++c) {
+    if (mapped_[c]) continue;
+    granted = MapChunk(c);
+    if (granted.ok()) fresh.push_back(c);
   }
-  return Protect(first, end, access);
+  if (granted.ok()) granted = Protect(first, end, access);
+  if (!granted.ok()) {
+    for (uint64_t c : fresh) (void)UnmapChunk(c);
+  }
+  return granted;
 }
 
 absl::StatusOr<Arena::Access> DeviceAccessAt(const void* at) {

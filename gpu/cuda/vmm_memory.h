@@ -42,7 +42,8 @@ class VmmMemory {
   static absl::StatusOr<std::unique_ptr<VmmMemory>> Create(int device, uint64_t bytes,
                                                            const VmmApi* api);
   // An importer of the owner's `bytes` in chunks of `chunk_bytes` (the owner's granularity);
-  // nothing is mapped until SetAccess grants it. `chunks` gives the fds of the chunks it maps.
+  // nothing is mapped until SetAccess grants it. `chunks` gives the fds of the chunks it maps,
+  // asked for kMaxArenaChunksPerFetch at most at a time, each batch imported before the next.
   static absl::StatusOr<std::unique_ptr<VmmMemory>> Import(int device, uint64_t bytes,
                                                            uint64_t chunk_bytes, const VmmApi* api,
                                                            ArenaChunkSource chunks);
@@ -75,6 +76,7 @@ class VmmMemory {
         owner_(owner),
         source_(std::move(chunks)),
         handles_(chunk_count, 0),
+        mapped_(chunk_count, false),
         access_(chunk_count, Arena::Access::kNone) {}
   absl::Status Reserve();
   // Imports the chunks of [first, end) this process has no handle for yet.
@@ -94,8 +96,10 @@ class VmmMemory {
   CUdeviceptr base_ = 0;
   mutable absl::Mutex mu_;
   bool read_only_supported_ ABSL_GUARDED_BY(mu_) = true;
-  // Per chunk: its allocation in this process (0: none yet), and what is mapped (kNone: not).
+  // Per chunk: its allocation in this process (0: none yet), whether it is mapped here, and
+  // the access last set on it (kNone where unmapped).
   std::vector<CUmemGenericAllocationHandle> handles_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> mapped_ ABSL_GUARDED_BY(mu_);
   std::vector<Arena::Access> access_ ABSL_GUARDED_BY(mu_);
 };
 

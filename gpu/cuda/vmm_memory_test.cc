@@ -250,6 +250,45 @@ TEST_F(VmmMemoryTest, WhereTheDriverRefusesReadOnlyAReadGrantMapsReadWrite) {
   EXPECT_EQ(At(**view, 2), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 }
 
+// A large grant fetches its chunks a batch at a time, each imported before the next is asked
+// for, so an importer never holds more than a batch of fds.
+TEST_F(VmmMemoryTest, ALargeGrantFetchesItsChunksABatchAtATime) {
+  auto owner = VmmMemory::Create(0, 200 * kG, &kFakeApi);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  std::vector<std::pair<uint64_t, uint64_t>> asked;
+  std::vector<int> imports_before;
+  auto view = VmmMemory::Import(0, 200 * kG, kG, &kFakeApi, [&](uint64_t first, uint64_t count) {
+    asked.emplace_back(first, count);
+    imports_before.push_back(driver_.imports);
+    return (*owner)->ExportChunks(first, count);
+  });
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE((*view)->SetAccess(10 * kG, 100 * kG, Arena::Access::kReadWrite).ok());
+  EXPECT_EQ(asked, (std::vector<std::pair<uint64_t, uint64_t>>{
+                       {10, kMaxArenaChunksPerFetch},
+                       {10 + kMaxArenaChunksPerFetch, 100 - kMaxArenaChunksPerFetch}}));
+  EXPECT_EQ(imports_before[1], imports_before[0] + static_cast<int>(kMaxArenaChunksPerFetch))
+      << "the first batch was imported before the second was asked for";
+  EXPECT_EQ(At(**view, 109), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  EXPECT_EQ(At(**view, 110), -1);
+}
+
+// A grant the driver refuses leaves nothing of it mapped: the chunks it mapped go again.
+TEST_F(VmmMemoryTest, AGrantTheDriverRefusesLeavesNothingMapped) {
+  auto owner = VmmMemory::Create(0, 8 * kG, &kFakeApi);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto view = VmmMemory::Import(0, 8 * kG, kG, &kFakeApi, [&](uint64_t first, uint64_t count) {
+    return (*owner)->ExportChunks(first, count);
+  });
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_TRUE((*view)->SetAccess(3 * kG, kG, Arena::Access::kReadWrite).ok());
+  driver_.read_only_ok = false;  // after any probe: the read grant itself is refused
+  EXPECT_FALSE((*view)->SetAccess(2 * kG, 3 * kG, Arena::Access::kRead).ok());
+  EXPECT_EQ(At(**view, 2), -1);
+  EXPECT_EQ(At(**view, 4), -1);
+  EXPECT_EQ(At(**view, 3), CU_MEM_ACCESS_FLAGS_PROT_READWRITE) << "mapped before: kept";
+}
+
 TEST_F(VmmMemoryTest, AGrantWhoseChunksCannotBeFetchedMapsNothing) {
   auto view = VmmMemory::Import(0, 4 * kG, kG, &kFakeApi, [](uint64_t, uint64_t) {
     return absl::StatusOr<std::vector<UniqueFd>>(absl::UnavailableError("memdaemon gone"));

@@ -298,11 +298,13 @@ cmd_place() {
 # compute can hide: a request copied at arrival within 1 ms of the same request on a resident
 # (ready) model, a ResNet-50 trainer preempted in both (the placement table's last two arms) ---
 cmd_place_model() {
-  local m="$1" repeats=10
+  local m="$1" repeats=10 plan=()
   need bench-switch pswitchd pswitch-worker
   [ "$quick" = 1 ] && repeats=4
+  # The profile step's GPU plan, where it ran (the daemon's own plan is profiled on its CPU).
+  [ -s "$work/$m.plan.json" ] && plan=(--plan="$work/$m.plan.json")
   "$bin/bench-switch" --backend=cuda --model="$m" --trainer=resnet50 --batch=8 \
-    --repeats="$repeats" --arena-bytes=$((8 << 30)) --rows=false --resume=false
+    --repeats="$repeats" --arena-bytes=$((8 << 30)) --rows=false --resume=false ${plan[@]+"${plan[@]}"}
 }
 
 # --- trace: the weights cache under a Poisson/Zipf trace (issue 29): 40 models (ResNets, BERT,
