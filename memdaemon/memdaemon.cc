@@ -38,7 +38,9 @@ absl::StatusOr<std::unique_ptr<MemDaemon>> MemDaemon::Create(const MemDaemonOpti
   d->device_ordinal_ = options.device.device_ordinal;
   PSWITCH_ASSIGN_OR_RETURN(d->device_, gpu::Device::Open(options.device));
   PSWITCH_ASSIGN_OR_RETURN(uint64_t arena_bytes, ChooseArenaBytes(*d->device_, options));
+  const absl::Time create_start = absl::Now();
   PSWITCH_ASSIGN_OR_RETURN(d->arena_, d->device_->CreateArena(arena_bytes));
+  d->arena_create_time_ = absl::Now() - create_start;
   PSWITCH_ASSIGN_OR_RETURN(d->ready_flags_, d->arena_->Flags(kReadyFlagsOffset, kReadyFlagCount));
   PSWITCH_ASSIGN_OR_RETURN(d->drain_flags_, d->arena_->Flags(kDrainFlagsOffset, kDrainFlagCount));
   PSWITCH_ASSIGN_OR_RETURN(d->copy_engine_, d->device_->CreateCopyEngine(*d->arena_));

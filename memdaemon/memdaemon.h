@@ -47,6 +47,8 @@ class MemDaemon {
   WeightStore& weights() { return *weights_; }
   Transmitter& transmitter() { return *transmitter_; }
   gpu::CopyEngine& copy_engine() { return *copy_engine_; }
+  // What creating the arena took (a CUDA VMM arena makes one allocation per 2 MiB chunk).
+  absl::Duration arena_create_time() const { return arena_create_time_; }
   // Empty when no server runs.
   // Nothing of worker slot `slot` is in flight any more (it died, or pswitchd is stopping):
   // releases every wait on its drain flag up to `promised`, the latest drain value a Stop to
@@ -84,6 +86,7 @@ class MemDaemon {
   int device_ordinal_ = 0;
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<gpu::Arena> arena_;
+  absl::Duration arena_create_time_;
   std::unique_ptr<gpu::FlagArray> ready_flags_;
   std::unique_ptr<gpu::FlagArray> drain_flags_;
   std::unique_ptr<gpu::CopyEngine> copy_engine_;

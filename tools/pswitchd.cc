@@ -793,6 +793,8 @@ int Main() {
       .Field("device", first->device().description())
       .Field("gpus", gpus)
       .Field("arena_bytes", first->arena().size_bytes())
+      .FieldMs("arena_create_ms", first->arena_create_time())
+      .Field("arena_access_unit", first->leases().alignment())
       .Field("workers", 1 + standby)
       .Field("policy", controller::PolicyName(*policy))
       .Field("port", (*server)->port())

@@ -193,6 +193,7 @@ cmd_vmm() {
   "$bin/pswitchd" --backend=cuda --cuda-vmm-arena --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
     --exit-after-demo --socket="/tmp/pswitch-validate-$$-vmm.sock" 2>"$log" || rc=1
   tail -20 "$log"
+  sed -n 's/.*event=started .*arena_bytes=\([0-9]*\) arena_create_ms=\([0-9.]*\) arena_access_unit=\([0-9]*\).*/FIG vmm arena: \1 bytes made in \2 ms, access unit \3 bytes/p' "$log"
   sed -n 's/.*event=self_check model=\([^ ]*\) .*latency_ms=\([0-9.]*\).*/FIG vmm self-check \1: \2 ms/p' "$log"
   if grep -q 'event=arena_' "$log"; then
     echo "FIG vmm workers: $(grep -o 'event=arena_[a-z_]*.*' "$log" | head -1 | cut -c1-200)"
