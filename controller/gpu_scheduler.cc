@@ -371,6 +371,12 @@ void GpuScheduler::FailLostUnsaved() {
       ++it;
       continue;
     }
+    // Lost while its optimizer state is still being saved off the loop (it is in no queue
+    // then): it fails once that save puts it back in the queue, not silently never.
+    if (record != nullptr && record->weights_unsaved && being_checkpointed_.contains(id)) {
+      ++it;
+      continue;
+    }
     it = unsaved_owners_.erase(it);
     if (record == nullptr || !record->weights_unsaved || !queue_.Remove(id)) continue;
     Event(base::LogLevel::kError, "unsaved_weights_lost")
