@@ -14,10 +14,13 @@ namespace {
 
 class CudaDeviceTest : public ::testing::Test {
  protected:
+  // The arena the device creates: cudaMalloc shared by IPC handle (the default) or VMM chunks.
+  virtual bool vmm_arena() const { return false; }
   void SetUp() override {
     if (!CudaBackendBuilt()) GTEST_SKIP() << "built without the CUDA backend";
     DeviceOptions options;
     options.backend = Backend::kCuda;
+    options.cuda_vmm_arena = vmm_arena();
     auto device = Device::Open(options);
     if (!device.ok()) GTEST_SKIP() << "no usable GPU: " << device.status();
     device_ = std::move(*device);
@@ -63,18 +66,9 @@ TEST_F(CudaDeviceTest, CopiesGroupsAndReleasesAStreamWaitingOnTheirFlags) {
   EXPECT_TRUE(handle->fd.valid()) << "the flag window travels with the handle";
 }
 
-class CudaVmmTest : public ::testing::Test {
+class CudaVmmTest : public CudaDeviceTest {
  protected:
-  void SetUp() override {
-    if (!CudaBackendBuilt()) GTEST_SKIP() << "built without the CUDA backend";
-    DeviceOptions options;
-    options.backend = Backend::kCuda;
-    options.cuda_vmm_arena = true;
-    auto device = Device::Open(options);
-    if (!device.ok()) GTEST_SKIP() << "no usable GPU: " << device.status();
-    device_ = std::move(*device);
-  }
-  std::unique_ptr<Device> device_;
+  bool vmm_arena() const override { return true; }
 };
 
 // --cuda-vmm-arena: chunks of the mapping granularity, each its own allocation.

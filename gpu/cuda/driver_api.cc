@@ -12,7 +12,32 @@ namespace {
 // Stream memory operations with their CUDA 12 semantics (on by default, no module parameter).
 constexpr unsigned int kDriverApiVersion = 12000;
 
-absl::Status Resolve(const char* symbol, void** fn) {
+absl::StatusOr<DriverApi> Load() {
+  DriverApi api;
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuStreamWaitValue32", &api.stream_wait_value32));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuStreamWriteValue32", &api.stream_write_value32));
+  return api;
+}
+
+absl::StatusOr<VmmApi> LoadVmm() {
+  VmmApi api;
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemCreate", &api.create));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemRelease", &api.release));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemExportToShareableHandle", &api.export_handle));
+  PSWITCH_RETURN_IF_ERROR(
+      ResolveDriverSymbol("cuMemImportFromShareableHandle", &api.import_handle));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemAddressReserve", &api.address_reserve));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemAddressFree", &api.address_free));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemMap", &api.map));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemUnmap", &api.unmap));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemSetAccess", &api.set_access));
+  PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuMemGetAllocationGranularity", &api.granularity));
+  return api;
+}
+
+}  // namespace
+
+absl::Status ResolveDriverSymbol(const char* symbol, void** fn) {
   cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
   PSWITCH_RETURN_IF_ERROR(CudaStatus(
       cudaGetDriverEntryPointByVersion(symbol, fn, kDriverApiVersion, cudaEnableDefault, &query),
@@ -23,37 +48,6 @@ absl::Status Resolve(const char* symbol, void** fn) {
   }
   return absl::OkStatus();
 }
-
-absl::StatusOr<DriverApi> Load() {
-  DriverApi api;
-  PSWITCH_RETURN_IF_ERROR(
-      Resolve("cuStreamWaitValue32", reinterpret_cast<void**>(&api.stream_wait_value32)));
-  PSWITCH_RETURN_IF_ERROR(
-      Resolve("cuStreamWriteValue32", reinterpret_cast<void**>(&api.stream_write_value32)));
-  return api;
-}
-
-template <typename Fn>
-absl::Status ResolveAs(const char* symbol, Fn** fn) {
-  return Resolve(symbol, reinterpret_cast<void**>(fn));
-}
-
-absl::StatusOr<VmmApi> LoadVmm() {
-  VmmApi api;
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemCreate", &api.create));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemRelease", &api.release));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemExportToShareableHandle", &api.export_handle));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemImportFromShareableHandle", &api.import_handle));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemAddressReserve", &api.address_reserve));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemAddressFree", &api.address_free));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemMap", &api.map));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemUnmap", &api.unmap));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemSetAccess", &api.set_access));
-  PSWITCH_RETURN_IF_ERROR(ResolveAs("cuMemGetAllocationGranularity", &api.granularity));
-  return api;
-}
-
-}  // namespace
 
 absl::StatusOr<const VmmApi*> GetVmmApi() {
   static const absl::StatusOr<VmmApi>* const api = new absl::StatusOr<VmmApi>(LoadVmm());

@@ -20,6 +20,14 @@ struct DriverApi {
 // Resolved once per process; FailedPrecondition naming the missing symbol otherwise.
 absl::StatusOr<const DriverApi*> GetDriverApi();
 
+// One driver entry point by name, with its CUDA 12 semantics, for a caller that resolves it on
+// its own (once, in a static); FailedPrecondition when the driver lacks it.
+absl::Status ResolveDriverSymbol(const char* symbol, void** fn);
+template <typename Fn>
+absl::Status ResolveDriverSymbol(const char* symbol, Fn** fn) {
+  return ResolveDriverSymbol(symbol, reinterpret_cast<void**>(fn));
+}
+
 // The virtual memory management calls behind a VMM arena (gpu/cuda/vmm_memory.h): physical
 // memory exported as a file descriptor and mapped per range in each process. Resolved apart from
 // DriverApi, so a driver without them fails only the arena that needs them.

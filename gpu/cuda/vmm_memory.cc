@@ -1,7 +1,5 @@
 #include "gpu/cuda/vmm_memory.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -224,17 +222,14 @@ absl::Status VmmMemory::SetAccess(uint64_t offset, uint64_t bytes, Arena::Access
 
 absl::StatusOr<Arena::Access> DeviceAccessAt(const void* at) {
   using GetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-  static GetAttribute get = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault,
-                                         &query) != cudaSuccess ||
-        query != cudaDriverEntryPointSuccess) {
-      return GetAttribute{nullptr};
-    }
-    return reinterpret_cast<GetAttribute>(fn);
-  }();
-  if (get == nullptr) return absl::FailedPreconditionError("no cuPointerGetAttribute");
+  // Resolved once; a driver without it fails each call alike.
+  static const auto* const resolved =
+      new absl::StatusOr<GetAttribute>([]() -> absl::StatusOr<GetAttribute> {
+        GetAttribute fn = nullptr;
+        PSWITCH_RETURN_IF_ERROR(ResolveDriverSymbol("cuPointerGetAttribute", &fn));
+        return fn;
+      }());
+  PSWITCH_ASSIGN_OR_RETURN(const GetAttribute get, *resolved);
   unsigned long long flags = 0;  // NOLINT(runtime/int): the driver's type
   const CUresult result =
       get(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, reinterpret_cast<CUdeviceptr>(at));

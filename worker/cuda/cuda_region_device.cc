@@ -9,6 +9,7 @@
 #include "base/log.h"
 #include "base/status.h"
 #include "gpu/cuda/cuda_check.h"
+#include "gpu/cuda/driver_api.h"
 
 namespace pswitch::worker::cuda {
 namespace {
@@ -66,19 +67,14 @@ class IpcMapping final : public DeviceAttachment {
 // (gpu/cuda/driver_api.h explains why libcuda is not linked): cudart has no equivalent.
 absl::StatusOr<size_t> AllocationBytes(void* ptr) {
   using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  static GetAddressRange get_range = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &query) != cudaSuccess ||
-        query != cudaDriverEntryPointSuccess) {
-      fn = nullptr;
-    }
-    return reinterpret_cast<GetAddressRange>(fn);
-  }();
-  if (get_range == nullptr) {
-    return absl::FailedPreconditionError("the CUDA driver has no cuMemGetAddressRange");
-  }
+  // Resolved once; a driver without it fails each call alike.
+  static const auto* const resolved =
+      new absl::StatusOr<GetAddressRange>([]() -> absl::StatusOr<GetAddressRange> {
+        GetAddressRange fn = nullptr;
+        PSWITCH_RETURN_IF_ERROR(gpu::cuda::ResolveDriverSymbol("cuMemGetAddressRange", &fn));
+        return fn;
+      }());
+  PSWITCH_ASSIGN_OR_RETURN(const GetAddressRange get_range, *resolved);
   CUdeviceptr base = 0;
   size_t bytes = 0;
   PSWITCH_RETURN_IF_ERROR(PSWITCH_CU(get_range(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr))));
