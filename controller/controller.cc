@@ -23,31 +23,26 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
         absl::StrCat("gpus must be in [1, ", kMaxGpus, "], got ", daemons.size()));
   }
   if (!options.inspector) return absl::InvalidArgumentError("the controller needs an inspector");
-  // Each GPU's arena holds one weights pool (the resident models' regions: WeightsCache), its
-  // workers' activation leases and training tasks' optimizer state. Every pool has the size of
-  // the smallest, so a model that fits one GPU fits them all.
+  // Each GPU's arena holds one weights pool (the resident models' regions and training runs'
+  // optimizer state: WeightsCache) and its workers' activation leases. Every pool has the size
+  // of the smallest, so a model that fits one GPU fits them all.
   uint64_t region_bytes = UINT64_MAX;
-  uint64_t state_budget = UINT64_MAX;  // each GPU's room for optimizer state
   for (size_t g = 0; g < daemons.size(); ++g) {
     // Every lease takes whole units of the arena's alignment (2 MiB on a CUDA VMM arena).
     const uint64_t align = daemons[g]->leases().alignment();
     const uint64_t activations = (options.scheduler.spawn.activation_bytes + align - 1) / align *
                                  align * static_cast<uint64_t>(options.scheduler.workers);
     const uint64_t free_bytes = daemons[g]->leases().largest_free_bytes();
-    uint64_t state_bytes = options.optimizer_state_bytes;
-    if (state_bytes == 0 && free_bytes > activations) state_bytes = (free_bytes - activations) / 4;
     // At least one unit of the region's rounding must be left for the weights.
     const uint64_t unit = std::max<uint64_t>(align, 1 << 20);
-    if (state_bytes > free_bytes || free_bytes - state_bytes <= activations + unit) {
+    if (free_bytes <= activations + unit) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "GPU ", g, ": the arena's ", free_bytes, " free bytes cannot hold ",
           options.scheduler.workers, " activation leases of ",
-          options.scheduler.spawn.activation_bytes, " bytes, ", state_bytes,
-          " bytes for optimizer state and a weights region (raise --arena-bytes or lower "
-          "--activation-bytes / --optimizer-state-bytes)"));
+          options.scheduler.spawn.activation_bytes,
+          " bytes and a weights pool (raise --arena-bytes or lower --activation-bytes)"));
     }
-    region_bytes = std::min(region_bytes, (free_bytes - activations - state_bytes) / unit * unit);
-    state_budget = std::min(state_budget, state_bytes);
+    region_bytes = std::min(region_bytes, (free_bytes - activations) / unit * unit);
   }
   c->catalog_ = std::make_unique<ModelCatalog>(daemons.front(), region_bytes, options.inspector);
   c->checkpoints_ = std::make_shared<StateCheckpoints>();
@@ -61,9 +56,9 @@ absl::StatusOr<std::unique_ptr<Controller>> Controller::Create(
     scheduler.region_bytes = region.bytes;
     scheduler.region_alignment = daemons[g]->leases().alignment();
     scheduler.checkpoints = c->checkpoints_;
-    // Preempted tasks' optimizer state stays resident within that room, the running task's
-    // taking it back when it needs it.
-    scheduler.resident_state_bytes = state_budget;
+    // Preempted tasks' optimizer state stays in the pool within the operator's cap.
+    scheduler.resident_state_bytes =
+        options.optimizer_state_bytes == 0 ? UINT64_MAX : options.optimizer_state_bytes;
     scheduler.sole_gpu = daemons.size() == 1;
     scheduler.spawn.memdaemon_socket = daemons[g]->socket_path();
     // Only the workers this scheduler spawns attach the arena, each once (WorkerServer).

@@ -32,8 +32,10 @@ struct ControllerOptions {
   // Every task's server-side deadline: a client's own is capped by it, and a task without one
   // gets it. A task past its deadline fails (DeadlineExceeded); a running one is stopped.
   absl::Duration max_task_time = absl::Hours(24);
-  // Arena bytes left outside the weights region for running training tasks' optimizer state
-  // (SGD momentum, Adam moments); 0 = a quarter of what the activation leases leave.
+  // The most bytes of preempted training tasks' optimizer state (SGD momentum, Adam moments)
+  // kept in each GPU's weights pool for their resume; beyond, a stop saves it to host memory.
+  // 0 = no cap but the pool's (a kept state is saved when the pool needs its room). A running
+  // task's state takes its room in the pool like a model.
   uint64_t optimizer_state_bytes = 0;
 };
 

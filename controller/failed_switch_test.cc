@@ -144,6 +144,8 @@ class FailedSwitchTest : public ::testing::Test, public WorkerPool::Listener {
   void OnWorkerDied(int, const absl::Status&, bool, bool) override {}
 
   static constexpr uint64_t kRegion = 32 << 20;  // clear of the leases the tests take
+  // An optimizer state's room, as the weights pool would give it: clear of the model's region.
+  static constexpr memdaemon::StateArea::Room kStateRoom{48 << 20, 4096};
   std::shared_ptr<EventLoop> loop_ = std::make_shared<EventLoop>([] {});
   std::unique_ptr<memdaemon::MemDaemon> daemon_;
   ManualCopyEngine engine_;
@@ -301,7 +303,8 @@ TEST_F(FailedSwitchTest, AFailedTrainingRunNeverOverwritesTheMasterWeights) {
   const memdaemon::StoredModel& model = *entries_.at("a").stored;
   const std::vector<std::byte> master(model.host_bytes(), model.host_bytes() + model.total_bytes());
   ASSERT_TRUE(daemon_->arena().CopyFromHost(kRegion, Pattern(model.total_bytes(), 3)).ok());
-  auto state = TrainingState::Begin(daemon_.get(), &checkpoints_, 7, CheckpointKey::Task(7), 4096);
+  auto state = TrainingState::Begin(daemon_.get(), &checkpoints_, 7, CheckpointKey::Task(7), 4096,
+                                    kStateRoom);
   ASSERT_TRUE(state.ok()) << state.status();
   TrainingState::Ending ending;
   ending.run_ok = false;
@@ -346,7 +349,8 @@ TEST_F(FailedSwitchTest, ASuccessfulRunSavesItsWeightsOnceItsCopyEndedAndKeepsIt
   const memdaemon::StoredModel& model = *entries_.at("a").stored;
   const std::vector<std::byte> trained = Pattern(model.total_bytes(), 5);
   ASSERT_TRUE(daemon_->arena().CopyFromHost(kRegion, trained).ok());
-  auto state = TrainingState::Begin(daemon_.get(), &checkpoints_, 9, CheckpointKey::Task(9), 4096);
+  auto state = TrainingState::Begin(daemon_.get(), &checkpoints_, 9, CheckpointKey::Task(9), 4096,
+                                    kStateRoom);
   ASSERT_TRUE(state.ok()) << state.status();
   TrainingState::Ending ending;
   ending.run_ok = true;

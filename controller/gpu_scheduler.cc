@@ -4,6 +4,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "api/types.h"
@@ -94,6 +95,9 @@ struct GpuScheduler::Running {
   bool copied = false;  // its switch's copy ended well (CopyEnded)
   int64_t stop_sent_ns = 0;     // its worker was told to stop (StopRunning; 0: not)
   uint64_t weights_offset = 0;  // where its model's weights are in the arena
+  // The optimizer state's room in the weights pool it holds (WeightsCache::ReserveState), freed
+  // or kept for its resume when it ends (Complete, EndTraining's save); none without one.
+  std::optional<CheckpointKey> state;
   bool RunHeld() const { return awaiting_inputs || restoring; }
 };
 
@@ -108,7 +112,6 @@ GpuScheduler::GpuScheduler(const SchedulerOptions& options, memdaemon::MemDaemon
       telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()),
       loop_(std::make_shared<EventLoop>([this] { AfterEvent(); })),
       loop_role_(loop_->role()),
-      resident_states_(checkpoints_.get(), options.resident_state_bytes),
       // What is due is done by AfterEvent (a stop, a deadline, an input hold), or here.
       kill_timer_(
           loop_->io(), [] {}, [this] { AfterEvent(); }),
@@ -256,6 +259,7 @@ void GpuScheduler::Loop() {
   loop_role_.AssertHeld();  // still the loop's thread: what it left is answered here
   if (running_ != nullptr) {
     Finish(running_->task_id, absl::DeadlineExceededError("task did not stop before shutdown"));
+    FreeRunState(*running_);
     running_.reset();
   }
   if (next_ != nullptr) {
@@ -412,6 +416,7 @@ bool GpuScheduler::EndOnceSaved(uint64_t task_id, const absl::Status& why) {
 bool GpuScheduler::WriteBack(const std::string& model) {
   const ResidentModel* region = switcher_->cache().Find(model);
   if (region == nullptr || region->unsaved_task == 0) return false;
+  if (region->state_of) return SaveState(*region->state_of);
   if (writing_back_.contains(model)) return true;  // WrittenBack comes
   // Read by another checkpoint (none holds a region with unsaved weights: another training of
   // the model first has them written back); the caller tries again later.
@@ -438,6 +443,61 @@ bool GpuScheduler::WriteBack(const std::string& model) {
     });
   });
   return true;
+}
+
+void GpuScheduler::FreeRunState(Running& run) {
+  if (std::optional<CheckpointKey> state = std::exchange(run.state, std::nullopt)) {
+    switcher_->FreeState(*state);
+  }
+}
+
+CheckpointKey GpuScheduler::StateKey(uint64_t task_id, const TaskSpec& spec) {
+  return spec.fill ? spec.fill->state_key : CheckpointKey::Task(task_id);
+}
+
+uint64_t GpuScheduler::OptimizerBytes(const TaskSpec& spec, const registry::CatalogEntry& entry) {
+  return spec.kind == TaskKind::kTraining
+             ? api::OptimizerStateSlots(spec.trainer) * entry.optimizer_slot_bytes
+             : 0;
+}
+
+bool GpuScheduler::SaveState(CheckpointKey key) {
+  const ResidentModel* region = switcher_->FindState(key);
+  if (region == nullptr || region->unsaved_task == 0) return false;
+  if (switcher_->SavingState(key)) return true;  // StateWrittenBack comes
+  const uint64_t task = region->unsaved_task;
+  const memdaemon::StateArea::Room room{region->offset, region->bytes};
+  const uint64_t bytes = region->state_bytes;
+  Event(base::LogLevel::kInfo, "optimizer_state_write_back")
+      .Field("task", task)
+      .Field("bytes", bytes);
+  switcher_->StateSaving(key);
+  checkpointing_.Add(
+      [this, key, task, room, bytes, daemon = daemon_, checkpoints = checkpoints_, loop = loop_] {
+        absl::Status saved = SaveKeptState(*daemon, *checkpoints, key, room, bytes);
+        loop->Post([this, key, task, saved = std::move(saved)] {
+          loop_role_.AssertHeld();
+          StateWrittenBack(key, task, saved);
+        });
+      });
+  return true;
+}
+
+void GpuScheduler::StateWrittenBack(CheckpointKey key, uint64_t task, const absl::Status& saved) {
+  switcher_->StateSaved(key);
+  switcher_->FreeState(key);  // in host memory now, or lost
+  Event(saved.ok() ? base::LogLevel::kInfo : base::LogLevel::kError, "optimizer_state_written")
+      .Field("task", task)
+      .Field("error", saved);
+  TaskRecord* owner = tasks_table_.Find(task);
+  if (owner == nullptr) {
+    checkpoints_->Drop(key);  // it ended meanwhile
+    return;
+  }
+  if (saved.ok()) return;
+  // Its task must not resume from zeros: it fails now, or when it would start.
+  owner->state_lost = saved;
+  if (queue_.Remove(task)) Finish(task, saved);
 }
 
 void GpuScheduler::WrittenBack(const std::string& model, uint64_t task, uint64_t generation,
@@ -557,7 +617,9 @@ void GpuScheduler::OnWorkerDied(int slot, const absl::Status& why, bool killed, 
     AbandonUnrun(killed ? MarkKilled(std::move(failed)) : failed);
     return;
   }
-  running_.reset();  // its training state is dropped: it resumes from its last checkpoint
+  // Its training state is dropped: it resumes from its last checkpoint.
+  FreeRunState(*running_);
+  running_.reset();
   Finish(id, killed ? MarkKilled(std::move(failed)) : failed);
 }
 
@@ -742,13 +804,18 @@ void GpuScheduler::MaybeStart() {
       never = absl::UnavailableError("no idle worker for the synthetic fill task");
     } else {
       outlook = switcher_->ForModel(ticket.model, &never);
-      // Room only where a checkpoint still reads, or where a preempted task's weights are
-      // unsaved: placed once the checkpoint has read, and those weights are written back.
+      // Room only where a checkpoint still reads, or where a preempted task's weights or
+      // optimizer state are unsaved: placed once the checkpoint has read, and those are written
+      // back. A training run needs room for its optimizer state as well, unless its own is kept.
       if (absl::StatusOr<EntryRef> entry = catalog_->Find(ticket.model);
           outlook == WorkerPool::Outlook::kNow && entry.ok()) {
-        RoomWait wait = switcher_->WaitsForRoom(**entry);
-        for (const std::string& model : wait.write_back) WriteBack(model);
-        if (wait.waits) outlook = WorkerPool::Outlook::kLater;
+        const TaskSpec& spec = tasks_table_.at(ticket.id).spec;
+        const CheckpointKey state = StateKey(ticket.id, spec);
+        RoomWait wait = switcher_->WaitsForRoom(**entry, OptimizerBytes(spec, **entry), state);
+        for (const std::string& name : wait.write_back) WriteBack(name);
+        // Its own state, kept while it was preempted, is being saved to make room: resumed
+        // once that is done, from host memory.
+        if (wait.waits || switcher_->SavingState(state)) outlook = WorkerPool::Outlook::kLater;
       }
       // Another training task trains on the model only once a preempted one's unsaved weights
       // are saved: should it fail, the preempted task's progress would go with the region.
@@ -925,11 +992,9 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
       run->timeline.old_stopped_ns = last_stopped_ns_;
     }
   }
-  const CheckpointKey state_key = spec.fill ? spec.fill->state_key : CheckpointKey::Task(ticket.id);
-  const uint64_t optimizer_bytes =
-      spec.kind == TaskKind::kTraining
-          ? api::OptimizerStateSlots(spec.trainer) * run->entry->optimizer_slot_bytes
-          : 0;
+  const CheckpointKey state_key = StateKey(ticket.id, spec);
+  const uint64_t optimizer_bytes = OptimizerBytes(spec, *run->entry);
+  if (std::optional<absl::Status> lost = tasks_table_.at(ticket.id).state_lost) return *lost;
   if (spec.kind == TaskKind::kTraining && optimizer_bytes == 0) {
     // A stateless optimizer: no area, nothing to copy.
     PSWITCH_ASSIGN_OR_RETURN(
@@ -939,6 +1004,26 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
                            switcher_->Place(ticket.id, *run->entry, run->timeline));
   run->transmission = placed.transmission;
   run->weights_offset = placed.weights_offset;
+  // Its optimizer state's room in the pool: the one its last run left it in (kept while it was
+  // preempted), or a new one, filled from host memory (RestoreState).
+  memdaemon::StateArea::Room state_room;
+  bool state_resident = false;
+  if (optimizer_bytes > 0) {
+    if (const ResidentModel* kept = switcher_->FindState(state_key); kept != nullptr) {
+      if (kept->unsaved_task != ticket.id || kept->state_bytes != optimizer_bytes) {
+        return absl::InternalError(
+            absl::StrCat("task ", ticket.id, ": the optimizer state kept for it is not its own"));
+      }
+      switcher_->UseState(state_key);
+      state_room = {kept->offset, kept->bytes};
+      state_resident = true;
+    } else {
+      PSWITCH_ASSIGN_OR_RETURN(const uint64_t offset,
+                               switcher_->ReserveState(state_key, optimizer_bytes, spec.model));
+      state_room = {offset, switcher_->cache().RoomFor(optimizer_bytes)};
+    }
+    run->state = state_key;
+  }
   const uint32_t batch = spec.batch > 0 ? spec.batch : run->entry->request.batch_size;
   if (!inputs_ended || optimizer_bytes > 0) {
     // The switch is under way; the Run waits for the bytes (InputsEnded) and for the optimizer
@@ -958,7 +1043,9 @@ absl::Status GpuScheduler::StartTask(const TaskTicket& ticket) {
         .Field("optimizer_bytes", optimizer_bytes)
         .Field("switching", run->transmission != nullptr);
     running_ = std::move(run);
-    if (optimizer_bytes > 0) RestoreState(ticket.id, state_key, optimizer_bytes);
+    if (optimizer_bytes > 0) {
+      RestoreState(ticket.id, state_key, optimizer_bytes, state_room, state_resident);
+    }
     return absl::OkStatus();
   }
   if (spec.inputs_arrival) run->timeline.inputs_ns = spec.inputs_arrival->arrived_ns();
@@ -1002,17 +1089,17 @@ void GpuScheduler::SendHeldRun() {
   if (!sent.ok()) AbandonUnrun(std::move(sent));
 }
 
-void GpuScheduler::RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes) {
+void GpuScheduler::RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes,
+                                memdaemon::StateArea::Room room, bool resident) {
   // The job owns what it makes until the loop takes it; if the loop has ended by then, the
-  // state (its lease, its pinned staging) goes with the dropped post, off the loop.
-  ResidentStates* resident =
-      options_.weights_cache && options_.keep_preempted_training ? &resident_states_ : nullptr;
-  checkpointing_.Add([this, task_id, key, optimizer_bytes, daemon = daemon_,
-                      checkpoints = checkpoints_, loop = loop_, resident,
+  // state (its pinned staging) goes with the dropped post, off the loop.
+  checkpointing_.Add([this, task_id, key, optimizer_bytes, room, resident, daemon = daemon_,
+                      checkpoints = checkpoints_, loop = loop_,
                       before = options_.before_state_restore] {
     if (before) before(task_id);
-    auto state = std::make_shared<absl::StatusOr<std::unique_ptr<TrainingState>>>(
-        TrainingState::Begin(daemon, checkpoints.get(), task_id, key, optimizer_bytes, resident));
+    auto state =
+        std::make_shared<absl::StatusOr<std::unique_ptr<TrainingState>>>(TrainingState::Begin(
+            daemon, checkpoints.get(), task_id, key, optimizer_bytes, room, resident));
     loop->Post([this, task_id, state] {
       loop_role_.AssertHeld();
       RestoreEnded(task_id, std::move(*state));
@@ -1284,6 +1371,12 @@ void GpuScheduler::CopyEnded(uint64_t task, uint32_t epoch, const absl::Status& 
 }
 
 void GpuScheduler::CompleteRun(std::unique_ptr<Running> run, RunResult result) {
+  // Its optimizer state's room is free once the run ended, unless EndTraining takes it over
+  // (saved or kept off the loop).
+  absl::Cleanup free_state = [this, &run] {
+    loop_role_.AssertHeld();  // runs where CompleteRun does
+    FreeRunState(*run);
+  };
   TaskRecord* record = tasks_table_.Find(run->task_id);
   if (record == nullptr) return;  // answered meanwhile
   const TaskSpec& spec = record->spec;
@@ -1390,6 +1483,21 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
                                  options_.keep_preempted_training && options_.sole_gpu &&
                                  region != nullptr && region->offset == run.weights_offset &&
                                  (run.transmission == nullptr || run.transmission->finished());
+  // Its optimizer state stays in its room too (a fill job's next bubble may be on another GPU),
+  // within the operator's budget for kept state (SchedulerOptions::resident_state_bytes).
+  if (ending.keep_optimizer && !spec.fill && options_.weights_cache &&
+      options_.keep_preempted_training && run.state.has_value()) {
+    uint64_t kept_bytes = 0;
+    for (const ResidentModel& r : switcher_->cache().List()) {
+      if (r.state_of && r.unsaved_task != 0) kept_bytes += r.bytes;
+    }
+    const ResidentModel* room = switcher_->FindState(*run.state);
+    ending.state_stays_resident = room != nullptr && room->bytes <= options_.resident_state_bytes &&
+                                  kept_bytes <= options_.resident_state_bytes - room->bytes;
+    // Kept from now on (End copies nothing of it), so a task waiting for room may have it
+    // saved at once rather than take the weights first.
+    if (ending.state_stays_resident) switcher_->KeepState(*run.state, id);
+  }
   if (ending.weights_stay_resident && ending.trained) {
     switcher_->KeepUnsaved(model, id);
     tasks_table_.at(id).weights_unsaved = true;
@@ -1406,38 +1514,44 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
   // What the job uses it owns (the training state, the entry keeping the model registered); the
   // loop only gets the result, dropped if the loop has ended by then.
   // (std::function needs a copyable job, hence shared_ptr; the job holds the only reference.)
-  checkpointing_.Add([this, id, ending = std::move(ending),
-                      training = std::shared_ptr<TrainingState>(std::move(run.training)),
-                      entry = run.entry, loop = loop_, run_status = status,
-                      iterations = outcome.iterations_done, outcome,
-                      before =
-                          held_model.empty() ? nullptr : options_.before_checkpoint]() mutable {
-    if (before) before(id);
-    bool kept = false;
-    absl::Status saved = training->End(ending, kept);
-    const uint64_t generation = training->saved_generation();
-    const std::string model = entry->request.name;
-    training.reset();  // the lease and any staging buffer go here, off the loop
-    entry.reset();
-    absl::Status status = run_status.ok() ? saved : run_status;
-    loop->Post([this, id, model, generation, trained = ending.trained, saved_ok = saved.ok(),
-                status = std::move(status), kept, iterations,
-                outcome = std::move(outcome)]() mutable {
-      loop_role_.AssertHeld();
-      if (auto it = being_checkpointed_.find(id); it != being_checkpointed_.end()) {
-        if (!it->second.empty()) switcher_->CheckpointRead(it->second);
-        being_checkpointed_.erase(it);
-      }
-      // The resident weights are what the pinned store now holds; or, when they could not be
-      // saved after training, they are newer than it and must not be served or trained on.
-      if (generation != 0) {
-        switcher_->Checkpointed(model, generation);
-      } else if (trained && !saved_ok) {
-        switcher_->Untrust(model);
-      }
-      TrainingSaved(id, std::move(status), kept, iterations, std::move(outcome));
-    });
-  });
+  const bool state_stays = ending.state_stays_resident;
+  checkpointing_.Add(
+      [this, id, ending = std::move(ending), state = std::exchange(run.state, std::nullopt),
+       state_stays, training = std::shared_ptr<TrainingState>(std::move(run.training)),
+       entry = run.entry, loop = loop_, run_status = status, iterations = outcome.iterations_done,
+       outcome, before = held_model.empty() ? nullptr : options_.before_checkpoint]() mutable {
+        if (before) before(id);
+        bool kept = false;
+        absl::Status saved = training->End(ending, kept);
+        const uint64_t generation = training->saved_generation();
+        const std::string model = entry->request.name;
+        training.reset();  // the lease and any staging buffer go here, off the loop
+        entry.reset();
+        absl::Status status = run_status.ok() ? saved : run_status;
+        loop->Post([this, id, model, generation, trained = ending.trained, saved_ok = saved.ok(),
+                    status = std::move(status), kept, iterations, state, state_stays,
+                    outcome = std::move(outcome)]() mutable {
+          loop_role_.AssertHeld();
+          // Its optimizer state's room: kept for its resume (since EndTraining), or free (saved to
+          // host memory, or dropped) now that nothing reads it. One kept but then not (its weights
+          // could not be saved) that a save to make room reads is freed by that save's end.
+          if (state && !(kept && state_stays) && !switcher_->SavingState(*state)) {
+            switcher_->FreeState(*state);
+          }
+          if (auto it = being_checkpointed_.find(id); it != being_checkpointed_.end()) {
+            if (!it->second.empty()) switcher_->CheckpointRead(it->second);
+            being_checkpointed_.erase(it);
+          }
+          // The resident weights are what the pinned store now holds; or, when they could not be
+          // saved after training, they are newer than it and must not be served or trained on.
+          if (generation != 0) {
+            switcher_->Checkpointed(model, generation);
+          } else if (trained && !saved_ok) {
+            switcher_->Untrust(model);
+          }
+          TrainingSaved(id, std::move(status), kept, iterations, std::move(outcome));
+        });
+      });
   return true;
 }
 
@@ -1520,8 +1634,13 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
   if (!record) return;
   const TaskSpec& spec = record->spec;
   if (spec.kind == TaskKind::kTraining && options_.weights_cache) {
-    // Its optimizer area, kept while it was preempted, goes (off the loop, where it lives).
-    checkpointing_.Add([this, task_id] { resident_states_.Drop(CheckpointKey::Task(task_id)); });
+    // Its optimizer state, kept while it was preempted, goes (one being saved goes once
+    // saved: StateWrittenBack). One a run still uses is that run's to free.
+    const CheckpointKey state = CheckpointKey::Task(task_id);
+    if (const ResidentModel* kept = switcher_->FindState(state);
+        kept != nullptr && kept->unsaved_task == task_id && !switcher_->SavingState(state)) {
+      switcher_->FreeState(state);
+    }
     // Ended while preempted (cancelled, past its deadline, shut down): the weights it trained
     // are saved as a stop saves them, unless its model is going.
     const bool unloading = std::any_of(unloads_.begin(), unloads_.end(),
@@ -1554,7 +1673,7 @@ std::pair<uint64_t, uint64_t> GpuScheduler::ArenaUse() const {
 void GpuScheduler::PublishResident() {
   std::set<std::string> resident;
   for (const ResidentModel& r : switcher_->cache().List()) {
-    if (r.trusted) resident.insert(r.model);
+    if (r.trusted && !r.state_of) resident.insert(r.model);
   }
   absl::MutexLock lock(&resident_mu_);
   if (resident != resident_) resident_ = std::move(resident);

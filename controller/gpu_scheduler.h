@@ -13,14 +13,15 @@
 // never waits for it.
 //
 // Training stops at its next layer (a step cut there is discarded). A preempted task's weights
-// stay unsaved in its region and its optimizer state in the arena (ResidentStates), written back
-// only when the region is evicted, another training of the model comes, or it ends (WriteBack);
+// stay unsaved in its region and its optimizer state in its room of the weights pool
+// (WeightsCache::KeepState), written back only when the room is needed, another training of the
+// model comes, or it ends (WriteBack, SaveState);
 // with the cache off, or --keep-preempted-training=false, both are copied to host memory at the
 // stop. A run that ends for good has its weights (and buffers) checkpointed from the region back
 // to the pinned store (never after a failed run, nor from a switch whose copy did not complete),
 // so a preempted task resumes exactly. Those copies run off the loop (EndTraining, WriteBack),
-// and so does the restore of a starting run's optimizer state from its checkpoint (lease, copy
-// into the arena, pinned staging): the run is placed and its switch started meanwhile, its Run
+// and so does the restore of a starting run's optimizer state from its checkpoint (a copy into
+// the room the pool gave it): the run is placed and its switch started meanwhile, its Run
 // waits for the restore's end (RestoreEnded), and the GPU stays held until that end whatever
 // happens to the task, so nothing is freed or reused under the copy.
 //
@@ -109,8 +110,9 @@ struct SchedulerOptions {
   // at its stop as before (another GPU's training of the same model must start from them);
   // only its optimizer state stays resident.
   bool sole_gpu = true;
-  // Kept optimizer state takes at most this many bytes (the arena's room for optimizer state);
-  // beyond, or when a new state needs the room, the oldest goes to host memory.
+  // Preempted tasks' optimizer state kept in the weights pool takes at most this many bytes
+  // (--optimizer-state-bytes); a stop that would exceed it saves the state to host memory.
+  // Within it, a kept state goes to host memory only when the pool needs its room.
   uint64_t resident_state_bytes = UINT64_MAX;
   // An old tenant that has not drained this long after a switch asked it to is killed (its
   // stream may wait on a flag no one will write) and replaced.
@@ -261,7 +263,22 @@ class GpuScheduler : private WorkerPool::Listener {
   void SendHeldRun() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Task `task_id`'s optimizer state (`optimizer_bytes` > 0, checkpointed under `key`) is
   // restored off the loop; RestoreEnded gets the result.
-  void RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes)
+  // It lives in `room` of the weights pool, as its last run left it when `resident`.
+  void RestoreState(uint64_t task_id, CheckpointKey key, uint64_t optimizer_bytes,
+                    memdaemon::StateArea::Room room, bool resident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The room of `run`'s optimizer state goes back to the pool (nothing reads or writes it any
+  // more); no effect when it holds none.
+  void FreeRunState(Running& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // Whose optimizer state a task's run trains (the task's, or its fill job's), and its size
+  // (0: none).
+  static CheckpointKey StateKey(uint64_t task_id, const TaskSpec& spec);
+  static uint64_t OptimizerBytes(const TaskSpec& spec, const registry::CatalogEntry& entry);
+  // Saves the optimizer state kept for a preempted task under `key` to host memory, off the
+  // loop (the pool needs its room): true when that is under way (StateWrittenBack ends it).
+  bool SaveState(CheckpointKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The save ended: the room is free; a state that could not be saved fails its task.
+  void StateWrittenBack(CheckpointKey key, uint64_t task, const absl::Status& saved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The restore of task `task_id`'s optimizer state ended (loop): the run gets its state and its
   // Run, or fails with why the state could not be restored; a run stopped meanwhile ends as a
@@ -351,7 +368,8 @@ class GpuScheduler : private WorkerPool::Listener {
   // model, a run on it failed) fail now with DataLoss, not when their turn comes.
   void FailLostUnsaved() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   static absl::Status LostUnsaved(uint64_t task_id, const std::string& model);
-  // Returns whether a write-back of `model` is in flight (WrittenBack comes).
+  // Returns whether a write-back of `model` is in flight (WrittenBack comes). For an
+  // optimizer state's name (WeightsCache::StateName): SaveState.
   bool WriteBack(const std::string& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Task `task_id`, just taken off the queue, ends with `why` (cancelled, past its deadline): at
   // once, or, a preempted training whose weights stayed unsaved, once they are written back.
@@ -411,7 +429,6 @@ class GpuScheduler : private WorkerPool::Listener {
   std::set<std::string> resident_ ABSL_GUARDED_BY(resident_mu_);
   // Preempted tasks' optimizer areas kept in the arena; used on checkpointing_'s thread only
   // (declared before it, so it outlives the copies still queued there).
-  ResidentStates resident_states_;
   // Re-armed after every event to what is due next (AfterEvent).
   LoopTimer kill_timer_;         // stop_deadline_
   LoopTimer deadline_timer_;     // tasks' deadlines

@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/clock.h"
@@ -202,10 +203,14 @@ class InputsArrivingTest : public ::testing::Test {
     options.telemetry = telemetry_;
     options.resident_state_bytes = resident_state_bytes_;
     options.policy = policy_;
-    // Room for one model's weights only: each change of model evicts the other.
-    if (one_model_cache_)
+    // Room for one model's weights only (and, with state_room_, one training run's optimizer
+    // state): each change of model evicts the other.
+    if (one_model_cache_) {
+      const registry::CatalogEntry& a = *catalog_->Find("a").value();
       options.weights_cache_bytes =
-          WeightsCache::RegionBytes(catalog_->Find("a").value()->stored->total_bytes());
+          WeightsCache::RegionBytes(a.stored->total_bytes()) +
+          (state_room_ ? WeightsCache::RegionBytes(a.optimizer_slot_bytes) : 0);
+    }
     if (tweak_options_) tweak_options_(options);
     options.before_state_restore = [this](uint64_t) {
       absl::MutexLock lock(&gate_mu_);
@@ -270,10 +275,12 @@ class InputsArrivingTest : public ::testing::Test {
   }
   // A training task of `model` for `iterations` (SGD with momentum: one slot of state).
   uint64_t SubmitTraining(const std::string& model, uint32_t iterations, int priority = 0,
-                          absl::Time expires = absl::InfiniteFuture()) {
+                          absl::Time expires = absl::InfiniteFuture(),
+                          api::TrainerOptions trainer = {}) {
     TaskSpec spec;
     spec.model = model;
     spec.kind = TaskKind::kTraining;
+    spec.trainer = trainer;
     spec.iterations = iterations;
     spec.priority = priority;
     spec.expires = expires;
@@ -286,12 +293,11 @@ class InputsArrivingTest : public ::testing::Test {
     id->store(task.ok() ? *task : 0);
     return id->load();
   }
-  size_t OptimizerLeases() const {
-    size_t n = 0;
-    for (const memdaemon::Lease& l : daemon_->leases().List()) {
-      n += l.owner.ends_with("-optimizer") ? 1 : 0;
-    }
-    return n;
+  // Training runs' optimizer states in the weights pool (a run's, or kept for a preempted task).
+  size_t OptimizerStates() const {
+    absl::StatusOr<GpuSnapshot> s = scheduler_->Snapshot(kWait);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->cache.states : SIZE_MAX;
   }
 
   ScriptedWorker* Worker(int slot) {
@@ -372,6 +378,7 @@ class InputsArrivingTest : public ::testing::Test {
   // The scripted workers send no heartbeats: only a test about silence makes this short.
   absl::Duration stopping_silence_ = absl::Hours(1);
   bool one_model_cache_ = false;
+  bool state_room_ = false;
   uint64_t resident_state_bytes_ = UINT64_MAX;
   Policy policy_ = Policy::kFcfs;
   // Runs in SetUp once "a" and "b" are registered, before the scheduler starts.
@@ -635,7 +642,7 @@ TEST_F(InputsHoldTest, AYieldedTaskWhoseInputsFailBeforeItsSwitchEndsIsAnsweredT
   EXPECT_TRUE(record_.AwaitAnswer(ready, kWait).ok());
   Settle();
   EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", *trickling, " ")));
-  EXPECT_EQ(OptimizerLeases(), 0u);
+  EXPECT_EQ(OptimizerStates(), 0u);
 }
 
 // With no room kept for resident optimizer state (--weights-cache=off does the same), a preempted
@@ -676,7 +683,7 @@ TEST_F(StateThroughHostTest,
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
       << record_.Commands();
   // The preempted run's state is saved (off the loop) and its area freed; scribble where it was.
-  ASSERT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
+  ASSERT_TRUE(Eventually([&] { return OptimizerStates() == 0; }));
   std::vector<std::byte> junk(first.optimizer_bytes, std::byte{0x5a});
   ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, junk).ok());
   HoldRestores();
@@ -702,7 +709,7 @@ TEST_F(StateThroughHostTest,
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->iterations_done, 10u);
   Settle();
-  EXPECT_EQ(OptimizerLeases(), 0u);
+  EXPECT_EQ(OptimizerStates(), 0u);
 }
 
 TEST_F(InputsArrivingTest, ACancelDuringTheRestoreFreesNothingUnderItAndTheNextTaskRuns) {
@@ -710,7 +717,8 @@ TEST_F(InputsArrivingTest, ACancelDuringTheRestoreFreesNothingUnderItAndTheNextT
   const uint64_t training = SubmitTraining("a", 10);
   ASSERT_TRUE(record_.AwaitCommand("Prepare a ", kWait)) << record_.Commands();
   Settle();
-  EXPECT_EQ(OptimizerLeases(), 0u) << "the restore (lease included) waits off the loop";
+  // Its room is taken at once (on the loop), the copy into it waits off the loop.
+  EXPECT_EQ(OptimizerStates(), 1u);
   ASSERT_TRUE(scheduler_->Cancel(training).ok());
   const uint64_t next = Submit("b");
   Settle();
@@ -725,13 +733,14 @@ TEST_F(InputsArrivingTest, ACancelDuringTheRestoreFreesNothingUnderItAndTheNextT
   EXPECT_EQ(record_.AwaitAnswer(training, absl::ZeroDuration()).status().code(),
             absl::StatusCode::kUnknown)
       << "answered before its restore ended";
+  EXPECT_EQ(OptimizerStates(), 1u) << "its room was freed under the restore";
   OpenRestores();
   absl::StatusOr<TaskOutcome> cancelled = record_.AwaitAnswer(training, kWait);
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
   EXPECT_FALSE(record_.Sent(absl::StrCat("Run ", training, " ")));
   Settle();
-  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }))
-      << "the cancelled run's lease was released after its restore";
+  EXPECT_TRUE(Eventually([&] { return OptimizerStates() == 0; }))
+      << "the cancelled run's room was freed after its restore";
 }
 
 // Placement at arrival (issue 29, item 4): an inference that preempts a training run is placed
@@ -866,7 +875,7 @@ TEST_F(PlaceAtArrivalTest, APreemptedTrainingResumesOnItsResidentWeightsAndState
   ASSERT_TRUE(kept.has_value());
   EXPECT_EQ(kept->unsaved_task, training);
   EXPECT_EQ(kept->offset, region->offset);
-  EXPECT_EQ(OptimizerLeases(), 1u) << "the state stays in the arena";
+  EXPECT_EQ(OptimizerStates(), 1u) << "the state stays in the arena";
 
   // An inference of the same model runs on them at once: a hit, no copy, no checkpoint.
   const uint64_t misses = scheduler_->Snapshot(kWait)->cache.misses;
@@ -908,7 +917,7 @@ TEST_F(PlaceAtArrivalTest, APreemptedTrainingResumesOnItsResidentWeightsAndState
   EXPECT_GT(stored.generation(), generation);
   EXPECT_EQ(std::memcmp(stored.host_bytes(), weights.data(), weight_bytes), 0);
   EXPECT_EQ(RegionOf("a")->unsaved_task, 0u);
-  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
+  EXPECT_TRUE(Eventually([&] { return OptimizerStates() == 0; }));
 }
 
 // A task whose unsaved weights were lost on the GPU (a worker died mid-run on the model) fails
@@ -945,7 +954,7 @@ TEST_F(PlaceAtArrivalTest, ATrainingWhoseUnsavedWeightsWereLostFailsRatherThanRe
   EXPECT_TRUE(absl::StrContains(lost.status().message(), "were lost")) << lost.status();
   EXPECT_FALSE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), absl::ZeroDuration(), 2))
       << "it resumed on weights that are not its own";
-  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
+  EXPECT_TRUE(Eventually([&] { return OptimizerStates() == 0; }));
 }
 
 TEST_F(PlaceAtArrivalTest, ACancelWhileItsCheckpointIsWrittenEndsTheTrainingOnceWritten) {
@@ -1067,7 +1076,9 @@ TEST_F(OneModelCacheTest, AnEvictionShowsInTheTrace) {
 // pinned store, which now holds exactly what it trained.
 TEST_F(OneModelCacheTest, UnsavedWeightsAreWrittenBackBeforeTheirRegionIsTaken) {
   HoldCheckpoints();
-  const uint64_t training = SubmitTraining("a", 1000);
+  // Plain SGD: no optimizer state, only the weights need the room.
+  const uint64_t training =
+      SubmitTraining("a", 1000, 0, absl::InfiniteFuture(), api::TrainerOptions{.momentum = 0});
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait));
   const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
   std::optional<ResidentModel> region = CopiedRegionOf("a");
@@ -1104,6 +1115,90 @@ TEST_F(OneModelCacheTest, UnsavedWeightsAreWrittenBackBeforeTheirRegionIsTaken) 
            seen == weights;
   }));
   CancelRunningTraining(training, 5);
+}
+
+// Optimizer state lives in the weights pool (issue 29 item 1): a pool with room for one model and
+// one training run's state holds "a" and its run's state; once "a"'s run is preempted, "b" has
+// room only where its kept state is, which goes to host memory (its weights stay unsaved), and
+// the task resumes from exactly that state in a room taken again.
+class OneModelAndStateTest : public InputsArrivingTest {
+ protected:
+  OneModelAndStateTest() {
+    one_model_cache_ = true;
+    state_room_ = true;
+  }
+};
+
+TEST_F(OneModelAndStateTest, AKeptStateGoesToHostMemoryWhenThePoolNeedsItsRoomAndComesBackExactly) {
+  auto sink = std::make_shared<base::MemoryLogSink>();
+  base::SetLogSink(sink);
+  const uint64_t training = SubmitTraining("a", 1000);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait))
+      << record_.Commands();
+  const int trainer = SlotOf(absl::StrCat("Run ", training, " "));
+  const Record::RunState first = record_.LastRun(training);
+  ASSERT_GT(first.optimizer_bytes, 0u);
+  EXPECT_EQ(OptimizerStates(), 1u);
+  std::optional<ResidentModel> region = CopiedRegionOf("a");
+  ASSERT_TRUE(region.has_value());
+  // Its state's room is in the weights pool, apart from the model's region.
+  EXPECT_TRUE(first.optimizer_offset >= region->offset + region->bytes ||
+              first.optimizer_offset + first.optimizer_bytes <= region->offset);
+  const memdaemon::StoredModel& stored = *catalog_->Find("a").value()->stored;
+  const uint64_t generation = stored.generation();
+  std::vector<std::byte> state(first.optimizer_bytes);
+  for (size_t i = 0; i < state.size(); ++i) state[i] = std::byte((i * 13 + 5) & 0xff);
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, state).ok());
+
+  const uint64_t inference = Submit("b");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", trainer), kWait));
+  Worker(trainer)->RunDone(training, 4, /*stopped_early=*/true);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
+      << record_.Commands();
+  EXPECT_TRUE(
+      sink->AwaitEvent("optimizer_state_written", {absl::StrCat("task=", training)}, kWait));
+  EXPECT_EQ(OptimizerStates(), 0u);
+  // "a"'s trained weights stayed where they were, unsaved: only the state made room.
+  EXPECT_EQ(stored.generation(), generation);
+  std::optional<ResidentModel> kept = RegionOf("a");
+  ASSERT_TRUE(kept.has_value()) << absl::StrJoin(sink->Lines(), "\n");
+  EXPECT_EQ(kept->unsaved_task, training) << absl::StrJoin(sink->Lines(), "\n");
+  // Whatever "b" does with that room, the saved state is not it.
+  std::vector<std::byte> junk(first.optimizer_bytes, std::byte{0x5a});
+  ASSERT_TRUE(daemon_->arena().CopyFromHost(first.optimizer_offset, junk).ok());
+  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  ASSERT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
+
+  // It resumes: its state comes back from host memory, byte for byte ("b" evicted for its room).
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", training, " "), kWait, 2))
+      << record_.Commands();
+  const Record::RunState resumed = record_.LastRun(training);
+  EXPECT_EQ(resumed.first_iteration, 4u);
+  ASSERT_EQ(resumed.optimizer_bytes, first.optimizer_bytes);
+  std::vector<std::byte> seen(resumed.optimizer_bytes);
+  ASSERT_TRUE(daemon_->arena().CopyToHost(resumed.optimizer_offset, seen).ok());
+  EXPECT_EQ(seen, state);
+  EXPECT_TRUE(sink->AwaitEvent("task_state_restored",
+                               {absl::StrCat("task=", training), "resident=0"}, kWait));
+  base::SetLogSink(std::make_shared<base::FdLogSink>());
+  CancelRunningTraining(training, 5);
+  EXPECT_TRUE(Eventually([&] { return OptimizerStates() == 0; }));
+}
+
+// A training run whose weights and optimizer state together exceed the pool is refused with the
+// reason; the pool has room for either alone.
+TEST_F(OneModelCacheTest, ATrainingRunWhoseStateDoesNotFitBesideItsWeightsIsRefusedWithTheReason) {
+  const uint64_t training = SubmitTraining("a", 10);
+  absl::StatusOr<TaskOutcome> refused = record_.AwaitAnswer(training, kWait);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "optimizer state")) << refused.status();
+  EXPECT_EQ(OptimizerStates(), 0u);
+  // Nothing of it is left behind: an inference of "a" runs.
+  const uint64_t inference = Submit("a");
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", inference, " "), kWait))
+      << record_.Commands();
+  Worker(record_.LastSlot(absl::StrCat("Run ", inference, " ")))->RunDone(inference);
+  EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
 }
 
 // A preempted task's unsaved weights are written back before another training task trains the
@@ -1190,7 +1285,7 @@ TEST_F(UnsavedWeightsTest, ADeadlineMissedWhileQueuedAnswersOnceTheWeightsAreSav
   EXPECT_EQ(std::memcmp(StoredA().host_bytes(), weights.data(), weights.size()), 0);
   Worker(inference_slot)->RunDone(inference);
   EXPECT_TRUE(record_.AwaitAnswer(inference, kWait).ok());
-  EXPECT_TRUE(Eventually([&] { return OptimizerLeases() == 0; }));
+  EXPECT_TRUE(Eventually([&] { return OptimizerStates() == 0; }));
 }
 
 // Issue 29 item 1 through the scheduler: pinned models that leave no window for a model the

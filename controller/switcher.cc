@@ -42,13 +42,39 @@ ReloadCost Switcher::CostOf(const CatalogEntry& entry) const {
   return cost;
 }
 
-RoomWait Switcher::WaitsForRoom(const CatalogEntry& entry) const {
+RoomWait Switcher::WaitsForRoom(const CatalogEntry& entry, uint64_t state_bytes,
+                                CheckpointKey state) const {
+  const std::string& model = entry.request.name;
+  const int64_t now_ns = base::MonotonicNowNs();
   // A resident copy of the pinned store's generation is a hit; a stale one is a miss (Place).
-  if (const ResidentModel* r = cache_.Find(entry.request.name);
-      r != nullptr && (r->generation == entry.stored->generation() || r->unsaved_task != 0)) {
-    return {};
+  const ResidentModel* r = cache_.Find(model);
+  const bool hit =
+      r != nullptr && (r->generation == entry.stored->generation() || r->unsaved_task != 0);
+  if (!hit) {
+    RoomWait weights = cache_.WaitsFor(entry.stored->total_bytes(), CostOf(entry).groups, now_ns);
+    if (weights.waits) return weights;
   }
-  return cache_.WaitsFor(entry.stored->total_bytes(), CostOf(entry).groups, base::MonotonicNowNs());
+  if (state_bytes == 0 || cache_.FindState(state) != nullptr) return {};
+  // The state's room once the weights have theirs: tried on a copy of the cache, as Place and
+  // ReserveState would take them.
+  WeightsCache trial = cache_;
+  if (!hit && !trial
+                   .Reserve(model, entry.stored->total_bytes(), CostOf(entry), now_ns, InUse({}),
+                            /*for_request=*/false)
+                   .ok()) {
+    return {};  // Place says why
+  }
+  return trial.WaitsFor(state_bytes, 0, now_ns, /*for_state=*/true);
+}
+
+absl::StatusOr<uint64_t> Switcher::ReserveState(CheckpointKey state, uint64_t bytes,
+                                                const std::string& model) {
+  PSWITCH_ASSIGN_OR_RETURN(
+      Reservation room,
+      cache_.ReserveState(state, bytes, base::MonotonicNowNs(), InUse({}), model));
+  // Named as in errors, without the name's leading control character.
+  Evicted(room, WeightsCache::StateName(state).substr(1));
+  return room.offset;
 }
 
 WorkerPool::Outlook Switcher::ForModel(const std::string& model, absl::Status* never) const {

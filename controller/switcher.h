@@ -148,8 +148,26 @@ class Switcher {
   void CheckpointRead(const std::string& model) { cache_.Release(model); }
   bool BeingCheckpointed(const std::string& model) const { return cache_.Held(model); }
   // A miss for `entry`'s model that has room only where a checkpoint still reads, or where
-  // unsaved training weights are: it waits (and those weights are to be written back).
-  RoomWait WaitsForRoom(const registry::CatalogEntry& entry) const;
+  // unsaved training weights or kept optimizer state are: it waits (and those are to be written
+  // back). `state_bytes` > 0: a training run whose optimizer state (`state`'s, not resident)
+  // needs that room too, once the weights have theirs.
+  RoomWait WaitsForRoom(const registry::CatalogEntry& entry, uint64_t state_bytes = 0,
+                        CheckpointKey state = {}) const;
+  // Room in the pool for training run `state`'s optimizer state, where nothing in use is
+  // (InUse) nor `model`'s weights (the run's own): models evicted as for a miss, the state's
+  // region taken until FreeState (KeepState keeps it for a preempted task). Its offset.
+  absl::StatusOr<uint64_t> ReserveState(CheckpointKey state, uint64_t bytes,
+                                        const std::string& model);
+  const ResidentModel* FindState(CheckpointKey state) const { return cache_.FindState(state); }
+  void KeepState(CheckpointKey state, uint64_t task) { cache_.KeepState(state, task); }
+  void UseState(CheckpointKey state) { cache_.UseState(state); }
+  void FreeState(CheckpointKey state) { cache_.FreeState(state); }
+  // A kept state is saved to host memory off the loop: its region is held meanwhile.
+  void StateSaving(CheckpointKey state) { cache_.Hold(WeightsCache::StateName(state)); }
+  void StateSaved(CheckpointKey state) { cache_.Release(WeightsCache::StateName(state)); }
+  bool SavingState(CheckpointKey state) const {
+    return cache_.Held(WeightsCache::StateName(state));
+  }
   // The operator pinned `model` resident (registration's pin_resident): never evicted.
   void Pin(const std::string& model, bool pinned) { cache_.Pin(model, pinned); }
   // `model` was unloaded: its region is freed.

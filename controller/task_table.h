@@ -33,6 +33,9 @@ struct TaskRecord {
   // Preempted, its trained weights stayed in its model's region unsaved (issue 29 item 6): its
   // next run must find them there, or they were lost. Cleared once they are written back.
   bool weights_unsaved = false;
+  // Its optimizer state, kept on the GPU while it was preempted, could not be saved when the
+  // pool needed the room: it fails rather than resume from zeros.
+  std::optional<absl::Status> state_lost;
 
   void StopFor(absl::Status why) {
     if (!stop_reason) stop_reason = std::move(why);

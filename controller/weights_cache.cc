@@ -100,14 +100,29 @@ void WeightsCache::Hit(const std::string& model, int64_t now_ns) {
   ++stats_.hits;
 }
 
-std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(
-    uint64_t bytes, int64_t now_ns, const std::set<std::string>& keep) const {
+std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes, int64_t now_ns,
+                                                               const std::set<std::string>& keep,
+                                                               bool for_state) const {
   const uint64_t begin = options_.pool_offset;
   if (bytes > end_ - begin) return std::nullopt;
+  // A state in use is never taken; a kept one only when `keep` does not name it (WaitsFor).
+  auto untakable = [&keep](const ResidentModel& r) {
+    return (r.pinned && r.trusted) || keep.contains(r.model) || (r.state_of && r.unsaved_task == 0);
+  };
   if (!options_.enabled) {
-    Window all{begin, {}, 0, 0, 0, 0};
+    // The one model at the pool's start, states below the pool's end: a model's window takes
+    // every model, a state's the room under the lowest state.
+    uint64_t states_begin = end_;
     for (const auto& [offset, r] : regions_) {
-      if (keep.contains(r.model)) return std::nullopt;  // the one region is not to be taken
+      if (r.state_of) states_begin = std::min(states_begin, offset);
+    }
+    if (for_state && states_begin - begin < bytes) return std::nullopt;
+    Window all{for_state ? states_begin - bytes : begin, {}, 0, 0, 0, 0};
+    for (const auto& [offset, r] : regions_) {
+      const bool overlaps = offset < all.offset + bytes && all.offset < offset + r.bytes;
+      if (r.state_of && !overlaps) continue;
+      if (!r.state_of && for_state && !overlaps) continue;
+      if (untakable(r)) return std::nullopt;  // the one region is not to be taken
       all.victims.push_back(r.model);
       all.victim_bytes += r.bytes;
     }
@@ -137,8 +152,8 @@ std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(
     bool blocked = false;
     for (auto it = next; it != regions_.end() && it->first < start + bytes; ++it) {
       const ResidentModel& r = it->second;
-      if ((r.pinned && r.trusted) || keep.contains(r.model)) {
-        blocked = true;  // the operator's, or a stopping tenant's: never a victim
+      if (untakable(r)) {
+        blocked = true;  // the operator's, a stopping tenant's, a run's state: never a victim
         break;
       }
       w.victims.push_back(r.model);
@@ -162,6 +177,7 @@ std::optional<uint32_t> WeightsCache::ChooseFlags(uint32_t count,
   // victims).
   std::map<uint32_t, const ResidentModel*> held, pinned;
   for (const auto& [offset, r] : regions_) {
+    if (r.state_of) continue;  // no flags
     if ((r.pinned && r.trusted) || keep.contains(r.model)) {
       pinned.emplace(r.flag_base, &r);
       continue;
@@ -204,14 +220,15 @@ void WeightsCache::Release(const std::string& model) {
   });
 }
 
-RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const {
+RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns,
+                                bool for_state) const {
   const uint64_t rounded = RoomFor(bytes);
   const std::set<std::string> unsaved = Unsaved();
   if ((held_.empty() && unsaved.empty()) || rounded == 0) return {};
   const std::set<std::string> held(held_.begin(), held_.end());
   // The window the policy would take with `keep` untouched, and its victims (flags included).
   auto victims = [&](const std::set<std::string>& keep) -> std::optional<std::vector<std::string>> {
-    std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
+    std::optional<Window> window = ChooseWindow(rounded, now_ns, keep, for_state);
     if (!window) return std::nullopt;
     std::vector<std::string> more;
     if (!ChooseFlags(groups, window->victims, now_ns, keep, &more)) return std::nullopt;
@@ -222,9 +239,24 @@ RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns)
   untouchable.insert(unsaved.begin(), unsaved.end());
   if (victims(untouchable)) return {};  // room now
   RoomWait wait;
-  // Room once unsaved weights are written back (the held regions kept), or only once a
-  // checkpoint also released its region: then whatever unsaved weights that window takes.
-  std::optional<std::vector<std::string>> taken = victims(held);
+  // A held optimizer state is being saved to host memory, and its room is free once saved: room
+  // then needs no other write-back.
+  std::set<std::string> staying;  // what stays once the saves under way have ended
+  for (const std::string& name : untouchable) {
+    const ResidentModel* r = Find(name);
+    if (r == nullptr || !r->state_of || !held_.contains(name)) staying.insert(name);
+  }
+  if (staying.size() < untouchable.size() && victims(staying)) {
+    wait.waits = true;
+    return wait;
+  }
+  std::set<std::string> held_staying;
+  for (const std::string& name : held) {
+    if (staying.contains(name)) held_staying.insert(name);
+  }
+  // Room once unsaved weights (or kept states) are written back (the held regions kept), or only
+  // once a checkpoint also released its region: then whatever unsaved ones that window takes.
+  std::optional<std::vector<std::string>> taken = victims(held_staying);
   if (!taken) taken = victims({});
   if (!taken) return {};  // no room at all: Reserve refuses it
   wait.waits = true;
@@ -257,59 +289,113 @@ uint64_t WeightsCache::RegionBytes(uint64_t model_bytes, uint64_t alignment) {
   return (model_bytes + alignment - 1) / alignment * alignment;
 }
 
+std::string WeightsCache::StateName(CheckpointKey key) {
+  // \x01: no model's name holds a control character (base::CheckText).
+  return absl::StrCat("\x01optimizer state of ",
+                      key.owner == CheckpointKey::Owner::kTask ? "task " : "fill job ", key.id);
+}
+
+absl::StatusOr<Reservation> WeightsCache::ReserveState(CheckpointKey key, uint64_t bytes,
+                                                       int64_t now_ns,
+                                                       const std::set<std::string>& keep,
+                                                       const std::string& beside) {
+  const std::string name = StateName(key);
+  if (FindState(key) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat(name.substr(1), " already has its room"));
+  }
+  std::set<std::string> fixed;
+  if (!beside.empty()) fixed.insert(beside);
+  return ReserveRoom(name, bytes, ReloadCost{.groups = 0}, now_ns, keep,
+                     /*for_request=*/false, key, fixed);
+}
+
+const ResidentModel* WeightsCache::FindState(CheckpointKey key) const {
+  auto it = FindRegion(StateName(key));
+  return it == regions_.end() ? nullptr : &it->second;
+}
+
+void WeightsCache::KeepState(CheckpointKey key, uint64_t task) {
+  auto it = FindRegion(StateName(key));
+  if (it != regions_.end()) it->second.unsaved_task = task;
+}
+
+void WeightsCache::UseState(CheckpointKey key) { KeepState(key, 0); }
+
+void WeightsCache::FreeState(CheckpointKey key) {
+  const std::string name = StateName(key);
+  std::erase_if(regions_, [&](const auto& r) { return r.second.model == name; });
+}
+
 absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint64_t bytes,
                                                   const ReloadCost& cost, int64_t now_ns,
-                                                  const std::set<std::string>& asked_keep,
+                                                  const std::set<std::string>& keep,
                                                   bool for_request) {
+  return ReserveRoom(model, bytes, cost, now_ns, keep, for_request, std::nullopt);
+}
+
+absl::StatusOr<Reservation> WeightsCache::ReserveRoom(const std::string& model, uint64_t bytes,
+                                                      const ReloadCost& cost, int64_t now_ns,
+                                                      const std::set<std::string>& asked_keep,
+                                                      bool for_request,
+                                                      std::optional<CheckpointKey> state_of,
+                                                      const std::set<std::string>& fixed) {
   const uint64_t rounded = RoomFor(bytes);
+  // How errors name it: "model 'x'", or "optimizer state of task 7".
+  const std::string what = state_of ? model.substr(1) : absl::StrCat("model '", model, "'");
+  const char* const contents = state_of ? " bytes of optimizer state" : " bytes of weights";
   if (rounded == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model '", model, "': bad size ", bytes));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad size ", bytes));
   }
   if (held_.contains(model)) {
-    return absl::UnavailableError(
-        absl::StrCat("model '", model, "': its region is still read by a checkpoint"));
+    return absl::UnavailableError(absl::StrCat(what, ": its region is still read by a checkpoint"));
   }
   // A region a checkpoint still reads is kept as well, and so is one whose trained weights were
   // not written back yet (WaitsFor names them).
   std::set<std::string> keep = asked_keep;
+  keep.insert(fixed.begin(), fixed.end());
   keep.insert(held_.begin(), held_.end());
   const std::set<std::string> unsaved = Unsaved();
   keep.insert(unsaved.begin(), unsaved.end());
-  std::optional<Window> window = ChooseWindow(rounded, now_ns, keep);
-  if (!window && !keep.empty() && ChooseWindow(rounded, now_ns, {})) {
+  const bool for_state = state_of.has_value();
+  std::optional<Window> window = ChooseWindow(rounded, now_ns, keep, for_state);
+  if (!window && keep.size() > fixed.size() && ChooseWindow(rounded, now_ns, fixed, for_state)) {
     return absl::UnavailableError(absl::StrCat(
-        "model '", model,
-        "' has room only where a stopping tenant, a checkpoint or unsaved training weights are"));
+        what,
+        " has room only where a stopping tenant, a checkpoint, unsaved training weights or kept "
+        "optimizer state are"));
   }
   if (!window) {
-    uint64_t pinned_bytes = 0;
-    for (const auto& [offset, r] : regions_) pinned_bytes += r.pinned && r.trusted ? r.bytes : 0;
-    if (rounded <= capacity_bytes() && pinned_bytes > 0) {
+    uint64_t pinned_bytes = 0, state_bytes = 0;
+    for (const auto& [offset, r] : regions_) {
+      pinned_bytes += r.pinned && r.trusted ? r.bytes : 0;
+      state_bytes += r.state_of ? r.bytes : 0;
+    }
+    if (rounded <= capacity_bytes() && (pinned_bytes > 0 || state_bytes > 0)) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("model '", model, "' needs ", rounded,
-                       " bytes of weights; this GPU's weights cache holds ", capacity_bytes(),
-                       ", of which pinned models (pin_resident) keep ", pinned_bytes,
+          absl::StrCat(what, " needs ", rounded, contents, "; this GPU's weights cache holds ",
+                       capacity_bytes(), ", of which pinned models (pin_resident) keep ",
+                       pinned_bytes, " and running training tasks' optimizer state ", state_bytes,
                        " so that no window is left for it"));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
-        "model '", model, "' needs ", rounded, " bytes of weights; this GPU's weights cache holds ",
-        capacity_bytes(), (capacity_bytes() < options_.pool_bytes ? " (the operator's cap)" : ""),
-        " even with every resident model evicted"));
+        what, " needs ", rounded, contents, "; this GPU's weights cache holds ", capacity_bytes(),
+        (capacity_bytes() < options_.pool_bytes ? " (the operator's cap)" : ""),
+        fixed.empty() ? " even with every resident model evicted"
+                      : absl::StrCat(" even with every resident model evicted but its run's ('",
+                                     *fixed.begin(), "')")));
   }
   std::vector<std::string> more;
   std::optional<uint32_t> flags = ChooseFlags(cost.groups, window->victims, now_ns, keep, &more);
   if (!flags && !keep.empty()) {
     more.clear();
     if (ChooseFlags(cost.groups, window->victims, now_ns, {}, &more)) {
-      return absl::UnavailableError(
-          absl::StrCat("model '", model,
-                       "' has ready flags only where a stopping tenant's or a checkpoint's are"));
+      return absl::UnavailableError(absl::StrCat(
+          what, " has ready flags only where a stopping tenant's or a checkpoint's are"));
     }
   }
   if (!flags) {
-    return absl::ResourceExhaustedError(absl::StrCat("model '", model, "' has ", cost.groups,
-                                                     " groups; this GPU has ", options_.flag_count,
-                                                     " ready flags"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " has ", cost.groups, " groups; this GPU has ", options_.flag_count, " ready flags"));
   }
   Reservation out{window->offset, *flags, {}};
   std::vector<std::string> victims = window->victims;
@@ -336,6 +422,11 @@ absl::StatusOr<Reservation> WeightsCache::Reserve(const std::string& model, uint
   r.flags = cost.groups;
   r.cost = cost;
   r.pinned = options_.enabled && pinned_.contains(model);
+  if (state_of) {
+    r.state_of = state_of;
+    r.state_bytes = bytes;
+    r.copying = false;  // filled by its run's restore, which the scheduler awaits
+  }
   regions_.emplace(r.offset, std::move(r));
   if (for_request) {
     ++stats_.misses;
@@ -503,8 +594,8 @@ std::optional<RegionMove> WeightsCache::PlanMove(const std::set<std::string>& ke
     return distance(m) < distance(*best);
   };
   for (const auto& [offset, r] : regions_) {
-    if (!r.trusted || r.copying || r.pinned || keep.contains(r.model) || held_.contains(r.model) ||
-        unsaved.contains(r.model)) {
+    if (!r.trusted || r.copying || r.pinned || r.state_of || keep.contains(r.model) ||
+        held_.contains(r.model) || unsaved.contains(r.model)) {
       continue;
     }
     for (const auto& [hole_begin, hole_end] : holes) {
@@ -581,6 +672,11 @@ std::vector<ResidentModel> WeightsCache::List() const {
 WeightsCacheStats WeightsCache::stats() const {
   WeightsCacheStats s = stats_;
   for (const auto& [offset, r] : regions_) {
+    if (r.state_of) {
+      s.state_bytes += r.bytes;
+      ++s.states;
+      continue;
+    }
     if (!r.trusted) continue;
     s.resident_bytes += r.bytes;
     ++s.resident_models;

@@ -20,6 +20,11 @@
 // path). Only a model larger than the pool (or the operator's cap) is refused, or one that no
 // single move of a pinned model makes room for.
 //
+// Training runs' optimizer state (momentum, Adam moments) takes its room in the same pool
+// (ReserveState), so the pool is all the arena its activation leases leave, whether it serves
+// models or trains: a state is never evicted, only saved to host memory when kept for a
+// preempted task and its room is needed.
+//
 // With the cache off (`enabled` false) the pool holds one model at a time at its start, flags
 // from 0: PipeSwitch's single weights region, the baseline the benchmarks compare against.
 //
@@ -40,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "controller/state_checkpoints.h"
 #include "memdaemon/arena_layout.h"
 
 namespace pswitch::controller {
@@ -88,8 +94,15 @@ struct ResidentModel {
   uint64_t generation = 0;  // of the pinned weights it copied (StoredModel::generation)
   ReloadCost cost;
   // Non-zero: the training task, preempted, whose trained weights only this region holds (newer
-  // than the pinned store): never a victim until written back (MarkSaved).
+  // than the pinned store): never a victim until written back (MarkSaved). For an optimizer
+  // state: the preempted task that keeps it here for its next run, until saved to host memory.
   uint64_t unsaved_task = 0;
+  // Set: not a model's weights but this training run's optimizer state (ReserveState), named
+  // WeightsCache::StateName(*state_of), with no flags. Never evicted: while its run uses it
+  // nothing takes it, and once kept for a preempted task (unsaved_task) it goes only when saved
+  // to host memory, as unsaved weights do (RoomWait::write_back names it).
+  std::optional<CheckpointKey> state_of;
+  uint64_t state_bytes = 0;  // the state's own size (its region ends on the alignment)
 };
 
 // What a reservation that cannot be made now waits for (WeightsCache::RoomWait).
@@ -118,8 +131,10 @@ struct WeightsCacheStats {
   uint64_t misses = 0;
   uint64_t evictions = 0;
   uint64_t moves = 0;           // regions moved to merge free space (Relocate)
-  uint64_t resident_bytes = 0;  // trusted regions only
+  uint64_t resident_bytes = 0;  // trusted models' regions only
   uint32_t resident_models = 0;
+  uint64_t state_bytes = 0;  // training runs' optimizer state in the pool
+  uint32_t states = 0;
 };
 
 class WeightsCache {
@@ -174,6 +189,30 @@ class WeightsCache {
   void Untrust(const std::string& model, uint32_t epoch = 0);
   // `model` was unloaded (nothing of it is copied any more): its region is freed, its pin goes.
   void Drop(const std::string& model);
+  // Training runs' optimizer state lives in the pool as well (docs/architecture.md, "The weights
+  // cache"). StateName(key) names `key`'s region; it is never a model's name (those hold no
+  // control characters).
+  static std::string StateName(CheckpointKey key);
+  // Room for `key`'s optimizer state (`bytes`), which has none: a hole when one fits, else
+  // models evicted as for a miss (never a pinned one, one in `keep`, a held one, unsaved
+  // weights or another state; Unavailable when only those stand in the way, as Reserve). Not a
+  // miss nor demand. With the cache off, states sit at the pool's end, the one model at its
+  // start. The region is in use (never taken) until KeepState or FreeState.
+  // `beside` (may be empty): the run's own model, whose region the state must leave as well
+  // (ResourceExhausted, not Unavailable, when only it stands in the way).
+  absl::StatusOr<Reservation> ReserveState(CheckpointKey key, uint64_t bytes, int64_t now_ns,
+                                           const std::set<std::string>& keep = {},
+                                           const std::string& beside = {});
+  // `key`'s optimizer-state region; null when none.
+  const ResidentModel* FindState(CheckpointKey key) const;
+  // Its run was preempted: `key`'s state stays for task `task`'s next run, until a reservation
+  // needs its room and it is saved to host memory (WaitsFor names it). UseState: a run of it
+  // started on it again.
+  void KeepState(CheckpointKey key, uint64_t task);
+  void UseState(CheckpointKey key);
+  // `key`'s state is gone (saved to host memory, or dropped): its room is free.
+  void FreeState(CheckpointKey key);
+
   // Once resident, `model` is never evicted (the operator's pin); with the cache off, a pin
   // cannot hold (one model at a time) and is ignored.
   void Pin(const std::string& model, bool pinned);
@@ -185,9 +224,10 @@ class WeightsCache {
   void Release(const std::string& model);
   bool Held(const std::string& model) const { return held_.contains(model); }
   // Whether a region for `bytes` and `groups` flags exists only through a held model's region
-  // or flags, or a region with unsaved weights: the reservation must wait for the checkpoint
-  // (and for those weights to be written back) rather than fail.
-  RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns) const;
+  // or flags, or a region with unsaved weights or a kept optimizer state: the reservation must
+  // wait for the checkpoint (and for those to be written back) rather than fail. `for_state`:
+  // the room is for an optimizer state (ReserveState).
+  RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns, bool for_state = false) const;
 
   // More than one hole in the pool: only then can a move merge free space (PlanMove). One pass
   // over the regions, for callers to ask before gathering what PlanMove needs.
@@ -242,8 +282,17 @@ class WeightsCache {
     uint64_t hole_bytes = 0;  // free bytes from `offset` to the next region
   };
   // The cheapest window of `bytes` by the policy; nullopt when none (larger than the pool).
+  // `for_state`: room for an optimizer state (with the cache off: at the pool's end).
   std::optional<Window> ChooseWindow(uint64_t bytes, int64_t now_ns,
-                                     const std::set<std::string>& keep) const;
+                                     const std::set<std::string>& keep,
+                                     bool for_state = false) const;
+  // Reserve and ReserveState: `state_of` set for a state; `fixed`: regions to leave that are
+  // part of the need (not a reason to wait).
+  absl::StatusOr<Reservation> ReserveRoom(const std::string& name, uint64_t bytes,
+                                          const ReloadCost& cost, int64_t now_ns,
+                                          const std::set<std::string>& keep, bool for_request,
+                                          std::optional<CheckpointKey> state_of,
+                                          const std::set<std::string>& fixed = {});
   // The cheapest flag range of `count` given that `victims` go; nullopt when none.
   std::optional<uint32_t> ChooseFlags(uint32_t count, const std::vector<std::string>& victims,
                                       int64_t now_ns, const std::set<std::string>& keep,

@@ -709,6 +709,114 @@ TEST(WeightsCacheTest, UnsavedOrHeldWeightsAreNeverMoved) {
   EXPECT_FALSE(single.PlanMove({}, wanted).has_value());
 }
 
+// Issue 29 item 1: a training run's optimizer state takes its room in the pool, evicting models as
+// a miss does; it is never evicted itself, never moved, and has no flags.
+TEST(WeightsCacheTest, AnOptimizerStateTakesRoomFromModelsAndIsNeverTakenItself) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "a", 40, 1);
+  Bring(cache, "b", 40, 2);
+  const CheckpointKey key = CheckpointKey::Task(7);
+  // Room beside "a", the run's own model: "b" goes.
+  absl::StatusOr<Reservation> room = cache.ReserveState(key, 30 * kMiB, 3, {}, "a");
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_EQ(room->evicted, std::vector<std::string>{"b"});
+  const ResidentModel* state = cache.FindState(key);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->offset, room->offset);
+  EXPECT_EQ(state->state_bytes, 30 * kMiB);
+  EXPECT_EQ(state->flags, 0u);
+  EXPECT_FALSE(state->copying);
+  EXPECT_TRUE(Resident(cache, "a"));
+  // Its name is no model's: model names hold no control characters.
+  EXPECT_LT(static_cast<unsigned char>(WeightsCache::StateName(key)[0]), 0x20);
+  EXPECT_NE(WeightsCache::StateName(key), WeightsCache::StateName(CheckpointKey::FillJob(7)));
+  WeightsCacheStats stats = cache.stats();
+  EXPECT_EQ(stats.states, 1u);
+  EXPECT_EQ(stats.state_bytes, 30 * kMiB);
+  EXPECT_EQ(stats.resident_models, 1u);
+  EXPECT_EQ(stats.misses, 2u) << "a state's room is no miss";
+  EXPECT_EQ(cache.ReserveState(key, kMiB, 4).status().code(), absl::StatusCode::kAlreadyExists);
+
+  // A model that would need its room evicts "a" instead (the hole past the state is too small),
+  // or is refused: the state stays.
+  Bring(cache, "c", 40, 5);
+  EXPECT_NE(cache.FindState(key), nullptr);
+  EXPECT_FALSE(Resident(cache, "a"));
+  absl::StatusOr<Reservation> big = cache.Reserve("d", 80 * kMiB, Cost(0.01), 6);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  EXPECT_NE(big.status().message().find("optimizer state"), std::string::npos) << big.status();
+  cache.FreeState(key);
+  EXPECT_EQ(cache.FindState(key), nullptr);
+  EXPECT_EQ(cache.stats().states, 0u);
+
+  // Compaction never moves one, though only its move would merge the free space here.
+  WeightsCache split(Pool(100));
+  Bring(split, "x", 30, 1);
+  ASSERT_TRUE(split.ReserveState(key, 30 * kMiB, 2).ok());
+  split.Drop("x");
+  ASSERT_TRUE(split.Fragmented());
+  EXPECT_FALSE(split.PlanMove({}, {70 * kMiB}).has_value());
+}
+
+// A state kept for a preempted task is taken only once saved, as unsaved weights are: WaitsFor
+// names it, and a save under way is waited for without naming anything else.
+TEST(WeightsCacheTest, AKeptStateIsNamedForItsSaveWhenOnlyItsRoomIsLeft) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "a", 50, 1);
+  const CheckpointKey key = CheckpointKey::Task(3);
+  ASSERT_TRUE(cache.ReserveState(key, 50 * kMiB, 2, {}, "a").ok());
+  cache.MarkUnsaved("a", 3);
+  // In use by its run: never a victim, no waiting for it either.
+  EXPECT_EQ(cache.Reserve("b", 50 * kMiB, Cost(0.01), 3, {"a"}).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(cache.WaitsFor(50 * kMiB, 1, 3).write_back.empty());  // "a"'s weights only
+  EXPECT_EQ(cache.WaitsFor(50 * kMiB, 1, 3).write_back, std::vector<std::string>{"a"});
+  // Kept for task 3: it is the cheapest room to free.
+  cache.KeepState(key, 3);
+  EXPECT_EQ(cache.FindState(key)->unsaved_task, 3u);
+  EXPECT_EQ(cache.Reserve("b", 50 * kMiB, Cost(0.01), 4).status().code(),
+            absl::StatusCode::kUnavailable);
+  RoomWait wait = cache.WaitsFor(50 * kMiB, 1, 4);
+  EXPECT_TRUE(wait.waits);
+  EXPECT_EQ(wait.write_back, std::vector<std::string>{WeightsCache::StateName(key)});
+  // Its save is under way (held): wait for it, nothing more to write back.
+  cache.Hold(WeightsCache::StateName(key));
+  wait = cache.WaitsFor(50 * kMiB, 1, 5);
+  EXPECT_TRUE(wait.waits);
+  EXPECT_TRUE(wait.write_back.empty());
+  cache.Release(WeightsCache::StateName(key));
+  cache.FreeState(key);
+  absl::StatusOr<Reservation> b = cache.Reserve("b", 50 * kMiB, Cost(0.01), 6);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->evicted.empty());
+  // Taken again by its run: in use, untakable.
+  cache.UseState(key);
+}
+
+TEST(WeightsCacheTest, OffKeepsStatesAtThePoolsEndAndTheOneModelAtItsStart) {
+  WeightsCacheOptions o = Pool(100);
+  o.enabled = false;
+  WeightsCache cache(o);
+  Bring(cache, "a", 40, 1);
+  absl::StatusOr<Reservation> state = cache.ReserveState(CheckpointKey::Task(1), 30 * kMiB, 2);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->offset, 74 * kMiB);
+  EXPECT_TRUE(state->evicted.empty());
+  // The next model replaces "a" at the start and leaves the state.
+  Reservation b = Bring(cache, "b", 60, 3);
+  EXPECT_EQ(b.offset, 4 * kMiB);
+  EXPECT_EQ(b.evicted, std::vector<std::string>{"a"});
+  EXPECT_NE(cache.FindState(CheckpointKey::Task(1)), nullptr);
+  // One that would overlap it is refused: the state is in use.
+  EXPECT_EQ(cache.Reserve("c", 80 * kMiB, Cost(0.01), 4).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // A second state goes below the first, evicting the model it overlaps.
+  absl::StatusOr<Reservation> second = cache.ReserveState(CheckpointKey::Task(2), 20 * kMiB, 5);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->offset, 54 * kMiB);
+  EXPECT_EQ(second->evicted, std::vector<std::string>{"b"});
+}
+
 TEST(WeightsCacheTest, PolicyNamesRoundTrip) {
   for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kCostAware}) {
     absl::StatusOr<EvictionPolicy> parsed = ParseEvictionPolicy(EvictionPolicyName(p));

@@ -171,7 +171,17 @@ json FillJobJson(const FillJobStatus& s) {
 // A GPU's weights cache: what it holds and how it has served (GET /v1/gpus).
 json CacheJson(const GpuSnapshot& s) {
   json resident = json::array();
+  json states = json::array();
   for (const controller::ResidentModel& r : s.resident) {
+    if (r.state_of) {
+      // A training run's optimizer state in the pool: its run's, or kept for a preempted task.
+      json state = {{"bytes", r.bytes}};
+      state[r.state_of->owner == controller::CheckpointKey::Owner::kTask ? "task" : "fill_job"] =
+          r.state_of->id;
+      if (r.unsaved_task != 0) state["kept_for_preempted_task"] = r.unsaved_task;
+      states.push_back(std::move(state));
+      continue;
+    }
     json model = {
         {"model", r.model}, {"bytes", r.bytes}, {"copying", r.copying}, {"pinned", r.pinned}};
     // A preempted training task's weights that only this GPU holds (written back when evicted).
@@ -182,6 +192,8 @@ json CacheJson(const GpuSnapshot& s) {
           {"capacity_bytes", s.cache_capacity_bytes},
           {"resident_bytes", s.cache.resident_bytes},
           {"resident", std::move(resident)},
+          {"optimizer_state_bytes", s.cache.state_bytes},
+          {"optimizer_states", std::move(states)},
           {"hits", s.cache.hits},
           {"misses", s.cache.misses},
           {"evictions", s.cache.evictions},

@@ -7,58 +7,45 @@
 
 namespace pswitch::memdaemon {
 
-absl::StatusOr<std::unique_ptr<StateArea>> StateArea::Acquire(
-    MemDaemon& daemon, const std::string& owner, uint64_t bytes,
-    std::unique_ptr<gpu::HostBuffer> checkpoint, const std::function<bool()>& make_room) {
-  absl::StatusOr<Lease> lease = daemon.leases().Acquire(owner, bytes);
-  while (!lease.ok() && absl::IsResourceExhausted(lease.status()) && make_room && make_room()) {
-    lease = daemon.leases().Acquire(owner, bytes);
+absl::Status StateArea::CheckRoom(MemDaemon& daemon, Room room, uint64_t bytes) {
+  const uint64_t arena = daemon.arena().size_bytes();
+  if (bytes == 0 || bytes > room.bytes || room.offset > arena || room.bytes > arena - room.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer state of ", bytes,
+                                                   " bytes does not fit the room of ", room.bytes,
+                                                   " bytes at arena offset ", room.offset));
   }
-  if (!lease.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(owner, " needs ", bytes,
-                                                     " bytes of optimizer state in the arena: ",
-                                                     lease.status().message()));
-  }
-  std::unique_ptr<StateArea> area(new StateArea(&daemon, *lease, bytes, std::move(checkpoint)));
-  absl::Status filled;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StateArea>> StateArea::Fill(
+    MemDaemon& daemon, Room room, uint64_t bytes, std::unique_ptr<gpu::HostBuffer> checkpoint) {
+  PSWITCH_RETURN_IF_ERROR(CheckRoom(daemon, room, bytes));
+  std::unique_ptr<StateArea> area(new StateArea(&daemon, room, bytes, std::move(checkpoint)));
   if (area->staging_ != nullptr && area->staging_->size_bytes() == bytes) {
-    filled = daemon.arena().CopyFromHost(
-        lease->offset, std::span<const std::byte>(area->staging_->data(), bytes));
+    PSWITCH_RETURN_IF_ERROR(daemon.arena().CopyFromHost(
+        room.offset, std::span<const std::byte>(area->staging_->data(), bytes)));
   } else {
-    filled = daemon.arena().Fill(lease->offset, bytes, 0);  // on the device, no host copy
+    PSWITCH_RETURN_IF_ERROR(daemon.arena().Fill(room.offset, bytes, 0));  // on the device
   }
-  // The lease's last page past the state: zeros, not whatever its memory held before (a worker is
-  // given the whole page).
-  if (filled.ok() && lease->bytes > bytes) {
-    filled = daemon.arena().Fill(lease->offset + bytes, lease->bytes - bytes, 0);
+  // The room past the state: zeros, not whatever model's bytes it held before.
+  if (room.bytes > bytes) {
+    PSWITCH_RETURN_IF_ERROR(daemon.arena().Fill(room.offset + bytes, room.bytes - bytes, 0));
   }
-  if (!filled.ok()) return filled;  // the destructor releases the lease
   return area;
 }
 
-StateArea::~StateArea() { (void)Release(); }
-
-absl::Status StateArea::Release() {
-  if (released_) return absl::OkStatus();
-  released_ = true;
-  return daemon_->leases().Release(lease_.offset, lease_.owner);
+absl::StatusOr<std::unique_ptr<StateArea>> StateArea::InPlace(MemDaemon& daemon, Room room,
+                                                              uint64_t bytes) {
+  PSWITCH_RETURN_IF_ERROR(CheckRoom(daemon, room, bytes));
+  return std::unique_ptr<StateArea>(new StateArea(&daemon, room, bytes, nullptr));
 }
 
-absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> StateArea::SaveAndRelease() {
-  if (released_) return absl::FailedPreconditionError("optimizer state already released");
+absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> StateArea::Save() {
   if (staging_ == nullptr || staging_->size_bytes() != bytes_) {
-    absl::StatusOr<std::unique_ptr<gpu::HostBuffer>> pinned =
-        daemon_->device().AllocatePinned(bytes_);
-    if (!pinned.ok()) {
-      (void)Release();
-      return pinned.status();
-    }
-    staging_ = std::move(*pinned);
+    PSWITCH_ASSIGN_OR_RETURN(staging_, daemon_->device().AllocatePinned(bytes_));
   }
-  absl::Status copied =
-      daemon_->arena().CopyToHost(lease_.offset, std::span<std::byte>(staging_->data(), bytes_));
-  PSWITCH_RETURN_IF_ERROR(Release());
-  if (!copied.ok()) return copied;
+  PSWITCH_RETURN_IF_ERROR(
+      daemon_->arena().CopyToHost(room_.offset, std::span<std::byte>(staging_->data(), bytes_)));
   return std::move(staging_);
 }
 

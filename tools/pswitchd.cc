@@ -93,9 +93,10 @@ ABSL_FLAG(std::string, profiler_binary, "",
 ABSL_FLAG(std::string, preload, "resnet18,tiny_cnn",
           "zoo models registered at start under their own names (empty: none)");
 ABSL_FLAG(uint64_t, optimizer_state_bytes, 0,
-          "arena bytes kept for running training tasks' optimizer state (momentum, Adam "
-          "moments; checkpointed to host memory while a task is preempted); 0 = a quarter of what "
-          "the activation leases leave");
+          "the most bytes of preempted training tasks' optimizer state (momentum, Adam moments) "
+          "each GPU keeps in its weights pool for their resume; beyond, a stop saves it to host "
+          "memory. 0 = no cap but the pool (a kept state is saved when the pool needs its room). "
+          "A running task's state takes room in the pool as a model does");
 ABSL_FLAG(bool, weights_cache, true,
           "keep every model whose weights fit resident in the GPU's weights pool after it ran, "
           "evicting by --weights-cache-policy when room is needed; false = one model at a time "
