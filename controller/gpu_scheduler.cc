@@ -464,14 +464,14 @@ uint64_t GpuScheduler::OptimizerBytes(const TaskSpec& spec, const registry::Cata
 bool GpuScheduler::SaveState(CheckpointKey key) {
   const ResidentModel* region = switcher_->FindState(key);
   if (region == nullptr || region->unsaved_task == 0) return false;
-  if (switcher_->SavingState(key)) return true;  // StateWrittenBack comes
+  if (switcher_->StateHeld(key)) return true;  // StateWrittenBack comes
   const uint64_t task = region->unsaved_task;
   const memdaemon::StateArea::Room room{region->offset, region->bytes};
   const uint64_t bytes = region->state_bytes;
   Event(base::LogLevel::kInfo, "optimizer_state_write_back")
       .Field("task", task)
       .Field("bytes", bytes);
-  switcher_->StateSaving(key);
+  switcher_->HoldState(key);
   checkpointing_.Add(
       [this, key, task, room, bytes, daemon = daemon_, checkpoints = checkpoints_, loop = loop_] {
         absl::Status saved = SaveKeptState(*daemon, *checkpoints, key, room, bytes);
@@ -484,7 +484,7 @@ bool GpuScheduler::SaveState(CheckpointKey key) {
 }
 
 void GpuScheduler::StateWrittenBack(CheckpointKey key, uint64_t task, const absl::Status& saved) {
-  switcher_->StateSaved(key);
+  switcher_->ReleaseState(key);
   switcher_->FreeState(key);  // in host memory now, or lost
   Event(saved.ok() ? base::LogLevel::kInfo : base::LogLevel::kError, "optimizer_state_written")
       .Field("task", task)
@@ -815,7 +815,7 @@ void GpuScheduler::MaybeStart() {
         for (const std::string& name : wait.write_back) WriteBack(name);
         // Its own state, kept while it was preempted, is being saved to make room: resumed
         // once that is done, from host memory.
-        if (wait.waits || switcher_->SavingState(state)) outlook = WorkerPool::Outlook::kLater;
+        if (wait.waits || switcher_->StateHeld(state)) outlook = WorkerPool::Outlook::kLater;
       }
       // Another training task trains on the model only once a preempted one's unsaved weights
       // are saved: should it fail, the preempted task's progress would go with the region.
@@ -1489,15 +1489,20 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
       options_.keep_preempted_training && run.state.has_value()) {
     uint64_t kept_bytes = 0;
     for (const ResidentModel& r : switcher_->cache().List()) {
-      if (r.state_of && r.unsaved_task != 0) kept_bytes += r.bytes;
+      if (r.state_of && r.unsaved_task != 0) kept_bytes += r.state_bytes;
     }
     const ResidentModel* room = switcher_->FindState(*run.state);
-    ending.state_stays_resident = room != nullptr && room->bytes <= options_.resident_state_bytes &&
-                                  kept_bytes <= options_.resident_state_bytes - room->bytes;
+    // The states' own sizes count (what the operator sizes the cap by), not their rooms'.
+    ending.state_stays_resident = room != nullptr &&
+                                  room->state_bytes <= options_.resident_state_bytes &&
+                                  kept_bytes <= options_.resident_state_bytes - room->state_bytes;
     // Kept from now on (End copies nothing of it), so a task waiting for room may have it
     // saved at once rather than take the weights first.
     if (ending.state_stays_resident) switcher_->KeepState(*run.state, id);
   }
+  // A state that goes (saved to host memory, or dropped, once End is done) is held until then: a
+  // reservation that needs its room waits for it rather than fail.
+  if (run.state && !ending.state_stays_resident) switcher_->HoldState(*run.state);
   if (ending.weights_stay_resident && ending.trained) {
     switcher_->KeepUnsaved(model, id);
     tasks_table_.at(id).weights_unsaved = true;
@@ -1535,8 +1540,11 @@ bool GpuScheduler::EndTraining(Running& run, const TaskSpec& spec, const TaskOut
           // Its optimizer state's room: kept for its resume (since EndTraining), or free (saved to
           // host memory, or dropped) now that nothing reads it. One kept but then not (its weights
           // could not be saved) that a save to make room reads is freed by that save's end.
-          if (state && !(kept && state_stays) && !switcher_->SavingState(*state)) {
-            switcher_->FreeState(*state);
+          if (state) {
+            if (!state_stays) switcher_->ReleaseState(*state);  // EndTraining's hold
+            if (!(kept && state_stays) && !switcher_->StateHeld(*state)) {
+              switcher_->FreeState(*state);
+            }
           }
           if (auto it = being_checkpointed_.find(id); it != being_checkpointed_.end()) {
             if (!it->second.empty()) switcher_->CheckpointRead(it->second);
@@ -1638,7 +1646,7 @@ void GpuScheduler::Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& o
     // saved: StateWrittenBack). One a run still uses is that run's to free.
     const CheckpointKey state = CheckpointKey::Task(task_id);
     if (const ResidentModel* kept = switcher_->FindState(state);
-        kept != nullptr && kept->unsaved_task == task_id && !switcher_->SavingState(state)) {
+        kept != nullptr && kept->unsaved_task == task_id && !switcher_->StateHeld(state)) {
       switcher_->FreeState(state);
     }
     // Ended while preempted (cancelled, past its deadline, shut down): the weights it trained

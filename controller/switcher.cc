@@ -55,20 +55,31 @@ RoomWait Switcher::WaitsForRoom(const CatalogEntry& entry, uint64_t state_bytes,
     if (weights.waits) return weights;
   }
   if (state_bytes == 0 || cache_.FindState(state) != nullptr) return {};
+  // A move's source is free in the cache at once but read until its copy ends, and a state's
+  // room is written at once (not behind the copy engine): none is taken while a move runs.
+  if (MoveInFlight()) return RoomWait{.waits = true};
   // The state's room once the weights have theirs: tried on a copy of the cache, as Place and
-  // ReserveState would take them.
+  // ReserveState would take them (apart from what is in use and from the run's own model).
   WeightsCache trial = cache_;
   if (!hit && !trial
-                   .Reserve(model, entry.stored->total_bytes(), CostOf(entry), now_ns, InUse({}),
+                   .Reserve(model, entry.stored->total_bytes(), CostOf(entry), now_ns, {},
                             /*for_request=*/false)
                    .ok()) {
     return {};  // Place says why
   }
-  return trial.WaitsFor(state_bytes, 0, now_ns, /*for_state=*/true);
+  return trial.WaitsFor(state_bytes, 0, now_ns, /*for_state=*/true, InUse({}), {model});
+}
+
+bool Switcher::MoveInFlight() const {
+  return std::any_of(in_flight_.begin(), in_flight_.end(),
+                     [](const auto& f) { return f.second.move; });
 }
 
 absl::StatusOr<uint64_t> Switcher::ReserveState(CheckpointKey state, uint64_t bytes,
                                                 const std::string& model) {
+  if (MoveInFlight()) {
+    return absl::UnavailableError("optimizer state: a move on the device is under way");
+  }
   PSWITCH_ASSIGN_OR_RETURN(
       Reservation room,
       cache_.ReserveState(state, bytes, base::MonotonicNowNs(), InUse({}), model));

@@ -162,12 +162,11 @@ class Switcher {
   void KeepState(CheckpointKey state, uint64_t task) { cache_.KeepState(state, task); }
   void UseState(CheckpointKey state) { cache_.UseState(state); }
   void FreeState(CheckpointKey state) { cache_.FreeState(state); }
-  // A kept state is saved to host memory off the loop: its region is held meanwhile.
-  void StateSaving(CheckpointKey state) { cache_.Hold(WeightsCache::StateName(state)); }
-  void StateSaved(CheckpointKey state) { cache_.Release(WeightsCache::StateName(state)); }
-  bool SavingState(CheckpointKey state) const {
-    return cache_.Held(WeightsCache::StateName(state));
-  }
+  // A state goes off the loop (a kept one saved to host memory, or its run's end under way): it
+  // is held meanwhile, each hold released once (a reservation waits for its room).
+  void HoldState(CheckpointKey state) { cache_.Hold(WeightsCache::StateName(state)); }
+  void ReleaseState(CheckpointKey state) { cache_.Release(WeightsCache::StateName(state)); }
+  bool StateHeld(CheckpointKey state) const { return cache_.Held(WeightsCache::StateName(state)); }
   // The operator pinned `model` resident (registration's pin_resident): never evicted.
   void Pin(const std::string& model, bool pinned) { cache_.Pin(model, pinned); }
   // `model` was unloaded: its region is freed.
@@ -181,6 +180,8 @@ class Switcher {
   // The model the active worker last ran, while it is resident; empty otherwise.
   std::string active_model() const;
   const WeightsCache& cache() const { return cache_; }
+  // A compaction move's copy is under way (its source, free in the cache, is still read).
+  bool MoveInFlight() const;
   // Called (on the loop) for each model evicted, with the model it made room for: the trace.
   void set_on_evicted(std::function<void(const std::string&, const std::string&)> on_evicted) {
     on_evicted_ = std::move(on_evicted);

@@ -364,6 +364,32 @@ TEST_F(SwitcherTest, PinnedModelsThatFragmentThePoolAreMovedRatherThanRefuseAMod
   EXPECT_TRUE(RegionHolds("a", a_offset));
 }
 
+// A compaction move frees its source in the cache at once, but its copy reads it until it ends,
+// and an optimizer state's room is written at once (not behind the copy engine): no state takes
+// room while a move runs; a training task waits for it.
+TEST_F(SwitcherTest, NoOptimizerStateTakesRoomWhileAMoveOnTheDeviceIsUnderWay) {
+  auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true);
+  const int a = RunA(*switcher);
+  ASSERT_GE(a, 0);
+  workers_[static_cast<uint32_t>(a)]->RunDone(1);
+  Drain();
+  const ResidentModel* region = switcher->cache().Find("a");
+  ASSERT_NE(region, nullptr);
+  const RegionMove move{"a", region->offset, region->offset + region->bytes, region->bytes};
+  ASSERT_TRUE(switcher->Move(entries_.at("a"), move).ok());
+  ASSERT_TRUE(switcher->MoveInFlight());
+  const CheckpointKey state = CheckpointKey::Task(9);
+  EXPECT_EQ(switcher->ReserveState(state, 4096, "b").status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(switcher->WaitsForRoom(entries_.at("b"), 4096, state).waits);
+  EXPECT_FALSE(switcher->WaitsForRoom(entries_.at("b")).waits) << "weights wait for no move";
+  ASSERT_TRUE(RunUntil([&] { return !switcher->MoveInFlight(); }));
+  EXPECT_FALSE(switcher->WaitsForRoom(entries_.at("b"), 4096, state).waits);
+  absl::StatusOr<uint64_t> room = switcher->ReserveState(state, 4096, "b");
+  ASSERT_TRUE(room.ok()) << room.status();
+  EXPECT_TRUE(RegionHolds("a", move.to)) << "the move's copy read its source whole";
+}
+
 TEST_F(SwitcherTest, ACopyTheTransmitterRefusesLeavesNoReservationBehind) {
   auto switcher = MakeSwitcher(absl::Seconds(30), /*cache=*/true);
   CatalogEntry bad = entries_.at("b");

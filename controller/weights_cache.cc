@@ -105,9 +105,11 @@ std::optional<WeightsCache::Window> WeightsCache::ChooseWindow(uint64_t bytes, i
                                                                bool for_state) const {
   const uint64_t begin = options_.pool_offset;
   if (bytes > end_ - begin) return std::nullopt;
-  // A state in use is never taken; a kept one only when `keep` does not name it (WaitsFor).
-  auto untakable = [&keep](const ResidentModel& r) {
-    return (r.pinned && r.trusted) || keep.contains(r.model) || (r.state_of && r.unsaved_task == 0);
+  // A state its run uses is never taken; a kept one, or one held while it goes (saved, or its
+  // run's end under way), only where `keep` does not name it (WaitsFor: Reserve keeps both).
+  auto untakable = [this, &keep](const ResidentModel& r) {
+    return (r.pinned && r.trusted) || keep.contains(r.model) ||
+           (r.state_of && r.unsaved_task == 0 && !held_.contains(r.model));
   };
   if (!options_.enabled) {
     // The one model at the pool's start, states below the pool's end: a model's window takes
@@ -220,14 +222,17 @@ void WeightsCache::Release(const std::string& model) {
   });
 }
 
-RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns,
-                                bool for_state) const {
+RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns, bool for_state,
+                                const std::set<std::string>& in_use,
+                                const std::set<std::string>& fixed) const {
   const uint64_t rounded = RoomFor(bytes);
   const std::set<std::string> unsaved = Unsaved();
-  if ((held_.empty() && unsaved.empty()) || rounded == 0) return {};
+  if ((held_.empty() && unsaved.empty() && in_use.empty()) || rounded == 0) return {};
   const std::set<std::string> held(held_.begin(), held_.end());
-  // The window the policy would take with `keep` untouched, and its victims (flags included).
-  auto victims = [&](const std::set<std::string>& keep) -> std::optional<std::vector<std::string>> {
+  // The window the policy would take with `keep` (and `fixed`) untouched, and its victims
+  // (flags included).
+  auto victims = [&](std::set<std::string> keep) -> std::optional<std::vector<std::string>> {
+    keep.insert(fixed.begin(), fixed.end());
     std::optional<Window> window = ChooseWindow(rounded, now_ns, keep, for_state);
     if (!window) return std::nullopt;
     std::vector<std::string> more;
@@ -237,14 +242,17 @@ RoomWait WeightsCache::WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns,
   };
   std::set<std::string> untouchable = held;
   untouchable.insert(unsaved.begin(), unsaved.end());
+  untouchable.insert(in_use.begin(), in_use.end());
   if (victims(untouchable)) return {};  // room now
   RoomWait wait;
-  // A held optimizer state is being saved to host memory, and its room is free once saved: room
-  // then needs no other write-back.
-  std::set<std::string> staying;  // what stays once the saves under way have ended
+  // What frees itself: a held optimizer state (being saved to host memory, or its run's end
+  // under way) is free once that is done, and a region in use once its copy or its tenant has.
+  // Room then needs no write-back.
+  std::set<std::string> staying;
   for (const std::string& name : untouchable) {
     const ResidentModel* r = Find(name);
-    if (r == nullptr || !r->state_of || !held_.contains(name)) staying.insert(name);
+    const bool state_going = r != nullptr && r->state_of && held_.contains(name);
+    if (!state_going && !in_use.contains(name)) staying.insert(name);
   }
   if (staying.size() < untouchable.size() && victims(staying)) {
     wait.waits = true;
@@ -374,7 +382,7 @@ absl::StatusOr<Reservation> WeightsCache::ReserveRoom(const std::string& model, 
       return absl::ResourceExhaustedError(
           absl::StrCat(what, " needs ", rounded, contents, "; this GPU's weights cache holds ",
                        capacity_bytes(), ", of which pinned models (pin_resident) keep ",
-                       pinned_bytes, " and running training tasks' optimizer state ", state_bytes,
+                       pinned_bytes, " and training tasks' optimizer state ", state_bytes,
                        " so that no window is left for it"));
     }
     return absl::ResourceExhaustedError(absl::StrCat(

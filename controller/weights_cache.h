@@ -207,7 +207,8 @@ class WeightsCache {
   const ResidentModel* FindState(CheckpointKey key) const;
   // Its run was preempted: `key`'s state stays for task `task`'s next run, until a reservation
   // needs its room and it is saved to host memory (WaitsFor names it). UseState: a run of it
-  // started on it again.
+  // started on it again. Hold(StateName(key)) while it goes (saved, or its run's end under way
+  // off the loop): a reservation waits for its room rather than fail.
   void KeepState(CheckpointKey key, uint64_t task);
   void UseState(CheckpointKey key);
   // `key`'s state is gone (saved to host memory, or dropped): its room is free.
@@ -224,10 +225,14 @@ class WeightsCache {
   void Release(const std::string& model);
   bool Held(const std::string& model) const { return held_.contains(model); }
   // Whether a region for `bytes` and `groups` flags exists only through a held model's region
-  // or flags, or a region with unsaved weights or a kept optimizer state: the reservation must
-  // wait for the checkpoint (and for those to be written back) rather than fail. `for_state`:
-  // the room is for an optimizer state (ReserveState).
-  RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns, bool for_state = false) const;
+  // or flags, or a region with unsaved weights or a kept optimizer state, or an optimizer state
+  // held while it goes: the reservation must wait for the checkpoint (and for those to be
+  // written back, or gone) rather than fail. `for_state`: the room is for an optimizer state
+  // (ReserveState), which must also leave `in_use` (regions a copy writes or a busy tenant
+  // uses: it waits for them) and `fixed` (its run's own model: never a reason to wait).
+  RoomWait WaitsFor(uint64_t bytes, uint32_t groups, int64_t now_ns, bool for_state = false,
+                    const std::set<std::string>& in_use = {},
+                    const std::set<std::string>& fixed = {}) const;
 
   // More than one hole in the pool: only then can a move merge free space (PlanMove). One pass
   // over the regions, for callers to ask before gathering what PlanMove needs.

@@ -793,6 +793,61 @@ TEST(WeightsCacheTest, AKeptStateIsNamedForItsSaveWhenOnlyItsRoomIsLeft) {
   cache.UseState(key);
 }
 
+// A state whose run ended is held while it goes (saved or dropped off the loop): a reservation
+// that needs its room waits for it, rather than being refused.
+TEST(WeightsCacheTest, ARoomOnlyAGoingStateHoldsIsWaitedForNotRefused) {
+  WeightsCache cache(Pool(100));
+  Bring(cache, "a", 50, 1);
+  const CheckpointKey key = CheckpointKey::FillJob(2);
+  ASSERT_TRUE(cache.ReserveState(key, 50 * kMiB, 2, {}, "a").ok());
+  cache.Hold("a");  // its own checkpoint reads the weights
+  cache.Hold(WeightsCache::StateName(key));
+  absl::StatusOr<Reservation> b = cache.Reserve("b", 50 * kMiB, Cost(0.01), 3);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
+  RoomWait wait = cache.WaitsFor(50 * kMiB, 1, 3);
+  EXPECT_TRUE(wait.waits);
+  EXPECT_TRUE(wait.write_back.empty());
+  cache.Release(WeightsCache::StateName(key));
+  cache.FreeState(key);
+  b = cache.Reserve("b", 50 * kMiB, Cost(0.01), 4);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->evicted.empty());
+}
+
+// A state's room is asked for as ReserveState takes it: never its run's own model (`fixed`),
+// waiting for regions in use; a kept state in the only window left is named for its save.
+TEST(WeightsCacheTest, AStatesWaitLeavesItsRunsModelAndWaitsForWhatIsInUse) {
+  WeightsCache cache(Pool(11));
+  const CheckpointKey other = CheckpointKey::Task(2);
+  ASSERT_TRUE(cache.ReserveState(other, 4 * kMiB, 1).ok());  // [0, 4)
+  cache.KeepState(other, 2);
+  Bring(cache, "a", 4, 2);  // [4, 8), its run's model
+  // [8, 11) is too small: only "a" (its own) or the kept state would make room.
+  RoomWait wait = cache.WaitsFor(4 * kMiB, 0, 3, /*for_state=*/true, {}, {"a"});
+  EXPECT_TRUE(wait.waits);
+  EXPECT_EQ(wait.write_back, std::vector<std::string>{WeightsCache::StateName(other)});
+  EXPECT_EQ(cache.ReserveState(CheckpointKey::Task(1), 4 * kMiB, 3, {}, "a").status().code(),
+            absl::StatusCode::kUnavailable);
+  // Free room held only by a region in use (a copy under way): waited for, nothing written.
+  WeightsCache busy(Pool(8));
+  Bring(busy, "a", 4, 1);
+  Bring(busy, "c", 4, 2);
+  wait = busy.WaitsFor(4 * kMiB, 0, 3, /*for_state=*/true, {"c"}, {"a"});
+  EXPECT_TRUE(wait.waits);
+  EXPECT_TRUE(wait.write_back.empty());
+  EXPECT_FALSE(busy.WaitsFor(4 * kMiB, 0, 3, /*for_state=*/true, {}, {"a"}).waits)
+      << "room now, where c is";
+  // Only the run's own model stands in the way: no wait, the reservation is refused.
+  WeightsCache own(Pool(6));
+  Bring(own, "a", 4, 1);
+  EXPECT_FALSE(own.WaitsFor(4 * kMiB, 0, 2, /*for_state=*/true, {}, {"a"}).waits);
+  absl::StatusOr<Reservation> refused =
+      own.ReserveState(CheckpointKey::Task(1), 4 * kMiB, 2, {}, "a");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("but its run's ('a')"), std::string::npos)
+      << refused.status();
+}
+
 TEST(WeightsCacheTest, OffKeepsStatesAtThePoolsEndAndTheOneModelAtItsStart) {
   WeightsCacheOptions o = Pool(100);
   o.enabled = false;
