@@ -1,0 +1,242 @@
+#include "fill/bubble_detector.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace pswitch::fill {
+namespace {
+
+// Stretches needed before a period is looked for, and the share of them a period must map onto
+// a later one to be taken (one kept needs less: a disturbed iteration must not lose it).
+constexpr size_t kMinStretches = 6;
+constexpr double kTakeScore = 0.9;
+// Stretches a period must map (onto later ones) before it counts: with fewer, some random job's
+// stretches map by chance.
+constexpr int kMinMapped = 8;
+constexpr double kKeepScore = 0.7;
+
+int64_t LowerMedian(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+}  // namespace
+
+absl::Status ValidateBubbleDetectorOptions(const BubbleDetectorOptions& o) {
+  if (o.window <= absl::ZeroDuration() || o.window > absl::Seconds(1)) {
+    return absl::InvalidArgumentError("bubble detector: window must be in (0, 1 s]");
+  }
+  if (o.confirm_windows < 1 || o.confirm_windows > 1000) {
+    return absl::InvalidArgumentError("bubble detector: confirm_windows must be in [1, 1000]");
+  }
+  if (o.min_bubble < o.window) {
+    return absl::InvalidArgumentError("bubble detector: min_bubble must be at least one window");
+  }
+  if (!(o.tolerance > 0 && o.tolerance < 0.5)) {
+    return absl::InvalidArgumentError("bubble detector: tolerance must be in (0, 0.5)");
+  }
+  if (o.history < static_cast<int>(kMinStretches) || o.history > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bubble detector: history must be in [", kMinStretches, ", 1024]"));
+  }
+  if (o.stable_hits < 1) {
+    return absl::InvalidArgumentError("bubble detector: stable_hits must be at least 1");
+  }
+  return absl::OkStatus();
+}
+
+const char* DetectionPhaseName(DetectionPhase phase) {
+  switch (phase) {
+    case DetectionPhase::kConservative:
+      return "conservative";
+    case DetectionPhase::kIncremental:
+      return "incremental";
+    case DetectionPhase::kStable:
+      return "stable";
+  }
+  return "unknown";
+}
+
+BubbleDetector::BubbleDetector(BubbleDetectorOptions options)
+    : options_(options), window_ns_(absl::ToInt64Nanoseconds(options.window)) {}
+
+int64_t BubbleDetector::ToleranceNs(int64_t of_ns) const {
+  return std::max<int64_t>(2 * window_ns_, static_cast<int64_t>(options_.tolerance * of_ns));
+}
+
+bool BubbleDetector::SimilarLength(int64_t a_ns, int64_t b_ns) const {
+  // An end is known to a window, a length to two, and a job's bubbles jitter by as much again:
+  // lengths tell positions apart, not iterations.
+  return std::llabs(a_ns - b_ns) <=
+         std::max<int64_t>(4 * window_ns_, static_cast<int64_t>(0.25 * std::max(a_ns, b_ns)));
+}
+
+DetectionPhase BubbleDetector::phase() const {
+  if (period_ns_ == 0) return DetectionPhase::kConservative;
+  return hits_ >= options_.stable_hits ? DetectionPhase::kStable : DetectionPhase::kIncremental;
+}
+
+BubbleDetector::Step BubbleDetector::Observe(const ActivityWindow& window) {
+  Step step;
+  if (window.end_ns <= window.start_ns || window.start_ns < last_end_ns_) return step;
+  last_end_ns_ = window.end_ns;
+  if (window.launches == 0) {
+    if (!idle_since_ns_) {
+      idle_since_ns_ = window.start_ns;
+      idle_windows_ = 0;
+      announced_ = false;
+    }
+    ++idle_windows_;
+    if (!announced_ && idle_windows_ >= options_.confirm_windows) {
+      announced_ = true;
+      ++bubbles_;
+      step.began = Began{*idle_since_ns_, Expect(*idle_since_ns_, window.end_ns), phase()};
+    }
+    return step;
+  }
+  if (idle_since_ns_) {
+    // The launch may lie anywhere in the window: the stretch ends at its start, no later.
+    const Stretch stretch{*idle_since_ns_, window.start_ns - *idle_since_ns_};
+    if (announced_) step.ended = Ended{stretch.start_ns, window.start_ns};
+    if (stretch.length_ns >= absl::ToInt64Nanoseconds(options_.min_bubble)) Learn(stretch);
+    idle_since_ns_.reset();
+    announced_ = false;
+  }
+  return step;
+}
+
+void BubbleDetector::Learn(const Stretch& stretch) {
+  if (period_ns_ > 0) {
+    const std::optional<int64_t> predicted = PredictLength(stretch.start_ns);
+    hits_ = predicted && SimilarLength(*predicted, stretch.length_ns) ? hits_ + 1 : 0;
+  }
+  history_.push_back(stretch);
+  while (history_.size() > static_cast<size_t>(options_.history)) history_.pop_front();
+  FindPeriod();
+}
+
+void BubbleDetector::FindPeriod() {
+  // For a shift `p`: the share of stretches that have a later one of about their length about
+  // `p` after them, among those that could, and the mean shift of those matches (`p` less the
+  // jitter of the two stretches it was taken from).
+  struct Fit {
+    double score = 0;
+    int64_t period_ns = 0;
+  };
+  auto fit = [this](int64_t p) -> Fit {
+    const int64_t tolerance = ToleranceNs(p);
+    const int64_t newest = history_.back().start_ns;
+    // Three cycles at least, to tell a cycle from chance: a shift near the history's span maps
+    // few stretches, and some of any random job's map by luck.
+    if (p * 3 > newest - history_.front().start_ns) return {};
+    int could = 0, matched = 0;
+    int64_t shifts = 0;
+    for (size_t a = 0; a < history_.size(); ++a) {
+      const int64_t target = history_[a].start_ns + p;
+      if (target > newest + tolerance) break;
+      ++could;
+      for (size_t b = a + 1; b < history_.size(); ++b) {
+        if (history_[b].start_ns > target + tolerance) break;
+        if (std::llabs(history_[b].start_ns - target) <= tolerance &&
+            SimilarLength(history_[a].length_ns, history_[b].length_ns)) {
+          ++matched;
+          shifts += history_[b].start_ns - history_[a].start_ns;
+          break;
+        }
+      }
+    }
+    if (could < kMinMapped || matched == 0) return {};
+    return {static_cast<double>(matched) / could, shifts / matched};
+  };
+  if (history_.size() < kMinStretches) {
+    period_ns_ = 0;
+    return;
+  }
+  // Candidates: from a recent stretch back to an earlier one of about its length. The best
+  // supported wins; among about equals the shortest (a multiple of the period scores as well).
+  Fit best;
+  for (size_t recent = history_.size() - std::min<size_t>(3, history_.size());
+       recent < history_.size(); ++recent) {
+    for (size_t i = 0; i < recent; ++i) {
+      if (!SimilarLength(history_[i].length_ns, history_[recent].length_ns)) continue;
+      const int64_t p = history_[recent].start_ns - history_[i].start_ns;
+      if (p < 2 * window_ns_) continue;
+      Fit f = fit(p);
+      if (f.score < kTakeScore) continue;
+      f = std::max(fit(f.period_ns), f,
+                   [](const Fit& x, const Fit& y) { return x.score < y.score; });
+      if (best.period_ns == 0 || f.score > best.score + 0.05 ||
+          (f.score >= best.score - 0.05 && f.period_ns < best.period_ns)) {
+        best = f;
+      }
+    }
+  }
+  // The period kept while it still holds (a round's best may be a multiple of it), refined to
+  // its matches' mean shift, replaced by a shorter one that holds, or dropped once it no longer
+  // holds.
+  Fit current = period_ns_ != 0 ? fit(period_ns_) : Fit{};
+  if (best.period_ns != 0 &&
+      (current.score < kKeepScore || best.period_ns < period_ns_ - ToleranceNs(period_ns_))) {
+    period_ns_ = best.period_ns;
+  } else if (current.score >= kKeepScore) {
+    period_ns_ = current.period_ns;
+  } else {
+    period_ns_ = 0;
+    hits_ = 0;
+  }
+}
+
+std::optional<int64_t> BubbleDetector::PredictLength(int64_t start_ns) const {
+  // The stretches one, two, ... periods before it, each found within the tolerance of the one
+  // after it (so an estimate a little off the true period drifts by one period's error only).
+  if (period_ns_ == 0) return std::nullopt;
+  const int64_t tolerance = ToleranceNs(period_ns_);
+  std::vector<int64_t> lengths;
+  int64_t at = start_ns;
+  for (auto it = history_.rbegin(); it != history_.rend() && lengths.size() < 5; ++it) {
+    if (std::llabs(it->start_ns - (at - period_ns_)) <= tolerance) {
+      lengths.push_back(it->length_ns);
+      at = it->start_ns;
+    }
+  }
+  if (lengths.size() < 2) return std::nullopt;
+  return LowerMedian(std::move(lengths));
+}
+
+absl::Duration BubbleDetector::Expect(int64_t start_ns, int64_t now_ns) const {
+  const DetectionPhase now_phase = phase();
+  if (now_phase == DetectionPhase::kConservative) return absl::ZeroDuration();
+  const std::optional<int64_t> length = PredictLength(start_ns);
+  if (!length) return absl::ZeroDuration();
+  const int64_t elapsed = now_ns - start_ns;
+  // Its position's (lower) median length, less a window: the launch that ends it lies
+  // somewhere in the window the stretch was cut at.
+  const int64_t remaining = *length - window_ns_ - elapsed;
+  if (remaining <= 0) return absl::ZeroDuration();
+  const double share = now_phase == DetectionPhase::kStable ? 1.0 : 0.5;
+  return absl::Nanoseconds(elapsed + static_cast<int64_t>(share * static_cast<double>(remaining)));
+}
+
+std::optional<BubbleCycle> BubbleDetector::Cycle(int64_t free_bytes) const {
+  if (phase() != DetectionPhase::kStable) return std::nullopt;
+  // The last period's stretches, each with its position's length, from the earliest of them.
+  BubbleCycle cycle;
+  cycle.period = absl::Nanoseconds(period_ns_);
+  const int64_t newest = history_.back().start_ns;
+  const int64_t tolerance = ToleranceNs(period_ns_);
+  std::optional<int64_t> first;
+  for (const Stretch& s : history_) {
+    if (s.start_ns <= newest - period_ns_ + tolerance) continue;
+    const std::optional<int64_t> length = PredictLength(s.start_ns);
+    if (!length) continue;
+    if (!first) first = s.start_ns;
+    cycle.bubbles.push_back(
+        {absl::Nanoseconds(s.start_ns - *first), absl::Nanoseconds(*length), free_bytes});
+  }
+  if (!ValidateBubbleCycle(cycle).ok()) return std::nullopt;
+  return cycle;
+}
+
+}  // namespace pswitch::fill

@@ -1,0 +1,222 @@
+#include "fill/bubble_detector.h"
+
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pswitch::fill {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kWindow = 2 * kMs;
+
+// A main job whose every iteration of `period_ms` has idle stretches at `bubbles` (offset and
+// length in ms, in order) and launches in every other window, fed window by window. Returns
+// what the detector said, with the true bubbles for comparison.
+struct Fed {
+  std::vector<BubbleDetector::Began> began;
+  std::vector<BubbleDetector::Ended> ended;
+  std::vector<std::pair<int64_t, int64_t>> truth;  // each true bubble's start and end
+};
+
+class Job {
+ public:
+  Job(int64_t period_ms, std::vector<std::pair<int64_t, int64_t>> bubbles)
+      : period_ns_(period_ms * kMs), bubbles_(std::move(bubbles)) {}
+  // Iteration `skip_bubble_of` (if >= 0) has no bubble at index `skip_index`.
+  void Run(BubbleDetector& detector, int iterations, Fed& fed, int skip_iteration = -1,
+           size_t skip_index = 0) {
+    for (int it = 0; it < iterations; ++it, start_ns_ += period_ns_) {
+      for (int64_t t = 0; t < period_ns_; t += kWindow) {
+        bool idle = false;
+        for (size_t b = 0; b < bubbles_.size(); ++b) {
+          if (it == skip_iteration && b == skip_index) continue;
+          const auto [offset, length] = bubbles_[b];
+          if (t >= offset * kMs && t < (offset + length) * kMs) idle = true;
+        }
+        BubbleDetector::Step step =
+            detector.Observe({start_ns_ + t, start_ns_ + t + kWindow, idle ? 0u : 3u});
+        if (step.began) fed.began.push_back(*step.began);
+        if (step.ended) fed.ended.push_back(*step.ended);
+      }
+      for (size_t b = 0; b < bubbles_.size(); ++b) {
+        if (it == skip_iteration && b == skip_index) continue;
+        const auto [offset, length] = bubbles_[b];
+        fed.truth.emplace_back(start_ns_ + offset * kMs, start_ns_ + (offset + length) * kMs);
+      }
+    }
+  }
+
+ private:
+  const int64_t period_ns_;
+  const std::vector<std::pair<int64_t, int64_t>> bubbles_;
+  int64_t start_ns_ = 1'000 * kMs;
+};
+
+TEST(BubbleDetectorTest, APeriodicJobsBubblesAreFoundAndGivenTheirLengthOnceStable) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  Job job(50, {{0, 12}, {30, 8}});
+  Fed fed;
+  job.Run(detector, 2, fed);
+  EXPECT_EQ(detector.phase(), DetectionPhase::kConservative);
+  job.Run(detector, 1, fed);
+  // Learning: announced from their first idle window, but nothing to fill yet.
+  ASSERT_EQ(fed.began.size(), 6u);
+  for (const BubbleDetector::Began& b : fed.began) EXPECT_EQ(b.expected, absl::ZeroDuration());
+  for (size_t i = 0; i < fed.began.size(); ++i) {
+    EXPECT_EQ(fed.began[i].began_ns, fed.truth[i].first);
+    EXPECT_EQ(fed.ended[i].ended_ns, fed.truth[i].second);
+  }
+  // A few iterations more (enough stretches to tell a cycle from chance), and it has the period.
+  int iterations = 3;
+  while (detector.phase() == DetectionPhase::kConservative && iterations < 12) {
+    job.Run(detector, 1, fed);
+    ++iterations;
+  }
+  EXPECT_LE(iterations, 8);
+  EXPECT_EQ(detector.period(), absl::Milliseconds(50));
+  ASSERT_EQ(detector.phase(), DetectionPhase::kIncremental);
+  // Half of what is left, then all of it.
+  job.Run(detector, 1, fed);
+  const BubbleDetector::Began& incremental = fed.began.back();
+  EXPECT_EQ(incremental.phase, DetectionPhase::kIncremental);
+  EXPECT_GT(incremental.expected, absl::ZeroDuration());
+  EXPECT_LT(incremental.expected, absl::Milliseconds(8));
+  job.Run(detector, 6, fed);
+  ASSERT_EQ(detector.phase(), DetectionPhase::kStable);
+  const size_t n = fed.began.size();
+  ASSERT_EQ(n, fed.truth.size());
+  for (size_t i = n - 4; i < n; ++i) {
+    EXPECT_EQ(fed.began[i].phase, DetectionPhase::kStable);
+    const absl::Duration length = absl::Nanoseconds(fed.truth[i].second - fed.truth[i].first);
+    // Its length less the window the ending launch may lie in: never past its true end.
+    EXPECT_EQ(fed.began[i].expected, length - absl::Nanoseconds(kWindow)) << i;
+    EXPECT_LE(fed.began[i].began_ns + absl::ToInt64Nanoseconds(fed.began[i].expected),
+              fed.truth[i].second);
+  }
+  // The cycle an instrumented job would have registered.
+  std::optional<BubbleCycle> cycle = detector.Cycle(1 << 30);
+  ASSERT_TRUE(cycle.has_value());
+  EXPECT_EQ(cycle->period, absl::Milliseconds(50));
+  ASSERT_EQ(cycle->bubbles.size(), 2u);
+  EXPECT_EQ(cycle->bubbles[0].duration, absl::Milliseconds(12));
+  EXPECT_EQ(cycle->bubbles[1].offset - cycle->bubbles[0].offset, absl::Milliseconds(30));
+  EXPECT_EQ(cycle->bubbles[1].duration, absl::Milliseconds(8));
+  EXPECT_EQ(cycle->bubbles[1].free_bytes, 1 << 30);
+}
+
+TEST(BubbleDetectorTest, GapsShorterThanTheConfirmationAreNeverBubbles) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  Job job(20, {{4, 2}, {12, 2}});  // one idle window each
+  Fed fed;
+  job.Run(detector, 20, fed);
+  EXPECT_TRUE(fed.began.empty());
+  EXPECT_TRUE(fed.ended.empty());
+  EXPECT_EQ(detector.phase(), DetectionPhase::kConservative);
+}
+
+TEST(BubbleDetectorTest, AMissedBubbleDropsTheConfidenceAndItComesBack) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  Job job(40, {{0, 10}, {20, 6}, {30, 6}});
+  Fed fed;
+  job.Run(detector, 10, fed);
+  ASSERT_EQ(detector.phase(), DetectionPhase::kStable);
+  // One iteration lacks its first bubble and its second is long: the prediction misses.
+  Job disturbed(40, {{0, 10}, {20, 6}, {30, 6}});
+  fed = {};
+  job.Run(detector, 1, fed, /*skip_iteration=*/0, /*skip_index=*/0);
+  EXPECT_EQ(detector.period(), absl::Milliseconds(40)) << "one disturbed iteration keeps it";
+  job.Run(detector, 10, fed);
+  EXPECT_EQ(detector.phase(), DetectionPhase::kStable);
+}
+
+TEST(BubbleDetectorTest, AJobWithoutACycleIsNeverFilled) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(seed);
+    BubbleDetector detector{BubbleDetectorOptions{}};
+    std::mt19937 random(seed);
+    std::uniform_int_distribution<int> busy(1, 20), idle(2, 15);
+    int64_t t = 0;
+    int announced = 0;
+    for (int stretch = 0; stretch < 200; ++stretch) {
+      for (int w = busy(random); w > 0; --w, t += kWindow) detector.Observe({t, t + kWindow, 1});
+      for (int w = idle(random); w > 0; --w, t += kWindow) {
+        BubbleDetector::Step step = detector.Observe({t, t + kWindow, 0});
+        if (step.began) {
+          ++announced;
+          EXPECT_EQ(step.began->expected, absl::ZeroDuration())
+              << "at stretch " << stretch << ", period " << detector.period();
+        }
+      }
+    }
+    EXPECT_GT(announced, 100);
+    EXPECT_EQ(detector.phase(), DetectionPhase::kConservative);
+    EXPECT_FALSE(detector.Cycle(0).has_value());
+  }
+}
+
+// A real job's iterations jitter: each bubble starts and ends a window early or late.
+TEST(BubbleDetectorTest, AJitteringCycleIsStillFoundAndFilledWithinItsBubbles) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  std::mt19937 random(3);
+  std::uniform_int_distribution<int> shift(-1, 1);
+  int64_t t = 0, overruns = 0, filled = 0;
+  std::optional<BubbleDetector::Began> open;
+  for (int it = 0; it < 60; ++it) {
+    // Period 80 ms: bubbles near 0 (20 ms) and near 50 ms (10 ms), in windows.
+    const int a_start = 1 + shift(random), a_end = 11 + shift(random);
+    const int b_start = 25 + shift(random), b_end = 30 + shift(random);
+    for (int w = 0; w < 40; ++w, t += kWindow) {
+      const bool idle = (w >= a_start && w < a_end) || (w >= b_start && w < b_end);
+      BubbleDetector::Step step = detector.Observe({t, t + kWindow, idle ? 0u : 2u});
+      if (step.began) open = step.began;
+      if (step.ended && open) {
+        if (open->expected > absl::ZeroDuration()) {
+          ++filled;
+          if (open->began_ns + absl::ToInt64Nanoseconds(open->expected) > step.ended->ended_ns) {
+            ++overruns;
+          }
+        }
+        open.reset();
+      }
+    }
+  }
+  EXPECT_LE(absl::AbsDuration(detector.period() - absl::Milliseconds(80)), absl::Milliseconds(2));
+  EXPECT_NE(detector.phase(), DetectionPhase::kConservative);
+  EXPECT_GT(filled, 60) << "of 120";
+  // The median length less a window: a bubble a window shorter than usual may be overrun by
+  // at most that window.
+  EXPECT_LT(overruns * 4, filled) << overruns << " of " << filled;
+}
+
+TEST(BubbleDetectorTest, AWindowOutOfOrderIsIgnored) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  detector.Observe({10 * kMs, 12 * kMs, 0});
+  EXPECT_FALSE(detector.Observe({8 * kMs, 10 * kMs, 0}).began.has_value());
+  EXPECT_FALSE(detector.Observe({12 * kMs, 12 * kMs, 0}).began.has_value());  // empty
+  EXPECT_TRUE(detector.Observe({12 * kMs, 14 * kMs, 0}).began.has_value());
+}
+
+TEST(BubbleDetectorTest, BadOptionsAreRefused) {
+  EXPECT_TRUE(ValidateBubbleDetectorOptions({}).ok());
+  BubbleDetectorOptions o;
+  o.window = absl::ZeroDuration();
+  EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
+  o = {};
+  o.confirm_windows = 0;
+  EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
+  o = {};
+  o.min_bubble = absl::Milliseconds(1);
+  EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
+  o = {};
+  o.tolerance = 0.5;
+  EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
+  o = {};
+  o.history = 3;
+  EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
+  EXPECT_STREQ(DetectionPhaseName(DetectionPhase::kStable), "stable");
+}
+
+}  // namespace
+}  // namespace pswitch::fill
