@@ -220,7 +220,7 @@ absl::Duration BubbleDetector::Expect(int64_t start_ns, int64_t now_ns) const {
 }
 
 std::optional<BubbleCycle> BubbleDetector::Cycle(int64_t free_bytes) const {
-  if (phase() != DetectionPhase::kStable) return std::nullopt;
+  if (phase() == DetectionPhase::kConservative) return std::nullopt;
   // The last period's stretches, each with its position's length, from the earliest of them.
   BubbleCycle cycle;
   cycle.period = absl::Nanoseconds(period_ns_);
@@ -235,7 +235,8 @@ std::optional<BubbleCycle> BubbleDetector::Cycle(int64_t free_bytes) const {
     cycle.bubbles.push_back(
         {absl::Nanoseconds(s.start_ns - *first), absl::Nanoseconds(*length), free_bytes});
   }
-  if (!ValidateBubbleCycle(cycle).ok()) return std::nullopt;
+  // None with no bubble to fill (a cycle of none would tell the fill side there is nothing here).
+  if (cycle.bubbles.empty() || !ValidateBubbleCycle(cycle).ok()) return std::nullopt;
   return cycle;
 }
 

@@ -80,8 +80,8 @@ class BubbleDetector {
   DetectionPhase phase() const;
   // The period found (zero: none yet).
   absl::Duration period() const { return absl::Nanoseconds(period_ns_); }
-  // The cycle of bubbles, as an instrumented job's profiler would register it, once the phase
-  // is kStable; `free_bytes` for every bubble (the monitor does not see the job's memory).
+  // The cycle of bubbles, as an instrumented job's profiler would register it, once a period is
+  // known (not kConservative); `free_bytes` for every bubble (the job's memory is not seen).
   std::optional<BubbleCycle> Cycle(int64_t free_bytes) const;
   uint64_t bubbles() const { return bubbles_; }
 

@@ -788,6 +788,10 @@ TEST_F(LocalFillTest, AnotherUsersDatasetOutsideTheDataRootIsPassedAndItsOutputI
 // The real main job: pipetrain measures each stage's bubble cycle over its warm-up, registers
 // it (so fill jobs can be placed), reports every bubble, and a fill job runs in them.
 TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBubbles) {
+  // Its own simulated GPUs: no other test's jobs on them.
+  const std::string devices = absl::StrCat(::testing::TempDir(), "/devices-", ::getpid());
+  std::filesystem::create_directories(devices);
+  ASSERT_EQ(::setenv("PSWITCH_HOST_DEVICE_DIR", devices.c_str(), 1), 0);
   e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
                           "--activation-bytes=33554432", "--gpus=2", "--fill-grace-ms=30"});
   ASSERT_GT(daemon.port(), 0) << daemon.log();
@@ -832,6 +836,58 @@ TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBu
   EXPECT_GT(stats->bubble_time, absl::Milliseconds(300));
   EXPECT_GT(stats->fill_step_time, absl::ZeroDuration());
   EXPECT_EQ(stats->killed, 0u);
+  (void)::unsetenv("PSWITCH_HOST_DEVICE_DIR");
+  std::filesystem::remove_all(devices);
+}
+
+// An uninstrumented main job (issue 30 item 3): pipetrain makes no bubble call (no --server);
+// pswitchd --detect-bubbles reads each simulated GPU's activity (the stages' holds of its compute
+// lock), finds the job's cycle and its bubbles, and a fill job runs in them.
+TEST(FillPipetrainTest, AJobThatMakesNoBubbleCallsHasItsBubblesFoundAndFilled) {
+  // Its own simulated GPUs: no other test's jobs on them.
+  const std::string devices = absl::StrCat(::testing::TempDir(), "/devices-", ::getpid());
+  std::filesystem::create_directories(devices);
+  ASSERT_EQ(::setenv("PSWITCH_HOST_DEVICE_DIR", devices.c_str(), 1), 0);
+  e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
+                          "--activation-bytes=33554432", "--gpus=2", "--fill-grace-ms=30",
+                          "--detect-bubbles"});
+  ASSERT_GT(daemon.port(), 0) << daemon.log();
+  auto c = client::Client::Connect(daemon.address());
+  ASSERT_TRUE(c.ok()) << c.status();
+  client::Client& client = **c;
+  const std::string log_path = (daemon.dir() / "pipetrain.log").string();
+  // 2 stages x 2 micro-batches of 6 + 12 ms: a period of about 54 ms, 11 s in all.
+  const std::string command =
+      absl::StrCat(PIPETRAIN_PATH, " --stages=2 --microbatches=2 --simulated-compute --fwd-ms=6",
+                   " --bwd-ms=12 --warmup=3 --iterations=200 > ", log_path, " 2>&1");
+  auto pipetrain = std::async(std::launch::async, [&] { return std::system(command.c_str()); });
+
+  // Found within the job's run, however loaded the machine (a few cycles once it runs).
+  bool detected = false;
+  while (!detected &&
+         pipetrain.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    detected = daemon.log().find("event=bubble_cycle_detected gpu=0") != std::string::npos;
+  }
+  ASSERT_TRUE(detected) << daemon.log() << "\npipetrain:\n" << ReadFile(log_path);
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(1), 100000);
+  auto job = client.SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  ASSERT_EQ(pipetrain.get(), 0) << ReadFile(log_path);
+  const std::string pipetrain_log = ReadFile(log_path);
+  EXPECT_THAT(pipetrain_log, Not(HasSubstr("registered its measured bubble cycle")));
+  auto status = client.FillStatus(job->job_id);
+  ASSERT_TRUE(status.ok()) << status.status();
+  // Steps in several of its bubbles (how many depends on the machine's load: on an idle one,
+  // dozens), and none that had to be killed for not leaving a bubble.
+  EXPECT_GE(status->steps_done, 3u) << daemon.log();
+  EXPECT_GE(status->bubbles, 2u);
+  auto stats = client.FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->fill_step_time, absl::ZeroDuration());
+  EXPECT_EQ(stats->killed, 0u) << daemon.log();
+  (void)::unsetenv("PSWITCH_HOST_DEVICE_DIR");
+  std::filesystem::remove_all(devices);
 }
 
 }  // namespace

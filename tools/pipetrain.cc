@@ -300,8 +300,11 @@ absl::Status StageBody(StageConfig config, StageLinks& links) {
     }
   }
   if (!real && absl::GetFlag(FLAGS_device_lock)) {
+    // Its holds are the simulated GPU's activity, which pswitchd's bubble detection reads
+    // (--detect-bubbles) when no --server gets the bubble calls.
     PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock,
-                             gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(stage)));
+                             gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(stage),
+                                                    /*record_activity=*/true));
     compute = std::make_unique<DeviceLockedCompute>(std::move(compute), std::move(lock));
   }
   PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<BubbleReporter> reporter, MakeBubbleReporter(stage));

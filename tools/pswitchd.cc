@@ -26,12 +26,14 @@
 #include "base/log.h"
 #include "base/private_dir.h"
 #include "base/status.h"
+#include "controller/bubble_monitor.h"
 #include "controller/controller.h"
 #include "frontend/byte_budget.h"
 #include "frontend/client_server.h"
 #include "frontend/fd_budget.h"
 #include "frontend/http_server.h"
 #include "frontend/memory_return.h"
+#include "gpu/activity_page.h"
 #include "memdaemon/link_probe.h"
 #include "memdaemon/memdaemon.h"
 #include "models/model_facts.h"
@@ -148,6 +150,18 @@ ABSL_FLAG(int, fill_grace_ms, 20,
 ABSL_FLAG(bool, fill_device_lock, true,
           "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
           "--simulated-compute stages do), modelling a time-sliced GPU");
+ABSL_FLAG(bool, detect_bubbles, false,
+          "find main jobs' bubbles from their device activity, the jobs making no bubble calls "
+          "(SpecInF's bubble monitor): host backend, pipetrain's holds of each GPU's compute "
+          "lock; CUDA, the kernel launches libpswitch_monitor.so counts when preloaded into a "
+          "job (LD_PRELOAD, PSWITCH_ACTIVITY_FILE=<--activity-dir>/activity-gpu<N>)");
+ABSL_FLAG(std::string, activity_dir, "",
+          "CUDA with --detect-bubbles: the directory of the jobs' activity pages, "
+          "activity-gpu<N> for GPU N (required there: only those who may write it can make "
+          "pswitchd see bubbles)");
+ABSL_FLAG(uint64_t, detected_bubble_free_bytes, uint64_t{1} << 40,
+          "--detect-bubbles: the device memory each found bubble announces as free to fill jobs "
+          "(the job's own memory is not seen; fill work runs in pswitchd's arena)");
 ABSL_FLAG(int, worker_silence_timeout_ms, 10000,
           "a worker that sends no heartbeat this long (stopped, wedged) is killed and replaced; "
           "the task it ran fails with the reason");
@@ -725,6 +739,29 @@ int Main() {
   fill_options.host_compute_lock =
       absl::GetFlag(FLAGS_fill_device_lock) && options.device.backend == gpu::Backend::kHost;
   auto fill = std::make_unique<controller::FillManager>(controller->get(), fill_options);
+  // Bubbles of jobs that make no bubble calls, found from their activity (issue 30 item 3).
+  std::unique_ptr<controller::BubbleSink> bubble_sink;
+  std::unique_ptr<controller::BubbleMonitor> bubble_monitor;
+  if (absl::GetFlag(FLAGS_detect_bubbles)) {
+    controller::BubbleMonitorOptions monitor;
+    monitor.free_bytes = absl::GetFlag(FLAGS_detected_bubble_free_bytes);
+    const std::string dir = absl::GetFlag(FLAGS_activity_dir);
+    if (options.device.backend == gpu::Backend::kCuda && dir.empty()) {
+      StartFailed("--detect-bubbles on CUDA needs --activity-dir (where jobs' monitors write)");
+      return 2;
+    }
+    for (int g = 0; g < gpus; ++g) {
+      monitor.pages.emplace_back(
+          g, dir.empty() ? gpu::HostActivityPath(g) : absl::StrCat(dir, "/activity-gpu", g));
+    }
+    bubble_sink = controller::FillBubbleSink(fill.get());
+    auto started = controller::BubbleMonitor::Start(std::move(monitor), bubble_sink.get());
+    if (!started.ok()) {
+      StartFailed(started.status().ToString());
+      return 2;
+    }
+    bubble_monitor = std::move(*started);
+  }
   std::unique_ptr<registry::ModelRepository> repository;
   if (!absl::GetFlag(FLAGS_model_repository).empty()) {
     auto repo = registry::ModelRepository::Open(absl::GetFlag(FLAGS_model_repository));

@@ -5,29 +5,40 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
 namespace pswitch::gpu {
 
-absl::StatusOr<ComputeLock> ComputeLock::Open(const std::string& path) {
+absl::StatusOr<ComputeLock> ComputeLock::Open(const std::string& path, bool record_activity) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) return ErrnoStatus(absl::StrCat("open compute lock ", path));
-  return ComputeLock(UniqueFd(fd));
+  UniqueFd lock(fd);
+  std::shared_ptr<ActivityWriter> activity;
+  if (record_activity) {
+    PSWITCH_ASSIGN_OR_RETURN(activity, ActivityWriter::Open(absl::StrCat(path, ".activity")));
+  }
+  return ComputeLock(std::move(lock), std::move(activity));
 }
 
 std::string ComputeLock::DefaultPath(int index) {
-  return absl::StrCat("/tmp/pswitch-host-gpu-", index, ".lock");
+  // A private set of simulated GPUs (tests running side by side), else the machine's.
+  const char* dir = std::getenv("PSWITCH_HOST_DEVICE_DIR");
+  return absl::StrCat(dir != nullptr && *dir != '\0' ? dir : "/tmp", "/pswitch-host-gpu-", index,
+                      ".lock");
 }
 
-ComputeLock::Hold::Hold(int fd) : fd_(fd) {
+ComputeLock::Hold::Hold(int fd, ActivityWriter* activity) : fd_(fd), activity_(activity) {
   // EINTR only: a valid, open fd cannot otherwise fail to lock.
   while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
   }
+  if (activity_ != nullptr) activity_->BeginBusy();
 }
 
 ComputeLock::Hold::~Hold() {
+  if (activity_ != nullptr) activity_->EndBusy();
   if (fd_ >= 0) ::flock(fd_, LOCK_UN);
 }
 

@@ -1,0 +1,173 @@
+#include "controller/bubble_monitor.h"
+
+#include <algorithm>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/status.h"
+#include "controller/fill_manager.h"
+
+namespace pswitch::controller {
+namespace {
+
+constexpr int64_t kReopenNs = 1'000'000'000;  // an absent or broken page is tried again after
+
+class FillSink final : public BubbleSink {
+ public:
+  explicit FillSink(FillManager* fill) : fill_(fill) {}
+  absl::Status RegisterCycle(int gpu, const fill::BubbleCycle& cycle) override {
+    return fill_->RegisterCycle(gpu, cycle);
+  }
+  absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
+                           int64_t began_ns) override {
+    return fill_->BubbleBegin(gpu, expected, free_bytes, began_ns);
+  }
+  absl::Status BubbleEnd(int gpu) override { return fill_->BubbleEnd(gpu); }
+
+ private:
+  FillManager* const fill_;
+};
+
+}  // namespace
+
+std::unique_ptr<BubbleSink> FillBubbleSink(FillManager* fill) {
+  return std::make_unique<FillSink>(fill);
+}
+
+BubbleMonitor::BubbleMonitor(BubbleMonitorOptions options, BubbleSink* sink)
+    : options_(std::move(options)), sink_(sink) {
+  for (const auto& [index, path] : options_.pages) {
+    Gpu g;
+    g.index = index;
+    g.path = path;
+    g.detector = std::make_unique<fill::BubbleDetector>(options_.detector);
+    gpus_.push_back(std::move(g));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<BubbleMonitor>> BubbleMonitor::Manual(BubbleMonitorOptions options,
+                                                                     BubbleSink* sink) {
+  PSWITCH_RETURN_IF_ERROR(fill::ValidateBubbleDetectorOptions(options.detector));
+  return std::unique_ptr<BubbleMonitor>(new BubbleMonitor(std::move(options), sink));
+}
+
+absl::StatusOr<std::unique_ptr<BubbleMonitor>> BubbleMonitor::Start(BubbleMonitorOptions options,
+                                                                    BubbleSink* sink) {
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<BubbleMonitor> monitor,
+                           Manual(std::move(options), sink));
+  monitor->thread_ = std::thread([m = monitor.get()] { m->Run(); });
+  return monitor;
+}
+
+BubbleMonitor::~BubbleMonitor() {
+  stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BubbleMonitor::Run() {
+  const int64_t window_ns = absl::ToInt64Nanoseconds(options_.detector.window);
+  int64_t next_ns = base::MonotonicNowNs() + window_ns;
+  while (!stop_.WaitForNotificationWithTimeout(
+      absl::Nanoseconds(std::max<int64_t>(0, next_ns - base::MonotonicNowNs())))) {
+    const int64_t now_ns = base::MonotonicNowNs();
+    Sample(now_ns);
+    // Late (a descheduled thread): the next window starts now, one window long; the late one
+    // is simply longer.
+    next_ns = std::max(next_ns + window_ns, now_ns + window_ns / 2);
+  }
+}
+
+void BubbleMonitor::Sample(int64_t now_ns) {
+  absl::MutexLock lock(&mu_);
+  for (Gpu& g : gpus_) SampleGpu(g, now_ns);
+}
+
+void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {
+  base::Log(base::LogLevel::kWarn, "bubble_monitor_page")
+      .Field("gpu", g.index)
+      .Field("path", g.path)
+      .Field("detail", why);
+  if (g.in_bubble) (void)sink_->BubbleEnd(g.index);
+  g.in_bubble = false;
+  g.reader.reset();
+  g.last.reset();
+  g.detector = std::make_unique<fill::BubbleDetector>(options_.detector);
+  g.next_open_ns = now_ns + kReopenNs;
+}
+
+void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
+  if (!g.reader) {
+    if (now_ns < g.next_open_ns) return;
+    absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(g.path);
+    if (!reader.ok()) {
+      g.next_open_ns = now_ns + kReopenNs;  // no job yet: quietly, it is the common case
+      return;
+    }
+    g.reader = std::move(*reader);
+  }
+  absl::StatusOr<gpu::ActivityCounts> counts = g.reader->Read();
+  if (!counts.ok()) {
+    Reset(g, now_ns, counts.status());
+    return;
+  }
+  if (!g.last || now_ns <= g.last_ns) {
+    g.last = *counts;
+    g.last_ns = now_ns;
+    return;
+  }
+  // A window is busy when anything was launched in it, or a hold was under way at its start or
+  // end (one long kernel, or a hold across the window). Counters that went back (a new page)
+  // count as activity.
+  uint64_t launches =
+      counts->launches >= g.last->launches ? counts->launches - g.last->launches : 1;
+  if (counts->busy > 0 || g.last->busy > 0) launches = std::max<uint64_t>(launches, 1);
+  const fill::ActivityWindow window{g.last_ns, now_ns, launches};
+  g.last = *counts;
+  g.last_ns = now_ns;
+  ++g.windows;
+  const fill::BubbleDetector::Step step = g.detector->Observe(window);
+  // The cycle for placement (never one of no bubble), registered again only when it changed in
+  // kind (its period past two windows, or more bubbles), not at every stretch's median: each
+  // registration places the fill jobs again.
+  if (std::optional<fill::BubbleCycle> cycle = g.detector->Cycle(
+          static_cast<int64_t>(std::min<uint64_t>(options_.free_bytes, INT64_MAX)))) {
+    const int64_t window_ns = absl::ToInt64Nanoseconds(options_.detector.window);
+    const bool changed =
+        !g.registered || cycle->bubbles.size() > g.registered->bubbles.size() ||
+        absl::AbsDuration(g.registered->period - cycle->period) > absl::Nanoseconds(2 * window_ns);
+    if (changed) {
+      absl::Status registered = sink_->RegisterCycle(g.index, *cycle);
+      base::Log(registered.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn,
+                "bubble_cycle_detected")
+          .Field("gpu", g.index)
+          .FieldMs("period_ms", cycle->period)
+          .Field("bubbles", cycle->bubbles.size())
+          .Field("phase", fill::DetectionPhaseName(g.detector->phase()))
+          .Field("error", registered);
+      if (registered.ok()) g.registered = *cycle;
+    }
+  }
+  if (step.ended && g.in_bubble) {
+    (void)sink_->BubbleEnd(g.index);
+    g.in_bubble = false;
+  }
+  if (step.began && step.began->expected > absl::ZeroDuration() && g.registered) {
+    if (sink_->BubbleBegin(g.index, step.began->expected, options_.free_bytes, step.began->began_ns)
+            .ok()) {
+      g.in_bubble = true;
+      ++g.bubbles;
+    }
+  }
+}
+
+std::vector<BubbleMonitor::GpuStats> BubbleMonitor::Stats() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<GpuStats> out;
+  for (const Gpu& g : gpus_) {
+    out.push_back({g.index, g.reader.has_value(), g.windows, g.bubbles, g.detector->phase(),
+                   g.detector->period()});
+  }
+  return out;
+}
+
+}  // namespace pswitch::controller

@@ -1,0 +1,168 @@
+#include "controller/bubble_monitor.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace pswitch::controller {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+
+class RecordingSink final : public BubbleSink {
+ public:
+  absl::Status RegisterCycle(int gpu, const fill::BubbleCycle& cycle) override {
+    cycles.emplace_back(gpu, cycle);
+    return absl::OkStatus();
+  }
+  absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
+                           int64_t began_ns) override {
+    begins.push_back({gpu, expected, free_bytes, began_ns});
+    return absl::OkStatus();
+  }
+  absl::Status BubbleEnd(int gpu) override {
+    ends.push_back(gpu);
+    return absl::OkStatus();
+  }
+  struct Begin {
+    int gpu;
+    absl::Duration expected;
+    uint64_t free_bytes;
+    int64_t began_ns;
+  };
+  std::vector<std::pair<int, fill::BubbleCycle>> cycles;
+  std::vector<Begin> begins;
+  std::vector<int> ends;
+};
+
+class BubbleMonitorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = absl::StrCat(::testing::TempDir(), "/activity-", ::getpid(), "-",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::remove(path_.c_str());
+  }
+  void TearDown() override { std::remove(path_.c_str()); }
+  std::unique_ptr<BubbleMonitor> Monitor() {
+    BubbleMonitorOptions options;
+    options.pages = {{3, path_}};
+    options.free_bytes = 1 << 20;
+    auto monitor = BubbleMonitor::Manual(options, &sink_);
+    EXPECT_TRUE(monitor.ok()) << monitor.status();
+    return monitor.ok() ? std::move(*monitor) : nullptr;
+  }
+  // A main job of `iterations` iterations of 50 ms, idle from 0 to 12 ms and 30 to 38 ms of
+  // each, holding the device the rest of the time (one hold per 2 ms window, or one long hold
+  // over each busy stretch: `long_holds`), sampled every 2 ms from `t_ns_` on.
+  void RunJob(BubbleMonitor& monitor, gpu::ActivityWriter& job, int iterations,
+              bool long_holds = false) {
+    for (int it = 0; it < iterations; ++it) {
+      bool holding = false;
+      for (int64_t w = 0; w < 25; ++w) {
+        const int64_t at_ms = w * 2;
+        const bool idle = (at_ms < 12) || (at_ms >= 30 && at_ms < 38);
+        if (long_holds) {
+          if (!idle && !holding) job.BeginBusy();
+          if (idle && holding) job.EndBusy();
+          holding = !idle;
+        } else if (!idle) {
+          job.BeginBusy();
+          job.EndBusy();
+        }
+        t_ns_ += 2 * kMs;
+        monitor.Sample(t_ns_);
+      }
+      if (holding) job.EndBusy();
+    }
+  }
+  std::string path_;
+  RecordingSink sink_;
+  int64_t t_ns_ = 1'000 * kMs;
+};
+
+TEST_F(BubbleMonitorTest, AnUninstrumentedJobsBubblesReachTheFillSideWithItsCycle) {
+  std::unique_ptr<BubbleMonitor> monitor = Monitor();
+  ASSERT_NE(monitor, nullptr);
+  auto job = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunJob(*monitor, **job, 20);
+  ASSERT_FALSE(sink_.cycles.empty());
+  EXPECT_EQ(sink_.cycles.front().first, 3);
+  // The mean shift of the stretches it matched (the first one, cut by the first sample, a
+  // little short).
+  EXPECT_LE(absl::AbsDuration(sink_.cycles.back().second.period - absl::Milliseconds(50)),
+            absl::Milliseconds(1));
+  ASSERT_EQ(sink_.cycles.back().second.bubbles.size(), 2u);
+  EXPECT_EQ(sink_.cycles.back().second.bubbles[0].free_bytes, 1 << 20);
+  // Learnt first, then filled: every later bubble announced, and ended.
+  ASSERT_GE(sink_.begins.size(), 10u);
+  EXPECT_LE(sink_.begins.size(), 40u);
+  for (const RecordingSink::Begin& b : sink_.begins) {
+    EXPECT_EQ(b.gpu, 3);
+    EXPECT_GT(b.expected, absl::ZeroDuration());
+    EXPECT_LE(b.expected, absl::Milliseconds(12));
+    EXPECT_EQ(b.free_bytes, 1u << 20);
+  }
+  EXPECT_GE(sink_.ends.size() + 1, sink_.begins.size());
+  const auto stats = monitor->Stats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_TRUE(stats[0].reading);
+  EXPECT_EQ(stats[0].phase, fill::DetectionPhase::kStable);
+  EXPECT_EQ(stats[0].bubbles, sink_.begins.size());
+}
+
+// A hold over a whole busy stretch (a long kernel) shows in no launch count of the windows after
+// its first: the busy counter keeps them busy.
+TEST_F(BubbleMonitorTest, ALongHoldKeepsItsWindowsBusy) {
+  std::unique_ptr<BubbleMonitor> monitor = Monitor();
+  ASSERT_NE(monitor, nullptr);
+  auto job = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunJob(*monitor, **job, 20, /*long_holds=*/true);
+  ASSERT_FALSE(sink_.cycles.empty());
+  EXPECT_EQ(sink_.cycles.back().second.bubbles.size(), 2u);
+  for (const RecordingSink::Begin& b : sink_.begins) EXPECT_LE(b.expected, absl::Milliseconds(12));
+}
+
+// No job yet: nothing, quietly; a job that starts later is found; a page that stops being one
+// (scribbled over) ends the bubble under way and starts afresh.
+TEST_F(BubbleMonitorTest, AbsentOrBrokenPagesAreReadAgainAndEndWhatTheyStarted) {
+  std::unique_ptr<BubbleMonitor> monitor = Monitor();
+  ASSERT_NE(monitor, nullptr);
+  for (int i = 0; i < 10; ++i) monitor->Sample(t_ns_ += 2 * kMs);
+  EXPECT_FALSE(monitor->Stats()[0].reading);
+  auto job = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  t_ns_ += 1'000 * kMs;  // its next try
+  RunJob(*monitor, **job, 20);
+  EXPECT_TRUE(monitor->Stats()[0].reading);
+  ASSERT_FALSE(sink_.begins.empty());
+  // Scribbled over mid-bubble: the bubble ends, the detector starts afresh.
+  t_ns_ += 2 * kMs;
+  monitor->Sample(t_ns_);  // an idle window: its bubble is under way
+  const size_t ends = sink_.ends.size();
+  {
+    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
+    f.write("garbage!", 8);
+  }
+  monitor->Sample(t_ns_ += 2 * kMs);
+  EXPECT_FALSE(monitor->Stats()[0].reading);
+  EXPECT_EQ(monitor->Stats()[0].phase, fill::DetectionPhase::kConservative);
+  EXPECT_GE(sink_.ends.size(), ends);
+  EXPECT_LE(sink_.begins.size(), sink_.ends.size() + 1);
+}
+
+TEST_F(BubbleMonitorTest, BadDetectorOptionsAreRefused) {
+  BubbleMonitorOptions options;
+  options.detector.confirm_windows = 0;
+  EXPECT_EQ(BubbleMonitor::Manual(options, &sink_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pswitch::controller

@@ -1,0 +1,159 @@
+// libpswitch_monitor.so: counts the kernel launches of the process it is preloaded into
+// (LD_PRELOAD), a main training job that calls nothing of pswitch, into its GPU's activity page
+// (PSWITCH_ACTIVITY_FILE, gpu/activity_page_layout.h), from which pswitchd finds the job's bubbles
+// (--detect-bubbles; issue 30 item 3, SpecInF's monitoring library).
+//   - Interposed: cudaLaunchKernel, cudaLaunchKernelExC, cudaLaunchCooperativeKernel,
+//     cudaGraphLaunch, cuLaunchKernel, cuLaunchKernelEx, cuGraphLaunch. Each adds one to the
+//     page's launch count and calls the real function (dlsym(RTLD_NEXT), resolved on its first
+//     call: libcudart may be loaded long after this library). A graph launch counts once, however
+//     many kernels it runs; and launches the runtime makes through driver entry points it looked
+//     up itself (cuGetProcAddress) are not seen: cudaLaunchKernel is what they come through.
+//   - On the launch path: an atomic load, a relaxed atomic add on a mapped page, the call. No
+//     allocation, no lock, no system call (but the one-time dlsym of each function).
+//   - Without the variable, or with a file that cannot be opened or mapped, nothing is counted
+//     and every call passes through unchanged: the job behaves as without the library, and
+//     pswitchd being absent or restarting changes nothing for it.
+// Links nothing of pswitch or CUDA; the signatures below are the CUDA 12 ones (struct and handle
+// types by their layout).
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "gpu/activity_page_layout.h"
+
+namespace {
+
+using pswitch::gpu::ActivityPageLayout;
+
+struct Dim3 {
+  unsigned x, y, z;
+};
+using CudaError = int;  // cudaError_t
+using CuResult = int;   // CUresult
+constexpr CudaError kCudaErrorUnknown = 999;
+constexpr CuResult kCuErrorNotFound = 500;
+
+std::atomic<ActivityPageLayout*> page{nullptr};
+
+void Count() {
+  if (ActivityPageLayout* p = page.load(std::memory_order_acquire)) {
+    p->launches.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// The real `name`, looked up once.
+template <typename Fn>
+Fn Real(std::atomic<Fn>& slot, const char* name) {
+  Fn fn = slot.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    fn = reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+    slot.store(fn, std::memory_order_release);
+  }
+  return fn;
+}
+
+__attribute__((constructor)) void OpenPage() {
+  const char* path = std::getenv("PSWITCH_ACTIVITY_FILE");
+  if (path == nullptr || *path == '\0') return;
+  const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+  if (fd < 0) return;
+  struct stat st;
+  // A new (empty) file becomes a page; a short one is something else, left alone.
+  const off_t page_bytes = static_cast<off_t>(pswitch::gpu::kActivityFileBytes);
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+            (st.st_size >= page_bytes || (st.st_size == 0 && ::ftruncate(fd, page_bytes) == 0));
+  void* at = ok ? ::mmap(nullptr, pswitch::gpu::kActivityFileBytes, PROT_READ | PROT_WRITE,
+                         MAP_SHARED, fd, 0)
+                : MAP_FAILED;
+  ::close(fd);
+  if (at == MAP_FAILED) return;
+  auto* p = static_cast<ActivityPageLayout*>(at);
+  // A page of something else is left alone: counted into, it would be corrupted.
+  if (p->magic != pswitch::gpu::kActivityMagic) {
+    if (p->magic != 0 || p->launches.load() != 0 || p->busy.load() != 0) {
+      ::munmap(at, pswitch::gpu::kActivityFileBytes);
+      return;
+    }
+    p->magic = pswitch::gpu::kActivityMagic;
+  }
+  page.store(p, std::memory_order_release);
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) CudaError cudaLaunchKernel(const void* func, Dim3 grid,
+                                                                  Dim3 block, void** args,
+                                                                  size_t shared, void* stream) {
+  using Fn = CudaError (*)(const void*, Dim3, Dim3, void**, size_t, void*);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cudaLaunchKernel");
+  return fn == nullptr ? kCudaErrorUnknown : fn(func, grid, block, args, shared, stream);
+}
+
+__attribute__((visibility("default"))) CudaError cudaLaunchKernelExC(const void* config,
+                                                                     const void* func,
+                                                                     void** args) {
+  using Fn = CudaError (*)(const void*, const void*, void**);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cudaLaunchKernelExC");
+  return fn == nullptr ? kCudaErrorUnknown : fn(config, func, args);
+}
+
+__attribute__((visibility("default"))) CudaError cudaLaunchCooperativeKernel(
+    const void* func, Dim3 grid, Dim3 block, void** args, size_t shared, void* stream) {
+  using Fn = CudaError (*)(const void*, Dim3, Dim3, void**, size_t, void*);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cudaLaunchCooperativeKernel");
+  return fn == nullptr ? kCudaErrorUnknown : fn(func, grid, block, args, shared, stream);
+}
+
+__attribute__((visibility("default"))) CudaError cudaGraphLaunch(void* exec, void* stream) {
+  using Fn = CudaError (*)(void*, void*);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cudaGraphLaunch");
+  return fn == nullptr ? kCudaErrorUnknown : fn(exec, stream);
+}
+
+__attribute__((visibility("default"))) CuResult cuLaunchKernel(void* f, unsigned gx, unsigned gy,
+                                                               unsigned gz, unsigned bx,
+                                                               unsigned by, unsigned bz,
+                                                               unsigned shared, void* stream,
+                                                               void** params, void** extra) {
+  using Fn = CuResult (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                          unsigned, void*, void**, void**);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cuLaunchKernel");
+  return fn == nullptr ? kCuErrorNotFound
+                       : fn(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+
+__attribute__((visibility("default"))) CuResult cuLaunchKernelEx(const void* config, void* f,
+                                                                 void** params, void** extra) {
+  using Fn = CuResult (*)(const void*, void*, void**, void**);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cuLaunchKernelEx");
+  return fn == nullptr ? kCuErrorNotFound : fn(config, f, params, extra);
+}
+
+__attribute__((visibility("default"))) CuResult cuGraphLaunch(void* exec, void* stream) {
+  using Fn = CuResult (*)(void*, void*);
+  static std::atomic<Fn> real{nullptr};
+  Count();
+  Fn fn = Real(real, "cuGraphLaunch");
+  return fn == nullptr ? kCuErrorNotFound : fn(exec, stream);
+}
+
+}  // extern "C"
