@@ -11,6 +11,10 @@ namespace pswitch::controller {
 namespace {
 
 constexpr int64_t kReopenNs = 1'000'000'000;  // an absent or broken page is tried again after
+// A hold that changes nothing for this long is a job that died holding: not busy any more.
+constexpr int64_t kStaleBusyNs = 5'000'000'000;
+// A changed cycle is registered at most this often (each registration places fill jobs again).
+constexpr int64_t kRegisterEveryNs = 1'000'000'000;
 
 class FillSink final : public BubbleSink {
  public:
@@ -100,10 +104,28 @@ void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
     if (now_ns < g.next_open_ns) return;
     absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(g.path);
     if (!reader.ok()) {
-      g.next_open_ns = now_ns + kReopenNs;  // no job yet: quietly, it is the common case
+      g.next_open_ns = now_ns + kReopenNs;
+      // No job yet is the common case, said nothing of; a page that cannot be read is said once.
+      if (!absl::IsNotFound(reader.status()) && !g.told_unreadable) {
+        g.told_unreadable = true;
+        base::Log(base::LogLevel::kWarn, "bubble_monitor_page")
+            .Field("gpu", g.index)
+            .Field("path", g.path)
+            .Field("detail", reader.status());
+      }
       return;
     }
+    g.told_unreadable = false;
     g.reader = std::move(*reader);
+    g.next_check_ns = now_ns + kReopenNs;
+  } else if (now_ns >= g.next_check_ns) {
+    // A job that deleted or replaced its page (a restart) is read from its new one.
+    g.next_check_ns = now_ns + kReopenNs;
+    if (!g.reader->StillAt(g.path)) {
+      Reset(g, now_ns, absl::NotFoundError("the page was deleted or replaced"));
+      g.next_open_ns = now_ns;
+      return;
+    }
   }
   absl::StatusOr<gpu::ActivityCounts> counts = g.reader->Read();
   if (!counts.ok()) {
@@ -113,29 +135,37 @@ void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
   if (!g.last || now_ns <= g.last_ns) {
     g.last = *counts;
     g.last_ns = now_ns;
+    g.changed_ns = now_ns;
     return;
   }
+  if (counts->launches != g.last->launches || counts->busy != g.last->busy) {
+    g.changed_ns = now_ns;
+  }
+  const bool busy_live = now_ns - g.changed_ns < kStaleBusyNs;
   // A window is busy when anything was launched in it, or a hold was under way at its start or
   // end (one long kernel, or a hold across the window). Counters that went back (a new page)
   // count as activity.
   uint64_t launches =
       counts->launches >= g.last->launches ? counts->launches - g.last->launches : 1;
-  if (counts->busy > 0 || g.last->busy > 0) launches = std::max<uint64_t>(launches, 1);
+  if (busy_live && (counts->busy > 0 || g.last->busy > 0)) {
+    launches = std::max<uint64_t>(launches, 1);
+  }
   const fill::ActivityWindow window{g.last_ns, now_ns, launches};
   g.last = *counts;
   g.last_ns = now_ns;
   ++g.windows;
   const fill::BubbleDetector::Step step = g.detector->Observe(window);
   // The cycle for placement (never one of no bubble), registered again only when it changed in
-  // kind (its period past two windows, or more bubbles), not at every stretch's median: each
-  // registration places the fill jobs again.
+  // kind (its period past two windows, or its number of bubbles), not at every stretch's
+  // median, and at most once a second: each registration places the fill jobs again.
   if (std::optional<fill::BubbleCycle> cycle = g.detector->Cycle(
           static_cast<int64_t>(std::min<uint64_t>(options_.free_bytes, INT64_MAX)))) {
     const int64_t window_ns = absl::ToInt64Nanoseconds(options_.detector.window);
     const bool changed =
-        !g.registered || cycle->bubbles.size() > g.registered->bubbles.size() ||
+        !g.registered || cycle->bubbles.size() != g.registered->bubbles.size() ||
         absl::AbsDuration(g.registered->period - cycle->period) > absl::Nanoseconds(2 * window_ns);
-    if (changed) {
+    if (changed && (g.registered_ns == 0 || now_ns - g.registered_ns >= kRegisterEveryNs)) {
+      g.registered_ns = now_ns;
       absl::Status registered = sink_->RegisterCycle(g.index, *cycle);
       base::Log(registered.ok() ? base::LogLevel::kInfo : base::LogLevel::kWarn,
                 "bubble_cycle_detected")

@@ -81,6 +81,10 @@ class BubbleMonitor {
     std::string path;
     std::optional<gpu::ActivityReader> reader;
     int64_t next_open_ns = 0;
+    int64_t next_check_ns = 0;     // when to look whether the path still names its page
+    bool told_unreadable = false;  // its page's refusal was logged (once until it opens)
+    int64_t changed_ns = 0;        // when its counters last changed
+    int64_t registered_ns = 0;     // when its cycle was last registered
     std::optional<gpu::ActivityCounts> last;
     int64_t last_ns = 0;
     std::unique_ptr<fill::BubbleDetector> detector;

@@ -16,12 +16,6 @@ constexpr double kTakeScore = 0.9;
 // stretches map by chance.
 constexpr int kMinMapped = 8;
 constexpr double kKeepScore = 0.7;
-
-int64_t LowerMedian(std::vector<int64_t> v) {
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];
-}
-
 }  // namespace
 
 absl::Status ValidateBubbleDetectorOptions(const BubbleDetectorOptions& o) {
@@ -180,6 +174,7 @@ void BubbleDetector::FindPeriod() {
   if (best.period_ns != 0 &&
       (current.score < kKeepScore || best.period_ns < period_ns_ - ToleranceNs(period_ns_))) {
     period_ns_ = best.period_ns;
+    hits_ = 0;  // a new period earns its confidence anew
   } else if (current.score >= kKeepScore) {
     period_ns_ = current.period_ns;
   } else {
@@ -202,7 +197,9 @@ std::optional<int64_t> BubbleDetector::PredictLength(int64_t start_ns) const {
     }
   }
   if (lengths.size() < 2) return std::nullopt;
-  return LowerMedian(std::move(lengths));
+  // The shortest: a fill step past the bubble's end delays the main job, one short of it only
+  // leaves a little unused (a median overruns every other bubble of a jittering job).
+  return *std::min_element(lengths.begin(), lengths.end());
 }
 
 absl::Duration BubbleDetector::Expect(int64_t start_ns, int64_t now_ns) const {

@@ -8,8 +8,9 @@
 //   - the stretches' starts and lengths give the main job's cycle: the period is the shift that
 //     maps most stretches onto a later one of about the same length, and the stretches fall
 //     into positions within it (PipeFill's cycle of bubbles, fill::BubbleCycle);
-//   - a bubble is given the time its position's past bubbles lasted (their median), less what
-//     it already lasted when confirmed. Until the period is known nothing is given (the phase
+//   - a bubble is given the time its position's past bubbles lasted (the shortest of the last
+//     five, less a window: an overrun delays the job), less what it already lasted when
+//     confirmed. Until the period is known nothing is given (the phase
 //     is kConservative: fill work would only guess); then half of that (kIncremental), and all
 //     of it once `stable_hits` bubbles in a row came where and as long as predicted (kStable).
 //     A prediction that misses drops back to kIncremental.
@@ -105,7 +106,7 @@ class BubbleDetector {
   const int64_t window_ns_;
   int64_t last_end_ns_ = INT64_MIN;
   std::optional<int64_t> idle_since_ns_;
-  int idle_windows_ = 0;
+  int64_t idle_windows_ = 0;
   bool announced_ = false;
   std::deque<Stretch> history_;  // oldest first
   int64_t period_ns_ = 0;

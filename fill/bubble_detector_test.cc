@@ -50,7 +50,11 @@ class Job {
 
  private:
   const int64_t period_ns_;
-  const std::vector<std::pair<int64_t, int64_t>> bubbles_;
+
+ public:
+  std::vector<std::pair<int64_t, int64_t>> bubbles_;  // changed between runs to disturb it
+
+ private:
   int64_t start_ns_ = 1'000 * kMs;
 };
 
@@ -122,11 +126,18 @@ TEST(BubbleDetectorTest, AMissedBubbleDropsTheConfidenceAndItComesBack) {
   Fed fed;
   job.Run(detector, 10, fed);
   ASSERT_EQ(detector.phase(), DetectionPhase::kStable);
-  // One iteration lacks its first bubble and its second is long: the prediction misses.
-  Job disturbed(40, {{0, 10}, {20, 6}, {30, 6}});
+  // One iteration's second bubble lasts three times as long: the prediction misses, and the next
+  // bubbles are given half their time again until predictions hold once more.
+  const auto usual = job.bubbles_;
+  job.bubbles_ = {{0, 10}, {20, 18}};
   fed = {};
-  job.Run(detector, 1, fed, /*skip_iteration=*/0, /*skip_index=*/0);
+  job.Run(detector, 1, fed);
+  job.bubbles_ = usual;
+  EXPECT_EQ(detector.phase(), DetectionPhase::kIncremental);
   EXPECT_EQ(detector.period(), absl::Milliseconds(40)) << "one disturbed iteration keeps it";
+  job.Run(detector, 1, fed);
+  ASSERT_FALSE(fed.began.empty());
+  EXPECT_EQ(fed.began.back().phase, DetectionPhase::kIncremental);
   job.Run(detector, 10, fed);
   EXPECT_EQ(detector.phase(), DetectionPhase::kStable);
 }
@@ -184,10 +195,11 @@ TEST(BubbleDetectorTest, AJitteringCycleIsStillFoundAndFilledWithinItsBubbles) {
   }
   EXPECT_LE(absl::AbsDuration(detector.period() - absl::Milliseconds(80)), absl::Milliseconds(2));
   EXPECT_NE(detector.phase(), DetectionPhase::kConservative);
-  EXPECT_GT(filled, 60) << "of 120";
-  // The median length less a window: a bubble a window shorter than usual may be overrun by
-  // at most that window.
-  EXPECT_LT(overruns * 4, filled) << overruns << " of " << filled;
+  // Most bubbles after the first iterations (100 seeds: 52 to 90 of 120, 72 on average).
+  EXPECT_GT(filled, 45) << "of 120";
+  // The shortest of its position's last lengths less a window: overruns are rare (100 seeds:
+  // 0.5 of 72 on average).
+  EXPECT_LT(overruns * 10, filled) << overruns << " of " << filled;
 }
 
 TEST(BubbleDetectorTest, AWindowOutOfOrderIsIgnored) {

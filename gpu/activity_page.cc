@@ -15,12 +15,16 @@
 namespace pswitch::gpu {
 
 absl::StatusOr<std::unique_ptr<ActivityWriter>> ActivityWriter::Open(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660));
+  // Writable by its owner only: whoever else could write it could truncate it under this
+  // mapping (the writer would fault) or fake the job's activity. O_NONBLOCK: a FIFO put there
+  // does not hang the open.
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
   if (fd.get() < 0) return ErrnoStatus(absl::StrCat("open activity page ", path));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat activity page ", path));
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat("activity page ", path, " is not a file"));
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "activity page ", path, " is not a file of this user's that only it may write"));
   }
   // A new (empty) file becomes a page; a short one is something else.
   if (st.st_size > 0 && st.st_size < static_cast<off_t>(kActivityFileBytes)) {
@@ -47,7 +51,8 @@ absl::StatusOr<std::unique_ptr<ActivityWriter>> ActivityWriter::Open(const std::
 ActivityWriter::~ActivityWriter() { ::munmap(page_, kActivityFileBytes); }
 
 absl::StatusOr<ActivityReader> ActivityReader::Open(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  // O_NONBLOCK: a FIFO put there does not hang the monitor.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no activity page ", path));
     return ErrnoStatus(absl::StrCat("open activity page ", path));
@@ -70,6 +75,12 @@ absl::StatusOr<ActivityCounts> ActivityReader::Read() const {
     return absl::DataLossError("not an activity page (short, or no magic)");
   }
   return ActivityCounts{words[1], words[2]};
+}
+
+bool ActivityReader::StillAt(const std::string& path) const {
+  struct stat named, open;
+  return ::stat(path.c_str(), &named) == 0 && ::fstat(fd_.get(), &open) == 0 &&
+         named.st_dev == open.st_dev && named.st_ino == open.st_ino;
 }
 
 std::string HostActivityPath(int index) {

@@ -25,7 +25,8 @@ struct ActivityCounts {
   uint64_t busy = 0;
 };
 
-// The job's side: the page mapped read-write (the file created, mode 0660, when absent).
+// The job's side: the page mapped read-write (the file created, mode 0644, when absent; one of
+// another user's, or that others may write, is refused).
 // Thread-safe; no lock, allocation or system call after Open.
 class ActivityWriter {
  public:
@@ -54,6 +55,8 @@ class ActivityReader {
   static absl::StatusOr<ActivityReader> Open(const std::string& path);
   // DataLoss when the file is too short or not an activity page.
   absl::StatusOr<ActivityCounts> Read() const;
+  // Whether `path` still names the file this reads (not deleted, nor replaced by another).
+  bool StillAt(const std::string& path) const;
 
  private:
   explicit ActivityReader(UniqueFd fd) : fd_(std::move(fd)) {}

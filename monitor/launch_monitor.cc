@@ -46,12 +46,25 @@ void Count() {
   }
 }
 
-// The real `name`, looked up once.
+// The real `name`, looked up once: next in the global scope, or else in the CUDA library
+// already loaded (one a Python extension loaded with RTLD_LOCAL is not in the global scope).
 template <typename Fn>
 Fn Real(std::atomic<Fn>& slot, const char* name) {
   Fn fn = slot.load(std::memory_order_acquire);
   if (fn == nullptr) {
-    fn = reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+    void* found = ::dlsym(RTLD_NEXT, name);
+    static constexpr const char* kDriver[] = {"libcuda.so.1", nullptr};
+    static constexpr const char* kRuntime[] = {"libcudart.so.13", "libcudart.so.12",
+                                               "libcudart.so.11.0", nullptr};
+    const bool driver = name[0] == 'c' && name[1] == 'u' && name[2] != 'd';
+    for (const char* const* library = driver ? kDriver : kRuntime; *library != nullptr; ++library) {
+      if (found != nullptr) break;
+      if (void* handle = ::dlopen(*library, RTLD_LAZY | RTLD_NOLOAD)) {
+        found = ::dlsym(handle, name);
+        ::dlclose(handle);  // RTLD_NOLOAD took a reference of a library loaded anyway
+      }
+    }
+    fn = reinterpret_cast<Fn>(found);
     slot.store(fn, std::memory_order_release);
   }
   return fn;
@@ -60,12 +73,16 @@ Fn Real(std::atomic<Fn>& slot, const char* name) {
 __attribute__((constructor)) void OpenPage() {
   const char* path = std::getenv("PSWITCH_ACTIVITY_FILE");
   if (path == nullptr || *path == '\0') return;
-  const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0660);
+  // Writable by this user only: whoever else could write it could truncate it under the
+  // mapping (this process would fault at its next launch). O_NONBLOCK: a FIFO there does not
+  // hang the job's start.
+  const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) return;
   struct stat st;
   // A new (empty) file becomes a page; a short one is something else, left alone.
   const off_t page_bytes = static_cast<off_t>(pswitch::gpu::kActivityFileBytes);
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+            (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 &&
             (st.st_size >= page_bytes || (st.st_size == 0 && ::ftruncate(fd, page_bytes) == 0));
   void* at = ok ? ::mmap(nullptr, pswitch::gpu::kActivityFileBytes, PROT_READ | PROT_WRITE,
                          MAP_SHARED, fd, 0)

@@ -4,6 +4,7 @@
 // default models and runs one inference on each through the whole path, then serves until
 // SIGINT/SIGTERM (graceful: in-flight tasks answered, workers reaped).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -750,6 +751,14 @@ int Main() {
       StartFailed("--detect-bubbles on CUDA needs --activity-dir (where jobs' monitors write)");
       return 2;
     }
+    // Whoever may create a page there decides what pswitchd takes for bubbles.
+    struct stat dir_stat {};
+    if (!dir.empty() && (::stat(dir.c_str(), &dir_stat) != 0 || !S_ISDIR(dir_stat.st_mode) ||
+                         (dir_stat.st_mode & S_IWOTH) != 0)) {
+      StartFailed(absl::StrCat("--activity-dir '", dir,
+                               "' must be a directory that other users cannot write"));
+      return 2;
+    }
     for (int g = 0; g < gpus; ++g) {
       monitor.pages.emplace_back(
           g, dir.empty() ? gpu::HostActivityPath(g) : absl::StrCat(dir, "/activity-gpu", g));
@@ -864,6 +873,9 @@ int Main() {
   // those answers before it closes the connections.
   (*server)->StopServing();
   http.reset();  // its waiting requests answered 503; nothing of it reaches the controller after
+  // No found bubble reaches the fill manager once it starts going.
+  bubble_monitor.reset();
+  bubble_sink.reset();
   fill->Shutdown();  // no fill submission reaches the controller once it starts going
   controller->reset();
   fill.reset();

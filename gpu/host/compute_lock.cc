@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "base/status.h"
 
 namespace pswitch::gpu {
@@ -18,7 +19,14 @@ absl::StatusOr<ComputeLock> ComputeLock::Open(const std::string& path, bool reco
   UniqueFd lock(fd);
   std::shared_ptr<ActivityWriter> activity;
   if (record_activity) {
-    PSWITCH_ASSIGN_OR_RETURN(activity, ActivityWriter::Open(absl::StrCat(path, ".activity")));
+    // Without its page the job still runs, unseen by bubble detection (as without a monitor).
+    absl::StatusOr<std::unique_ptr<ActivityWriter>> page =
+        ActivityWriter::Open(absl::StrCat(path, ".activity"));
+    if (page.ok()) {
+      activity = std::move(*page);
+    } else {
+      base::Log(base::LogLevel::kWarn, "activity_page_unavailable").Field("detail", page.status());
+    }
   }
   return ComputeLock(std::move(lock), std::move(activity));
 }
@@ -31,10 +39,11 @@ std::string ComputeLock::DefaultPath(int index) {
 }
 
 ComputeLock::Hold::Hold(int fd, ActivityWriter* activity) : fd_(fd), activity_(activity) {
+  // Busy from the moment it wants the device: a job waiting behind a fill step is no bubble.
+  if (activity_ != nullptr) activity_->BeginBusy();
   // EINTR only: a valid, open fd cannot otherwise fail to lock.
   while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
   }
-  if (activity_ != nullptr) activity_->BeginBusy();
 }
 
 ComputeLock::Hold::~Hold() {
