@@ -38,6 +38,9 @@ absl::Status ValidateBubbleDetectorOptions(const BubbleDetectorOptions& o) {
   if (o.stable_hits < 1) {
     return absl::InvalidArgumentError("bubble detector: stable_hits must be at least 1");
   }
+  if (o.forget_after <= o.min_bubble) {
+    return absl::InvalidArgumentError("bubble detector: forget_after must exceed min_bubble");
+  }
   return absl::OkStatus();
 }
 
@@ -83,7 +86,11 @@ BubbleDetector::Step BubbleDetector::Observe(const ActivityWindow& window) {
       announced_ = false;
     }
     ++idle_windows_;
-    if (!announced_ && idle_windows_ >= options_.confirm_windows) {
+    // Once stable, an idle window where a bubble is due is that bubble at once (SpecInF's stable
+    // phase); otherwise a stretch must last confirm_windows first.
+    const bool due = idle_windows_ == 1 && phase() == DetectionPhase::kStable &&
+                     PredictLength(*idle_since_ns_).has_value();
+    if (!announced_ && (due || idle_windows_ >= options_.confirm_windows)) {
       announced_ = true;
       ++bubbles_;
       step.began = Began{*idle_since_ns_, Expect(*idle_since_ns_, window.end_ns), phase()};
@@ -94,7 +101,13 @@ BubbleDetector::Step BubbleDetector::Observe(const ActivityWindow& window) {
     // The launch may lie anywhere in the window: the stretch ends at its start, no later.
     const Stretch stretch{*idle_since_ns_, window.start_ns - *idle_since_ns_};
     if (announced_) step.ended = Ended{stretch.start_ns, window.start_ns};
-    if (stretch.length_ns >= absl::ToInt64Nanoseconds(options_.min_bubble)) Learn(stretch);
+    if (stretch.length_ns >= absl::ToInt64Nanoseconds(options_.forget_after)) {
+      history_.clear();
+      period_ns_ = 0;
+      hits_ = 0;
+    } else if (stretch.length_ns >= absl::ToInt64Nanoseconds(options_.min_bubble)) {
+      Learn(stretch);
+    }
     idle_since_ns_.reset();
     announced_ = false;
   }

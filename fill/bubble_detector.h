@@ -4,7 +4,8 @@
 // the compute lock) in short windows, 2 ms by default, and feeds them here in order:
 //   - a run of empty windows is an idle stretch; once it has lasted `confirm_windows` windows it
 //     is a bubble (a kernel launched just before may still be running: the conservative part of
-//     SpecInF's phases), announced from the stretch's first empty window;
+//     SpecInF's phases), announced from the stretch's first empty window; once the phase is
+//     kStable, an empty window where a bubble is due is announced at once;
 //   - the stretches' starts and lengths give the main job's cycle: the period is the shift that
 //     maps most stretches onto a later one of about the same length, and the stretches fall
 //     into positions within it (PipeFill's cycle of bubbles, fill::BubbleCycle);
@@ -50,6 +51,10 @@ struct BubbleDetectorOptions {
   int history = 48;
   // Predicted bubbles in a row that must come as predicted before the phase is kStable.
   int stable_hits = 6;
+  // An idle stretch this long is the job stopping (a restart, a checkpoint), not a bubble: what
+  // was learnt is forgotten, and the job's cycle is found anew from what follows (a cycle
+  // matched across such a gap would be off).
+  absl::Duration forget_after = absl::Seconds(1);
 };
 absl::Status ValidateBubbleDetectorOptions(const BubbleDetectorOptions& options);
 

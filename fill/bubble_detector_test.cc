@@ -110,6 +110,21 @@ TEST(BubbleDetectorTest, APeriodicJobsBubblesAreFoundAndGivenTheirLengthOnceStab
   EXPECT_EQ(cycle->bubbles[1].free_bytes, 1 << 30);
 }
 
+// A job that stops for longer than forget_after (restarted, checkpointing) is learnt anew.
+TEST(BubbleDetectorTest, AJobThatStopsForLongIsLearntAnew) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  Job job(50, {{0, 12}, {30, 8}});
+  Fed fed;
+  job.Run(detector, 12, fed);
+  ASSERT_EQ(detector.phase(), DetectionPhase::kStable);
+  // 1.2 s idle, then the job again.
+  int64_t t = fed.truth.back().first + 20 * kMs;  // the last iteration's end
+  for (int w = 0; w < 600; ++w, t += kWindow) detector.Observe({t, t + kWindow, 0});
+  detector.Observe({t, t + kWindow, 1});
+  EXPECT_EQ(detector.phase(), DetectionPhase::kConservative);
+  EXPECT_EQ(detector.period(), absl::ZeroDuration());
+}
+
 TEST(BubbleDetectorTest, GapsShorterThanTheConfirmationAreNeverBubbles) {
   BubbleDetector detector{BubbleDetectorOptions{}};
   Job job(20, {{4, 2}, {12, 2}});  // one idle window each
@@ -226,6 +241,9 @@ TEST(BubbleDetectorTest, BadOptionsAreRefused) {
   EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
   o = {};
   o.history = 3;
+  EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
+  o = {};
+  o.forget_after = o.min_bubble;
   EXPECT_FALSE(ValidateBubbleDetectorOptions(o).ok());
   EXPECT_STREQ(DetectionPhaseName(DetectionPhase::kStable), "stable");
 }

@@ -16,7 +16,10 @@
 //                so the fill steps cannot delay the main job on the device, only on the CPUs
 //                (pswitchd, workers, the bubble instruction): fill - cpu-only is the device
 //                interference, i.e. fill steps still holding the device after their bubble;
-//   naive        unmanaged co-location.
+//   naive        unmanaged co-location;
+//   detected     the main job making no bubble call at all (pipetrain without --server) on its
+//                own set of simulated devices, with a second pswitchd that finds its bubbles
+//                from the devices' activity (--detect-bubbles, issue 30 item 3) and fills them.
 // Each arm's run is paired with its round's alone run, and the median of the paired relative
 // increases gets a distribution-free order-statistic interval (tools/bench_stats.h says why
 // that and not a bootstrap). The target (increase <= 1 % with >= 80 % of bubble time used) is
@@ -77,6 +80,9 @@ ABSL_FLAG(std::string, configs, "gpipe-4,gpipe-8,1f1b-4,1f1b-8",
 ABSL_FLAG(bool, cpu_only_arm, true,
           "run the cpu-only arm (fill tasks on, stages without the device lock) that separates "
           "device interference from CPU interference");
+ABSL_FLAG(bool, detected_arm, true,
+          "run the detected arm: pipetrain making no bubble call, its bubbles found by a "
+          "pswitchd --detect-bubbles from the devices' activity");
 ABSL_FLAG(int, naive_gap_us, 0,
           "naive arm: the loops leave the device free this long between steps (0: re-lock at "
           "once, which flock's unfairness lets starve a stage)");
@@ -87,6 +93,10 @@ ABSL_FLAG(std::string, device, "",
 ABSL_FLAG(std::string, backend, "host", "pswitchd's --backend");
 ABSL_FLAG(double, target_increase_pct, 1, "target: median main-job increase at most this");
 ABSL_FLAG(double, target_used_pct, 80, "target: at least this share of bubble time used");
+ABSL_FLAG(double, target_detected_increase_pct, 1.5,
+          "target of the detected arm: median main-job increase at most this");
+ABSL_FLAG(double, target_detected_used_pct, 70,
+          "target of the detected arm: at least this share of the job's bubble time used");
 
 namespace pswitch {
 namespace {
@@ -94,6 +104,9 @@ namespace {
 constexpr int kStages = 4;
 constexpr uint64_t kFreeBytes = 256ull << 20;
 constexpr double kLevel = 0.95;
+// The detected arm's extra warm-up iterations: the detector needs three cycles and eight
+// matching bubbles before it fills (fill::BubbleDetector).
+constexpr int kDetectionWarmup = 10;
 
 struct Config {
   pipeline::ScheduleKind schedule;
@@ -119,7 +132,7 @@ absl::StatusOr<std::vector<Config>> ParseConfigs(const std::string& text) {
   return configs;
 }
 
-enum class Arm { kAlone, kAloneAgain, kFill, kCpuOnly, kNaive };
+enum class Arm { kAlone, kAloneAgain, kFill, kCpuOnly, kNaive, kDetected };
 
 const char* ArmName(Arm arm) {
   switch (arm) {
@@ -131,6 +144,8 @@ const char* ArmName(Arm arm) {
       return "fill";
     case Arm::kCpuOnly:
       return "cpu-only";
+    case Arm::kDetected:
+      return "detected";
     case Arm::kNaive:
       return "naive";
   }
@@ -176,17 +191,20 @@ void CountEarlyWaits(const nlohmann::json& report, MainJobRun& run) {
   }
 }
 
+// `devices`: a private set of simulated devices (PSWITCH_HOST_DEVICE_DIR); empty: the machine's.
 absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, Arm arm,
-                                        const std::string& server,
-                                        const std::filesystem::path& dir) {
+                                        const std::string& server, const std::filesystem::path& dir,
+                                        const std::string& devices = "") {
   const std::string json = (dir / "pipetrain.json").string();
   const std::string device = absl::GetFlag(FLAGS_device);
   const bool fill = arm == Arm::kFill || arm == Arm::kCpuOnly;
+  // A run is a fresh job to the detector (it forgets across the gap between runs): it learns the
+  // cycle over extra warm-up iterations, not measured, as a real job's first iterations would be.
+  const int warmup = absl::GetFlag(FLAGS_warmup) + (devices.empty() ? 0 : kDetectionWarmup);
   std::string cmd = absl::StrCat(
       tools::SiblingBinary("pipetrain"), " --stages=", kStages, " --microbatches=", c.microbatches,
       " --schedule=", pipeline::ScheduleKindName(c.schedule), " --iterations=", iterations,
-      " --warmup=", absl::GetFlag(FLAGS_warmup), " --bubble-free-bytes=", kFreeBytes,
-      " --json=", json);
+      " --warmup=", warmup, " --bubble-free-bytes=", kFreeBytes, " --json=", json);
   if (device.empty()) {
     absl::StrAppend(&cmd, " --simulated-compute --fwd-ms=", absl::GetFlag(FLAGS_fwd_ms),
                     " --bwd-ms=", absl::GetFlag(FLAGS_bwd_ms));
@@ -194,6 +212,7 @@ absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, Arm arm
     absl::StrAppend(&cmd, " --device=", device);
   }
   if (fill) absl::StrAppend(&cmd, " --server=", server);
+  if (!devices.empty()) cmd = absl::StrCat("PSWITCH_HOST_DEVICE_DIR=", devices, " ", cmd);
   if (arm == Arm::kCpuOnly) absl::StrAppend(&cmd, " --device-lock=false");
   const std::string log = (dir / "pipetrain.log").string();
   absl::StrAppend(&cmd, " > /dev/null 2>> ", log);
@@ -254,16 +273,34 @@ class FillService {
  public:
   // Starts the daemon, its socket and log (named after `config`) in `dir`, which must outlive
   // the service, and connects to it.
+  // `devices` (detect mode): the simulated devices whose activity it watches
+  // (--detect-bubbles) instead of taking bubble calls.
   static absl::StatusOr<std::unique_ptr<FillService>> Start(const std::filesystem::path& dir,
-                                                            const Config& config) {
+                                                            const Config& config,
+                                                            const std::string& devices = "") {
+    std::vector<std::string> args{"--backend=" + absl::GetFlag(FLAGS_backend),
+                                  "--listen=127.0.0.1:0",
+                                  "--http-listen=127.0.0.1:0",
+                                  absl::StrCat("--gpus=", kStages),
+                                  "--standby-workers=1",
+                                  "--preload=",
+                                  "--arena-bytes=1073741824",
+                                  "--activation-bytes=16777216"};
+    const std::string name = devices.empty() ? "" : "-detect";
+    // Its sockets apart from the other daemon's (its Unix socket is named after this one's dir).
+    const std::filesystem::path sockets = devices.empty() ? dir : dir / "detect";
+    std::filesystem::create_directories(sockets);
+    args.push_back("--socket=" + (sockets / "m.sock").string());
+    if (!devices.empty()) {
+      args.push_back("--detect-bubbles");
+      args.push_back(absl::StrCat("--detected-bubble-free-bytes=", kFreeBytes));
+      // The daemon (and its workers' fill steps) take the private devices.
+      ::setenv("PSWITCH_HOST_DEVICE_DIR", devices.c_str(), 1);
+    }
     auto daemon = std::make_unique<tools::PswitchdProcess>(
-        tools::SiblingBinary("pswitchd"),
-        std::vector<std::string>{"--backend=" + absl::GetFlag(FLAGS_backend),
-                                 "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0", absl::StrCat("--gpus=", kStages),
-                                 "--standby-workers=1", "--preload=", "--arena-bytes=1073741824",
-                                 "--activation-bytes=16777216",
-                                 "--socket=" + (dir / "m.sock").string()},
-        (dir / absl::StrCat("pswitchd-", config.Name(), ".log")).string());
+        tools::SiblingBinary("pswitchd"), args,
+        (dir / absl::StrCat("pswitchd-", config.Name(), name, ".log")).string());
+    if (!devices.empty()) ::unsetenv("PSWITCH_HOST_DEVICE_DIR");
     if (daemon->port() == 0) {
       return absl::UnavailableError(absl::StrCat("pswitchd did not start:\n", daemon->log()));
     }
@@ -349,11 +386,17 @@ struct FillRun {
   double steps_per_s = 0;  // fill steps per second of the main job's iterations
 };
 
+// One detected run against the main job's own measure of its bubbles (its stages' idle time).
+struct DetectedRun {
+  double used = 0;  // fill step time / the job's bubble time, learning iterations included
+};
+
 // All of one configuration's runs, indexed by round.
 struct ConfigRuns {
   Config config;
   std::map<Arm, std::vector<MainJobRun>> runs;
   std::vector<FillRun> fill;  // the fill arm's runs
+  std::vector<DetectedRun> detected;  // the detected arm's runs
   double pause_p50_ms = 0, pause_p99_ms = 0;
   uint64_t killed = 0;
 };
@@ -375,11 +418,14 @@ std::vector<Arm> RoundOrder(const std::vector<Arm>& arms, int round) {
   return order;
 }
 
+// `detect` and `devices`: the detected arm's daemon and simulated devices (null, "": no arm).
 absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& arms, int repeats,
                                      int iterations, FillService& service,
-                                     const std::filesystem::path& dir) {
+                                     const std::filesystem::path& dir, FillService* detect,
+                                     const std::string& devices) {
   ConfigRuns out{c};
   PSWITCH_RETURN_IF_ERROR(service.Prepare(c));
+  if (detect != nullptr) PSWITCH_RETURN_IF_ERROR(detect->Prepare(c));
   for (int round = 0; round < repeats; ++round) {
     std::fprintf(stderr, "%s round %d/%d:", c.Name().c_str(), round + 1, repeats);
     for (const Arm arm : RoundOrder(arms, round)) {
@@ -398,6 +444,17 @@ absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& ar
           out.fill.push_back({bubble > absl::ZeroDuration() ? absl::FDivDuration(used, bubble) : 0,
                               static_cast<double>(after.steps - before.steps) /
                                   std::max(run->iterations_s, 1e-3)});
+        }
+      } else if (arm == Arm::kDetected) {
+        PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats before, detect->client().FillStats());
+        run = RunPipetrain(c, iterations, arm, "", dir, devices);
+        PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats after, detect->client().FillStats());
+        if (run.ok()) {
+          // The job's bubble time over the whole run (warm-up included: the daemon watched it
+          // too), from its own measure.
+          const double truth_s = kStages * run->bubble_ratio * run->iterations_s;
+          const double used_s = absl::ToDoubleSeconds(after.fill_step_time - before.fill_step_time);
+          out.detected.push_back({truth_s > 0 ? used_s / truth_s : 0});
         }
       } else {
         run = RunPipetrain(c, iterations, arm, service.address(), dir);
@@ -551,6 +608,33 @@ absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& 
       "target: increase <= %.1f%% (the interval's upper end) with >= %.0f%% of bubble time used; "
       "killed fill tasks: %llu\n",
       100 * target, 100 * min_used, static_cast<unsigned long long>(killed));
+  if (uses(Arm::kDetected)) {
+    // Bubbles found without the job's calls: shares of the job's own idle time (its stages'
+    // waits, warm-up included), not of what a daemon was told.
+    const double detected_target = absl::GetFlag(FLAGS_target_detected_increase_pct) / 100;
+    const double detected_used = absl::GetFlag(FLAGS_target_detected_used_pct) / 100;
+    std::printf(
+        "\ndetected: the job makes no bubble call; a pswitchd --detect-bubbles finds its bubbles "
+        "from its devices' activity over %d more warm-up iterations (not measured). used = fill "
+        "step time over the job's own idle time in the whole run, those iterations included\n",
+        kDetectionWarmup);
+    std::printf("%-8s %-27s %7s  %s\n", "config", "I detected", "used", "verdict");
+    for (const ConfigRuns& r : all) {
+      PSWITCH_ASSIGN_OR_RETURN(Increase detected, IncreaseOver(r, Arm::kDetected));
+      std::vector<double> used;
+      for (const DetectedRun& d : r.detected) used.push_back(d.used);
+      const tools::Verdict verdict = tools::JudgeIncreaseTarget(detected.interval, detected_target,
+                                                                MedianOf(used), detected_used);
+      std::printf("%-8s %-27s %6.1f%%  %s\n", r.config.Name().c_str(),
+                  WithInterval(detected.interval).c_str(), 100 * MedianOf(used),
+                  tools::VerdictName(verdict));
+      figs.push_back(absl::StrFormat(
+          "FIG bubbles-detected %s: increase %s used %.0f%% (learning included) verdict %s "
+          "(target <= %.1f%% with >= %.0f%% used)",
+          r.config.Name(), WithInterval(detected.interval), 100 * MedianOf(used),
+          tools::VerdictName(verdict), 100 * detected_target, 100 * detected_used));
+    }
+  }
   std::printf(
       "\ndiagnostics: busy = a stage's compute time per iteration including waits for its device "
       "(ms, median over alone runs); busy+ = paired median increase over alone (fill - cpu-only "
@@ -586,6 +670,7 @@ int Main() {
   const bool host_lock_arms = absl::GetFlag(FLAGS_device).empty();
   if (host_lock_arms && absl::GetFlag(FLAGS_cpu_only_arm)) arms.push_back(Arm::kCpuOnly);
   if (host_lock_arms) arms.push_back(Arm::kNaive);
+  if (host_lock_arms && absl::GetFlag(FLAGS_detected_arm)) arms.push_back(Arm::kDetected);
 
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("bench-bubbles-" + std::to_string(::getpid()));
@@ -610,7 +695,16 @@ int Main() {
         call_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t1));
       }
     }
-    absl::StatusOr<ConfigRuns> runs = RunConfig(c, arms, repeats, iterations, **service, dir);
+    std::unique_ptr<FillService> detect;
+    const std::string devices = (dir / "detect-devices").string();
+    if (std::find(arms.begin(), arms.end(), Arm::kDetected) != arms.end()) {
+      std::filesystem::create_directories(devices);
+      absl::StatusOr<std::unique_ptr<FillService>> started = FillService::Start(dir, c, devices);
+      if (!started.ok()) return Fail(started.status());
+      detect = std::move(*started);
+    }
+    absl::StatusOr<ConfigRuns> runs =
+        RunConfig(c, arms, repeats, iterations, **service, dir, detect.get(), devices);
     if (!runs.ok()) return Fail(runs.status());
     all.push_back(*std::move(runs));
   }
@@ -629,9 +723,10 @@ int Main() {
 }  // namespace pswitch
 
 int main(int argc, char** argv) {
-  pswitch::tools::ParseToolFlags(argc, argv,
-                                 "bench-bubbles [--quick] [--repeats 10] [--iterations 12] "
-                                 "[--configs gpipe-4,1f1b-8] [--fwd-ms 4] [--bwd-ms 8] "
-                                 "[--fill-step-ms 1] [--cpu-only-arm=false] [--device cuda]");
+  pswitch::tools::ParseToolFlags(
+      argc, argv,
+      "bench-bubbles [--quick] [--repeats 10] [--iterations 12] "
+      "[--configs gpipe-4,1f1b-8] [--fwd-ms 4] [--bwd-ms 8] "
+      "[--fill-step-ms 1] [--cpu-only-arm=false] [--detected-arm=false] [--device cuda]");
   return pswitch::Main();
 }
