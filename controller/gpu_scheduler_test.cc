@@ -274,6 +274,20 @@ class InputsArrivingTest : public ::testing::Test {
     checkpoints_open_ = true;
   }
   // A training task of `model` for `iterations` (SGD with momentum: one slot of state).
+  // A task's id once Submit returned it: an answer that comes first (a task refused as it
+  // starts, on the loop, before the submitting thread stored the id) waits for it, bounded.
+  struct PendingId {
+    std::atomic<uint64_t> id{0};
+    absl::Notification set;
+    uint64_t Get() {
+      set.WaitForNotificationWithTimeout(kWait);
+      return id.load();
+    }
+    void Set(uint64_t value) {
+      id.store(value);
+      set.Notify();
+    }
+  };
   uint64_t SubmitTraining(const std::string& model, uint32_t iterations, int priority = 0,
                           absl::Time expires = absl::InfiniteFuture(),
                           api::TrainerOptions trainer = {}) {
@@ -284,14 +298,14 @@ class InputsArrivingTest : public ::testing::Test {
     spec.iterations = iterations;
     spec.priority = priority;
     spec.expires = expires;
-    auto id = std::make_shared<std::atomic<uint64_t>>(0);
+    auto id = std::make_shared<PendingId>();
     absl::StatusOr<uint64_t> task =
         scheduler_->Submit(std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
-          record_.Answer(id->load(), outcome);
+          record_.Answer(id->Get(), outcome);
         });
     EXPECT_TRUE(task.ok()) << task.status();
-    id->store(task.ok() ? *task : 0);
-    return id->load();
+    id->Set(task.ok() ? *task : 0);
+    return task.ok() ? *task : 0;
   }
   // Training runs' optimizer states in the weights pool (a run's, or kept for a preempted task).
   size_t OptimizerStates() const {
@@ -315,15 +329,14 @@ class InputsArrivingTest : public ::testing::Test {
     input.data.assign(16, 0);
     spec.inputs.push_back(std::move(input));
     spec.inputs_arrival = std::move(arrival);
-    // A failure is answered only after the test acts, by when the id is set.
-    auto id = std::make_shared<std::atomic<uint64_t>>(0);
+    auto id = std::make_shared<PendingId>();
     absl::StatusOr<uint64_t> task =
         scheduler_->Submit(std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
-          record_.Answer(outcome.ok() ? outcome->task_id : id->load(), outcome);
+          record_.Answer(outcome.ok() ? outcome->task_id : id->Get(), outcome);
         });
     EXPECT_TRUE(task.ok()) << task.status();
-    id->store(task.ok() ? *task : 0);
-    return id->load();
+    id->Set(task.ok() ? *task : 0);
+    return task.ok() ? *task : 0;
   }
   // The slot a command starting with `prefix` went to (-1: none did).
   int SlotOf(const std::string& prefix) {

@@ -785,13 +785,30 @@ TEST_F(LocalFillTest, AnotherUsersDatasetOutsideTheDataRootIsPassedAndItsOutputI
   (void)base::RemoveTree(home);
 }
 
+// A private set of simulated GPUs (PSWITCH_HOST_DEVICE_DIR) for the jobs and the daemon this
+// test starts, gone with it, whatever the test's outcome.
+class PrivateDevices {
+ public:
+  PrivateDevices() : dir_(absl::StrCat(::testing::TempDir(), "/devices-", ::getpid())) {
+    std::filesystem::create_directories(dir_);
+    ::setenv("PSWITCH_HOST_DEVICE_DIR", dir_.c_str(), 1);
+  }
+  ~PrivateDevices() {
+    ::unsetenv("PSWITCH_HOST_DEVICE_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  PrivateDevices(const PrivateDevices&) = delete;
+  PrivateDevices& operator=(const PrivateDevices&) = delete;
+
+ private:
+  const std::string dir_;
+};
+
 // The real main job: pipetrain measures each stage's bubble cycle over its warm-up, registers
 // it (so fill jobs can be placed), reports every bubble, and a fill job runs in them.
 TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBubbles) {
-  // Its own simulated GPUs: no other test's jobs on them.
-  const std::string devices = absl::StrCat(::testing::TempDir(), "/devices-", ::getpid());
-  std::filesystem::create_directories(devices);
-  ASSERT_EQ(::setenv("PSWITCH_HOST_DEVICE_DIR", devices.c_str(), 1), 0);
+  const PrivateDevices devices;  // no other test's jobs on its simulated GPUs
   e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
                           "--activation-bytes=33554432", "--gpus=2", "--fill-grace-ms=30"});
   ASSERT_GT(daemon.port(), 0) << daemon.log();
@@ -836,18 +853,13 @@ TEST(FillPipetrainTest, PipetrainRegistersItsMeasuredCycleAndFillStepsRunInItsBu
   EXPECT_GT(stats->bubble_time, absl::Milliseconds(300));
   EXPECT_GT(stats->fill_step_time, absl::ZeroDuration());
   EXPECT_EQ(stats->killed, 0u);
-  (void)::unsetenv("PSWITCH_HOST_DEVICE_DIR");
-  std::filesystem::remove_all(devices);
 }
 
 // An uninstrumented main job (issue 30 item 3): pipetrain makes no bubble call (no --server);
 // pswitchd --detect-bubbles reads each simulated GPU's activity (the stages' holds of its compute
 // lock), finds the job's cycle and its bubbles, and a fill job runs in them.
 TEST(FillPipetrainTest, AJobThatMakesNoBubbleCallsHasItsBubblesFoundAndFilled) {
-  // Its own simulated GPUs: no other test's jobs on them.
-  const std::string devices = absl::StrCat(::testing::TempDir(), "/devices-", ::getpid());
-  std::filesystem::create_directories(devices);
-  ASSERT_EQ(::setenv("PSWITCH_HOST_DEVICE_DIR", devices.c_str(), 1), 0);
+  const PrivateDevices devices;  // no other test's jobs on its simulated GPUs
   e2e::TestDaemon daemon({"--arena-bytes=536870912", "--preload=", "--standby-workers=1",
                           "--activation-bytes=33554432", "--gpus=2", "--fill-grace-ms=30",
                           "--detect-bubbles"});
@@ -886,8 +898,6 @@ TEST(FillPipetrainTest, AJobThatMakesNoBubbleCallsHasItsBubblesFoundAndFilled) {
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->fill_step_time, absl::ZeroDuration());
   EXPECT_EQ(stats->killed, 0u) << daemon.log();
-  (void)::unsetenv("PSWITCH_HOST_DEVICE_DIR");
-  std::filesystem::remove_all(devices);
 }
 
 }  // namespace
