@@ -15,37 +15,17 @@
 namespace pswitch::gpu {
 
 absl::StatusOr<std::unique_ptr<ActivityWriter>> ActivityWriter::Open(const std::string& path) {
-  // Writable by its owner only: whoever else could write it could truncate it under this
-  // mapping (the writer would fault) or fake the job's activity. O_NONBLOCK: a FIFO put there
-  // does not hang the open.
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
-  if (fd.get() < 0) return ErrnoStatus(absl::StrCat("open activity page ", path));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat activity page ", path));
-  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "activity page ", path, " is not a file of this user's that only it may write"));
+  ActivityPageLayout* page = nullptr;
+  switch (MapActivityPageForWriting(path.c_str(), &page)) {
+    case MapActivity::kMapped:
+      return std::unique_ptr<ActivityWriter>(new ActivityWriter(page));
+    case MapActivity::kSystemError:
+      return ErrnoStatus(absl::StrCat("activity page ", path));
+    case MapActivity::kRefused:
+      break;
   }
-  // A new (empty) file becomes a page; a short one is something else.
-  if (st.st_size > 0 && st.st_size < static_cast<off_t>(kActivityFileBytes)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, " is not an activity page"));
-  }
-  if (st.st_size == 0 && ::ftruncate(fd.get(), kActivityFileBytes) != 0) {
-    return ErrnoStatus(absl::StrCat("size activity page ", path));
-  }
-  void* at = ::mmap(nullptr, kActivityFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (at == MAP_FAILED) return ErrnoStatus(absl::StrCat("map activity page ", path));
-  auto* page = static_cast<ActivityPageLayout*>(at);
-  // A new (zeroed) page gets its magic; counters are only ever added to. A page of something
-  // else is left alone.
-  if (page->magic != kActivityMagic) {
-    if (page->magic != 0 || page->launches.load() != 0 || page->busy.load() != 0) {
-      ::munmap(at, kActivityFileBytes);
-      return absl::FailedPreconditionError(absl::StrCat(path, " is not an activity page"));
-    }
-    page->magic = kActivityMagic;
-  }
-  return std::unique_ptr<ActivityWriter>(new ActivityWriter(page));
+  return absl::FailedPreconditionError(
+      absl::StrCat(path, " is not an activity page of this user's that only it may write"));
 }
 
 ActivityWriter::~ActivityWriter() { ::munmap(page_, kActivityFileBytes); }

@@ -73,30 +73,11 @@ Fn Real(std::atomic<Fn>& slot, const char* name) {
 __attribute__((constructor)) void OpenPage() {
   const char* path = std::getenv("PSWITCH_ACTIVITY_FILE");
   if (path == nullptr || *path == '\0') return;
-  // Writable by this user only: whoever else could write it could truncate it under the
-  // mapping (this process would fault at its next launch). O_NONBLOCK: a FIFO there does not
-  // hang the job's start.
-  const int fd = ::open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-  if (fd < 0) return;
-  struct stat st;
-  // A new (empty) file becomes a page; a short one is something else, left alone.
-  const off_t page_bytes = static_cast<off_t>(pswitch::gpu::kActivityFileBytes);
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-            (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 &&
-            (st.st_size >= page_bytes || (st.st_size == 0 && ::ftruncate(fd, page_bytes) == 0));
-  void* at = ok ? ::mmap(nullptr, pswitch::gpu::kActivityFileBytes, PROT_READ | PROT_WRITE,
-                         MAP_SHARED, fd, 0)
-                : MAP_FAILED;
-  ::close(fd);
-  if (at == MAP_FAILED) return;
-  auto* p = static_cast<ActivityPageLayout*>(at);
-  // A page of something else is left alone: counted into, it would be corrupted.
-  if (p->magic != pswitch::gpu::kActivityMagic) {
-    if (p->magic != 0 || p->launches.load() != 0 || p->busy.load() != 0) {
-      ::munmap(at, pswitch::gpu::kActivityFileBytes);
-      return;
-    }
-    p->magic = pswitch::gpu::kActivityMagic;
+  // Anything but a page of this user's that only it may write is left alone, and nothing is
+  // counted (MapActivityPageForWriting says why).
+  ActivityPageLayout* p = nullptr;
+  if (pswitch::gpu::MapActivityPageForWriting(path, &p) != pswitch::gpu::MapActivity::kMapped) {
+    return;
   }
   page.store(p, std::memory_order_release);
 }
