@@ -1,5 +1,6 @@
 #include "gpu/activity_page.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -63,6 +64,23 @@ TEST_F(ActivityPageTest, AFileThatIsNotAPageIsNeitherWrittenNorBelieved) {
   std::string text;
   std::getline(f, text);
   EXPECT_EQ(text, "not a page");
+}
+
+// What a hostile user can put at the path: a FIFO (opening it must not hang either side), a
+// symlink to another file (never followed).
+TEST_F(ActivityPageTest, AFifoOrASymlinkAtThePathIsRefusedWithoutHanging) {
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0644), 0);
+  EXPECT_EQ(ActivityWriter::Open(path_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ActivityReader::Open(path_).status().code(), absl::StatusCode::kFailedPrecondition);
+  std::remove(path_.c_str());
+  const std::string target = path_ + ".target";
+  { std::ofstream f(target); }
+  ASSERT_EQ(::symlink(target.c_str(), path_.c_str()), 0);
+  EXPECT_FALSE(ActivityWriter::Open(path_).ok());
+  EXPECT_FALSE(ActivityReader::Open(path_).ok());
+  std::ifstream f(target, std::ios::ate);
+  EXPECT_EQ(f.tellg(), 0) << "the symlink's target was written";
+  std::remove(target.c_str());
 }
 
 // The host backend's simulated GPU: a main job's holds of the compute lock are its activity; a
