@@ -30,6 +30,13 @@ namespace {
 
 using proto::ControllerReply;
 using proto::ControllerReplyBody;
+
+// SubmitTask.online_slo_us of `options` (0: a plain request; a positive objective never rounds
+// to 0).
+uint64_t OnlineSloUs(const InferOptions& options) {
+  if (options.online_slo <= absl::ZeroDuration()) return 0;
+  return static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Microseconds(options.online_slo)));
+}
 using Builder = flatbuffers::FlatBufferBuilder;
 // Gets every reply for one request; returns true when it was the last one.
 using ReplyHandler = std::function<bool(const absl::StatusOr<const ControllerReply*>&)>;
@@ -759,7 +766,7 @@ void Client::SendArea(const std::string& model, std::vector<AreaTensor> inputs,
             static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
             proto::Optimizer::Sgd, 0.01, 0.9, 0, 0,
             call->outputs != nullptr ? proto::Place::Region : proto::Place::Inline,
-            call->outputs != nullptr ? &outputs_to : nullptr);
+            call->outputs != nullptr ? &outputs_to : nullptr, OnlineSloUs(options));
         proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask,
                                                     body.Union()));
       },
@@ -896,7 +903,8 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
                 b, b.CreateString(model), proto::TaskKind::Inference, wire_inputs, 1, 0,
                 options.priority,
                 static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
-                proto::Optimizer::Sgd, 0.01, 0.9, 0, 0, proto::Place::Payload);
+                proto::Optimizer::Sgd, 0.01, 0.9, 0, 0, proto::Place::Payload, nullptr,
+                OnlineSloUs(options));
             proto::Finish(b, proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask,
                                                         body.Union(), at));
           },
@@ -909,7 +917,9 @@ std::future<absl::StatusOr<TaskResult>> Client::InferAsync(const std::string& mo
         auto wire_inputs = proto::CreateWireTensors(b, inputs);
         auto body = proto::CreateSubmitTask(
             b, b.CreateString(model), proto::TaskKind::Inference, wire_inputs, 1, 0,
-            options.priority, static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)));
+            options.priority, static_cast<uint64_t>(absl::ToInt64Milliseconds(options.deadline)),
+            proto::Optimizer::Sgd, 0.01, 0.9, 0, 0, proto::Place::Inline, nullptr,
+            OnlineSloUs(options));
         proto::Finish(b,
             proto::CreateClientRequest(b, id, proto::ClientRequestBody::SubmitTask, body.Union()));
       },

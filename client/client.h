@@ -114,6 +114,11 @@ struct InferOptions {
   int priority = 0;
   // From submission; zero = the server's maximum task time, which also caps this.
   absl::Duration deadline = absl::ZeroDuration();
+  // Non-zero: online fill work, served in one of a main training job's pipeline bubbles within
+  // this latency objective (from its arrival at pswitchd), so it never slows that job; if no
+  // bubble can serve it in time, pswitchd runs it anyway or refuses it (DeadlineExceeded, with
+  // the reason), as its operator chose (--online-fill-overflow). At most an hour.
+  absl::Duration online_slo = absl::ZeroDuration();
 };
 
 enum class Optimizer { kSgd, kAdam };

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status.h"
+#include "gpu/device.h"
 #include "registry/phase_clock.h"
 
 namespace pswitch::controller {
@@ -331,7 +332,7 @@ absl::Status CheckInput(const CatalogEntry& entry, const proto::HostTensor& t) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
+absl::Status Controller::Check(const TaskSpec& spec) const {
   PSWITCH_ASSIGN_OR_RETURN(EntryRef entry, catalog_->Find(spec.model));
   if (spec.kind == TaskKind::kInference) {
     if (spec.batch != 0) {
@@ -380,9 +381,20 @@ absl::StatusOr<uint64_t> Controller::Submit(TaskSpec spec, TaskCallback done) {
           absl::StrCat("momentum must be in [0, 1), got ", t.momentum));
     }
   }
-  (void)entry;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Controller::SubmitTo(size_t gpu, TaskSpec spec, TaskCallback done) {
+  if (gpu >= schedulers_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no GPU ", gpu, " (this daemon has ", schedulers_.size(), ")"));
+  }
+  PSWITCH_RETURN_IF_ERROR(Check(spec));
+  if (spec.kind == TaskKind::kInference && options_.inference_holds_device_lock) {
+    spec.device_lock_path = gpu::HostComputeLockPath(static_cast<int>(gpu));
+  }
   spec.expires = std::min(spec.deadline, absl::Now() + options_.max_task_time);
-  return scheduler().Submit(std::move(spec), std::move(done));
+  return schedulers_[gpu]->Submit(std::move(spec), std::move(done));
 }
 
 }  // namespace pswitch::controller

@@ -37,6 +37,10 @@ struct ControllerOptions {
   // 0 = no cap but the pool's (a kept state is saved when the pool needs its room). A running
   // task's state takes its room in the pool like a model.
   uint64_t optimizer_state_bytes = 0;
+  // Host backend: inference tasks hold their GPU's simulated compute lock while they compute
+  // (gpu/host/compute_lock.h), so they share the device with a main job as on a time-sliced
+  // GPU (pswitchd --inference-device-lock).
+  bool inference_holds_device_lock = false;
 };
 
 inline constexpr int kMaxGpus = 16;
@@ -95,7 +99,13 @@ class Controller {
   // is freed, from some scheduler's thread.
   void Unload(std::string name, std::function<void(absl::Status)> done);
   // Validates and queues a task. InvalidArgument / NotFound for a bad request.
-  absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
+  absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done) {
+    return SubmitTo(0, std::move(spec), std::move(done));
+  }
+  // The same on GPU `gpu` (< gpus()): online fill requests run on the GPU whose bubble they use.
+  absl::StatusOr<uint64_t> SubmitTo(size_t gpu, TaskSpec spec, TaskCallback done);
+  // Submit's checks of `spec` alone (its model, inputs and bounds), queueing nothing.
+  absl::Status Check(const TaskSpec& spec) const;
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const { return scheduler().Query(task_id); }
   std::vector<TaskStatus> RecentTasks(size_t limit) const { return scheduler().Recent(limit); }
   absl::Status Cancel(uint64_t task_id) { return scheduler().Cancel(task_id); }

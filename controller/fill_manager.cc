@@ -252,8 +252,31 @@ absl::StatusOr<FillManager::Validated> FillManager::Validate(FillRequest& reques
 }
 
 void FillManager::Shutdown() {
-  absl::WriterMutexLock lock(&lifecycle_mu_);
-  shut_down_ = true;
+  {
+    absl::WriterMutexLock lock(&lifecycle_mu_);
+    shut_down_ = true;
+  }
+  online_->Stop();  // its queued requests answered; nothing of it reaches the controller now
+}
+
+absl::StatusOr<uint64_t> FillManager::SubmitOnline(TaskSpec spec, TaskCallback done) {
+  if (spec.kind != TaskKind::kInference) {
+    return absl::InvalidArgumentError(
+        "only inference requests may carry a latency objective (online fill)");
+  }
+  absl::ReaderMutexLock life(&lifecycle_mu_);
+  if (shut_down_) return absl::UnavailableError("pswitchd is stopping");
+  PSWITCH_RETURN_IF_ERROR(controller_->Check(spec));
+  std::optional<int> gpu;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [index, state] : gpus_) {
+      if (!state.cycle) continue;
+      if (!gpu || online_->Queued(index) < online_->Queued(*gpu)) gpu = index;
+    }
+  }
+  if (!gpu) return online_->RunAtOnce(0, std::move(spec), std::move(done));
+  return online_->Submit(*gpu, std::move(spec), std::move(done));
 }
 
 absl::StatusOr<FillManager::LoadSlot> FillManager::ReserveLoad() {
@@ -495,6 +518,8 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   }
   const int64_t bubble_end_ns =
       (began_ns > 0 ? began_ns : arrival_ns) + absl::ToInt64Nanoseconds(expected);
+  // Online requests first: they have objectives; offline jobs get what they leave.
+  const absl::Duration online = online_->Pull(gpu, bubble_end_ns);
   absl::MutexLock lock(&mu_);
   GpuState& g = gpus_[gpu];
   const absl::Time now = absl::Now();
@@ -514,7 +539,7 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
   // even one step would fit: switching it in would only cost copies.
   // What is left of the bubble when the message is handled, not what it was when it began.
-  const absl::Duration left = absl::Nanoseconds(bubble_end_ns - arrival_ns);
+  const absl::Duration left = absl::Nanoseconds(bubble_end_ns - arrival_ns) - online;
   if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes ||
       left <= job.predicted_step + options_.margin) {
     return absl::OkStatus();

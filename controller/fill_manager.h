@@ -26,6 +26,7 @@
 #include "controller/controller.h"
 #include "controller/fill_dataset.h"
 #include "controller/fill_request.h"
+#include "controller/online_fill.h"
 #include "controller/telemetry.h"
 #include "fill/bubble_cycle.h"
 #include "fill/scheduler.h"
@@ -58,6 +59,9 @@ struct FillManagerOptions {
   // Where bubble time, fill step time and pause latencies are counted (GET /metrics); null =
   // its own.
   std::shared_ptr<Telemetry> telemetry;
+  // Online fill requests (SubmitOnline): what happens to one no bubble can serve in time, the
+  // queues' bounds (its telemetry is the one above).
+  OnlineFillOptions online;
 };
 
 // Thread-safe.
@@ -66,7 +70,13 @@ class FillManager {
   FillManager(Controller* controller, FillManagerOptions options)
       : controller_(controller),
         options_(options),
-        telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()) {
+        telemetry_(options.telemetry ? options.telemetry : std::make_shared<Telemetry>()),
+        online_(std::make_unique<OnlineFill>(
+            [controller](int gpu, TaskSpec spec, TaskCallback done) {
+              return controller->SubmitTo(static_cast<size_t>(gpu), std::move(spec),
+                                          std::move(done));
+            },
+            OnlineWithTelemetry(options.online, telemetry_))) {
     // Named so that an operator (or a test) can tell the thread that does fill jobs' file work.
     Background([] { pthread_setname_np(pthread_self(), "pswitch-fill-io"); });
   }
@@ -125,6 +135,12 @@ class FillManager {
   absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
                            int64_t began_ns = 0);
   absl::Status BubbleEnd(int gpu);
+  // An inference request with a latency objective (spec.online_slo) served in a bubble of a GPU
+  // running a main job (the one whose online queue is shortest): controller/online_fill.h. With
+  // no main job on any GPU, it runs at once on GPU 0. Controller::Check's refusals, and
+  // InvalidArgument for a training task; `done` runs exactly once if this returns OK.
+  absl::StatusOr<uint64_t> SubmitOnline(TaskSpec spec, TaskCallback done);
+  OnlineFillStats OnlineStats() const { return online_->Stats(); }
   FillStats Stats() const;
   // Every fill state's name (FillStateName) with its number of jobs, zeros included.
   std::map<std::string, int> JobsByState() const;
@@ -201,9 +217,16 @@ class FillManager {
   TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                    uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  static OnlineFillOptions OnlineWithTelemetry(OnlineFillOptions online,
+                                               std::shared_ptr<Telemetry> telemetry) {
+    online.telemetry = std::move(telemetry);
+    return online;
+  }
+
   Controller* const controller_;
   const FillManagerOptions options_;
   const std::shared_ptr<Telemetry> telemetry_;
+  const std::unique_ptr<OnlineFill> online_;  // stopped at Shutdown
 
   std::atomic<int> loads_in_flight_{0};  // places held (ReserveLoad)
   mutable std::atomic<uint64_t> dataset_bytes_{0};  // charged (ChargeDataset)

@@ -38,6 +38,9 @@ struct FillRunSpec {
   CheckpointKey state_key;       // keys the optimizer-state checkpoint across bubbles
 };
 
+// The longest latency objective an online fill request may carry (TaskSpec::online_slo).
+inline constexpr absl::Duration kMaxOnlineObjective = absl::Hours(1);
+
 struct TaskSpec {
   std::string model;
   TaskKind kind = TaskKind::kInference;
@@ -67,6 +70,12 @@ struct TaskSpec {
   // When the task fails if unfinished: the client's deadline capped by the server's maximum
   // task time (Controller::Submit). Kept apart so the cap does not reorder EDF.
   absl::Time expires = absl::InfiniteFuture();
+  // Host backend, inference: the simulated device's compute lock, held while the task computes
+  // (Controller sets it when ControllerOptions::inference_holds_device_lock). Empty: none.
+  std::string device_lock_path;
+  // An online fill request (issue 30): served in one of the main job's bubbles within this
+  // latency objective, from its arrival (FillManager::SubmitOnline, controller/online_fill.h).
+  std::optional<absl::Duration> online_slo;
   int64_t arrival_ns = 0;  // set by Submit/SubmitFill (CLOCK_MONOTONIC)
   int64_t started_ns = 0;  // first placed on a worker (set by the scheduler; 0: never)
 };

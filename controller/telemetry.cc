@@ -139,6 +139,34 @@ struct Telemetry::Families {
         resident_models(prometheus::BuildGauge()
                             .Name("pswitch_weights_resident_models")
                             .Help("Models whose weights are resident on the GPU")
+                            .Register(r)),
+        online_requests(prometheus::BuildCounter()
+                            .Name("pswitch_online_fill_requests_total")
+                            .Help("Online fill requests answered, by outcome: bubble (served "
+                                  "in a bubble), overflow (run outside one, preempting the main "
+                                  "job), no_main_job, refused (objective not met), failed")
+                            .Register(r)),
+        online_latency(prometheus::BuildHistogram()
+                           .Name("pswitch_online_fill_latency_seconds")
+                           .Help("Arrival to answer of online fill requests served, by outcome")
+                           .Register(r)),
+        online_queue(prometheus::BuildHistogram()
+                         .Name("pswitch_online_fill_queue_seconds")
+                         .Help("Arrival to the bubble (or overflow) that took an online fill "
+                               "request, by outcome")
+                         .Register(r)),
+        online_missed(prometheus::BuildCounter()
+                          .Name("pswitch_online_fill_missed_objectives_total")
+                          .Help("Online fill requests answered after their latency objective")
+                          .Register(r)),
+        online_bubbles(prometheus::BuildCounter()
+                           .Name("pswitch_online_fill_bubbles_total")
+                           .Help("Bubbles that served at least one online fill request")
+                           .Register(r)),
+        online_overflow(prometheus::BuildCounter()
+                            .Name("pswitch_online_fill_overflow_seconds_total")
+                            .Help("Service time of online fill requests run outside bubbles "
+                                  "(--online-fill-overflow=run): the main job's cost")
                             .Register(r)) {}
 
   prometheus::Family<prometheus::Counter>& switches;
@@ -165,6 +193,12 @@ struct Telemetry::Families {
   prometheus::Family<prometheus::Counter>& cache_evictions;
   prometheus::Family<prometheus::Gauge>& resident_bytes;
   prometheus::Family<prometheus::Gauge>& resident_models;
+  prometheus::Family<prometheus::Counter>& online_requests;
+  prometheus::Family<prometheus::Histogram>& online_latency;
+  prometheus::Family<prometheus::Histogram>& online_queue;
+  prometheus::Family<prometheus::Counter>& online_missed;
+  prometheus::Family<prometheus::Counter>& online_bubbles;
+  prometheus::Family<prometheus::Counter>& online_overflow;
 };
 
 Telemetry::Telemetry()
@@ -205,8 +239,9 @@ void Telemetry::Switched(int gpu, const std::string& model, const SwitchTimeline
 
 void Telemetry::AddGpu(int gpu) {
   const Labels labels{{"gpu", Gpu(gpu)}};
-  for (auto* family : {&f_->transmitted, &f_->preemptions, &f_->worker_kills,
-                       &f_->worker_restarts, &f_->bubble, &f_->bubble_fill}) {
+  for (auto* family :
+       {&f_->transmitted, &f_->preemptions, &f_->worker_kills, &f_->worker_restarts, &f_->bubble,
+        &f_->bubble_fill, &f_->online_bubbles, &f_->online_overflow, &f_->online_missed}) {
     family->Add(labels);
   }
 }
@@ -301,6 +336,33 @@ void Telemetry::FillPaused(int gpu, absl::Duration pause_latency) {
       .Observe(absl::ToDoubleSeconds(pause_latency));
   trace_.Record({gpu, "fill", "paused", "fill", base::MonotonicNowNs(), 0, true,
                  {{"pause_latency_ms", absl::StrCat(absl::ToDoubleMilliseconds(pause_latency))}}});
+}
+
+void Telemetry::OnlineServed(int gpu, const char* outcome, int64_t arrival_ns,
+                             absl::Duration queued, absl::Duration latency, bool missed) {
+  const Labels labels{{"gpu", Gpu(gpu)}, {"outcome", outcome}};
+  f_->online_requests.Add(labels).Increment();
+  f_->online_queue.Add(labels, TaskBuckets()).Observe(absl::ToDoubleSeconds(queued));
+  const std::string_view o(outcome);
+  if (o != "refused" && o != "failed") {
+    f_->online_latency.Add(labels, TaskBuckets()).Observe(absl::ToDoubleSeconds(latency));
+  }
+  if (missed) f_->online_missed.Add({{"gpu", Gpu(gpu)}}).Increment();
+  trace_.Record({gpu,
+                 "online",
+                 std::string(outcome),
+                 "online",
+                 arrival_ns,
+                 absl::ToInt64Nanoseconds(latency),
+                 false,
+                 {{"queued_ms", absl::StrCat(absl::ToDoubleMilliseconds(queued))},
+                  {"missed_objective", missed ? "yes" : "no"}}});
+}
+void Telemetry::OnlineBubbleUsed(int gpu) {
+  f_->online_bubbles.Add({{"gpu", Gpu(gpu)}}).Increment();
+}
+void Telemetry::OnlineOverflowTime(int gpu, absl::Duration service) {
+  f_->online_overflow.Add({{"gpu", Gpu(gpu)}}).Increment(absl::ToDoubleSeconds(service));
 }
 
 std::string Telemetry::Scrape(const std::vector<GpuGauges>& gpus,

@@ -81,6 +81,14 @@ class Telemetry {
   void BubbleTime(int gpu, absl::Duration bubble);
   void FillStepTime(int gpu, absl::Duration step_time);
   void FillPaused(int gpu, absl::Duration pause_latency);
+  // Online fill (controller/online_fill.h): a request answered (`outcome`: bubble, overflow,
+  // no_main_job, refused, failed) `latency` after its arrival, having waited `queued` for its
+  // bubble (or its overflow), after its objective when `missed`; the trace shows it from arrival
+  // to answer. A bubble that served requests; the service time of a run outside bubbles.
+  void OnlineServed(int gpu, const char* outcome, int64_t arrival_ns, absl::Duration queued,
+                    absl::Duration latency, bool missed);
+  void OnlineBubbleUsed(int gpu);
+  void OnlineOverflowTime(int gpu, absl::Duration service);
 
   // The exposition text (format 0.0.4) with `gpus` and `fill_jobs` (job count by state name) as
   // they are now.

@@ -41,7 +41,8 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
                                                           : proto::Optimizer::Sgd,
       spec.trainer.learning_rate, spec.trainer.momentum, state.optimizer_offset,
       state.optimizer_bytes, fill, spec.principal.empty() ? 0 : b.CreateString(spec.principal),
-      outputs_to ? &*outputs_to : nullptr);
+      outputs_to ? &*outputs_to : nullptr,
+      spec.device_lock_path.empty() || spec.fill ? 0 : b.CreateString(spec.device_lock_path));
   proto::Finish(b, proto::CreateWorkerCommand(b, 0, proto::WorkerCommandBody::Run, run.Union()));
 }
 

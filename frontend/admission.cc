@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "base/text.h"
 #include "controller/controller.h"
+#include "controller/fill_manager.h"
 #include "controller/fill_request.h"
 #include "frontend/requests.h"
 
@@ -34,12 +35,20 @@ bool DTypeFits(proto::DType want, proto::DType got) {
 
 class ControllerSink : public TaskSink {
  public:
-  explicit ControllerSink(controller::Controller* controller) : controller_(controller) {}
+  ControllerSink(controller::Controller* controller, controller::FillManager* fill)
+      : controller_(controller), fill_(fill) {}
   absl::StatusOr<EntryRef> Find(absl::string_view model) const override {
     return controller_->catalog().Find(model);
   }
   std::vector<EntryRef> List() const override { return controller_->List(); }
   absl::StatusOr<uint64_t> Queue(TaskSpec spec, controller::TaskCallback done) override {
+    if (spec.online_slo) {
+      if (fill_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "this port serves no online fill requests (a latency objective)");
+      }
+      return fill_->SubmitOnline(std::move(spec), std::move(done));
+    }
     return controller_->Submit(std::move(spec), std::move(done));
   }
   void RegisterCopy(std::string original, std::string name, std::string owner,
@@ -55,6 +64,7 @@ class ControllerSink : public TaskSink {
 
  private:
   controller::Controller* const controller_;
+  controller::FillManager* const fill_;
 };
 
 }  // namespace
@@ -272,8 +282,9 @@ absl::Status ResolvePlacement(const dataplane::RegionTable* table, const Princip
   return absl::OkStatus();
 }
 
-std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller) {
-  return std::make_unique<ControllerSink>(controller);
+std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller,
+                                             controller::FillManager* fill) {
+  return std::make_unique<ControllerSink>(controller, fill);
 }
 
 absl::StatusOr<EntryRef> TaskAdmission::FindModel(const Principal& who,

@@ -38,6 +38,7 @@
 
 namespace pswitch::controller {
 class Controller;
+class FillManager;
 }
 
 namespace pswitch::frontend {
@@ -97,8 +98,11 @@ class TaskSink {
       std::function<void(const absl::StatusOr<registry::EntryRef>&)> done) = 0;
 };
 
-// `*controller` must outlive the sink.
-std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller);
+// `*controller` (and `*fill`, which may be null) must outlive the sink. Tasks with a latency
+// objective (TaskSpec::online_slo) go to `fill`'s online queues (FillManager::SubmitOnline);
+// without a fill manager they are refused.
+std::unique_ptr<TaskSink> ControllerTaskSink(controller::Controller* controller,
+                                             controller::FillManager* fill);
 
 // Thread-safe: ports call it from their own threads; answers arrive on scheduler threads.
 // `*sink`, `*quota` and `*owners` must outlive it.

@@ -151,7 +151,7 @@ class ClientServer {
                                                 : nullptr),
         regions_(options.regions != nullptr ? options.regions : own_regions_.get()),
         quota_(options.max_tasks_per_client),
-        sink_(ControllerTaskSink(controller)),
+        sink_(ControllerTaskSink(controller, fill)),
         admission_(sink_.get(), &quota_, &owners_, /*max_copies=*/8, regions_),
         budget_(options.budget != nullptr ? options.budget
                                           : std::make_shared<ByteBudget>(ByteBudgetLimits{})),

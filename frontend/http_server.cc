@@ -1217,6 +1217,12 @@ void HttpServer::Infer(const Principal& who, HttpRequest req, HttpRespond respon
   }
   spec.inputs = std::move(request->inputs);
   if (request->priority) spec.priority = *request->priority;
+  if (request->online_slo_us) {
+    absl::StatusOr<absl::Duration> objective =
+        ParseOnlineObjective(*request->online_slo_us, spec.kind);
+    if (!objective.ok()) return fail(objective.status());
+    spec.online_slo = *objective;
+  }
   absl::Duration wait = options_.infer_timeout;
   if (request->timeout_us) {
     wait = std::min(wait, absl::Microseconds(static_cast<int64_t>(*request->timeout_us)));

@@ -647,6 +647,13 @@ absl::StatusOr<InferRequest> Decode(absl::string_view json_text, const uint8_t* 
       const uint64_t us = std::min<uint64_t>(timeout->get<uint64_t>(), 86400ull * 1000000);
       if (us > 0) out.timeout_us = us;
     }
+    if (auto slo = p->find("pswitch_online_slo_ms"); slo != p->end()) {
+      if (!slo->is_number() || !(slo->get<double>() > 0) || !(slo->get<double>() < 1e12)) {
+        return absl::InvalidArgumentError(
+            "pswitch_online_slo_ms must be a positive number of milliseconds");
+      }
+      out.online_slo_us = std::max<uint64_t>(1, static_cast<uint64_t>(slo->get<double>() * 1000));
+    }
     out.all_outputs_binary = IsTrue(*p, "binary_data_output");
   }
   if (auto outputs = request.find("outputs"); outputs != request.end() && outputs->is_array()) {

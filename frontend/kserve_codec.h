@@ -51,6 +51,10 @@ struct InferRequest {
   std::vector<std::pair<std::string, ShmReference>> output_regions;
   std::optional<int> priority;              // "parameters"."priority", clamped to +-1e6
   std::optional<uint64_t> timeout_us;       // "parameters"."timeout", at most a day
+  // "parameters"."pswitch_online_slo_ms": online fill work served in a main job's bubble within
+  // this latency objective (milliseconds, fractions allowed), in microseconds; ParseTask's
+  // bounds apply (ParseOnlineObjective).
+  std::optional<uint64_t> online_slo_us;
   std::string id;                           // echoed in the response ("" if absent or not text)
   bool all_outputs_binary = false;          // "parameters"."binary_data_output"
   std::vector<std::string> binary_outputs;  // outputs asked for one by one as binary data

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -404,6 +405,23 @@ TEST(KserveCodecTest, AResponseInPartsIsTheWholeResponseUncopied) {
   EXPECT_EQ(parts.binary[0].data(), elsewhere.data()) << "a view, not a copy";
   EXPECT_EQ(parts.json.size(), json_bytes);
   EXPECT_EQ(parts.json + std::string(elsewhere.begin(), elsewhere.end()), whole);
+}
+
+TEST(KserveCodecTest, AnOnlineObjectiveIsAPositiveNumberOfMilliseconds) {
+  const std::string input =
+      R"("inputs": [{"name": "input", "shape": [1], "datatype": "FP32", "data": [1]}])";
+  auto online =
+      Decode(absl::StrCat(R"({"parameters": {"pswitch_online_slo_ms": 2.5}, )", input, "}"));
+  ASSERT_TRUE(online.ok()) << online.status();
+  EXPECT_EQ(online->online_slo_us, 2500u);
+  auto plain = Decode(absl::StrCat("{", input, "}"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->online_slo_us);
+  for (const char* bad : {"0", "-3", "\"5\"", "1e300"}) {
+    auto refused = Decode(
+        absl::StrCat(R"({"parameters": {"pswitch_online_slo_ms": )", bad, "}, ", input, "}"));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 }  // namespace

@@ -68,6 +68,21 @@ absl::StatusOr<std::string> ParseUnload(const proto::UnloadModel& wire) {
   return name;
 }
 
+absl::StatusOr<absl::Duration> ParseOnlineObjective(uint64_t objective_us, TaskKind kind) {
+  if (kind != TaskKind::kInference) {
+    return absl::InvalidArgumentError(
+        "only an inference request may carry a latency objective (online fill)");
+  }
+  const absl::Duration objective =
+      absl::Microseconds(static_cast<int64_t>(std::min<uint64_t>(objective_us, uint64_t{1} << 50)));
+  if (objective_us == 0 || objective > controller::kMaxOnlineObjective) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a latency objective must be in (0, ",
+                     absl::FormatDuration(controller::kMaxOnlineObjective), "]"));
+  }
+  return objective;
+}
+
 absl::StatusOr<ParsedTask> ParseTask(const proto::SubmitTask& wire, absl::Time now) {
   ParsedTask parsed;
   controller::TaskSpec& spec = parsed.spec;
@@ -143,6 +158,10 @@ absl::StatusOr<ParsedTask> ParseTask(const proto::SubmitTask& wire, absl::Time n
   }
   if (spec.kind == TaskKind::kTraining && place != proto::Place::Inline) {
     return absl::InvalidArgumentError("a training task has no outputs to place");
+  }
+  if (wire.online_slo_us() > 0) {
+    PSWITCH_ASSIGN_OR_RETURN(spec.online_slo,
+                             ParseOnlineObjective(wire.online_slo_us(), spec.kind));
   }
   if (!parsed.as_model.empty() && absl::StartsWith(parsed.as_model, kFillModelPrefix)) {
     return absl::InvalidArgumentError(absl::StrCat("model names starting with '", kFillModelPrefix,

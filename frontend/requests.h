@@ -50,6 +50,10 @@ struct ParsedTask {
   bool outputs_in_payload = false;
 };
 absl::StatusOr<ParsedTask> ParseTask(const proto::SubmitTask& wire, absl::Time now);
+// An online fill request's latency objective as a client sent it (microseconds; TCP's
+// online_slo_us, HTTP's "pswitch_online_slo_ms" parameter): inference only, in
+// (0, controller::kMaxOnlineObjective].
+absl::StatusOr<absl::Duration> ParseOnlineObjective(uint64_t objective_us, TaskKind kind);
 
 absl::StatusOr<FillRequest> ParseFill(const proto::FillSubmit& wire);
 

@@ -239,5 +239,29 @@ TEST(RequestsTest, OutputPlacesAreCheckedBeforeAdmission) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// Issue 30 item 4: an inference's latency objective makes it online fill work; nothing else
+// may carry one, and it is bounded.
+TEST(RequestsTest, AnOnlineObjectiveIsForInferenceAndBounded) {
+  auto parse = [](proto::TaskKind kind, uint64_t objective_us) {
+    Builder b;
+    auto body =
+        proto::CreateSubmitTask(b, b.CreateString("m"), kind, 0, 1, 0, 0, 0, proto::Optimizer::Sgd,
+                                0.01, 0.9, 0, 0, proto::Place::Inline, nullptr, objective_us);
+    FinishRequest(b, proto::ClientRequestBody::SubmitTask, body);
+    return ParseTask(*Verified(b)->body_as_SubmitTask(), absl::Now());
+  };
+  auto plain = parse(proto::TaskKind::Inference, 0);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->spec.online_slo);
+  auto online = parse(proto::TaskKind::Inference, 2500);
+  ASSERT_TRUE(online.ok()) << online.status();
+  EXPECT_EQ(online->spec.online_slo, absl::Microseconds(2500));
+  EXPECT_EQ(parse(proto::TaskKind::Training, 2500).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto too_long = parse(proto::TaskKind::Inference, UINT64_MAX);
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find("(0, 1h]"), std::string::npos) << too_long.status();
+}
+
 }  // namespace
 }  // namespace pswitch::frontend

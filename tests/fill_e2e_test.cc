@@ -16,6 +16,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -898,6 +899,115 @@ TEST(FillPipetrainTest, AJobThatMakesNoBubbleCallsHasItsBubblesFoundAndFilled) {
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->fill_step_time, absl::ZeroDuration());
   EXPECT_EQ(stats->killed, 0u) << daemon.log();
+}
+
+// Online fill (issue 30 item 4): inference requests with a latency objective, served in the main
+// job's bubbles. Inference holds the simulated device (--inference-device-lock) on a private set
+// of simulated GPUs, so a request run outside a bubble would delay the main job as on a GPU.
+class FillOnlineTest : public FillTest {
+ protected:
+  std::vector<std::string> ExtraFlags() override {
+    std::vector<std::string> flags{"--inference-device-lock"};
+    for (std::string& flag : OverflowFlags()) flags.push_back(std::move(flag));
+    return flags;
+  }
+  virtual std::vector<std::string> OverflowFlags() { return {}; }
+  // The daemon goes while its simulated devices are still there.
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+  }
+
+  // tiny_mlp registered as `name`, and one input for it.
+  proto::HostTensor RegisterModel(const std::string& name = "mlp") {
+    EXPECT_TRUE(client_->Register({name, "tiny_mlp", "", 1, "auto"}).ok());
+    auto model = models::CreateModel("tiny_mlp");
+    EXPECT_TRUE(model.ok());
+    auto input = worker::ToHostTensor("input", (*model)->ExampleInput(1, 5).input);
+    EXPECT_TRUE(input.ok());
+    return *input;
+  }
+  static client::InferOptions Online(absl::Duration objective) {
+    client::InferOptions o;
+    o.online_slo = objective;
+    return o;
+  }
+
+  const PrivateDevices devices_;  // before the daemon: it inherits the directory
+};
+
+TEST_F(FillOnlineTest, ARequestIsServedInTheNextBubbleNotWhileTheMainJobComputes) {
+  const proto::HostTensor input = RegisterModel();
+  auto plain = client_->Infer("mlp", {input});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  RegisterCycle(absl::Milliseconds(80));
+
+  // The device is free, but no bubble has begun: the main job may want it any moment.
+  auto online = client_->InferAsync("mlp", {input}, Online(absl::Seconds(20)));
+  EXPECT_EQ(online.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "served outside a bubble";
+  const int64_t began = base::MonotonicNowNs();
+  ASSERT_TRUE(client_->BubbleBegin(0, absl::Milliseconds(80), kFreeBytes).ok());
+  ASSERT_EQ(online.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  const int64_t answered = base::MonotonicNowNs();
+  ASSERT_TRUE(client_->BubbleEnd(0).ok());
+  absl::StatusOr<client::TaskResult> result = online.get();
+  ASSERT_TRUE(result.ok()) << result.status() << daemon_->log();
+  EXPECT_EQ(result->outputs.at(0).data, plain->outputs.at(0).data) << "not the model's answer";
+  EXPECT_GT(answered, began);
+
+  // A plain request is no fill work: it runs as soon as the device is free, bubble or not.
+  auto lock = gpu::ComputeLock::Open(gpu::ComputeLock::DefaultPath(0));
+  ASSERT_TRUE(lock.ok()) << lock.status();
+  std::optional<gpu::ComputeLock::Hold> computing(lock->Acquire());  // the main job computes
+  auto naive = client_->InferAsync("mlp", {input});
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(naive.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout)
+      << "computed while the main job held the device";
+  computing.reset();  // the main job's compute ends; no bubble is announced
+  ASSERT_EQ(naive.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(naive.get().ok());
+}
+
+TEST_F(FillOnlineTest, AnObjectiveNoBubbleCanMeetIsRefusedWithTheReasonAndTheJobUntouched) {
+  const proto::HostTensor input = RegisterModel();
+  RegisterCycle(absl::Milliseconds(50));
+  auto refused = client_->Infer("mlp", {input}, Online(absl::Milliseconds(60)));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDeadlineExceeded) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("latency objective of 60ms"));
+  // Refused at the door: an objective beyond the bound.
+  client::InferOptions too_long = Online(absl::Hours(2));
+  EXPECT_EQ(client_->Infer("mlp", {input}, too_long).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(FillOnlineTest, AModelUnloadedWhileItsRequestWaitsAnswersTheRequestAtTheNextBubble) {
+  const proto::HostTensor input = RegisterModel("gone");
+  RegisterCycle(absl::Milliseconds(50));
+  auto online = client_->InferAsync("gone", {input}, Online(absl::Seconds(20)));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(client_->Unload("gone").ok());
+  Iteration(absl::Milliseconds(50), absl::Milliseconds(5));
+  ASSERT_EQ(online.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(online.get().status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(FillOnlineTest, WithNoMainJobARequestRunsAtOnce) {
+  const proto::HostTensor input = RegisterModel();
+  auto result = client_->Infer("mlp", {input}, Online(absl::Milliseconds(500)));
+  EXPECT_TRUE(result.ok()) << result.status();
+}
+
+class FillOnlineOverflowRunTest : public FillOnlineTest {
+ protected:
+  std::vector<std::string> OverflowFlags() override { return {"--online-fill-overflow=run"}; }
+};
+
+TEST_F(FillOnlineOverflowRunTest, AnObjectiveNoBubbleCanMeetRunsAtOnceWhenTheOperatorSaysSo) {
+  const proto::HostTensor input = RegisterModel();
+  RegisterCycle(absl::Milliseconds(50));
+  auto result = client_->Infer("mlp", {input}, Online(absl::Milliseconds(60)));
+  EXPECT_TRUE(result.ok()) << result.status();
 }
 
 }  // namespace

@@ -20,6 +20,15 @@
 //   detected     the main job making no bubble call at all (pipetrain without --server) on its
 //                own set of simulated devices, with a second pswitchd that finds its bubbles
 //                from the devices' activity (--detect-bubbles, issue 30 item 3) and fills them.
+// With --online-rates (issue 30 item 4; only the --online-configs), three more arms per rate,
+// each sending the same Poisson arrivals of tiny_mlp inference requests (one seed per round):
+//   online R     the requests carry a latency objective (--online-slo-ms): pswitchd serves them
+//                in the main job's bubbles (pull-and-execute), beside the fill jobs;
+//   co-exec R    the same requests as plain requests: they run at once, sharing the device
+//                with the main job (naive co-execution);
+//   idle R       the same requests with no main job: the latency of an idle GPU.
+// The daemon runs --inference-device-lock, so an inference holds its simulated device while it
+// computes, as every fill step does.
 // Each arm's run is paired with its round's alone run, and the median of the paired relative
 // increases gets a distribution-free order-statistic interval (tools/bench_stats.h says why
 // that and not a bootstrap). The target (increase <= 1 % with >= 80 % of bubble time used) is
@@ -39,12 +48,16 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -52,13 +65,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "base/files.h"
+#include "base/status.h"
 #include "client/client.h"
 #include "gpu/host/compute_lock.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
-#include "base/files.h"
-#include "base/status.h"
 #include "tools/bench_stats.h"
 #include "tools/cli.h"
 #include "tools/pswitchd_process.h"
@@ -97,6 +111,14 @@ ABSL_FLAG(double, target_detected_increase_pct, 1.5,
           "target of the detected arm: median main-job increase at most this");
 ABSL_FLAG(double, target_detected_used_pct, 70,
           "target of the detected arm: at least this share of the job's bubble time used");
+ABSL_FLAG(std::string, online_rates, "25,100",
+          "online fill arms: two Poisson arrival rates of inference requests (requests/s), "
+          "LOW,HIGH; empty: no online arms");
+ABSL_FLAG(std::string, online_configs, "gpipe-4",
+          "the configurations the online arms run in (comma-separated)");
+ABSL_FLAG(double, online_slo_ms, 150, "online fill requests' latency objective");
+ABSL_FLAG(double, target_online_p95_ratio, 1.0 / 3,
+          "target of the online arms: p95 latency at most this share of co-execution's");
 
 namespace pswitch {
 namespace {
@@ -132,7 +154,25 @@ absl::StatusOr<std::vector<Config>> ParseConfigs(const std::string& text) {
   return configs;
 }
 
-enum class Arm { kAlone, kAloneAgain, kFill, kCpuOnly, kNaive, kDetected };
+enum class Arm {
+  kAlone,
+  kAloneAgain,
+  kFill,
+  kCpuOnly,
+  kNaive,
+  kDetected,
+  kOnlineLow,
+  kOnlineHigh,
+  kCoExecLow,
+  kCoExecHigh,
+  kIdleLow,
+  kIdleHigh,
+};
+bool IsOnline(Arm arm) { return arm >= Arm::kOnlineLow; }
+bool IsIdle(Arm arm) { return arm == Arm::kIdleLow || arm == Arm::kIdleHigh; }
+bool HighRate(Arm arm) {
+  return arm == Arm::kOnlineHigh || arm == Arm::kCoExecHigh || arm == Arm::kIdleHigh;
+}
 
 const char* ArmName(Arm arm) {
   switch (arm) {
@@ -148,6 +188,18 @@ const char* ArmName(Arm arm) {
       return "detected";
     case Arm::kNaive:
       return "naive";
+    case Arm::kOnlineLow:
+      return "online-low";
+    case Arm::kOnlineHigh:
+      return "online-high";
+    case Arm::kCoExecLow:
+      return "co-exec-low";
+    case Arm::kCoExecHigh:
+      return "co-exec-high";
+    case Arm::kIdleLow:
+      return "idle-low";
+    case Arm::kIdleHigh:
+      return "idle-high";
   }
   return "?";
 }
@@ -197,7 +249,7 @@ absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, Arm arm
                                         const std::string& devices = "") {
   const std::string json = (dir / "pipetrain.json").string();
   const std::string device = absl::GetFlag(FLAGS_device);
-  const bool fill = arm == Arm::kFill || arm == Arm::kCpuOnly;
+  const bool fill = arm == Arm::kFill || arm == Arm::kCpuOnly || IsOnline(arm);
   // A run is a fresh job to the detector (it forgets across the gap between runs): it learns the
   // cycle over extra warm-up iterations, not measured, as a real job's first iterations would be.
   const int warmup = absl::GetFlag(FLAGS_warmup) + (devices.empty() ? 0 : kDetectionWarmup);
@@ -243,6 +295,9 @@ absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, Arm arm
   return run;
 }
 
+// The online arms' model (tiny_mlp).
+constexpr char kOnlineModel[] = "online-mlp";
+
 // The predicted bubble cycle of every stage, registered before the first run so fill jobs can
 // be placed; pipetrain replaces it with the cycle it measures over its warm-up.
 absl::StatusOr<std::vector<std::string>> Cycles(const Config& c) {
@@ -278,14 +333,12 @@ class FillService {
   static absl::StatusOr<std::unique_ptr<FillService>> Start(const std::filesystem::path& dir,
                                                             const Config& config,
                                                             const std::string& devices = "") {
-    std::vector<std::string> args{"--backend=" + absl::GetFlag(FLAGS_backend),
-                                  "--listen=127.0.0.1:0",
-                                  "--http-listen=127.0.0.1:0",
-                                  absl::StrCat("--gpus=", kStages),
-                                  "--standby-workers=1",
-                                  "--preload=",
-                                  "--arena-bytes=1073741824",
-                                  "--activation-bytes=16777216"};
+    std::vector<std::string> args{
+        "--backend=" + absl::GetFlag(FLAGS_backend), "--listen=127.0.0.1:0",
+        "--http-listen=127.0.0.1:0", absl::StrCat("--gpus=", kStages), "--standby-workers=1",
+        "--preload=", "--arena-bytes=1073741824", "--activation-bytes=16777216",
+        // Online arms: inference shares the simulated device.
+        "--inference-device-lock"};
     const std::string name = devices.empty() ? "" : "-detect";
     // Its sockets apart from the other daemon's (its Unix socket is named after this one's dir).
     const std::filesystem::path sockets = devices.empty() ? dir : dir / "detect";
@@ -326,6 +379,14 @@ class FillService {
       PSWITCH_RETURN_IF_ERROR(client_->SubmitFill(o).status());
     }
     return absl::OkStatus();
+  }
+
+  // The online arms' model, and one request's input for it (tiny_mlp takes [N, 64] floats).
+  absl::Status RegisterOnlineModel() {
+    client::RegisterOptions o;
+    o.name = kOnlineModel;
+    o.zoo_model = "tiny_mlp";
+    return client_->Register(o).status();
   }
 
   client::Client& client() { return *client_; }
@@ -380,6 +441,90 @@ class NaiveFill {
   std::vector<pid_t> pids_;
 };
 
+proto::HostTensor OnlineInput() {
+  proto::HostTensor t;
+  t.name = "input";
+  t.shape = {1, 64};
+  t.data.resize(64 * sizeof(float));
+  for (size_t i = 0; i < 64; ++i) {
+    const float v = static_cast<float>(i) / 64;
+    std::memcpy(t.data.data() + i * sizeof(float), &v, sizeof(v));
+  }
+  return t;
+}
+
+// One online arm's requests: the served ones' latencies (arrival at the client to answer), and
+// those refused (their objective could not be met) or failed otherwise.
+struct OnlineRun {
+  std::vector<double> latency_ms;
+  int refused = 0;
+  int failed = 0;
+  std::string first_error;
+};
+
+// Poisson arrivals of inference requests at `rate` per second from construction until Finish,
+// each sent (and waited for) on its own thread; with an objective (`slo`), online fill work.
+class OnlineLoad {
+ public:
+  OnlineLoad(client::Client& client, double rate, std::optional<absl::Duration> slo, uint64_t seed)
+      : client_(client), slo_(slo), input_(OnlineInput()), arrivals_([this, rate, seed] {
+          std::mt19937_64 random(seed);
+          std::exponential_distribution<double> gap(rate);
+          absl::Time next = absl::Now();
+          while (true) {
+            next += absl::Seconds(gap(random));
+            {
+              absl::MutexLock lock(&mu_);
+              auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+              if (mu_.AwaitWithDeadline(absl::Condition(&stopping), next)) return;
+            }
+            requests_.emplace_back([this] { Send(); });
+          }
+        }) {}
+  ~OnlineLoad() { (void)Finish(); }
+  OnlineLoad(const OnlineLoad&) = delete;
+  OnlineLoad& operator=(const OnlineLoad&) = delete;
+
+  // Stops the arrivals and waits for every answer.
+  OnlineRun Finish() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (arrivals_.joinable()) arrivals_.join();
+    for (std::thread& t : requests_) t.join();
+    requests_.clear();
+    absl::MutexLock lock(&mu_);
+    return run_;
+  }
+
+ private:
+  void Send() {
+    client::InferOptions options;
+    if (slo_) options.online_slo = *slo_;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<client::TaskResult> result = client_.Infer(kOnlineModel, {input_}, options);
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    absl::MutexLock lock(&mu_);
+    if (result.ok()) {
+      run_.latency_ms.push_back(ms);
+    } else if (absl::IsDeadlineExceeded(result.status())) {
+      ++run_.refused;
+    } else {
+      if (run_.failed++ == 0) run_.first_error = result.status().ToString();
+    }
+  }
+
+  client::Client& client_;
+  const std::optional<absl::Duration> slo_;
+  const proto::HostTensor input_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  OnlineRun run_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> requests_;  // the arrivals thread's until Finish joins it
+  std::thread arrivals_;               // last: it uses every member above
+};
+
 // What the daemon saw during one fill run.
 struct FillRun {
   double used = 0;         // fill step time / bubble time
@@ -397,6 +542,7 @@ struct ConfigRuns {
   std::map<Arm, std::vector<MainJobRun>> runs;
   std::vector<FillRun> fill;  // the fill arm's runs
   std::vector<DetectedRun> detected;  // the detected arm's runs
+  std::map<Arm, std::vector<OnlineRun>> online;  // the online arms' requests, by round
   double pause_p50_ms = 0, pause_p99_ms = 0;
   uint64_t killed = 0;
 };
@@ -419,12 +565,17 @@ std::vector<Arm> RoundOrder(const std::vector<Arm>& arms, int round) {
 }
 
 // `detect` and `devices`: the detected arm's daemon and simulated devices (null, "": no arm).
+// `online_rates`: the online arms' (low, high) arrival rates.
 absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& arms, int repeats,
                                      int iterations, FillService& service,
                                      const std::filesystem::path& dir, FillService* detect,
-                                     const std::string& devices) {
+                                     const std::string& devices,
+                                     std::pair<double, double> online_rates) {
   ConfigRuns out{c};
   PSWITCH_RETURN_IF_ERROR(service.Prepare(c));
+  if (std::any_of(arms.begin(), arms.end(), IsOnline)) {
+    PSWITCH_RETURN_IF_ERROR(service.RegisterOnlineModel());
+  }
   if (detect != nullptr) PSWITCH_RETURN_IF_ERROR(detect->Prepare(c));
   for (int round = 0; round < repeats; ++round) {
     std::fprintf(stderr, "%s round %d/%d:", c.Name().c_str(), round + 1, repeats);
@@ -456,6 +607,30 @@ absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& ar
           const double used_s = absl::ToDoubleSeconds(after.fill_step_time - before.fill_step_time);
           out.detected.push_back({truth_s > 0 ? used_s / truth_s : 0});
         }
+      } else if (IsOnline(arm)) {
+        const double rate = HighRate(arm) ? online_rates.second : online_rates.first;
+        std::optional<absl::Duration> slo;
+        if (arm == Arm::kOnlineLow || arm == Arm::kOnlineHigh) {
+          slo = absl::Milliseconds(absl::GetFlag(FLAGS_online_slo_ms));
+        }
+        // The same arrivals for a rate's three arms in a round.
+        OnlineLoad load(service.client(), rate, slo, 1000 * round + (HighRate(arm) ? 1 : 0));
+        if (IsIdle(arm)) {
+          // As long as a main-job run's iterations take.
+          const std::vector<MainJobRun>& alone = out.runs[Arm::kAlone];
+          absl::SleepFor(absl::Seconds(alone.empty() ? 2.0 : alone.back().iterations_s));
+        } else {
+          run = RunPipetrain(c, iterations, arm, service.address(), dir);
+        }
+        OnlineRun requests = load.Finish();
+        if (requests.failed > 0) {
+          return absl::InternalError(absl::StrCat(ArmName(arm), ": ", requests.failed,
+                                                  " requests failed: ", requests.first_error));
+        }
+        std::fprintf(stderr, " (p95 %.1f ms, %d refused)",
+                     tools::Percentile(requests.latency_ms, 95).value_or(0), requests.refused);
+        out.online[arm].push_back(std::move(requests));
+        if (IsIdle(arm)) continue;
       } else {
         run = RunPipetrain(c, iterations, arm, service.address(), dir);
       }
@@ -523,6 +698,73 @@ std::string EarlyWaits(const std::vector<MainJobRun>& runs) {
   if (fillable == 0 || stage_iterations == 0) return "-";
   return absl::StrFormat("%.0f%% of %d, <= %.2f ms", 100.0 * early / fillable, fillable,
                          early_ms / stage_iterations);
+}
+
+// A latency percentile of `runs` pooled, a refused request counting as infinitely late (it was
+// not served within its objective).
+double PooledPercentile(const std::vector<OnlineRun>& runs, double p) {
+  std::vector<double> all;
+  for (const OnlineRun& r : runs) {
+    all.insert(all.end(), r.latency_ms.begin(), r.latency_ms.end());
+    all.insert(all.end(), static_cast<size_t>(r.refused), std::numeric_limits<double>::infinity());
+  }
+  return tools::Percentile(all, p).value_or(0);
+}
+
+absl::Status ReportOnline(const std::vector<ConfigRuns>& all, std::vector<std::string>& figs) {
+  const double max_increase = absl::GetFlag(FLAGS_target_increase_pct) / 100;
+  const double max_ratio = absl::GetFlag(FLAGS_target_online_p95_ratio);
+  std::printf(
+      "\nonline fill: Poisson arrivals of tiny_mlp inference requests (batch 1), the same "
+      "arrivals in a rate's three arms of a round; objective %.0f ms; latency = the client's, "
+      "arrival to answer (ms, every round's requests pooled; a refused request counts as "
+      "infinitely late); I = the main job's increase over its round's alone run\n",
+      absl::GetFlag(FLAGS_online_slo_ms));
+  std::printf("%-8s %-13s %8s %8s %8s %8s %9s  %-27s\n", "config", "arm", "requests", "p50", "p95",
+              "p99", "refused", "I");
+  for (const ConfigRuns& r : all) {
+    if (r.online.empty()) continue;
+    for (const bool high : {false, true}) {
+      const Arm online = high ? Arm::kOnlineHigh : Arm::kOnlineLow;
+      const Arm co_exec = high ? Arm::kCoExecHigh : Arm::kCoExecLow;
+      const Arm idle = high ? Arm::kIdleHigh : Arm::kIdleLow;
+      std::map<Arm, Increase> increase;
+      for (const Arm arm : {online, co_exec, idle}) {
+        const std::vector<OnlineRun>& runs = r.online.at(arm);
+        size_t requests = 0;
+        int refused = 0;
+        for (const OnlineRun& run : runs) {
+          requests += run.latency_ms.size() + static_cast<size_t>(run.refused);
+          refused += run.refused;
+        }
+        std::string inc = "-";
+        if (!IsIdle(arm)) {
+          PSWITCH_ASSIGN_OR_RETURN(increase[arm], IncreaseOver(r, arm));
+          inc = WithInterval(increase[arm].interval);
+        }
+        std::printf("%-8s %-13s %8zu %8.2f %8.2f %8.2f %9d  %-27s\n", r.config.Name().c_str(),
+                    ArmName(arm), requests, PooledPercentile(runs, 50), PooledPercentile(runs, 95),
+                    PooledPercentile(runs, 99), refused, inc.c_str());
+      }
+      const double p95 = PooledPercentile(r.online.at(online), 95);
+      const double co_p95 = PooledPercentile(r.online.at(co_exec), 95);
+      const double ratio = co_p95 > 0 ? p95 / co_p95 : std::numeric_limits<double>::infinity();
+      const tools::MedianInterval& i = increase[online].interval;
+      const bool met = ratio <= max_ratio && i.reaches_level && i.high <= max_increase;
+      std::printf("%-8s %-13s p95 online / co-exec = %.2f (target <= %.2f), main job %s: %s\n",
+                  r.config.Name().c_str(), high ? "high rate" : "low rate", ratio, max_ratio,
+                  WithInterval(i).c_str(), met ? "met" : "not met");
+      figs.push_back(absl::StrFormat(
+          "FIG bubbles-online %s %s: p95 %.2f ms (co-exec %.2f ms, idle %.2f ms) ratio %.2f, "
+          "p99 %.2f ms, main job %s (co-exec %s) verdict %s (target p95 ratio <= %.2f with "
+          "<= %.1f%%)",
+          r.config.Name(), high ? "high" : "low", p95, co_p95,
+          PooledPercentile(r.online.at(idle), 95), ratio, PooledPercentile(r.online.at(online), 99),
+          WithInterval(i), WithInterval(increase[co_exec].interval), met ? "met" : "not-met",
+          max_ratio, 100 * max_increase));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& arms, int repeats,
@@ -635,6 +877,9 @@ absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& 
           tools::VerdictName(verdict), 100 * detected_target, 100 * detected_used));
     }
   }
+  if (std::any_of(all.begin(), all.end(), [](const ConfigRuns& r) { return !r.online.empty(); })) {
+    PSWITCH_RETURN_IF_ERROR(ReportOnline(all, figs));
+  }
   std::printf(
       "\ndiagnostics: busy = a stage's compute time per iteration including waits for its device "
       "(ms, median over alone runs); busy+ = paired median increase over alone (fill - cpu-only "
@@ -671,6 +916,27 @@ int Main() {
   if (host_lock_arms && absl::GetFlag(FLAGS_cpu_only_arm)) arms.push_back(Arm::kCpuOnly);
   if (host_lock_arms) arms.push_back(Arm::kNaive);
   if (host_lock_arms && absl::GetFlag(FLAGS_detected_arm)) arms.push_back(Arm::kDetected);
+  std::pair<double, double> online_rates;
+  std::vector<Arm> online_arms;
+  if (const std::string rates = absl::GetFlag(FLAGS_online_rates); !rates.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(rates, ',');
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &online_rates.first) ||
+        !absl::SimpleAtod(parts[1], &online_rates.second) || !(online_rates.first > 0) ||
+        !(online_rates.second > 0) || online_rates.first > 1000 || online_rates.second > 1000) {
+      return Fail(absl::InvalidArgumentError(
+          "--online-rates must be two arrival rates in (0, 1000] per second: LOW,HIGH"));
+    }
+    if (!host_lock_arms) {
+      return Fail(absl::InvalidArgumentError(
+          "the online arms need the host's simulated devices (leave --device out, or "
+          "--online-rates=)"));
+    }
+    online_arms = {Arm::kOnlineLow,  Arm::kCoExecLow,  Arm::kIdleLow,
+                   Arm::kOnlineHigh, Arm::kCoExecHigh, Arm::kIdleHigh};
+  }
+  absl::StatusOr<std::vector<Config>> online_configs =
+      ParseConfigs(absl::GetFlag(FLAGS_online_configs));
+  if (!online_configs.ok()) return Fail(online_configs.status());
 
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("bench-bubbles-" + std::to_string(::getpid()));
@@ -703,8 +969,13 @@ int Main() {
       if (!started.ok()) return Fail(started.status());
       detect = std::move(*started);
     }
-    absl::StatusOr<ConfigRuns> runs =
-        RunConfig(c, arms, repeats, iterations, **service, dir, detect.get(), devices);
+    std::vector<Arm> config_arms = arms;
+    if (std::any_of(online_configs->begin(), online_configs->end(),
+                    [&c](const Config& o) { return o.Name() == c.Name(); })) {
+      config_arms.insert(config_arms.end(), online_arms.begin(), online_arms.end());
+    }
+    absl::StatusOr<ConfigRuns> runs = RunConfig(c, config_arms, repeats, iterations, **service, dir,
+                                                detect.get(), devices, online_rates);
     if (!runs.ok()) return Fail(runs.status());
     all.push_back(*std::move(runs));
   }
@@ -727,6 +998,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "bench-bubbles [--quick] [--repeats 10] [--iterations 12] "
       "[--configs gpipe-4,1f1b-8] [--fwd-ms 4] [--bwd-ms 8] "
-      "[--fill-step-ms 1] [--cpu-only-arm=false] [--detected-arm=false] [--device cuda]");
+      "[--fill-step-ms 1] [--cpu-only-arm=false] [--detected-arm=false] [--device cuda] "
+      "[--online-rates 25,100] [--online-configs gpipe-4] [--online-slo-ms 150]");
   return pswitch::Main();
 }

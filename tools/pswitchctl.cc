@@ -3,7 +3,7 @@
 //   pswitchctl --server HOST:PORT register --name N [--model ZOO | --archive A.pswitch.pt]
 //              [--weights W] [--batch B] [--plan plan.json|auto] [--trainers alice,bob]
 //   pswitchctl --server HOST:PORT infer --name N --input X.safetensors --output Y.safetensors
-//              [--priority P] [--deadline-ms D]
+//              [--priority P] [--deadline-ms D] [--online-slo-ms MS]
 //   pswitchctl --server HOST:PORT train --name N --iterations K [--batch B] [--seed S]
 //              [--priority P] [--optimizer sgd|adam] [--lr LR] [--momentum M] [--deadline-ms D]
 //              [--as COPY]
@@ -75,6 +75,10 @@ ABSL_FLAG(std::string, output, "",
           "infer: local file for the 'output' tensor; fill submit (inference): a new file, "
           "created here over the Unix socket, else named relative to pswitchd's --data-root");
 ABSL_FLAG(int, priority, 0, "task priority (priority policy)");
+ABSL_FLAG(double, online_slo_ms, 0,
+          "infer: online fill work, served in a main job's bubble within this latency objective "
+          "(refused with the reason, or run anyway, as pswitchd's --online-fill-overflow says, "
+          "if no bubble can); 0 = a plain request");
 ABSL_FLAG(uint64_t, deadline_ms, 0,
           "infer, train, fill submit/estimate: deadline from submission (edf / deadline policy); 0 = none (pswitchd's --max-task-time-s)");
 ABSL_FLAG(uint32_t, iterations, 0, "train: iterations");
@@ -452,6 +456,10 @@ absl::Status Run(const std::vector<std::string>& args) {
     client::InferOptions infer;
     infer.priority = absl::GetFlag(FLAGS_priority);
     infer.deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+    if (!(absl::GetFlag(FLAGS_online_slo_ms) >= 0)) {
+      return absl::InvalidArgumentError("--online-slo-ms must be >= 0");
+    }
+    infer.online_slo = absl::Milliseconds(absl::GetFlag(FLAGS_online_slo_ms));
     auto result =
         client.local() ? InferInArea(client, name, infer) : InferFramed(client, name, infer);
     if (!result.ok()) return result.status();

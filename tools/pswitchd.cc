@@ -151,6 +151,17 @@ ABSL_FLAG(int, fill_grace_ms, 20,
 ABSL_FLAG(bool, fill_device_lock, true,
           "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
           "--simulated-compute stages do), modelling a time-sliced GPU");
+ABSL_FLAG(bool, inference_device_lock, false,
+          "host backend only: inference tasks too hold their GPU's simulated compute lock while "
+          "they compute, so they delay a simulated main job as on a time-sliced GPU (online "
+          "fill's benchmarks and tests); off, they compute beside it");
+ABSL_FLAG(std::string, online_fill_overflow, "refuse",
+          "an online fill request (an inference with a latency objective) that no bubble of the "
+          "main job can serve in time: 'refuse' answers it DeadlineExceeded with the reason, so "
+          "the main job is never slowed; 'run' runs it at once, preempting the main job, its "
+          "time counted in pswitch_online_fill_overflow_seconds_total");
+ABSL_FLAG(uint32_t, online_fill_queue, 1024,
+          "online fill requests waiting for bubbles, per GPU; beyond, they are refused");
 ABSL_FLAG(bool, detect_bubbles, false,
           "find main jobs' bubbles from their device activity, the jobs making no bubble calls "
           "(SpecInF's bubble monitor): host backend, pipetrain's holds of each GPU's compute "
@@ -657,6 +668,16 @@ int Main() {
   controller_options.scheduler.keep_preempted_training =
       absl::GetFlag(FLAGS_keep_preempted_training);
   auto fill_policy = fill::ParseFillPolicy(absl::GetFlag(FLAGS_fill_policy));
+  auto online_overflow = controller::ParseOnlineOverflow(absl::GetFlag(FLAGS_online_fill_overflow));
+  if (!online_overflow.ok()) {
+    StartFailed(online_overflow.status().ToString());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_inference_device_lock) && options.device.backend != gpu::Backend::kHost) {
+    StartFailed("--inference-device-lock is for the host backend (a simulated device)");
+    return 2;
+  }
+  controller_options.inference_holds_device_lock = absl::GetFlag(FLAGS_inference_device_lock);
   if (!fill_policy.ok() || absl::GetFlag(FLAGS_fill_grace_ms) < 1 ||
       absl::GetFlag(FLAGS_drain_timeout_ms) < 1) {
     StartFailed(!fill_policy.ok()                        ? fill_policy.status().ToString()
@@ -731,6 +752,9 @@ int Main() {
   }
   controller::FillManagerOptions fill_options;
   fill_options.policy = *fill_policy;
+  fill_options.online.overflow = *online_overflow;
+  fill_options.online.max_queued = std::max<uint32_t>(1, absl::GetFlag(FLAGS_online_fill_queue));
+  fill_options.online.max_batch_rows = controller_options.max_batch;
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);

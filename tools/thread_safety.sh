@@ -12,7 +12,7 @@ if [ -z "$clang" ]; then
   echo "thread-safety: no clang++ (tools/install-deps.sh installs clang-14)" >&2
   exit 1
 fi
-files="controller/gpu_scheduler.cc controller/switcher.cc controller/bubble_monitor.cc"
+files="controller/gpu_scheduler.cc controller/switcher.cc controller/bubble_monitor.cc controller/online_fill.cc"
 python3 - "$build/compile_commands.json" "$clang" $files <<'PY'
 import json, shlex, subprocess, sys
 db, clang, files = sys.argv[1], sys.argv[2], sys.argv[3:]

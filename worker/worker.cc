@@ -631,6 +631,17 @@ void Worker::Clean() {
   trainer_.reset();
 }
 
+absl::StatusOr<const gpu::ComputeLock*> Worker::DeviceLock(const proto::Run& run) {
+  if (run.device_lock_path() == nullptr || run.device_lock_path()->size() == 0) return nullptr;
+  const std::string path = run.device_lock_path()->str();
+  auto it = device_locks_.find(path);
+  if (it == device_locks_.end()) {
+    PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock, gpu::ComputeLock::Open(path));
+    it = device_locks_.emplace(path, std::move(lock)).first;
+  }
+  return &it->second;
+}
+
 absl::Status Worker::HandleRun(const proto::Run& run) {
   Clean();  // no switch came since the last task: its leftovers go now
   const std::string model_name = run.model()->str();
@@ -708,6 +719,17 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
                   training && options_.cut_training_steps ? &stops_.pending() : nullptr);
     ScopedLeaseAllocation from_lease(activations_);
+    // Host backend: an inference computes on the simulated device, time-sliced with the main
+    // job's stages (fill steps hold it per step, in FillSteps).
+    std::optional<gpu::ComputeLock::Hold> device;
+    if (!training && !fill) {
+      absl::StatusOr<const gpu::ComputeLock*> lock = DeviceLock(run);
+      if (!lock.ok()) {
+        status = lock.status();
+      } else if (*lock != nullptr) {
+        device.emplace((*lock)->Acquire());
+      }
+    }
     if (status.ok())
       status = gated->Run([&]() -> absl::Status {
         if (training) return Train(bound, run, *gated, &progress, fill.get());

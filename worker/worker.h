@@ -120,6 +120,8 @@ class Worker {
   // after the drain flag is written, while the next model is already being transmitted, or
   // before the next task when no switch came.
   void Clean();
+  // The compute lock a Run names (device_lock_path), opened at its first use; null: none named.
+  absl::StatusOr<const gpu::ComputeLock*> DeviceLock(const proto::Run& run);
   absl::Status SendEvent(flatbuffers::FlatBufferBuilder& builder);
 
   WorkerOptions options_;
@@ -147,6 +149,8 @@ class Worker {
   uint64_t dataset_region_ = 0;
   at::Tensor dataset_;
   StopRequests stops_;
+  // Host backend: the simulated devices' compute locks inference Runs named, opened once each.
+  std::map<std::string, gpu::ComputeLock, std::less<>> device_locks_;
   // The iterative run in progress (0: none) and its steps done, for the heartbeat's progress.
   // Written by the main thread (steps before the task, the task cleared after the run).
   std::atomic<uint64_t> live_task_{0};

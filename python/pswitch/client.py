@@ -280,25 +280,35 @@ class Client:
         self._client.unload(name)
 
     # --- tasks ---
-    def infer(self, model, inputs, *, priority=0, deadline=None):
+    def infer(self, model, inputs, *, priority=0, deadline=None, online_slo=None):
         """Runs `inputs` (an array or tensor, named "input", or a dict name -> array) through
-        `model`; returns its output (an array, or a torch tensor when the input was one)."""
-        return self.infer_result(model, inputs, priority=priority, deadline=deadline).output
+        `model`; returns its output (an array, or a torch tensor when the input was one).
 
-    def infer_result(self, model, inputs, *, priority=0, deadline=None):
+        `online_slo` (seconds): online fill work. It is served in one of a main training job's
+        pipeline bubbles within this latency objective, so it never slows that job; if no bubble
+        can serve it in time, pswitchd runs it anyway or refuses it (errors.DeadlineExceededError,
+        with the reason), as its operator chose (--online-fill-overflow)."""
+        return self.infer_result(model, inputs, priority=priority, deadline=deadline,
+                                 online_slo=online_slo).output
+
+    def infer_result(self, model, inputs, *, priority=0, deadline=None, online_slo=None):
         """As infer, with the task's id and timings (TaskResult)."""
         named = inputs if isinstance(inputs, dict) else {"input": inputs}
         to_torch = any(_is_torch(v) for v in named.values())
         wire = [(name, _as_numpy(name, value)) for name, value in named.items()]
-        r = self._client.infer(model, wire, int(priority), float(deadline or 0))
+        if online_slo is not None and not float(online_slo) > 0:
+            raise ValueError("online_slo must be a positive number of seconds")
+        r = self._client.infer(model, wire, int(priority), float(deadline or 0),
+                               float(online_slo or 0))
         return self._result(r, to_torch)
 
-    def infer_async(self, model, inputs, *, priority=0, deadline=None):
+    def infer_async(self, model, inputs, *, priority=0, deadline=None, online_slo=None):
         """As infer, returning a concurrent.futures.Future of the output."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8,
                                                                thread_name_prefix="pswitch")
-        return self._pool.submit(self.infer, model, inputs, priority=priority, deadline=deadline)
+        return self._pool.submit(self.infer, model, inputs, priority=priority, deadline=deadline,
+                                 online_slo=online_slo)
 
     def train(self, model, iterations, *, batch=0, seed=0, optimizer="sgd", lr=0.01,
               momentum=0.9, priority=0, deadline=None, as_model=None):

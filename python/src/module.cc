@@ -344,12 +344,13 @@ class PyClient {
     return out;
   }
 
-  py::dict Infer(const std::string& model, const py::list& inputs, int priority,
-                 double deadline_s) {
+  py::dict Infer(const std::string& model, const py::list& inputs, int priority, double deadline_s,
+                 double online_slo_s) {
     client::Client& c = Get();  // raises (needs the GIL) when closed
     client::InferOptions options;
     options.priority = priority;
     options.deadline = Seconds(deadline_s);
+    options.online_slo = Seconds(online_slo_s);
     if (c.local()) {
       std::vector<client::AreaTensor> tensors;
       absl::Status placed;

@@ -163,6 +163,32 @@ def test_fill_jobs_and_bubbles(client):
         client.submit_fill("bogus")
 
 
+def test_an_online_request_is_served_in_a_bubble_or_refused_with_the_reason():
+    """Online fill (a latency objective): it waits for the main job's bubble; one no bubble
+    can serve in time is refused (the default --online-fill-overflow=refuse)."""
+    daemon = Daemon("--preload=tiny_cnn")
+    try:
+        c = pswitch.Client(daemon.address)
+        x = image(5)
+        plain = c.infer("tiny_cnn", x)
+        with pytest.raises(ValueError, match="online_slo"):
+            c.infer("tiny_cnn", x, online_slo=0)
+        np.testing.assert_array_equal(c.infer("tiny_cnn", x, online_slo=5), plain)  # no main job
+        bubble = 0.05
+        c.register_bubble_cycle(0, {"period_ns": int(3 * bubble * 1e9), "bubbles": [
+            {"offset_ns": 0, "duration_ns": int(bubble * 1e9), "free_bytes": 64 << 20}]})
+        waiting = c.infer_async("tiny_cnn", x, online_slo=30)
+        time.sleep(0.3)
+        assert not waiting.done(), "served before any bubble"
+        with c.bubble(0, bubble, 64 << 20):
+            np.testing.assert_array_equal(waiting.result(timeout=30), plain)
+        with pytest.raises(errors.DeadlineExceededError, match="latency objective"):
+            c.infer("tiny_cnn", x, online_slo=0.05)
+        c.close()
+    finally:
+        daemon.stop()
+
+
 def test_tokens_and_a_server_that_goes_away(tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text("admin-token-0123456789 alice admin\n")

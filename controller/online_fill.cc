@@ -1,0 +1,460 @@
+#include "controller/online_fill.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/clock.h"
+#include "base/log.h"
+
+namespace pswitch::controller {
+
+namespace {
+
+// Weight of a new measurement in the smoothed service time: a few runs follow a change, one
+// descheduled run does not swing it.
+constexpr double kSmoothing = 0.25;
+
+absl::Duration Ns(int64_t ns) { return absl::Nanoseconds(ns); }
+
+// What a pass of a resident model costs on its GPU: its run from placement to answer, less the
+// copy of its weights when they had to come in (a first, cold run must not make every later
+// request look too long for its objective, and so never run again to correct it). Without a
+// timeline (the scheduler did not place it): submission to answer.
+int64_t ServiceNs(const TaskOutcome& outcome, int64_t submitted_ns) {
+  const SwitchTimeline& t = outcome.timeline;
+  if (t.placed_ns > 0 && t.result_ns > t.placed_ns) {
+    if (outcome.switch_time == absl::ZeroDuration() || t.first_layer_start_ns == 0) {
+      return t.result_ns - t.placed_ns;
+    }
+    // Cold: from its first layer's start (the copy overlaps what comes before), which is what
+    // later, warm runs repeat.
+    return t.result_ns - std::max(t.placed_ns, t.first_layer_start_ns);
+  }
+  return base::MonotonicNowNs() - submitted_ns;
+}
+
+}  // namespace
+
+absl::StatusOr<OnlineOverflow> ParseOnlineOverflow(absl::string_view text) {
+  if (text == "run") return OnlineOverflow::kRun;
+  if (text == "refuse") return OnlineOverflow::kRefuse;
+  return absl::InvalidArgumentError("--online-fill-overflow must be 'run' or 'refuse'");
+}
+
+const char* OnlineOverflowName(OnlineOverflow overflow) {
+  return overflow == OnlineOverflow::kRun ? "run" : "refuse";
+}
+
+bool MayBatch(const TaskSpec& a, const TaskSpec& b) {
+  auto plain = [](const TaskSpec& s) {
+    return s.kind == TaskKind::kInference && s.regions.empty() && !s.outputs_to &&
+           s.inputs_arrival == nullptr && !s.fill && !s.inputs.empty() &&
+           std::all_of(s.inputs.begin(), s.inputs.end(), [](const proto::HostTensor& t) {
+             return t.place == proto::Place::Inline && !t.shape.empty() && t.shape[0] > 0;
+           });
+  };
+  if (a.model != b.model || a.principal != b.principal || !plain(a) || !plain(b) ||
+      a.inputs.size() != b.inputs.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.inputs.size(); ++i) {
+    const proto::HostTensor& x = a.inputs[i];
+    const proto::HostTensor& y = b.inputs[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape.size() != y.shape.size() ||
+        !std::equal(x.shape.begin() + 1, x.shape.end(), y.shape.begin() + 1)) {
+      return false;
+    }
+  }
+  // Every input of a request has the same rows (the batch), or they would not line up.
+  return a.inputs[0].shape[0] == a.inputs.back().shape[0] &&
+         b.inputs[0].shape[0] == b.inputs.back().shape[0];
+}
+
+TaskSpec MergeBatch(const std::vector<const TaskSpec*>& specs) {
+  TaskSpec merged = *specs[0];
+  for (size_t i = 0; i < merged.inputs.size(); ++i) {
+    proto::HostTensor& t = merged.inputs[i];
+    size_t bytes = 0;
+    for (const TaskSpec* s : specs) bytes += s->inputs[i].data.size();
+    t.data.clear();
+    t.data.reserve(bytes);
+    t.shape[0] = 0;
+    for (const TaskSpec* s : specs) {
+      t.data.insert(t.data.end(), s->inputs[i].data.begin(), s->inputs[i].data.end());
+      t.shape[0] += s->inputs[i].shape[0];
+    }
+  }
+  for (const TaskSpec* s : specs) {
+    merged.deadline = std::min(merged.deadline, s->deadline);
+    merged.priority = std::max(merged.priority, s->priority);
+  }
+  merged.online_slo.reset();
+  return merged;
+}
+
+absl::StatusOr<std::vector<TaskOutcome>> SplitBatch(const TaskOutcome& outcome,
+                                                    const std::vector<int64_t>& rows) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  std::vector<TaskOutcome> parts(rows.size(), outcome);
+  for (TaskOutcome& p : parts) p.outputs.clear();
+  for (const proto::HostTensor& t : outcome.outputs) {
+    if (t.place != proto::Place::Inline || t.shape.empty() || t.shape[0] != total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", t.name, "' is not one row per input row"));
+    }
+    const size_t row_bytes = t.data.size() / static_cast<size_t>(total);
+    size_t at = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      proto::HostTensor part;
+      part.name = t.name;
+      part.dtype = t.dtype;
+      part.shape = t.shape;
+      part.shape[0] = rows[i];
+      const size_t bytes = row_bytes * static_cast<size_t>(rows[i]);
+      part.data.assign(t.data.begin() + static_cast<ptrdiff_t>(at),
+                       t.data.begin() + static_cast<ptrdiff_t>(at + bytes));
+      at += bytes;
+      parts[i].outputs.push_back(std::move(part));
+    }
+  }
+  return parts;
+}
+
+OnlineFill::OnlineFill(OnlineRunner runner, OnlineFillOptions options)
+    : runner_(std::move(runner)),
+      options_(std::move(options)),
+      telemetry_(options_.telemetry ? options_.telemetry : std::make_shared<Telemetry>()),
+      timer_([this] { TimerLoop(); }) {}
+
+OnlineFill::~OnlineFill() { Stop(); }
+
+void OnlineFill::Stop() {
+  std::map<int, std::multimap<int64_t, Request>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    left.swap(queues_);
+  }
+  if (timer_.joinable()) timer_.join();
+  for (auto& [gpu, queue] : left) {
+    for (auto& [deadline, r] : queue) {
+      r.done(absl::UnavailableError("pswitchd is stopping: the request waited for a bubble"));
+    }
+  }
+}
+
+absl::StatusOr<uint64_t> OnlineFill::Submit(int gpu, TaskSpec spec, TaskCallback done) {
+  if (!spec.online_slo || *spec.online_slo <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("an online fill request needs a positive latency objective");
+  }
+  Request r;
+  r.arrival_ns = spec.arrival_ns > 0 ? spec.arrival_ns : base::MonotonicNowNs();
+  r.deadline_ns = r.arrival_ns + absl::ToInt64Nanoseconds(*spec.online_slo);
+  r.rows = !spec.inputs.empty() && !spec.inputs[0].shape.empty()
+               ? std::max<int64_t>(1, spec.inputs[0].shape[0])
+               : 1;
+  r.spec = std::move(spec);
+  r.done = std::move(done);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("pswitchd is stopping");
+  auto& queue = queues_[gpu];
+  if (queue.size() >= options_.max_queued) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("GPU ", gpu, "'s online fill queue holds ", queue.size(),
+                     " requests, its most: try again, or send it as a plain request"));
+  }
+  r.id = kOnlineRequestIdBase + next_id_++;
+  const uint64_t id = r.id;
+  queue.emplace(r.deadline_ns, std::move(r));
+  queue_changed_ = true;
+  return id;
+}
+
+absl::StatusOr<uint64_t> OnlineFill::RunAtOnce(int gpu, TaskSpec spec, TaskCallback done) {
+  Request r;
+  r.arrival_ns = spec.arrival_ns > 0 ? spec.arrival_ns : base::MonotonicNowNs();
+  r.spec = std::move(spec);
+  r.done = std::move(done);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("pswitchd is stopping");
+    r.id = kOnlineRequestIdBase + next_id_++;
+  }
+  const uint64_t id = r.id;
+  Pass pass{gpu, {}, "no_main_job"};
+  pass.requests.push_back(std::move(r));
+  Dispatch(std::move(pass));
+  return id;
+}
+
+OnlineFillStats OnlineFill::Stats() const {
+  absl::MutexLock lock(&mu_);
+  OnlineFillStats stats = stats_;
+  stats.queued = 0;
+  for (const auto& [gpu, queue] : queues_) stats.queued += queue.size();
+  return stats;
+}
+
+size_t OnlineFill::Queued(int gpu) const {
+  absl::MutexLock lock(&mu_);
+  auto it = queues_.find(gpu);
+  return it == queues_.end() ? 0 : it->second.size();
+}
+
+std::optional<double> OnlineFill::PredictedNs(int gpu, const std::string& model,
+                                              int64_t rows) const {
+  auto it = measured_.find({gpu, model});
+  if (it == measured_.end()) return std::nullopt;
+  // Conservative: a pass costs at least what passes cost, and at least its rows' share.
+  return std::max(it->second.pass_ns, it->second.row_ns * static_cast<double>(rows));
+}
+
+std::optional<absl::Duration> OnlineFill::Predicted(int gpu, const std::string& model,
+                                                    int64_t rows) const {
+  absl::MutexLock lock(&mu_);
+  std::optional<double> ns = PredictedNs(gpu, model, rows);
+  if (!ns) return std::nullopt;
+  return Ns(static_cast<int64_t>(*ns));
+}
+
+int64_t OnlineFill::LatestStart(int gpu, const Request& r) const {
+  std::optional<double> ns = PredictedNs(gpu, r.spec.model, r.rows);
+  if (!ns) return r.arrival_ns + (r.deadline_ns - r.arrival_ns) * 3 / 4;
+  return r.deadline_ns - static_cast<int64_t>(*ns);
+}
+
+absl::Duration OnlineFill::Pull(int gpu, int64_t bubble_end_ns) {
+  std::vector<Pass> passes;
+  double used_ns = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto q = queues_.find(gpu);
+    if (q == queues_.end() || q->second.empty()) return absl::ZeroDuration();
+    auto& queue = q->second;
+    const int64_t now = base::MonotonicNowNs();
+    double left_ns =
+        static_cast<double>(bubble_end_ns - now - absl::ToInt64Nanoseconds(options_.margin));
+    for (auto it = queue.begin(); it != queue.end() && left_ns > 0;) {
+      const Request& head = it->second;
+      std::optional<double> single = PredictedNs(gpu, head.spec.model, head.rows);
+      if (!single) {
+        // Not measured: it runs alone, now, and this bubble serves nothing after it (how long
+        // it takes is what its run will tell).
+        Pass pass{gpu, {}, "bubble"};
+        pass.requests.push_back(std::move(it->second));
+        queue.erase(it);
+        passes.push_back(std::move(pass));
+        left_ns = 0;
+        break;
+      }
+      if (*single > left_ns) {  // a later, smaller request may still fit
+        ++it;
+        continue;
+      }
+      // Batch the later requests that may share its pass while the pass still fits.
+      Pass pass{gpu, {}, "bubble"};
+      int64_t rows = head.rows;
+      double predicted = *single;
+      std::vector<std::multimap<int64_t, Request>::iterator> members{it};
+      const bool batchable = measured_.at({gpu, head.spec.model}).batchable;
+      for (auto next = std::next(it); batchable && next != queue.end(); ++next) {
+        if (!MayBatch(head.spec, next->second.spec)) continue;
+        if (rows + next->second.rows > static_cast<int64_t>(options_.max_batch_rows)) continue;
+        const double with = *PredictedNs(gpu, head.spec.model, rows + next->second.rows);
+        if (with > left_ns) continue;
+        rows += next->second.rows;
+        predicted = with;
+        members.push_back(next);
+      }
+      for (auto m : members) pass.requests.push_back(std::move(m->second));
+      auto after = std::next(it);
+      for (auto m : members) {
+        if (m == after) after = std::next(after);
+      }
+      for (auto m : members) queue.erase(m);
+      it = after;
+      left_ns -= predicted;
+      used_ns += predicted;
+      passes.push_back(std::move(pass));
+    }
+    if (!passes.empty()) {
+      ++stats_.bubbles_used;
+      stats_.passes += passes.size();
+      queue_changed_ = true;
+    }
+  }
+  if (!passes.empty()) telemetry_->OnlineBubbleUsed(gpu);
+  for (Pass& pass : passes) Dispatch(std::move(pass));
+  return Ns(static_cast<int64_t>(used_ns));
+}
+
+void OnlineFill::Answer(Request& r, const absl::StatusOr<TaskOutcome>& outcome,
+                        const char* outcome_label, int gpu) {
+  const int64_t now = base::MonotonicNowNs();
+  const absl::Duration latency = Ns(now - r.arrival_ns);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!outcome.ok()) {
+      ++stats_.failed;
+    } else if (std::string_view(outcome_label) == "bubble") {
+      ++stats_.in_bubble;
+    } else if (std::string_view(outcome_label) == "overflow") {
+      ++stats_.overflow_run;
+    } else {
+      ++stats_.no_main_job;
+    }
+  }
+  telemetry_->OnlineServed(gpu, outcome.ok() ? outcome_label : "failed", r.arrival_ns,
+                           Ns(r.dispatched_ns - r.arrival_ns), latency,
+                           r.deadline_ns > 0 && now > r.deadline_ns);
+  if (!outcome.ok()) {
+    r.done(outcome.status());
+    return;
+  }
+  TaskOutcome own = *outcome;
+  own.task_id = r.id;
+  own.latency = latency;
+  r.done(own);
+}
+
+void OnlineFill::Dispatch(Pass pass) {
+  const int64_t dispatched = base::MonotonicNowNs();
+  for (Request& r : pass.requests) r.dispatched_ns = dispatched;
+  std::vector<const TaskSpec*> specs;
+  std::vector<int64_t> rows;
+  for (const Request& r : pass.requests) {
+    specs.push_back(&r.spec);
+    rows.push_back(r.rows);
+  }
+  // One request's spec goes as it is; a batch's inputs are copied once into one (MergeBatch).
+  // The requests keep theirs until answered: a batch whose outputs turn out not to be per row
+  // runs them again one by one.
+  TaskSpec spec;
+  if (specs.size() == 1) {
+    spec = std::move(pass.requests[0].spec);
+    pass.requests[0].spec.model = spec.model;  // for the answer's messages
+  } else {
+    spec = MergeBatch(specs);
+  }
+  spec.online_slo.reset();
+  spec.arrival_ns = 0;  // the scheduler's: its service time is measured from here
+  const int gpu = pass.gpu;
+  const std::string model = spec.model;
+  int64_t total_rows = 0;
+  for (int64_t r : rows) total_rows += r;
+  auto shared = std::make_shared<Pass>(std::move(pass));
+  const int64_t submitted = base::MonotonicNowNs();
+  absl::StatusOr<uint64_t> queued = runner_(
+      gpu, std::move(spec),
+      [this, shared, rows, model, total_rows,
+       submitted](const absl::StatusOr<TaskOutcome>& outcome) {
+        const int gpu = shared->gpu;
+        const double took = static_cast<double>(outcome.ok() ? ServiceNs(*outcome, submitted)
+                                                             : base::MonotonicNowNs() - submitted);
+        std::vector<TaskOutcome> parts;
+        absl::Status split = absl::OkStatus();
+        if (outcome.ok() && rows.size() > 1) {
+          absl::StatusOr<std::vector<TaskOutcome>> s = SplitBatch(*outcome, rows);
+          if (s.ok()) {
+            parts = *std::move(s);
+          } else {
+            split = s.status();
+          }
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          if (outcome.ok()) {
+            Measured& m = measured_[{gpu, model}];
+            const double per_row = took / static_cast<double>(total_rows);
+            const bool first = m.pass_ns == 0;
+            m.pass_ns = first ? took : m.pass_ns + kSmoothing * (took - m.pass_ns);
+            m.row_ns = first ? per_row : m.row_ns + kSmoothing * (per_row - m.row_ns);
+            if (!split.ok()) m.batchable = false;
+          }
+          if (std::string_view(shared->outcome) == "overflow") {
+            stats_.overflow_time += Ns(static_cast<int64_t>(took));
+          }
+        }
+        if (std::string_view(shared->outcome) == "overflow") {
+          telemetry_->OnlineOverflowTime(gpu, Ns(static_cast<int64_t>(took)));
+        }
+        if (!split.ok()) {
+          // Its outputs are not per row: each request runs again alone, nothing is lost.
+          base::Log(base::LogLevel::kWarn, "online_fill_unbatchable")
+              .Field("model", model)
+              .Field("error", split);
+          for (Request& r : shared->requests) {
+            Pass alone{gpu, {}, shared->outcome};
+            alone.requests.push_back(std::move(r));
+            Dispatch(std::move(alone));
+          }
+          return;
+        }
+        for (size_t i = 0; i < shared->requests.size(); ++i) {
+          if (!outcome.ok()) {
+            Answer(shared->requests[i], outcome.status(), shared->outcome, gpu);
+          } else {
+            Answer(shared->requests[i], rows.size() > 1 ? parts[i] : *outcome, shared->outcome,
+                   gpu);
+          }
+        }
+      });
+  if (!queued.ok()) {
+    for (Request& r : shared->requests) Answer(r, queued.status(), shared->outcome, gpu);
+  }
+}
+
+void OnlineFill::TimerLoop() {
+  pthread_setname_np(pthread_self(), "pswitch-online");
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    const int64_t now = base::MonotonicNowNs();
+    int64_t next = now + absl::ToInt64Nanoseconds(absl::Seconds(1));
+    std::vector<Pass> overflow;
+    std::vector<std::pair<int, Request>> refused;  // with its GPU
+    for (auto& [gpu, queue] : queues_) {
+      for (auto it = queue.begin(); it != queue.end();) {
+        const int64_t latest = LatestStart(gpu, it->second);
+        if (latest > now) {
+          next = std::min(next, latest);
+          ++it;
+          continue;
+        }
+        if (options_.overflow == OnlineOverflow::kRun) {
+          Pass pass{gpu, {}, "overflow"};
+          pass.requests.push_back(std::move(it->second));
+          overflow.push_back(std::move(pass));
+        } else {
+          refused.emplace_back(gpu, std::move(it->second));
+        }
+        it = queue.erase(it);
+      }
+    }
+    if (!overflow.empty() || !refused.empty()) {
+      stats_.refused += refused.size();
+      mu_.Unlock();
+      for (Pass& pass : overflow) Dispatch(std::move(pass));
+      for (auto& [gpu, r] : refused) {
+        const absl::Duration slo = Ns(r.deadline_ns - r.arrival_ns);
+        const absl::Duration waited = Ns(base::MonotonicNowNs() - r.arrival_ns);
+        telemetry_->OnlineServed(gpu, "refused", r.arrival_ns, waited, waited, false);
+        r.done(absl::DeadlineExceededError(absl::StrCat(
+            "online fill request on '", r.spec.model, "': no bubble of GPU ", gpu,
+            " had room for it in time for its latency objective of ", absl::FormatDuration(slo),
+            " (pswitchd --online-fill-overflow=refuse; send it without an objective to run it "
+            "at once)")));
+      }
+      mu_.Lock();
+      continue;
+    }
+    queue_changed_ = false;
+    const absl::Duration wait = Ns(std::max<int64_t>(0, next - now));
+    mu_.AwaitWithTimeout(absl::Condition(this, &OnlineFill::TimerWoken), wait);
+  }
+}
+
+}  // namespace pswitch::controller
