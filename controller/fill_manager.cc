@@ -267,16 +267,15 @@ absl::StatusOr<uint64_t> FillManager::SubmitOnline(TaskSpec spec, TaskCallback d
   absl::ReaderMutexLock life(&lifecycle_mu_);
   if (shut_down_) return absl::UnavailableError("pswitchd is stopping");
   PSWITCH_RETURN_IF_ERROR(controller_->Check(spec));
-  std::optional<int> gpu;
+  std::vector<int> gpus;  // those running a main job: the first bubble among them serves it
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [index, state] : gpus_) {
-      if (!state.cycle) continue;
-      if (!gpu || online_->Queued(index) < online_->Queued(*gpu)) gpu = index;
+      if (state.cycle) gpus.push_back(index);
     }
   }
-  if (!gpu) return online_->RunAtOnce(0, std::move(spec), std::move(done));
-  return online_->Submit(*gpu, std::move(spec), std::move(done));
+  if (gpus.empty()) return online_->RunAtOnce(0, std::move(spec), std::move(done));
+  return online_->Submit(gpus, std::move(spec), std::move(done));
 }
 
 absl::StatusOr<FillManager::LoadSlot> FillManager::ReserveLoad() {
@@ -557,6 +556,7 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
 
 absl::Status FillManager::BubbleEnd(int gpu) {
   PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
+  online_->BubbleEnded(gpu);
   bool pause = false;
   {
     absl::MutexLock lock(&mu_);
@@ -624,6 +624,16 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     const absl::Duration mean = outcome->fill_step_time / outcome->fill_steps;
     job.predicted_step = job.measured_runs == 0 ? mean : job.predicted_step * 0.8 + mean * 0.2;
     ++job.measured_runs;
+  }
+  if (outcome->fill_step_overran) {
+    // A step ran past its bubble's end and was cut there (it left no trace): the job's steps
+    // take at least that long, and a job none of whose steps fit its GPU's bubbles any more is
+    // stopped with the reason below rather than cut at every bubble.
+    base::Log(base::LogLevel::kWarn, "fill_step_overran")
+        .Field("job", id)
+        .FieldMs("predicted_ms", job.predicted_step)
+        .FieldMs("now_predicted_ms", outcome->fill_predicted_step);
+    job.predicted_step = std::max(job.predicted_step, outcome->fill_predicted_step);
   }
   for (const proto::HostTensor& t : outcome->outputs) job.outputs.push_back(t);
   job.steps_done = std::min<int64_t>(outcome->iterations_done, job.steps_total);

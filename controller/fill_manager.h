@@ -135,9 +135,9 @@ class FillManager {
   absl::Status BubbleBegin(int gpu, absl::Duration expected, uint64_t free_bytes,
                            int64_t began_ns = 0);
   absl::Status BubbleEnd(int gpu);
-  // An inference request with a latency objective (spec.online_slo) served in a bubble of a GPU
-  // running a main job (the one whose online queue is shortest): controller/online_fill.h. With
-  // no main job on any GPU, it runs at once on GPU 0. Controller::Check's refusals, and
+  // An inference request with a latency objective (spec.online_slo) served in the first bubble
+  // with room of any GPU running a main job (one with a bubble cycle): controller/online_fill.h.
+  // With no main job on any GPU, it runs at once on GPU 0. Controller::Check's refusals, and
   // InvalidArgument for a training task; `done` runs exactly once if this returns OK.
   absl::StatusOr<uint64_t> SubmitOnline(TaskSpec spec, TaskCallback done);
   OnlineFillStats OnlineStats() const { return online_->Stats(); }

@@ -1279,6 +1279,7 @@ GpuScheduler::RunResult GpuScheduler::ReadRunDone(int slot, const SwitchTimeline
   outcome.fill_step_time = absl::Nanoseconds(done.step_ns());
   outcome.fill_steps = done.steps();
   outcome.fill_predicted_step = absl::Nanoseconds(done.last_step_ns());
+  outcome.fill_step_overran = done.fill_step_overran();
   outcome.timeline = placed;
   // The answer's time is when the worker's came, however long its copy's end takes after it.
   outcome.timeline.result_ns = base::MonotonicNowNs();

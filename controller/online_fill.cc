@@ -133,25 +133,30 @@ OnlineFill::OnlineFill(OnlineRunner runner, OnlineFillOptions options)
 OnlineFill::~OnlineFill() { Stop(); }
 
 void OnlineFill::Stop() {
-  std::map<int, std::multimap<int64_t, Request>> left;
+  std::multimap<int64_t, Request> left;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    left.swap(queues_);
+    left.swap(queue_);
   }
   if (timer_.joinable()) timer_.join();
-  for (auto& [gpu, queue] : left) {
-    for (auto& [deadline, r] : queue) {
-      r.done(absl::UnavailableError("pswitchd is stopping: the request waited for a bubble"));
-    }
+  for (auto& [deadline, r] : left) {
+    r.done(absl::UnavailableError("pswitchd is stopping: the request waited for a bubble"));
   }
 }
 
-absl::StatusOr<uint64_t> OnlineFill::Submit(int gpu, TaskSpec spec, TaskCallback done) {
+absl::StatusOr<uint64_t> OnlineFill::Submit(const std::vector<int>& gpus, TaskSpec spec,
+                                            TaskCallback done) {
   if (!spec.online_slo || *spec.online_slo <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("an online fill request needs a positive latency objective");
   }
   Request r;
+  for (int gpu : gpus) {
+    if (gpu < 0 || gpu >= 32) return absl::InvalidArgumentError("no such GPU for online fill");
+    r.gpus |= 1u << gpu;
+  }
+  if (gpus.empty()) return absl::InvalidArgumentError("an online fill request needs a GPU");
+  r.overflow_gpu = gpus[0];
   r.arrival_ns = spec.arrival_ns > 0 ? spec.arrival_ns : base::MonotonicNowNs();
   r.deadline_ns = r.arrival_ns + absl::ToInt64Nanoseconds(*spec.online_slo);
   r.rows = !spec.inputs.empty() && !spec.inputs[0].shape.empty()
@@ -159,18 +164,25 @@ absl::StatusOr<uint64_t> OnlineFill::Submit(int gpu, TaskSpec spec, TaskCallback
                : 1;
   r.spec = std::move(spec);
   r.done = std::move(done);
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("pswitchd is stopping");
-  auto& queue = queues_[gpu];
-  if (queue.size() >= options_.max_queued) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("GPU ", gpu, "'s online fill queue holds ", queue.size(),
-                     " requests, its most: try again, or send it as a plain request"));
+  uint64_t id = 0;
+  std::vector<Pass> passes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("pswitchd is stopping");
+    if (queue_.size() >= options_.max_queued) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the online fill queue holds ", queue_.size(),
+                       " requests, its most (--online-fill-queue): try again, or send it as a "
+                       "plain request"));
+    }
+    r.id = kOnlineRequestIdBase + next_id_++;
+    id = r.id;
+    queue_.emplace(r.deadline_ns, std::move(r));
+    queue_changed_ = true;
+    // Pull-and-execute: a bubble under way with room serves it now, not the next one.
+    for (auto& [gpu, bubble] : bubbles_) PullLocked(gpu, passes);
   }
-  r.id = kOnlineRequestIdBase + next_id_++;
-  const uint64_t id = r.id;
-  queue.emplace(r.deadline_ns, std::move(r));
-  queue_changed_ = true;
+  for (Pass& pass : passes) Dispatch(std::move(pass));
   return id;
 }
 
@@ -194,15 +206,13 @@ absl::StatusOr<uint64_t> OnlineFill::RunAtOnce(int gpu, TaskSpec spec, TaskCallb
 OnlineFillStats OnlineFill::Stats() const {
   absl::MutexLock lock(&mu_);
   OnlineFillStats stats = stats_;
-  stats.queued = 0;
-  for (const auto& [gpu, queue] : queues_) stats.queued += queue.size();
+  stats.queued = queue_.size();
   return stats;
 }
 
-size_t OnlineFill::Queued(int gpu) const {
+size_t OnlineFill::Queued() const {
   absl::MutexLock lock(&mu_);
-  auto it = queues_.find(gpu);
-  return it == queues_.end() ? 0 : it->second.size();
+  return queue_.size();
 }
 
 std::optional<double> OnlineFill::PredictedNs(int gpu, const std::string& model,
@@ -221,75 +231,119 @@ std::optional<absl::Duration> OnlineFill::Predicted(int gpu, const std::string& 
   return Ns(static_cast<int64_t>(*ns));
 }
 
-int64_t OnlineFill::LatestStart(int gpu, const Request& r) const {
-  std::optional<double> ns = PredictedNs(gpu, r.spec.model, r.rows);
-  if (!ns) return r.arrival_ns + (r.deadline_ns - r.arrival_ns) * 3 / 4;
-  return r.deadline_ns - static_cast<int64_t>(*ns);
+int64_t OnlineFill::LatestStart(const Request& r) const {
+  std::optional<double> fastest;
+  for (int gpu = 0; gpu < 32; ++gpu) {
+    if ((r.gpus & (1u << gpu)) == 0) continue;
+    std::optional<double> ns = PredictedNs(gpu, r.spec.model, r.rows);
+    if (ns && (!fastest || *ns < *fastest)) fastest = ns;
+  }
+  if (!fastest) return r.arrival_ns + (r.deadline_ns - r.arrival_ns) * 3 / 4;
+  return r.deadline_ns - static_cast<int64_t>(*fastest);
 }
 
 absl::Duration OnlineFill::Pull(int gpu, int64_t bubble_end_ns) {
+  if (gpu < 0 || gpu >= 32) return absl::ZeroDuration();
   std::vector<Pass> passes;
   double used_ns = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto q = queues_.find(gpu);
-    if (q == queues_.end() || q->second.empty()) return absl::ZeroDuration();
-    auto& queue = q->second;
-    const int64_t now = base::MonotonicNowNs();
-    double left_ns =
-        static_cast<double>(bubble_end_ns - now - absl::ToInt64Nanoseconds(options_.margin));
-    for (auto it = queue.begin(); it != queue.end() && left_ns > 0;) {
-      const Request& head = it->second;
-      std::optional<double> single = PredictedNs(gpu, head.spec.model, head.rows);
-      if (!single) {
-        // Not measured: it runs alone, now, and this bubble serves nothing after it (how long
-        // it takes is what its run will tell).
-        Pass pass{gpu, {}, "bubble"};
-        pass.requests.push_back(std::move(it->second));
-        queue.erase(it);
-        passes.push_back(std::move(pass));
-        left_ns = 0;
-        break;
-      }
-      if (*single > left_ns) {  // a later, smaller request may still fit
-        ++it;
-        continue;
-      }
-      // Batch the later requests that may share its pass while the pass still fits.
-      Pass pass{gpu, {}, "bubble"};
-      int64_t rows = head.rows;
-      double predicted = *single;
-      std::vector<std::multimap<int64_t, Request>::iterator> members{it};
-      const bool batchable = measured_.at({gpu, head.spec.model}).batchable;
-      for (auto next = std::next(it); batchable && next != queue.end(); ++next) {
-        if (!MayBatch(head.spec, next->second.spec)) continue;
-        if (rows + next->second.rows > static_cast<int64_t>(options_.max_batch_rows)) continue;
-        const double with = *PredictedNs(gpu, head.spec.model, rows + next->second.rows);
-        if (with > left_ns) continue;
-        rows += next->second.rows;
-        predicted = with;
-        members.push_back(next);
-      }
-      for (auto m : members) pass.requests.push_back(std::move(m->second));
-      auto after = std::next(it);
-      for (auto m : members) {
-        if (m == after) after = std::next(after);
-      }
-      for (auto m : members) queue.erase(m);
-      it = after;
-      left_ns -= predicted;
-      used_ns += predicted;
-      passes.push_back(std::move(pass));
-    }
-    if (!passes.empty()) {
-      ++stats_.bubbles_used;
-      stats_.passes += passes.size();
-      queue_changed_ = true;
-    }
+    if (stopping_) return absl::ZeroDuration();
+    bubbles_[gpu] = OpenBubble{bubble_end_ns, base::MonotonicNowNs()};
+    used_ns = PullLocked(gpu, passes);
   }
-  if (!passes.empty()) telemetry_->OnlineBubbleUsed(gpu);
   for (Pass& pass : passes) Dispatch(std::move(pass));
   return Ns(static_cast<int64_t>(used_ns));
+}
+
+void OnlineFill::BubbleEnded(int gpu) {
+  absl::MutexLock lock(&mu_);
+  bubbles_.erase(gpu);
+}
+
+void OnlineFill::PullOpenBubbles(std::optional<int> only) {
+  std::vector<Pass> passes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    for (auto& [gpu, bubble] : bubbles_) {
+      if (only && gpu != *only) continue;
+      PullLocked(gpu, passes);
+    }
+  }
+  for (Pass& pass : passes) Dispatch(std::move(pass));
+}
+
+double OnlineFill::PullLocked(int gpu, std::vector<Pass>& passes) {
+  auto open = bubbles_.find(gpu);
+  if (open == bubbles_.end()) return 0;
+  OpenBubble& bubble = open->second;
+  const uint32_t bit = 1u << gpu;
+  const int64_t now = base::MonotonicNowNs();
+  // What is left of the bubble once the passes already handed out are done.
+  bubble.busy_until_ns = std::max(bubble.busy_until_ns, now);
+  double left_ns = static_cast<double>(bubble.end_ns - bubble.busy_until_ns -
+                                       absl::ToInt64Nanoseconds(options_.margin));
+  const size_t before = passes.size();
+  double used_ns = 0;
+  for (auto it = queue_.begin(); it != queue_.end() && left_ns > 0;) {
+    const Request& head = it->second;
+    if ((head.gpus & bit) == 0) {  // another GPU's main job serves it
+      ++it;
+      continue;
+    }
+    std::optional<double> single = PredictedNs(gpu, head.spec.model, head.rows);
+    if (!single) {
+      // Not measured: it runs alone, and the bubble serves nothing more until it is done (how
+      // long it takes is what its run will tell).
+      Pass pass{gpu, {}, "bubble"};
+      pass.requests.push_back(std::move(it->second));
+      queue_.erase(it);
+      passes.push_back(std::move(pass));
+      bubble.busy_until_ns = bubble.end_ns;
+      break;
+    }
+    if (*single > left_ns) {  // a later, smaller request may still fit
+      ++it;
+      continue;
+    }
+    // Batch the later requests that may share its pass while the pass still fits.
+    Pass pass{gpu, {}, "bubble"};
+    int64_t rows = head.rows;
+    double predicted = *single;
+    std::vector<std::multimap<int64_t, Request>::iterator> members{it};
+    const bool batchable = measured_.at({gpu, head.spec.model}).batchable;
+    for (auto next = std::next(it); batchable && next != queue_.end(); ++next) {
+      if ((next->second.gpus & bit) == 0 || !MayBatch(head.spec, next->second.spec)) continue;
+      if (rows + next->second.rows > static_cast<int64_t>(options_.max_batch_rows)) continue;
+      const double with = *PredictedNs(gpu, head.spec.model, rows + next->second.rows);
+      if (with > left_ns) continue;
+      rows += next->second.rows;
+      predicted = with;
+      members.push_back(next);
+    }
+    for (auto m : members) pass.requests.push_back(std::move(m->second));
+    auto after = std::next(it);
+    for (auto m : members) {
+      if (m == after) after = std::next(after);
+    }
+    for (auto m : members) queue_.erase(m);
+    it = after;
+    left_ns -= predicted;
+    used_ns += predicted;
+    bubble.busy_until_ns += static_cast<int64_t>(predicted);
+    passes.push_back(std::move(pass));
+  }
+  if (passes.size() > before) {
+    if (!bubble.counted) {
+      bubble.counted = true;
+      ++stats_.bubbles_used;
+      telemetry_->OnlineBubbleUsed(gpu);
+    }
+    stats_.passes += passes.size() - before;
+    queue_changed_ = true;
+  }
+  return used_ns;
 }
 
 void OnlineFill::Answer(Request& r, const absl::StatusOr<TaskOutcome>& outcome,
@@ -378,6 +432,12 @@ void OnlineFill::Dispatch(Pass pass) {
           if (std::string_view(shared->outcome) == "overflow") {
             stats_.overflow_time += Ns(static_cast<int64_t>(took));
           }
+          // Its bubble's GPU is free again (the pass may have ended before or after its
+          // prediction): what was handed out after it is still to run, no more.
+          if (auto open = bubbles_.find(gpu);
+              open != bubbles_.end() && std::string_view(shared->outcome) == "bubble") {
+            open->second.busy_until_ns = base::MonotonicNowNs();
+          }
         }
         if (std::string_view(shared->outcome) == "overflow") {
           telemetry_->OnlineOverflowTime(gpu, Ns(static_cast<int64_t>(took)));
@@ -394,6 +454,8 @@ void OnlineFill::Dispatch(Pass pass) {
           }
           return;
         }
+        // Pull-and-execute: the next requests that fit what is left of the bubble.
+        if (std::string_view(shared->outcome) == "bubble") PullOpenBubbles(gpu);
         for (size_t i = 0; i < shared->requests.size(); ++i) {
           if (!outcome.ok()) {
             Answer(shared->requests[i], outcome.status(), shared->outcome, gpu);
@@ -416,23 +478,22 @@ void OnlineFill::TimerLoop() {
     int64_t next = now + absl::ToInt64Nanoseconds(absl::Seconds(1));
     std::vector<Pass> overflow;
     std::vector<std::pair<int, Request>> refused;  // with its GPU
-    for (auto& [gpu, queue] : queues_) {
-      for (auto it = queue.begin(); it != queue.end();) {
-        const int64_t latest = LatestStart(gpu, it->second);
-        if (latest > now) {
-          next = std::min(next, latest);
-          ++it;
-          continue;
-        }
-        if (options_.overflow == OnlineOverflow::kRun) {
-          Pass pass{gpu, {}, "overflow"};
-          pass.requests.push_back(std::move(it->second));
-          overflow.push_back(std::move(pass));
-        } else {
-          refused.emplace_back(gpu, std::move(it->second));
-        }
-        it = queue.erase(it);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const int64_t latest = LatestStart(it->second);
+      if (latest > now) {
+        next = std::min(next, latest);
+        ++it;
+        continue;
       }
+      const int gpu = it->second.overflow_gpu;
+      if (options_.overflow == OnlineOverflow::kRun) {
+        Pass pass{gpu, {}, "overflow"};
+        pass.requests.push_back(std::move(it->second));
+        overflow.push_back(std::move(pass));
+      } else {
+        refused.emplace_back(gpu, std::move(it->second));
+      }
+      it = queue_.erase(it);
     }
     if (!overflow.empty() || !refused.empty()) {
       stats_.refused += refused.size();
@@ -443,8 +504,9 @@ void OnlineFill::TimerLoop() {
         const absl::Duration waited = Ns(base::MonotonicNowNs() - r.arrival_ns);
         telemetry_->OnlineServed(gpu, "refused", r.arrival_ns, waited, waited, false);
         r.done(absl::DeadlineExceededError(absl::StrCat(
-            "online fill request on '", r.spec.model, "': no bubble of GPU ", gpu,
-            " had room for it in time for its latency objective of ", absl::FormatDuration(slo),
+            "online fill request on '", r.spec.model,
+            "': no bubble of the main job had room for it in time for its latency objective of ",
+            absl::FormatDuration(slo),
             " (pswitchd --online-fill-overflow=refuse; send it without an objective to run it "
             "at once)")));
       }

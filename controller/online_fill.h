@@ -1,6 +1,8 @@
 // Online inference in the main job's bubbles (SpecInF's pull-and-execute; issue 30 item 4). An
-// inference request marked with a latency objective (TaskSpec::online_slo) waits in its GPU's
-// online queue. At each bubble start the queue is pulled earliest deadline first: every request
+// inference request marked with a latency objective (TaskSpec::online_slo) waits in one online
+// queue, eligible for every GPU that runs a main job; the GPU whose bubble begins first pulls it
+// (SpecInF's pull-based idea: no GPU is chosen ahead of its bubbles). A pull takes the queue
+// earliest deadline first: every request
 // whose predicted service fits what is left of the bubble runs then, and requests of one model
 // and one principal whose inputs are inline and alike are batched into one pass. A request that
 // no bubble can serve in time any more (its latest start passed) is answered as the operator
@@ -44,7 +46,7 @@ struct OnlineFillOptions {
   OnlineOverflow overflow = OnlineOverflow::kRefuse;
   // Left free before a bubble's end: a pulled run must be predicted to end before it.
   absl::Duration margin = absl::Microseconds(300);
-  size_t max_queued = 1024;              // per GPU; beyond, Submit is refused
+  size_t max_queued = 1024;              // beyond, Submit is refused
   uint32_t max_batch_rows = 256;         // rows of one batched pass (the controller's --max-batch)
   std::shared_ptr<Telemetry> telemetry;  // null: its own
 };
@@ -79,19 +81,25 @@ class OnlineFill {
   OnlineFill(const OnlineFill&) = delete;
   OnlineFill& operator=(const OnlineFill&) = delete;
 
-  // Queues a checked inference request (spec.online_slo set) for `gpu`'s bubbles; ResourceExhausted
-  // when that queue is full, InvalidArgument without an objective. `done` runs exactly once if
-  // this returns OK (the id is this class's own: the request has no scheduler task yet).
-  absl::StatusOr<uint64_t> Submit(int gpu, TaskSpec spec, TaskCallback done);
+  // Queues a checked inference request (spec.online_slo set) for the bubbles of `gpus` (not
+  // empty, each < 32; an overflow runs on the first); ResourceExhausted when the queue is full,
+  // InvalidArgument without an objective or GPUs. `done` runs exactly once if this returns OK
+  // (the id is this class's own: the request has no scheduler task yet).
+  absl::StatusOr<uint64_t> Submit(const std::vector<int>& gpus, TaskSpec spec, TaskCallback done);
   // Runs `spec` on `gpu` now, counted as served with no main job there.
   absl::StatusOr<uint64_t> RunAtOnce(int gpu, TaskSpec spec, TaskCallback done);
   // A bubble began on `gpu`, ending at `bubble_end_ns` (CLOCK_MONOTONIC): starts every queued
   // request that fits, earliest deadline first. Returns the predicted time they take (the rest
   // of the bubble is the offline fill jobs').
   absl::Duration Pull(int gpu, int64_t bubble_end_ns);
+  // `gpu`'s bubble ended: requests that arrive from now on wait for its next one. Until then
+  // (or its predicted end), a request that arrives is served at once if the bubble still has
+  // room for it once what was handed out is done, and each pass that ends pulls the next
+  // (pull-and-execute).
+  void BubbleEnded(int gpu);
   OnlineFillStats Stats() const;
-  // Requests waiting in `gpu`'s queue.
-  size_t Queued(int gpu) const;
+  // Requests waiting for a bubble.
+  size_t Queued() const;
   // The predicted service of a pass of `rows` rows of `model` on `gpu`; nullopt: not measured.
   std::optional<absl::Duration> Predicted(int gpu, const std::string& model, int64_t rows) const;
 
@@ -104,6 +112,8 @@ class OnlineFill {
     int64_t deadline_ns = 0;    // arrival + objective
     int64_t rows = 1;           // the input's first dimension
     int64_t dispatched_ns = 0;  // handed to the GPU's scheduler (its queueing ends)
+    uint32_t gpus = 0;          // the GPUs whose bubbles may serve it, one bit each
+    int overflow_gpu = 0;       // where it runs if none can in time
   };
   struct Measured {
     double pass_ns = 0;     // smoothed service time of a pass
@@ -117,8 +127,17 @@ class OnlineFill {
     const char* outcome = "bubble";  // Telemetry's label
   };
 
-  // The latest time `r` may start and still meet its objective.
-  int64_t LatestStart(int gpu, const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct OpenBubble {
+    int64_t end_ns = 0;         // predicted (CLOCK_MONOTONIC)
+    int64_t busy_until_ns = 0;  // when the passes handed out in it should be done
+    bool counted = false;       // served a request (OnlineFillStats::bubbles_used)
+  };
+  // Hands out what fits in `gpu`'s open bubble, appending to `passes`; the predicted time taken.
+  double PullLocked(int gpu, std::vector<Pass>& passes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PullLocked on every open bubble (or `only`'s), then dispatches.
+  void PullOpenBubbles(std::optional<int> only = std::nullopt);
+  // The latest time `r` may start and still meet its objective (on its fastest GPU).
+  int64_t LatestStart(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<double> PredictedNs(int gpu, const std::string& model, int64_t rows) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `pass` (off mu_): one spec for all its requests, answered each with its own rows.
@@ -137,8 +156,9 @@ class OnlineFill {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool queue_changed_ ABSL_GUARDED_BY(mu_) = false;  // wakes the timer to recompute
-  // Per GPU, in deadline order.
-  std::map<int, std::multimap<int64_t, Request>> queues_ ABSL_GUARDED_BY(mu_);
+  // In deadline order.
+  std::multimap<int64_t, Request> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<int, OpenBubble> bubbles_ ABSL_GUARDED_BY(mu_);  // by GPU
   std::map<std::pair<int, std::string>, Measured> measured_ ABSL_GUARDED_BY(mu_);
   OnlineFillStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;  // last: it uses every member above

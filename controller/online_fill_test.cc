@@ -128,6 +128,12 @@ struct Answer {
 
 int64_t InMs(double ms) { return base::MonotonicNowNs() + static_cast<int64_t>(ms * 1e6); }
 
+// A bubble of `ms` on `gpu`, begun and ended (the fake runner answers within it).
+void Bubble(OnlineFill& online, int gpu, double ms) {
+  online.Pull(gpu, InMs(ms));
+  online.BubbleEnded(gpu);
+}
+
 TEST(OnlineFillTest, ARequestWaitsForABubbleAndIsServedInItWithItsOwnAnswer) {
   FakeRunner runner;
   auto telemetry = std::make_shared<Telemetry>();
@@ -135,12 +141,12 @@ TEST(OnlineFillTest, ARequestWaitsForABubbleAndIsServedInItWithItsOwnAnswer) {
   options.telemetry = telemetry;
   OnlineFill online(runner.Runner(), options);
   Answer a;
-  ASSERT_TRUE(online.Submit(1, Request("m", 1, 3, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({1}, Request("m", 1, 3, absl::Seconds(30)), a.Callback()).ok());
   absl::SleepFor(absl::Milliseconds(20));
   EXPECT_FALSE(a.done.HasBeenNotified()) << "ran before any bubble";
-  EXPECT_EQ(online.Queued(1), 1u);
+  EXPECT_EQ(online.Queued(), 1u);
   EXPECT_EQ(online.Pull(0, InMs(50)), absl::ZeroDuration()) << "another GPU's bubble";
-  online.Pull(1, InMs(50));
+  Bubble(online, 1, 50);
   ASSERT_TRUE(a.Wait());
   ASSERT_TRUE(a.outcome.ok()) << a.outcome.status();
   EXPECT_EQ(FirstValue(*a.outcome), 6.0f);
@@ -167,36 +173,74 @@ TEST(OnlineFillTest, ARequestWaitsForABubbleAndIsServedInItWithItsOwnAnswer) {
   EXPECT_THAT(trace, HasSubstr(R"("queued_ms")"));
 }
 
+TEST(OnlineFillTest, TheFirstBubbleOfAnyOfItsGpusServesARequest) {
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  Answer a;
+  ASSERT_TRUE(online.Submit({0, 3}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  EXPECT_EQ(online.Pull(2, InMs(100)), absl::ZeroDuration()) << "not a GPU it may use";
+  EXPECT_EQ(online.Queued(), 1u);
+  Bubble(online, 3, 100);
+  ASSERT_TRUE(a.Wait());
+  ASSERT_EQ(runner.runs().size(), 1u);
+  EXPECT_EQ(runner.runs()[0].gpu, 3);
+  EXPECT_EQ(
+      online.Submit({}, Request("m", 1, 1, absl::Seconds(30)), [](const auto&) {}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OnlineFillTest, AModelNotYetMeasuredRunsAloneSoItsServiceIsLearnt) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
   Answer a, b;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
-  online.Pull(0, InMs(100));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
+  Bubble(online, 0, 100);
   ASSERT_TRUE(a.Wait());
-  EXPECT_FALSE(b.done.HasBeenNotified());
-  EXPECT_EQ(online.Queued(0), 1u);
-  online.Pull(0, InMs(100));
   ASSERT_TRUE(b.Wait());
   EXPECT_EQ(FirstValue(*b.outcome), 4.0f);
+  // a alone, then (pulled when a's pass ended, measured now) b, in the same bubble.
+  ASSERT_EQ(runner.runs().size(), 2u);
+  EXPECT_EQ(runner.runs()[0].spec.inputs[0].shape[0], 1);
+  EXPECT_EQ(online.Stats().bubbles_used, 1u);
+}
+
+TEST(OnlineFillTest, ARequestArrivingInABubbleUnderWayIsServedAtOnceUntilItEnds) {
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  Answer warm;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 100);
+  ASSERT_TRUE(warm.Wait());
+  EXPECT_EQ(online.Pull(0, InMs(1000)), absl::ZeroDuration()) << "nothing waits yet";
+  Answer a;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  EXPECT_TRUE(a.done.HasBeenNotified()) << "pull-and-execute: the open bubble serves it";
+  online.BubbleEnded(0);
+  Answer b;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(b.done.HasBeenNotified()) << "served after its bubble ended";
+  Bubble(online, 0, 100);
+  ASSERT_TRUE(b.Wait());
+  EXPECT_TRUE(b.outcome.ok());
 }
 
 TEST(OnlineFillTest, RequestsOfOneModelAndPrincipalShareOnePassAndGetTheirOwnRows) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
   Answer warm;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  online.Pull(0, InMs(100));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 100);
   ASSERT_TRUE(warm.Wait());
 
   Answer a, b, c, other;
-  ASSERT_TRUE(online.Submit(0, Request("m", 2, 10, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 2, 10, absl::Seconds(30)), a.Callback()).ok());
   ASSERT_TRUE(
-      online.Submit(0, Request("m", 1, 20, absl::Seconds(30), "bob"), other.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("m", 3, 30, absl::Seconds(30)), b.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("n", 1, 40, absl::Seconds(30)), c.Callback()).ok());
-  online.Pull(0, InMs(1000));
+      online.Submit({0}, Request("m", 1, 20, absl::Seconds(30), "bob"), other.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 3, 30, absl::Seconds(30)), b.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("n", 1, 40, absl::Seconds(30)), c.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(a.Wait());
   ASSERT_TRUE(b.Wait());
   ASSERT_TRUE(other.Wait());
@@ -224,23 +268,23 @@ TEST(OnlineFillTest, ARequestTooLongForTheBubbleWaitsWhileAShorterOneBehindItRun
   runner.set_service(absl::Milliseconds(30));
   Answer slow_warm, fast_warm;
   ASSERT_TRUE(
-      online.Submit(0, Request("slow", 1, 0, absl::Seconds(30)), slow_warm.Callback()).ok());
-  online.Pull(0, InMs(1000));
+      online.Submit({0}, Request("slow", 1, 0, absl::Seconds(30)), slow_warm.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(slow_warm.Wait());
   runner.set_service(absl::ZeroDuration());
   ASSERT_TRUE(
-      online.Submit(0, Request("fast", 1, 0, absl::Seconds(30)), fast_warm.Callback()).ok());
-  online.Pull(0, InMs(1000));
+      online.Submit({0}, Request("fast", 1, 0, absl::Seconds(30)), fast_warm.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(fast_warm.Wait());
 
   Answer slow, fast;
-  ASSERT_TRUE(online.Submit(0, Request("slow", 1, 1, absl::Seconds(20)), slow.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("fast", 1, 2, absl::Seconds(30)), fast.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("slow", 1, 1, absl::Seconds(20)), slow.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("fast", 1, 2, absl::Seconds(30)), fast.Callback()).ok());
   // 10 ms of bubble: the slow model's 30 ms does not fit, the fast one does.
-  online.Pull(0, InMs(10));
+  Bubble(online, 0, 10);
   ASSERT_TRUE(fast.Wait());
   EXPECT_FALSE(slow.done.HasBeenNotified());
-  online.Pull(0, InMs(200));
+  Bubble(online, 0, 200);
   ASSERT_TRUE(slow.Wait());
   EXPECT_TRUE(slow.outcome.ok());
 }
@@ -250,7 +294,7 @@ TEST(OnlineFillTest, AnObjectiveNoBubbleCanMeetIsRefusedWithTheReasonByDefault) 
   OnlineFill online(runner.Runner(), {});
   Answer a;
   const int64_t start = base::MonotonicNowNs();
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 1, absl::Milliseconds(40)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Milliseconds(40)), a.Callback()).ok());
   ASSERT_TRUE(a.Wait());
   const absl::Duration took = absl::Nanoseconds(base::MonotonicNowNs() - start);
   EXPECT_EQ(a.outcome.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -269,7 +313,7 @@ TEST(OnlineFillTest, WithOverflowRunAnObjectiveNoBubbleCanMeetRunsAtOnceAndIsCou
   OnlineFill online(runner.Runner(), options);
   runner.set_service(absl::Milliseconds(5));
   Answer a;
-  ASSERT_TRUE(online.Submit(2, Request("m", 1, 1, absl::Milliseconds(40)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({2}, Request("m", 1, 1, absl::Milliseconds(40)), a.Callback()).ok());
   ASSERT_TRUE(a.Wait());
   ASSERT_TRUE(a.outcome.ok()) << a.outcome.status();
   ASSERT_EQ(runner.runs().size(), 1u);
@@ -285,13 +329,13 @@ TEST(OnlineFillTest, AMeasuredModelOverflowsOnlyWhenItsServiceNoLongerFitsTheObj
   OnlineFill online(runner.Runner(), {});
   runner.set_service(absl::Milliseconds(40));
   Answer warm;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  online.Pull(0, InMs(1000));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(warm.Wait());
   // Its objective is shorter than its measured service: refused at once.
   Answer a;
   const int64_t start = base::MonotonicNowNs();
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 1, absl::Milliseconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Milliseconds(30)), a.Callback()).ok());
   ASSERT_TRUE(a.Wait());
   EXPECT_EQ(a.outcome.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Nanoseconds(base::MonotonicNowNs() - start), absl::Milliseconds(25));
@@ -302,13 +346,13 @@ TEST(OnlineFillTest, OutputsNotPerRowRunEachRequestAgainAloneAndStopBatching) {
   OnlineFill online(runner.Runner(), {});
   runner.set_per_row(false);
   Answer warm;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  online.Pull(0, InMs(1000));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(warm.Wait());
   Answer a, b;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
-  online.Pull(0, InMs(1000));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(a.Wait());
   ASSERT_TRUE(b.Wait());
   ASSERT_TRUE(a.outcome.ok() && b.outcome.ok());
@@ -317,9 +361,9 @@ TEST(OnlineFillTest, OutputsNotPerRowRunEachRequestAgainAloneAndStopBatching) {
   // warm-up, the batch, then each alone.
   ASSERT_EQ(runner.runs().size(), 4u);
   Answer c, d;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 3, absl::Seconds(30)), c.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 4, absl::Seconds(30)), d.Callback()).ok());
-  online.Pull(0, InMs(1000));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 3, absl::Seconds(30)), c.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 4, absl::Seconds(30)), d.Callback()).ok());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(c.Wait());
   ASSERT_TRUE(d.Wait());
   EXPECT_EQ(runner.runs().size(), 6u) << "not batched any more";
@@ -330,8 +374,8 @@ TEST(OnlineFillTest, ARunTheSchedulerRefusesIsAnsweredWithItsReason) {
   OnlineFill online(runner.Runner(), {});
   runner.refuse(absl::NotFoundError("model 'm' is not registered"));
   Answer a;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
-  online.Pull(0, InMs(100));
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  Bubble(online, 0, 100);
   ASSERT_TRUE(a.Wait());
   EXPECT_EQ(a.outcome.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(online.Stats().failed, 1u);
@@ -344,20 +388,20 @@ TEST(OnlineFillTest, BoundsAndStopAnswerEveryRequest) {
   OnlineFill online(runner.Runner(), options);
   TaskSpec no_objective = Request("m", 1, 1, absl::Seconds(1));
   no_objective.online_slo.reset();
-  EXPECT_EQ(online.Submit(0, no_objective, [](const auto&) {}).status().code(),
+  EXPECT_EQ(online.Submit({0}, no_objective, [](const auto&) {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   Answer a, b;
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
-  ASSERT_TRUE(online.Submit(0, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
   EXPECT_EQ(
-      online.Submit(0, Request("m", 1, 3, absl::Seconds(30)), [](const auto&) {}).status().code(),
+      online.Submit({0}, Request("m", 1, 3, absl::Seconds(30)), [](const auto&) {}).status().code(),
       absl::StatusCode::kResourceExhausted);
   online.Stop();
   ASSERT_TRUE(a.Wait(absl::Seconds(1)));
   ASSERT_TRUE(b.Wait(absl::Seconds(1)));
   EXPECT_EQ(a.outcome.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(
-      online.Submit(0, Request("m", 1, 3, absl::Seconds(30)), [](const auto&) {}).status().code(),
+      online.Submit({0}, Request("m", 1, 3, absl::Seconds(30)), [](const auto&) {}).status().code(),
       absl::StatusCode::kUnavailable);
   EXPECT_EQ(online.Pull(0, InMs(100)), absl::ZeroDuration());
   EXPECT_TRUE(runner.runs().empty());

@@ -121,6 +121,9 @@ struct TaskOutcome {
   absl::Duration fill_step_time;
   uint32_t fill_steps = 0;
   absl::Duration fill_predicted_step;
+  // A fill step was cut at its bubble's end, having overrun its prediction:
+  // fill_predicted_step then counts the time it ran (a lower bound of the step's).
+  bool fill_step_overran = false;
 };
 using TaskCallback = std::function<void(const absl::StatusOr<TaskOutcome>&)>;
 

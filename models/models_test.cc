@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/layer_profiler.h"
@@ -454,6 +455,36 @@ TEST(TrainingTest, AStepCutAtAnyLayerLeavesNoTraceAndRunsAgainExactly) {
   }
 }
 
+// A fill step still under way at its bubble's end is cut by its deadline alone (issue 30 item 2),
+// with no Stop: a deadline already past cuts the step at its first point and it leaves no trace;
+// the same step then runs to its end, as in a run never cut.
+TEST(TrainingTest, AStepPastItsDeadlineIsCutWithoutAStopAndLeavesNoTrace) {
+  const TrainerOptions options{OptimizerKind::kSgd, 0.05, 0.9};
+  constexpr int kSteps = 2;
+  std::shared_ptr<ZooModel> reference;
+  ASSERT_NO_FATAL_FAILURE(TrainUncut(options, kSteps, &reference));
+  auto model = Create("tiny_cnn", {}, 5);
+  auto trainer = Trainer::Create(*model, options);
+  ASSERT_TRUE(trainer.ok());
+  for (int step = 0; step < kSteps; ++step) {
+    StepCutOptions past;
+    past.deadline_ns = base::MonotonicNowNs();
+    EXPECT_TRUE(past.armed() && past.Now());
+    torch::manual_seed(step);
+    auto cut = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
+                                nullptr, past);
+    EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
+    StepCutOptions later;
+    later.deadline_ns = base::MonotonicNowNs() + absl::ToInt64Nanoseconds(absl::Hours(1));
+    EXPECT_FALSE(later.Now());
+    torch::manual_seed(step);
+    auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
+                                 nullptr, later);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+  }
+  ExpectSameState(*model, *reference);
+}
+
 // The first step of a run starts while its weights are still landing: it reads each layer's
 // buffers at that layer's gate, once they came, so a cut puts back what the forward changed as it
 // had arrived, and writes nothing over the layers it never reached, whose copy lands meanwhile.
@@ -504,7 +535,7 @@ TEST(TrainingTest, AStepCutWhileWeightsArriveRestoresWhatArrivedAndNothingElse) 
     });
     torch::manual_seed(0);
     auto cut = (*trainer)->Step(model->ExampleInput(4, 0), model->ExampleTarget(4, 0), nullptr,
-                                {&stop, &call_buffers});
+                                {&stop, 0, &call_buffers});
     EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
     fc_weight.remove_hook(hook);
     model->SetGateHook(nullptr);

@@ -182,20 +182,20 @@ constexpr char kStepCutPayload[] = "pswitch.dev/step-cut";
 // hands what a hook throws back to backward()'s caller as itself (Trainer::Step's catch).
 class CutHook final : public torch::autograd::FunctionPreHook {
  public:
-  explicit CutHook(const std::atomic<bool>* cut) : cut_(cut) {}
+  explicit CutHook(const StepCutOptions& cut) : cut_(cut) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    if (cut_->load(std::memory_order_relaxed)) throw StepCut();
+    if (cut_.Now()) throw StepCut();
     return grads;
   }
 
  private:
-  const std::atomic<bool>* const cut_;
+  const StepCutOptions cut_;
 };
 
 // Every node of `loss`'s graph gets a CutHook: the backward, two thirds of a step, stops within
 // one node of a Stop rather than running to its end. The graph is the step's own (built by its
 // forward), so hooks never pile up; the walk is a few hundred nodes, tens of microseconds.
-void CutBackwardAtEveryNode(const at::Tensor& loss, const std::atomic<bool>* cut) {
+void CutBackwardAtEveryNode(const at::Tensor& loss, const StepCutOptions& cut) {
   std::vector<torch::autograd::Node*> pending;
   std::unordered_set<torch::autograd::Node*> seen;
   if (const std::shared_ptr<torch::autograd::Node>& fn = loss.grad_fn(); fn != nullptr) {
@@ -213,6 +213,11 @@ void CutBackwardAtEveryNode(const at::Tensor& loss, const std::atomic<bool>* cut
 }
 
 }  // namespace
+
+bool StepCutOptions::Now() const {
+  return (stop != nullptr && stop->load(std::memory_order_relaxed)) ||
+         (deadline_ns != 0 && base::MonotonicNowNs() >= deadline_ns);
+}
 
 absl::Status StepCutError() {
   absl::Status status = absl::AbortedError("training step cut at a layer boundary");
@@ -302,8 +307,8 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
                                      StepParts* parts, StepCutOptions cut) {
   double loss_value = 0;
   bool was_cut = false;
-  const auto check_cut = [stop = cut.stop] {
-    if (stop != nullptr && stop->load(std::memory_order_relaxed)) throw StepCut();
+  const auto check_cut = [&cut] {
+    if (cut.Now()) throw StepCut();
   };
   // While weights arrive, each layer's buffers are taken at its gate (after its group came).
   struct AfterGate {
@@ -314,9 +319,9 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
   } after_gate;
   PSWITCH_RETURN_IF_ERROR(
       CatchTorch(absl::StrCat("model '", model_.model_name(), "': training step"), [&] {
-        if (cut.stop != nullptr && cut.arriving_buffers == nullptr) {
+        if (cut.armed() && cut.arriving_buffers == nullptr) {
           buffers_->TakeAll();
-        } else if (cut.stop != nullptr) {
+        } else if (cut.armed()) {
           buffers_->StartPiecewise();
           after_gate.model = &model_;
           model_.SetAfterGateHook([this, calls = cut.arriving_buffers](int index) {
@@ -332,7 +337,7 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
           ModelOutput out = model_.Forward(input);
           check_cut();
           at::Tensor loss = model_.Loss(out, target);
-          if (cut.stop != nullptr) CutBackwardAtEveryNode(loss, cut.stop);
+          if (cut.armed()) CutBackwardAtEveryNode(loss, cut);
           try {
             loss.backward();
           } catch (const StepCut&) {
@@ -340,7 +345,7 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
           } catch (...) {
             // Should an engine hand a hook's exception back wrapped, a set flag still says why
             // (and a real error, were it to coincide, comes back when the step runs again).
-            if (cut.stop != nullptr && cut.stop->load(std::memory_order_relaxed)) throw StepCut();
+            if (cut.Now()) throw StepCut();
             throw;
           }
           check_cut();  // the last point before the parameters change

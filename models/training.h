@@ -68,12 +68,20 @@ bool IsStepCut(const absl::Status& status);
 // How a step may be cut (Trainer::Step's `cut`; the default: never).
 struct StepCutOptions {
   const std::atomic<bool>* stop = nullptr;  // once set, the step is cut at its next point
+  // Non-zero (CLOCK_MONOTONIC ns): the step is cut at its first point at or past it (a fill
+  // step that would overrun its bubble: issue 30 item 2), as by `stop`.
+  int64_t deadline_ns = 0;
   // Given while the model's weights may still be arriving (the first step of a run whose copy is
   // in flight): the buffers each layer call of the training forward may write, in call order.
   // Each call's are then read at its gate (the after-gate hook), once its weights came, not all
   // at the step's start, where some had not landed (a cut would write those stale values back
   // over the copy). Calls past its end write nothing.
   const std::vector<std::vector<at::Tensor>>* arriving_buffers = nullptr;
+
+  // Whether the step may be cut at all.
+  bool armed() const { return stop != nullptr || deadline_ns != 0; }
+  // Whether it is to be cut now.
+  bool Now() const;
 };
 
 // Trains `model` in place. The model is borrowed: it must outlive the Trainer. Not thread-safe.

@@ -374,6 +374,30 @@ TEST_F(FillTest, StepsStartOnlyWhenTheyFitInTheBubble) {
   EXPECT_LT(stats->pause_p99, absl::Milliseconds(5)) << "steps overran their bubbles";
 }
 
+// Pause inside a step (issue 30 item 2): a step that started because it was predicted to fit
+// (declared 2 ms) but runs 60 ms is cut at its bubble's end by the worker itself, at a layer
+// boundary, not killed; its time so far says the job's steps take longer than any of its GPU's
+// bubbles, so the job stops with that reason instead of being cut at every bubble.
+TEST_F(FillTest, AStepThatOverrunsItsBubbleIsCutAtTheBubbleEndAndTheJobLearnsItsLength) {
+  const absl::Duration bubble = absl::Milliseconds(20);
+  RegisterCycle(bubble);
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(60), 5);
+  o.step = absl::Milliseconds(2);
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::Duration worst_wait;
+  client::FillJobStatus stopped = RunUntilStopped(job->job_id, bubble, 50, &worst_wait);
+  ASSERT_EQ(stopped.state, client::FillState::kStopped) << daemon_->log();
+  EXPECT_THAT(std::string(stopped.error.message()), HasSubstr("too long for GPU 0's bubbles"));
+  EXPECT_EQ(stopped.steps_done, 0u);
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  // Uncut, the step would have held the device past the grace period and been killed.
+  EXPECT_EQ(stats->killed, 0u) << "cut, not killed";
+  EXPECT_LT(worst_wait, kGrace + absl::Milliseconds(150)) << daemon_->log();
+  EXPECT_THAT(daemon_->log(), HasSubstr("event=fill_step_overran"));
+}
+
 // Framework-enforced limit: a task that ignores the pause is SIGKILLed after the grace period,
 // so the main job waits at most about that long for its device; the daemon serves on.
 TEST_F(FillTest, ATaskThatIgnoresThePauseIsKilledAndTheMainJobGoesOn) {

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -462,17 +463,26 @@ struct OnlineRun {
   std::string first_error;
 };
 
-// Poisson arrivals of inference requests at `rate` per second from construction until Finish,
-// each sent (and waited for) on its own thread; with an objective (`slo`), online fill work.
+// When an online arm sends requests, from its load's construction.
+struct Window {
+  absl::Duration start;
+  absl::Duration length;
+};
+
+// Poisson arrivals of inference requests at `rate` per second over `window`, each sent (and
+// waited for) on its own thread; with an objective (`slo`), online fill work.
 class OnlineLoad {
  public:
-  OnlineLoad(client::Client& client, double rate, std::optional<absl::Duration> slo, uint64_t seed)
-      : client_(client), slo_(slo), input_(OnlineInput()), arrivals_([this, rate, seed] {
+  OnlineLoad(client::Client& client, double rate, std::optional<absl::Duration> slo, uint64_t seed,
+             Window window)
+      : client_(client), slo_(slo), input_(OnlineInput()), arrivals_([this, rate, seed, window] {
           std::mt19937_64 random(seed);
           std::exponential_distribution<double> gap(rate);
-          absl::Time next = absl::Now();
+          absl::Time next = absl::Now() + window.start;
+          const absl::Time end = next + window.length;
           while (true) {
             next += absl::Seconds(gap(random));
+            if (next >= end) return;
             {
               absl::MutexLock lock(&mu_);
               auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
@@ -565,6 +575,44 @@ std::vector<Arm> RoundOrder(const std::vector<Arm>& arms, int round) {
 }
 
 // `detect` and `devices`: the detected arm's daemon and simulated devices (null, "": no arm).
+// When the online arms send requests: while a run's measured iterations go on (after its
+// start-up and warm-up as the round's alone runs took them, or as predicted before the first),
+// so that every request meets a main job that runs and the arms compare like with like.
+Window OnlineWindow(const ConfigRuns& out, const Config& c, int iterations) {
+  double startup_s = 3, iteration_s = 0.1;  // before any run: a generous start-up
+  if (absl::StatusOr<pipeline::Schedule> schedule =
+          pipeline::BuildSchedule(c.schedule, kStages, c.microbatches);
+      schedule.ok()) {
+    std::vector<pipeline::StageCost> costs(kStages,
+                                           {absl::Milliseconds(absl::GetFlag(FLAGS_fwd_ms)),
+                                            absl::Milliseconds(absl::GetFlag(FLAGS_bwd_ms))});
+    if (auto sim = pipeline::Simulate(*schedule, costs); sim.ok()) {
+      iteration_s = absl::ToDoubleSeconds(sim->iteration);
+    }
+  }
+  // The start-up of the longest-starting of this configuration's runs so far (any arm's: it
+  // is the job's own, whatever runs beside it), and an alone run's iteration.
+  double longest_startup = 0;
+  for (const auto& [arm, runs] : out.runs) {
+    for (const MainJobRun& run : runs) {
+      longest_startup = std::max(longest_startup, run.wall_s - run.iterations_s);
+    }
+  }
+  if (longest_startup > 0) startup_s = longest_startup;
+  auto alone = out.runs.find(Arm::kAlone);
+  if (alone != out.runs.end() && !alone->second.empty()) {
+    iteration_s = alone->second.back().iteration_ms / 1000;
+  }
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  // An iteration's slack at the start; at the end, two and the objective, so that the last
+  // request still meets bubbles for as long as its objective lasts (the run's wall time, from
+  // which the start-up is told, includes its exit too).
+  const absl::Duration length = absl::Seconds((iterations - 2) * iteration_s) -
+                                absl::Milliseconds(absl::GetFlag(FLAGS_online_slo_ms));
+  return {absl::Seconds(startup_s + (warmup + 1) * iteration_s),
+          std::max(length, absl::Seconds(iteration_s))};
+}
+
 // `online_rates`: the online arms' (low, high) arrival rates.
 absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& arms, int repeats,
                                      int iterations, FillService& service,
@@ -613,12 +661,12 @@ absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& ar
         if (arm == Arm::kOnlineLow || arm == Arm::kOnlineHigh) {
           slo = absl::Milliseconds(absl::GetFlag(FLAGS_online_slo_ms));
         }
-        // The same arrivals for a rate's three arms in a round.
-        OnlineLoad load(service.client(), rate, slo, 1000 * round + (HighRate(arm) ? 1 : 0));
+        // The same arrivals for a rate's three arms in a round, while the main job iterates.
+        const Window window = OnlineWindow(out, c, iterations);
+        OnlineLoad load(service.client(), rate, slo, 1000 * round + (HighRate(arm) ? 1 : 0),
+                        window);
         if (IsIdle(arm)) {
-          // As long as a main-job run's iterations take.
-          const std::vector<MainJobRun>& alone = out.runs[Arm::kAlone];
-          absl::SleepFor(absl::Seconds(alone.empty() ? 2.0 : alone.back().iterations_s));
+          absl::SleepFor(window.start + window.length);
         } else {
           run = RunPipetrain(c, iterations, arm, service.address(), dir);
         }
@@ -708,7 +756,11 @@ double PooledPercentile(const std::vector<OnlineRun>& runs, double p) {
     all.insert(all.end(), r.latency_ms.begin(), r.latency_ms.end());
     all.insert(all.end(), static_cast<size_t>(r.refused), std::numeric_limits<double>::infinity());
   }
-  return tools::Percentile(all, p).value_or(0);
+  if (all.empty()) return 0;
+  // Nearest rank: no interpolation towards an infinite neighbour.
+  std::sort(all.begin(), all.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100 * static_cast<double>(all.size())));
+  return all[std::clamp<size_t>(rank, 1, all.size()) - 1];
 }
 
 absl::Status ReportOnline(const std::vector<ConfigRuns>& all, std::vector<std::string>& figs) {
@@ -781,7 +833,8 @@ absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& 
                      : absl::StrCat("real GPT-2 compute on ", device);
   std::printf(
       "bench-bubbles: pipetrain, %d stages, %s; fill steps %.1f ms; %d measured iterations per "
-      "run; %d rounds per configuration, each running %zu arms in a balanced order\n",
+      "run; %d rounds per configuration, each running %zu arms (and the online arms, 6 more, in "
+      "the --online-configs) in a balanced order\n",
       kStages, compute.c_str(), absl::GetFlag(FLAGS_fill_step_ms), iterations, repeats,
       arms.size());
   if (!call_us.empty()) {

@@ -9,6 +9,11 @@
 
 namespace pswitch::worker {
 
+int64_t FillCutAtNs(const proto::FillRun& fill) {
+  if (fill.test_only_ignore_pause()) return 0;
+  return fill.bubble_end_ns() - fill.margin_ns() / 2;
+}
+
 absl::StatusOr<std::unique_ptr<FillSteps>> FillSteps::Create(const proto::FillRun& fill,
                                                              const std::atomic<bool>* stop,
                                                              absl::Duration measured) {
@@ -46,8 +51,16 @@ absl::StatusOr<bool> FillSteps::Run(const std::function<absl::Status()>& step) {
   absl::Status status = step();
   const int64_t took = base::MonotonicNowNs() - start;
   hold.reset();
-  // A step cut short says nothing of how long a step takes.
-  if (IsStepCut(status)) return status;
+  if (IsStepCut(status)) {
+    // Cut by a Stop (a preemption, the pause), it says nothing of how long a step takes; cut at
+    // the bubble's end, it overran its prediction by at least this much, and the steps after it
+    // must not be predicted as short again.
+    if (cut_at_ns_ != 0 && base::MonotonicNowNs() >= cut_at_ns_) {
+      overran_ = true;
+      (void)profile_.Record(absl::Nanoseconds(took));
+    }
+    return status;
+  }
   step_ns_ += took;
   ++steps_;
   (void)profile_.Record(absl::Nanoseconds(took));

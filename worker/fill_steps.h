@@ -18,6 +18,11 @@
 
 namespace pswitch::worker {
 
+// When a fill run's step still under way is cut (issue 30 item 2): at its bubble's end less half
+// the margin (half for the step's overrun, half for the cut to unwind and the device to drain);
+// 0 (never) for a test task that ignores pauses.
+int64_t FillCutAtNs(const proto::FillRun& fill);
+
 class FillSteps {
  public:
   // The prediction starts at the larger of the run's step time and `measured` (this worker's own
@@ -32,6 +37,9 @@ class FillSteps {
   absl::StatusOr<bool> Run(const std::function<absl::Status()>& step);
 
   int64_t steps() const { return steps_; }
+  // A step was cut at the bubble's end (FillCutAtNs): it would have overrun the bubble. Its time
+  // so far, a lower bound of the step's, went into the prediction.
+  bool overran() const { return overran_; }
   int64_t step_ns() const { return step_ns_; }
   int64_t predicted_ns() const { return absl::ToInt64Nanoseconds(profile_.Predicted()); }
 
@@ -41,16 +49,19 @@ class FillSteps {
         bubble_end_ns_(fill.bubble_end_ns()),
         margin_(absl::Nanoseconds(fill.margin_ns())),
         ignore_pause_(fill.test_only_ignore_pause()),
+        cut_at_ns_(FillCutAtNs(fill)),
         stop_(stop) {}
 
   fill::StepProfile profile_;
   const int64_t bubble_end_ns_;
   const absl::Duration margin_;
   const bool ignore_pause_;
+  const int64_t cut_at_ns_;
   const std::atomic<bool>* const stop_;
   std::optional<gpu::ComputeLock> lock_;
   int64_t steps_ = 0;
   int64_t step_ns_ = 0;
+  bool overran_ = false;
 };
 
 }  // namespace pswitch::worker

@@ -58,9 +58,11 @@ class LayerGate {
   class Task {
    public:
     // `cut` (may be null): once set, the next layer throws models::StepCut, which the training
-    // step under way turns into a step that left no trace (Trainer::Step).
+    // step under way turns into a step that left no trace (Trainer::Step); so does the first
+    // layer at or past `cut_at_ns` (CLOCK_MONOTONIC; 0: none), a fill step's bubble end.
     Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
-         const std::string& model, uint64_t task_id, const std::atomic<bool>* cut = nullptr);
+         const std::string& model, uint64_t task_id, const std::atomic<bool>* cut = nullptr,
+         int64_t cut_at_ns = 0);
     ~Task();
     Task(const Task&) = delete;
     Task& operator=(const Task&) = delete;
@@ -91,6 +93,7 @@ class LayerGate {
     const bool training_;
     gpu::Stream& stream_;
     const std::atomic<bool>* const cut_;
+    const int64_t cut_at_ns_;
     const std::string what_;
     int waited_group_ = -1;
     int hooks_ = 0;

@@ -38,14 +38,16 @@ namespace {
 class TrainTask final : public IterativeTask {
  public:
   // `cut`: set by a Stop; a step under way is cut at its next layer boundary and not counted.
+  // So is one still running at `cut_at_ns` (0: none), a fill step at its bubble's end.
   TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
-            double* loss, const std::atomic<bool>* cut, LayerGate::Task& gate)
+            double* loss, const std::atomic<bool>* cut, int64_t cut_at_ns, LayerGate::Task& gate)
       : bound_(bound),
         trainer_(trainer),
         run_(run),
         device_(device),
         loss_(loss),
         cut_(cut),
+        cut_at_ns_(cut_at_ns),
         gate_(gate) {}
   absl::Status Step(uint32_t i) override {
     uint64_t step_seed = run_.seed() * 1000003ull + i;
@@ -57,10 +59,11 @@ class TrainTask final : public IterativeTask {
     models::Trainer::StepParts parts;
     // A step that may be cut snapshots what its forward writes; while the copy is landing that
     // is read layer by layer, after each layer's weights came.
-    const bool weights_arriving = cut_ != nullptr && !gate_.PassAllIfIn();
-    absl::StatusOr<double> loss =
-        trainer_.Step(batch.input, batch.target, timed ? &parts : nullptr,
-                      {cut_, weights_arriving ? &bound_.training_call_buffers() : nullptr});
+    const bool cuttable = cut_ != nullptr || cut_at_ns_ != 0;
+    const bool weights_arriving = cuttable && !gate_.PassAllIfIn();
+    absl::StatusOr<double> loss = trainer_.Step(
+        batch.input, batch.target, timed ? &parts : nullptr,
+        {cut_, cut_at_ns_, weights_arriving ? &bound_.training_call_buffers() : nullptr});
     if (models::IsStepCut(loss.status())) return StepCutError();
     PSWITCH_RETURN_IF_ERROR(loss.status());
     *loss_ = *loss;
@@ -87,6 +90,7 @@ class TrainTask final : public IterativeTask {
   const c10::Device device_;
   double* const loss_;
   const std::atomic<bool>* const cut_;
+  const int64_t cut_at_ns_;
   LayerGate::Task& gate_;
 };
 
@@ -112,7 +116,12 @@ class DatasetInferenceTask final : public IterativeTask {
     if (first >= n) return absl::OutOfRangeError(absl::StrCat("step ", i, " past the dataset"));
     models::ModelInput input;
     input.input = rows_.narrow(0, first, std::min(batch_, n - first)).to(device_);
-    results_.push_back(bound_.model().Forward(input).output.clone());
+    try {
+      results_.push_back(bound_.model().Forward(input).output.clone());
+    } catch (const models::StepCut&) {
+      // Cut at a layer boundary at its bubble's end (the gate): its rows run in a later bubble.
+      return StepCutError();
+    }
     // A fill step must be over when it returns: its bubble ends right after it.
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
     return absl::OkStatus();
@@ -133,6 +142,9 @@ class DatasetInferenceTask final : public IterativeTask {
   std::vector<at::Tensor> results_;
 };
 
+// A synthetic step's "layers": how often it looks at the clock for its bubble's end.
+constexpr int64_t kSyntheticLayerNs = 200'000;
+
 // Tests and benchmarks: each step occupies the device for a set time and may allocate.
 class SyntheticTask final : public IterativeTask {
  public:
@@ -144,7 +156,14 @@ class SyntheticTask final : public IterativeTask {
       scratch = torch::ones({static_cast<int64_t>(spec_.synthetic_alloc_bytes())},
                             torch::TensorOptions(torch::kUInt8).device(device_));
     }
-    absl::SleepFor(absl::Nanoseconds(spec_.synthetic_step_ns()));
+    // Occupies the device in layer-sized slices, cut at the bubble's end as a real step is at a
+    // layer boundary (issue 30 item 2).
+    const int64_t end = base::MonotonicNowNs() + spec_.synthetic_step_ns();
+    const int64_t cut_at = FillCutAtNs(spec_);
+    for (int64_t now = base::MonotonicNowNs(); now < end; now = base::MonotonicNowNs()) {
+      if (cut_at != 0 && now >= cut_at) return StepCutError();
+      absl::SleepFor(absl::Nanoseconds(std::min<int64_t>(end - now, kSyntheticLayerNs)));
+    }
     return absl::OkStatus();
   }
 
@@ -569,7 +588,7 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, LayerGate::
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
   TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss,
-                 options_.cut_training_steps ? &stops_.pending() : nullptr, gate);
+                 options_.cut_training_steps ? &stops_.pending() : nullptr, FillCutAt(run), gate);
   return RunTask(task, run, fill, progress);
 }
 
@@ -629,6 +648,12 @@ void Worker::Clean() {
     dirty_model_ = nullptr;
   }
   trainer_.reset();
+}
+
+int64_t Worker::FillCutAt(const proto::Run& run) const {
+  const proto::FillRun* fill = run.fill();
+  if (fill == nullptr || !options_.cut_training_steps) return 0;
+  return FillCutAtNs(*fill);
 }
 
 absl::StatusOr<const gpu::ComputeLock*> Worker::DeviceLock(const proto::Run& run) {
@@ -717,7 +742,8 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     // A training step under way is cut at its next layer by a Stop (a preemption waits for
     // one layer, not a whole step); an inference runs to its end.
     gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
-                  training && options_.cut_training_steps ? &stops_.pending() : nullptr);
+                  training && options_.cut_training_steps ? &stops_.pending() : nullptr,
+                  FillCutAt(run));
     ScopedLeaseAllocation from_lease(activations_);
     // Host backend: an inference computes on the simulated device, time-sliced with the main
     // job's stages (fill steps hold it per step, in FillSteps).
@@ -767,7 +793,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       b, run.task_id(), wire_outputs, progress.iterations_done, progress.stopped_early,
       progress.loss, error, fill ? fill->step_ns() : 0, fill ? fill->steps() : 0,
       fill ? fill->predicted_ns() : 0, progress.first_layer_start_ns, progress.first_layer_done_ns,
-      b.CreateVector(progress.group_gates_ns), progress.step_cut);
+      b.CreateVector(progress.group_gates_ns), progress.step_cut, fill && fill->overran());
   proto::Finish(b, proto::CreateWorkerEvent(b, 0, proto::WorkerEventBody::RunDone, done.Union()));
   PSWITCH_RETURN_IF_ERROR(SendEvent(b));
   // Nothing of the task is in flight: its grants go (the next task may be another tenant's),

@@ -120,6 +120,10 @@ class Worker {
   // after the drain flag is written, while the next model is already being transmitted, or
   // before the next task when no switch came.
   void Clean();
+  // When a fill run's step still under way is cut at a layer boundary (issue 30 item 2; a
+  // training step leaves no trace, an inference step's rows run in a later bubble):
+  // FillCutAtNs; 0 for any other run (and with cut_training_steps off).
+  int64_t FillCutAt(const proto::Run& run) const;
   // The compute lock a Run names (device_lock_path), opened at its first use; null: none named.
   absl::StatusOr<const gpu::ComputeLock*> DeviceLock(const proto::Run& run);
   absl::Status SendEvent(flatbuffers::FlatBufferBuilder& builder);
