@@ -626,14 +626,16 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     ++job.measured_runs;
   }
   if (outcome->fill_step_overran) {
-    // A step ran past its bubble's end and was cut there (it left no trace): the job's steps
-    // take at least that long, and a job none of whose steps fit its GPU's bubbles any more is
-    // stopped with the reason below rather than cut at every bubble.
+    // A step ran past its bubble's end and was cut there (it left no trace): it takes at least
+    // the time it ran. That counts as one smoothed sample, as a measured step does: a
+    // descheduled step must not lock the job out of its bubbles, and steps that keep overrunning
+    // push the prediction up until none is started where it cannot end.
+    job.predicted_step =
+        std::max(job.predicted_step, job.predicted_step * 0.8 + outcome->fill_predicted_step * 0.2);
     base::Log(base::LogLevel::kWarn, "fill_step_overran")
         .Field("job", id)
-        .FieldMs("predicted_ms", job.predicted_step)
-        .FieldMs("now_predicted_ms", outcome->fill_predicted_step);
-    job.predicted_step = std::max(job.predicted_step, outcome->fill_predicted_step);
+        .FieldMs("ran_at_least_ms", outcome->fill_predicted_step)
+        .FieldMs("now_predicted_ms", job.predicted_step);
   }
   for (const proto::HostTensor& t : outcome->outputs) job.outputs.push_back(t);
   job.steps_done = std::min<int64_t>(outcome->iterations_done, job.steps_total);

@@ -56,8 +56,8 @@ bool MayBatch(const TaskSpec& a, const TaskSpec& b) {
              return t.place == proto::Place::Inline && !t.shape.empty() && t.shape[0] > 0;
            });
   };
-  if (a.model != b.model || a.principal != b.principal || !plain(a) || !plain(b) ||
-      a.inputs.size() != b.inputs.size()) {
+  if (a.model != b.model || a.principal != b.principal || a.principal.empty() || !plain(a) ||
+      !plain(b) || a.inputs.size() != b.inputs.size()) {
     return false;
   }
   for (size_t i = 0; i < a.inputs.size(); ++i) {
@@ -69,8 +69,12 @@ bool MayBatch(const TaskSpec& a, const TaskSpec& b) {
     }
   }
   // Every input of a request has the same rows (the batch), or they would not line up.
-  return a.inputs[0].shape[0] == a.inputs.back().shape[0] &&
-         b.inputs[0].shape[0] == b.inputs.back().shape[0];
+  auto one_batch = [](const TaskSpec& s) {
+    return std::all_of(s.inputs.begin(), s.inputs.end(), [&s](const proto::HostTensor& t) {
+      return t.shape[0] == s.inputs[0].shape[0];
+    });
+  };
+  return one_batch(a) && one_batch(b);
 }
 
 TaskSpec MergeBatch(const std::vector<const TaskSpec*>& specs) {
@@ -87,21 +91,25 @@ TaskSpec MergeBatch(const std::vector<const TaskSpec*>& specs) {
       t.shape[0] += s->inputs[i].shape[0];
     }
   }
+  // The latest deadline: a member's own sooner one was kept while it waited (its queue
+  // deadline), and one member's must not fail the others' rows.
   for (const TaskSpec* s : specs) {
-    merged.deadline = std::min(merged.deadline, s->deadline);
+    merged.deadline = std::max(merged.deadline, s->deadline);
     merged.priority = std::max(merged.priority, s->priority);
   }
   merged.online_slo.reset();
   return merged;
 }
 
-absl::StatusOr<std::vector<TaskOutcome>> SplitBatch(const TaskOutcome& outcome,
+absl::StatusOr<std::vector<TaskOutcome>> SplitBatch(TaskOutcome outcome,
                                                     const std::vector<int64_t>& rows) {
   int64_t total = 0;
   for (int64_t r : rows) total += r;
+  // Everything but the outputs goes to every part; the outputs are cut below.
+  const std::vector<proto::HostTensor> outputs = std::move(outcome.outputs);
+  outcome.outputs.clear();
   std::vector<TaskOutcome> parts(rows.size(), outcome);
-  for (TaskOutcome& p : parts) p.outputs.clear();
-  for (const proto::HostTensor& t : outcome.outputs) {
+  for (const proto::HostTensor& t : outputs) {
     if (t.place != proto::Place::Inline || t.shape.empty() || t.shape[0] != total) {
       return absl::InvalidArgumentError(
           absl::StrCat("output '", t.name, "' is not one row per input row"));
@@ -159,6 +167,13 @@ absl::StatusOr<uint64_t> OnlineFill::Submit(const std::vector<int>& gpus, TaskSp
   r.overflow_gpu = gpus[0];
   r.arrival_ns = spec.arrival_ns > 0 ? spec.arrival_ns : base::MonotonicNowNs();
   r.deadline_ns = r.arrival_ns + absl::ToInt64Nanoseconds(*spec.online_slo);
+  if (spec.deadline != absl::InfiniteFuture()) {
+    // The client's own deadline, when sooner, bounds its wait too (on the monotonic clock).
+    const absl::Duration left = spec.deadline - absl::Now();
+    r.deadline_ns =
+        std::min(r.deadline_ns, base::MonotonicNowNs() +
+                                    absl::ToInt64Nanoseconds(std::max(left, absl::ZeroDuration())));
+  }
   r.rows = !spec.inputs.empty() && !spec.inputs[0].shape.empty()
                ? std::max<int64_t>(1, spec.inputs[0].shape[0])
                : 1;
@@ -180,7 +195,7 @@ absl::StatusOr<uint64_t> OnlineFill::Submit(const std::vector<int>& gpus, TaskSp
     queue_.emplace(r.deadline_ns, std::move(r));
     queue_changed_ = true;
     // Pull-and-execute: a bubble under way with room serves it now, not the next one.
-    for (auto& [gpu, bubble] : bubbles_) PullLocked(gpu, passes);
+    for (auto& [gpu, bubble] : bubbles_) PullLocked(gpu, /*at_start=*/false, passes);
   }
   for (Pass& pass : passes) Dispatch(std::move(pass));
   return id;
@@ -219,8 +234,29 @@ std::optional<double> OnlineFill::PredictedNs(int gpu, const std::string& model,
                                               int64_t rows) const {
   auto it = measured_.find({gpu, model});
   if (it == measured_.end()) return std::nullopt;
-  // Conservative: a pass costs at least what passes cost, and at least its rows' share.
-  return std::max(it->second.pass_ns, it->second.row_ns * static_cast<double>(rows));
+  return it->second.first_ns + it->second.extra_row_ns * static_cast<double>(rows - 1);
+}
+
+void OnlineFill::Measure(int gpu, const std::string& model, int64_t rows, double took_ns) {
+  Measured& m = measured_[{gpu, model}];
+  auto smooth = [](double& value, double sample, bool first) {
+    value = first ? sample : value + kSmoothing * (sample - value);
+  };
+  if (rows <= 1) {
+    smooth(m.first_ns, took_ns, !m.one_row_seen);
+    m.one_row_seen = true;
+  } else if (!m.one_row_seen && !m.batch_seen) {
+    m.first_ns = took_ns;  // a first estimate, replaced by the first one-row pass
+  }
+  if (rows > 1) {
+    const double extra = std::max(0.0, (took_ns - m.first_ns) / static_cast<double>(rows - 1));
+    smooth(m.extra_row_ns, extra, !m.batch_seen);
+    m.batch_seen = true;
+  } else if (!m.batch_seen) {
+    m.extra_row_ns = m.first_ns;  // until a batch says otherwise: each row as dear as a pass
+  }
+  // A latest start may have moved (a first measurement of its model, or a slower one).
+  queue_changed_ = true;
 }
 
 std::optional<absl::Duration> OnlineFill::Predicted(int gpu, const std::string& model,
@@ -249,8 +285,9 @@ absl::Duration OnlineFill::Pull(int gpu, int64_t bubble_end_ns) {
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::ZeroDuration();
-    bubbles_[gpu] = OpenBubble{bubble_end_ns, base::MonotonicNowNs()};
-    used_ns = PullLocked(gpu, passes);
+    OpenBubble& bubble = bubbles_[gpu];
+    bubble = OpenBubble{next_bubble_++, bubble_end_ns, 0, false};
+    used_ns = PullLocked(gpu, /*at_start=*/true, passes);
   }
   for (Pass& pass : passes) Dispatch(std::move(pass));
   return Ns(static_cast<int64_t>(used_ns));
@@ -268,21 +305,20 @@ void OnlineFill::PullOpenBubbles(std::optional<int> only) {
     if (stopping_) return;
     for (auto& [gpu, bubble] : bubbles_) {
       if (only && gpu != *only) continue;
-      PullLocked(gpu, passes);
+      PullLocked(gpu, /*at_start=*/false, passes);
     }
   }
   for (Pass& pass : passes) Dispatch(std::move(pass));
 }
 
-double OnlineFill::PullLocked(int gpu, std::vector<Pass>& passes) {
+double OnlineFill::PullLocked(int gpu, bool at_start, std::vector<Pass>& passes) {
   auto open = bubbles_.find(gpu);
   if (open == bubbles_.end()) return 0;
   OpenBubble& bubble = open->second;
   const uint32_t bit = 1u << gpu;
   const int64_t now = base::MonotonicNowNs();
-  // What is left of the bubble once the passes already handed out are done.
-  bubble.busy_until_ns = std::max(bubble.busy_until_ns, now);
-  double left_ns = static_cast<double>(bubble.end_ns - bubble.busy_until_ns -
+  // What is left of the bubble once the passes already handed out, and not yet done, are.
+  double left_ns = static_cast<double>(bubble.end_ns - now - bubble.outstanding_ns -
                                        absl::ToInt64Nanoseconds(options_.margin));
   const size_t before = passes.size();
   double used_ns = 0;
@@ -294,13 +330,20 @@ double OnlineFill::PullLocked(int gpu, std::vector<Pass>& passes) {
     }
     std::optional<double> single = PredictedNs(gpu, head.spec.model, head.rows);
     if (!single) {
-      // Not measured: it runs alone, and the bubble serves nothing more until it is done (how
-      // long it takes is what its run will tell).
+      // Not measured here: it runs alone, only from a bubble's start (the whole bubble for a
+      // run whose length is what it will tell), and the bubble serves nothing more until it
+      // is done.
+      if (!at_start || bubble.outstanding_ns > 0) {
+        ++it;
+        continue;
+      }
       Pass pass{gpu, {}, "bubble"};
       pass.requests.push_back(std::move(it->second));
       queue_.erase(it);
+      pass.bubble = bubble.id;
+      pass.predicted_ns = static_cast<int64_t>(std::max(0.0, left_ns));
+      bubble.outstanding_ns += pass.predicted_ns;
       passes.push_back(std::move(pass));
-      bubble.busy_until_ns = bubble.end_ns;
       break;
     }
     if (*single > left_ns) {  // a later, smaller request may still fit
@@ -310,15 +353,21 @@ double OnlineFill::PullLocked(int gpu, std::vector<Pass>& passes) {
     // Batch the later requests that may share its pass while the pass still fits.
     Pass pass{gpu, {}, "bubble"};
     int64_t rows = head.rows;
+    uint64_t bytes = 0;
+    for (const proto::HostTensor& t : head.spec.inputs) bytes += t.data.size();
     double predicted = *single;
     std::vector<std::multimap<int64_t, Request>::iterator> members{it};
     const bool batchable = measured_.at({gpu, head.spec.model}).batchable;
     for (auto next = std::next(it); batchable && next != queue_.end(); ++next) {
       if ((next->second.gpus & bit) == 0 || !MayBatch(head.spec, next->second.spec)) continue;
       if (rows + next->second.rows > static_cast<int64_t>(options_.max_batch_rows)) continue;
+      uint64_t more = 0;
+      for (const proto::HostTensor& t : next->second.spec.inputs) more += t.data.size();
+      if (bytes + more > options_.max_batch_bytes) continue;
       const double with = *PredictedNs(gpu, head.spec.model, rows + next->second.rows);
       if (with > left_ns) continue;
       rows += next->second.rows;
+      bytes += more;
       predicted = with;
       members.push_back(next);
     }
@@ -331,7 +380,9 @@ double OnlineFill::PullLocked(int gpu, std::vector<Pass>& passes) {
     it = after;
     left_ns -= predicted;
     used_ns += predicted;
-    bubble.busy_until_ns += static_cast<int64_t>(predicted);
+    pass.bubble = bubble.id;
+    pass.predicted_ns = static_cast<int64_t>(predicted);
+    bubble.outstanding_ns += pass.predicted_ns;
     passes.push_back(std::move(pass));
   }
   if (passes.size() > before) {
@@ -375,7 +426,26 @@ void OnlineFill::Answer(Request& r, const absl::StatusOr<TaskOutcome>& outcome,
   r.done(own);
 }
 
+void OnlineFill::Release(const Pass& pass) {
+  auto open = bubbles_.find(pass.gpu);
+  if (pass.bubble == 0 || open == bubbles_.end() || open->second.id != pass.bubble) return;
+  open->second.outstanding_ns =
+      std::max<int64_t>(0, open->second.outstanding_ns - pass.predicted_ns);
+}
+
 void OnlineFill::Dispatch(Pass pass) {
+  bool stopping = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping = stopping_;
+    if (stopping) Release(pass);
+  }
+  if (stopping) {  // the schedulers may be going: nothing more is handed to them
+    for (Request& r : pass.requests) {
+      r.done(absl::UnavailableError("pswitchd is stopping: the request waited for a bubble"));
+    }
+    return;
+  }
   const int64_t dispatched = base::MonotonicNowNs();
   for (Request& r : pass.requests) r.dispatched_ns = dispatched;
   std::vector<const TaskSpec*> specs;
@@ -385,8 +455,8 @@ void OnlineFill::Dispatch(Pass pass) {
     rows.push_back(r.rows);
   }
   // One request's spec goes as it is; a batch's inputs are copied once into one (MergeBatch).
-  // The requests keep theirs until answered: a batch whose outputs turn out not to be per row
-  // runs them again one by one.
+  // The requests keep theirs until answered: a batch the scheduler refuses, or whose outputs
+  // turn out not to be per row, runs them again one by one.
   TaskSpec spec;
   if (specs.size() == 1) {
     spec = std::move(pass.requests[0].spec);
@@ -401,11 +471,19 @@ void OnlineFill::Dispatch(Pass pass) {
   int64_t total_rows = 0;
   for (int64_t r : rows) total_rows += r;
   auto shared = std::make_shared<Pass>(std::move(pass));
+  // Runs each request of a batch on its own (the batch could not run as one).
+  auto one_by_one = [this, shared] {
+    for (Request& r : shared->requests) {
+      Pass alone{shared->gpu, {}, shared->outcome};
+      alone.requests.push_back(std::move(r));
+      Dispatch(std::move(alone));
+    }
+  };
   const int64_t submitted = base::MonotonicNowNs();
   absl::StatusOr<uint64_t> queued = runner_(
       gpu, std::move(spec),
-      [this, shared, rows, model, total_rows,
-       submitted](const absl::StatusOr<TaskOutcome>& outcome) {
+      [this, shared, rows, model, total_rows, submitted,
+       one_by_one](const absl::StatusOr<TaskOutcome>& outcome) {
         const int gpu = shared->gpu;
         const double took = static_cast<double>(outcome.ok() ? ServiceNs(*outcome, submitted)
                                                              : base::MonotonicNowNs() - submitted);
@@ -419,39 +497,23 @@ void OnlineFill::Dispatch(Pass pass) {
             split = s.status();
           }
         }
+        const bool overflow = std::string_view(shared->outcome) == "overflow";
         {
           absl::MutexLock lock(&mu_);
           if (outcome.ok()) {
-            Measured& m = measured_[{gpu, model}];
-            const double per_row = took / static_cast<double>(total_rows);
-            const bool first = m.pass_ns == 0;
-            m.pass_ns = first ? took : m.pass_ns + kSmoothing * (took - m.pass_ns);
-            m.row_ns = first ? per_row : m.row_ns + kSmoothing * (per_row - m.row_ns);
-            if (!split.ok()) m.batchable = false;
+            Measure(gpu, model, total_rows, took);
+            if (!split.ok()) measured_[{gpu, model}].batchable = false;
           }
-          if (std::string_view(shared->outcome) == "overflow") {
-            stats_.overflow_time += Ns(static_cast<int64_t>(took));
-          }
-          // Its bubble's GPU is free again (the pass may have ended before or after its
-          // prediction): what was handed out after it is still to run, no more.
-          if (auto open = bubbles_.find(gpu);
-              open != bubbles_.end() && std::string_view(shared->outcome) == "bubble") {
-            open->second.busy_until_ns = base::MonotonicNowNs();
-          }
+          if (overflow) stats_.overflow_time += Ns(static_cast<int64_t>(took));
+          Release(*shared);  // its bubble's time is free again, however long it took
         }
-        if (std::string_view(shared->outcome) == "overflow") {
-          telemetry_->OnlineOverflowTime(gpu, Ns(static_cast<int64_t>(took)));
-        }
+        if (overflow) telemetry_->OnlineOverflowTime(gpu, Ns(static_cast<int64_t>(took)));
         if (!split.ok()) {
           // Its outputs are not per row: each request runs again alone, nothing is lost.
           base::Log(base::LogLevel::kWarn, "online_fill_unbatchable")
               .Field("model", model)
               .Field("error", split);
-          for (Request& r : shared->requests) {
-            Pass alone{gpu, {}, shared->outcome};
-            alone.requests.push_back(std::move(r));
-            Dispatch(std::move(alone));
-          }
+          one_by_one();
           return;
         }
         // Pull-and-execute: the next requests that fit what is left of the bubble.
@@ -466,6 +528,15 @@ void OnlineFill::Dispatch(Pass pass) {
         }
       });
   if (!queued.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      Release(*shared);
+    }
+    if (shared->requests.size() > 1) {
+      // The batch as a whole was refused (by a bound the members each keep): one by one.
+      one_by_one();
+      return;
+    }
     for (Request& r : shared->requests) Answer(r, queued.status(), shared->outcome, gpu);
   }
 }

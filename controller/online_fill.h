@@ -48,6 +48,7 @@ struct OnlineFillOptions {
   absl::Duration margin = absl::Microseconds(300);
   size_t max_queued = 1024;              // beyond, Submit is refused
   uint32_t max_batch_rows = 256;         // rows of one batched pass (the controller's --max-batch)
+  uint64_t max_batch_bytes = 48ull << 20;  // its inputs' bytes (the controller's --max-input-bytes)
   std::shared_ptr<Telemetry> telemetry;  // null: its own
 };
 
@@ -109,15 +110,20 @@ class OnlineFill {
     TaskSpec spec;
     TaskCallback done;
     int64_t arrival_ns = 0;
-    int64_t deadline_ns = 0;    // arrival + objective
+    int64_t deadline_ns = 0;    // arrival + objective, or the client's deadline if sooner
     int64_t rows = 1;           // the input's first dimension
     int64_t dispatched_ns = 0;  // handed to the GPU's scheduler (its queueing ends)
     uint32_t gpus = 0;          // the GPUs whose bubbles may serve it, one bit each
     int overflow_gpu = 0;       // where it runs if none can in time
   };
+  // A pass's service predicted as first_ns + extra_row_ns * (rows - 1): both smoothed, the
+  // first from one-row passes (or any pass, until one comes), the second from batches (the
+  // first's value until one comes: each row as dear as a pass).
   struct Measured {
-    double pass_ns = 0;     // smoothed service time of a pass
-    double row_ns = 0;      // and per row
+    double first_ns = 0;
+    double extra_row_ns = 0;
+    bool one_row_seen = false;
+    bool batch_seen = false;
     bool batchable = true;  // false once a batched pass's outputs were not per row
   };
   // A run of one or several requests (one pass), with where it came from.
@@ -125,21 +131,32 @@ class OnlineFill {
     int gpu = 0;
     std::vector<Request> requests;
     const char* outcome = "bubble";  // Telemetry's label
+    uint64_t bubble = 0;             // the open bubble it was handed out in (0: none)
+    int64_t predicted_ns = 0;        // what it was counted for there
   };
 
   struct OpenBubble {
-    int64_t end_ns = 0;         // predicted (CLOCK_MONOTONIC)
-    int64_t busy_until_ns = 0;  // when the passes handed out in it should be done
-    bool counted = false;       // served a request (OnlineFillStats::bubbles_used)
+    uint64_t id = 0;             // this bubble, apart from the GPU's earlier and later ones
+    int64_t end_ns = 0;          // predicted (CLOCK_MONOTONIC)
+    int64_t outstanding_ns = 0;  // predicted time of the passes handed out and not yet done
+    bool counted = false;        // served a request (OnlineFillStats::bubbles_used)
   };
   // Hands out what fits in `gpu`'s open bubble, appending to `passes`; the predicted time taken.
-  double PullLocked(int gpu, std::vector<Pass>& passes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A model not measured on `gpu` yet is handed out only at the bubble's start (`at_start`),
+  // alone, holding the rest of the bubble.
+  double PullLocked(int gpu, bool at_start, std::vector<Pass>& passes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a pass of `rows` rows that took `took_ns`.
+  void Measure(int gpu, const std::string& model, int64_t rows, double took_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // PullLocked on every open bubble (or `only`'s), then dispatches.
   void PullOpenBubbles(std::optional<int> only = std::nullopt);
   // The latest time `r` may start and still meet its objective (on its fastest GPU).
   int64_t LatestStart(const Request& r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<double> PredictedNs(int gpu, const std::string& model, int64_t rows) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `pass` no longer takes its bubble's time (done, refused, or never run).
+  void Release(const Pass& pass) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `pass` (off mu_): one spec for all its requests, answered each with its own rows.
   void Dispatch(Pass pass);
   void Answer(Request& r, const absl::StatusOr<TaskOutcome>& outcome, const char* outcome_label,
@@ -159,6 +176,7 @@ class OnlineFill {
   // In deadline order.
   std::multimap<int64_t, Request> queue_ ABSL_GUARDED_BY(mu_);
   std::map<int, OpenBubble> bubbles_ ABSL_GUARDED_BY(mu_);  // by GPU
+  uint64_t next_bubble_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::pair<int, std::string>, Measured> measured_ ABSL_GUARDED_BY(mu_);
   OnlineFillStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;  // last: it uses every member above
@@ -167,9 +185,10 @@ class OnlineFill {
 // Online requests' ids (OnlineFill::Submit) lie at and above this, apart from the schedulers'.
 inline constexpr uint64_t kOnlineRequestIdBase = 1ull << 62;
 
-// Whether requests `a` and `b` may share one pass: the same model and principal (a pass is one
-// tenant's: a model sees every row of its batch), inline inputs only, alike in names, dtypes
-// and all but the first dimension, no output place, nothing still arriving.
+// Whether requests `a` and `b` may share one pass: the same model and the same known principal
+// (a pass is one tenant's: a model sees every row of its batch), inline inputs only, alike in
+// names, dtypes and all but the first dimension, each request's inputs with one first dimension,
+// no output place, nothing still arriving.
 bool MayBatch(const TaskSpec& a, const TaskSpec& b);
 // The inputs of `specs` (MayBatch with one another) concatenated along their first dimension,
 // in order, as one spec: one pass over their bytes, in place of one run each.
@@ -177,7 +196,7 @@ TaskSpec MergeBatch(const std::vector<const TaskSpec*>& specs);
 // Each request's share of a batched outcome: its `rows[i]` rows of every output, in order.
 // InvalidArgument when an output's first dimension is not the rows' sum (a model whose outputs
 // are not per row cannot be batched; its requests then fail and are run alone from then on).
-absl::StatusOr<std::vector<TaskOutcome>> SplitBatch(const TaskOutcome& outcome,
+absl::StatusOr<std::vector<TaskOutcome>> SplitBatch(TaskOutcome outcome,
                                                     const std::vector<int64_t>& rows);
 
 }  // namespace pswitch::controller

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/clock.h"
 #include "gmock/gmock.h"
@@ -74,10 +75,21 @@ class FakeRunner {
         service = service_;
         refuse = refuse_;
         per_row = per_row_;
+        if (spec.inputs[0].shape[0] > max_rows_) {
+          return absl::InvalidArgumentError("inputs beyond --max-input-bytes");
+        }
+        if (hold_) {
+          held_.push_back({Reported(Doubled(spec)), std::move(done)});
+          return id;
+        }
       }
       if (!refuse.ok()) return refuse;
       absl::SleepFor(service);
-      TaskOutcome outcome = Doubled(spec);
+      TaskOutcome outcome;
+      {
+        absl::MutexLock lock(&mu_);
+        outcome = Reported(Doubled(spec));
+      }
       if (!per_row) outcome.outputs[0].shape[0] = 1;  // one row, whatever the batch
       if (!per_row) outcome.outputs[0].data.resize(2 * sizeof(float));
       done(outcome);
@@ -88,6 +100,13 @@ class FakeRunner {
     int gpu;
     TaskSpec spec;
   };
+  TaskOutcome Reported(TaskOutcome outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reported_ > absl::ZeroDuration()) {
+      outcome.timeline.placed_ns = 1;
+      outcome.timeline.result_ns = 1 + absl::ToInt64Nanoseconds(reported_);
+    }
+    return outcome;
+  }
   std::vector<Run> runs() {
     absl::MutexLock lock(&mu_);
     return runs_;
@@ -104,6 +123,34 @@ class FakeRunner {
     absl::MutexLock lock(&mu_);
     per_row_ = per_row;
   }
+  // Every run says it took `d` on its worker (its timeline), whatever the wall clock says.
+  void set_reported_service(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    reported_ = d;
+  }
+  // Runs of more rows are refused, as a scheduler refuses inputs beyond its bound.
+  void set_max_rows(int64_t rows) {
+    absl::MutexLock lock(&mu_);
+    max_rows_ = rows;
+  }
+  // From now on runs are held, unanswered, until ReleaseOldest.
+  void hold() {
+    absl::MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  size_t held() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+  void ReleaseOldest() {
+    std::pair<TaskOutcome, TaskCallback> run;
+    {
+      absl::MutexLock lock(&mu_);
+      run = std::move(held_.front());
+      held_.erase(held_.begin());
+    }
+    run.second(run.first);
+  }
 
  private:
   absl::Mutex mu_;
@@ -111,6 +158,10 @@ class FakeRunner {
   absl::Duration service_ ABSL_GUARDED_BY(mu_);
   absl::Status refuse_ ABSL_GUARDED_BY(mu_);
   bool per_row_ ABSL_GUARDED_BY(mu_) = true;
+  int64_t max_rows_ ABSL_GUARDED_BY(mu_) = 1 << 30;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration reported_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<TaskOutcome, TaskCallback>> held_ ABSL_GUARDED_BY(mu_);
 };
 
 // One request's answer, waited for with a bound.
@@ -244,8 +295,11 @@ TEST(OnlineFillTest, RequestsOfOneModelAndPrincipalShareOnePassAndGetTheirOwnRow
   ASSERT_TRUE(a.Wait());
   ASSERT_TRUE(b.Wait());
   ASSERT_TRUE(other.Wait());
+  // Model n is not measured yet: it runs alone, from the start of a bubble of its own.
+  EXPECT_FALSE(c.done.HasBeenNotified());
+  Bubble(online, 0, 1000);
   ASSERT_TRUE(c.Wait());
-  // warm-up, alice's batch of a and b, bob's alone, then model n (not measured: alone, last).
+  // warm-up, alice's batch of a and b, bob's alone, then model n.
   std::vector<FakeRunner::Run> runs = runner.runs();
   ASSERT_EQ(runs.size(), 4u);
   EXPECT_EQ(runs[1].spec.inputs[0].shape[0], 5) << "a's 2 rows and b's 3 in one pass";
@@ -405,6 +459,114 @@ TEST(OnlineFillTest, BoundsAndStopAnswerEveryRequest) {
       absl::StatusCode::kUnavailable);
   EXPECT_EQ(online.Pull(0, InMs(100)), absl::ZeroDuration());
   EXPECT_TRUE(runner.runs().empty());
+}
+
+// The passes handed out in a bubble and still running (or still queued at the GPU's scheduler)
+// keep their predicted time: one that ends frees its own time only, not theirs.
+TEST(OnlineFillTest, ABubbleNeverHandsOutMoreThanItHasLeftForThePassesStillOut) {
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  runner.set_reported_service(absl::Milliseconds(10));  // measured at exactly 10 ms
+  Answer warm;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(warm.Wait());
+  runner.hold();
+  // Five requests of five tenants (never batched together), each predicted at about 10 ms.
+  std::vector<std::unique_ptr<Answer>> answers;
+  for (int i = 0; i < 5; ++i) {
+    answers.push_back(std::make_unique<Answer>());
+    ASSERT_TRUE(online
+                    .Submit({0}, Request("m", 1, i, absl::Seconds(30), absl::StrCat("t", i)),
+                            answers.back()->Callback())
+                    .ok());
+  }
+  // A 38 ms bubble: room for three (the margin aside), not four.
+  online.Pull(0, InMs(38));
+  EXPECT_EQ(runner.held(), 3u);
+  absl::SleepFor(absl::Milliseconds(10));
+  runner.ReleaseOldest();  // done after 10 ms or more: at most 28 ms left, 20 of them the others'
+  ASSERT_TRUE(answers[0]->Wait());
+  EXPECT_EQ(runner.held(), 2u) << "handed out time the passes still out will take";
+  online.BubbleEnded(0);
+  while (runner.held() > 0) runner.ReleaseOldest();
+  online.Stop();
+}
+
+// A batch the scheduler refuses as a whole (its inputs beyond a bound each member keeps) runs
+// its requests one by one: none is failed for the others' bytes.
+TEST(OnlineFillTest, ABatchTheSchedulerRefusesRunsItsRequestsOneByOne) {
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  Answer warm;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(warm.Wait());
+  runner.set_max_rows(2);
+  Answer a, b;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 2, 1, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 2, 5, absl::Seconds(30)), b.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(a.Wait());
+  ASSERT_TRUE(b.Wait());
+  ASSERT_TRUE(a.outcome.ok()) << a.outcome.status();
+  ASSERT_TRUE(b.outcome.ok()) << b.outcome.status();
+  EXPECT_EQ(FirstValue(*b.outcome), 10.0f);
+  // warm-up, the refused batch of 4 rows, then each alone.
+  EXPECT_EQ(runner.runs().size(), 4u);
+}
+
+TEST(OnlineFillTest, AClientsDeadlineSoonerThanItsObjectiveBoundsItsWait) {
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  TaskSpec spec = Request("m", 1, 1, absl::Seconds(30));
+  spec.deadline = absl::Now() + absl::Milliseconds(40);
+  Answer a;
+  const int64_t start = base::MonotonicNowNs();
+  ASSERT_TRUE(online.Submit({0}, std::move(spec), a.Callback()).ok());
+  ASSERT_TRUE(a.Wait());
+  EXPECT_EQ(a.outcome.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Nanoseconds(base::MonotonicNowNs() - start), absl::Seconds(5))
+      << "waited for its 30 s objective, not its 40 ms deadline";
+}
+
+TEST(OnlineFillTest, OnlyOneKnownTenantsAlikeRowsShareAPassAndBatchesArePredictedPerRow) {
+  TaskSpec a = Request("m", 1, 1, absl::Seconds(1));
+  EXPECT_TRUE(MayBatch(a, Request("m", 3, 1, absl::Seconds(1))));
+  EXPECT_FALSE(MayBatch(a, Request("m", 1, 1, absl::Seconds(1), "bob")));
+  EXPECT_FALSE(
+      MayBatch(Request("m", 1, 1, absl::Seconds(1), ""), Request("m", 1, 1, absl::Seconds(1), "")))
+      << "an unknown principal may be anyone";
+  TaskSpec ragged = Request("m", 2, 1, absl::Seconds(1));
+  ragged.inputs.push_back(Input(2, 0));
+  ragged.inputs.push_back(Input(1, 0));  // its rows do not line up
+  ragged.inputs[1].name = "attention_mask";
+  ragged.inputs[2].name = "token_type_ids";
+  TaskSpec other = ragged;
+  other.inputs[2] = Input(2, 0);
+  other.inputs[2].name = "token_type_ids";
+  EXPECT_FALSE(MayBatch(ragged, other));
+
+  // One-row passes of about 10 ms, then a batch of 4 rows in about 10 ms: a row more costs
+  // little, and 4 rows are not predicted at 4 passes' time.
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  runner.set_service(absl::Milliseconds(10));
+  for (int i = 0; i < 2; ++i) {
+    Answer one;
+    ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), one.Callback()).ok());
+    Bubble(online, 0, 1000);
+    ASSERT_TRUE(one.Wait());
+  }
+  Answer four;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 4, 0, absl::Seconds(30)), four.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(four.Wait());
+  const std::optional<absl::Duration> one_row = online.Predicted(0, "m", 1);
+  const std::optional<absl::Duration> four_rows = online.Predicted(0, "m", 4);
+  ASSERT_TRUE(one_row && four_rows);
+  EXPECT_GE(*one_row, absl::Milliseconds(9));
+  EXPECT_LT(*four_rows, *one_row * 2);
 }
 
 TEST(OnlineFillTest, ParsesTheOverflowChoice) {

@@ -376,26 +376,42 @@ TEST_F(FillTest, StepsStartOnlyWhenTheyFitInTheBubble) {
 
 // Pause inside a step (issue 30 item 2): a step that started because it was predicted to fit
 // (declared 2 ms) but runs 60 ms is cut at its bubble's end by the worker itself, at a layer
-// boundary, not killed; its time so far says the job's steps take longer than any of its GPU's
-// bubbles, so the job stops with that reason instead of being cut at every bubble.
-TEST_F(FillTest, AStepThatOverrunsItsBubbleIsCutAtTheBubbleEndAndTheJobLearnsItsLength) {
+// boundary, not killed, bubble after bubble; its time so far raises the job's prediction.
+TEST_F(FillTest, AStepThatOverrunsItsBubbleIsCutAtTheBubbleEndNotKilled) {
   const absl::Duration bubble = absl::Milliseconds(20);
   RegisterCycle(bubble);
   client::FillJobOptions o = SyntheticJob(absl::Milliseconds(60), 5);
   o.step = absl::Milliseconds(2);
   auto job = client_->SubmitFill(o);
   ASSERT_TRUE(job.ok()) << job.status();
+  // Bubbles until two of its steps were cut (the first bubbles may pass before its runs reach
+  // a worker; a loaded machine may take a while).
+  auto cuts = [this] {
+    const std::string log = daemon_->log();
+    size_t n = 0;
+    for (size_t at = log.find("event=fill_step_overran"); at != std::string::npos;
+         at = log.find("event=fill_step_overran", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
   absl::Duration worst_wait;
-  client::FillJobStatus stopped = RunUntilStopped(job->job_id, bubble, 50, &worst_wait);
-  ASSERT_EQ(stopped.state, client::FillState::kStopped) << daemon_->log();
-  EXPECT_THAT(std::string(stopped.error.message()), HasSubstr("too long for GPU 0's bubbles"));
-  EXPECT_EQ(stopped.steps_done, 0u);
+  client::FillJobStatus status;
+  for (int i = 0; i < 500 && cuts() < 2; ++i) {
+    worst_wait = std::max(worst_wait, Iteration(bubble, absl::Milliseconds(5)));
+    auto s = client_->FillStatus(job->job_id);
+    ASSERT_TRUE(s.ok()) << s.status();
+    status = *s;
+    ASSERT_NE(status.state, client::FillState::kStopped) << status.error;
+  }
+  ASSERT_GE(cuts(), 2u) << daemon_->log();
+  EXPECT_EQ(status.steps_done, 0u);
   auto stats = client_->FillStats();
   ASSERT_TRUE(stats.ok());
   // Uncut, the step would have held the device past the grace period and been killed.
   EXPECT_EQ(stats->killed, 0u) << "cut, not killed";
   EXPECT_LT(worst_wait, kGrace + absl::Milliseconds(150)) << daemon_->log();
-  EXPECT_THAT(daemon_->log(), HasSubstr("event=fill_step_overran"));
+  EXPECT_TRUE(client_->CancelFill(job->job_id).ok());
 }
 
 // Framework-enforced limit: a task that ignores the pause is SIGKILLed after the grace period,

@@ -161,7 +161,8 @@ ABSL_FLAG(std::string, online_fill_overflow, "refuse",
           "the main job is never slowed; 'run' runs it at once, preempting the main job, its "
           "time counted in pswitch_online_fill_overflow_seconds_total");
 ABSL_FLAG(uint32_t, online_fill_queue, 1024,
-          "online fill requests waiting for bubbles, per GPU; beyond, they are refused");
+          "online fill requests waiting for bubbles, all GPUs together; beyond, they are "
+          "refused");
 ABSL_FLAG(bool, detect_bubbles, false,
           "find main jobs' bubbles from their device activity, the jobs making no bubble calls "
           "(SpecInF's bubble monitor): host backend, pipetrain's holds of each GPU's compute "
@@ -755,6 +756,7 @@ int Main() {
   fill_options.online.overflow = *online_overflow;
   fill_options.online.max_queued = std::max<uint32_t>(1, absl::GetFlag(FLAGS_online_fill_queue));
   fill_options.online.max_batch_rows = controller_options.max_batch;
+  fill_options.online.max_batch_bytes = controller_options.max_input_bytes;
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
