@@ -568,10 +568,16 @@ void OnlineFill::TimerLoop() {
     }
     if (!overflow.empty() || !refused.empty()) {
       stats_.refused += refused.size();
+      const size_t bubbles_open = bubbles_.size();
       mu_.Unlock();
       for (Pass& pass : overflow) Dispatch(std::move(pass));
       for (auto& [gpu, r] : refused) {
         const absl::Duration slo = Ns(r.deadline_ns - r.arrival_ns);
+        base::Log(base::LogLevel::kInfo, "online_fill_refused")
+            .Field("model", r.spec.model)
+            .FieldMs("objective_ms", slo)
+            .FieldMs("waited_ms", Ns(base::MonotonicNowNs() - r.arrival_ns))
+            .Field("open_bubbles", bubbles_open);
         const absl::Duration waited = Ns(base::MonotonicNowNs() - r.arrival_ns);
         telemetry_->OnlineServed(gpu, "refused", r.arrival_ns, waited, waited, false);
         r.done(absl::DeadlineExceededError(absl::StrCat(

@@ -575,11 +575,12 @@ std::vector<Arm> RoundOrder(const std::vector<Arm>& arms, int round) {
 }
 
 // `detect` and `devices`: the detected arm's daemon and simulated devices (null, "": no arm).
-// When the online arms send requests: while a run's measured iterations go on (after its
-// start-up and warm-up as the round's alone runs took them, or as predicted before the first),
-// so that every request meets a main job that runs and the arms compare like with like.
+// When the online arms send requests: while a run's measured iterations go on (its start-up and
+// end told from the configuration's earlier runs, or guessed before the first), so that every
+// request meets a main job that runs and the arms compare like with like.
 Window OnlineWindow(const ConfigRuns& out, const Config& c, int iterations) {
-  double startup_s = 3, iteration_s = 0.1;  // before any run: a generous start-up
+  // Before any run: a generous start-up either way.
+  double earliest_s = 1.0, latest_s = 3.0, iteration_s = 0.1;
   if (absl::StatusOr<pipeline::Schedule> schedule =
           pipeline::BuildSchedule(c.schedule, kStages, c.microbatches);
       schedule.ok()) {
@@ -590,27 +591,29 @@ Window OnlineWindow(const ConfigRuns& out, const Config& c, int iterations) {
       iteration_s = absl::ToDoubleSeconds(sim->iteration);
     }
   }
-  // The start-up of the longest-starting of this configuration's runs so far (any arm's: it
-  // is the job's own, whatever runs beside it), and an alone run's iteration.
-  double longest_startup = 0;
+  // The start-ups of this configuration's runs so far (any arm's: the job's own, whatever runs
+  // beside it; a run's wall time less its iterations, so its exit counts too).
+  bool seen = false;
   for (const auto& [arm, runs] : out.runs) {
     for (const MainJobRun& run : runs) {
-      longest_startup = std::max(longest_startup, run.wall_s - run.iterations_s);
+      const double startup = std::max(0.0, run.wall_s - run.iterations_s);
+      earliest_s = seen ? std::min(earliest_s, startup) : startup;
+      latest_s = seen ? std::max(latest_s, startup) : startup;
+      seen = true;
     }
   }
-  if (longest_startup > 0) startup_s = longest_startup;
   auto alone = out.runs.find(Arm::kAlone);
   if (alone != out.runs.end() && !alone->second.empty()) {
     iteration_s = alone->second.back().iteration_ms / 1000;
   }
   const int warmup = absl::GetFlag(FLAGS_warmup);
-  // An iteration's slack at the start; at the end, two and the objective, so that the last
-  // request still meets bubbles for as long as its objective lasts (the run's wall time, from
-  // which the start-up is told, includes its exit too).
-  const absl::Duration length = absl::Seconds((iterations - 2) * iteration_s) -
-                                absl::Milliseconds(absl::GetFlag(FLAGS_online_slo_ms));
-  return {absl::Seconds(startup_s + (warmup + 1) * iteration_s),
-          std::max(length, absl::Seconds(iteration_s))};
+  // From the latest start-up and an iteration's slack, to the earliest end less two
+  // iterations and the objective: every request meets a running job for as long as its
+  // objective lasts, however this run's start-up falls.
+  const double from_s = latest_s + (warmup + 1) * iteration_s;
+  const double to_s = earliest_s + (warmup + iterations - 2) * iteration_s -
+                      absl::GetFlag(FLAGS_online_slo_ms) / 1000;
+  return {absl::Seconds(from_s), absl::Seconds(std::max(to_s - from_s, iteration_s))};
 }
 
 // `online_rates`: the online arms' (low, high) arrival rates.
