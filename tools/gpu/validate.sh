@@ -24,8 +24,9 @@
 # ctest-cuda (100, 60), transfer (45, 30), vmm (90, 60: the arena in VMM chunks, issue 29 item 2),
 # profile (90, 50), switch-resnet152, -inception_v3,
 # -bert_base (105, 70 each), place (160, 110), place-resnet152, -inception_v3 (90, 60 each), dataplane (90, 60), register (200, 150), trace (480, 240),
-# bubbles (150, 110), detect (120, 90: the main job making no bubble call, its bubbles found
-# from its kernel launches by libpswitch_monitor.so and pswitchd --detect-bubbles, issue 30),
+# bubbles (210, 160: with online fill requests, issue 30 item 4), detect (120, 90: the main
+# job making no bubble call, its bubbles found from its kernel launches by
+# libpswitch_monitor.so and pswitchd --detect-bubbles, issue 30),
 # sanitizer (75, 50), rest (120, 90), script (90, 60: your own model's archives through
 # run-model and pswitchd on CUDA); a step reached after the budget is spent is recorded as
 # SKIPPED.
@@ -581,6 +582,80 @@ bubbles_cleanup() {
   fi
 }
 
+# Online fill (issue 30 item 4), in the bubbles step's daemon once its fill job is cancelled:
+# BERT-base requests (batch 1, 128 tokens) sent one after another while the main job runs (with
+# --server: it announces its bubbles), as online fill work (an objective of 200 ms) and as plain
+# requests co-executing with it; each answer's latency as pswitchd measured it (arrival to
+# answer) goes to online-<mode>.txt, a refusal to online-<mode>-refused.txt.
+online_requests() {
+  local d=$1 mode main
+  shift
+  local ctl=("$@")
+  "${ctl[@]}" register --name bert-online --model bert_base --batch 1 >/dev/null ||
+    { echo "online: bert_base did not register"; return 0; }
+  "$python" - "$d/bert-one.safetensors" <<'PY'
+import array, json, struct, sys
+data = array.array("q", (1000 + (i * 7919) % 20000 for i in range(128))).tobytes()
+header = json.dumps({"input": {"dtype": "I64", "shape": [1, 128], "data_offsets": [0, len(data)]}})
+header += " " * ((8 - len(header) % 8) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(header)) + header.encode() + data)
+PY
+  for mode in online co-exec; do
+    local slo=()
+    [ "$mode" = online ] && slo=(--online-slo-ms=200)
+    : >"$d/online-$mode.txt"
+    : >"$d/online-$mode-refused.txt"
+    timeout 90 "$bin/pipetrain" "${main_args[@]}" --server="127.0.0.1:$daemon_port" \
+      --json="$d/online-$mode.json" >"$d/online-$mode.out" 2>&1 &
+    main=$!
+    sleep 3  # its start-up and warm-up: the requests meet it iterating
+    while kill -0 "$main" 2>/dev/null; do
+      "${ctl[@]}" infer --name bert-online --input "$d/bert-one.safetensors" \
+        --output "$d/bert-one-out.safetensors" "${slo[@]}" >"$d/online-last.txt" 2>&1
+      sed -n 's/^task [0-9]*: latency \([0-9.]*\) ms.*/\1/p' "$d/online-last.txt" \
+        >>"$d/online-$mode.txt"
+      grep -q DEADLINE_EXCEEDED "$d/online-last.txt" && echo 1 >>"$d/online-$mode-refused.txt"
+    done
+    wait "$main" || { echo "online: pipetrain ($mode) failed:"; tail -5 "$d/online-$mode.out"; }
+  done
+}
+
+online_figures() {
+  "$python" - "$1" <<'PY'
+import json, statistics, sys
+d = sys.argv[1]
+def lat(mode):
+    try:
+        return sorted(float(x) for x in open(f"{d}/online-{mode}.txt").read().split())
+    except OSError:
+        return []
+def refused(mode):
+    try:
+        return len(open(f"{d}/online-{mode}-refused.txt").read().split())
+    except OSError:
+        return 0
+def pct(v, p):
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))] if v else float("nan")
+def iteration(mode):
+    try:
+        walls = [it["wall_ms"] for it in json.load(open(f"{d}/online-{mode}.json"))["iterations"]
+                 if not it.get("warmup")]
+        return statistics.median(walls)
+    except (OSError, ValueError, KeyError, statistics.StatisticsError):
+        return float("nan")
+on, co = lat("online"), lat("co-exec")
+if not on or not co:
+    print("FIG online bert_base b1: no requests answered (see online-*.txt)")
+    sys.exit(0)
+ratio = pct(on, 95) / pct(co, 95)
+print(f"FIG online bert_base b1: online p50 {pct(on, 50):.2f} p95 {pct(on, 95):.2f} ms "
+      f"({len(on)} served, {refused('online')} refused; objective 200 ms), co-execution p50 "
+      f"{pct(co, 50):.2f} p95 {pct(co, 95):.2f} ms ({len(co)}); p95 ratio {ratio:.2f} (target "
+      f"<= 0.33: {'met' if ratio <= 1 / 3 else 'NOT met'}); main job iteration "
+      f"{iteration('online'):.2f} ms online, {iteration('co-exec'):.2f} ms co-executing")
+PY
+}
+
 cmd_bubbles() {
   need pswitchd pswitch-worker pipetrain pswitchctl
   local d="$work/bubbles" rounds=2 iters=20 fwd=8 bwd=16 mb=8 stages=4
@@ -663,8 +738,10 @@ PY
     "${ctl[@]}" fill status "$job" | tee "$d/$kind-job.txt"
     "${ctl[@]}" fill stats | tee "$d/$kind-stats.txt"
     "${ctl[@]}" fill cancel "$job" >/dev/null 2>&1
+    [ "$kind" = bert_base-inference ] && online_requests "$d" "${ctl[@]}"
     stop_daemon
   done
+  online_figures "$d"
 
   "$python" - "$d" "$rounds" "${PSWITCH_VALIDATE_MAIN_ARGS:+custom main job}" <<'PY'
 import json, os, re, statistics, sys
@@ -969,7 +1046,7 @@ do_run() {
   step dataplane $((q ? 60 : 90)) "$self" _dataplane
   step register $((q ? 150 : 200)) "$self" _register
   step trace $((q ? 240 : 480)) "$self" _trace
-  step bubbles $((q ? 110 : 150)) "$self" _bubbles
+  step bubbles $((q ? 160 : 210)) "$self" _bubbles
   step detect $((q ? 90 : 120)) "$self" _detect
   step sanitizer $((q ? 50 : 75)) "$self" _sanitizer
   step rest $((q ? 90 : 120)) "$self" _rest
