@@ -166,6 +166,7 @@ absl::StatusOr<uint64_t> OnlineFill::Submit(const std::vector<int>& gpus, TaskSp
   if (gpus.empty()) return absl::InvalidArgumentError("an online fill request needs a GPU");
   r.overflow_gpu = gpus[0];
   r.arrival_ns = spec.arrival_ns > 0 ? spec.arrival_ns : base::MonotonicNowNs();
+  r.objective = *spec.online_slo;
   r.deadline_ns = r.arrival_ns + absl::ToInt64Nanoseconds(*spec.online_slo);
   if (spec.deadline != absl::InfiniteFuture()) {
     // The client's own deadline, when sooner, bounds its wait too (on the monotonic clock).
@@ -246,7 +247,12 @@ void OnlineFill::Measure(int gpu, const std::string& model, int64_t rows, double
     smooth(m.first_ns, took_ns, !m.one_row_seen);
     m.one_row_seen = true;
   } else if (!m.one_row_seen && !m.batch_seen) {
-    m.first_ns = took_ns;  // a first estimate, replaced by the first one-row pass
+    // A first pass of several rows: each row as dear as its share, until one-row passes and
+    // batches tell the fixed and the per-row parts apart.
+    m.first_ns = m.extra_row_ns = took_ns / static_cast<double>(rows);
+    m.batch_seen = false;
+    queue_changed_ = true;
+    return;
   }
   if (rows > 1) {
     const double extra = std::max(0.0, (took_ns - m.first_ns) / static_cast<double>(rows - 1));
@@ -333,7 +339,7 @@ double OnlineFill::PullLocked(int gpu, bool at_start, std::vector<Pass>& passes)
       // Not measured here: it runs alone, only from a bubble's start (the whole bubble for a
       // run whose length is what it will tell), and the bubble serves nothing more until it
       // is done.
-      if (!at_start || bubble.outstanding_ns > 0) {
+      if (!at_start) {
         ++it;
         continue;
       }
@@ -343,6 +349,7 @@ double OnlineFill::PullLocked(int gpu, bool at_start, std::vector<Pass>& passes)
       pass.bubble = bubble.id;
       pass.predicted_ns = static_cast<int64_t>(std::max(0.0, left_ns));
       bubble.outstanding_ns += pass.predicted_ns;
+      used_ns += static_cast<double>(pass.predicted_ns);
       passes.push_back(std::move(pass));
       break;
     }
@@ -471,13 +478,26 @@ void OnlineFill::Dispatch(Pass pass) {
   int64_t total_rows = 0;
   for (int64_t r : rows) total_rows += r;
   auto shared = std::make_shared<Pass>(std::move(pass));
-  // Runs each request of a batch on its own (the batch could not run as one).
+  // Runs each request of a batch on its own (the batch could not run as one), each counted in
+  // the batch's bubble (if it is still open) at its own predicted time.
   auto one_by_one = [this, shared] {
-    for (Request& r : shared->requests) {
-      Pass alone{shared->gpu, {}, shared->outcome};
-      alone.requests.push_back(std::move(r));
-      Dispatch(std::move(alone));
+    std::vector<Pass> alone;
+    {
+      absl::MutexLock lock(&mu_);
+      auto open = bubbles_.find(shared->gpu);
+      for (Request& r : shared->requests) {
+        Pass pass{shared->gpu, {}, shared->outcome};
+        if (open != bubbles_.end() && open->second.id == shared->bubble) {
+          pass.bubble = shared->bubble;
+          pass.predicted_ns =
+              static_cast<int64_t>(PredictedNs(shared->gpu, r.spec.model, r.rows).value_or(0));
+          open->second.outstanding_ns += pass.predicted_ns;
+        }
+        pass.requests.push_back(std::move(r));
+        alone.push_back(std::move(pass));
+      }
     }
+    for (Pass& pass : alone) Dispatch(std::move(pass));
   };
   const int64_t submitted = base::MonotonicNowNs();
   absl::StatusOr<uint64_t> queued = runner_(
@@ -508,6 +528,13 @@ void OnlineFill::Dispatch(Pass pass) {
           Release(*shared);  // its bubble's time is free again, however long it took
         }
         if (overflow) telemetry_->OnlineOverflowTime(gpu, Ns(static_cast<int64_t>(took)));
+        if (!outcome.ok() && shared->requests.size() > 1 && !absl::IsCancelled(outcome.status()) &&
+            !absl::IsUnavailable(outcome.status())) {
+          // The batch failed as a whole (its size may be why): each request on its own, so each
+          // gets its own answer.
+          one_by_one();
+          return;
+        }
         if (!split.ok()) {
           // Its outputs are not per row: each request runs again alone, nothing is lost.
           base::Log(base::LogLevel::kWarn, "online_fill_unbatchable")
@@ -572,7 +599,7 @@ void OnlineFill::TimerLoop() {
       mu_.Unlock();
       for (Pass& pass : overflow) Dispatch(std::move(pass));
       for (auto& [gpu, r] : refused) {
-        const absl::Duration slo = Ns(r.deadline_ns - r.arrival_ns);
+        const absl::Duration slo = r.objective;
         base::Log(base::LogLevel::kInfo, "online_fill_refused")
             .Field("model", r.spec.model)
             .FieldMs("objective_ms", slo)

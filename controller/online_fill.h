@@ -12,8 +12,8 @@
 // A prediction is per GPU and model: a smoothed measurement of its runs' service time (placement
 // on a worker to the answer, a weights copy left out: the cache keeps the model resident after
 // its first run), per pass and per row.
-// A model not measured yet runs alone in the first bubble that comes, so that it is measured;
-// until then its latest start is three quarters into its objective.
+// A model not measured yet on a GPU runs alone from the start of one of its bubbles, so that it
+// is measured; until then its latest start is three quarters into its objective.
 #ifndef PSWITCH_CONTROLLER_ONLINE_FILL_H_
 #define PSWITCH_CONTROLLER_ONLINE_FILL_H_
 
@@ -110,6 +110,7 @@ class OnlineFill {
     TaskSpec spec;
     TaskCallback done;
     int64_t arrival_ns = 0;
+    absl::Duration objective;   // its latency objective
     int64_t deadline_ns = 0;    // arrival + objective, or the client's deadline if sooner
     int64_t rows = 1;           // the input's first dimension
     int64_t dispatched_ns = 0;  // handed to the GPU's scheduler (its queueing ends)
@@ -195,7 +196,8 @@ bool MayBatch(const TaskSpec& a, const TaskSpec& b);
 TaskSpec MergeBatch(const std::vector<const TaskSpec*>& specs);
 // Each request's share of a batched outcome: its `rows[i]` rows of every output, in order.
 // InvalidArgument when an output's first dimension is not the rows' sum (a model whose outputs
-// are not per row cannot be batched; its requests then fail and are run alone from then on).
+// are not per row cannot be batched: that batch's requests run again one by one, and the model
+// is not batched again).
 absl::StatusOr<std::vector<TaskOutcome>> SplitBatch(TaskOutcome outcome,
                                                     const std::vector<int64_t>& rows);
 

@@ -67,6 +67,7 @@ class FakeRunner {
       absl::Duration service;
       absl::Status refuse;
       bool per_row;
+      bool fail = false;
       uint64_t id;
       {
         absl::MutexLock lock(&mu_);
@@ -78,12 +79,19 @@ class FakeRunner {
         if (spec.inputs[0].shape[0] > max_rows_) {
           return absl::InvalidArgumentError("inputs beyond --max-input-bytes");
         }
+        if (spec.inputs[0].shape[0] > fail_rows_) {
+          fail = true;
+        }
         if (hold_) {
           held_.push_back({Reported(Doubled(spec)), std::move(done)});
           return id;
         }
       }
       if (!refuse.ok()) return refuse;
+      if (fail) {  // accepted, then failed (as a run out of activation memory would)
+        done(absl::ResourceExhaustedError("activations beyond the worker's lease"));
+        return id;
+      }
       absl::SleepFor(service);
       TaskOutcome outcome;
       {
@@ -128,6 +136,11 @@ class FakeRunner {
     absl::MutexLock lock(&mu_);
     reported_ = d;
   }
+  // Runs of more rows fail after being accepted.
+  void set_fail_rows(int64_t rows) {
+    absl::MutexLock lock(&mu_);
+    fail_rows_ = rows;
+  }
   // Runs of more rows are refused, as a scheduler refuses inputs beyond its bound.
   void set_max_rows(int64_t rows) {
     absl::MutexLock lock(&mu_);
@@ -159,6 +172,7 @@ class FakeRunner {
   absl::Status refuse_ ABSL_GUARDED_BY(mu_);
   bool per_row_ ABSL_GUARDED_BY(mu_) = true;
   int64_t max_rows_ ABSL_GUARDED_BY(mu_) = 1 << 30;
+  int64_t fail_rows_ ABSL_GUARDED_BY(mu_) = 1 << 30;
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration reported_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<TaskOutcome, TaskCallback>> held_ ABSL_GUARDED_BY(mu_);
@@ -295,9 +309,8 @@ TEST(OnlineFillTest, RequestsOfOneModelAndPrincipalShareOnePassAndGetTheirOwnRow
   ASSERT_TRUE(a.Wait());
   ASSERT_TRUE(b.Wait());
   ASSERT_TRUE(other.Wait());
-  // Model n is not measured yet: it runs alone, from the start of a bubble of its own.
-  EXPECT_FALSE(c.done.HasBeenNotified());
-  Bubble(online, 0, 1000);
+  // Model n is not measured yet: it runs alone, handed out at the bubble's start with all the
+  // bubble has left after the others.
   ASSERT_TRUE(c.Wait());
   // warm-up, alice's batch of a and b, bob's alone, then model n.
   std::vector<FakeRunner::Run> runs = runner.runs();
@@ -514,6 +527,27 @@ TEST(OnlineFillTest, ABatchTheSchedulerRefusesRunsItsRequestsOneByOne) {
   EXPECT_EQ(FirstValue(*b.outcome), 10.0f);
   // warm-up, the refused batch of 4 rows, then each alone.
   EXPECT_EQ(runner.runs().size(), 4u);
+}
+
+TEST(OnlineFillTest, ABatchThatFailsAsAWholeRunsItsRequestsOneByOne) {
+  FakeRunner runner;
+  OnlineFill online(runner.Runner(), {});
+  Answer warm;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(warm.Wait());
+  runner.set_fail_rows(1);
+  Answer a, b;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(a.Wait());
+  ASSERT_TRUE(b.Wait());
+  ASSERT_TRUE(a.outcome.ok()) << a.outcome.status();
+  ASSERT_TRUE(b.outcome.ok()) << b.outcome.status();
+  EXPECT_EQ(FirstValue(*b.outcome), 4.0f);
+  EXPECT_EQ(runner.runs().size(), 4u) << "warm-up, the batch, then each alone";
+  EXPECT_EQ(online.Stats().failed, 0u);
 }
 
 TEST(OnlineFillTest, AClientsDeadlineSoonerThanItsObjectiveBoundsItsWait) {

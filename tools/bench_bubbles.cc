@@ -613,7 +613,12 @@ Window OnlineWindow(const ConfigRuns& out, const Config& c, int iterations) {
   const double from_s = latest_s + (warmup + 1) * iteration_s;
   const double to_s = earliest_s + (warmup + iterations - 2) * iteration_s -
                       absl::GetFlag(FLAGS_online_slo_ms) / 1000;
-  return {absl::Seconds(from_s), absl::Seconds(std::max(to_s - from_s, iteration_s))};
+  if (to_s - from_s < iteration_s) {
+    // Runs too short (or start-ups too uneven) for that: the last iteration before the end,
+    // which a request may outlive.
+    return {absl::Seconds(std::max(0.0, to_s - iteration_s)), absl::Seconds(iteration_s)};
+  }
+  return {absl::Seconds(from_s), absl::Seconds(to_s - from_s)};
 }
 
 // `online_rates`: the online arms' (low, high) arrival rates.
