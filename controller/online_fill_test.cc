@@ -199,6 +199,15 @@ void Bubble(OnlineFill& online, int gpu, double ms) {
   online.BubbleEnded(gpu);
 }
 
+// Model "m" measured on GPU 0: one request of alice's served in a bubble of its own.
+void Measure(OnlineFill& online) {
+  Answer warm;
+  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
+  Bubble(online, 0, 1000);
+  ASSERT_TRUE(warm.Wait());
+  ASSERT_TRUE(warm.outcome.ok()) << warm.outcome.status();
+}
+
 TEST(OnlineFillTest, ARequestWaitsForABubbleAndIsServedInItWithItsOwnAnswer) {
   FakeRunner runner;
   auto telemetry = std::make_shared<Telemetry>();
@@ -273,10 +282,7 @@ TEST(OnlineFillTest, AModelNotYetMeasuredRunsAloneSoItsServiceIsLearnt) {
 TEST(OnlineFillTest, ARequestArrivingInABubbleUnderWayIsServedAtOnceUntilItEnds) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 100);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
   EXPECT_EQ(online.Pull(0, InMs(1000)), absl::ZeroDuration()) << "nothing waits yet";
   Answer a;
   ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
@@ -294,10 +300,7 @@ TEST(OnlineFillTest, ARequestArrivingInABubbleUnderWayIsServedAtOnceUntilItEnds)
 TEST(OnlineFillTest, RequestsOfOneModelAndPrincipalShareOnePassAndGetTheirOwnRows) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 100);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
 
   Answer a, b, c, other;
   ASSERT_TRUE(online.Submit({0}, Request("m", 2, 10, absl::Seconds(30)), a.Callback()).ok());
@@ -395,10 +398,7 @@ TEST(OnlineFillTest, AMeasuredModelOverflowsOnlyWhenItsServiceNoLongerFitsTheObj
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
   runner.set_service(absl::Milliseconds(40));
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 1000);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
   // Its objective is shorter than its measured service: refused at once.
   Answer a;
   const int64_t start = base::MonotonicNowNs();
@@ -412,10 +412,7 @@ TEST(OnlineFillTest, OutputsNotPerRowRunEachRequestAgainAloneAndStopBatching) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
   runner.set_per_row(false);
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 1000);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
   Answer a, b;
   ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
   ASSERT_TRUE(online.Submit({0}, Request("m", 1, 2, absl::Seconds(30)), b.Callback()).ok());
@@ -480,10 +477,7 @@ TEST(OnlineFillTest, ABubbleNeverHandsOutMoreThanItHasLeftForThePassesStillOut) 
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
   runner.set_reported_service(absl::Milliseconds(10));  // measured at exactly 10 ms
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 1000);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
   runner.hold();
   // Five requests of five tenants (never batched together), each predicted at about 10 ms.
   std::vector<std::unique_ptr<Answer>> answers;
@@ -511,10 +505,7 @@ TEST(OnlineFillTest, ABubbleNeverHandsOutMoreThanItHasLeftForThePassesStillOut) 
 TEST(OnlineFillTest, ABatchTheSchedulerRefusesRunsItsRequestsOneByOne) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 1000);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
   runner.set_max_rows(2);
   Answer a, b;
   ASSERT_TRUE(online.Submit({0}, Request("m", 2, 1, absl::Seconds(30)), a.Callback()).ok());
@@ -532,10 +523,7 @@ TEST(OnlineFillTest, ABatchTheSchedulerRefusesRunsItsRequestsOneByOne) {
 TEST(OnlineFillTest, ABatchThatFailsAsAWholeRunsItsRequestsOneByOne) {
   FakeRunner runner;
   OnlineFill online(runner.Runner(), {});
-  Answer warm;
-  ASSERT_TRUE(online.Submit({0}, Request("m", 1, 0, absl::Seconds(30)), warm.Callback()).ok());
-  Bubble(online, 0, 1000);
-  ASSERT_TRUE(warm.Wait());
+  ASSERT_NO_FATAL_FAILURE(Measure(online));
   runner.set_fail_rows(1);
   Answer a, b;
   ASSERT_TRUE(online.Submit({0}, Request("m", 1, 1, absl::Seconds(30)), a.Callback()).ok());
