@@ -161,10 +161,10 @@ absl::StatusOr<FillJobStatus> Decode(const proto::FillStatus& wire) {
 
 flatbuffers::Offset<proto::FillStats> Encode(flatbuffers::FlatBufferBuilder& b,
                                              const FillStats& s) {
-  return proto::CreateFillStats(b, s.bubbles, NonNegativeUs(s.bubble_time),
-                                NonNegativeUs(s.fill_step_time), s.steps,
-                                absl::ToDoubleMicroseconds(s.pause_p50),
-                                absl::ToDoubleMicroseconds(s.pause_p99), s.killed);
+  return proto::CreateFillStats(
+      b, s.bubbles, NonNegativeUs(s.bubble_time), NonNegativeUs(s.fill_step_time), s.steps,
+      absl::ToDoubleMicroseconds(s.pause_p50), absl::ToDoubleMicroseconds(s.pause_p99), s.killed,
+      s.runs, s.bell_wakes);
 }
 
 FillStats Decode(const proto::FillStats& wire) {
@@ -176,6 +176,8 @@ FillStats Decode(const proto::FillStats& wire) {
   s.pause_p50 = absl::Microseconds(wire.pause_latency_p50_us());
   s.pause_p99 = absl::Microseconds(wire.pause_latency_p99_us());
   s.killed = wire.killed();
+  s.runs = wire.runs();
+  s.bell_wakes = wire.bell_wakes();
   return s;
 }
 

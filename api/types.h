@@ -73,6 +73,8 @@ struct FillStats {
   uint64_t steps = 0;
   absl::Duration pause_p50, pause_p99;  // bubble end -> fill task paused
   uint64_t killed = 0;                  // fill tasks SIGKILLed for not pausing or stopping
+  uint64_t runs = 0;                    // fill runs started (a Run message each)
+  uint64_t bell_wakes = 0;  // bubbles opened for a resident run by its bell (no message)
 };
 
 }  // namespace pswitch::api

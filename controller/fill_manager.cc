@@ -107,8 +107,13 @@ absl::Status FillManager::RebuildScheduler() {
   // Jobs not yet finished are placed again on the new cycles.
   for (auto& [id, job] : jobs_) {
     if (job.machine.stopped() || job.writing_output) continue;  // the latter ends by itself
+    const int was = job.gpu;
     absl::Status placed = Place(id, job);
-    if (!placed.ok()) Stop(id, job, placed);
+    if (!placed.ok()) {
+      Stop(id, job, placed);
+    } else if (job.gpu != was) {
+      StopResident(id);  // its next run starts on its new GPU
+    }
   }
   return absl::OkStatus();
 }
@@ -434,6 +439,7 @@ void FillManager::Stop(uint64_t id, Job& job, absl::Status error, bool drop_chec
   if (job.machine.stopped()) return;
   Transition(id, job, fill::FillEvent::kStop);
   job.error = std::move(error);
+  StopResident(id);
   if (scheduler_ != nullptr) (void)scheduler_->Remove(id);
   if (drop_checkpoint) controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
   // A training job that finished keeps its model, "fill-<id>": the trained weights are its
@@ -527,6 +533,12 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   base::NvtxEnd(g.bubble_nvtx);  // a begin without an end (the main job restarted)
   g.bubble_nvtx = base::NvtxStart(absl::StrCat("bubble gpu ", gpu));
   ++stats_.bubbles;
+  // What is left of the bubble when the message is handled, not what it was when it began.
+  const absl::Duration left = absl::Nanoseconds(bubble_end_ns - arrival_ns) - online;
+  if (g.resident && !g.resident->bell->stopped()) {
+    WakeResident(gpu, g, bubble_end_ns, left, free_bytes, now);
+    return absl::OkStatus();
+  }
   // No cycle registered for this GPU (nothing placed here), or its last run has not paused yet.
   if (scheduler_ == nullptr || g.running_job) return absl::OkStatus();
   auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
@@ -537,21 +549,100 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   Job& job = jobs_.at(id);
   // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
   // even one step would fit: switching it in would only cost copies.
-  // What is left of the bubble when the message is handled, not what it was when it began.
-  const absl::Duration left = absl::Nanoseconds(bubble_end_ns - arrival_ns) - online;
   if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes ||
       left <= job.predicted_step + options_.margin) {
     return absl::OkStatus();
   }
+  TaskSpec spec = RunSpec(id, job, gpu, bubble_end_ns, free_bytes);
+  if (options_.resident_runs) {
+    absl::StatusOr<std::shared_ptr<BubbleBell>> bell = BubbleBell::Create();
+    if (!bell.ok()) {
+      // No page for its bell (pswitchd is out of files or memory): the bubble goes unused, said.
+      base::Log(base::LogLevel::kWarn, "fill_bell_failed")
+          .Field("job", id)
+          .Field("error", bell.status());
+      return absl::OkStatus();
+    }
+    (*bell)->Open(bubble_end_ns, bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
+    spec.regions.push_back((*bell)->region());
+    spec.fill->bell = *bell;
+    g.resident = GpuState::Resident{id, *std::move(bell)};
+  }
   Transition(id, job, fill::FillEvent::kStart);
   ++job.bubbles;
+  ++stats_.runs;
   g.running_job = id;
   g.run_done = false;
   g.ended = false;
   controller_->gpu(gpu).SubmitFill(
-      RunSpec(id, job, gpu, bubble_end_ns, free_bytes),
+      std::move(spec),
       [this, gpu, id](const absl::StatusOr<TaskOutcome>& outcome) { OnRunDone(gpu, id, outcome); });
   return absl::OkStatus();
+}
+
+bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl::Duration left,
+                               uint64_t free_bytes, absl::Time now) {
+  Harvest(gpu, g);
+  const uint64_t id = g.resident->job;
+  Job& job = jobs_.at(id);
+  std::optional<uint64_t> next;
+  if (scheduler_ != nullptr) {
+    auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
+    if (stage != stage_gpu_.end()) {
+      absl::StatusOr<std::optional<uint64_t>> chosen =
+          scheduler_->Next(static_cast<int>(stage - stage_gpu_.begin()), now);
+      if (chosen.ok()) next = *chosen;
+    }
+  }
+  // Another job's turn here (the policy chose it, or this one moved), or this bubble lacks the
+  // memory the run holds: the run ends, and the next bubble starts what comes next.
+  if (next != id || job.request.memory_bytes > free_bytes) {
+    StopResident(id);
+    return false;
+  }
+  // Not even one step fits what is left: the run stays asleep.
+  if (job.machine.state() != fill::FillState::kPaused ||
+      left <= job.predicted_step + options_.margin) {
+    return false;
+  }
+  Transition(id, job, fill::FillEvent::kStart);
+  ++job.bubbles;
+  ++stats_.bell_wakes;
+  g.resident->bell->Open(bubble_end_ns,
+                         bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
+  return true;
+}
+
+void FillManager::StopResident(uint64_t id) {
+  for (auto& [gpu, g] : gpus_) {
+    if (g.resident && g.resident->job == id) g.resident->bell->Stop();
+  }
+}
+
+void FillManager::Harvest(int gpu, GpuState& g) {
+  GpuState::Resident& r = *g.resident;
+  const BubbleBell::Report report = r.bell->Read();
+  Job& job = jobs_.at(r.job);
+  const uint64_t total = static_cast<uint64_t>(job.steps_total);
+  // The worker's word: counters only go forward, and never past what the job has.
+  RunCounts counts;
+  const uint64_t steps = std::clamp(report.steps, r.steps_seen, r.steps_seen + total);
+  counts.steps = steps - r.steps_seen;
+  const int64_t step_ns = std::max(report.step_ns, r.step_ns_seen);
+  counts.step_time = absl::Nanoseconds(step_ns - r.step_ns_seen);
+  counts.iterations_done = std::min(report.iterations_done, total);
+  counts.overran = report.overruns > r.overruns_seen;
+  counts.overrun_time = absl::Nanoseconds(std::max<int64_t>(report.overrun_ns, 0));
+  r.steps_seen = steps;
+  r.step_ns_seen = step_ns;
+  r.overruns_seen = std::max(report.overruns, r.overruns_seen);
+  if (r.closed_ns != 0 && !report.stepping) {
+    // Paused: its last step ended (or was cut) this long after the close; before it counts as 0.
+    RecordPauseLatency(gpu,
+                       absl::Nanoseconds(std::max<int64_t>(report.idle_since_ns - r.closed_ns, 0)));
+    r.closed_ns = 0;
+  }
+  if (!job.machine.stopped()) Account(gpu, r.job, job, counts);
 }
 
 absl::Status FillManager::BubbleEnd(int gpu) {
@@ -568,15 +659,28 @@ absl::Status FillManager::BubbleEnd(int gpu) {
     const absl::Time now = absl::Now();
     stats_.bubble_time += now - g.bubble_begin;
     telemetry_->BubbleTime(gpu, now - g.bubble_begin);
-    // A run still going from an earlier bubble keeps that bubble's end (its pause latency and
-    // kill deadline count from there).
-    if (!g.running_job || g.ended) return absl::OkStatus();
-    g.bubble_end = now;
-    g.ended = true;
-    if (g.run_done) {
-      RecordPause(gpu, g);
+    if (g.resident) {
+      // Its bell tells the run (a step under way is cut now); the scheduler checks it paused.
+      const int64_t now_ns = base::MonotonicNowNs();
+      g.resident->bell->Close(now_ns);
+      Harvest(gpu, g);
+      Job& job = jobs_.at(g.resident->job);
+      if (job.machine.state() == fill::FillState::kRunning) {  // it had this bubble
+        Transition(g.resident->job, job, fill::FillEvent::kPause);
+        g.resident->closed_ns = now_ns;
+        pause = true;
+      }
     } else {
-      pause = true;
+      // A run still going from an earlier bubble keeps that bubble's end (its pause latency and
+      // kill deadline count from there).
+      if (!g.running_job || g.ended) return absl::OkStatus();
+      g.bubble_end = now;
+      g.ended = true;
+      if (g.run_done) {
+        RecordPause(gpu, g);
+      } else {
+        pause = true;
+      }
     }
   }
   if (pause) controller_->gpu(gpu).EndBubble(options_.grace);
@@ -585,19 +689,33 @@ absl::Status FillManager::BubbleEnd(int gpu) {
 
 void FillManager::RecordPause(int gpu, GpuState& g) {
   // Paused before the bubble ended (the step gate) counts as zero.
-  pause_latencies_.push_back(std::max(absl::ZeroDuration(), g.run_done_at - g.bubble_end));
-  telemetry_->FillPaused(gpu, pause_latencies_.back());
+  RecordPauseLatency(gpu, std::max(absl::ZeroDuration(), g.run_done_at - g.bubble_end));
+  g.running_job.reset();
+}
+
+void FillManager::RecordPauseLatency(int gpu, absl::Duration latency) {
+  pause_latencies_.push_back(latency);
+  telemetry_->FillPaused(gpu, latency);
   // Recent samples only; dropping the older half at once keeps BubbleEnd O(1) amortized.
   if (pause_latencies_.size() > 100000) {
     pause_latencies_.erase(pause_latencies_.begin(), pause_latencies_.begin() + 50000);
   }
-  g.running_job.reset();
 }
 
 void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutcome>& outcome) {
   absl::MutexLock lock(&mu_);
   GpuState& g = gpus_[gpu];
-  if (g.running_job == id) {
+  // A resident run's counts so far came on its bell: what its RunDone adds is the rest.
+  RunCounts counted;
+  const bool resident = g.resident && g.resident->job == id;
+  if (resident) {
+    Harvest(gpu, g);
+    counted.steps = g.resident->steps_seen;
+    counted.step_time = absl::Nanoseconds(g.resident->step_ns_seen);
+    counted.overran = g.resident->overruns_seen > 0;
+    g.resident.reset();
+    g.running_job.reset();
+  } else if (g.running_job == id) {
     g.run_done = true;
     g.run_done_at = outcome.ok() ? outcome->paused_at : absl::Now();
     if (g.ended) RecordPause(gpu, g);
@@ -612,34 +730,14 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     Stop(id, job, outcome.status());
     return;
   }
-  for (uint32_t i = 0; i < outcome->fill_steps; ++i) {
-    Transition(id, job, fill::FillEvent::kRunNextStep);
-  }
-  stats_.steps += outcome->fill_steps;
-  stats_.fill_step_time += outcome->fill_step_time;
-  telemetry_->FillStepTime(gpu, outcome->fill_step_time);
-  if (outcome->fill_steps > 0) {
-    // Across bubbles the job's step time is a smoothed measurement: one descheduled step must
-    // not lock the job out of every bubble (within a bubble, the worker's gate is stricter).
-    const absl::Duration mean = outcome->fill_step_time / outcome->fill_steps;
-    job.predicted_step = job.measured_runs == 0 ? mean : job.predicted_step * 0.8 + mean * 0.2;
-    ++job.measured_runs;
-  }
-  if (outcome->fill_step_overran) {
-    // A step ran past its bubble's end and was cut there (it left no trace): it takes at least
-    // the time it ran. That counts as one smoothed sample, as a measured step does: a
-    // descheduled step must not lock the job out of its bubbles, and steps that keep overrunning
-    // push the prediction up until none is started where it cannot end.
-    job.predicted_step =
-        std::max(job.predicted_step, job.predicted_step * 0.8 + outcome->fill_predicted_step * 0.2);
-    base::Log(base::LogLevel::kWarn, "fill_step_overran")
-        .Field("job", id)
-        .FieldMs("ran_at_least_ms", outcome->fill_predicted_step)
-        .FieldMs("now_predicted_ms", job.predicted_step);
-  }
+  RunCounts counts;
+  counts.steps = outcome->fill_steps > counted.steps ? outcome->fill_steps - counted.steps : 0;
+  counts.step_time = std::max(absl::ZeroDuration(), outcome->fill_step_time - counted.step_time);
+  counts.iterations_done = outcome->iterations_done;
+  counts.overran = outcome->fill_step_overran && !counted.overran;
+  counts.overrun_time = outcome->fill_predicted_step;
+  Account(gpu, id, job, counts);
   for (const proto::HostTensor& t : outcome->outputs) job.outputs.push_back(t);
-  job.steps_done = std::min<int64_t>(outcome->iterations_done, job.steps_total);
-  if (scheduler_ != nullptr) (void)scheduler_->ReportProgress(id, job.steps_done);
   if (job.steps_done >= job.steps_total) {
     if (job.request.kind != FillKind::kInference) {
       Stop(id, job, absl::OkStatus());
@@ -666,8 +764,45 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     job.outputs.clear();
     return;
   }
-  Transition(id, job, fill::FillEvent::kPause);  // RUNNING -> PAUSED until its next bubble
+  // RUNNING -> PAUSED until its next bubble (a resident run may have ended between bubbles).
+  if (job.machine.state() == fill::FillState::kRunning) {
+    Transition(id, job, fill::FillEvent::kPause);
+  }
   if (absl::Status fits = StepFitsBubbles(id, job, gpu); !fits.ok()) Stop(id, job, fits);
+}
+
+void FillManager::Account(int gpu, uint64_t id, Job& job, const RunCounts& counts) {
+  // Steps the job ran while RUNNING; a resident run's last ones may be read after its pause.
+  if (job.machine.state() == fill::FillState::kRunning) {
+    for (uint64_t i = 0; i < counts.steps; ++i) Transition(id, job, fill::FillEvent::kRunNextStep);
+  }
+  stats_.steps += counts.steps;
+  stats_.fill_step_time += counts.step_time;
+  telemetry_->FillStepTime(gpu, counts.step_time);
+  if (counts.steps > 0) {
+    // Across bubbles the job's step time is a smoothed measurement: one descheduled step must
+    // not lock the job out of every bubble (within a bubble, the worker's gate is stricter).
+    const absl::Duration mean = counts.step_time / counts.steps;
+    job.predicted_step = job.measured_runs == 0 ? mean : job.predicted_step * 0.8 + mean * 0.2;
+    ++job.measured_runs;
+  }
+  if (counts.overran) {
+    // A step ran past its bubble's end and was cut there (it left no trace): it takes at least
+    // the time it ran. That counts as one smoothed sample, as a measured step does: a
+    // descheduled step must not lock the job out of its bubbles, and steps that keep overrunning
+    // push the prediction up until none is started where it cannot end.
+    job.predicted_step =
+        std::max(job.predicted_step, job.predicted_step * 0.8 + counts.overrun_time * 0.2);
+    base::Log(base::LogLevel::kWarn, "fill_step_overran")
+        .Field("job", id)
+        .FieldMs("ran_at_least_ms", counts.overrun_time)
+        .FieldMs("now_predicted_ms", job.predicted_step);
+  }
+  // The job's progress only goes forward (a late report never takes it back).
+  job.steps_done =
+      std::max(job.steps_done,
+               std::min<int64_t>(static_cast<int64_t>(counts.iterations_done), job.steps_total));
+  if (scheduler_ != nullptr) (void)scheduler_->ReportProgress(id, job.steps_done);
 }
 
 absl::Status FillManager::StepFitsBubbles(uint64_t id, const Job& job, int gpu) const {

@@ -23,6 +23,7 @@
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "base/confined_dir.h"
+#include "controller/bubble_bell.h"
 #include "controller/controller.h"
 #include "controller/fill_dataset.h"
 #include "controller/fill_request.h"
@@ -43,6 +44,10 @@ struct FillManagerOptions {
   absl::Duration margin = absl::Microseconds(300);  // step gate safety margin
   absl::Duration switch_overhead = absl::Milliseconds(1);  // planning: per-bubble switch-in
   bool host_compute_lock = false;  // fill steps hold gpu::ComputeLock::DefaultPath(gpu)
+  // A job's run lives across bubbles (issue 30 item 1): started by a message at its first
+  // bubble, woken at each later one by its bell (controller/bubble_bell.h) with its model, state
+  // and outputs kept in its worker; false: one run (Prepare and Run) per bubble.
+  bool resident_runs = true;
   // Where clients' dataset and output names resolve; null: only jobs whose files are passed by
   // fd (FillRequest::dataset_fd, output_fd) may infer over a dataset.
   std::shared_ptr<const base::ConfinedDir> data_root;
@@ -183,6 +188,25 @@ class FillManager {
     bool run_done = false;                // that run reported back (paused, done or failed)
     absl::Time run_done_at;
     bool ended = false;  // that run's bubble ended
+    // The resident run on this GPU (options.resident_runs), from its start to its RunDone.
+    struct Resident {
+      uint64_t job = 0;
+      std::shared_ptr<BubbleBell> bell;
+      // What of the bell's report is already counted (it only grows within a run).
+      uint64_t steps_seen = 0;
+      int64_t step_ns_seen = 0;
+      uint64_t overruns_seen = 0;
+      int64_t closed_ns = 0;  // its last bubble's close, until its pause is recorded (0: none)
+    };
+    std::optional<Resident> resident;
+  };
+  // What a run did, from its RunDone or (resident) its bell.
+  struct RunCounts {
+    uint64_t steps = 0;
+    absl::Duration step_time;
+    uint64_t iterations_done = 0;  // the job's steps done, the run's included
+    bool overran = false;          // a step was cut at its bubble's end
+    absl::Duration overrun_time;   // that step's time so far
   };
 
   // Unloads the job's own model, once (it ended).
@@ -214,6 +238,19 @@ class FillManager {
   void Stop(uint64_t id, Job& job, absl::Status error, bool drop_checkpoint = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordPause(int gpu, GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordPauseLatency(int gpu, absl::Duration latency) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts what a run did (steps, step time, the job's progress and predicted step).
+  void Account(int gpu, uint64_t id, Job& job, const RunCounts& counts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts what `gpu`'s resident run reported on its bell since the last harvest, and its pause
+  // after its last bubble's close once it paused.
+  void Harvest(int gpu, GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens this bubble for `gpu`'s resident run (true), or stops the run when it should give the
+  // GPU to another job or its memory (false: nothing opened).
+  bool WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl::Duration left,
+                    uint64_t free_bytes, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends job `id`'s resident run, wherever it is (its RunDone follows).
+  void StopResident(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                    uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

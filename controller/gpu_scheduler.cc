@@ -227,6 +227,7 @@ void GpuScheduler::AfterEvent() {
   loop_role_.AssertHeld();
   // A busy loop must not starve the stop deadline; its timer may not have had its turn yet.
   EnforceStop();
+  EnforceResidentPause();
   KillSilentStopper();
   FinishUnloads();
   telemetry_->WeightsCache(options_.gpu, switcher_->cache().stats());
@@ -246,7 +247,8 @@ void GpuScheduler::AfterEvent() {
     MaybeStart();  // may stop a task, arming its deadline below
   }
   // Deadlines are timers, re-armed to whatever is due next; AfterEvent enforces a due stop.
-  kill_timer_.ArmAt(std::min(stop_deadline_.deadline(), SilentStopperDue()));
+  kill_timer_.ArmAt(std::min({stop_deadline_.deadline(), SilentStopperDue(),
+                              resident_pause_ ? resident_pause_->due : absl::InfiniteFuture()}));
   deadline_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : tasks_table_.NextDeadline());
   respawn_timer_.ArmAt(pool_->NextRespawn());
   silence_timer_.ArmAt(stopping_ ? absl::InfiniteFuture() : pool_->NextSilenceDeadline());
@@ -645,6 +647,8 @@ void GpuScheduler::StopRunning() {
   }
   // An unreachable worker is dead; its death event fails the task.
   (void)switcher_->Stop(running_->slot);
+  // A resident fill run may be waiting on its bell between bubbles: woken, it ends at once.
+  if (BubbleBell* bell = RunningBell()) bell->Stop();
   running_->stop_sent = true;
   running_->stop_sent_ns = base::MonotonicNowNs();
   // A worker that never answers (stopped, or its stream waiting on a flag no one writes) must
@@ -699,6 +703,29 @@ void GpuScheduler::KillSilentStopper() {
                            ") after being told to stop, with tasks waiting behind it"));
 }
 
+BubbleBell* GpuScheduler::RunningBell() const {
+  if (running_ == nullptr) return nullptr;
+  const TaskRecord* record = tasks_table_.Find(running_->task_id);
+  if (record == nullptr || !record->spec.fill) return nullptr;
+  return record->spec.fill->bell.get();
+}
+
+void GpuScheduler::EnforceResidentPause() {
+  if (!resident_pause_ || absl::Now() < resident_pause_->due) return;
+  const ResidentPause pause = *resident_pause_;
+  resident_pause_.reset();
+  BubbleBell* bell = RunningBell();
+  if (bell == nullptr || running_->task_id != pause.task || running_->slot < 0 ||
+      running_->stop_sent || bell->seq() != pause.seq) {
+    return;  // ended, being stopped (its own deadline), or a bubble opened since
+  }
+  const BubbleBell::Report report = bell->Read();
+  if (!report.stepping && report.last_step_start_ns <= pause.closed_ns) return;  // paused
+  pool_->Kill(running_->slot,
+              absl::StrCat("killed: the fill task did not pause within ",
+                           absl::FormatDuration(pause.grace), " of its bubble's end"));
+}
+
 void GpuScheduler::EnforceStop() {
   std::optional<StopDeadline::Expired> expired = stop_deadline_.Due(absl::Now());
   // A run whose checkpoint is being written (slot -1) has no worker left to kill.
@@ -729,7 +756,7 @@ uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
 }
 
 void GpuScheduler::EndBubble(absl::Duration grace) {
-  Post([this, grace, ended = absl::Now()] {
+  Post([this, grace, ended = absl::Now(), ended_ns = base::MonotonicNowNs()] {
     loop_role_.AssertHeld();
     if (std::optional<uint64_t> id = bubble_runs_.EndBubble()) {
       // It never started: nothing to pause.
@@ -741,6 +768,12 @@ void GpuScheduler::EndBubble(absl::Duration grace) {
       Finish(*id, outcome);
     }
     if (running_ == nullptr || !tasks_table_.at(running_->task_id).spec.fill) return;
+    if (BubbleBell* bell = RunningBell()) {
+      // Resident: its bell told it (closed before this was posted); it is only checked.
+      resident_pause_ =
+          ResidentPause{running_->task_id, ended_ns, bell->seq(), ended + grace, grace};
+      return;
+    }
     StopRunning();
     stop_deadline_.Arm(running_->task_id, ended + grace,
                        absl::StrCat("killed: the fill task did not pause within ",

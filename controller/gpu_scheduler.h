@@ -54,6 +54,7 @@
 #include "base/log.h"
 #include "controller/blocking_work.h"
 #include "controller/bubble_admission.h"
+#include "controller/bubble_bell.h"
 #include "controller/event_loop.h"
 #include "controller/loop_timer.h"
 #include "controller/state_checkpoints.h"
@@ -193,10 +194,15 @@ class GpuScheduler : private WorkerPool::Listener {
   // that fails fails it with that status.
   absl::StatusOr<uint64_t> Submit(TaskSpec spec, TaskCallback done);
   // Runs a fill task's bubble run (spec.fill set) when nothing else is queued or running; any
-  // queued task preempts it. It stops at its bubble end by itself (step gate) or at EndBubble.
+  // queued task preempts it (a resident run's bell is stopped too, so a run waiting between
+  // bubbles ends at once). A run of one bubble stops at its bubble end by itself (step gate) or
+  // at EndBubble; a resident run (spec.fill->bell) lives across bubbles until its steps are done
+  // or it is stopped.
   uint64_t SubmitFill(TaskSpec spec, TaskCallback done);
-  // The main job's bubble on this GPU ended: the fill run is told to pause now, and its worker
-  // is SIGKILLed if it has not paused within `grace` (framework-enforced limit).
+  // The main job's bubble on this GPU ended: a fill run of one bubble is told to pause now; a
+  // resident one was told by its bell (closed before this call). Either's worker is SIGKILLed if
+  // it has not paused within `grace` (framework-enforced limit): for a resident run, if it is
+  // still in a step, or began one after the close, with no bubble opened since.
   void EndBubble(absl::Duration grace);
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const;
   // The `limit` most recent tasks, newest first.
@@ -348,6 +354,10 @@ class GpuScheduler : private WorkerPool::Listener {
   // queued (InfiniteFuture: none waits), and killing it once it does.
   absl::Time SilentStopperDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void KillSilentStopper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // A resident fill run that did not pause within its grace after its bubble closed is killed.
+  void EnforceResidentPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // The running task's resident bell (null: not a resident fill run).
+  BubbleBell* RunningBell() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Fails queued tasks past their deadline and stops a running one.
   void EnforceDeadlines() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   void Finish(uint64_t task_id, const absl::StatusOr<TaskOutcome>& outcome)
@@ -410,6 +420,15 @@ class GpuScheduler : private WorkerPool::Listener {
       ABSL_GUARDED_BY(loop_role_);
   TaskRegistry tasks_;
   BubbleAdmission bubble_runs_ ABSL_GUARDED_BY(loop_role_);
+  // The running resident fill run's pause at its last bubble's close, checked at `due`.
+  struct ResidentPause {
+    uint64_t task = 0;
+    int64_t closed_ns = 0;
+    uint32_t seq = 0;  // the bell's after the close: another open or close changes it
+    absl::Time due = absl::InfiniteFuture();
+    absl::Duration grace;
+  };
+  std::optional<ResidentPause> resident_pause_ ABSL_GUARDED_BY(loop_role_);
   StopDeadline stop_deadline_ ABSL_GUARDED_BY(loop_role_);
   bool stopping_ ABSL_GUARDED_BY(loop_role_) = false;
   // When the last run told to stop answered (CLOCK_MONOTONIC ns; 0: none yet): the switch

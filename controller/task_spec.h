@@ -20,6 +20,8 @@
 
 namespace pswitch::controller {
 
+class BubbleBell;  // controller/bubble_bell.h
+
 // One bubble's run of a fill task (see fill/ and worker/fill_steps.h).
 struct FillRunSpec {
   int64_t bubble_end_ns = 0;  // CLOCK_MONOTONIC
@@ -36,6 +38,9 @@ struct FillRunSpec {
   std::string device_lock_path;  // host backend: the device's compute lock
   uint32_t first_iteration = 0;  // steps already done
   CheckpointKey state_key;       // keys the optimizer-state checkpoint across bubbles
+  // Set: a run that lives across bubbles, woken by this bell (its region is one of the
+  // TaskSpec's); null: a run of one bubble.
+  std::shared_ptr<BubbleBell> bell;
 };
 
 // The longest latency objective an online fill request may carry (TaskSpec::online_slo).

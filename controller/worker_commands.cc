@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "controller/bubble_bell.h"
 #include "proto/framing.h"
 #include "proto/worker_generated.h"
 
@@ -29,10 +30,15 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
         f.synthetic ? proto::FillRunKind::Synthetic : proto::FillRunKind::Model;
     // The dataset as its slice only: its bytes reach the worker through the region's memfd.
     auto dataset = f.dataset ? proto::CreateWireTensor(b, *f.dataset) : 0;
-    fill = proto::CreateFillRun(b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin),
-                                absl::ToInt64Nanoseconds(f.step), f.memory_cap, kind,
-                                absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
-                                f.ignore_pause, b.CreateString(f.device_lock_path), dataset);
+    std::optional<proto::Slice> bell;
+    if (f.bell != nullptr) {
+      const proto::ByteSlice at = f.bell->slice();
+      bell.emplace(at.region, at.offset, at.length);
+    }
+    fill = proto::CreateFillRun(
+        b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin), absl::ToInt64Nanoseconds(f.step),
+        f.memory_cap, kind, absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
+        f.ignore_pause, b.CreateString(f.device_lock_path), dataset, bell ? &*bell : nullptr);
   }
   auto run = proto::CreateRun(
       b, task_id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining,
@@ -97,6 +103,9 @@ absl::Status CheckRegionSlices(const TaskSpec& spec) {
   }
   if (spec.fill && spec.fill->dataset) {
     PSWITCH_RETURN_IF_ERROR(CheckSlice(spec, spec.fill->dataset->slice, "the fill dataset"));
+  }
+  if (spec.fill && spec.fill->bell != nullptr) {
+    PSWITCH_RETURN_IF_ERROR(CheckSlice(spec, spec.fill->bell->slice(), "the fill run's bell"));
   }
   return absl::OkStatus();
 }

@@ -1010,7 +1010,9 @@ void HttpServer::RouteOperations(const Authorizer& authorize) {
                       {"steps", s.steps},
                       {"pause_p50_seconds", absl::ToDoubleSeconds(s.pause_p50)},
                       {"pause_p99_seconds", absl::ToDoubleSeconds(s.pause_p99)},
-                      {"killed", s.killed}});
+                      {"killed", s.killed},
+                      {"runs", s.runs},
+                      {"bell_wakes", s.bell_wakes}});
          });
 }
 

@@ -468,14 +468,17 @@ TEST(TrainingTest, AStepPastItsDeadlineIsCutWithoutAStopAndLeavesNoTrace) {
   ASSERT_TRUE(trainer.ok());
   for (int step = 0; step < kSteps; ++step) {
     StepCutOptions past;
-    past.deadline_ns = base::MonotonicNowNs();
+    const std::atomic<int64_t> past_ns{base::MonotonicNowNs()};
+    past.deadline_ns = &past_ns;
     EXPECT_TRUE(past.armed() && past.Now());
     torch::manual_seed(step);
     auto cut = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),
                                 nullptr, past);
     EXPECT_TRUE(IsStepCut(cut.status())) << cut.status();
     StepCutOptions later;
-    later.deadline_ns = base::MonotonicNowNs() + absl::ToInt64Nanoseconds(absl::Hours(1));
+    const std::atomic<int64_t> later_ns{base::MonotonicNowNs() +
+                                        absl::ToInt64Nanoseconds(absl::Hours(1))};
+    later.deadline_ns = &later_ns;
     EXPECT_FALSE(later.Now());
     torch::manual_seed(step);
     auto loss = (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step),

@@ -214,9 +214,15 @@ void CutBackwardAtEveryNode(const at::Tensor& loss, const StepCutOptions& cut) {
 
 }  // namespace
 
+namespace {
+bool PastDeadline(int64_t deadline_ns) {
+  return deadline_ns != 0 && base::MonotonicNowNs() >= deadline_ns;
+}
+}  // namespace
+
 bool StepCutOptions::Now() const {
   return (stop != nullptr && stop->load(std::memory_order_relaxed)) ||
-         (deadline_ns != 0 && base::MonotonicNowNs() >= deadline_ns);
+         (deadline_ns != nullptr && PastDeadline(deadline_ns->load(std::memory_order_relaxed)));
 }
 
 absl::Status StepCutError() {

@@ -68,9 +68,11 @@ bool IsStepCut(const absl::Status& status);
 // How a step may be cut (Trainer::Step's `cut`; the default: never).
 struct StepCutOptions {
   const std::atomic<bool>* stop = nullptr;  // once set, the step is cut at its next point
-  // Non-zero (CLOCK_MONOTONIC ns): the step is cut at its first point at or past it (a fill
-  // step that would overrun its bubble: issue 30 item 2), as by `stop`.
-  int64_t deadline_ns = 0;
+  // Where the step reads its deadline (CLOCK_MONOTONIC ns; 0: none): the step is cut at its
+  // first point at or past it (a fill step that would overrun its bubble: issue 30 item 2), as
+  // by `stop`. A word, not a value: a resident fill run's bubble end moves under a step when its
+  // bubble ends early.
+  const std::atomic<int64_t>* deadline_ns = nullptr;
   // Given while the model's weights may still be arriving (the first step of a run whose copy is
   // in flight): the buffers each layer call of the training forward may write, in call order.
   // Each call's are then read at its gate (the after-gate hook), once its weights came, not all
@@ -79,7 +81,7 @@ struct StepCutOptions {
   const std::vector<std::vector<at::Tensor>>* arriving_buffers = nullptr;
 
   // Whether the step may be cut at all.
-  bool armed() const { return stop != nullptr || deadline_ns != 0; }
+  bool armed() const { return stop != nullptr || deadline_ns != nullptr; }
   // Whether it is to be cut now.
   bool Now() const;
 };

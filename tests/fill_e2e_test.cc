@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <optional>
@@ -168,12 +169,15 @@ class FillTest : public ::testing::Test {
     return waited;
   }
 
-  // Runs main-job iterations until the job stops (or `max` iterations).
+  // Runs main-job iterations until the job stops (or `max` iterations); `between(i)`, when
+  // given, runs after the i-th iteration's bubble, while the main job computes.
   client::FillJobStatus RunUntilStopped(uint64_t job, absl::Duration bubble, int max,
-                                        absl::Duration* worst_wait = nullptr) {
+                                        absl::Duration* worst_wait = nullptr,
+                                        const std::function<void(int)>& between = nullptr) {
     client::FillJobStatus status;
     for (int i = 0; i < max; ++i) {
       absl::Duration waited = Iteration(bubble, absl::Milliseconds(5));
+      if (between) between(i);
       if (worst_wait != nullptr) *worst_wait = std::max(*worst_wait, waited);
       auto s = client_->FillStatus(job);
       EXPECT_TRUE(s.ok()) << s.status();
@@ -188,7 +192,8 @@ class FillTest : public ::testing::Test {
   // compared with the same training run as one task: the same weights, bit for bit.
   // `bubble` long enough for a step on a loaded machine: a step that does not fit the largest
   // bubble stops the job (rightly), which is not what these tests are about.
-  void TrainThroughBubblesExactly(uint32_t steps, absl::Duration bubble = absl::Milliseconds(60)) {
+  void TrainThroughBubblesExactly(uint32_t steps, absl::Duration bubble = absl::Milliseconds(60),
+                                  const std::function<void(int)>& between = nullptr) {
     RegisterCycle(bubble);
     client::FillJobOptions o;
     o.kind = client::FillKind::kTraining;
@@ -200,7 +205,7 @@ class FillTest : public ::testing::Test {
     o.memory_bytes = 32 << 20;
     auto job = client_->SubmitFill(o);
     ASSERT_TRUE(job.ok()) << job.status();
-    client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 1000);
+    client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 1000, nullptr, between);
     ASSERT_EQ(done.state, client::FillState::kStopped);
     ASSERT_TRUE(done.error.ok()) << done.error;
     EXPECT_EQ(done.steps_done, steps);
@@ -374,6 +379,94 @@ TEST_F(FillTest, StepsStartOnlyWhenTheyFitInTheBubble) {
   EXPECT_LT(stats->pause_p99, absl::Milliseconds(5)) << "steps overran their bubbles";
 }
 
+// A run that lives across bubbles (issue 30 item 1): one Run message at the job's first bubble,
+// then every later bubble of the job opened by its bell, with no message, until its last step.
+TEST_F(FillTest, AJobsRunLivesAcrossBubblesWokenByItsBell) {
+  const absl::Duration bubble = absl::Milliseconds(25);
+  RegisterCycle(bubble);
+  auto job = client_->SubmitFill(SyntheticJob(absl::Milliseconds(10), 12));
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Until its run has a worker (while workers start, a run still waiting at its bubble's end is
+  // answered as paused, and the next bubble starts another).
+  client::FillJobStatus status;
+  for (int i = 0; i < 200 && status.steps_done == 0; ++i) {
+    Iteration(bubble, absl::Milliseconds(5));
+    auto s = client_->FillStatus(job->job_id);
+    ASSERT_TRUE(s.ok()) << s.status();
+    status = *s;
+  }
+  ASSERT_GT(status.steps_done, 0u) << daemon_->log();
+  ASSERT_LT(status.steps_done, 12u);
+  auto before = client_->FillStats();
+  ASSERT_TRUE(before.ok());
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 200);
+  ASSERT_EQ(done.state, client::FillState::kStopped) << done.error;
+  EXPECT_TRUE(done.error.ok()) << done.error;
+  EXPECT_EQ(done.steps_done, 12u);
+  EXPECT_GE(done.bubbles - status.bubbles, 4u);  // at most two 10 ms steps fit a 25 ms bubble
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  // From then on no Run message: every later bubble of the job rang its bell.
+  EXPECT_EQ(stats->runs, before->runs) << daemon_->log();
+  EXPECT_EQ(stats->bell_wakes - before->bell_wakes, done.bubbles - status.bubbles);
+  EXPECT_EQ(stats->steps, 12u) << "counted from the bell as from RunDone, never twice";
+  EXPECT_EQ(stats->killed, 0u);
+  EXPECT_LT(stats->pause_p99, absl::Milliseconds(5)) << "steps overran their bubbles";
+}
+
+// Cancelled while its resident run waits between bubbles: the run ends at once (its bell), the
+// GPU goes to the next job, and the cancelled job runs no further step.
+TEST_F(FillTest, AJobCancelledBetweenBubblesEndsItsResidentRunAndFreesTheGpu) {
+  const absl::Duration bubble = absl::Milliseconds(20);
+  RegisterCycle(bubble);
+  auto first = client_->SubmitFill(SyntheticJob(absl::Milliseconds(2), 100000));
+  ASSERT_TRUE(first.ok()) << first.status();
+  client::FillJobStatus running;
+  for (int i = 0; i < 200 && running.steps_done == 0; ++i) {
+    Iteration(bubble, absl::Milliseconds(5));
+    auto s = client_->FillStatus(first->job_id);
+    ASSERT_TRUE(s.ok()) << s.status();
+    running = *s;
+  }
+  ASSERT_GT(running.steps_done, 0u) << daemon_->log();
+  ASSERT_TRUE(client_->CancelFill(first->job_id).ok());
+  auto next = client_->SubmitFill(SyntheticJob(absl::Milliseconds(2), 5));
+  ASSERT_TRUE(next.ok()) << next.status();
+  client::FillJobStatus done = RunUntilStopped(next->job_id, bubble, 200);
+  EXPECT_TRUE(done.error.ok()) << done.error;
+  EXPECT_EQ(done.steps_done, 5u);
+  auto cancelled = client_->FillStatus(first->job_id);
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state, client::FillState::kStopped);
+  EXPECT_EQ(cancelled->error.code(), absl::StatusCode::kCancelled);
+  const uint64_t steps_at_cancel = cancelled->steps_done;
+  Iteration(bubble, absl::Milliseconds(5));
+  EXPECT_EQ(client_->FillStatus(first->job_id)->steps_done, steps_at_cancel);
+  EXPECT_EQ(client_->FillStats()->killed, 0u);
+}
+
+// The same job with one run per bubble (--fill-resident-runs=false): a Run message at each.
+class PerBubbleFillTest : public FillTest {
+ protected:
+  std::vector<std::string> ExtraFlags() override { return {"--fill-resident-runs=false"}; }
+};
+
+TEST_F(PerBubbleFillTest, EachBubbleStartsARunAndNoBellRings) {
+  const absl::Duration bubble = absl::Milliseconds(25);
+  RegisterCycle(bubble);
+  auto job = client_->SubmitFill(SyntheticJob(absl::Milliseconds(10), 12));
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 200);
+  ASSERT_EQ(done.state, client::FillState::kStopped) << done.error;
+  EXPECT_TRUE(done.error.ok()) << done.error;
+  EXPECT_EQ(done.steps_done, 12u);
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->runs, done.bubbles);
+  EXPECT_EQ(stats->bell_wakes, 0u);
+  EXPECT_EQ(stats->steps, 12u);
+}
+
 // Pause inside a step (issue 30 item 2): a step that started because it was predicted to fit
 // (declared 2 ms) but runs 60 ms is cut at its bubble's end by the worker itself, at a layer
 // boundary, not killed, bubble after bubble; its time so far raises the job's prediction.
@@ -473,6 +566,35 @@ TEST_F(ExactFillTest, TrainingFillTaskSurvivesPausesExactly) {
   // Enough steps that no bubble holds them all, however fast this machine steps tiny_cnn
   // (60 steps once fit one 40 ms bubble on a fast host, and the job was never paused).
   TrainThroughBubblesExactly(600);
+}
+
+// A resident training run is preempted between bubbles by inference requests of another model
+// (each request ends the run; the next bubble starts a new one from the job's saved state) and
+// the job's own model cannot be unloaded under it; it still ends with exactly the weights of an
+// uninterrupted run.
+TEST_F(ExactFillTest, AResidentTrainingRunPreemptedBetweenBubblesResumesExactly) {
+  ASSERT_TRUE(client_->Register({"other", "tiny_cnn", "", 2, "auto"}).ok());
+  auto model = models::CreateModel("tiny_cnn");
+  ASSERT_TRUE(model.ok());
+  auto probe = worker::ToHostTensor("input", (*model)->ExampleInput(2, 5).input);
+  ASSERT_TRUE(probe.ok());
+  int served = 0;
+  TrainThroughBubblesExactly(300, absl::Milliseconds(60), [&](int i) {
+    if (i % 7 != 3) return;
+    auto answered = client_->Infer("other", {*probe});
+    EXPECT_TRUE(answered.ok()) << answered.status();
+    served += answered.ok();
+    // The job's own model is its state while it runs: refused, with what to do.
+    auto unload = client_->Unload("fill-1");
+    EXPECT_EQ(unload.code(), absl::StatusCode::kFailedPrecondition) << unload;
+    EXPECT_THAT(std::string(unload.message()), HasSubstr("cancel the job first"));
+  });
+  EXPECT_GT(served, 0);
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->runs, 1u) << "no request ever preempted the run";
+  EXPECT_GT(stats->bell_wakes, 0u);
+  EXPECT_EQ(stats->killed, 0u);
 }
 
 // A dataset that would block its reader (a FIFO with no writer) is refused at once, never read,

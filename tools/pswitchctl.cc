@@ -303,14 +303,15 @@ absl::Status Fill(client::Client& client, const std::vector<std::string>& args) 
     if (!s.ok()) return s.status();
     std::printf(
         "bubbles=%llu bubble_ms=%.1f fill_step_ms=%.1f used=%.1f%% steps=%llu pause_p50_ms=%.3f "
-        "pause_p99_ms=%.3f killed=%llu\n",
+        "pause_p99_ms=%.3f killed=%llu runs=%llu bell_wakes=%llu\n",
         static_cast<unsigned long long>(s->bubbles), absl::ToDoubleMilliseconds(s->bubble_time),
         absl::ToDoubleMilliseconds(s->fill_step_time),
         s->bubble_time > absl::ZeroDuration()
             ? 100 * absl::FDivDuration(s->fill_step_time, s->bubble_time)
             : 0.0,
         static_cast<unsigned long long>(s->steps), absl::ToDoubleMilliseconds(s->pause_p50),
-        absl::ToDoubleMilliseconds(s->pause_p99), static_cast<unsigned long long>(s->killed));
+        absl::ToDoubleMilliseconds(s->pause_p99), static_cast<unsigned long long>(s->killed),
+        static_cast<unsigned long long>(s->runs), static_cast<unsigned long long>(s->bell_wakes));
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError("fill needs submit, estimate, status JOB, cancel JOB or stats");

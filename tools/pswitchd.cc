@@ -148,6 +148,10 @@ ABSL_FLAG(int, inputs_hold_ms, 100,
           "task could run at once; 0 = at once");
 ABSL_FLAG(int, fill_grace_ms, 20,
           "a fill task not paused this long after its bubble ends is SIGKILLed");
+ABSL_FLAG(bool, fill_resident_runs, true,
+          "a fill job's run lives across bubbles: its worker keeps the model, its state and its "
+          "outputs, and is woken at each bubble by a word in shared memory rather than a Run "
+          "message; false: one run per bubble");
 ABSL_FLAG(bool, fill_device_lock, true,
           "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
           "--simulated-compute stages do), modelling a time-sliced GPU");
@@ -758,6 +762,7 @@ int Main() {
   fill_options.online.max_batch_rows = controller_options.max_batch;
   fill_options.online.max_batch_bytes = controller_options.max_input_bytes;
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
+  fill_options.resident_runs = absl::GetFlag(FLAGS_fill_resident_runs);
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
   fill_options.max_total_dataset_bytes = absl::GetFlag(FLAGS_max_total_dataset_bytes);

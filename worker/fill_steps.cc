@@ -8,6 +8,13 @@
 #include "worker/iterative_task.h"
 
 namespace pswitch::worker {
+namespace {
+
+// A resident run waiting between bubbles looks at its Stop flag this often: a Stop also rings the
+// bell (pswitchd's scheduler stops the word too), so this only bounds a lost wake.
+constexpr absl::Duration kBellPoll = absl::Milliseconds(10);
+
+}  // namespace
 
 int64_t FillCutAtNs(const proto::FillRun& fill) {
   if (fill.test_only_ignore_pause()) return 0;
@@ -16,54 +23,101 @@ int64_t FillCutAtNs(const proto::FillRun& fill) {
 
 absl::StatusOr<std::unique_ptr<FillSteps>> FillSteps::Create(const proto::FillRun& fill,
                                                              const std::atomic<bool>* stop,
-                                                             absl::Duration measured) {
+                                                             absl::Duration measured,
+                                                             fill::BellLayout* bell) {
   if (fill.step_ns() <= 0 || fill.margin_ns() < 0) {
     return absl::InvalidArgumentError("fill run needs a positive step duration and margin >= 0");
   }
   PSWITCH_ASSIGN_OR_RETURN(
       fill::StepProfile profile,
       fill::StepProfile::Create(std::max(absl::Nanoseconds(fill.step_ns()), measured)));
-  std::unique_ptr<FillSteps> steps(new FillSteps(std::move(profile), fill, stop));
+  std::unique_ptr<FillSteps> steps(new FillSteps(std::move(profile), fill, stop, bell));
   if (fill.device_lock_path() != nullptr && fill.device_lock_path()->size() > 0) {
     PSWITCH_ASSIGN_OR_RETURN(gpu::ComputeLock lock,
                              gpu::ComputeLock::Open(fill.device_lock_path()->str()));
     steps->lock_.emplace(std::move(lock));
   }
+  if (bell != nullptr) steps->Publish(/*stepping=*/false, base::MonotonicNowNs());
   return steps;
 }
 
-bool FillSteps::MayStart() const {
-  if (ignore_pause_) return true;
-  if (stop_->load()) return false;
-  absl::Duration remaining = absl::Nanoseconds(bubble_end_ns_ - base::MonotonicNowNs());
-  return fill::MayStartStep(remaining, profile_.Predicted(), margin_);
+bool FillSteps::stopping() const {
+  return stop_->load() || (bell_ != nullptr && bell_->stop.load() != 0);
 }
 
-absl::StatusOr<bool> FillSteps::Run(const std::function<absl::Status()>& step) {
+const std::atomic<int64_t>* FillSteps::cut_at() const {
+  if (ignore_pause_) return nullptr;
+  return bell_ != nullptr ? &bell_->cut_at_ns : &own_cut_at_ns_;
+}
+
+bool FillSteps::HasRoom() const {
+  if (ignore_pause_) return true;
+  if (stopping()) return false;
+  const int64_t end = bell_ != nullptr ? bell_->bubble_end_ns.load() : bubble_end_ns_;
+  return fill::MayStartStep(absl::Nanoseconds(end - base::MonotonicNowNs()), profile_.Predicted(),
+                            margin_);
+}
+
+bool FillSteps::MayStart() {
+  if (bell_ == nullptr || ignore_pause_) return HasRoom();
+  while (true) {
+    // Read before the check: a bubble opened after the check changes it, and the wait returns.
+    const uint32_t seen = bell_->seq.load();
+    if (stopping()) return false;
+    if (HasRoom()) return true;
+    fill::BellWait(*bell_, seen, kBellPoll);
+  }
+}
+
+void FillSteps::Publish(bool stepping, int64_t now_ns) {
+  if (stepping) {
+    bell_->last_step_start_ns.store(now_ns);
+    bell_->stepping.store(1);
+    return;
+  }
+  bell_->steps.store(static_cast<uint64_t>(steps_));
+  bell_->step_ns.store(step_ns_);
+  bell_->overruns.store(overruns_);
+  bell_->overrun_ns.store(overrun_ns_);
+  bell_->idle_since_ns.store(now_ns);
+  bell_->stepping.store(0);
+}
+
+absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::Status()>& step) {
   std::optional<gpu::ComputeLock::Hold> hold;
   if (lock_) {
     // Waiting for the device is not part of the step; but the wait may have used up the
     // bubble, so the step must still fit once the device is ours.
     hold.emplace(lock_->Acquire());
-    if (!MayStart()) return false;
+    if (!HasRoom()) return false;
   }
   const int64_t start = base::MonotonicNowNs();
+  if (bell_ != nullptr) Publish(/*stepping=*/true, start);
   absl::Status status = step();
-  const int64_t took = base::MonotonicNowNs() - start;
+  const int64_t end = base::MonotonicNowNs();
+  const int64_t took = end - start;
   hold.reset();
   if (IsStepCut(status)) {
     // Cut by a Stop (a preemption, the pause), it says nothing of how long a step takes; cut at
     // the bubble's end, it overran its prediction by at least this much, and the steps after it
     // must not be predicted as short again.
-    if (cut_at_ns_ != 0 && base::MonotonicNowNs() >= cut_at_ns_) {
+    const std::atomic<int64_t>* cut = cut_at();
+    if (cut != nullptr && end >= cut->load()) {
       overran_ = true;
+      ++overruns_;
+      overrun_ns_ = took;
       (void)profile_.Record(absl::Nanoseconds(took));
     }
+    if (bell_ != nullptr) Publish(/*stepping=*/false, end);
     return status;
   }
-  step_ns_ += took;
-  ++steps_;
-  (void)profile_.Record(absl::Nanoseconds(took));
+  if (status.ok()) {
+    step_ns_ += took;
+    ++steps_;
+    (void)profile_.Record(absl::Nanoseconds(took));
+    if (bell_ != nullptr) bell_->iterations_done.store(uint64_t{index} + 1);
+  }
+  if (bell_ != nullptr) Publish(/*stepping=*/false, end);
   PSWITCH_RETURN_IF_ERROR(status);
   return true;
 }

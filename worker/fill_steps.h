@@ -1,8 +1,13 @@
-// The step budget of one fill task's run inside one bubble (FreeRide's program-directed limit):
-// a step starts only while the run is not stopped and the bubble's remaining time exceeds the
-// step's predicted duration plus a margin; each step holds the device's compute lock (host
-// backend) and is timed to refine the prediction. A task marked ignore_pause is the misbehaving
-// kind the framework must kill: it keeps stepping regardless.
+// The step budget of one fill task's run (FreeRide's program-directed limit): a step starts only
+// while the run is not stopped and the bubble's remaining time exceeds the step's predicted
+// duration plus a margin; each step holds the device's compute lock (host backend) and is timed
+// to refine the prediction. A task marked ignore_pause is the misbehaving kind the framework must
+// kill: it keeps stepping regardless.
+//
+// A run of one bubble takes its bubble's end from its Run. A resident run (issue 30 item 1) has
+// a bell (fill/bell_layout.h): it reads each bubble's end there, waits on it between bubbles
+// rather than ending, and writes back what it did, so pswitchd opens the next bubble without a
+// message and reads the run's progress without one.
 #ifndef PSWITCH_WORKER_FILL_STEPS_H_
 #define PSWITCH_WORKER_FILL_STEPS_H_
 
@@ -12,6 +17,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "fill/bell_layout.h"
 #include "fill/step_gate.h"
 #include "gpu/host/compute_lock.h"
 #include "proto/worker_generated.h"
@@ -26,15 +32,25 @@ int64_t FillCutAtNs(const proto::FillRun& fill);
 class FillSteps {
  public:
   // The prediction starts at the larger of the run's step time and `measured` (this worker's own
-  // measurement of the step, taken when it loaded the model; zero: none).
+  // measurement of the step, taken when it loaded the model; zero: none). `bell`: the page of a
+  // resident run (fill.bell mapped; it must outlive this), null for a run of one bubble.
   static absl::StatusOr<std::unique_ptr<FillSteps>> Create(
       const proto::FillRun& fill, const std::atomic<bool>* stop,
-      absl::Duration measured = absl::ZeroDuration());
-  // Whether the next step may start now.
-  bool MayStart() const;
-  // Runs one step under the compute lock and records its duration; false (the step did not
-  // run) when waiting for the device used up the time the step needed.
-  absl::StatusOr<bool> Run(const std::function<absl::Status()>& step);
+      absl::Duration measured = absl::ZeroDuration(), fill::BellLayout* bell = nullptr);
+  // Whether the next step may start. A run of one bubble answers at once; a resident run waits
+  // (on its bell, between bubbles) until a bubble has room for the step, and says false only
+  // once it is stopped.
+  bool MayStart();
+  // Runs step `index` of the job under the compute lock and records its duration; false (the
+  // step did not run) when waiting for the device used up the time the step needed.
+  absl::StatusOr<bool> Run(uint32_t index, const std::function<absl::Status()>& step);
+
+  bool resident() const { return bell_ != nullptr; }
+  // A Stop came, or (resident) the bell's stop word is set: the run is to end.
+  bool stopping() const;
+  // Where a step under way reads its cut time (CLOCK_MONOTONIC ns): the bell's for a resident
+  // run, which changes with each bubble; null for a test task that ignores pauses.
+  const std::atomic<int64_t>* cut_at() const;
 
   int64_t steps() const { return steps_; }
   // A step was cut at the bubble's end (FillCutAtNs): it would have overrun the bubble. Its time
@@ -44,20 +60,29 @@ class FillSteps {
   int64_t predicted_ns() const { return absl::ToInt64Nanoseconds(profile_.Predicted()); }
 
  private:
-  FillSteps(fill::StepProfile profile, const proto::FillRun& fill, const std::atomic<bool>* stop)
+  FillSteps(fill::StepProfile profile, const proto::FillRun& fill, const std::atomic<bool>* stop,
+            fill::BellLayout* bell)
       : profile_(std::move(profile)),
         bubble_end_ns_(fill.bubble_end_ns()),
         margin_(absl::Nanoseconds(fill.margin_ns())),
         ignore_pause_(fill.test_only_ignore_pause()),
-        cut_at_ns_(FillCutAtNs(fill)),
-        stop_(stop) {}
+        own_cut_at_ns_(FillCutAtNs(fill)),
+        stop_(stop),
+        bell_(bell) {}
+  // Whether a step may start now: room in the bubble (the bell's, for a resident run).
+  bool HasRoom() const;
+  // Resident: what the run did so far, for pswitchd to read.
+  void Publish(bool stepping, int64_t now_ns);
 
   fill::StepProfile profile_;
   const int64_t bubble_end_ns_;
   const absl::Duration margin_;
   const bool ignore_pause_;
-  const int64_t cut_at_ns_;
+  const std::atomic<int64_t> own_cut_at_ns_;
   const std::atomic<bool>* const stop_;
+  fill::BellLayout* const bell_;
+  uint64_t overruns_ = 0;
+  int64_t overrun_ns_ = 0;
   std::optional<gpu::ComputeLock> lock_;
   int64_t steps_ = 0;
   int64_t step_ns_ = 0;

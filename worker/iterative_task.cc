@@ -13,8 +13,9 @@ absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
   progress->steps_done = first;
   if (progress->live_steps != nullptr) progress->live_steps->store(first);
   PSWITCH_RETURN_IF_ERROR(task.Init());
-  for (uint32_t i = first; i < total; ++i) {
-    if (fill != nullptr ? !fill->MayStart() : stop.load()) {
+  const bool resident = fill != nullptr && fill->resident();
+  for (uint32_t i = first; i < total;) {
+    if ((fill != nullptr ? !fill->MayStart() : stop.load()) || task.Full()) {
       progress->stopped_early = true;
       break;
     }
@@ -23,20 +24,24 @@ absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
       absl::Status stepped = task.Step(i);
       if (!stepped.ok()) ran = stepped;
     } else {
-      ran = fill->Run([&] { return task.Step(i); });
+      ran = fill->Run(i, [&] { return task.Step(i); });
     }
     if (IsStepCut(ran.status())) {
+      // Cut at its bubble's end, a resident run's step runs again in a later bubble.
+      if (resident && !fill->stopping()) continue;
       progress->stopped_early = true;
       progress->step_cut = true;
       break;
     }
     PSWITCH_RETURN_IF_ERROR(ran.status());
     if (!*ran) {  // waiting for the device used up the time the step needed
+      if (resident) continue;
       progress->stopped_early = true;
       break;
     }
-    progress->steps_done = i + 1;
-    if (progress->live_steps != nullptr) progress->live_steps->store(i + 1);
+    ++i;
+    progress->steps_done = i;
+    if (progress->live_steps != nullptr) progress->live_steps->store(i);
   }
   return task.Finish();
 }

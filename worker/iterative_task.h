@@ -24,6 +24,9 @@ class IterativeTask {
   virtual absl::Status Step(uint32_t index) = 0;
   // Once per run, after its last step, also when it stopped early (collects outputs).
   virtual absl::Status Finish() { return absl::OkStatus(); }
+  // Whether the run should end now to hand back what it holds (a resident run's outputs at
+  // their bound), though steps remain.
+  virtual bool Full() const { return false; }
 };
 
 // What a step cut short by a stop returns (models::StepCutError for a training step).
@@ -40,7 +43,9 @@ struct StepProgress {
 
 // Runs steps [first, total) of `task`: Init, the steps the framework lets start, Finish. A step
 // is skipped, and the run stops early, once `stop` is set (a plain task) or, with `fill`, once
-// the fill gate says the next step does not fit its bubble.
+// the fill gate says the next step does not fit its bubble. A resident fill run instead waits
+// for a later bubble (a step cut at a bubble's end runs again there) and stops early only when
+// stopped, or when the task is Full.
 absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
                       const std::atomic<bool>& stop, FillSteps* fill, StepProgress* progress);
 

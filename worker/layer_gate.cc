@@ -56,7 +56,7 @@ absl::Status LayerGate::AwaitAll(int64_t deadline_ns) const {
 
 LayerGate::Task::Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
                       const std::string& model, uint64_t task_id, const std::atomic<bool>* cut,
-                      int64_t cut_at_ns)
+                      const std::atomic<int64_t>* cut_at_ns)
     : gate_(gate),
       bound_(bound),
       training_(training),
@@ -85,7 +85,10 @@ void LayerGate::Task::OnLayer(int index) {
   if (cut_ != nullptr && cut_->load(std::memory_order_relaxed)) throw models::StepCut();
   // A fill step still running at its bubble's end stops here too, without waiting for the
   // pause to come as a message.
-  if (cut_at_ns_ != 0 && base::MonotonicNowNs() >= cut_at_ns_) throw models::StepCut();
+  if (cut_at_ns_ != nullptr) {
+    const int64_t at = cut_at_ns_->load(std::memory_order_relaxed);
+    if (at != 0 && base::MonotonicNowNs() >= at) throw models::StepCut();
+  }
   const Spec& spec = gate_.spec_;
   const int group = static_cast<int>(spec.group_of_layer[bound_.LayoutIndex(training_, index)]);
   if (group <= waited_group_) return;  // groups arrive in order: one wait per group

@@ -59,10 +59,11 @@ class LayerGate {
    public:
     // `cut` (may be null): once set, the next layer throws models::StepCut, which the training
     // step under way turns into a step that left no trace (Trainer::Step); so does the first
-    // layer at or past `cut_at_ns` (CLOCK_MONOTONIC; 0: none), a fill step's bubble end.
+    // layer at or past the time `cut_at_ns` holds (CLOCK_MONOTONIC; null or 0: none), a fill
+    // step's bubble end (a resident run's changes with each bubble).
     Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
          const std::string& model, uint64_t task_id, const std::atomic<bool>* cut = nullptr,
-         int64_t cut_at_ns = 0);
+         const std::atomic<int64_t>* cut_at_ns = nullptr);
     ~Task();
     Task(const Task&) = delete;
     Task& operator=(const Task&) = delete;
@@ -93,7 +94,7 @@ class LayerGate {
     const bool training_;
     gpu::Stream& stream_;
     const std::atomic<bool>* const cut_;
-    const int64_t cut_at_ns_;
+    const std::atomic<int64_t>* const cut_at_ns_;
     const std::string what_;
     int waited_group_ = -1;
     int hooks_ = 0;

@@ -38,9 +38,11 @@ namespace {
 class TrainTask final : public IterativeTask {
  public:
   // `cut`: set by a Stop; a step under way is cut at its next layer boundary and not counted.
-  // So is one still running at `cut_at_ns` (0: none), a fill step at its bubble's end.
+  // So is one still running at the time `cut_at_ns` holds (null: none), a fill step at its
+  // bubble's end.
   TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
-            double* loss, const std::atomic<bool>* cut, int64_t cut_at_ns, LayerGate::Task& gate)
+            double* loss, const std::atomic<bool>* cut, const std::atomic<int64_t>* cut_at_ns,
+            LayerGate::Task& gate)
       : bound_(bound),
         trainer_(trainer),
         run_(run),
@@ -59,7 +61,7 @@ class TrainTask final : public IterativeTask {
     models::Trainer::StepParts parts;
     // A step that may be cut snapshots what its forward writes; while the copy is landing that
     // is read layer by layer, after each layer's weights came.
-    const bool cuttable = cut_ != nullptr || cut_at_ns_ != 0;
+    const bool cuttable = cut_ != nullptr || cut_at_ns_ != nullptr;
     const bool weights_arriving = cuttable && !gate_.PassAllIfIn();
     absl::StatusOr<double> loss = trainer_.Step(
         batch.input, batch.target, timed ? &parts : nullptr,
@@ -90,9 +92,13 @@ class TrainTask final : public IterativeTask {
   const c10::Device device_;
   double* const loss_;
   const std::atomic<bool>* const cut_;
-  const int64_t cut_at_ns_;
+  const std::atomic<int64_t>* const cut_at_ns_;
   LayerGate::Task& gate_;
 };
+
+// What a resident dataset-inference run keeps of its outputs before it ends to hand them back
+// (the next bubble starts a new run): on CUDA they stay on the device until then.
+constexpr int64_t kResidentOutputBytes = 256ll << 20;
 
 // Batch inference over a dataset's rows, `batch` rows per step; the run's outputs are returned
 // by Finish, in row order.
@@ -118,6 +124,7 @@ class DatasetInferenceTask final : public IterativeTask {
     input.input = rows_.narrow(0, first, std::min(batch_, n - first)).to(device_);
     try {
       results_.push_back(bound_.model().Forward(input).output.clone());
+      result_bytes_ += static_cast<int64_t>(results_.back().nbytes());
     } catch (const models::StepCut&) {
       // Cut at a layer boundary at its bubble's end (the gate): its rows run in a later bubble.
       return StepCutError();
@@ -132,6 +139,7 @@ class DatasetInferenceTask final : public IterativeTask {
     outputs_->push_back(std::move(out));
     return absl::OkStatus();
   }
+  bool Full() const override { return result_bytes_ >= kResidentOutputBytes; }
 
  private:
   BoundModel& bound_;
@@ -140,6 +148,7 @@ class DatasetInferenceTask final : public IterativeTask {
   const c10::Device device_;
   std::vector<proto::HostTensor>* const outputs_;
   std::vector<at::Tensor> results_;
+  int64_t result_bytes_ = 0;
 };
 
 // A synthetic step's "layers": how often it looks at the clock for its bubble's end.
@@ -148,7 +157,9 @@ constexpr int64_t kSyntheticLayerNs = 200'000;
 // Tests and benchmarks: each step occupies the device for a set time and may allocate.
 class SyntheticTask final : public IterativeTask {
  public:
-  SyntheticTask(const proto::FillRun& spec, c10::Device device) : spec_(spec), device_(device) {}
+  // `cut_at` (null: never) holds when a step still under way is cut: its bubble's end.
+  SyntheticTask(const proto::FillRun& spec, const std::atomic<int64_t>* cut_at, c10::Device device)
+      : spec_(spec), cut_at_(cut_at), device_(device) {}
   absl::Status Step(uint32_t) override {
     at::Tensor scratch;
     if (spec_.synthetic_alloc_bytes() > 0) {
@@ -159,8 +170,8 @@ class SyntheticTask final : public IterativeTask {
     // Occupies the device in layer-sized slices, cut at the bubble's end as a real step is at a
     // layer boundary (issue 30 item 2).
     const int64_t end = base::MonotonicNowNs() + spec_.synthetic_step_ns();
-    const int64_t cut_at = FillCutAtNs(spec_);
     for (int64_t now = base::MonotonicNowNs(); now < end; now = base::MonotonicNowNs()) {
+      const int64_t cut_at = cut_at_ != nullptr ? cut_at_->load(std::memory_order_relaxed) : 0;
       if (cut_at != 0 && now >= cut_at) return StepCutError();
       absl::SleepFor(absl::Nanoseconds(std::min<int64_t>(end - now, kSyntheticLayerNs)));
     }
@@ -169,6 +180,7 @@ class SyntheticTask final : public IterativeTask {
 
  private:
   const proto::FillRun& spec_;
+  const std::atomic<int64_t>* const cut_at_;
   const c10::Device device_;
 };
 
@@ -588,7 +600,7 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, LayerGate::
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
   TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss,
-                 options_.cut_training_steps ? &stops_.pending() : nullptr, FillCutAt(run), gate);
+                 options_.cut_training_steps ? &stops_.pending() : nullptr, FillCutAt(fill), gate);
   return RunTask(task, run, fill, progress);
 }
 
@@ -621,7 +633,7 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
 }
 
 absl::Status Worker::RunSynthetic(const proto::Run& run, FillSteps& fill, TrainProgress* progress) {
-  SyntheticTask task(*run.fill(), tensor_device_);
+  SyntheticTask task(*run.fill(), fill.cut_at(), tensor_device_);
   return RunTask(task, run, &fill, progress);
 }
 
@@ -650,10 +662,32 @@ void Worker::Clean() {
   trainer_.reset();
 }
 
-int64_t Worker::FillCutAt(const proto::Run& run) const {
-  const proto::FillRun* fill = run.fill();
-  if (fill == nullptr || !options_.cut_training_steps) return 0;
-  return FillCutAtNs(*fill);
+int64_t Worker::FillWeightsBy(const proto::FillRun& run, const FillSteps& fill) const {
+  // A resident run has later bubbles: its weights may take longer than its first one.
+  if (fill.resident()) {
+    return base::MonotonicNowNs() + absl::ToInt64Nanoseconds(options_.group_timeout);
+  }
+  return run.bubble_end_ns();
+}
+
+const std::atomic<int64_t>* Worker::FillCutAt(const FillSteps* fill) const {
+  if (fill == nullptr || !options_.cut_training_steps) return nullptr;
+  return fill->cut_at();
+}
+
+absl::StatusOr<fill::BellLayout*> Worker::FillBell(const proto::FillRun& fill) const {
+  const proto::Slice* at = fill.bell();
+  if (at == nullptr) return nullptr;
+  PSWITCH_ASSIGN_OR_RETURN(RegionBytes page, regions_->Slice(proto::ByteSlice{
+                                                 at->region(), at->offset(), at->length()}));
+  // pswitchd's own page: sealed (it cannot lose a page under the run), host memory, writable,
+  // whole and aligned for its atomics.
+  if (page.on_device || page.may_shrink || !page.writable || page.bytes != fill::kBellBytes ||
+      reinterpret_cast<uintptr_t>(page.data) % alignof(fill::BellLayout) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a fill run's bell must be a whole page of pswitchd's, not ", page.what));
+  }
+  return reinterpret_cast<fill::BellLayout*>(page.data);
 }
 
 absl::StatusOr<const gpu::ComputeLock*> Worker::DeviceLock(const proto::Run& run) {
@@ -689,8 +723,10 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     const absl::Duration measured =
         it != models_.end() ? absl::Nanoseconds(it->second->measured_step_ns(run.training()))
                             : absl::ZeroDuration();
+    absl::StatusOr<fill::BellLayout*> bell = FillBell(*run.fill());
     absl::StatusOr<std::unique_ptr<FillSteps>> steps =
-        FillSteps::Create(*run.fill(), &stops_.pending(), measured);
+        bell.ok() ? FillSteps::Create(*run.fill(), &stops_.pending(), measured, *bell)
+                  : bell.status();
     if (steps.ok()) {
       fill = std::move(*steps);
     } else {
@@ -721,7 +757,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     status = absl::FailedPreconditionError(
         absl::StrCat("run of model '", model_name, "' without load and prepare"));
   } else if (absl::Status in =
-                 fill ? gate_->AwaitAll(run.fill()->bubble_end_ns()) : absl::OkStatus();
+                 fill ? gate_->AwaitAll(FillWeightsBy(*run.fill(), *fill)) : absl::OkStatus();
              !in.ok()) {
     // The fill model is not in before its bubble ends: pause without a step (its transmission
     // goes on; the next bubble finds the weights in place).
@@ -743,7 +779,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     // one layer, not a whole step); an inference runs to its end.
     gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
                   training && options_.cut_training_steps ? &stops_.pending() : nullptr,
-                  FillCutAt(run));
+                  FillCutAt(fill.get()));
     ScopedLeaseAllocation from_lease(activations_);
     // Host backend: an inference computes on the simulated device, time-sliced with the main
     // job's stages (fill steps hold it per step, in FillSteps).

@@ -122,8 +122,14 @@ class Worker {
   void Clean();
   // When a fill run's step still under way is cut at a layer boundary (issue 30 item 2; a
   // training step leaves no trace, an inference step's rows run in a later bubble):
-  // FillCutAtNs; 0 for any other run (and with cut_training_steps off).
-  int64_t FillCutAt(const proto::Run& run) const;
+  // When a fill run's weights must be in (CLOCK_MONOTONIC ns): by its bubble's end, or for a
+  // resident run within the group timeout.
+  int64_t FillWeightsBy(const proto::FillRun& run, const FillSteps& fill) const;
+  // `fill`'s cut word; null for any other run (and with cut_training_steps off).
+  const std::atomic<int64_t>* FillCutAt(const FillSteps* fill) const;
+  // A resident fill run's bell (FillRun.bell): its page in a mapped region, checked to be
+  // pswitchd's whole page, in host memory the worker may write. Null for a run of one bubble.
+  absl::StatusOr<fill::BellLayout*> FillBell(const proto::FillRun& fill) const;
   // The compute lock a Run names (device_lock_path), opened at its first use; null: none named.
   absl::StatusOr<const gpu::ComputeLock*> DeviceLock(const proto::Run& run);
   absl::Status SendEvent(flatbuffers::FlatBufferBuilder& builder);

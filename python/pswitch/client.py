@@ -112,6 +112,8 @@ class FillStats:
     pause_p50_s: float
     pause_p99_s: float
     killed: int
+    runs: int  # fill runs started (a Run message each)
+    bell_wakes: int  # bubbles a resident run was woken for by its bell, with no message
 
 
 class _ProgressLine:

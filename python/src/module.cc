@@ -528,6 +528,8 @@ class PyClient {
     d["pause_p50_s"] = ToSeconds(s.pause_p50);
     d["pause_p99_s"] = ToSeconds(s.pause_p99);
     d["killed"] = s.killed;
+    d["runs"] = s.runs;
+    d["bell_wakes"] = s.bell_wakes;
     return d;
   }
 

@@ -1,0 +1,175 @@
+#include "worker/fill_steps.h"
+
+#include <future>
+#include <memory>
+
+#include "base/clock.h"
+#include "gtest/gtest.h"
+#include "worker/iterative_task.h"
+
+namespace pswitch::worker {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+
+// A FillRun as pswitchd sends it: 1 ms steps, a 0.2 ms margin, ending at `end_ns`.
+class FillRunMessage {
+ public:
+  explicit FillRunMessage(int64_t end_ns, bool resident = false) {
+    const proto::Slice bell(7, 0, fill::kBellBytes);
+    b_.Finish(proto::CreateFillRun(b_, end_ns, kMs / 5, kMs, 0, proto::FillRunKind::Synthetic, kMs,
+                                   0, false, 0, 0, resident ? &bell : nullptr));
+  }
+  const proto::FillRun& get() const {
+    return *flatbuffers::GetRoot<proto::FillRun>(b_.GetBufferPointer());
+  }
+
+ private:
+  flatbuffers::FlatBufferBuilder b_;
+};
+
+// The page as pswitchd's BubbleBell writes it (controller/bubble_bell.cc).
+void Open(fill::BellLayout& bell, int64_t end_ns) {
+  bell.cut_at_ns.store(end_ns - kMs / 10);
+  bell.bubble_end_ns.store(end_ns);
+  bell.seq.fetch_add(1);
+  fill::BellWakeAll(bell);
+}
+
+TEST(FillStepsTest, ARunOfOneBubbleAnswersAtOnceAndCutsAtItsOwnEnd) {
+  const int64_t end = base::MonotonicNowNs() - kMs;  // already over
+  FillRunMessage run(end);
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_FALSE((*steps)->resident());
+  EXPECT_FALSE((*steps)->MayStart());  // no wait: the run ends
+  ASSERT_NE((*steps)->cut_at(), nullptr);
+  EXPECT_EQ((*steps)->cut_at()->load(), end - kMs / 10);
+}
+
+// A resident run between bubbles waits on its bell: it starts a step only once pswitchd opens a
+// bubble with room, and reads that bubble's cut.
+TEST(FillStepsTest, AResidentRunWaitsForTheNextBubbleOnItsBell) {
+  auto bell = std::make_unique<fill::BellLayout>();
+  FillRunMessage run(base::MonotonicNowNs() - kMs, /*resident=*/true);
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_TRUE((*steps)->resident());
+  EXPECT_EQ((*steps)->cut_at(), &bell->cut_at_ns);
+  auto may = std::async(std::launch::async, [&] { return (*steps)->MayStart(); });
+  EXPECT_EQ(may.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+      << "it must wait for a bubble, not end";
+  // A bubble too short for a 1 ms step and its margin wakes it, and it waits on.
+  Open(*bell, base::MonotonicNowNs() + kMs / 2);
+  EXPECT_EQ(may.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  const int64_t end = base::MonotonicNowNs() + 1000 * kMs;
+  Open(*bell, end);
+  ASSERT_EQ(may.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(may.get());
+  EXPECT_EQ((*steps)->cut_at()->load(), end - kMs / 10);
+}
+
+TEST(FillStepsTest, AResidentRunWaitingBetweenBubblesEndsWhenItsBellIsStopped) {
+  auto bell = std::make_unique<fill::BellLayout>();
+  FillRunMessage run(0, /*resident=*/true);
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  auto may = std::async(std::launch::async, [&] { return (*steps)->MayStart(); });
+  EXPECT_EQ(may.wait_for(std::chrono::milliseconds(30)), std::future_status::timeout);
+  bell->stop.store(1);
+  bell->seq.fetch_add(1);
+  fill::BellWakeAll(*bell);
+  ASSERT_EQ(may.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(may.get());
+  EXPECT_TRUE((*steps)->stopping());
+}
+
+TEST(FillStepsTest, AResidentRunWaitingBetweenBubblesEndsOnAStopMessageToo) {
+  auto bell = std::make_unique<fill::BellLayout>();
+  FillRunMessage run(0, /*resident=*/true);
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  auto may = std::async(std::launch::async, [&] { return (*steps)->MayStart(); });
+  stop.store(true);  // no ring: the wait's poll finds it
+  ASSERT_EQ(may.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(may.get());
+}
+
+// What the run writes back is what pswitchd counts without a message: its steps, their time,
+// the job's progress, and whether it is in a step.
+TEST(FillStepsTest, AResidentRunWritesWhatItDidOnItsBell) {
+  auto bell = std::make_unique<fill::BellLayout>();
+  FillRunMessage run(0, /*resident=*/true);
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  Open(*bell, base::MonotonicNowNs() + 1000 * kMs);
+  bool was_stepping = false;
+  for (uint32_t i = 7; i < 10; ++i) {
+    ASSERT_TRUE((*steps)->MayStart());
+    auto ran = (*steps)->Run(i, [&] {
+      was_stepping = bell->stepping.load() == 1;
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(ran.ok() && *ran) << ran.status();
+  }
+  EXPECT_TRUE(was_stepping);
+  EXPECT_EQ(bell->stepping.load(), 0u);
+  EXPECT_EQ(bell->steps.load(), 3u);
+  EXPECT_EQ(bell->iterations_done.load(), 10u);
+  EXPECT_GE(bell->idle_since_ns.load(), bell->last_step_start_ns.load());
+  EXPECT_EQ(bell->overruns.load(), 0u);
+  // A step cut at the bubble's end counts as an overrun, and is not a step done.
+  bell->cut_at_ns.store(base::MonotonicNowNs());
+  auto cut = (*steps)->Run(10, [] { return StepCutError(); });
+  EXPECT_TRUE(IsStepCut(cut.status()));
+  EXPECT_EQ(bell->overruns.load(), 1u);
+  EXPECT_EQ(bell->steps.load(), 3u);
+  EXPECT_EQ(bell->iterations_done.load(), 10u);
+}
+
+// RunSteps with a resident run: a step cut at its bubble's end runs again in the next bubble,
+// and the run ends only when its steps are done.
+TEST(FillStepsTest, AResidentRunRunsACutStepAgainInTheNextBubble) {
+  auto bell = std::make_unique<fill::BellLayout>();
+  FillRunMessage run(0, /*resident=*/true);
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  class CutOnce final : public IterativeTask {
+   public:
+    explicit CutOnce(fill::BellLayout& bell) : bell_(bell) {}
+    absl::Status Step(uint32_t i) override {
+      ++calls;
+      if (i == 1 && !cut) {
+        cut = true;
+        // Its bubble ends under it; the next one opens as pswitchd would, later.
+        bell_.bubble_end_ns.store(base::MonotonicNowNs());
+        reopen = std::async(std::launch::async, [this] {
+          absl::SleepFor(absl::Milliseconds(20));
+          Open(bell_, base::MonotonicNowNs() + 1000 * kMs);
+        });
+        return StepCutError();
+      }
+      return absl::OkStatus();
+    }
+    fill::BellLayout& bell_;
+    bool cut = false;
+    int calls = 0;
+    std::future<void> reopen;
+  } task(*bell);
+  Open(*bell, base::MonotonicNowNs() + 1000 * kMs);
+  StepProgress progress;
+  ASSERT_TRUE(RunSteps(task, 0, 3, stop, steps->get(), &progress).ok());
+  EXPECT_EQ(progress.steps_done, 3u);
+  EXPECT_FALSE(progress.stopped_early);
+  EXPECT_EQ(task.calls, 4);  // step 1 twice
+  EXPECT_EQ(bell->iterations_done.load(), 3u);
+}
+
+}  // namespace
+}  // namespace pswitch::worker
