@@ -31,6 +31,12 @@ class BubbleAdmission {
   bool waiting() const { return waiting_.has_value(); }
   // The waiting run got the GPU (or its answer).
   void Taken() { waiting_.reset(); }
+  // Run `id` is withdrawn before it started (true; it is to be answered as paused).
+  bool Withdraw(uint64_t id) {
+    if (!waiting_ || waiting_->id != id) return false;
+    waiting_.reset();
+    return true;
+  }
   // The bubble ended: the waiting run, which never started and is to be answered as paused.
   std::optional<uint64_t> EndBubble() {
     std::optional<uint64_t> id;

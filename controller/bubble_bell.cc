@@ -24,6 +24,7 @@ void BubbleBell::Open(int64_t end_ns, int64_t cut_at_ns) {
   // The cut before the end, so no reader pairs the new end with the old cut.
   page_->cut_at_ns.store(cut_at_ns);
   page_->bubble_end_ns.store(end_ns);
+  opens_.fetch_add(1);
   page_->seq.fetch_add(1);
   fill::BellWakeAll(*page_);
 }
@@ -36,6 +37,7 @@ void BubbleBell::Close(int64_t now_ns) {
 }
 
 void BubbleBell::Stop() {
+  stopped_.store(true);
   page_->stop.store(1);
   page_->seq.fetch_add(1);
   fill::BellWakeAll(*page_);

@@ -1,10 +1,12 @@
 // pswitchd's side of a resident fill run's bell (fill/bell_layout.h): the page, its region (lent
 // to the run's worker), opening and closing bubbles, stopping the run, and reading back what the
-// worker says it did. Thread-safe: every field is an atomic of the shared page; one writer
-// (the fill manager, under its lock) opens and closes, any thread may stop.
+// worker says it did. Thread-safe: every field is an atomic; one writer (the fill manager, under
+// its lock) opens and closes, any thread may stop. What pswitchd decides on (stopped, opens) is
+// kept here as well as written to the page: the worker maps the page writable.
 #ifndef PSWITCH_CONTROLLER_BUBBLE_BELL_H_
 #define PSWITCH_CONTROLLER_BUBBLE_BELL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -35,8 +37,9 @@ class BubbleBell {
   void Close(int64_t now_ns);
   // The run is to end: wakes it wherever it waits. Idempotent.
   void Stop();
-  bool stopped() const { return page_->stop.load() != 0; }
-  uint32_t seq() const { return page_->seq.load(); }
+  // pswitchd's own record, never read back from the page (the worker may write all of it).
+  bool stopped() const { return stopped_.load(); }
+  uint64_t opens() const { return opens_.load(); }  // bubbles opened so far
 
   // What the worker wrote: its own word, so no bound is trusted (callers clamp).
   struct Report {
@@ -60,6 +63,8 @@ class BubbleBell {
 
   const std::shared_ptr<const dataplane::TransferRegion> region_;
   fill::BellLayout* const page_;
+  std::atomic<bool> stopped_{false};
+  std::atomic<uint64_t> opens_{0};
 };
 
 }  // namespace pswitch::controller

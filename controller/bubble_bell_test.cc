@@ -16,11 +16,12 @@ TEST(BubbleBellTest, OpensClosesAndStopsOnItsPage) {
   fill::BellLayout& page = *(*bell)->page_for_test();
   EXPECT_EQ((*bell)->region()->bytes(), fill::kBellBytes);
   EXPECT_EQ((*bell)->slice().length, fill::kBellBytes);
-  const uint32_t seq = (*bell)->seq();
+  const uint32_t seq = page.seq.load();
   (*bell)->Open(5000, 4000);
   EXPECT_EQ(page.bubble_end_ns.load(), 5000);
   EXPECT_EQ(page.cut_at_ns.load(), 4000);
-  EXPECT_EQ((*bell)->seq(), seq + 1);
+  EXPECT_EQ(page.seq.load(), seq + 1);
+  EXPECT_EQ((*bell)->opens(), 1u);
   // A bubble that ends sooner than announced cuts a step under way at once ...
   (*bell)->Close(3000);
   EXPECT_EQ(page.bubble_end_ns.load(), 3000);
@@ -34,7 +35,13 @@ TEST(BubbleBellTest, OpensClosesAndStopsOnItsPage) {
   (*bell)->Stop();
   (*bell)->Stop();
   EXPECT_TRUE((*bell)->stopped());
-  EXPECT_EQ((*bell)->seq(), seq + 6);
+  EXPECT_EQ(page.seq.load(), seq + 6);
+  EXPECT_EQ((*bell)->opens(), 2u);
+  // What pswitchd decided is its own: a worker scribbling on the page changes none of it.
+  page.stop.store(0);
+  page.seq.store(0);
+  EXPECT_TRUE((*bell)->stopped());
+  EXPECT_EQ((*bell)->opens(), 2u);
 }
 
 TEST(BubbleBellTest, ReadsWhatTheWorkerWrote) {
@@ -59,7 +66,7 @@ TEST(BubbleBellTest, ReadsWhatTheWorkerWrote) {
 TEST(BubbleBellTest, AnOpenWakesAnotherProcessWaitingOnThePage) {
   auto bell = BubbleBell::Create();
   ASSERT_TRUE(bell.ok()) << bell.status();
-  const uint32_t seq = (*bell)->seq();
+  const uint32_t seq = (*bell)->page_for_test()->seq.load();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {

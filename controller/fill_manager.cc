@@ -23,7 +23,9 @@ using registry::ModelRequest;
 
 namespace {
 
-// Optimizer-state checkpoints of fill jobs are keyed apart from task ids.
+// Bubbles in a row opened for a resident run that neither stepped nor overran before the run is
+// ended and started anew (FillManager::WakeResident).
+constexpr int kMaxIdleOpens = 8;
 
 absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
   if (v.empty()) return absl::ZeroDuration();
@@ -549,8 +551,10 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   Job& job = jobs_.at(id);
   // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
   // even one step would fit: switching it in would only cost copies.
-  if (job.machine.state() != fill::FillState::kPaused || job.request.memory_bytes > free_bytes ||
-      left <= job.predicted_step + options_.margin) {
+  // A run still out (a resident run on the GPU it just left) must end first: its state is the
+  // job's.
+  if (job.machine.state() != fill::FillState::kPaused || job.run_out ||
+      job.request.memory_bytes > free_bytes || left <= job.predicted_step + options_.margin) {
     return absl::OkStatus();
   }
   TaskSpec spec = RunSpec(id, job, gpu, bubble_end_ns, free_bytes);
@@ -566,17 +570,24 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
     (*bell)->Open(bubble_end_ns, bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
     spec.regions.push_back((*bell)->region());
     spec.fill->bell = *bell;
-    g.resident = GpuState::Resident{id, *std::move(bell)};
+    g.resident = GpuState::Resident{};
+    g.resident->job = id;
+    g.resident->bell = *std::move(bell);
+    g.resident->harvested_ns = base::MonotonicNowNs();
+    g.resident->opened = true;
   }
   Transition(id, job, fill::FillEvent::kStart);
   ++job.bubbles;
   ++stats_.runs;
+  job.run_out = true;
   g.running_job = id;
   g.run_done = false;
   g.ended = false;
-  controller_->gpu(gpu).SubmitFill(
+  // Its RunDone takes this lock: it cannot come before the task is recorded here.
+  const uint64_t task = controller_->gpu(gpu).SubmitFill(
       std::move(spec),
       [this, gpu, id](const absl::StatusOr<TaskOutcome>& outcome) { OnRunDone(gpu, id, outcome); });
+  if (g.resident) g.resident->task = task;
   return absl::OkStatus();
 }
 
@@ -600,6 +611,27 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
     StopResident(id);
     return false;
   }
+  // Its measured steps no longer fit any bubble here: it would wait forever.
+  if (absl::Status fits = StepFitsBubbles(id, job, gpu); !fits.ok()) {
+    Stop(id, job, fits);
+    return false;
+  }
+  GpuState::Resident& r = *g.resident;
+  if (r.opened) {  // its last bubble: did it step?
+    const bool idle = r.steps_seen == r.steps_at_open && r.overruns_seen == r.overruns_at_open;
+    r.idle_opens = idle ? r.idle_opens + 1 : 0;
+    r.opened = false;
+  }
+  if (r.idle_opens >= kMaxIdleOpens) {
+    // Bubbles opened for it pass unused: its own prediction (the worst of its recent steps) says
+    // no step fits where pswitchd's smoothed one says it does. A new run starts from the latter.
+    base::Log(base::LogLevel::kWarn, "fill_run_idle")
+        .Field("job", id)
+        .Field("bubbles", r.idle_opens)
+        .FieldMs("predicted_ms", job.predicted_step);
+    StopResident(id);
+    return false;
+  }
   // Not even one step fits what is left: the run stays asleep.
   if (job.machine.state() != fill::FillState::kPaused ||
       left <= job.predicted_step + options_.margin) {
@@ -608,6 +640,9 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
   Transition(id, job, fill::FillEvent::kStart);
   ++job.bubbles;
   ++stats_.bell_wakes;
+  r.steps_at_open = r.steps_seen;
+  r.overruns_at_open = r.overruns_seen;
+  r.opened = true;
   g.resident->bell->Open(bubble_end_ns,
                          bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
   return true;
@@ -615,8 +650,19 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
 
 void FillManager::StopResident(uint64_t id) {
   for (auto& [gpu, g] : gpus_) {
-    if (g.resident && g.resident->job == id) g.resident->bell->Stop();
+    if (!g.resident || g.resident->job != id || g.resident->bell->stopped()) continue;
+    // The bell wakes it wherever it waits; the scheduler bounds its end (its drain deadline).
+    g.resident->bell->Stop();
+    controller_->gpu(gpu).StopFill(g.resident->task);
   }
+}
+
+absl::Duration FillManager::LongestBubble(int gpu) const {
+  absl::Duration longest;
+  auto g = gpus_.find(gpu);
+  if (g == gpus_.end() || !g->second.cycle) return longest;
+  for (const fill::Bubble& b : g->second.cycle->bubbles) longest = std::max(longest, b.duration);
+  return longest;
 }
 
 void FillManager::Harvest(int gpu, GpuState& g) {
@@ -624,22 +670,29 @@ void FillManager::Harvest(int gpu, GpuState& g) {
   const BubbleBell::Report report = r.bell->Read();
   Job& job = jobs_.at(r.job);
   const uint64_t total = static_cast<uint64_t>(job.steps_total);
-  // The worker's word: counters only go forward, and never past what the job has.
+  // The worker's word: counters only go forward, and never past what the job has; step time no
+  // more than the time since the last harvest (one worker steps at a time), an overrun no longer
+  // than a bubble, a pause between the close and now.
+  const int64_t now_ns = base::MonotonicNowNs();
   RunCounts counts;
   const uint64_t steps = std::clamp(report.steps, r.steps_seen, r.steps_seen + total);
   counts.steps = steps - r.steps_seen;
-  const int64_t step_ns = std::max(report.step_ns, r.step_ns_seen);
+  const int64_t step_ns =
+      std::clamp(report.step_ns, r.step_ns_seen,
+                 r.step_ns_seen + std::max<int64_t>(now_ns - r.harvested_ns, 0));
   counts.step_time = absl::Nanoseconds(step_ns - r.step_ns_seen);
   counts.iterations_done = std::min(report.iterations_done, total);
   counts.overran = report.overruns > r.overruns_seen;
-  counts.overrun_time = absl::Nanoseconds(std::max<int64_t>(report.overrun_ns, 0));
+  counts.overrun_time =
+      std::clamp(absl::Nanoseconds(report.overrun_ns), absl::ZeroDuration(), LongestBubble(gpu));
   r.steps_seen = steps;
   r.step_ns_seen = step_ns;
   r.overruns_seen = std::max(report.overruns, r.overruns_seen);
+  r.harvested_ns = now_ns;
   if (r.closed_ns != 0 && !report.stepping) {
     // Paused: its last step ended (or was cut) this long after the close; before it counts as 0.
-    RecordPauseLatency(gpu,
-                       absl::Nanoseconds(std::max<int64_t>(report.idle_since_ns - r.closed_ns, 0)));
+    const int64_t paused_ns = std::clamp(report.idle_since_ns, r.closed_ns, now_ns);
+    RecordPauseLatency(gpu, absl::Nanoseconds(paused_ns - r.closed_ns));
     r.closed_ns = 0;
   }
   if (!job.machine.stopped()) Account(gpu, r.job, job, counts);
@@ -649,6 +702,7 @@ absl::Status FillManager::BubbleEnd(int gpu) {
   PSWITCH_RETURN_IF_ERROR(CheckGpu(gpu));
   online_->BubbleEnded(gpu);
   bool pause = false;
+  std::optional<GpuScheduler::ResidentClose> resident_close;
   {
     absl::MutexLock lock(&mu_);
     GpuState& g = gpus_[gpu];
@@ -668,6 +722,9 @@ absl::Status FillManager::BubbleEnd(int gpu) {
       if (job.machine.state() == fill::FillState::kRunning) {  // it had this bubble
         Transition(g.resident->job, job, fill::FillEvent::kPause);
         g.resident->closed_ns = now_ns;
+        // Read here, with the close: a bubble opened before the scheduler gets to the check
+        // must show as opened since.
+        resident_close = GpuScheduler::ResidentClose{g.resident->bell->opens(), now_ns};
         pause = true;
       }
     } else {
@@ -683,7 +740,7 @@ absl::Status FillManager::BubbleEnd(int gpu) {
       }
     }
   }
-  if (pause) controller_->gpu(gpu).EndBubble(options_.grace);
+  if (pause) controller_->gpu(gpu).EndBubble(options_.grace, resident_close);
   return absl::OkStatus();
 }
 
@@ -721,6 +778,7 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
     if (g.ended) RecordPause(gpu, g);
   }
   Job& job = jobs_.at(id);
+  job.run_out = false;
   if (job.machine.stopped()) {  // stopped while this run was out: drop what it saved
     controller_->checkpoints().Drop(CheckpointKey::FillJob(id));
     return;
@@ -807,11 +865,10 @@ void FillManager::Account(int gpu, uint64_t id, Job& job, const RunCounts& count
 
 absl::Status FillManager::StepFitsBubbles(uint64_t id, const Job& job, int gpu) const {
   // A job whose measured steps no longer fit any bubble of its GPU would wait forever.
-  auto g = gpus_.find(gpu);
-  if (g == gpus_.end() || !g->second.cycle) return absl::OkStatus();
-  absl::Duration longest;
-  for (const fill::Bubble& b : g->second.cycle->bubbles) longest = std::max(longest, b.duration);
-  if (job.predicted_step + options_.margin < longest) return absl::OkStatus();
+  const absl::Duration longest = LongestBubble(gpu);
+  if (longest == absl::ZeroDuration() || job.predicted_step + options_.margin < longest) {
+    return absl::OkStatus();
+  }
   return absl::FailedPreconditionError(
       absl::StrCat("fill job ", id, ": its steps now take ",
                    absl::FormatDuration(job.predicted_step), " (measured), too long for GPU ", gpu,

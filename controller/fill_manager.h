@@ -163,6 +163,7 @@ class FillManager {
     uint32_t bubbles = 0;
     bool model_registered = false;  // its own model is in the catalog (unloaded at its end)
     bool writing_output = false;    // every row computed; its output is being written now
+    bool run_out = false;           // a run of it is on a GPU, until its RunDone
     absl::Duration predicted_step;  // the declared profile, then the smoothed measurement
     int64_t measured_runs = 0;
     absl::Time submitted;
@@ -192,11 +193,19 @@ class FillManager {
     struct Resident {
       uint64_t job = 0;
       std::shared_ptr<BubbleBell> bell;
+      uint64_t task = 0;  // its run's task on the GPU's scheduler
       // What of the bell's report is already counted (it only grows within a run).
       uint64_t steps_seen = 0;
       int64_t step_ns_seen = 0;
       uint64_t overruns_seen = 0;
+      int64_t harvested_ns = 0;  // the last harvest (or the run's start): time the steps may take
       int64_t closed_ns = 0;  // its last bubble's close, until its pause is recorded (0: none)
+      // What had been counted when its last bubble opened, and the bubbles in a row opened for
+      // it in which it neither stepped nor overran (its own prediction shut it out).
+      uint64_t steps_at_open = 0;
+      uint64_t overruns_at_open = 0;
+      bool opened = false;  // a bubble was opened for it since the last look
+      int idle_opens = 0;
     };
     std::optional<Resident> resident;
   };
@@ -251,6 +260,8 @@ class FillManager {
                     uint64_t free_bytes, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends job `id`'s resident run, wherever it is (its RunDone follows).
   void StopResident(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The longest bubble of `gpu`'s cycle (zero: none registered).
+  absl::Duration LongestBubble(int gpu) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,
                    uint64_t free_bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -715,12 +715,17 @@ void GpuScheduler::EnforceResidentPause() {
   const ResidentPause pause = *resident_pause_;
   resident_pause_.reset();
   BubbleBell* bell = RunningBell();
+  // Ended, being stopped (its own deadline), or a bubble was opened since (pswitchd's own count,
+  // not the page's): nothing to check.
   if (bell == nullptr || running_->task_id != pause.task || running_->slot < 0 ||
-      running_->stop_sent || bell->seq() != pause.seq) {
-    return;  // ended, being stopped (its own deadline), or a bubble opened since
+      running_->stop_sent || bell->opens() != pause.close.opens) {
+    return;
   }
+  // Still in a step a grace after the close, or one begun well after it (not one that began
+  // just before the close and published its start just after).
   const BubbleBell::Report report = bell->Read();
-  if (!report.stepping && report.last_step_start_ns <= pause.closed_ns) return;  // paused
+  const int64_t late_start = pause.close.closed_ns + absl::ToInt64Nanoseconds(pause.grace) / 2;
+  if (!report.stepping && report.last_step_start_ns <= late_start) return;  // paused
   pool_->Kill(running_->slot,
               absl::StrCat("killed: the fill task did not pause within ",
                            absl::FormatDuration(pause.grace), " of its bubble's end"));
@@ -755,23 +760,15 @@ uint64_t GpuScheduler::SubmitFill(TaskSpec spec, TaskCallback done) {
   return id;
 }
 
-void GpuScheduler::EndBubble(absl::Duration grace) {
-  Post([this, grace, ended = absl::Now(), ended_ns = base::MonotonicNowNs()] {
+void GpuScheduler::EndBubble(absl::Duration grace, std::optional<ResidentClose> resident) {
+  Post([this, grace, resident, ended = absl::Now()] {
     loop_role_.AssertHeld();
-    if (std::optional<uint64_t> id = bubble_runs_.EndBubble()) {
-      // It never started: nothing to pause.
-      TaskOutcome outcome;
-      outcome.task_id = *id;
-      outcome.stopped_early = true;
-      outcome.paused_at = ended;
-      outcome.iterations_done = tasks_table_.at(*id).spec.fill->first_iteration;
-      Finish(*id, outcome);
-    }
+    if (std::optional<uint64_t> id = bubble_runs_.EndBubble()) AnswerUnstartedFill(*id, ended);
     if (running_ == nullptr || !tasks_table_.at(running_->task_id).spec.fill) return;
-    if (BubbleBell* bell = RunningBell()) {
-      // Resident: its bell told it (closed before this was posted); it is only checked.
-      resident_pause_ =
-          ResidentPause{running_->task_id, ended_ns, bell->seq(), ended + grace, grace};
+    if (RunningBell() != nullptr) {
+      // Resident: its bell told it; it is only checked.
+      if (resident)
+        resident_pause_ = ResidentPause{running_->task_id, *resident, ended + grace, grace};
       return;
     }
     StopRunning();
@@ -779,6 +776,27 @@ void GpuScheduler::EndBubble(absl::Duration grace) {
                        absl::StrCat("killed: the fill task did not pause within ",
                                     absl::FormatDuration(grace), " of its bubble's end"));
   });
+}
+
+void GpuScheduler::StopFill(uint64_t task_id) {
+  Post([this, task_id] {
+    loop_role_.AssertHeld();
+    if (bubble_runs_.Withdraw(task_id)) {
+      AnswerUnstartedFill(task_id, absl::Now());
+    } else if (running_ != nullptr && running_->task_id == task_id) {
+      StopRunning();
+    }
+  });
+}
+
+void GpuScheduler::AnswerUnstartedFill(uint64_t id, absl::Time at) {
+  // It never started: nothing to pause.
+  TaskOutcome outcome;
+  outcome.task_id = id;
+  outcome.stopped_early = true;
+  outcome.paused_at = at;
+  outcome.iterations_done = tasks_table_.at(id).spec.fill->first_iteration;
+  Finish(id, outcome);
 }
 
 void GpuScheduler::MaybePreempt() {

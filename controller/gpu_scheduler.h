@@ -200,10 +200,19 @@ class GpuScheduler : private WorkerPool::Listener {
   // or it is stopped.
   uint64_t SubmitFill(TaskSpec spec, TaskCallback done);
   // The main job's bubble on this GPU ended: a fill run of one bubble is told to pause now; a
-  // resident one was told by its bell (closed before this call). Either's worker is SIGKILLed if
-  // it has not paused within `grace` (framework-enforced limit): for a resident run, if it is
-  // still in a step, or began one after the close, with no bubble opened since.
-  void EndBubble(absl::Duration grace);
+  // resident one was told by its bell, closed before this call at `resident->closed_ns` after
+  // `resident->opens` opens. Either's worker is SIGKILLed if it has not paused within `grace`
+  // (framework-enforced limit): for a resident run, when no bubble was opened since and it is
+  // still in a step, or began one well after the close.
+  struct ResidentClose {
+    uint64_t opens = 0;
+    int64_t closed_ns = 0;
+  };
+  void EndBubble(absl::Duration grace, std::optional<ResidentClose> resident = std::nullopt);
+  // Fill run `task_id` is to end without an error (its job moved, was cancelled, or another job
+  // takes its bubbles): stopped like a preempted run (its bell rung, its worker killed past the
+  // drain timeout), or answered as paused if it never started. Nothing for any other task.
+  void StopFill(uint64_t task_id);
   absl::StatusOr<TaskStatus> Query(uint64_t task_id) const;
   // The `limit` most recent tasks, newest first.
   std::vector<TaskStatus> Recent(size_t limit) const;
@@ -356,6 +365,8 @@ class GpuScheduler : private WorkerPool::Listener {
   void KillSilentStopper() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // A resident fill run that did not pause within its grace after its bubble closed is killed.
   void EnforceResidentPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
+  // A fill run that never got the GPU is answered as paused at `at`.
+  void AnswerUnstartedFill(uint64_t id, absl::Time at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // The running task's resident bell (null: not a resident fill run).
   BubbleBell* RunningBell() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_role_);
   // Fails queued tasks past their deadline and stops a running one.
@@ -423,8 +434,7 @@ class GpuScheduler : private WorkerPool::Listener {
   // The running resident fill run's pause at its last bubble's close, checked at `due`.
   struct ResidentPause {
     uint64_t task = 0;
-    int64_t closed_ns = 0;
-    uint32_t seq = 0;  // the bell's after the close: another open or close changes it
+    ResidentClose close;
     absl::Time due = absl::InfiniteFuture();
     absl::Duration grace;
   };

@@ -1453,5 +1453,99 @@ TEST_F(PlaceWhenFreeTest, APreemptingInferenceIsPlacedOnlyOnceTheTrainingAnswere
   CancelRunningTraining(training, 4);
 }
 
+// A fill run that lives across bubbles (issue 30 item 1): its pause after each bubble's close is
+// judged from its bell, and it is stopped through its bell as well as by message.
+class ResidentFillTest : public InputsArrivingTest {
+ protected:
+  static constexpr absl::Duration kGrace = absl::Milliseconds(10);
+
+  // A synthetic resident fill run woken by `bell`, started on a worker.
+  uint64_t StartResident(const std::shared_ptr<BubbleBell>& bell) {
+    bell->Open(base::MonotonicNowNs() + absl::ToInt64Nanoseconds(absl::Seconds(10)),
+               base::MonotonicNowNs() + absl::ToInt64Nanoseconds(absl::Seconds(10)));
+    TaskSpec spec;
+    spec.model = "synthetic";
+    spec.iterations = 1000;
+    FillRunSpec fill;
+    fill.bubble_end_ns = base::MonotonicNowNs() + absl::ToInt64Nanoseconds(absl::Seconds(10));
+    fill.step = absl::Milliseconds(1);
+    fill.synthetic = true;
+    fill.synthetic_step = absl::Milliseconds(1);
+    fill.bell = bell;
+    spec.regions.push_back(bell->region());
+    spec.fill = std::move(fill);
+    auto id = std::make_shared<PendingId>();
+    const uint64_t task = scheduler_->SubmitFill(
+        std::move(spec), [this, id](const absl::StatusOr<TaskOutcome>& outcome) {
+          record_.Answer(id->Get(), outcome);
+        });
+    id->Set(task);
+    EXPECT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " "), kWait)) << record_.Commands();
+    return task;
+  }
+  // The main job's bubble ends now: the bell is closed and the scheduler told, as the fill
+  // manager does.
+  void CloseBubble(BubbleBell& bell) {
+    const int64_t now = base::MonotonicNowNs();
+    bell.Close(now);
+    scheduler_->EndBubble(kGrace, GpuScheduler::ResidentClose{bell.opens(), now});
+  }
+  // Past the pause check's due time, every event handled.
+  void PastGrace() {
+    absl::SleepFor(kGrace * 3);
+    Settle();
+    absl::SleepFor(kGrace);
+    Settle();
+  }
+  bool Answered(uint64_t task) {
+    absl::StatusOr<TaskOutcome> answer = record_.AwaitAnswer(task, absl::ZeroDuration());
+    return answer.ok() || !absl::StrContains(answer.status().message(), "was not answered");
+  }
+};
+
+TEST_F(ResidentFillTest, ARunThatPausedOrHasANewBubbleIsLeftAndOneSteppingOnIsKilled) {
+  auto bell = BubbleBell::Create();
+  ASSERT_TRUE(bell.ok()) << bell.status();
+  fill::BellLayout& page = *(*bell)->page_for_test();
+  const uint64_t task = StartResident(*bell);
+  // Paused at the close: left alone, no message sent.
+  page.stepping.store(0);
+  CloseBubble(**bell);
+  PastGrace();
+  EXPECT_FALSE(record_.Sent("Stop"));
+  EXPECT_FALSE(Answered(task));
+  // In a step at the close, but a new bubble opens before the check: its steps are legitimate.
+  (*bell)->Open(base::MonotonicNowNs() + 1'000'000'000, base::MonotonicNowNs() + 1'000'000'000);
+  page.stepping.store(1);
+  page.last_step_start_ns.store(base::MonotonicNowNs());
+  CloseBubble(**bell);
+  (*bell)->Open(base::MonotonicNowNs() + 1'000'000'000, base::MonotonicNowNs() + 1'000'000'000);
+  PastGrace();
+  EXPECT_FALSE(Answered(task));
+  // A worker that scribbles on pswitchd's half of the page cannot hide from the check.
+  page.seq.store(0);
+  page.stop.store(0);
+  // Still stepping a grace after a close, no bubble since: killed, with the reason.
+  CloseBubble(**bell);
+  absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
+  ASSERT_FALSE(killed.ok());
+  EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+}
+
+TEST_F(ResidentFillTest, AStoppedResidentRunIsToldByItsBellAndByMessage) {
+  auto bell = BubbleBell::Create();
+  ASSERT_TRUE(bell.ok()) << bell.status();
+  const uint64_t task = StartResident(*bell);
+  const int slot = record_.LastSlot(absl::StrCat("Run ", task, " "));
+  scheduler_->StopFill(task);
+  ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", slot), kWait)) << record_.Commands();
+  EXPECT_TRUE((*bell)->stopped()) << "a run waiting on its bell would not see the message";
+  Worker(slot)->RunDone(task, 12, /*stopped_early=*/true);
+  absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(task, kWait);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->stopped_early);
+  EXPECT_EQ(done->iterations_done, 12u);
+}
+
 }  // namespace
 }  // namespace pswitch::controller

@@ -95,6 +95,9 @@ ABSL_FLAG(std::string, configs, "gpipe-4,gpipe-8,1f1b-4,1f1b-8",
 ABSL_FLAG(bool, cpu_only_arm, true,
           "run the cpu-only arm (fill tasks on, stages without the device lock) that separates "
           "device interference from CPU interference");
+ABSL_FLAG(bool, fill_resident_runs, true,
+          "pswitchd's --fill-resident-runs: fill runs live across bubbles, woken by their bell "
+          "(false: one Run message per bubble)");
 ABSL_FLAG(bool, detected_arm, true,
           "run the detected arm: pipetrain making no bubble call, its bubbles found by a "
           "pswitchd --detect-bubbles from the devices' activity");
@@ -339,7 +342,8 @@ class FillService {
         "--http-listen=127.0.0.1:0", absl::StrCat("--gpus=", kStages), "--standby-workers=1",
         "--preload=", "--arena-bytes=1073741824", "--activation-bytes=16777216",
         // Online arms: inference shares the simulated device.
-        "--inference-device-lock"};
+        "--inference-device-lock",
+        absl::StrCat("--fill-resident-runs=", absl::GetFlag(FLAGS_fill_resident_runs))};
     const std::string name = devices.empty() ? "" : "-detect";
     // Its sockets apart from the other daemon's (its Unix socket is named after this one's dir).
     const std::filesystem::path sockets = devices.empty() ? dir : dir / "detect";
@@ -555,6 +559,7 @@ struct ConfigRuns {
   std::map<Arm, std::vector<OnlineRun>> online;  // the online arms' requests, by round
   double pause_p50_ms = 0, pause_p99_ms = 0;
   uint64_t killed = 0;
+  uint64_t fill_runs = 0, bell_wakes = 0;  // how bubbles were started: Run messages, bells
 };
 
 // The arms' order in round `round`: a Williams design, i.e. a Latin square in which every arm
@@ -700,6 +705,8 @@ absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& ar
   out.pause_p50_ms = absl::ToDoubleMilliseconds(stats.pause_p50);
   out.pause_p99_ms = absl::ToDoubleMilliseconds(stats.pause_p99);
   out.killed = stats.killed;
+  out.fill_runs = stats.runs;
+  out.bell_wakes = stats.bell_wakes;
   return out;
 }
 
@@ -901,6 +908,9 @@ absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& 
     absl::StrAppend(&extra, absl::StrFormat(", device wait %+.2f ms/stage-iteration, n=%d",
                                             fill.busy_ms - (cpu ? cpu->busy_ms : 0),
                                             static_cast<int>(alone_ms.size())));
+    absl::StrAppend(&extra, absl::StrFormat(", runs started %llu, bells rung %llu",
+                                            static_cast<unsigned long long>(r.fill_runs),
+                                            static_cast<unsigned long long>(r.bell_wakes)));
     figs.push_back(absl::StrFormat(
         "FIG bubbles %s: increase %s used %.0f%% steps/s %.0f pause p50 %.2f ms p99 %.2f ms "
         "verdict %s (%s)",

@@ -15,7 +15,8 @@ absl::Status RunSteps(IterativeTask& task, uint32_t first, uint32_t total,
   PSWITCH_RETURN_IF_ERROR(task.Init());
   const bool resident = fill != nullptr && fill->resident();
   for (uint32_t i = first; i < total;) {
-    if ((fill != nullptr ? !fill->MayStart() : stop.load()) || task.Full()) {
+    // Full first: a full run hands its outputs back now rather than wait for a bubble.
+    if (task.Full() || (fill != nullptr ? !fill->MayStart() : stop.load())) {
       progress->stopped_early = true;
       break;
     }

@@ -96,9 +96,10 @@ class TrainTask final : public IterativeTask {
   LayerGate::Task& gate_;
 };
 
-// What a resident dataset-inference run keeps of its outputs before it ends to hand them back
-// (the next bubble starts a new run): on CUDA they stay on the device until then.
-constexpr int64_t kResidentOutputBytes = 256ll << 20;
+// What a dataset-inference run keeps of its outputs before it ends to hand them back (a resident
+// run's next bubble starts a new run): on CUDA they stay on the device until then. They go back
+// inline in RunDone, well under the control channel's frame bound (64 MiB).
+constexpr int64_t kResidentOutputBytes = 32ll << 20;
 
 // Batch inference over a dataset's rows, `batch` rows per step; the run's outputs are returned
 // by Finish, in row order.
