@@ -53,6 +53,7 @@ BubbleBell::Report BubbleBell::Read() const {
   r.iterations_done = page_->iterations_done.load();
   r.overruns = page_->overruns.load();
   r.overrun_ns = page_->overrun_ns.load();
+  r.late_starts = page_->late_starts.load();
   return r;
 }
 

@@ -51,6 +51,7 @@ class BubbleBell {
     uint64_t iterations_done = 0;
     uint64_t overruns = 0;
     int64_t overrun_ns = 0;
+    uint64_t late_starts = 0;
   };
   Report Read() const;
 

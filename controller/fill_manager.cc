@@ -120,12 +120,15 @@ absl::Status FillManager::RebuildScheduler() {
   return absl::OkStatus();
 }
 
-fill::FillJob FillManager::SchedulerJob(uint64_t id, const Job& job) {
+fill::FillJob FillManager::SchedulerJob(uint64_t id, const Job& job) const {
+  // Placement and predictions see a step that splits as its rows: a job whose batch is longer
+  // than any bubble still fits one with a row.
+  const int64_t rows = RowsPerStep(job);
   fill::FillJob f;
   f.id = id;
-  f.steps_total = job.steps_total;
-  f.steps_done = job.steps_done;
-  f.step_duration = job.predicted_step;
+  f.steps_total = job.steps_total * rows;
+  f.steps_done = job.steps_done * rows;
+  f.step_duration = job.predicted_step / rows;
   f.memory_bytes = static_cast<int64_t>(job.request.memory_bytes);
   f.submitted = job.submitted;
   if (job.request.deadline) f.deadline = job.submitted + *job.request.deadline;
@@ -554,7 +557,7 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
   // A run still out (a resident run on the GPU it just left) must end first: its state is the
   // job's.
   if (job.machine.state() != fill::FillState::kPaused || job.run_out ||
-      job.request.memory_bytes > free_bytes || left <= job.predicted_step + options_.margin) {
+      job.request.memory_bytes > free_bytes || left <= MinStep(job) + options_.margin) {
     return absl::OkStatus();
   }
   TaskSpec spec = RunSpec(id, job, gpu, bubble_end_ns, free_bytes);
@@ -633,8 +636,7 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
     return false;
   }
   // Not even one step fits what is left: the run stays asleep.
-  if (job.machine.state() != fill::FillState::kPaused ||
-      left <= job.predicted_step + options_.margin) {
+  if (job.machine.state() != fill::FillState::kPaused || left <= MinStep(job) + options_.margin) {
     return false;
   }
   Transition(id, job, fill::FillEvent::kStart);
@@ -655,6 +657,17 @@ void FillManager::StopResident(uint64_t id) {
     g.resident->bell->Stop();
     controller_->gpu(gpu).StopFill(g.resident->task);
   }
+}
+
+int64_t FillManager::RowsPerStep(const Job& job) const {
+  // A resident dataset-inference run splits a step into the rows that fit (one at least).
+  return options_.resident_runs && job.request.kind == FillKind::kInference
+             ? std::max<int64_t>(job.request.batch, 1)
+             : 1;
+}
+
+absl::Duration FillManager::MinStep(const Job& job) const {
+  return job.predicted_step / RowsPerStep(job);
 }
 
 absl::Duration FillManager::LongestBubble(int gpu) const {
@@ -724,7 +737,10 @@ absl::Status FillManager::BubbleEnd(int gpu) {
         g.resident->closed_ns = now_ns;
         // Read here, with the close: a bubble opened before the scheduler gets to the check
         // must show as opened since.
-        resident_close = GpuScheduler::ResidentClose{g.resident->bell->opens(), now_ns};
+        const BubbleBell::Report at_close = g.resident->bell->Read();
+        resident_close =
+            GpuScheduler::ResidentClose{g.resident->bell->opens(), at_close.late_starts,
+                                        at_close.stepping ? at_close.last_step_start_ns : 0};
         pause = true;
       }
     } else {
@@ -860,13 +876,15 @@ void FillManager::Account(int gpu, uint64_t id, Job& job, const RunCounts& count
   job.steps_done =
       std::max(job.steps_done,
                std::min<int64_t>(static_cast<int64_t>(counts.iterations_done), job.steps_total));
-  if (scheduler_ != nullptr) (void)scheduler_->ReportProgress(id, job.steps_done);
+  if (scheduler_ != nullptr) {
+    (void)scheduler_->ReportProgress(id, job.steps_done * RowsPerStep(job));
+  }
 }
 
 absl::Status FillManager::StepFitsBubbles(uint64_t id, const Job& job, int gpu) const {
   // A job whose measured steps no longer fit any bubble of its GPU would wait forever.
   const absl::Duration longest = LongestBubble(gpu);
-  if (longest == absl::ZeroDuration() || job.predicted_step + options_.margin < longest) {
+  if (longest == absl::ZeroDuration() || MinStep(job) + options_.margin < longest) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(

@@ -232,7 +232,12 @@ class FillManager {
   // Charges `bytes` of dataset `name`'s copy against options_.max_total_dataset_bytes until the
   // returned holder's last copy goes; ResourceExhausted naming the bound beyond it.
   absl::StatusOr<std::shared_ptr<void>> ChargeDataset(uint64_t bytes, absl::string_view name) const;
-  static fill::FillJob SchedulerJob(uint64_t id, const Job& job);
+  // `job` as the fill scheduler sees it: in steps, or in rows for one whose steps split
+  // (RowsPerStep).
+  fill::FillJob SchedulerJob(uint64_t id, const Job& job) const;
+  // Rows per step of a job whose steps split to fit a bubble (dataset inference in resident
+  // runs, issue 30 item 2); 1 for any other job.
+  int64_t RowsPerStep(const Job& job) const;
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.
   static void Transition(uint64_t id, Job& job, fill::FillEvent event);
@@ -260,6 +265,8 @@ class FillManager {
                     uint64_t free_bytes, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends job `id`'s resident run, wherever it is (its RunDone follows).
   void StopResident(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least of a step `job` may start with: a whole step, or one row of a step that splits.
+  absl::Duration MinStep(const Job& job) const;
   // The longest bubble of `gpu`'s cycle (zero: none registered).
   absl::Duration LongestBubble(int gpu) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TaskSpec RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubble_end_ns,

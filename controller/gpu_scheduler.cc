@@ -715,17 +715,19 @@ void GpuScheduler::EnforceResidentPause() {
   const ResidentPause pause = *resident_pause_;
   resident_pause_.reset();
   BubbleBell* bell = RunningBell();
-  // Ended, being stopped (its own deadline), or a bubble was opened since (pswitchd's own count,
-  // not the page's): nothing to check.
+  // Ended, or being stopped (its own deadline): nothing to check.
   if (bell == nullptr || running_->task_id != pause.task || running_->slot < 0 ||
-      running_->stop_sent || bell->opens() != pause.close.opens) {
+      running_->stop_sent) {
     return;
   }
-  // Still in a step a grace after the close, or one begun well after it (not one that began
-  // just before the close and published its start just after).
+  // Not paused: a step begun with no bubble open, one in progress with none opened since
+  // (pswitchd's own count, not the page's), or the step it was in at the close, uncut.
   const BubbleBell::Report report = bell->Read();
-  const int64_t late_start = pause.close.closed_ns + absl::ToInt64Nanoseconds(pause.grace) / 2;
-  if (!report.stepping && report.last_step_start_ns <= late_start) return;  // paused
+  const bool late_start = report.late_starts > pause.close.late_starts;
+  const bool still_stepping = report.stepping && bell->opens() == pause.close.opens;
+  const bool same_step = report.stepping && pause.close.step_start_ns != 0 &&
+                         report.last_step_start_ns == pause.close.step_start_ns;
+  if (!late_start && !still_stepping && !same_step) return;
   pool_->Kill(running_->slot,
               absl::StrCat("killed: the fill task did not pause within ",
                            absl::FormatDuration(pause.grace), " of its bubble's end"));

@@ -200,13 +200,14 @@ class GpuScheduler : private WorkerPool::Listener {
   // or it is stopped.
   uint64_t SubmitFill(TaskSpec spec, TaskCallback done);
   // The main job's bubble on this GPU ended: a fill run of one bubble is told to pause now; a
-  // resident one was told by its bell, closed before this call at `resident->closed_ns` after
-  // `resident->opens` opens. Either's worker is SIGKILLed if it has not paused within `grace`
-  // (framework-enforced limit): for a resident run, when no bubble was opened since and it is
-  // still in a step, or began one well after the close.
+  // resident one was told by its bell, closed before this call; `resident` is what its bell said
+  // then. Either's worker is SIGKILLed if it has not paused within `grace` (framework-enforced
+  // limit): a resident run when, a grace after the close, the step it was in then is still
+  // running, it is in a step with no bubble opened since, or it began a step with none open.
   struct ResidentClose {
-    uint64_t opens = 0;
-    int64_t closed_ns = 0;
+    uint64_t opens = 0;         // BubbleBell::opens()
+    uint64_t late_starts = 0;   // the page's count of steps begun with no bubble open
+    int64_t step_start_ns = 0;  // the step it was in (0: none)
   };
   void EndBubble(absl::Duration grace, std::optional<ResidentClose> resident = std::nullopt);
   // Fill run `task_id` is to end without an error (its job moved, was cancelled, or another job

@@ -1486,9 +1486,15 @@ class ResidentFillTest : public InputsArrivingTest {
   // The main job's bubble ends now: the bell is closed and the scheduler told, as the fill
   // manager does.
   void CloseBubble(BubbleBell& bell) {
-    const int64_t now = base::MonotonicNowNs();
-    bell.Close(now);
-    scheduler_->EndBubble(kGrace, GpuScheduler::ResidentClose{bell.opens(), now});
+    bell.Close(base::MonotonicNowNs());
+    const BubbleBell::Report r = bell.Read();
+    scheduler_->EndBubble(kGrace,
+                          GpuScheduler::ResidentClose{bell.opens(), r.late_starts,
+                                                      r.stepping ? r.last_step_start_ns : 0});
+  }
+  void OpenBubble(BubbleBell& bell) {
+    const int64_t end = base::MonotonicNowNs() + 1'000'000'000;
+    bell.Open(end, end);
   }
   // Past the pause check's due time, every event handled.
   void PastGrace() {
@@ -1503,7 +1509,7 @@ class ResidentFillTest : public InputsArrivingTest {
   }
 };
 
-TEST_F(ResidentFillTest, ARunThatPausedOrHasANewBubbleIsLeftAndOneSteppingOnIsKilled) {
+TEST_F(ResidentFillTest, ARunThatPausedOrCutItsStepIsLeftAndOneSteppingOnIsKilled) {
   auto bell = BubbleBell::Create();
   ASSERT_TRUE(bell.ok()) << bell.status();
   fill::BellLayout& page = *(*bell)->page_for_test();
@@ -1514,22 +1520,48 @@ TEST_F(ResidentFillTest, ARunThatPausedOrHasANewBubbleIsLeftAndOneSteppingOnIsKi
   PastGrace();
   EXPECT_FALSE(record_.Sent("Stop"));
   EXPECT_FALSE(Answered(task));
-  // In a step at the close, but a new bubble opens before the check: its steps are legitimate.
-  (*bell)->Open(base::MonotonicNowNs() + 1'000'000'000, base::MonotonicNowNs() + 1'000'000'000);
+  // In a step at the close, which it cut; a new bubble opened, and its next step runs there.
+  OpenBubble(**bell);
   page.stepping.store(1);
   page.last_step_start_ns.store(base::MonotonicNowNs());
   CloseBubble(**bell);
-  (*bell)->Open(base::MonotonicNowNs() + 1'000'000'000, base::MonotonicNowNs() + 1'000'000'000);
+  page.last_step_start_ns.store(base::MonotonicNowNs() + 1);
+  OpenBubble(**bell);
   PastGrace();
   EXPECT_FALSE(Answered(task));
   // A worker that scribbles on pswitchd's half of the page cannot hide from the check.
   page.seq.store(0);
   page.stop.store(0);
   // Still stepping a grace after a close, no bubble since: killed, with the reason.
+  page.last_step_start_ns.store(base::MonotonicNowNs());
   CloseBubble(**bell);
   absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
   ASSERT_FALSE(killed.ok());
   EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+}
+
+// The step it was in at the close still running a grace later is killed though bubbles open
+// meanwhile (one that cannot be cut); so is one that began a step with no bubble open.
+TEST_F(ResidentFillTest, AnUncutStepOrAStepBegunWithNoBubbleOpenIsKilledThoughBubblesOpen) {
+  for (const bool late_start : {false, true}) {
+    SCOPED_TRACE(late_start ? "a step begun with no bubble open" : "an uncut step");
+    auto bell = BubbleBell::Create();
+    ASSERT_TRUE(bell.ok()) << bell.status();
+    fill::BellLayout& page = *(*bell)->page_for_test();
+    const uint64_t task = StartResident(*bell);
+    page.stepping.store(late_start ? 0 : 1);
+    page.last_step_start_ns.store(base::MonotonicNowNs());
+    CloseBubble(**bell);
+    if (late_start) {
+      page.late_starts.store(page.late_starts.load() + 1);
+      page.stepping.store(1);
+      page.last_step_start_ns.store(base::MonotonicNowNs());
+    }
+    OpenBubble(**bell);
+    absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
+    ASSERT_FALSE(killed.ok());
+    EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+  }
 }
 
 TEST_F(ResidentFillTest, AStoppedResidentRunIsToldByItsBellAndByMessage) {

@@ -115,6 +115,27 @@ client::FillJobOptions TinyMlpInference(const std::string& dataset, const std::s
   return o;
 }
 
+// A dataset of 40 rows for tiny_mlp under the daemon's data root, and its job: 16 rows a step,
+// declared at 80 ms a step (5 ms a row), longer than the 30 ms bubbles of the tests below.
+struct LongBatchJob {
+  at::Tensor rows;
+  client::FillJobOptions options;
+};
+LongBatchJob WriteLongBatchJob(const std::filesystem::path& root, models::ZooModel& model) {
+  LongBatchJob job;
+  job.rows = model.ExampleInput(40, 9).input.contiguous();
+  EXPECT_TRUE(
+      models::WriteSafetensors(
+          (root / "dataset.safetensors").string(),
+          {models::SafetensorsEntry{"input", models::DType::kF32, job.rows.sizes().vec(),
+                                    job.rows.data_ptr(), static_cast<size_t>(job.rows.nbytes())}})
+          .ok());
+  job.options = TinyMlpInference("dataset.safetensors", "output.safetensors");
+  job.options.batch = 16;  // 3 steps, the last one of 8 rows
+  job.options.step = absl::Milliseconds(80);
+  return job;
+}
+
 // A synthetic fill job (steps that occupy the device for `step` each) of `steps` steps in 1 MiB.
 client::FillJobOptions SyntheticJob(absl::Duration step, uint32_t steps) {
   client::FillJobOptions o;
@@ -451,6 +472,17 @@ class PerBubbleFillTest : public FillTest {
   std::vector<std::string> ExtraFlags() override { return {"--fill-resident-runs=false"}; }
 };
 
+// Runs of one bubble cannot split a step (its parts would be lost with the run): the same job is
+// refused at submission, with the reason.
+TEST_F(PerBubbleFillTest, AnInferenceBatchLongerThanEveryBubbleIsRefused) {
+  RegisterCycle(absl::Milliseconds(30));
+  auto model = models::CreateModel("tiny_mlp");
+  ASSERT_TRUE(model.ok());
+  auto job = client_->SubmitFill(WriteLongBatchJob(daemon_->dir(), **model).options);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted) << job.status();
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("fits no stage's bubbles"));
+}
+
 TEST_F(PerBubbleFillTest, EachBubbleStartsARunAndNoBellRings) {
   const absl::Duration bubble = absl::Milliseconds(25);
   RegisterCycle(bubble);
@@ -687,6 +719,25 @@ TEST_F(FillTest, BatchInferenceOverADatasetWritesEveryOutputRow) {
   }
   EXPECT_TRUE(gone) << own_model << " outlived its job";
   ASSERT_NO_FATAL_FAILURE(ExpectOutputIsTheModelsAnswer(output, **model, rows));
+}
+
+// Inference batches split to fit what is left of a bubble (issue 30 item 2): a batch declared
+// longer than every bubble is placed by its rows (a step may start once one row fits, and runs
+// the rows that fit: worker/dataset_inference_test.cc), and every row is answered once, in order.
+TEST_F(FillTest, AnInferenceBatchLongerThanItsBubblesIsPlacedByTheRowAndAnswersEveryRowOnce) {
+  const absl::Duration bubble = absl::Milliseconds(30);
+  RegisterCycle(bubble);
+  auto model = models::CreateModel("tiny_mlp");
+  ASSERT_TRUE(model.ok());
+  LongBatchJob long_batch = WriteLongBatchJob(daemon_->dir(), **model);
+  auto job = client_->SubmitFill(long_batch.options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 300);
+  ASSERT_EQ(done.state, client::FillState::kStopped);
+  ASSERT_TRUE(done.error.ok()) << done.error;
+  ASSERT_EQ(done.steps_done, 3u);
+  ASSERT_NO_FATAL_FAILURE(ExpectOutputIsTheModelsAnswer(
+      (daemon_->dir() / "output.safetensors").string(), **model, long_batch.rows));
 }
 
 // A job cancelled after its last step, while its output still waits for the I/O thread, writes

@@ -54,8 +54,28 @@ bool FillSteps::HasRoom() const {
   if (ignore_pause_) return true;
   if (stopping()) return false;
   const int64_t end = bell_ != nullptr ? bell_->bubble_end_ns.load() : bubble_end_ns_;
-  return fill::MayStartStep(absl::Nanoseconds(end - base::MonotonicNowNs()), profile_.Predicted(),
-                            margin_);
+  // A splittable step needs room for one of its rows.
+  const absl::Duration need =
+      split_rows_ > 0 ? profile_.Predicted() / split_rows_ : profile_.Predicted();
+  return fill::MayStartStep(absl::Nanoseconds(end - base::MonotonicNowNs()), need, margin_);
+}
+
+void FillSteps::SetSplittable(int64_t rows_per_step) {
+  split_rows_ = std::max<int64_t>(rows_per_step, 1);
+}
+
+int64_t FillSteps::RowsThatFit() const {
+  if (split_rows_ <= 0) return 0;
+  if (ignore_pause_) return split_rows_;
+  if (stopping()) return 0;
+  const int64_t end = bell_ != nullptr ? bell_->bubble_end_ns.load() : bubble_end_ns_;
+  const absl::Duration left = absl::Nanoseconds(end - base::MonotonicNowNs()) - margin_;
+  const absl::Duration per_row = profile_.Predicted() / split_rows_;
+  // As MayStartStep: strictly more than the rows' predicted time left.
+  if (per_row <= absl::ZeroDuration()) return split_rows_;
+  if (left <= per_row) return 0;
+  const double fit = absl::FDivDuration(left, per_row);
+  return fit >= static_cast<double>(split_rows_) ? split_rows_ : static_cast<int64_t>(fit);
 }
 
 bool FillSteps::MayStart() {
@@ -92,7 +112,14 @@ absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::St
     if (!HasRoom()) return false;
   }
   const int64_t start = base::MonotonicNowNs();
-  if (bell_ != nullptr) Publish(/*stepping=*/true, start);
+  if (bell_ != nullptr) {
+    // Begun with no bubble open: only a task that ignores the bell does (a room check passed for
+    // every other step); pswitchd kills a run for it.
+    if (ignore_pause_ && start >= bell_->bubble_end_ns.load()) {
+      bell_->late_starts.store(++late_starts_);
+    }
+    Publish(/*stepping=*/true, start);
+  }
   absl::Status status = step();
   const int64_t end = base::MonotonicNowNs();
   const int64_t took = end - start;
@@ -108,13 +135,17 @@ absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::St
       overrun_ns_ = took;
       (void)profile_.Record(absl::Nanoseconds(took));
     }
+    // A split step keeps the parts it finished: their time is the step's when it is done.
+    if (split_rows_ > 0) partial_ns_ += took;
     if (bell_ != nullptr) Publish(/*stepping=*/false, end);
     return status;
   }
   if (status.ok()) {
-    step_ns_ += took;
+    const int64_t step = took + partial_ns_;
+    partial_ns_ = 0;
+    step_ns_ += step;
     ++steps_;
-    (void)profile_.Record(absl::Nanoseconds(took));
+    (void)profile_.Record(absl::Nanoseconds(step));
     if (bell_ != nullptr) bell_->iterations_done.store(uint64_t{index} + 1);
   }
   if (bell_ != nullptr) Publish(/*stepping=*/false, end);

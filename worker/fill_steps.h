@@ -46,6 +46,13 @@ class FillSteps {
   absl::StatusOr<bool> Run(uint32_t index, const std::function<absl::Status()>& step);
 
   bool resident() const { return bell_ != nullptr; }
+  // The run's steps may run in parts of `rows_per_step` rows each (dataset inference in a
+  // resident run, issue 30 item 2): a step may start once one row fits, runs the rows that fit
+  // (RowsThatFit), and goes on in the next bubble with the rest; a step's time is that of its
+  // parts together.
+  void SetSplittable(int64_t rows_per_step);
+  // Of a splittable step's rows, how many fit what is left of the bubble now (0: none).
+  int64_t RowsThatFit() const;
   // A Stop came, or (resident) the bell's stop word is set: the run is to end.
   bool stopping() const;
   // Where a step under way reads its cut time (CLOCK_MONOTONIC ns): the bell's for a resident
@@ -83,6 +90,9 @@ class FillSteps {
   fill::BellLayout* const bell_;
   uint64_t overruns_ = 0;
   int64_t overrun_ns_ = 0;
+  int64_t split_rows_ = 0;    // > 0: SetSplittable
+  uint64_t late_starts_ = 0;  // steps begun with no bubble open (ignore_pause)
+  int64_t partial_ns_ = 0;    // the parts so far of a split step not yet done
   std::optional<gpu::ComputeLock> lock_;
   int64_t steps_ = 0;
   int64_t step_ns_ = 0;

@@ -15,10 +15,10 @@ constexpr int64_t kMs = 1'000'000;
 // A FillRun as pswitchd sends it: 1 ms steps, a 0.2 ms margin, ending at `end_ns`.
 class FillRunMessage {
  public:
-  explicit FillRunMessage(int64_t end_ns, bool resident = false) {
+  explicit FillRunMessage(int64_t end_ns, bool resident = false, int64_t step_ns = kMs) {
     const proto::Slice bell(7, 0, fill::kBellBytes);
-    b_.Finish(proto::CreateFillRun(b_, end_ns, kMs / 5, kMs, 0, proto::FillRunKind::Synthetic, kMs,
-                                   0, false, 0, 0, resident ? &bell : nullptr));
+    b_.Finish(proto::CreateFillRun(b_, end_ns, kMs / 5, step_ns, 0, proto::FillRunKind::Synthetic,
+                                   kMs, 0, false, 0, 0, resident ? &bell : nullptr));
   }
   const proto::FillRun& get() const {
     return *flatbuffers::GetRoot<proto::FillRun>(b_.GetBufferPointer());
@@ -169,6 +169,46 @@ TEST(FillStepsTest, AResidentRunRunsACutStepAgainInTheNextBubble) {
   EXPECT_FALSE(progress.stopped_early);
   EXPECT_EQ(task.calls, 4);  // step 1 twice
   EXPECT_EQ(bell->iterations_done.load(), 3u);
+}
+
+// A step that splits (dataset inference in a resident run, issue 30 item 2): it may start with
+// room for one of its rows, runs the rows that fit, and its time is its parts' together.
+TEST(FillStepsTest, ASplittableStepStartsWithRoomForARowAndRunsTheRowsThatFit) {
+  auto bell = std::make_unique<fill::BellLayout>();
+  FillRunMessage run(0, /*resident=*/true, /*step_ns=*/16 * kMs);  // 1 ms a row of 16
+  std::atomic<bool> stop{false};
+  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  FillSteps& fill = **steps;
+  EXPECT_EQ(fill.RowsThatFit(), 0) << "not splittable yet";
+  fill.SetSplittable(16);
+  // 5.5 ms left (and the 0.2 ms margin): a whole step does not fit, some rows do.
+  Open(*bell, base::MonotonicNowNs() + 5 * kMs + kMs / 2 + kMs / 5);
+  EXPECT_TRUE(fill.MayStart());
+  const int64_t fit = fill.RowsThatFit();
+  EXPECT_GE(fit, 1);
+  EXPECT_LE(fit, 5);
+  // The bubble is over: no row fits; a long one: the whole step does.
+  bell->bubble_end_ns.store(base::MonotonicNowNs());
+  EXPECT_EQ(fill.RowsThatFit(), 0);
+  Open(*bell, base::MonotonicNowNs() + 1000 * kMs);
+  EXPECT_EQ(fill.RowsThatFit(), 16);
+  // A step done in two parts (the first ended for want of room) counts once, with both parts'
+  // time, and the part that stopped for room is no overrun.
+  auto first = fill.Run(0, [] {
+    absl::SleepFor(absl::Milliseconds(2));
+    return StepCutError();
+  });
+  EXPECT_TRUE(IsStepCut(first.status()));
+  EXPECT_EQ(bell->steps.load(), 0u);
+  auto second = fill.Run(0, [] {
+    absl::SleepFor(absl::Milliseconds(2));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(second.ok() && *second) << second.status();
+  EXPECT_EQ(bell->steps.load(), 1u);
+  EXPECT_GE(bell->step_ns.load(), 4 * kMs);
+  EXPECT_EQ(bell->overruns.load(), 0u);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "proto/wire_status.h"
 #include "proto/worker_generated.h"
 #include "worker/backends.h"
+#include "worker/dataset_inference.h"
 #include "worker/executor.h"
 #include "worker/host_tensors.h"
 #include "worker/iterative_task.h"
@@ -94,62 +95,6 @@ class TrainTask final : public IterativeTask {
   const std::atomic<bool>* const cut_;
   const std::atomic<int64_t>* const cut_at_ns_;
   LayerGate::Task& gate_;
-};
-
-// What a dataset-inference run keeps of its outputs before it ends to hand them back (a resident
-// run's next bubble starts a new run): on CUDA they stay on the device until then. They go back
-// inline in RunDone, well under the control channel's frame bound (64 MiB).
-constexpr int64_t kResidentOutputBytes = 32ll << 20;
-
-// Batch inference over a dataset's rows, `batch` rows per step; the run's outputs are returned
-// by Finish, in row order.
-class DatasetInferenceTask final : public IterativeTask {
- public:
-  DatasetInferenceTask(BoundModel& bound, const at::Tensor& rows, uint32_t batch,
-                       c10::Device device, std::vector<proto::HostTensor>* outputs)
-      : bound_(bound),
-        rows_(rows),
-        batch_(std::max<uint32_t>(batch, 1)),
-        device_(device),
-        outputs_(outputs) {}
-  absl::Status Init() override {
-    bound_.model().eval();
-    return absl::OkStatus();
-  }
-  absl::Status Step(uint32_t i) override {
-    torch::NoGradGuard no_grad;
-    const int64_t n = rows_.size(0);
-    const int64_t first = int64_t{i} * batch_;
-    if (first >= n) return absl::OutOfRangeError(absl::StrCat("step ", i, " past the dataset"));
-    models::ModelInput input;
-    input.input = rows_.narrow(0, first, std::min(batch_, n - first)).to(device_);
-    try {
-      results_.push_back(bound_.model().Forward(input).output.clone());
-      result_bytes_ += static_cast<int64_t>(results_.back().nbytes());
-    } catch (const models::StepCut&) {
-      // Cut at a layer boundary at its bubble's end (the gate): its rows run in a later bubble.
-      return StepCutError();
-    }
-    // A fill step must be over when it returns: its bubble ends right after it.
-    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-    return absl::OkStatus();
-  }
-  absl::Status Finish() override {
-    if (results_.empty()) return absl::OkStatus();
-    PSWITCH_ASSIGN_OR_RETURN(proto::HostTensor out, ToHostTensor("output", at::cat(results_)));
-    outputs_->push_back(std::move(out));
-    return absl::OkStatus();
-  }
-  bool Full() const override { return result_bytes_ >= kResidentOutputBytes; }
-
- private:
-  BoundModel& bound_;
-  const at::Tensor& rows_;
-  const int64_t batch_;
-  const c10::Device device_;
-  std::vector<proto::HostTensor>* const outputs_;
-  std::vector<at::Tensor> results_;
-  int64_t result_bytes_ = 0;
 };
 
 // A synthetic step's "layers": how often it looks at the clock for its bubble's end.
@@ -629,7 +574,19 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
     dataset_ = *std::move(copied);
     dataset_region_ = rows.slice.region;
   }
-  DatasetInferenceTask task(bound, dataset_, run.batch(), tensor_device_, outputs);
+  // A resident run splits a step to fit what is left of its bubble; a run of one bubble ends
+  // there, and would lose the parts.
+  if (fill.resident()) fill.SetSplittable(std::max<uint32_t>(run.batch(), 1));
+  bound.model().eval();
+  DatasetInferenceTask task(
+      [&bound](const at::Tensor& rows) {
+        models::ModelInput input;
+        input.input = rows;
+        return bound.model().Forward(input).output;
+      },
+      dataset_, run.batch(), tensor_device_, outputs,
+      fill.resident() ? DatasetInferenceTask::RowBudget([&fill] { return fill.RowsThatFit(); })
+                      : nullptr);
   return RunTask(task, run, &fill, progress);
 }
 
