@@ -54,6 +54,7 @@ BubbleBell::Report BubbleBell::Read() const {
   r.overruns = page_->overruns.load();
   r.overrun_ns = page_->overrun_ns.load();
   r.late_starts = page_->late_starts.load();
+  r.parts = page_->parts.load();
   return r;
 }
 

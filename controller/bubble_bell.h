@@ -52,6 +52,7 @@ class BubbleBell {
     uint64_t overruns = 0;
     int64_t overrun_ns = 0;
     uint64_t late_starts = 0;
+    uint64_t parts = 0;
   };
   Report Read() const;
 

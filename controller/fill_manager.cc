@@ -576,7 +576,7 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
     g.resident = GpuState::Resident{};
     g.resident->job = id;
     g.resident->bell = *std::move(bell);
-    g.resident->harvested_ns = base::MonotonicNowNs();
+    g.resident->started_ns = base::MonotonicNowNs();
     g.resident->opened = true;
   }
   Transition(id, job, fill::FillEvent::kStart);
@@ -620,8 +620,9 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
     return false;
   }
   GpuState::Resident& r = *g.resident;
-  if (r.opened) {  // its last bubble: did it step?
-    const bool idle = r.steps_seen == r.steps_at_open && r.overruns_seen == r.overruns_at_open;
+  if (r.opened) {  // its last bubble: did it step (or do a part of one)?
+    const bool idle = r.steps_seen == r.steps_at_open && r.overruns_seen == r.overruns_at_open &&
+                      r.parts_seen == r.parts_at_open;
     r.idle_opens = idle ? r.idle_opens + 1 : 0;
     r.opened = false;
   }
@@ -635,6 +636,13 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
     StopResident(id);
     return false;
   }
+  // Still in the step it was in at the last close, being cut: an open now would move its cut
+  // time past the bubble it belongs to. It sleeps through this bubble.
+  if (r.close_step_start_ns != 0) {
+    const BubbleBell::Report now = r.bell->Read();
+    if (now.stepping && now.last_step_start_ns == r.close_step_start_ns) return false;
+    r.close_step_start_ns = 0;
+  }
   // Not even one step fits what is left: the run stays asleep.
   if (job.machine.state() != fill::FillState::kPaused || left <= MinStep(job) + options_.margin) {
     return false;
@@ -644,6 +652,7 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
   ++stats_.bell_wakes;
   r.steps_at_open = r.steps_seen;
   r.overruns_at_open = r.overruns_seen;
+  r.parts_at_open = r.parts_seen;
   r.opened = true;
   g.resident->bell->Open(bubble_end_ns,
                          bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
@@ -684,15 +693,14 @@ void FillManager::Harvest(int gpu, GpuState& g) {
   Job& job = jobs_.at(r.job);
   const uint64_t total = static_cast<uint64_t>(job.steps_total);
   // The worker's word: counters only go forward, and never past what the job has; step time no
-  // more than the time since the last harvest (one worker steps at a time), an overrun no longer
-  // than a bubble, a pause between the close and now.
+  // more than the run has lasted (one worker steps at a time), an overrun no longer than a
+  // bubble, a pause between the close and now.
   const int64_t now_ns = base::MonotonicNowNs();
   RunCounts counts;
   const uint64_t steps = std::clamp(report.steps, r.steps_seen, r.steps_seen + total);
   counts.steps = steps - r.steps_seen;
   const int64_t step_ns =
-      std::clamp(report.step_ns, r.step_ns_seen,
-                 r.step_ns_seen + std::max<int64_t>(now_ns - r.harvested_ns, 0));
+      std::clamp(report.step_ns, r.step_ns_seen, std::max(r.step_ns_seen, now_ns - r.started_ns));
   counts.step_time = absl::Nanoseconds(step_ns - r.step_ns_seen);
   counts.iterations_done = std::min(report.iterations_done, total);
   counts.overran = report.overruns > r.overruns_seen;
@@ -701,7 +709,7 @@ void FillManager::Harvest(int gpu, GpuState& g) {
   r.steps_seen = steps;
   r.step_ns_seen = step_ns;
   r.overruns_seen = std::max(report.overruns, r.overruns_seen);
-  r.harvested_ns = now_ns;
+  r.parts_seen = std::max(report.parts, r.parts_seen);
   if (r.closed_ns != 0 && !report.stepping) {
     // Paused: its last step ended (or was cut) this long after the close; before it counts as 0.
     const int64_t paused_ns = std::clamp(report.idle_since_ns, r.closed_ns, now_ns);
@@ -738,9 +746,10 @@ absl::Status FillManager::BubbleEnd(int gpu) {
         // Read here, with the close: a bubble opened before the scheduler gets to the check
         // must show as opened since.
         const BubbleBell::Report at_close = g.resident->bell->Read();
+        g.resident->close_step_start_ns = at_close.stepping ? at_close.last_step_start_ns : 0;
         resident_close =
             GpuScheduler::ResidentClose{g.resident->bell->opens(), at_close.late_starts,
-                                        at_close.stepping ? at_close.last_step_start_ns : 0};
+                                        g.resident->close_step_start_ns, now_ns};
         pause = true;
       }
     } else {

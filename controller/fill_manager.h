@@ -198,12 +198,17 @@ class FillManager {
       uint64_t steps_seen = 0;
       int64_t step_ns_seen = 0;
       uint64_t overruns_seen = 0;
-      int64_t harvested_ns = 0;  // the last harvest (or the run's start): time the steps may take
+      int64_t started_ns = 0;  // the run's start: the most time its steps may have taken
       int64_t closed_ns = 0;  // its last bubble's close, until its pause is recorded (0: none)
+      // The step it was in at its last bubble's close (0: none): no bubble is opened for it while
+      // that step still runs (it is being cut; the bell's new cut time would let it run on).
+      int64_t close_step_start_ns = 0;
+      uint64_t parts_seen = 0;  // parts of split steps
       // What had been counted when its last bubble opened, and the bubbles in a row opened for
       // it in which it neither stepped nor overran (its own prediction shut it out).
       uint64_t steps_at_open = 0;
       uint64_t overruns_at_open = 0;
+      uint64_t parts_at_open = 0;
       bool opened = false;  // a bubble was opened for it since the last look
       int idle_opens = 0;
     };

@@ -723,8 +723,11 @@ void GpuScheduler::EnforceResidentPause() {
   // Not paused: a step begun with no bubble open, one in progress with none opened since
   // (pswitchd's own count, not the page's), or the step it was in at the close, uncut.
   const BubbleBell::Report report = bell->Read();
-  const bool late_start = report.late_starts > pause.close.late_starts;
-  const bool still_stepping = report.stepping && bell->opens() == pause.close.opens;
+  const bool none_opened = bell->opens() == pause.close.opens;
+  const int64_t well_after = pause.close.closed_ns + absl::ToInt64Nanoseconds(pause.grace) / 2;
+  const bool late_start = report.late_starts > pause.close.late_starts ||
+                          (none_opened && report.last_step_start_ns > well_after);
+  const bool still_stepping = report.stepping && none_opened;
   const bool same_step = report.stepping && pause.close.step_start_ns != 0 &&
                          report.last_step_start_ns == pause.close.step_start_ns;
   if (!late_start && !still_stepping && !same_step) return;

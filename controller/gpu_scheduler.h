@@ -203,11 +203,13 @@ class GpuScheduler : private WorkerPool::Listener {
   // resident one was told by its bell, closed before this call; `resident` is what its bell said
   // then. Either's worker is SIGKILLed if it has not paused within `grace` (framework-enforced
   // limit): a resident run when, a grace after the close, the step it was in then is still
-  // running, it is in a step with no bubble opened since, or it began a step with none open.
+  // running (no bubble is opened for it meanwhile), or with no bubble opened since it is in a step
+  // or began one well after the close, or it began a step with none open (its page says).
   struct ResidentClose {
     uint64_t opens = 0;         // BubbleBell::opens()
     uint64_t late_starts = 0;   // the page's count of steps begun with no bubble open
     int64_t step_start_ns = 0;  // the step it was in (0: none)
+    int64_t closed_ns = 0;      // CLOCK_MONOTONIC
   };
   void EndBubble(absl::Duration grace, std::optional<ResidentClose> resident = std::nullopt);
   // Fill run `task_id` is to end without an error (its job moved, was cancelled, or another job

@@ -1486,11 +1486,12 @@ class ResidentFillTest : public InputsArrivingTest {
   // The main job's bubble ends now: the bell is closed and the scheduler told, as the fill
   // manager does.
   void CloseBubble(BubbleBell& bell) {
-    bell.Close(base::MonotonicNowNs());
+    const int64_t now = base::MonotonicNowNs();
+    bell.Close(now);
     const BubbleBell::Report r = bell.Read();
     scheduler_->EndBubble(kGrace,
                           GpuScheduler::ResidentClose{bell.opens(), r.late_starts,
-                                                      r.stepping ? r.last_step_start_ns : 0});
+                                                      r.stepping ? r.last_step_start_ns : 0, now});
   }
   void OpenBubble(BubbleBell& bell) {
     const int64_t end = base::MonotonicNowNs() + 1'000'000'000;
@@ -1562,6 +1563,21 @@ TEST_F(ResidentFillTest, AnUncutStepOrAStepBegunWithNoBubbleOpenIsKilledThoughBu
     ASSERT_FALSE(killed.ok());
     EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
   }
+}
+
+// Idle again by the check, but it began a step well after the close with no bubble open since:
+// not paused, whatever its page says of the step now.
+TEST_F(ResidentFillTest, AStepBegunWellAfterTheCloseWithNoBubbleOpenIsKilled) {
+  auto bell = BubbleBell::Create();
+  ASSERT_TRUE(bell.ok()) << bell.status();
+  fill::BellLayout& page = *(*bell)->page_for_test();
+  const uint64_t task = StartResident(*bell);
+  page.stepping.store(0);
+  CloseBubble(**bell);
+  page.last_step_start_ns.store(base::MonotonicNowNs() + absl::ToInt64Nanoseconds(kGrace));
+  absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
+  ASSERT_FALSE(killed.ok());
+  EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
 }
 
 TEST_F(ResidentFillTest, AStoppedResidentRunIsToldByItsBellAndByMessage) {

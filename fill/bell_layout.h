@@ -41,6 +41,7 @@ struct BellLayout {
   std::atomic<uint64_t> overruns;           // steps cut at a bubble's end
   std::atomic<int64_t> overrun_ns;          // the last cut step's time so far
   std::atomic<uint64_t> late_starts;        // steps begun with no bubble open (ignoring the bell)
+  std::atomic<uint64_t> parts;              // parts of split steps done (progress within a step)
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int64_t>::is_always_lock_free);

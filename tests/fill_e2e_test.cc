@@ -1114,6 +1114,56 @@ TEST(FillPipetrainTest, AJobThatMakesNoBubbleCallsHasItsBubblesFoundAndFilled) {
   EXPECT_EQ(stats->killed, 0u) << daemon.log();
 }
 
+// pswitchd restarting under an uninstrumented job (issue 30): the job, which makes no call and
+// writes only its own activity pages, runs on untouched while no pswitchd reads them; the new
+// pswitchd reads the pages afresh, finds the job's cycle again and fills its bubbles.
+TEST(FillPipetrainTest, APswitchdRestartedUnderAnUninstrumentedJobFindsItsBubblesAgain) {
+  const PrivateDevices devices;  // no other test's jobs on its simulated GPUs
+  const std::vector<std::string> flags{"--arena-bytes=536870912",
+                                       "--preload=",
+                                       "--standby-workers=1",
+                                       "--activation-bytes=33554432",
+                                       "--gpus=2",
+                                       "--fill-grace-ms=30",
+                                       "--detect-bubbles"};
+  auto first = std::make_unique<e2e::TestDaemon>(flags);
+  ASSERT_GT(first->port(), 0) << first->log();
+  // Beside the daemons' directories, which go with them.
+  const std::filesystem::path log_path = std::filesystem::path(::testing::TempDir()) /
+                                         absl::StrCat("pipetrain-restart-", ::getpid(), ".log");
+  // 2 stages x 2 micro-batches of 6 + 12 ms: a period of about 54 ms, 16 s in all.
+  const std::string command =
+      absl::StrCat(PIPETRAIN_PATH, " --stages=2 --microbatches=2 --simulated-compute --fwd-ms=6",
+                   " --bwd-ms=12 --warmup=3 --iterations=300 > ", log_path.string(), " 2>&1");
+  auto pipetrain = std::async(std::launch::async, [&] { return std::system(command.c_str()); });
+  auto detected_by = [&](const e2e::TestDaemon& daemon) {
+    while (pipetrain.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      if (daemon.log().find("event=bubble_cycle_detected gpu=0") != std::string::npos) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(detected_by(*first)) << first->log() << "\npipetrain:\n" << ReadFile(log_path);
+  EXPECT_EQ(first->Terminate(), 0);
+  first.reset();
+  auto second = std::make_unique<e2e::TestDaemon>(flags);
+  ASSERT_GT(second->port(), 0) << second->log();
+  ASSERT_TRUE(detected_by(*second)) << second->log() << "\npipetrain:\n" << ReadFile(log_path);
+  auto c = client::Client::Connect(second->address());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto job = (*c)->SubmitFill(SyntheticJob(absl::Milliseconds(1), 100000));
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  EXPECT_EQ(pipetrain.get(), 0) << ReadFile(log_path);
+  EXPECT_THAT(ReadFile(log_path), Not(HasSubstr("failed")));
+  std::filesystem::remove(log_path);
+  auto status = (*c)->FillStatus(job->job_id);
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_GE(status->steps_done, 3u) << second->log();
+  auto stats = (*c)->FillStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->killed, 0u) << second->log();
+}
+
 // Online fill (issue 30 item 4): inference requests with a latency objective, served in the main
 // job's bubbles. Inference holds the simulated device (--inference-device-lock) on a private set
 // of simulated GPUs, so a request run outside a bubble would delay the main job as on a GPU.

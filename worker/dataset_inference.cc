@@ -36,8 +36,8 @@ absl::Status DatasetInferenceTask::Step(uint32_t index) {
   }
   while (partial_rows_ < step_rows) {
     int64_t part = step_rows - partial_rows_;
-    if (split_) {
-      part = std::min(part, split_());
+    if (split_.rows_that_fit) {
+      part = std::min(part, split_.rows_that_fit());
       if (part <= 0) return StepCutError();  // the rest of the step in a later bubble
     }
     try {
@@ -51,8 +51,10 @@ absl::Status DatasetInferenceTask::Step(uint32_t index) {
     // A fill step must be over when it returns: its bubble ends right after it.
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
     partial_rows_ += part;
+    if (partial_rows_ < step_rows && split_.part_done) split_.part_done();
   }
   partial_step_ = -1;
+  whole_bytes_ = result_bytes_;
   return absl::OkStatus();
 }
 

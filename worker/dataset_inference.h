@@ -28,17 +28,22 @@ class DatasetInferenceTask final : public IterativeTask {
   // The model's forward over some rows (on the task's device), one output row per input row;
   // throws models::StepCut when its layer gate cuts it at the bubble's end.
   using Forward = std::function<at::Tensor(const at::Tensor& rows)>;
-  // Of a step's rows, how many fit what is left of the bubble now (FillSteps::RowsThatFit).
-  using RowBudget = std::function<int64_t()>;
+  // Of a step's rows, how many fit what is left of the bubble now (FillSteps::RowsThatFit), and
+  // what to tell when a part is done (FillSteps::PartDone).
+  struct RowBudget {
+    std::function<int64_t()> rows_that_fit;
+    std::function<void()> part_done;
+  };
 
-  // `rows` must outlive the task. `split` null: each step runs whole.
+  // `rows` must outlive the task. `split` without rows_that_fit: each step runs whole.
   DatasetInferenceTask(Forward forward, const at::Tensor& rows, uint32_t batch, c10::Device device,
-                       std::vector<proto::HostTensor>* outputs, RowBudget split = nullptr,
+                       std::vector<proto::HostTensor>* outputs, RowBudget split = {},
                        int64_t max_output_bytes = kDatasetRunOutputBytes);
 
   absl::Status Step(uint32_t index) override;
   absl::Status Finish() override;
-  bool Full() const override { return result_bytes_ >= max_output_bytes_; }
+  // Whole steps' outputs only: a step in parts finishes before its run hands them back.
+  bool Full() const override { return whole_bytes_ >= max_output_bytes_; }
 
  private:
   const Forward forward_;
@@ -50,6 +55,7 @@ class DatasetInferenceTask final : public IterativeTask {
   const int64_t max_output_bytes_;
   std::vector<at::Tensor> results_;  // in row order: whole steps, then the parts of a split one
   int64_t result_bytes_ = 0;
+  int64_t whole_bytes_ = 0;    // of whole steps
   int64_t partial_step_ = -1;  // the step under way in parts, its rows done, its first part
   int64_t partial_rows_ = 0;
   size_t step_first_result_ = 0;

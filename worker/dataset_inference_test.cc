@@ -57,7 +57,7 @@ TEST(DatasetInferenceTest, AStepSplitAcrossBubblesAnswersEachRowOnce) {
   std::vector<proto::HostTensor> outputs;
   auto budget = std::make_shared<ScriptedBudget>(std::deque<int64_t>{3, 0, 16, 1, 0, 16});
   DatasetInferenceTask task(Double, rows, 4, c10::Device(c10::kCPU), &outputs,
-                            [budget] { return (*budget)(); });
+                            DatasetInferenceTask::RowBudget{[budget] { return (*budget)(); }, {}});
   EXPECT_TRUE(IsStepCut(task.Step(0)));  // rows 0-2 done, no room for row 3
   ASSERT_TRUE(task.Step(0).ok());        // row 3, in the next bubble
   EXPECT_TRUE(IsStepCut(task.Step(1)));  // row 4
@@ -74,8 +74,9 @@ TEST(DatasetInferenceTest, ARunEndingInsideAStepHandsBackOnlyItsWholeSteps) {
   std::vector<proto::HostTensor> outputs;
   {
     auto budget = std::make_shared<ScriptedBudget>(std::deque<int64_t>{16, 2, 0});
-    DatasetInferenceTask task(Double, rows, 4, c10::Device(c10::kCPU), &outputs,
-                              [budget] { return (*budget)(); });
+    DatasetInferenceTask task(
+        Double, rows, 4, c10::Device(c10::kCPU), &outputs,
+        DatasetInferenceTask::RowBudget{[budget] { return (*budget)(); }, {}});
     ASSERT_TRUE(task.Step(0).ok());
     EXPECT_TRUE(IsStepCut(task.Step(1)));  // rows 4-5 done, then the run is stopped
     ASSERT_TRUE(task.Finish().ok());
@@ -99,7 +100,8 @@ TEST(DatasetInferenceTest, APartCutByTheGateRunsAgain) {
         if (++calls == 2) throw models::StepCut();
         return Double(r);
       },
-      rows, 8, c10::Device(c10::kCPU), &outputs, [budget] { return (*budget)(); });
+      rows, 8, c10::Device(c10::kCPU), &outputs,
+      DatasetInferenceTask::RowBudget{[budget] { return (*budget)(); }, {}});
   EXPECT_TRUE(IsStepCut(task.Step(0)));  // rows 0-1 done, rows 2-3 cut
   ASSERT_TRUE(task.Step(0).ok());        // rows 2-7
   ASSERT_TRUE(task.Finish().ok());
@@ -109,13 +111,34 @@ TEST(DatasetInferenceTest, APartCutByTheGateRunsAgain) {
 TEST(DatasetInferenceTest, ARunIsFullOnceItsOutputsReachTheirBound) {
   const at::Tensor rows = Rows(10);
   std::vector<proto::HostTensor> outputs;
-  DatasetInferenceTask task(Double, rows, 4, c10::Device(c10::kCPU), &outputs, nullptr,
+  DatasetInferenceTask task(Double, rows, 4, c10::Device(c10::kCPU), &outputs, {},
                             /*max_output_bytes=*/20);
   EXPECT_FALSE(task.Full());
   ASSERT_TRUE(task.Step(0).ok());  // 16 bytes
   EXPECT_FALSE(task.Full());
   ASSERT_TRUE(task.Step(1).ok());  // 32 bytes
   EXPECT_TRUE(task.Full());
+}
+
+// Each part of a split step but its last says so (pswitchd sees progress though no whole step
+// ended), and a run is not full from the parts of a step it has not finished.
+TEST(DatasetInferenceTest, PartsAreToldAndDoNotFillARun) {
+  const at::Tensor rows = Rows(12);
+  std::vector<proto::HostTensor> outputs;
+  int parts = 0;
+  auto budget = std::make_shared<ScriptedBudget>(std::deque<int64_t>{2, 2, 0, 16});
+  DatasetInferenceTask task(
+      Double, rows, 12, c10::Device(c10::kCPU), &outputs,
+      DatasetInferenceTask::RowBudget{[budget] { return (*budget)(); }, [&parts] { ++parts; }},
+      /*max_output_bytes=*/8);
+  EXPECT_TRUE(IsStepCut(task.Step(0)));  // rows 0-3 in two parts, 16 bytes of outputs so far
+  EXPECT_EQ(parts, 2);
+  EXPECT_FALSE(task.Full()) << "the step is not done: its parts are no outputs yet";
+  ASSERT_TRUE(task.Step(0).ok());  // rows 4-11, the step's last part
+  EXPECT_EQ(parts, 2);
+  EXPECT_TRUE(task.Full());
+  ASSERT_TRUE(task.Finish().ok());
+  EXPECT_EQ(Values(outputs), Doubled(0, 12));
 }
 
 }  // namespace

@@ -60,6 +60,10 @@ bool FillSteps::HasRoom() const {
   return fill::MayStartStep(absl::Nanoseconds(end - base::MonotonicNowNs()), need, margin_);
 }
 
+void FillSteps::PartDone() {
+  if (bell_ != nullptr) bell_->parts.store(++parts_);
+}
+
 void FillSteps::SetSplittable(int64_t rows_per_step) {
   split_rows_ = std::max<int64_t>(rows_per_step, 1);
 }
@@ -72,8 +76,8 @@ int64_t FillSteps::RowsThatFit() const {
   const absl::Duration left = absl::Nanoseconds(end - base::MonotonicNowNs()) - margin_;
   const absl::Duration per_row = profile_.Predicted() / split_rows_;
   // As MayStartStep: strictly more than the rows' predicted time left.
+  if (left <= absl::ZeroDuration() || left <= per_row) return 0;
   if (per_row <= absl::ZeroDuration()) return split_rows_;
-  if (left <= per_row) return 0;
   const double fit = absl::FDivDuration(left, per_row);
   return fit >= static_cast<double>(split_rows_) ? split_rows_ : static_cast<int64_t>(fit);
 }
@@ -128,15 +132,18 @@ absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::St
     // Cut by a Stop (a preemption, the pause), it says nothing of how long a step takes; cut at
     // the bubble's end, it overran its prediction by at least this much, and the steps after it
     // must not be predicted as short again.
+    // A split step keeps the parts it finished: their time is the step's when it is done (a part
+    // cut here is done again: its time too, a conservative estimate).
+    if (split_rows_ > 0) partial_ns_ += took;
     const std::atomic<int64_t>* cut = cut_at();
     if (cut != nullptr && end >= cut->load()) {
+      // At least this long: the step so far, all its parts.
+      const int64_t at_least = split_rows_ > 0 ? partial_ns_ : took;
       overran_ = true;
       ++overruns_;
-      overrun_ns_ = took;
-      (void)profile_.Record(absl::Nanoseconds(took));
+      overrun_ns_ = at_least;
+      (void)profile_.Record(absl::Nanoseconds(at_least));
     }
-    // A split step keeps the parts it finished: their time is the step's when it is done.
-    if (split_rows_ > 0) partial_ns_ += took;
     if (bell_ != nullptr) Publish(/*stepping=*/false, end);
     return status;
   }

@@ -53,6 +53,8 @@ class FillSteps {
   void SetSplittable(int64_t rows_per_step);
   // Of a splittable step's rows, how many fit what is left of the bubble now (0: none).
   int64_t RowsThatFit() const;
+  // A part of a split step was done: progress pswitchd sees though no whole step ended.
+  void PartDone();
   // A Stop came, or (resident) the bell's stop word is set: the run is to end.
   bool stopping() const;
   // Where a step under way reads its cut time (CLOCK_MONOTONIC ns): the bell's for a resident
@@ -92,6 +94,7 @@ class FillSteps {
   int64_t overrun_ns_ = 0;
   int64_t split_rows_ = 0;    // > 0: SetSplittable
   uint64_t late_starts_ = 0;  // steps begun with no bubble open (ignore_pause)
+  uint64_t parts_ = 0;
   int64_t partial_ns_ = 0;    // the parts so far of a split step not yet done
   std::optional<gpu::ComputeLock> lock_;
   int64_t steps_ = 0;

@@ -585,8 +585,9 @@ absl::Status Worker::InferDataset(BoundModel& bound, const proto::Run& run, Fill
         return bound.model().Forward(input).output;
       },
       dataset_, run.batch(), tensor_device_, outputs,
-      fill.resident() ? DatasetInferenceTask::RowBudget([&fill] { return fill.RowsThatFit(); })
-                      : nullptr);
+      fill.resident() ? DatasetInferenceTask::RowBudget{[&fill] { return fill.RowsThatFit(); },
+                                                        [&fill] { fill.PartDone(); }}
+                      : DatasetInferenceTask::RowBudget{});
   return RunTask(task, run, &fill, progress);
 }
 

@@ -38,6 +38,7 @@
 #   PSWITCH_VALIDATE_TARGETS="a b"  build only these targets (a short lease: the steps' own)
 #   PSWITCH_VALIDATE_BUDGET_S=565   wall-clock budget of one phase (`all`: twice this)
 #   PSWITCH_VALIDATE_TRACE_ARMS=…   trace: bench-trace's --arms instead of the mode's
+#   PSWITCH_VALIDATE_FILL_FLAGS="…" bubbles: more pswitchd flags for its fill daemons
 #   PSWITCH_VALIDATE_MAIN_ARGS="…"  bubbles: pipetrain's compute flags for the main job instead of
 #                                   "--simulated-compute --fwd-ms=8 --bwd-ms=16"
 set -uo pipefail
@@ -703,9 +704,13 @@ with open(path, "wb") as f:
 PY
 
   local kind job ctl r
+  # PSWITCH_VALIDATE_FILL_FLAGS: more pswitchd flags for the fill daemons (e.g.
+  # --fill-resident-runs=false, one Run message per bubble, to compare).
+  local fill_flags
+  read -r -a fill_flags <<<"${PSWITCH_VALIDATE_FILL_FLAGS:-}"
   for kind in resnet50-training bert_base-inference; do
     echo "=== $kind"
-    start_daemon "$d/pswitchd-$kind.log"
+    start_daemon "$d/pswitchd-$kind.log" "${fill_flags[@]}"
     if [ -z "$daemon_port" ]; then
       echo "pswitchd did not start:"
       tail -20 "$d/pswitchd-$kind.log"
@@ -769,8 +774,11 @@ def first_run(kind):
     except OSError:
         return None, None
     measured = re.search(r"event=fill_job_step_measured .*?measured_ms=([0-9.]+)", log)
+    # A resident run (--fill-resident-runs, the default) lives across bubbles: its first step is
+    # the first training step the worker timed; a run of one bubble's result is its first step.
+    parts = re.search(r"event=training_step_parts .*?total_ms=([0-9.]+)", log)
     first = re.search(r"event=task_switch .*?model=fill-[0-9]+ .*?result_ms=(-?[0-9.]+)", log)
-    first_ms = float(first.group(1)) if first else None
+    first_ms = float(parts.group(1)) if parts else float(first.group(1)) if first else None
     if first_ms is not None and first_ms < 0:
         print(f"FIG first fill step {kind}: the first run has no result time in pswitchd's log")
         first_ms = None
@@ -831,8 +839,9 @@ for kind in ("resnet50-training", "bert_base-inference"):
           f"{inc:+.2f} % with fill (rounds {', '.join(f'{i:+.2f}' for i in increases)} %), "
           f"bubble time used {used:.1f} %, {int(float(stats.get('steps', 0)))} steps, "
           f"pause p50 {p50:.2f} ms p99 {p99:.2f} ms (p99 / iteration {bound:.2f} %), "
-          f"killed {int(float(stats.get('killed', 0)))}; target <= 1 % at >= 80 %: "
-          f"{'met' if met else 'NOT met'}")
+          f"killed {int(float(stats.get('killed', 0)))}, runs started "
+          f"{int(float(stats.get('runs', 0)))}, bells rung {int(float(stats.get('bell_wakes', 0)))}"
+          f"; target <= 1 % at >= 80 %: {'met' if met else 'NOT met'}")
 sys.exit(0 if ok else 1)
 PY
   local rc=$?
