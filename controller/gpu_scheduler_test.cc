@@ -1504,6 +1504,11 @@ class ResidentFillTest : public InputsArrivingTest {
     absl::SleepFor(kGrace);
     Settle();
   }
+  void ExpectKilledForNotPausing(uint64_t task) {
+    absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
+    ASSERT_FALSE(killed.ok());
+    EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+  }
   bool Answered(uint64_t task) {
     absl::StatusOr<TaskOutcome> answer = record_.AwaitAnswer(task, absl::ZeroDuration());
     return answer.ok() || !absl::StrContains(answer.status().message(), "was not answered");
@@ -1536,9 +1541,7 @@ TEST_F(ResidentFillTest, ARunThatPausedOrCutItsStepIsLeftAndOneSteppingOnIsKille
   // Still stepping a grace after a close, no bubble since: killed, with the reason.
   page.last_step_start_ns.store(base::MonotonicNowNs());
   CloseBubble(**bell);
-  absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
-  ASSERT_FALSE(killed.ok());
-  EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+  ExpectKilledForNotPausing(task);
 }
 
 // The step it was in at the close still running a grace later is killed though bubbles open
@@ -1559,9 +1562,7 @@ TEST_F(ResidentFillTest, AnUncutStepOrAStepBegunWithNoBubbleOpenIsKilledThoughBu
       page.last_step_start_ns.store(base::MonotonicNowNs());
     }
     OpenBubble(**bell);
-    absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
-    ASSERT_FALSE(killed.ok());
-    EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+    ExpectKilledForNotPausing(task);
   }
 }
 
@@ -1575,9 +1576,7 @@ TEST_F(ResidentFillTest, AStepBegunWellAfterTheCloseWithNoBubbleOpenIsKilled) {
   page.stepping.store(0);
   CloseBubble(**bell);
   page.last_step_start_ns.store(base::MonotonicNowNs() + absl::ToInt64Nanoseconds(kGrace));
-  absl::StatusOr<TaskOutcome> killed = record_.AwaitAnswer(task, kWait);
-  ASSERT_FALSE(killed.ok());
-  EXPECT_TRUE(absl::StrContains(killed.status().message(), "did not pause")) << killed.status();
+  ExpectKilledForNotPausing(task);
 }
 
 TEST_F(ResidentFillTest, AStoppedResidentRunIsToldByItsBellAndByMessage) {

@@ -36,6 +36,20 @@ void Open(fill::BellLayout& bell, int64_t end_ns) {
   fill::BellWakeAll(bell);
 }
 
+// A resident run's steps over a bell of its own, as the worker makes them.
+struct ResidentSteps {
+  explicit ResidentSteps(int64_t step_ns = kMs)
+      : bell(std::make_unique<fill::BellLayout>()), run(0, /*resident=*/true, step_ns) {
+    auto created = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (created.ok()) steps = *std::move(created);
+  }
+  std::unique_ptr<fill::BellLayout> bell;
+  FillRunMessage run;
+  std::atomic<bool> stop{false};
+  std::unique_ptr<FillSteps> steps;
+};
+
 TEST(FillStepsTest, ARunOfOneBubbleAnswersAtOnceAndCutsAtItsOwnEnd) {
   const int64_t end = base::MonotonicNowNs() - kMs;  // already over
   FillRunMessage run(end);
@@ -51,50 +65,41 @@ TEST(FillStepsTest, ARunOfOneBubbleAnswersAtOnceAndCutsAtItsOwnEnd) {
 // A resident run between bubbles waits on its bell: it starts a step only once pswitchd opens a
 // bubble with room, and reads that bubble's cut.
 TEST(FillStepsTest, AResidentRunWaitsForTheNextBubbleOnItsBell) {
-  auto bell = std::make_unique<fill::BellLayout>();
-  FillRunMessage run(base::MonotonicNowNs() - kMs, /*resident=*/true);
-  std::atomic<bool> stop{false};
-  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
-  ASSERT_TRUE(steps.ok()) << steps.status();
-  ASSERT_TRUE((*steps)->resident());
-  EXPECT_EQ((*steps)->cut_at(), &bell->cut_at_ns);
-  auto may = std::async(std::launch::async, [&] { return (*steps)->MayStart(); });
+  ResidentSteps r;
+  ASSERT_NE(r.steps, nullptr);
+  ASSERT_TRUE(r.steps->resident());
+  EXPECT_EQ(r.steps->cut_at(), &r.bell->cut_at_ns);
+  auto may = std::async(std::launch::async, [&] { return r.steps->MayStart(); });
   EXPECT_EQ(may.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
       << "it must wait for a bubble, not end";
   // A bubble too short for a 1 ms step and its margin wakes it, and it waits on.
-  Open(*bell, base::MonotonicNowNs() + kMs / 2);
+  Open(*r.bell, base::MonotonicNowNs() + kMs / 2);
   EXPECT_EQ(may.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   const int64_t end = base::MonotonicNowNs() + 1000 * kMs;
-  Open(*bell, end);
+  Open(*r.bell, end);
   ASSERT_EQ(may.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_TRUE(may.get());
-  EXPECT_EQ((*steps)->cut_at()->load(), end - kMs / 10);
+  EXPECT_EQ(r.steps->cut_at()->load(), end - kMs / 10);
 }
 
 TEST(FillStepsTest, AResidentRunWaitingBetweenBubblesEndsWhenItsBellIsStopped) {
-  auto bell = std::make_unique<fill::BellLayout>();
-  FillRunMessage run(0, /*resident=*/true);
-  std::atomic<bool> stop{false};
-  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
-  ASSERT_TRUE(steps.ok()) << steps.status();
-  auto may = std::async(std::launch::async, [&] { return (*steps)->MayStart(); });
+  ResidentSteps r;
+  ASSERT_NE(r.steps, nullptr);
+  auto may = std::async(std::launch::async, [&] { return r.steps->MayStart(); });
   EXPECT_EQ(may.wait_for(std::chrono::milliseconds(30)), std::future_status::timeout);
-  bell->stop.store(1);
-  bell->seq.fetch_add(1);
-  fill::BellWakeAll(*bell);
+  r.bell->stop.store(1);
+  r.bell->seq.fetch_add(1);
+  fill::BellWakeAll(*r.bell);
   ASSERT_EQ(may.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(may.get());
-  EXPECT_TRUE((*steps)->stopping());
+  EXPECT_TRUE(r.steps->stopping());
 }
 
 TEST(FillStepsTest, AResidentRunWaitingBetweenBubblesEndsOnAStopMessageToo) {
-  auto bell = std::make_unique<fill::BellLayout>();
-  FillRunMessage run(0, /*resident=*/true);
-  std::atomic<bool> stop{false};
-  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
-  ASSERT_TRUE(steps.ok()) << steps.status();
-  auto may = std::async(std::launch::async, [&] { return (*steps)->MayStart(); });
-  stop.store(true);  // no ring: the wait's poll finds it
+  ResidentSteps r;
+  ASSERT_NE(r.steps, nullptr);
+  auto may = std::async(std::launch::async, [&] { return r.steps->MayStart(); });
+  r.stop.store(true);  // no ring: the wait's poll finds it
   ASSERT_EQ(may.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_FALSE(may.get());
 }
@@ -102,44 +107,38 @@ TEST(FillStepsTest, AResidentRunWaitingBetweenBubblesEndsOnAStopMessageToo) {
 // What the run writes back is what pswitchd counts without a message: its steps, their time,
 // the job's progress, and whether it is in a step.
 TEST(FillStepsTest, AResidentRunWritesWhatItDidOnItsBell) {
-  auto bell = std::make_unique<fill::BellLayout>();
-  FillRunMessage run(0, /*resident=*/true);
-  std::atomic<bool> stop{false};
-  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
-  ASSERT_TRUE(steps.ok()) << steps.status();
-  Open(*bell, base::MonotonicNowNs() + 1000 * kMs);
+  ResidentSteps r;
+  ASSERT_NE(r.steps, nullptr);
+  Open(*r.bell, base::MonotonicNowNs() + 1000 * kMs);
   bool was_stepping = false;
   for (uint32_t i = 7; i < 10; ++i) {
-    ASSERT_TRUE((*steps)->MayStart());
-    auto ran = (*steps)->Run(i, [&] {
-      was_stepping = bell->stepping.load() == 1;
+    ASSERT_TRUE(r.steps->MayStart());
+    auto ran = r.steps->Run(i, [&] {
+      was_stepping = r.bell->stepping.load() == 1;
       return absl::OkStatus();
     });
     ASSERT_TRUE(ran.ok() && *ran) << ran.status();
   }
   EXPECT_TRUE(was_stepping);
-  EXPECT_EQ(bell->stepping.load(), 0u);
-  EXPECT_EQ(bell->steps.load(), 3u);
-  EXPECT_EQ(bell->iterations_done.load(), 10u);
-  EXPECT_GE(bell->idle_since_ns.load(), bell->last_step_start_ns.load());
-  EXPECT_EQ(bell->overruns.load(), 0u);
+  EXPECT_EQ(r.bell->stepping.load(), 0u);
+  EXPECT_EQ(r.bell->steps.load(), 3u);
+  EXPECT_EQ(r.bell->iterations_done.load(), 10u);
+  EXPECT_GE(r.bell->idle_since_ns.load(), r.bell->last_step_start_ns.load());
+  EXPECT_EQ(r.bell->overruns.load(), 0u);
   // A step cut at the bubble's end counts as an overrun, and is not a step done.
-  bell->cut_at_ns.store(base::MonotonicNowNs());
-  auto cut = (*steps)->Run(10, [] { return StepCutError(); });
+  r.bell->cut_at_ns.store(base::MonotonicNowNs());
+  auto cut = r.steps->Run(10, [] { return StepCutError(); });
   EXPECT_TRUE(IsStepCut(cut.status()));
-  EXPECT_EQ(bell->overruns.load(), 1u);
-  EXPECT_EQ(bell->steps.load(), 3u);
-  EXPECT_EQ(bell->iterations_done.load(), 10u);
+  EXPECT_EQ(r.bell->overruns.load(), 1u);
+  EXPECT_EQ(r.bell->steps.load(), 3u);
+  EXPECT_EQ(r.bell->iterations_done.load(), 10u);
 }
 
 // RunSteps with a resident run: a step cut at its bubble's end runs again in the next bubble,
 // and the run ends only when its steps are done.
 TEST(FillStepsTest, AResidentRunRunsACutStepAgainInTheNextBubble) {
-  auto bell = std::make_unique<fill::BellLayout>();
-  FillRunMessage run(0, /*resident=*/true);
-  std::atomic<bool> stop{false};
-  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
-  ASSERT_TRUE(steps.ok()) << steps.status();
+  ResidentSteps r;
+  ASSERT_NE(r.steps, nullptr);
   class CutOnce final : public IterativeTask {
    public:
     explicit CutOnce(fill::BellLayout& bell) : bell_(bell) {}
@@ -161,37 +160,34 @@ TEST(FillStepsTest, AResidentRunRunsACutStepAgainInTheNextBubble) {
     bool cut = false;
     int calls = 0;
     std::future<void> reopen;
-  } task(*bell);
-  Open(*bell, base::MonotonicNowNs() + 1000 * kMs);
+  } task(*r.bell);
+  Open(*r.bell, base::MonotonicNowNs() + 1000 * kMs);
   StepProgress progress;
-  ASSERT_TRUE(RunSteps(task, 0, 3, stop, steps->get(), &progress).ok());
+  ASSERT_TRUE(RunSteps(task, 0, 3, r.stop, r.steps.get(), &progress).ok());
   EXPECT_EQ(progress.steps_done, 3u);
   EXPECT_FALSE(progress.stopped_early);
   EXPECT_EQ(task.calls, 4);  // step 1 twice
-  EXPECT_EQ(bell->iterations_done.load(), 3u);
+  EXPECT_EQ(r.bell->iterations_done.load(), 3u);
 }
 
 // A step that splits (dataset inference in a resident run, issue 30 item 2): it may start with
 // room for one of its rows, runs the rows that fit, and its time is its parts' together.
 TEST(FillStepsTest, ASplittableStepStartsWithRoomForARowAndRunsTheRowsThatFit) {
-  auto bell = std::make_unique<fill::BellLayout>();
-  FillRunMessage run(0, /*resident=*/true, /*step_ns=*/16 * kMs);  // 1 ms a row of 16
-  std::atomic<bool> stop{false};
-  auto steps = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
-  ASSERT_TRUE(steps.ok()) << steps.status();
-  FillSteps& fill = **steps;
+  ResidentSteps r(16 * kMs);  // 1 ms a row of 16
+  ASSERT_NE(r.steps, nullptr);
+  FillSteps& fill = *r.steps;
   EXPECT_EQ(fill.RowsThatFit(), 0) << "not splittable yet";
   fill.SetSplittable(16);
   // 5.5 ms left (and the 0.2 ms margin): a whole step does not fit, some rows do.
-  Open(*bell, base::MonotonicNowNs() + 5 * kMs + kMs / 2 + kMs / 5);
+  Open(*r.bell, base::MonotonicNowNs() + 5 * kMs + kMs / 2 + kMs / 5);
   EXPECT_TRUE(fill.MayStart());
   const int64_t fit = fill.RowsThatFit();
   EXPECT_GE(fit, 1);
   EXPECT_LE(fit, 5);
   // The bubble is over: no row fits; a long one: the whole step does.
-  bell->bubble_end_ns.store(base::MonotonicNowNs());
+  r.bell->bubble_end_ns.store(base::MonotonicNowNs());
   EXPECT_EQ(fill.RowsThatFit(), 0);
-  Open(*bell, base::MonotonicNowNs() + 1000 * kMs);
+  Open(*r.bell, base::MonotonicNowNs() + 1000 * kMs);
   EXPECT_EQ(fill.RowsThatFit(), 16);
   // A step done in two parts (the first ended for want of room) counts once, with both parts'
   // time, and the part that stopped for room is no overrun.
@@ -200,15 +196,15 @@ TEST(FillStepsTest, ASplittableStepStartsWithRoomForARowAndRunsTheRowsThatFit) {
     return StepCutError();
   });
   EXPECT_TRUE(IsStepCut(first.status()));
-  EXPECT_EQ(bell->steps.load(), 0u);
+  EXPECT_EQ(r.bell->steps.load(), 0u);
   auto second = fill.Run(0, [] {
     absl::SleepFor(absl::Milliseconds(2));
     return absl::OkStatus();
   });
   ASSERT_TRUE(second.ok() && *second) << second.status();
-  EXPECT_EQ(bell->steps.load(), 1u);
-  EXPECT_GE(bell->step_ns.load(), 4 * kMs);
-  EXPECT_EQ(bell->overruns.load(), 0u);
+  EXPECT_EQ(r.bell->steps.load(), 1u);
+  EXPECT_GE(r.bell->step_ns.load(), 4 * kMs);
+  EXPECT_EQ(r.bell->overruns.load(), 0u);
 }
 
 }  // namespace
