@@ -21,10 +21,11 @@ absl::StatusOr<std::shared_ptr<BubbleBell>> BubbleBell::Create() {
 BubbleBell::~BubbleBell() { ::munmap(page_, fill::kBellBytes); }
 
 void BubbleBell::Open(int64_t end_ns, int64_t cut_at_ns) {
-  // The cut before the end, so no reader pairs the new end with the old cut.
+  // Counted before the page says it: a step begun in this bubble is never judged by the count of
+  // the last. The cut before the end, so no reader pairs the new end with the old cut.
+  opens_.fetch_add(1);
   page_->cut_at_ns.store(cut_at_ns);
   page_->bubble_end_ns.store(end_ns);
-  opens_.fetch_add(1);
   page_->seq.fetch_add(1);
   fill::BellWakeAll(*page_);
 }

@@ -23,9 +23,11 @@ using registry::ModelRequest;
 
 namespace {
 
-// Bubbles in a row opened for a resident run that neither stepped nor overran before the run is
-// ended and started anew (FillManager::WakeResident).
+// Bubbles in a row opened for a resident run with neither a step nor a part of one done before
+// the run is ended and started anew (FillManager::WakeResident), and such runs in a row before
+// the job is stopped with the reason.
 constexpr int kMaxIdleOpens = 8;
+constexpr int kMaxIdleRuns = 3;
 
 absl::Duration Percentile(std::vector<absl::Duration> v, double p) {
   if (v.empty()) return absl::ZeroDuration();
@@ -576,7 +578,7 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
     g.resident = GpuState::Resident{};
     g.resident->job = id;
     g.resident->bell = *std::move(bell);
-    g.resident->started_ns = base::MonotonicNowNs();
+    g.resident->open_ns = bubble_end_ns - arrival_ns;
     g.resident->opened = true;
   }
   Transition(id, job, fill::FillEvent::kStart);
@@ -620,9 +622,10 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
     return false;
   }
   GpuState::Resident& r = *g.resident;
-  if (r.opened) {  // its last bubble: did it step (or do a part of one)?
-    const bool idle = r.steps_seen == r.steps_at_open && r.overruns_seen == r.overruns_at_open &&
-                      r.parts_seen == r.parts_at_open;
+  if (r.opened) {  // its last bubble: did it finish a step, or a part of one? (a cut is no
+                   // progress)
+    const bool idle = r.steps_seen == r.steps_at_open && r.parts_seen == r.parts_at_open;
+    if (!idle) job.idle_runs = 0;
     r.idle_opens = idle ? r.idle_opens + 1 : 0;
     r.opened = false;
   }
@@ -633,14 +636,31 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
         .Field("job", id)
         .Field("bubbles", r.idle_opens)
         .FieldMs("predicted_ms", job.predicted_step);
-    StopResident(id);
+    if (++job.idle_runs >= kMaxIdleRuns) {
+      // Runs started anew from pswitchd's prediction do no better: its steps (or rows) do not
+      // fit these bubbles as they run.
+      Stop(id, job,
+           absl::FailedPreconditionError(
+               absl::StrCat("fill job ", id, ": no step or part of one finished in ",
+                            kMaxIdleRuns * kMaxIdleOpens, " bubbles opened for it on GPU ", gpu,
+                            " (predicted step ", absl::FormatDuration(job.predicted_step),
+                            "): its work does not fit them")));
+    } else {
+      StopResident(id);
+    }
     return false;
   }
   // Still in the step it was in at the last close, being cut: an open now would move its cut
-  // time past the bubble it belongs to. It sleeps through this bubble.
+  // time past the bubble it belongs to. It sleeps through this bubble; a grace after the close
+  // the scheduler kills a step not cut by then, and a page that still says so ends the run.
   if (r.close_step_start_ns != 0) {
     const BubbleBell::Report now = r.bell->Read();
-    if (now.stepping && now.last_step_start_ns == r.close_step_start_ns) return false;
+    if (now.stepping && now.last_step_start_ns == r.close_step_start_ns) {
+      if (base::MonotonicNowNs() > r.closed_at_ns + absl::ToInt64Nanoseconds(options_.grace)) {
+        StopResident(id);
+      }
+      return false;
+    }
     r.close_step_start_ns = 0;
   }
   // Not even one step fits what is left: the run stays asleep.
@@ -653,6 +673,7 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
   r.steps_at_open = r.steps_seen;
   r.overruns_at_open = r.overruns_seen;
   r.parts_at_open = r.parts_seen;
+  r.open_ns += bubble_end_ns - base::MonotonicNowNs();
   r.opened = true;
   g.resident->bell->Open(bubble_end_ns,
                          bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
@@ -693,14 +714,14 @@ void FillManager::Harvest(int gpu, GpuState& g) {
   Job& job = jobs_.at(r.job);
   const uint64_t total = static_cast<uint64_t>(job.steps_total);
   // The worker's word: counters only go forward, and never past what the job has; step time no
-  // more than the run has lasted (one worker steps at a time), an overrun no longer than a
-  // bubble, a pause between the close and now.
+  // more than the bubble time opened for the run, an overrun no longer than a bubble, a pause
+  // between the close and now.
   const int64_t now_ns = base::MonotonicNowNs();
   RunCounts counts;
   const uint64_t steps = std::clamp(report.steps, r.steps_seen, r.steps_seen + total);
   counts.steps = steps - r.steps_seen;
   const int64_t step_ns =
-      std::clamp(report.step_ns, r.step_ns_seen, std::max(r.step_ns_seen, now_ns - r.started_ns));
+      std::clamp(report.step_ns, r.step_ns_seen, std::max(r.step_ns_seen, r.open_ns));
   counts.step_time = absl::Nanoseconds(step_ns - r.step_ns_seen);
   counts.iterations_done = std::min(report.iterations_done, total);
   counts.overran = report.overruns > r.overruns_seen;
@@ -747,6 +768,8 @@ absl::Status FillManager::BubbleEnd(int gpu) {
         // must show as opened since.
         const BubbleBell::Report at_close = g.resident->bell->Read();
         g.resident->close_step_start_ns = at_close.stepping ? at_close.last_step_start_ns : 0;
+        g.resident->closed_at_ns = now_ns;
+        g.resident->open_ns += absl::ToInt64Nanoseconds(options_.grace);
         resident_close =
             GpuScheduler::ResidentClose{g.resident->bell->opens(), at_close.late_starts,
                                         g.resident->close_step_start_ns, now_ns};
@@ -789,12 +812,16 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
   GpuState& g = gpus_[gpu];
   // A resident run's counts so far came on its bell: what its RunDone adds is the rest.
   RunCounts counted;
+  // The most step time the run can have had (the worker's word is capped by it): the bubble time
+  // opened for it, or one bubble and its grace.
+  absl::Duration most = LongestBubble(gpu) + options_.grace;
   const bool resident = g.resident && g.resident->job == id;
   if (resident) {
     Harvest(gpu, g);
     counted.steps = g.resident->steps_seen;
     counted.step_time = absl::Nanoseconds(g.resident->step_ns_seen);
     counted.overran = g.resident->overruns_seen > 0;
+    most = absl::Nanoseconds(g.resident->open_ns);
     g.resident.reset();
     g.running_job.reset();
   } else if (g.running_job == id) {
@@ -815,10 +842,13 @@ void FillManager::OnRunDone(int gpu, uint64_t id, const absl::StatusOr<TaskOutco
   }
   RunCounts counts;
   counts.steps = outcome->fill_steps > counted.steps ? outcome->fill_steps - counted.steps : 0;
-  counts.step_time = std::max(absl::ZeroDuration(), outcome->fill_step_time - counted.step_time);
+  counts.step_time =
+      std::clamp(outcome->fill_step_time, counted.step_time, std::max(counted.step_time, most)) -
+      counted.step_time;
   counts.iterations_done = outcome->iterations_done;
   counts.overran = outcome->fill_step_overran && !counted.overran;
-  counts.overrun_time = outcome->fill_predicted_step;
+  counts.overrun_time =
+      std::clamp(outcome->fill_predicted_step, absl::ZeroDuration(), LongestBubble(gpu));
   Account(gpu, id, job, counts);
   for (const proto::HostTensor& t : outcome->outputs) job.outputs.push_back(t);
   if (job.steps_done >= job.steps_total) {

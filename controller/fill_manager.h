@@ -164,6 +164,8 @@ class FillManager {
     bool model_registered = false;  // its own model is in the catalog (unloaded at its end)
     bool writing_output = false;    // every row computed; its output is being written now
     bool run_out = false;           // a run of it is on a GPU, until its RunDone
+    // Its resident runs ended in a row for bubbles opened that saw neither a step nor a part.
+    int idle_runs = 0;
     absl::Duration predicted_step;  // the declared profile, then the smoothed measurement
     int64_t measured_runs = 0;
     absl::Time submitted;
@@ -198,11 +200,14 @@ class FillManager {
       uint64_t steps_seen = 0;
       int64_t step_ns_seen = 0;
       uint64_t overruns_seen = 0;
-      int64_t started_ns = 0;  // the run's start: the most time its steps may have taken
+      // The bubble time opened for it (each bubble from its open to its end, and a grace after
+      // each close): the most time its steps may have taken.
+      int64_t open_ns = 0;
       int64_t closed_ns = 0;  // its last bubble's close, until its pause is recorded (0: none)
       // The step it was in at its last bubble's close (0: none): no bubble is opened for it while
       // that step still runs (it is being cut; the bell's new cut time would let it run on).
       int64_t close_step_start_ns = 0;
+      int64_t closed_at_ns = 0;  // that close
       uint64_t parts_seen = 0;  // parts of split steps
       // What had been counted when its last bubble opened, and the bubbles in a row opened for
       // it in which it neither stepped nor overran (its own prediction shut it out).

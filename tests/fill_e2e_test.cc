@@ -539,6 +539,26 @@ TEST_F(FillTest, AStepThatOverrunsItsBubbleIsCutAtTheBubbleEndNotKilled) {
   EXPECT_TRUE(client_->CancelFill(job->job_id).ok());
 }
 
+// The same overrunning step, left to go on: no bubble ever sees it finish, and the job is
+// stopped with the reason (its measured steps no longer fit, or bubble after bubble opened for
+// it ends with nothing done), never killed and never left holding the GPU's bubbles.
+TEST_F(FillTest, AJobWhoseStepsNeverFinishInItsBubblesIsStoppedWithTheReason) {
+  const absl::Duration bubble = absl::Milliseconds(20);
+  RegisterCycle(bubble);
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(60), 5);
+  o.step = absl::Milliseconds(2);
+  auto job = client_->SubmitFill(o);
+  ASSERT_TRUE(job.ok()) << job.status();
+  client::FillJobStatus stopped = RunUntilStopped(job->job_id, bubble, 500);
+  ASSERT_EQ(stopped.state, client::FillState::kStopped) << daemon_->log();
+  EXPECT_EQ(stopped.error.code(), absl::StatusCode::kFailedPrecondition) << stopped.error;
+  EXPECT_THAT(std::string(stopped.error.message()),
+              testing::AnyOf(HasSubstr("too long"), HasSubstr("does not fit")))
+      << stopped.error;
+  EXPECT_EQ(stopped.steps_done, 0u);
+  EXPECT_EQ(client_->FillStats()->killed, 0u);
+}
+
 // Framework-enforced limit: a task that ignores the pause is SIGKILLed after the grace period,
 // so the main job waits at most about that long for its device; the daemon serves on.
 TEST_F(FillTest, ATaskThatIgnoresThePauseIsKilledAndTheMainJobGoesOn) {
@@ -616,7 +636,11 @@ TEST_F(ExactFillTest, AResidentTrainingRunPreemptedBetweenBubblesResumesExactly)
     auto answered = client_->Infer("other", {*probe});
     EXPECT_TRUE(answered.ok()) << answered.status();
     served += answered.ok();
-    // The job's own model is its state while it runs: refused, with what to do.
+    // The job's own model is its state while it runs: refused, with what to do. (Steps run only
+    // in the bubbles this thread announces, so a job not stopped now is not stopped below.)
+    auto status = client_->FillStatus(1);
+    ASSERT_TRUE(status.ok()) << status.status();
+    if (status->state == client::FillState::kStopped) return;  // its last steps just ran
     auto unload = client_->Unload("fill-1");
     EXPECT_EQ(unload.code(), absl::StatusCode::kFailedPrecondition) << unload;
     EXPECT_THAT(std::string(unload.message()), HasSubstr("cancel the job first"));

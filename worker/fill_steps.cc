@@ -116,6 +116,9 @@ absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::St
     if (!HasRoom()) return false;
   }
   const int64_t start = base::MonotonicNowNs();
+  // Descheduled between the room check and here past the bubble's cut (it ended early): the step
+  // would be cut at once; it does not begin.
+  if (bell_ != nullptr && !ignore_pause_ && start >= bell_->cut_at_ns.load()) return false;
   if (bell_ != nullptr) {
     // Begun with no bubble open: only a task that ignores the bell does (a room check passed for
     // every other step); pswitchd kills a run for it.

@@ -125,9 +125,12 @@ TEST(FillStepsTest, AResidentRunWritesWhatItDidOnItsBell) {
   EXPECT_EQ(r.bell->iterations_done.load(), 10u);
   EXPECT_GE(r.bell->idle_since_ns.load(), r.bell->last_step_start_ns.load());
   EXPECT_EQ(r.bell->overruns.load(), 0u);
-  // A step cut at the bubble's end counts as an overrun, and is not a step done.
-  r.bell->cut_at_ns.store(base::MonotonicNowNs());
-  auto cut = r.steps->Run(10, [] { return StepCutError(); });
+  // A step cut at the bubble's end (which comes while it runs) counts as an overrun, and is not a
+  // step done.
+  auto cut = r.steps->Run(10, [&] {
+    r.bell->cut_at_ns.store(base::MonotonicNowNs());
+    return StepCutError();
+  });
   EXPECT_TRUE(IsStepCut(cut.status()));
   EXPECT_EQ(r.bell->overruns.load(), 1u);
   EXPECT_EQ(r.bell->steps.load(), 3u);
@@ -205,6 +208,25 @@ TEST(FillStepsTest, ASplittableStepStartsWithRoomForARowAndRunsTheRowsThatFit) {
   EXPECT_EQ(r.bell->steps.load(), 1u);
   EXPECT_GE(r.bell->step_ns.load(), 4 * kMs);
   EXPECT_EQ(r.bell->overruns.load(), 0u);
+}
+
+// A step the worker would begin past its bubble's cut (descheduled after its room check, the
+// bubble ending early) does not begin: it would be cut at once.
+TEST(FillStepsTest, AResidentStepDoesNotBeginPastItsBubblesCut) {
+  ResidentSteps r;
+  ASSERT_NE(r.steps, nullptr);
+  Open(*r.bell, base::MonotonicNowNs() + 1000 * kMs);
+  ASSERT_TRUE(r.steps->MayStart());
+  r.bell->cut_at_ns.store(base::MonotonicNowNs());  // the bubble ended under it
+  bool ran = false;
+  auto started = r.steps->Run(0, [&] {
+    ran = true;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_FALSE(*started);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(r.bell->stepping.load(), 0u);
 }
 
 }  // namespace
