@@ -622,8 +622,9 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
     return false;
   }
   GpuState::Resident& r = *g.resident;
-  if (r.opened) {  // its last bubble: did it finish a step, or a part of one? (a cut is no
-                   // progress)
+  // Its last bubble, if one was opened for it: did it finish a step, or a part of one? (A cut
+  // is no progress.)
+  if (r.opened) {
     const bool idle = r.steps_seen == r.steps_at_open && r.parts_seen == r.parts_at_open;
     if (!idle) job.idle_runs = 0;
     r.idle_opens = idle ? r.idle_opens + 1 : 0;
