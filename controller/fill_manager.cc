@@ -547,12 +547,10 @@ absl::Status FillManager::BubbleBegin(int gpu, absl::Duration expected, uint64_t
     return absl::OkStatus();
   }
   // No cycle registered for this GPU (nothing placed here), or its last run has not paused yet.
-  if (scheduler_ == nullptr || g.running_job) return absl::OkStatus();
-  auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
-  if (stage == stage_gpu_.end()) return absl::OkStatus();
-  auto next = scheduler_->Next(static_cast<int>(stage - stage_gpu_.begin()), now);
-  if (!next.ok() || !next->has_value()) return absl::OkStatus();
-  const uint64_t id = **next;
+  if (g.running_job) return absl::OkStatus();
+  const std::optional<uint64_t> next = NextJob(gpu, now);
+  if (!next) return absl::OkStatus();
+  const uint64_t id = *next;
   Job& job = jobs_.at(id);
   // Not ready yet (its model is still being registered), this bubble lacks its memory, or not
   // even one step would fit: switching it in would only cost copies.
@@ -601,15 +599,7 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
   Harvest(gpu, g);
   const uint64_t id = g.resident->job;
   Job& job = jobs_.at(id);
-  std::optional<uint64_t> next;
-  if (scheduler_ != nullptr) {
-    auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
-    if (stage != stage_gpu_.end()) {
-      absl::StatusOr<std::optional<uint64_t>> chosen =
-          scheduler_->Next(static_cast<int>(stage - stage_gpu_.begin()), now);
-      if (chosen.ok()) next = *chosen;
-    }
-  }
+  const std::optional<uint64_t> next = NextJob(gpu, now);
   // Another job's turn here (the policy chose it, or this one moved), or this bubble lacks the
   // memory the run holds: the run ends, and the next bubble starts what comes next.
   if (next != id || job.request.memory_bytes > free_bytes) {
@@ -679,6 +669,15 @@ bool FillManager::WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl
   g.resident->bell->Open(bubble_end_ns,
                          bubble_end_ns - absl::ToInt64Nanoseconds(options_.margin) / 2);
   return true;
+}
+
+std::optional<uint64_t> FillManager::NextJob(int gpu, absl::Time now) {
+  if (scheduler_ == nullptr) return std::nullopt;
+  auto stage = std::find(stage_gpu_.begin(), stage_gpu_.end(), gpu);
+  if (stage == stage_gpu_.end()) return std::nullopt;  // no cycle registered here
+  absl::StatusOr<std::optional<uint64_t>> next =
+      scheduler_->Next(static_cast<int>(stage - stage_gpu_.begin()), now);
+  return next.ok() ? *next : std::nullopt;
 }
 
 void FillManager::StopResident(uint64_t id) {

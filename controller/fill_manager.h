@@ -273,6 +273,8 @@ class FillManager {
   // GPU to another job or its memory (false: nothing opened).
   bool WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl::Duration left,
                     uint64_t free_bytes, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job the fill scheduler runs next in `gpu`'s bubbles; nullopt: none (or no cycle there).
+  std::optional<uint64_t> NextJob(int gpu, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends job `id`'s resident run, wherever it is (its RunDone follows).
   void StopResident(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The least of a step `job` may start with: a whole step, or one row of a step that splits.
