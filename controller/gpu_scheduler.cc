@@ -645,10 +645,11 @@ void GpuScheduler::StopRunning() {
     running_->stop_sent = true;
     return;
   }
+  // A resident fill run may be waiting on its bell between bubbles: woken, it ends at once (rung
+  // before the message, so the run's end never waits for the message's way).
+  if (BubbleBell* bell = RunningBell()) bell->Stop();
   // An unreachable worker is dead; its death event fails the task.
   (void)switcher_->Stop(running_->slot);
-  // A resident fill run may be waiting on its bell between bubbles: woken, it ends at once.
-  if (BubbleBell* bell = RunningBell()) bell->Stop();
   running_->stop_sent = true;
   running_->stop_sent_ns = base::MonotonicNowNs();
   // A worker that never answers (stopped, or its stream waiting on a flag no one writes) must
