@@ -1483,6 +1483,22 @@ class ResidentFillTest : public InputsArrivingTest {
     EXPECT_TRUE(record_.AwaitCommand(absl::StrCat("Run ", task, " "), kWait)) << record_.Commands();
     return task;
   }
+  // A resident run on a new bell of its own, started; its page as the worker writes it.
+  struct Started {
+    std::shared_ptr<BubbleBell> bell;
+    fill::BellLayout* page = nullptr;
+    uint64_t task = 0;
+  };
+  Started StartOnNewBell() {
+    Started started;
+    absl::StatusOr<std::shared_ptr<BubbleBell>> bell = BubbleBell::Create();
+    EXPECT_TRUE(bell.ok()) << bell.status();
+    if (!bell.ok()) return started;
+    started.bell = *std::move(bell);
+    started.page = started.bell->page_for_test();
+    started.task = StartResident(started.bell);
+    return started;
+  }
   // The main job's bubble ends now: the bell is closed and the scheduler told, as the fill
   // manager does.
   void CloseBubble(BubbleBell& bell) {
@@ -1516,23 +1532,24 @@ class ResidentFillTest : public InputsArrivingTest {
 };
 
 TEST_F(ResidentFillTest, ARunThatPausedOrCutItsStepIsLeftAndOneSteppingOnIsKilled) {
-  auto bell = BubbleBell::Create();
-  ASSERT_TRUE(bell.ok()) << bell.status();
-  fill::BellLayout& page = *(*bell)->page_for_test();
-  const uint64_t task = StartResident(*bell);
+  const Started r = StartOnNewBell();
+  ASSERT_NE(r.bell, nullptr);
+  BubbleBell& bell = *r.bell;
+  fill::BellLayout& page = *r.page;
+  const uint64_t task = r.task;
   // Paused at the close: left alone, no message sent.
   page.stepping.store(0);
-  CloseBubble(**bell);
+  CloseBubble(bell);
   PastGrace();
   EXPECT_FALSE(record_.Sent("Stop"));
   EXPECT_FALSE(Answered(task));
   // In a step at the close, which it cut; a new bubble opened, and its next step runs there.
-  OpenBubble(**bell);
+  OpenBubble(bell);
   page.stepping.store(1);
   page.last_step_start_ns.store(base::MonotonicNowNs());
-  CloseBubble(**bell);
+  CloseBubble(bell);
   page.last_step_start_ns.store(base::MonotonicNowNs() + 1);
-  OpenBubble(**bell);
+  OpenBubble(bell);
   PastGrace();
   EXPECT_FALSE(Answered(task));
   // A worker that scribbles on pswitchd's half of the page cannot hide from the check.
@@ -1540,7 +1557,7 @@ TEST_F(ResidentFillTest, ARunThatPausedOrCutItsStepIsLeftAndOneSteppingOnIsKille
   page.stop.store(0);
   // Still stepping a grace after a close, no bubble since: killed, with the reason.
   page.last_step_start_ns.store(base::MonotonicNowNs());
-  CloseBubble(**bell);
+  CloseBubble(bell);
   ExpectKilledForNotPausing(task);
 }
 
@@ -1549,19 +1566,20 @@ TEST_F(ResidentFillTest, ARunThatPausedOrCutItsStepIsLeftAndOneSteppingOnIsKille
 TEST_F(ResidentFillTest, AnUncutStepOrAStepBegunWithNoBubbleOpenIsKilledThoughBubblesOpen) {
   for (const bool late_start : {false, true}) {
     SCOPED_TRACE(late_start ? "a step begun with no bubble open" : "an uncut step");
-    auto bell = BubbleBell::Create();
-    ASSERT_TRUE(bell.ok()) << bell.status();
-    fill::BellLayout& page = *(*bell)->page_for_test();
-    const uint64_t task = StartResident(*bell);
+    const Started r = StartOnNewBell();
+    ASSERT_NE(r.bell, nullptr);
+    BubbleBell& bell = *r.bell;
+    fill::BellLayout& page = *r.page;
+    const uint64_t task = r.task;
     page.stepping.store(late_start ? 0 : 1);
     page.last_step_start_ns.store(base::MonotonicNowNs());
-    CloseBubble(**bell);
+    CloseBubble(bell);
     if (late_start) {
       page.late_starts.store(page.late_starts.load() + 1);
       page.stepping.store(1);
       page.last_step_start_ns.store(base::MonotonicNowNs());
     }
-    OpenBubble(**bell);
+    OpenBubble(bell);
     ExpectKilledForNotPausing(task);
   }
 }
@@ -1569,24 +1587,26 @@ TEST_F(ResidentFillTest, AnUncutStepOrAStepBegunWithNoBubbleOpenIsKilledThoughBu
 // Idle again by the check, but it began a step well after the close with no bubble open since:
 // not paused, whatever its page says of the step now.
 TEST_F(ResidentFillTest, AStepBegunWellAfterTheCloseWithNoBubbleOpenIsKilled) {
-  auto bell = BubbleBell::Create();
-  ASSERT_TRUE(bell.ok()) << bell.status();
-  fill::BellLayout& page = *(*bell)->page_for_test();
-  const uint64_t task = StartResident(*bell);
+  const Started r = StartOnNewBell();
+  ASSERT_NE(r.bell, nullptr);
+  BubbleBell& bell = *r.bell;
+  fill::BellLayout& page = *r.page;
+  const uint64_t task = r.task;
   page.stepping.store(0);
-  CloseBubble(**bell);
+  CloseBubble(bell);
   page.last_step_start_ns.store(base::MonotonicNowNs() + absl::ToInt64Nanoseconds(kGrace));
   ExpectKilledForNotPausing(task);
 }
 
 TEST_F(ResidentFillTest, AStoppedResidentRunIsToldByItsBellAndByMessage) {
-  auto bell = BubbleBell::Create();
-  ASSERT_TRUE(bell.ok()) << bell.status();
-  const uint64_t task = StartResident(*bell);
+  const Started r = StartOnNewBell();
+  ASSERT_NE(r.bell, nullptr);
+  const BubbleBell& bell = *r.bell;
+  const uint64_t task = r.task;
   const int slot = record_.LastSlot(absl::StrCat("Run ", task, " "));
   scheduler_->StopFill(task);
   ASSERT_TRUE(record_.AwaitCommand(absl::StrCat("Stop slot ", slot), kWait)) << record_.Commands();
-  EXPECT_TRUE((*bell)->stopped()) << "a run waiting on its bell would not see the message";
+  EXPECT_TRUE(bell.stopped()) << "a run waiting on its bell would not see the message";
   Worker(slot)->RunDone(task, 12, /*stopped_early=*/true);
   absl::StatusOr<TaskOutcome> done = record_.AwaitAnswer(task, kWait);
   ASSERT_TRUE(done.ok()) << done.status();

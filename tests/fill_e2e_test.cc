@@ -209,6 +209,22 @@ class FillTest : public ::testing::Test {
     return status;
   }
 
+  // Runs main-job iterations until `job` has done a step: its run has a worker (while workers
+  // start, a run still waiting at its bubble's end is answered as paused, and the next bubble
+  // starts another). Its status then.
+  client::FillJobStatus RunUntilFirstStep(uint64_t job, absl::Duration bubble) {
+    client::FillJobStatus status;
+    for (int i = 0; i < 200 && status.steps_done == 0; ++i) {
+      Iteration(bubble, absl::Milliseconds(5));
+      auto s = client_->FillStatus(job);
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (!s.ok()) break;
+      status = *s;
+    }
+    EXPECT_GT(status.steps_done, 0u) << daemon_->log();
+    return status;
+  }
+
   // A training fill job of tiny_cnn (`steps` steps) run through bubbles until it stops, then
   // compared with the same training run as one task: the same weights, bit for bit.
   // `bubble` long enough for a step on a loaded machine: a step that does not fit the largest
@@ -407,16 +423,8 @@ TEST_F(FillTest, AJobsRunLivesAcrossBubblesWokenByItsBell) {
   RegisterCycle(bubble);
   auto job = client_->SubmitFill(SyntheticJob(absl::Milliseconds(10), 12));
   ASSERT_TRUE(job.ok()) << job.status();
-  // Until its run has a worker (while workers start, a run still waiting at its bubble's end is
-  // answered as paused, and the next bubble starts another).
-  client::FillJobStatus status;
-  for (int i = 0; i < 200 && status.steps_done == 0; ++i) {
-    Iteration(bubble, absl::Milliseconds(5));
-    auto s = client_->FillStatus(job->job_id);
-    ASSERT_TRUE(s.ok()) << s.status();
-    status = *s;
-  }
-  ASSERT_GT(status.steps_done, 0u) << daemon_->log();
+  const client::FillJobStatus status = RunUntilFirstStep(job->job_id, bubble);
+  ASSERT_GT(status.steps_done, 0u);
   ASSERT_LT(status.steps_done, 12u);
   auto before = client_->FillStats();
   ASSERT_TRUE(before.ok());
@@ -442,14 +450,7 @@ TEST_F(FillTest, AJobCancelledBetweenBubblesEndsItsResidentRunAndFreesTheGpu) {
   RegisterCycle(bubble);
   auto first = client_->SubmitFill(SyntheticJob(absl::Milliseconds(2), 100000));
   ASSERT_TRUE(first.ok()) << first.status();
-  client::FillJobStatus running;
-  for (int i = 0; i < 200 && running.steps_done == 0; ++i) {
-    Iteration(bubble, absl::Milliseconds(5));
-    auto s = client_->FillStatus(first->job_id);
-    ASSERT_TRUE(s.ok()) << s.status();
-    running = *s;
-  }
-  ASSERT_GT(running.steps_done, 0u) << daemon_->log();
+  ASSERT_GT(RunUntilFirstStep(first->job_id, bubble).steps_done, 0u);
   ASSERT_TRUE(client_->CancelFill(first->job_id).ok());
   auto next = client_->SubmitFill(SyntheticJob(absl::Milliseconds(2), 5));
   ASSERT_TRUE(next.ok()) << next.status();
