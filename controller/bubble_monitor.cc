@@ -6,12 +6,14 @@
 #include "base/log.h"
 #include "base/status.h"
 #include "controller/fill_manager.h"
+#include "controller/telemetry.h"
 
 namespace pswitch::controller {
 namespace {
 
 constexpr int64_t kReopenNs = 1'000'000'000;  // an absent or broken page is tried again after
-// A hold that changes nothing for this long is a job that died holding: not busy any more.
+// Holds counted under way through a whole epoch this long are a job that died holding (or in a
+// synchronisation): no longer busy.
 constexpr int64_t kStaleBusyNs = 5'000'000'000;
 // A changed cycle is registered at most this often (each registration places fill jobs again).
 constexpr int64_t kRegisterEveryNs = 1'000'000'000;
@@ -91,12 +93,26 @@ void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {
       .Field("gpu", g.index)
       .Field("path", g.path)
       .Field("detail", why);
-  if (g.in_bubble) (void)sink_->BubbleEnd(g.index);
-  g.in_bubble = false;
+  EndBubble(g, now_ns);
   g.reader.reset();
   g.last.reset();
   g.detector = std::make_unique<fill::BubbleDetector>(options_.detector);
   g.next_open_ns = now_ns + kReopenNs;
+}
+
+uint64_t BubbleMonitor::LiveBusy(Gpu& g, uint64_t busy, int64_t now_ns) {
+  if (g.busy_epoch_ns == 0) {  // a page just read: nothing on it is known to be stale
+    g.busy_epoch_ns = now_ns;
+    g.busy_floor_previous = 0;
+    g.busy_floor_current = busy;
+  } else if (now_ns - g.busy_epoch_ns >= kStaleBusyNs) {
+    g.busy_epoch_ns = now_ns;
+    g.busy_floor_previous = g.busy_floor_current;
+    g.busy_floor_current = busy;
+  }
+  g.busy_floor_current = std::min(g.busy_floor_current, busy);
+  const uint64_t floor = std::min(g.busy_floor_previous, g.busy_floor_current);
+  return busy > floor ? busy - floor : 0;
 }
 
 void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
@@ -135,21 +151,18 @@ void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
   if (!g.last || now_ns <= g.last_ns) {
     g.last = *counts;
     g.last_ns = now_ns;
-    g.changed_ns = now_ns;
+    g.busy_epoch_ns = 0;
+    g.last_live_busy = LiveBusy(g, counts->busy, now_ns);
     return;
   }
-  if (counts->launches != g.last->launches || counts->busy != g.last->busy) {
-    g.changed_ns = now_ns;
-  }
-  const bool busy_live = now_ns - g.changed_ns < kStaleBusyNs;
   // A window is busy when anything was launched in it, or a hold was under way at its start or
-  // end (one long kernel, or a hold across the window). Counters that went back (a new page)
-  // count as activity.
+  // end (one long kernel, a synchronisation waiting for the device, or a hold across the
+  // window). Counters that went back (a new page) count as activity.
   uint64_t launches =
       counts->launches >= g.last->launches ? counts->launches - g.last->launches : 1;
-  if (busy_live && (counts->busy > 0 || g.last->busy > 0)) {
-    launches = std::max<uint64_t>(launches, 1);
-  }
+  const uint64_t live_busy = LiveBusy(g, counts->busy, now_ns);
+  if (live_busy > 0 || g.last_live_busy > 0) launches = std::max<uint64_t>(launches, 1);
+  g.last_live_busy = live_busy;
   const fill::ActivityWindow window{g.last_ns, now_ns, launches};
   g.last = *counts;
   g.last_ns = now_ns;
@@ -177,16 +190,28 @@ void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
       if (registered.ok()) g.registered = *cycle;
     }
   }
-  if (step.ended && g.in_bubble) {
-    (void)sink_->BubbleEnd(g.index);
-    g.in_bubble = false;
-  }
+  if (step.ended) EndBubble(g, step.ended->ended_ns);
   if (step.began && step.began->expected > absl::ZeroDuration() && g.registered) {
     if (sink_->BubbleBegin(g.index, step.began->expected, options_.free_bytes, step.began->began_ns)
             .ok()) {
       g.in_bubble = true;
+      g.bubble_began_ns = step.began->began_ns;
+      g.bubble_announced_ns = now_ns;
+      g.bubble_expected = step.began->expected;
+      g.bubble_phase = step.began->phase;
       ++g.bubbles;
     }
+  }
+}
+
+void BubbleMonitor::EndBubble(Gpu& g, int64_t ended_ns) {
+  if (!g.in_bubble) return;
+  (void)sink_->BubbleEnd(g.index);
+  g.in_bubble = false;
+  if (options_.telemetry != nullptr) {
+    options_.telemetry->BubbleDetected(g.index, g.bubble_began_ns, g.bubble_announced_ns,
+                                       std::max(ended_ns, g.bubble_began_ns), g.bubble_expected,
+                                       fill::DetectionPhaseName(g.bubble_phase));
   }
 }
 

@@ -39,6 +39,7 @@ class BubbleSink {
 };
 
 class FillManager;
+class Telemetry;
 // The fill manager's bubble calls, as an instrumented job makes them. `fill` must outlive it.
 std::unique_ptr<BubbleSink> FillBubbleSink(FillManager* fill);
 
@@ -48,6 +49,8 @@ struct BubbleMonitorOptions {
   fill::BubbleDetectorOptions detector;
   // What a found bubble announces as free on the device (the job's memory is not seen).
   uint64_t free_bytes = 0;
+  // Where each bubble given to the sink is counted and traced when it ends (null: nowhere).
+  Telemetry* telemetry = nullptr;
 };
 
 class BubbleMonitor {
@@ -83,19 +86,34 @@ class BubbleMonitor {
     int64_t next_open_ns = 0;
     int64_t next_check_ns = 0;     // when to look whether the path still names its page
     bool told_unreadable = false;  // its page's refusal was logged (once until it opens)
-    int64_t changed_ns = 0;        // when its counters last changed
     int64_t registered_ns = 0;     // when its cycle was last registered
     std::optional<gpu::ActivityCounts> last;
+    uint64_t last_live_busy = 0;  // LiveBusy at the last sample
     int64_t last_ns = 0;
     std::unique_ptr<fill::BubbleDetector> detector;
     std::optional<fill::BubbleCycle> registered;
     bool in_bubble = false;  // announced to the sink, not yet ended
+    // The bubble in_bubble names: its idle start, announcement and time given from its start.
+    int64_t bubble_began_ns = 0;
+    int64_t bubble_announced_ns = 0;
+    absl::Duration bubble_expected;
+    fill::DetectionPhase bubble_phase = fill::DetectionPhase::kConservative;
+    // Holds the page counts as under way that are not (a job killed in a hold or a
+    // synchronisation leaves the count raised for good): the least count seen over the last
+    // epoch and the one before, so a level held for a whole epoch is taken as stale.
+    uint64_t busy_floor_previous = 0;
+    uint64_t busy_floor_current = UINT64_MAX;
+    int64_t busy_epoch_ns = 0;
     uint64_t windows = 0;
     uint64_t bubbles = 0;
   };
   BubbleMonitor(BubbleMonitorOptions options, BubbleSink* sink);
   void SampleGpu(Gpu& g, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Reset(Gpu& g, int64_t now_ns, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the bubble announced to the sink (the job's next launch, or its page lost, at `now_ns`).
+  void EndBubble(Gpu& g, int64_t ended_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holds under way on the page that are live, less a stale floor (see Gpu).
+  static uint64_t LiveBusy(Gpu& g, uint64_t busy, int64_t now_ns);
   void Run();
 
   const BubbleMonitorOptions options_;

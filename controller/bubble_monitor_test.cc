@@ -2,12 +2,17 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "controller/telemetry.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace pswitch::controller {
 namespace {
@@ -48,10 +53,11 @@ class BubbleMonitorTest : public ::testing::Test {
     std::remove(path_.c_str());
   }
   void TearDown() override { std::remove(path_.c_str()); }
-  std::unique_ptr<BubbleMonitor> Monitor() {
+  std::unique_ptr<BubbleMonitor> Monitor(Telemetry* telemetry = nullptr) {
     BubbleMonitorOptions options;
     options.pages = {{3, path_}};
     options.free_bytes = 1 << 20;
+    options.telemetry = telemetry;
     auto monitor = BubbleMonitor::Manual(options, &sink_);
     EXPECT_TRUE(monitor.ok()) << monitor.status();
     return monitor.ok() ? std::move(*monitor) : nullptr;
@@ -155,6 +161,61 @@ TEST_F(BubbleMonitorTest, AbsentOrBrokenPagesAreReadAgainAndEndWhatTheyStarted) 
   EXPECT_FALSE(monitor->Stats()[0].reading);
   EXPECT_EQ(monitor->Stats()[0].phase, fill::DetectionPhase::kConservative);
   EXPECT_EQ(sink_.ends.size(), ends + 1) << "the bubble under way was ended";
+}
+
+// A job killed in a hold (or, on CUDA, in a synchronisation) leaves the page's busy count raised
+// for good; the job restarted on the same page must not look busy for ever: a level held through
+// a whole epoch (5 s) is taken as stale, and the job's bubbles are found again after it.
+TEST_F(BubbleMonitorTest, AHoldLeftByAKilledJobIsDiscountedAfterAnEpoch) {
+  std::unique_ptr<BubbleMonitor> monitor = Monitor();
+  ASSERT_NE(monitor, nullptr);
+  auto killed = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  (*killed)->BeginBusy();  // never ended
+  auto job = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const int64_t start_ns = t_ns_;
+  RunJob(*monitor, **job, 300);  // 15 s
+  ASSERT_FALSE(sink_.begins.empty()) << "the stale hold hid every bubble";
+  // Nothing while the hold still counted (the first epoch), bubbles after.
+  EXPECT_GE(sink_.begins.front().began_ns, start_ns + 5'000 * kMs);
+  EXPECT_EQ(monitor->Stats()[0].phase, fill::DetectionPhase::kStable);
+  EXPECT_GE(sink_.begins.size(), 100u);
+}
+
+// Each bubble given to fill work shows on the trace's "detected" track when it ends, with its
+// announcement and the time it was given, and the trace says where its clock's zero lies.
+TEST_F(BubbleMonitorTest, FoundBubblesAreTracedWithTheirAnnouncement) {
+  Telemetry telemetry;
+  std::unique_ptr<BubbleMonitor> monitor = Monitor(&telemetry);
+  ASSERT_NE(monitor, nullptr);
+  auto job = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunJob(*monitor, **job, 20);
+  ASSERT_FALSE(sink_.ends.empty());
+  const nlohmann::json trace =
+      nlohmann::json::parse(telemetry.trace().ChromeJson(absl::Seconds(10), t_ns_));
+  ASSERT_EQ(trace["otherData"]["clock"], "CLOCK_MONOTONIC");
+  const int64_t origin_ns = trace["otherData"]["origin_ns"].get<int64_t>();
+  EXPECT_EQ(origin_ns, t_ns_ - 10'000 * kMs);
+  size_t found = 0;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["cat"] != "detected") continue;
+    EXPECT_EQ(e["pid"], 3);
+    const int64_t began_ns = origin_ns + std::llround(e["ts"].get<double>() * 1e3);
+    ASSERT_LT(found, sink_.begins.size());
+    // The event starts where the sink was told the idle stretch began.
+    EXPECT_LE(std::llabs(began_ns - sink_.begins[found].began_ns), 1000);
+    double announced_ms = 0, expected_ms = 0;
+    ASSERT_TRUE(absl::SimpleAtod(e["args"]["announced_ms"].get<std::string>(), &announced_ms));
+    ASSERT_TRUE(absl::SimpleAtod(e["args"]["expected_ms"].get<std::string>(), &expected_ms));
+    // Announced after one empty window at least (two before the cycle is stable).
+    EXPECT_GE(announced_ms, 2.0);
+    EXPECT_NEAR(expected_ms, absl::ToDoubleMilliseconds(sink_.begins[found].expected), 1e-6);
+    EXPECT_LE(announced_ms, e["dur"].get<double>() / 1e3);
+    ++found;
+  }
+  EXPECT_EQ(found, sink_.ends.size());
 }
 
 TEST_F(BubbleMonitorTest, BadDetectorOptionsAreRefused) {

@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,16 @@ struct Telemetry::Families {
                    .Name("pswitch_bubble_seconds_total")
                    .Help("Pipeline bubble time the main job reported")
                    .Register(r)),
+        detected(prometheus::BuildCounter()
+                     .Name("pswitch_detected_bubbles_total")
+                     .Help("Bubbles found from the main job's activity and given to fill work "
+                           "(--detect-bubbles)")
+                     .Register(r)),
+        detected_time(prometheus::BuildCounter()
+                          .Name("pswitch_detected_bubble_fill_seconds_total")
+                          .Help("Time given to fill work in found bubbles: announcement to the "
+                                "predicted end or the job's next launch, whichever came first")
+                          .Register(r)),
         bubble_fill(prometheus::BuildCounter()
                         .Name("pswitch_bubble_fill_seconds_total")
                         .Help("Bubble time used by fill steps")
@@ -180,6 +191,8 @@ struct Telemetry::Families {
   prometheus::Family<prometheus::Counter>& worker_restarts;
   prometheus::Family<prometheus::Gauge>& bandwidth;
   prometheus::Family<prometheus::Counter>& bubble;
+  prometheus::Family<prometheus::Counter>& detected;
+  prometheus::Family<prometheus::Counter>& detected_time;
   prometheus::Family<prometheus::Counter>& bubble_fill;
   prometheus::Family<prometheus::Histogram>& fill_pause;
   prometheus::Family<prometheus::Gauge>& queue_depth;
@@ -325,6 +338,30 @@ void Telemetry::BubbleTime(int gpu, absl::Duration bubble) {
     const int64_t dur_ns = absl::ToInt64Nanoseconds(bubble);
     trace_.Record({gpu, "bubbles", "bubble", "bubble", end_ns - dur_ns, dur_ns, false, {}});
   }
+}
+void Telemetry::BubbleDetected(int gpu, int64_t began_ns, int64_t announced_ns, int64_t ended_ns,
+                               absl::Duration expected, const char* phase) {
+  if (ended_ns < began_ns) return;
+  const int64_t given_end_ns = std::min(ended_ns, began_ns + absl::ToInt64Nanoseconds(expected));
+  f_->detected.Add({{"gpu", Gpu(gpu)}}).Increment();
+  if (given_end_ns > announced_ns) {
+    f_->detected_time.Add({{"gpu", Gpu(gpu)}})
+        .Increment(static_cast<double>(given_end_ns - announced_ns) / 1e9);
+  }
+  // Times as offsets from the idle stretch's start (the event's), in ms.
+  auto ms = [began_ns](int64_t ns) {
+    return absl::StrCat(static_cast<double>(ns - began_ns) / 1e6);
+  };
+  trace_.Record({gpu,
+                 "detected",
+                 "bubble",
+                 "detected",
+                 began_ns,
+                 ended_ns - began_ns,
+                 false,
+                 {{"announced_ms", ms(announced_ns)},
+                  {"expected_ms", absl::StrCat(absl::ToDoubleMilliseconds(expected))},
+                  {"phase", phase}}});
 }
 void Telemetry::FillStepTime(int gpu, absl::Duration step_time) {
   if (step_time > absl::ZeroDuration()) {

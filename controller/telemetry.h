@@ -79,6 +79,13 @@ class Telemetry {
   // Fill: the main job's bubble time on a GPU, fill step time spent inside bubbles, one fill
   // run's pause latency (bubble end to paused).
   void BubbleTime(int gpu, absl::Duration bubble);
+  // A bubble found from the main job's activity (--detect-bubbles) and given to fill work:
+  // idle from `began_ns` (its first empty window), announced at `announced_ns` with `expected`
+  // from `began_ns` to fill, ended at `ended_ns` (CLOCK_MONOTONIC); `phase`: the detector's.
+  // Counted, and on the trace's "detected" track, so found bubbles can be checked against the
+  // job's own (bench-bubbles: precision, recall, detection delay).
+  void BubbleDetected(int gpu, int64_t began_ns, int64_t announced_ns, int64_t ended_ns,
+                      absl::Duration expected, const char* phase);
   void FillStepTime(int gpu, absl::Duration step_time);
   void FillPaused(int gpu, absl::Duration pause_latency);
   // Online fill (controller/online_fill.h): a request answered (`outcome`: bubble, overflow,

@@ -66,8 +66,12 @@ std::string TraceRecorder::ChromeJson(absl::Duration window, int64_t now_ns) con
     }
     events.push_back(std::move(event));
   }
-  return json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump(
-      -1, ' ', false, json::error_handler_t::replace);
+  // Where ts 0 lies on this node's CLOCK_MONOTONIC, so events can be matched with other
+  // processes' times (a main job's own bubbles, bench-bubbles).
+  return json{{"traceEvents", std::move(events)},
+              {"displayTimeUnit", "ms"},
+              {"otherData", {{"clock", "CLOCK_MONOTONIC"}, {"origin_ns", from_ns}}}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace pswitch::controller

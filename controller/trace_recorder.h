@@ -36,8 +36,9 @@ class TraceRecorder {
 
   void Record(TraceEvent event);
   // The events that ended within `window` before `now_ns`, as a Chrome trace-event JSON object
-  // ({"traceEvents": [...], "displayTimeUnit": "ms"}): metadata naming each GPU and track,
-  // then the events in time order, in microseconds since the window's start.
+  // ({"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {"clock": "CLOCK_MONOTONIC",
+  // "origin_ns": N}}): metadata naming each GPU and track, then the events in time order, in
+  // microseconds since the window's start, which lies at origin_ns.
   std::string ChromeJson(absl::Duration window, int64_t now_ns) const;
   size_t size() const;
 

@@ -19,7 +19,7 @@ inline constexpr uint64_t kActivityMagic = 0x31305443'41575350ull;  // "PSWACT01
 struct ActivityPageLayout {
   uint64_t magic;
   std::atomic<uint64_t> launches;  // ever, by every writer
-  std::atomic<uint64_t> busy;      // holds under way (host); 0 on CUDA
+  std::atomic<uint64_t> busy;      // holds (host) or synchronisations (CUDA) under way
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 inline constexpr size_t kActivityFileBytes = 4096;

@@ -1,8 +1,12 @@
-// A stand-in for libcudart and libcuda in monitor_test: the CUDA launch entry points that
-// libpswitch_monitor.so interposes, each counting its calls (and returning 0, success), so the
-// test sees that every call reached the real function with its arguments.
+// A stand-in for libcudart and libcuda in monitor_test: the CUDA launch and synchronisation entry
+// points that libpswitch_monitor.so interposes, each counting its calls (and returning 0,
+// success), so the test sees that every call reached the real function with its arguments. A
+// synchronisation waits STUB_SYNC_US microseconds (default 0), as one waiting for a device would.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 
 namespace {
 struct Dim3 {
@@ -10,6 +14,12 @@ struct Dim3 {
 };
 std::atomic<int> calls{0};
 std::atomic<unsigned> last_grid_x{0};
+int Synchronise() {
+  const char* us = std::getenv("STUB_SYNC_US");
+  // No sleep at all for 0: even a zero one lasts the timer slack (50 us).
+  if (us != nullptr && std::atol(us) > 0) ::usleep(static_cast<useconds_t>(std::atol(us)));
+  return ++calls, 0;
+}
 }  // namespace
 
 extern "C" {
@@ -40,4 +50,13 @@ __attribute__((visibility("default"))) int cuLaunchKernelEx(const void*, void*, 
   return ++calls, 0;
 }
 __attribute__((visibility("default"))) int cuGraphLaunch(void*, void*) { return ++calls, 0; }
+__attribute__((visibility("default"))) int cudaDeviceSynchronize() { return Synchronise(); }
+__attribute__((visibility("default"))) int cudaStreamSynchronize(void*) { return Synchronise(); }
+__attribute__((visibility("default"))) int cudaEventSynchronize(void*) { return Synchronise(); }
+__attribute__((visibility("default"))) int cudaMemcpy(void*, const void*, size_t, int) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuCtxSynchronize() { return Synchronise(); }
+__attribute__((visibility("default"))) int cuStreamSynchronize(void*) { return Synchronise(); }
+__attribute__((visibility("default"))) int cuEventSynchronize(void*) { return Synchronise(); }
 }

@@ -19,9 +19,11 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 
 #include "gpu/activity_page_layout.h"
@@ -45,6 +47,36 @@ void Count() {
     p->launches.fetch_add(1, std::memory_order_relaxed);
   }
 }
+
+// A synchronisation that waited this long had the device busy meanwhile.
+constexpr int64_t kSyncBusyNs = 50'000;
+
+int64_t NowNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Counts a synchronisation for as long as it lasts (see the file's comment).
+class SyncHold {
+ public:
+  SyncHold() : page_(page.load(std::memory_order_acquire)) {
+    if (page_ == nullptr) return;
+    page_->busy.fetch_add(1, std::memory_order_relaxed);
+    start_ns_ = NowNs();
+  }
+  ~SyncHold() {
+    if (page_ == nullptr) return;
+    if (NowNs() - start_ns_ >= kSyncBusyNs) page_->launches.fetch_add(1, std::memory_order_relaxed);
+    page_->busy.fetch_sub(1, std::memory_order_relaxed);
+  }
+  SyncHold(const SyncHold&) = delete;
+  SyncHold& operator=(const SyncHold&) = delete;
+
+ private:
+  ActivityPageLayout* const page_;
+  int64_t start_ns_ = 0;
+};
 
 // The real `name`, looked up once: next in the global scope, or else in the CUDA library
 // already loaded (one a Python extension loaded with RTLD_LOCAL is not in the global scope).
@@ -152,6 +184,72 @@ __attribute__((visibility("default"))) CuResult cuGraphLaunch(void* exec, void* 
   Count();
   Fn fn = Real(real, "cuGraphLaunch");
   return fn == nullptr ? kCuErrorNotFound : fn(exec, stream);
+}
+
+// Synchronisations.
+
+__attribute__((visibility("default"))) CudaError cudaDeviceSynchronize() {
+  using Fn = CudaError (*)();
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cudaDeviceSynchronize");
+  if (fn == nullptr) return kCudaErrorUnknown;
+  SyncHold hold;
+  return fn();
+}
+
+__attribute__((visibility("default"))) CudaError cudaStreamSynchronize(void* stream) {
+  using Fn = CudaError (*)(void*);
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cudaStreamSynchronize");
+  if (fn == nullptr) return kCudaErrorUnknown;
+  SyncHold hold;
+  return fn(stream);
+}
+
+__attribute__((visibility("default"))) CudaError cudaEventSynchronize(void* event) {
+  using Fn = CudaError (*)(void*);
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cudaEventSynchronize");
+  if (fn == nullptr) return kCudaErrorUnknown;
+  SyncHold hold;
+  return fn(event);
+}
+
+__attribute__((visibility("default"))) CudaError cudaMemcpy(void* dst, const void* src,
+                                                            size_t count, int kind) {
+  using Fn = CudaError (*)(void*, const void*, size_t, int);
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cudaMemcpy");
+  if (fn == nullptr) return kCudaErrorUnknown;
+  SyncHold hold;
+  return fn(dst, src, count, kind);
+}
+
+__attribute__((visibility("default"))) CuResult cuCtxSynchronize() {
+  using Fn = CuResult (*)();
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cuCtxSynchronize");
+  if (fn == nullptr) return kCuErrorNotFound;
+  SyncHold hold;
+  return fn();
+}
+
+__attribute__((visibility("default"))) CuResult cuStreamSynchronize(void* stream) {
+  using Fn = CuResult (*)(void*);
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cuStreamSynchronize");
+  if (fn == nullptr) return kCuErrorNotFound;
+  SyncHold hold;
+  return fn(stream);
+}
+
+__attribute__((visibility("default"))) CuResult cuEventSynchronize(void* event) {
+  using Fn = CuResult (*)(void*);
+  static std::atomic<Fn> real{nullptr};
+  Fn fn = Real(real, "cuEventSynchronize");
+  if (fn == nullptr) return kCuErrorNotFound;
+  SyncHold hold;
+  return fn(event);
 }
 
 }  // extern "C"

@@ -12,9 +12,11 @@
 namespace pswitch {
 namespace {
 
-// Runs the stub caller (7 entry points, `n` times each) with `env` set; its output line.
-std::string RunCaller(const std::string& env, int n, int* rc) {
-  const std::string command = absl::StrCat(env, " ", PSWITCH_STUB_CALLER, " ", n, " 2>&1");
+// Runs the stub caller (7 entry points, `n` times each; `mode` "sync": the synchronisations)
+// with `env` set; its output line.
+std::string RunCaller(const std::string& env, int n, int* rc, const std::string& mode = "") {
+  const std::string command =
+      absl::StrCat(env, " ", PSWITCH_STUB_CALLER, " ", n, " ", mode, " 2>&1");
   FILE* out = ::popen(command.c_str(), "r");
   if (out == nullptr) return "popen failed";
   std::string text;
@@ -55,6 +57,52 @@ TEST_F(LaunchMonitorTest, EveryLaunchIsCountedAndStillReachesTheRealFunction) {
   // A second run (a job restarted) adds to the same page.
   EXPECT_EQ(RunCaller(Preloaded(page_), 2, &rc), "calls=14 last_grid_x=8 failed=0\n");
   EXPECT_EQ(reader->Read()->launches, 49u);
+}
+
+// A synchronisation is the job waiting for its device: busy while it waits, and a launch once it
+// has waited (kSyncBusyNs); one that returns at once is no activity. Every call still reaches the
+// real function.
+TEST_F(LaunchMonitorTest, SynchronisationsThatWaitCountAsActivity) {
+  int rc = -1;
+  EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=0", 3, &rc, "sync"), "calls=21 failed=0\n");
+  EXPECT_EQ(rc, 0);
+  absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(page_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->Read()->busy, 0u);
+  const uint64_t quick = reader->Read()->launches;
+  // Returning at once is a few hundred nanoseconds: a loaded machine may stretch one or two.
+  EXPECT_LE(quick, 2u);
+  EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=1000", 2, &rc, "sync"),
+            "calls=14 failed=0\n");
+  EXPECT_EQ(reader->Read()->launches, quick + 14);
+  EXPECT_EQ(reader->Read()->busy, 0u);
+}
+
+// While the job waits in a synchronisation the page shows it under way.
+TEST_F(LaunchMonitorTest, AWaitingSynchronisationIsAHoldUnderWay) {
+  // 7 synchronisations of 0.3 s each.
+  const std::string command =
+      absl::StrCat(Preloaded(page_), " STUB_SYNC_US=300000 ", PSWITCH_STUB_CALLER, " 1 sync 2>&1");
+  FILE* out = ::popen(command.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  bool seen = false;
+  for (int i = 0; i < 10000 && !seen; ++i) {  // bounded: 10 s
+    if (auto reader = gpu::ActivityReader::Open(page_); reader.ok()) {
+      absl::StatusOr<gpu::ActivityCounts> counts = reader->Read();
+      seen = counts.ok() && counts->busy == 1;
+    }
+    if (!seen) ::usleep(1000);
+  }
+  EXPECT_TRUE(seen) << "the waiting synchronisation never showed as busy";
+  std::string text;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof(buffer), out) != nullptr) text += buffer;
+  EXPECT_EQ(::pclose(out), 0);
+  EXPECT_EQ(text, "calls=7 failed=0\n");
+  absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(page_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->Read()->busy, 0u);
+  EXPECT_EQ(reader->Read()->launches, 7u);
 }
 
 TEST_F(LaunchMonitorTest, WithoutAPageTheJobRunsAsWithoutTheMonitor) {

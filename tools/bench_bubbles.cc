@@ -67,10 +67,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "base/clock.h"
 #include "base/files.h"
 #include "base/status.h"
 #include "client/client.h"
 #include "gpu/host/compute_lock.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "pipeline/schedule.h"
 #include "pipeline/simulator.h"
@@ -133,6 +135,8 @@ constexpr double kLevel = 0.95;
 // The detected arm's extra warm-up iterations: the detector needs three cycles and eight
 // matching bubbles before it fills (fill::BubbleDetector).
 constexpr int kDetectionWarmup = 10;
+// Where a detected run's pipetrain writes its own bubbles (--bubble-log), in the run's dir.
+constexpr char kTruthLog[] = "truth-bubbles.txt";
 
 struct Config {
   pipeline::ScheduleKind schedule;
@@ -268,7 +272,11 @@ absl::StatusOr<MainJobRun> RunPipetrain(const Config& c, int iterations, Arm arm
     absl::StrAppend(&cmd, " --device=", device);
   }
   if (fill) absl::StrAppend(&cmd, " --server=", server);
-  if (!devices.empty()) cmd = absl::StrCat("PSWITCH_HOST_DEVICE_DIR=", devices, " ", cmd);
+  if (!devices.empty()) {
+    // The job's own bubbles, to score the detector's against.
+    absl::StrAppend(&cmd, " --bubble-log=", (dir / kTruthLog).string());
+    cmd = absl::StrCat("PSWITCH_HOST_DEVICE_DIR=", devices, " ", cmd);
+  }
   if (arm == Arm::kCpuOnly) absl::StrAppend(&cmd, " --device-lock=false");
   const std::string log = (dir / "pipetrain.log").string();
   absl::StrAppend(&cmd, " > /dev/null 2>> ", log);
@@ -396,6 +404,7 @@ class FillService {
 
   client::Client& client() { return *client_; }
   std::string address() const { return daemon_->address(); }
+  int http_port() const { return daemon_->http_port(); }
 
  private:
   FillService(std::unique_ptr<tools::PswitchdProcess> daemon,
@@ -548,7 +557,66 @@ struct FillRun {
 // One detected run against the main job's own measure of its bubbles (its stages' idle time).
 struct DetectedRun {
   double used = 0;  // fill step time / the job's bubble time, learning iterations included
+  tools::DetectionTotals score;  // the bubbles found against the job's own
 };
+
+// The job's own bubbles from its --bubble-log, by stage (= device).
+absl::StatusOr<std::vector<std::vector<tools::TimeInterval>>> ReadTruth(
+    const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no bubble log at ", path.string()));
+  std::vector<std::vector<tools::TimeInterval>> truth(kStages);
+  int stage = 0;
+  int64_t begin_ns = 0, end_ns = 0;
+  while (in >> stage >> begin_ns >> end_ns) {
+    if (stage < 0 || stage >= kStages || end_ns < begin_ns) {
+      return absl::DataLossError(absl::StrCat("bad line in ", path.string()));
+    }
+    truth[stage].push_back({begin_ns, end_ns});
+  }
+  for (auto& t : truth) {
+    std::sort(t.begin(), t.end(), [](const tools::TimeInterval& a, const tools::TimeInterval& b) {
+      return a.begin_ns < b.begin_ns;
+    });
+  }
+  return truth;
+}
+
+// The bubbles the daemon found since `from_ns`, from its trace's "detected" track (GET
+// /v1/trace on its HTTP port), by GPU.
+absl::StatusOr<std::vector<std::vector<tools::FoundBubble>>> FetchFound(int http_port,
+                                                                        int64_t from_ns) {
+  httplib::Client http("127.0.0.1", http_port);
+  http.set_read_timeout(30, 0);
+  const int64_t seconds = (base::MonotonicNowNs() - from_ns) / 1'000'000'000 + 2;
+  auto r = http.Get(absl::StrCat("/v1/trace?seconds=", std::min<int64_t>(seconds, 600)));
+  if (!r) return absl::UnavailableError("GET /v1/trace: no answer");
+  if (r->status != 200) {
+    return absl::UnavailableError(absl::StrCat("GET /v1/trace: HTTP ", r->status, ": ", r->body));
+  }
+  const nlohmann::json trace = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  if (!trace.is_object() || !trace.contains("otherData") || !trace.contains("traceEvents")) {
+    return absl::DataLossError("GET /v1/trace: not a trace with its clock's origin");
+  }
+  const double origin_ns = trace["otherData"].value("origin_ns", 0.0);
+  std::vector<std::vector<tools::FoundBubble>> found(kStages);
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    if (e.value("cat", "") != "detected" || e.value("ph", "") != "X") continue;
+    const int gpu = e.value("pid", -1);
+    if (gpu < 0 || gpu >= kStages || !e.contains("args")) continue;
+    double announced_ms = 0, expected_ms = 0;
+    if (!absl::SimpleAtod(e["args"].value("announced_ms", ""), &announced_ms) ||
+        !absl::SimpleAtod(e["args"].value("expected_ms", ""), &expected_ms)) {
+      return absl::DataLossError("GET /v1/trace: a detected bubble without its times");
+    }
+    const double began = origin_ns + e.value("ts", 0.0) * 1e3;
+    if (began < static_cast<double>(from_ns)) continue;
+    found[gpu].push_back({std::llround(began), std::llround(began + announced_ms * 1e6),
+                          std::llround(began + expected_ms * 1e6),
+                          std::llround(began + e.value("dur", 0.0) * 1e3)});
+  }
+  return found;
+}
 
 // All of one configuration's runs, indexed by round.
 struct ConfigRuns {
@@ -659,6 +727,8 @@ absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& ar
         }
       } else if (arm == Arm::kDetected) {
         PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats before, detect->client().FillStats());
+        std::filesystem::remove(dir / kTruthLog);
+        const int64_t from_ns = base::MonotonicNowNs();
         run = RunPipetrain(c, iterations, arm, "", dir, devices);
         PSWITCH_ASSIGN_OR_RETURN(client::FillServerStats after, detect->client().FillStats());
         if (run.ok()) {
@@ -666,7 +736,10 @@ absl::StatusOr<ConfigRuns> RunConfig(const Config& c, const std::vector<Arm>& ar
           // too), from its own measure.
           const double truth_s = kStages * run->bubble_ratio * run->iterations_s;
           const double used_s = absl::ToDoubleSeconds(after.fill_step_time - before.fill_step_time);
-          out.detected.push_back({truth_s > 0 ? used_s / truth_s : 0});
+          PSWITCH_ASSIGN_OR_RETURN(auto truth, ReadTruth(dir / kTruthLog));
+          PSWITCH_ASSIGN_OR_RETURN(auto found, FetchFound(detect->http_port(), from_ns));
+          out.detected.push_back(
+              {truth_s > 0 ? used_s / truth_s : 0, tools::ScoreDetection(truth, found, from_ns)});
         }
       } else if (IsOnline(arm)) {
         const double rate = HighRate(arm) ? online_rates.second : online_rates.first;
@@ -946,6 +1019,28 @@ absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& 
           "(target <= %.1f%% with >= %.0f%% used)",
           r.config.Name(), WithInterval(detected.interval), 100 * MedianOf(used),
           tools::VerdictName(verdict), 100 * detected_target, 100 * detected_used));
+    }
+    std::printf(
+        "\ndetection against the job's own bubbles (its --bubble-log), every round pooled: "
+        "found = idle stretches the detector announced, from their first empty window to the "
+        "job's next activity; given = announcement to the end it was given; precision = share "
+        "inside the job's bubbles; recall = share of the job's bubble time (learning included); "
+        "delay = announcement after the true bubble's start\n");
+    std::printf("%-8s %9s %9s %9s %9s %11s %11s %8s\n", "config", "found P", "found R", "given P",
+                "given R", "delay p50", "delay p95", "bubbles");
+    for (const ConfigRuns& r : all) {
+      tools::DetectionTotals t;
+      for (const DetectedRun& d : r.detected) t.Add(d.score);
+      const double p50 = tools::Percentile(t.delay_ms, 50).value_or(0);
+      const double p95 = tools::Percentile(t.delay_ms, 95).value_or(0);
+      std::printf("%-8s %8.1f%% %8.1f%% %8.1f%% %8.1f%% %8.2f ms %8.2f ms %8zu\n",
+                  r.config.Name().c_str(), 100 * t.FoundPrecision(), 100 * t.FoundRecall(),
+                  100 * t.GivenPrecision(), 100 * t.GivenRecall(), p50, p95, t.delay_ms.size());
+      figs.push_back(absl::StrFormat(
+          "FIG bubbles-detection %s: found precision %.1f%% recall %.1f%%, given precision "
+          "%.1f%% recall %.1f%%, delay p50 %.2f ms p95 %.2f ms",
+          r.config.Name(), 100 * t.FoundPrecision(), 100 * t.FoundRecall(),
+          100 * t.GivenPrecision(), 100 * t.GivenRecall(), p50, p95));
     }
   }
   if (std::any_of(all.begin(), all.end(), [](const ConfigRuns& r) { return !r.online.empty(); })) {

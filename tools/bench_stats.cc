@@ -114,4 +114,67 @@ Verdict JudgeIncreaseTarget(const MedianInterval& increase, double max_increase,
   return Verdict::kInconclusive;
 }
 
+namespace {
+
+// Time of [begin, end) inside the union of `truth` (sorted, disjoint).
+int64_t Inside(const std::vector<TimeInterval>& truth, int64_t begin_ns, int64_t end_ns) {
+  int64_t inside = 0;
+  auto it = std::upper_bound(truth.begin(), truth.end(), begin_ns,
+                             [](int64_t t, const TimeInterval& i) { return t < i.end_ns; });
+  for (; it != truth.end() && it->begin_ns < end_ns; ++it) {
+    inside += std::min(end_ns, it->end_ns) - std::max(begin_ns, it->begin_ns);
+  }
+  return inside;
+}
+
+double Share(int64_t part, int64_t whole) {
+  return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0;
+}
+
+}  // namespace
+
+void DetectionTotals::Add(const DetectionTotals& o) {
+  truth_ns += o.truth_ns;
+  found_ns += o.found_ns;
+  found_true_ns += o.found_true_ns;
+  given_ns += o.given_ns;
+  given_true_ns += o.given_true_ns;
+  delay_ms.insert(delay_ms.end(), o.delay_ms.begin(), o.delay_ms.end());
+}
+double DetectionTotals::FoundPrecision() const { return Share(found_true_ns, found_ns); }
+double DetectionTotals::GivenPrecision() const { return Share(given_true_ns, given_ns); }
+double DetectionTotals::GivenRecall() const { return Share(given_true_ns, truth_ns); }
+double DetectionTotals::FoundRecall() const { return Share(found_true_ns, truth_ns); }
+
+DetectionTotals ScoreDetection(const std::vector<std::vector<TimeInterval>>& truth,
+                               const std::vector<std::vector<FoundBubble>>& found,
+                               int64_t from_ns) {
+  DetectionTotals t;
+  for (size_t d = 0; d < truth.size(); ++d) {
+    std::vector<TimeInterval> seen;  // the truth from the detector's first look on
+    for (const TimeInterval& i : truth[d]) {
+      if (i.end_ns <= from_ns || i.end_ns <= i.begin_ns) continue;
+      seen.push_back({std::max(i.begin_ns, from_ns), i.end_ns});
+      t.truth_ns += seen.back().end_ns - seen.back().begin_ns;
+    }
+    if (d >= found.size()) continue;
+    for (const FoundBubble& b : found[d]) {
+      if (b.ended_ns > b.began_ns) {
+        t.found_ns += b.ended_ns - b.began_ns;
+        t.found_true_ns += Inside(seen, b.began_ns, b.ended_ns);
+      }
+      const int64_t given_end = std::min(b.given_end_ns, b.ended_ns);
+      if (given_end <= b.announced_ns) continue;
+      t.given_ns += given_end - b.announced_ns;
+      t.given_true_ns += Inside(seen, b.announced_ns, given_end);
+      auto in = std::upper_bound(seen.begin(), seen.end(), b.announced_ns,
+                                 [](int64_t x, const TimeInterval& i) { return x < i.end_ns; });
+      if (in != seen.end() && in->begin_ns <= b.announced_ns) {
+        t.delay_ms.push_back(static_cast<double>(b.announced_ns - in->begin_ns) / 1e6);
+      }
+    }
+  }
+  return t;
+}
+
 }  // namespace pswitch::tools

@@ -12,6 +12,7 @@
 #ifndef PSWITCH_TOOLS_BENCH_STATS_H_
 #define PSWITCH_TOOLS_BENCH_STATS_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +62,36 @@ const char* VerdictName(Verdict verdict);  // "met", "not met", "inconclusive"
 // call a pass).
 Verdict JudgeIncreaseTarget(const MedianInterval& increase, double max_increase, double used,
                             double min_used);
+
+// Bubbles a detector found, scored against the main job's own (its bubble calls' times), per
+// device. Times in ns on one clock. A truth or found bubble is [begin, end).
+struct TimeInterval {
+  int64_t begin_ns = 0;
+  int64_t end_ns = 0;
+};
+struct FoundBubble {
+  int64_t began_ns = 0;      // the idle stretch's start, as the detector saw it
+  int64_t announced_ns = 0;  // when fill work was told
+  int64_t given_end_ns = 0;  // the end it was given (announced + its time)
+  int64_t ended_ns = 0;      // the job's next activity, as the detector saw it
+};
+// Sums, so runs add up: found = [began, ended]; given = [announced, min(given end, ended)].
+struct DetectionTotals {
+  int64_t truth_ns = 0;
+  int64_t found_ns = 0, found_true_ns = 0;  // found, and the part of it inside the truth
+  int64_t given_ns = 0, given_true_ns = 0;
+  // Announcement less the start of the true bubble it fell in (given bubbles that fell in one).
+  std::vector<double> delay_ms;
+  void Add(const DetectionTotals& other);
+  double FoundPrecision() const;  // found_true / found (0 with nothing found)
+  double GivenPrecision() const;
+  double GivenRecall() const;  // given_true / truth: the share of the job's idle time given
+  double FoundRecall() const;
+};
+// `truth` and `found` by device; a device's truth sorted by begin, not overlapping. Truth
+// counts from `from_ns` (the detector's first look) to the last truth bubble's end.
+DetectionTotals ScoreDetection(const std::vector<std::vector<TimeInterval>>& truth,
+                               const std::vector<std::vector<FoundBubble>>& found, int64_t from_ns);
 
 }  // namespace pswitch::tools
 

@@ -112,5 +112,35 @@ TEST(JudgeIncreaseTargetTest, MetOnlyWhenTheUpperEndIsWithinTheTarget) {
   EXPECT_STREQ(VerdictName(Verdict::kNotMet), "not met");
 }
 
+// Two devices' truth; found bubbles late, overlong, false and given past their end.
+TEST(ScoreDetectionTest, SharesOfTimeAndDelays) {
+  const std::vector<std::vector<TimeInterval>> truth = {{{100, 200}, {300, 400}}, {{1000, 2000}}};
+  const std::vector<std::vector<FoundBubble>> found = {
+      // Began 20 late, told at 140, given to 220 but the job came back at 210: given 140-210,
+      // of which 140-200 true.
+      {{120, 140, 220, 210},
+       // A false one, between the bubbles.
+       {250, 260, 280, 290}},
+      // Told at 1500, given to 1900: all of it true, 500 late.
+      {{1400, 1500, 1900, 2000}}};
+  const DetectionTotals t = ScoreDetection(truth, found, /*from_ns=*/0);
+  EXPECT_EQ(t.truth_ns, 100 + 100 + 1000);
+  EXPECT_EQ(t.found_ns, 90 + 40 + 600);
+  EXPECT_EQ(t.found_true_ns, 80 + 0 + 600);
+  EXPECT_EQ(t.given_ns, 70 + 20 + 400);
+  EXPECT_EQ(t.given_true_ns, 60 + 0 + 400);
+  ASSERT_EQ(t.delay_ms.size(), 2u);  // the false one fell in no true bubble
+  EXPECT_DOUBLE_EQ(t.delay_ms[0], 40 / 1e6);
+  EXPECT_DOUBLE_EQ(t.delay_ms[1], 500 / 1e6);
+  EXPECT_DOUBLE_EQ(t.GivenRecall(), 460.0 / 1200);
+  EXPECT_DOUBLE_EQ(t.GivenPrecision(), 460.0 / 490);
+  // The truth before the detector first looked does not count.
+  EXPECT_EQ(ScoreDetection(truth, found, /*from_ns=*/350).truth_ns, 50 + 1000);
+  DetectionTotals sum = t;
+  sum.Add(t);
+  EXPECT_EQ(sum.given_true_ns, 2 * t.given_true_ns);
+  EXPECT_EQ(sum.delay_ms.size(), 4u);
+}
+
 }  // namespace
 }  // namespace pswitch::tools

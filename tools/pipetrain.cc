@@ -12,11 +12,14 @@
 // the bubbles are real idle time even on a machine with fewer cores than stages. Prints measured
 // iteration time, per-stage busy and bubble time and the bubble ratio beside the simulator's
 // prediction; --json writes them too.
+#include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/clock.h"
+#include "base/status.h"
 #include "client/client.h"
 #include "fill/bubble_cycle.h"
 #include "gpu/copy_engine.h"
@@ -38,7 +42,6 @@
 #include "pipeline/schedule.h"
 #include "pipeline/stage_compute.h"
 #include "pipeline/stage_runner.h"
-#include "base/status.h"
 #include "tools/cli.h"
 
 ABSL_FLAG(int, stages, 4, "pipeline stages (one process each)");
@@ -65,6 +68,9 @@ ABSL_FLAG(bool, pin_cores, false, "pin stage s to core s modulo the available co
 ABSL_FLAG(bool, log_bubbles, false, "print every bubble a stage announces to stderr");
 ABSL_FLAG(double, timeout_s, 60, "longest wait of a stage for one message");
 ABSL_FLAG(std::string, json, "", "write the measurements as JSON to this path");
+ABSL_FLAG(std::string, bubble_log, "",
+          "append every bubble of every stage to this file at the end, one 'STAGE BEGIN_NS "
+          "END_NS' line each (CLOCK_MONOTONIC): the truth a bubble detector is judged against");
 ABSL_FLAG(int, crash_stage, -1, "testing aid: this stage kills itself at --crash-iteration");
 ABSL_FLAG(int, crash_iteration, 0, "testing aid: see --crash-stage");
 ABSL_FLAG(std::vector<std::string>, real_stages, {},
@@ -177,7 +183,49 @@ class ServerReporter final : public BubbleReporter {
   bool warned_ = false;
 };
 
-absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int /*stage*/) {
+// Keeps each bubble's begin and end on this node's monotonic clock beside what `inner` does, and
+// appends them to `path` at the stage's end (one write: stages append whole blocks, and nothing
+// touches the file while the job runs).
+class RecordedReporter final : public BubbleReporter {
+ public:
+  RecordedReporter(std::unique_ptr<BubbleReporter> inner, std::string path)
+      : inner_(std::move(inner)), path_(std::move(path)) {
+    bubbles_.reserve(1 << 14);
+  }
+  ~RecordedReporter() override {
+    std::string text;
+    for (const auto& [begin_ns, end_ns] : bubbles_) {
+      absl::StrAppend(&text, stage_, " ", begin_ns, " ", end_ns, "\n");
+    }
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+      std::fprintf(stderr, "pipetrain: stage %d could not write --bubble-log %s: %s\n", stage_,
+                   path_.c_str(), std::strerror(errno));
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  void BubbleBegin(int stage, int position, absl::Duration expected, uint64_t free_bytes) override {
+    stage_ = stage;
+    begin_ns_ = base::MonotonicNowNs();
+    inner_->BubbleBegin(stage, position, expected, free_bytes);
+  }
+  void BubbleEnd(int stage) override {
+    bubbles_.emplace_back(begin_ns_, base::MonotonicNowNs());
+    inner_->BubbleEnd(stage);
+  }
+  void IterationStart(int stage, int iteration) override {
+    inner_->IterationStart(stage, iteration);
+  }
+
+ private:
+  const std::unique_ptr<BubbleReporter> inner_;
+  const std::string path_;
+  int stage_ = 0;
+  int64_t begin_ns_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> bubbles_;
+};
+
+absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeInnerReporter(int /*stage*/) {
   if (!absl::GetFlag(FLAGS_server).empty()) {
     client::ClientOptions options;
     options.token = tools::ClientToken(absl::GetFlag(FLAGS_token));
@@ -187,6 +235,12 @@ absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int /*stage*/
   }
   if (absl::GetFlag(FLAGS_log_bubbles)) return std::make_unique<LogReporter>();
   return std::make_unique<NullReporter>();
+}
+
+absl::StatusOr<std::unique_ptr<BubbleReporter>> MakeBubbleReporter(int stage) {
+  PSWITCH_ASSIGN_OR_RETURN(std::unique_ptr<BubbleReporter> reporter, MakeInnerReporter(stage));
+  if (absl::GetFlag(FLAGS_bubble_log).empty()) return reporter;
+  return std::make_unique<RecordedReporter>(std::move(reporter), absl::GetFlag(FLAGS_bubble_log));
 }
 
 // Simulated compute that occupies its stage's (host) device while it computes.

@@ -777,6 +777,7 @@ int Main() {
   if (absl::GetFlag(FLAGS_detect_bubbles)) {
     controller::BubbleMonitorOptions monitor;
     monitor.free_bytes = absl::GetFlag(FLAGS_detected_bubble_free_bytes);
+    monitor.telemetry = telemetry.get();
     const std::string dir = absl::GetFlag(FLAGS_activity_dir);
     if (options.device.backend == gpu::Backend::kCuda && dir.empty()) {
       StartFailed("--detect-bubbles on CUDA needs --activity-dir (where jobs' monitors write)");
