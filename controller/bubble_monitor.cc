@@ -73,19 +73,36 @@ BubbleMonitor::~BubbleMonitor() {
 void BubbleMonitor::Run() {
   const int64_t window_ns = absl::ToInt64Nanoseconds(options_.detector.window);
   int64_t next_ns = base::MonotonicNowNs() + window_ns;
+  int64_t wake_ns = next_ns;
   while (!stop_.WaitForNotificationWithTimeout(
-      absl::Nanoseconds(std::max<int64_t>(0, next_ns - base::MonotonicNowNs())))) {
+      absl::Nanoseconds(std::max<int64_t>(0, wake_ns - base::MonotonicNowNs())))) {
     const int64_t now_ns = base::MonotonicNowNs();
     Sample(now_ns);
     // Late (a descheduled thread): the next window starts now, one window long; the late one
-    // is simply longer.
-    next_ns = std::max(next_ns + window_ns, now_ns + window_ns / 2);
+    // is simply longer. A look where a bubble is due splits a window and keeps the grid.
+    if (now_ns >= next_ns) next_ns = std::max(next_ns + window_ns, now_ns + window_ns / 2);
+    wake_ns = next_ns;
+    if (const std::optional<int64_t> due = NextDueNs(now_ns); due && *due < wake_ns) {
+      wake_ns = *due;
+    }
   }
 }
 
 void BubbleMonitor::Sample(int64_t now_ns) {
   absl::MutexLock lock(&mu_);
   for (Gpu& g : gpus_) SampleGpu(g, now_ns);
+}
+
+std::optional<int64_t> BubbleMonitor::NextDueNs(int64_t now_ns) const {
+  absl::MutexLock lock(&mu_);
+  std::optional<int64_t> due;
+  for (const Gpu& g : gpus_) {
+    if (!g.reader) continue;
+    if (const std::optional<int64_t> at = g.detector->NextDueNs(now_ns); at && *at > now_ns) {
+      due = due ? std::min(*due, *at) : *at;
+    }
+  }
+  return due;
 }
 
 void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {

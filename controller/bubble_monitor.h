@@ -67,6 +67,10 @@ class BubbleMonitor {
 
   // Reads every page once, for the window that ends at `now_ns` (CLOCK_MONOTONIC).
   void Sample(int64_t now_ns);
+  // The earliest time after `now_ns` a GPU's next bubble is due (fill::BubbleDetector::
+  // NextDueNs): the thread samples there too, so a due bubble is announced at its start, not at
+  // the end of the window it starts in. nullopt: none known.
+  std::optional<int64_t> NextDueNs(int64_t now_ns) const;
 
   struct GpuStats {
     int gpu = 0;

@@ -163,6 +163,28 @@ TEST_F(BubbleMonitorTest, AbsentOrBrokenPagesAreReadAgainAndEndWhatTheyStarted) 
   EXPECT_EQ(sink_.ends.size(), ends + 1) << "the bubble under way was ended";
 }
 
+// Once a GPU's cycle is stable the monitor knows where its next bubble is due, and a look there
+// announces it at once, with all of its time, instead of at the end of the window it starts in.
+TEST_F(BubbleMonitorTest, ALookWhereABubbleIsDueAnnouncesItThere) {
+  std::unique_ptr<BubbleMonitor> monitor = Monitor();
+  ASSERT_NE(monitor, nullptr);
+  EXPECT_EQ(monitor->NextDueNs(t_ns_), std::nullopt) << "no page read yet";
+  auto job = gpu::ActivityWriter::Open(path_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  RunJob(*monitor, **job, 20);
+  ASSERT_EQ(monitor->Stats()[0].phase, fill::DetectionPhase::kStable);
+  // The job's next iteration begins idle, now.
+  const std::optional<int64_t> due = monitor->NextDueNs(t_ns_ - kMs);
+  ASSERT_TRUE(due.has_value());
+  EXPECT_LE(std::llabs(*due - t_ns_), kMs) << (*due - t_ns_);
+  const size_t begins = sink_.begins.size();
+  monitor->Sample(std::max(*due, t_ns_) + kMs / 4);
+  ASSERT_EQ(sink_.begins.size(), begins + 1);
+  EXPECT_EQ(sink_.begins.back().began_ns, t_ns_);
+  EXPECT_GE(sink_.begins.back().expected, absl::Milliseconds(11));
+  EXPECT_LE(sink_.begins.back().expected, absl::Milliseconds(12));
+}
+
 // A job killed in a hold (or, on CUDA, in a synchronisation) leaves the page's busy count raised
 // for good; the job restarted on the same page must not look busy for ever: a level held through
 // a whole epoch (5 s) is taken as stale, and the job's bubbles are found again after it.

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/clock.h"
 
 namespace pswitch::controller {
@@ -348,10 +349,8 @@ void Telemetry::BubbleDetected(int gpu, int64_t began_ns, int64_t announced_ns, 
     f_->detected_time.Add({{"gpu", Gpu(gpu)}})
         .Increment(static_cast<double>(given_end_ns - announced_ns) / 1e9);
   }
-  // Times as offsets from the idle stretch's start (the event's), in ms.
-  auto ms = [began_ns](int64_t ns) {
-    return absl::StrCat(static_cast<double>(ns - began_ns) / 1e6);
-  };
+  // Times as offsets from the idle stretch's start (the event's), in ms to the nanosecond.
+  auto ms = [](int64_t ns) { return absl::StrFormat("%.6f", static_cast<double>(ns) / 1e6); };
   trace_.Record({gpu,
                  "detected",
                  "bubble",
@@ -359,8 +358,8 @@ void Telemetry::BubbleDetected(int gpu, int64_t began_ns, int64_t announced_ns, 
                  began_ns,
                  ended_ns - began_ns,
                  false,
-                 {{"announced_ms", ms(announced_ns)},
-                  {"expected_ms", absl::StrCat(absl::ToDoubleMilliseconds(expected))},
+                 {{"announced_ms", ms(announced_ns - began_ns)},
+                  {"expected_ms", ms(absl::ToInt64Nanoseconds(expected))},
                   {"phase", phase}}});
 }
 void Telemetry::FillStepTime(int gpu, absl::Duration step_time) {

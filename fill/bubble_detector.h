@@ -5,16 +5,19 @@
 //   - a run of empty windows is an idle stretch; once it has lasted `confirm_windows` windows it
 //     is a bubble (a kernel launched just before may still be running: the conservative part of
 //     SpecInF's phases), announced from the stretch's first empty window; once the phase is
-//     kStable, an empty window where a bubble is due is announced at once;
+//     kStable, an empty window where a bubble is due is announced at once, and the monitor
+//     looks at the device where the next one is due (NextDueNs) rather than at the next
+//     window's end: a window there may be shorter than the others;
 //   - the stretches' starts and lengths give the main job's cycle: the period is the shift that
 //     maps most stretches onto a later one of about the same length, and the stretches fall
 //     into positions within it (PipeFill's cycle of bubbles, fill::BubbleCycle);
-//   - a bubble is given the time its position's past bubbles lasted (the shortest of the last
-//     five, less a window: an overrun delays the job), less what it already lasted when
-//     confirmed. Until the period is known nothing is given (the phase
-//     is kConservative: fill work would only guess); then half of that (kIncremental), and all
-//     of it once `stable_hits` bubbles in a row came where and as long as predicted (kStable).
-//     A prediction that misses drops back to kIncremental.
+//   - a bubble is given until the earliest of its position's last five ends, each moved on by
+//     the periods since: an end is seen at the window with the launch that ended it, never
+//     after the true one, so a job that repeats itself is not overrun (its jitter aside, which
+//     the earliest of five takes up). Until the period is known nothing is given (the phase
+//     is kConservative: fill work would only guess); then half of what is left (kIncremental),
+//     and all of it once `stable_hits` bubbles in a row came where and as long as predicted
+//     (kStable). A prediction that misses drops back to kIncremental.
 // A bubble ends at the first window with a launch. Not thread-safe; O(history^2) per stretch,
 // with a bounded history.
 #ifndef PSWITCH_FILL_BUBBLE_DETECTOR_H_
@@ -43,14 +46,17 @@ struct BubbleDetectorOptions {
   // Empty windows before an idle stretch is a bubble.
   int confirm_windows = 2;
   // Shorter idle stretches are gaps between kernels, not bubbles: neither announced nor learnt.
+  // (One window learns 1F1B's one-window stretches too, but they are found as one window or two
+  // by turns, and the misses keep the phase from kStable: bench-bubbles used less with it.)
   absl::Duration min_bubble = absl::Milliseconds(4);
   // How far (a share of the period, and at least two windows) a stretch may start from where a
   // position predicts it.
   double tolerance = 0.02;
   // Stretches kept to find the period and the positions.
   int history = 48;
-  // Predicted bubbles in a row that must come as predicted before the phase is kStable.
-  int stable_hits = 6;
+  // Predicted bubbles in a row that must come as predicted before the phase is kStable (a stage
+  // with one bubble a cycle needs as many cycles).
+  int stable_hits = 3;
   // An idle stretch this long is the job stopping (a restart, a checkpoint), not a bubble: what
   // was learnt is forgotten, and the job's cycle is found anew from what follows (a cycle
   // matched across such a gap would be off).
@@ -84,6 +90,9 @@ class BubbleDetector {
   Step Observe(const ActivityWindow& window);
 
   DetectionPhase phase() const;
+  // Once kStable, and outside a stretch: where the next bubble is due after `now_ns` (its
+  // position's start a period on), for the monitor to look there. nullopt otherwise.
+  std::optional<int64_t> NextDueNs(int64_t now_ns) const;
   // The period found (zero: none yet).
   absl::Duration period() const { return absl::Nanoseconds(period_ns_); }
   // The cycle of bubbles, as an instrumented job's profiler would register it, once a period is
@@ -105,6 +114,9 @@ class BubbleDetector {
   // How long a stretch starting at `start_ns` should last: the median of the ones a period, two,
   // ... before it; nullopt when fewer than two are.
   std::optional<int64_t> PredictLength(int64_t start_ns) const;
+  // When a stretch starting at `start_ns` should end (see the file's comment); nullopt when
+  // fewer than two of its position are known.
+  std::optional<int64_t> PredictEnd(int64_t start_ns) const;
   absl::Duration Expect(int64_t start_ns, int64_t now_ns) const;
 
   const BubbleDetectorOptions options_;

@@ -35,10 +35,16 @@ class Job {
           const auto [offset, length] = bubbles_[b];
           if (t >= offset * kMs && t < (offset + length) * kMs) idle = true;
         }
-        BubbleDetector::Step step =
-            detector.Observe({start_ns_ + t, start_ns_ + t + kWindow, idle ? 0u : 3u});
-        if (step.began) fed.began.push_back(*step.began);
-        if (step.ended) fed.ended.push_back(*step.ended);
+        // As the monitor does when asked to: a look a quarter window after a due bubble's
+        // start splits its window (asked just before the window: one due at its very start
+        // counts).
+        int64_t from = start_ns_ + t;
+        const std::optional<int64_t> due = detector.NextDueNs(from - 1);
+        if (look_where_due && due && *due + kWindow / 4 < from + kWindow) {
+          feed(detector, fed, {from, *due + kWindow / 4, idle ? 0u : 3u});
+          from = *due + kWindow / 4;
+        }
+        feed(detector, fed, {from, start_ns_ + t + kWindow, idle ? 0u : 3u});
       }
       for (size_t b = 0; b < bubbles_.size(); ++b) {
         if (it == skip_iteration && b == skip_index) continue;
@@ -49,10 +55,16 @@ class Job {
   }
 
  private:
+  static void feed(BubbleDetector& detector, Fed& fed, const ActivityWindow& window) {
+    BubbleDetector::Step step = detector.Observe(window);
+    if (step.began) fed.began.push_back(*step.began);
+    if (step.ended) fed.ended.push_back(*step.ended);
+  }
   const int64_t period_ns_;
 
  public:
   std::vector<std::pair<int64_t, int64_t>> bubbles_;  // changed between runs to disturb it
+  bool look_where_due = false;
 
  private:
   int64_t start_ns_ = 1'000 * kMs;
@@ -94,8 +106,9 @@ TEST(BubbleDetectorTest, APeriodicJobsBubblesAreFoundAndGivenTheirLengthOnceStab
   for (size_t i = n - 4; i < n; ++i) {
     EXPECT_EQ(fed.began[i].phase, DetectionPhase::kStable);
     const absl::Duration length = absl::Nanoseconds(fed.truth[i].second - fed.truth[i].first);
-    // Its length less the window the ending launch may lie in: never past its true end.
-    EXPECT_EQ(fed.began[i].expected, length - absl::Nanoseconds(kWindow)) << i;
+    // Until the end its position had a period before (seen at the launch that ended it, so
+    // never past the true end): here, where every end falls on a window's edge, all of it.
+    EXPECT_EQ(fed.began[i].expected, length) << i;
     EXPECT_LE(fed.began[i].began_ns + absl::ToInt64Nanoseconds(fed.began[i].expected),
               fed.truth[i].second);
   }
@@ -125,14 +138,34 @@ TEST(BubbleDetectorTest, AJobThatStopsForLongIsLearntAnew) {
   EXPECT_EQ(detector.period(), absl::ZeroDuration());
 }
 
-TEST(BubbleDetectorTest, GapsShorterThanTheConfirmationAreNeverBubbles) {
-  BubbleDetector detector{BubbleDetectorOptions{}};
+TEST(BubbleDetectorTest, GapsShorterThanMinBubbleAreNeverBubbles) {
+  BubbleDetector detector{BubbleDetectorOptions{}};  // 4 ms
   Job job(20, {{4, 2}, {12, 2}});  // one idle window each
   Fed fed;
   job.Run(detector, 20, fed);
   EXPECT_TRUE(fed.began.empty());
   EXPECT_TRUE(fed.ended.empty());
   EXPECT_EQ(detector.phase(), DetectionPhase::kConservative);
+}
+
+// With min_bubble at one window: one idle window is too short to confirm a bubble nobody
+// predicted (a kernel launched before it may still run), but a cycle of them is learnt, and once
+// stable each is filled at its look.
+TEST(BubbleDetectorTest, OneWindowBubblesAreFilledOnlyOnceStable) {
+  BubbleDetectorOptions options;
+  options.min_bubble = absl::Milliseconds(2);
+  BubbleDetector detector{options};
+  Job job(40, {{4, 2}, {12, 2}});
+  job.look_where_due = true;
+  Fed fed;
+  job.Run(detector, 30, fed);
+  EXPECT_EQ(detector.period(), absl::Milliseconds(40));
+  EXPECT_EQ(detector.phase(), DetectionPhase::kStable);
+  ASSERT_GT(fed.began.size(), 20u);
+  for (const BubbleDetector::Began& b : fed.began) {
+    EXPECT_EQ(b.phase, DetectionPhase::kStable);
+    EXPECT_EQ(b.expected, absl::Milliseconds(2));  // from its start, announced half a window in
+  }
 }
 
 TEST(BubbleDetectorTest, AMissedBubbleDropsTheConfidenceAndItComesBack) {
@@ -215,6 +248,34 @@ TEST(BubbleDetectorTest, AJitteringCycleIsStillFoundAndFilledWithinItsBubbles) {
   // The shortest of its position's last lengths less a window: overruns are rare (100 seeds:
   // 0.5 of 72 on average).
   EXPECT_LT(overruns * 10, filled) << overruns << " of " << filled;
+}
+
+// Once stable, the detector says where the next bubble is due; the monitor's look there makes a
+// short window, and an idle one is the bubble at once, from that window's start.
+TEST(BubbleDetectorTest, ADueBubbleIsAnnouncedAtTheLookWhereItIsDue) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  Job job(50, {{0, 12}, {30, 8}});
+  Fed fed;
+  job.Run(detector, 14, fed);
+  ASSERT_EQ(detector.phase(), DetectionPhase::kStable);
+  // The job's next iteration starts at its first bubble (offset 0).
+  const int64_t next_iteration = fed.truth.back().second + 12 * kMs;
+  EXPECT_EQ(detector.NextDueNs(next_iteration - 5 * kMs), next_iteration);
+  EXPECT_EQ(detector.NextDueNs(next_iteration + 1), next_iteration + 30 * kMs);
+  // Windows up to the iteration's end, busy; then a look 0.3 ms into the bubble, idle: announced
+  // there with all of its time, though under a window has passed.
+  EXPECT_FALSE(detector.Observe({next_iteration - 2 * kMs, next_iteration, 1}).began);
+  BubbleDetector::Step step = detector.Observe({next_iteration, next_iteration + 300'000, 0});
+  ASSERT_TRUE(step.began.has_value());
+  EXPECT_EQ(step.began->began_ns, next_iteration);
+  EXPECT_EQ(step.began->expected, absl::Milliseconds(12));
+  EXPECT_EQ(detector.NextDueNs(next_iteration + 300'000), std::nullopt) << "inside a stretch";
+  // Before stable, a short idle window confirms nothing: the stretch must last two windows.
+  BubbleDetector fresh{BubbleDetectorOptions{}};
+  EXPECT_EQ(fresh.NextDueNs(0), std::nullopt);
+  EXPECT_FALSE(fresh.Observe({0, 300'000, 0}).began);
+  EXPECT_FALSE(fresh.Observe({300'000, 2 * kMs, 0}).began);
+  EXPECT_TRUE(fresh.Observe({2 * kMs, 4 * kMs, 0}).began);
 }
 
 TEST(BubbleDetectorTest, AWindowOutOfOrderIsIgnored) {

@@ -135,6 +135,7 @@ double Share(int64_t part, int64_t whole) {
 
 void DetectionTotals::Add(const DetectionTotals& o) {
   truth_ns += o.truth_ns;
+  learnt_truth_ns += o.learnt_truth_ns;
   found_ns += o.found_ns;
   found_true_ns += o.found_true_ns;
   given_ns += o.given_ns;
@@ -145,6 +146,7 @@ double DetectionTotals::FoundPrecision() const { return Share(found_true_ns, fou
 double DetectionTotals::GivenPrecision() const { return Share(given_true_ns, given_ns); }
 double DetectionTotals::GivenRecall() const { return Share(given_true_ns, truth_ns); }
 double DetectionTotals::FoundRecall() const { return Share(found_true_ns, truth_ns); }
+double DetectionTotals::LearntRecall() const { return Share(given_true_ns, learnt_truth_ns); }
 
 DetectionTotals ScoreDetection(const std::vector<std::vector<TimeInterval>>& truth,
                                const std::vector<std::vector<FoundBubble>>& found,
@@ -158,6 +160,7 @@ DetectionTotals ScoreDetection(const std::vector<std::vector<TimeInterval>>& tru
       t.truth_ns += seen.back().end_ns - seen.back().begin_ns;
     }
     if (d >= found.size()) continue;
+    bool learnt = false;
     for (const FoundBubble& b : found[d]) {
       if (b.ended_ns > b.began_ns) {
         t.found_ns += b.ended_ns - b.began_ns;
@@ -165,6 +168,14 @@ DetectionTotals ScoreDetection(const std::vector<std::vector<TimeInterval>>& tru
       }
       const int64_t given_end = std::min(b.given_end_ns, b.ended_ns);
       if (given_end <= b.announced_ns) continue;
+      if (!learnt) {
+        learnt = true;
+        for (const TimeInterval& i : seen) {
+          if (i.end_ns > b.announced_ns) {
+            t.learnt_truth_ns += i.end_ns - std::max(i.begin_ns, b.announced_ns);
+          }
+        }
+      }
       t.given_ns += given_end - b.announced_ns;
       t.given_true_ns += Inside(seen, b.announced_ns, given_end);
       auto in = std::upper_bound(seen.begin(), seen.end(), b.announced_ns,

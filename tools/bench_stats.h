@@ -78,6 +78,7 @@ struct FoundBubble {
 // Sums, so runs add up: found = [began, ended]; given = [announced, min(given end, ended)].
 struct DetectionTotals {
   int64_t truth_ns = 0;
+  int64_t learnt_truth_ns = 0;              // the truth from each device's first given bubble on
   int64_t found_ns = 0, found_true_ns = 0;  // found, and the part of it inside the truth
   int64_t given_ns = 0, given_true_ns = 0;
   // Announcement less the start of the true bubble it fell in (given bubbles that fell in one).
@@ -87,6 +88,7 @@ struct DetectionTotals {
   double GivenPrecision() const;
   double GivenRecall() const;  // given_true / truth: the share of the job's idle time given
   double FoundRecall() const;
+  double LearntRecall() const;  // given_true / learnt_truth: once the detector gives time
 };
 // `truth` and `found` by device; a device's truth sorted by begin, not overlapping. Truth
 // counts from `from_ns` (the detector's first look) to the last truth bubble's end.

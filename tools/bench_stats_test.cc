@@ -134,11 +134,15 @@ TEST(ScoreDetectionTest, SharesOfTimeAndDelays) {
   EXPECT_DOUBLE_EQ(t.delay_ms[1], 500 / 1e6);
   EXPECT_DOUBLE_EQ(t.GivenRecall(), 460.0 / 1200);
   EXPECT_DOUBLE_EQ(t.GivenPrecision(), 460.0 / 490);
+  // From each device's first given bubble: 140-200 and 300-400, and 1500-2000.
+  EXPECT_EQ(t.learnt_truth_ns, 60 + 100 + 500);
+  EXPECT_DOUBLE_EQ(t.LearntRecall(), 460.0 / 660);
   // The truth before the detector first looked does not count.
   EXPECT_EQ(ScoreDetection(truth, found, /*from_ns=*/350).truth_ns, 50 + 1000);
   DetectionTotals sum = t;
   sum.Add(t);
   EXPECT_EQ(sum.given_true_ns, 2 * t.given_true_ns);
+  EXPECT_EQ(sum.learnt_truth_ns, 2 * t.learnt_truth_ns);
   EXPECT_EQ(sum.delay_ms.size(), 4u);
 }
 
