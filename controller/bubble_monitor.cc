@@ -74,35 +74,48 @@ void BubbleMonitor::Run() {
   const int64_t window_ns = absl::ToInt64Nanoseconds(options_.detector.window);
   int64_t next_ns = base::MonotonicNowNs() + window_ns;
   int64_t wake_ns = next_ns;
+  std::optional<int> look;  // the GPU a look where its bubble is due is for
   while (!stop_.WaitForNotificationWithTimeout(
       absl::Nanoseconds(std::max<int64_t>(0, wake_ns - base::MonotonicNowNs())))) {
     const int64_t now_ns = base::MonotonicNowNs();
-    Sample(now_ns);
-    // Late (a descheduled thread): the next window starts now, one window long; the late one
-    // is simply longer. A look where a bubble is due splits a window and keeps the grid.
-    if (now_ns >= next_ns) next_ns = std::max(next_ns + window_ns, now_ns + window_ns / 2);
+    if (look && now_ns < next_ns) {
+      Sample(now_ns, look);
+    } else {
+      Sample(now_ns);
+      // Late (a descheduled thread): the next window starts now, one window long; the late
+      // one is simply longer.
+      next_ns = std::max(next_ns + window_ns, now_ns + window_ns / 2);
+    }
+    // A look a quarter window after a due bubble's start, unless it would fall within a
+    // quarter window of the grid's next sample (which sees it as well).
     wake_ns = next_ns;
-    if (const std::optional<int64_t> due = NextDueNs(now_ns); due && *due < wake_ns) {
-      wake_ns = *due;
+    look.reset();
+    if (const std::optional<Due> due = NextDue(now_ns)) {
+      const int64_t at_ns = std::max(due->at_ns, now_ns) + window_ns / 4;
+      if (at_ns < next_ns - window_ns / 4) {
+        wake_ns = at_ns;
+        look = due->gpu;
+      }
     }
   }
 }
 
-void BubbleMonitor::Sample(int64_t now_ns) {
+std::optional<BubbleMonitor::Due> BubbleMonitor::NextDue(int64_t now_ns) const {
   absl::MutexLock lock(&mu_);
-  for (Gpu& g : gpus_) SampleGpu(g, now_ns);
-}
-
-std::optional<int64_t> BubbleMonitor::NextDueNs(int64_t now_ns) const {
-  absl::MutexLock lock(&mu_);
-  std::optional<int64_t> due;
+  std::optional<Due> due;
   for (const Gpu& g : gpus_) {
     if (!g.reader) continue;
-    if (const std::optional<int64_t> at = g.detector->NextDueNs(now_ns); at && *at > now_ns) {
-      due = due ? std::min(*due, *at) : *at;
-    }
+    const std::optional<int64_t> at = g.detector->NextDueNs(now_ns);
+    if (at && *at > now_ns && (!due || *at < due->at_ns)) due = Due{*at, g.index};
   }
   return due;
+}
+
+void BubbleMonitor::Sample(int64_t now_ns, std::optional<int> only_gpu) {
+  absl::MutexLock lock(&mu_);
+  for (Gpu& g : gpus_) {
+    if (!only_gpu || g.index == *only_gpu) SampleGpu(g, now_ns);
+  }
 }
 
 void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {
@@ -165,13 +178,14 @@ void BubbleMonitor::SampleGpu(Gpu& g, int64_t now_ns) {
     Reset(g, now_ns, counts.status());
     return;
   }
-  if (!g.last || now_ns <= g.last_ns) {
+  if (!g.last) {  // a page just opened: its first counts
     g.last = *counts;
     g.last_ns = now_ns;
     g.busy_epoch_ns = 0;
     g.last_live_busy = LiveBusy(g, counts->busy, now_ns);
     return;
   }
+  if (now_ns <= g.last_ns) return;  // no time has passed: no window
   // A window is busy when anything was launched in it, or a hold was under way at its start or
   // end (one long kernel, a synchronisation waiting for the device, or a hold across the
   // window). Counters that went back (a new page) count as activity.

@@ -65,12 +65,17 @@ class BubbleMonitor {
   BubbleMonitor(const BubbleMonitor&) = delete;
   BubbleMonitor& operator=(const BubbleMonitor&) = delete;
 
-  // Reads every page once, for the window that ends at `now_ns` (CLOCK_MONOTONIC).
-  void Sample(int64_t now_ns);
-  // The earliest time after `now_ns` a GPU's next bubble is due (fill::BubbleDetector::
-  // NextDueNs): the thread samples there too, so a due bubble is announced at its start, not at
-  // the end of the window it starts in. nullopt: none known.
-  std::optional<int64_t> NextDueNs(int64_t now_ns) const;
+  // Reads every page once (`only_gpu`: that GPU's), for the window that ends at `now_ns`
+  // (CLOCK_MONOTONIC).
+  void Sample(int64_t now_ns, std::optional<int> only_gpu = std::nullopt);
+  // The GPU whose next bubble is due first after `now_ns`, and when (fill::BubbleDetector::
+  // NextDueNs): the thread looks at that GPU a quarter window later too, so a due bubble is
+  // announced then, not at the end of the window it begins in. nullopt: none known.
+  struct Due {
+    int64_t at_ns = 0;
+    int gpu = 0;
+  };
+  std::optional<Due> NextDue(int64_t now_ns) const;
 
   struct GpuStats {
     int gpu = 0;

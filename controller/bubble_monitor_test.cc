@@ -168,21 +168,30 @@ TEST_F(BubbleMonitorTest, AbsentOrBrokenPagesAreReadAgainAndEndWhatTheyStarted) 
 TEST_F(BubbleMonitorTest, ALookWhereABubbleIsDueAnnouncesItThere) {
   std::unique_ptr<BubbleMonitor> monitor = Monitor();
   ASSERT_NE(monitor, nullptr);
-  EXPECT_EQ(monitor->NextDueNs(t_ns_), std::nullopt) << "no page read yet";
+  EXPECT_FALSE(monitor->NextDue(t_ns_).has_value()) << "no page read yet";
   auto job = gpu::ActivityWriter::Open(path_);
   ASSERT_TRUE(job.ok()) << job.status();
   RunJob(*monitor, **job, 20);
   ASSERT_EQ(monitor->Stats()[0].phase, fill::DetectionPhase::kStable);
   // The job's next iteration begins idle, now.
-  const std::optional<int64_t> due = monitor->NextDueNs(t_ns_ - kMs);
+  const std::optional<BubbleMonitor::Due> due = monitor->NextDue(t_ns_ - kMs);
   ASSERT_TRUE(due.has_value());
-  EXPECT_LE(std::llabs(*due - t_ns_), kMs) << (*due - t_ns_);
+  EXPECT_EQ(due->gpu, 3);
+  EXPECT_LE(std::llabs(due->at_ns - t_ns_), kMs) << (due->at_ns - t_ns_);
   const size_t begins = sink_.begins.size();
-  monitor->Sample(std::max(*due, t_ns_) + kMs / 4);
+  // A look of a few microseconds proves nothing (a GPU may still run what was queued)...
+  monitor->Sample(t_ns_ + 10'000, 3);
+  EXPECT_EQ(sink_.begins.size(), begins);
+  // ...one a quarter window in announces it, with all of its time.
+  monitor->Sample(std::max(due->at_ns, t_ns_) + kMs / 2, 3);
   ASSERT_EQ(sink_.begins.size(), begins + 1);
   EXPECT_EQ(sink_.begins.back().began_ns, t_ns_);
   EXPECT_GE(sink_.begins.back().expected, absl::Milliseconds(11));
   EXPECT_LE(sink_.begins.back().expected, absl::Milliseconds(12));
+  // A look for another GPU reads nothing of this one.
+  const uint64_t windows = monitor->Stats()[0].windows;
+  monitor->Sample(t_ns_ + kMs, 0);
+  EXPECT_EQ(monitor->Stats()[0].windows, windows);
 }
 
 // A job killed in a hold (or, on CUDA, in a synchronisation) leaves the page's busy count raised

@@ -83,16 +83,16 @@ BubbleDetector::Step BubbleDetector::Observe(const ActivityWindow& window) {
   if (window.launches == 0) {
     if (!idle_since_ns_) {
       idle_since_ns_ = window.start_ns;
-      idle_windows_ = 0;
       announced_ = false;
     }
-    ++idle_windows_;
-    // Once stable, an idle window where a bubble is due is that bubble at once (SpecInF's stable
-    // phase); otherwise a stretch must last confirm_windows first (in time: the monitor's look
-    // where a bubble is due makes a shorter window).
-    const bool due = idle_windows_ == 1 && phase() == DetectionPhase::kStable &&
+    // Once stable, idle where a bubble is due is that bubble at once (SpecInF's stable phase),
+    // after a quarter window (a look a few microseconds long proves nothing on a GPU, where
+    // kernels queued before may still run); otherwise a stretch must last confirm_windows
+    // (in time: the monitor's look where a bubble is due makes a shorter window).
+    const int64_t idle_ns = window.end_ns - *idle_since_ns_;
+    const bool due = idle_ns >= window_ns_ / 4 && phase() == DetectionPhase::kStable &&
                      PredictEnd(*idle_since_ns_).has_value();
-    const bool confirmed = window.end_ns - *idle_since_ns_ >= options_.confirm_windows * window_ns_;
+    const bool confirmed = idle_ns >= options_.confirm_windows * window_ns_;
     if (!announced_ && (due || confirmed)) {
       announced_ = true;
       ++bubbles_;
@@ -236,6 +236,8 @@ std::optional<int64_t> BubbleDetector::PredictEnd(int64_t start_ns) const {
     }
   }
   if (found < 2) return std::nullopt;
+  // A period estimated a little long moves older ends later, and the earliest is then the
+  // newest's: one period's error, not five.
   return earliest;
 }
 

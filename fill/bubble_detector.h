@@ -5,8 +5,8 @@
 //   - a run of empty windows is an idle stretch; once it has lasted `confirm_windows` windows it
 //     is a bubble (a kernel launched just before may still be running: the conservative part of
 //     SpecInF's phases), announced from the stretch's first empty window; once the phase is
-//     kStable, an empty window where a bubble is due is announced at once, and the monitor
-//     looks at the device where the next one is due (NextDueNs) rather than at the next
+//     kStable, a stretch where a bubble is due is announced once it has lasted a quarter
+//     window, and the monitor looks at the device then (NextDueNs) rather than at the next
 //     window's end: a window there may be shorter than the others;
 //   - the stretches' starts and lengths give the main job's cycle: the period is the shift that
 //     maps most stretches onto a later one of about the same length, and the stretches fall
@@ -123,7 +123,6 @@ class BubbleDetector {
   const int64_t window_ns_;
   int64_t last_end_ns_ = INT64_MIN;
   std::optional<int64_t> idle_since_ns_;
-  int64_t idle_windows_ = 0;
   bool announced_ = false;
   std::deque<Stretch> history_;  // oldest first
   int64_t period_ns_ = 0;

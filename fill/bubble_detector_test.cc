@@ -262,14 +262,17 @@ TEST(BubbleDetectorTest, ADueBubbleIsAnnouncedAtTheLookWhereItIsDue) {
   const int64_t next_iteration = fed.truth.back().second + 12 * kMs;
   EXPECT_EQ(detector.NextDueNs(next_iteration - 5 * kMs), next_iteration);
   EXPECT_EQ(detector.NextDueNs(next_iteration + 1), next_iteration + 30 * kMs);
-  // Windows up to the iteration's end, busy; then a look 0.3 ms into the bubble, idle: announced
-  // there with all of its time, though under a window has passed.
+  // Windows up to the iteration's end, busy; a look 0.1 ms into the bubble proves nothing yet
+  // (a GPU may still run what was queued); one at 0.6 ms, idle, announces it with all of its
+  // time, though under a window has passed.
   EXPECT_FALSE(detector.Observe({next_iteration - 2 * kMs, next_iteration, 1}).began);
-  BubbleDetector::Step step = detector.Observe({next_iteration, next_iteration + 300'000, 0});
+  EXPECT_FALSE(detector.Observe({next_iteration, next_iteration + 100'000, 0}).began);
+  BubbleDetector::Step step =
+      detector.Observe({next_iteration + 100'000, next_iteration + 600'000, 0});
   ASSERT_TRUE(step.began.has_value());
   EXPECT_EQ(step.began->began_ns, next_iteration);
   EXPECT_EQ(step.began->expected, absl::Milliseconds(12));
-  EXPECT_EQ(detector.NextDueNs(next_iteration + 300'000), std::nullopt) << "inside a stretch";
+  EXPECT_EQ(detector.NextDueNs(next_iteration + 600'000), std::nullopt) << "inside a stretch";
   // Before stable, a short idle window confirms nothing: the stretch must last two windows.
   BubbleDetector fresh{BubbleDetectorOptions{}};
   EXPECT_EQ(fresh.NextDueNs(0), std::nullopt);

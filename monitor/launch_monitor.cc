@@ -8,8 +8,18 @@
 //     call: libcudart may be loaded long after this library). A graph launch counts once, however
 //     many kernels it runs; and launches the runtime makes through driver entry points it looked
 //     up itself (cuGetProcAddress) are not seen: cudaLaunchKernel is what they come through.
-//   - On the launch path: an atomic load, a relaxed atomic add on a mapped page, the call. No
-//     allocation, no lock, no system call (but the one-time dlsym of each function).
+//   - Synchronisations: cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+//     cudaMemcpy (it waits for the work before it), cuCtxSynchronize, cuStreamSynchronize and
+//     cuEventSynchronize. A job waiting in one waits for its device, which is busy though
+//     nothing is launched (a stage that queued a whole pass and waits for it): each raises the
+//     page's count of holds under way while it waits, and counts a launch when it waited
+//     kSyncBusyNs or more (one that returns at once waited for nothing). The cost: a job whose
+//     host waits in a synchronisation through its bubbles (a stream waiting on another GPU's
+//     data) has those bubbles hidden; a false bubble would slow the job, a hidden one only
+//     leaves it unfilled (such a job can call the bubble instruction instead).
+//   - On the launch path: an atomic load, a relaxed atomic add on a mapped page, the call (and
+//     around a synchronisation two clock reads, vDSO calls). No allocation, no lock, no system
+//     call (but the one-time dlsym of each function).
 //   - Without the variable, or with a file that cannot be opened or mapped, nothing is counted
 //     and every call passes through unchanged: the job behaves as without the library, and
 //     pswitchd being absent or restarting changes nothing for it.

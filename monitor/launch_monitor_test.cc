@@ -1,5 +1,7 @@
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -12,6 +14,14 @@
 namespace pswitch {
 namespace {
 
+// What `out` gives until its end.
+std::string ReadAll(FILE* out) {
+  std::string text;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof(buffer), out) != nullptr) text += buffer;
+  return text;
+}
+
 // Runs the stub caller (7 entry points, `n` times each; `mode` "sync": the synchronisations)
 // with `env` set; its output line.
 std::string RunCaller(const std::string& env, int n, int* rc, const std::string& mode = "") {
@@ -19,9 +29,7 @@ std::string RunCaller(const std::string& env, int n, int* rc, const std::string&
       absl::StrCat(env, " ", PSWITCH_STUB_CALLER, " ", n, " ", mode, " 2>&1");
   FILE* out = ::popen(command.c_str(), "r");
   if (out == nullptr) return "popen failed";
-  std::string text;
-  char buffer[256];
-  while (std::fgets(buffer, sizeof(buffer), out) != nullptr) text += buffer;
+  std::string text = ReadAll(out);
   *rc = ::pclose(out);
   return text;
 }
@@ -64,17 +72,26 @@ TEST_F(LaunchMonitorTest, EveryLaunchIsCountedAndStillReachesTheRealFunction) {
 // real function.
 TEST_F(LaunchMonitorTest, SynchronisationsThatWaitCountAsActivity) {
   int rc = -1;
-  EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=0", 3, &rc, "sync"), "calls=21 failed=0\n");
-  EXPECT_EQ(rc, 0);
-  absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(page_);
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  EXPECT_EQ(reader->Read()->busy, 0u);
-  const uint64_t quick = reader->Read()->launches;
-  // Returning at once is a few hundred nanoseconds: a loaded machine may stretch one or two.
-  EXPECT_LE(quick, 2u);
+  absl::StatusOr<gpu::ActivityReader> reader = absl::NotFoundError("not yet");
+  // Returning at once is well under a microsecond (symbols bound at start: nothing resolved
+  // inside the timed call); the fewest of three runs, so that a preemption inside one call on a
+  // loaded machine does not count.
+  uint64_t quick = UINT64_MAX, before = 0;
+  for (int run = 0; run < 3; ++run) {
+    EXPECT_EQ(RunCaller(Preloaded(page_) + " LD_BIND_NOW=1 STUB_SYNC_US=0", 3, &rc, "sync"),
+              "calls=21 failed=0\n");
+    EXPECT_EQ(rc, 0);
+    if (!reader.ok()) reader = gpu::ActivityReader::Open(page_);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ(reader->Read()->busy, 0u);
+    const uint64_t now = reader->Read()->launches;
+    quick = std::min(quick, now - before);
+    before = now;
+  }
+  EXPECT_EQ(quick, 0u);
   EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=1000", 2, &rc, "sync"),
             "calls=14 failed=0\n");
-  EXPECT_EQ(reader->Read()->launches, quick + 14);
+  EXPECT_EQ(reader->Read()->launches, before + 14);
   EXPECT_EQ(reader->Read()->busy, 0u);
 }
 
@@ -94,9 +111,7 @@ TEST_F(LaunchMonitorTest, AWaitingSynchronisationIsAHoldUnderWay) {
     if (!seen) ::usleep(1000);
   }
   EXPECT_TRUE(seen) << "the waiting synchronisation never showed as busy";
-  std::string text;
-  char buffer[256];
-  while (std::fgets(buffer, sizeof(buffer), out) != nullptr) text += buffer;
+  const std::string text = ReadAll(out);
   EXPECT_EQ(::pclose(out), 0);
   EXPECT_EQ(text, "calls=7 failed=0\n");
   absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(page_);

@@ -113,6 +113,7 @@ ABSL_FLAG(std::string, device, "",
 ABSL_FLAG(std::string, backend, "host", "pswitchd's --backend");
 ABSL_FLAG(double, target_increase_pct, 1, "target: median main-job increase at most this");
 ABSL_FLAG(double, target_used_pct, 80, "target: at least this share of bubble time used");
+ABSL_FLAG(double, detect_window_ms, 2, "the detected arm's pswitchd --detect-window-ms");
 ABSL_FLAG(double, target_detected_increase_pct, 1.5,
           "target of the detected arm: median main-job increase at most this");
 ABSL_FLAG(double, target_detected_used_pct, 70,
@@ -132,8 +133,9 @@ namespace {
 constexpr int kStages = 4;
 constexpr uint64_t kFreeBytes = 256ull << 20;
 constexpr double kLevel = 0.95;
-// The detected arm's extra warm-up iterations: the detector needs three cycles and eight
-// matching bubbles before it fills (fill::BubbleDetector).
+// The detected arm's extra warm-up iterations: the detector needs three cycles and seven
+// mapped stretches before it fills, and three predictions that held to fill all of each bubble
+// (fill::BubbleDetector).
 constexpr int kDetectionWarmup = 10;
 // Where a detected run's pipetrain writes its own bubbles (--bubble-log), in the run's dir.
 constexpr char kTruthLog[] = "truth-bubbles.txt";
@@ -360,6 +362,7 @@ class FillService {
     if (!devices.empty()) {
       args.push_back("--detect-bubbles");
       args.push_back(absl::StrCat("--detected-bubble-free-bytes=", kFreeBytes));
+      args.push_back(absl::StrCat("--detect-window-ms=", absl::GetFlag(FLAGS_detect_window_ms)));
       // The daemon (and its workers' fill steps) take the private devices.
       ::setenv("PSWITCH_HOST_DEVICE_DIR", devices.c_str(), 1);
     }
@@ -590,22 +593,29 @@ absl::StatusOr<std::vector<std::vector<tools::FoundBubble>>> FetchFound(int http
                                                                         int64_t from_ns) {
   httplib::Client http("127.0.0.1", http_port);
   http.set_read_timeout(30, 0);
+  // The trace keeps the last 600 s (and its newest events): a longer run would lose its first
+  // bubbles and score worse than it is.
   const int64_t seconds = (base::MonotonicNowNs() - from_ns) / 1'000'000'000 + 2;
-  auto r = http.Get(absl::StrCat("/v1/trace?seconds=", std::min<int64_t>(seconds, 600)));
+  if (seconds > 600) {
+    return absl::OutOfRangeError("a detected run over 598 s: its trace no longer holds it all");
+  }
+  auto r = http.Get(absl::StrCat("/v1/trace?seconds=", seconds));
   if (!r) return absl::UnavailableError("GET /v1/trace: no answer");
   if (r->status != 200) {
     return absl::UnavailableError(absl::StrCat("GET /v1/trace: HTTP ", r->status, ": ", r->body));
   }
   const nlohmann::json trace = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
-  if (!trace.is_object() || !trace.contains("otherData") || !trace.contains("traceEvents")) {
+  if (!trace.is_object() || !trace.contains("otherData") || !trace["otherData"].is_object() ||
+      !trace["otherData"].contains("origin_ns") || !trace["otherData"]["origin_ns"].is_number() ||
+      !trace.contains("traceEvents") || !trace["traceEvents"].is_array()) {
     return absl::DataLossError("GET /v1/trace: not a trace with its clock's origin");
   }
-  const double origin_ns = trace["otherData"].value("origin_ns", 0.0);
+  const double origin_ns = trace["otherData"]["origin_ns"].get<double>();
   std::vector<std::vector<tools::FoundBubble>> found(kStages);
   for (const nlohmann::json& e : trace["traceEvents"]) {
-    if (e.value("cat", "") != "detected" || e.value("ph", "") != "X") continue;
+    if (!e.is_object() || e.value("cat", "") != "detected" || e.value("ph", "") != "X") continue;
     const int gpu = e.value("pid", -1);
-    if (gpu < 0 || gpu >= kStages || !e.contains("args")) continue;
+    if (gpu < 0 || gpu >= kStages || !e.contains("args") || !e["args"].is_object()) continue;
     double announced_ms = 0, expected_ms = 0;
     if (!absl::SimpleAtod(e["args"].value("announced_ms", ""), &announced_ms) ||
         !absl::SimpleAtod(e["args"].value("expected_ms", ""), &expected_ms)) {
@@ -1036,9 +1046,10 @@ absl::Status Report(const std::vector<ConfigRuns>& all, const std::vector<Arm>& 
         "found = idle stretches the detector announced, from their first empty window to the "
         "job's next activity; given = announcement to the end it was given; precision = share "
         "inside the job's bubbles; recall = share of the job's bubble time (learning included); "
-        "delay = announcement after the true bubble's start\n");
-    std::printf("%-8s %9s %9s %9s %9s %11s %11s %8s\n", "config", "found P", "found R", "given P",
-                "given R", "delay p50", "delay p95", "bubbles");
+        "learnt R = given recall from each device's first given bubble on; delay = announcement "
+        "after the true bubble's start\n");
+    std::printf("%-8s %9s %9s %9s %9s %10s %11s %11s %8s\n", "config", "found P", "found R",
+                "given P", "given R", "learnt R", "delay p50", "delay p95", "bubbles");
     for (const ConfigRuns& r : all) {
       tools::DetectionTotals t;
       for (const DetectedRun& d : r.detected) t.Add(d.score);

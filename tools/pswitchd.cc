@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -176,6 +177,9 @@ ABSL_FLAG(std::string, activity_dir, "",
           "CUDA with --detect-bubbles: the directory of the jobs' activity pages, "
           "activity-gpu<N> for GPU N (required there: only those who may write it can make "
           "pswitchd see bubbles)");
+ABSL_FLAG(double, detect_window_ms, 2,
+          "--detect-bubbles: the window activity is counted in (SpecInF: 2 ms); a bubble is "
+          "found a window or so late, and one shorter than two windows is not learnt");
 ABSL_FLAG(uint64_t, detected_bubble_free_bytes, uint64_t{1} << 40,
           "--detect-bubbles: the device memory each found bubble announces as free to fill jobs "
           "(the job's own memory is not seen; fill work runs in pswitchd's arena)");
@@ -778,6 +782,15 @@ int Main() {
     controller::BubbleMonitorOptions monitor;
     monitor.free_bytes = absl::GetFlag(FLAGS_detected_bubble_free_bytes);
     monitor.telemetry = telemetry.get();
+    const double window_ms = absl::GetFlag(FLAGS_detect_window_ms);
+    if (!(window_ms > 0 && window_ms <= 100)) {
+      StartFailed("--detect-window-ms must be in (0, 100]");
+      return 2;
+    }
+    monitor.detector.window = absl::Microseconds(std::llround(window_ms * 1000));
+    // Stretches of one window are found as one or two by turns, and keep the phase from
+    // stable: two windows (the default's 4 ms at 2 ms).
+    monitor.detector.min_bubble = 2 * monitor.detector.window;
     const std::string dir = absl::GetFlag(FLAGS_activity_dir);
     if (options.device.backend == gpu::Backend::kCuda && dir.empty()) {
       StartFailed("--detect-bubbles on CUDA needs --activity-dir (where jobs' monitors write)");
