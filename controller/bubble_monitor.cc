@@ -116,6 +116,20 @@ void BubbleMonitor::Sample(int64_t now_ns, std::optional<int> only_gpu) {
   for (Gpu& g : gpus_) {
     if (!only_gpu || g.index == *only_gpu) SampleGpu(g, now_ns);
   }
+  // A pipeline's stages share their period: each GPU's found one is a hint to the others
+  // (fill::BubbleDetector::SetPeriodHints).
+  for (Gpu& g : gpus_) {
+    std::vector<int64_t> others;
+    for (const Gpu& other : gpus_) {
+      if (&other != &g && other.reader && other.detector->period() > absl::ZeroDuration()) {
+        others.push_back(absl::ToInt64Nanoseconds(other.detector->period()));
+      }
+    }
+    if (others != g.hints) {
+      g.hints = others;
+      g.detector->SetPeriodHints(std::move(others));
+    }
+  }
 }
 
 void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {
@@ -127,6 +141,7 @@ void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {
   g.reader.reset();
   g.last.reset();
   g.detector = std::make_unique<fill::BubbleDetector>(options_.detector);
+  g.hints.clear();
   g.next_open_ns = now_ns + kReopenNs;
 }
 

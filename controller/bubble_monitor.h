@@ -100,6 +100,7 @@ class BubbleMonitor {
     uint64_t last_live_busy = 0;  // LiveBusy at the last sample
     int64_t last_ns = 0;
     std::unique_ptr<fill::BubbleDetector> detector;
+    std::vector<int64_t> hints;  // the other GPUs' periods, as last given to `detector`
     std::optional<fill::BubbleCycle> registered;
     bool in_bubble = false;  // announced to the sink, not yet ended
     // The bubble in_bubble names: its idle start, announcement and time given from its start.

@@ -194,6 +194,38 @@ TEST_F(BubbleMonitorTest, ALookWhereABubbleIsDueAnnouncesItThere) {
   EXPECT_EQ(monitor->Stats()[0].windows, windows);
 }
 
+// Two stages of one pipeline on two GPUs: the one with a bubble a cycle learns its period from
+// the other's, in fewer cycles than it would alone.
+TEST_F(BubbleMonitorTest, AGpuLearnsItsPeriodFromAnotherGpusSooner) {
+  const std::string other = path_ + "-other";
+  std::remove(other.c_str());
+  BubbleMonitorOptions options;
+  options.pages = {{3, path_}, {4, other}};
+  auto monitor = BubbleMonitor::Manual(options, &sink_);
+  ASSERT_TRUE(monitor.ok()) << monitor.status();
+  auto busy_stage = gpu::ActivityWriter::Open(path_);
+  auto one_bubble_stage = gpu::ActivityWriter::Open(other);
+  ASSERT_TRUE(busy_stage.ok() && one_bubble_stage.ok());
+  // 50 ms cycles: GPU 3 idle at 0-12 and 30-38 ms, GPU 4 at 20-40 ms only.
+  int learnt_at = 0;
+  for (int it = 1; it <= 12 && learnt_at == 0; ++it) {
+    for (int64_t w = 0; w < 25; ++w) {
+      const int64_t at_ms = w * 2;
+      if (!((at_ms < 12) || (at_ms >= 30 && at_ms < 38)))
+        (*busy_stage)->BeginBusy(), (*busy_stage)->EndBusy();
+      if (!(at_ms >= 20 && at_ms < 40))
+        (*one_bubble_stage)->BeginBusy(), (*one_bubble_stage)->EndBusy();
+      (*monitor)->Sample(t_ns_ += 2 * kMs);
+    }
+    if ((*monitor)->Stats()[1].period > absl::ZeroDuration()) learnt_at = it;
+  }
+  std::remove(other.c_str());
+  EXPECT_GT(learnt_at, 0);
+  EXPECT_LE(learnt_at, 6) << "alone it takes eight cycles";
+  EXPECT_LE(absl::AbsDuration((*monitor)->Stats()[1].period - absl::Milliseconds(50)),
+            absl::Milliseconds(1));
+}
+
 // A job killed in a hold (or, on CUDA, in a synchronisation) leaves the page's busy count raised
 // for good; the job restarted on the same page must not look busy for ever: a level held through
 // a whole epoch (5 s) is taken as stale, and the job's bubbles are found again after it.

@@ -16,6 +16,9 @@ constexpr double kTakeScore = 0.9;
 // stretches map by chance (at 6, 1 of 400 seeds of AJobWithoutACycleIsNeverFilled did; at 7,
 // none).
 constexpr int kMinMapped = 7;
+// Fewer for a period another device's detector found (SetPeriodHints): two devices agreeing is
+// no chance, and a pipeline's stage with one bubble a cycle would need seven cycles otherwise.
+constexpr int kMinMappedHinted = 3;
 constexpr double kKeepScore = 0.7;
 }  // namespace
 
@@ -135,7 +138,7 @@ void BubbleDetector::FindPeriod() {
     double score = 0;
     int64_t period_ns = 0;
   };
-  auto fit = [this](int64_t p) -> Fit {
+  auto fit = [this](int64_t p, int min_mapped) -> Fit {
     const int64_t tolerance = ToleranceNs(p);
     const int64_t newest = history_.back().start_ns;
     // Three cycles at least, to tell a cycle from chance: a shift near the history's span maps
@@ -157,25 +160,24 @@ void BubbleDetector::FindPeriod() {
         }
       }
     }
-    if (could < kMinMapped || matched == 0) return {};
+    if (could < min_mapped || matched == 0) return {};
     return {static_cast<double>(matched) / could, shifts / matched};
   };
-  if (history_.size() < kMinStretches) {
-    period_ns_ = 0;
-    return;
-  }
   // Candidates: from a recent stretch back to an earlier one of about its length. The best
   // supported wins; among about equals the shortest (a multiple of the period scores as well).
   Fit best;
-  for (size_t recent = history_.size() - std::min<size_t>(3, history_.size());
-       recent < history_.size(); ++recent) {
+  // Too few stretches to search: only a hint may be taken.
+  const size_t first_recent = history_.size() < kMinStretches
+                                  ? history_.size()
+                                  : history_.size() - std::min<size_t>(3, history_.size());
+  for (size_t recent = first_recent; recent < history_.size(); ++recent) {
     for (size_t i = 0; i < recent; ++i) {
       if (!SimilarLength(history_[i].length_ns, history_[recent].length_ns)) continue;
       const int64_t p = history_[recent].start_ns - history_[i].start_ns;
       if (p < 2 * window_ns_) continue;
-      Fit f = fit(p);
+      Fit f = fit(p, kMinMapped);
       if (f.score < kTakeScore) continue;
-      f = std::max(fit(f.period_ns), f,
+      f = std::max(fit(f.period_ns, kMinMapped), f,
                    [](const Fit& x, const Fit& y) { return x.score < y.score; });
       if (best.period_ns == 0 || f.score > best.score + 0.05 ||
           (f.score >= best.score - 0.05 && f.period_ns < best.period_ns)) {
@@ -183,20 +185,37 @@ void BubbleDetector::FindPeriod() {
       }
     }
   }
+  // Else another device's period that maps this one's stretches.
+  bool from_hint = false;
+  if (best.period_ns == 0) {
+    for (const int64_t p : hints_) {
+      const Fit f = fit(p, kMinMappedHinted);
+      if (f.score >= kTakeScore && f.score > best.score) {
+        best = f;
+        from_hint = true;
+      }
+    }
+  }
   // The period kept while it still holds (a round's best may be a multiple of it), refined to
   // its matches' mean shift, replaced by a shorter one that holds, or dropped once it no longer
   // holds.
-  Fit current = period_ns_ != 0 ? fit(period_ns_) : Fit{};
+  Fit current = period_ns_ != 0 ? fit(period_ns_, hinted_ ? kMinMappedHinted : kMinMapped) : Fit{};
   if (best.period_ns != 0 &&
       (current.score < kKeepScore || best.period_ns < period_ns_ - ToleranceNs(period_ns_))) {
     period_ns_ = best.period_ns;
+    hinted_ = from_hint;
     hits_ = 0;  // a new period earns its confidence anew
   } else if (current.score >= kKeepScore) {
     period_ns_ = current.period_ns;
   } else {
     period_ns_ = 0;
+    hinted_ = false;
     hits_ = 0;
   }
+}
+
+void BubbleDetector::SetPeriodHints(std::vector<int64_t> periods_ns) {
+  hints_ = std::move(periods_ns);
 }
 
 std::optional<int64_t> BubbleDetector::PredictLength(int64_t start_ns) const {

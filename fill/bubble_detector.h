@@ -95,6 +95,11 @@ class BubbleDetector {
   std::optional<int64_t> NextDueNs(int64_t now_ns) const;
   // The period found (zero: none yet).
   absl::Duration period() const { return absl::Nanoseconds(period_ns_); }
+  // Periods other devices' detectors found (a pipeline's stages share theirs). One that maps
+  // this device's stretches as a found period must is taken from three mapped stretches instead
+  // of seven: two devices agreeing is no chance, and a stage with one bubble a cycle learns in
+  // four cycles instead of eight. Looked at when a stretch ends.
+  void SetPeriodHints(std::vector<int64_t> periods_ns);
   // The cycle of bubbles, as an instrumented job's profiler would register it, once a period is
   // known (not kConservative); `free_bytes` for every bubble (the job's memory is not seen).
   std::optional<BubbleCycle> Cycle(int64_t free_bytes) const;
@@ -127,6 +132,8 @@ class BubbleDetector {
   std::deque<Stretch> history_;  // oldest first
   int64_t period_ns_ = 0;
   int hits_ = 0;  // predicted stretches in a row that came as predicted
+  std::vector<int64_t> hints_;
+  bool hinted_ = false;  // period_ns_ came from a hint (kept on the evidence it was taken on)
   uint64_t bubbles_ = 0;
 };
 

@@ -281,6 +281,32 @@ TEST(BubbleDetectorTest, ADueBubbleIsAnnouncedAtTheLookWhereItIsDue) {
   EXPECT_TRUE(fresh.Observe({2 * kMs, 4 * kMs, 0}).began);
 }
 
+// A pipeline's stage with one bubble a cycle: alone, its detector needs seven mapped stretches;
+// with the period another device found as a hint, three. A hint that does not map this job's
+// stretches changes nothing.
+TEST(BubbleDetectorTest, AnotherDevicesPeriodIsTakenOnLessEvidence) {
+  auto cycles_to_period = [](std::vector<int64_t> hints) {
+    BubbleDetector detector{BubbleDetectorOptions{}};
+    detector.SetPeriodHints(std::move(hints));
+    Job job(50, {{0, 20}});
+    Fed fed;
+    for (int it = 1; it <= 20; ++it) {
+      job.Run(detector, 1, fed);
+      if (detector.period() != absl::ZeroDuration()) {
+        EXPECT_EQ(detector.period(), absl::Milliseconds(50));
+        return it;
+      }
+    }
+    return 0;
+  };
+  const int alone = cycles_to_period({});
+  const int hinted = cycles_to_period({50 * kMs});
+  const int wrong = cycles_to_period({37 * kMs});
+  EXPECT_GE(alone, 8);
+  EXPECT_LE(hinted, 5);
+  EXPECT_EQ(wrong, alone);
+}
+
 TEST(BubbleDetectorTest, AWindowOutOfOrderIsIgnored) {
   BubbleDetector detector{BubbleDetectorOptions{}};
   detector.Observe({10 * kMs, 12 * kMs, 0});

@@ -494,6 +494,7 @@ start_daemon() {
   for _ in $(seq 1 300); do
     if grep -q 'event=serving' "$log" 2>/dev/null; then
       daemon_port="$(sed -n 's/.*event=started.* port=\([0-9]*\).*/\1/p' "$log" | head -1)"
+      daemon_http_port="$(sed -n 's/.*event=started.* http_port=\([0-9]*\).*/\1/p' "$log" | head -1)"
       break
     fi
     kill -0 "$daemon_pid" 2>/dev/null || break
@@ -907,10 +908,15 @@ cmd_detect() {
         --memory-bytes $((1 << 20)) >"$d/job.txt" 2>&1 ) &
     local submitter=$!
     LD_PRELOAD="$monitor" PSWITCH_ACTIVITY_FILE="$d/pages/activity-gpu0" \
-      timeout 90 "$bin/pipetrain" "${main_args[@]}" --json="$d/detect-$r.json" >"$d/detect-$r.out" 2>&1 ||
+      timeout 90 "$bin/pipetrain" "${main_args[@]}" --json="$d/detect-$r.json" \
+      --bubble-log="$d/truth.txt" >"$d/detect-$r.out" 2>&1 ||
       { echo "pipetrain with detection failed:"; tail -5 "$d/detect-$r.out"; }
     wait "$submitter"
   done
+  # The bubbles found (the trace's "detected" track), to score against the job's own.
+  [ -n "${daemon_http_port:-}" ] &&
+    "$bin/pswitchctl" trace --http="127.0.0.1:$daemon_http_port" --seconds=600 \
+      --out="$d/trace.json" >/dev/null 2>&1
   cat "$d/job.txt" 2>/dev/null
   "${ctl[@]}" fill stats | tee "$d/stats.txt"
   grep -E 'event=(bubble_cycle_detected|bubble_monitor_page)' "$d/pswitchd.log" | head -6
@@ -941,6 +947,37 @@ if not pairs or not stats:
 inc = statistics.median(100 * (f / a - 1) for a, f in pairs)
 used = 100 * float(stats.get("fill_step_ms", 0)) / 1000 / idle_s if idle_s else 0
 met = inc <= 1.5 and used >= 70
+# Found against the job's own bubbles (stage 0 = GPU 0): shares of time inside them, and the
+# announcement's delay after a true bubble's start.
+truth, found_b = [], []
+try:
+    for line in open(f"{d}/truth.txt"):
+        s, b, e = line.split()
+        if s == "0":
+            truth.append((int(b), int(e)))
+    trace = json.load(open(f"{d}/trace.json"))
+    origin = trace["otherData"]["origin_ns"]
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "detected" and e.get("ph") == "X" and e.get("pid") == 0:
+            began = origin + e["ts"] * 1e3
+            found_b.append((began, began + float(e["args"]["announced_ms"]) * 1e6,
+                            began + float(e["args"]["expected_ms"]) * 1e6, began + e["dur"] * 1e3))
+except (OSError, ValueError, KeyError) as err:
+    print(f"detection not scored: {err}")
+truth.sort()
+def inside(b, e):
+    return sum(max(0, min(e, te) - max(b, tb)) for tb, te in truth)
+if truth and found_b:
+    first = min(f[0] for f in found_b)
+    truth_ns = sum(e - b for b, e in truth if e > first)
+    given = [(a, min(g, end)) for _, a, g, end in found_b if min(g, end) > a]
+    given_ns = sum(e - b for b, e in given)
+    given_true = sum(inside(b, e) for b, e in given)
+    delays = sorted((a - tb) / 1e6 for a, _ in given for tb, te in truth if tb <= a < te)
+    print(f"FIG detect-score stage 0: given precision {100 * given_true / max(given_ns, 1):.1f} %, "
+          f"recall {100 * given_true / max(truth_ns, 1):.1f} % (truth from the first found "
+          f"bubble), delay p50 {delays[len(delays) // 2] if delays else float('nan'):.2f} ms "
+          f"over {len(given)} bubbles")
 print(f"FIG detect gpipe-8 stage 0 (real GPT-2 on the GPU, no bubble calls): iteration "
       f"{statistics.median(a for a, _ in pairs):.1f} ms alone, {inc:+.2f} % with detected fill, "
       f"{used:.1f} % of stage 0's idle time filled, cycle found: "
