@@ -73,42 +73,55 @@ BubbleMonitor::~BubbleMonitor() {
 void BubbleMonitor::Run() {
   const int64_t window_ns = absl::ToInt64Nanoseconds(options_.detector.window);
   int64_t next_ns = base::MonotonicNowNs() + window_ns;
+  std::vector<Due> looks;  // where GPUs' bubbles are due, before the grid's next sample
   int64_t wake_ns = next_ns;
-  std::optional<int> look;  // the GPU a look where its bubble is due is for
   while (!stop_.WaitForNotificationWithTimeout(
       absl::Nanoseconds(std::max<int64_t>(0, wake_ns - base::MonotonicNowNs())))) {
     const int64_t now_ns = base::MonotonicNowNs();
-    if (look && now_ns < next_ns) {
-      Sample(now_ns, look);
+    if (now_ns < next_ns) {
+      std::vector<int> sampled;
+      for (const Due& look : looks) {
+        if (look.at_ns > now_ns ||
+            std::find(sampled.begin(), sampled.end(), look.gpu) != sampled.end()) {
+          continue;
+        }
+        Sample(now_ns, look.gpu);
+        sampled.push_back(look.gpu);
+      }
     } else {
       Sample(now_ns);
       // Late (a descheduled thread): the next window starts now, one window long; the late
       // one is simply longer.
       next_ns = std::max(next_ns + window_ns, now_ns + window_ns / 2);
     }
-    // A look a quarter window after a due bubble's start, unless it would fall within a
-    // quarter window of the grid's next sample (which sees it as well).
+    // Due times a quarter window back still have their second look ahead.
+    looks = PlanLooks(Dues(now_ns - window_ns / 4), now_ns, next_ns, window_ns);
     wake_ns = next_ns;
-    look.reset();
-    if (const std::optional<Due> due = NextDue(now_ns)) {
-      const int64_t at_ns = std::max(due->at_ns, now_ns) + window_ns / 4;
-      if (at_ns < next_ns - window_ns / 4) {
-        wake_ns = at_ns;
-        look = due->gpu;
-      }
-    }
+    for (const Due& look : looks) wake_ns = std::min(wake_ns, look.at_ns);
   }
 }
 
-std::optional<BubbleMonitor::Due> BubbleMonitor::NextDue(int64_t now_ns) const {
+std::vector<BubbleMonitor::Due> BubbleMonitor::PlanLooks(const std::vector<Due>& dues,
+                                                         int64_t now_ns, int64_t next_grid_ns,
+                                                         int64_t window_ns) {
+  std::vector<Due> looks;
+  for (const Due& due : dues) {
+    for (const int64_t at_ns : {due.at_ns, due.at_ns + window_ns / 4}) {
+      if (at_ns > now_ns && at_ns < next_grid_ns - window_ns / 4) looks.push_back({at_ns, due.gpu});
+    }
+  }
+  return looks;
+}
+
+std::vector<BubbleMonitor::Due> BubbleMonitor::Dues(int64_t after_ns) const {
   absl::MutexLock lock(&mu_);
-  std::optional<Due> due;
+  std::vector<Due> dues;
   for (const Gpu& g : gpus_) {
     if (!g.reader) continue;
-    const std::optional<int64_t> at = g.detector->NextDueNs(now_ns);
-    if (at && *at > now_ns && (!due || *at < due->at_ns)) due = Due{*at, g.index};
+    const std::optional<int64_t> at = g.detector->NextDueNs(after_ns);
+    if (at && *at > after_ns) dues.push_back({*at, g.index});
   }
-  return due;
+  return dues;
 }
 
 void BubbleMonitor::Sample(int64_t now_ns, std::optional<int> only_gpu) {
@@ -121,7 +134,8 @@ void BubbleMonitor::Sample(int64_t now_ns, std::optional<int> only_gpu) {
   for (Gpu& g : gpus_) {
     std::vector<int64_t> others;
     for (const Gpu& other : gpus_) {
-      if (&other != &g && other.reader && other.detector->period() > absl::ZeroDuration()) {
+      if (&other != &g && other.reader && other.detector->period() > absl::ZeroDuration() &&
+          !other.detector->period_hinted()) {
         others.push_back(absl::ToInt64Nanoseconds(other.detector->period()));
       }
     }

@@ -68,14 +68,19 @@ class BubbleMonitor {
   // Reads every page once (`only_gpu`: that GPU's), for the window that ends at `now_ns`
   // (CLOCK_MONOTONIC).
   void Sample(int64_t now_ns, std::optional<int> only_gpu = std::nullopt);
-  // The GPU whose next bubble is due first after `now_ns`, and when (fill::BubbleDetector::
-  // NextDueNs): the thread looks at that GPU a quarter window later too, so a due bubble is
-  // announced then, not at the end of the window it begins in. nullopt: none known.
+  // Each GPU's next bubble due after `after_ns`, and when (fill::BubbleDetector::NextDueNs).
   struct Due {
     int64_t at_ns = 0;
     int gpu = 0;
   };
-  std::optional<Due> NextDue(int64_t now_ns) const;
+  std::vector<Due> Dues(int64_t after_ns) const;
+  // Where the thread looks at a GPU between two grid samples: at its due time (closing the
+  // window the job's last work fell in) and a quarter window later (a stretch idle that long
+  // where a bubble is due is that bubble), so a due bubble is announced then, not at the end of
+  // the window it begins in. Only looks after `now_ns` and more than a quarter window before
+  // the grid's next sample (which sees the bubble as well).
+  static std::vector<Due> PlanLooks(const std::vector<Due>& dues, int64_t now_ns,
+                                    int64_t next_grid_ns, int64_t window_ns);
 
   struct GpuStats {
     int gpu = 0;

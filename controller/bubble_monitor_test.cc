@@ -168,30 +168,43 @@ TEST_F(BubbleMonitorTest, AbsentOrBrokenPagesAreReadAgainAndEndWhatTheyStarted) 
 TEST_F(BubbleMonitorTest, ALookWhereABubbleIsDueAnnouncesItThere) {
   std::unique_ptr<BubbleMonitor> monitor = Monitor();
   ASSERT_NE(monitor, nullptr);
-  EXPECT_FALSE(monitor->NextDue(t_ns_).has_value()) << "no page read yet";
+  EXPECT_TRUE(monitor->Dues(t_ns_).empty()) << "no page read yet";
   auto job = gpu::ActivityWriter::Open(path_);
   ASSERT_TRUE(job.ok()) << job.status();
   RunJob(*monitor, **job, 20);
   ASSERT_EQ(monitor->Stats()[0].phase, fill::DetectionPhase::kStable);
-  // The job's next iteration begins idle, now.
-  const std::optional<BubbleMonitor::Due> due = monitor->NextDue(t_ns_ - kMs);
-  ASSERT_TRUE(due.has_value());
-  EXPECT_EQ(due->gpu, 3);
-  EXPECT_LE(std::llabs(due->at_ns - t_ns_), kMs) << (due->at_ns - t_ns_);
+  // The job's next iteration begins idle at t_ns_.
+  const std::vector<BubbleMonitor::Due> dues = monitor->Dues(t_ns_ - kMs);
+  ASSERT_EQ(dues.size(), 1u);
+  EXPECT_EQ(dues[0].gpu, 3);
+  EXPECT_LE(std::llabs(dues[0].at_ns - t_ns_), kMs) << (dues[0].at_ns - t_ns_);
   const size_t begins = sink_.begins.size();
-  // A look of a few microseconds proves nothing (a GPU may still run what was queued)...
-  monitor->Sample(t_ns_ + 10'000, 3);
+  const int64_t due = std::max(dues[0].at_ns, t_ns_);
+  // The looks the thread plans: at the due time and a quarter window after it.
+  const std::vector<BubbleMonitor::Due> looks =
+      BubbleMonitor::PlanLooks(dues, t_ns_ - kMs, t_ns_ + 2 * kMs, 2 * kMs);
+  ASSERT_EQ(looks.size(), 2u);
+  EXPECT_EQ(looks[0].at_ns, dues[0].at_ns);
+  EXPECT_EQ(looks[1].at_ns, dues[0].at_ns + kMs / 2);
+  // The look at the due time closes the window the job's last work fell in; one a few
+  // microseconds after it proves nothing (a GPU may still run what was queued)...
+  monitor->Sample(due, 3);
+  monitor->Sample(due + 10'000, 3);
   EXPECT_EQ(sink_.begins.size(), begins);
   // ...one a quarter window in announces it, with all of its time.
-  monitor->Sample(std::max(due->at_ns, t_ns_) + kMs / 2, 3);
+  monitor->Sample(due + kMs / 2, 3);
   ASSERT_EQ(sink_.begins.size(), begins + 1);
-  EXPECT_EQ(sink_.begins.back().began_ns, t_ns_);
+  EXPECT_EQ(sink_.begins.back().began_ns, due);
   EXPECT_GE(sink_.begins.back().expected, absl::Milliseconds(11));
   EXPECT_LE(sink_.begins.back().expected, absl::Milliseconds(12));
   // A look for another GPU reads nothing of this one.
   const uint64_t windows = monitor->Stats()[0].windows;
-  monitor->Sample(t_ns_ + kMs, 0);
+  monitor->Sample(due + kMs, 0);
   EXPECT_EQ(monitor->Stats()[0].windows, windows);
+  // No look where the grid looks anyway, nor one in the past.
+  EXPECT_TRUE(BubbleMonitor::PlanLooks(dues, t_ns_ + 5 * kMs, t_ns_ + 6 * kMs, 2 * kMs).empty());
+  EXPECT_TRUE(
+      BubbleMonitor::PlanLooks(dues, t_ns_ - 3 * kMs, dues[0].at_ns + kMs / 4, 2 * kMs).empty());
 }
 
 // Two stages of one pipeline on two GPUs: the one with a bubble a cycle learns its period from

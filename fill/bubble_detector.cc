@@ -110,6 +110,7 @@ BubbleDetector::Step BubbleDetector::Observe(const ActivityWindow& window) {
     if (stretch.length_ns >= absl::ToInt64Nanoseconds(options_.forget_after)) {
       history_.clear();
       period_ns_ = 0;
+      hinted_ = false;
       hits_ = 0;
     } else if (stretch.length_ns >= absl::ToInt64Nanoseconds(options_.min_bubble)) {
       Learn(stretch);
@@ -207,6 +208,8 @@ void BubbleDetector::FindPeriod() {
     hits_ = 0;  // a new period earns its confidence anew
   } else if (current.score >= kKeepScore) {
     period_ns_ = current.period_ns;
+    // Once this device's own stretches carry it, it is this device's finding.
+    if (hinted_ && fit(period_ns_, kMinMapped).score >= kKeepScore) hinted_ = false;
   } else {
     period_ns_ = 0;
     hinted_ = false;
@@ -216,6 +219,8 @@ void BubbleDetector::FindPeriod() {
 
 void BubbleDetector::SetPeriodHints(std::vector<int64_t> periods_ns) {
   hints_ = std::move(periods_ns);
+  // A hint that arrives just after a stretch ended need not wait for the next one.
+  if (period_ns_ == 0 && !hints_.empty() && !history_.empty()) FindPeriod();
 }
 
 std::optional<int64_t> BubbleDetector::PredictLength(int64_t start_ns) const {

@@ -100,6 +100,9 @@ class BubbleDetector {
   // of seven: two devices agreeing is no chance, and a stage with one bubble a cycle learns in
   // four cycles instead of eight. Looked at when a stretch ends.
   void SetPeriodHints(std::vector<int64_t> periods_ns);
+  // Whether the period was taken from a hint and this device's own stretches do not yet carry
+  // it alone: not to be passed on as a hint (an echo is no second opinion).
+  bool period_hinted() const { return hinted_; }
   // The cycle of bubbles, as an instrumented job's profiler would register it, once a period is
   // known (not kConservative); `free_bytes` for every bubble (the job's memory is not seen).
   std::optional<BubbleCycle> Cycle(int64_t free_bytes) const;

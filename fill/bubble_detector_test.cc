@@ -190,10 +190,13 @@ TEST(BubbleDetectorTest, AMissedBubbleDropsTheConfidenceAndItComesBack) {
   EXPECT_EQ(detector.phase(), DetectionPhase::kStable);
 }
 
+// Also with other GPUs' periods as hints (other jobs' cycles on a shared node): a random job's
+// gaps must not map onto one.
 TEST(BubbleDetectorTest, AJobWithoutACycleIsNeverFilled) {
-  for (uint32_t seed = 1; seed <= 20; ++seed) {
+  for (uint32_t seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE(seed);
     BubbleDetector detector{BubbleDetectorOptions{}};
+    if (seed % 2 == 0) detector.SetPeriodHints({40 * kMs, 50 * kMs, 80 * kMs});
     std::mt19937 random(seed);
     std::uniform_int_distribution<int> busy(1, 20), idle(2, 15);
     int64_t t = 0;
@@ -303,6 +306,7 @@ TEST(BubbleDetectorTest, AnotherDevicesPeriodIsTakenOnLessEvidence) {
   const int hinted = cycles_to_period({50 * kMs});
   const int wrong = cycles_to_period({37 * kMs});
   EXPECT_GE(alone, 8);
+  EXPECT_GT(hinted, 0);
   EXPECT_LE(hinted, 5);
   EXPECT_EQ(wrong, alone);
 }

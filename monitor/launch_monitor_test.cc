@@ -88,7 +88,7 @@ TEST_F(LaunchMonitorTest, SynchronisationsThatWaitCountAsActivity) {
     quick = std::min(quick, now - before);
     before = now;
   }
-  EXPECT_EQ(quick, 0u);
+  EXPECT_LE(quick, 1u);  // a threshold that counted them all would give 21
   EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=1000", 2, &rc, "sync"),
             "calls=14 failed=0\n");
   EXPECT_EQ(reader->Read()->launches, before + 14);

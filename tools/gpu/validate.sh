@@ -468,6 +468,7 @@ cmd_sanitizer() {
 
 daemon_pid=""
 daemon_port=""
+daemon_http_port=""
 sampler_pid=""
 stop_daemon() {
   [ -n "$daemon_pid" ] || return 0
@@ -487,6 +488,7 @@ start_daemon() {
   local log="$1"
   shift
   daemon_port=""
+  daemon_http_port=""
   "$bin/pswitchd" --backend=cuda --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --gpus=1 --preload= --standby-workers=1 \
     --arena-bytes=$((24 << 30)) --activation-bytes=$((6 << 30)) \
     --data-root="$work/bubbles" --socket="/tmp/pswitch-validate-$$-bubbles.sock" "$@" 2>"$log" &
@@ -904,7 +906,7 @@ cmd_detect() {
         grep -q 'event=bubble_cycle_detected gpu=0' "$d/pswitchd.log" && break
         sleep 0.1
       done
-      [ "$r" = 1 ] && "${ctl[@]}" fill submit --kind synthetic --steps 100000000 --step-us 2000 \
+      [ "$r" = 1 ] && "${ctl[@]}" fill submit --kind synthetic --steps 100000000 --synthetic-step-us 2000 \
         --memory-bytes $((1 << 20)) >"$d/job.txt" 2>&1 ) &
     local submitter=$!
     LD_PRELOAD="$monitor" PSWITCH_ACTIVITY_FILE="$d/pages/activity-gpu0" \
@@ -914,9 +916,10 @@ cmd_detect() {
     wait "$submitter"
   done
   # The bubbles found (the trace's "detected" track), to score against the job's own.
-  [ -n "${daemon_http_port:-}" ] &&
+  if [ -n "${daemon_http_port:-}" ]; then
     "$bin/pswitchctl" trace --http="127.0.0.1:$daemon_http_port" --seconds=600 \
-      --out="$d/trace.json" >/dev/null 2>&1
+      --out="$d/trace.json" >/dev/null || echo "no trace: detection not scored"
+  fi
   cat "$d/job.txt" 2>/dev/null
   "${ctl[@]}" fill stats | tee "$d/stats.txt"
   grep -E 'event=(bubble_cycle_detected|bubble_monitor_page)' "$d/pswitchd.log" | head -6
@@ -955,6 +958,9 @@ try:
         s, b, e = line.split()
         if s == "0":
             truth.append((int(b), int(e)))
+except (OSError, ValueError) as err:
+    print(f"no truth (pipetrain --bubble-log): {err}")
+try:
     trace = json.load(open(f"{d}/trace.json"))
     origin = trace["otherData"]["origin_ns"]
     for e in trace["traceEvents"]:
@@ -963,7 +969,12 @@ try:
             found_b.append((began, began + float(e["args"]["announced_ms"]) * 1e6,
                             began + float(e["args"]["expected_ms"]) * 1e6, began + e["dur"] * 1e3))
 except (OSError, ValueError, KeyError) as err:
-    print(f"detection not scored: {err}")
+    print(f"no found bubbles (GET /v1/trace): {err}")
+# Only what lies within the rounds that wrote their truth (a round killed by its timeout wrote
+# none).
+if truth:
+    lo, hi = min(b for b, _ in truth), max(e for _, e in truth)
+    found_b = [f for f in found_b if lo <= f[0] <= hi]
 truth.sort()
 def inside(b, e):
     return sum(max(0, min(e, te) - max(b, tb)) for tb, te in truth)
