@@ -112,6 +112,23 @@ Fn Real(std::atomic<Fn>& slot, const char* name) {
   return fn;
 }
 
+// The real `name` called with `args`, counted as a launch first; `not_found` when there is none.
+template <typename R, typename... Params, typename... Args>
+R Launch(std::atomic<R (*)(Params...)>& real, const char* name, R not_found, Args... args) {
+  Count();
+  R (*fn)(Params...) = Real(real, name);
+  return fn == nullptr ? not_found : fn(args...);
+}
+
+// The real synchronisation `name` called with `args`, held as one while it waits (SyncHold).
+template <typename R, typename... Params, typename... Args>
+R Synchronise(std::atomic<R (*)(Params...)>& real, const char* name, R not_found, Args... args) {
+  R (*fn)(Params...) = Real(real, name);
+  if (fn == nullptr) return not_found;
+  SyncHold hold;
+  return fn(args...);
+}
+
 __attribute__((constructor)) void OpenPage() {
   const char* path = std::getenv("PSWITCH_ACTIVITY_FILE");
   if (path == nullptr || *path == '\0') return;
@@ -128,138 +145,90 @@ __attribute__((constructor)) void OpenPage() {
 
 extern "C" {
 
-__attribute__((visibility("default"))) CudaError cudaLaunchKernel(const void* func, Dim3 grid,
-                                                                  Dim3 block, void** args,
-                                                                  size_t shared, void* stream) {
-  using Fn = CudaError (*)(const void*, Dim3, Dim3, void**, size_t, void*);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cudaLaunchKernel");
-  return fn == nullptr ? kCudaErrorUnknown : fn(func, grid, block, args, shared, stream);
+// Each exported with the CUDA 12 signature; `real` the next definition, looked up once.
+#define PSWITCH_EXPORT __attribute__((visibility("default")))
+
+PSWITCH_EXPORT CudaError cudaLaunchKernel(const void* func, Dim3 grid, Dim3 block, void** args,
+                                          size_t shared, void* stream) {
+  static std::atomic<CudaError (*)(const void*, Dim3, Dim3, void**, size_t, void*)> real{nullptr};
+  return Launch(real, "cudaLaunchKernel", kCudaErrorUnknown, func, grid, block, args, shared,
+                stream);
 }
 
-__attribute__((visibility("default"))) CudaError cudaLaunchKernelExC(const void* config,
-                                                                     const void* func,
-                                                                     void** args) {
-  using Fn = CudaError (*)(const void*, const void*, void**);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cudaLaunchKernelExC");
-  return fn == nullptr ? kCudaErrorUnknown : fn(config, func, args);
+PSWITCH_EXPORT CudaError cudaLaunchKernelExC(const void* config, const void* func, void** args) {
+  static std::atomic<CudaError (*)(const void*, const void*, void**)> real{nullptr};
+  return Launch(real, "cudaLaunchKernelExC", kCudaErrorUnknown, config, func, args);
 }
 
-__attribute__((visibility("default"))) CudaError cudaLaunchCooperativeKernel(
-    const void* func, Dim3 grid, Dim3 block, void** args, size_t shared, void* stream) {
-  using Fn = CudaError (*)(const void*, Dim3, Dim3, void**, size_t, void*);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cudaLaunchCooperativeKernel");
-  return fn == nullptr ? kCudaErrorUnknown : fn(func, grid, block, args, shared, stream);
+PSWITCH_EXPORT CudaError cudaLaunchCooperativeKernel(const void* func, Dim3 grid, Dim3 block,
+                                                     void** args, size_t shared, void* stream) {
+  static std::atomic<CudaError (*)(const void*, Dim3, Dim3, void**, size_t, void*)> real{nullptr};
+  return Launch(real, "cudaLaunchCooperativeKernel", kCudaErrorUnknown, func, grid, block, args,
+                shared, stream);
 }
 
-__attribute__((visibility("default"))) CudaError cudaGraphLaunch(void* exec, void* stream) {
-  using Fn = CudaError (*)(void*, void*);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cudaGraphLaunch");
-  return fn == nullptr ? kCudaErrorUnknown : fn(exec, stream);
+PSWITCH_EXPORT CudaError cudaGraphLaunch(void* exec, void* stream) {
+  static std::atomic<CudaError (*)(void*, void*)> real{nullptr};
+  return Launch(real, "cudaGraphLaunch", kCudaErrorUnknown, exec, stream);
 }
 
-__attribute__((visibility("default"))) CuResult cuLaunchKernel(void* f, unsigned gx, unsigned gy,
-                                                               unsigned gz, unsigned bx,
-                                                               unsigned by, unsigned bz,
-                                                               unsigned shared, void* stream,
-                                                               void** params, void** extra) {
-  using Fn = CuResult (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                          unsigned, void*, void**, void**);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cuLaunchKernel");
-  return fn == nullptr ? kCuErrorNotFound
-                       : fn(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+PSWITCH_EXPORT CuResult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                       unsigned by, unsigned bz, unsigned shared, void* stream,
+                                       void** params, void** extra) {
+  static std::atomic<CuResult (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, void*, void**, void**)>
+      real{nullptr};
+  return Launch(real, "cuLaunchKernel", kCuErrorNotFound, f, gx, gy, gz, bx, by, bz, shared, stream,
+                params, extra);
 }
 
-__attribute__((visibility("default"))) CuResult cuLaunchKernelEx(const void* config, void* f,
-                                                                 void** params, void** extra) {
-  using Fn = CuResult (*)(const void*, void*, void**, void**);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cuLaunchKernelEx");
-  return fn == nullptr ? kCuErrorNotFound : fn(config, f, params, extra);
+PSWITCH_EXPORT CuResult cuLaunchKernelEx(const void* config, void* f, void** params, void** extra) {
+  static std::atomic<CuResult (*)(const void*, void*, void**, void**)> real{nullptr};
+  return Launch(real, "cuLaunchKernelEx", kCuErrorNotFound, config, f, params, extra);
 }
 
-__attribute__((visibility("default"))) CuResult cuGraphLaunch(void* exec, void* stream) {
-  using Fn = CuResult (*)(void*, void*);
-  static std::atomic<Fn> real{nullptr};
-  Count();
-  Fn fn = Real(real, "cuGraphLaunch");
-  return fn == nullptr ? kCuErrorNotFound : fn(exec, stream);
+PSWITCH_EXPORT CuResult cuGraphLaunch(void* exec, void* stream) {
+  static std::atomic<CuResult (*)(void*, void*)> real{nullptr};
+  return Launch(real, "cuGraphLaunch", kCuErrorNotFound, exec, stream);
 }
 
 // Synchronisations.
 
-__attribute__((visibility("default"))) CudaError cudaDeviceSynchronize() {
-  using Fn = CudaError (*)();
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cudaDeviceSynchronize");
-  if (fn == nullptr) return kCudaErrorUnknown;
-  SyncHold hold;
-  return fn();
+PSWITCH_EXPORT CudaError cudaDeviceSynchronize() {
+  static std::atomic<CudaError (*)()> real{nullptr};
+  return Synchronise(real, "cudaDeviceSynchronize", kCudaErrorUnknown);
 }
 
-__attribute__((visibility("default"))) CudaError cudaStreamSynchronize(void* stream) {
-  using Fn = CudaError (*)(void*);
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cudaStreamSynchronize");
-  if (fn == nullptr) return kCudaErrorUnknown;
-  SyncHold hold;
-  return fn(stream);
+PSWITCH_EXPORT CudaError cudaStreamSynchronize(void* stream) {
+  static std::atomic<CudaError (*)(void*)> real{nullptr};
+  return Synchronise(real, "cudaStreamSynchronize", kCudaErrorUnknown, stream);
 }
 
-__attribute__((visibility("default"))) CudaError cudaEventSynchronize(void* event) {
-  using Fn = CudaError (*)(void*);
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cudaEventSynchronize");
-  if (fn == nullptr) return kCudaErrorUnknown;
-  SyncHold hold;
-  return fn(event);
+PSWITCH_EXPORT CudaError cudaEventSynchronize(void* event) {
+  static std::atomic<CudaError (*)(void*)> real{nullptr};
+  return Synchronise(real, "cudaEventSynchronize", kCudaErrorUnknown, event);
 }
 
-__attribute__((visibility("default"))) CudaError cudaMemcpy(void* dst, const void* src,
-                                                            size_t count, int kind) {
-  using Fn = CudaError (*)(void*, const void*, size_t, int);
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cudaMemcpy");
-  if (fn == nullptr) return kCudaErrorUnknown;
-  SyncHold hold;
-  return fn(dst, src, count, kind);
+PSWITCH_EXPORT CudaError cudaMemcpy(void* dst, const void* src, size_t count, int kind) {
+  static std::atomic<CudaError (*)(void*, const void*, size_t, int)> real{nullptr};
+  return Synchronise(real, "cudaMemcpy", kCudaErrorUnknown, dst, src, count, kind);
 }
 
-__attribute__((visibility("default"))) CuResult cuCtxSynchronize() {
-  using Fn = CuResult (*)();
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cuCtxSynchronize");
-  if (fn == nullptr) return kCuErrorNotFound;
-  SyncHold hold;
-  return fn();
+PSWITCH_EXPORT CuResult cuCtxSynchronize() {
+  static std::atomic<CuResult (*)()> real{nullptr};
+  return Synchronise(real, "cuCtxSynchronize", kCuErrorNotFound);
 }
 
-__attribute__((visibility("default"))) CuResult cuStreamSynchronize(void* stream) {
-  using Fn = CuResult (*)(void*);
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cuStreamSynchronize");
-  if (fn == nullptr) return kCuErrorNotFound;
-  SyncHold hold;
-  return fn(stream);
+PSWITCH_EXPORT CuResult cuStreamSynchronize(void* stream) {
+  static std::atomic<CuResult (*)(void*)> real{nullptr};
+  return Synchronise(real, "cuStreamSynchronize", kCuErrorNotFound, stream);
 }
 
-__attribute__((visibility("default"))) CuResult cuEventSynchronize(void* event) {
-  using Fn = CuResult (*)(void*);
-  static std::atomic<Fn> real{nullptr};
-  Fn fn = Real(real, "cuEventSynchronize");
-  if (fn == nullptr) return kCuErrorNotFound;
-  SyncHold hold;
-  return fn(event);
+PSWITCH_EXPORT CuResult cuEventSynchronize(void* event) {
+  static std::atomic<CuResult (*)(void*)> real{nullptr};
+  return Synchronise(real, "cuEventSynchronize", kCuErrorNotFound, event);
 }
+
+#undef PSWITCH_EXPORT
 
 }  // extern "C"

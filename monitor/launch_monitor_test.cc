@@ -1,3 +1,4 @@
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,6 +119,26 @@ TEST_F(LaunchMonitorTest, AWaitingSynchronisationIsAHoldUnderWay) {
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ(reader->Read()->busy, 0u);
   EXPECT_EQ(reader->Read()->launches, 7u);
+}
+
+// Preloaded ahead of everything in the job, the library must export the CUDA entry points it
+// interposes and nothing else: a C++ runtime symbol of its own (__cxa_throw, the personality
+// routine) would take the place of the job's.
+TEST(LaunchMonitorExportsTest, OnlyTheInterposedEntryPointsAreExported) {
+  void* library = ::dlopen(PSWITCH_MONITOR_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(library, nullptr) << ::dlerror();
+  for (const char* name :
+       {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch",
+        "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch", "cudaDeviceSynchronize",
+        "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cuCtxSynchronize",
+        "cuStreamSynchronize", "cuEventSynchronize"}) {
+    EXPECT_NE(::dlsym(library, name), nullptr) << name;
+  }
+  for (const char* name : {"__cxa_throw", "__cxa_begin_catch", "__gxx_personality_v0",
+                           "_Unwind_Resume", "__cxa_demangle", "_ZSt9terminatev"}) {
+    EXPECT_EQ(::dlsym(library, name), nullptr) << name << " is exported";
+  }
+  ::dlclose(library);
 }
 
 TEST_F(LaunchMonitorTest, WithoutAPageTheJobRunsAsWithoutTheMonitor) {
