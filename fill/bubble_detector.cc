@@ -138,6 +138,7 @@ void BubbleDetector::FindPeriod() {
   struct Fit {
     double score = 0;
     int64_t period_ns = 0;
+    int64_t spread_ns = 0;  // the matches' mean distance from their mean shift
   };
   auto fit = [this](int64_t p, int min_mapped) -> Fit {
     const int64_t tolerance = ToleranceNs(p);
@@ -147,25 +148,39 @@ void BubbleDetector::FindPeriod() {
     if (p * 3 > newest - history_.front().start_ns) return {};
     int could = 0, matched = 0;
     int64_t shifts = 0;
+    std::vector<int64_t> found_shifts;
     for (size_t a = 0; a < history_.size(); ++a) {
       const int64_t target = history_[a].start_ns + p;
       if (target > newest + tolerance) break;
       ++could;
+      // The nearest to the target of those about as long (the first found could be a
+      // neighbour closer together than the tolerance).
+      std::optional<size_t> nearest;
       for (size_t b = a + 1; b < history_.size(); ++b) {
         if (history_[b].start_ns > target + tolerance) break;
         if (std::llabs(history_[b].start_ns - target) <= tolerance &&
-            SimilarLength(history_[a].length_ns, history_[b].length_ns)) {
-          ++matched;
-          shifts += history_[b].start_ns - history_[a].start_ns;
-          break;
+            SimilarLength(history_[a].length_ns, history_[b].length_ns) &&
+            (!nearest || std::llabs(history_[b].start_ns - target) <
+                             std::llabs(history_[*nearest].start_ns - target))) {
+          nearest = b;
         }
+      }
+      if (nearest) {
+        ++matched;
+        shifts += history_[*nearest].start_ns - history_[a].start_ns;
+        found_shifts.push_back(history_[*nearest].start_ns - history_[a].start_ns);
       }
     }
     if (could < min_mapped || matched == 0) return {};
-    return {static_cast<double>(matched) / could, shifts / matched};
+    const int64_t mean = shifts / matched;
+    int64_t spread = 0;
+    for (const int64_t shift : found_shifts) spread += std::llabs(shift - mean);
+    return {static_cast<double>(matched) / could, mean, spread / matched};
   };
   // Candidates: from a recent stretch back to an earlier one of about its length. The best
-  // supported wins; among about equals the shortest (a multiple of the period scores as well).
+  // supported wins; among about equals the shortest (a multiple of the period scores as well),
+  // but of two within the tolerance of each other (one period, two estimates: one that maps
+  // some stretches onto a neighbour of about their length) the one whose matches agree best.
   Fit best;
   // Too few stretches to search: only a hint may be taken.
   const size_t first_recent = history_.size() < kMinStretches
@@ -180,8 +195,11 @@ void BubbleDetector::FindPeriod() {
       if (f.score < kTakeScore) continue;
       f = std::max(fit(f.period_ns, kMinMapped), f,
                    [](const Fit& x, const Fit& y) { return x.score < y.score; });
+      const bool same_period =
+          std::llabs(f.period_ns - best.period_ns) <= ToleranceNs(best.period_ns);
       if (best.period_ns == 0 || f.score > best.score + 0.05 ||
-          (f.score >= best.score - 0.05 && f.period_ns < best.period_ns)) {
+          (f.score >= best.score - 0.05 &&
+           (same_period ? f.spread_ns < best.spread_ns : f.period_ns < best.period_ns))) {
         best = f;
       }
     }
@@ -207,7 +225,13 @@ void BubbleDetector::FindPeriod() {
     hinted_ = from_hint;
     hits_ = 0;  // a new period earns its confidence anew
   } else if (current.score >= kKeepScore) {
-    period_ns_ = current.period_ns;
+    // Refined to its matches' mean shift, or to a better estimate of the same period whose
+    // matches agree more (its confidence stays: the same positions, placed more exactly).
+    const bool better_estimate =
+        best.period_ns != 0 && best.score >= current.score - 0.05 &&
+        std::llabs(best.period_ns - period_ns_) <= ToleranceNs(period_ns_) &&
+        best.spread_ns < current.spread_ns;
+    period_ns_ = better_estimate ? best.period_ns : current.period_ns;
     // Once this device's own stretches carry it, it is this device's finding.
     if (hinted_ && fit(period_ns_, kMinMapped).score >= kKeepScore) hinted_ = false;
   } else {
@@ -223,43 +247,57 @@ void BubbleDetector::SetPeriodHints(std::vector<int64_t> periods_ns) {
   if (period_ns_ == 0 && !hints_.empty() && !history_.empty()) FindPeriod();
 }
 
-std::optional<int64_t> BubbleDetector::PredictLength(int64_t start_ns) const {
-  // The stretches one, two, ... periods before it, each found within the tolerance of the one
-  // after it (so an estimate a little off the true period drifts by one period's error only).
-  if (period_ns_ == 0) return std::nullopt;
+std::vector<const BubbleDetector::Stretch*> BubbleDetector::SamePosition(int64_t start_ns) const {
+  // The stretch nearest one period before, within the tolerance, then the one nearest a period
+  // before that, ... (each from the last found: an estimate a little off the true period drifts
+  // by one period's error only). The nearest, not the first found: a job's short stretches may
+  // lie closer together than the tolerance.
+  std::vector<const Stretch*> found;
+  if (period_ns_ == 0) return found;
   const int64_t tolerance = ToleranceNs(period_ns_);
-  std::vector<int64_t> lengths;
   int64_t at = start_ns;
-  for (auto it = history_.rbegin(); it != history_.rend() && lengths.size() < 5; ++it) {
-    if (std::llabs(it->start_ns - (at - period_ns_)) <= tolerance) {
-      lengths.push_back(it->length_ns);
-      at = it->start_ns;
+  while (found.size() < 5) {
+    const int64_t target = at - period_ns_;
+    auto it = std::lower_bound(history_.begin(), history_.end(), target,
+                               [](const Stretch& s, int64_t t) { return s.start_ns < t; });
+    const Stretch* nearest = nullptr;
+    if (it != history_.end()) nearest = &*it;
+    if (it != history_.begin() &&
+        (nearest == nullptr || target - std::prev(it)->start_ns < nearest->start_ns - target)) {
+      nearest = &*std::prev(it);
     }
+    if (nearest == nullptr || std::llabs(nearest->start_ns - target) > tolerance ||
+        nearest->start_ns >= at) {
+      break;
+    }
+    found.push_back(nearest);
+    at = nearest->start_ns;
   }
-  if (lengths.size() < 2) return std::nullopt;
+  return found;
+}
+
+std::optional<int64_t> BubbleDetector::PredictLength(int64_t start_ns) const {
+  const std::vector<const Stretch*> same = SamePosition(start_ns);
+  if (same.size() < 2) return std::nullopt;
   // The shortest: a fill step past the bubble's end delays the main job, one short of it only
   // leaves a little unused (a median overruns every other bubble of a jittering job).
-  return *std::min_element(lengths.begin(), lengths.end());
+  int64_t shortest = same[0]->length_ns;
+  for (const Stretch* s : same) shortest = std::min(shortest, s->length_ns);
+  return shortest;
 }
 
 std::optional<int64_t> BubbleDetector::PredictEnd(int64_t start_ns) const {
-  // The same walk back as PredictLength; each end moved on by the periods it lies back. Taken
-  // from the ends, not start plus length: a start is known to a window late, so start plus
-  // the shortest length would need a window's margin, an end none.
-  if (period_ns_ == 0) return std::nullopt;
-  const int64_t tolerance = ToleranceNs(period_ns_);
+  // Each end moved on by the periods it lies back. Taken from the ends, not start plus length:
+  // a start is known to a window late, so start plus the shortest length would need a window's
+  // margin, an end none.
+  const std::vector<const Stretch*> same = SamePosition(start_ns);
+  if (same.size() < 2) return std::nullopt;
   std::optional<int64_t> earliest;
-  int found = 0;
-  int64_t at = start_ns;
-  for (auto it = history_.rbegin(); it != history_.rend() && found < 5; ++it) {
-    if (std::llabs(it->start_ns - (at - period_ns_)) <= tolerance) {
-      ++found;
-      const int64_t end = it->start_ns + it->length_ns + found * period_ns_;
-      earliest = earliest ? std::min(*earliest, end) : end;
-      at = it->start_ns;
-    }
+  for (size_t i = 0; i < same.size(); ++i) {
+    const int64_t end =
+        same[i]->start_ns + same[i]->length_ns + static_cast<int64_t>(i + 1) * period_ns_;
+    earliest = earliest ? std::min(*earliest, end) : end;
   }
-  if (found < 2) return std::nullopt;
   // A period estimated a little long moves older ends later, and the earliest is then the
   // newest's: one period's error, not five.
   return earliest;

@@ -119,8 +119,11 @@ class BubbleDetector {
   // The stretch just ended: history, period, and whether it came as predicted.
   void Learn(const Stretch& stretch);
   void FindPeriod();
-  // How long a stretch starting at `start_ns` should last: the median of the ones a period, two,
-  // ... before it; nullopt when fewer than two are.
+  // Up to five stretches of the position a stretch starting at `start_ns` is at: one period
+  // before it, two, ..., newest first.
+  std::vector<const Stretch*> SamePosition(int64_t start_ns) const;
+  // How long a stretch starting at `start_ns` should last: the shortest of SamePosition's;
+  // nullopt when fewer than two are.
   std::optional<int64_t> PredictLength(int64_t start_ns) const;
   // When a stretch starting at `start_ns` should end (see the file's comment); nullopt when
   // fewer than two of its position are known.

@@ -311,6 +311,26 @@ TEST(BubbleDetectorTest, AnotherDevicesPeriodIsTakenOnLessEvidence) {
   EXPECT_EQ(wrong, alone);
 }
 
+// Two stretches closer together than the tolerance (2 % of a 400 ms period: 8 ms): a bubble's
+// past ones are the nearest a period back each, not the first found within the tolerance, or
+// the short one would be given the long one's end.
+TEST(BubbleDetectorTest, NeighboursWithinTheToleranceAreNotTakenForEachOther) {
+  BubbleDetector detector{BubbleDetectorOptions{}};
+  Job job(400, {{0, 4}, {8, 6}});
+  Fed fed;
+  job.Run(detector, 16, fed);
+  ASSERT_EQ(detector.phase(), DetectionPhase::kStable);
+  EXPECT_EQ(detector.period(), absl::Milliseconds(400)) << "a shift from one to the other";
+  int given = 0;
+  for (const BubbleDetector::Began& b : fed.began) {
+    if (b.phase != DetectionPhase::kStable) continue;
+    ++given;
+    const int64_t offset = (b.began_ns - 1'000 * kMs) % (400 * kMs);
+    EXPECT_EQ(b.expected, absl::Milliseconds(offset == 0 ? 4 : 6)) << "at " << offset / kMs;
+  }
+  EXPECT_GT(given, 6);
+}
+
 TEST(BubbleDetectorTest, AWindowOutOfOrderIsIgnored) {
   BubbleDetector detector{BubbleDetectorOptions{}};
   detector.Observe({10 * kMs, 12 * kMs, 0});
