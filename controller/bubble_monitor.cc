@@ -49,6 +49,7 @@ BubbleMonitor::BubbleMonitor(BubbleMonitorOptions options, BubbleSink* sink)
     g.detector = std::make_unique<fill::BubbleDetector>(options_.detector);
     gpus_.push_back(std::move(g));
   }
+  published_.assign(gpus_.size(), 0);
 }
 
 absl::StatusOr<std::unique_ptr<BubbleMonitor>> BubbleMonitor::Manual(BubbleMonitorOptions options,
@@ -129,20 +130,25 @@ void BubbleMonitor::Sample(int64_t now_ns, std::optional<int> only_gpu) {
   for (Gpu& g : gpus_) {
     if (!only_gpu || g.index == *only_gpu) SampleGpu(g, now_ns);
   }
-  // A pipeline's stages share their period: each GPU's found one is a hint to the others
-  // (fill::BubbleDetector::SetPeriodHints).
-  for (Gpu& g : gpus_) {
+  // A pipeline's stages share their period: each GPU's own found one is a hint to the others
+  // (fill::BubbleDetector::SetPeriodHints), given again only when one of them changed (a
+  // period changes when a stretch ends, not at every sample).
+  bool changed = false;
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    const Gpu& g = gpus_[i];
+    const int64_t own = g.reader && !g.detector->period_hinted()
+                            ? absl::ToInt64Nanoseconds(g.detector->period())
+                            : 0;
+    changed |= published_[i] != own;
+    published_[i] = own;
+  }
+  if (!changed) return;
+  for (size_t i = 0; i < gpus_.size(); ++i) {
     std::vector<int64_t> others;
-    for (const Gpu& other : gpus_) {
-      if (&other != &g && other.reader && other.detector->period() > absl::ZeroDuration() &&
-          !other.detector->period_hinted()) {
-        others.push_back(absl::ToInt64Nanoseconds(other.detector->period()));
-      }
+    for (size_t j = 0; j < gpus_.size(); ++j) {
+      if (j != i && published_[j] > 0) others.push_back(published_[j]);
     }
-    if (others != g.hints) {
-      g.hints = others;
-      g.detector->SetPeriodHints(std::move(others));
-    }
+    gpus_[i].detector->SetPeriodHints(std::move(others));
   }
 }
 
@@ -155,7 +161,8 @@ void BubbleMonitor::Reset(Gpu& g, int64_t now_ns, const absl::Status& why) {
   g.reader.reset();
   g.last.reset();
   g.detector = std::make_unique<fill::BubbleDetector>(options_.detector);
-  g.hints.clear();
+  // Its new detector has no hints yet: the next Sample gives them.
+  std::fill(published_.begin(), published_.end(), -1);
   g.next_open_ns = now_ns + kReopenNs;
 }
 

@@ -105,7 +105,6 @@ class BubbleMonitor {
     uint64_t last_live_busy = 0;  // LiveBusy at the last sample
     int64_t last_ns = 0;
     std::unique_ptr<fill::BubbleDetector> detector;
-    std::vector<int64_t> hints;  // the other GPUs' periods, as last given to `detector`
     std::optional<fill::BubbleCycle> registered;
     bool in_bubble = false;  // announced to the sink, not yet ended
     // The bubble in_bubble names: its idle start, announcement and time given from its start.
@@ -135,6 +134,9 @@ class BubbleMonitor {
   BubbleSink* const sink_;
   mutable absl::Mutex mu_;  // gpus_ between Sample and Stats
   std::vector<Gpu> gpus_ ABSL_GUARDED_BY(mu_);
+  // Each GPU's own found period as last given to the others as a hint (0: none; -1: to be
+  // given again).
+  std::vector<int64_t> published_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;
   std::thread thread_;
 };

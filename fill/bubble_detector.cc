@@ -146,9 +146,8 @@ void BubbleDetector::FindPeriod() {
     // Three cycles at least, to tell a cycle from chance: a shift near the history's span maps
     // few stretches, and some of any random job's map by luck.
     if (p * 3 > newest - history_.front().start_ns) return {};
-    int could = 0, matched = 0;
-    int64_t shifts = 0;
-    std::vector<int64_t> found_shifts;
+    int could = 0;
+    std::vector<int64_t> shifts;  // of the matches
     for (size_t a = 0; a < history_.size(); ++a) {
       const int64_t target = history_[a].start_ns + p;
       if (target > newest + tolerance) break;
@@ -165,16 +164,15 @@ void BubbleDetector::FindPeriod() {
           nearest = b;
         }
       }
-      if (nearest) {
-        ++matched;
-        shifts += history_[*nearest].start_ns - history_[a].start_ns;
-        found_shifts.push_back(history_[*nearest].start_ns - history_[a].start_ns);
-      }
+      if (nearest) shifts.push_back(history_[*nearest].start_ns - history_[a].start_ns);
     }
-    if (could < min_mapped || matched == 0) return {};
-    const int64_t mean = shifts / matched;
+    if (could < min_mapped || shifts.empty()) return {};
+    const int64_t matched = static_cast<int64_t>(shifts.size());
+    int64_t sum = 0;
+    for (const int64_t shift : shifts) sum += shift;
+    const int64_t mean = sum / matched;
     int64_t spread = 0;
-    for (const int64_t shift : found_shifts) spread += std::llabs(shift - mean);
+    for (const int64_t shift : shifts) spread += std::llabs(shift - mean);
     return {static_cast<double>(matched) / could, mean, spread / matched};
   };
   // Candidates: from a recent stretch back to an earlier one of about its length. The best
@@ -299,7 +297,9 @@ std::optional<int64_t> BubbleDetector::PredictEnd(int64_t start_ns) const {
     earliest = earliest ? std::min(*earliest, end) : end;
   }
   // A period estimated a little long moves older ends later, and the earliest is then the
-  // newest's: one period's error, not five.
+  // newest's: one period's error. One estimated short makes the oldest the earliest, five
+  // periods' error, on the safe side: less is given, nothing overrun (FindPeriod keeps the
+  // estimate whose matches agree best).
   return earliest;
 }
 

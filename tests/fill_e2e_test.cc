@@ -145,6 +145,14 @@ client::FillJobOptions SyntheticJob(absl::Duration step, uint32_t steps) {
   return o;
 }
 
+// A job whose 60 ms steps are declared to take 2 ms: predicted to fit a 20 ms bubble, it
+// overruns every one.
+client::FillJobOptions OverrunningJob() {
+  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(60), 5);
+  o.step = absl::Milliseconds(2);
+  return o;
+}
+
 constexpr absl::Duration kGrace = absl::Milliseconds(30);
 constexpr uint64_t kFreeBytes = 64ull << 20;
 
@@ -506,9 +514,7 @@ TEST_F(PerBubbleFillTest, EachBubbleStartsARunAndNoBellRings) {
 TEST_F(FillTest, AStepThatOverrunsItsBubbleIsCutAtTheBubbleEndNotKilled) {
   const absl::Duration bubble = absl::Milliseconds(20);
   RegisterCycle(bubble);
-  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(60), 5);
-  o.step = absl::Milliseconds(2);
-  auto job = client_->SubmitFill(o);
+  auto job = client_->SubmitFill(OverrunningJob());
   ASSERT_TRUE(job.ok()) << job.status();
   // Bubbles until two of its steps were cut (the first bubbles may pass before its runs reach
   // a worker; a loaded machine may take a while).
@@ -546,9 +552,7 @@ TEST_F(FillTest, AStepThatOverrunsItsBubbleIsCutAtTheBubbleEndNotKilled) {
 TEST_F(FillTest, AJobWhoseStepsNeverFinishInItsBubblesIsStoppedWithTheReason) {
   const absl::Duration bubble = absl::Milliseconds(20);
   RegisterCycle(bubble);
-  client::FillJobOptions o = SyntheticJob(absl::Milliseconds(60), 5);
-  o.step = absl::Milliseconds(2);
-  auto job = client_->SubmitFill(o);
+  auto job = client_->SubmitFill(OverrunningJob());
   ASSERT_TRUE(job.ok()) << job.status();
   client::FillJobStatus stopped = RunUntilStopped(job->job_id, bubble, 500);
   ASSERT_EQ(stopped.state, client::FillState::kStopped) << daemon_->log();
