@@ -1,5 +1,6 @@
 // A stand-in for libcudart and libcuda in monitor_test: the CUDA launch and synchronisation entry
-// points that libpswitch_monitor.so interposes, each counting its calls (and returning 0,
+// points that libpswitch_monitor.so interposes, and the driver's cuGetProcAddress that hands
+// them out, each counting its calls (and returning 0,
 // success), so the test sees that every call reached the real function with its arguments. A
 // synchronisation waits STUB_SYNC_US microseconds (default 0), as one waiting for a device would.
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 
 namespace {
 struct Dim3 {
@@ -46,6 +48,20 @@ __attribute__((visibility("default"))) int cuLaunchKernel(void*, unsigned gx, un
   last_grid_x = gx;
   return ++calls, 0;
 }
+__attribute__((visibility("default"))) int cuLaunchKernel_ptsz(void*, unsigned gx, unsigned,
+                                                               unsigned, unsigned, unsigned,
+                                                               unsigned, unsigned, void*, void**,
+                                                               void**) {
+  last_grid_x = gx + 1000;  // told apart from the legacy stream's
+  return ++calls, 0;
+}
+__attribute__((visibility("default"))) int cuLaunchCooperativeKernel(void*, unsigned gx, unsigned,
+                                                                     unsigned, unsigned, unsigned,
+                                                                     unsigned, unsigned, void*,
+                                                                     void**) {
+  last_grid_x = gx;
+  return ++calls, 0;
+}
 __attribute__((visibility("default"))) int cuLaunchKernelEx(const void*, void*, void**, void**) {
   return ++calls, 0;
 }
@@ -56,7 +72,86 @@ __attribute__((visibility("default"))) int cudaEventSynchronize(void*) { return 
 __attribute__((visibility("default"))) int cudaMemcpy(void*, const void*, size_t, int) {
   return Synchronise();
 }
+__attribute__((visibility("default"))) int cudaMemcpyAsync(void*, const void*, size_t, int, void*) {
+  return Synchronise();
+}
 __attribute__((visibility("default"))) int cuCtxSynchronize() { return Synchronise(); }
+// The driver's copies: the _v2 ABI (64-bit sizes), and one of the CUDA 3.0 ABI's.
+__attribute__((visibility("default"))) int cuMemcpy(unsigned long long, unsigned long long,
+                                                    size_t) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuMemcpyAsync(unsigned long long, unsigned long long,
+                                                         size_t, void*) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuMemcpyDtoH_v2(void*, unsigned long long, size_t) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuMemcpyDtoH(void*, unsigned, unsigned) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuMemcpyDtoHAsync_v2(void*, unsigned long long, size_t,
+                                                                void*) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuMemcpyHtoD_v2(unsigned long long, const void*,
+                                                           size_t) {
+  return Synchronise();
+}
+__attribute__((visibility("default"))) int cuMemcpyHtoDAsync_v2(unsigned long long, const void*,
+                                                                size_t, void*) {
+  return Synchronise();
+}
 __attribute__((visibility("default"))) int cuStreamSynchronize(void*) { return Synchronise(); }
 __attribute__((visibility("default"))) int cuEventSynchronize(void*) { return Synchronise(); }
+}
+
+// The driver's lookup, as the CUDA runtime uses it: flags 2 (per-thread default stream) gives
+// cuLaunchKernel's _ptsz variant; "cuGetProcAddress" gives the ABI the version asks for.
+extern "C" {
+__attribute__((visibility("default"))) int cuGetProcAddress(const char* symbol, void** pfn,
+                                                            int version, unsigned long long flags);
+__attribute__((visibility("default"))) int cuGetProcAddress_v2(const char* symbol, void** pfn,
+                                                               int version,
+                                                               unsigned long long flags,
+                                                               int* status) {
+  struct Known {
+    const char* name;
+    void* fn;
+  };
+  const Known known[] = {
+      {"cuLaunchKernel",
+       reinterpret_cast<void*>(flags == 2 ? &cuLaunchKernel_ptsz : &cuLaunchKernel)},
+      {"cuLaunchKernelEx", reinterpret_cast<void*>(&cuLaunchKernelEx)},
+      {"cuLaunchCooperativeKernel", reinterpret_cast<void*>(&cuLaunchCooperativeKernel)},
+      {"cuGraphLaunch", reinterpret_cast<void*>(&cuGraphLaunch)},
+      {"cuStreamSynchronize", reinterpret_cast<void*>(&cuStreamSynchronize)},
+      {"cuEventSynchronize", reinterpret_cast<void*>(&cuEventSynchronize)},
+      {"cuCtxSynchronize", reinterpret_cast<void*>(&cuCtxSynchronize)},
+      {"cuMemcpy", reinterpret_cast<void*>(&cuMemcpy)},
+      {"cuMemcpyAsync", reinterpret_cast<void*>(&cuMemcpyAsync)},
+      {"cuMemcpyDtoH", version >= 3020 ? reinterpret_cast<void*>(&cuMemcpyDtoH_v2)
+                                       : reinterpret_cast<void*>(&cuMemcpyDtoH)},
+      {"cuMemcpyDtoHAsync", reinterpret_cast<void*>(&cuMemcpyDtoHAsync_v2)},
+      {"cuMemcpyHtoD", reinterpret_cast<void*>(&cuMemcpyHtoD_v2)},
+      {"cuMemcpyHtoDAsync", reinterpret_cast<void*>(&cuMemcpyHtoDAsync_v2)},
+      {"cuGetProcAddress", version >= 12000 ? reinterpret_cast<void*>(&cuGetProcAddress_v2)
+                                            : reinterpret_cast<void*>(&cuGetProcAddress)},
+  };
+  for (const Known& k : known) {
+    if (std::strcmp(symbol, k.name) == 0) {
+      *pfn = k.fn;
+      if (status != nullptr) *status = 0;
+      return 0;
+    }
+  }
+  *pfn = nullptr;
+  if (status != nullptr) *status = 1;  // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+  return 500;                          // CUDA_ERROR_NOT_FOUND
+}
+__attribute__((visibility("default"))) int cuGetProcAddress(const char* symbol, void** pfn,
+                                                            int version, unsigned long long flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}
 }

@@ -2,24 +2,36 @@
 // (LD_PRELOAD), a main training job that calls nothing of pswitch, into its GPU's activity page
 // (PSWITCH_ACTIVITY_FILE, gpu/activity_page_layout.h), from which pswitchd finds the job's bubbles
 // (--detect-bubbles; issue 30 item 3, SpecInF's monitoring library).
-//   - Interposed: cudaLaunchKernel, cudaLaunchKernelExC, cudaLaunchCooperativeKernel,
+//   - Interposed by name: cudaLaunchKernel, cudaLaunchKernelExC, cudaLaunchCooperativeKernel,
 //     cudaGraphLaunch, cuLaunchKernel, cuLaunchKernelEx, cuGraphLaunch. Each adds one to the
-//     page's launch count and calls the real function (dlsym(RTLD_NEXT), resolved on its first
-//     call: libcudart may be loaded long after this library). A graph launch counts once, however
-//     many kernels it runs; and launches the runtime makes through driver entry points it looked
-//     up itself (cuGetProcAddress) are not seen: cudaLaunchKernel is what they come through.
+//     page's launch count and calls the real function (resolved on its first call: libcudart may
+//     be loaded long after this library). A graph launch counts once, however many kernels it
+//     runs.
+//   - Driver entry points looked up at run time. A CUDA runtime linked statically (cuBLAS's,
+//     cuDNN's) finds the driver with dlopen("libcuda.so.1") and dlsym(handle,
+//     "cuGetProcAddress_v2"), then takes every driver entry point from cuGetProcAddress, and
+//     PyTorch's own kernels do not reach cudaLaunchKernel either: on the H200 (torch 2.11,
+//     libcudart.so.13) the names above counted 310 of a GPT-2 stage's 260,000 launches. So dlsym
+//     is interposed too: a lookup of cuGetProcAddress(_v2), or of a counted driver entry point,
+//     in a library's own handle gets a counting wrapper of what it found, and the entry points
+//     cuGetProcAddress gives are wrapped the same way (DriverVia). Every other dlsym goes on to
+//     glibc's by a tail jump, so glibc still sees its caller's return address (RTLD_NEXT keeps
+//     its meaning). x86-64 only; elsewhere only the names above are counted.
 //   - Synchronisations: cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
-//     cudaMemcpy (it waits for the work before it), cuCtxSynchronize, cuStreamSynchronize and
-//     cuEventSynchronize. A job waiting in one waits for its device, which is busy though
-//     nothing is launched (a stage that queued a whole pass and waits for it): each raises the
-//     page's count of holds under way while it waits, and counts a launch when it waited
-//     kSyncBusyNs or more (one that returns at once waited for nothing). The cost: a job whose
-//     host waits in a synchronisation through its bubbles (a stream waiting on another GPU's
-//     data) has those bubbles hidden; a false bubble would slow the job, a hidden one only
-//     leaves it unfilled (such a job can call the bubble instruction instead).
+//     cudaMemcpy and cudaMemcpyAsync (a copy waits for the work before it, and one to or from
+//     pageable memory blocks until done), cuCtxSynchronize, cuStreamSynchronize and
+//     cuEventSynchronize, and the driver's copies looked up at run time. A job waiting in one waits
+//     for its device, which is busy though nothing is launched (a stage that queued a whole pass
+//     and waits for it): each raises the page's count of holds under way while it waits, and counts
+//     a launch when it waited kSyncBusyNs or more (one that returns at once waited for nothing).
+//     The cost: a job whose host waits in a synchronisation through its bubbles (a stream waiting
+//     on another GPU's data) has those bubbles hidden; a false bubble would slow the job, a hidden
+//     one only leaves it unfilled (such a job can call the bubble instruction instead). A runtime
+//     linked dynamically is counted twice (its call and the driver's), which changes nothing: a
+//     window is busy or not.
 //   - On the launch path: an atomic load, a relaxed atomic add on a mapped page, the call (and
 //     around a synchronisation two clock reads, vDSO calls). No allocation, no lock, no system
-//     call (but the one-time dlsym of each function).
+//     call (but the one-time lookup of each function).
 //   - Without the variable, or with a file that cannot be opened or mapped, nothing is counted
 //     and every call passes through unchanged: the job behaves as without the library, and
 //     pswitchd being absent or restarting changes nothing for it.
@@ -35,6 +47,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <utility>
 
 #include "gpu/activity_page_layout.h"
 
@@ -88,13 +102,18 @@ class SyncHold {
   int64_t start_ns_ = 0;
 };
 
+// glibc's dlsym: this library's own lookups bypass its interposed one (the wrappers it hands out
+// are for the job's).
+using Dlsym = void* (*)(void*, const char*);
+Dlsym GlibcDlsym();
+
 // The real `name`, looked up once: next in the global scope, or else in the CUDA library
 // already loaded (one a Python extension loaded with RTLD_LOCAL is not in the global scope).
 template <typename Fn>
 Fn Real(std::atomic<Fn>& slot, const char* name) {
   Fn fn = slot.load(std::memory_order_acquire);
   if (fn == nullptr) {
-    void* found = ::dlsym(RTLD_NEXT, name);
+    void* found = GlibcDlsym()(RTLD_NEXT, name);
     static constexpr const char* kDriver[] = {"libcuda.so.1", nullptr};
     static constexpr const char* kRuntime[] = {"libcudart.so.13", "libcudart.so.12",
                                                "libcudart.so.11.0", nullptr};
@@ -102,7 +121,7 @@ Fn Real(std::atomic<Fn>& slot, const char* name) {
     for (const char* const* library = driver ? kDriver : kRuntime; *library != nullptr; ++library) {
       if (found != nullptr) break;
       if (void* handle = ::dlopen(*library, RTLD_LAZY | RTLD_NOLOAD)) {
-        found = ::dlsym(handle, name);
+        found = GlibcDlsym()(handle, name);
         ::dlclose(handle);  // RTLD_NOLOAD took a reference of a library loaded anyway
       }
     }
@@ -127,6 +146,221 @@ R Synchronise(std::atomic<R (*)(Params...)>& real, const char* name, R not_found
   if (fn == nullptr) return not_found;
   SyncHold hold;
   return fn(args...);
+}
+
+// Driver entry points handed out by cuGetProcAddress or a handle's dlsym (the file's comment).
+
+// Those counted. A copy waits for the work queued before it, and one to or from pageable memory
+// blocks the host until it is done: PyTorch's `tensor.to(kCPU)` waits inside cudaMemcpyAsync, not
+// in a synchronisation (on the H200 a GPT-2 stage's 5 ms waits for its activations' copy out were
+// taken for bubbles), so copies are holds like synchronisations.
+enum Entry : int {
+  kLaunchKernel,
+  kLaunchKernelEx,
+  kLaunchCooperativeKernel,
+  kGraphLaunch,
+  kStreamSynchronize,
+  kEventSynchronize,
+  kCtxSynchronize,
+  kMemcpy,
+  kMemcpyAsync,
+  kMemcpyDtoH,
+  kMemcpyDtoHAsync,
+  kMemcpyHtoD,
+  kMemcpyHtoDAsync,
+  kEntries
+};
+struct EntryNames {
+  const char* name;      // as cuGetProcAddress is asked for it
+  const char* exported;  // libcuda's symbol of the ABI below
+  int since;  // the CUDA version (1000 x major + 10 x minor) from which that ABI is given
+};
+// The copies' ABI with 64-bit sizes is their _v2 (CUDA 3.2); the others have one signature in
+// every version, but cuCtxSynchronize, counted only where it is the function libcuda exports by
+// that name.
+constexpr EntryNames kEntryNames[kEntries] = {
+    {"cuLaunchKernel", "cuLaunchKernel", 0},
+    {"cuLaunchKernelEx", "cuLaunchKernelEx", 0},
+    {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", 0},
+    {"cuGraphLaunch", "cuGraphLaunch", 0},
+    {"cuStreamSynchronize", "cuStreamSynchronize", 0},
+    {"cuEventSynchronize", "cuEventSynchronize", 0},
+    {"cuCtxSynchronize", "cuCtxSynchronize", 0},
+    {"cuMemcpy", "cuMemcpy", 0},
+    {"cuMemcpyAsync", "cuMemcpyAsync", 0},
+    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", 3020},
+    {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", 3020},
+    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", 3020},
+    {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", 3020},
+};
+// Distinct real functions one entry may be handed out as (the legacy and the per-thread default
+// stream's, for each ABI version asked): each gets its own wrapper. A fifth goes uncounted.
+constexpr int kVariants = 4;
+std::atomic<void*> variant_real[kEntries][kVariants];
+
+template <Entry E, int V, typename Signature>
+struct DriverVia;
+template <Entry E, int V, typename... Params>
+struct DriverVia<E, V, CuResult(Params...)> {
+  static CuResult Real(Params... args) {
+    auto* fn = reinterpret_cast<CuResult (*)(Params...)>(
+        variant_real[E][V].load(std::memory_order_acquire));
+    return fn(args...);
+  }
+  static CuResult Launch(Params... args) {
+    Count();
+    return Real(args...);
+  }
+  static CuResult Synchronise(Params... args) {
+    SyncHold hold;
+    return Real(args...);
+  }
+};
+
+using LaunchKernelFn = CuResult(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                unsigned, void*, void**, void**);
+using LaunchKernelExFn = CuResult(const void*, void*, void**, void**);
+using LaunchCooperativeKernelFn = CuResult(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                           unsigned, unsigned, void*, void**);
+using OneHandleFn = CuResult(void*);
+using NoArgumentFn = CuResult();
+using MemcpyFn = CuResult(uint64_t, uint64_t, size_t);  // CUdeviceptr: 64 bits
+using MemcpyAsyncFn = CuResult(uint64_t, uint64_t, size_t, void*);
+using MemcpyDtoHFn = CuResult(void*, uint64_t, size_t);
+using MemcpyDtoHAsyncFn = CuResult(void*, uint64_t, size_t, void*);
+using MemcpyHtoDFn = CuResult(uint64_t, const void*, size_t);
+using MemcpyHtoDAsyncFn = CuResult(uint64_t, const void*, size_t, void*);
+
+template <Entry E, typename Signature, size_t... V>
+void* ViaOf(int variant, std::index_sequence<V...>) {
+  constexpr bool kLaunches = E == kLaunchKernel || E == kLaunchKernelEx ||
+                             E == kLaunchCooperativeKernel || E == kGraphLaunch;
+  void* const vias[] = {kLaunches
+                            ? reinterpret_cast<void*>(&DriverVia<E, V, Signature>::Launch)
+                            : reinterpret_cast<void*>(&DriverVia<E, V, Signature>::Synchronise)...};
+  return vias[variant];
+}
+
+// The counting wrapper of variant `variant` of `entry`.
+void* Via(Entry entry, int variant) {
+  constexpr auto kAll = std::make_index_sequence<kVariants>();
+  switch (entry) {
+    case kLaunchKernel:
+      return ViaOf<kLaunchKernel, LaunchKernelFn>(variant, kAll);
+    case kLaunchKernelEx:
+      return ViaOf<kLaunchKernelEx, LaunchKernelExFn>(variant, kAll);
+    case kLaunchCooperativeKernel:
+      return ViaOf<kLaunchCooperativeKernel, LaunchCooperativeKernelFn>(variant, kAll);
+    case kGraphLaunch:
+      return ViaOf<kGraphLaunch, CuResult(void*, void*)>(variant, kAll);
+    case kStreamSynchronize:
+      return ViaOf<kStreamSynchronize, OneHandleFn>(variant, kAll);
+    case kEventSynchronize:
+      return ViaOf<kEventSynchronize, OneHandleFn>(variant, kAll);
+    case kCtxSynchronize:
+      return ViaOf<kCtxSynchronize, NoArgumentFn>(variant, kAll);
+    case kMemcpy:
+      return ViaOf<kMemcpy, MemcpyFn>(variant, kAll);
+    case kMemcpyAsync:
+      return ViaOf<kMemcpyAsync, MemcpyAsyncFn>(variant, kAll);
+    case kMemcpyDtoH:
+      return ViaOf<kMemcpyDtoH, MemcpyDtoHFn>(variant, kAll);
+    case kMemcpyDtoHAsync:
+      return ViaOf<kMemcpyDtoHAsync, MemcpyDtoHAsyncFn>(variant, kAll);
+    case kMemcpyHtoD:
+      return ViaOf<kMemcpyHtoD, MemcpyHtoDFn>(variant, kAll);
+    case kMemcpyHtoDAsync:
+      return ViaOf<kMemcpyHtoDAsync, MemcpyHtoDAsyncFn>(variant, kAll);
+    case kEntries:
+      break;
+  }
+  return nullptr;
+}
+
+// The library cuGetProcAddress was found in (libcuda), to tell which ABI a function it gave has.
+std::atomic<void*> driver_handle{nullptr};
+
+// What the driver library exports as `name` (nullptr when it is not known).
+void* DriverExport(const char* name) {
+  void* handle = driver_handle.load(std::memory_order_acquire);
+  return handle == nullptr ? nullptr : GlibcDlsym()(handle, name);
+}
+
+using GetProcAddressV2Fn = CuResult(const char*, void**, int, uint64_t, int*);
+using GetProcAddressFn = CuResult(const char*, void**, int, uint64_t);
+std::atomic<GetProcAddressV2Fn*> real_get_proc_address_v2{nullptr};
+std::atomic<GetProcAddressFn*> real_get_proc_address{nullptr};
+void* Wrap(const char* symbol, void* real, int version);
+
+CuResult GetProcAddressV2Via(const char* symbol, void** pfn, int version, uint64_t flags,
+                             int* status) {
+  const CuResult result =
+      real_get_proc_address_v2.load(std::memory_order_acquire)(symbol, pfn, version, flags, status);
+  if (result == 0 && pfn != nullptr) *pfn = Wrap(symbol, *pfn, version);
+  return result;
+}
+
+CuResult GetProcAddressVia(const char* symbol, void** pfn, int version, uint64_t flags) {
+  const CuResult result =
+      real_get_proc_address.load(std::memory_order_acquire)(symbol, pfn, version, flags);
+  if (result == 0 && pfn != nullptr) *pfn = Wrap(symbol, *pfn, version);
+  return result;
+}
+
+// Keeps `real` as what `slot` wraps; false when it already wraps another function.
+template <typename Fn>
+bool Keep(std::atomic<Fn*>& slot, void* real) {
+  Fn* expected = nullptr;
+  auto* fn = reinterpret_cast<Fn*>(real);
+  return slot.compare_exchange_strong(expected, fn, std::memory_order_acq_rel) || expected == fn;
+}
+
+// Asked of dlsym rather than of cuGetProcAddress (Wrap's `version`).
+constexpr int kExportedName = -1;
+
+// What to hand the job for `real`, found as `symbol` (given by cuGetProcAddress for `version`, or
+// kExportedName): a counting wrapper of it, or `real` itself when this library counts nothing of
+// it (or has no page to count into).
+void* Wrap(const char* symbol, void* real, int version) {
+  if (real == nullptr || symbol == nullptr || page.load(std::memory_order_acquire) == nullptr ||
+      std::strncmp(symbol, "cu", 2) != 0) {
+    return real;
+  }
+  // One of this library's own exports (a handle whose scope holds it: the program's) is
+  // counted already.
+  Dl_info found, mine;
+  if (::dladdr(real, &found) != 0 && ::dladdr(reinterpret_cast<void*>(&Count), &mine) != 0 &&
+      found.dli_fbase == mine.dli_fbase) {
+    return real;
+  }
+  if (std::strcmp(symbol, "cuGetProcAddress_v2") == 0) {
+    return Keep(real_get_proc_address_v2, real) ? reinterpret_cast<void*>(&GetProcAddressV2Via)
+                                                : real;
+  }
+  if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
+    // Asked of cuGetProcAddress itself: the ABI the version chose is the one whose real
+    // function it gave.
+    if (real == reinterpret_cast<void*>(real_get_proc_address_v2.load())) {
+      return reinterpret_cast<void*>(&GetProcAddressV2Via);
+    }
+    return Keep(real_get_proc_address, real) ? reinterpret_cast<void*>(&GetProcAddressVia) : real;
+  }
+  for (int e = 0; e < kEntries; ++e) {
+    const EntryNames& names = kEntryNames[e];
+    const bool exported = version == kExportedName;
+    if (std::strcmp(symbol, exported ? names.exported : names.name) != 0) continue;
+    if (!exported && version < names.since) return real;  // an older ABI
+    if (e == kCtxSynchronize && !exported && real != DriverExport(symbol)) return real;  // a newer
+    for (int v = 0; v < kVariants; ++v) {
+      void* expected = nullptr;
+      if (variant_real[e][v].compare_exchange_strong(expected, real, std::memory_order_acq_rel) ||
+          expected == real) {
+        return Via(static_cast<Entry>(e), v);
+      }
+    }
+    return real;
+  }
+  return real;
 }
 
 __attribute__((constructor)) void OpenPage() {
@@ -214,6 +448,12 @@ PSWITCH_EXPORT CudaError cudaMemcpy(void* dst, const void* src, size_t count, in
   return Synchronise(real, "cudaMemcpy", kCudaErrorUnknown, dst, src, count, kind);
 }
 
+PSWITCH_EXPORT CudaError cudaMemcpyAsync(void* dst, const void* src, size_t count, int kind,
+                                         void* stream) {
+  static std::atomic<CudaError (*)(void*, const void*, size_t, int, void*)> real{nullptr};
+  return Synchronise(real, "cudaMemcpyAsync", kCudaErrorUnknown, dst, src, count, kind, stream);
+}
+
 PSWITCH_EXPORT CuResult cuCtxSynchronize() {
   static std::atomic<CuResult (*)()> real{nullptr};
   return Synchronise(real, "cuCtxSynchronize", kCuErrorNotFound);
@@ -232,3 +472,81 @@ PSWITCH_EXPORT CuResult cuEventSynchronize(void* event) {
 #undef PSWITCH_EXPORT
 
 }  // extern "C"
+
+// dlsym: a lookup the job makes in a library's own handle of cuGetProcAddress(_v2) or of a counted
+// driver entry point returns a counting wrapper (Wrap); every other one is glibc's, reached by a
+// tail jump so that glibc sees the job's return address, which RTLD_NEXT is relative to.
+extern "C" {
+__attribute__((visibility("hidden"))) void* pswitch_monitor_glibc_dlsym = nullptr;
+
+// The wrapper for `name` in `handle`, or nullptr to have glibc's dlsym answer.
+__attribute__((visibility("hidden"), used)) void* pswitch_monitor_dlsym_hook(void* handle,
+                                                                             const char* name) {
+  const Dlsym glibc = GlibcDlsym();  // sets pswitch_monitor_glibc_dlsym for the tail jump
+  // RTLD_DEFAULT finds this library's own exports first; RTLD_NEXT is relative to the caller,
+  // which only the tail jump keeps.
+  if (glibc == nullptr || name == nullptr || name[0] != 'c' || name[1] != 'u' ||
+      handle == RTLD_DEFAULT || handle == RTLD_NEXT ||
+      page.load(std::memory_order_acquire) == nullptr) {
+    return nullptr;
+  }
+  void* real = glibc(handle, name);
+  if (real == nullptr) return nullptr;
+  if (std::strncmp(name, "cuGetProcAddress", 16) == 0) {
+    void* expected = nullptr;
+    driver_handle.compare_exchange_strong(expected, handle, std::memory_order_acq_rel);
+  }
+  void* wrapped = Wrap(name, real, kExportedName);
+  return wrapped != real ? wrapped : nullptr;
+}
+}  // extern "C"
+
+namespace {
+Dlsym GlibcDlsym() {
+  void* fn = __atomic_load_n(&pswitch_monitor_glibc_dlsym, __ATOMIC_ACQUIRE);
+  if (fn == nullptr) {
+    // dlvsym is not interposed; RTLD_NEXT from here is glibc's. Versions: glibc 2.34 moved
+    // dlsym into libc.so.6, and before that x86-64's was libdl's GLIBC_2.2.5.
+    fn = ::dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (fn == nullptr) fn = ::dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    __atomic_store_n(&pswitch_monitor_glibc_dlsym, fn, __ATOMIC_RELEASE);
+  }
+  return reinterpret_cast<Dlsym>(fn);
+}
+}  // namespace
+
+#if defined(__x86_64__)
+// dlsym(handle, name): the hook's answer when it has one, else a tail jump to glibc's (or NULL,
+// "not found", should glibc have none) with the caller's return address still on the stack.
+asm(R"(
+  .text
+  .globl dlsym
+  .type dlsym, @function
+  .p2align 4
+dlsym:
+  .cfi_startproc
+  pushq %rdi
+  .cfi_adjust_cfa_offset 8
+  pushq %rsi
+  .cfi_adjust_cfa_offset 8
+  subq $8, %rsp
+  .cfi_adjust_cfa_offset 8
+  call pswitch_monitor_dlsym_hook
+  addq $8, %rsp
+  .cfi_adjust_cfa_offset -8
+  popq %rsi
+  .cfi_adjust_cfa_offset -8
+  popq %rdi
+  .cfi_adjust_cfa_offset -8
+  testq %rax, %rax
+  jnz 1f
+  movq pswitch_monitor_glibc_dlsym(%rip), %r11
+  testq %r11, %r11
+  jz 1f
+  jmp *%r11
+1:
+  ret
+  .cfi_endproc
+  .size dlsym, .-dlsym
+)");
+#endif

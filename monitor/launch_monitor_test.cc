@@ -23,7 +23,8 @@ std::string ReadAll(FILE* out) {
   return text;
 }
 
-// Runs the stub caller (7 entry points, `n` times each; `mode` "sync": the synchronisations)
+// Runs the stub caller (7 launch entry points, `n` times each; `mode` "sync": the 8
+// synchronisations; "lookup": the driver's entry points found at run time)
 // with `env` set; its output line.
 std::string RunCaller(const std::string& env, int n, int* rc, const std::string& mode = "") {
   const std::string command =
@@ -80,7 +81,7 @@ TEST_F(LaunchMonitorTest, SynchronisationsThatWaitCountAsActivity) {
   uint64_t quick = UINT64_MAX, before = 0;
   for (int run = 0; run < 3; ++run) {
     EXPECT_EQ(RunCaller(Preloaded(page_) + " LD_BIND_NOW=1 STUB_SYNC_US=0", 3, &rc, "sync"),
-              "calls=21 failed=0\n");
+              "calls=24 failed=0\n");
     EXPECT_EQ(rc, 0);
     if (!reader.ok()) reader = gpu::ActivityReader::Open(page_);
     ASSERT_TRUE(reader.ok()) << reader.status();
@@ -89,16 +90,16 @@ TEST_F(LaunchMonitorTest, SynchronisationsThatWaitCountAsActivity) {
     quick = std::min(quick, now - before);
     before = now;
   }
-  EXPECT_LE(quick, 1u);  // a threshold that counted them all would give 21
+  EXPECT_LE(quick, 1u);  // a threshold that counted them all would give 24
   EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=1000", 2, &rc, "sync"),
-            "calls=14 failed=0\n");
-  EXPECT_EQ(reader->Read()->launches, before + 14);
+            "calls=16 failed=0\n");
+  EXPECT_EQ(reader->Read()->launches, before + 16);
   EXPECT_EQ(reader->Read()->busy, 0u);
 }
 
 // While the job waits in a synchronisation the page shows it under way.
 TEST_F(LaunchMonitorTest, AWaitingSynchronisationIsAHoldUnderWay) {
-  // 7 synchronisations of 0.3 s each.
+  // 8 synchronisations of 0.3 s each.
   const std::string command =
       absl::StrCat(Preloaded(page_), " STUB_SYNC_US=300000 ", PSWITCH_STUB_CALLER, " 1 sync 2>&1");
   FILE* out = ::popen(command.c_str(), "r");
@@ -114,11 +115,33 @@ TEST_F(LaunchMonitorTest, AWaitingSynchronisationIsAHoldUnderWay) {
   EXPECT_TRUE(seen) << "the waiting synchronisation never showed as busy";
   const std::string text = ReadAll(out);
   EXPECT_EQ(::pclose(out), 0);
-  EXPECT_EQ(text, "calls=7 failed=0\n");
+  EXPECT_EQ(text, "calls=8 failed=0\n");
   absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(page_);
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ(reader->Read()->busy, 0u);
-  EXPECT_EQ(reader->Read()->launches, 7u);
+  EXPECT_EQ(reader->Read()->launches, 8u);
+}
+
+// A statically linked CUDA runtime (PyTorch's, cuBLAS's) reaches the driver through
+// cuGetProcAddress, found with dlsym in the driver's own handle: every launch and synchronisation
+// it gives, in each variant, is counted and reaches the real function; RTLD_NEXT keeps its
+// meaning for the job through the interposed dlsym.
+TEST_F(LaunchMonitorTest, DriverEntryPointsLookedUpAtRunTimeAreCounted) {
+  int rc = -1;
+  // 8 launches, 3 synchronisations and 8 copies of 1 ms, 3 times, then 2 launches. The copy of
+  // the CUDA 3.0 ABI (32-bit sizes) is passed on unwrapped: not counted.
+  const std::string expected = "calls=59 failed=0 variants=kept rtld_next=kept\n";
+  EXPECT_EQ(RunCaller(Preloaded(page_) + " STUB_SYNC_US=1000", 3, &rc, "lookup"), expected);
+  EXPECT_EQ(rc, 0);
+  absl::StatusOr<gpu::ActivityReader> reader = gpu::ActivityReader::Open(page_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->Read()->launches, 56u);
+  EXPECT_EQ(reader->Read()->busy, 0u);
+  // The same calls without the monitor, or without a page, reach the same functions.
+  EXPECT_EQ(RunCaller("env STUB_SYNC_US=1000", 3, &rc, "lookup"), expected);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(RunCaller(Preloaded("") + " STUB_SYNC_US=1000", 3, &rc, "lookup"), expected);
+  EXPECT_EQ(rc, 0);
 }
 
 // Preloaded ahead of everything in the job, the library must export the CUDA entry points it
@@ -130,8 +153,8 @@ TEST(LaunchMonitorExportsTest, OnlyTheInterposedEntryPointsAreExported) {
   for (const char* name :
        {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaGraphLaunch",
         "cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch", "cudaDeviceSynchronize",
-        "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cuCtxSynchronize",
-        "cuStreamSynchronize", "cuEventSynchronize"}) {
+        "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync",
+        "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "dlsym"}) {
     EXPECT_NE(::dlsym(library, name), nullptr) << name;
   }
   for (const char* name : {"__cxa_throw", "__cxa_begin_catch", "__gxx_personality_v0",

@@ -109,7 +109,11 @@ cmd_versions() {
 cmd_binaries() {
   local t present=() missing=()
   for t in "${targets[@]}"; do
-    if [ -x "$bin/$t" ] || [ -x "$build/tests/$t" ]; then present+=("$t"); else missing+=("$t"); fi
+    if [ -x "$bin/$t" ] || [ -x "$build/tests/$t" ] || [ -f "$build/lib/lib$t.so" ]; then
+      present+=("$t")
+    else
+      missing+=("$t")
+    fi
   done
   echo "FIG built: ${present[*]:-none}${missing[*]:+; MISSING: ${missing[*]}}"
   [ ${#missing[@]} -eq 0 ]
@@ -915,6 +919,11 @@ cmd_detect() {
       { echo "pipetrain with detection failed:"; tail -5 "$d/detect-$r.out"; }
     wait "$submitter"
   done
+  # What the monitor counted: few launches means the job's launches went around it.
+  "$python" -c 'import struct, sys
+magic, launches, busy = struct.unpack("<QQQ", open(sys.argv[1], "rb").read(24))
+print(f"FIG detect page: {launches} launches counted, {busy} holds under way at the end")' \
+    "$d/pages/activity-gpu0" || echo "no activity page"
   # The bubbles found (the trace's "detected" track), to score against the job's own.
   if [ -n "${daemon_http_port:-}" ]; then
     "$bin/pswitchctl" trace --http="127.0.0.1:$daemon_http_port" --seconds=600 \
