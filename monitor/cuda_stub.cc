@@ -16,6 +16,7 @@ struct Dim3 {
 };
 std::atomic<int> calls{0};
 std::atomic<unsigned> last_grid_x{0};
+std::atomic<void*> last_context{nullptr};
 int Synchronise() {
   const char* us = std::getenv("STUB_SYNC_US");
   // No sleep at all for 0: even a zero one lasts the timer slack (50 us).
@@ -27,6 +28,7 @@ int Synchronise() {
 extern "C" {
 __attribute__((visibility("default"))) int stub_calls() { return calls.load(); }
 __attribute__((visibility("default"))) unsigned stub_last_grid_x() { return last_grid_x.load(); }
+__attribute__((visibility("default"))) void* stub_last_context() { return last_context.load(); }
 
 __attribute__((visibility("default"))) int cudaLaunchKernel(const void*, Dim3 grid, Dim3, void**,
                                                             size_t, void*) {
@@ -76,6 +78,11 @@ __attribute__((visibility("default"))) int cudaMemcpyAsync(void*, const void*, s
   return Synchronise();
 }
 __attribute__((visibility("default"))) int cuCtxSynchronize() { return Synchronise(); }
+// CUDA 12.9's, given for CUDA 13 and later.
+__attribute__((visibility("default"))) int cuCtxSynchronize_v2(void* context) {
+  last_context = context;
+  return Synchronise();
+}
 // The driver's copies: the _v2 ABI (64-bit sizes), and one of the CUDA 3.0 ABI's.
 __attribute__((visibility("default"))) int cuMemcpy(unsigned long long, unsigned long long,
                                                     size_t) {
@@ -108,10 +115,17 @@ __attribute__((visibility("default"))) int cuEventSynchronize(void*) { return Sy
 }
 
 // The driver's lookup, as the CUDA runtime uses it: flags 2 (per-thread default stream) gives
-// cuLaunchKernel's _ptsz variant; "cuGetProcAddress" gives the ABI the version asks for.
+// cuLaunchKernel's _ptsz variant; "cuGetProcAddress" gives the ABI the version asks for, the _v2
+// as a function of its own (as a driver's internal alias or a profiler's would be).
 extern "C" {
+int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags,
+                        int* status);
 __attribute__((visibility("default"))) int cuGetProcAddress(const char* symbol, void** pfn,
                                                             int version, unsigned long long flags);
+static int GetProcAddressAlias(const char* symbol, void** pfn, int version,
+                               unsigned long long flags, int* status) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+}
 __attribute__((visibility("default"))) int cuGetProcAddress_v2(const char* symbol, void** pfn,
                                                                int version,
                                                                unsigned long long flags,
@@ -128,7 +142,8 @@ __attribute__((visibility("default"))) int cuGetProcAddress_v2(const char* symbo
       {"cuGraphLaunch", reinterpret_cast<void*>(&cuGraphLaunch)},
       {"cuStreamSynchronize", reinterpret_cast<void*>(&cuStreamSynchronize)},
       {"cuEventSynchronize", reinterpret_cast<void*>(&cuEventSynchronize)},
-      {"cuCtxSynchronize", reinterpret_cast<void*>(&cuCtxSynchronize)},
+      {"cuCtxSynchronize", version >= 13000 ? reinterpret_cast<void*>(&cuCtxSynchronize_v2)
+                                            : reinterpret_cast<void*>(&cuCtxSynchronize)},
       {"cuMemcpy", reinterpret_cast<void*>(&cuMemcpy)},
       {"cuMemcpyAsync", reinterpret_cast<void*>(&cuMemcpyAsync)},
       {"cuMemcpyDtoH", version >= 3020 ? reinterpret_cast<void*>(&cuMemcpyDtoH_v2)
@@ -136,7 +151,7 @@ __attribute__((visibility("default"))) int cuGetProcAddress_v2(const char* symbo
       {"cuMemcpyDtoHAsync", reinterpret_cast<void*>(&cuMemcpyDtoHAsync_v2)},
       {"cuMemcpyHtoD", reinterpret_cast<void*>(&cuMemcpyHtoD_v2)},
       {"cuMemcpyHtoDAsync", reinterpret_cast<void*>(&cuMemcpyHtoDAsync_v2)},
-      {"cuGetProcAddress", version >= 12000 ? reinterpret_cast<void*>(&cuGetProcAddress_v2)
+      {"cuGetProcAddress", version >= 12000 ? reinterpret_cast<void*>(&GetProcAddressAlias)
                                             : reinterpret_cast<void*>(&cuGetProcAddress)},
   };
   for (const Known& k : known) {

@@ -113,15 +113,16 @@ template <typename Fn>
 Fn Real(std::atomic<Fn>& slot, const char* name) {
   Fn fn = slot.load(std::memory_order_acquire);
   if (fn == nullptr) {
-    void* found = GlibcDlsym()(RTLD_NEXT, name);
+    const Dlsym lookup = GlibcDlsym();
+    void* found = lookup != nullptr ? lookup(RTLD_NEXT, name) : nullptr;
     static constexpr const char* kDriver[] = {"libcuda.so.1", nullptr};
     static constexpr const char* kRuntime[] = {"libcudart.so.13", "libcudart.so.12",
                                                "libcudart.so.11.0", nullptr};
     const bool driver = name[0] == 'c' && name[1] == 'u' && name[2] != 'd';
     for (const char* const* library = driver ? kDriver : kRuntime; *library != nullptr; ++library) {
-      if (found != nullptr) break;
+      if (found != nullptr || lookup == nullptr) break;
       if (void* handle = ::dlopen(*library, RTLD_LAZY | RTLD_NOLOAD)) {
-        found = GlibcDlsym()(handle, name);
+        found = lookup(handle, name);
         ::dlclose(handle);  // RTLD_NOLOAD took a reference of a library loaded anyway
       }
     }
@@ -176,8 +177,8 @@ struct EntryNames {
   int since;  // the CUDA version (1000 x major + 10 x minor) from which that ABI is given
 };
 // The copies' ABI with 64-bit sizes is their _v2 (CUDA 3.2); the others have one signature in
-// every version, but cuCtxSynchronize, counted only where it is the function libcuda exports by
-// that name.
+// every version, but cuCtxSynchronize: CUDA 12.9's _v2 takes a context, so its wrapper passes one
+// register on (CtxSynchronizeFn).
 constexpr EntryNames kEntryNames[kEntries] = {
     {"cuLaunchKernel", "cuLaunchKernel", 0},
     {"cuLaunchKernelEx", "cuLaunchKernelEx", 0},
@@ -194,7 +195,8 @@ constexpr EntryNames kEntryNames[kEntries] = {
     {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", 3020},
 };
 // Distinct real functions one entry may be handed out as (the legacy and the per-thread default
-// stream's, for each ABI version asked): each gets its own wrapper. A fifth goes uncounted.
+// stream's, for each ABI version asked): each gets its own wrapper. A fifth is passed on
+// uncounted.
 constexpr int kVariants = 4;
 std::atomic<void*> variant_real[kEntries][kVariants];
 
@@ -223,7 +225,9 @@ using LaunchKernelExFn = CuResult(const void*, void*, void**, void**);
 using LaunchCooperativeKernelFn = CuResult(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
                                            unsigned, unsigned, void*, void**);
 using OneHandleFn = CuResult(void*);
-using NoArgumentFn = CuResult();
+// cuCtxSynchronize() and cuCtxSynchronize_v2(CUcontext) alike: a wrapper that passes its one
+// integer register on serves both on x86-64, where the first ignores it (this path is x86-64's).
+using CtxSynchronizeFn = CuResult(void*);
 using MemcpyFn = CuResult(uint64_t, uint64_t, size_t);  // CUdeviceptr: 64 bits
 using MemcpyAsyncFn = CuResult(uint64_t, uint64_t, size_t, void*);
 using MemcpyDtoHFn = CuResult(void*, uint64_t, size_t);
@@ -258,7 +262,7 @@ void* Via(Entry entry, int variant) {
     case kEventSynchronize:
       return ViaOf<kEventSynchronize, OneHandleFn>(variant, kAll);
     case kCtxSynchronize:
-      return ViaOf<kCtxSynchronize, NoArgumentFn>(variant, kAll);
+      return ViaOf<kCtxSynchronize, CtxSynchronizeFn>(variant, kAll);
     case kMemcpy:
       return ViaOf<kMemcpy, MemcpyFn>(variant, kAll);
     case kMemcpyAsync:
@@ -277,42 +281,52 @@ void* Via(Entry entry, int variant) {
   return nullptr;
 }
 
-// The library cuGetProcAddress was found in (libcuda), to tell which ABI a function it gave has.
-std::atomic<void*> driver_handle{nullptr};
+// Whether `fn` is one of this library's own exports (a handle whose scope holds it, the
+// program's, finds them): counted already. Compared by address, without dladdr's loader lock.
+bool OwnExport(void* fn);
 
-// What the driver library exports as `name` (nullptr when it is not known).
-void* DriverExport(const char* name) {
-  void* handle = driver_handle.load(std::memory_order_acquire);
-  return handle == nullptr ? nullptr : GlibcDlsym()(handle, name);
+// The slot of `slots` that holds `real`, claimed for it if need be; -1 when all hold others.
+int Claim(std::atomic<void*> (&slots)[kVariants], void* real) {
+  for (int v = 0; v < kVariants; ++v) {
+    void* expected = nullptr;
+    if (slots[v].compare_exchange_strong(expected, real, std::memory_order_acq_rel) ||
+        expected == real) {
+      return v;
+    }
+  }
+  return -1;
 }
 
-using GetProcAddressV2Fn = CuResult(const char*, void**, int, uint64_t, int*);
-using GetProcAddressFn = CuResult(const char*, void**, int, uint64_t);
-std::atomic<GetProcAddressV2Fn*> real_get_proc_address_v2{nullptr};
-std::atomic<GetProcAddressFn*> real_get_proc_address{nullptr};
+// cuGetProcAddress of either ABI, each real one (the driver's, an alias of it, a profiler's) with
+// its own wrapper: what it gives is wrapped in turn.
 void* Wrap(const char* symbol, void* real, int version);
+std::atomic<void*> get_proc_address_v2_real[kVariants];
+std::atomic<void*> get_proc_address_real[kVariants];
 
+template <int V>
 CuResult GetProcAddressV2Via(const char* symbol, void** pfn, int version, uint64_t flags,
                              int* status) {
-  const CuResult result =
-      real_get_proc_address_v2.load(std::memory_order_acquire)(symbol, pfn, version, flags, status);
+  using Fn = CuResult(const char*, void**, int, uint64_t, int*);
+  auto* real = reinterpret_cast<Fn*>(get_proc_address_v2_real[V].load(std::memory_order_acquire));
+  const CuResult result = real(symbol, pfn, version, flags, status);
   if (result == 0 && pfn != nullptr) *pfn = Wrap(symbol, *pfn, version);
   return result;
 }
 
+template <int V>
 CuResult GetProcAddressVia(const char* symbol, void** pfn, int version, uint64_t flags) {
-  const CuResult result =
-      real_get_proc_address.load(std::memory_order_acquire)(symbol, pfn, version, flags);
+  using Fn = CuResult(const char*, void**, int, uint64_t);
+  auto* real = reinterpret_cast<Fn*>(get_proc_address_real[V].load(std::memory_order_acquire));
+  const CuResult result = real(symbol, pfn, version, flags);
   if (result == 0 && pfn != nullptr) *pfn = Wrap(symbol, *pfn, version);
   return result;
 }
 
-// Keeps `real` as what `slot` wraps; false when it already wraps another function.
-template <typename Fn>
-bool Keep(std::atomic<Fn*>& slot, void* real) {
-  Fn* expected = nullptr;
-  auto* fn = reinterpret_cast<Fn*>(real);
-  return slot.compare_exchange_strong(expected, fn, std::memory_order_acq_rel) || expected == fn;
+template <size_t... V>
+void* GetProcAddressViaOf(bool v2, int variant, std::index_sequence<V...>) {
+  void* const vias[] = {v2 ? reinterpret_cast<void*>(&GetProcAddressV2Via<V>)
+                           : reinterpret_cast<void*>(&GetProcAddressVia<V>)...};
+  return vias[variant];
 }
 
 // Asked of dlsym rather than of cuGetProcAddress (Wrap's `version`).
@@ -326,39 +340,24 @@ void* Wrap(const char* symbol, void* real, int version) {
       std::strncmp(symbol, "cu", 2) != 0) {
     return real;
   }
-  // One of this library's own exports (a handle whose scope holds it: the program's) is
-  // counted already.
-  Dl_info found, mine;
-  if (::dladdr(real, &found) != 0 && ::dladdr(reinterpret_cast<void*>(&Count), &mine) != 0 &&
-      found.dli_fbase == mine.dli_fbase) {
-    return real;
-  }
-  if (std::strcmp(symbol, "cuGetProcAddress_v2") == 0) {
-    return Keep(real_get_proc_address_v2, real) ? reinterpret_cast<void*>(&GetProcAddressV2Via)
-                                                : real;
-  }
-  if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
-    // Asked of cuGetProcAddress itself: the ABI the version chose is the one whose real
-    // function it gave.
-    if (real == reinterpret_cast<void*>(real_get_proc_address_v2.load())) {
-      return reinterpret_cast<void*>(&GetProcAddressV2Via);
-    }
-    return Keep(real_get_proc_address, real) ? reinterpret_cast<void*>(&GetProcAddressVia) : real;
+  if (OwnExport(real)) return real;
+  const bool exported = version == kExportedName;
+  // cuGetProcAddress's ABI is the one asked for: by name, or from CUDA 12.0 on (the _v2, with
+  // its status) when it is asked for itself.
+  const bool v2 = std::strcmp(symbol, "cuGetProcAddress_v2") == 0;
+  if (v2 || std::strcmp(symbol, "cuGetProcAddress") == 0) {
+    const bool with_status = v2 || (!exported && version >= 12000);
+    const int variant = Claim(with_status ? get_proc_address_v2_real : get_proc_address_real, real);
+    return variant < 0
+               ? real
+               : GetProcAddressViaOf(with_status, variant, std::make_index_sequence<kVariants>());
   }
   for (int e = 0; e < kEntries; ++e) {
     const EntryNames& names = kEntryNames[e];
-    const bool exported = version == kExportedName;
     if (std::strcmp(symbol, exported ? names.exported : names.name) != 0) continue;
     if (!exported && version < names.since) return real;  // an older ABI
-    if (e == kCtxSynchronize && !exported && real != DriverExport(symbol)) return real;  // a newer
-    for (int v = 0; v < kVariants; ++v) {
-      void* expected = nullptr;
-      if (variant_real[e][v].compare_exchange_strong(expected, real, std::memory_order_acq_rel) ||
-          expected == real) {
-        return Via(static_cast<Entry>(e), v);
-      }
-    }
-    return real;
+    const int variant = Claim(variant_real[e], real);
+    return variant < 0 ? real : Via(static_cast<Entry>(e), variant);
   }
   return real;
 }
@@ -492,10 +491,6 @@ __attribute__((visibility("hidden"), used)) void* pswitch_monitor_dlsym_hook(voi
   }
   void* real = glibc(handle, name);
   if (real == nullptr) return nullptr;
-  if (std::strncmp(name, "cuGetProcAddress", 16) == 0) {
-    void* expected = nullptr;
-    driver_handle.compare_exchange_strong(expected, handle, std::memory_order_acq_rel);
-  }
   void* wrapped = Wrap(name, real, kExportedName);
   return wrapped != real ? wrapped : nullptr;
 }
@@ -503,6 +498,7 @@ __attribute__((visibility("hidden"), used)) void* pswitch_monitor_dlsym_hook(voi
 
 namespace {
 Dlsym GlibcDlsym() {
+#if defined(__x86_64__)
   void* fn = __atomic_load_n(&pswitch_monitor_glibc_dlsym, __ATOMIC_ACQUIRE);
   if (fn == nullptr) {
     // dlvsym is not interposed; RTLD_NEXT from here is glibc's. Versions: glibc 2.34 moved
@@ -512,6 +508,20 @@ Dlsym GlibcDlsym() {
     __atomic_store_n(&pswitch_monitor_glibc_dlsym, fn, __ATOMIC_RELEASE);
   }
   return reinterpret_cast<Dlsym>(fn);
+#else
+  return &::dlsym;  // not interposed here (no thunk)
+#endif
+}
+
+bool OwnExport(void* fn) {
+  const void* const own[] = {
+      reinterpret_cast<void*>(&cuLaunchKernel),      reinterpret_cast<void*>(&cuLaunchKernelEx),
+      reinterpret_cast<void*>(&cuGraphLaunch),       reinterpret_cast<void*>(&cuCtxSynchronize),
+      reinterpret_cast<void*>(&cuStreamSynchronize), reinterpret_cast<void*>(&cuEventSynchronize)};
+  for (const void* mine : own) {
+    if (fn == mine) return true;
+  }
+  return false;
 }
 }  // namespace
 
@@ -519,12 +529,13 @@ Dlsym GlibcDlsym() {
 // dlsym(handle, name): the hook's answer when it has one, else a tail jump to glibc's (or NULL,
 // "not found", should glibc have none) with the caller's return address still on the stack.
 asm(R"(
-  .text
+  .pushsection .text
   .globl dlsym
   .type dlsym, @function
   .p2align 4
 dlsym:
   .cfi_startproc
+  endbr64
   pushq %rdi
   .cfi_adjust_cfa_offset 8
   pushq %rsi
@@ -548,5 +559,6 @@ dlsym:
   ret
   .cfi_endproc
   .size dlsym, .-dlsym
+  .popsection
 )");
 #endif

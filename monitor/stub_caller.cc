@@ -20,6 +20,7 @@ struct Dim3 {
 extern "C" {
 int stub_calls();
 unsigned stub_last_grid_x();
+void* stub_last_context();
 int cudaLaunchKernel(const void*, Dim3, Dim3, void**, size_t, void*);
 int cudaLaunchKernelExC(const void*, const void*, void**);
 int cudaLaunchCooperativeKernel(const void*, Dim3, Dim3, void**, size_t, void*);
@@ -49,6 +50,7 @@ using LaunchKernelEx = int (*)(const void*, void*, void**, void**);
 using GraphLaunch = int (*)(void*, void*);
 using OneHandle = int (*)(void*);
 using NoArgument = int (*)();
+using ContextSynchronize = int (*)(void*);
 using Memcpy = int (*)(unsigned long long, unsigned long long, size_t);
 using MemcpyAsync = int (*)(unsigned long long, unsigned long long, size_t, void*);
 using MemcpyDtoH = int (*)(void*, unsigned long long, size_t);
@@ -66,8 +68,10 @@ Fn Found(GetProcAddressV2 get, const char* name, unsigned long long flags = 0,
   return reinterpret_cast<Fn>(fn);
 }
 
-// The "lookup" mode: 8 launches, 3 synchronisations and 8 copies (one of the CUDA 3.0 ABI), `n`
-// times each; 1 when one was not found.
+// The "lookup" mode: 8 launches, 4 synchronisations (one of them CUDA 13's cuCtxSynchronize,
+// which takes a context) and 8 copies (one of the CUDA 3.0 ABI), `n` times each; 1 when one was
+// not found. Says where cuLaunchKernel found by name in the driver's handle lies: "stub" when it
+// is the driver's own function, "wrapper" when it is not.
 int Lookups(int n) {
   void* driver = ::dlopen("libpswitch_cuda_stub.so", RTLD_LAZY | RTLD_NOLOAD);
   if (driver == nullptr) return std::printf("no driver: %s\n", ::dlerror()), 1;
@@ -81,7 +85,8 @@ int Lookups(int n) {
   auto graph = Found<GraphLaunch>(get, "cuGraphLaunch");
   auto stream_sync = Found<OneHandle>(get, "cuStreamSynchronize");
   auto event_sync = Found<OneHandle>(get, "cuEventSynchronize");
-  auto ctx_sync = Found<NoArgument>(get, "cuCtxSynchronize");
+  auto ctx_sync = Found<NoArgument>(get, "cuCtxSynchronize", 0, 12080);
+  auto ctx_sync_v2 = Found<ContextSynchronize>(get, "cuCtxSynchronize", 0, 13000);
   auto memcpy_ = Found<Memcpy>(get, "cuMemcpy");
   auto memcpy_async = Found<MemcpyAsync>(get, "cuMemcpyAsync");
   auto dtoh = Found<MemcpyDtoH>(get, "cuMemcpyDtoH");
@@ -98,8 +103,9 @@ int Lookups(int n) {
   // A driver entry point found by name in the driver's handle (as Triton's launcher does).
   auto by_name = reinterpret_cast<LaunchKernel>(::dlsym(driver, "cuLaunchKernel"));
   if (!launch || !launch_ptsz || !launch_ex || !cooperative || !graph || !stream_sync ||
-      !event_sync || !ctx_sync || !graph_again || !from_v1 || !by_name || !memcpy_ ||
-      !memcpy_async || !dtoh || !dtoh_async || !htod || !htod_async || !dtoh_v1 || !dtoh_by_name) {
+      !event_sync || !ctx_sync || !ctx_sync_v2 || !graph_again || !from_v1 || !by_name ||
+      !memcpy_ || !memcpy_async || !dtoh || !dtoh_async || !htod || !htod_async || !dtoh_v1 ||
+      !dtoh_by_name) {
     return std::printf("an entry point was not found\n"), 1;
   }
   int failed = 0;
@@ -117,6 +123,7 @@ int Lookups(int n) {
     failed += stream_sync(nullptr) != 0;
     failed += event_sync(nullptr) != 0;
     failed += ctx_sync() != 0;
+    failed += ctx_sync_v2(reinterpret_cast<void*>(0x1234)) != 0;
     failed += memcpy_(0, 0, 0) != 0;
     failed += memcpy_async(0, 0, 0, nullptr) != 0;
     failed += dtoh(nullptr, 0, 0) != 0;
@@ -126,6 +133,14 @@ int Lookups(int n) {
     failed += dtoh_v1(nullptr, 0, 0) != 0;
     failed += dtoh_by_name(nullptr, 0, 0) != 0;
   }
+  const bool context_kept = stub_last_context() == reinterpret_cast<void*>(0x1234);
+  // cuGetProcAddress asked for itself answers with its status, through whatever it gave.
+  int status = -1;
+  void* again = nullptr;
+  failed += self("cuStreamSynchronize", &again, 12080, 0, &status) != 0 || status != 0;
+  Dl_info where{};
+  const bool by_name_is_stub = ::dladdr(reinterpret_cast<void*>(by_name), &where) != 0 &&
+                               std::strstr(where.dli_fname, "cuda_stub") != nullptr;
   // Each variant reached its own real function (the per-thread stream's adds 1000).
   launch_ptsz(nullptr, 7, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr);
   const bool ptsz_kept = stub_last_grid_x() == 1007;
@@ -135,9 +150,10 @@ int Lookups(int n) {
   // next definition after the program is the first in the global scope.
   const bool next_kept =
       ::dlsym(RTLD_NEXT, "cuLaunchKernel") == ::dlsym(RTLD_DEFAULT, "cuLaunchKernel");
-  std::printf("calls=%d failed=%d variants=%s rtld_next=%s\n", stub_calls(), failed,
-              variants_kept ? "kept" : "mixed", next_kept ? "kept" : "moved");
-  return failed == 0 && variants_kept && next_kept ? 0 : 1;
+  std::printf("calls=%d failed=%d variants=%s context=%s rtld_next=%s by_name=%s\n", stub_calls(),
+              failed, variants_kept ? "kept" : "mixed", context_kept ? "kept" : "lost",
+              next_kept ? "kept" : "moved", by_name_is_stub ? "stub" : "wrapper");
+  return failed == 0 && variants_kept && context_kept && next_kept ? 0 : 1;
 }
 }  // namespace
 
