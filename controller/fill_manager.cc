@@ -708,7 +708,7 @@ absl::Duration FillManager::LongestBubble(int gpu) const {
   return longest;
 }
 
-void FillManager::Harvest(int gpu, GpuState& g) {
+FillManager::RunCounts FillManager::Harvest(int gpu, GpuState& g) {
   GpuState::Resident& r = *g.resident;
   const BubbleBell::Report report = r.bell->Read();
   Job& job = jobs_.at(r.job);
@@ -738,6 +738,7 @@ void FillManager::Harvest(int gpu, GpuState& g) {
     r.closed_ns = 0;
   }
   if (!job.machine.stopped()) Account(gpu, r.job, job, counts);
+  return counts;
 }
 
 absl::Status FillManager::BubbleEnd(int gpu) {
@@ -754,12 +755,15 @@ absl::Status FillManager::BubbleEnd(int gpu) {
     g.bubble_nvtx = 0;
     const absl::Time now = absl::Now();
     stats_.bubble_time += now - g.bubble_begin;
-    telemetry_->BubbleTime(gpu, now - g.bubble_begin);
+    if (!g.resident) telemetry_->BubbleTime(gpu, now - g.bubble_begin);
     if (g.resident) {
       // Its bell tells the run (a step under way is cut now); the scheduler checks it paused.
       const int64_t now_ns = base::MonotonicNowNs();
       g.resident->bell->Close(now_ns);
-      Harvest(gpu, g);
+      // What it completed since the bubble's start (harvested there) is this bubble's use.
+      const RunCounts counts = Harvest(gpu, g);
+      telemetry_->BubbleTime(gpu, now - g.bubble_begin,
+                             Telemetry::BubbleUse{counts.step_time, counts.steps});
       Job& job = jobs_.at(g.resident->job);
       if (job.machine.state() == fill::FillState::kRunning) {  // it had this bubble
         Transition(g.resident->job, job, fill::FillEvent::kPause);

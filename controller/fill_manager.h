@@ -268,7 +268,7 @@ class FillManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts what `gpu`'s resident run reported on its bell since the last harvest, and its pause
   // after its last bubble's close once it paused.
-  void Harvest(int gpu, GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RunCounts Harvest(int gpu, GpuState& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens this bubble for `gpu`'s resident run (true), or stops the run when it should give the
   // GPU to another job or its memory (false: nothing opened).
   bool WakeResident(int gpu, GpuState& g, int64_t bubble_end_ns, absl::Duration left,

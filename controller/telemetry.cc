@@ -332,12 +332,18 @@ void Telemetry::WeightsCache(int gpu, const WeightsCacheStats& stats) {
   f_->resident_models.Add(labels).Set(static_cast<double>(stats.resident_models));
 }
 
-void Telemetry::BubbleTime(int gpu, absl::Duration bubble) {
+void Telemetry::BubbleTime(int gpu, absl::Duration bubble, std::optional<BubbleUse> used) {
   if (bubble > absl::ZeroDuration()) {
     f_->bubble.Add({{"gpu", Gpu(gpu)}}).Increment(absl::ToDoubleSeconds(bubble));
     const int64_t end_ns = base::MonotonicNowNs();
     const int64_t dur_ns = absl::ToInt64Nanoseconds(bubble);
-    trace_.Record({gpu, "bubbles", "bubble", "bubble", end_ns - dur_ns, dur_ns, false, {}});
+    std::vector<std::pair<std::string, std::string>> args;
+    if (used) {
+      args = {{"fill_ms", absl::StrFormat("%.6f", absl::ToDoubleMilliseconds(used->step_time))},
+              {"fill_steps", absl::StrCat(used->steps)}};
+    }
+    trace_.Record(
+        {gpu, "bubbles", "bubble", "bubble", end_ns - dur_ns, dur_ns, false, std::move(args)});
   }
 }
 void Telemetry::BubbleDetected(int gpu, int64_t began_ns, int64_t announced_ns, int64_t ended_ns,

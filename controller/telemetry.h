@@ -77,8 +77,14 @@ class Telemetry {
   // rate() sees the first one).
   void AddGpu(int gpu);
   // Fill: the main job's bubble time on a GPU, fill step time spent inside bubbles, one fill
-  // run's pause latency (bubble end to paused).
-  void BubbleTime(int gpu, absl::Duration bubble);
+  // run's pause latency (bubble end to paused). A bubble is on the trace's "bubbles" track, with
+  // `used` where it is known at its end: what a resident fill run completed in it (its steps and
+  // their time), so the share used can be read per bubble (validate.sh's bubbles step does).
+  struct BubbleUse {
+    absl::Duration step_time;
+    uint64_t steps = 0;
+  };
+  void BubbleTime(int gpu, absl::Duration bubble, std::optional<BubbleUse> used = std::nullopt);
   // A bubble found from the main job's activity (--detect-bubbles) and given to fill work:
   // idle from `began_ns` (its first empty window), announced at `announced_ns` with `expected`
   // from `began_ns` to fill, ended at `ended_ns` (CLOCK_MONOTONIC); `phase`: the detector's.

@@ -672,6 +672,40 @@ print(f"FIG online bert_base b1: online p50 {pct(on, 50):.2f} p95 {pct(on, 95):.
 PY
 }
 
+# bubble_use KIND TRACE: where the bubble time went, by the bubbles' length: how many, their time
+# and the share of it the resident fill run completed steps in (the trace's "bubbles" track, whose
+# events carry fill_ms), from the daemon started last.
+bubble_use() {
+  [ -n "${daemon_http_port:-}" ] || return 0
+  "$bin/pswitchctl" trace --http="127.0.0.1:$daemon_http_port" --seconds=600 --out="$2" \
+    >/dev/null || { echo "no trace: bubble use not shown"; return 0; }
+  "$python" - "$2" "$1" <<'PY'
+import json, sys
+trace, kind = json.load(open(sys.argv[1])), sys.argv[2]
+classes = [(0, 5), (5, 15), (15, 30), (30, 60), (60, float("inf"))]
+rows = {c: [0, 0.0, 0.0, 0] for c in classes}  # bubbles, ms, fill ms, with no use known
+for e in trace["traceEvents"]:
+    if e.get("cat") != "bubble" or e.get("ph") != "X" or e.get("pid") != 0:
+        continue
+    ms = e["dur"] / 1e3
+    row = next(rows[c] for c in classes if c[0] <= ms < c[1])
+    row[0] += 1
+    row[1] += ms
+    fill = e.get("args", {}).get("fill_ms")
+    if fill is None:
+        row[3] += 1
+    else:
+        row[2] += float(fill)
+parts = []
+for (lo, hi), (n, ms, fill, unknown) in rows.items():
+    if n:
+        span = f"{lo}-{hi:g} ms" if hi != float("inf") else f">= {lo} ms"
+        parts.append(f"{span}: {n} bubbles, {ms:.0f} ms, {100 * fill / ms:.1f} % used"
+                     + (f" ({unknown} with no use known)" if unknown else ""))
+print(f"FIG bubble use {kind} by length: " + ("; ".join(parts) if parts else "no bubbles traced"))
+PY
+}
+
 cmd_bubbles() {
   need pswitchd pswitch-worker pipetrain pswitchctl
   local d="$work/bubbles" rounds=2 iters=20 fwd=8 bwd=16 mb=8 stages=4
@@ -757,6 +791,7 @@ PY
     done
     "${ctl[@]}" fill status "$job" | tee "$d/$kind-job.txt"
     "${ctl[@]}" fill stats | tee "$d/$kind-stats.txt"
+    bubble_use "$kind" "$d/$kind-trace.json"
     "${ctl[@]}" fill cancel "$job" >/dev/null 2>&1
     stop_daemon
   done
