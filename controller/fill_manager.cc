@@ -10,6 +10,7 @@
 #include "base/nvtx.h"
 #include "base/status.h"
 #include "controller/fill_dataset.h"
+#include "fill/step_gate.h"
 #include "gpu/copy_engine.h"
 #include "gpu/device.h"
 #include "models/safetensors.h"
@@ -515,6 +516,7 @@ TaskSpec FillManager::RunSpec(uint64_t id, const Job& job, int gpu, int64_t bubb
   if (options_.host_compute_lock) f.device_lock_path = gpu::HostComputeLockPath(gpu);
   f.first_iteration = static_cast<uint32_t>(job.steps_done);
   f.state_key = CheckpointKey::FillJob(id);
+  f.suspend_steps = options_.suspend_steps && r.kind == FillKind::kTraining;
   spec.fill = std::move(f);
   return spec;
 }
@@ -690,10 +692,14 @@ void FillManager::StopResident(uint64_t id) {
 }
 
 int64_t FillManager::RowsPerStep(const Job& job) const {
-  // A resident dataset-inference run splits a step into the rows that fit (one at least).
-  return options_.resident_runs && job.request.kind == FillKind::kInference
-             ? std::max<int64_t>(job.request.batch, 1)
-             : 1;
+  if (!options_.resident_runs) return 1;
+  // A resident dataset-inference run splits a step into the rows that fit (one at least); a
+  // resident training run's step goes on in the next bubble, started with room for a part.
+  if (job.request.kind == FillKind::kInference) return std::max<int64_t>(job.request.batch, 1);
+  if (job.request.kind == FillKind::kTraining && options_.suspend_steps) {
+    return fill::kSuspendParts;
+  }
+  return 1;
 }
 
 absl::Duration FillManager::MinStep(const Job& job) const {

@@ -48,6 +48,10 @@ struct FillManagerOptions {
   // bubble, woken at each later one by its bell (controller/bubble_bell.h) with its model, state
   // and outputs kept in its worker; false: one run (Prepare and Run) per bubble.
   bool resident_runs = true;
+  // A resident run's training step still under way at a bubble's end waits there for the next
+  // bubble rather than being cut (FillRunSpec::suspend_steps): a step longer than every bubble
+  // still ends, and placement sees it as fill::kSuspendParts parts.
+  bool suspend_steps = true;
   // Where clients' dataset and output names resolve; null: only jobs whose files are passed by
   // fd (FillRequest::dataset_fd, output_fd) may infer over a dataset.
   std::shared_ptr<const base::ConfinedDir> data_root;

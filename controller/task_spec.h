@@ -41,6 +41,8 @@ struct FillRunSpec {
   // Set: a run that lives across bubbles, woken by this bell (its region is one of the
   // TaskSpec's); null: a run of one bubble.
   std::shared_ptr<BubbleBell> bell;
+  // With a bell: a training step still under way at a bubble's end waits for the next one.
+  bool suspend_steps = false;
 };
 
 // The longest latency objective an online fill request may carry (TaskSpec::online_slo).

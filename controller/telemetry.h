@@ -79,7 +79,8 @@ class Telemetry {
   // Fill: the main job's bubble time on a GPU, fill step time spent inside bubbles, one fill
   // run's pause latency (bubble end to paused). A bubble is on the trace's "bubbles" track, with
   // `used` where it is known at its end: what a resident fill run completed in it (its steps and
-  // their time), so the share used can be read per bubble (validate.sh's bubbles step does).
+  // their time; a step suspended across bubbles counts whole in the one it ended in), so the
+  // share used can be read per bubble (validate.sh's bubbles step does).
   struct BubbleUse {
     absl::Duration step_time;
     uint64_t steps = 0;

@@ -35,10 +35,11 @@ void BuildRun(flatbuffers::FlatBufferBuilder& b, uint64_t task_id, const TaskSpe
       const proto::ByteSlice at = f.bell->slice();
       bell.emplace(at.region, at.offset, at.length);
     }
-    fill = proto::CreateFillRun(
-        b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin), absl::ToInt64Nanoseconds(f.step),
-        f.memory_cap, kind, absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
-        f.ignore_pause, b.CreateString(f.device_lock_path), dataset, bell ? &*bell : nullptr);
+    fill = proto::CreateFillRun(b, f.bubble_end_ns, absl::ToInt64Nanoseconds(f.margin),
+                                absl::ToInt64Nanoseconds(f.step), f.memory_cap, kind,
+                                absl::ToInt64Nanoseconds(f.synthetic_step), f.synthetic_alloc_bytes,
+                                f.ignore_pause, b.CreateString(f.device_lock_path), dataset,
+                                bell ? &*bell : nullptr, f.bell != nullptr && f.suspend_steps);
   }
   auto run = proto::CreateRun(
       b, task_id, b.CreateString(spec.model), inputs, spec.kind == TaskKind::kTraining,

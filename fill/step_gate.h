@@ -30,6 +30,11 @@ namespace pswitch::fill {
 bool MayStartStep(absl::Duration bubble_remaining, absl::Duration predicted_step,
                   absl::Duration safety_margin);
 
+// A resident run's training step that does not end in its bubble waits at its cut point for the
+// next one (worker/fill_steps.h, SetSuspendable): it may start with room for this fraction of it,
+// and placement sees such a job's steps as this many parts.
+inline constexpr int64_t kSuspendParts = 8;
+
 // The same rule for a bubble that ends at `bubble_end`, checked at `now`.
 bool MayStartStep(absl::Time now, absl::Time bubble_end, absl::Duration predicted_step,
                   absl::Duration safety_margin);

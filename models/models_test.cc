@@ -488,6 +488,66 @@ TEST(TrainingTest, AStepPastItsDeadlineIsCutWithoutAStopAndLeavesNoTrace) {
   ExpectSameState(*model, *reference);
 }
 
+// A resident fill run's step suspended at its bubble's end (issue 30) goes on where it stopped
+// once its next bubble opens: suspended at a forward layer's point (the layer gate's, through
+// StepCutPoint), at another, and at a node of its backward, it ends bit-identical to a step never
+// suspended; a suspension that answers false (the run is ending) cuts the step, leaving no trace.
+TEST(TrainingTest, AStepSuspendedAtItsDeadlineGoesOnAndEndsAsOneNeverSuspended) {
+  const TrainerOptions options{OptimizerKind::kSgd, 0.05, 0.9};
+  constexpr int kSteps = 2;
+  std::shared_ptr<ZooModel> reference;
+  ASSERT_NO_FATAL_FAILURE(TrainUncut(options, kSteps, &reference));
+  auto model = Create("tiny_cnn", {}, 5);
+  auto trainer = Trainer::Create(*model, options);
+  ASSERT_TRUE(trainer.ok());
+  const int64_t far = base::MonotonicNowNs() + absl::ToInt64Nanoseconds(absl::Hours(1));
+  std::atomic<int64_t> deadline_ns{0};
+  int suspensions = 0;
+  bool go_on = false;
+  // "The next bubble" opens at once, and lasts.
+  const std::function<bool()> suspend = [&] {
+    ++suspensions;
+    deadline_ns = far;
+    return go_on;
+  };
+  // The bubble ends at layer 0 (the deadline passed already) and again at layer 2; the layer
+  // gate's point is StepCutPoint with the step's options.
+  model->SetGateHook([&](int layer) {
+    if (layer == 2) deadline_ns = base::MonotonicNowNs();
+    StepCutPoint(nullptr, &deadline_ns, &suspend);
+  });
+  // And once more in the backward (fc is its first layer): the next node's point sees it.
+  at::Tensor fc_weight = model->named_parameters()["fc.weight"];
+  const unsigned hook = fc_weight.register_hook([&](at::Tensor grad) {
+    deadline_ns = base::MonotonicNowNs();
+    return grad;
+  });
+  StepCutOptions cut;
+  cut.deadline_ns = &deadline_ns;
+  cut.suspend = &suspend;
+  for (int step = 0; step < kSteps; ++step) {
+    deadline_ns = base::MonotonicNowNs();
+    go_on = false;
+    suspensions = 0;
+    torch::manual_seed(step);
+    auto ended =
+        (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step), nullptr, cut);
+    EXPECT_TRUE(IsStepCut(ended.status())) << ended.status();
+    EXPECT_EQ(suspensions, 1);
+    deadline_ns = base::MonotonicNowNs();
+    go_on = true;
+    suspensions = 0;
+    torch::manual_seed(step);
+    auto loss =
+        (*trainer)->Step(model->ExampleInput(4, step), model->ExampleTarget(4, step), nullptr, cut);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_EQ(suspensions, 3);
+  }
+  fc_weight.remove_hook(hook);
+  model->SetGateHook(nullptr);
+  ExpectSameState(*model, *reference);
+}
+
 // The first step of a run starts while its weights are still landing: it reads each layer's
 // buffers at that layer's gate, once they came, so a cut puts back what the forward changed as it
 // had arrived, and writes nothing over the layers it never reached, whose copy lands meanwhile.

@@ -184,7 +184,7 @@ class CutHook final : public torch::autograd::FunctionPreHook {
  public:
   explicit CutHook(const StepCutOptions& cut) : cut_(cut) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    if (cut_.Now()) throw StepCut();
+    cut_.AtPoint();
     return grads;
   }
 
@@ -224,6 +224,19 @@ bool StepCutOptions::Now() const {
   return (stop != nullptr && stop->load(std::memory_order_relaxed)) ||
          (deadline_ns != nullptr && PastDeadline(deadline_ns->load(std::memory_order_relaxed)));
 }
+
+void StepCutPoint(const std::atomic<bool>* stop, const std::atomic<int64_t>* deadline_ns,
+                  const std::function<bool()>* suspend) {
+  while (true) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) throw StepCut();
+    if (deadline_ns == nullptr || !PastDeadline(deadline_ns->load(std::memory_order_relaxed))) {
+      return;
+    }
+    if (suspend == nullptr || !(*suspend)()) throw StepCut();
+  }
+}
+
+void StepCutOptions::AtPoint() const { StepCutPoint(stop, deadline_ns, suspend); }
 
 absl::Status StepCutError() {
   absl::Status status = absl::AbortedError("training step cut at a layer boundary");
@@ -313,9 +326,7 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
                                      StepParts* parts, StepCutOptions cut) {
   double loss_value = 0;
   bool was_cut = false;
-  const auto check_cut = [&cut] {
-    if (cut.Now()) throw StepCut();
-  };
+  const auto check_cut = [&cut] { cut.AtPoint(); };
   // While weights arrive, each layer's buffers are taken at its gate (after its group came).
   struct AfterGate {
     ZooModel* model = nullptr;
@@ -350,8 +361,10 @@ absl::StatusOr<double> Trainer::Step(const ModelInput& input, const at::Tensor& 
             throw;
           } catch (...) {
             // Should an engine hand a hook's exception back wrapped, a set flag still says why
-            // (and a real error, were it to coincide, comes back when the step runs again).
-            if (cut.Now()) throw StepCut();
+            // (and a real error, were it to coincide, comes back when the step runs again). A
+            // step that suspends is not cut by its deadline: an error then is the step's.
+            if (cut.stop != nullptr && cut.stop->load(std::memory_order_relaxed)) throw StepCut();
+            if (cut.suspend == nullptr && cut.Now()) throw StepCut();
             throw;
           }
           check_cut();  // the last point before the parameters change

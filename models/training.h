@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -79,12 +80,26 @@ struct StepCutOptions {
   // at the step's start, where some had not landed (a cut would write those stale values back
   // over the copy). Calls past its end write nothing.
   const std::vector<std::vector<at::Tensor>>* arriving_buffers = nullptr;
+  // Given (a resident fill run's step, issue 30): at a point past `deadline_ns`, though not for
+  // a Stop, the step calls it instead of being cut. It returns true once the step may go on (the
+  // deadline word then holds a later bubble's end), false when the step is to be cut after all
+  // (the run is ending). A step suspended so computes exactly what an uninterrupted one does.
+  const std::function<bool()>* suspend = nullptr;
 
   // Whether the step may be cut at all.
   bool armed() const { return stop != nullptr || deadline_ns != nullptr; }
   // Whether it is to be cut now.
   bool Now() const;
+  // At a point where the step may stop (StepCutPoint with these options).
+  void AtPoint() const;
 };
+
+// A training step's point where it may stop: throws StepCut when `stop` is set, or when the
+// deadline `deadline_ns` holds (CLOCK_MONOTONIC; null or 0: none) has passed and `suspend` is null
+// or answers false; returns when the step goes on (after `suspend` answered true, the new
+// deadline is checked again). The layer gate's points and Trainer::Step's use it alike.
+void StepCutPoint(const std::atomic<bool>* stop, const std::atomic<int64_t>* deadline_ns,
+                  const std::function<bool()>* suspend);
 
 // Trains `model` in place. The model is borrowed: it must outlive the Trainer. Not thread-safe.
 class Trainer {

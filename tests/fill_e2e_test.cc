@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "models/registry.h"
 #include "models/safetensors.h"
+#include "models/training.h"
 #include "models/zoo_model.h"
 #include "tests/e2e_helpers.h"
 #include "tests/test_daemon.h"
@@ -237,13 +238,23 @@ class FillTest : public ::testing::Test {
   // compared with the same training run as one task: the same weights, bit for bit.
   // `bubble` long enough for a step on a loaded machine: a step that does not fit the largest
   // bubble stops the job (rightly), which is not what these tests are about.
-  void TrainThroughBubblesExactly(uint32_t steps, absl::Duration bubble = absl::Milliseconds(60),
-                                  const std::function<void(int)>& between = nullptr) {
+  // A training fill job of `steps` steps of tiny_cnn at `batch` in bubbles of `bubble` ends with
+  // exactly the weights of the same training run uninterrupted; the job's status at its end.
+  client::FillJobStatus TrainThroughBubblesExactly(
+      uint32_t steps, absl::Duration bubble = absl::Milliseconds(60),
+      const std::function<void(int)>& between = nullptr, uint32_t batch = 4) {
+    client::FillJobStatus done;
+    TrainThroughBubblesExactlyInto(&done, steps, bubble, between, batch);
+    return done;
+  }
+  void TrainThroughBubblesExactlyInto(client::FillJobStatus* result, uint32_t steps,
+                                      absl::Duration bubble,
+                                      const std::function<void(int)>& between, uint32_t batch) {
     RegisterCycle(bubble);
     client::FillJobOptions o;
     o.kind = client::FillKind::kTraining;
     o.model = "tiny_cnn";
-    o.batch = 4;
+    o.batch = batch;
     o.steps = steps;
     o.seed = 3;
     o.step = absl::Milliseconds(4);
@@ -251,19 +262,20 @@ class FillTest : public ::testing::Test {
     auto job = client_->SubmitFill(o);
     ASSERT_TRUE(job.ok()) << job.status();
     client::FillJobStatus done = RunUntilStopped(job->job_id, bubble, 1000, nullptr, between);
+    *result = done;
     ASSERT_EQ(done.state, client::FillState::kStopped);
     ASSERT_TRUE(done.error.ok()) << done.error;
     EXPECT_EQ(done.steps_done, steps);
     EXPECT_GT(done.bubbles, 1u) << "it was never paused";
 
-    ASSERT_TRUE(client_->Register({"reference", "tiny_cnn", "", 4, "auto"}).ok());
+    ASSERT_TRUE(client_->Register({"reference", "tiny_cnn", "", batch, "auto"}).ok());
     client::TrainOptions train;
     train.iterations = steps;
     train.seed = 3;  // same data, same SGD with momentum 0.9, lr 0.01
     ASSERT_TRUE(client_->Train("reference", train).ok());
     auto model = models::CreateModel("tiny_cnn");
     ASSERT_TRUE(model.ok());
-    auto probe = worker::ToHostTensor("input", (*model)->ExampleInput(2, 17).input);
+    auto probe = worker::ToHostTensor("input", (*model)->ExampleInput(batch, 17).input);
     ASSERT_TRUE(probe.ok());
     auto filled = client_->Infer(absl::StrCat("fill-", job->job_id), {*probe});
     auto reference = client_->Infer("reference", {*probe});
@@ -655,6 +667,46 @@ TEST_F(ExactFillTest, AResidentTrainingRunPreemptedBetweenBubblesResumesExactly)
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->runs, 1u) << "no request ever preempted the run";
   EXPECT_GT(stats->bell_wakes, 0u);
+  EXPECT_EQ(stats->killed, 0u);
+}
+
+// A training step longer than every bubble (issue 30): at each bubble's end it waits at its layer
+// boundary for the next bubble and goes on (--fill-suspend-steps, the default), so the job ends,
+// exactly as a run never interrupted, where each step would otherwise be cut and lost for ever.
+// How long tiny_cnn's training step at `batch` takes on this machine: the fastest of three after
+// one to warm up.
+absl::Duration TinyCnnStep(uint32_t batch) {
+  auto model = models::CreateModel("tiny_cnn");
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return absl::ZeroDuration();
+  auto trainer = models::Trainer::Create(**model, {models::OptimizerKind::kSgd, 0.01, 0.9});
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) return absl::ZeroDuration();
+  absl::Duration fastest = absl::InfiniteDuration();
+  for (int i = 0; i < 4; ++i) {
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE(
+        (*trainer)->Step((*model)->ExampleInput(batch, i), (*model)->ExampleTarget(batch, i)).ok());
+    if (i > 0) fastest = std::min(fastest, absl::Now() - start);
+  }
+  return fastest;
+}
+
+TEST_F(ExactFillTest, ATrainingStepLongerThanEveryBubbleGoesOnAcrossBubblesExactly) {
+  constexpr uint32_t kSteps = 4, kBatch = 256;
+  // Bubbles a third of a step: each step outlives one, and a step starts with room for an eighth
+  // of it (fill::kSuspendParts) and the margin.
+  const absl::Duration step = TinyCnnStep(kBatch);
+  const absl::Duration bubble = std::max(step / 3, absl::Milliseconds(2));
+  ASSERT_GT(step, bubble) << "tiny_cnn steps too fast here to outlast a bubble";
+  const client::FillJobStatus done = TrainThroughBubblesExactly(kSteps, bubble, nullptr, kBatch);
+  auto stats = client_->FillStats();
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->steps, kSteps);
+  // Each step computed for longer than a bubble lasts: cut at a bubble's end, none would have
+  // ended.
+  EXPECT_GT(stats->fill_step_time / kSteps, bubble);
+  EXPECT_GT(done.bubbles, 1u);
   EXPECT_EQ(stats->killed, 0u);
 }
 

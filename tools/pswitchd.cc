@@ -153,6 +153,11 @@ ABSL_FLAG(bool, fill_resident_runs, true,
           "a fill job's run lives across bubbles: its worker keeps the model, its state and its "
           "outputs, and is woken at each bubble by a word in shared memory rather than a Run "
           "message; false: one run per bubble");
+ABSL_FLAG(bool, fill_suspend_steps, true,
+          "with --fill-resident-runs (and --cut-training-steps), a training fill step still under "
+          "way at its bubble's end waits there (at a layer boundary) for the next bubble and goes "
+          "on, rather than being cut and lost: a step longer than every bubble still ends; false: "
+          "cut, as a preempted step is. Host backend only for now (logged on CUDA)");
 ABSL_FLAG(bool, fill_device_lock, true,
           "host backend: fill steps hold the simulated device's compute lock (as pipetrain "
           "--simulated-compute stages do), modelling a time-sliced GPU");
@@ -767,6 +772,20 @@ int Main() {
   fill_options.online.max_batch_bytes = controller_options.max_input_bytes;
   fill_options.grace = absl::Milliseconds(absl::GetFlag(FLAGS_fill_grace_ms));
   fill_options.resident_runs = absl::GetFlag(FLAGS_fill_resident_runs);
+  // A step suspends at its cut points, so without them it cannot. On CUDA the host issues a step's
+  // kernels ahead of the device, so a point reached on time may leave a step's work queued past
+  // the bubble's end: suspension needs the host paced to the device there first (not built), and
+  // is off, said at start; a training step is cut at a bubble's end as before.
+  const bool suspend_steps =
+      absl::GetFlag(FLAGS_fill_suspend_steps) && absl::GetFlag(FLAGS_cut_training_steps);
+  fill_options.suspend_steps = suspend_steps && options.device.backend == gpu::Backend::kHost;
+  if (suspend_steps && !fill_options.suspend_steps) {
+    base::Log(base::LogLevel::kWarn, "fill_suspend_steps_unavailable")
+        .Field("backend", "cuda")
+        .Field("detail",
+               "training fill steps are cut at a bubble's end: suspending them needs the host "
+               "paced to the device (its kernels run ahead), not built yet");
+  }
   fill_options.data_root = data_root;
   fill_options.max_dataset_bytes = absl::GetFlag(FLAGS_max_dataset_bytes);
   fill_options.max_total_dataset_bytes = absl::GetFlag(FLAGS_max_total_dataset_bytes);

@@ -54,14 +54,50 @@ bool FillSteps::HasRoom() const {
   if (ignore_pause_) return true;
   if (stopping()) return false;
   const int64_t end = bell_ != nullptr ? bell_->bubble_end_ns.load() : bubble_end_ns_;
-  // A splittable step needs room for one of its rows.
-  const absl::Duration need =
-      split_rows_ > 0 ? profile_.Predicted() / split_rows_ : profile_.Predicted();
+  // A splittable step needs room for one of its rows, a suspendable one for one of its parts.
+  const absl::Duration need = split_rows_ > 0 ? profile_.Predicted() / split_rows_
+                              : suspend_      ? profile_.Predicted() / fill::kSuspendParts
+                                              : profile_.Predicted();
   return fill::MayStartStep(absl::Nanoseconds(end - base::MonotonicNowNs()), need, margin_);
 }
 
 void FillSteps::PartDone() {
   if (bell_ != nullptr) bell_->parts.store(++parts_);
+}
+
+void FillSteps::SetSuspendable(std::function<void()> drain) {
+  if (bell_ == nullptr || ignore_pause_) return;  // a run of one bubble has no next one
+  drain_ = std::move(drain);
+  suspend_ = [this] { return Suspend(); };
+}
+
+bool FillSteps::Suspend() {
+  // Whatever the step queued runs inside the bubble's margin (the point is at its cut, half the
+  // margin before its end), then the device is the main job's.
+  if (drain_) drain_();
+  const int64_t paused_at = base::MonotonicNowNs();
+  active_ns_ += paused_at - part_start_ns_;
+  part_start_ns_ = -1;
+  suspended_in_step_ = true;
+  hold_.reset();
+  PartDone();
+  Publish(/*stepping=*/false, paused_at);
+  while (true) {
+    // Read before the check: a bubble opened after the check changes it, and the wait returns.
+    const uint32_t seen = bell_->seq.load();
+    if (stopping()) return false;
+    if (HasRoom()) {
+      if (!lock_) break;
+      hold_.emplace(lock_->Acquire());
+      if (HasRoom()) break;  // waiting for the device may have used the bubble up
+      hold_.reset();
+      continue;
+    }
+    fill::BellWait(*bell_, seen, kBellPoll);
+  }
+  part_start_ns_ = base::MonotonicNowNs();
+  Publish(/*stepping=*/true, part_start_ns_);
+  return true;
 }
 
 void FillSteps::SetSplittable(int64_t rows_per_step) {
@@ -108,17 +144,24 @@ void FillSteps::Publish(bool stepping, int64_t now_ns) {
 }
 
 absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::Status()>& step) {
-  std::optional<gpu::ComputeLock::Hold> hold;
+  // The device is held for the step (host backend), but not through a suspension (Suspend).
+  struct Release {
+    std::optional<gpu::ComputeLock::Hold>& hold;
+    ~Release() { hold.reset(); }
+  } release{hold_};
   if (lock_) {
     // Waiting for the device is not part of the step; but the wait may have used up the
     // bubble, so the step must still fit once the device is ours.
-    hold.emplace(lock_->Acquire());
+    hold_.emplace(lock_->Acquire());
     if (!HasRoom()) return false;
   }
   const int64_t start = base::MonotonicNowNs();
   // Descheduled between the room check and here past the bubble's cut (it ended early): the step
   // would be cut at once; it does not begin.
   if (bell_ != nullptr && !ignore_pause_ && start >= bell_->cut_at_ns.load()) return false;
+  active_ns_ = 0;
+  part_start_ns_ = start;
+  suspended_in_step_ = false;
   if (bell_ != nullptr) {
     // Begun with no bubble open: only a task that ignores the bell does (a room check passed for
     // every other step); pswitchd kills a run for it.
@@ -129,8 +172,10 @@ absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::St
   }
   absl::Status status = step();
   const int64_t end = base::MonotonicNowNs();
-  const int64_t took = end - start;
-  hold.reset();
+  // Its computing time: a suspended step's parts, not its waits between bubbles.
+  const int64_t took = active_ns_ + (part_start_ns_ >= 0 ? end - part_start_ns_ : 0);
+  part_start_ns_ = -1;
+  hold_.reset();
   if (IsStepCut(status)) {
     // Cut by a Stop (a preemption, the pause), it says nothing of how long a step takes; cut at
     // the bubble's end, it overran its prediction by at least this much, and the steps after it
@@ -138,8 +183,10 @@ absl::StatusOr<bool> FillSteps::Run(uint32_t index, const std::function<absl::St
     // A split step keeps the parts it finished: their time is the step's when it is done (a part
     // cut here is done again: its time too, a conservative estimate).
     if (split_rows_ > 0) partial_ns_ += took;
+    // A step that was suspended waited at its bubbles' ends rather than overrun them: its cut
+    // is a Stop's.
     const std::atomic<int64_t>* cut = cut_at();
-    if (cut != nullptr && end >= cut->load()) {
+    if (!suspended_in_step_ && cut != nullptr && end >= cut->load()) {
       // At least this long: the step so far, all its parts.
       const int64_t at_least = split_rows_ > 0 ? partial_ns_ : took;
       overran_ = true;

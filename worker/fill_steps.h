@@ -55,6 +55,20 @@ class FillSteps {
   int64_t RowsThatFit() const;
   // A part of a split step was done: progress pswitchd sees though no whole step ended.
   void PartDone();
+  // A resident run's steps may be suspended (issue 30): a step still under way at its bubble's
+  // end waits at that point (a layer boundary) for the run's next bubble and goes on there,
+  // rather than being cut and lost, so a step longer than every bubble still ends. A step may
+  // then start with room for a fill::kSuspendParts-th of it. `drain` waits for the step's queued
+  // device work (its stream) before the device is left to the main job. The step's activations
+  // stay in the run's activation lease meanwhile: memory of pswitch's arena, set apart from the
+  // main job's. How late after its bubble's close a step pauses is pswitchd's pause latency, and
+  // bounded by its kill, as for a cut step.
+  void SetSuspendable(std::function<void()> drain);
+  // For models::StepCutOptions::suspend and the layer gate: null unless SetSuspendable. Called
+  // at a point past the bubble's cut (in the step, on the thread that reached the point): drains
+  // the device, releases it (the host's compute lock), shows the run paused, and waits for a
+  // bubble with room; true once the step may go on, false when the run is stopping.
+  const std::function<bool()>* suspend() const { return suspend_ ? &suspend_ : nullptr; }
   // A Stop came, or (resident) the bell's stop word is set: the run is to end.
   bool stopping() const;
   // Where a step under way reads its cut time (CLOCK_MONOTONIC ns): the bell's for a resident
@@ -82,6 +96,7 @@ class FillSteps {
   bool HasRoom() const;
   // Resident: what the run did so far, for pswitchd to read.
   void Publish(bool stepping, int64_t now_ns);
+  bool Suspend();
 
   fill::StepProfile profile_;
   const int64_t bubble_end_ns_;
@@ -97,6 +112,14 @@ class FillSteps {
   uint64_t parts_ = 0;
   int64_t partial_ns_ = 0;    // the parts so far of a split step not yet done
   std::optional<gpu::ComputeLock> lock_;
+  std::optional<gpu::ComputeLock::Hold> hold_;  // the device, while a step runs (host backend)
+  std::function<void()> drain_;
+  std::function<bool()> suspend_;  // set by SetSuspendable
+  // The step under way: its computing time before its latest part, and when that part began
+  // (-1: it is not computing, its suspension ended the run).
+  int64_t active_ns_ = 0;
+  int64_t part_start_ns_ = -1;
+  bool suspended_in_step_ = false;
   int64_t steps_ = 0;
   int64_t step_ns_ = 0;
   bool overran_ = false;

@@ -1,10 +1,19 @@
 #include "worker/fill_steps.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <future>
 #include <memory>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "gpu/host/compute_lock.h"
 #include "gtest/gtest.h"
+#include "models/training.h"
 #include "worker/iterative_task.h"
 
 namespace pswitch::worker {
@@ -15,10 +24,12 @@ constexpr int64_t kMs = 1'000'000;
 // A FillRun as pswitchd sends it: 1 ms steps, a 0.2 ms margin, ending at `end_ns`.
 class FillRunMessage {
  public:
-  explicit FillRunMessage(int64_t end_ns, bool resident = false, int64_t step_ns = kMs) {
+  explicit FillRunMessage(int64_t end_ns, bool resident = false, int64_t step_ns = kMs,
+                          const std::string& device_lock = "") {
     const proto::Slice bell(7, 0, fill::kBellBytes);
-    b_.Finish(proto::CreateFillRun(b_, end_ns, kMs / 5, step_ns, 0, proto::FillRunKind::Synthetic,
-                                   kMs, 0, false, 0, 0, resident ? &bell : nullptr));
+    b_.Finish(proto::CreateFillRun(
+        b_, end_ns, kMs / 5, step_ns, 0, proto::FillRunKind::Synthetic, kMs, 0, false,
+        device_lock.empty() ? 0 : b_.CreateString(device_lock), 0, resident ? &bell : nullptr));
   }
   const proto::FillRun& get() const {
     return *flatbuffers::GetRoot<proto::FillRun>(b_.GetBufferPointer());
@@ -38,8 +49,9 @@ void Open(fill::BellLayout& bell, int64_t end_ns) {
 
 // A resident run's steps over a bell of its own, as the worker makes them.
 struct ResidentSteps {
-  explicit ResidentSteps(int64_t step_ns = kMs)
-      : bell(std::make_unique<fill::BellLayout>()), run(0, /*resident=*/true, step_ns) {
+  explicit ResidentSteps(int64_t step_ns = kMs, const std::string& device_lock = "")
+      : bell(std::make_unique<fill::BellLayout>()),
+        run(0, /*resident=*/true, step_ns, device_lock) {
     auto created = FillSteps::Create(run.get(), &stop, absl::ZeroDuration(), bell.get());
     EXPECT_TRUE(created.ok()) << created.status();
     if (created.ok()) steps = *std::move(created);
@@ -171,6 +183,81 @@ TEST(FillStepsTest, AResidentRunRunsACutStepAgainInTheNextBubble) {
   EXPECT_FALSE(progress.stopped_early);
   EXPECT_EQ(task.calls, 4);  // step 1 twice
   EXPECT_EQ(r.bell->iterations_done.load(), 3u);
+}
+
+// A resident training step suspended at its bubble's end (issue 30): it may start with room for a
+// part of it; at the point past its cut it drains the device, leaves it to the main job (the
+// compute lock is free meanwhile), shows the run paused on its bell, and goes on once the next
+// bubble opens. Its time is its computing time, not its wait; it is no overrun. A stop while it
+// waits ends the step.
+TEST(FillStepsTest, ASuspendedStepWaitsForTheNextBubbleShowingItPaused) {
+  const std::string lock_path = absl::StrCat(::testing::TempDir(), "/fill-steps-lock-", ::getpid());
+  ResidentSteps r(20 * kMs, lock_path);
+  ASSERT_NE(r.steps, nullptr);
+  EXPECT_EQ(r.steps->suspend(), nullptr);  // not until SetSuspendable
+  // 5 ms left: no room for a 20 ms step, room for an eighth of it.
+  Open(*r.bell, base::MonotonicNowNs() + 5 * kMs);
+  auto whole = std::async(std::launch::async, [&] { return r.steps->MayStart(); });
+  EXPECT_EQ(whole.wait_for(std::chrono::milliseconds(30)), std::future_status::timeout);
+  int drains = 0;
+  r.steps->SetSuspendable([&] { ++drains; });
+  ASSERT_NE(r.steps->suspend(), nullptr);
+  Open(*r.bell, base::MonotonicNowNs() + 5 * kMs);  // wakes the waiting MayStart
+  ASSERT_EQ(whole.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_TRUE(whole.get());
+  // The device is free when another open of its lock takes it at once.
+  const auto device_is_free = [&] {
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+    const bool free = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (fd >= 0) ::close(fd);  // and with it the lock
+    return free;
+  };
+  constexpr absl::Duration kWait = absl::Milliseconds(300);
+  std::future<void> next;
+  bool paused = false, device_free = false;
+  auto ran = r.steps->Run(0, [&]() -> absl::Status {
+    // Its bubble ends under it; pswitchd opens the next one later.
+    r.bell->cut_at_ns.store(base::MonotonicNowNs());
+    r.bell->bubble_end_ns.store(base::MonotonicNowNs());
+    next = std::async(std::launch::async, [&] {
+      absl::SleepFor(kWait);
+      paused = r.bell->stepping.load() == 0 && r.bell->parts.load() == 1;
+      device_free = device_is_free();
+      Open(*r.bell, base::MonotonicNowNs() + 1000 * kMs);
+    });
+    models::StepCutPoint(nullptr, &r.bell->cut_at_ns, r.steps->suspend());
+    return absl::OkStatus();
+  });
+  next.wait();
+  ASSERT_TRUE(ran.ok() && *ran) << ran.status();
+  EXPECT_EQ(drains, 1);
+  EXPECT_TRUE(paused);
+  EXPECT_TRUE(device_free);
+  EXPECT_EQ(r.bell->steps.load(), 1u);
+  EXPECT_EQ(r.bell->overruns.load(), 0u);
+  EXPECT_LT(r.steps->step_ns(), absl::ToInt64Nanoseconds(kWait));
+  // Suspended again, then stopped while it waits: the step is cut, no overrun.
+  auto stopped = r.steps->Run(1, [&]() -> absl::Status {
+    r.bell->cut_at_ns.store(base::MonotonicNowNs());
+    r.bell->bubble_end_ns.store(base::MonotonicNowNs());
+    next = std::async(std::launch::async, [&] {
+      absl::SleepFor(absl::Milliseconds(20));
+      r.bell->stop.store(1);
+      r.bell->seq.fetch_add(1);
+      fill::BellWakeAll(*r.bell);
+    });
+    try {
+      models::StepCutPoint(nullptr, &r.bell->cut_at_ns, r.steps->suspend());
+    } catch (const models::StepCut&) {
+      return StepCutError();
+    }
+    return absl::OkStatus();
+  });
+  next.wait();
+  EXPECT_TRUE(IsStepCut(stopped.status())) << stopped.status();
+  EXPECT_EQ(r.bell->overruns.load(), 0u);
+  EXPECT_EQ(r.bell->steps.load(), 1u);
+  std::remove(lock_path.c_str());
 }
 
 // A step that splits (dataset inference in a resident run, issue 30 item 2): it may start with

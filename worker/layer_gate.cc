@@ -56,13 +56,14 @@ absl::Status LayerGate::AwaitAll(int64_t deadline_ns) const {
 
 LayerGate::Task::Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
                       const std::string& model, uint64_t task_id, const std::atomic<bool>* cut,
-                      const std::atomic<int64_t>* cut_at_ns)
+                      const std::atomic<int64_t>* cut_at_ns, const std::function<bool()>* suspend)
     : gate_(gate),
       bound_(bound),
       training_(training),
       stream_(stream),
       cut_(cut),
       cut_at_ns_(cut_at_ns),
+      suspend_(suspend),
       what_(absl::StrCat("model '", model, "'")) {
   (void)stream_.TakeMarks();  // nothing left from an earlier task
   // Nsight Systems: the task, and within it each group from its gate to the next one (on CUDA
@@ -81,14 +82,10 @@ void LayerGate::Task::OnLayer(int index) {
     throw GateFailure(absl::FailedPreconditionError(
         absl::StrCat(what_, " ran more layers than it has (", bound_.mode_layers(training_), ")")));
   }
-  // Between two layers: the step under way stops here, its earlier layers' work undone.
-  if (cut_ != nullptr && cut_->load(std::memory_order_relaxed)) throw models::StepCut();
-  // A fill step still running at its bubble's end stops here too, without waiting for the
-  // pause to come as a message.
-  if (cut_at_ns_ != nullptr) {
-    const int64_t at = cut_at_ns_->load(std::memory_order_relaxed);
-    if (at != 0 && base::MonotonicNowNs() >= at) throw models::StepCut();
-  }
+  // Between two layers: the step under way stops here, its earlier layers' work undone. A fill
+  // step still running at its bubble's end stops here too, without waiting for the pause to come
+  // as a message, or (suspend_) waits here for its next bubble.
+  models::StepCutPoint(cut_, cut_at_ns_, suspend_);
   const Spec& spec = gate_.spec_;
   const int group = static_cast<int>(spec.group_of_layer[bound_.LayoutIndex(training_, index)]);
   if (group <= waited_group_) return;  // groups arrive in order: one wait per group

@@ -60,10 +60,12 @@ class LayerGate {
     // `cut` (may be null): once set, the next layer throws models::StepCut, which the training
     // step under way turns into a step that left no trace (Trainer::Step); so does the first
     // layer at or past the time `cut_at_ns` holds (CLOCK_MONOTONIC; null or 0: none), a fill
-    // step's bubble end (a resident run's changes with each bubble).
+    // step's bubble end (a resident run's changes with each bubble), unless `suspend` (null:
+    // none) lets the step wait there for a later bubble (models::StepCutPoint).
     Task(const LayerGate& gate, BoundModel& bound, bool training, gpu::Stream& stream,
          const std::string& model, uint64_t task_id, const std::atomic<bool>* cut = nullptr,
-         const std::atomic<int64_t>* cut_at_ns = nullptr);
+         const std::atomic<int64_t>* cut_at_ns = nullptr,
+         const std::function<bool()>* suspend = nullptr);
     ~Task();
     Task(const Task&) = delete;
     Task& operator=(const Task&) = delete;
@@ -95,6 +97,7 @@ class LayerGate {
     gpu::Stream& stream_;
     const std::atomic<bool>* const cut_;
     const std::atomic<int64_t>* const cut_at_ns_;
+    const std::function<bool()>* const suspend_;
     const std::string what_;
     int waited_group_ = -1;
     int hooks_ = 0;

@@ -41,9 +41,11 @@ class TrainTask final : public IterativeTask {
   // `cut`: set by a Stop; a step under way is cut at its next layer boundary and not counted.
   // So is one still running at the time `cut_at_ns` holds (null: none), a fill step at its
   // bubble's end.
+  // `suspend` (null: none): a resident fill run's, at the bubble's end the step waits there for
+  // the next bubble instead of being cut (FillSteps::suspend).
   TrainTask(BoundModel& bound, models::Trainer& trainer, const proto::Run& run, c10::Device device,
             double* loss, const std::atomic<bool>* cut, const std::atomic<int64_t>* cut_at_ns,
-            LayerGate::Task& gate)
+            const std::function<bool()>* suspend, LayerGate::Task& gate)
       : bound_(bound),
         trainer_(trainer),
         run_(run),
@@ -51,6 +53,7 @@ class TrainTask final : public IterativeTask {
         loss_(loss),
         cut_(cut),
         cut_at_ns_(cut_at_ns),
+        suspend_(suspend),
         gate_(gate) {}
   absl::Status Step(uint32_t i) override {
     uint64_t step_seed = run_.seed() * 1000003ull + i;
@@ -66,7 +69,7 @@ class TrainTask final : public IterativeTask {
     const bool weights_arriving = cuttable && !gate_.PassAllIfIn();
     absl::StatusOr<double> loss = trainer_.Step(
         batch.input, batch.target, timed ? &parts : nullptr,
-        {cut_, cut_at_ns_, weights_arriving ? &bound_.training_call_buffers() : nullptr});
+        {cut_, cut_at_ns_, weights_arriving ? &bound_.training_call_buffers() : nullptr, suspend_});
     if (models::IsStepCut(loss.status())) return StepCutError();
     PSWITCH_RETURN_IF_ERROR(loss.status());
     *loss_ = *loss;
@@ -94,6 +97,7 @@ class TrainTask final : public IterativeTask {
   double* const loss_;
   const std::atomic<bool>* const cut_;
   const std::atomic<int64_t>* const cut_at_ns_;
+  const std::function<bool()>* const suspend_;
   LayerGate::Task& gate_;
 };
 
@@ -546,7 +550,8 @@ absl::Status Worker::Train(BoundModel& bound, const proto::Run& run, LayerGate::
   dirty_model_ = &bound;
   PSWITCH_ASSIGN_OR_RETURN(trainer_, models::Trainer::Create(bound.model(), options, &state));
   TrainTask task(bound, *trainer_, run, tensor_device_, &progress->loss,
-                 options_.cut_training_steps ? &stops_.pending() : nullptr, FillCutAt(fill), gate);
+                 options_.cut_training_steps ? &stops_.pending() : nullptr, FillCutAt(fill),
+                 FillSuspend(fill), gate);
   return RunTask(task, run, fill, progress);
 }
 
@@ -634,6 +639,12 @@ const std::atomic<int64_t>* Worker::FillCutAt(const FillSteps* fill) const {
   return fill->cut_at();
 }
 
+const std::function<bool()>* Worker::FillSuspend(const FillSteps* fill) const {
+  // Suspended at a point where it would have been cut: no cut point, no suspension either.
+  if (FillCutAt(fill) == nullptr) return nullptr;
+  return fill->suspend();
+}
+
 absl::StatusOr<fill::BellLayout*> Worker::FillBell(const proto::FillRun& fill) const {
   const proto::Slice* at = fill.bell();
   if (at == nullptr) return nullptr;
@@ -704,6 +715,18 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
       status = entered.status();
     }
   }
+  // A resident training run's step waits out the main job's compute where it would have been cut
+  // (issue 30), once what it queued has run: its activations stay in its lease meanwhile.
+  // Only where the step has cut points to suspend at (FillCutAt). pswitchd asks for it on the host
+  // backend only (tools/pswitchd.cc says why); there nothing is queued: `compute` is null.
+  if (status.ok() && fill && run.training() && run.fill()->suspend_steps() &&
+      FillCutAt(fill.get()) != nullptr) {
+    fill->SetSuspendable([this, &compute] {
+      if (compute != nullptr) {
+        (void)compute->Synchronize("a suspended fill step", options_.group_timeout);
+      }
+    });
+  }
   if (!status.ok()) {
     // reported below
   } else if (fill && run.fill()->kind() == proto::FillRunKind::Synthetic) {
@@ -738,7 +761,7 @@ absl::Status Worker::HandleRun(const proto::Run& run) {
     // one layer, not a whole step); an inference runs to its end.
     gated.emplace(*gate_, bound, training, *stream_, model_name, run.task_id(),
                   training && options_.cut_training_steps ? &stops_.pending() : nullptr,
-                  FillCutAt(fill.get()));
+                  FillCutAt(fill.get()), training ? FillSuspend(fill.get()) : nullptr);
     ScopedLeaseAllocation from_lease(activations_);
     // Host backend: an inference computes on the simulated device, time-sliced with the main
     // job's stages (fill steps hold it per step, in FillSteps).

@@ -127,6 +127,8 @@ class Worker {
   int64_t FillWeightsBy(const proto::FillRun& run, const FillSteps& fill) const;
   // `fill`'s cut word; null for any other run (and with cut_training_steps off).
   const std::atomic<int64_t>* FillCutAt(const FillSteps* fill) const;
+  // The suspension of a resident training run's steps (FillSteps::suspend), null without one.
+  const std::function<bool()>* FillSuspend(const FillSteps* fill) const;
   // A resident fill run's bell (FillRun.bell): its page in a mapped region, checked to be
   // pswitchd's whole page, in host memory the worker may write. Null for a run of one bubble.
   absl::StatusOr<fill::BellLayout*> FillBell(const proto::FillRun& fill) const;
