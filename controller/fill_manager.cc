@@ -124,14 +124,14 @@ absl::Status FillManager::RebuildScheduler() {
 }
 
 fill::FillJob FillManager::SchedulerJob(uint64_t id, const Job& job) const {
-  // Placement and predictions see a step that splits as its rows: a job whose batch is longer
-  // than any bubble still fits one with a row.
-  const int64_t rows = RowsPerStep(job);
+  // Placement and predictions see a step that splits as its parts: a job whose step is longer
+  // than any bubble still fits one with a part.
+  const int64_t parts = PartsPerStep(job);
   fill::FillJob f;
   f.id = id;
-  f.steps_total = job.steps_total * rows;
-  f.steps_done = job.steps_done * rows;
-  f.step_duration = job.predicted_step / rows;
+  f.steps_total = job.steps_total * parts;
+  f.steps_done = job.steps_done * parts;
+  f.step_duration = job.predicted_step / parts;
   f.memory_bytes = static_cast<int64_t>(job.request.memory_bytes);
   f.submitted = job.submitted;
   if (job.request.deadline) f.deadline = job.submitted + *job.request.deadline;
@@ -691,7 +691,7 @@ void FillManager::StopResident(uint64_t id) {
   }
 }
 
-int64_t FillManager::RowsPerStep(const Job& job) const {
+int64_t FillManager::PartsPerStep(const Job& job) const {
   if (!options_.resident_runs) return 1;
   // A resident dataset-inference run splits a step into the rows that fit (one at least); a
   // resident training run's step goes on in the next bubble, started with room for a part.
@@ -703,7 +703,7 @@ int64_t FillManager::RowsPerStep(const Job& job) const {
 }
 
 absl::Duration FillManager::MinStep(const Job& job) const {
-  return job.predicted_step / RowsPerStep(job);
+  return job.predicted_step / PartsPerStep(job);
 }
 
 absl::Duration FillManager::LongestBubble(int gpu) const {
@@ -926,7 +926,7 @@ void FillManager::Account(int gpu, uint64_t id, Job& job, const RunCounts& count
       std::max(job.steps_done,
                std::min<int64_t>(static_cast<int64_t>(counts.iterations_done), job.steps_total));
   if (scheduler_ != nullptr) {
-    (void)scheduler_->ReportProgress(id, job.steps_done * RowsPerStep(job));
+    (void)scheduler_->ReportProgress(id, job.steps_done * PartsPerStep(job));
   }
 }
 

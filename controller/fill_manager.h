@@ -246,12 +246,13 @@ class FillManager {
   // Charges `bytes` of dataset `name`'s copy against options_.max_total_dataset_bytes until the
   // returned holder's last copy goes; ResourceExhausted naming the bound beyond it.
   absl::StatusOr<std::shared_ptr<void>> ChargeDataset(uint64_t bytes, absl::string_view name) const;
-  // `job` as the fill scheduler sees it: in steps, or in rows for one whose steps split
-  // (RowsPerStep).
+  // `job` as the fill scheduler sees it: in steps, or in parts for one whose steps split
+  // (PartsPerStep).
   fill::FillJob SchedulerJob(uint64_t id, const Job& job) const;
-  // Rows per step of a job whose steps split to fit a bubble (dataset inference in resident
-  // runs, issue 30 item 2); 1 for any other job.
-  int64_t RowsPerStep(const Job& job) const;
+  // Parts per step of a job whose steps go on across bubbles in a resident run: rows for dataset
+  // inference (issue 30 item 2), fill::kSuspendParts for training with suspended steps; 1 for
+  // any other job.
+  int64_t PartsPerStep(const Job& job) const;
   absl::Status Place(uint64_t id, Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies a FreeRide transition; an illegal one is a bug in this class, logged loudly.
   static void Transition(uint64_t id, Job& job, fill::FillEvent event);

@@ -175,24 +175,25 @@ struct EntryNames {
   const char* name;      // as cuGetProcAddress is asked for it
   const char* exported;  // libcuda's symbol of the ABI below
   int since;  // the CUDA version (1000 x major + 10 x minor) from which that ABI is given
+  bool launch;  // counted as a launch; else a hold while it waits (SyncHold)
 };
 // The copies' ABI with 64-bit sizes is their _v2 (CUDA 3.2); the others have one signature in
 // every version, but cuCtxSynchronize: CUDA 12.9's _v2 takes a context, so its wrapper passes one
 // register on (CtxSynchronizeFn).
 constexpr EntryNames kEntryNames[kEntries] = {
-    {"cuLaunchKernel", "cuLaunchKernel", 0},
-    {"cuLaunchKernelEx", "cuLaunchKernelEx", 0},
-    {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", 0},
-    {"cuGraphLaunch", "cuGraphLaunch", 0},
-    {"cuStreamSynchronize", "cuStreamSynchronize", 0},
-    {"cuEventSynchronize", "cuEventSynchronize", 0},
-    {"cuCtxSynchronize", "cuCtxSynchronize", 0},
-    {"cuMemcpy", "cuMemcpy", 0},
-    {"cuMemcpyAsync", "cuMemcpyAsync", 0},
-    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", 3020},
-    {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", 3020},
-    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", 3020},
-    {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", 3020},
+    {"cuLaunchKernel", "cuLaunchKernel", 0, true},
+    {"cuLaunchKernelEx", "cuLaunchKernelEx", 0, true},
+    {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", 0, true},
+    {"cuGraphLaunch", "cuGraphLaunch", 0, true},
+    {"cuStreamSynchronize", "cuStreamSynchronize", 0, false},
+    {"cuEventSynchronize", "cuEventSynchronize", 0, false},
+    {"cuCtxSynchronize", "cuCtxSynchronize", 0, false},
+    {"cuMemcpy", "cuMemcpy", 0, false},
+    {"cuMemcpyAsync", "cuMemcpyAsync", 0, false},
+    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", 3020, false},
+    {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", 3020, false},
+    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", 3020, false},
+    {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", 3020, false},
 };
 // Distinct real functions one entry may be handed out as (the legacy and the per-thread default
 // stream's, for each ABI version asked): each gets its own wrapper. A fifth is passed on
@@ -237,9 +238,7 @@ using MemcpyHtoDAsyncFn = CuResult(uint64_t, const void*, size_t, void*);
 
 template <Entry E, typename Signature, size_t... V>
 void* ViaOf(int variant, std::index_sequence<V...>) {
-  constexpr bool kLaunches = E == kLaunchKernel || E == kLaunchKernelEx ||
-                             E == kLaunchCooperativeKernel || E == kGraphLaunch;
-  void* const vias[] = {kLaunches
+  void* const vias[] = {kEntryNames[E].launch
                             ? reinterpret_cast<void*>(&DriverVia<E, V, Signature>::Launch)
                             : reinterpret_cast<void*>(&DriverVia<E, V, Signature>::Synchronise)...};
   return vias[variant];

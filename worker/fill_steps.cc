@@ -83,17 +83,11 @@ bool FillSteps::Suspend() {
   PartDone();
   Publish(/*stepping=*/false, paused_at);
   while (true) {
-    // Read before the check: a bubble opened after the check changes it, and the wait returns.
-    const uint32_t seen = bell_->seq.load();
-    if (stopping()) return false;
-    if (HasRoom()) {
-      if (!lock_) break;
-      hold_.emplace(lock_->Acquire());
-      if (HasRoom()) break;  // waiting for the device may have used the bubble up
-      hold_.reset();
-      continue;
-    }
-    fill::BellWait(*bell_, seen, kBellPoll);
+    if (!MayStart()) return false;  // the bell's wait for a bubble with room; false: stopping
+    if (!lock_) break;
+    hold_.emplace(lock_->Acquire());
+    if (HasRoom()) break;  // waiting for the device may have used the bubble up
+    hold_.reset();
   }
   part_start_ns_ = base::MonotonicNowNs();
   Publish(/*stepping=*/true, part_start_ns_);
